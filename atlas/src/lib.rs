@@ -1,0 +1,1 @@
+//! nightshift-atlas: the atlas trace format, routing statistics, the placement planner and plots.

@@ -1,0 +1,1 @@
+//! nightshift-benches: shared helpers for the benchmarks and comparison binaries.

@@ -1,0 +1,35 @@
+//! `nightshift`: the coordinator binary. One clap subcommand per module in `cli/`; each module owns
+//! its `Args` and `run`, so this file only lists them.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+
+/// NightShift: serve trillion-parameter mixture-of-experts models from Arm CPUs.
+#[derive(Parser)]
+#[command(version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it, and print prefill/decode speed.
+    Generate(cli::generate::Args),
+    /// Tokenize text with the model's tokenizer and print the ids as JSON.
+    Tokenize(cli::tokenize::Args),
+    /// Evaluate token ids and write one row of f32 logits per token (the parity tool).
+    Logits(cli::logits::Args),
+    /// Write a random-weight GGUF in llama.cpp's layout (demo and benchmark models).
+    GenModel(cli::gen_model::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Generate(a) => cli::generate::run(a),
+        Command::Tokenize(a) => cli::tokenize::run(a),
+        Command::Logits(a) => cli::logits::run(a),
+        Command::GenModel(a) => cli::gen_model::run(a),
+    }
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs everything the build and the tests need on a fresh Debian machine with rustup.
+# Idempotent: a second run installs nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+APT_PKGS=(qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross libhwloc-dev hwloc pkg-config python3-venv)
+missing=()
+for p in "${APT_PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+rustup target list --installed | grep -q aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q -r scripts/requirements-test.txt
