@@ -4,6 +4,7 @@
 //! Everything above this crate (model, expert nodes, benches) only sees [`GgmlType`], the
 //! row-level functions and [`gemm`]; which SIMD tier runs is decided once in `dispatch`.
 
+pub mod arch;
 pub mod formats;
 
 pub use formats::GgmlType;

@@ -1,0 +1,1 @@
+//! Chat templates from `tokenizer.chat_template`, rendered with minijinja (placeholder).

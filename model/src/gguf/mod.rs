@@ -1,0 +1,1 @@
+//! GGUF reader: mmap, split files, typed metadata and zero-copy tensor views (placeholder).
