@@ -1,30 +1,186 @@
-//! aarch64 tiers: NEON, dotprod (SDOT) and i8mm (SMMLA) (placeholder until the Arm kernels land:
-//! no type has a path yet, so dispatch falls back to the scalar reference).
+//! aarch64 tiers: NEON, dotprod (SDOT) and i8mm (SMMLA), each a capability type that can only be
+//! built on a CPU that has the feature, with one entry point `gemm_block`.
+//!
+//! Every tier reproduces the scalar reference bit for bit. The K-quant references (ggml's
+//! generic dots) keep eight int32 lanes per block, lane `l` holding the elements `e` with
+//! `e % 8 == l`, and round `d * lane` into eight float sums: the SIMD cores therefore produce
+//! exactly those eight lanes (any integer order is fine), and the float epilogue in
+//! [`driver`] repeats the reference's float operations one by one (multiply then add, never a
+//! fused multiply-add). Layout of the work:
+//! - [`unpack`]: one weight block -> 256 signed int8 values in element order plus per-16 scales
+//!   and mins (NEON, shared by every tier);
+//! - [`neon`], [`dotprod`], [`i8mm`]: the integer cores of each tier;
+//! - [`driver`]: the loops over weight rows, activation rows and blocks, and the epilogues.
+//!
+//! Which instruction pays where: SDOT and SMMLA sum 4 and 8 adjacent products, which mixes the
+//! reference's lanes, so they only serve the types whose reference keeps one integer per block
+//! (Q2_K, Q8_0). The lane-split types (Q3_K, Q4_K, Q6_K) use widening SMULL/SMLAL in every tier;
+//! the i8mm tier runs them on 2x2 tiles of (weight row, activation row) to share unpacking.
+
+mod dotprod;
+mod driver;
+mod i8mm;
+mod neon;
+mod unpack;
 
 use crate::GgmlType;
 
-macro_rules! placeholder_tier {
-    ($name:ident, $doc:literal) => {
-        #[doc = $doc]
-        #[derive(Clone, Copy, Debug)]
-        pub struct $name {
-            _private: (),
-        }
-
-        impl $name {
-            /// Returns the capability when this CPU can run the tier.
-            pub fn new() -> Option<$name> {
-                None
-            }
-
-            /// `out[r * n + j] = W[r] . x[j]`; false when the tier has no path for `ty`.
-            pub fn gemm_block(self, _ty: GgmlType, _k: usize, _w: &[u8], _rows: usize, _x: &[u8], _n: usize, _out: &mut [f32]) -> bool {
-                false
-            }
-        }
-    };
+/// Which integer cores a `gemm_block` call uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Level {
+    Neon,
+    Dotprod,
+    I8mm,
 }
 
-placeholder_tier!(Neon, "NEON (Advanced SIMD) capability.");
-placeholder_tier!(Dotprod, "NEON + SDOT capability.");
-placeholder_tier!(I8mm, "NEON + SDOT + SMMLA capability.");
+/// The weight types with an aarch64 path.
+fn has_path(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0
+    )
+}
+
+/// Checks the caller's lengths (a bug in the caller, not bad input, if they are wrong).
+fn check_lengths(ty: GgmlType, k: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &[f32]) {
+    let bl = ty.block_len();
+    assert!(
+        k % bl == 0,
+        "k = {k} is not a multiple of the {} block length {bl}",
+        ty.name()
+    );
+    let nb = k / bl;
+    let wrow = nb * ty.block_bytes();
+    let xrow = nb * ty.vec_dot_type().block_bytes();
+    assert!(
+        w.len() >= rows * wrow,
+        "weights: expected {} bytes, found {}",
+        rows * wrow,
+        w.len()
+    );
+    assert!(
+        x.len() >= n * xrow,
+        "activations: expected {} bytes, found {}",
+        n * xrow,
+        x.len()
+    );
+    assert!(
+        out.len() >= rows * n,
+        "out: expected {} elements, found {}",
+        rows * n,
+        out.len()
+    );
+}
+
+fn run(
+    level: Level,
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) -> bool {
+    if !has_path(ty) {
+        return false;
+    }
+    check_lengths(ty, k, w, rows, x, n, out);
+    if rows == 0 || n == 0 || k == 0 {
+        out[..rows * n].fill(0.0);
+        return true;
+    }
+    driver::gemm(level, ty, k, w, rows, x, n, out);
+    true
+}
+
+/// NEON (Advanced SIMD) capability.
+#[derive(Clone, Copy, Debug)]
+pub struct Neon {
+    _private: (),
+}
+
+impl Neon {
+    /// Returns the capability when this CPU can run the tier.
+    pub fn new() -> Option<Neon> {
+        std::arch::is_aarch64_feature_detected!("neon").then_some(Neon { _private: () })
+    }
+
+    /// `out[r * n + j] = W[r] . x[j]` for `rows` weight rows of `ty` (k elements each,
+    /// contiguous) and `n` activation rows of `ty.vec_dot_type()`; false when the tier has no
+    /// path for `ty` (the caller then uses the scalar reference).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_block(
+        self,
+        ty: GgmlType,
+        k: usize,
+        w: &[u8],
+        rows: usize,
+        x: &[u8],
+        n: usize,
+        out: &mut [f32],
+    ) -> bool {
+        run(Level::Neon, ty, k, w, rows, x, n, out)
+    }
+}
+
+/// NEON + SDOT capability.
+#[derive(Clone, Copy, Debug)]
+pub struct Dotprod {
+    _private: (),
+}
+
+impl Dotprod {
+    /// Returns the capability when this CPU can run the tier.
+    pub fn new() -> Option<Dotprod> {
+        (std::arch::is_aarch64_feature_detected!("neon")
+            && std::arch::is_aarch64_feature_detected!("dotprod"))
+        .then_some(Dotprod { _private: () })
+    }
+
+    /// Same contract as [`Neon::gemm_block`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_block(
+        self,
+        ty: GgmlType,
+        k: usize,
+        w: &[u8],
+        rows: usize,
+        x: &[u8],
+        n: usize,
+        out: &mut [f32],
+    ) -> bool {
+        run(Level::Dotprod, ty, k, w, rows, x, n, out)
+    }
+}
+
+/// NEON + SDOT + SMMLA capability.
+#[derive(Clone, Copy, Debug)]
+pub struct I8mm {
+    _private: (),
+}
+
+impl I8mm {
+    /// Returns the capability when this CPU can run the tier.
+    pub fn new() -> Option<I8mm> {
+        (std::arch::is_aarch64_feature_detected!("neon")
+            && std::arch::is_aarch64_feature_detected!("dotprod")
+            && std::arch::is_aarch64_feature_detected!("i8mm"))
+        .then_some(I8mm { _private: () })
+    }
+
+    /// Same contract as [`Neon::gemm_block`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_block(
+        self,
+        ty: GgmlType,
+        k: usize,
+        w: &[u8],
+        rows: usize,
+        x: &[u8],
+        n: usize,
+        out: &mut [f32],
+    ) -> bool {
+        run(Level::I8mm, ty, k, w, rows, x, n, out)
+    }
+}

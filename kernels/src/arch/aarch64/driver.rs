@@ -1,0 +1,357 @@
+//! The aarch64 GEMM loops and the per-block float epilogues.
+//!
+//! Each weight block is unpacked once and used for a chunk of up to [`JC`] activation rows
+//! (row-major over weight rows, so each output needs only its own small accumulator). The
+//! epilogues repeat ggml's generic float operations in the reference order, lane by lane: every
+//! NEON float operation here (`vmulq`, `vaddq`, `vsubq`, `vcvtq`) is the same IEEE operation as
+//! the scalar one, and there is no fused multiply-add anywhere.
+
+use core::arch::aarch64::*;
+
+use super::unpack::{self, Unpacked};
+use super::{dotprod, i8mm, neon, Level};
+use crate::formats::f16_to_f32;
+use crate::GgmlType;
+
+/// Activation rows processed per unpacked weight block.
+const JC: usize = 4;
+/// Bytes of a Q8_K activation block.
+const Q8K_BYTES: usize = 292;
+/// Bytes of a Q8_0 block.
+const Q8_0_BYTES: usize = 34;
+
+/// The K-quant weight types with an aarch64 path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Q2K,
+    Q3K,
+    Q4K,
+    Q6K,
+}
+
+impl Kind {
+    fn block_bytes(self) -> usize {
+        match self {
+            Kind::Q2K => 84,
+            Kind::Q3K => 110,
+            Kind::Q4K => 144,
+            Kind::Q6K => 210,
+        }
+    }
+
+    fn unpack(self, b: &[u8], u: &mut Unpacked) {
+        match self {
+            Kind::Q2K => unpack::q2_k(b, u),
+            Kind::Q3K => unpack::q3_k(b, u),
+            Kind::Q4K => unpack::q4_k(b, u),
+            Kind::Q6K => unpack::q6_k(b, u),
+        }
+    }
+}
+
+pub(crate) fn gemm(
+    level: Level,
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
+    let kind = match ty {
+        GgmlType::Q8_0 => return q8_0(level, k / 32, w, rows, x, n, out),
+        GgmlType::Q2_K => Kind::Q2K,
+        GgmlType::Q3_K => Kind::Q3K,
+        GgmlType::Q4_K => Kind::Q4K,
+        GgmlType::Q6_K => Kind::Q6K,
+        _ => unreachable!("aarch64 driver called for {ty:?} without a path"),
+    };
+    let nb = k / 256;
+    let wrow = nb * kind.block_bytes();
+    let mut r = 0;
+    if level == Level::I8mm && kind == Kind::Q2K {
+        while r + 2 <= rows {
+            q2_k_rows2(
+                nb,
+                [&w[r * wrow..][..wrow], &w[(r + 1) * wrow..][..wrow]],
+                x,
+                n,
+                &mut out[r * n..(r + 2) * n],
+            );
+            r += 2;
+        }
+    }
+    // The lane-split types gain nothing from SMMLA (module docs): i8mm runs the dotprod cores.
+    let level = if level == Level::I8mm {
+        Level::Dotprod
+    } else {
+        level
+    };
+    while r < rows {
+        kq_row(
+            level,
+            kind,
+            nb,
+            &w[r * wrow..][..wrow],
+            x,
+            n,
+            &mut out[r * n..(r + 1) * n],
+        );
+        r += 1;
+    }
+}
+
+/// Float state of one (weight row, activation row) K-quant dot: the reference's `sums[8]`
+/// (in two vectors) and its scalar `sumf`.
+#[derive(Clone, Copy)]
+struct KAcc {
+    lo: float32x4_t,
+    hi: float32x4_t,
+    sumf: f32,
+}
+
+impl KAcc {
+    fn zero() -> KAcc {
+        // SAFETY: NEON register arithmetic only.
+        unsafe {
+            KAcc {
+                lo: vdupq_n_f32(0.0),
+                hi: vdupq_n_f32(0.0),
+                sumf: 0.0,
+            }
+        }
+    }
+
+    /// The reference's final reduction.
+    fn finish(self, kind: Kind) -> f32 {
+        let mut s = [0.0f32; 8];
+        // SAFETY: `s` has room for the 8 lanes.
+        unsafe {
+            vst1q_f32(s.as_mut_ptr(), self.lo);
+            vst1q_f32(s.as_mut_ptr().add(4), self.hi);
+        }
+        let mut sumf = match kind {
+            Kind::Q2K => return self.sumf,
+            Kind::Q4K => self.sumf,
+            Kind::Q3K | Kind::Q6K => 0.0,
+        };
+        for v in s {
+            sumf += v;
+        }
+        sumf
+    }
+}
+
+/// `sums[l] += d * lanes[l]` for the 8 lanes.
+#[inline(always)]
+fn add_lanes(acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), d: f32) {
+    // SAFETY: NEON register arithmetic only.
+    unsafe {
+        acc.lo = vaddq_f32(acc.lo, vmulq_n_f32(vcvtq_f32_s32(lanes.0), d));
+        acc.hi = vaddq_f32(acc.hi, vmulq_n_f32(vcvtq_f32_s32(lanes.1), d));
+    }
+}
+
+/// One block of one (weight row, activation row) pair, reference epilogue included.
+#[inline(always)]
+fn kq_step(level: Level, kind: Kind, u: &Unpacked, xb: &[u8], acc: &mut KAcc) {
+    let xb = &xb[..Q8K_BYTES];
+    let yd = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
+    let xq = &xb[4..260];
+    let bsums = &xb[260..292];
+    match kind {
+        Kind::Q2K => {
+            let isum = match level {
+                Level::Neon => neon::total16(&u.q, xq, &u.scales),
+                // SAFETY: Dotprod/I8mm levels are only built from a capability that proved SDOT.
+                Level::Dotprod | Level::I8mm => unsafe { dotprod::total16(&u.q, xq, &u.scales) },
+            };
+            let summs = neon::min_corr(bsums, &u.mins);
+            let dall = yd * u.d;
+            let dmin = yd * u.dmin;
+            acc.sumf += dall * isum as f32 - dmin * summs as f32;
+        }
+        Kind::Q3K | Kind::Q6K => {
+            add_lanes(acc, neon::split16(&u.q, xq, &u.scales), u.d * yd);
+        }
+        Kind::Q4K => {
+            add_lanes(acc, neon::split16(&u.q, xq, &u.scales), u.d * yd);
+            let sumi = neon::min_corr(bsums, &u.mins);
+            let dmin = u.dmin * yd;
+            acc.sumf -= dmin * sumi as f32;
+        }
+    }
+}
+
+/// One weight row against all `n` activation rows.
+fn kq_row(level: Level, kind: Kind, nb: usize, wrow: &[u8], x: &[u8], n: usize, out: &mut [f32]) {
+    let wb = kind.block_bytes();
+    let xrow = nb * Q8K_BYTES;
+    let mut u = Unpacked::new();
+    for jc in (0..n).step_by(JC) {
+        let cnt = JC.min(n - jc);
+        let mut acc = [KAcc::zero(); JC];
+        for b in 0..nb {
+            kind.unpack(&wrow[b * wb..(b + 1) * wb], &mut u);
+            for (t, a) in acc.iter_mut().enumerate().take(cnt) {
+                let at = (jc + t) * xrow + b * Q8K_BYTES;
+                kq_step(level, kind, &u, &x[at..at + Q8K_BYTES], a);
+            }
+        }
+        for (t, a) in acc.iter().enumerate().take(cnt) {
+            out[jc + t] = a.finish(kind);
+        }
+    }
+}
+
+/// Four f32 in a vector.
+#[inline(always)]
+fn f4(v: [f32; 4]) -> float32x4_t {
+    // SAFETY: `v` is 4 readable f32.
+    unsafe { vld1q_f32(v.as_ptr()) }
+}
+
+/// Q2_K, i8mm: two weight rows (`w[0]`, `w[1]`) against all activation rows; `out` holds the
+/// two output rows (`2 * n`). Pairs of activation rows go through SMMLA tiles, an odd last one
+/// through the dotprod core.
+fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
+    const WB: usize = 84;
+    let xrow = nb * Q8K_BYTES;
+    let mut u = [Unpacked::new(), Unpacked::new()];
+    for jc in (0..n).step_by(JC) {
+        let cnt = JC.min(n - jc);
+        let pairs = cnt / 2;
+        // SAFETY: NEON register arithmetic only.
+        let mut tile = [unsafe { vdupq_n_f32(0.0) }; JC / 2];
+        let mut single = [KAcc::zero(); 2];
+        for b in 0..nb {
+            unpack::q2_k(&w[0][b * WB..(b + 1) * WB], &mut u[0]);
+            unpack::q2_k(&w[1][b * WB..(b + 1) * WB], &mut u[1]);
+            let dw = f4([u[0].d, u[0].d, u[1].d, u[1].d]);
+            let mw = f4([u[0].dmin, u[0].dmin, u[1].dmin, u[1].dmin]);
+            for (p, t) in tile.iter_mut().enumerate().take(pairs) {
+                let a0 = (jc + 2 * p) * xrow + b * Q8K_BYTES;
+                let a1 = a0 + xrow;
+                let (x0, x1) = (&x[a0..a0 + Q8K_BYTES], &x[a1..a1 + Q8K_BYTES]);
+                let yd0 = f32::from_le_bytes([x0[0], x0[1], x0[2], x0[3]]);
+                let yd1 = f32::from_le_bytes([x1[0], x1[1], x1[2], x1[3]]);
+                let yd = f4([yd0, yd1, yd0, yd1]);
+                // SAFETY: this path runs only under the I8mm capability (SMMLA present).
+                let isum = unsafe {
+                    i8mm::total16_2x2(
+                        [&u[0].q, &u[1].q],
+                        [&x0[4..260], &x1[4..260]],
+                        [&u[0].scales, &u[1].scales],
+                    )
+                };
+                let summs =
+                    i8mm::min_corr_2x2([&x0[260..292], &x1[260..292]], [&u[0].mins, &u[1].mins]);
+                // SAFETY: NEON register arithmetic only.
+                unsafe {
+                    // sumf += (y.d * x.d) * isum - (y.d * x.dmin) * summs, lane by lane.
+                    let dall = vmulq_f32(yd, dw);
+                    let dmin = vmulq_f32(yd, mw);
+                    let v = vsubq_f32(
+                        vmulq_f32(dall, vcvtq_f32_s32(isum)),
+                        vmulq_f32(dmin, vcvtq_f32_s32(summs)),
+                    );
+                    *t = vaddq_f32(*t, v);
+                }
+            }
+            if cnt % 2 == 1 {
+                let at = (jc + cnt - 1) * xrow + b * Q8K_BYTES;
+                for (r, a) in single.iter_mut().enumerate() {
+                    kq_step(Level::Dotprod, Kind::Q2K, &u[r], &x[at..at + Q8K_BYTES], a);
+                }
+            }
+        }
+        for (p, t) in tile.iter().enumerate().take(pairs) {
+            let mut v = [0.0f32; 4];
+            // SAFETY: `v` has room for 4 f32.
+            unsafe { vst1q_f32(v.as_mut_ptr(), *t) };
+            let j = jc + 2 * p;
+            out[j] = v[0];
+            out[j + 1] = v[1];
+            out[n + j] = v[2];
+            out[n + j + 1] = v[3];
+        }
+        if cnt % 2 == 1 {
+            let j = jc + cnt - 1;
+            out[j] = single[0].finish(Kind::Q2K);
+            out[n + j] = single[1].finish(Kind::Q2K);
+        }
+    }
+}
+
+fn f16_le(b: &[u8]) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
+
+/// Q8_0 x Q8_0: `sumf += sumi * (x.d * y.d)` per block of 32.
+fn q8_0(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+    let row = nb * Q8_0_BYTES;
+    let one = |level: Level, wr: &[u8], xr: &[u8]| -> f32 {
+        let mut sumf = 0.0f32;
+        for b in 0..nb {
+            let (wb, xb) = (
+                &wr[b * Q8_0_BYTES..][..Q8_0_BYTES],
+                &xr[b * Q8_0_BYTES..][..Q8_0_BYTES],
+            );
+            let sumi = match level {
+                Level::Neon => neon::dot32(&wb[2..], &xb[2..]),
+                // SAFETY: Dotprod/I8mm levels are only built from a capability that proved SDOT.
+                Level::Dotprod | Level::I8mm => unsafe { dotprod::dot32(&wb[2..], &xb[2..]) },
+            };
+            sumf += sumi as f32 * (f16_le(wb) * f16_le(xb));
+        }
+        sumf
+    };
+    let mut r = 0;
+    if level == Level::I8mm {
+        while r + 2 <= rows {
+            let w2 = [&w[r * row..][..row], &w[(r + 1) * row..][..row]];
+            let mut j = 0;
+            while j + 2 <= n {
+                let x2 = [&x[j * row..][..row], &x[(j + 1) * row..][..row]];
+                // SAFETY: NEON register arithmetic only.
+                let mut sumf = unsafe { vdupq_n_f32(0.0) };
+                for b in 0..nb {
+                    let at = b * Q8_0_BYTES;
+                    let (w0, w1) = (&w2[0][at..at + Q8_0_BYTES], &w2[1][at..at + Q8_0_BYTES]);
+                    let (x0, x1) = (&x2[0][at..at + Q8_0_BYTES], &x2[1][at..at + Q8_0_BYTES]);
+                    // SAFETY: this path runs only under the I8mm capability (SMMLA present).
+                    let sumi =
+                        unsafe { i8mm::dot32_2x2([&w0[2..], &w1[2..]], [&x0[2..], &x1[2..]]) };
+                    let (dw0, dw1, dx0, dx1) = (f16_le(w0), f16_le(w1), f16_le(x0), f16_le(x1));
+                    // SAFETY: NEON register arithmetic only.
+                    unsafe {
+                        let d = vmulq_f32(f4([dw0, dw0, dw1, dw1]), f4([dx0, dx1, dx0, dx1]));
+                        sumf = vaddq_f32(sumf, vmulq_f32(vcvtq_f32_s32(sumi), d));
+                    }
+                }
+                let mut v = [0.0f32; 4];
+                // SAFETY: `v` has room for 4 f32.
+                unsafe { vst1q_f32(v.as_mut_ptr(), sumf) };
+                out[r * n + j] = v[0];
+                out[r * n + j + 1] = v[1];
+                out[(r + 1) * n + j] = v[2];
+                out[(r + 1) * n + j + 1] = v[3];
+                j += 2;
+            }
+            if j < n {
+                let xr = &x[j * row..][..row];
+                out[r * n + j] = one(Level::Dotprod, w2[0], xr);
+                out[(r + 1) * n + j] = one(Level::Dotprod, w2[1], xr);
+            }
+            r += 2;
+        }
+    }
+    while r < rows {
+        let wr = &w[r * row..][..row];
+        for j in 0..n {
+            out[r * n + j] = one(level, wr, &x[j * row..][..row]);
+        }
+        r += 1;
+    }
+}

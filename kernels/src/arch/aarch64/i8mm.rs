@@ -1,0 +1,117 @@
+//! i8mm (SMMLA) integer cores on 2x2 tiles: two weight rows times two activation rows. SMMLA
+//! multiplies a 2x8 int8 tile by an 8x2 one: with `A = [row0 bytes 0..8 | row1 bytes 0..8]` and
+//! `B = [col0 bytes 0..8 | col1 bytes 0..8]` it adds `[r0.c0, r0.c1, r1.c0, r1.c1]` to an int32x4.
+//! Results of the cores are in that lane order. Scales and min corrections stay in vector
+//! registers in the same order. `vmmlaq_s32` is unstable in Rust, so the instruction is emitted
+//! with stable `asm!`; callers hold an `I8mm` capability.
+
+use core::arch::aarch64::*;
+use core::arch::asm;
+
+use super::neon::{ld_i16, ld_q, ld_s16, ld_s8};
+
+/// `acc += A (2x8) * B^T (8x2)`, lanes `[a0.b0, a0.b1, a1.b0, a1.b1]`.
+///
+/// # Safety
+/// The CPU must implement FEAT_I8MM (the caller holds an `I8mm` capability).
+#[inline(always)]
+pub(crate) unsafe fn smmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: register-only instruction; the caller guarantees the CPU has SMMLA.
+    unsafe {
+        asm!(
+            ".arch_extension i8mm",
+            "smmla {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+/// `[a.lo64 | b.lo64]` and `[a.hi64 | b.hi64]`: two 8-byte k-slices of two rows.
+#[inline(always)]
+fn pair(a: int8x16_t, b: int8x16_t) -> (int8x16_t, int8x16_t) {
+    // SAFETY: NEON register reinterpretations and zips only.
+    unsafe {
+        let (a, b) = (vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(b));
+        (
+            vreinterpretq_s8_s64(vzip1q_s64(a, b)),
+            vreinterpretq_s8_s64(vzip2q_s64(a, b)),
+        )
+    }
+}
+
+/// `[a, a, b, b]`.
+#[inline(always)]
+fn row_lanes(a: i32, b: i32) -> int32x4_t {
+    // SAFETY: NEON register arithmetic only.
+    unsafe { vcombine_s32(vdup_n_s32(a), vdup_n_s32(b)) }
+}
+
+/// `neon::total16` for the tile (q0, q1) x (x0, x1).
+///
+/// # Safety
+/// The CPU must implement FEAT_I8MM.
+#[inline(always)]
+pub(crate) unsafe fn total16_2x2(
+    q: [&[i8; 256]; 2],
+    xq: [&[u8]; 2],
+    scales: [&[i16; 16]; 2],
+) -> int32x4_t {
+    let (x0, x1) = (&xq[0][..256], &xq[1][..256]);
+    // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
+    unsafe {
+        let zero = vdupq_n_s32(0);
+        let mut acc = vdupq_n_s32(0);
+        for g in 0..16 {
+            let (a0, a1) = pair(ld_q(q[0], 16 * g), ld_q(q[1], 16 * g));
+            let (b0, b1) = pair(ld_s8(x0, 16 * g), ld_s8(x1, 16 * g));
+            let t = smmla(smmla(zero, a0, b0), a1, b1);
+            let s = row_lanes(i32::from(scales[0][g]), i32::from(scales[1][g]));
+            acc = vmlaq_s32(acc, t, s);
+        }
+        acc
+    }
+}
+
+/// `neon::min_corr` for the tile: `bsums` are the two activation rows' 32 sum bytes, `mins`
+/// the two weight rows' mins.
+#[inline(always)]
+pub(crate) fn min_corr_2x2(bsums: [&[u8]; 2], mins: [&[i16; 16]; 2]) -> int32x4_t {
+    // SAFETY: NEON register arithmetic only.
+    unsafe {
+        let one = |b: &[u8], m: &[i16; 16]| {
+            let (b0, b1) = (ld_s16(b, 0), ld_s16(b, 16));
+            let (m0, m1) = (ld_i16(m, 0), ld_i16(m, 8));
+            let mut acc = vmull_s16(vget_low_s16(b0), vget_low_s16(m0));
+            acc = vmlal_high_s16(acc, b0, m0);
+            acc = vmlal_s16(acc, vget_low_s16(b1), vget_low_s16(m1));
+            vmlal_high_s16(acc, b1, m1)
+        };
+        let r0 = vpaddq_s32(one(bsums[0], mins[0]), one(bsums[1], mins[0]));
+        let r1 = vpaddq_s32(one(bsums[0], mins[1]), one(bsums[1], mins[1]));
+        vpaddq_s32(r0, r1)
+    }
+}
+
+/// `neon::dot32` for the tile: two Q8_0 weight blocks' quants times two activation blocks'.
+///
+/// # Safety
+/// The CPU must implement FEAT_I8MM.
+#[inline(always)]
+pub(crate) unsafe fn dot32_2x2(wq: [&[u8]; 2], xq: [&[u8]; 2]) -> int32x4_t {
+    // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
+    unsafe {
+        let (a0, a1) = pair(ld_s8(wq[0], 0), ld_s8(wq[1], 0));
+        let (a2, a3) = pair(ld_s8(wq[0], 16), ld_s8(wq[1], 16));
+        let (b0, b1) = pair(ld_s8(xq[0], 0), ld_s8(xq[1], 0));
+        let (b2, b3) = pair(ld_s8(xq[0], 16), ld_s8(xq[1], 16));
+        let mut acc = smmla(vdupq_n_s32(0), a0, b0);
+        acc = smmla(acc, a1, b1);
+        acc = smmla(acc, a2, b2);
+        smmla(acc, a3, b3)
+    }
+}

@@ -1,0 +1,193 @@
+//! Weight blocks -> [`Unpacked`]: the 256 quants of one K-quant super-block as signed int8 in
+//! element order, with one scale and one min per group of 16 elements (Q4_K's per-32 values are
+//! repeated for both halves), and the block's float factors. Shared by every aarch64 tier; the
+//! bit twiddling follows ggml's generic dots element for element (NEON, which every aarch64 CPU has).
+
+use core::arch::aarch64::*;
+
+use crate::formats::{f16_to_f32, unpack_k4_scales, unpack_q3_k_scales};
+
+/// One unpacked K-quant weight block.
+#[repr(C, align(16))]
+pub(crate) struct Unpacked {
+    /// Quant of element e (Q2_K 0..=3, Q3_K -4..=3, Q4_K 0..=15, Q6_K -32..=31).
+    pub q: [i8; 256],
+    /// Integer scale of elements `16 * g .. 16 * g + 16`.
+    pub scales: [i16; 16],
+    /// Integer min of the same group (Q2_K, Q4_K; zero otherwise).
+    pub mins: [i16; 16],
+    /// The block's `d` as f32.
+    pub d: f32,
+    /// The block's `dmin` as f32 (Q2_K, Q4_K; zero otherwise).
+    pub dmin: f32,
+}
+
+impl Unpacked {
+    pub(crate) fn new() -> Unpacked {
+        Unpacked {
+            q: [0; 256],
+            scales: [0; 16],
+            mins: [0; 16],
+            d: 0.0,
+            dmin: 0.0,
+        }
+    }
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// Loads 16 bytes at `b[at..at + 16]`.
+#[inline(always)]
+fn load16(b: &[u8], at: usize) -> uint8x16_t {
+    let s = &b[at..at + 16];
+    // SAFETY: `s` is exactly 16 readable bytes (the slice above is bounds-checked); NEON is part
+    // of the aarch64 baseline and vld1q_u8 has no alignment requirement.
+    unsafe { vld1q_u8(s.as_ptr()) }
+}
+
+/// Stores 16 bytes into `u.q[at..at + 16]`.
+#[inline(always)]
+fn store16(u: &mut Unpacked, at: usize, v: uint8x16_t) {
+    let d = &mut u.q[at..at + 16];
+    // SAFETY: `d` is exactly 16 writable bytes (bounds-checked above); i8 and u8 share layout.
+    unsafe { vst1q_u8(d.as_mut_ptr().cast::<u8>(), v) }
+}
+
+/// Q2_K (84 bytes: scales[16], qs[64], d, dmin): element `128k + 32j + l` is
+/// `(qs[32k + l] >> 2j) & 3`; group g has scale `sc[g] & 15` and min `sc[g] >> 4`.
+pub(crate) fn q2_k(b: &[u8], u: &mut Unpacked) {
+    let b = &b[..84];
+    // SAFETY (whole block): NEON register arithmetic only.
+    unsafe {
+        let m3 = vdupq_n_u8(3);
+        for k in 0..2 {
+            let lo = load16(b, 16 + 32 * k);
+            let hi = load16(b, 16 + 32 * k + 16);
+            let base = 128 * k;
+            store16(u, base, vandq_u8(lo, m3));
+            store16(u, base + 16, vandq_u8(hi, m3));
+            store16(u, base + 32, vandq_u8(vshrq_n_u8::<2>(lo), m3));
+            store16(u, base + 48, vandq_u8(vshrq_n_u8::<2>(hi), m3));
+            store16(u, base + 64, vandq_u8(vshrq_n_u8::<4>(lo), m3));
+            store16(u, base + 80, vandq_u8(vshrq_n_u8::<4>(hi), m3));
+            store16(u, base + 96, vshrq_n_u8::<6>(lo));
+            store16(u, base + 112, vshrq_n_u8::<6>(hi));
+        }
+    }
+    for g in 0..16 {
+        u.scales[g] = i16::from(b[g] & 15);
+        u.mins[g] = i16::from(b[g] >> 4);
+    }
+    u.d = f16_at(b, 80);
+    u.dmin = f16_at(b, 82);
+}
+
+/// Q3_K (110 bytes: hmask[32], qs[64], scales[12], d): element `128k + 32j + l` is
+/// `((qs[32k + l] >> 2j) & 3) - (hmask[l] has bit 4k + j ? 0 : 4)`; scales are 6-bit minus 32.
+pub(crate) fn q3_k(b: &[u8], u: &mut Unpacked) {
+    let b = &b[..110];
+    // SAFETY (whole block): NEON register arithmetic only.
+    unsafe {
+        let m3 = vdupq_n_u8(3);
+        let four = vdupq_n_u8(4);
+        let h = [load16(b, 0), load16(b, 16)];
+        for k in 0..2 {
+            let q = [load16(b, 32 + 32 * k), load16(b, 32 + 32 * k + 16)];
+            for j in 0..4 {
+                let bit = vdupq_n_u8(1u8 << (4 * k + j));
+                for half in 0..2 {
+                    let low = match j {
+                        0 => vandq_u8(q[half], m3),
+                        1 => vandq_u8(vshrq_n_u8::<2>(q[half]), m3),
+                        2 => vandq_u8(vshrq_n_u8::<4>(q[half]), m3),
+                        _ => vshrq_n_u8::<6>(q[half]),
+                    };
+                    // 4 where the high bit is clear, 0 where it is set.
+                    let sub = vbicq_u8(four, vtstq_u8(h[half], bit));
+                    store16(u, 128 * k + 32 * j + 16 * half, vsubq_u8(low, sub));
+                }
+            }
+        }
+    }
+    let mut sc = [0u8; 12];
+    sc.copy_from_slice(&b[96..108]);
+    let s = unpack_q3_k_scales(&sc);
+    for g in 0..16 {
+        u.scales[g] = i16::from(s[g]) - 32;
+        u.mins[g] = 0;
+    }
+    u.d = f16_at(b, 108);
+    u.dmin = 0.0;
+}
+
+/// Q4_K (144 bytes: d, dmin, scales[12], qs[128]): element `64j + l` is `qs[32j + l] & 15`,
+/// element `64j + 32 + l` is `qs[32j + l] >> 4`; 6-bit scale and min per 32 elements.
+pub(crate) fn q4_k(b: &[u8], u: &mut Unpacked) {
+    let b = &b[..144];
+    // SAFETY (whole block): NEON register arithmetic only.
+    unsafe {
+        let m15 = vdupq_n_u8(15);
+        for j in 0..4 {
+            for half in 0..2 {
+                let q = load16(b, 16 + 32 * j + 16 * half);
+                store16(u, 64 * j + 16 * half, vandq_u8(q, m15));
+                store16(u, 64 * j + 32 + 16 * half, vshrq_n_u8::<4>(q));
+            }
+        }
+    }
+    let mut sc = [0u8; 12];
+    sc.copy_from_slice(&b[4..16]);
+    let (s, m) = unpack_k4_scales(&sc);
+    for g in 0..16 {
+        u.scales[g] = i16::from(s[g / 2]);
+        u.mins[g] = i16::from(m[g / 2]);
+    }
+    u.d = f16_at(b, 0);
+    u.dmin = f16_at(b, 2);
+}
+
+/// Q6_K (210 bytes: ql[128], qh[64], scales[16] i8, d): for `l < 32` in chunk k, elements
+/// `128k + l, +32, +64, +96` take the low/high nibble of `ql[64k + l]` / `ql[64k + 32 + l]`
+/// and bits 0-1, 2-3, 4-5, 6-7 of `qh[32k + l]`, minus 32.
+pub(crate) fn q6_k(b: &[u8], u: &mut Unpacked) {
+    let b = &b[..210];
+    // SAFETY (whole block): NEON register arithmetic only.
+    unsafe {
+        let m15 = vdupq_n_u8(15);
+        let m48 = vdupq_n_u8(0x30);
+        let off = vdupq_n_u8(32);
+        for k in 0..2 {
+            for half in 0..2 {
+                let l = 16 * half;
+                let l0 = load16(b, 64 * k + l);
+                let l1 = load16(b, 64 * k + 32 + l);
+                let h = load16(b, 128 + 32 * k + l);
+                let h0 = vandq_u8(vshlq_n_u8::<4>(h), m48);
+                let h1 = vandq_u8(vshlq_n_u8::<2>(h), m48);
+                let h2 = vandq_u8(h, m48);
+                let h3 = vandq_u8(vshrq_n_u8::<2>(h), m48);
+                let base = 128 * k + l;
+                store16(u, base, vsubq_u8(vorrq_u8(vandq_u8(l0, m15), h0), off));
+                store16(u, base + 32, vsubq_u8(vorrq_u8(vandq_u8(l1, m15), h1), off));
+                store16(
+                    u,
+                    base + 64,
+                    vsubq_u8(vorrq_u8(vshrq_n_u8::<4>(l0), h2), off),
+                );
+                store16(
+                    u,
+                    base + 96,
+                    vsubq_u8(vorrq_u8(vshrq_n_u8::<4>(l1), h3), off),
+                );
+            }
+        }
+    }
+    for g in 0..16 {
+        u.scales[g] = i16::from(b[192 + g] as i8);
+        u.mins[g] = 0;
+    }
+    u.d = f16_at(b, 208);
+    u.dmin = 0.0;
+}
