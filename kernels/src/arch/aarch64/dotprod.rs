@@ -63,3 +63,32 @@ pub(crate) unsafe fn dot32(wq: &[u8], xq: &[u8]) -> i32 {
         vaddvq_s32(sdot(acc, ld_s8(wq, 16), ld_s8(xq, 16)))
     }
 }
+
+/// The eight reference lanes of one Q4_K block with SDOT: `q` and `xp` hold the weight and
+/// activation quants in `unpack::PERM32` order, so each SDOT lane sums exactly the four
+/// products of one reference lane within a group of 32; `scales` are per 16 (pairs equal).
+///
+/// # Safety
+/// The CPU must implement FEAT_DotProd.
+#[inline(always)]
+pub(crate) unsafe fn split32_perm(
+    q: &[i8; 256],
+    xp: &[u8],
+    scales: &[i16; 16],
+) -> (int32x4_t, int32x4_t) {
+    let xp = &xp[..256];
+    // SAFETY: the caller guarantees SDOT; the rest is NEON register arithmetic.
+    unsafe {
+        let zero = vdupq_n_s32(0);
+        let mut lo = vdupq_n_s32(0);
+        let mut hi = vdupq_n_s32(0);
+        for g in 0..8 {
+            let s = i32::from(scales[2 * g]);
+            let a = sdot(zero, ld_q(q, 32 * g), ld_s8(xp, 32 * g));
+            let b = sdot(zero, ld_q(q, 32 * g + 16), ld_s8(xp, 32 * g + 16));
+            lo = vmlaq_n_s32(lo, a, s);
+            hi = vmlaq_n_s32(hi, b, s);
+        }
+        (lo, hi)
+    }
+}

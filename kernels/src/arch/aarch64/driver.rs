@@ -16,13 +16,13 @@ use crate::GgmlType;
 /// Activation rows processed per unpacked weight block.
 const JC: usize = 4;
 /// Bytes of a Q8_K activation block.
-const Q8K_BYTES: usize = 292;
+pub(crate) const Q8K_BYTES: usize = 292;
 /// Bytes of a Q8_0 block.
 const Q8_0_BYTES: usize = 34;
 
 /// The K-quant weight types with an aarch64 path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Q2K,
     Q3K,
     Q4K,
@@ -69,6 +69,9 @@ pub(crate) fn gemm(
     };
     let nb = k / 256;
     let wrow = nb * kind.block_bytes();
+    if kind == Kind::Q4K && level != Level::Neon {
+        return super::q4k::gemm(level, nb, w, rows, x, n, out);
+    }
     let mut r = 0;
     if level == Level::I8mm && kind == Kind::Q2K {
         while r + 2 <= rows {
@@ -82,7 +85,7 @@ pub(crate) fn gemm(
             r += 2;
         }
     }
-    // The lane-split types gain nothing from SMMLA (module docs): i8mm runs the dotprod cores.
+    // Q3_K/Q6_K gain nothing from SMMLA (module docs): i8mm runs the dotprod cores.
     let level = if level == Level::I8mm {
         Level::Dotprod
     } else {
@@ -105,14 +108,14 @@ pub(crate) fn gemm(
 /// Float state of one (weight row, activation row) K-quant dot: the reference's `sums[8]`
 /// (in two vectors) and its scalar `sumf`.
 #[derive(Clone, Copy)]
-struct KAcc {
+pub(crate) struct KAcc {
     lo: float32x4_t,
     hi: float32x4_t,
-    sumf: f32,
+    pub(crate) sumf: f32,
 }
 
 impl KAcc {
-    fn zero() -> KAcc {
+    pub(crate) fn zero() -> KAcc {
         // SAFETY: NEON register arithmetic only.
         unsafe {
             KAcc {
@@ -124,7 +127,7 @@ impl KAcc {
     }
 
     /// The reference's final reduction.
-    fn finish(self, kind: Kind) -> f32 {
+    pub(crate) fn finish(self, kind: Kind) -> f32 {
         let mut s = [0.0f32; 8];
         // SAFETY: `s` has room for the 8 lanes.
         unsafe {
@@ -145,7 +148,7 @@ impl KAcc {
 
 /// `sums[l] += d * lanes[l]` for the 8 lanes.
 #[inline(always)]
-fn add_lanes(acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), d: f32) {
+pub(crate) fn add_lanes(acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), d: f32) {
     // SAFETY: NEON register arithmetic only.
     unsafe {
         acc.lo = vaddq_f32(acc.lo, vmulq_n_f32(vcvtq_f32_s32(lanes.0), d));

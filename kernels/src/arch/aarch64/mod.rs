@@ -21,6 +21,7 @@ mod dotprod;
 mod driver;
 mod i8mm;
 mod neon;
+mod q4k;
 mod unpack;
 
 use crate::GgmlType;

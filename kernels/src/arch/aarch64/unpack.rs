@@ -191,3 +191,55 @@ pub(crate) fn q6_k(b: &[u8], u: &mut Unpacked) {
     u.d = f16_at(b, 208);
     u.dmin = 0.0;
 }
+
+/// The order SDOT/SMMLA want within each group of 32 elements: position p holds element
+/// `p / 4 + 8 * (p % 4)`, so each 4-byte lane holds the four elements of one reference lane
+/// (`e % 8`), lanes 0..8 in order. Used for Q4_K, whose scales cover 32 elements.
+pub(crate) const PERM32: [u8; 32] = {
+    let mut p = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        p[i] = (i / 4 + 8 * (i % 4)) as u8;
+        i += 1;
+    }
+    p
+};
+
+/// Applies [`PERM32`] to the 32 bytes `lo ++ hi`.
+#[inline(always)]
+pub(crate) fn perm32(lo: uint8x16_t, hi: uint8x16_t) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: PERM32 is 32 readable bytes; the rest is NEON register arithmetic.
+    unsafe {
+        let t = uint8x16x2_t(lo, hi);
+        let i0 = vld1q_u8(PERM32.as_ptr());
+        let i1 = vld1q_u8(PERM32.as_ptr().add(16));
+        (vqtbl2q_u8(t, i0), vqtbl2q_u8(t, i1))
+    }
+}
+
+/// Q4_K like [`q4_k`], but each group of 32 quants is stored in [`PERM32`] order. Every
+/// nibble of a packed byte lands at the same position of its group, so permuting the packed
+/// bytes once serves both the low-nibble and the high-nibble group.
+pub(crate) fn q4_k_perm(b: &[u8], u: &mut Unpacked) {
+    let b = &b[..144];
+    // SAFETY (whole block): NEON register arithmetic only.
+    unsafe {
+        let m15 = vdupq_n_u8(15);
+        for j in 0..4 {
+            let (p0, p1) = perm32(load16(b, 16 + 32 * j), load16(b, 16 + 32 * j + 16));
+            store16(u, 64 * j, vandq_u8(p0, m15));
+            store16(u, 64 * j + 16, vandq_u8(p1, m15));
+            store16(u, 64 * j + 32, vshrq_n_u8::<4>(p0));
+            store16(u, 64 * j + 48, vshrq_n_u8::<4>(p1));
+        }
+    }
+    let mut sc = [0u8; 12];
+    sc.copy_from_slice(&b[4..16]);
+    let (s, m) = unpack_k4_scales(&sc);
+    for g in 0..16 {
+        u.scales[g] = i16::from(s[g / 2]);
+        u.mins[g] = i16::from(m[g / 2]);
+    }
+    u.d = f16_at(b, 0);
+    u.dmin = f16_at(b, 2);
+}
