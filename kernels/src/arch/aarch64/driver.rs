@@ -30,7 +30,7 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    fn block_bytes(self) -> usize {
+    pub(crate) fn block_bytes(self) -> usize {
         match self {
             Kind::Q2K => 84,
             Kind::Q3K => 110,
@@ -42,9 +42,9 @@ impl Kind {
     fn unpack(self, b: &[u8], u: &mut Unpacked) {
         match self {
             Kind::Q2K => unpack::q2_k(b, u),
-            Kind::Q3K => unpack::q3_k(b, u),
+            Kind::Q3K => unpack::q3_k(b, u, false),
             Kind::Q4K => unpack::q4_k(b, u),
-            Kind::Q6K => unpack::q6_k(b, u),
+            Kind::Q6K => unpack::q6_k(b, u, false),
         }
     }
 }
@@ -69,8 +69,8 @@ pub(crate) fn gemm(
     };
     let nb = k / 256;
     let wrow = nb * kind.block_bytes();
-    if kind == Kind::Q4K && level != Level::Neon {
-        return super::q4k::gemm(level, nb, w, rows, x, n, out);
+    if super::split::handles(kind, level) {
+        return super::split::gemm(level, kind, nb, w, rows, x, n, out);
     }
     let mut r = 0;
     if level == Level::I8mm && kind == Kind::Q2K {
@@ -85,7 +85,6 @@ pub(crate) fn gemm(
             r += 2;
         }
     }
-    // Q3_K/Q6_K gain nothing from SMMLA (module docs): i8mm runs the dotprod cores.
     let level = if level == Level::I8mm {
         Level::Dotprod
     } else {

@@ -117,7 +117,7 @@ pub(crate) unsafe fn dot32_2x2(wq: [&[u8]; 2], xq: [&[u8]; 2]) -> int32x4_t {
 }
 
 /// Two Q4_K weight rows (quants in `unpack::PERM32` order) against one activation block
-/// prepared by `q4k::mask_block` (per group of 32 and 8-byte slice s, `B = [slice with only lane
+/// prepared by `split::mask32_block` (per group of 32 and 8-byte slice s, `B = [slice with only lane
 /// 2s kept | slice with only lane 2s + 1 kept]`). SMMLA then yields `[r0 lane 2s, r0 lane
 /// 2s+1, r1 lane 2s, r1 lane 2s+1]` per slice; the scales of both rows ride along in one vector.
 /// Returns the eight reference lanes of row 0 (lo, hi) and of row 1 (lo, hi).
@@ -145,6 +145,48 @@ pub(crate) unsafe fn split32_2x1(
             acc[2] = vmlaq_s32(acc[2], smmla(zero, a2, ld_s8(bprep, at + 32)), s);
             acc[3] = vmlaq_s32(acc[3], smmla(zero, a3, ld_s8(bprep, at + 48)), s);
         }
+        regroup(acc)
+    }
+}
+
+/// Two Q3_K/Q6_K weight rows (quants in `unpack::PERM16` order) against one activation block
+/// prepared by `split::mask16_block` (per group of 16: four operands, operand m keeping lane 2m
+/// in its low half and lane 2m + 1 in its high half). Each SMMLA yields `[r0 lane 2m, r0 lane
+/// 2m+1, r1 lane 2m, r1 lane 2m+1]`. Returns the eight reference lanes of row 0 (lo, hi) and of
+/// row 1 (lo, hi).
+///
+/// # Safety
+/// The CPU must implement FEAT_I8MM.
+#[inline(always)]
+pub(crate) unsafe fn split16_2x1(
+    q: [&[i8; 256]; 2],
+    bprep: &[u8],
+    scales: [&[i16; 16]; 2],
+) -> [int32x4_t; 4] {
+    let bprep = &bprep[..1024];
+    // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
+    unsafe {
+        let zero = vdupq_n_s32(0);
+        let mut acc = [vdupq_n_s32(0); 4];
+        for g in 0..16 {
+            let (a0, a1) = pair(ld_q(q[0], 16 * g), ld_q(q[1], 16 * g));
+            let s = row_lanes(i32::from(scales[0][g]), i32::from(scales[1][g]));
+            let at = 64 * g;
+            acc[0] = vmlaq_s32(acc[0], smmla(zero, a0, ld_s8(bprep, at)), s);
+            acc[1] = vmlaq_s32(acc[1], smmla(zero, a0, ld_s8(bprep, at + 16)), s);
+            acc[2] = vmlaq_s32(acc[2], smmla(zero, a1, ld_s8(bprep, at + 32)), s);
+            acc[3] = vmlaq_s32(acc[3], smmla(zero, a1, ld_s8(bprep, at + 48)), s);
+        }
+        regroup(acc)
+    }
+}
+
+/// `acc[m] = [r0 lane 2m, r0 lane 2m+1, r1 lane 2m, r1 lane 2m+1]` -> row 0 lanes 0..4,
+/// row 0 lanes 4..8, row 1 lanes 0..4, row 1 lanes 4..8.
+#[inline(always)]
+fn regroup(acc: [int32x4_t; 4]) -> [int32x4_t; 4] {
+    // SAFETY: NEON register reinterpretations and zips only.
+    unsafe {
         let lo = |a: int32x4_t, b: int32x4_t| {
             vreinterpretq_s32_s64(vzip1q_s64(
                 vreinterpretq_s64_s32(a),

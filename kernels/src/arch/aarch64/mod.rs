@@ -10,18 +10,25 @@
 //! - [`unpack`]: one weight block -> 256 signed int8 values in element order plus per-16 scales
 //!   and mins (NEON, shared by every tier);
 //! - [`neon`], [`dotprod`], [`i8mm`]: the integer cores of each tier;
-//! - [`driver`]: the loops over weight rows, activation rows and blocks, and the epilogues.
+//! - [`driver`]: the loops over weight rows, activation rows and blocks, and the epilogues;
+//! - [`split`]: Q3_K/Q4_K/Q6_K on SDOT and SMMLA, with lane-grouped element orders so that a
+//!   multiply-sum instruction never mixes two reference lanes.
 //!
-//! Which instruction pays where: SDOT and SMMLA sum 4 and 8 adjacent products, which mixes the
-//! reference's lanes, so they only serve the types whose reference keeps one integer per block
-//! (Q2_K, Q8_0). The lane-split types (Q3_K, Q4_K, Q6_K) use widening SMULL/SMLAL in every tier;
-//! the i8mm tier runs them on 2x2 tiles of (weight row, activation row) to share unpacking.
+//! Which instruction serves which type (every cell is bit-identical to the scalar reference):
+//!
+//! | type  | neon        | dotprod               | i8mm                                  |
+//! |-------|-------------|-----------------------|---------------------------------------|
+//! | Q2_K  | SMULL/SMLAL | SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
+//! | Q3_K  | SMULL/SMLAL | SMULL/SMLAL           | SMMLA 2 rows x 1 act, PERM16 + masks  |
+//! | Q4_K  | SMULL/SMLAL | SDOT on PERM32        | SMMLA 2 rows x 1 act, PERM32 + masks  |
+//! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL           | SMMLA 2 rows x 1 act, PERM16 + masks  |
+//! | Q8_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 
 mod dotprod;
 mod driver;
 mod i8mm;
 mod neon;
-mod q4k;
+mod split;
 mod unpack;
 
 use crate::GgmlType;

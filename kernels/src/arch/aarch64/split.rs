@@ -1,0 +1,240 @@
+//! The lane-split K-quants (Q3_K, Q4_K, Q6_K) on SDOT and SMMLA. Their references keep eight
+//! int32 lanes per block (lane `e % 8`), so a multiply-sum instruction may only ever add
+//! products of one lane and one scale group. Weights and activations are therefore stored in a
+//! lane-grouped order (`unpack::PERM32` for Q4_K, whose scales cover 32 elements: four products
+//! per lane and group; `unpack::PERM16` for Q3_K/Q6_K: two per lane and group), and on the
+//! activation side SMMLA operands are masked so each of the four outputs is one lane:
+//! - dotprod, Q4_K: SDOT on PERM32 data, one lane per SDOT lane (`dotprod::split32_perm`);
+//! - i8mm, Q4_K: SMMLA, two weight rows x one activation row x two lanes per instruction;
+//! - i8mm, Q3_K/Q6_K: the same with groups of 16 (`i8mm::split16_2x1`).
+//!
+//! (Q3_K/Q6_K on the dotprod tier stay on the NEON widening core: with two products per lane
+//! and group an SDOT would be half padding, no faster than SMULL/SMLAL.)
+//!
+//! The activation side is prepared once per chunk of activation rows in a per-thread scratch
+//! buffer that only grows; every weight row (pair) then streams past it. An odd last weight
+//! row on the i8mm tier is paired with itself.
+
+use core::arch::aarch64::*;
+use std::cell::RefCell;
+
+use super::driver::{add_lanes, KAcc, Kind, Q8K_BYTES};
+use super::unpack::{self, Unpacked};
+use super::{dotprod, i8mm, neon, Level};
+
+/// Activation rows prepared per chunk.
+const CH: usize = 8;
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The block's 256 activation quants in PERM32 order (256 bytes).
+fn perm32_block(xq: &[u8], dst: &mut [u8]) {
+    let xq = &xq[..256];
+    let dst = &mut dst[..256];
+    for g in 0..8 {
+        // SAFETY: 32 readable bytes at `xq[32g..]` and 32 writable at `dst[32g..]` (both slices
+        // are 256 bytes, bounds-checked above).
+        unsafe {
+            let (p0, p1) = unpack::perm32(
+                vld1q_u8(xq.as_ptr().add(32 * g)),
+                vld1q_u8(xq.as_ptr().add(32 * g + 16)),
+            );
+            vst1q_u8(dst.as_mut_ptr().add(32 * g), p0);
+            vst1q_u8(dst.as_mut_ptr().add(32 * g + 16), p1);
+        }
+    }
+}
+
+/// SMMLA operands `[slice & mask.lo | slice & mask.hi]` (16 bytes each) from the 32 8-byte
+/// slices of `p`: operand `o` uses slice `o / masks.len()` and mask `masks[o % masks.len()]`.
+fn masked(p: &[u8; 256], masks: &[[u8; 16]], dst: &mut [u8]) {
+    let ops = 32 * masks.len();
+    let dst = &mut dst[..16 * ops];
+    for o in 0..ops {
+        let (s, m) = (o / masks.len(), &masks[o % masks.len()]);
+        // SAFETY: slice `s` < 32 is 8 readable bytes inside `p`; `m` is 16 readable bytes;
+        // operand `o` is 16 writable bytes inside `dst` (bounds-checked above).
+        unsafe {
+            let slice = vld1_u8(p.as_ptr().add(8 * s));
+            let v = vandq_u8(vcombine_u8(slice, slice), vld1q_u8(m.as_ptr()));
+            vst1q_u8(dst.as_mut_ptr().add(16 * o), v);
+        }
+    }
+}
+
+/// SMMLA operands for Q4_K (512 bytes): per PERM32 slice (lanes 2s, 2s+1 of a group of 32),
+/// `[slice & lane 2s | slice & lane 2s+1]`.
+fn mask32_block(xq: &[u8], dst: &mut [u8]) {
+    const M: [[u8; 16]; 1] = [[
+        255, 255, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255,
+    ]];
+    let mut p = [0u8; 256];
+    perm32_block(xq, &mut p);
+    masked(&p, &M, dst);
+}
+
+/// SMMLA operands for Q3_K/Q6_K (1024 bytes): per PERM16 slice (lanes 4t..4t+4 of a group of
+/// 16, two bytes each), `[lane 4t | lane 4t+1]` and `[lane 4t+2 | lane 4t+3]`.
+fn mask16_block(xq: &[u8], dst: &mut [u8]) {
+    const M: [[u8; 16]; 2] = [
+        [255, 255, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 0, 0, 0, 0],
+        [0, 0, 0, 0, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255],
+    ];
+    let xq = &xq[..256];
+    let mut p = [0u8; 256];
+    for g in 0..16 {
+        // SAFETY: 16 readable bytes at `xq[16g..]`, 16 writable at `p[16g..]` (256 each).
+        unsafe {
+            let v = unpack::perm16(vld1q_u8(xq.as_ptr().add(16 * g)));
+            vst1q_u8(p.as_mut_ptr().add(16 * g), v);
+        }
+    }
+    masked(&p, &M, dst);
+}
+
+/// Which prepared form and cores a (kind, level) pair uses.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// Q4_K, SDOT on PERM32 data.
+    Sdot32,
+    /// Q4_K, SMMLA on PERM32 data.
+    Smmla32,
+    /// Q3_K/Q6_K, SMMLA on PERM16 data.
+    Smmla16,
+}
+
+impl Path {
+    fn prep_bytes(self) -> usize {
+        match self {
+            Path::Sdot32 => 256,
+            Path::Smmla32 => 512,
+            Path::Smmla16 => 1024,
+        }
+    }
+
+    fn prep(self, xq: &[u8], dst: &mut [u8]) {
+        match self {
+            Path::Sdot32 => perm32_block(xq, dst),
+            Path::Smmla32 => mask32_block(xq, dst),
+            Path::Smmla16 => mask16_block(xq, dst),
+        }
+    }
+}
+
+/// Whether `kind` at `level` runs here (else the caller uses the widening NEON core).
+pub(crate) fn handles(kind: Kind, level: Level) -> bool {
+    matches!(
+        (kind, level),
+        (Kind::Q4K, Level::Dotprod) | (Kind::Q4K | Kind::Q3K | Kind::Q6K, Level::I8mm)
+    )
+}
+
+/// The float epilogue of one block (reference order: lanes, then Q4_K's min term).
+#[inline(always)]
+fn epilogue(kind: Kind, acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), u: &Unpacked, xb: &[u8]) {
+    let yd = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
+    add_lanes(acc, lanes, u.d * yd);
+    if kind == Kind::Q4K {
+        let sumi = neon::min_corr(&xb[260..292], &u.mins);
+        let dmin = u.dmin * yd;
+        acc.sumf -= dmin * sumi as f32;
+    }
+}
+
+fn unpack_perm(kind: Kind, b: &[u8], u: &mut Unpacked) {
+    match kind {
+        Kind::Q4K => unpack::q4_k_perm(b, u),
+        Kind::Q3K => unpack::q3_k(b, u, true),
+        Kind::Q6K => unpack::q6_k(b, u, true),
+        Kind::Q2K => unreachable!("Q2_K has no lane-split path"),
+    }
+}
+
+/// `kind` x Q8_K for `rows` weight rows and `n` activation rows; `handles(kind, level)` holds.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    level: Level,
+    kind: Kind,
+    nb: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
+    let path = match (kind, level) {
+        (Kind::Q4K, Level::Dotprod) => Path::Sdot32,
+        (Kind::Q4K, _) => Path::Smmla32,
+        _ => Path::Smmla16,
+    };
+    let wb = kind.block_bytes();
+    let wrow = nb * wb;
+    let xrow = nb * Q8K_BYTES;
+    let per = path.prep_bytes();
+    SCRATCH.with(|s| {
+        let mut scratch = s.borrow_mut();
+        let need = CH.min(n) * nb * per;
+        if scratch.len() < need {
+            scratch.resize(need, 0);
+        }
+        let mut u = [Unpacked::new(), Unpacked::new()];
+        for jc in (0..n).step_by(CH) {
+            let cnt = CH.min(n - jc);
+            for t in 0..cnt {
+                for b in 0..nb {
+                    let xq = &x[(jc + t) * xrow + b * Q8K_BYTES + 4..][..256];
+                    path.prep(xq, &mut scratch[(t * nb + b) * per..][..per]);
+                }
+            }
+            let prep = &scratch[..];
+            let mut r = 0;
+            while r < rows {
+                // SMMLA: weight rows in pairs; an odd last row is paired with itself.
+                let r1 = if path != Path::Sdot32 && r + 1 < rows {
+                    r + 1
+                } else {
+                    r
+                };
+                let mut acc = [[KAcc::zero(); CH]; 2];
+                for b in 0..nb {
+                    unpack_perm(kind, &w[r * wrow + b * wb..][..wb], &mut u[0]);
+                    if r1 != r {
+                        unpack_perm(kind, &w[r1 * wrow + b * wb..][..wb], &mut u[1]);
+                    }
+                    let u1 = if r1 != r { &u[1] } else { &u[0] };
+                    for t in 0..cnt {
+                        let xb = &x[(jc + t) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
+                        let pb = &prep[(t * nb + b) * per..][..per];
+                        let q = [&u[0].q, &u1.q];
+                        let sc = [&u[0].scales, &u1.scales];
+                        // SAFETY: the Dotprod level is only built from a capability that proved
+                        // SDOT, the I8mm level from one that proved SDOT and SMMLA.
+                        let l = unsafe {
+                            match path {
+                                Path::Sdot32 => {
+                                    let (lo, hi) = dotprod::split32_perm(&u[0].q, pb, &u[0].scales);
+                                    [lo, hi, lo, hi]
+                                }
+                                Path::Smmla32 => i8mm::split32_2x1(q, pb, sc),
+                                Path::Smmla16 => i8mm::split16_2x1(q, pb, sc),
+                            }
+                        };
+                        epilogue(kind, &mut acc[0][t], (l[0], l[1]), &u[0], xb);
+                        if r1 != r {
+                            epilogue(kind, &mut acc[1][t], (l[2], l[3]), u1, xb);
+                        }
+                    }
+                }
+                for t in 0..cnt {
+                    out[r * n + jc + t] = acc[0][t].finish(kind);
+                    if r1 != r {
+                        out[r1 * n + jc + t] = acc[1][t].finish(kind);
+                    }
+                }
+                r = r1 + 1;
+            }
+        }
+    });
+}
