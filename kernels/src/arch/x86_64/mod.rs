@@ -1,7 +1,35 @@
-//! x86_64 tiers: AVX2 and AVX-512-VNNI (placeholder until the x86 kernels land: no type has a
-//! path yet, so dispatch falls back to the scalar reference).
+//! x86_64 tiers: AVX2 and AVX-512-VNNI GEMM paths for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (x Q8_K) and
+//! Q8_0 (x Q8_0), bit-identical to the scalar reference.
+//!
+//! Each tier is a capability type constructed only when the CPU has the features, so the
+//! `#[target_feature]` functions behind it are sound to call. A call packs the activation rows
+//! once (into a thread-local scratch buffer that is reused, not reallocated, across calls), then
+//! unpacks every weight block once and runs it against all activation rows; see `kquant` and
+//! `q8_0` for how the integer work is arranged so that the float epilogue follows the reference
+//! exactly. Types without a path (legacy 4/5-bit, floats) return `false` and the caller falls
+//! back to the scalar reference.
+
+mod avx2;
+mod avx512vnni;
+mod kquant;
+mod q8_0;
+
+use std::cell::RefCell;
 
 use crate::GgmlType;
+
+thread_local! {
+    /// Packed activations (K-quants) for the current call.
+    static PACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Q8_0 scale tables (weights, activations) for the current call.
+    static SCALES: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Avx2,
+    Avx512,
+}
 
 /// AVX2 capability: only constructible when the CPU has AVX2 + FMA + F16C.
 #[derive(Clone, Copy, Debug)]
@@ -12,18 +40,32 @@ pub struct Avx2 {
 impl Avx2 {
     /// Returns the capability when this CPU can run the tier.
     pub fn new() -> Option<Avx2> {
-        None
+        let ok = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        ok.then_some(Avx2 { _private: () })
     }
 
     /// `out[r * n + j] = W[r] . x[j]` for `rows` weight rows of `ty` and `n` activation rows of
-    /// `ty.vec_dot_type()`; lengths are validated by the caller. Returns false when this tier has
-    /// no path for `ty` (the caller then uses the scalar reference).
-    pub fn gemm_block(self, _ty: GgmlType, _k: usize, _w: &[u8], _rows: usize, _x: &[u8], _n: usize, _out: &mut [f32]) -> bool {
-        false
+    /// `ty.vec_dot_type()`, bit-identical to the scalar reference. Returns false when this tier
+    /// has no path for `ty` or the lengths do not match (the caller then uses the scalar
+    /// reference, which reports the error).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_block(
+        self,
+        ty: GgmlType,
+        k: usize,
+        w: &[u8],
+        rows: usize,
+        x: &[u8],
+        n: usize,
+        out: &mut [f32],
+    ) -> bool {
+        gemm_block(Level::Avx2, ty, k, w, rows, x, n, out)
     }
 }
 
-/// AVX-512-VNNI capability (AVX-512F/BW/VL + VNNI).
+/// AVX-512-VNNI capability (AVX-512F/BW/VL + VNNI, and AVX2).
 #[derive(Clone, Copy, Debug)]
 pub struct Avx512Vnni {
     _private: (),
@@ -32,11 +74,146 @@ pub struct Avx512Vnni {
 impl Avx512Vnni {
     /// Returns the capability when this CPU can run the tier.
     pub fn new() -> Option<Avx512Vnni> {
-        None
+        let ok = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni");
+        ok.then_some(Avx512Vnni { _private: () })
     }
 
     /// Same contract as [`Avx2::gemm_block`].
-    pub fn gemm_block(self, _ty: GgmlType, _k: usize, _w: &[u8], _rows: usize, _x: &[u8], _n: usize, _out: &mut [f32]) -> bool {
-        false
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_block(
+        self,
+        ty: GgmlType,
+        k: usize,
+        w: &[u8],
+        rows: usize,
+        x: &[u8],
+        n: usize,
+        out: &mut [f32],
+    ) -> bool {
+        gemm_block(Level::Avx512, ty, k, w, rows, x, n, out)
     }
+}
+
+/// The K-quant kind code used by `kquant`, if `ty` has a path here.
+fn kquant_kind(ty: GgmlType) -> Option<u8> {
+    Some(match ty {
+        GgmlType::Q2_K => kquant::Q2,
+        GgmlType::Q3_K => kquant::Q3,
+        GgmlType::Q4_K => kquant::Q4,
+        GgmlType::Q5_K => kquant::Q5,
+        GgmlType::Q6_K => kquant::Q6,
+        _ => return None,
+    })
+}
+
+/// Checks the lengths, then runs the tier's path. Only called with a `Level` whose capability
+/// value exists (so the CPU has its features).
+#[allow(clippy::too_many_arguments)]
+fn gemm_block(
+    level: Level,
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) -> bool {
+    let kind = kquant_kind(ty);
+    if kind.is_none() && ty != GgmlType::Q8_0 {
+        return false;
+    }
+    let (Ok(wb), Ok(xb)) = (ty.row_bytes(k), ty.vec_dot_type().row_bytes(k)) else {
+        return false;
+    };
+    let fits = rows.checked_mul(wb) == Some(w.len())
+        && n.checked_mul(xb) == Some(x.len())
+        && rows.checked_mul(n) == Some(out.len());
+    if !fits {
+        return false;
+    }
+    if rows == 0 || n == 0 {
+        return true;
+    }
+    let nb = k / ty.block_len();
+    if nb == 0 {
+        out.fill(0.0);
+        return true;
+    }
+    match kind {
+        Some(kind) => gemm_kquant(level, kind, nb, w, rows, x, n, out),
+        None => gemm_q8_0(level, nb, w, rows, x, n, out),
+    }
+    true
+}
+
+/// K-quants: pack the activations, then the tier's monomorphised driver.
+#[allow(clippy::too_many_arguments)]
+fn gemm_kquant(
+    level: Level,
+    kind: u8,
+    nb: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
+    PACKED.with(|cell| {
+        let mut packed = cell.borrow_mut();
+        packed.resize(n * nb * 256, 0);
+        let (wp, xp, pp, op) = (
+            w.as_ptr(),
+            x.as_ptr(),
+            packed.as_mut_ptr(),
+            out.as_mut_ptr(),
+        );
+        // SAFETY: the capability for `level` exists, so the CPU has AVX2 (and AVX-512 for
+        // `Level::Avx512`); `gemm_block` checked that `x` holds `n * nb` Q8_K blocks, `w` holds
+        // `rows * nb` blocks of `kind` and `out` holds `rows * n` floats; `packed` was sized for
+        // `n * nb` packed blocks.
+        unsafe {
+            kquant::pack_q8k(xp, n * nb, kquant::signed(kind), pp);
+            macro_rules! run {
+                ($k:expr) => {
+                    match level {
+                        Level::Avx2 => avx2::gemm_k::<{ $k }>(nb, wp, rows, xp, pp, n, op),
+                        Level::Avx512 => avx512vnni::gemm_k::<{ $k }>(nb, wp, rows, xp, pp, n, op),
+                    }
+                };
+            }
+            match kind {
+                kquant::Q2 => run!(kquant::Q2),
+                kquant::Q3 => run!(kquant::Q3),
+                kquant::Q4 => run!(kquant::Q4),
+                kquant::Q5 => run!(kquant::Q5),
+                _ => run!(kquant::Q6),
+            }
+        }
+    });
+}
+
+/// Q8_0: build the scale tables, then the tier's driver.
+fn gemm_q8_0(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+    SCALES.with(|cell| {
+        let mut tables = cell.borrow_mut();
+        let (xd, yd) = &mut *tables;
+        q8_0::scale_tables(w, rows, x, n, nb, xd, yd);
+        let (wp, xp, op) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
+        // SAFETY: the capability for `level` exists (CPU features present); `gemm_block` checked
+        // that `w` holds `rows * nb` Q8_0 blocks, `x` `n * nb` blocks and `out` `rows * n`
+        // floats; `scale_tables` sized `xd`/`yd` for the padded row and activation counts.
+        unsafe {
+            match level {
+                Level::Avx2 => avx2::gemm_q8_0(nb, wp, rows, xp, n, xd.as_ptr(), yd.as_ptr(), op),
+                Level::Avx512 => {
+                    avx512vnni::gemm_q8_0(nb, wp, rows, xp, n, xd.as_ptr(), yd.as_ptr(), op)
+                }
+            }
+        }
+    });
 }

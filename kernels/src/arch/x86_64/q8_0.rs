@@ -1,0 +1,138 @@
+//! Q8_0 x Q8_0 building blocks shared by the x86 tiers: the per-call tables of block scales, the
+//! 8-way transposing integer reduction and the tile driver.
+//!
+//! The reference (`ggml_vec_dot_q8_0_q8_0_generic`) does `sumf += (float)sumi * (dx * dy)` per
+//! 32-element block, so each (weight row, activation row) pair needs its block's integer sum as a
+//! scalar. A tile computes 8 pairs at once, one per f32 lane: either 1 weight row x 8 activation
+//! rows (the weight block is prepared once and reused 8 times) or 8 weight rows x 1 activation row
+//! (for the activation rows left over, and batch 1). The 8 integer block sums are reduced into
+//! one vector and the float epilogue runs lane-wise in the reference order.
+
+use core::arch::x86_64::*;
+
+use crate::formats::f16_to_f32;
+
+/// Bytes of one Q8_0 block: f16 d, 32 i8.
+pub(super) const Q8_0_BYTES: usize = 34;
+
+/// `xd[b * rows_p + r]` (weight scales, rows padded to 8 by repeating the last row) and
+/// `yd[b * n_p + j]` (activation scales, padded the same way) as f32.
+pub(super) fn scale_tables(
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    nb: usize,
+    xd: &mut Vec<f32>,
+    yd: &mut Vec<f32>,
+) {
+    fn fill(src: &[u8], count: usize, nb: usize, dst: &mut Vec<f32>) {
+        let padded = count.div_ceil(8) * 8;
+        dst.clear();
+        dst.resize(nb * padded, 0.0);
+        for i in 0..padded {
+            let row = i.min(count - 1);
+            for b in 0..nb {
+                let at = (row * nb + b) * Q8_0_BYTES;
+                dst[b * padded + i] = f16_to_f32(u16::from_le_bytes([src[at], src[at + 1]]));
+            }
+        }
+    }
+    fill(w, rows, nb, xd);
+    fill(x, n, nb, yd);
+}
+
+/// Transposing reduction: lane `i` of the result is the sum of the 8 lanes of `v[i]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn reduce8(v: &[__m256i; 8]) -> __m256i {
+    let a01 = _mm256_hadd_epi32(v[0], v[1]);
+    let a23 = _mm256_hadd_epi32(v[2], v[3]);
+    let a45 = _mm256_hadd_epi32(v[4], v[5]);
+    let a67 = _mm256_hadd_epi32(v[6], v[7]);
+    let b0 = _mm256_hadd_epi32(a01, a23);
+    let b1 = _mm256_hadd_epi32(a45, a67);
+    let lo = _mm256_permute2x128_si256::<0x20>(b0, b1);
+    let hi = _mm256_permute2x128_si256::<0x31>(b0, b1);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// Defines `gemm_q8_0` for one tier from its block helpers: `$prep(block) -> P` prepares one
+/// block's quants, `$dot(&P, other_block) -> __m256i` returns 8 i32 partial sums of the block's
+/// 32 products (sum them for the exact block sum). The products are symmetric, so the same pair
+/// serves both tile orientations.
+macro_rules! q8_0_gemm {
+    ($feat:literal, $prep:ident, $dot:ident) => {
+        /// `out[r * n + j] = W[r] . x[j]` for Q8_0 x Q8_0 with `nb` blocks per row; `xd`/`yd` are
+        /// the tables from [`q8_0::scale_tables`](super::q8_0::scale_tables).
+        ///
+        /// # Safety
+        /// `w` must hold `rows * nb` blocks, `x` `n * nb` blocks, `xd`/`yd` the padded tables and
+        /// `out` `rows * n` floats; the CPU must have the tier's features.
+        #[target_feature(enable = $feat)]
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn gemm_q8_0(
+            nb: usize,
+            w: *const u8,
+            rows: usize,
+            x: *const u8,
+            n: usize,
+            xd: *const f32,
+            yd: *const f32,
+            out: *mut f32,
+        ) {
+            use super::q8_0::{reduce8, Q8_0_BYTES};
+            let row_bytes = nb * Q8_0_BYTES;
+            let rows_p = rows.div_ceil(8) * 8;
+            let n_p = n.div_ceil(8) * 8;
+            let n8 = n / 8 * 8;
+            let mut lanes = [0f32; 8];
+            // 1 weight row x 8 activation rows.
+            for r in 0..rows {
+                let wrow = w.add(r * row_bytes);
+                for j0 in (0..n8).step_by(8) {
+                    let mut acc = _mm256_setzero_ps();
+                    for b in 0..nb {
+                        let pw = $prep(wrow.add(b * Q8_0_BYTES));
+                        let mut p = [_mm256_setzero_si256(); 8];
+                        for (i, pi) in p.iter_mut().enumerate() {
+                            *pi = $dot(&pw, x.add((j0 + i) * row_bytes + b * Q8_0_BYTES));
+                        }
+                        let s = _mm256_cvtepi32_ps(reduce8(&p));
+                        let dx = _mm256_set1_ps(*xd.add(b * rows_p + r));
+                        let d = _mm256_mul_ps(dx, _mm256_loadu_ps(yd.add(b * n_p + j0)));
+                        acc = _mm256_add_ps(acc, _mm256_mul_ps(s, d));
+                    }
+                    _mm256_storeu_ps(out.add(r * n + j0), acc);
+                }
+            }
+            // 8 weight rows (the last repeated to fill the tile) x 1 activation row.
+            for j in n8..n {
+                let xrow = x.add(j * row_bytes);
+                for r0 in (0..rows).step_by(8) {
+                    let mut wrows = [w; 8];
+                    for (i, wr) in wrows.iter_mut().enumerate() {
+                        *wr = w.add((r0 + i).min(rows - 1) * row_bytes);
+                    }
+                    let mut acc = _mm256_setzero_ps();
+                    for b in 0..nb {
+                        let pa = $prep(xrow.add(b * Q8_0_BYTES));
+                        let mut p = [_mm256_setzero_si256(); 8];
+                        for (i, pi) in p.iter_mut().enumerate() {
+                            *pi = $dot(&pa, wrows[i].add(b * Q8_0_BYTES));
+                        }
+                        let s = _mm256_cvtepi32_ps(reduce8(&p));
+                        let dx = _mm256_loadu_ps(xd.add(b * rows_p + r0));
+                        let d = _mm256_mul_ps(dx, _mm256_set1_ps(*yd.add(b * n_p + j)));
+                        acc = _mm256_add_ps(acc, _mm256_mul_ps(s, d));
+                    }
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+                    for (i, v) in lanes.iter().enumerate().take((rows - r0).min(8)) {
+                        *out.add((r0 + i) * n + j) = *v;
+                    }
+                }
+            }
+        }
+    };
+}
+pub(super) use q8_0_gemm;
