@@ -1,1 +1,9 @@
-//! nightshift-atlas: the atlas trace format, routing statistics, the placement planner and plots.
+//! nightshift-atlas: the placement contract (which node holds which expert), the atlas trace
+//! format and its `Recorder`, routing statistics, the placement planner and plots. The
+//! coordinator and the expert node depend on this crate for `placement`; the crate itself depends
+//! on no other NightShift crate, so it stays usable offline on a copied atlas file.
+
+mod fsutil;
+pub mod placement;
+
+pub use fsutil::write_atomic;
