@@ -1,0 +1,310 @@
+//! Run-time choice of the SIMD tier, and the GEMM driver that splits weight rows over a rayon
+//! pool and hands each slice of rows to the chosen tier.
+//!
+//! CPU features are detected once (cached in a `OnceLock`); a tier exists only as a capability
+//! value (`arch::x86_64::Avx2`, `arch::aarch64::I8mm`, ...) obtained from that detection.
+//! `NIGHTSHIFT_KERNEL=scalar|avx2|avx512vnni|neon|dotprod|i8mm` forces a tier (`auto` or unset
+//! picks the best); forcing one the CPU lacks makes [`crate::gemm`] return an error. A tier whose
+//! `gemm_block` has no path for a type returns false and the scalar reference runs instead, so
+//! every type works on every tier, and every tier gives the scalar reference's bits.
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use crate::{scalar, GgmlType, KernelError};
+
+/// A kernel tier: the scalar reference or one SIMD implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    Scalar,
+    Avx2,
+    Avx512Vnni,
+    Neon,
+    Dotprod,
+    I8mm,
+}
+
+impl Tier {
+    /// Every tier, in order of preference within an architecture (later is better).
+    pub const ALL: [Tier; 6] = [
+        Tier::Scalar,
+        Tier::Avx2,
+        Tier::Avx512Vnni,
+        Tier::Neon,
+        Tier::Dotprod,
+        Tier::I8mm,
+    ];
+
+    /// The name used by `NIGHTSHIFT_KERNEL` and in reports ("scalar", "avx2", ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Scalar => "scalar",
+            Tier::Avx2 => "avx2",
+            Tier::Avx512Vnni => "avx512vnni",
+            Tier::Neon => "neon",
+            Tier::Dotprod => "dotprod",
+            Tier::I8mm => "i8mm",
+        }
+    }
+
+    /// Parses a tier name (case-insensitive).
+    pub fn from_name(s: &str) -> Option<Tier> {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The capabilities this CPU has, detected once.
+#[derive(Default)]
+struct Caps {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Option<crate::arch::x86_64::Avx2>,
+    #[cfg(target_arch = "x86_64")]
+    avx512vnni: Option<crate::arch::x86_64::Avx512Vnni>,
+    #[cfg(target_arch = "aarch64")]
+    neon: Option<crate::arch::aarch64::Neon>,
+    #[cfg(target_arch = "aarch64")]
+    dotprod: Option<crate::arch::aarch64::Dotprod>,
+    #[cfg(target_arch = "aarch64")]
+    i8mm: Option<crate::arch::aarch64::I8mm>,
+}
+
+fn caps() -> &'static Caps {
+    static CAPS: OnceLock<Caps> = OnceLock::new();
+    CAPS.get_or_init(|| Caps {
+        #[cfg(target_arch = "x86_64")]
+        avx2: crate::arch::x86_64::Avx2::new(),
+        #[cfg(target_arch = "x86_64")]
+        avx512vnni: crate::arch::x86_64::Avx512Vnni::new(),
+        #[cfg(target_arch = "aarch64")]
+        neon: crate::arch::aarch64::Neon::new(),
+        #[cfg(target_arch = "aarch64")]
+        dotprod: crate::arch::aarch64::Dotprod::new(),
+        #[cfg(target_arch = "aarch64")]
+        i8mm: crate::arch::aarch64::I8mm::new(),
+    })
+}
+
+/// True when this CPU (and build) can run `tier`.
+pub fn is_available(tier: Tier) -> bool {
+    let c = caps();
+    match tier {
+        Tier::Scalar => true,
+        #[cfg(target_arch = "x86_64")]
+        Tier::Avx2 => c.avx2.is_some(),
+        #[cfg(target_arch = "x86_64")]
+        Tier::Avx512Vnni => c.avx512vnni.is_some(),
+        #[cfg(target_arch = "aarch64")]
+        Tier::Neon => c.neon.is_some(),
+        #[cfg(target_arch = "aarch64")]
+        Tier::Dotprod => c.dotprod.is_some(),
+        #[cfg(target_arch = "aarch64")]
+        Tier::I8mm => c.i8mm.is_some(),
+        #[allow(unreachable_patterns)]
+        _ => {
+            let _ = c;
+            false
+        }
+    }
+}
+
+/// The tiers this CPU can run, scalar first, best last.
+pub fn available_tiers() -> Vec<Tier> {
+    Tier::ALL.into_iter().filter(|&t| is_available(t)).collect()
+}
+
+fn unavailable(tier: Tier) -> KernelError {
+    let available: Vec<&str> = available_tiers().into_iter().map(Tier::name).collect();
+    KernelError::TierUnavailable {
+        tier: tier.name(),
+        available: available.join(", "),
+    }
+}
+
+/// The tier `NIGHTSHIFT_KERNEL` asks for (best available when unset, empty or `auto`), or why it
+/// cannot be used. Read and checked once, then cached.
+pub fn configured_tier() -> Result<Tier, KernelError> {
+    static CONFIGURED: OnceLock<Result<Tier, KernelError>> = OnceLock::new();
+    CONFIGURED
+        .get_or_init(|| {
+            let best = available_tiers().last().copied().unwrap_or(Tier::Scalar);
+            match std::env::var("NIGHTSHIFT_KERNEL") {
+                Err(_) => Ok(best),
+                Ok(v) if v.trim().is_empty() || v.trim().eq_ignore_ascii_case("auto") => Ok(best),
+                Ok(v) => match Tier::from_name(&v) {
+                    None => Err(KernelError::UnknownTier { found: v }),
+                    Some(t) if is_available(t) => Ok(t),
+                    Some(t) => Err(unavailable(t)),
+                },
+            }
+        })
+        .clone()
+}
+
+/// The tier [`crate::gemm`] uses: [`configured_tier`], or `Scalar` when the forced tier is
+/// unusable (in which case `gemm` itself returns the error, so a misconfiguration is never
+/// silently ignored).
+pub fn active_tier() -> Tier {
+    configured_tier().unwrap_or(Tier::Scalar)
+}
+
+/// One tile of rows on `tier`, falling back to the scalar reference when the tier has no path.
+#[allow(clippy::too_many_arguments)]
+fn run_block(
+    tier: Tier,
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let c = caps();
+    let handled = match tier {
+        Tier::Scalar => false,
+        #[cfg(target_arch = "x86_64")]
+        Tier::Avx2 => c
+            .avx2
+            .is_some_and(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
+        #[cfg(target_arch = "x86_64")]
+        Tier::Avx512Vnni => c
+            .avx512vnni
+            .is_some_and(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
+        #[cfg(target_arch = "aarch64")]
+        Tier::Neon => c
+            .neon
+            .is_some_and(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
+        #[cfg(target_arch = "aarch64")]
+        Tier::Dotprod => c
+            .dotprod
+            .is_some_and(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
+        #[cfg(target_arch = "aarch64")]
+        Tier::I8mm => c
+            .i8mm
+            .is_some_and(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
+        #[allow(unreachable_patterns)]
+        _ => {
+            let _ = c;
+            false
+        }
+    };
+    if handled {
+        Ok(())
+    } else {
+        scalar::gemm_block(ty, k, w, rows, x, n, out)
+    }
+}
+
+/// Rows per parallel task: about four tasks per thread, a multiple of 4 rows (so that 2- and
+/// 4-row tiles stay whole), at least 4.
+fn chunk_rows(m: usize, threads: usize) -> usize {
+    let per = m.div_ceil(threads.max(1) * 4);
+    per.div_ceil(4).max(1) * 4
+}
+
+/// [`crate::gemm`] on an explicit tier (for tests and benchmarks): `out[j * m + i] = W[i] . x[j]`.
+/// Errors when the tier cannot run on this CPU, when `ty` has no dot product, or on any length
+/// mismatch; never panics on bad input.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_with(
+    tier: Tier,
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    m: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+    pool: Option<&rayon::ThreadPool>,
+) -> Result<(), KernelError> {
+    if !is_available(tier) {
+        return Err(unavailable(tier));
+    }
+    if !ty.has_vec_dot() {
+        return Err(KernelError::Unsupported {
+            op: "gemm",
+            ty: ty.name(),
+        });
+    }
+    let wb = ty.row_bytes(k)?;
+    let xb = ty.vec_dot_type().row_bytes(k)?;
+    let need = |what: &'static str, per: usize, count: usize, found: usize| {
+        let expected = per
+            .checked_mul(count)
+            .ok_or_else(|| KernelError::Overflow {
+                what,
+                detail: format!("{count} rows of {per}"),
+            })?;
+        if expected != found {
+            return Err(KernelError::Length {
+                what,
+                expected,
+                found,
+            });
+        }
+        Ok(())
+    };
+    need("gemm weight rows", wb, m, w.len())?;
+    need("gemm activation rows", xb, n, x.len())?;
+    let cells = m.checked_mul(n).ok_or_else(|| KernelError::Overflow {
+        what: "gemm output",
+        detail: format!("{m} x {n}"),
+    })?;
+    if out.len() != cells {
+        return Err(KernelError::Elements {
+            what: "gemm output",
+            expected: cells,
+            found: out.len(),
+        });
+    }
+    if cells == 0 {
+        return Ok(());
+    }
+
+    // Tiers write row-major tiles `tile[r * n + j]`; with one activation row that is already the
+    // output layout, otherwise compute into a scratch matrix and transpose once at the end.
+    let mut scratch = if n == 1 {
+        Vec::new()
+    } else {
+        vec![0f32; cells]
+    };
+    let tiles: &mut [f32] = if n == 1 { out } else { &mut scratch };
+    let rows_per = match pool {
+        Some(p) => chunk_rows(m, p.current_num_threads()),
+        None => m,
+    };
+    let work = |(ci, tile): (usize, &mut [f32])| -> Result<(), KernelError> {
+        let r0 = ci * rows_per;
+        let rows = tile.len() / n;
+        run_block(tier, ty, k, &w[r0 * wb..(r0 + rows) * wb], rows, x, n, tile)
+    };
+    match pool {
+        Some(p) if m > rows_per => p.install(|| {
+            tiles
+                .par_chunks_mut(rows_per * n)
+                .enumerate()
+                .try_for_each(work)
+        })?,
+        _ => tiles
+            .chunks_mut(rows_per * n)
+            .enumerate()
+            .try_for_each(work)?,
+    }
+    if n != 1 {
+        for (i, row) in scratch.chunks_exact(n).enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                out[j * m + i] = v;
+            }
+        }
+    }
+    Ok(())
+}

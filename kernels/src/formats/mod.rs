@@ -1,0 +1,237 @@
+//! ggml's tensor types and their block layouts.
+//!
+//! [`GgmlType`] names a type and knows its GGUF id, block length and block size. The block
+//! structs (`BlockQ4_0` … `BlockQ8_K`, in `legacy` and `kquants`) are `#[repr(C)]` mirrors of
+//! ggml's C structs whose fields are all byte arrays: they have alignment 1 and no padding (sizes
+//! asserted at compile time), so any `&[u8]` of the right length can be viewed as a block slice
+//! with [`blocks`] / [`blocks_mut`] whatever its address (mmap'd GGUF data and wire buffers are not
+//! necessarily aligned). Multi-byte fields are little-endian and read through accessors.
+
+mod half;
+mod kquants;
+mod legacy;
+
+pub use half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use kquants::{
+    scale_min_k4, unpack_k4_scales, unpack_q3_k_scales, BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K,
+    BlockQ6_K, BlockQ8_K, QK_K,
+};
+pub use legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK};
+
+use crate::KernelError;
+
+/// ggml's tensor types, with the numeric ids used in GGUF files.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q8_1,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_K,
+    BF16,
+}
+
+impl GgmlType {
+    /// Every type this crate knows, in id order.
+    pub const ALL: [GgmlType; 15] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q8_1,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_K,
+        GgmlType::BF16,
+    ];
+
+    /// The type with this GGUF/ggml id, if this crate supports it.
+    pub fn from_id(id: u32) -> Option<GgmlType> {
+        GgmlType::ALL.into_iter().find(|t| t.id() == id)
+    }
+
+    /// The type with this name ("Q4_K", "F16", ...; case-insensitive).
+    pub fn from_name(name: &str) -> Option<GgmlType> {
+        GgmlType::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
+    }
+
+    /// GGUF/ggml numeric id.
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q8_1 => 9,
+            GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
+            GgmlType::Q6_K => 14,
+            GgmlType::Q8_K => 15,
+            GgmlType::BF16 => 30,
+        }
+    }
+
+    /// ggml's name for the type ("Q4_K", "F16", ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlType::F32 => "F32",
+            GgmlType::F16 => "F16",
+            GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
+            GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q8_1 => "Q8_1",
+            GgmlType::Q2_K => "Q2_K",
+            GgmlType::Q3_K => "Q3_K",
+            GgmlType::Q4_K => "Q4_K",
+            GgmlType::Q5_K => "Q5_K",
+            GgmlType::Q6_K => "Q6_K",
+            GgmlType::Q8_K => "Q8_K",
+            GgmlType::BF16 => "BF16",
+        }
+    }
+
+    /// Elements per block: 1 for F32/F16/BF16, 32 for the legacy quants, 256 for K-quants.
+    pub fn block_len(self) -> usize {
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => QK,
+            GgmlType::Q8_0 | GgmlType::Q8_1 => QK,
+            _ => QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        use std::mem::size_of;
+        match self {
+            GgmlType::F32 => 4,
+            GgmlType::F16 | GgmlType::BF16 => 2,
+            GgmlType::Q4_0 => size_of::<BlockQ4_0>(),
+            GgmlType::Q4_1 => size_of::<BlockQ4_1>(),
+            GgmlType::Q5_0 => size_of::<BlockQ5_0>(),
+            GgmlType::Q5_1 => size_of::<BlockQ5_1>(),
+            GgmlType::Q8_0 => size_of::<BlockQ8_0>(),
+            GgmlType::Q8_1 => size_of::<BlockQ8_1>(),
+            GgmlType::Q2_K => size_of::<BlockQ2_K>(),
+            GgmlType::Q3_K => size_of::<BlockQ3_K>(),
+            GgmlType::Q4_K => size_of::<BlockQ4_K>(),
+            GgmlType::Q5_K => size_of::<BlockQ5_K>(),
+            GgmlType::Q6_K => size_of::<BlockQ6_K>(),
+            GgmlType::Q8_K => size_of::<BlockQ8_K>(),
+        }
+    }
+
+    /// Bytes of one row of `k` elements; an error unless `k` is a multiple of the block length.
+    pub fn row_bytes(self, k: usize) -> Result<usize, KernelError> {
+        let bl = self.block_len();
+        if k % bl != 0 {
+            return Err(KernelError::KNotMultiple {
+                ty: self.name(),
+                k,
+                block_len: bl,
+            });
+        }
+        (k / bl)
+            .checked_mul(self.block_bytes())
+            .ok_or_else(|| KernelError::Overflow {
+                what: "row size",
+                detail: format!("{k} elements of {}", self.name()),
+            })
+    }
+
+    /// The activation type ggml pairs with this weight type in dot products: K-quants -> Q8_K,
+    /// Q4_0/Q5_0/Q8_0 -> Q8_0, Q4_1/Q5_1 -> Q8_1, F16/BF16/F32 -> themselves (Q8_1 -> Q8_1 and
+    /// Q8_K -> Q8_K, although neither has a dot product as a weight type).
+    pub fn vec_dot_type(self) -> GgmlType {
+        match self {
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                GgmlType::Q8_K
+            }
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+            GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
+            other => other,
+        }
+    }
+
+    /// True for the types that have a weight x activation dot product (all but Q8_1 and Q8_K).
+    pub fn has_vec_dot(self) -> bool {
+        !matches!(self, GgmlType::Q8_1 | GgmlType::Q8_K)
+    }
+}
+
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A ggml block struct that may be viewed from raw bytes.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]`, have alignment 1, contain no padding, and be valid for
+/// every bit pattern (in this crate: structs made only of `u8`/`i8` arrays).
+pub unsafe trait Block: Copy + 'static {
+    /// The type whose blocks these are.
+    const TYPE: GgmlType;
+}
+
+fn check_len<B: Block>(len: usize) -> Result<usize, KernelError> {
+    let size = std::mem::size_of::<B>();
+    if len % size != 0 {
+        return Err(KernelError::Ragged {
+            what: B::TYPE.name(),
+            block_bytes: size,
+            found: len,
+        });
+    }
+    Ok(len / size)
+}
+
+/// Views `bytes` as blocks of `B`. Errors if the length is not a whole number of blocks; the
+/// address never matters (blocks have alignment 1).
+pub fn blocks<B: Block>(bytes: &[u8]) -> Result<&[B], KernelError> {
+    let n = check_len::<B>(bytes.len())?;
+    // SAFETY: `B: Block` guarantees repr(C), alignment 1, no padding and validity for every bit
+    // pattern; `bytes` holds exactly `n * size_of::<B>()` initialised bytes and the returned slice
+    // borrows them immutably for the same lifetime.
+    Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<B>(), n) })
+}
+
+/// Mutable version of [`blocks`].
+pub fn blocks_mut<B: Block>(bytes: &mut [u8]) -> Result<&mut [B], KernelError> {
+    let n = check_len::<B>(bytes.len())?;
+    // SAFETY: as in `blocks`; the exclusive borrow of `bytes` moves to the returned slice, and
+    // any bit pattern written through it is a valid byte pattern.
+    Ok(unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<B>(), n) })
+}
+
+/// Views blocks back as bytes.
+pub fn block_bytes<B: Block>(b: &[B]) -> &[u8] {
+    // SAFETY: `B: Block` has no padding, so every byte of the slice is initialised.
+    unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<u8>(), std::mem::size_of_val(b)) }
+}
