@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-APT_PKGS=(qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross libhwloc-dev hwloc pkg-config python3-venv)
+APT_PKGS=(qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross libhwloc-dev libudev-dev hwloc pkg-config python3-venv)
 missing=()
 for p in "${APT_PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
