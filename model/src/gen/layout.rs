@@ -1,0 +1,381 @@
+//! What a generated model contains: the hyper-parameters of each preset, the metadata keys
+//! llama.cpp reads for qwen3moe and deepseek2, and the tensor list with llama.cpp's names, ggml
+//! shapes (dims[0] = row length) and how each tensor is initialised — the same layout as
+//! `shared/tools/make_models.py` and llama.cpp's converters.
+
+use super::writer::KvValue;
+use super::{Arch, GenError, GenSpec, Preset};
+
+/// Hyper-parameters of one model (sizes only; the quant mix is separate).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dims {
+    pub arch: Arch,
+    pub name: String,
+    pub ctx: u32,
+    pub embd: u64,
+    pub n_layer: usize,
+    pub heads: u64,
+    /// qwen3moe: KV heads and head size
+    pub heads_kv: u64,
+    pub head_dim: u64,
+    /// dense FFN size (the metadata's feed_forward_length; deepseek2's leading dense layers)
+    pub ff: u64,
+    pub expert_ff: u64,
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub rope_base: f32,
+    /// deepseek2 (MLA, YaRN, shared expert, sigmoid routing)
+    pub q_lora: u64,
+    pub kv_lora: u64,
+    pub nope: u64,
+    pub rope: u64,
+    pub v_head: u64,
+    pub n_dense_lead: usize,
+    pub n_shared: usize,
+    pub yarn_factor: f32,
+    pub yarn_orig_ctx: u32,
+    pub yarn_log_mul: f32,
+    pub weights_scale: f32,
+    /// expert groups (written only when Some)
+    pub groups: Option<(u32, u32)>,
+    /// vocabulary size the preset asks for (None: just the trained tokenizer)
+    pub vocab: Option<usize>,
+}
+
+impl Dims {
+    /// The preset's dims with the spec's overrides (layers, experts, vocab) applied.
+    pub fn from_spec(spec: &GenSpec) -> Result<Dims, GenError> {
+        let arch = spec.arch;
+        let mut d = match (spec.preset, arch) {
+            (Preset::Tiny, Arch::Qwen3Moe) => Dims {
+                name: "nightshift-tiny-qwen3moe".into(),
+                ..qwen_base(256, 2, 4, 2, 64, 512, 256, 16, 4, 512)
+            },
+            (Preset::Tiny, Arch::Deepseek2) => Dims {
+                name: "nightshift-tiny-kimi".into(),
+                ..deepseek_base(DeepseekSizes {
+                    embd: 256,
+                    n_layer: 3,
+                    heads: 4,
+                    q_lora: 128,
+                    kv_lora: 128,
+                    nope: 64,
+                    rope: 32,
+                    v_head: 64,
+                    ff: 512,
+                    expert_ff: 256,
+                    n_expert: 16,
+                    n_used: 4,
+                    ctx: 512,
+                })
+            },
+            (Preset::Qwen3_30bA3b, Arch::Qwen3Moe) => Dims {
+                name: "nightshift-random-qwen3-30b-a3b".into(),
+                vocab: Some(151_936),
+                ..qwen_base(2048, 48, 32, 4, 128, 6144, 768, 128, 8, 40_960)
+            },
+            (Preset::KimiK2, Arch::Deepseek2) => Dims {
+                name: "nightshift-random-kimi-k2".into(),
+                vocab: Some(163_840),
+                groups: Some((1, 1)),
+                ..deepseek_base(DeepseekSizes {
+                    embd: 7168,
+                    n_layer: 61,
+                    heads: 64,
+                    q_lora: 1536,
+                    kv_lora: 512,
+                    nope: 128,
+                    rope: 64,
+                    v_head: 128,
+                    ff: 18_432,
+                    expert_ff: 2048,
+                    n_expert: 384,
+                    n_used: 8,
+                    ctx: 131_072,
+                })
+            },
+            (p, a) => {
+                return Err(GenError::Spec(format!(
+                    "preset `{}` is a {} model, found --arch {}",
+                    p.name(),
+                    p.arch().map_or("qwen3moe or deepseek2", Arch::name),
+                    a.name()
+                )))
+            }
+        };
+        if let Some(n) = spec.layers {
+            if n == 0 {
+                return Err(GenError::Spec("expected at least 1 layer, found 0".into()));
+            }
+            d.n_layer = n;
+            d.n_dense_lead = d.n_dense_lead.min(n);
+        }
+        if let Some(n) = spec.experts {
+            if n == 0 {
+                return Err(GenError::Spec("expected at least 1 expert, found 0".into()));
+            }
+            d.n_expert = n;
+            d.n_used = d.n_used.min(n);
+        }
+        if spec.vocab.is_some() {
+            d.vocab = spec.vocab;
+        }
+        if let Some(name) = &spec.name {
+            d.name = name.clone();
+        }
+        Ok(d)
+    }
+
+    /// n_head / n_head_kv as llama.cpp's quantizer sees it.
+    pub fn n_gqa(&self) -> usize {
+        (self.heads / self.heads_kv.max(1)) as usize
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn qwen_base(
+    embd: u64,
+    n_layer: usize,
+    heads: u64,
+    heads_kv: u64,
+    head_dim: u64,
+    ff: u64,
+    expert_ff: u64,
+    n_expert: usize,
+    n_used: usize,
+    ctx: u32,
+) -> Dims {
+    Dims {
+        arch: Arch::Qwen3Moe,
+        name: String::new(),
+        ctx,
+        embd,
+        n_layer,
+        heads,
+        heads_kv,
+        head_dim,
+        ff,
+        expert_ff,
+        n_expert,
+        n_used,
+        rope_base: 1e6,
+        q_lora: 0,
+        kv_lora: 0,
+        nope: 0,
+        rope: 0,
+        v_head: 0,
+        n_dense_lead: 0,
+        n_shared: 0,
+        yarn_factor: 0.0,
+        yarn_orig_ctx: 0,
+        yarn_log_mul: 0.0,
+        weights_scale: 0.0,
+        groups: None,
+        vocab: None,
+    }
+}
+
+struct DeepseekSizes {
+    embd: u64,
+    n_layer: usize,
+    heads: u64,
+    q_lora: u64,
+    kv_lora: u64,
+    nope: u64,
+    rope: u64,
+    v_head: u64,
+    ff: u64,
+    expert_ff: u64,
+    n_expert: usize,
+    n_used: usize,
+    ctx: u32,
+}
+
+fn deepseek_base(s: DeepseekSizes) -> Dims {
+    Dims {
+        arch: Arch::Deepseek2,
+        name: String::new(),
+        ctx: s.ctx,
+        embd: s.embd,
+        n_layer: s.n_layer,
+        heads: s.heads,
+        heads_kv: 1,
+        head_dim: 0,
+        ff: s.ff,
+        expert_ff: s.expert_ff,
+        n_expert: s.n_expert,
+        n_used: s.n_used,
+        rope_base: 50_000.0,
+        q_lora: s.q_lora,
+        kv_lora: s.kv_lora,
+        nope: s.nope,
+        rope: s.rope,
+        v_head: s.v_head,
+        n_dense_lead: 1,
+        n_shared: 1,
+        yarn_factor: 32.0,
+        yarn_orig_ctx: 4096,
+        yarn_log_mul: 0.1,
+        weights_scale: 2.827,
+        groups: None,
+        vocab: None,
+    }
+}
+
+/// The architecture's hyper-parameter keys, in the order make_models.py writes them.
+pub fn arch_metadata(d: &Dims) -> Vec<(String, KvValue)> {
+    let a = d.arch.name();
+    let k = |s: &str| format!("{a}.{s}");
+    let u = |v: u64| KvValue::U32(v as u32);
+    let mut kv = vec![
+        (k("context_length"), KvValue::U32(d.ctx)),
+        (k("embedding_length"), u(d.embd)),
+        (k("block_count"), u(d.n_layer as u64)),
+        (k("feed_forward_length"), u(d.ff)),
+        (k("attention.head_count"), u(d.heads)),
+        (k("attention.head_count_kv"), u(d.heads_kv)),
+    ];
+    match d.arch {
+        Arch::Qwen3Moe => {
+            kv.push((k("attention.key_length"), u(d.head_dim)));
+            kv.push((k("attention.value_length"), u(d.head_dim)));
+            kv.push((k("rope.freq_base"), KvValue::F32(d.rope_base)));
+            kv.push((k("attention.layer_norm_rms_epsilon"), KvValue::F32(1e-6)));
+            kv.push((k("expert_count"), u(d.n_expert as u64)));
+            kv.push((k("expert_used_count"), u(d.n_used as u64)));
+            kv.push((k("expert_feed_forward_length"), u(d.expert_ff)));
+        }
+        Arch::Deepseek2 => {
+            kv.push((k("attention.key_length"), u(d.kv_lora + d.rope)));
+            kv.push((k("attention.value_length"), u(d.kv_lora)));
+            kv.push((k("attention.key_length_mla"), u(d.nope + d.rope)));
+            kv.push((k("attention.value_length_mla"), u(d.v_head)));
+            kv.push((k("rope.dimension_count"), u(d.rope)));
+            kv.push((k("rope.freq_base"), KvValue::F32(d.rope_base)));
+            kv.push((k("rope.scaling.type"), KvValue::Str("yarn".into())));
+            kv.push((k("rope.scaling.factor"), KvValue::F32(d.yarn_factor)));
+            kv.push((
+                k("rope.scaling.original_context_length"),
+                KvValue::U32(d.yarn_orig_ctx),
+            ));
+            kv.push((
+                k("rope.scaling.yarn_log_multiplier"),
+                KvValue::F32(d.yarn_log_mul),
+            ));
+            kv.push((k("attention.layer_norm_rms_epsilon"), KvValue::F32(1e-6)));
+            kv.push((k("attention.q_lora_rank"), u(d.q_lora)));
+            kv.push((k("attention.kv_lora_rank"), u(d.kv_lora)));
+            kv.push((k("leading_dense_block_count"), u(d.n_dense_lead as u64)));
+            kv.push((k("expert_count"), u(d.n_expert as u64)));
+            kv.push((k("expert_used_count"), u(d.n_used as u64)));
+            kv.push((k("expert_shared_count"), u(d.n_shared as u64)));
+            kv.push((k("expert_feed_forward_length"), u(d.expert_ff)));
+            kv.push((k("expert_weights_scale"), KvValue::F32(d.weights_scale)));
+            kv.push((k("expert_weights_norm"), KvValue::Bool(true)));
+            kv.push((k("expert_gating_func"), KvValue::U32(2))); // sigmoid
+            if let Some((g, gu)) = d.groups {
+                kv.push((k("expert_group_count"), KvValue::U32(g)));
+                kv.push((k("expert_group_used_count"), KvValue::U32(gu)));
+            }
+        }
+    }
+    kv
+}
+
+/// How a tensor's f32 values are drawn (before quantization).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    /// N(0,1) × scale (the token embedding: large on purpose, see make_models.py)
+    Gaussian(f32),
+    /// N(0,1) × gain / sqrt(row length): every weight matrix and expert stack
+    Matrix(f32),
+    /// 1 + 0.1·N(0,1): RMS norm weights
+    Norm,
+}
+
+/// Embedding scale of make_models.py (keeps branch noise small relative to the residual).
+pub const EMBD_SCALE: f32 = 200.0;
+/// Router and output gains of make_models.py.
+pub const ROUTER_GAIN: f32 = 4.0;
+pub const OUTPUT_GAIN: f32 = 4.0;
+
+/// Every tensor of the model in file order: (name, ggml dims, init).
+pub fn tensor_list(d: &Dims, n_vocab: u64) -> Vec<(String, Vec<u64>, Init)> {
+    let mut t: Vec<(String, Vec<u64>, Init)> = Vec::new();
+    let e = d.embd;
+    let x = d.n_expert as u64;
+    let mut push = |name: String, dims: Vec<u64>, init: Init| t.push((name, dims, init));
+    push(
+        "token_embd.weight".into(),
+        vec![e, n_vocab],
+        Init::Gaussian(EMBD_SCALE),
+    );
+    let m = Init::Matrix(1.0);
+    for i in 0..d.n_layer {
+        let p = |s: &str| format!("blk.{i}.{s}");
+        push(p("attn_norm.weight"), vec![e], Init::Norm);
+        match d.arch {
+            Arch::Qwen3Moe => {
+                let (h, kv, hd) = (d.heads, d.heads_kv, d.head_dim);
+                push(p("attn_q.weight"), vec![e, h * hd], m);
+                push(p("attn_k.weight"), vec![e, kv * hd], m);
+                push(p("attn_v.weight"), vec![e, kv * hd], m);
+                push(p("attn_q_norm.weight"), vec![hd], Init::Norm);
+                push(p("attn_k_norm.weight"), vec![hd], Init::Norm);
+                push(p("attn_output.weight"), vec![h * hd, e], m);
+                push(p("ffn_norm.weight"), vec![e], Init::Norm);
+                push(
+                    p("ffn_gate_inp.weight"),
+                    vec![e, x],
+                    Init::Matrix(ROUTER_GAIN),
+                );
+                push(p("ffn_gate_exps.weight"), vec![e, d.expert_ff, x], m);
+                push(p("ffn_up_exps.weight"), vec![e, d.expert_ff, x], m);
+                push(p("ffn_down_exps.weight"), vec![d.expert_ff, e, x], m);
+            }
+            Arch::Deepseek2 => {
+                let h = d.heads;
+                push(p("attn_q_a.weight"), vec![e, d.q_lora], m);
+                push(p("attn_q_a_norm.weight"), vec![d.q_lora], Init::Norm);
+                push(
+                    p("attn_q_b.weight"),
+                    vec![d.q_lora, h * (d.nope + d.rope)],
+                    m,
+                );
+                push(p("attn_kv_a_mqa.weight"), vec![e, d.kv_lora + d.rope], m);
+                push(p("attn_kv_a_norm.weight"), vec![d.kv_lora], Init::Norm);
+                push(p("attn_k_b.weight"), vec![d.nope, d.kv_lora, h], m);
+                push(p("attn_v_b.weight"), vec![d.kv_lora, d.v_head, h], m);
+                push(p("attn_output.weight"), vec![h * d.v_head, e], m);
+                push(p("ffn_norm.weight"), vec![e], Init::Norm);
+                if i < d.n_dense_lead {
+                    push(p("ffn_gate.weight"), vec![e, d.ff], m);
+                    push(p("ffn_up.weight"), vec![e, d.ff], m);
+                    push(p("ffn_down.weight"), vec![d.ff, e], m);
+                } else {
+                    let f = d.expert_ff;
+                    push(
+                        p("ffn_gate_inp.weight"),
+                        vec![e, x],
+                        Init::Matrix(ROUTER_GAIN),
+                    );
+                    push(p("exp_probs_b.bias"), vec![x], Init::Gaussian(0.1));
+                    push(p("ffn_gate_exps.weight"), vec![e, f, x], m);
+                    push(p("ffn_up_exps.weight"), vec![e, f, x], m);
+                    push(p("ffn_down_exps.weight"), vec![f, e, x], m);
+                    let fs = f * d.n_shared as u64;
+                    push(p("ffn_gate_shexp.weight"), vec![e, fs], m);
+                    push(p("ffn_up_shexp.weight"), vec![e, fs], m);
+                    push(p("ffn_down_shexp.weight"), vec![fs, e], m);
+                }
+            }
+        }
+    }
+    push("output_norm.weight".into(), vec![e], Init::Norm);
+    push(
+        "output.weight".into(),
+        vec![e, n_vocab],
+        Init::Matrix(OUTPUT_GAIN),
+    );
+    t
+}

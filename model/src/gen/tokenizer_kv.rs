@@ -1,0 +1,107 @@
+//! The tokenizer metadata of generated models: the trained byte-level BPE, each architecture's
+//! special tokens (CONTROL), optional `[PAD<n>]` filler tokens (UNUSED) up to the asked vocab
+//! size, BOS/EOS/PAD ids, add_bos and the chat template — the keys llama.cpp's vocab loader reads.
+
+use super::bpe::{train_bpe, CORPUS, DEFAULT_MERGES};
+use super::writer::KvValue;
+use super::{Arch, GenError};
+
+/// llama.cpp token types.
+const NORMAL: i32 = 1;
+const CONTROL: i32 = 3;
+const UNUSED: i32 = 5;
+
+/// Special tokens appended after the BPE vocabulary.
+pub fn specials(arch: Arch) -> &'static [&'static str] {
+    match arch {
+        Arch::Qwen3Moe => &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        Arch::Deepseek2 => &[
+            "[BOS]",
+            "[EOS]",
+            "<|im_end|>",
+            "<|im_user|>",
+            "<|im_assistant|>",
+            "<|im_system|>",
+            "<|im_middle|>",
+        ],
+    }
+}
+
+/// The chat template stored in `tokenizer.chat_template` (ChatML for Qwen3, Kimi K2's format).
+pub fn chat_template(arch: Arch) -> &'static str {
+    match arch {
+        Arch::Qwen3Moe => concat!(
+            "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']",
+            " + '<|im_end|>' + '\\n' }}{%- endfor %}",
+            "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+        ),
+        Arch::Deepseek2 => concat!(
+            "{%- for message in messages -%}{%- if message['role'] == 'system' -%}<|im_system|>system<|im_middle|>",
+            "{%- elif message['role'] == 'user' -%}<|im_user|>user<|im_middle|>{%- else -%}",
+            "<|im_assistant|>assistant<|im_middle|>{%- endif -%}{{ message['content'] }}<|im_end|>{%- endfor -%}",
+            "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"
+        ),
+    }
+}
+
+/// The tokenizer keys (in make_models.py's order) and the vocabulary size.
+pub fn tokenizer_metadata(
+    arch: Arch,
+    vocab: Option<usize>,
+) -> Result<(Vec<(String, KvValue)>, usize), GenError> {
+    let text = CORPUS.repeat(3);
+    let (mut tokens, merges) = train_bpe(&text, DEFAULT_MERGES);
+    let mut types = vec![NORMAL; tokens.len()];
+    let first_special = tokens.len();
+    for s in specials(arch) {
+        tokens.push((*s).to_string());
+        types.push(CONTROL);
+    }
+    if let Some(n) = vocab {
+        if n < tokens.len() {
+            return Err(GenError::Spec(format!(
+                "expected a vocab of at least {} (bytes, merges and specials), found {n}",
+                tokens.len()
+            )));
+        }
+        for i in tokens.len()..n {
+            tokens.push(format!("[PAD{i}]"));
+            types.push(UNUSED);
+        }
+    }
+    let id = |s: &str| {
+        let at = specials(arch).iter().position(|x| *x == s).unwrap_or(0);
+        KvValue::U32((first_special + at) as u32)
+    };
+    let (pre, bos, eos, pad, add_bos) = match arch {
+        Arch::Qwen3Moe => (
+            "qwen2",
+            id("<|endoftext|>"),
+            id("<|im_end|>"),
+            id("<|endoftext|>"),
+            false,
+        ),
+        Arch::Deepseek2 => ("kimi-k2", id("[BOS]"), id("<|im_end|>"), id("[EOS]"), true),
+    };
+    let n_vocab = tokens.len();
+    let s = |k: &str| k.to_string();
+    let kv = vec![
+        (s("tokenizer.ggml.model"), KvValue::Str("gpt2".into())),
+        (s("tokenizer.ggml.pre"), KvValue::Str(pre.into())),
+        (s("tokenizer.ggml.tokens"), KvValue::strs(&tokens)),
+        (
+            s("tokenizer.ggml.token_type"),
+            KvValue::Array(types.into_iter().map(KvValue::I32).collect()),
+        ),
+        (s("tokenizer.ggml.merges"), KvValue::strs(&merges)),
+        (s("tokenizer.ggml.bos_token_id"), bos),
+        (s("tokenizer.ggml.eos_token_id"), eos),
+        (s("tokenizer.ggml.padding_token_id"), pad),
+        (s("tokenizer.ggml.add_bos_token"), KvValue::Bool(add_bos)),
+        (
+            s("tokenizer.chat_template"),
+            KvValue::Str(chat_template(arch).into()),
+        ),
+    ];
+    Ok((kv, n_vocab))
+}
