@@ -1,1 +1,276 @@
-//! GGUF reader: mmap, split files, typed metadata and zero-copy tensor views (placeholder).
+//! GGUF reader: one file or a split set (`NAME-00001-of-0000N.gguf`) memory-mapped read-only,
+//! typed metadata ([`Metadata`], [`Value`]) and zero-copy tensor views ([`TensorInfo`] +
+//! [`Gguf::tensor_data`]). Files are untrusted: parsing (in `parse`) checks every count, length,
+//! shape, type and offset and reports problems as [`GgufError`] naming the file and byte offset.
+
+mod error;
+mod metadata;
+mod parse;
+mod split;
+mod types;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use nightshift_kernels::GgmlType;
+
+pub use error::{FormatError, GgufError, SplitError};
+pub use metadata::{Metadata, Value};
+pub use parse::{DEFAULT_ALIGNMENT, MAX_DIMS, MAX_NESTING};
+pub use split::split_path;
+pub use types::{type_layout, TypeLayout};
+
+/// One tensor of the model: name, type, shape, and where its bytes are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub ty: GgmlType,
+    /// ggml order: `dims[0]` is the row length (ne0).
+    pub dims: Vec<u64>,
+    shard: usize,
+    offset: u64,
+    size: u64,
+}
+
+impl TensorInfo {
+    /// Index of the split file holding the tensor (0 for a single file).
+    pub fn shard(&self) -> usize {
+        self.shard
+    }
+    /// Absolute byte offset of the tensor inside its file.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+    /// Size of the tensor's data in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    /// Number of elements (product of the dims; 1 for a 0-d tensor).
+    pub fn n_elements(&self) -> u64 {
+        // Checked when the file was parsed: the product fits in i64.
+        self.dims.iter().product()
+    }
+    /// ne[i] in ggml terms (1 beyond the stored dims).
+    pub fn ne(&self, i: usize) -> u64 {
+        self.dims.get(i).copied().unwrap_or(1)
+    }
+}
+
+/// How the kernel should expect a region of the map to be read (madvise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessHint {
+    Normal,
+    /// Disable read-ahead: sparse reads, e.g. expert tensors.
+    Random,
+    /// Aggressive read-ahead.
+    Sequential,
+    /// Start reading the pages in now.
+    WillNeed,
+}
+
+#[derive(Debug)]
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+    version: u32,
+    alignment: u64,
+    data_start: u64,
+}
+
+/// An opened GGUF model: one file or all files of a split set, seen as one.
+#[derive(Debug)]
+pub struct Gguf {
+    shards: Vec<Shard>,
+    metadata: Metadata,
+    tensors: Vec<TensorInfo>,
+    by_name: HashMap<String, usize>,
+    fingerprint: u64,
+}
+
+fn map_file(path: &Path) -> Result<Mmap, GgufError> {
+    let io = |source| GgufError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    // SAFETY: the map is read-only and private to this process; model files are treated as
+    // immutable while served (the same contract as llama.cpp's mmap). Truncating the file under
+    // a running server would fault the process, which is the documented operational rule.
+    let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+    Ok(map)
+}
+
+fn open_shard(path: &Path) -> Result<(Shard, Metadata, Vec<parse::RawTensor>), GgufError> {
+    let map = map_file(path)?;
+    let parsed = parse::parse(&map).map_err(|b| GgufError::Format {
+        path: path.to_path_buf(),
+        offset: b.offset,
+        kind: b.kind,
+    })?;
+    let shard = Shard {
+        path: path.to_path_buf(),
+        map,
+        version: parsed.version,
+        alignment: parsed.alignment,
+        data_start: parsed.data_start,
+    };
+    Ok((shard, parsed.metadata, parsed.tensors))
+}
+
+/// FNV-1a, 64 bit: a stable hash (unlike std's hasher) for the model fingerprint.
+fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+impl Gguf {
+    /// Opens a GGUF file. If it is one file of a split set (any of them), opens all the others
+    /// next to it and presents them as one model; metadata comes from the first split.
+    pub fn open(path: &Path) -> Result<Gguf, GgufError> {
+        let (shard, metadata, raw) = open_shard(path)?;
+        let parts = split::open_all(path, shard, metadata, raw, open_shard)?;
+        let mut shards = Vec::with_capacity(parts.len());
+        let mut tensors = Vec::new();
+        let mut by_name = HashMap::new();
+        let mut metadata = None;
+        for (idx, (shard, md, raw)) in parts.into_iter().enumerate() {
+            for t in raw {
+                if by_name.insert(t.name.clone(), tensors.len()).is_some() {
+                    return Err(GgufError::Split {
+                        path: shard.path.clone(),
+                        kind: SplitError::DuplicateTensor(t.name),
+                    });
+                }
+                tensors.push(TensorInfo {
+                    name: t.name,
+                    ty: t.ty,
+                    dims: t.dims,
+                    shard: idx,
+                    offset: t.start,
+                    size: t.size,
+                });
+            }
+            if metadata.is_none() {
+                metadata = Some(md);
+            }
+            shards.push(shard);
+        }
+        let mut fingerprint = 0xcbf2_9ce4_8422_2325u64;
+        for s in &shards {
+            let end = (s.data_start as usize).min(s.map.len());
+            fingerprint = fnv1a(fingerprint, &s.map[..end]);
+        }
+        Ok(Gguf {
+            shards,
+            metadata: metadata.unwrap_or_default(),
+            tensors,
+            by_name,
+            fingerprint,
+        })
+    }
+
+    /// The metadata of the model (of the first split for a split set).
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// The tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// All tensors, in file order (split by split).
+    pub fn tensors(&self) -> impl Iterator<Item = &TensorInfo> {
+        self.tensors.iter()
+    }
+
+    /// Number of tensors.
+    pub fn n_tensors(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// The exact bytes of a tensor, straight from the map. Empty if `t` did not come from this
+    /// model and does not fit it.
+    pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        let Some(shard) = self.shards.get(t.shard) else {
+            return &[];
+        };
+        let (Ok(start), Ok(size)) = (usize::try_from(t.offset), usize::try_from(t.size)) else {
+            return &[];
+        };
+        start
+            .checked_add(size)
+            .and_then(|end| shard.map.get(start..end))
+            .unwrap_or(&[])
+    }
+
+    /// `general.architecture`.
+    pub fn arch(&self) -> Result<&str, GgufError> {
+        self.metadata
+            .get_str("general.architecture")?
+            .ok_or_else(|| GgufError::MissingKey {
+                key: "general.architecture".into(),
+            })
+    }
+
+    /// A cheap identity of the model: FNV-1a of the header bytes (metadata and tensor infos) of
+    /// every split. Two files with the same header and tensor layout share it.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// The files of the model, in split order.
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.shards.iter().map(|s| s.path.as_path())
+    }
+
+    /// GGUF version of the first file.
+    pub fn version(&self) -> u32 {
+        self.shards.first().map_or(0, |s| s.version)
+    }
+
+    /// Data alignment of the first file (`general.alignment`, default 32).
+    pub fn alignment(&self) -> u64 {
+        self.shards
+            .first()
+            .map_or(DEFAULT_ALIGNMENT, |s| s.alignment)
+    }
+
+    /// Tells the kernel how a tensor's pages will be read. Advisory: errors are ignored.
+    pub fn advise_tensor(&self, t: &TensorInfo, hint: AccessHint) {
+        if let Some(shard) = self.shards.get(t.shard) {
+            advise(&shard.map, t.offset as usize, t.size as usize, hint);
+        }
+    }
+
+    /// Tells the kernel how all the model's pages will be read. Advisory: errors are ignored.
+    pub fn advise_all(&self, hint: AccessHint) {
+        for s in &self.shards {
+            advise(&s.map, 0, s.map.len(), hint);
+        }
+    }
+}
+
+#[cfg(unix)]
+fn advise(map: &Mmap, offset: usize, len: usize, hint: AccessHint) {
+    use memmap2::Advice;
+    if len == 0 || offset.checked_add(len).is_none_or(|end| end > map.len()) {
+        return;
+    }
+    let advice = match hint {
+        AccessHint::Normal => Advice::Normal,
+        AccessHint::Random => Advice::Random,
+        AccessHint::Sequential => Advice::Sequential,
+        AccessHint::WillNeed => Advice::WillNeed,
+    };
+    // Advisory only: a failing madvise changes performance, never results.
+    let _ = map.advise_range(advice, offset, len);
+}
+
+#[cfg(not(unix))]
+fn advise(_map: &Mmap, _offset: usize, _len: usize, _hint: AccessHint) {}
