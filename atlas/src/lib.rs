@@ -5,5 +5,6 @@
 
 mod fsutil;
 pub mod placement;
+pub mod trace;
 
 pub use fsutil::write_atomic;

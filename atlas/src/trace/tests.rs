@@ -1,0 +1,262 @@
+//! Trace tests: the recorder counts what it is fed (all-time, window rotation, pairs, nodes), the
+//! atlas file round-trips, and every kind of damage to a file is reported as its own error.
+
+use super::*;
+use crate::placement::ModelShape;
+
+fn shape() -> ModelShape {
+    ModelShape {
+        moe_layers: vec![1, 3],
+        n_experts: 6,
+        expert_bytes: 1000,
+    }
+}
+
+fn recorder(window: u64) -> Recorder {
+    let mut cfg = RecorderConfig::new("test-model", 2);
+    cfg.window_tokens = window;
+    cfg.pairs_per_layer = 3;
+    cfg.nodes = vec!["n0".into(), "n1".into()];
+    Recorder::new(shape(), cfg)
+}
+
+#[test]
+fn recorder_counts_activations_weights_pairs_and_nodes() {
+    let mut r = recorder(0);
+    // two rows on layer 1: (0,1) and (1,2); one row on layer 3: (5,4)
+    r.record(1, &[0, 1, 2, 1], &[0.75, 0.25, 0.5, 0.5]).unwrap();
+    r.record(3, &[5, 4], &[0.6, 0.4]).unwrap();
+    r.record(1, &[1, 0], &[1.0, 0.0]).unwrap();
+    r.record_node(1, 7).unwrap();
+    let a = r.snapshot();
+    assert_eq!(
+        a.all_time.tokens, 3,
+        "tokens counted at the first MoE layer"
+    );
+    assert_eq!(
+        a.all_time.activations,
+        vec![vec![2, 3, 1, 0, 0, 0], vec![0, 0, 0, 0, 1, 1]]
+    );
+    assert_eq!(
+        a.all_time.weight_sums[0],
+        vec![0.75, 1.75, 0.5, 0.0, 0.0, 0.0]
+    );
+    assert_eq!(
+        a.pairs[0],
+        LayerPairs {
+            layer: 1,
+            pairs: vec![(0, 1, 2), (1, 2, 1)]
+        }
+    );
+    assert_eq!(
+        a.pairs[1],
+        LayerPairs {
+            layer: 3,
+            pairs: vec![(4, 5, 1)]
+        }
+    );
+    assert_eq!(
+        a.nodes,
+        vec![
+            NodeLoad {
+                name: "n0".into(),
+                rows: 0
+            },
+            NodeLoad {
+                name: "n1".into(),
+                rows: 7
+            }
+        ]
+    );
+    assert_eq!(a.window.tokens, 0);
+    a.check().unwrap();
+}
+
+#[test]
+fn recorder_rejects_bad_calls_without_counting() {
+    let mut r = recorder(16);
+    let rows: Vec<(usize, Vec<usize>, Vec<f32>, RecordError)> = vec![
+        (
+            0,
+            vec![0, 1],
+            vec![0.5, 0.5],
+            RecordError::NotMoeLayer { layer: 0 },
+        ),
+        (
+            9,
+            vec![0, 1],
+            vec![0.5, 0.5],
+            RecordError::NotMoeLayer { layer: 9 },
+        ),
+        (
+            1,
+            vec![0, 6],
+            vec![0.5, 0.5],
+            RecordError::ExpertOutOfRange {
+                expert: 6,
+                n_experts: 6,
+            },
+        ),
+        (
+            1,
+            vec![0, 1, 2],
+            vec![0.5, 0.5, 0.1],
+            RecordError::Shape {
+                experts: 3,
+                weights: 3,
+                top_k: 2,
+            },
+        ),
+        (
+            1,
+            vec![0, 1],
+            vec![0.5],
+            RecordError::Shape {
+                experts: 2,
+                weights: 1,
+                top_k: 2,
+            },
+        ),
+    ];
+    for (layer, e, w, expect) in rows {
+        assert_eq!(r.record(layer, &e, &w), Err(expect));
+    }
+    assert_eq!(
+        r.record_node(2, 1),
+        Err(RecordError::NodeOutOfRange {
+            node: 2,
+            n_nodes: 2
+        })
+    );
+    let a = r.snapshot();
+    assert_eq!(a.all_time.total_activations(), 0);
+    assert_eq!(a.all_time.tokens, 0);
+    assert_eq!(a.window.tokens, 0);
+}
+
+#[test]
+fn window_forgets_old_buckets() {
+    // window 16 tokens = 8 buckets of 2 tokens
+    let mut r = recorder(16);
+    for _ in 0..16 {
+        r.record(1, &[0, 1], &[0.5, 0.5]).unwrap();
+    }
+    let a = r.snapshot();
+    assert_eq!((a.window.tokens, a.window.activations[0][0]), (16, 16));
+    // 16 more tokens on other experts push every old bucket out but the current one's age
+    for _ in 0..16 {
+        r.record(1, &[2, 3], &[0.5, 0.5]).unwrap();
+    }
+    let a = r.snapshot();
+    assert_eq!(a.all_time.tokens, 32);
+    assert_eq!(a.all_time.activations[0][..4], [16, 16, 16, 16]);
+    assert_eq!(a.window.tokens, 16);
+    assert_eq!(a.window.activations[0][..4], [0, 0, 16, 16]);
+    assert_eq!(a.window.weight_sums[0][2], 8.0);
+}
+
+#[test]
+fn pair_sketch_keeps_the_frequent_pairs() {
+    // 15 experts -> 105 possible pairs in a 64-cell sketch: the hot pairs must survive the noise.
+    let shape = ModelShape {
+        moe_layers: vec![0],
+        n_experts: 15,
+        expert_bytes: 1,
+    };
+    let mut cfg = RecorderConfig::new("m", 2);
+    cfg.pair_capacity = 64;
+    cfg.pairs_per_layer = 2;
+    let mut r = Recorder::new(shape, cfg);
+    let mut state = 1u64;
+    for t in 0..20_000u64 {
+        let (a, b) = match t % 4 {
+            0 => (3, 7),
+            1 => (10, 2),
+            _ => {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let a = (state >> 33) as usize % 15;
+                let b = (a + 1 + (state >> 45) as usize % 14) % 15;
+                (a, b)
+            }
+        };
+        r.record(0, &[a, b], &[0.5, 0.5]).unwrap();
+    }
+    let pairs: Vec<(u32, u32)> = r.snapshot().pairs[0]
+        .pairs
+        .iter()
+        .map(|p| (p.0, p.1))
+        .collect();
+    assert_eq!(pairs, vec![(3, 7), (2, 10)]);
+}
+
+#[test]
+fn atlas_file_round_trips() {
+    let mut r = recorder(16);
+    r.record(1, &[0, 1, 2, 3], &[0.125, 0.875, 0.5, 0.5])
+        .unwrap();
+    r.record(3, &[4, 5, 0, 5], &[0.5, 0.5, 0.3, 0.7]).unwrap();
+    let a = r.snapshot();
+    let back = Atlas::from_bytes(&a.to_bytes()).unwrap();
+    assert_eq!(a, back);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.atlas");
+    a.save_atomic(&path).unwrap();
+    assert_eq!(Atlas::load(&path).unwrap(), a);
+}
+
+#[test]
+fn damaged_files_are_rejected_with_their_own_error() {
+    let mut r = recorder(16);
+    r.record(1, &[0, 1], &[0.5, 0.5]).unwrap();
+    let good = r.snapshot().to_bytes();
+    let nl = good.iter().position(|&b| b == b'\n').unwrap();
+    let header = String::from_utf8(good[..nl].to_vec()).unwrap();
+    let body = good[nl + 1..].to_vec();
+    let crc = crc32fast::hash(&body);
+    let with_body = |b: &[u8]| {
+        let mut v = format!(
+            "NSATLAS 1 len={} crc32={:08x}\n",
+            b.len(),
+            crc32fast::hash(b)
+        )
+        .into_bytes();
+        v.extend_from_slice(b);
+        v
+    };
+    let body_str = String::from_utf8(body.clone()).unwrap();
+    let mut flipped = good.clone();
+    let last = flipped.len() - 10;
+    flipped[last] ^= 0x01;
+    let rows: Vec<(&str, Vec<u8>, String)> = vec![
+        ("empty", vec![], "not an atlas file: expected a header line starting with \"NSATLAS \", found \"\"".into()),
+        ("toml", b"version = 1\n".to_vec(), "not an atlas file: expected a header line starting with \"NSATLAS \", found \"version = 1\"".into()),
+        ("no newline", b"NSATLAS 1 len=3 crc32=00000000".to_vec(),
+         "malformed atlas header: expected \"NSATLAS <version> len=<n> crc32=<8 hex>\", found \"NSATLAS 1 len=3 crc32=00000000\"".into()),
+        ("version", [b"NSATLAS 2".as_slice(), &good[9..]].concat(), "unsupported atlas format version: expected 1, found 2".into()),
+        ("bad crc field", [format!("NSATLAS 1 len={} crc32=xyz\n", body.len()).as_bytes(), &body].concat(),
+         format!("malformed atlas header: expected \"NSATLAS <version> len=<n> crc32=<8 hex>\", found \"NSATLAS 1 len={} crc32=xyz\"", body.len())),
+        ("truncated", good[..good.len() - 5].to_vec(), format!("atlas body truncated or padded: header says {} bytes, found {}", body.len(), body.len() - 5)),
+        ("bit flip", flipped.clone(), format!("atlas body corrupt: header crc32 {crc:08x}, body crc32 {:08x}", crc32fast::hash(&flipped[nl + 1..]))),
+        ("not json", with_body(b"{\"format_version\":1,"), "atlas body is not valid json at line 1, column 20: EOF while parsing a value".into()),
+        ("short layer", with_body(body_str.replacen("[1,1,0,0,0,0]", "[1,1,0,0,0]", 1).as_bytes()),
+         "inconsistent atlas: all_time.activations[0]: expected 6 experts, found 5".into()),
+        ("top_k", with_body(body_str.replace("\"top_k\":2", "\"top_k\":7").as_bytes()), "inconsistent atlas: top_k: expected 1..=6, found 7".into()),
+        ("negative weight", with_body(body_str.replacen("[0.5,0.5,0.0", "[-0.5,0.5,0.0", 1).as_bytes()),
+         "inconsistent atlas: all_time.weight_sums[0]: expected finite non-negative sums, found -0.5".into()),
+        ("bad pair", with_body(body_str.replace("[0,1,1]", "[1,0,1]").as_bytes()), "inconsistent atlas: pairs[0]: expected a < b < 6, found (1, 0)".into()),
+    ];
+    assert!(header.starts_with("NSATLAS 1 len="));
+    let mut failures = Vec::new();
+    for (name, bytes, expect) in rows {
+        let got = match Atlas::from_bytes(&bytes) {
+            Ok(_) => "ok".to_string(),
+            Err(e) => e.to_string(),
+        };
+        if got != expect {
+            failures.push(format!("{name}:\n  expected: {expect}\n  found:    {got}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
