@@ -2,6 +2,8 @@
 //! its `Args` and `run`, so this file only lists them.
 
 mod cli;
+mod gateway;
+mod scheduler;
 
 use clap::{Parser, Subcommand};
 
@@ -23,6 +25,10 @@ enum Command {
     Logits(cli::logits::Args),
     /// Write a random-weight GGUF in llama.cpp's layout (demo and benchmark models).
     GenModel(cli::gen_model::Args),
+    /// Serve the OpenAI-compatible API (chat, completions, streaming) with continuous batching.
+    Serve(cli::serve::Args),
+    /// Benchmarks and load tools (`bench serve`).
+    Bench(cli::bench_serve::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -31,5 +37,7 @@ fn main() -> anyhow::Result<()> {
         Command::Tokenize(a) => cli::tokenize::run(a),
         Command::Logits(a) => cli::logits::run(a),
         Command::GenModel(a) => cli::gen_model::run(a),
+        Command::Serve(a) => cli::serve::run(a),
+        Command::Bench(a) => cli::bench_serve::run(a),
     }
 }

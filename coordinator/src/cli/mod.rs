@@ -1,6 +1,8 @@
 //! The subcommands of the `nightshift` binary, one module each (`Args` + `run`).
 
+pub mod bench_serve;
 pub mod gen_model;
 pub mod generate;
 pub mod logits;
+pub mod serve;
 pub mod tokenize;

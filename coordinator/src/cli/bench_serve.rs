@@ -1,0 +1,268 @@
+//! `nightshift bench serve`: a load tool for any OpenAI-compatible server. For each concurrency
+//! level it keeps C streaming chat requests in flight until N have completed, then reports
+//! aggregate completion throughput, time to first token and inter-token latency (p50/p99) and
+//! errors (429s counted apart). Only talks to the URL it is given.
+
+use anyhow::{bail, Context};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `nightshift bench ...`.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub what: BenchCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Load-test a running `nightshift serve` (or any OpenAI-compatible server).
+    Serve(Args),
+}
+
+/// Arguments of `nightshift bench serve`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Base URL of the server, e.g. http://127.0.0.1:8080
+    #[arg(long)]
+    pub url: String,
+    /// Concurrency levels, comma separated.
+    #[arg(long, default_value = "1,4,8", value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// Requests per concurrency level.
+    #[arg(long, default_value_t = 16)]
+    pub requests: usize,
+    /// max_tokens of every request.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: u32,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Prompt (each request appends its number so prompts differ).
+    #[arg(long, default_value = "Write a short story about a lighthouse keeper.")]
+    pub prompt: String,
+    /// Model id (default: the first of /v1/models).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Bearer API key.
+    #[arg(long, env = "NIGHTSHIFT_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Give up on one request after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Also print the results as one JSON line per level.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What one request measured.
+#[derive(Default, Debug)]
+struct One {
+    ttft: Option<f64>,
+    gaps: Vec<f64>,
+    tokens: u64,
+    error: Option<String>,
+    rate_limited: bool,
+}
+
+/// Runs the subcommand.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let BenchCommand::Serve(a) = args.what;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(bench(a))
+}
+
+async fn bench(a: Args) -> anyhow::Result<()> {
+    if a.concurrency.iter().any(|&c| c == 0) || a.requests == 0 {
+        bail!("--concurrency levels and --requests must be at least 1");
+    }
+    let base = a.url.trim_end_matches('/').to_string();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(a.timeout))
+        .build()?;
+    let model = match &a.model {
+        Some(m) => m.clone(),
+        None => {
+            let mut r = client.get(format!("{base}/v1/models"));
+            if let Some(k) = &a.api_key {
+                r = r.bearer_auth(k);
+            }
+            let v: serde_json::Value = r
+                .send()
+                .await
+                .context("GET /v1/models")?
+                .json()
+                .await
+                .context("reading /v1/models")?;
+            match v["data"][0]["id"].as_str() {
+                Some(id) => id.to_string(),
+                None => bail!("expected a model in {base}/v1/models, found {v}"),
+            }
+        }
+    };
+    println!(
+        "bench serve: {base} model {model}, {} requests per level, max_tokens {}",
+        a.requests, a.max_tokens
+    );
+    println!(
+        "{:>5} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>5}",
+        "conc", "requests", "tok/s", "ttft p50", "ttft p99", "itl p50", "itl p99", "errors", "429s"
+    );
+    let a = Arc::new(a);
+    for &c in &a.concurrency {
+        let next = Arc::new(AtomicUsize::new(0));
+        let t0 = Instant::now();
+        let mut workers = Vec::new();
+        for _ in 0..c {
+            let (client, a, next, base, model) = (
+                client.clone(),
+                a.clone(),
+                next.clone(),
+                base.clone(),
+                model.clone(),
+            );
+            workers.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= a.requests {
+                        return out;
+                    }
+                    out.push(one(&client, &a, &base, &model, i).await);
+                }
+            }));
+        }
+        let mut all = Vec::new();
+        for w in workers {
+            all.extend(w.await.context("bench worker")?);
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let tokens: u64 = all.iter().map(|o| o.tokens).sum();
+        let mut ttft: Vec<f64> = all.iter().filter_map(|o| o.ttft).collect();
+        let mut gaps: Vec<f64> = all.iter().flat_map(|o| o.gaps.iter().copied()).collect();
+        let errors = all
+            .iter()
+            .filter(|o| o.error.is_some() && !o.rate_limited)
+            .count();
+        let limited = all.iter().filter(|o| o.rate_limited).count();
+        if let Some(e) = all.iter().find_map(|o| o.error.as_ref()) {
+            eprintln!("bench serve: first error at concurrency {c}: {e}");
+        }
+        let tps = tokens as f64 / wall;
+        let (t50, t99) = (pct(&mut ttft, 0.50) * 1e3, pct(&mut ttft, 0.99) * 1e3);
+        let (g50, g99) = (pct(&mut gaps, 0.50) * 1e3, pct(&mut gaps, 0.99) * 1e3);
+        println!("{c:>5} {:>9} {tps:>10.1} {t50:>7.1}ms {t99:>7.1}ms {g50:>7.1}ms {g99:>7.1}ms {errors:>7} {limited:>5}", all.len());
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"concurrency": c, "requests": all.len(), "completion_tokens": tokens, "wall_s": wall,
+                    "tokens_per_s": tps, "ttft_ms_p50": t50, "ttft_ms_p99": t99, "itl_ms_p50": g50, "itl_ms_p99": g99,
+                    "errors": errors, "rate_limited": limited})
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Nearest-rank percentile (NaN when empty).
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i]
+}
+
+/// One streaming chat request.
+async fn one(client: &reqwest::Client, a: &Args, base: &str, model: &str, i: usize) -> One {
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": format!("{} ({i})", a.prompt)}],
+        "max_tokens": a.max_tokens,
+        "temperature": a.temperature,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let mut out = One::default();
+    let t0 = Instant::now();
+    let mut r = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body);
+    if let Some(k) = &a.api_key {
+        r = r.bearer_auth(k);
+    }
+    let mut resp = match r.send().await {
+        Ok(r) => r,
+        Err(e) => {
+            out.error = Some(format!("request failed: {e}"));
+            return out;
+        }
+    };
+    if !resp.status().is_success() {
+        out.rate_limited = resp.status().as_u16() == 429;
+        out.error = Some(format!(
+            "HTTP {}: {}",
+            resp.status(),
+            resp.text().await.unwrap_or_default()
+        ));
+        return out;
+    }
+    let mut buf = Vec::<u8>::new();
+    let mut last: Option<Instant> = None;
+    let mut counted = 0u64;
+    loop {
+        let chunk = match resp.chunk().await {
+            Ok(Some(c)) => c,
+            Ok(None) => break,
+            Err(e) => {
+                out.error = Some(format!("stream broken: {e}"));
+                return out;
+            }
+        };
+        buf.extend_from_slice(&chunk);
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let line = String::from_utf8_lossy(&line);
+            let Some(data) = line.trim_end().strip_prefix("data: ") else {
+                continue;
+            };
+            if data == "[DONE]" {
+                out.tokens = out.tokens.max(counted);
+                return out;
+            }
+            let v: serde_json::Value = match serde_json::from_str(data) {
+                Ok(v) => v,
+                Err(e) => {
+                    out.error = Some(format!("bad chunk {data:?}: {e}"));
+                    return out;
+                }
+            };
+            if v.get("error").is_some() {
+                out.error = Some(format!("error in stream: {data}"));
+                return out;
+            }
+            if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                out.tokens = n;
+            }
+            let has_text = v["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty());
+            if has_text {
+                let now = Instant::now();
+                counted += 1;
+                match last {
+                    None => out.ttft = Some(now.duration_since(t0).as_secs_f64()),
+                    Some(p) => out.gaps.push(now.duration_since(p).as_secs_f64()),
+                }
+                last = Some(now);
+            }
+        }
+    }
+    out.error = Some("stream ended without [DONE]".into());
+    out
+}

@@ -1,0 +1,246 @@
+//! Edge conversion: validated OpenAI request fields -> the scheduler's own types (sampling
+//! parameters, stop strings, token budget). Every rejection is an `ApiError` naming the field.
+
+use super::error::ApiError;
+use super::types::{ChatMessageIn, Common, Content, PromptField, StopField};
+use crate::scheduler::{ChatTurn, SamplingParams};
+
+/// Most stop strings accepted.
+const MAX_STOPS: usize = 16;
+/// Most `top_logprobs` (chat) accepted.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+/// Most `logprobs` (legacy completions) accepted.
+pub const MAX_COMPLETION_LOGPROBS: u32 = 5;
+
+/// What both endpoints validate the same way.
+#[derive(Debug)]
+pub struct Checked {
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(x),
+        Some(x) => Err(ApiError::invalid(
+            param,
+            format!("`{param}` must be between {lo} and {hi}, found {x}"),
+        )),
+    }
+}
+
+/// Checks the model name and the fields shared by chat and completions.
+pub fn check_common(c: &Common, served: &str) -> Result<Checked, ApiError> {
+    match &c.model {
+        None => return Err(ApiError::invalid("model", "missing required field `model`")),
+        Some(m) if m != served => return Err(ApiError::model_not_found(m, served)),
+        Some(_) => {}
+    }
+    if let Some(n) = c.n {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                "n",
+                format!("only n = 1 is supported, found n = {n}"),
+            ));
+        }
+    }
+    let temperature = range("temperature", c.temperature, 0.0, 2.0, 1.0)?;
+    let top_p = range("top_p", c.top_p, f32::MIN_POSITIVE, 1.0, 1.0)?;
+    let presence_penalty = range("presence_penalty", c.presence_penalty, -2.0, 2.0, 0.0)?;
+    let frequency_penalty = range("frequency_penalty", c.frequency_penalty, -2.0, 2.0, 0.0)?;
+    let min_p = range("min_p", c.min_p, 0.0, 1.0, 0.0)?;
+    let repeat_penalty = range(
+        "repeat_penalty",
+        c.repeat_penalty,
+        f32::MIN_POSITIVE,
+        10.0,
+        1.0,
+    )?;
+    let stop = match &c.stop {
+        None => Vec::new(),
+        Some(StopField::One(s)) => vec![s.clone()],
+        Some(StopField::Many(v)) => v.clone(),
+    };
+    if stop.len() > MAX_STOPS {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "expected at most {MAX_STOPS} stop strings, found {}",
+                stop.len()
+            ),
+        ));
+    }
+    let stream = c.stream.unwrap_or(false);
+    if c.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            "`stream_options` is only allowed when `stream` is true",
+        ));
+    }
+    let include_usage = c
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let sampling = SamplingParams {
+        temperature,
+        top_p,
+        top_k: c.top_k.unwrap_or(0),
+        min_p,
+        presence_penalty,
+        frequency_penalty,
+        repeat_penalty,
+        repeat_last_n: 64,
+        seed: c.seed.map(|s| s as u64),
+    };
+    Ok(Checked {
+        sampling,
+        stop,
+        stream,
+        include_usage,
+    })
+}
+
+/// Flattens chat messages to (role, text); only text content is supported.
+pub fn chat_turns(messages: &[ChatMessageIn]) -> Result<Vec<ChatTurn>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` must contain at least one message",
+        ));
+    }
+    let mut turns = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            other => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!("expected role system, developer, user or assistant, found `{other}`"),
+                ))
+            }
+        };
+        let content = match &m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut s = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    if p.kind != "text" {
+                        return Err(ApiError::invalid(
+                            format!("messages[{i}].content[{j}].type"),
+                            format!(
+                                "only `text` content parts are supported, found `{}`",
+                                p.kind
+                            ),
+                        ));
+                    }
+                    match &p.text {
+                        Some(t) => s.push_str(t),
+                        None => {
+                            return Err(ApiError::invalid(
+                                format!("messages[{i}].content[{j}].text"),
+                                "a text content part needs a `text` string",
+                            ))
+                        }
+                    }
+                }
+                s
+            }
+        };
+        turns.push(ChatTurn {
+            role: role.to_string(),
+            content,
+        });
+    }
+    Ok(turns)
+}
+
+/// The single prompt of a completion request: text or token ids (n = 1: one prompt only).
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+pub fn single_prompt(p: &PromptField) -> Result<Prompt, ApiError> {
+    let many = |n: usize| {
+        ApiError::invalid(
+            "prompt",
+            format!("only one prompt per request is supported, found {n}"),
+        )
+    };
+    match p {
+        PromptField::Text(s) => Ok(Prompt::Text(s.clone())),
+        PromptField::Tokens(t) => Ok(Prompt::Tokens(t.clone())),
+        PromptField::Texts(v) if v.len() == 1 => Ok(Prompt::Text(v[0].clone())),
+        PromptField::Texts(v) => Err(many(v.len())),
+        PromptField::TokenLists(v) if v.len() == 1 => Ok(Prompt::Tokens(v[0].clone())),
+        PromptField::TokenLists(v) => Err(many(v.len())),
+    }
+}
+
+/// Token budget: `asked` or what is left of the context; errors name both numbers.
+pub fn max_tokens(
+    asked: Option<u32>,
+    default: Option<u32>,
+    prompt: usize,
+    n_ctx: usize,
+) -> Result<u32, ApiError> {
+    if asked == Some(0) {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            "`max_tokens` must be at least 1, found 0",
+        ));
+    }
+    if prompt == 0 {
+        return Err(ApiError::invalid(
+            "prompt",
+            "the prompt is empty after tokenization",
+        ));
+    }
+    let want = asked
+        .or(default)
+        .map(|m| m as usize)
+        .unwrap_or(n_ctx.saturating_sub(prompt))
+        .max(1);
+    if prompt + want > n_ctx {
+        if asked.is_none() && prompt < n_ctx {
+            return Ok((n_ctx - prompt) as u32);
+        }
+        return Err(ApiError::context_overflow(n_ctx, prompt, want));
+    }
+    Ok(want as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_budget() {
+        // (asked, default, prompt, n_ctx) -> Ok(budget) or Err(status)
+        let check = |a, d, p, n, expect: Result<u32, u16>| {
+            let got = max_tokens(a, d, p, n).map_err(|e| e.status.as_u16());
+            assert_eq!(got, expect, "asked {a:?} default {d:?} prompt {p} ctx {n}");
+        };
+        check(Some(10), None, 5, 100, Ok(10));
+        check(None, None, 5, 100, Ok(95));
+        check(None, Some(16), 5, 100, Ok(16));
+        check(None, Some(16), 90, 100, Ok(10));
+        check(Some(96), None, 5, 100, Err(400));
+        check(None, None, 100, 100, Err(400));
+        check(Some(0), None, 5, 100, Err(400));
+        check(Some(1), None, 0, 100, Err(400));
+        let e = max_tokens(Some(96), None, 5, 100).unwrap_err();
+        assert!(
+            e.message.contains("100") && e.message.contains("101"),
+            "{}",
+            e.message
+        );
+    }
+}

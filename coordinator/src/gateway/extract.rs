@@ -1,0 +1,79 @@
+//! `ApiJson<T>`: the JSON body extractor of the API. Unlike axum's `Json`, its rejection is an
+//! `ApiError` in OpenAI's shape that names the offending field (`param`), found with
+//! `serde_path_to_error`; a body over the limit is a 413 and no content type is required
+//! (curl's `-d` sends form-urlencoded by default).
+
+use super::error::ApiError;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+
+/// Default request body limit (bytes).
+pub const BODY_LIMIT: usize = 4 << 20;
+
+/// A JSON body deserialized into `T`.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(BODY_LIMIT)
+            } else {
+                ApiError::malformed_json(format!("could not read the request body: {e}"))
+            }
+        })?;
+        parse(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses a body; errors name the field path (e.g. `messages[0].content`).
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize::<_, T>(de) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            use serde_json::error::Category;
+            match inner.classify() {
+                Category::Syntax | Category::Eof | Category::Io => Err(ApiError::malformed_json(
+                    format!("the body is not valid JSON: {inner}"),
+                )),
+                Category::Data => {
+                    // serde reports missing fields at the parent; name the field itself.
+                    let msg = inner.to_string();
+                    let param = match missing_field(&msg) {
+                        Some(f) if path == "." || path.is_empty() => f.to_string(),
+                        Some(f) => format!("{path}.{f}"),
+                        None => path.clone(),
+                    };
+                    let param = if param == "." { String::new() } else { param };
+                    let msg = strip_position(&msg);
+                    let message = if param.is_empty() {
+                        format!("invalid request body: {msg}")
+                    } else {
+                        format!("invalid value for `{param}`: {msg}")
+                    };
+                    Err(ApiError::invalid(param, message))
+                }
+            }
+        }
+    }
+}
+
+fn missing_field(msg: &str) -> Option<&str> {
+    let rest = msg.strip_prefix("missing field `")?;
+    rest.split('`').next()
+}
+
+/// Drops serde_json's " at line L column C" suffix (the field path says more).
+fn strip_position(msg: &str) -> &str {
+    match msg.rfind(" at line ") {
+        Some(i) => &msg[..i],
+        None => msg,
+    }
+}

@@ -1,0 +1,247 @@
+//! The route handlers: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
+//! `/ready`, `/metrics`. Each validates at the edge (`convert`), submits one `GenRequest` to the
+//! scheduler and answers with a JSON body or an SSE stream (`stream`).
+
+use super::convert::{self, Checked, Prompt};
+use super::error::ApiError;
+use super::extract::ApiJson;
+use super::stream::{self, Kind, Meta};
+use super::types::*;
+use super::{AppState, RequestId};
+use crate::scheduler::{GenRequest, SubmitError};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// What differs between chat and completions once the prompt is tokenized.
+struct Job {
+    kind: Kind,
+    prompt: Vec<u32>,
+    asked_max: Option<u32>,
+    default_max: Option<u32>,
+    logprobs: Option<u32>,
+    checked: Checked,
+    user: Option<String>,
+}
+
+pub async fn chat(
+    State(st): State<Arc<AppState>>,
+    Extension(rid): Extension<RequestId>,
+    ApiJson(req): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
+    let checked = convert::check_common(&req.common(), &st.model_id)?;
+    let turns = convert::chat_turns(&req.messages)?;
+    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+        (_, Some(n)) if n > convert::MAX_TOP_LOGPROBS => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                format!(
+                    "`top_logprobs` must be between 0 and {}, found {n}",
+                    convert::MAX_TOP_LOGPROBS
+                ),
+            ))
+        }
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "`top_logprobs` needs `logprobs` set to true",
+            ))
+        }
+        (true, n) => Some(n.unwrap_or(0)),
+        (false, None) => None,
+    };
+    let text = st.text.render_chat(&turns).map_err(|e| {
+        ApiError::invalid(
+            "messages",
+            format!("could not render the chat template: {e}"),
+        )
+    })?;
+    let prompt = st.text.encode(&text, true);
+    let job = Job {
+        kind: Kind::Chat,
+        prompt,
+        asked_max: req.max_completion_tokens.or(req.max_tokens),
+        default_max: None,
+        logprobs,
+        checked,
+        user: req.user.clone(),
+    };
+    run(st, rid, job).await
+}
+
+pub async fn completions(
+    State(st): State<Arc<AppState>>,
+    Extension(rid): Extension<RequestId>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    let checked = convert::check_common(&req.common(), &st.model_id)?;
+    if req.echo == Some(true) {
+        return Err(ApiError::invalid("echo", "`echo` is not supported"));
+    }
+    if req.best_of.is_some_and(|b| b != 1) {
+        return Err(ApiError::invalid(
+            "best_of",
+            "only best_of = 1 is supported",
+        ));
+    }
+    if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+    }
+    if let Some(n) = req.logprobs {
+        if n > convert::MAX_COMPLETION_LOGPROBS {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!(
+                    "`logprobs` must be between 0 and {}, found {n}",
+                    convert::MAX_COMPLETION_LOGPROBS
+                ),
+            ));
+        }
+    }
+    let prompt = match convert::single_prompt(&req.prompt)? {
+        Prompt::Text(t) => st.text.encode(&t, false),
+        Prompt::Tokens(ids) => {
+            let vocab = st.text.vocab_size() as u32;
+            if let Some(bad) = ids.iter().find(|&&t| t >= vocab) {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!("token id {bad} is out of range: the vocabulary has {vocab} tokens"),
+                ));
+            }
+            ids
+        }
+    };
+    let job = Job {
+        kind: Kind::Completion,
+        prompt,
+        asked_max: req.max_tokens,
+        default_max: Some(16),
+        logprobs: req.logprobs,
+        checked,
+        user: req.user.clone(),
+    };
+    run(st, rid, job).await
+}
+
+/// Submits a job and answers it (stream or body).
+async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, ApiError> {
+    if st.draining.load(Ordering::Relaxed) {
+        return Err(ApiError::unavailable("the server is shutting down"));
+    }
+    if let Err(e) = (st.nodes_ok)() {
+        tracing::warn!(request_id = %rid.0, error = %e, "refusing request: expert nodes unavailable");
+        return Err(ApiError::unavailable(
+            "the expert nodes are unavailable; retry later",
+        ));
+    }
+    let n_ctx = st.scheduler.options().n_ctx;
+    let max_tokens = convert::max_tokens(job.asked_max, job.default_max, job.prompt.len(), n_ctx)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let prefix = if job.kind == Kind::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
+    let meta = Meta {
+        kind: job.kind,
+        id: format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
+        request_id: rid.0.clone(),
+        created: now_secs(),
+        model: st.model_id.clone(),
+        fingerprint: st.fingerprint.clone(),
+        logprobs: job.logprobs,
+        include_usage: job.checked.include_usage,
+    };
+    tracing::info!(request_id = %rid.0, prompt_tokens = job.prompt.len(), max_tokens, stream = job.checked.stream, user = job.user.as_deref().unwrap_or(""), "generation queued");
+    let req = GenRequest {
+        id: rid.0.clone(),
+        prompt: job.prompt,
+        max_tokens,
+        sampling: job.checked.sampling,
+        stop: job.checked.stop,
+        logprobs: job.logprobs,
+        events: tx,
+        enqueued: Instant::now(),
+    };
+    match st.scheduler.submit(req) {
+        Ok(()) => {}
+        Err(SubmitError::QueueFull) => {
+            metrics::counter!("nightshift_rejected_total", "reason" => "queue_full").increment(1);
+            return Err(ApiError::queue_full());
+        }
+        Err(SubmitError::Stopped) => {
+            return Err(ApiError::unavailable("the engine is not running"))
+        }
+    }
+    if job.checked.stream {
+        return Ok(stream::sse(meta, rx).into_response());
+    }
+    match tokio::time::timeout(st.request_timeout, stream::collect(&meta, rx)).await {
+        Ok(Ok(v)) => Ok(Json(v).into_response()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(ApiError::timeout(st.request_timeout.as_secs())),
+    }
+}
+
+pub async fn models(State(st): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![ModelCard {
+            id: st.model_id.clone(),
+            object: "model",
+            created: st.created,
+            owned_by: "nightshift",
+        }],
+    })
+}
+
+pub async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+/// Ready = engine running, expert nodes reachable and not shutting down.
+pub async fn ready(State(st): State<Arc<AppState>>) -> Response {
+    let problem = if st.draining.load(Ordering::Relaxed) {
+        Some("shutting down".to_string())
+    } else if !st.scheduler.is_running() {
+        Some("engine not running".to_string())
+    } else {
+        (st.nodes_ok)().err()
+    };
+    match problem {
+        None => {
+            Json(serde_json::json!({ "status": "ready", "model": st.model_id })).into_response()
+        }
+        Some(p) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": "not ready", "reason": p })),
+        )
+            .into_response(),
+    }
+}
+
+pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    match &st.metrics {
+        Some(h) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4",
+            )],
+            h.render(),
+        )
+            .into_response(),
+        None => ApiError::route(StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
+    }
+}

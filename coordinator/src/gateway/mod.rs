@@ -1,0 +1,145 @@
+//! The OpenAI-compatible HTTP gateway (axum/tower): routes, shared state, the request-id /
+//! auth / metrics middleware and the server loop with graceful shutdown. Only this module knows
+//! OpenAI's JSON; it converts into the scheduler's types at the edge (`convert`).
+
+mod convert;
+mod error;
+mod extract;
+mod handlers;
+mod middleware;
+pub mod stream;
+#[cfg(test)]
+mod tests;
+pub mod types;
+
+pub use error::ApiError;
+pub use extract::BODY_LIMIT;
+
+use crate::scheduler::{Scheduler, TextModel};
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// The id of one HTTP request (also returned as `x-request-id`).
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+/// Health of the expert backend: Ok, or why nodes are unreachable.
+pub type NodesCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// Everything the handlers share.
+pub struct AppState {
+    /// The id clients pass as `model`.
+    pub model_id: String,
+    pub created: u64,
+    /// `system_fingerprint` in responses (model identity).
+    pub fingerprint: String,
+    pub scheduler: Scheduler,
+    pub text: Arc<dyn TextModel>,
+    /// Bearer key; None = no auth.
+    pub api_key: Option<String>,
+    /// Non-streaming requests fail with 504 after this.
+    pub request_timeout: Duration,
+    pub metrics: Option<PrometheusHandle>,
+    pub nodes_ok: NodesCheck,
+    /// Set on shutdown: new generations get 503.
+    pub draining: AtomicBool,
+}
+
+/// The whole API as a router.
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(handlers::chat))
+        .route("/v1/completions", post(handlers::completions))
+        .route("/v1/models", get(handlers::models))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::auth,
+        ));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(handlers::health))
+        .route("/ready", get(handlers::ready))
+        .route("/metrics", get(handlers::metrics))
+        .fallback(|| async { ApiError::route(StatusCode::NOT_FOUND, "unknown path") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::route(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed for this path",
+            )
+        })
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(middleware::request_id))
+        .with_state(state)
+}
+
+/// Installs the global Prometheus recorder once; later calls return the same handle.
+pub fn metrics_handle() -> Option<PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+            let latency = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+            let b = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &latency)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("nightshift_sequence_tokens_per_second".into()),
+                        &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0],
+                    )
+                });
+            match b.and_then(|b| b.install_recorder().map_err(Into::into)) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    tracing::warn!(error = %e, "prometheus recorder not installed; /metrics disabled");
+                    None
+                }
+            }
+        })
+        .clone()
+}
+
+/// Serves until `shutdown` resolves, then stops accepting, lets running requests finish for at
+/// most `drain` and returns.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    drain: Duration,
+) -> std::io::Result<()> {
+    let app = router(state.clone());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let st = state.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        st.draining.store(true, Ordering::SeqCst);
+        tracing::info!(
+            drain_secs = drain.as_secs(),
+            "shutting down: refusing new requests, draining running ones"
+        );
+        let _ = stop_tx.send(true);
+    });
+    let mut rx2 = stop_rx.clone();
+    let graceful = async move {
+        let mut rx = stop_rx;
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
+    let server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        r = server => r,
+        _ = async {
+            let _ = rx2.wait_for(|v| *v).await;
+            tokio::time::sleep(drain).await;
+        } => {
+            tracing::warn!(in_flight = state.scheduler.in_flight(), "drain timeout reached; closing remaining connections");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Turning a request's scheduler events into OpenAI responses: collected into one JSON body, or
+//! streamed as SSE chunks (`data: {...}` ... `data: [DONE]`) for chat and legacy completions.
+//! Dropping the stream (client gone) drops the receiver, which cancels the sequence.
+
+use super::error::ApiError;
+use super::types::*;
+use crate::scheduler::{Event, FinishReason, StepError, TokenLogprob};
+use axum::response::sse::{Event as SseEvent, Sse};
+use futures::{stream, Stream, StreamExt};
+use std::convert::Infallible;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Which endpoint the response is for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Chat,
+    Completion,
+}
+
+/// The fixed parts of every response object.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    pub kind: Kind,
+    pub id: String,
+    pub request_id: String,
+    pub created: u64,
+    pub model: String,
+    pub fingerprint: String,
+    /// Some(n) when logprobs were asked (n alternatives).
+    pub logprobs: Option<u32>,
+    pub include_usage: bool,
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn chat_logprob(t: &TokenLogprob) -> ChatTokenLogprob {
+    ChatTokenLogprob {
+        token: lossy(&t.bytes),
+        logprob: t.logprob,
+        bytes: t.bytes.clone(),
+        top_logprobs: t
+            .top
+            .iter()
+            .map(|(b, lp)| TopLogprob {
+                token: lossy(b),
+                logprob: *lp,
+                bytes: b.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// Appends one token to legacy completion logprobs; `offset` = text length so far.
+fn push_completion_logprob(lp: &mut CompletionLogprobs, t: &TokenLogprob, offset: &mut u32) {
+    let tok = lossy(&t.bytes);
+    lp.text_offset.push(*offset);
+    *offset += tok.chars().count() as u32;
+    lp.tokens.push(tok);
+    lp.token_logprobs.push(t.logprob);
+    let mut m = serde_json::Map::new();
+    for (b, l) in &t.top {
+        m.entry(lossy(b)).or_insert_with(|| serde_json::json!(l));
+    }
+    lp.top_logprobs.push(m);
+}
+
+/// Maps an engine failure to the client's error.
+pub fn step_error(meta: &Meta, e: &StepError) -> ApiError {
+    if e.unavailable {
+        tracing::warn!(request_id = %meta.request_id, error = %e.message, "expert backend unavailable");
+        ApiError::unavailable("the expert nodes are unavailable; retry later")
+    } else {
+        ApiError::internal(&meta.request_id, &e.message)
+    }
+}
+
+/// Waits for the whole generation and builds the non-streaming response body.
+pub async fn collect(
+    meta: &Meta,
+    mut rx: UnboundedReceiver<Event>,
+) -> Result<serde_json::Value, ApiError> {
+    let mut text = String::new();
+    let mut chat_lp = ChatLogprobs::default();
+    let mut comp_lp = CompletionLogprobs::default();
+    let mut offset = 0u32;
+    loop {
+        let Some(ev) = rx.recv().await else {
+            return Err(ApiError::internal(
+                &meta.request_id,
+                "engine thread ended without finishing the request",
+            ));
+        };
+        match ev {
+            Event::Token { text: t, logprob } => {
+                text.push_str(&t);
+                if let Some(l) = logprob {
+                    chat_lp.content.push(chat_logprob(&l));
+                    push_completion_logprob(&mut comp_lp, &l, &mut offset);
+                }
+            }
+            Event::Failed(e) => return Err(step_error(meta, &e)),
+            Event::Done {
+                text: t,
+                finish,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                text.push_str(&t);
+                let usage = Usage::new(prompt_tokens, completion_tokens);
+                let v = match meta.kind {
+                    Kind::Chat => serde_json::to_value(ChatCompletion {
+                        id: meta.id.clone(),
+                        object: "chat.completion",
+                        created: meta.created,
+                        model: meta.model.clone(),
+                        system_fingerprint: meta.fingerprint.clone(),
+                        choices: vec![ChatChoice {
+                            index: 0,
+                            message: ChatMessageOut {
+                                role: "assistant",
+                                content: text,
+                            },
+                            logprobs: meta.logprobs.map(|_| chat_lp),
+                            finish_reason: finish.as_str(),
+                        }],
+                        usage,
+                    }),
+                    Kind::Completion => serde_json::to_value(Completion {
+                        id: meta.id.clone(),
+                        object: "text_completion",
+                        created: meta.created,
+                        model: meta.model.clone(),
+                        system_fingerprint: meta.fingerprint.clone(),
+                        choices: vec![CompletionChoice {
+                            text,
+                            index: 0,
+                            logprobs: meta.logprobs.map(|_| comp_lp),
+                            finish_reason: Some(finish.as_str()),
+                        }],
+                        usage: Some(Some(usage)),
+                    }),
+                };
+                return v.map_err(|e| ApiError::internal(&meta.request_id, e));
+            }
+        }
+    }
+}
+
+/// Stream state.
+struct St {
+    rx: UnboundedReceiver<Event>,
+    meta: Meta,
+    started: bool,
+    done: bool,
+    offset: u32,
+}
+
+impl St {
+    fn data<T: serde::Serialize>(&self, v: &T) -> SseEvent {
+        match serde_json::to_string(v) {
+            Ok(s) => SseEvent::default().data(s),
+            Err(e) => {
+                SseEvent::default().data(ApiError::internal(&self.meta.request_id, e).body_json())
+            }
+        }
+    }
+
+    fn usage_field(&self, u: Option<Usage>) -> Option<Option<Usage>> {
+        self.meta.include_usage.then_some(u)
+    }
+
+    /// A chunk carrying `text`, logprobs and/or the finish reason.
+    fn chunk(
+        &mut self,
+        text: Option<String>,
+        lp: Option<&TokenLogprob>,
+        finish: Option<FinishReason>,
+    ) -> SseEvent {
+        let m = &self.meta;
+        match m.kind {
+            Kind::Chat => {
+                let c = ChatChunk {
+                    id: m.id.clone(),
+                    object: "chat.completion.chunk",
+                    created: m.created,
+                    model: m.model.clone(),
+                    system_fingerprint: m.fingerprint.clone(),
+                    choices: vec![ChunkChoice {
+                        index: 0,
+                        delta: Delta {
+                            role: None,
+                            content: text,
+                        },
+                        logprobs: lp.map(|l| ChatLogprobs {
+                            content: vec![chat_logprob(l)],
+                        }),
+                        finish_reason: finish.map(FinishReason::as_str),
+                    }],
+                    usage: self.usage_field(None),
+                };
+                self.data(&c)
+            }
+            Kind::Completion => {
+                let logprobs = lp.map(|l| {
+                    let mut c = CompletionLogprobs::default();
+                    push_completion_logprob(&mut c, l, &mut self.offset);
+                    c
+                });
+                let c = Completion {
+                    id: m.id.clone(),
+                    object: "text_completion",
+                    created: m.created,
+                    model: m.model.clone(),
+                    system_fingerprint: m.fingerprint.clone(),
+                    choices: vec![CompletionChoice {
+                        text: text.unwrap_or_default(),
+                        index: 0,
+                        logprobs,
+                        finish_reason: finish.map(FinishReason::as_str),
+                    }],
+                    usage: self.usage_field(None),
+                };
+                self.data(&c)
+            }
+        }
+    }
+
+    fn first_chunk(&self) -> Option<SseEvent> {
+        let m = &self.meta;
+        (m.kind == Kind::Chat).then(|| {
+            self.data(&ChatChunk {
+                id: m.id.clone(),
+                object: "chat.completion.chunk",
+                created: m.created,
+                model: m.model.clone(),
+                system_fingerprint: m.fingerprint.clone(),
+                choices: vec![ChunkChoice {
+                    index: 0,
+                    delta: Delta {
+                        role: Some("assistant"),
+                        content: Some(String::new()),
+                    },
+                    logprobs: None,
+                    finish_reason: None,
+                }],
+                usage: self.usage_field(None),
+            })
+        })
+    }
+
+    fn usage_chunk(&self, u: Usage) -> SseEvent {
+        let m = &self.meta;
+        match m.kind {
+            Kind::Chat => self.data(&ChatChunk {
+                id: m.id.clone(),
+                object: "chat.completion.chunk",
+                created: m.created,
+                model: m.model.clone(),
+                system_fingerprint: m.fingerprint.clone(),
+                choices: vec![],
+                usage: Some(Some(u)),
+            }),
+            Kind::Completion => self.data(&Completion {
+                id: m.id.clone(),
+                object: "text_completion",
+                created: m.created,
+                model: m.model.clone(),
+                system_fingerprint: m.fingerprint.clone(),
+                choices: vec![],
+                usage: Some(Some(u)),
+            }),
+        }
+    }
+
+    /// The SSE events for one scheduler event (None = stream over).
+    fn next_events(&mut self, ev: Option<Event>) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        match ev {
+            None => {
+                self.done = true;
+                let e = ApiError::internal(
+                    &self.meta.request_id,
+                    "engine thread ended without finishing the request",
+                );
+                out.push(SseEvent::default().data(e.body_json()));
+            }
+            Some(Event::Token { text, logprob }) => {
+                if !text.is_empty() || logprob.is_some() {
+                    out.push(self.chunk(Some(text), logprob.as_ref(), None));
+                }
+            }
+            Some(Event::Failed(e)) => {
+                self.done = true;
+                out.push(SseEvent::default().data(step_error(&self.meta, &e).body_json()));
+            }
+            Some(Event::Done {
+                text,
+                finish,
+                prompt_tokens,
+                completion_tokens,
+            }) => {
+                self.done = true;
+                if !text.is_empty() {
+                    out.push(self.chunk(Some(text), None, None));
+                }
+                let empty = (self.meta.kind == Kind::Completion).then(String::new);
+                out.push(self.chunk(empty, None, Some(finish)));
+                if self.meta.include_usage {
+                    out.push(self.usage_chunk(Usage::new(prompt_tokens, completion_tokens)));
+                }
+                out.push(SseEvent::default().data("[DONE]"));
+            }
+        }
+        out
+    }
+}
+
+/// The SSE response for a streaming request.
+pub fn sse(
+    meta: Meta,
+    rx: UnboundedReceiver<Event>,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let st = St {
+        rx,
+        meta,
+        started: false,
+        done: false,
+        offset: 0,
+    };
+    let s = stream::unfold(st, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        if !st.started {
+            // The role chunk goes out at once, before the prefill finishes.
+            st.started = true;
+            if let Some(first) = st.first_chunk() {
+                return Some((stream::iter(vec![Ok(first)]), st));
+            }
+        }
+        let ev = st.rx.recv().await;
+        let events = st.next_events(ev);
+        Some((
+            stream::iter(events.into_iter().map(Ok).collect::<Vec<_>>()),
+            st,
+        ))
+    })
+    .flatten();
+    Sse::new(s)
+}

@@ -1,0 +1,617 @@
+//! In-process tests of the whole HTTP layer over the deterministic mock model: a real server on
+//! a loopback port, driven with reqwest. The integration tests in `coordinator/tests/` repeat the
+//! important ones against the real binary and a real GGUF.
+
+use super::*;
+use crate::scheduler::mock::{MockEngine, MockText};
+use crate::scheduler::SchedulerOptions;
+use serde_json::{json, Value};
+use std::sync::atomic::AtomicUsize;
+
+struct Server {
+    url: String,
+    live: Arc<AtomicUsize>,
+    max_batch: Arc<AtomicUsize>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+struct Opts {
+    key: Option<&'static str>,
+    queue: usize,
+    max_seqs: usize,
+    kv_seqs: usize,
+    delay_ms: u64,
+    nodes_down: bool,
+    n_ctx: usize,
+    no_eos: bool,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            key: None,
+            queue: 64,
+            max_seqs: 8,
+            kv_seqs: 8,
+            delay_ms: 0,
+            nodes_down: false,
+            n_ctx: 512,
+            no_eos: false,
+        }
+    }
+}
+
+async fn start(o: Opts) -> Server {
+    let mut engine = MockEngine::new(o.kv_seqs);
+    engine.step_delay = std::time::Duration::from_millis(o.delay_ms);
+    engine.eos = !o.no_eos;
+    let live = engine.live.clone();
+    let max_batch = engine.max_batch.clone();
+    let text: Arc<dyn TextModel> = Arc::new(MockText);
+    let opts = SchedulerOptions {
+        queue_capacity: o.queue,
+        max_seqs: o.max_seqs,
+        step_tokens: 64,
+        n_ctx: o.n_ctx,
+    };
+    let scheduler = Scheduler::spawn(engine, text.clone(), opts).expect("spawn engine thread");
+    let down = o.nodes_down;
+    let state = Arc::new(AppState {
+        model_id: "mock".into(),
+        created: 1,
+        fingerprint: "fp_mock".into(),
+        scheduler,
+        text,
+        api_key: o.key.map(String::from),
+        request_timeout: Duration::from_secs(30),
+        metrics: metrics_handle(),
+        nodes_ok: Arc::new(move || {
+            if down {
+                Err("node0 unreachable".into())
+            } else {
+                Ok(())
+            }
+        }),
+        draining: AtomicBool::new(false),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve(
+        listener,
+        state,
+        async move {
+            let _ = rx.await;
+        },
+        Duration::from_secs(1),
+    ));
+    Server {
+        url,
+        live,
+        max_batch,
+        stop: Some(tx),
+    }
+}
+
+async fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{}{path}", s.url))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Reads an SSE stream: every `data:` payload until `[DONE]` (which must come last).
+async fn sse(s: &Server, path: &str, body: Value) -> Vec<Value> {
+    let r = reqwest::Client::new()
+        .post(format!("{}{path}", s.url))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 200);
+    let text = r.text().await.expect("body");
+    let mut out = Vec::new();
+    let mut done = false;
+    for line in text.lines() {
+        if let Some(d) = line.strip_prefix("data: ") {
+            assert!(!done, "data after [DONE]");
+            if d == "[DONE]" {
+                done = true;
+            } else {
+                out.push(serde_json::from_str(d).expect("chunk json"));
+            }
+        }
+    }
+    assert!(done, "stream did not end with [DONE]: {text}");
+    out
+}
+
+fn chat_body(content: &str, max: u32) -> Value {
+    json!({"model": "mock", "messages": [{"role": "user", "content": content}], "max_tokens": max, "temperature": 0})
+}
+
+fn stream_text(chunks: &[Value]) -> String {
+    chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .filter_map(|c| c["delta"]["content"].as_str().or(c["text"].as_str()))
+        .collect()
+}
+
+#[tokio::test]
+async fn chat_completion_and_usage() {
+    let s = start(Opts::default()).await;
+    let (st, v) = post(&s, "/v1/chat/completions", chat_body("hello", 12)).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap_or("").starts_with("chatcmpl-"));
+    assert_eq!(v["model"], "mock");
+    let prompt = "<user>hello\n<assistant>".len() as u64;
+    assert_eq!(v["usage"]["prompt_tokens"], prompt);
+    let n = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+    assert_eq!(v["usage"]["total_tokens"], prompt + n);
+    let fr = v["choices"][0]["finish_reason"].as_str().unwrap_or("");
+    assert!(fr == "length" && n == 12 || fr == "stop" && n < 12, "{v}");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    // greedy: same answer twice; streaming gives the same text
+    let (_, v2) = post(&s, "/v1/chat/completions", chat_body("hello", 12)).await;
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        v2["choices"][0]["message"]["content"]
+    );
+    let mut b = chat_body("hello", 12);
+    b["stream"] = json!(true);
+    b["stream_options"] = json!({"include_usage": true});
+    let chunks = sse(&s, "/v1/chat/completions", b).await;
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(
+        stream_text(&chunks),
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("?")
+    );
+    let last = chunks.last().expect("chunks");
+    assert_eq!(last["choices"].as_array().map(|a| a.len()), Some(0));
+    assert_eq!(last["usage"], v["usage"]);
+    assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], fr);
+    assert!(chunks[..chunks.len() - 1]
+        .iter()
+        .all(|c| c["usage"].is_null()));
+}
+
+#[tokio::test]
+async fn completions_logprobs_and_stop() {
+    let s = start(Opts::default()).await;
+    let body = json!({"model": "mock", "prompt": "abc", "max_tokens": 20, "temperature": 0, "logprobs": 2});
+    let (st, v) = post(&s, "/v1/completions", body.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    let text = v["choices"][0]["text"].as_str().unwrap_or("").to_string();
+    let lp = &v["choices"][0]["logprobs"];
+    let toks: Vec<&str> = lp["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .filter_map(|t| t.as_str())
+        .collect();
+    assert_eq!(toks.concat(), text);
+    for (i, t) in lp["top_logprobs"]
+        .as_array()
+        .expect("top")
+        .iter()
+        .enumerate()
+    {
+        let m = t.as_object().expect("map");
+        assert!(m.len() <= 2 && !m.is_empty());
+        // greedy: the chosen token is the most likely one
+        let best = m
+            .values()
+            .filter_map(|x| x.as_f64())
+            .fold(f64::MIN, f64::max);
+        let chosen = lp["token_logprobs"][i].as_f64().expect("lp");
+        assert!((best - chosen).abs() < 1e-6 && chosen <= 0.0);
+    }
+    // default max_tokens for completions is 16
+    let (_, d) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": "mock", "prompt": "abc", "temperature": 0}),
+    )
+    .await;
+    assert!(d["usage"]["completion_tokens"].as_u64().unwrap_or(99) <= 16);
+    // stop strings: cut at the first occurrence of a substring of the greedy text
+    if text.len() >= 6 {
+        let stop = &text[3..5];
+        let cut = &text[..text.find(stop).unwrap_or(0)];
+        let mut b = body.clone();
+        b["stop"] = json!([stop, "zzzzzz"]);
+        let (_, v) = post(&s, "/v1/completions", b.clone()).await;
+        assert_eq!(v["choices"][0]["text"], cut);
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        b["stream"] = json!(true);
+        let chunks = sse(&s, "/v1/completions", b).await;
+        assert_eq!(stream_text(&chunks), cut);
+    }
+}
+
+#[tokio::test]
+async fn chat_logprobs_shape() {
+    let s = start(Opts::default()).await;
+    let mut b = chat_body("hi", 5);
+    b["logprobs"] = json!(true);
+    b["top_logprobs"] = json!(3);
+    let (st, v) = post(&s, "/v1/chat/completions", b).await;
+    assert_eq!(st, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("content");
+    assert_eq!(
+        content.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap_or(0)
+    );
+    for c in content {
+        assert_eq!(c["top_logprobs"].as_array().map(|a| a.len()), Some(3));
+        assert_eq!(c["top_logprobs"][0]["token"], c["token"]);
+        assert!(c["bytes"].is_array());
+    }
+}
+
+/// Each row: request -> status + error type (+ param).
+#[tokio::test]
+async fn bad_input_table() {
+    let s = start(Opts {
+        n_ctx: 64,
+        ..Default::default()
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let chat = "/v1/chat/completions";
+    let comp = "/v1/completions";
+    let rows: Vec<(&str, &str, u16, &str, Option<&str>)> = vec![
+        (chat, "{not json", 400, "invalid_request_error", None),
+        (
+            chat,
+            r#"{"model":"mock"}"#,
+            400,
+            "invalid_request_error",
+            Some("messages"),
+        ),
+        (
+            chat,
+            r#"{"model":"mock","messages":"hi"}"#,
+            400,
+            "invalid_request_error",
+            Some("messages"),
+        ),
+        (
+            chat,
+            r#"{"model":"mock","messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#,
+            400,
+            "invalid_request_error",
+            Some("temperature"),
+        ),
+        (
+            chat,
+            r#"{"model":"mock","messages":[{"role":"user","content":"x"}],"temperature":3}"#,
+            400,
+            "invalid_request_error",
+            Some("temperature"),
+        ),
+        (
+            chat,
+            r#"{"model":"mock","messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#,
+            400,
+            "invalid_request_error",
+            Some("max_tokens"),
+        ),
+        (
+            chat,
+            r#"{"model":"mock","messages":[{"role":"user","content":"x"}],"n":2}"#,
+            400,
+            "invalid_request_error",
+            Some("n"),
+        ),
+        (
+            chat,
+            r#"{"model":"mock","messages":[{"role":"wizard","content":"x"}]}"#,
+            400,
+            "invalid_request_error",
+            Some("messages[0].role"),
+        ),
+        (
+            chat,
+            r#"{"model":"mock","messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#,
+            400,
+            "invalid_request_error",
+            Some("messages[0].content[0].type"),
+        ),
+        (
+            chat,
+            r#"{"model":"mock","messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#,
+            400,
+            "invalid_request_error",
+            Some("top_logprobs"),
+        ),
+        (
+            chat,
+            r#"{"model":"mock","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}"#,
+            400,
+            "invalid_request_error",
+            Some("stream_options"),
+        ),
+        (
+            chat,
+            r#"{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}"#,
+            404,
+            "invalid_request_error",
+            Some("model"),
+        ),
+        (
+            chat,
+            r#"{"model":"mock","messages":[{"role":"user","content":"x"}],"max_tokens":60}"#,
+            400,
+            "invalid_request_error",
+            Some("messages"),
+        ),
+        (
+            comp,
+            r#"{"model":"mock","prompt":["a","b"]}"#,
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        (
+            comp,
+            r#"{"model":"mock","prompt":[1,2,999999]}"#,
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        (
+            comp,
+            r#"{"model":"mock","prompt":"x","logprobs":9}"#,
+            400,
+            "invalid_request_error",
+            Some("logprobs"),
+        ),
+        (
+            comp,
+            r#"{"model":"mock","prompt":"x","echo":true}"#,
+            400,
+            "invalid_request_error",
+            Some("echo"),
+        ),
+        (
+            comp,
+            r#"{"model":"mock","prompt":""}"#,
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        ("/v1/nope", "{}", 404, "invalid_request_error", None),
+    ];
+    for (path, body, status, kind, param) in rows {
+        let r = client
+            .post(format!("{}{path}", s.url))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("send");
+        let got = r.status().as_u16();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        assert_eq!(got, status, "{path} {body} -> {v}");
+        assert_eq!(v["error"]["type"], kind, "{body} -> {v}");
+        assert_eq!(v["error"]["param"].as_str(), param, "{body} -> {v}");
+        assert!(v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+    }
+    // context overflow names both numbers
+    let (_, v) = post(
+        &s,
+        chat,
+        json!({"model":"mock","messages":[{"role":"user","content":"x"}],"max_tokens":60}),
+    )
+    .await;
+    let m = v["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        m.contains("64") && m.contains(&(60 + "<user>x\n<assistant>".len()).to_string()),
+        "{m}"
+    );
+    // unknown fields are ignored
+    let (st, _) = post(&s, chat, json!({"model":"mock","messages":[{"role":"user","content":"x"}],"max_tokens":2,"whatever":{"a":1}})).await;
+    assert_eq!(st, 200);
+    // body over the limit
+    let big = "x".repeat(BODY_LIMIT + 10);
+    let r = client
+        .post(format!("{}{chat}", s.url))
+        .body(big)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 413);
+}
+
+#[tokio::test]
+async fn auth_nodes_down_and_queue_full() {
+    let s = start(Opts {
+        key: Some("sekret"),
+        ..Default::default()
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/models", s.url);
+    let r = c.get(&url).send().await.expect("send");
+    assert_eq!(r.status().as_u16(), 401);
+    let r = c.get(&url).bearer_auth("wrong").send().await.expect("send");
+    assert_eq!(r.status().as_u16(), 401);
+    let v: Value = r.json().await.unwrap_or(Value::Null);
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    let r = c
+        .get(&url)
+        .bearer_auth("sekret")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = r.json().await.unwrap_or(Value::Null);
+    assert_eq!(v["data"][0]["id"], "mock");
+    // health is open
+    assert_eq!(
+        c.get(format!("{}/health", s.url))
+            .send()
+            .await
+            .expect("send")
+            .status()
+            .as_u16(),
+        200
+    );
+
+    let s = start(Opts {
+        nodes_down: true,
+        ..Default::default()
+    })
+    .await;
+    let (st, v) = post(&s, "/v1/chat/completions", chat_body("x", 2)).await;
+    assert_eq!(st, 503, "{v}");
+    let r = c
+        .get(format!("{}/ready", s.url))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 503);
+
+    // one running sequence, queue of one, slow steps: the third concurrent request gets 429
+    let s = start(Opts {
+        queue: 1,
+        max_seqs: 1,
+        kv_seqs: 1,
+        delay_ms: 20,
+        ..Default::default()
+    })
+    .await;
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let url = format!("{}/v1/completions", s.url);
+        tasks.push(tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&json!({"model":"mock","prompt":"abc","max_tokens":30,"temperature":0,"stop":"\u{1}"}))
+                .send()
+                .await
+                .expect("send");
+            (r.status().as_u16(), r.headers().get("retry-after").is_some())
+        }));
+    }
+    let mut codes = Vec::new();
+    for t in tasks {
+        codes.push(t.await.expect("join"));
+    }
+    assert!(codes.contains(&(429, true)), "{codes:?}");
+    assert!(codes.iter().any(|c| c.0 == 200), "{codes:?}");
+}
+
+/// 8 concurrent greedy streams produce exactly what each produces alone, batched together.
+#[tokio::test]
+async fn concurrent_greedy_equals_alone() {
+    let s = start(Opts {
+        delay_ms: 2,
+        ..Default::default()
+    })
+    .await;
+    let prompts: Vec<String> = (0..8)
+        .map(|i| format!("prompt number {i} {}", "x".repeat(i * 3)))
+        .collect();
+    let body = |p: &str| json!({"model":"mock","messages":[{"role":"user","content":p}],"max_tokens":40,"temperature":0,"stream":true});
+    let mut alone = Vec::new();
+    for p in &prompts {
+        alone.push(stream_text(&sse(&s, "/v1/chat/completions", body(p)).await));
+    }
+    let mut tasks = Vec::new();
+    for p in &prompts {
+        let url = s.url.clone();
+        let b = body(p);
+        tasks.push(tokio::spawn(async move {
+            let srv = Server {
+                url,
+                live: Arc::default(),
+                max_batch: Arc::default(),
+                stop: None,
+            };
+            stream_text(&sse(&srv, "/v1/chat/completions", b).await)
+        }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        assert_eq!(t.await.expect("join"), alone[i], "prompt {i}");
+    }
+    assert!(
+        s.max_batch.load(Ordering::SeqCst) > 1,
+        "requests were never batched together"
+    );
+}
+
+/// A client that goes away mid-stream frees its sequence.
+#[tokio::test]
+async fn disconnect_frees_the_sequence() {
+    let s = start(Opts {
+        delay_ms: 5,
+        n_ctx: 4096,
+        no_eos: true,
+        ..Default::default()
+    })
+    .await;
+    let b = json!({"model":"mock","prompt":"abc","max_tokens":3000,"temperature":0,"stream":true});
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", s.url))
+        .json(&b)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 200);
+    let mut r = r;
+    let _ = r.chunk().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(s.live.load(Ordering::SeqCst), 1);
+    drop(r);
+    for _ in 0..100 {
+        if s.live.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("sequence still allocated after the client disconnected");
+}
+
+#[tokio::test]
+async fn metrics_are_exported() {
+    let s = start(Opts::default()).await;
+    let _ = post(&s, "/v1/chat/completions", chat_body("hello", 3)).await;
+    let text = reqwest::get(format!("{}/metrics", s.url))
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("text");
+    for name in [
+        "nightshift_http_requests_total",
+        "nightshift_time_to_first_token_seconds",
+        "nightshift_decode_tokens_total",
+    ] {
+        assert!(text.contains(name), "{name} missing from /metrics:\n{text}");
+    }
+}

@@ -1,0 +1,277 @@
+//! OpenAI JSON schemas (the only place that knows them): chat and legacy completion requests,
+//! responses, stream chunks, logprobs, usage and the model list. Requests ignore unknown fields,
+//! as OpenAI does; `null` is the same as absent.
+
+use serde::{Deserialize, Serialize};
+
+/// `stop`: one string or a list.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize, Debug, Clone, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// A content part of a chat message; only text parts are supported.
+#[derive(Deserialize, Debug, Clone)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// Message content: a string or an array of parts.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize, Debug, Clone)]
+pub struct ChatMessageIn {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// Fields shared by both endpoints (copied out of either request).
+#[derive(Debug, Clone, Default)]
+pub struct Common {
+    pub model: Option<String>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopField>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub n: Option<u32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+}
+
+/// Declares a request struct with the common fields written out (not `#[serde(flatten)]`,
+/// which would lose the field path in type errors) plus its own.
+macro_rules! request_struct {
+    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $f:ident : $t:ty,)* }) => {
+        $(#[$m])*
+        #[derive(Deserialize, Debug, Clone)]
+        pub struct $name {
+            $($(#[$fm])* pub $f: $t,)*
+            pub model: Option<String>,
+            pub max_tokens: Option<u32>,
+            pub temperature: Option<f32>,
+            pub top_p: Option<f32>,
+            pub seed: Option<i64>,
+            pub stop: Option<StopField>,
+            pub stream: Option<bool>,
+            pub stream_options: Option<StreamOptions>,
+            pub presence_penalty: Option<f32>,
+            pub frequency_penalty: Option<f32>,
+            pub n: Option<u32>,
+            pub user: Option<String>,
+            pub top_k: Option<u32>,
+            pub min_p: Option<f32>,
+            pub repeat_penalty: Option<f32>,
+        }
+        impl $name {
+            pub fn common(&self) -> Common {
+                Common {
+                    model: self.model.clone(),
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    seed: self.seed,
+                    stop: self.stop.clone(),
+                    stream: self.stream,
+                    stream_options: self.stream_options.clone(),
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    n: self.n,
+                    top_k: self.top_k,
+                    min_p: self.min_p,
+                    repeat_penalty: self.repeat_penalty,
+                }
+            }
+        }
+    };
+}
+
+request_struct!(
+    /// `POST /v1/chat/completions`.
+    ChatRequest {
+        messages: Vec<ChatMessageIn>,
+        max_completion_tokens: Option<u32>,
+        logprobs: Option<bool>,
+        top_logprobs: Option<u32>,
+    }
+);
+
+/// `prompt`: a string, a list with one string, token ids, or a list with one list of ids.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum PromptField {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+request_struct!(
+    /// `POST /v1/completions`.
+    CompletionRequest {
+        prompt: PromptField,
+        logprobs: Option<u32>,
+        echo: Option<bool>,
+        best_of: Option<u32>,
+        suffix: Option<String>,
+    }
+);
+
+#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Usage {
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+// ---- chat responses ----
+
+#[derive(Serialize, Debug, Clone)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ChatMessageOut {
+    pub role: &'static str,
+    pub content: String,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: ChatMessageOut,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: &'static str,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ChatChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<ChunkChoice>,
+    /// Present (null until the last chunk) only with `stream_options.include_usage`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+// ---- legacy completion responses ----
+
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<serde_json::Map<String, serde_json::Value>>,
+    pub text_offset: Vec<u32>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct CompletionChoice {
+    pub text: String,
+    pub index: u32,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct Completion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+// ---- models ----
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}

@@ -1,0 +1,63 @@
+//! The two seams the scheduler drives, so that it can be built and tested before and apart from
+//! the model crate: `StepEngine` (sequences + one batched forward step, owned by the engine
+//! thread) and `TextModel` (tokenizer + chat template, shared with the HTTP handlers). The
+//! adapters over `nightshift_model` live in `model_backend.rs`; `mock.rs` has a deterministic
+//! stand-in used by the tests.
+
+/// Opaque id of one sequence inside a `StepEngine`.
+pub type SeqHandle = u64;
+
+/// One token of an engine batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepToken {
+    pub seq: SeqHandle,
+    pub token: u32,
+    pub pos: u32,
+    pub want_logits: bool,
+}
+
+/// Why a sequence could not be added.
+#[derive(Debug)]
+pub enum AdmitError {
+    /// The KV-cache budget (or sequence limit) is used up now; retry when a sequence ends.
+    Full,
+    /// Anything else.
+    #[allow(dead_code)] // the model adapter returns it
+    Failed(String),
+}
+
+/// A failed forward step.
+#[derive(Debug)]
+pub struct StepError {
+    /// Expert nodes unreachable (HTTP 503) rather than an internal failure (HTTP 500).
+    pub unavailable: bool,
+    pub message: String,
+}
+
+/// A model with a KV cache for several sequences; driven by exactly one thread.
+pub trait StepEngine: Send + 'static {
+    fn add_sequence(&mut self) -> Result<SeqHandle, AdmitError>;
+    fn remove_sequence(&mut self, seq: SeqHandle);
+    /// One step; returns one row of logits per token with `want_logits`, in batch order.
+    fn forward(&mut self, batch: &[StepToken]) -> Result<Vec<Vec<f32>>, StepError>;
+}
+
+/// One chat message, already flattened to text by the gateway.
+#[derive(Clone, Debug)]
+pub struct ChatTurn {
+    pub role: String,
+    pub content: String,
+}
+
+/// Tokenizer and chat template of the served model.
+pub trait TextModel: Send + Sync + 'static {
+    /// Renders the chat with the model's template, ending with the assistant prompt.
+    fn render_chat(&self, turns: &[ChatTurn]) -> Result<String, String>;
+    /// Tokenizes a prompt; `chat` = the text came from the chat template (special tokens parsed).
+    fn encode(&self, text: &str, chat: bool) -> Vec<u32>;
+    /// Raw bytes of a token's piece.
+    fn token_bytes(&self, id: u32) -> Vec<u8>;
+    /// End-of-generation token (EOS, EOT, <|im_end|>, ...).
+    fn is_eog(&self, id: u32) -> bool;
+    fn vocab_size(&self) -> usize;
+}

@@ -1,0 +1,403 @@
+//! The engine thread: admission, batch building, one `forward` per step, sampling, stop
+//! handling and streaming. Only this thread touches the `StepEngine`.
+
+use super::backend::{AdmitError, SeqHandle, StepEngine, StepError, StepToken, TextModel};
+use super::sampling::{logprobs, Sampler};
+use super::text::{Pushed, TextStream};
+use super::{Event, FinishReason, GenRequest, SchedulerOptions, TokenLogprob};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// Counters shared with the `Scheduler` handle.
+#[derive(Default, Debug)]
+pub struct Stats {
+    /// Submitted and not yet admitted.
+    pub queued: AtomicUsize,
+    /// Admitted and not yet finished.
+    pub running: AtomicUsize,
+}
+
+/// One admitted sequence.
+struct Seq {
+    req: GenRequest,
+    handle: SeqHandle,
+    /// Prompt then generated tokens.
+    tokens: Vec<u32>,
+    n_prompt: usize,
+    /// Tokens already in the KV cache.
+    n_past: usize,
+    sampler: Sampler,
+    text: TextStream,
+    generated: u32,
+    first_token_at: Option<Instant>,
+    last_token_at: Option<Instant>,
+}
+
+/// The state of the engine thread.
+pub struct Loop<E: StepEngine> {
+    engine: E,
+    text: Arc<dyn TextModel>,
+    opts: SchedulerOptions,
+    rx: mpsc::Receiver<GenRequest>,
+    stats: Arc<Stats>,
+    waiting: VecDeque<GenRequest>,
+    running: Vec<Seq>,
+    closed: bool,
+}
+
+impl<E: StepEngine> Loop<E> {
+    pub fn new(
+        engine: E,
+        text: Arc<dyn TextModel>,
+        opts: SchedulerOptions,
+        rx: mpsc::Receiver<GenRequest>,
+        stats: Arc<Stats>,
+    ) -> Self {
+        Loop {
+            engine,
+            text,
+            opts,
+            rx,
+            stats,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            closed: false,
+        }
+    }
+
+    pub fn run(mut self) {
+        loop {
+            self.receive();
+            if self.closed && self.waiting.is_empty() && self.running.is_empty() {
+                tracing::debug!("engine thread: all senders gone, stopping");
+                return;
+            }
+            self.drop_cancelled();
+            self.admit();
+            self.publish_gauges();
+            if !self.running.is_empty() {
+                self.step();
+            }
+        }
+    }
+
+    /// Moves submitted requests into `waiting`; blocks when there is nothing else to do.
+    fn receive(&mut self) {
+        if self.running.is_empty() && self.waiting.is_empty() && !self.closed {
+            match self.rx.blocking_recv() {
+                Some(r) => self.waiting.push_back(r),
+                None => self.closed = true,
+            }
+        }
+        loop {
+            match self.rx.try_recv() {
+                Ok(r) => self.waiting.push_back(r),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    self.closed = true;
+                    break;
+                }
+            }
+        }
+    }
+
+    fn drop_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|r| !r.events.is_closed());
+        let gone = before - self.waiting.len();
+        if gone > 0 {
+            self.stats.queued.fetch_sub(gone, Relaxed);
+            metrics::counter!("nightshift_cancelled_total").increment(gone as u64);
+        }
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].req.events.is_closed() {
+                let s = self.running.swap_remove(i);
+                tracing::info!(request_id = %s.req.id, generated = s.generated, "client went away, sequence cancelled");
+                metrics::counter!("nightshift_cancelled_total").increment(1);
+                self.finish_seq(s);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// FIFO admission while there is room; the head waits when the KV budget is used up.
+    fn admit(&mut self) {
+        while self.running.len() < self.opts.max_seqs {
+            let Some(req) = self.waiting.pop_front() else {
+                break;
+            };
+            match self.engine.add_sequence() {
+                Ok(handle) => {
+                    self.stats.queued.fetch_sub(1, Relaxed);
+                    self.stats.running.fetch_add(1, Relaxed);
+                    metrics::histogram!("nightshift_queue_wait_seconds")
+                        .record(req.enqueued.elapsed().as_secs_f64());
+                    let sampler = Sampler::new(req.sampling.clone(), &req.prompt);
+                    let text = TextStream::new(req.stop.clone());
+                    let n_prompt = req.prompt.len();
+                    let tokens = req.prompt.clone();
+                    self.running.push(Seq {
+                        req,
+                        handle,
+                        tokens,
+                        n_prompt,
+                        n_past: 0,
+                        sampler,
+                        text,
+                        generated: 0,
+                        first_token_at: None,
+                        last_token_at: None,
+                    });
+                }
+                Err(AdmitError::Full) if !self.running.is_empty() => {
+                    self.waiting.push_front(req);
+                    break;
+                }
+                Err(e) => {
+                    self.stats.queued.fetch_sub(1, Relaxed);
+                    let message = match e {
+                        AdmitError::Full => "kv cache cannot hold even one sequence".to_string(),
+                        AdmitError::Failed(m) => m,
+                    };
+                    tracing::error!(request_id = %req.id, %message, "could not add a sequence");
+                    let _ = req.events.send(Event::Failed(StepError {
+                        unavailable: false,
+                        message,
+                    }));
+                }
+            }
+        }
+    }
+
+    fn publish_gauges(&self) {
+        metrics::gauge!("nightshift_queue_depth").set(self.stats.queued.load(Relaxed) as f64);
+        metrics::gauge!("nightshift_running_sequences").set(self.running.len() as f64);
+    }
+
+    /// Builds one batch: a decode token per generating sequence, then prefill chunks (FIFO)
+    /// within the token budget. Returns the batch and, per row of logits, the sequence index.
+    fn build_batch(&self) -> (Vec<StepToken>, Vec<usize>, usize) {
+        let mut batch = Vec::new();
+        let mut owners = Vec::new();
+        for (i, s) in self.running.iter().enumerate() {
+            if s.n_past >= s.n_prompt {
+                let pos = s.n_past;
+                batch.push(StepToken {
+                    seq: s.handle,
+                    token: s.tokens[pos],
+                    pos: pos as u32,
+                    want_logits: true,
+                });
+                owners.push(i);
+            }
+        }
+        let n_decode = batch.len();
+        let mut budget = self.opts.step_tokens.saturating_sub(n_decode);
+        // Prefill in admission order (running is in admission order except after swap_remove;
+        // ordering by enqueue time keeps FIFO).
+        let mut pre: Vec<usize> = (0..self.running.len())
+            .filter(|&i| self.running[i].n_past < self.running[i].n_prompt)
+            .collect();
+        pre.sort_by_key(|&i| self.running[i].req.enqueued);
+        if n_decode == 0 && budget == 0 {
+            budget = 1;
+        }
+        for i in pre {
+            if budget == 0 {
+                break;
+            }
+            let s = &self.running[i];
+            let take = (s.n_prompt - s.n_past).min(budget);
+            for pos in s.n_past..s.n_past + take {
+                let last = pos + 1 == s.n_prompt;
+                batch.push(StepToken {
+                    seq: s.handle,
+                    token: s.tokens[pos],
+                    pos: pos as u32,
+                    want_logits: last,
+                });
+                if last {
+                    owners.push(i);
+                }
+            }
+            budget -= take;
+        }
+        (batch, owners, n_decode)
+    }
+
+    fn step(&mut self) {
+        let (batch, owners, n_decode) = self.build_batch();
+        if batch.is_empty() {
+            return;
+        }
+        let t0 = Instant::now();
+        let result = self.engine.forward(&batch);
+        let dt = t0.elapsed().as_secs_f64();
+        metrics::histogram!("nightshift_step_seconds").record(dt);
+        metrics::counter!("nightshift_decode_tokens_total").increment(n_decode as u64);
+        metrics::counter!("nightshift_prefill_tokens_total")
+            .increment((batch.len() - n_decode) as u64);
+        if dt > 0.0 && n_decode > 0 {
+            metrics::gauge!("nightshift_decode_tokens_per_second").set(n_decode as f64 / dt);
+        }
+        let logits = match result {
+            Ok(l) if l.len() == owners.len() => l,
+            Ok(l) => {
+                let message = format!(
+                    "engine returned {} rows of logits, expected {}",
+                    l.len(),
+                    owners.len()
+                );
+                self.fail_all(StepError {
+                    unavailable: false,
+                    message,
+                });
+                return;
+            }
+            Err(e) => {
+                self.fail_all(e);
+                return;
+            }
+        };
+        // Advance the KV position of every sequence in the batch.
+        for t in &batch {
+            if let Some(s) = self.running.iter_mut().find(|s| s.handle == t.seq) {
+                s.n_past = s.n_past.max(t.pos as usize + 1);
+            }
+        }
+        let mut done = Vec::new();
+        for (row, &i) in logits.iter().zip(&owners) {
+            if self.sample_one(i, row) {
+                done.push(i);
+            }
+        }
+        done.sort_unstable_by(|a, b| b.cmp(a));
+        for i in done {
+            let s = self.running.swap_remove(i);
+            self.finish_seq(s);
+        }
+    }
+
+    /// Samples the next token of sequence `i`, streams it; true when the sequence is done.
+    fn sample_one(&mut self, i: usize, logits: &[f32]) -> bool {
+        let n_ctx = self.opts.n_ctx;
+        let text = self.text.clone();
+        let s = &mut self.running[i];
+        let token = s.sampler.sample(logits);
+        let now = Instant::now();
+        match s.last_token_at {
+            None => {
+                s.first_token_at = Some(now);
+                metrics::histogram!("nightshift_time_to_first_token_seconds")
+                    .record(now.duration_since(s.req.enqueued).as_secs_f64());
+            }
+            Some(prev) => {
+                metrics::histogram!("nightshift_inter_token_seconds")
+                    .record(now.duration_since(prev).as_secs_f64());
+            }
+        }
+        s.last_token_at = Some(now);
+        let usage = |s: &Seq| (s.n_prompt as u32, s.generated);
+        if text.is_eog(token) {
+            let tail = s.text.finish();
+            let (p, c) = usage(s);
+            send_done(s, tail, FinishReason::Stop, p, c);
+            return true;
+        }
+        s.sampler.accept(token);
+        s.generated += 1;
+        s.tokens.push(token);
+        let bytes = text.token_bytes(token);
+        let logprob = s.req.logprobs.map(|top| {
+            let (lp, best) = logprobs(logits, token, top as usize);
+            TokenLogprob {
+                bytes: bytes.clone(),
+                logprob: lp,
+                top: best
+                    .into_iter()
+                    .map(|(t, l)| (text.token_bytes(t), l))
+                    .collect(),
+            }
+        });
+        match s.text.push(&bytes) {
+            Pushed::Stop(before) => {
+                if s.req
+                    .events
+                    .send(Event::Token {
+                        text: before,
+                        logprob,
+                    })
+                    .is_ok()
+                {
+                    let (p, c) = usage(s);
+                    send_done(s, String::new(), FinishReason::Stop, p, c);
+                }
+                true
+            }
+            Pushed::Text(t) => {
+                if s.req
+                    .events
+                    .send(Event::Token { text: t, logprob })
+                    .is_err()
+                {
+                    return true;
+                }
+                let full = s.generated >= s.req.max_tokens || s.tokens.len() >= n_ctx;
+                if full {
+                    let tail = s.text.finish();
+                    let (p, c) = usage(s);
+                    send_done(s, tail, FinishReason::Length, p, c);
+                }
+                full
+            }
+        }
+    }
+
+    fn fail_all(&mut self, e: StepError) {
+        tracing::error!(message = %e.message, unavailable = e.unavailable, "engine step failed; failing all running sequences");
+        for s in std::mem::take(&mut self.running) {
+            let _ = s.req.events.send(Event::Failed(StepError {
+                unavailable: e.unavailable,
+                message: e.message.clone(),
+            }));
+            self.finish_seq(s);
+        }
+    }
+
+    fn finish_seq(&mut self, s: Seq) {
+        self.engine.remove_sequence(s.handle);
+        self.stats.running.fetch_sub(1, Relaxed);
+        if let (Some(first), Some(last)) = (s.first_token_at, s.last_token_at) {
+            let secs = last.duration_since(first).as_secs_f64();
+            if s.generated > 1 && secs > 0.0 {
+                metrics::histogram!("nightshift_sequence_tokens_per_second")
+                    .record((s.generated - 1) as f64 / secs);
+            }
+        }
+        tracing::debug!(request_id = %s.req.id, prompt = s.n_prompt, generated = s.generated, "sequence finished");
+    }
+}
+
+/// Sends the final event; false if the client is gone.
+fn send_done(
+    s: &Seq,
+    text: String,
+    finish: FinishReason,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+) -> bool {
+    s.req
+        .events
+        .send(Event::Done {
+            text,
+            finish,
+            prompt_tokens,
+            completion_tokens,
+        })
+        .is_ok()
+}

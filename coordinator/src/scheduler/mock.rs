@@ -1,0 +1,153 @@
+//! A deterministic stand-in for the model, for the scheduler and gateway tests: byte tokens
+//! (id = byte, 256 = EOS), a toy chat template, and an engine whose logits depend on the whole
+//! history of the sequence (so any mix-up between batched sequences changes the output). The
+//! engine checks that every sequence is fed contiguous positions and fails the step otherwise.
+
+use super::backend::{
+    AdmitError, ChatTurn, SeqHandle, StepEngine, StepError, StepToken, TextModel,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+pub const EOS: u32 = 256;
+pub const VOCAB: usize = 257;
+
+pub struct MockText;
+
+impl TextModel for MockText {
+    fn render_chat(&self, turns: &[ChatTurn]) -> Result<String, String> {
+        let mut s = String::new();
+        for t in turns {
+            s.push_str(&format!("<{}>{}\n", t.role, t.content));
+        }
+        s.push_str("<assistant>");
+        Ok(s)
+    }
+    fn encode(&self, text: &str, _chat: bool) -> Vec<u32> {
+        text.bytes().map(u32::from).collect()
+    }
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        if id < 256 {
+            vec![id as u8]
+        } else {
+            Vec::new()
+        }
+    }
+    fn is_eog(&self, id: u32) -> bool {
+        id == EOS
+    }
+    fn vocab_size(&self) -> usize {
+        VOCAB
+    }
+}
+
+/// Per-sequence state: next expected position and a hash of everything seen.
+#[derive(Default)]
+struct MockSeq {
+    next_pos: u32,
+    hash: u64,
+}
+
+pub struct MockEngine {
+    seqs: HashMap<SeqHandle, MockSeq>,
+    next: SeqHandle,
+    /// Sequences the "KV cache" can hold.
+    pub kv_seqs: usize,
+    /// Largest batch seen (shared so tests can read it after the engine moved to its thread).
+    pub max_batch: Arc<AtomicUsize>,
+    /// Sequences currently allocated (shared for tests: KV freed on cancel).
+    pub live: Arc<AtomicUsize>,
+    /// Sleep per step, to make concurrency observable.
+    pub step_delay: std::time::Duration,
+    /// Whether EOS can win (off: sequences end only by length or stop strings).
+    pub eos: bool,
+}
+
+impl MockEngine {
+    pub fn new(kv_seqs: usize) -> MockEngine {
+        MockEngine {
+            seqs: HashMap::new(),
+            next: 1,
+            kv_seqs,
+            max_batch: Arc::new(AtomicUsize::new(0)),
+            live: Arc::new(AtomicUsize::new(0)),
+            step_delay: std::time::Duration::ZERO,
+            eos: true,
+        }
+    }
+
+    /// Logits: the next byte is a lowercase letter, space or EOS chosen from the hash;
+    /// a clear winner so greedy is well defined.
+    fn logits(hash: u64, eos: bool) -> Vec<f32> {
+        let mut l: Vec<f32> = (0..VOCAB)
+            .map(|i| ((hash.rotate_left(i as u32 % 64) ^ i as u64) % 1000) as f32 / 1000.0)
+            .collect();
+        let r = hash % 40;
+        let best = match r {
+            0..=25 => b'a' as usize + r as usize,
+            26..=33 => b' ' as usize,
+            34 if eos => EOS as usize,
+            _ => b'e' as usize,
+        };
+        if !eos {
+            l[EOS as usize] = -10.0;
+        }
+        l[best] += 5.0;
+        l
+    }
+}
+
+fn mix(h: u64, token: u32, pos: u32) -> u64 {
+    let mut z = h ^ ((token as u64) << 32 | pos as u64);
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl StepEngine for MockEngine {
+    fn add_sequence(&mut self) -> Result<SeqHandle, AdmitError> {
+        if self.seqs.len() >= self.kv_seqs {
+            return Err(AdmitError::Full);
+        }
+        let h = self.next;
+        self.next += 1;
+        self.seqs.insert(h, MockSeq::default());
+        self.live.fetch_add(1, Ordering::SeqCst);
+        Ok(h)
+    }
+    fn remove_sequence(&mut self, seq: SeqHandle) {
+        if self.seqs.remove(&seq).is_some() {
+            self.live.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    fn forward(&mut self, batch: &[StepToken]) -> Result<Vec<Vec<f32>>, StepError> {
+        self.max_batch.fetch_max(batch.len(), Ordering::SeqCst);
+        if !self.step_delay.is_zero() {
+            std::thread::sleep(self.step_delay);
+        }
+        let mut out = Vec::new();
+        for t in batch {
+            let s = self.seqs.get_mut(&t.seq).ok_or_else(|| StepError {
+                unavailable: false,
+                message: format!("unknown sequence {}", t.seq),
+            })?;
+            if t.pos != s.next_pos {
+                return Err(StepError {
+                    unavailable: false,
+                    message: format!(
+                        "sequence {}: expected position {}, found {}",
+                        t.seq, s.next_pos, t.pos
+                    ),
+                });
+            }
+            s.next_pos += 1;
+            s.hash = mix(s.hash, t.token, t.pos);
+            if t.want_logits {
+                out.push(Self::logits(s.hash, self.eos));
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,165 @@
+//! Continuous batching. One engine thread owns the `StepEngine`; HTTP handlers submit
+//! `GenRequest`s on a bounded channel (full = HTTP 429) and read `Event`s from their own
+//! unbounded channel. Every step the thread builds ONE batch holding the next decode token of
+//! every running sequence plus chunks of pending prefills (up to a token budget), runs
+//! `forward` once, samples per sequence and streams the text. Admission is FIFO and bounded by
+//! `max_seqs` and the engine's KV budget; a dropped receiver cancels the sequence and frees its KV.
+
+mod backend;
+mod engine_loop;
+pub mod mock;
+mod sampling;
+mod text;
+
+#[allow(unused_imports)] // the model adapter uses them
+pub use backend::{AdmitError, ChatTurn, SeqHandle, StepEngine, StepError, StepToken, TextModel};
+pub use sampling::SamplingParams;
+
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS/EOG token or a stop string.
+    Stop,
+    /// `max_tokens` or the context length reached.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// Log-probabilities of one generated token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// Most likely alternatives: (bytes, logprob), best first.
+    pub top: Vec<(Vec<u8>, f32)>,
+}
+
+/// What a request's channel receives.
+#[derive(Debug)]
+pub enum Event {
+    /// One generated token: the text that became safe to send (may be empty) and its logprobs.
+    Token {
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// Generation ended; `text` is the last text to send.
+    Done {
+        text: String,
+        finish: FinishReason,
+        prompt_tokens: u32,
+        completion_tokens: u32,
+    },
+    /// Generation failed; nothing more will come.
+    Failed(StepError),
+}
+
+/// One generation request, already tokenized and validated.
+#[derive(Debug)]
+pub struct GenRequest {
+    pub id: String,
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// None: no logprobs; Some(n): the chosen token's and the n best alternatives.
+    pub logprobs: Option<u32>,
+    pub events: mpsc::UnboundedSender<Event>,
+    pub enqueued: Instant,
+}
+
+/// Scheduler limits.
+#[derive(Clone, Debug)]
+pub struct SchedulerOptions {
+    /// Requests waiting in the channel before HTTP 429.
+    pub queue_capacity: usize,
+    /// Sequences running at once.
+    pub max_seqs: usize,
+    /// Tokens per engine step (decode tokens + prefill chunks).
+    pub step_tokens: usize,
+    /// Context length of a sequence (prompt + generated).
+    pub n_ctx: usize,
+}
+
+impl Default for SchedulerOptions {
+    fn default() -> Self {
+        SchedulerOptions {
+            queue_capacity: 64,
+            max_seqs: 8,
+            step_tokens: 256,
+            n_ctx: 4096,
+        }
+    }
+}
+
+/// Why a request was not accepted.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    QueueFull,
+    Stopped,
+}
+
+/// The handle HTTP handlers hold; cheap to clone.
+#[derive(Clone)]
+pub struct Scheduler {
+    tx: mpsc::Sender<GenRequest>,
+    opts: SchedulerOptions,
+    stats: std::sync::Arc<engine_loop::Stats>,
+}
+
+impl Scheduler {
+    /// Starts the engine thread. The thread ends when every `Scheduler` clone is dropped and
+    /// the running sequences are finished.
+    pub fn spawn<E: StepEngine>(
+        engine: E,
+        text: std::sync::Arc<dyn TextModel>,
+        opts: SchedulerOptions,
+    ) -> std::io::Result<Scheduler> {
+        let (tx, rx) = mpsc::channel(opts.queue_capacity.max(1));
+        let stats = std::sync::Arc::new(engine_loop::Stats::default());
+        let lp = engine_loop::Loop::new(engine, text, opts.clone(), rx, stats.clone());
+        std::thread::Builder::new()
+            .name("nightshift-engine".into())
+            .spawn(move || lp.run())?;
+        Ok(Scheduler { tx, opts, stats })
+    }
+
+    /// Queues a request without waiting.
+    pub fn submit(&self, req: GenRequest) -> Result<(), SubmitError> {
+        match self.tx.try_send(req) {
+            Ok(()) => {
+                self.stats
+                    .queued
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => Err(SubmitError::QueueFull),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(SubmitError::Stopped),
+        }
+    }
+
+    pub fn options(&self) -> &SchedulerOptions {
+        &self.opts
+    }
+
+    /// Whether the engine thread is alive.
+    pub fn is_running(&self) -> bool {
+        !self.tx.is_closed()
+    }
+
+    /// Requests queued or running right now.
+    pub fn in_flight(&self) -> usize {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.stats.queued.load(Relaxed) + self.stats.running.load(Relaxed)
+    }
+}
