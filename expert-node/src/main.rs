@@ -1,5 +1,180 @@
-//! `nightshift-expert-node`: serves one node's experts over gRPC (arrives with the cluster issue).
+//! `nightshift-expert-node`: maps a GGUF, loads the experts the placement gives this node (hot
+//! ones copied into node-local memory by pinned threads, cold ones left mapped), and serves them
+//! over gRPC until SIGINT/SIGTERM, then drains in-flight work (bounded) and exits.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use nightshift_atlas::placement::Placement;
+use nightshift_expert_node::service::{NodeIdentity, NodeService};
+use nightshift_expert_node::store::{model_shape, ExpertStore};
+use nightshift_expert_node::{auth, numa};
+use nightshift_model::gguf::Gguf;
+use nightshift_proto::v1::expert_service_server::ExpertServiceServer;
+
+/// Serve one shard of a mixture-of-experts model's experts over gRPC.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// The GGUF model (first shard of a split model is enough).
+    #[arg(long)]
+    model: PathBuf,
+    /// Placement file saying which experts each node serves.
+    #[arg(long)]
+    placement: PathBuf,
+    /// This node's name in the placement file.
+    #[arg(long)]
+    node: String,
+    /// Address to listen on, host:port.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// NUMA node to pin worker threads and resident memory to.
+    #[arg(long)]
+    numa: Option<usize>,
+    /// Worker threads (default: the cores of the NUMA node, or of the machine).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Lock resident experts in RAM (needs CAP_IPC_LOCK or a high memlock limit).
+    #[arg(long)]
+    mlock: bool,
+    /// File holding a shared token the coordinator must present (Bearer).
+    #[arg(long)]
+    auth_token_file: Option<PathBuf>,
+    /// Plan pinning from an hwloc XML export instead of the live machine (testing).
+    #[arg(long, hide = true)]
+    topology_xml: Option<PathBuf>,
+}
 
 fn main() -> anyhow::Result<()> {
-    anyhow::bail!("nightshift-expert-node is not built yet: see the cluster issue")
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+
+    let topo = Arc::new(numa::load_topology(args.topology_xml.as_deref())?);
+    let plan = numa::plan(&topo, args.numa, args.threads)?;
+    if let Some(note) = &plan.note {
+        tracing::info!("{note}");
+    }
+    let pool = Arc::new(numa::pinned_pool(topo.clone(), &plan)?);
+
+    let gguf = Arc::new(
+        Gguf::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
+    );
+    let shape = model_shape(&gguf)?;
+    let placement = Placement::load(&args.placement)?.resolve(&shape)?;
+    let slots = placement.experts_on(&args.node)?;
+    if slots.is_empty() {
+        tracing::warn!(node = %args.node, "the placement gives this node no experts");
+    }
+    let store = Arc::new(ExpertStore::new(gguf.clone(), args.mlock));
+    let hot: Vec<(u32, u32)> = slots
+        .iter()
+        .filter(|s| s.resident)
+        .map(|s| (s.layer as u32, s.expert as u32))
+        .collect();
+    let cold: Vec<(u32, u32)> = slots
+        .iter()
+        .filter(|s| !s.resident)
+        .map(|s| (s.layer as u32, s.expert as u32))
+        .collect();
+    store.load(&hot, true, &pool)?;
+    store.load(&cold, false, &pool)?;
+    let inv = store.inventory();
+    let resident: u64 = inv.iter().filter(|h| h.resident).map(|h| h.bytes).sum();
+    let mapped: u64 = inv.iter().filter(|h| !h.resident).map(|h| h.bytes).sum();
+    let n_embd = gguf
+        .tensors()
+        .find(|t| t.name.ends_with("ffn_gate_exps.weight"))
+        .and_then(|t| t.dims.first().copied())
+        .context("model has no ffn_gate_exps tensor")? as usize;
+    tracing::info!(
+        node = %args.node, experts = inv.len(), resident_mib = resident >> 20, mapped_mib = mapped >> 20,
+        threads = plan.threads, numa = ?plan.numa_node, tier = ?nightshift_kernels::dispatch::active_tier(),
+        "expert node ready on {}", args.listen
+    );
+
+    let token = match &args.auth_token_file {
+        None => None,
+        Some(p) => {
+            let t =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let t = t.trim().to_string();
+            if t.is_empty() {
+                bail!("auth token file {} is empty", p.display());
+            }
+            Some(t)
+        }
+    };
+    let identity = NodeIdentity {
+        name: args.node.clone(),
+        numa_node: plan.numa_node.map(|n| n as u32),
+        cores: plan.threads as u32,
+        kernel_tier: format!("{:?}", nightshift_kernels::dispatch::active_tier()),
+    };
+    let service = NodeService::new(store, pool, identity, n_embd);
+    let server = tonic::service::interceptor::InterceptedService::new(
+        ExpertServiceServer::new(service)
+            .max_decoding_message_size(512 << 20)
+            .max_encoding_message_size(512 << 20),
+        auth::Interceptor::new(token),
+    );
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down: draining in-flight work");
+            let _ = stop_tx.send(());
+        });
+        let serve = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(server)
+            .serve_with_shutdown(args.listen, async {
+                let _ = stop_rx.await;
+            });
+        tokio::pin!(serve);
+        // Long-lived compute streams keep the server open: bound the drain once shutdown starts.
+        tokio::select! {
+            r = &mut serve => r.context("grpc server")?,
+            _ = async { shutdown_signal().await; tokio::time::sleep(Duration::from_secs(10)).await } => {
+                tracing::warn!("drain timed out after 10 s");
+            }
+        }
+        anyhow::Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
 }

@@ -1,0 +1,372 @@
+//! The gRPC service of an expert node (`nightshift.v1.ExpertService`). Every message is
+//! untrusted: `validate` checks row counts, byte lengths, activation types and that every expert
+//! is held here before any work starts, and all failures become `tonic::Status` in one place
+//! (`status_of`). Work runs on the node's pinned rayon pool via `spawn_blocking`, one request
+//! at a time per stream, with `expert_ffn` — the same function the coordinator runs in process.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use nightshift_kernels::GgmlType;
+use nightshift_model::expert::run_grouped;
+use nightshift_model::{ActRows, ExpertError, ExpertPair};
+use nightshift_proto::v1::expert_service_server::ExpertService;
+use nightshift_proto::v1::{
+    compute_response, ComputeRequest, ComputeResponse, DropExpertsRequest, DropExpertsResponse,
+    HealthRequest, HealthResponse, HeldExpert, InfoRequest, InfoResponse, LoadExpertsRequest,
+    LoadExpertsResponse,
+};
+use nightshift_proto::{FINGERPRINT_HEADER, PROTOCOL_HEADER, PROTOCOL_VERSION};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::store::{ExpertStore, StoreError};
+
+/// Static facts about the node, reported by `Info`.
+#[derive(Clone, Debug)]
+pub struct NodeIdentity {
+    pub name: String,
+    pub numa_node: Option<u32>,
+    pub cores: u32,
+    pub kernel_tier: String,
+}
+
+/// The service state shared by all connections.
+pub struct NodeService {
+    store: Arc<ExpertStore>,
+    pool: Arc<rayon::ThreadPool>,
+    identity: NodeIdentity,
+    fingerprint: u64,
+    n_embd: usize,
+    in_flight: Arc<AtomicU32>,
+    requests: Arc<AtomicU64>,
+}
+
+/// A validated compute request, in the node's own types.
+struct Work {
+    layer: u32,
+    acts: ActRows,
+    pairs: Vec<ExpertPair>,
+}
+
+impl NodeService {
+    /// A service over a loaded store.
+    pub fn new(
+        store: Arc<ExpertStore>,
+        pool: Arc<rayon::ThreadPool>,
+        identity: NodeIdentity,
+        n_embd: usize,
+    ) -> NodeService {
+        let fingerprint = store.gguf().fingerprint();
+        NodeService {
+            store,
+            pool,
+            identity,
+            fingerprint,
+            n_embd,
+            in_flight: Arc::new(AtomicU32::new(0)),
+            requests: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Checks a request against the model and the store, converting it into `Work`.
+    fn validate(store: &ExpertStore, n_embd: usize, req: ComputeRequest) -> Result<Work, Status> {
+        if req.n_embd as usize != n_embd {
+            return Err(Status::invalid_argument(format!(
+                "n_embd: expected {n_embd}, found {}",
+                req.n_embd
+            )));
+        }
+        let ty = GgmlType::from_id(req.act_type).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "act_type: expected a ggml type id, found {}",
+                req.act_type
+            ))
+        })?;
+        let row_bytes = ty
+            .row_bytes(n_embd)
+            .map_err(|e| Status::invalid_argument(format!("act_type {}: {e}", ty.name())))?;
+        let n_rows = req.n_rows as usize;
+        let want = row_bytes
+            .checked_mul(n_rows)
+            .ok_or_else(|| Status::invalid_argument("n_rows: too large"))?;
+        if req.acts.len() != want {
+            return Err(Status::invalid_argument(format!(
+                "acts: expected {want} bytes for {n_rows} rows of {}, found {}",
+                ty.name(),
+                req.acts.len()
+            )));
+        }
+        if req.experts.len() != req.rows.len() {
+            return Err(Status::invalid_argument(format!(
+                "pairs: expected as many rows as experts ({}), found {}",
+                req.experts.len(),
+                req.rows.len()
+            )));
+        }
+        let mut pairs = Vec::with_capacity(req.experts.len());
+        for (&expert, &row) in req.experts.iter().zip(&req.rows) {
+            if row as usize >= n_rows {
+                return Err(Status::invalid_argument(format!(
+                    "rows: expected a row below {n_rows}, found {row}"
+                )));
+            }
+            if !store.holds(req.layer, expert) {
+                return Err(Status::not_found(format!(
+                    "layer {} expert {expert} is not held by this node",
+                    req.layer
+                )));
+            }
+            pairs.push(ExpertPair { expert, row });
+        }
+        // The activation type must be what this layer's experts consume (or F32, converted here).
+        if let Some(first) = pairs.first() {
+            let expected = store
+                .with_layer(req.layer, |w| w(first.expert).map(|w| w.act_type()))
+                .map_err(status_of_store)?
+                .map_err(status_of_expert)?;
+            if ty != expected && ty != GgmlType::F32 {
+                return Err(Status::invalid_argument(format!(
+                    "act_type: expected {} (or F32) for layer {}, found {}",
+                    expected.name(),
+                    req.layer,
+                    ty.name()
+                )));
+            }
+        }
+        Ok(Work {
+            layer: req.layer,
+            acts: ActRows {
+                ty,
+                n_rows,
+                data: req.acts,
+            },
+            pairs,
+        })
+    }
+
+    /// Runs validated work on the pool; returns the outputs as little-endian f32 bytes.
+    fn run(
+        store: &ExpertStore,
+        pool: &rayon::ThreadPool,
+        n_embd: usize,
+        work: &Work,
+    ) -> Result<Vec<u8>, Status> {
+        let mut out = vec![0f32; work.pairs.len() * n_embd];
+        store
+            .with_layer(work.layer, |weights| {
+                run_grouped(
+                    weights,
+                    &work.acts,
+                    &work.pairs,
+                    n_embd,
+                    &mut out,
+                    Some(pool),
+                )
+            })
+            .map_err(status_of_store)?
+            .map_err(status_of_expert)?;
+        let mut bytes = Vec::with_capacity(out.len() * 4);
+        for v in out {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        Ok(bytes)
+    }
+
+    fn check_handshake<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let md = req.metadata();
+        let proto = md
+            .get(PROTOCOL_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u32>().ok())
+            .ok_or_else(|| {
+                Status::failed_precondition(format!("missing {PROTOCOL_HEADER} metadata"))
+            })?;
+        if proto != PROTOCOL_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "protocol: expected version {PROTOCOL_VERSION}, found {proto}"
+            )));
+        }
+        let fp = md
+            .get(FINGERPRINT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| u64::from_str_radix(v, 16).ok())
+            .ok_or_else(|| {
+                Status::failed_precondition(format!("missing {FINGERPRINT_HEADER} metadata"))
+            })?;
+        if fp != self.fingerprint {
+            return Err(Status::failed_precondition(format!(
+                "model fingerprint: this node serves {:016x}, the coordinator runs {fp:016x}",
+                self.fingerprint
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The one place store errors become statuses.
+fn status_of_store(e: StoreError) -> Status {
+    match e {
+        StoreError::NoSuchExpert { .. } => Status::not_found(e.to_string()),
+        StoreError::NotMoe => Status::failed_precondition(e.to_string()),
+        StoreError::Expert(inner) => status_of_expert(inner),
+        StoreError::Poisoned => Status::internal(e.to_string()),
+    }
+}
+
+/// The one place expert errors become statuses.
+fn status_of_expert(e: ExpertError) -> Status {
+    match e {
+        ExpertError::UnknownExpert { .. } => Status::not_found(e.to_string()),
+        ExpertError::Shape(_) | ExpertError::Kernel(_) => Status::invalid_argument(e.to_string()),
+        ExpertError::Backend(_) => Status::internal(e.to_string()),
+    }
+}
+
+type ComputeStream = Pin<Box<dyn Stream<Item = Result<ComputeResponse, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl ExpertService for NodeService {
+    async fn info(&self, _req: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
+        let inv = self.store.inventory();
+        let resident_bytes = inv.iter().filter(|h| h.resident).map(|h| h.bytes).sum();
+        let mapped_bytes = inv.iter().filter(|h| !h.resident).map(|h| h.bytes).sum();
+        Ok(Response::new(InfoResponse {
+            protocol_version: PROTOCOL_VERSION,
+            model_fingerprint: self.fingerprint,
+            node_name: self.identity.name.clone(),
+            numa_node: self.identity.numa_node.map(|n| n as i32).unwrap_or(-1),
+            cores: self.identity.cores,
+            build: format!("nightshift-expert-node {}", env!("CARGO_PKG_VERSION")),
+            experts: inv
+                .iter()
+                .map(|h| HeldExpert {
+                    layer: h.layer,
+                    expert: h.expert,
+                    bytes: h.bytes,
+                    resident: h.resident,
+                })
+                .collect(),
+            resident_bytes,
+            mapped_bytes,
+            kernel_tier: self.identity.kernel_tier.clone(),
+        }))
+    }
+
+    async fn health(
+        &self,
+        _req: Request<HealthRequest>,
+    ) -> Result<Response<HealthResponse>, Status> {
+        Ok(Response::new(HealthResponse {
+            serving: true,
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            requests_total: self.requests.load(Ordering::Relaxed),
+        }))
+    }
+
+    type ComputeStream = ComputeStream;
+
+    async fn compute(
+        &self,
+        req: Request<Streaming<ComputeRequest>>,
+    ) -> Result<Response<Self::ComputeStream>, Status> {
+        self.check_handshake(&req)?;
+        let mut inbound = req.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<ComputeResponse, Status>>(16);
+        let (store, pool, n_embd) = (self.store.clone(), self.pool.clone(), self.n_embd);
+        let (in_flight, requests) = (self.in_flight.clone(), self.requests.clone());
+        tokio::spawn(async move {
+            while let Some(msg) = inbound.next().await {
+                let msg = match msg {
+                    Ok(m) => m,
+                    Err(status) => {
+                        tracing::debug!("compute stream ended: {status}");
+                        break;
+                    }
+                };
+                requests.fetch_add(1, Ordering::Relaxed);
+                in_flight.fetch_add(1, Ordering::Relaxed);
+                let request_id = msg.request_id;
+                let (store, pool) = (store.clone(), pool.clone());
+                let result = tokio::task::spawn_blocking(move || {
+                    let work = NodeService::validate(&store, n_embd, msg)?;
+                    NodeService::run(&store, &pool, n_embd, &work)
+                })
+                .await
+                .unwrap_or_else(|e| Err(Status::internal(format!("worker failed: {e}"))));
+                in_flight.fetch_sub(1, Ordering::Relaxed);
+                let result = match result {
+                    Ok(bytes) => compute_response::Result::Outputs(bytes),
+                    Err(status) => {
+                        tracing::warn!(
+                            request_id,
+                            "compute request rejected: {}",
+                            status.message()
+                        );
+                        compute_response::Result::Error(nightshift_proto::v1::Error {
+                            code: status.code() as i32,
+                            message: status.message().to_string(),
+                        })
+                    }
+                };
+                if tx
+                    .send(Ok(ComputeResponse {
+                        request_id,
+                        result: Some(result),
+                    }))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        let out = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    async fn load_experts(
+        &self,
+        req: Request<LoadExpertsRequest>,
+    ) -> Result<Response<LoadExpertsResponse>, Status> {
+        let req = req.into_inner();
+        let keys: Vec<(u32, u32)> = req.experts.iter().map(|e| (e.layer, e.expert)).collect();
+        let (store, pool) = (self.store.clone(), self.pool.clone());
+        let loaded = tokio::task::spawn_blocking(move || store.load(&keys, req.resident, &pool))
+            .await
+            .map_err(|e| Status::internal(format!("loader failed: {e}")))?
+            .map_err(status_of_store)?;
+        let resident_bytes = self
+            .store
+            .inventory()
+            .iter()
+            .filter(|h| h.resident)
+            .map(|h| h.bytes)
+            .sum();
+        Ok(Response::new(LoadExpertsResponse {
+            loaded: loaded as u32,
+            resident_bytes,
+        }))
+    }
+
+    async fn drop_experts(
+        &self,
+        req: Request<DropExpertsRequest>,
+    ) -> Result<Response<DropExpertsResponse>, Status> {
+        let keys: Vec<(u32, u32)> = req
+            .into_inner()
+            .experts
+            .iter()
+            .map(|e| (e.layer, e.expert))
+            .collect();
+        let store = self.store.clone();
+        let dropped = tokio::task::spawn_blocking(move || store.drop_experts(&keys))
+            .await
+            .map_err(|e| Status::internal(format!("drop failed: {e}")))?
+            .map_err(status_of_store)?;
+        Ok(Response::new(DropExpertsResponse {
+            dropped: dropped as u32,
+        }))
+    }
+}

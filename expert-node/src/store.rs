@@ -1,0 +1,248 @@
+//! The expert store: the experts this node serves, as views into the memory-mapped GGUF (cold) or
+//! as copies in node-local memory (hot, resident). Copies are made by the node's pinned worker
+//! threads so that first touch places their pages on the node's NUMA domain. Experts can be loaded
+//! and dropped while serving (live rebalance); computing holds a read lock, so a drop waits for
+//! the layer calls that use the expert to finish.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use nightshift_atlas::placement::ModelShape;
+use nightshift_model::expert::ExpertWeights;
+use nightshift_model::gguf::Gguf;
+use nightshift_model::ExpertError;
+
+/// Errors of the store (wrapped into `tonic::Status` by the service).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("model has no expert layers: expected ffn_gate_exps tensors, found none")]
+    NotMoe,
+    #[error("layer {layer} expert {expert} does not exist in this model")]
+    NoSuchExpert { layer: u32, expert: u32 },
+    #[error("expert weights: {0}")]
+    Expert(#[from] ExpertError),
+    #[error("the store lock was poisoned by a panicking thread")]
+    Poisoned,
+}
+
+/// Reads the MoE shape of a model from its tensors: the layers that have routed experts, the
+/// experts per layer and the bytes of one expert (gate + up + down as stored).
+pub fn model_shape(g: &Gguf) -> Result<ModelShape, StoreError> {
+    let mut layers: BTreeMap<usize, (usize, u64)> = BTreeMap::new();
+    for t in g.tensors() {
+        let Some(rest) = t.name.strip_prefix("blk.") else {
+            continue;
+        };
+        let Some((idx, tail)) = rest.split_once('.') else {
+            continue;
+        };
+        let Ok(layer) = idx.parse::<usize>() else {
+            continue;
+        };
+        if !matches!(
+            tail,
+            "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight"
+        ) {
+            continue;
+        }
+        let n_expert = t.dims.get(2).copied().unwrap_or(0) as usize;
+        let per_expert = if n_expert == 0 {
+            0
+        } else {
+            t.size() / n_expert as u64
+        };
+        let e = layers.entry(layer).or_insert((n_expert, 0));
+        e.0 = e.0.max(n_expert);
+        e.1 += per_expert;
+    }
+    let n_experts = layers
+        .values()
+        .map(|v| v.0)
+        .max()
+        .ok_or(StoreError::NotMoe)?;
+    let expert_bytes = layers.values().map(|v| v.1).max().unwrap_or(0);
+    Ok(ModelShape {
+        moe_layers: layers.keys().copied().collect(),
+        n_experts,
+        expert_bytes,
+    })
+}
+
+/// Resident copies of one expert's three matrices.
+struct Resident {
+    gate: Vec<u8>,
+    up: Vec<u8>,
+    down: Vec<u8>,
+}
+
+/// One held expert.
+struct Held {
+    resident: Option<Resident>,
+    bytes: u64,
+}
+
+/// Inventory line of one held expert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldInfo {
+    pub layer: u32,
+    pub expert: u32,
+    pub bytes: u64,
+    pub resident: bool,
+}
+
+/// The experts a node serves.
+pub struct ExpertStore {
+    gguf: Arc<Gguf>,
+    held: RwLock<HashMap<(u32, u32), Held>>,
+    mlock: bool,
+}
+
+impl ExpertStore {
+    /// An empty store over a mapped model. `mlock` pins resident copies in RAM (best effort).
+    pub fn new(gguf: Arc<Gguf>, mlock: bool) -> ExpertStore {
+        ExpertStore {
+            gguf,
+            held: RwLock::new(HashMap::new()),
+            mlock,
+        }
+    }
+
+    /// The mapped model.
+    pub fn gguf(&self) -> &Gguf {
+        &self.gguf
+    }
+
+    /// Adds experts; `resident` ones are copied into node-local memory on `pool`'s pinned
+    /// threads. Already-held experts are upgraded to resident when asked, never downgraded.
+    /// Either all experts are added or none (a missing expert fails the whole call).
+    pub fn load(
+        &self,
+        experts: &[(u32, u32)],
+        resident: bool,
+        pool: &rayon::ThreadPool,
+    ) -> Result<usize, StoreError> {
+        use rayon::prelude::*;
+        let mut fresh: Vec<((u32, u32), Held)> = pool.install(|| {
+            experts
+                .par_iter()
+                .map(|&(layer, expert)| {
+                    let w = ExpertWeights::from_gguf(&self.gguf, layer as usize, expert as usize)
+                        .map_err(|e| match e {
+                        ExpertError::UnknownExpert { .. } => {
+                            StoreError::NoSuchExpert { layer, expert }
+                        }
+                        other => StoreError::Expert(other),
+                    })?;
+                    let bytes = (w.gate.1.len() + w.up.1.len() + w.down.1.len()) as u64;
+                    let copy = resident.then(|| Resident {
+                        gate: w.gate.1.to_vec(),
+                        up: w.up.1.to_vec(),
+                        down: w.down.1.to_vec(),
+                    });
+                    if let Some(c) = &copy {
+                        if self.mlock {
+                            lock_in_ram(&c.gate);
+                            lock_in_ram(&c.up);
+                            lock_in_ram(&c.down);
+                        }
+                    }
+                    Ok((
+                        (layer, expert),
+                        Held {
+                            resident: copy,
+                            bytes,
+                        },
+                    ))
+                })
+                .collect::<Result<Vec<_>, StoreError>>()
+        })?;
+        let mut held = self.held.write().map_err(|_| StoreError::Poisoned)?;
+        let n = fresh.len();
+        for (key, h) in fresh.drain(..) {
+            match held.get_mut(&key) {
+                Some(old) if old.resident.is_some() => {}
+                Some(old) => old.resident = h.resident,
+                None => {
+                    held.insert(key, h);
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Drops experts; returns how many were held.
+    pub fn drop_experts(&self, experts: &[(u32, u32)]) -> Result<usize, StoreError> {
+        let mut held = self.held.write().map_err(|_| StoreError::Poisoned)?;
+        Ok(experts.iter().filter(|k| held.remove(k).is_some()).count())
+    }
+
+    /// Whether this node holds the expert.
+    pub fn holds(&self, layer: u32, expert: u32) -> bool {
+        self.held
+            .read()
+            .map(|h| h.contains_key(&(layer, expert)))
+            .unwrap_or(false)
+    }
+
+    /// The inventory, sorted by (layer, expert).
+    pub fn inventory(&self) -> Vec<HeldInfo> {
+        let Ok(held) = self.held.read() else {
+            return Vec::new();
+        };
+        let mut v: Vec<HeldInfo> = held
+            .iter()
+            .map(|(&(layer, expert), h)| HeldInfo {
+                layer,
+                expert,
+                bytes: h.bytes,
+                resident: h.resident.is_some(),
+            })
+            .collect();
+        v.sort_by_key(|h| (h.layer, h.expert));
+        v
+    }
+
+    /// Runs `f` with a function giving the weights of held experts of `layer`; the store cannot
+    /// change while `f` runs.
+    pub fn with_layer<R>(
+        &self,
+        layer: u32,
+        f: impl for<'a> FnOnce(&'a dyn Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>) -> R,
+    ) -> Result<R, StoreError> {
+        let held = self.held.read().map_err(|_| StoreError::Poisoned)?;
+        let gguf = &self.gguf;
+        let lookup = |expert: u32| -> Result<ExpertWeights<'_>, ExpertError> {
+            let h = held
+                .get(&(layer, expert))
+                .ok_or(ExpertError::UnknownExpert {
+                    layer: layer as usize,
+                    expert,
+                })?;
+            let mut w = ExpertWeights::from_gguf(gguf, layer as usize, expert as usize)?;
+            if let Some(r) = &h.resident {
+                w.gate.1 = &r.gate;
+                w.up.1 = &r.up;
+                w.down.1 = &r.down;
+            }
+            Ok(w)
+        };
+        Ok(f(&lookup))
+    }
+}
+
+/// Best-effort `mlock` of a resident copy (needs CAP_IPC_LOCK or a high RLIMIT_MEMLOCK).
+fn lock_in_ram(buf: &[u8]) {
+    if buf.is_empty() {
+        return;
+    }
+    // SAFETY: the pointer and length describe a live allocation owned by the caller; mlock only
+    // changes paging of those pages and does not touch their contents.
+    let rc = unsafe { libc::mlock(buf.as_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        tracing::warn!(
+            "mlock of {} bytes failed: {}",
+            buf.len(),
+            std::io::Error::last_os_error()
+        );
+    }
+}
