@@ -4,6 +4,7 @@
 //! cases, and ggml's golden vectors. Runs on aarch64 only (CI: qemu-aarch64 -cpu max, see
 //! scripts/test.d/20-aarch64.sh); each tier this CPU lacks is reported and skipped.
 #![cfg(target_arch = "aarch64")]
+#![allow(clippy::too_many_arguments)]
 
 use nightshift_kernels::arch::aarch64::{Dotprod, I8mm, Neon};
 use nightshift_kernels::{scalar, GgmlType};
