@@ -1,1 +1,144 @@
-//! nightshift-benches: shared helpers for the benchmarks and comparison binaries.
+//! nightshift-benches: shared helpers for the benchmarks and comparison binaries — the Kimi K2
+//! expert GEMM cases, random quantized operands, a small timing loop, and (feature `ggml`) a thin
+//! binding to ggml's CPU type traits so ours and ggml's kernels run side by side on the same data.
+
+#[cfg(feature = "ggml")]
+pub mod ggml;
+#[cfg(feature = "ggml")]
+pub mod llama;
+pub mod stream;
+
+use std::time::{Duration, Instant};
+
+use nightshift_kernels::{quantize_row, GgmlType, KernelError};
+
+/// One GEMM case: `m` weight rows of `k` elements times `n` activation rows.
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub ty: GgmlType,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    /// "gate/up" or "down"
+    pub shape: &'static str,
+}
+
+impl Case {
+    /// Multiply-adds × 2.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.k as f64 * self.n as f64
+    }
+
+    /// Weight elements × batch (criterion's `Throughput::Elements`).
+    pub fn elements(&self) -> u64 {
+        (self.m * self.k * self.n) as u64
+    }
+}
+
+/// Weight types benchmarked (the ones Kimi K2 / Qwen3 GGUFs use for experts).
+pub const TYPES: [GgmlType; 4] = [
+    GgmlType::Q2_K,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+];
+/// Batch sizes (rows routed to one expert).
+pub const BATCHES: [usize; 5] = [1, 2, 4, 8, 16];
+/// Kimi K2 expert shapes: (name, m weight rows, k row length).
+pub const SHAPES: [(&str, usize, usize); 2] = [("gate/up", 2048, 7168), ("down", 7168, 2048)];
+
+/// Every (type, shape, batch) case.
+pub fn kimi_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for ty in TYPES {
+        for (shape, m, k) in SHAPES {
+            for n in BATCHES {
+                v.push(Case { ty, m, k, n, shape });
+            }
+        }
+    }
+    v
+}
+
+/// A splitmix64-driven f32 vector, values roughly N(0, 1) (sum of four uniforms).
+pub fn random_f32(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..len)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let u = (z & 0xFFFF) + ((z >> 16) & 0xFFFF) + ((z >> 32) & 0xFFFF) + (z >> 48);
+            (u as f32 - 131_070.0) / 37_837.23
+        })
+        .collect()
+}
+
+/// `rows` rows of `k` f32 quantized to `ty` with our (ggml-exact) reference quantizer.
+pub fn quantize_rows(ty: GgmlType, f: &[f32], k: usize) -> Result<Vec<u8>, KernelError> {
+    let rb = ty.row_bytes(k)?;
+    let rows = f.len() / k;
+    let mut out = vec![0u8; rows * rb];
+    for (src, dst) in f.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
+        quantize_row(ty, src, dst)?;
+    }
+    Ok(out)
+}
+
+/// Weights of one case (f32 and quantized): depend on type and shape only, so they are shared
+/// by every batch size.
+pub struct Weights {
+    pub f32: Vec<f32>,
+    pub q: Vec<u8>,
+}
+
+impl Weights {
+    pub fn new(c: &Case) -> Result<Weights, KernelError> {
+        let f = random_f32(c.m * c.k, 1 + c.m as u64);
+        let q = quantize_rows(c.ty, &f, c.k)?;
+        Ok(Weights { f32: f, q })
+    }
+}
+
+/// Activations of one case: f32 and quantized to the weight type's vec_dot_type by our quantizer.
+pub struct Acts {
+    pub f32: Vec<f32>,
+    pub q: Vec<u8>,
+}
+
+impl Acts {
+    pub fn new(c: &Case) -> Result<Acts, KernelError> {
+        let f = random_f32(c.n * c.k, 2 + c.n as u64);
+        let q = quantize_rows(c.ty.vec_dot_type(), &f, c.k)?;
+        Ok(Acts { f32: f, q })
+    }
+}
+
+/// Runs `f` repeatedly for about `budget` (at least `min_iters` times) and returns the best
+/// seconds per call (the least disturbed run on a shared machine).
+pub fn time_best(budget: Duration, min_iters: usize, mut f: impl FnMut()) -> f64 {
+    f(); // warm caches and page in
+    let start = Instant::now();
+    let mut best = f64::INFINITY;
+    let mut iters = 0;
+    while iters < min_iters || start.elapsed() < budget {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+        iters += 1;
+    }
+    best
+}
+
+/// Index of the largest value (greedy sampling in the end-to-end comparisons).
+pub fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+        )
+        .0
+}

@@ -1,0 +1,45 @@
+//! Criterion group `kernels`: our expert GEMM (single thread, dispatched tier) side by side with
+//! ggml's `vec_dot` row by row (feature `ggml`), Kimi K2 expert shapes, Q2_K/Q4_K/Q6_K/Q8_0,
+//! batch 1..16. Throughput is in weight elements × batch; GFLOP/s = 2 × elements/s.
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use nightshift_benches::{kimi_cases, Acts, Weights};
+use nightshift_kernels::gemm;
+
+fn kernels(c: &mut Criterion) {
+    let mut g = c.benchmark_group("kernels");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
+    for case in kimi_cases() {
+        let w = Weights::new(&case).expect("weights");
+        let x = Acts::new(&case).expect("activations");
+        let id = format!(
+            "{}/{}/n{}",
+            case.ty.name(),
+            case.shape.replace('/', "+"),
+            case.n
+        );
+        g.throughput(Throughput::Elements(case.elements()));
+        let mut out = vec![0f32; case.m * case.n];
+        g.bench_function(BenchmarkId::new("ours", &id), |b| {
+            b.iter(|| {
+                gemm(case.ty, case.k, &w.q, case.m, &x.q, case.n, &mut out, None).expect("gemm")
+            })
+        });
+        #[cfg(feature = "ggml")]
+        {
+            let k = nightshift_benches::ggml::GgmlKernel::new(case.ty).expect("ggml traits");
+            let xg = k.quantize_acts(&x.f32, case.k);
+            g.bench_function(BenchmarkId::new("ggml", &id), |b| {
+                b.iter(|| k.gemm(case.k, &w.q, case.m, &xg, case.n, &mut out))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, kernels);
+criterion_main!(benches);

@@ -1,0 +1,12 @@
+# Sourced by the bench scripts: ggml's SIMD options for this CPU. llama-cpp-sys-2 forwards GGML_*
+# variables to cmake but builds ggml for baseline x86-64 unless told, which would make every
+# ggml figure meaningless. Keep these identical between runs or cargo rebuilds llama.cpp.
+flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+has() { case " $flags " in *" $1 "*) echo ON ;; *) echo OFF ;; esac; }
+if [ "$(uname -m)" = x86_64 ]; then
+  export GGML_AVX=$(has avx) GGML_AVX2=$(has avx2) GGML_FMA=$(has fma) GGML_F16C=$(has f16c)
+  export GGML_BMI2=$(has bmi2) GGML_AVX_VNNI=$(has avx_vnni) GGML_AVX512=$(has avx512f)
+  export GGML_AVX512_VNNI=$(has avx512_vnni) GGML_AVX512_VBMI=$(has avx512vbmi)
+  export GGML_AVX512_BF16=$(has avx512_bf16)
+fi
+export GGML_OPENMP=OFF GGML_CCACHE=OFF

@@ -1,0 +1,149 @@
+//! `kernel-report`: our single-thread expert GEMM vs ggml's (feature `ggml`) — or vs our own
+//! scalar tier without it — at Kimi K2 expert shapes, Q2_K/Q4_K/Q6_K/Q8_0, batch 1..16. Prints one
+//! markdown table row per case: GFLOP/s of each side and the ratio. Also checks that both sides
+//! agree on the results (ggml's SIMD sums differ from the exact reference by ~1e-6 relative).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use nightshift_benches::{kimi_cases, time_best, Acts, Case, Weights};
+use nightshift_kernels::dispatch;
+use nightshift_kernels::gemm;
+
+/// Ours vs ggml (or vs our scalar tier) on Kimi K2 expert GEMMs, one thread.
+#[derive(Parser)]
+struct Args {
+    /// Seconds spent timing each side of each case.
+    #[arg(long, default_value_t = 0.3)]
+    budget: f64,
+    /// Only cases whose type name contains this (e.g. Q4_K).
+    #[arg(long)]
+    only: Option<String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let budget = Duration::from_secs_f64(args.budget);
+    let tier = dispatch::active_tier();
+    #[cfg(feature = "ggml")]
+    println!(
+        "ggml compiled with: {}",
+        nightshift_benches::ggml::compiled_features()
+    );
+    println!(
+        "our tier: {tier:?} (available: {:?}), one thread\n",
+        dispatch::available_tiers()
+    );
+    let other = if cfg!(feature = "ggml") {
+        "ggml"
+    } else {
+        "scalar"
+    };
+    println!(
+        "| type | batch | shape (m x k) | tier | ours GFLOP/s | {other} GFLOP/s | ours/{other} |"
+    );
+    println!("|---|---|---|---|---:|---:|---:|");
+    let mut weights: Option<(Case, Weights)> = None;
+    for c in kimi_cases() {
+        if args
+            .only
+            .as_deref()
+            .is_some_and(|o| !c.ty.name().contains(o))
+        {
+            continue;
+        }
+        if !weights
+            .as_ref()
+            .is_some_and(|(w, _)| (w.ty, w.m, w.k) == (c.ty, c.m, c.k))
+        {
+            weights = Some((c, Weights::new(&c).context("quantizing weights")?));
+        }
+        let w = &weights.as_ref().context("weights")?.1;
+        let x = Acts::new(&c).context("quantizing activations")?;
+        let mut out = vec![0f32; c.m * c.n];
+        let ours = time_best(budget, 2, || {
+            gemm(c.ty, c.k, &w.q, c.m, &x.q, c.n, &mut out, None).expect("gemm");
+        });
+        let theirs = other_side(&c, w, &x, budget, &out)?;
+        let gf = |s: f64| c.flops() / s / 1e9;
+        println!(
+            "| {} | {} | {} {}x{} | {:?} | {:.1} | {:.1} | {:.2} |",
+            c.ty.name(),
+            c.n,
+            c.shape,
+            c.m,
+            c.k,
+            tier,
+            gf(ours),
+            gf(theirs),
+            theirs / ours
+        );
+    }
+    Ok(())
+}
+
+#[cfg(feature = "ggml")]
+fn other_side(
+    c: &Case,
+    w: &Weights,
+    x: &Acts,
+    budget: Duration,
+    ours: &[f32],
+) -> anyhow::Result<f64> {
+    use nightshift_benches::ggml::GgmlKernel;
+    let g = GgmlKernel::new(c.ty)
+        .with_context(|| format!("ggml has no CPU traits for {}", c.ty.name()))?;
+    anyhow::ensure!(
+        g.act_type() == c.ty.vec_dot_type(),
+        "ggml pairs {} with {}, we with {}",
+        c.ty.name(),
+        g.act_type().name(),
+        c.ty.vec_dot_type().name()
+    );
+    let xg = g.quantize_acts(&x.f32, c.k);
+    let mut out = vec![0f32; c.m * c.n];
+    let secs = time_best(budget, 2, || g.gemm(c.k, &w.q, c.m, &xg, c.n, &mut out));
+    // same weights; activations quantized by each side's own quantizer: close, not identical
+    let worst = ours
+        .iter()
+        .zip(&out)
+        .map(|(a, b)| (a - b).abs() / (a.abs() + b.abs() + 1.0))
+        .fold(0f32, f32::max);
+    anyhow::ensure!(
+        worst < 1e-2,
+        "ours and ggml disagree on {c:?}: relative {worst}"
+    );
+    Ok(secs)
+}
+
+#[cfg(not(feature = "ggml"))]
+fn other_side(
+    c: &Case,
+    w: &Weights,
+    x: &Acts,
+    budget: Duration,
+    ours: &[f32],
+) -> anyhow::Result<f64> {
+    let mut out = vec![0f32; c.m * c.n];
+    let secs = time_best(budget, 1, || {
+        dispatch::gemm_with(
+            dispatch::Tier::Scalar,
+            c.ty,
+            c.k,
+            &w.q,
+            c.m,
+            &x.q,
+            c.n,
+            &mut out,
+            None,
+        )
+        .expect("scalar gemm");
+    });
+    anyhow::ensure!(
+        out == ours,
+        "scalar and {:?} tiers differ on {c:?}",
+        dispatch::active_tier()
+    );
+    Ok(secs)
+}
