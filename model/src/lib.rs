@@ -2,7 +2,27 @@
 //! runs the qwen3moe and deepseek2 (Kimi K2 / DeepSeek-V3) forward pass exactly as llama.cpp does.
 //! The `ExpertBackend` seam lets the MoE layers run in process or on remote expert nodes.
 
+pub mod arch;
+pub mod attention;
 pub mod chat;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod expert;
 pub mod gen;
 pub mod gguf;
+pub mod kv;
+pub mod model;
+pub mod moe;
+pub mod ops;
+pub mod rope;
+pub mod sampler;
 pub mod tokenizer;
+pub mod weights;
+
+pub use config::{Arch, ModelConfig};
+pub use engine::{build_pool, BatchToken, Engine, EngineOptions, SeqId};
+pub use error::{ExpertError, ModelError};
+pub use expert::{expert_ffn, ActRows, ExpertBackend, ExpertPair, ExpertWeights, LocalExperts};
+pub use model::Model;
+pub use sampler::{Sampler, SamplerParams};

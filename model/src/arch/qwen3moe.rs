@@ -1,0 +1,71 @@
+//! qwen3moe attention: q/k/v projections, per-head RMSNorm of q and k, NEOX rope, GQA over the
+//! F32 cache with scale 1/sqrt(head_dim), output projection (llama.cpp `llm_build_qwen3moe`).
+
+use super::{attend_all, StepCtx};
+use crate::attention::Heads;
+use crate::error::ModelError;
+use crate::kv::SeqKv;
+use crate::ops::{matmul, rms_norm_inplace};
+use crate::weights::AttnWeights;
+
+/// Attention block of layer `il` on normalised rows `h` (n x n_embd) into `out` (n x n_embd).
+pub fn attention(
+    ctx: &StepCtx<'_>,
+    caches: &mut [Option<SeqKv>],
+    il: usize,
+    h: &[f32],
+    out: &mut [f32],
+) -> Result<(), ModelError> {
+    let c = ctx.model.config();
+    let AttnWeights::Gqa {
+        q,
+        k,
+        v,
+        o,
+        q_norm,
+        k_norm,
+    } = &ctx.model.weights().layers[il].attn
+    else {
+        return Err(ModelError::Tensor {
+            name: format!("blk.{il}"),
+            msg: "expected gqa attention weights".into(),
+        });
+    };
+    let n = ctx.toks.len();
+    let hd = c.head_k;
+    let (qw, kw) = (c.n_head * hd, c.n_head_kv * hd);
+    let pool = Some(ctx.pool);
+    let mut qr = vec![0.0f32; n * qw];
+    let mut kr = vec![0.0f32; n * kw];
+    let mut vr = vec![0.0f32; n * kw];
+    matmul(q, 0, h, n, &mut qr, pool)?;
+    matmul(k, 0, h, n, &mut kr, pool)?;
+    matmul(v, 0, h, n, &mut vr, pool)?;
+    rms_norm_inplace(&mut qr, q_norm, c.rms_eps);
+    rms_norm_inplace(&mut kr, k_norm, c.rms_eps);
+    for (t, tok) in ctx.toks.iter().enumerate() {
+        let rc = &ctx.ropes[t];
+        for head in qr[t * qw..(t + 1) * qw].chunks_exact_mut(hd) {
+            ctx.rope.apply(rc, head);
+        }
+        for head in kr[t * kw..(t + 1) * kw].chunks_exact_mut(hd) {
+            ctx.rope.apply(rc, head);
+        }
+        let seq = caches[tok.slot]
+            .as_mut()
+            .ok_or_else(|| ModelError::Batch("sequence vanished".into()))?;
+        let l = &mut seq.layers[il];
+        l.k[tok.pos * kw..(tok.pos + 1) * kw].copy_from_slice(&kr[t * kw..(t + 1) * kw]);
+        l.v[tok.pos * kw..(tok.pos + 1) * kw].copy_from_slice(&vr[t * kw..(t + 1) * kw]);
+    }
+    let heads = Heads {
+        n_head: c.n_head,
+        n_head_kv: c.n_head_kv,
+        dk: hd,
+        dv: hd,
+        scale: c.kq_scale,
+    };
+    let mut att = vec![0.0f32; n * qw];
+    attend_all(ctx, caches, il, &qr, heads, false, &mut att);
+    matmul(o, 0, &att, n, out, pool)
+}

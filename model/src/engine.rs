@@ -1,0 +1,314 @@
+//! `Engine`: runs the forward pass over batches that may mix several sequences (prefill chunks and
+//! decode tokens together), each attending only to its own KV cache. Owns the caches, the KV
+//! budget and the thread pool; the routed experts go through the `ExpertBackend` it was given.
+//! This is what the scheduler's continuous batching drives.
+
+use crate::arch::{self, StepCtx, Tok};
+use crate::config::Arch;
+use crate::error::ModelError;
+use crate::expert::ExpertBackend;
+use crate::kv::SeqKv;
+use crate::model::Model;
+use crate::moe::{dense_ffn, moe_ffn};
+use crate::ops::{add_inplace, matmul, rms_norm};
+use crate::rope::Rope;
+use crate::weights::FfnWeights;
+use nightshift_kernels::dequantize_row;
+use rayon::ThreadPool;
+use std::sync::Arc;
+
+/// Identifies a sequence inside one `Engine`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u32);
+
+/// One token of a batch.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchToken {
+    pub seq: SeqId,
+    pub token: u32,
+    /// Position in its sequence: must continue the sequence (`len`, `len + 1`, ... in batch order).
+    pub pos: u32,
+    pub want_logits: bool,
+}
+
+/// Engine limits and threads.
+#[derive(Clone)]
+pub struct EngineOptions {
+    /// Threads of the pool built when `pool` is None (0 = all cores).
+    pub threads: usize,
+    /// A pool to share (e.g. with `LocalExperts`).
+    pub pool: Option<Arc<ThreadPool>>,
+    /// Most live sequences.
+    pub max_seqs: usize,
+    /// Most cached positions summed over all sequences (the KV budget).
+    pub kv_budget_tokens: usize,
+    /// Most positions of one sequence (0 = the model's training context).
+    pub max_seq_len: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            threads: 0,
+            pool: None,
+            max_seqs: 64,
+            kv_budget_tokens: 1 << 16,
+            max_seq_len: 0,
+        }
+    }
+}
+
+/// Builds a rayon pool with `threads` threads (0 = all cores).
+pub fn build_pool(threads: usize) -> Result<Arc<ThreadPool>, ModelError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("nightshift-{i}"))
+        .build()
+        .map(Arc::new)
+        .map_err(|e| ModelError::Pool(e.to_string()))
+}
+
+/// KV cache + scratch; several sequences at once.
+pub struct Engine {
+    model: Arc<Model>,
+    backend: Arc<dyn ExpertBackend>,
+    pool: Arc<ThreadPool>,
+    opts: EngineOptions,
+    rope: Rope,
+    seqs: Vec<Option<SeqKv>>,
+    kv_used: usize,
+}
+
+impl Engine {
+    pub fn new(
+        model: Arc<Model>,
+        backend: Arc<dyn ExpertBackend>,
+        opts: EngineOptions,
+    ) -> Result<Engine, ModelError> {
+        let pool = match &opts.pool {
+            Some(p) => p.clone(),
+            None => build_pool(opts.threads)?,
+        };
+        let mut opts = opts;
+        if opts.max_seq_len == 0 {
+            opts.max_seq_len = model.config().n_ctx_train;
+        }
+        let rope = Rope::new(&model.config().rope);
+        Ok(Engine {
+            model,
+            backend,
+            pool,
+            opts,
+            rope,
+            seqs: Vec::new(),
+            kv_used: 0,
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The engine's thread pool.
+    pub fn pool(&self) -> &Arc<ThreadPool> {
+        &self.pool
+    }
+
+    /// Starts an empty sequence.
+    pub fn add_sequence(&mut self) -> Result<SeqId, ModelError> {
+        let live = self.seqs.iter().filter(|s| s.is_some()).count();
+        if live >= self.opts.max_seqs {
+            return Err(ModelError::KvFull(format!(
+                "expected at most {} live sequences, found {live}",
+                self.opts.max_seqs
+            )));
+        }
+        let kv = SeqKv::new(self.model.config().n_layer);
+        if let Some(i) = self.seqs.iter().position(|s| s.is_none()) {
+            self.seqs[i] = Some(kv);
+            return Ok(SeqId(i as u32));
+        }
+        self.seqs.push(Some(kv));
+        Ok(SeqId(self.seqs.len() as u32 - 1))
+    }
+
+    /// Drops a sequence and frees its KV.
+    pub fn remove_sequence(&mut self, s: SeqId) {
+        if let Some(slot) = self.seqs.get_mut(s.0 as usize) {
+            if let Some(kv) = slot.take() {
+                self.kv_used -= kv.len;
+            }
+        }
+    }
+
+    /// Positions cached for `s` (None if unknown).
+    pub fn seq_len(&self, s: SeqId) -> Option<usize> {
+        self.seqs.get(s.0 as usize)?.as_ref().map(|k| k.len)
+    }
+
+    /// Cached positions over all sequences, and the budget.
+    pub fn kv_usage(&self) -> (usize, usize) {
+        (self.kv_used, self.opts.kv_budget_tokens)
+    }
+
+    /// One step over a batch that may mix sequences. Returns the logits (n_vocab f32) of every
+    /// token with `want_logits`, in batch order. On error no sequence advances.
+    pub fn forward(&mut self, batch: &[BatchToken]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let toks = self.plan(batch)?;
+        let (kw, vw) = self.model.config().kv_floats_per_token();
+        let mut grow: Vec<(usize, usize)> = Vec::new();
+        for t in &toks {
+            match grow.iter_mut().find(|g| g.0 == t.slot) {
+                Some(g) => g.1 = g.1.max(t.pos + 1),
+                None => grow.push((t.slot, t.pos + 1)),
+            }
+        }
+        for &(slot, end) in &grow {
+            if let Some(s) = self.seqs[slot].as_mut() {
+                s.reserve_to(end, kw, vw);
+            }
+        }
+        let res = self.run(batch, &toks);
+        for &(slot, end) in &grow {
+            if let Some(s) = self.seqs[slot].as_mut() {
+                if res.is_ok() {
+                    self.kv_used += end - s.len;
+                    s.len = end;
+                } else {
+                    s.truncate(kw, vw);
+                }
+            }
+        }
+        res
+    }
+
+    /// Checks the batch and maps it to cache slots and positions.
+    fn plan(&self, batch: &[BatchToken]) -> Result<Vec<Tok>, ModelError> {
+        let c = self.model.config();
+        let mut next: Vec<(usize, usize)> = Vec::new();
+        let mut toks = Vec::with_capacity(batch.len());
+        for (i, b) in batch.iter().enumerate() {
+            let slot = b.seq.0 as usize;
+            let seq = self
+                .seqs
+                .get(slot)
+                .and_then(|s| s.as_ref())
+                .ok_or_else(|| {
+                    ModelError::Batch(format!("token {i}: unknown sequence {}", b.seq.0))
+                })?;
+            if b.token as usize >= c.n_vocab {
+                return Err(ModelError::Batch(format!(
+                    "token {i}: expected an id below {}, found {}",
+                    c.n_vocab, b.token
+                )));
+            }
+            let want = match next.iter_mut().find(|n| n.0 == slot) {
+                Some(n) => {
+                    n.1 += 1;
+                    n.1 - 1
+                }
+                None => {
+                    next.push((slot, seq.len + 1));
+                    seq.len
+                }
+            };
+            if b.pos as usize != want {
+                return Err(ModelError::Batch(format!(
+                    "token {i}: expected position {want} for sequence {}, found {}",
+                    b.seq.0, b.pos
+                )));
+            }
+            if want >= self.opts.max_seq_len {
+                return Err(ModelError::KvFull(format!(
+                    "sequence {} would exceed {} positions",
+                    b.seq.0, self.opts.max_seq_len
+                )));
+            }
+            toks.push(Tok { slot, pos: want });
+        }
+        if self.kv_used + batch.len() > self.opts.kv_budget_tokens {
+            return Err(ModelError::KvFull(format!(
+                "expected at most {} cached positions, found {} + {} new",
+                self.opts.kv_budget_tokens,
+                self.kv_used,
+                batch.len()
+            )));
+        }
+        Ok(toks)
+    }
+
+    fn run(&mut self, batch: &[BatchToken], toks: &[Tok]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let model = self.model.clone();
+        let c = model.config();
+        let w = model.weights();
+        let n = batch.len();
+        let e = c.n_embd;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let pool = self.pool.clone();
+        let p = Some(&*pool);
+        let mut x = vec![0.0f32; n * e];
+        let rb = w.token_embd.row_bytes();
+        for (b, row) in batch.iter().zip(x.chunks_exact_mut(e)) {
+            let t = b.token as usize;
+            dequantize_row(
+                w.token_embd.ty,
+                &w.token_embd.data()[t * rb..(t + 1) * rb],
+                row,
+            )?;
+        }
+        let ropes: Vec<Vec<f32>> = toks.iter().map(|t| self.rope.cache(t.pos as u32)).collect();
+        let ctx = StepCtx {
+            model: &model,
+            pool: &pool,
+            toks,
+            ropes: &ropes,
+            rope: &self.rope,
+        };
+        let mut h = vec![0.0f32; n * e];
+        let mut y = vec![0.0f32; n * e];
+        for (il, lw) in w.layers.iter().enumerate() {
+            rms_norm(&x, &lw.attn_norm, c.rms_eps, &mut h);
+            match c.arch {
+                Arch::Qwen3Moe => arch::qwen3moe::attention(&ctx, &mut self.seqs, il, &h, &mut y)?,
+                Arch::Deepseek2 => {
+                    arch::deepseek2::attention(&ctx, &mut self.seqs, il, &h, &mut y)?
+                }
+            }
+            add_inplace(&mut x, &y);
+            rms_norm(&x, &lw.ffn_norm, c.rms_eps, &mut h);
+            match &lw.ffn {
+                FfnWeights::Dense(d) => dense_ffn(d, &h, n, &mut y, p)?,
+                FfnWeights::Moe(m) => {
+                    moe_ffn(c, il, m, &h, n, &*self.backend, p, &mut y)?;
+                    if let Some(sh) = &m.shared {
+                        let mut s = vec![0.0f32; n * e];
+                        dense_ffn(sh, &h, n, &mut s, p)?;
+                        add_inplace(&mut y, &s);
+                    }
+                }
+            }
+            add_inplace(&mut x, &y);
+        }
+        let rows: Vec<usize> = batch
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.want_logits)
+            .map(|(i, _)| i)
+            .collect();
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut sel = Vec::with_capacity(rows.len() * e);
+        for &r in &rows {
+            sel.extend_from_slice(&x[r * e..(r + 1) * e]);
+        }
+        let mut hn = vec![0.0f32; sel.len()];
+        rms_norm(&sel, &w.output_norm, c.rms_eps, &mut hn);
+        let nv = c.n_vocab;
+        let mut logits = vec![0.0f32; rows.len() * nv];
+        matmul(&w.output, 0, &hn, rows.len(), &mut logits, p)?;
+        Ok(logits.chunks_exact(nv).map(|r| r.to_vec()).collect())
+    }
+}

@@ -1,0 +1,54 @@
+//! The engine's error types: `ModelError` for loading and running a model, `ExpertError` for the
+//! expert seam (in-process or remote). Both are `thiserror` enums; messages are lower-case and say
+//! what was expected and what was found.
+
+use nightshift_kernels::KernelError;
+
+/// Errors from loading a model or running the forward pass.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The GGUF file could not be read.
+    #[error("gguf: {0}")]
+    Gguf(#[from] crate::gguf::GgufError),
+    /// The architecture named by `general.architecture` is not one this engine runs.
+    #[error("unsupported architecture: expected qwen3moe or deepseek2, found {0}")]
+    UnsupportedArch(String),
+    /// A hyper-parameter is missing or out of range.
+    #[error("bad hyper-parameter {key}: {msg}")]
+    Config { key: String, msg: String },
+    /// A tensor is missing or has the wrong shape or type.
+    #[error("tensor {name}: {msg}")]
+    Tensor { name: String, msg: String },
+    /// A kernel rejected its arguments (a bug or a malformed tensor).
+    #[error("kernel: {0}")]
+    Kernel(#[from] KernelError),
+    /// The expert backend failed.
+    #[error("experts: {0}")]
+    Expert(#[from] ExpertError),
+    /// The batch handed to `Engine::forward` is inconsistent.
+    #[error("bad batch: {0}")]
+    Batch(String),
+    /// The KV budget or the context length would be exceeded.
+    #[error("kv cache full: {0}")]
+    KvFull(String),
+    /// The thread pool could not be built.
+    #[error("thread pool: {0}")]
+    Pool(String),
+}
+
+/// Errors from computing routed experts (the `ExpertBackend` seam).
+#[derive(Debug, thiserror::Error)]
+pub enum ExpertError {
+    /// A kernel rejected its arguments.
+    #[error("kernel: {0}")]
+    Kernel(#[from] KernelError),
+    /// Activation rows, pairs or output do not fit together.
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+    /// The requested layer or expert does not exist or is not served here.
+    #[error("unknown expert: layer {layer} expert {expert}")]
+    UnknownExpert { layer: usize, expert: u32 },
+    /// A remote backend failed (transport, node down, ...).
+    #[error("backend: {0}")]
+    Backend(String),
+}

@@ -1,0 +1,328 @@
+//! The expert seam. `ExpertBackend` is what the engine calls per MoE layer; `expert_ffn` is THE one
+//! function that computes an expert (in process through `LocalExperts`, and on expert nodes), so
+//! placement changes where an expert runs, never what it computes. Activations arrive quantized
+//! once (`ActRows`) to the type the gate/up dot products consume, as ggml's `mul_mat_id` would.
+
+use crate::error::ExpertError;
+use crate::gguf::Gguf;
+use crate::model::Model;
+use nightshift_kernels::{gemm, quantize_row, GgmlType};
+use rayon::ThreadPool;
+use std::sync::Arc;
+
+/// Activation rows shipped to experts: `n_rows` rows of `n_embd` values quantized to `ty` (the
+/// vec_dot_type of the layer's gate/up expert weights, or F32 if gate and up disagree).
+#[derive(Clone, Debug)]
+pub struct ActRows {
+    pub ty: GgmlType,
+    pub n_rows: usize,
+    pub data: Vec<u8>,
+}
+
+impl ActRows {
+    /// Quantizes `n_rows` rows of `n_embd` floats to `ty`.
+    pub fn quantize(ty: GgmlType, x: &[f32], n_embd: usize) -> Result<ActRows, ExpertError> {
+        if n_embd == 0 || x.len() % n_embd != 0 {
+            return Err(ExpertError::Shape(format!(
+                "expected a multiple of {n_embd} floats, found {}",
+                x.len()
+            )));
+        }
+        let rb = ty.row_bytes(n_embd)?;
+        let n_rows = x.len() / n_embd;
+        let mut data = vec![0u8; rb * n_rows];
+        for (src, dst) in x.chunks_exact(n_embd).zip(data.chunks_exact_mut(rb)) {
+            quantize_row(ty, src, dst)?;
+        }
+        Ok(ActRows { ty, n_rows, data })
+    }
+}
+
+/// One routed (expert, activation row) pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertPair {
+    pub expert: u32,
+    pub row: u32,
+}
+
+/// Computes routed experts. Returns one f32 row of n_embd per pair into `out`, in `pairs` order,
+/// WITHOUT routing weights (the engine applies weights and sums in top-k order).
+pub trait ExpertBackend: Send + Sync {
+    fn run_experts(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+        out: &mut [f32],
+    ) -> Result<(), ExpertError>;
+}
+
+/// One expert's three matrices (bytes of the expert's slice of the `*_exps` tensors).
+#[derive(Clone, Copy)]
+pub struct ExpertWeights<'a> {
+    pub gate: (GgmlType, &'a [u8]),
+    pub up: (GgmlType, &'a [u8]),
+    pub down: (GgmlType, &'a [u8]),
+    pub n_embd: usize,
+    pub n_ff: usize,
+}
+
+impl<'a> ExpertWeights<'a> {
+    /// The expert `expert` of MoE layer `layer` straight from a GGUF (for expert nodes that do
+    /// not load a whole `Model`).
+    pub fn from_gguf(
+        g: &'a Gguf,
+        layer: usize,
+        expert: usize,
+    ) -> Result<ExpertWeights<'a>, ExpertError> {
+        let unknown = || ExpertError::UnknownExpert {
+            layer,
+            expert: expert as u32,
+        };
+        let get = |s: &str| -> Result<(GgmlType, [usize; 3], &'a [u8]), ExpertError> {
+            let t = g
+                .tensor(&format!("blk.{layer}.ffn_{s}_exps.weight"))
+                .ok_or_else(unknown)?;
+            if t.dims.len() != 3 {
+                return Err(ExpertError::Shape(format!(
+                    "expected 3 dims for {}, found {:?}",
+                    t.name, t.dims
+                )));
+            }
+            let ne = [t.dims[0] as usize, t.dims[1] as usize, t.dims[2] as usize];
+            if expert >= ne[2] {
+                return Err(unknown());
+            }
+            let per = t.ty.row_bytes(ne[0])? * ne[1];
+            let data = g.tensor_data(t);
+            if data.len() != per * ne[2] {
+                return Err(ExpertError::Shape(format!(
+                    "expected {} bytes in {}, found {}",
+                    per * ne[2],
+                    t.name,
+                    data.len()
+                )));
+            }
+            Ok((t.ty, ne, &data[expert * per..(expert + 1) * per]))
+        };
+        let (gt, gne, gd) = get("gate")?;
+        let (ut, une, ud) = get("up")?;
+        let (dt, dne, dd) = get("down")?;
+        if une != gne || dne[0] != gne[1] || dne[1] != gne[0] {
+            return Err(ExpertError::Shape(format!(
+                "expected gate/up [e,f] and down [f,e], found {gne:?} {une:?} {dne:?}"
+            )));
+        }
+        Ok(ExpertWeights {
+            gate: (gt, gd),
+            up: (ut, ud),
+            down: (dt, dd),
+            n_embd: gne[0],
+            n_ff: gne[1],
+        })
+    }
+
+    /// The activation type `ActRows` must have for this expert's gate/up.
+    pub fn act_type(&self) -> GgmlType {
+        act_type_for(self.gate.0, self.up.0)
+    }
+}
+
+/// ActRows type for gate/up weights of these types.
+pub fn act_type_for(gate: GgmlType, up: GgmlType) -> GgmlType {
+    let (g, u) = (gate.vec_dot_type(), up.vec_dot_type());
+    if g == u {
+        g
+    } else {
+        GgmlType::F32
+    }
+}
+
+/// Converts `n` activation rows of `from` to `to` (only needed when `from` is F32).
+fn convert_rows(
+    from: GgmlType,
+    to: GgmlType,
+    x: &[u8],
+    k: usize,
+    n: usize,
+) -> Result<Vec<u8>, ExpertError> {
+    if from != GgmlType::F32 {
+        return Err(ExpertError::Shape(format!(
+            "expected activations of {} or F32, found {}",
+            to.name(),
+            from.name()
+        )));
+    }
+    let mut f = vec![0.0f32; k];
+    let rb = to.row_bytes(k)?;
+    let mut out = vec![0u8; rb * n];
+    for (src, dst) in x.chunks_exact(4 * k).zip(out.chunks_exact_mut(rb)) {
+        for (v, b) in f.iter_mut().zip(src.chunks_exact(4)) {
+            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        quantize_row(to, &f, dst)?;
+    }
+    Ok(out)
+}
+
+/// THE expert FFN: `down(silu(gate.x) * up.x)` for the activation rows `rows` of `acts`, all
+/// through one gemm per matrix; `out` receives `rows.len()` rows of `n_embd` floats.
+pub fn expert_ffn(
+    w: &ExpertWeights<'_>,
+    acts: &ActRows,
+    rows: &[u32],
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), ExpertError> {
+    let (e, f, n) = (w.n_embd, w.n_ff, rows.len());
+    if out.len() != n * e {
+        return Err(ExpertError::Shape(format!(
+            "expected an output of {} floats, found {}",
+            n * e,
+            out.len()
+        )));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let rb = acts.ty.row_bytes(e)?;
+    if acts.data.len() != rb * acts.n_rows {
+        return Err(ExpertError::Shape(format!(
+            "expected {} activation bytes, found {}",
+            rb * acts.n_rows,
+            acts.data.len()
+        )));
+    }
+    let mut x = Vec::with_capacity(rb * n);
+    for &r in rows {
+        let r = r as usize;
+        if r >= acts.n_rows {
+            return Err(ExpertError::Shape(format!(
+                "expected a row below {}, found {r}",
+                acts.n_rows
+            )));
+        }
+        x.extend_from_slice(&acts.data[r * rb..(r + 1) * rb]);
+    }
+    let for_type = |ty: GgmlType| -> Result<Option<Vec<u8>>, ExpertError> {
+        let want = ty.vec_dot_type();
+        if want == acts.ty {
+            Ok(None)
+        } else {
+            convert_rows(acts.ty, want, &x, e, n).map(Some)
+        }
+    };
+    let xg = for_type(w.gate.0)?;
+    let xu = for_type(w.up.0)?;
+    let mut g = vec![0.0f32; n * f];
+    let mut u = vec![0.0f32; n * f];
+    gemm(
+        w.gate.0,
+        e,
+        w.gate.1,
+        f,
+        xg.as_deref().unwrap_or(&x),
+        n,
+        &mut g,
+        pool,
+    )?;
+    gemm(
+        w.up.0,
+        e,
+        w.up.1,
+        f,
+        xu.as_deref().unwrap_or(&x),
+        n,
+        &mut u,
+        pool,
+    )?;
+    for (a, &b) in g.iter_mut().zip(&u) {
+        *a = crate::ops::silu(*a) * b;
+    }
+    let dt = w.down.0.vec_dot_type();
+    let drb = dt.row_bytes(f)?;
+    let mut h = vec![0u8; drb * n];
+    for (src, dst) in g.chunks_exact(f).zip(h.chunks_exact_mut(drb)) {
+        quantize_row(dt, src, dst)?;
+    }
+    gemm(w.down.0, f, w.down.1, e, &h, n, out, pool)?;
+    Ok(())
+}
+
+/// In-process backend over the model's mapped expert tensors.
+pub struct LocalExperts {
+    model: Arc<Model>,
+    pool: Option<Arc<ThreadPool>>,
+}
+
+impl LocalExperts {
+    /// Runs experts on `pool` (None: the calling thread).
+    pub fn new(model: Arc<Model>, pool: Option<Arc<ThreadPool>>) -> LocalExperts {
+        LocalExperts { model, pool }
+    }
+}
+
+/// Groups pairs by expert, runs `expert_ffn` once per expert, scatters rows back in pair order.
+/// Shared by every backend that computes experts from `ExpertWeights`.
+pub fn run_grouped<'a>(
+    weights: impl Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>,
+    acts: &ActRows,
+    pairs: &[ExpertPair],
+    n_embd: usize,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), ExpertError> {
+    if out.len() != pairs.len() * n_embd {
+        return Err(ExpertError::Shape(format!(
+            "expected an output of {} floats, found {}",
+            pairs.len() * n_embd,
+            out.len()
+        )));
+    }
+    let mut order: Vec<usize> = (0..pairs.len()).collect();
+    order.sort_by_key(|&i| (pairs[i].expert, i));
+    let mut start = 0;
+    while start < order.len() {
+        let ex = pairs[order[start]].expert;
+        let mut end = start;
+        while end < order.len() && pairs[order[end]].expert == ex {
+            end += 1;
+        }
+        let idx = &order[start..end];
+        let rows: Vec<u32> = idx.iter().map(|&i| pairs[i].row).collect();
+        let w = weights(ex)?;
+        if w.n_embd != n_embd {
+            return Err(ExpertError::Shape(format!(
+                "expected experts of width {n_embd}, found {}",
+                w.n_embd
+            )));
+        }
+        let mut tmp = vec![0.0f32; rows.len() * n_embd];
+        expert_ffn(&w, acts, &rows, &mut tmp, pool)?;
+        for (j, &i) in idx.iter().enumerate() {
+            out[i * n_embd..(i + 1) * n_embd].copy_from_slice(&tmp[j * n_embd..(j + 1) * n_embd]);
+        }
+        start = end;
+    }
+    Ok(())
+}
+
+impl ExpertBackend for LocalExperts {
+    fn run_experts(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+        out: &mut [f32],
+    ) -> Result<(), ExpertError> {
+        let n_embd = self.model.config().n_embd;
+        run_grouped(
+            |e| self.model.expert_weights(layer, e),
+            acts,
+            pairs,
+            n_embd,
+            out,
+            self.pool.as_deref(),
+        )
+    }
+}

@@ -1,0 +1,88 @@
+//! `Model`: a loaded GGUF (kept mapped), its parsed `ModelConfig` and the weight views
+//! (the tokenizer joins once the tokenizer module lands). Shared read-only (`Arc<Model>`) by the engine, the in-process expert backend and the
+//! CLI.
+
+use crate::config::ModelConfig;
+use crate::error::{ExpertError, ModelError};
+use crate::expert::{act_type_for, ExpertWeights};
+use crate::gguf::Gguf;
+use crate::weights::{FfnWeights, Weights};
+use nightshift_kernels::GgmlType;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Config + weights (zero-copy views into the Gguf) + tokenizer.
+pub struct Model {
+    // Field order matters: `weights` points into `gguf`, so drop it first.
+    weights: Weights,
+    config: ModelConfig,
+    gguf: Gguf,
+}
+
+impl Model {
+    /// Opens a GGUF (or the first file of a split set) and maps every tensor the engine needs.
+    pub fn load(path: &Path) -> Result<Arc<Model>, ModelError> {
+        let gguf = Gguf::open(path)?;
+        Model::from_gguf(gguf).map(Arc::new)
+    }
+
+    /// Builds the model from an opened file.
+    pub fn from_gguf(gguf: Gguf) -> Result<Model, ModelError> {
+        let config = ModelConfig::from_gguf(&gguf)?;
+        let weights = Weights::load(&gguf, &config)?;
+        Ok(Model {
+            weights,
+            config,
+            gguf,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn gguf(&self) -> &Gguf {
+        &self.gguf
+    }
+
+    /// The weight views (for the forward pass).
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    /// Expert `expert` of MoE layer `layer`.
+    pub fn expert_weights(
+        &self,
+        layer: usize,
+        expert: u32,
+    ) -> Result<ExpertWeights<'_>, ExpertError> {
+        let unknown = ExpertError::UnknownExpert { layer, expert };
+        let l = self
+            .weights
+            .layers
+            .get(layer)
+            .ok_or(ExpertError::UnknownExpert { layer, expert })?;
+        let FfnWeights::Moe(m) = &l.ffn else {
+            return Err(unknown);
+        };
+        let e = expert as usize;
+        if e >= m.gate_exps.ne[2] {
+            return Err(unknown);
+        }
+        Ok(ExpertWeights {
+            gate: (m.gate_exps.ty, m.gate_exps.matrix(e)),
+            up: (m.up_exps.ty, m.up_exps.matrix(e)),
+            down: (m.down_exps.ty, m.down_exps.matrix(e)),
+            n_embd: self.config.n_embd,
+            n_ff: m.gate_exps.ne[1],
+        })
+    }
+
+    /// The `ActRows` type of MoE layer `layer` (None for dense layers).
+    pub fn expert_act_type(&self, layer: usize) -> Option<GgmlType> {
+        match &self.weights.layers.get(layer)?.ffn {
+            FfnWeights::Moe(m) => Some(act_type_for(m.gate_exps.ty, m.up_exps.ty)),
+            FfnWeights::Dense(_) => None,
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! Zero-copy views of the model's tensors (`W`) grouped per layer as the two architectures need
+//! them. A `W` points into the `Gguf`'s mapped bytes, which the owning `Model` keeps alive and never
+//! mutates; small vectors (norms, biases) are copied to `Vec<f32>` at load time.
+
+use crate::config::{Arch, ModelConfig};
+use crate::error::ModelError;
+use crate::gguf::Gguf;
+use nightshift_kernels::{dequantize_row, GgmlType};
+
+/// A borrowed byte range of the model file. Valid while the `Gguf` it came from is alive.
+#[derive(Clone, Copy)]
+struct RawBytes {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the bytes are immutable (a read-only mapping or buffer owned by the `Gguf`) and the
+// `Model` owning both the `Gguf` and every `W` keeps them alive; sharing reads across threads is fine.
+unsafe impl Send for RawBytes {}
+// SAFETY: see `Send`: shared immutable data.
+unsafe impl Sync for RawBytes {}
+
+/// One weight tensor: type, shape in ggml order (`ne[0]` = row length) and its bytes.
+pub struct W {
+    pub name: String,
+    pub ty: GgmlType,
+    /// [row length, rows, matrices]; missing trailing dims are 1.
+    pub ne: [usize; 3],
+    data: RawBytes,
+}
+
+impl W {
+    /// The tensor's bytes.
+    pub fn data(&self) -> &[u8] {
+        // SAFETY: `ptr`/`len` came from `Gguf::tensor_data` of the `Gguf` owned by the same
+        // `Model` as this `W`; that memory is neither freed nor mutated while the model lives.
+        unsafe { std::slice::from_raw_parts(self.data.ptr, self.data.len) }
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.data.len / (self.ne[1] * self.ne[2]).max(1)
+    }
+
+    /// Bytes of matrix `i` (an expert, or a head of `attn_k_b`/`attn_v_b`).
+    pub fn matrix(&self, i: usize) -> &[u8] {
+        let per = self.row_bytes() * self.ne[1];
+        &self.data()[i * per..(i + 1) * per]
+    }
+
+    /// The whole tensor dequantized to f32 (norm weights, biases).
+    pub fn to_f32(&self) -> Result<Vec<f32>, ModelError> {
+        let n = self.ne[0] * self.ne[1] * self.ne[2];
+        let mut out = vec![0.0f32; n];
+        let rb = self.row_bytes();
+        for (r, dst) in out.chunks_mut(self.ne[0]).enumerate() {
+            dequantize_row(self.ty, &self.data()[r * rb..(r + 1) * rb], dst)?;
+        }
+        Ok(out)
+    }
+}
+
+fn tensor_err(name: &str, msg: String) -> ModelError {
+    ModelError::Tensor {
+        name: name.to_string(),
+        msg,
+    }
+}
+
+/// Looks a tensor up and checks its shape (`expect` in ggml order, trailing 1s optional).
+pub fn load_w(g: &Gguf, name: &str, expect: &[usize]) -> Result<W, ModelError> {
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| tensor_err(name, "expected the tensor, found nothing".into()))?;
+    let mut ne = [1usize; 3];
+    if t.dims.len() > 3 || t.dims.is_empty() {
+        return Err(tensor_err(
+            name,
+            format!("expected 1 to 3 dims, found {:?}", t.dims),
+        ));
+    }
+    for (i, &d) in t.dims.iter().enumerate() {
+        ne[i] = d as usize;
+    }
+    let mut want = [1usize; 3];
+    want[..expect.len()].copy_from_slice(expect);
+    if ne != want {
+        return Err(tensor_err(
+            name,
+            format!("expected shape {want:?}, found {ne:?}"),
+        ));
+    }
+    let data = g.tensor_data(t);
+    let rb =
+        t.ty.row_bytes(ne[0])
+            .map_err(|e| tensor_err(name, format!("{e}")))?;
+    if data.len() != rb * ne[1] * ne[2] {
+        return Err(tensor_err(
+            name,
+            format!(
+                "expected {} bytes, found {}",
+                rb * ne[1] * ne[2],
+                data.len()
+            ),
+        ));
+    }
+    Ok(W {
+        name: name.to_string(),
+        ty: t.ty,
+        ne,
+        data: RawBytes {
+            ptr: data.as_ptr(),
+            len: data.len(),
+        },
+    })
+}
+
+fn load_vec(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+    load_w(g, name, &[n])?.to_f32()
+}
+
+/// Attention weights.
+pub enum AttnWeights {
+    /// qwen3moe: grouped-query attention with per-head q/k norms.
+    Gqa {
+        q: W,
+        k: W,
+        v: W,
+        o: W,
+        q_norm: Vec<f32>,
+        k_norm: Vec<f32>,
+    },
+    /// deepseek2: multi-head latent attention, `attn_k_b`/`attn_v_b` absorbed.
+    Mla {
+        /// Either (q_a, q_a_norm, q_b) or a plain q.
+        q_a: Option<(W, Vec<f32>)>,
+        q_b: W,
+        kv_a_mqa: W,
+        kv_a_norm: Vec<f32>,
+        k_b: W,
+        v_b: W,
+        o: W,
+    },
+}
+
+/// A dense SwiGLU FFN (deepseek2's leading layers and shared experts).
+pub struct DenseFfn {
+    pub gate: W,
+    pub up: W,
+    pub down: W,
+}
+
+/// Routed experts of one MoE layer.
+pub struct MoeWeights {
+    pub gate_inp: W,
+    pub exp_probs_b: Option<Vec<f32>>,
+    pub gate_exps: W,
+    pub up_exps: W,
+    pub down_exps: W,
+    pub shared: Option<DenseFfn>,
+}
+
+/// The FFN part of a layer.
+pub enum FfnWeights {
+    Dense(DenseFfn),
+    Moe(MoeWeights),
+}
+
+/// One transformer block.
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub attn: AttnWeights,
+    pub ffn_norm: Vec<f32>,
+    pub ffn: FfnWeights,
+}
+
+/// All weights of the model.
+pub struct Weights {
+    pub token_embd: W,
+    pub output_norm: Vec<f32>,
+    pub output: W,
+    pub layers: Vec<LayerWeights>,
+}
+
+impl Weights {
+    /// Maps every tensor the forward pass uses, checking shapes against `c`.
+    pub fn load(g: &Gguf, c: &ModelConfig) -> Result<Weights, ModelError> {
+        let e = c.n_embd;
+        let token_embd = load_w(g, "token_embd.weight", &[e, c.n_vocab])?;
+        let output_norm = load_vec(g, "output_norm.weight", e)?;
+        let output = if g.tensor("output.weight").is_some() {
+            load_w(g, "output.weight", &[e, c.n_vocab])?
+        } else {
+            load_w(g, "token_embd.weight", &[e, c.n_vocab])?
+        };
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for il in 0..c.n_layer {
+            let p = |s: &str| format!("blk.{il}.{s}");
+            let attn = match c.arch {
+                Arch::Qwen3Moe => {
+                    let hd = c.head_k;
+                    AttnWeights::Gqa {
+                        q: load_w(g, &p("attn_q.weight"), &[e, c.n_head * hd])?,
+                        k: load_w(g, &p("attn_k.weight"), &[e, c.n_head_kv * hd])?,
+                        v: load_w(g, &p("attn_v.weight"), &[e, c.n_head_kv * hd])?,
+                        o: load_w(g, &p("attn_output.weight"), &[c.n_head * hd, e])?,
+                        q_norm: load_vec(g, &p("attn_q_norm.weight"), hd)?,
+                        k_norm: load_vec(g, &p("attn_k_norm.weight"), hd)?,
+                    }
+                }
+                Arch::Deepseek2 => {
+                    let m = c
+                        .mla
+                        .as_ref()
+                        .ok_or_else(|| tensor_err("mla", "expected mla config".into()))?;
+                    let qk = m.qk_nope + m.qk_rope;
+                    let (q_a, q_b) = if m.q_lora_rank > 0 {
+                        (
+                            Some((
+                                load_w(g, &p("attn_q_a.weight"), &[e, m.q_lora_rank])?,
+                                load_vec(g, &p("attn_q_a_norm.weight"), m.q_lora_rank)?,
+                            )),
+                            load_w(g, &p("attn_q_b.weight"), &[m.q_lora_rank, c.n_head * qk])?,
+                        )
+                    } else {
+                        (None, load_w(g, &p("attn_q.weight"), &[e, c.n_head * qk])?)
+                    };
+                    AttnWeights::Mla {
+                        q_a,
+                        q_b,
+                        kv_a_mqa: load_w(
+                            g,
+                            &p("attn_kv_a_mqa.weight"),
+                            &[e, m.kv_lora_rank + m.qk_rope],
+                        )?,
+                        kv_a_norm: load_vec(g, &p("attn_kv_a_norm.weight"), m.kv_lora_rank)?,
+                        k_b: load_w(
+                            g,
+                            &p("attn_k_b.weight"),
+                            &[m.qk_nope, m.kv_lora_rank, c.n_head],
+                        )?,
+                        v_b: load_w(
+                            g,
+                            &p("attn_v_b.weight"),
+                            &[m.kv_lora_rank, m.v_head, c.n_head],
+                        )?,
+                        o: load_w(g, &p("attn_output.weight"), &[c.n_head * m.v_head, e])?,
+                    }
+                }
+            };
+            let ffn = if c.is_moe_layer(il) {
+                let f = c.n_ff_exp;
+                let n = c.n_expert;
+                let shared = if c.n_expert_shared > 0 {
+                    let fs = f * c.n_expert_shared;
+                    Some(DenseFfn {
+                        gate: load_w(g, &p("ffn_gate_shexp.weight"), &[e, fs])?,
+                        up: load_w(g, &p("ffn_up_shexp.weight"), &[e, fs])?,
+                        down: load_w(g, &p("ffn_down_shexp.weight"), &[fs, e])?,
+                    })
+                } else {
+                    None
+                };
+                let exp_probs_b = if g.tensor(&p("exp_probs_b.bias")).is_some() {
+                    Some(load_vec(g, &p("exp_probs_b.bias"), n)?)
+                } else {
+                    None
+                };
+                FfnWeights::Moe(MoeWeights {
+                    gate_inp: load_w(g, &p("ffn_gate_inp.weight"), &[e, n])?,
+                    exp_probs_b,
+                    gate_exps: load_w(g, &p("ffn_gate_exps.weight"), &[e, f, n])?,
+                    up_exps: load_w(g, &p("ffn_up_exps.weight"), &[e, f, n])?,
+                    down_exps: load_w(g, &p("ffn_down_exps.weight"), &[f, e, n])?,
+                    shared,
+                })
+            } else {
+                let f = c.n_ff_dense;
+                FfnWeights::Dense(DenseFfn {
+                    gate: load_w(g, &p("ffn_gate.weight"), &[e, f])?,
+                    up: load_w(g, &p("ffn_up.weight"), &[e, f])?,
+                    down: load_w(g, &p("ffn_down.weight"), &[f, e])?,
+                })
+            };
+            layers.push(LayerWeights {
+                attn_norm: load_vec(g, &p("attn_norm.weight"), e)?,
+                attn,
+                ffn_norm: load_vec(g, &p("ffn_norm.weight"), e)?,
+                ffn,
+            });
+        }
+        Ok(Weights {
+            token_embd,
+            output_norm,
+            output,
+            layers,
+        })
+    }
+}

@@ -1,0 +1,279 @@
+//! Parity with llama.cpp: for every tiny fixture model, evaluate each test prompt as one batch,
+//! then llama.cpp's greedy continuation one token at a time through the KV cache, and compare the
+//! logits of every row with llama.cpp's (F32 KV cache). Also checks that several sequences in one
+//! batch give bit-identical results to each sequence alone.
+
+use nightshift_model::{BatchToken, Engine, EngineOptions, LocalExperts, Model};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn data_dir() -> PathBuf {
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    if local.join("tiny-qwen3moe-Q8_0.gguf").exists() {
+        local
+    } else {
+        PathBuf::from("/work/shared/fixtures/models")
+    }
+}
+
+struct Prompt {
+    ids: Vec<u32>,
+    greedy: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+fn load_fixture(name: &str) -> (Arc<Model>, Vec<Prompt>) {
+    let dir = data_dir();
+    let model = Model::load(&dir.join(format!("{name}.gguf"))).expect("model loads");
+    let json: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(format!("{name}.expected.json"))).expect("json"),
+    )
+    .expect("parse");
+    let bytes = std::fs::read(dir.join(format!("{name}.logits.bin"))).expect("logits");
+    let all: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let ids = |v: &Value| {
+        v.as_array()
+            .expect("array")
+            .iter()
+            .map(|x| x.as_u64().expect("id") as u32)
+            .collect::<Vec<_>>()
+    };
+    let prompts = json["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .map(|p| {
+            let off = p["logits_offset_floats"].as_u64().expect("offset") as usize;
+            let shape = ids(&p["logits_shape"]);
+            let len = shape[0] as usize * shape[1] as usize;
+            Prompt {
+                ids: ids(&p["ids"]),
+                greedy: ids(&p["greedy"]),
+                logits: all[off..off + len].to_vec(),
+            }
+        })
+        .collect();
+    (model, prompts)
+}
+
+fn engine(model: &Arc<Model>) -> Engine {
+    let pool = nightshift_model::build_pool(2).expect("pool");
+    let backend = Arc::new(LocalExperts::new(model.clone(), Some(pool.clone())));
+    Engine::new(
+        model.clone(),
+        backend,
+        EngineOptions {
+            pool: Some(pool),
+            ..Default::default()
+        },
+    )
+    .expect("engine")
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    nightshift_model::sampler::argmax(v)
+}
+
+/// Runs prompt + teacher-forced greedy tokens; returns (max |delta|, argmax mismatches).
+fn run_prompt(model: &Arc<Model>, p: &Prompt) -> (f32, Vec<String>) {
+    let nv = model.config().n_vocab;
+    let mut e = engine(model);
+    let seq = e.add_sequence().expect("seq");
+    let batch: Vec<BatchToken> = p
+        .ids
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| BatchToken {
+            seq,
+            token: t,
+            pos: i as u32,
+            want_logits: true,
+        })
+        .collect();
+    let mut rows = e.forward(&batch).expect("prefill");
+    for (i, &g) in p.greedy.iter().enumerate() {
+        let pos = (p.ids.len() + i) as u32;
+        rows.extend(
+            e.forward(&[BatchToken {
+                seq,
+                token: g,
+                pos,
+                want_logits: true,
+            }])
+            .expect("decode"),
+        );
+    }
+    let mut max = 0.0f32;
+    let mut bad = Vec::new();
+    for (r, row) in rows.iter().enumerate() {
+        let want = &p.logits[r * nv..(r + 1) * nv];
+        for (a, b) in row.iter().zip(want) {
+            max = max.max((a - b).abs());
+        }
+        let (ours, theirs) = (argmax(row), argmax(want));
+        if ours != theirs {
+            bad.push(format!("row {r}: argmax {ours} vs llama.cpp {theirs}"));
+        }
+        // The greedy continuation must be what llama.cpp picked.
+        if r + 1 >= p.ids.len()
+            && r + 1 - p.ids.len() < p.greedy.len()
+            && ours != p.greedy[r + 1 - p.ids.len()]
+        {
+            bad.push(format!(
+                "row {r}: greedy {ours} vs llama.cpp {}",
+                p.greedy[r + 1 - p.ids.len()]
+            ));
+        }
+    }
+    (max, bad)
+}
+
+fn check(name: &str, tol: f32) {
+    let (model, prompts) = load_fixture(name);
+    let mut worst = 0.0f32;
+    for (i, p) in prompts.iter().enumerate() {
+        let (max, bad) = run_prompt(&model, p);
+        eprintln!("{name} prompt {i}: max |delta| = {max:.3e}");
+        assert!(bad.is_empty(), "{name} prompt {i}: {bad:?}");
+        worst = worst.max(max);
+    }
+    eprintln!("{name}: max |delta| = {worst:.3e} (tolerance {tol:.0e})");
+    assert!(worst <= tol, "{name}: max |delta| {worst} > {tol}");
+}
+
+#[test]
+fn qwen3moe_q8_0() {
+    check("tiny-qwen3moe-Q8_0", 5e-3);
+}
+
+#[test]
+fn qwen3moe_q4_k_m() {
+    check("tiny-qwen3moe-Q4_K_M", 5e-3);
+}
+
+#[test]
+fn qwen3moe_q2_k() {
+    check("tiny-qwen3moe-Q2_K", 5e-3);
+}
+
+#[test]
+fn qwen3moe_f16() {
+    check("tiny-qwen3moe-F16", 1e-2);
+}
+
+#[test]
+fn deepseek2_q2_k() {
+    check("tiny-deepseek2-Q2_K", 5e-3);
+}
+
+#[test]
+fn deepseek2_q4_k_m() {
+    check("tiny-deepseek2-Q4_K_M", 5e-3);
+}
+
+#[test]
+fn deepseek2_q5_k_m() {
+    check("tiny-deepseek2-Q5_K_M", 5e-3);
+}
+
+/// Two prompts interleaved in one batch (then decoded together) == each alone, bit for bit.
+fn check_multi_seq(name: &str) {
+    let (model, prompts) = load_fixture(name);
+    let (a, b) = (&prompts[0], &prompts[1]);
+    let alone = |p: &Prompt| {
+        let mut e = engine(&model);
+        let s = e.add_sequence().expect("seq");
+        let batch: Vec<BatchToken> = p
+            .ids
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| BatchToken {
+                seq: s,
+                token: t,
+                pos: i as u32,
+                want_logits: true,
+            })
+            .collect();
+        let mut rows = e.forward(&batch).expect("prefill");
+        for (i, &g) in p.greedy.iter().take(4).enumerate() {
+            rows.extend(
+                e.forward(&[BatchToken {
+                    seq: s,
+                    token: g,
+                    pos: (p.ids.len() + i) as u32,
+                    want_logits: true,
+                }])
+                .expect("decode"),
+            );
+        }
+        rows
+    };
+    let (ra, rb) = (alone(a), alone(b));
+    let mut e = engine(&model);
+    let (sa, sb) = (e.add_sequence().expect("a"), e.add_sequence().expect("b"));
+    // Interleave: b's prompt first then a's, mixed in one batch.
+    let mut batch = Vec::new();
+    let n = a.ids.len().max(b.ids.len());
+    for i in 0..n {
+        if let Some(&t) = b.ids.get(i) {
+            batch.push(BatchToken {
+                seq: sb,
+                token: t,
+                pos: i as u32,
+                want_logits: true,
+            });
+        }
+        if let Some(&t) = a.ids.get(i) {
+            batch.push(BatchToken {
+                seq: sa,
+                token: t,
+                pos: i as u32,
+                want_logits: true,
+            });
+        }
+    }
+    let out = e.forward(&batch).expect("mixed prefill");
+    let (mut ga, mut gb) = (Vec::new(), Vec::new());
+    for (bt, row) in batch.iter().zip(out) {
+        if bt.seq == sa {
+            ga.push(row)
+        } else {
+            gb.push(row)
+        }
+    }
+    for i in 0..4 {
+        let step = [
+            BatchToken {
+                seq: sa,
+                token: a.greedy[i],
+                pos: (a.ids.len() + i) as u32,
+                want_logits: true,
+            },
+            BatchToken {
+                seq: sb,
+                token: b.greedy[i],
+                pos: (b.ids.len() + i) as u32,
+                want_logits: true,
+            },
+        ];
+        let mut o = e.forward(&step).expect("mixed decode");
+        gb.push(o.pop().expect("b"));
+        ga.push(o.pop().expect("a"));
+    }
+    assert_eq!(ga, ra, "{name}: sequence a differs when batched with b");
+    assert_eq!(gb, rb, "{name}: sequence b differs when batched with a");
+}
+
+#[test]
+fn multi_sequence_batch_is_bit_identical_qwen3moe() {
+    check_multi_seq("tiny-qwen3moe-Q4_K_M");
+}
+
+#[test]
+fn multi_sequence_batch_is_bit_identical_deepseek2() {
+    check_multi_seq("tiny-deepseek2-Q4_K_M");
+}
