@@ -129,22 +129,35 @@ fn unavailable(tier: Tier) -> KernelError {
     }
 }
 
-/// The tier `NIGHTSHIFT_KERNEL` asks for (best available when unset, empty or `auto`), or why it
-/// cannot be used. Read and checked once, then cached.
+/// Resolves a `NIGHTSHIFT_KERNEL` value: `None`, empty or `auto` -> the best available tier; a
+/// tier name -> that tier if this CPU can run it; anything else -> an error saying why.
+pub fn resolve_tier(value: Option<&str>) -> Result<Tier, KernelError> {
+    let best = available_tiers().last().copied().unwrap_or(Tier::Scalar);
+    match value.map(str::trim) {
+        None => Ok(best),
+        Some(v) if v.is_empty() || v.eq_ignore_ascii_case("auto") => Ok(best),
+        Some(v) => match Tier::from_name(v) {
+            None => Err(KernelError::UnknownTier {
+                found: v.to_string(),
+            }),
+            Some(t) if is_available(t) => Ok(t),
+            Some(t) => Err(unavailable(t)),
+        },
+    }
+}
+
+/// The tier `NIGHTSHIFT_KERNEL` asks for (see [`resolve_tier`]), read and checked once, then
+/// cached. Binaries should call this at startup to report a misconfiguration early.
 pub fn configured_tier() -> Result<Tier, KernelError> {
     static CONFIGURED: OnceLock<Result<Tier, KernelError>> = OnceLock::new();
     CONFIGURED
         .get_or_init(|| {
-            let best = available_tiers().last().copied().unwrap_or(Tier::Scalar);
-            match std::env::var("NIGHTSHIFT_KERNEL") {
-                Err(_) => Ok(best),
-                Ok(v) if v.trim().is_empty() || v.trim().eq_ignore_ascii_case("auto") => Ok(best),
-                Ok(v) => match Tier::from_name(&v) {
-                    None => Err(KernelError::UnknownTier { found: v }),
-                    Some(t) if is_available(t) => Ok(t),
-                    Some(t) => Err(unavailable(t)),
-                },
-            }
+            let value = std::env::var_os("NIGHTSHIFT_KERNEL");
+            resolve_tier(
+                value
+                    .as_deref()
+                    .map(|v| v.to_str().unwrap_or("<not utf-8>")),
+            )
         })
         .clone()
 }
