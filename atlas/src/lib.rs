@@ -5,6 +5,9 @@
 
 mod fsutil;
 pub mod placement;
+pub mod plan;
+pub mod stats;
+pub mod synth;
 pub mod trace;
 
 pub use fsutil::write_atomic;

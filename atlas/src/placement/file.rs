@@ -124,14 +124,7 @@ fn is_good_addr(addr: &str) -> bool {
 }
 
 pub(super) fn parse(text: &str) -> Result<Placement, PlacementError> {
-    let file: FileIn = toml::from_str(text).map_err(|e| {
-        let pos = e.span().map_or(0, |s| s.start);
-        PlacementError::Syntax {
-            line: line_of(text, pos),
-            column: column_of(text, pos),
-            message: e.message().trim_end_matches('.').to_string(),
-        }
-    })?;
+    let file: FileIn = toml::from_str(text).map_err(|e| syntax(text, &e))?;
     let line = |span: std::ops::Range<usize>| Some(line_of(text, span.start));
 
     if *file.version.get_ref() != PLACEMENT_VERSION {
@@ -152,44 +145,7 @@ pub(super) fn parse(text: &str) -> Result<Placement, PlacementError> {
         }
     };
 
-    let mut nodes = Vec::with_capacity(file.node.len());
-    let mut names: BTreeMap<String, usize> = BTreeMap::new();
-    for (i, n) in file.node.iter().enumerate() {
-        let field = format!("node[{i}].name");
-        let name = n.name.get_ref();
-        if !is_good_name(name) {
-            return Err(PlacementError::BadNodeName {
-                field,
-                found: name.clone(),
-                line: line(n.name.span()),
-            });
-        }
-        if let Some(&first) = names.get(name) {
-            return Err(PlacementError::DuplicateNode {
-                field,
-                name: name.clone(),
-                first: format!("node[{first}].name"),
-                line: line(n.name.span()),
-            });
-        }
-        names.insert(name.clone(), i);
-        if let Some(addr) = &n.addr {
-            if !is_good_addr(addr.get_ref()) {
-                return Err(PlacementError::BadAddr {
-                    field: format!("node[{i}].addr"),
-                    found: addr.get_ref().clone(),
-                    line: line(addr.span()),
-                });
-            }
-        }
-        nodes.push(NodeSpec {
-            name: name.clone(),
-            addr: n.addr.as_ref().map(|a| a.get_ref().clone()),
-            numa: n.numa,
-            memory_bytes: n.memory_bytes,
-            cores: n.cores,
-        });
-    }
+    let (nodes, names) = nodes_from(text, &file.node)?;
     if nodes.is_empty() {
         return Err(PlacementError::NoNodes);
     }
@@ -291,6 +247,79 @@ pub(super) fn parse(text: &str) -> Result<Placement, PlacementError> {
         });
     }
     Ok(Placement::assemble(nodes, Strategy::Explicit, layers))
+}
+
+/// Checks `[[node]]` tables (names unique and sane, addresses host:port) and converts them.
+fn nodes_from(
+    text: &str,
+    list: &[NodeIn],
+) -> Result<(Vec<NodeSpec>, BTreeMap<String, usize>), PlacementError> {
+    let line = |span: std::ops::Range<usize>| Some(line_of(text, span.start));
+    let mut nodes = Vec::with_capacity(list.len());
+    let mut names: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, n) in list.iter().enumerate() {
+        let field = format!("node[{i}].name");
+        let name = n.name.get_ref();
+        if !is_good_name(name) {
+            return Err(PlacementError::BadNodeName {
+                field,
+                found: name.clone(),
+                line: line(n.name.span()),
+            });
+        }
+        if let Some(&first) = names.get(name) {
+            return Err(PlacementError::DuplicateNode {
+                field,
+                name: name.clone(),
+                first: format!("node[{first}].name"),
+                line: line(n.name.span()),
+            });
+        }
+        names.insert(name.clone(), i);
+        if let Some(addr) = &n.addr {
+            if !is_good_addr(addr.get_ref()) {
+                return Err(PlacementError::BadAddr {
+                    field: format!("node[{i}].addr"),
+                    found: addr.get_ref().clone(),
+                    line: line(addr.span()),
+                });
+            }
+        }
+        nodes.push(NodeSpec {
+            name: name.clone(),
+            addr: n.addr.as_ref().map(|a| a.get_ref().clone()),
+            numa: n.numa,
+            memory_bytes: n.memory_bytes,
+            cores: n.cores,
+        });
+    }
+    Ok((nodes, names))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodesIn {
+    #[serde(default)]
+    node: Vec<NodeIn>,
+}
+
+/// Parses a planner `NODES.toml`: only `[[node]]` tables (name, addr, numa, memory_bytes, cores).
+pub(super) fn parse_nodes(text: &str) -> Result<Vec<NodeSpec>, PlacementError> {
+    let file: NodesIn = toml::from_str(text).map_err(|e| syntax(text, &e))?;
+    let (nodes, _) = nodes_from(text, &file.node)?;
+    if nodes.is_empty() {
+        return Err(PlacementError::NoNodes);
+    }
+    Ok(nodes)
+}
+
+fn syntax(text: &str, e: &toml::de::Error) -> PlacementError {
+    let pos = e.span().map_or(0, |s| s.start);
+    PlacementError::Syntax {
+        line: line_of(text, pos),
+        column: column_of(text, pos),
+        message: e.message().trim_end_matches('.').to_string(),
+    }
 }
 
 /// Structural checks for placements built in code (`Placement::from_layers`).

@@ -170,6 +170,11 @@ impl Placement {
         Placement::assemble(nodes, Strategy::RoundRobin, layers)
     }
 
+    /// Parses a `NODES.toml` (only `[[node]]` tables), with the same checks as placement nodes.
+    pub fn nodes_from_toml_str(s: &str) -> Result<Vec<NodeSpec>, PlacementError> {
+        file::parse_nodes(s)
+    }
+
     pub fn from_toml_str(s: &str) -> Result<Placement, PlacementError> {
         file::parse(s)
     }
