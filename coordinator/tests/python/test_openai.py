@@ -1,0 +1,165 @@
+"""The official `openai` Python package against a running `nightshift serve`.
+
+Run by scripts/test.d/40-openai.sh, which starts the server and sets NIGHTSHIFT_URL,
+NIGHTSHIFT_MODEL and NIGHTSHIFT_API_KEY. Plain asserts, no pytest needed: every `test_*`
+function runs, and the last line says `N passed, N failed`.
+"""
+
+import os
+import sys
+import traceback
+
+import openai
+from openai import OpenAI
+
+URL = os.environ.get("NIGHTSHIFT_URL", "http://127.0.0.1:8080")
+MODEL = os.environ.get("NIGHTSHIFT_MODEL", "mock")
+KEY = os.environ.get("NIGHTSHIFT_API_KEY", "none")
+
+client = OpenAI(base_url=URL + "/v1", api_key=KEY, max_retries=0, timeout=120)
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."}]
+
+
+def greedy_chat(**kw):
+    args = dict(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0)
+    args.update(kw)
+    return client.chat.completions.create(**args)
+
+
+def test_models():
+    ids = [m.id for m in client.models.list().data]
+    assert ids == [MODEL], ids
+
+
+def test_chat():
+    r = greedy_chat()
+    assert r.object == "chat.completion"
+    assert r.id.startswith("chatcmpl-")
+    c = r.choices[0]
+    assert c.message.role == "assistant"
+    assert isinstance(c.message.content, str)
+    assert c.finish_reason in ("stop", "length"), c.finish_reason
+    u = r.usage
+    assert u.prompt_tokens > 0 and u.total_tokens == u.prompt_tokens + u.completion_tokens
+    assert c.finish_reason == "stop" or u.completion_tokens == 12
+    # greedy is deterministic
+    assert greedy_chat().choices[0].message.content == c.message.content
+
+
+def test_chat_stream_with_usage():
+    want = greedy_chat()
+    stream = greedy_chat(stream=True, stream_options={"include_usage": True})
+    text, finish, usage, roles = "", None, None, []
+    for chunk in stream:
+        assert chunk.object == "chat.completion.chunk"
+        if chunk.usage is not None:
+            usage = chunk.usage
+            assert chunk.choices == []
+            continue
+        d = chunk.choices[0].delta
+        if d.role:
+            roles.append(d.role)
+        text += d.content or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert roles == ["assistant"], roles
+    assert text == want.choices[0].message.content, (text, want.choices[0].message.content)
+    assert finish == want.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == want.usage.completion_tokens
+
+
+def test_text_parts_equal_string_content():
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hello."}]}]
+    a = greedy_chat(messages=[{"role": "user", "content": "Say hello."}])
+    b = greedy_chat(messages=parts)
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_chat_logprobs():
+    r = greedy_chat(logprobs=True, top_logprobs=3, max_tokens=6)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens, (len(content), r.usage)
+    for t in content:
+        assert t.logprob <= 0.0
+        assert len(t.top_logprobs) == 3
+        # greedy: the chosen token is the most likely one
+        assert abs(t.top_logprobs[0].logprob - t.logprob) < 1e-5
+
+
+def test_completions_and_logprobs():
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=0, logprobs=2)
+    assert r.object == "text_completion"
+    c = r.choices[0]
+    assert c.finish_reason in ("stop", "length")
+    assert "".join(c.logprobs.tokens) == c.text
+    assert len(c.logprobs.token_logprobs) == len(c.logprobs.tokens) == r.usage.completion_tokens
+    assert all(len(t) <= 2 for t in c.logprobs.top_logprobs)
+    s = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=0, stream=True)
+    assert "".join(ch.choices[0].text for ch in s if ch.choices) == c.text
+
+
+def test_stop_string_not_emitted():
+    full = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0).choices[0].text
+    if len(full) < 6:
+        return  # the model ended too early to pick a stop string from its output
+    stop = full[3:5]
+    cut = full[: full.index(stop)]
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0, stop=[stop])
+    assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop", (r.choices[0].text, cut)
+    s = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0, stop=stop, stream=True)
+    assert "".join(ch.choices[0].text for ch in s if ch.choices) == cut
+
+
+def test_seed_reproducible():
+    a = greedy_chat(temperature=1.0, seed=1234, max_tokens=10).choices[0].message.content
+    b = greedy_chat(temperature=1.0, seed=1234, max_tokens=10).choices[0].message.content
+    assert a == b
+
+
+def expect(exc, fn, status, param=None):
+    try:
+        fn()
+    except exc as e:
+        assert e.status_code == status, (e.status_code, e)
+        body = e.body if isinstance(e.body, dict) else {}
+        if param is not None:
+            assert body.get("param") == param, body
+        assert body.get("message"), body
+        return
+    raise AssertionError(f"expected {exc.__name__}")
+
+
+def test_errors():
+    expect(openai.NotFoundError, lambda: greedy_chat(model="no-such-model"), 404, "model")
+    expect(openai.BadRequestError, lambda: greedy_chat(n=2), 400, "n")
+    expect(openai.BadRequestError, lambda: greedy_chat(temperature=7), 400, "temperature")
+    expect(openai.BadRequestError, lambda: greedy_chat(max_tokens=10**7), 400, "messages")
+    expect(openai.BadRequestError, lambda: greedy_chat(messages=[{"role": "oracle", "content": "x"}]), 400, "messages[0].role")
+    expect(openai.BadRequestError, lambda: greedy_chat(extra_body={"top_k": "many"}), 400, "top_k")
+    if KEY != "none":
+        bad = OpenAI(base_url=URL + "/v1", api_key="wrong-" + KEY, max_retries=0)
+        expect(openai.AuthenticationError, lambda: bad.models.list(), 401)
+
+
+def test_extensions_accepted():
+    r = greedy_chat(extra_body={"top_k": 5, "min_p": 0.05, "repeat_penalty": 1.1}, presence_penalty=0.5, frequency_penalty=0.5, user="tests")
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def main():
+    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
+    passed = failed = 0
+    for name, f in tests:
+        try:
+            f()
+            passed += 1
+            print(f"ok   {name}")
+        except Exception:
+            failed += 1
+            print(f"FAIL {name}")
+            traceback.print_exc()
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
