@@ -218,30 +218,50 @@ pub fn dequantize_q8_1(x: &[BlockQ8_1], y: &mut [f32]) {
 
 // ---------------------------------------------------------------- dot products
 
-/// The integer part of a Q4_0/Q5_0/Q8_0 x Q8_0 block dot: `sum(wq * xq)`.
+/// `sum(lo[j] * xq[j]) + sum(hi[j] * xq[j + 16])` over j in 0..16: the integer part of a
+/// 32-element block dot, with the weight quants given as the low and high halves.
 #[inline(always)]
-fn isum(w: impl Fn(usize) -> i32, xq: &[i8; QK]) -> i32 {
+fn isum(lo: &[i32; QK / 2], hi: &[i32; QK / 2], xq: &[i8; QK]) -> i32 {
     let mut s0 = 0i32;
     let mut s1 = 0i32;
     for j in 0..QK / 2 {
-        s0 += w(j) * xq[j] as i32;
-        s1 += w(j + QK / 2) * xq[j + QK / 2] as i32;
+        s0 += lo[j] * xq[j] as i32;
+        s1 += hi[j] * xq[j + QK / 2] as i32;
     }
     s0 + s1
+}
+
+/// The two nibbles of every byte of `qs`, minus `offset`.
+#[inline(always)]
+fn nibbles(qs: &[u8; QK / 2], offset: i32) -> ([i32; QK / 2], [i32; QK / 2]) {
+    let mut lo = [0i32; QK / 2];
+    let mut hi = [0i32; QK / 2];
+    for j in 0..QK / 2 {
+        lo[j] = (qs[j] & 0xf) as i32 - offset;
+        hi[j] = (qs[j] >> 4) as i32 - offset;
+    }
+    (lo, hi)
+}
+
+/// The 5-bit quants of a Q5_0/Q5_1 block, minus `offset`, as low and high halves.
+#[inline(always)]
+fn fives(qs: &[u8; QK / 2], qh: u32, offset: i32) -> ([i32; QK / 2], [i32; QK / 2]) {
+    let mut lo = [0i32; QK / 2];
+    let mut hi = [0i32; QK / 2];
+    for j in 0..QK / 2 {
+        let (a, b) = q5_pair(qs[j], qh, j);
+        lo[j] = a - offset;
+        hi[j] = b - offset;
+    }
+    (lo, hi)
 }
 
 /// `ggml_vec_dot_q4_0_q8_0_generic`.
 pub fn vec_dot_q4_0(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
     let mut sumf = 0.0f32;
     for (a, b) in w.iter().zip(x) {
-        let q = |j: usize| {
-            if j < QK / 2 {
-                (a.qs[j] & 0xf) as i32 - 8
-            } else {
-                (a.qs[j - QK / 2] >> 4) as i32 - 8
-            }
-        };
-        let sumi = isum(q, &b.qs);
+        let (lo, hi) = nibbles(&a.qs, 8);
+        let sumi = isum(&lo, &hi, &b.qs);
         sumf += sumi as f32 * a.d() * b.d();
     }
     sumf
@@ -251,14 +271,8 @@ pub fn vec_dot_q4_0(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
 pub fn vec_dot_q4_1(w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
     let mut sumf = 0.0f32;
     for (a, b) in w.iter().zip(x) {
-        let q = |j: usize| {
-            if j < QK / 2 {
-                (a.qs[j] & 0xf) as i32
-            } else {
-                (a.qs[j - QK / 2] >> 4) as i32
-            }
-        };
-        let sumi = isum(q, &b.qs);
+        let (lo, hi) = nibbles(&a.qs, 0);
+        let sumi = isum(&lo, &hi, &b.qs);
         sumf += (a.d() * b.d()) * sumi as f32 + a.m() * b.s();
     }
     sumf
@@ -268,16 +282,8 @@ pub fn vec_dot_q4_1(w: &[BlockQ4_1], x: &[BlockQ8_1]) -> f32 {
 pub fn vec_dot_q5_0(w: &[BlockQ5_0], x: &[BlockQ8_0]) -> f32 {
     let mut sumf = 0.0f32;
     for (a, b) in w.iter().zip(x) {
-        let qh = a.qh();
-        let q = |j: usize| {
-            let (lo, hi) = q5_pair(a.qs[j % (QK / 2)], qh, j % (QK / 2));
-            if j < QK / 2 {
-                lo - 16
-            } else {
-                hi - 16
-            }
-        };
-        let sumi = isum(q, &b.qs);
+        let (lo, hi) = fives(&a.qs, a.qh(), 16);
+        let sumi = isum(&lo, &hi, &b.qs);
         sumf += (a.d() * b.d()) * sumi as f32;
     }
     sumf
@@ -287,16 +293,8 @@ pub fn vec_dot_q5_0(w: &[BlockQ5_0], x: &[BlockQ8_0]) -> f32 {
 pub fn vec_dot_q5_1(w: &[BlockQ5_1], x: &[BlockQ8_1]) -> f32 {
     let mut sumf = 0.0f32;
     for (a, b) in w.iter().zip(x) {
-        let qh = a.qh();
-        let q = |j: usize| {
-            let (lo, hi) = q5_pair(a.qs[j % (QK / 2)], qh, j % (QK / 2));
-            if j < QK / 2 {
-                lo
-            } else {
-                hi
-            }
-        };
-        let sumi = isum(q, &b.qs);
+        let (lo, hi) = fives(&a.qs, a.qh(), 0);
+        let sumi = isum(&lo, &hi, &b.qs);
         sumf += (a.d() * b.d()) * sumi as f32 + a.m() * b.s();
     }
     sumf
@@ -306,7 +304,10 @@ pub fn vec_dot_q5_1(w: &[BlockQ5_1], x: &[BlockQ8_1]) -> f32 {
 pub fn vec_dot_q8_0(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
     let mut sumf = 0.0f32;
     for (a, b) in w.iter().zip(x) {
-        let sumi = isum(|j| a.qs[j] as i32, &b.qs);
+        let mut sumi = 0i32;
+        for (&p, &q) in a.qs.iter().zip(&b.qs) {
+            sumi += p as i32 * q as i32;
+        }
         sumf += sumi as f32 * (a.d() * b.d());
     }
     sumf
