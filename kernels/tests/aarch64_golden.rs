@@ -8,10 +8,11 @@ use std::path::PathBuf;
 use nightshift_kernels::arch::aarch64::{Dotprod, I8mm, Neon};
 use nightshift_kernels::GgmlType;
 
-const TYPES: [GgmlType; 5] = [
+const TYPES: [GgmlType; 6] = [
     GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
+    GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_0,
 ];

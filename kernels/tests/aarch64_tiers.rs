@@ -11,10 +11,11 @@ use nightshift_kernels::{scalar, GgmlType};
 use proptest::prelude::*;
 
 /// The weight types every aarch64 tier must cover.
-const TYPES: [GgmlType; 5] = [
+const TYPES: [GgmlType; 6] = [
     GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
+    GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_0,
 ];
@@ -165,7 +166,7 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
-        GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         GgmlType::Q8_0 => &[0],
         _ => unreachable!("no aarch64 path tested for {ty:?}"),
@@ -265,11 +266,11 @@ fn tiers_are_detected_under_qemu_max() {
 #[test]
 fn unsupported_types_report_no_path() {
     let mut out = [0.0f32; 1];
-    let w = vec![0u8; GgmlType::Q5_K.row_bytes(256).expect("k fits")];
-    let x = vec![0u8; GgmlType::Q8_K.row_bytes(256).expect("k fits")];
+    let w = vec![0u8; GgmlType::Q4_1.row_bytes(256).expect("k fits")];
+    let x = vec![0u8; GgmlType::Q8_1.row_bytes(256).expect("k fits")];
     for tier in TIERS {
         assert_ne!(
-            run_tier(tier, GgmlType::Q5_K, 256, &w, 1, &x, 1, &mut out),
+            run_tier(tier, GgmlType::Q4_1, 256, &w, 1, &x, 1, &mut out),
             Some(true),
             "{tier:?}"
         );

@@ -26,6 +26,7 @@ pub(crate) enum Kind {
     Q2K,
     Q3K,
     Q4K,
+    Q5K,
     Q6K,
 }
 
@@ -35,6 +36,7 @@ impl Kind {
             Kind::Q2K => 84,
             Kind::Q3K => 110,
             Kind::Q4K => 144,
+            Kind::Q5K => 176,
             Kind::Q6K => 210,
         }
     }
@@ -44,6 +46,7 @@ impl Kind {
             Kind::Q2K => unpack::q2_k(b, u),
             Kind::Q3K => unpack::q3_k(b, u, false),
             Kind::Q4K => unpack::q4_k(b, u),
+            Kind::Q5K => unpack::q5_k(b, u, false),
             Kind::Q6K => unpack::q6_k(b, u, false),
         }
     }
@@ -64,6 +67,7 @@ pub(crate) fn gemm(
         GgmlType::Q2_K => Kind::Q2K,
         GgmlType::Q3_K => Kind::Q3K,
         GgmlType::Q4_K => Kind::Q4K,
+        GgmlType::Q5_K => Kind::Q5K,
         GgmlType::Q6_K => Kind::Q6K,
         _ => unreachable!("aarch64 driver called for {ty:?} without a path"),
     };
@@ -135,7 +139,7 @@ impl KAcc {
         }
         let mut sumf = match kind {
             Kind::Q2K => return self.sumf,
-            Kind::Q4K => self.sumf,
+            Kind::Q4K | Kind::Q5K => self.sumf,
             Kind::Q3K | Kind::Q6K => 0.0,
         };
         for v in s {
@@ -177,7 +181,7 @@ fn kq_step(level: Level, kind: Kind, u: &Unpacked, xb: &[u8], acc: &mut KAcc) {
         Kind::Q3K | Kind::Q6K => {
             add_lanes(acc, neon::split16(&u.q, xq, &u.scales), u.d * yd);
         }
-        Kind::Q4K => {
+        Kind::Q4K | Kind::Q5K => {
             add_lanes(acc, neon::split16(&u.q, xq, &u.scales), u.d * yd);
             let sumi = neon::min_corr(bsums, &u.mins);
             let dmin = u.dmin * yd;

@@ -11,7 +11,7 @@
 //!   and mins (NEON, shared by every tier);
 //! - [`neon`], [`dotprod`], [`i8mm`]: the integer cores of each tier;
 //! - [`driver`]: the loops over weight rows, activation rows and blocks, and the epilogues;
-//! - [`split`]: Q3_K/Q4_K/Q6_K on SDOT and SMMLA, with lane-grouped element orders so that a
+//! - [`split`]: Q3_K/Q4_K/Q5_K/Q6_K on SDOT and SMMLA, with lane-grouped element orders so that a
 //!   multiply-sum instruction never mixes two reference lanes.
 //!
 //! Which instruction serves which type (every cell is bit-identical to the scalar reference):
@@ -21,6 +21,7 @@
 //! | Q2_K  | SMULL/SMLAL | SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //! | Q3_K  | SMULL/SMLAL | SMULL/SMLAL           | SMMLA 2 rows x 1 act, PERM16 + masks  |
 //! | Q4_K  | SMULL/SMLAL | SDOT on PERM32        | SMMLA 2 rows x 1 act, PERM32 + masks  |
+//! | Q5_K  | SMULL/SMLAL | SDOT on PERM32        | SMMLA 2 rows x 1 act, PERM32 + masks  |
 //! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL           | SMMLA 2 rows x 1 act, PERM16 + masks  |
 //! | Q8_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 
@@ -48,7 +49,12 @@ pub(crate) enum Level {
 fn has_path(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0
+        GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::Q8_0
     )
 }
 

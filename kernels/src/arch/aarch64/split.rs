@@ -1,11 +1,11 @@
-//! The lane-split K-quants (Q3_K, Q4_K, Q6_K) on SDOT and SMMLA. Their references keep eight
+//! The lane-split K-quants (Q3_K, Q4_K, Q5_K, Q6_K) on SDOT and SMMLA. Their references keep eight
 //! int32 lanes per block (lane `e % 8`), so a multiply-sum instruction may only ever add
 //! products of one lane and one scale group. Weights and activations are therefore stored in a
-//! lane-grouped order (`unpack::PERM32` for Q4_K, whose scales cover 32 elements: four products
+//! lane-grouped order (`unpack::PERM32` for Q4_K/Q5_K, whose scales cover 32 elements: four products
 //! per lane and group; `unpack::PERM16` for Q3_K/Q6_K: two per lane and group), and on the
 //! activation side SMMLA operands are masked so each of the four outputs is one lane:
-//! - dotprod, Q4_K: SDOT on PERM32 data, one lane per SDOT lane (`dotprod::split32_perm`);
-//! - i8mm, Q4_K: SMMLA, two weight rows x one activation row x two lanes per instruction;
+//! - dotprod, Q4_K/Q5_K: SDOT on PERM32 data, one lane per SDOT lane (`dotprod::split32_perm`);
+//! - i8mm, Q4_K/Q5_K: SMMLA, two weight rows x one activation row x two lanes per instruction;
 //! - i8mm, Q3_K/Q6_K: the same with groups of 16 (`i8mm::split16_2x1`).
 //!
 //! (Q3_K/Q6_K on the dotprod tier stay on the NEON widening core: with two products per lane
@@ -64,7 +64,7 @@ fn masked(p: &[u8; 256], masks: &[[u8; 16]], dst: &mut [u8]) {
     }
 }
 
-/// SMMLA operands for Q4_K (512 bytes): per PERM32 slice (lanes 2s, 2s+1 of a group of 32),
+/// SMMLA operands for Q4_K/Q5_K (512 bytes): per PERM32 slice (lanes 2s, 2s+1 of a group of 32),
 /// `[slice & lane 2s | slice & lane 2s+1]`.
 fn mask32_block(xq: &[u8], dst: &mut [u8]) {
     const M: [[u8; 16]; 1] = [[
@@ -97,9 +97,9 @@ fn mask16_block(xq: &[u8], dst: &mut [u8]) {
 /// Which prepared form and cores a (kind, level) pair uses.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Path {
-    /// Q4_K, SDOT on PERM32 data.
+    /// Q4_K/Q5_K, SDOT on PERM32 data.
     Sdot32,
-    /// Q4_K, SMMLA on PERM32 data.
+    /// Q4_K/Q5_K, SMMLA on PERM32 data.
     Smmla32,
     /// Q3_K/Q6_K, SMMLA on PERM16 data.
     Smmla16,
@@ -127,16 +127,17 @@ impl Path {
 pub(crate) fn handles(kind: Kind, level: Level) -> bool {
     matches!(
         (kind, level),
-        (Kind::Q4K, Level::Dotprod) | (Kind::Q4K | Kind::Q3K | Kind::Q6K, Level::I8mm)
+        (Kind::Q4K | Kind::Q5K, Level::Dotprod)
+            | (Kind::Q4K | Kind::Q5K | Kind::Q3K | Kind::Q6K, Level::I8mm)
     )
 }
 
-/// The float epilogue of one block (reference order: lanes, then Q4_K's min term).
+/// The float epilogue of one block (reference order: lanes, then Q4_K/Q5_K's min term).
 #[inline(always)]
 fn epilogue(kind: Kind, acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), u: &Unpacked, xb: &[u8]) {
     let yd = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
     add_lanes(acc, lanes, u.d * yd);
-    if kind == Kind::Q4K {
+    if matches!(kind, Kind::Q4K | Kind::Q5K) {
         let sumi = neon::min_corr(&xb[260..292], &u.mins);
         let dmin = u.dmin * yd;
         acc.sumf -= dmin * sumi as f32;
@@ -146,6 +147,7 @@ fn epilogue(kind: Kind, acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), u: &Unpac
 fn unpack_perm(kind: Kind, b: &[u8], u: &mut Unpacked) {
     match kind {
         Kind::Q4K => unpack::q4_k_perm(b, u),
+        Kind::Q5K => unpack::q5_k(b, u, true),
         Kind::Q3K => unpack::q3_k(b, u, true),
         Kind::Q6K => unpack::q6_k(b, u, true),
         Kind::Q2K => unreachable!("Q2_K has no lane-split path"),
@@ -165,8 +167,8 @@ pub(crate) fn gemm(
     out: &mut [f32],
 ) {
     let path = match (kind, level) {
-        (Kind::Q4K, Level::Dotprod) => Path::Sdot32,
-        (Kind::Q4K, _) => Path::Smmla32,
+        (Kind::Q4K | Kind::Q5K, Level::Dotprod) => Path::Sdot32,
+        (Kind::Q4K | Kind::Q5K, _) => Path::Smmla32,
         _ => Path::Smmla16,
     };
     let wb = kind.block_bytes();

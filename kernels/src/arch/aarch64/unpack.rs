@@ -282,3 +282,39 @@ pub(crate) fn perm16(v: uint8x16_t) -> uint8x16_t {
     // SAFETY: PERM16 is 16 readable bytes; the rest is NEON register arithmetic.
     unsafe { vqtbl1q_u8(v, vld1q_u8(PERM16.as_ptr())) }
 }
+
+/// Q5_K (176 bytes: d, dmin, scales[12], qh[32], qs[128]): like Q4_K plus a fifth bit,
+/// element `64j + l` is `(qs[32j + l] & 15) | (bit 2j of qh[l]) << 4`, element
+/// `64j + 32 + l` is `(qs[32j + l] >> 4) | (bit 2j + 1 of qh[l]) << 4` (0..=31). With
+/// `perm`, groups of 32 are stored in [`PERM32`] order (qs and qh share positions `l`).
+pub(crate) fn q5_k(b: &[u8], u: &mut Unpacked, perm: bool) {
+    let b = &b[..176];
+    // SAFETY (whole block): NEON register arithmetic only.
+    unsafe {
+        let m15 = vdupq_n_u8(15);
+        let sixteen = vdupq_n_u8(16);
+        let (h0, h1) = (load16(b, 16), load16(b, 32));
+        let (h0, h1) = if perm { perm32(h0, h1) } else { (h0, h1) };
+        for j in 0..4 {
+            let (q0, q1) = (load16(b, 48 + 32 * j), load16(b, 48 + 32 * j + 16));
+            let (q0, q1) = if perm { perm32(q0, q1) } else { (q0, q1) };
+            let lo_bit = vdupq_n_u8(1u8 << (2 * j));
+            let hi_bit = vdupq_n_u8(2u8 << (2 * j));
+            for (half, (q, h)) in [(q0, h0), (q1, h1)].into_iter().enumerate() {
+                let hl = vandq_u8(vtstq_u8(h, lo_bit), sixteen);
+                let hh = vandq_u8(vtstq_u8(h, hi_bit), sixteen);
+                store16(u, 64 * j + 16 * half, vorrq_u8(vandq_u8(q, m15), hl));
+                store16(u, 64 * j + 32 + 16 * half, vorrq_u8(vshrq_n_u8::<4>(q), hh));
+            }
+        }
+    }
+    let mut sc = [0u8; 12];
+    sc.copy_from_slice(&b[4..16]);
+    let (s, m) = unpack_k4_scales(&sc);
+    for g in 0..16 {
+        u.scales[g] = i16::from(s[g / 2]);
+        u.mins[g] = i16::from(m[g / 2]);
+    }
+    u.d = f16_at(b, 0);
+    u.dmin = f16_at(b, 2);
+}
