@@ -128,6 +128,29 @@ fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
     h
 }
 
+/// Parses and checks one GGUF image held in memory (no split handling, nothing mapped): the
+/// same checks as [`Gguf::open`], for fuzzing and tools. Errors name the file as `<memory>`.
+pub fn check_image(buf: &[u8]) -> Result<(Metadata, Vec<TensorInfo>), GgufError> {
+    let parsed = parse::parse(buf).map_err(|b| GgufError::Format {
+        path: PathBuf::from("<memory>"),
+        offset: b.offset,
+        kind: b.kind,
+    })?;
+    let tensors = parsed
+        .tensors
+        .into_iter()
+        .map(|t| TensorInfo {
+            name: t.name,
+            ty: t.ty,
+            dims: t.dims,
+            shard: 0,
+            offset: t.start,
+            size: t.size,
+        })
+        .collect();
+    Ok((parsed.metadata, tensors))
+}
+
 impl Gguf {
     /// Opens a GGUF file. If it is one file of a split set (any of them), opens all the others
     /// next to it and presents them as one model; metadata comes from the first split.
