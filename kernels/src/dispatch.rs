@@ -8,6 +8,7 @@
 //! `gemm_block` has no path for a type returns false and the scalar reference runs instead, so
 //! every type works on every tier, and every tier gives the scalar reference's bits.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
@@ -217,6 +218,11 @@ fn run_block(
     }
 }
 
+thread_local! {
+    /// Reusable row-major result matrix for `gemm_with` (see there).
+    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
 /// Rows per parallel task: about four tasks per thread, a multiple of 4 rows (so that 2- and
 /// 4-row tiles stay whole), at least 4.
 fn chunk_rows(m: usize, threads: usize) -> usize {
@@ -285,11 +291,15 @@ pub fn gemm_with(
 
     // Tiers write row-major tiles `tile[r * n + j]`; with one activation row that is already the
     // output layout, otherwise compute into a scratch matrix and transpose once at the end.
+    // The scratch matrix comes from a per-thread cache and goes back afterwards, so steady-state
+    // calls do not allocate (a nested call on the same thread just finds the cache empty).
     let mut scratch = if n == 1 {
         Vec::new()
     } else {
-        vec![0f32; cells]
+        SCRATCH.with(Cell::take)
     };
+    scratch.clear();
+    scratch.resize(if n == 1 { 0 } else { cells }, 0.0);
     let tiles: &mut [f32] = if n == 1 { out } else { &mut scratch };
     let rows_per = match pool {
         Some(p) => chunk_rows(m, p.current_num_threads()),
@@ -318,6 +328,7 @@ pub fn gemm_with(
                 out[j * m + i] = v;
             }
         }
+        SCRATCH.with(|c| c.set(scratch));
     }
     Ok(())
 }
