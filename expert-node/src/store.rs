@@ -4,7 +4,7 @@
 //! and dropped while serving (live rebalance); computing holds a read lock, so a drop waits for
 //! the layer calls that use the expert to finish.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use nightshift_atlas::placement::ModelShape;
@@ -25,46 +25,13 @@ pub enum StoreError {
     Poisoned,
 }
 
-/// Reads the MoE shape of a model from its tensors: the layers that have routed experts, the
-/// experts per layer and the bytes of one expert (gate + up + down as stored).
+/// The MoE shape of a model as the placement validator wants it.
 pub fn model_shape(g: &Gguf) -> Result<ModelShape, StoreError> {
-    let mut layers: BTreeMap<usize, (usize, u64)> = BTreeMap::new();
-    for t in g.tensors() {
-        let Some(rest) = t.name.strip_prefix("blk.") else {
-            continue;
-        };
-        let Some((idx, tail)) = rest.split_once('.') else {
-            continue;
-        };
-        let Ok(layer) = idx.parse::<usize>() else {
-            continue;
-        };
-        if !matches!(
-            tail,
-            "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight"
-        ) {
-            continue;
-        }
-        let n_expert = t.dims.get(2).copied().unwrap_or(0) as usize;
-        let per_expert = if n_expert == 0 {
-            0
-        } else {
-            t.size() / n_expert as u64
-        };
-        let e = layers.entry(layer).or_insert((n_expert, 0));
-        e.0 = e.0.max(n_expert);
-        e.1 += per_expert;
-    }
-    let n_experts = layers
-        .values()
-        .map(|v| v.0)
-        .max()
-        .ok_or(StoreError::NotMoe)?;
-    let expert_bytes = layers.values().map(|v| v.1).max().unwrap_or(0);
+    let s = nightshift_model::shape::moe_shape(g).ok_or(StoreError::NotMoe)?;
     Ok(ModelShape {
-        moe_layers: layers.keys().copied().collect(),
-        n_experts,
-        expert_bytes,
+        moe_layers: s.moe_layers,
+        n_experts: s.n_experts,
+        expert_bytes: s.expert_bytes,
     })
 }
 

@@ -17,6 +17,7 @@ pub mod moe;
 pub mod ops;
 pub mod rope;
 pub mod sampler;
+pub mod shape;
 pub mod tokenizer;
 pub mod weights;
 

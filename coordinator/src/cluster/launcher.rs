@@ -1,0 +1,372 @@
+//! The local cluster: `nightshift serve --nodes N` spawns N `nightshift-expert-node` processes on
+//! this machine (one per NUMA domain when the machine has that many), writes the placement they
+//! share, waits until each listens, restarts a node that dies, and stops them all on exit.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nightshift_atlas::placement::{NodeSpec, Placement};
+
+/// Errors of starting a local cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("cannot find the nightshift-expert-node binary next to {0} or on PATH")]
+    NoBinary(String),
+    #[error("cannot pick a free port: {0}")]
+    Port(std::io::Error),
+    #[error("cannot write the cluster placement {path}: {reason}")]
+    Placement { path: String, reason: String },
+    #[error("cannot start expert node {node}: {reason}")]
+    Spawn { node: String, reason: String },
+    #[error("expert node {node} exited during startup ({status}); see its log above")]
+    DiedAtStart { node: String, status: String },
+    #[error("expert node {node} did not listen on {addr} within {secs} s")]
+    StartTimeout {
+        node: String,
+        addr: String,
+        secs: u64,
+    },
+}
+
+/// What to launch.
+#[derive(Clone, Debug)]
+pub struct LaunchOptions {
+    pub model: PathBuf,
+    /// The placement to serve; its nodes are spawned here (their `addr` replaced by local ports).
+    pub placement: Placement,
+    /// Worker threads per node (None: the node decides).
+    pub threads_per_node: Option<usize>,
+    /// NUMA node per node index (empty: unpinned).
+    pub numa: Vec<usize>,
+    pub auth_token_file: Option<PathBuf>,
+    /// The expert-node executable (None: next to the current executable, then PATH).
+    pub exe: Option<PathBuf>,
+    /// Where the cluster's placement file is written.
+    pub work_dir: PathBuf,
+    /// How long a node may take to start listening.
+    pub start_timeout: Duration,
+    /// `RUST_LOG` for the nodes.
+    pub node_log: String,
+}
+
+struct Slot {
+    name: String,
+    addr: SocketAddr,
+    args: Vec<String>,
+    child: Option<Child>,
+    restarts: u32,
+    started: Instant,
+}
+
+struct Inner {
+    exe: PathBuf,
+    node_log: String,
+    slots: Mutex<Vec<Slot>>,
+    stopping: AtomicBool,
+}
+
+/// A supervised set of local expert-node processes; dropping it stops them.
+pub struct LocalCluster {
+    inner: Arc<Inner>,
+    placement: Placement,
+    placement_path: PathBuf,
+    supervisor: Option<JoinHandle<()>>,
+}
+
+fn free_port() -> Result<SocketAddr, LaunchError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(LaunchError::Port)?;
+    l.local_addr().map_err(LaunchError::Port)
+}
+
+/// Finds `nightshift-expert-node`: next to the running executable, or on PATH.
+pub fn find_node_binary() -> Result<PathBuf, LaunchError> {
+    let me = std::env::current_exe().map_err(|e| LaunchError::NoBinary(e.to_string()))?;
+    let name = format!("nightshift-expert-node{}", std::env::consts::EXE_SUFFIX);
+    let mut dirs: Vec<PathBuf> = me.parent().into_iter().map(Path::to_path_buf).collect();
+    // Test binaries live in target/<profile>/deps; the binaries one level up.
+    if let Some(up) = me.parent().and_then(Path::parent) {
+        dirs.push(up.to_path_buf());
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    dirs.into_iter()
+        .map(|d| d.join(&name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| LaunchError::NoBinary(me.display().to_string()))
+}
+
+fn spawn(exe: &Path, slot: &Slot, log: &str) -> Result<Child, LaunchError> {
+    Command::new(exe)
+        .args(&slot.args)
+        .env("RUST_LOG", log)
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| LaunchError::Spawn {
+            node: slot.name.clone(),
+            reason: e.to_string(),
+        })
+}
+
+impl LocalCluster {
+    /// Spawns the nodes and waits until every one listens.
+    pub fn start(opts: LaunchOptions) -> Result<LocalCluster, LaunchError> {
+        let exe = match &opts.exe {
+            Some(p) => p.clone(),
+            None => find_node_binary()?,
+        };
+        let mut nodes: Vec<NodeSpec> = opts.placement.nodes.clone();
+        for (i, n) in nodes.iter_mut().enumerate() {
+            n.addr = Some(free_port()?.to_string());
+            if n.numa.is_none() {
+                n.numa = opts.numa.get(i).map(|&x| x as u32);
+            }
+        }
+        let mut placement = opts.placement.clone();
+        placement.nodes = nodes;
+        std::fs::create_dir_all(&opts.work_dir).map_err(|e| LaunchError::Placement {
+            path: opts.work_dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let placement_path = opts
+            .work_dir
+            .join(format!("cluster-placement-{}.toml", std::process::id()));
+        placement
+            .save_atomic(&placement_path)
+            .map_err(|e| LaunchError::Placement {
+                path: placement_path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        let mut slots = Vec::new();
+        for n in &placement.nodes {
+            let addr: SocketAddr =
+                n.addr
+                    .as_deref()
+                    .unwrap_or_default()
+                    .parse()
+                    .map_err(|_| LaunchError::Spawn {
+                        node: n.name.clone(),
+                        reason: "no local address".into(),
+                    })?;
+            let mut args = vec![
+                "--model".to_string(),
+                opts.model.display().to_string(),
+                "--placement".into(),
+                placement_path.display().to_string(),
+                "--node".into(),
+                n.name.clone(),
+                "--listen".into(),
+                addr.to_string(),
+            ];
+            if let Some(numa) = n.numa {
+                args.extend(["--numa".into(), numa.to_string()]);
+            }
+            if let Some(t) = opts.threads_per_node {
+                args.extend(["--threads".into(), t.to_string()]);
+            }
+            if let Some(f) = &opts.auth_token_file {
+                args.extend(["--auth-token-file".into(), f.display().to_string()]);
+            }
+            slots.push(Slot {
+                name: n.name.clone(),
+                addr,
+                args,
+                child: None,
+                restarts: 0,
+                started: Instant::now(),
+            });
+        }
+        let inner = Arc::new(Inner {
+            exe,
+            node_log: opts.node_log.clone(),
+            slots: Mutex::new(slots),
+            stopping: AtomicBool::new(false),
+        });
+        let mut cluster = LocalCluster {
+            inner: inner.clone(),
+            placement,
+            placement_path,
+            supervisor: None,
+        };
+        {
+            let mut slots = lock(&inner.slots);
+            for s in slots.iter_mut() {
+                s.child = Some(spawn(&inner.exe, s, &inner.node_log)?);
+                s.started = Instant::now();
+            }
+        }
+        cluster.wait_listening(opts.start_timeout)?;
+        let sup = inner.clone();
+        cluster.supervisor = Some(
+            std::thread::Builder::new()
+                .name("node-supervisor".into())
+                .spawn(move || supervise(sup))
+                .map_err(|e| LaunchError::Spawn {
+                    node: "supervisor".into(),
+                    reason: e.to_string(),
+                })?,
+        );
+        Ok(cluster)
+    }
+
+    fn wait_listening(&self, timeout: Duration) -> Result<(), LaunchError> {
+        let start = Instant::now();
+        loop {
+            let mut all = true;
+            {
+                let mut slots = lock(&self.inner.slots);
+                for s in slots.iter_mut() {
+                    if let Some(c) = s.child.as_mut() {
+                        if let Ok(Some(status)) = c.try_wait() {
+                            return Err(LaunchError::DiedAtStart {
+                                node: s.name.clone(),
+                                status: status.to_string(),
+                            });
+                        }
+                    }
+                    if TcpStream::connect_timeout(&s.addr, Duration::from_millis(100)).is_err() {
+                        all = false;
+                        if start.elapsed() > timeout {
+                            return Err(LaunchError::StartTimeout {
+                                node: s.name.clone(),
+                                addr: s.addr.to_string(),
+                                secs: timeout.as_secs(),
+                            });
+                        }
+                    }
+                }
+            }
+            if all {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The placement the nodes serve (with their local addresses).
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Where that placement was written.
+    pub fn placement_path(&self) -> &Path {
+        &self.placement_path
+    }
+
+    /// Process id of a node (for tests and operators).
+    pub fn pid(&self, node: &str) -> Option<u32> {
+        lock(&self.inner.slots)
+            .iter()
+            .find(|s| s.name == node)
+            .and_then(|s| s.child.as_ref().map(Child::id))
+    }
+
+    /// How often a node was restarted.
+    pub fn restarts(&self, node: &str) -> u32 {
+        lock(&self.inner.slots)
+            .iter()
+            .find(|s| s.name == node)
+            .map_or(0, |s| s.restarts)
+    }
+
+    /// Pauses supervision of one node: kills it and does not restart it until `resume`.
+    pub fn kill_and_hold(&self, node: &str) {
+        let mut slots = lock(&self.inner.slots);
+        if let Some(s) = slots.iter_mut().find(|s| s.name == node) {
+            if let Some(mut c) = s.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// Restarts a node held by `kill_and_hold`.
+    pub fn resume(&self, node: &str) -> Result<(), LaunchError> {
+        let mut slots = lock(&self.inner.slots);
+        if let Some(s) = slots.iter_mut().find(|s| s.name == node) {
+            if s.child.is_none() {
+                s.child = Some(spawn(&self.inner.exe, s, &self.inner.node_log)?);
+                s.started = Instant::now();
+                s.restarts += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every node (SIGTERM-like kill, then wait).
+    pub fn stop(&mut self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        if let Some(h) = self.supervisor.take() {
+            let _ = h.join();
+        }
+        let mut slots = lock(&self.inner.slots);
+        for s in slots.iter_mut() {
+            if let Some(mut c) = s.child.take() {
+                terminate(&mut c);
+            }
+        }
+        let _ = std::fs::remove_file(&self.placement_path);
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Asks a child to stop (SIGTERM), then kills it after a grace period.
+fn terminate(c: &mut Child) {
+    #[cfg(unix)]
+    {
+        // SAFETY: kill(2) on the pid of a child we own and have not reaped; no memory is touched.
+        unsafe {
+            libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(3) {
+            if let Ok(Some(_)) = c.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// Restarts nodes that exit, with a growing pause for nodes that keep dying.
+fn supervise(inner: Arc<Inner>) {
+    while !inner.stopping.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+        let mut slots = lock(&inner.slots);
+        for s in slots.iter_mut() {
+            let Some(c) = s.child.as_mut() else { continue };
+            let Ok(Some(status)) = c.try_wait() else {
+                continue;
+            };
+            let pause = Duration::from_millis(200 * u64::from(s.restarts.min(25)));
+            if s.started.elapsed() < pause {
+                continue;
+            }
+            tracing::warn!(node = %s.name, "expert node exited ({status}); restarting");
+            match spawn(&inner.exe, s, &inner.node_log) {
+                Ok(child) => {
+                    s.child = Some(child);
+                    s.restarts += 1;
+                    s.started = Instant::now();
+                }
+                Err(e) => tracing::error!("{e}"),
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,228 @@
+//! Where the experts run: in process (`LocalExperts`), on expert nodes this process spawns and
+//! supervises (`--nodes N`: `launcher`), or on remote nodes named by a placement file
+//! (`--placement`). Every command that runs the engine (`serve`, `generate`, `logits`) takes the
+//! same `ClusterArgs` and calls `build`, so they all support the cluster the same way.
+
+pub mod launcher;
+pub mod remote;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nightshift_atlas::placement::{ModelShape, NodeSpec, Placement};
+use nightshift_model::{ExpertBackend, LocalExperts, Model};
+use rayon::ThreadPool;
+
+pub use launcher::{LaunchError, LaunchOptions, LocalCluster};
+pub use remote::{NodeStatus, RemoteExperts, RemoteOptions};
+
+/// Cluster flags shared by `serve`, `generate` and `logits`.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ClusterArgs {
+    /// Spawn and supervise N local expert-node processes (0: experts run in process, unless
+    /// --placement names remote nodes).
+    #[arg(long, default_value_t = 0)]
+    pub nodes: usize,
+    /// Placement file (TOML): which node holds which expert. With --nodes > 0 its nodes are
+    /// spawned locally; otherwise nodes are dialled at their `addr`.
+    #[arg(long)]
+    pub placement: Option<PathBuf>,
+    /// Worker threads per spawned expert node.
+    #[arg(long)]
+    pub node_threads: Option<usize>,
+    /// Shared token file presented to expert nodes (they must be started with the same file).
+    #[arg(long)]
+    pub auth_token_file: Option<PathBuf>,
+    /// Deadline of one layer call on one node, in milliseconds; then the call is retried on
+    /// another replica.
+    #[arg(long, default_value_t = 10_000)]
+    pub expert_deadline_ms: u64,
+}
+
+/// Errors of setting up where experts run.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("the model has no routed experts, so it cannot be served by expert nodes")]
+    NotMoe,
+    #[error("placement: {0}")]
+    Placement(#[from] nightshift_atlas::placement::PlacementError),
+    #[error("{0}")]
+    Launch(#[from] LaunchError),
+    #[error("{0}")]
+    Remote(#[from] remote::RemoteError),
+    #[error("cannot read the auth token file {path}: {reason}")]
+    Token { path: String, reason: String },
+    #[error("expert nodes not reachable after {secs} s: {detail}")]
+    NotReady { secs: u64, detail: String },
+}
+
+/// The experts of a running engine, and what keeps them alive.
+pub struct Experts {
+    backend: Arc<dyn ExpertBackend>,
+    remote: Option<Arc<RemoteExperts>>,
+    cluster: Option<LocalCluster>,
+}
+
+impl Experts {
+    /// The backend to hand to `Engine::new`.
+    pub fn backend(&self) -> Arc<dyn ExpertBackend> {
+        self.backend.clone()
+    }
+
+    /// The remote backend, when experts run on nodes.
+    pub fn remote(&self) -> Option<&Arc<RemoteExperts>> {
+        self.remote.as_ref()
+    }
+
+    /// The local cluster, when this process spawned the nodes.
+    pub fn local_cluster(&self) -> Option<&LocalCluster> {
+        self.cluster.as_ref()
+    }
+
+    /// Health of every node (empty when experts run in process).
+    pub fn node_status(&self) -> Vec<NodeStatus> {
+        self.remote.as_ref().map(|r| r.status()).unwrap_or_default()
+    }
+
+    /// One line per node for the startup banner.
+    pub fn describe(&self) -> String {
+        match &self.remote {
+            None => "experts in process".to_string(),
+            Some(r) => r
+                .status()
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{} {} ({})",
+                        s.name,
+                        s.addr,
+                        if s.up { "up" } else { "down" }
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+}
+
+/// The placement-validation shape of a model.
+pub fn model_shape(model: &Model) -> Result<ModelShape, ClusterError> {
+    let s = nightshift_model::shape::moe_shape(model.gguf()).ok_or(ClusterError::NotMoe)?;
+    Ok(ModelShape {
+        moe_layers: s.moe_layers,
+        n_experts: s.n_experts,
+        expert_bytes: s.expert_bytes,
+    })
+}
+
+/// NUMA node per local expert node: node i on NUMA domain i when the machine has at least
+/// `n` domains, otherwise unpinned.
+fn numa_layout(n: usize) -> Vec<usize> {
+    let domains = std::fs::read_dir("/sys/devices/system/node")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| {
+                    let name = e.file_name();
+                    let name = name.to_string_lossy();
+                    name.starts_with("node") && name[4..].parse::<usize>().is_ok()
+                })
+                .count()
+        })
+        .unwrap_or(1);
+    if domains >= n && domains > 1 {
+        (0..n).collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// Sets up the experts for `model` as the flags say.
+pub fn build(
+    args: &ClusterArgs,
+    model: &Arc<Model>,
+    model_path: &Path,
+    pool: Option<Arc<ThreadPool>>,
+) -> Result<Experts, ClusterError> {
+    if args.nodes == 0 && args.placement.is_none() {
+        let local: Arc<dyn ExpertBackend> = Arc::new(LocalExperts::new(model.clone(), pool));
+        return Ok(Experts {
+            backend: local,
+            remote: None,
+            cluster: None,
+        });
+    }
+    let shape = model_shape(model)?;
+    let file_placement = match &args.placement {
+        Some(p) => Some(Placement::load(p)?.resolve(&shape)?),
+        None => None,
+    };
+    let token = match &args.auth_token_file {
+        None => None,
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .map_err(|e| ClusterError::Token {
+                    path: p.display().to_string(),
+                    reason: e.to_string(),
+                })?
+                .trim()
+                .to_string(),
+        ),
+    };
+    let (placement, cluster) = if args.nodes > 0 {
+        let placement = match file_placement {
+            Some(p) => p,
+            None => {
+                let nodes = (0..args.nodes)
+                    .map(|i| NodeSpec::named(format!("node{i}")))
+                    .collect();
+                Placement::round_robin(nodes, &shape.moe_layers, shape.n_experts)
+            }
+        };
+        let n = placement.nodes.len();
+        let cluster = LocalCluster::start(LaunchOptions {
+            model: model_path.to_path_buf(),
+            placement,
+            threads_per_node: args.node_threads,
+            numa: numa_layout(n),
+            auth_token_file: args.auth_token_file.clone(),
+            exe: None,
+            work_dir: std::env::temp_dir().join("nightshift"),
+            start_timeout: Duration::from_secs(300),
+            node_log: std::env::var("NIGHTSHIFT_NODE_LOG").unwrap_or_else(|_| "warn".into()),
+        })?;
+        (cluster.placement().clone(), Some(cluster))
+    } else {
+        let p = file_placement.ok_or(ClusterError::NotMoe)?;
+        (p, None)
+    };
+    let opts = RemoteOptions {
+        deadline: Duration::from_millis(args.expert_deadline_ms),
+        auth_token: token,
+        ..Default::default()
+    };
+    let remote = Arc::new(RemoteExperts::connect(
+        placement,
+        model.gguf().fingerprint(),
+        model.config().n_embd,
+        opts,
+    )?);
+    if !remote.wait_all_up(Duration::from_secs(30)) {
+        let detail: Vec<String> = remote
+            .status()
+            .iter()
+            .filter(|s| !s.up)
+            .map(|s| format!("{}: {}", s.name, s.detail))
+            .collect();
+        return Err(ClusterError::NotReady {
+            secs: 30,
+            detail: detail.join("; "),
+        });
+    }
+    let backend: Arc<dyn ExpertBackend> = remote.clone();
+    Ok(Experts {
+        backend,
+        remote: Some(remote),
+        cluster,
+    })
+}

@@ -1,0 +1,624 @@
+//! `RemoteExperts`: the `ExpertBackend` that sends each MoE layer's work to expert nodes over one
+//! long-lived gRPC `Compute` stream per node. Per layer call it picks, for every routed expert,
+//! the live replica with the least outstanding work, sends each node ONE message holding only the
+//! activation rows it needs, waits for all nodes concurrently under a deadline, and on a node
+//! error or timeout retries that node's experts on another replica. Outputs come back unweighted
+//! and in pair order, so the engine sums them in top-k order exactly as in process: results are
+//! bit-identical whatever the placement. Dead nodes are reconnected in the background with
+//! exponential backoff; a restarted node rejoins without restarting the coordinator.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use nightshift_atlas::placement::{NodeId, Placement};
+use nightshift_model::{ActRows, ExpertBackend, ExpertError, ExpertPair};
+use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
+use nightshift_proto::v1::{compute_response, ComputeRequest, InfoRequest};
+use nightshift_proto::{AUTH_HEADER, FINGERPRINT_HEADER, PROTOCOL_HEADER, PROTOCOL_VERSION};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+
+/// Settings of the remote backend.
+#[derive(Clone, Debug)]
+pub struct RemoteOptions {
+    /// Deadline of one layer call on one node.
+    pub deadline: Duration,
+    /// Connect timeout per attempt.
+    pub connect_timeout: Duration,
+    /// Longest wait between reconnect attempts to a dead node.
+    pub max_backoff: Duration,
+    /// Shared auth token presented to nodes.
+    pub auth_token: Option<String>,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        RemoteOptions {
+            deadline: Duration::from_secs(10),
+            connect_timeout: Duration::from_millis(1500),
+            max_backoff: Duration::from_secs(5),
+            auth_token: None,
+        }
+    }
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>, String>>>>>;
+
+/// A live compute stream to a node.
+struct Conn {
+    tx: mpsc::Sender<ComputeRequest>,
+    pending: Pending,
+    /// Bumped when the stream dies, so a late failure does not kill a newer stream.
+    generation: u64,
+}
+
+enum LinkState {
+    Up(Conn),
+    Down {
+        since: Instant,
+        retry_at: Instant,
+        backoff: Duration,
+        reason: String,
+    },
+}
+
+/// One expert node as the coordinator sees it.
+struct NodeLink {
+    name: String,
+    addr: String,
+    state: Mutex<LinkState>,
+    outstanding: AtomicUsize,
+    generation: AtomicU64,
+}
+
+/// Health of one node, for `/ready`, metrics and logs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeStatus {
+    pub name: String,
+    pub addr: String,
+    pub up: bool,
+    pub detail: String,
+}
+
+struct Shared {
+    nodes: Vec<NodeLink>,
+    placement: RwLock<Arc<Placement>>,
+    fingerprint: u64,
+    n_embd: usize,
+    opts: RemoteOptions,
+    next_id: AtomicU64,
+}
+
+/// The remote expert backend.
+pub struct RemoteExperts {
+    shared: Arc<Shared>,
+    rt: tokio::runtime::Runtime,
+}
+
+/// Errors of setting the backend up.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("node {node} has no address in the placement")]
+    NoAddress { node: String },
+    #[error("cannot start the client runtime: {0}")]
+    Runtime(String),
+    #[error("the new placement must name the same nodes: expected {expected:?}, found {found:?}")]
+    NodesChanged {
+        expected: Vec<String>,
+        found: Vec<String>,
+    },
+}
+
+impl RemoteExperts {
+    /// Connects to every node of a resolved placement (nodes that are down are retried in the
+    /// background; they do not fail construction).
+    pub fn connect(
+        placement: Placement,
+        fingerprint: u64,
+        n_embd: usize,
+        opts: RemoteOptions,
+    ) -> Result<RemoteExperts, RemoteError> {
+        let mut nodes = Vec::new();
+        for n in &placement.nodes {
+            let addr = n.addr.clone().ok_or_else(|| RemoteError::NoAddress {
+                node: n.name.clone(),
+            })?;
+            let now = Instant::now();
+            nodes.push(NodeLink {
+                name: n.name.clone(),
+                addr,
+                state: Mutex::new(LinkState::Down {
+                    since: now,
+                    retry_at: now,
+                    backoff: Duration::from_millis(100),
+                    reason: "not connected yet".into(),
+                }),
+                outstanding: AtomicUsize::new(0),
+                generation: AtomicU64::new(0),
+            });
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("expert-client")
+            .enable_all()
+            .build()
+            .map_err(|e| RemoteError::Runtime(e.to_string()))?;
+        let shared = Arc::new(Shared {
+            nodes,
+            placement: RwLock::new(Arc::new(placement)),
+            fingerprint,
+            n_embd,
+            opts,
+            next_id: AtomicU64::new(1),
+        });
+        let s = shared.clone();
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..s.nodes.len())
+                .map(|i| reconnect(s.clone(), i))
+                .collect();
+            futures::future::join_all(tasks).await;
+        });
+        let s = shared.clone();
+        rt.spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                for i in 0..s.nodes.len() {
+                    let due = matches!(&*lock(&s.nodes[i].state), LinkState::Down { retry_at, .. } if *retry_at <= Instant::now());
+                    if due {
+                        reconnect(s.clone(), i).await;
+                    }
+                }
+            }
+        });
+        Ok(RemoteExperts { shared, rt })
+    }
+
+    /// Health of every node.
+    pub fn status(&self) -> Vec<NodeStatus> {
+        self.shared
+            .nodes
+            .iter()
+            .map(|n| {
+                let (up, detail) = match &*lock(&n.state) {
+                    LinkState::Up(_) => (true, "serving".to_string()),
+                    LinkState::Down { since, reason, .. } => (
+                        false,
+                        format!("down for {:.1} s: {reason}", since.elapsed().as_secs_f32()),
+                    ),
+                };
+                NodeStatus {
+                    name: n.name.clone(),
+                    addr: n.addr.clone(),
+                    up,
+                    detail,
+                }
+            })
+            .collect()
+    }
+
+    /// Waits until every node is connected or `timeout` passes; returns whether all are up.
+    pub fn wait_all_up(&self, timeout: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            if self.status().iter().all(|s| s.up) {
+                return true;
+            }
+            if start.elapsed() > timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Switches routing to a new placement atomically (between two layer calls).
+    pub fn set_placement(&self, placement: Placement) -> Result<(), RemoteError> {
+        let expected: Vec<String> = self.shared.nodes.iter().map(|n| n.name.clone()).collect();
+        let found: Vec<String> = placement.nodes.iter().map(|n| n.name.clone()).collect();
+        if expected != found {
+            return Err(RemoteError::NodesChanged { expected, found });
+        }
+        *self
+            .shared
+            .placement
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Arc::new(placement);
+        Ok(())
+    }
+
+    /// The placement routing currently follows.
+    pub fn placement(&self) -> Arc<Placement> {
+        self.shared
+            .placement
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Opens a compute stream to node `i`; on failure schedules the next attempt with backoff.
+async fn reconnect(s: Arc<Shared>, i: usize) {
+    let node = &s.nodes[i];
+    match open_stream(&s, i).await {
+        Ok(conn) => {
+            let was_down = matches!(&*lock(&node.state), LinkState::Down { .. });
+            *lock(&node.state) = LinkState::Up(conn);
+            if was_down {
+                tracing::info!(node = %node.name, addr = %node.addr, "expert node connected");
+            }
+        }
+        Err(reason) => {
+            let mut st = lock(&node.state);
+            if let LinkState::Down {
+                retry_at,
+                backoff,
+                reason: r,
+                ..
+            } = &mut *st
+            {
+                *backoff = (*backoff * 2).min(s.opts.max_backoff);
+                *retry_at = Instant::now() + *backoff;
+                if *r != reason {
+                    tracing::warn!(node = %node.name, addr = %node.addr, "expert node unreachable: {reason}");
+                    *r = reason;
+                }
+            }
+        }
+    }
+}
+
+/// Marks node `i` down (if `generation` is still its current stream) and fails its pending work.
+fn mark_down(s: &Shared, i: usize, generation: u64, reason: String) {
+    let node = &s.nodes[i];
+    let mut st = lock(&node.state);
+    if let LinkState::Up(conn) = &*st {
+        if conn.generation != generation {
+            return;
+        }
+        let pending: Vec<_> = lock(&conn.pending).drain().collect();
+        for (_, tx) in pending {
+            let _ = tx.send(Err(reason.clone()));
+        }
+        tracing::warn!(node = %node.name, "expert node lost: {reason}");
+        let now = Instant::now();
+        *st = LinkState::Down {
+            since: now,
+            retry_at: now + Duration::from_millis(100),
+            backoff: Duration::from_millis(100),
+            reason,
+        };
+    }
+}
+
+async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
+    let node = &s.nodes[i];
+    let endpoint = Endpoint::from_shared(format!("http://{}", node.addr))
+        .map_err(|e| format!("bad address {}: {e}", node.addr))?
+        .connect_timeout(s.opts.connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5));
+    let channel: Channel = tokio::time::timeout(s.opts.connect_timeout, endpoint.connect())
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut client = ExpertServiceClient::new(channel)
+        .max_decoding_message_size(512 << 20)
+        .max_encoding_message_size(512 << 20);
+    let mut info_req = tonic::Request::new(InfoRequest {});
+    add_auth(&mut info_req, &s.opts.auth_token)?;
+    let info = client
+        .info(info_req)
+        .await
+        .map_err(|e| format!("info: {}", e.message()))?
+        .into_inner();
+    if info.model_fingerprint != s.fingerprint || info.protocol_version != PROTOCOL_VERSION {
+        return Err(format!(
+            "refused: node serves model {:016x} (protocol {}), coordinator runs {:016x} (protocol {PROTOCOL_VERSION})",
+            info.model_fingerprint, info.protocol_version, s.fingerprint
+        ));
+    }
+    let (tx, rx) = mpsc::channel::<ComputeRequest>(64);
+    let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let md = req.metadata_mut();
+    md.insert(PROTOCOL_HEADER, MetadataValue::from(PROTOCOL_VERSION));
+    md.insert(
+        FINGERPRINT_HEADER,
+        format!("{:016x}", s.fingerprint)
+            .parse()
+            .map_err(|_| "bad fingerprint header".to_string())?,
+    );
+    add_auth(&mut req, &s.opts.auth_token)?;
+    let mut inbound = client
+        .compute(req)
+        .await
+        .map_err(|e| format!("compute stream: {}", e.message()))?
+        .into_inner();
+    let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+    let generation = node.generation.fetch_add(1, Ordering::Relaxed) + 1;
+    let (p, shared) = (pending.clone(), s.clone());
+    tokio::spawn(async move {
+        let reason = loop {
+            match inbound.next().await {
+                Some(Ok(resp)) => {
+                    let waiter = lock(&p).remove(&resp.request_id);
+                    if let Some(w) = waiter {
+                        let r = match resp.result {
+                            Some(compute_response::Result::Outputs(b)) => Ok(b),
+                            Some(compute_response::Result::Error(e)) => {
+                                Err(format!("node error: {}", e.message))
+                            }
+                            None => Err("node sent an empty response".into()),
+                        };
+                        let _ = w.send(r);
+                    }
+                }
+                Some(Err(status)) => break format!("stream error: {}", status.message()),
+                None => break "stream closed by the node".to_string(),
+            }
+        };
+        mark_down(&shared, i, generation, reason);
+    });
+    Ok(Conn {
+        tx,
+        pending,
+        generation,
+    })
+}
+
+fn add_auth<T>(req: &mut tonic::Request<T>, token: &Option<String>) -> Result<(), String> {
+    if let Some(t) = token {
+        let v = format!("Bearer {t}")
+            .parse()
+            .map_err(|_| "auth token is not valid header text".to_string())?;
+        req.metadata_mut().insert(AUTH_HEADER, v);
+    }
+    Ok(())
+}
+
+/// One node's share of a layer call.
+struct Share {
+    node: usize,
+    /// Indices into the call's `pairs`.
+    pair_idx: Vec<usize>,
+}
+
+/// Sends `share` to its node and waits for the outputs (one n_embd row per pair).
+async fn call_node(
+    s: Arc<Shared>,
+    layer: usize,
+    acts: Arc<ActRows>,
+    pairs: Arc<Vec<ExpertPair>>,
+    share: Share,
+) -> (Share, Result<Vec<u8>, String>) {
+    let node = &s.nodes[share.node];
+    let (tx, pending, generation) = match &*lock(&node.state) {
+        LinkState::Up(c) => (c.tx.clone(), c.pending.clone(), c.generation),
+        LinkState::Down { reason, .. } => {
+            let r = format!("node {} is down: {reason}", node.name);
+            return (share, Err(r));
+        }
+    };
+    // Only the rows this node needs travel, renumbered densely.
+    let row_bytes = acts.data.len() / acts.n_rows.max(1);
+    let mut remap: HashMap<u32, u32> = HashMap::new();
+    let mut data = Vec::new();
+    let mut experts = Vec::with_capacity(share.pair_idx.len());
+    let mut rows = Vec::with_capacity(share.pair_idx.len());
+    for &pi in &share.pair_idx {
+        let p = pairs[pi];
+        let next = remap.len() as u32;
+        let r = *remap.entry(p.row).or_insert_with(|| {
+            let start = p.row as usize * row_bytes;
+            data.extend_from_slice(&acts.data[start..start + row_bytes]);
+            next
+        });
+        experts.push(p.expert);
+        rows.push(r);
+    }
+    let request_id = s.next_id.fetch_add(1, Ordering::Relaxed);
+    let req = ComputeRequest {
+        request_id,
+        step_id: 0,
+        layer: layer as u32,
+        act_type: acts.ty.id(),
+        n_rows: remap.len() as u32,
+        n_embd: s.n_embd as u32,
+        acts: data,
+        experts,
+        rows,
+    };
+    let (wtx, wrx) = oneshot::channel();
+    lock(&pending).insert(request_id, wtx);
+    node.outstanding.fetch_add(1, Ordering::Relaxed);
+    let result = async {
+        tx.send(req)
+            .await
+            .map_err(|_| "stream closed".to_string())?;
+        match tokio::time::timeout(s.opts.deadline, wrx).await {
+            Err(_) => Err(format!(
+                "deadline of {} ms passed",
+                s.opts.deadline.as_millis()
+            )),
+            Ok(Err(_)) => Err("stream closed before the answer".to_string()),
+            Ok(Ok(r)) => r,
+        }
+    }
+    .await;
+    node.outstanding.fetch_sub(1, Ordering::Relaxed);
+    lock(&pending).remove(&request_id);
+    let result = result.and_then(|b| {
+        let want = share.pair_idx.len() * s.n_embd * 4;
+        if b.len() == want {
+            Ok(b)
+        } else {
+            Err(format!("expected {want} output bytes, found {}", b.len()))
+        }
+    });
+    if let Err(e) = &result {
+        // Transport-level failures take the node out of rotation; node-reported errors
+        // (bad request) do not, but the work is still retried elsewhere.
+        if !e.starts_with("node error") {
+            mark_down(&s, share.node, generation, e.clone());
+        }
+    }
+    (share, result)
+}
+
+impl RemoteExperts {
+    /// Assigns every pair to a live replica not in `exclude[expert]`, least loaded first, all rows
+    /// of one expert to the same node (so they form one GEMM there).
+    fn assign(
+        &self,
+        layer: usize,
+        pairs: &[ExpertPair],
+        todo: &[usize],
+        exclude: &HashMap<u32, Vec<NodeId>>,
+    ) -> Result<Vec<Share>, ExpertError> {
+        let placement = self.placement();
+        let up: Vec<bool> = self
+            .shared
+            .nodes
+            .iter()
+            .map(|n| matches!(&*lock(&n.state), LinkState::Up(_)))
+            .collect();
+        let mut load: Vec<usize> = self
+            .shared
+            .nodes
+            .iter()
+            .map(|n| n.outstanding.load(Ordering::Relaxed))
+            .collect();
+        let mut chosen: HashMap<u32, usize> = HashMap::new();
+        let mut shares: Vec<Share> = Vec::new();
+        let mut share_of: HashMap<usize, usize> = HashMap::new();
+        for &pi in todo {
+            let e = pairs[pi].expert;
+            let node = match chosen.get(&e) {
+                Some(&n) => n,
+                None => {
+                    let reps = placement.replicas(layer, e as usize);
+                    let excluded = exclude.get(&e);
+                    let best = reps
+                        .iter()
+                        .copied()
+                        .filter(|&n| {
+                            n < up.len() && up[n] && !excluded.is_some_and(|x| x.contains(&n))
+                        })
+                        .min_by_key(|&n| load[n]);
+                    let Some(n) = best else {
+                        let names: Vec<String> = reps
+                            .iter()
+                            .filter_map(|&n| self.shared.nodes.get(n))
+                            .map(|n| format!("{} ({})", n.name, n.addr))
+                            .collect();
+                        return Err(ExpertError::Backend(format!(
+                            "no live replica for layer {layer} expert {e}: replicas {names:?} are down or failed"
+                        )));
+                    };
+                    load[n] += 1;
+                    chosen.insert(e, n);
+                    n
+                }
+            };
+            let si = *share_of.entry(node).or_insert_with(|| {
+                shares.push(Share {
+                    node,
+                    pair_idx: Vec::new(),
+                });
+                shares.len() - 1
+            });
+            shares[si].pair_idx.push(pi);
+        }
+        Ok(shares)
+    }
+}
+
+impl ExpertBackend for RemoteExperts {
+    fn run_experts(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+        out: &mut [f32],
+    ) -> Result<(), ExpertError> {
+        let n_embd = self.shared.n_embd;
+        if out.len() != pairs.len() * n_embd {
+            return Err(ExpertError::Shape(format!(
+                "expected an output of {} floats, found {}",
+                pairs.len() * n_embd,
+                out.len()
+            )));
+        }
+        let acts = Arc::new(acts.clone());
+        let pairs_arc = Arc::new(pairs.to_vec());
+        let mut todo: Vec<usize> = (0..pairs.len()).collect();
+        let mut exclude: HashMap<u32, Vec<NodeId>> = HashMap::new();
+        let mut last_errors: Vec<String> = Vec::new();
+        // Each round retries failed shares on other replicas; a node is tried at most once per call.
+        for _round in 0..=self.shared.nodes.len() {
+            if todo.is_empty() {
+                return Ok(());
+            }
+            let shares = self
+                .assign(layer, pairs, &todo, &exclude)
+                .map_err(|e| match e {
+                    ExpertError::Backend(m) if !last_errors.is_empty() => ExpertError::Backend(
+                        format!("{m}; last errors: {}", last_errors.join("; ")),
+                    ),
+                    other => other,
+                })?;
+            let s = self.shared.clone();
+            let (acts2, pairs2) = (acts.clone(), pairs_arc.clone());
+            let (done_tx, done_rx) = std::sync::mpsc::channel();
+            self.rt.spawn(async move {
+                let calls = shares
+                    .into_iter()
+                    .map(|sh| call_node(s.clone(), layer, acts2.clone(), pairs2.clone(), sh));
+                let _ = done_tx.send(futures::future::join_all(calls).await);
+            });
+            let results = done_rx
+                .recv()
+                .map_err(|_| ExpertError::Backend("expert client runtime stopped".into()))?;
+            todo.clear();
+            for (share, result) in results {
+                match result {
+                    Ok(bytes) => {
+                        for (j, &pi) in share.pair_idx.iter().enumerate() {
+                            let src = &bytes[j * n_embd * 4..(j + 1) * n_embd * 4];
+                            for (d, b) in out[pi * n_embd..(pi + 1) * n_embd]
+                                .iter_mut()
+                                .zip(src.chunks_exact(4))
+                            {
+                                *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let name = &self.shared.nodes[share.node].name;
+                        tracing::warn!(node = %name, layer, "layer call failed, retrying on another replica: {e}");
+                        last_errors.push(format!("{name}: {e}"));
+                        for &pi in &share.pair_idx {
+                            exclude
+                                .entry(pairs[pi].expert)
+                                .or_default()
+                                .push(share.node);
+                        }
+                        todo.extend_from_slice(&share.pair_idx);
+                    }
+                }
+            }
+            todo.sort_unstable();
+        }
+        Err(ExpertError::Backend(format!(
+            "layer {layer}: every replica failed: {}",
+            last_errors.join("; ")
+        )))
+    }
+}

@@ -1,0 +1,4 @@
+//! nightshift-coordinator as a library: the pieces of the `nightshift` binary that integration
+//! tests and other commands drive directly (the expert cluster: remote backend, local launcher).
+
+pub mod cluster;
