@@ -8,41 +8,39 @@ use core::arch::x86_64::*;
 use super::kquant::{kquant_gemm, Unpacked};
 use super::q8_0::q8_0_gemm;
 
-/// Same contract as the AVX2 `dot_k`: lane sums of `scale * w * q` for one super-block.
+/// Same contract as the AVX2 `dot_k`: per weight block, the lane sums of `scale * w * q`.
 ///
 /// # Safety
 /// `a` must be valid for 256 bytes; the CPU must have AVX-512F/BW/VL/VNNI.
 #[inline]
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_k(u: &Unpacked, a: *const u8, signed: bool) -> __m256i {
-    let mut acc0 = _mm512_setzero_si512();
-    let mut acc1 = _mm512_setzero_si512();
-    let wp = u.w.as_ptr();
-    let sp = u.s.as_ptr();
-    for h in (0..4).step_by(2) {
-        let w0 = _mm512_loadu_si512(wp.add(64 * h) as *const __m512i);
-        let w1 = _mm512_loadu_si512(wp.add(64 * h + 64) as *const __m512i);
-        let a0 = _mm512_loadu_si512(a.add(64 * h) as *const __m512i);
-        let a1 = _mm512_loadu_si512(a.add(64 * h + 64) as *const __m512i);
-        let (t0, t1) = if signed {
-            (_mm512_maddubs_epi16(a0, w0), _mm512_maddubs_epi16(a1, w1))
-        } else {
-            (_mm512_maddubs_epi16(w0, a0), _mm512_maddubs_epi16(w1, a1))
-        };
-        let s0 = _mm512_loadu_si512(sp.add(32 * h) as *const __m512i);
-        let s1 = _mm512_loadu_si512(sp.add(32 * h + 32) as *const __m512i);
-        acc0 = _mm512_dpwssd_epi32(acc0, t0, s0);
-        acc1 = _mm512_dpwssd_epi32(acc1, t1, s1);
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_k<const R: usize>(u: &[Unpacked; R], a: *const u8, signed: bool) -> [__m256i; R] {
+    let mut acc = [_mm512_setzero_si512(); R];
+    for h in 0..4 {
+        let av = _mm512_loadu_si512(a.add(64 * h) as *const __m512i);
+        for r in 0..R {
+            let w = _mm512_loadu_si512(u[r].w.as_ptr().add(64 * h) as *const __m512i);
+            let s = _mm512_loadu_si512(u[r].s.as_ptr().add(32 * h) as *const __m512i);
+            let t = if signed {
+                _mm512_maddubs_epi16(av, w)
+            } else {
+                _mm512_maddubs_epi16(w, av)
+            };
+            acc[r] = _mm512_dpwssd_epi32(acc[r], t, s);
+        }
     }
-    let acc = _mm512_add_epi32(acc0, acc1);
     // Lanes m and m + 8 both belong to reference lane m.
-    _mm256_add_epi32(
-        _mm512_castsi512_si256(acc),
-        _mm512_extracti64x4_epi64::<1>(acc),
-    )
+    let mut out = [_mm256_setzero_si256(); R];
+    for r in 0..R {
+        out[r] = _mm256_add_epi32(
+            _mm512_castsi512_si256(acc[r]),
+            _mm512_extracti64x4_epi64::<1>(acc[r]),
+        );
+    }
+    out
 }
 
-kquant_gemm!("avx2,avx512f,avx512bw,avx512vl,avx512vnni", dot_k);
+kquant_gemm!("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni", dot_k);
 
 /// One Q8_0 block prepared as the s8 operand of `vpdpbusd`, with the accumulator seed
 /// `-128 * (sum of each 4 quants)` that undoes the other operand's `^ 0x80` offset.
@@ -50,7 +48,7 @@ kquant_gemm!("avx2,avx512f,avx512bw,avx512vl,avx512vnni", dot_k);
 /// # Safety
 /// `blk` must be valid for 34 bytes; the CPU must have AVX-512VL/VNNI.
 #[inline]
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn prep_q8_0(blk: *const u8) -> (__m256i, __m256i) {
     let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
     let k128 = _mm256_set1_epi8(-128);
@@ -63,7 +61,7 @@ unsafe fn prep_q8_0(blk: *const u8) -> (__m256i, __m256i) {
 /// # Safety
 /// As [`prep_q8_0`].
 #[inline]
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot_q8_0(p: &(__m256i, __m256i), blk: *const u8) -> __m256i {
     let other = _mm256_loadu_si256(blk.add(2) as *const __m256i);
     let offset = _mm256_xor_si256(other, _mm256_set1_epi8(-128));
@@ -71,7 +69,7 @@ unsafe fn dot_q8_0(p: &(__m256i, __m256i), blk: *const u8) -> __m256i {
 }
 
 q8_0_gemm!(
-    "avx2,avx512f,avx512bw,avx512vl,avx512vnni",
+    "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     prep_q8_0,
     dot_q8_0
 );

@@ -16,8 +16,6 @@
 
 use core::arch::x86_64::*;
 
-use crate::formats::f16_to_f32;
-
 /// Bytes of one Q8_K block: f32 d, 256 i8, 16 i16 bsums.
 pub(super) const Q8K_BYTES: usize = 292;
 /// Offset of the bsums in a Q8_K block.
@@ -83,6 +81,13 @@ fn rd_u16(p: *const u8) -> u16 {
     unsafe { u16::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 2])) }
 }
 
+/// f16 bits -> f32 with F16C (exact, like the reference's conversion).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn f16_to_f32(h: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
 #[inline(always)]
 pub(super) fn rd_f32(p: *const u8) -> f32 {
     // SAFETY: as `rd_u16`, for the 4-byte d of a Q8_K block.
@@ -97,7 +102,7 @@ fn rd_u32(p: *const u8) -> u32 {
 
 /// Within each 32-byte chunk, byte `4m + r` <- byte `m + 8r` (see the module docs).
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 pub(super) fn perm32(v: __m256i) -> __m256i {
     let idx = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     let v = _mm256_permutevar8x32_epi32(v, idx);
@@ -114,7 +119,7 @@ pub(super) fn perm32(v: __m256i) -> __m256i {
 /// # Safety
 /// `x` must be valid for `blocks * Q8K_BYTES` bytes and `out` for `blocks * 256` bytes; the CPU
 /// must have AVX2.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn pack_q8k(x: *const u8, blocks: usize, offset: bool, out: *mut u8) {
     let flip = _mm256_set1_epi8(if offset { -128 } else { 0 });
     for i in 0..blocks {
@@ -131,7 +136,7 @@ pub(super) unsafe fn pack_q8k(x: *const u8, blocks: usize, offset: bool, out: *m
 /// Broadcasts the i16 pair (2c, 2c+1) of `sc16` to every i32 lane for chunk `c` and stores the
 /// 8 scale vectors into `u.s`.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn store_scales(sc16: __m256i, u: &mut Unpacked) {
     for c in 0..8 {
         let v = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(c as i32));
@@ -140,14 +145,14 @@ unsafe fn store_scales(sc16: __m256i, u: &mut Unpacked) {
 }
 
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn store_w(u: &mut Unpacked, c: usize, v: __m256i) {
     _mm256_storeu_si256(u.w.as_mut_ptr().add(32 * c) as *mut __m256i, v);
 }
 
 /// Signed kinds: `corr[m] = 128 * sum over the chunk lanes of scale * w`.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn store_corr(u: &mut Unpacked) {
     let k128 = _mm256_set1_epi8(-128);
     let mut acc = _mm256_setzero_si256();
@@ -171,7 +176,7 @@ macro_rules! shr {
 /// # Safety
 /// `b` must be valid for `block_bytes(K)` bytes; the CPU must have AVX2.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn unpack<const K: u8>(b: *const u8, u: &mut Unpacked) {
     match K {
         Q2 => unpack_q2(b, u),
@@ -184,7 +189,7 @@ pub(super) unsafe fn unpack<const K: u8>(b: *const u8, u: &mut Unpacked) {
 
 /// Q2_K: scales[16] @0, qs[64] @16, d @80, dmin @82.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn unpack_q2(b: *const u8, u: &mut Unpacked) {
     let m4 = _mm_set1_epi8(0x0f);
     let sc = _mm_loadu_si128(b as *const __m128i);
@@ -229,7 +234,7 @@ fn q3_scales(p: *const u8) -> [i8; 16] {
 
 /// Q3_K: hmask[32] @0, qs[64] @32, scales[12] @96, d @108. Values `raw - 4` in [-4, 3].
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn unpack_q3(b: *const u8, u: &mut Unpacked) {
     let sc = q3_scales(b.add(96));
     let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
@@ -290,7 +295,7 @@ fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
 
 /// Q4_K: d @0, dmin @2, scales[12] @4, qs[128] @16. Q5_K adds qh[32] @16 and moves qs to @48.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn unpack_q45<const HIGH: bool>(b: *const u8, u: &mut Unpacked) {
     let (s8, m8) = k4_scales(b.add(4));
     let s = _mm_loadl_epi64(s8.as_ptr() as *const __m128i);
@@ -331,7 +336,7 @@ unsafe fn unpack_q45<const HIGH: bool>(b: *const u8, u: &mut Unpacked) {
 
 /// Q6_K: ql[128] @0, qh[64] @128, scales[16] (i8) @192, d @208. Values `raw - 32`.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn unpack_q6(b: *const u8, u: &mut Unpacked) {
     let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
     store_scales(sc16, u);
@@ -362,82 +367,132 @@ unsafe fn unpack_q6(b: *const u8, u: &mut Unpacked) {
     u.dmin = 0.0;
 }
 
-/// Horizontal sum of 8 i32 lanes.
+/// Transposing reduction of 4 vectors: lane `i` of the result is the sum of `v[i]`'s lanes.
 #[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn hsum_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    _mm_cvtsi128_si32(s)
+#[target_feature(enable = "avx2,f16c")]
+fn reduce4(v: [__m256i; 4]) -> __m128i {
+    let t = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
 }
 
-/// Per (weight block, activation block) float work, in the reference order. `aux` holds the
-/// 8 lane sums of `scale * w * q` (offset form for signed kinds); `xb` is the Q8_K block.
+/// Per-row scalars of a tile as vectors, one lane per weight row (lanes past the tile are 0
+/// and ignored).
+#[derive(Clone, Copy)]
+pub(super) struct RowScales {
+    pub d: __m128,
+    pub dmin: __m128,
+}
+
+/// Gathers `d`/`dmin` of up to 4 unpacked rows into lanes.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn row_scales<const R: usize>(u: &[Unpacked; R]) -> RowScales {
+    let mut d = [0f32; 4];
+    let mut dmin = [0f32; 4];
+    for r in 0..R.min(4) {
+        d[r] = u[r].d;
+        dmin[r] = u[r].dmin;
+    }
+    // SAFETY: both arrays are 16 readable bytes.
+    unsafe {
+        RowScales {
+            d: _mm_loadu_ps(d.as_ptr()),
+            dmin: _mm_loadu_ps(dmin.as_ptr()),
+        }
+    }
+}
+
+/// Float work of one activation block against the `R` (<= 4) weight blocks of a tile, in the
+/// reference order. `aux[r]` holds the 8 lane sums of `scale * w * q` (offset form for signed
+/// kinds); `xb` is the Q8_K block. `sums[r]` is the reference's `sums[8]` for row `r`, `sumf`
+/// its `sumf` with one lane per row. Lanes of different rows never mix, so each lane sees
+/// exactly the reference's sequence of float operations.
 ///
 /// # Safety
-/// `xb` must be valid for `Q8K_BYTES` bytes; the CPU must have AVX2.
+/// `xb` must be valid for `Q8K_BYTES` bytes; the CPU must have AVX2 and F16C.
 #[inline]
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn epilogue<const K: u8>(
-    u: &Unpacked,
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn epilogue<const K: u8, const R: usize>(
+    u: &[Unpacked; R],
+    rs: RowScales,
     xb: *const u8,
-    aux: __m256i,
-    sums: &mut __m256,
-    sumf: &mut f32,
+    aux: &[__m256i; R],
+    sums: &mut [__m256; R],
+    sumf: &mut __m128,
 ) {
     let yd = rd_f32(xb);
+    let ydv = _mm_set1_ps(yd);
+    let zero = _mm256_setzero_si256();
+    let bs = _mm256_loadu_si256(xb.add(Q8K_BSUMS) as *const __m256i);
+    let mut ms = [zero; 4];
+    if K == Q2 || K == Q4 || K == Q5 {
+        for r in 0..R.min(4) {
+            let mins = _mm256_loadu_si256(u[r].mins.as_ptr() as *const __m256i);
+            ms[r] = _mm256_madd_epi16(bs, mins);
+        }
+    }
     match K {
         Q2 => {
-            // sumf += dall * isum - dmin * summs
-            let bs = _mm256_loadu_si256(xb.add(Q8K_BSUMS) as *const __m256i);
-            let mins = _mm256_loadu_si256(u.mins.as_ptr() as *const __m256i);
-            let summs = hsum_i32(_mm256_madd_epi16(bs, mins));
-            let isum = hsum_i32(aux);
-            let dall = yd * u.d;
-            let dmin = yd * u.dmin;
-            *sumf += dall * isum as f32 - dmin * summs as f32;
+            // sumf += dall * isum - dmin * summs, with dall = y.d * d, dmin = y.d * dmin.
+            let mut a = [zero; 4];
+            a[..R.min(4)].copy_from_slice(&aux[..R.min(4)]);
+            let isum = _mm_cvtepi32_ps(reduce4(a));
+            let summs = _mm_cvtepi32_ps(reduce4(ms));
+            let dall = _mm_mul_ps(ydv, rs.d);
+            let dmin = _mm_mul_ps(ydv, rs.dmin);
+            let t = _mm_sub_ps(_mm_mul_ps(dall, isum), _mm_mul_ps(dmin, summs));
+            *sumf = _mm_add_ps(*sumf, t);
         }
         Q3 | Q6 => {
-            // sums[l] += d * aux32[l]
-            let corr = _mm256_loadu_si256(u.corr.as_ptr() as *const __m256i);
-            let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(aux, corr));
-            let d = u.d * yd;
-            *sums = _mm256_add_ps(*sums, _mm256_mul_ps(_mm256_set1_ps(d), v));
+            // sums[l] += d * aux32[l], d = x.d * y.d
+            for r in 0..R {
+                let corr = _mm256_loadu_si256(u[r].corr.as_ptr() as *const __m256i);
+                let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(aux[r], corr));
+                let d = _mm256_set1_ps(u[r].d * yd);
+                sums[r] = _mm256_add_ps(sums[r], _mm256_mul_ps(d, v));
+            }
         }
         _ => {
-            // sums[l] += d * aux32[l]; sumf -= dmin * sumi
-            let d = u.d * yd;
-            let v = _mm256_cvtepi32_ps(aux);
-            *sums = _mm256_add_ps(*sums, _mm256_mul_ps(_mm256_set1_ps(d), v));
-            let bs = _mm256_loadu_si256(xb.add(Q8K_BSUMS) as *const __m256i);
-            let mins = _mm256_loadu_si256(u.mins.as_ptr() as *const __m256i);
-            let sumi = hsum_i32(_mm256_madd_epi16(bs, mins));
-            let dmin = u.dmin * yd;
-            *sumf -= dmin * sumi as f32;
+            // sums[l] += d * aux32[l]; sumf -= dmin * sumi, with dmin = x.dmin * y.d
+            for r in 0..R {
+                let v = _mm256_cvtepi32_ps(aux[r]);
+                let d = _mm256_set1_ps(u[r].d * yd);
+                sums[r] = _mm256_add_ps(sums[r], _mm256_mul_ps(d, v));
+            }
+            let sumi = _mm_cvtepi32_ps(reduce4(ms));
+            let dmin = _mm_mul_ps(rs.dmin, ydv);
+            *sumf = _mm_sub_ps(*sumf, _mm_mul_ps(dmin, sumi));
         }
     }
 }
 
-/// The reference's last step: `sumf += sums[l]` for l in 0..8 (Q2_K has no lane sums).
+/// The reference's last step for row lane `r`: Q2_K returns `sumf`; the others add
+/// `sums[l]` for l in 0..8 to it in order.
 #[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn finish<const K: u8>(sums: __m256, sumf: f32) -> f32 {
-    if K == Q2 {
-        return sumf;
-    }
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn finish<const K: u8>(sums: __m256, sumf: __m128, r: usize) -> f32 {
     let mut lanes = [0f32; 8];
-    // SAFETY: `lanes` is 32 writable bytes.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
-    let mut s = sumf;
-    for l in lanes {
-        s += l;
+    let mut rows = [0f32; 4];
+    // SAFETY: `lanes` is 32 and `rows` 16 writable bytes.
+    unsafe {
+        _mm256_storeu_ps(lanes.as_mut_ptr(), sums);
+        _mm_storeu_ps(rows.as_mut_ptr(), sumf);
+    }
+    let mut s = rows[r];
+    if K != Q2 {
+        for l in lanes {
+            s += l;
+        }
     }
     s
 }
 
-/// Defines `gemm_k::<K>` for one tier: the loop over weight rows, activation chunks and blocks
-/// around that tier's integer block dot `$dot(&Unpacked, packed_act, signed) -> __m256i`.
+/// Weight rows per tile: each activation block is loaded once per tile and used for all rows.
+pub(super) const ROWS: usize = 4;
+
+/// Defines `gemm_k::<K>` for one tier: tiles of [`ROWS`] weight rows (then single rows) over
+/// chunks of activation rows and the blocks, around that tier's integer block dot
+/// `$dot::<R>(&[Unpacked; R], packed_act, signed) -> [__m256i; R]`.
 macro_rules! kquant_gemm {
     ($feat:literal, $dot:ident) => {
         /// `out[r * n + j] = W[r] . x[j]` for K-quant kind `K`: `w` holds `rows` rows of `nb`
@@ -456,39 +511,61 @@ macro_rules! kquant_gemm {
             n: usize,
             out: *mut f32,
         ) {
+            use super::kquant::ROWS;
+            let full = rows / ROWS * ROWS;
+            for r0 in (0..full).step_by(ROWS) {
+                tile_k::<K, ROWS>(nb, w, r0, x, xp, n, out);
+            }
+            for r0 in full..rows {
+                tile_k::<K, 1>(nb, w, r0, x, xp, n, out);
+            }
+        }
+
+        /// Rows `r0 .. r0 + R` of [`gemm_k`].
+        ///
+        /// # Safety
+        /// As [`gemm_k`], with `r0 + R <= rows`.
+        #[target_feature(enable = $feat)]
+        unsafe fn tile_k<const K: u8, const R: usize>(
+            nb: usize,
+            w: *const u8,
+            r0: usize,
+            x: *const u8,
+            xp: *const u8,
+            n: usize,
+            out: *mut f32,
+        ) {
             use super::kquant::{
-                block_bytes, epilogue, finish, signed, unpack, Unpacked, Q8K_BYTES,
+                block_bytes, epilogue, finish, row_scales, signed, unpack, Unpacked, Q8K_BYTES,
             };
             const CHUNK: usize = 64;
             let wbytes = block_bytes(K);
-            let mut u = Unpacked::new();
-            let mut sums = [_mm256_setzero_ps(); CHUNK];
-            let mut sumf = [0f32; CHUNK];
-            for r in 0..rows {
-                let mut j0 = 0;
-                while j0 < n {
-                    let nj = (n - j0).min(CHUNK);
-                    sums[..nj].fill(_mm256_setzero_ps());
-                    sumf[..nj].fill(0.0);
-                    for b in 0..nb {
-                        unpack::<K>(w.add((r * nb + b) * wbytes), &mut u);
-                        for jj in 0..nj {
-                            let blk = (j0 + jj) * nb + b;
-                            let aux = $dot(&u, xp.add(blk * 256), signed(K));
-                            epilogue::<K>(
-                                &u,
-                                x.add(blk * Q8K_BYTES),
-                                aux,
-                                &mut sums[jj],
-                                &mut sumf[jj],
-                            );
-                        }
+            let mut u: [Unpacked; R] = core::array::from_fn(|_| Unpacked::new());
+            let mut sums = [[_mm256_setzero_ps(); R]; CHUNK];
+            let mut sumf = [_mm_setzero_ps(); CHUNK];
+            let mut j0 = 0;
+            while j0 < n {
+                let nj = (n - j0).min(CHUNK);
+                sums[..nj].fill([_mm256_setzero_ps(); R]);
+                sumf[..nj].fill(_mm_setzero_ps());
+                for b in 0..nb {
+                    for (r, ur) in u.iter_mut().enumerate() {
+                        unpack::<K>(w.add(((r0 + r) * nb + b) * wbytes), ur);
                     }
+                    let rs = row_scales(&u);
                     for jj in 0..nj {
-                        *out.add(r * n + j0 + jj) = finish::<K>(sums[jj], sumf[jj]);
+                        let blk = (j0 + jj) * nb + b;
+                        let aux = $dot::<R>(&u, xp.add(blk * 256), signed(K));
+                        let xb = x.add(blk * Q8K_BYTES);
+                        epilogue::<K, R>(&u, rs, xb, &aux, &mut sums[jj], &mut sumf[jj]);
                     }
-                    j0 += nj;
                 }
+                for r in 0..R {
+                    for jj in 0..nj {
+                        *out.add((r0 + r) * n + j0 + jj) = finish::<K>(sums[jj][r], sumf[jj], r);
+                    }
+                }
+                j0 += nj;
             }
         }
     };

@@ -65,7 +65,7 @@ impl Avx2 {
     }
 }
 
-/// AVX-512-VNNI capability (AVX-512F/BW/VL + VNNI, and AVX2).
+/// AVX-512-VNNI capability (AVX-512F/BW/VL + VNNI, and AVX2 + F16C).
 #[derive(Clone, Copy, Debug)]
 pub struct Avx512Vnni {
     _private: (),
@@ -75,6 +75,7 @@ impl Avx512Vnni {
     /// Returns the capability when this CPU can run the tier.
     pub fn new() -> Option<Avx512Vnni> {
         let ok = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("f16c")
             && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vl")
@@ -202,7 +203,8 @@ fn gemm_q8_0(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
     SCALES.with(|cell| {
         let mut tables = cell.borrow_mut();
         let (xd, yd) = &mut *tables;
-        q8_0::scale_tables(w, rows, x, n, nb, xd, yd);
+        // SAFETY: a capability exists, so the CPU has AVX2 and F16C.
+        unsafe { q8_0::scale_tables(w, rows, x, n, nb, xd, yd) };
         let (wp, xp, op) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
         // SAFETY: the capability for `level` exists (CPU features present); `gemm_block` checked
         // that `w` holds `rows * nb` Q8_0 blocks, `x` `n * nb` blocks and `out` `rows * n`

@@ -10,14 +10,18 @@
 
 use core::arch::x86_64::*;
 
-use crate::formats::f16_to_f32;
+use super::kquant::f16_to_f32;
 
 /// Bytes of one Q8_0 block: f16 d, 32 i8.
 pub(super) const Q8_0_BYTES: usize = 34;
 
 /// `xd[b * rows_p + r]` (weight scales, rows padded to 8 by repeating the last row) and
 /// `yd[b * n_p + j]` (activation scales, padded the same way) as f32.
-pub(super) fn scale_tables(
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn scale_tables(
     w: &[u8],
     rows: usize,
     x: &[u8],
@@ -26,6 +30,7 @@ pub(super) fn scale_tables(
     xd: &mut Vec<f32>,
     yd: &mut Vec<f32>,
 ) {
+    #[target_feature(enable = "avx2,f16c")]
     fn fill(src: &[u8], count: usize, nb: usize, dst: &mut Vec<f32>) {
         let padded = count.div_ceil(8) * 8;
         dst.clear();
@@ -44,7 +49,7 @@ pub(super) fn scale_tables(
 
 /// Transposing reduction: lane `i` of the result is the sum of the 8 lanes of `v[i]`.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 pub(super) fn reduce8(v: &[__m256i; 8]) -> __m256i {
     let a01 = _mm256_hadd_epi32(v[0], v[1]);
     let a23 = _mm256_hadd_epi32(v[2], v[3]);

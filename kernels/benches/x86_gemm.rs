@@ -1,0 +1,119 @@
+//! Quick throughput check of the x86 tiers against the scalar reference (no criterion, so it
+//! builds fast): `cargo bench -p nightshift-kernels --bench x86_gemm [-- TYPE...]`. Prints, per
+//! type and batch size, nanoseconds per (weight row x activation row x 256 elements) and the
+//! speed-up over scalar. The benches crate compares against ggml itself.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+#[cfg(target_arch = "x86_64")]
+use nightshift_kernels::arch::x86_64::{Avx2, Avx512Vnni};
+use nightshift_kernels::{scalar, GgmlType};
+
+/// Realistic blocks: random floats through the reference quantizers.
+fn quantized(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    let rb = ty.row_bytes(k).expect("k fits");
+    let mut out = vec![0u8; rb * rows];
+    for r in 0..rows {
+        let f: Vec<f32> = (0..k)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) as f32
+            })
+            .collect();
+        scalar::quantize_row(ty, &f, &mut out[r * rb..][..rb]).expect("quantize");
+    }
+    out
+}
+
+/// Seconds this thread has run on a CPU (Linux schedstat), so that other processes competing
+/// for the cores do not inflate the figures; wall time elsewhere.
+fn cpu_time() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|ns| ns as f64 * 1e-9)
+        .unwrap_or_else(|| {
+            static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+            START.get_or_init(Instant::now).elapsed().as_secs_f64()
+        })
+}
+
+/// Best of a few timed runs of `f` (thread CPU seconds per call), each run at least ~30 ms.
+fn time(mut f: impl FnMut()) -> f64 {
+    f();
+    let t = cpu_time();
+    let mut reps = 0u32;
+    while cpu_time() - t < 0.03 {
+        f();
+        reps += 1;
+    }
+    let mut best = (cpu_time() - t) / reps as f64;
+    for _ in 0..4 {
+        let t = cpu_time();
+        for _ in 0..reps {
+            f();
+        }
+        best = best.min((cpu_time() - t) / reps as f64);
+    }
+    best
+}
+
+#[cfg(target_arch = "x86_64")]
+fn main() {
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let k = 4096;
+    let rows = 128;
+    let types = [
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+    ];
+    println!("k={k} rows={rows}; ns per (row x act x 256 elements); speed-up vs scalar");
+    for ty in types {
+        if !filter.is_empty() && !filter.iter().any(|f| f.eq_ignore_ascii_case(ty.name())) {
+            continue;
+        }
+        let w = quantized(ty, rows, k, 7);
+        for n in [1usize, 2, 4, 8, 16, 64] {
+            let x = quantized(ty.vec_dot_type(), n, k, 11 + n as u64);
+            let mut out = vec![0f32; rows * n];
+            let units = (rows * n * k / 256) as f64;
+            let sc = time(|| {
+                scalar::gemm_block(ty, k, &w, rows, &x, n, &mut out).expect("scalar");
+                black_box(&out);
+            });
+            let mut line = format!("{:5} n={n:2}  scalar {:7.2}", ty.name(), sc * 1e9 / units);
+            if let Some(t) = Avx2::new() {
+                let s = time(|| {
+                    assert!(t.gemm_block(ty, k, &w, rows, &x, n, &mut out));
+                    black_box(&out);
+                });
+                line += &format!("  avx2 {:6.2} ({:4.1}x)", s * 1e9 / units, sc / s);
+            }
+            if let Some(t) = Avx512Vnni::new() {
+                let s = time(|| {
+                    assert!(t.gemm_block(ty, k, &w, rows, &x, n, &mut out));
+                    black_box(&out);
+                });
+                line += &format!("  avx512vnni {:6.2} ({:4.1}x)", s * 1e9 / units, sc / s);
+            }
+            println!("{line}");
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main() {
+    let _ = (time, quantized, black_box::<()>, GgmlType::F32);
+    println!("x86 tiers only");
+}
