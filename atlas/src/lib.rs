@@ -6,6 +6,8 @@
 mod fsutil;
 pub mod placement;
 pub mod plan;
+pub mod plots;
+pub mod report;
 pub mod stats;
 pub mod synth;
 pub mod trace;

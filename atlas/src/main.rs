@@ -1,8 +1,17 @@
-//! The `nightshift-atlas` command line: report on an atlas file, plan a placement from it,
-//! simulate planner quality on synthetic atlases. Subcommands that need a live engine or
-//! coordinator (`record`, `apply`) are not here yet.
+//! The `nightshift-atlas` command line: `report` on an atlas file (table + heatmap/coverage
+//! pictures), `plan` a placement from it, `simulate` planner quality on synthetic Zipf atlases,
+//! and `synth` a synthetic atlas file. Subcommands that need a live engine or coordinator
+//! (`record`, `apply`) do not exist yet.
 
-use clap::Parser;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use nightshift_atlas::placement::{ModelShape, Placement};
+use nightshift_atlas::plan::{plan, Plan, PlanRequest, ReplicaBudget};
+use nightshift_atlas::report::Report;
+use nightshift_atlas::synth::{kimi_k2_shape, zipf_atlas, zipf_counts};
+use nightshift_atlas::trace::Atlas;
 
 #[derive(Parser)]
 #[command(
@@ -10,9 +19,336 @@ use clap::Parser;
     version,
     about = "ExpertAtlas: report, plan and simulate expert placements"
 )]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
 
-fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
+#[derive(Subcommand)]
+enum Cmd {
+    /// Coverage, Gini and placement load imbalance of an atlas, with PNG/SVG pictures.
+    Report {
+        atlas: PathBuf,
+        /// Placement whose expected per-node load to report.
+        #[arg(long)]
+        placement: Option<PathBuf>,
+        /// Directory for heatmap.{png,svg} and coverage.{png,svg}.
+        #[arg(long, default_value = "atlas-report")]
+        out: PathBuf,
+        /// Use the rolling-window counts instead of all-time.
+        #[arg(long)]
+        window: bool,
+    },
+    /// Plan a placement (replicate hot experts, balance load under memory) and write it.
+    Plan {
+        #[arg(long)]
+        atlas: PathBuf,
+        /// TOML with [[node]] tables: name, addr, numa, memory_bytes, cores.
+        #[arg(long)]
+        nodes: PathBuf,
+        /// Current placement: prefer plans that move few bytes from it.
+        #[arg(long)]
+        previous: Option<PathBuf>,
+        /// Extra copies per MoE layer.
+        #[arg(long, conflicts_with = "replica_memory")]
+        replicas: Option<usize>,
+        /// Bytes for extra copies over all layers (suffixes K, M, G, T, KiB, MiB, GiB, TiB; or N%
+        /// of the memory of one copy of every expert).
+        #[arg(long)]
+        replica_memory: Option<String>,
+        /// Use the rolling-window counts instead of all-time.
+        #[arg(long)]
+        window: bool,
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+    },
+    /// Expected imbalance, ours vs round-robin, on a synthetic Zipf atlas (Kimi K2 shape by default).
+    Simulate {
+        #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+        nodes: Vec<usize>,
+        /// Zipf exponent of expert popularity.
+        #[arg(long, default_value_t = 1.0)]
+        zipf: f64,
+        /// Replica memory as a fraction of one copy of every expert.
+        #[arg(long, default_value_t = 0.10)]
+        replica_fraction: f64,
+        #[arg(long, default_value_t = 60)]
+        layers: usize,
+        #[arg(long, default_value_t = 384)]
+        experts: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Write a synthetic Zipf atlas (Kimi K2 shape by default) for trying report and plan.
+    Synth {
+        #[arg(long, default_value_t = 1.0)]
+        zipf: f64,
+        #[arg(long, default_value_t = 60)]
+        layers: usize,
+        #[arg(long, default_value_t = 384)]
+        experts: usize,
+        #[arg(long, default_value_t = 8)]
+        top_k: usize,
+        #[arg(long, default_value_t = 100_000)]
+        tokens: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Report {
+            atlas,
+            placement,
+            out,
+            window,
+        } => report(atlas, placement, out, window),
+        Cmd::Plan {
+            atlas,
+            nodes,
+            previous,
+            replicas,
+            replica_memory,
+            window,
+            out,
+        } => plan_cmd(
+            atlas,
+            nodes,
+            previous,
+            replicas,
+            replica_memory,
+            window,
+            out,
+        ),
+        Cmd::Simulate {
+            nodes,
+            zipf,
+            replica_fraction,
+            layers,
+            experts,
+            seed,
+        } => simulate(&nodes, zipf, replica_fraction, layers, experts, seed),
+        Cmd::Synth {
+            zipf,
+            layers,
+            experts,
+            top_k,
+            tokens,
+            seed,
+            out,
+        } => {
+            let shape = shape_of(layers, experts)?;
+            if top_k == 0 || top_k > experts {
+                bail!("--top-k: expected 1..={experts}, found {top_k}");
+            }
+            let atlas = zipf_atlas(shape, top_k, zipf, tokens, seed);
+            atlas.save_atomic(&out)?;
+            println!("wrote {}", out.display());
+            Ok(())
+        }
+    }
+}
+
+fn shape_of(layers: usize, experts: usize) -> Result<ModelShape> {
+    if layers == 0 || experts == 0 {
+        bail!("expected at least one MoE layer and one expert, found {layers} layers and {experts} experts");
+    }
+    let k2 = kimi_k2_shape();
+    Ok(ModelShape {
+        moe_layers: (1..=layers).collect(),
+        n_experts: experts,
+        expert_bytes: k2.expert_bytes,
+    })
+}
+
+fn report(atlas: PathBuf, placement: Option<PathBuf>, out: PathBuf, window: bool) -> Result<()> {
+    let a = Atlas::load(&atlas)?;
+    let p = placement.as_deref().map(Placement::load).transpose()?;
+    let r =
+        Report::new(&a, window, p.as_ref()).context("placement does not fit the atlas's model")?;
+    print!("{}", r.to_table());
+    let counts = if window { &a.window } else { &a.all_time };
+    let written = nightshift_atlas::plots::write_all(&out, &a.shape.moe_layers, counts, &a.model)?;
+    for w in written {
+        println!("wrote {}", w.display());
+    }
+    Ok(())
+}
+
+/// Parses `123`, `10G`, `10GiB`, `1.5T`, or `10%` (of `full` bytes).
+fn parse_bytes(s: &str, full: u64) -> Result<u64> {
+    let t = s.trim();
+    if let Some(p) = t.strip_suffix('%') {
+        let f: f64 = p
+            .trim()
+            .parse()
+            .with_context(|| format!("--replica-memory: expected a percentage, found {s:?}"))?;
+        if !(0.0..=10_000.0).contains(&f) {
+            bail!("--replica-memory: expected 0%..=10000%, found {s:?}");
+        }
+        return Ok((full as f64 * f / 100.0) as u64);
+    }
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit {
+        "" | "B" => 1,
+        "K" | "KB" => 1_000,
+        "M" | "MB" => 1_000_000,
+        "G" | "GB" => 1_000_000_000,
+        "T" | "TB" => 1_000_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        _ => bail!("--replica-memory: expected a unit among K, M, G, T, KiB, MiB, GiB, TiB or %, found {unit:?}"),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .with_context(|| format!("--replica-memory: expected a number of bytes, found {s:?}"))?;
+    if !(n >= 0.0 && n.is_finite()) {
+        bail!("--replica-memory: expected a non-negative size, found {s:?}");
+    }
+    Ok((n * mult as f64) as u64)
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+fn plan_cmd(
+    atlas: PathBuf,
+    nodes: PathBuf,
+    previous: Option<PathBuf>,
+    replicas: Option<usize>,
+    replica_memory: Option<String>,
+    window: bool,
+    out: PathBuf,
+) -> Result<()> {
+    let a = Atlas::load(&atlas)?;
+    let text = std::fs::read_to_string(&nodes)
+        .with_context(|| format!("cannot read nodes file {}", nodes.display()))?;
+    let node_specs = Placement::nodes_from_toml_str(&text)
+        .with_context(|| format!("nodes file {}", nodes.display()))?;
+    let prev = previous.as_deref().map(Placement::load).transpose()?;
+    let full = a.shape.expert_bytes * (a.shape.moe_layers.len() * a.shape.n_experts) as u64;
+    let budget = match (replicas, replica_memory) {
+        (Some(n), _) => ReplicaBudget::PerLayer(n),
+        (None, Some(m)) => ReplicaBudget::Bytes(parse_bytes(&m, full)?),
+        (None, None) => ReplicaBudget::PerLayer(0),
+    };
+    let counts = if window { &a.window } else { &a.all_time };
+    if counts.total_activations() == 0 {
+        bail!(
+            "atlas {} has no activations in its {} counts: nothing to plan from",
+            atlas.display(),
+            if window { "window" } else { "all-time" }
+        );
+    }
+    let req = PlanRequest {
+        shape: &a.shape,
+        counts,
+        nodes: node_specs,
+        budget,
+        previous: prev.as_ref(),
+    };
+    let p = plan(&req)?;
+    print_plan(&p, prev.is_some());
+    p.placement.save_atomic(&out)?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
+fn print_plan(p: &Plan, has_previous: bool) {
+    println!("extra copies per MoE layer: {}", p.extra_per_layer);
+    println!("{:<34} {:>14} {:>14}", "", "planned", "round-robin");
+    println!(
+        "{:<34} {:>14.3} {:>14.3}",
+        "expected max/mean load (per step)", p.ours.imbalance, p.round_robin.imbalance
+    );
+    println!(
+        "{:<34} {:>14.3} {:>14.3}",
+        "worst layer max/mean", p.ours.worst_layer, p.round_robin.worst_layer
+    );
+    if has_previous {
+        println!(
+            "{:<34} {:>14} {:>14}",
+            "bytes to move from --previous",
+            gib(p.ours.bytes_to_move),
+            gib(p.round_robin.bytes_to_move)
+        );
+    }
+    println!("per node: expected rows (all layers) / held / resident");
+    for (i, node) in p.placement.nodes.iter().enumerate() {
+        println!(
+            "  {:<16} planned {:>12.0} {:>12} {:>12}   round-robin {:>12.0} {:>12}",
+            node.name,
+            p.ours.node_load[i],
+            gib(p.ours.held_bytes[i]),
+            gib(p.ours.resident_bytes[i]),
+            p.round_robin.node_load[i],
+            gib(p.round_robin.held_bytes[i]),
+        );
+    }
+}
+
+fn simulate(
+    nodes: &[usize],
+    zipf: f64,
+    fraction: f64,
+    layers: usize,
+    experts: usize,
+    seed: u64,
+) -> Result<()> {
+    let shape = shape_of(layers, experts)?;
+    if !(0.0..=100.0).contains(&fraction) {
+        bail!("--replica-fraction: expected 0..=100, found {fraction}");
+    }
+    let counts = zipf_counts(&shape, zipf, 1_000_000_000, seed);
+    let full = shape.expert_bytes * (layers * experts) as u64;
+    println!("synthetic Zipf({zipf}) atlas: {layers} MoE layers x {experts} experts, replica memory {:.0}% of one copy of every expert", fraction * 100.0);
+    println!(
+        "{:>6} {:>13} {:>13} {:>16} {:>12}",
+        "nodes", "round-robin", "no replicas", "with replicas", "worst layer"
+    );
+    for &n in nodes {
+        if n == 0 {
+            bail!("--nodes: expected node counts >= 1, found 0");
+        }
+        let specs: Vec<_> = (0..n)
+            .map(|i| nightshift_atlas::placement::NodeSpec::named(format!("node{i}")))
+            .collect();
+        let none = plan(&PlanRequest {
+            shape: &shape,
+            counts: &counts,
+            nodes: specs.clone(),
+            budget: ReplicaBudget::PerLayer(0),
+            previous: None,
+        })?;
+        let budget = ReplicaBudget::Bytes((full as f64 * fraction) as u64);
+        let budget = match budget {
+            ReplicaBudget::Bytes(_) if n == 1 => ReplicaBudget::PerLayer(0),
+            b => b,
+        };
+        let with = plan(&PlanRequest {
+            shape: &shape,
+            counts: &counts,
+            nodes: specs,
+            budget,
+            previous: None,
+        })?;
+        println!(
+            "{:>6} {:>13.4} {:>13.4} {:>16.4} {:>12.4}",
+            n,
+            with.round_robin.imbalance,
+            none.ours.imbalance,
+            with.ours.imbalance,
+            with.ours.worst_layer
+        );
+    }
+    println!("figures: expected max/mean node load per step (sum over layers of max / sum of mean); 1.000 = perfect");
     Ok(())
 }
