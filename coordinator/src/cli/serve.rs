@@ -4,6 +4,7 @@
 //! nodes and ready-to-paste curl / Python snippets.
 
 use crate::gateway::{self, AppState};
+use crate::scheduler::model_backend::{load_engine, EngineLimits};
 use crate::scheduler::{Scheduler, SchedulerOptions, StepEngine, TextModel};
 use anyhow::{bail, Context};
 use std::net::SocketAddr;
@@ -52,6 +53,10 @@ pub struct Args {
     /// Requests waiting for a slot before new ones get HTTP 429.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
+    /// KV-cache positions over all sequences (default: --max-seqs x --ctx); admission reserves
+    /// prompt + max_tokens per request against it.
+    #[arg(long)]
+    pub kv_budget: Option<usize>,
     /// Tokens per engine step (decode tokens + prefill chunks).
     #[arg(long, default_value_t = 256)]
     pub step_tokens: usize,
@@ -67,21 +72,43 @@ pub struct Args {
     /// Serve a deterministic byte-level toy model instead of a GGUF (tests the HTTP layer only).
     #[arg(long, hide = true)]
     pub mock: bool,
+    /// With --mock: milliseconds each engine step takes (makes batching and draining visible).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub mock_step_ms: u64,
 }
 
 /// A loaded backend: the engine (moved to its thread), the text side and a description.
 struct Loaded {
-    engine: Box<dyn FnOnce(Arc<dyn TextModel>, SchedulerOptions) -> std::io::Result<Scheduler>>,
+    engine: SpawnFn,
     text: Arc<dyn TextModel>,
     model_id: String,
     fingerprint: String,
     nodes: String,
+    n_ctx: usize,
 }
 
-fn spawn_with<E: StepEngine>(
-    engine: E,
-) -> Box<dyn FnOnce(Arc<dyn TextModel>, SchedulerOptions) -> std::io::Result<Scheduler>> {
+type SpawnFn = Box<dyn FnOnce(Arc<dyn TextModel>, SchedulerOptions) -> std::io::Result<Scheduler>>;
+
+fn spawn_with<E: StepEngine>(engine: E) -> SpawnFn {
     Box::new(move |text, opts| Scheduler::spawn(engine, text, opts))
+}
+
+/// The demo model: generated once (tiny qwen3moe, Q4_K_M) and cached under ./demo/.
+fn demo_model() -> anyhow::Result<PathBuf> {
+    use nightshift_model::gen::{self, Arch, GenSpec, Preset, QuantMix};
+    let spec = GenSpec::new(Preset::Tiny, Arch::Qwen3Moe, QuantMix::Q4KM);
+    let path = PathBuf::from("demo").join("tiny-qwen3moe-Q4_K_M.gguf");
+    if path.is_file() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all("demo").context("creating ./demo")?;
+    eprintln!(
+        "nightshift serve: no --model given; generating the demo model {} (once)",
+        path.display()
+    );
+    gen::generate(&spec, &path, &mut |_| {})
+        .with_context(|| format!("generating {}", path.display()))?;
+    Ok(path)
 }
 
 fn load(args: &Args) -> anyhow::Result<Loaded> {
@@ -102,22 +129,63 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
     }
     if args.mock {
         return Ok(Loaded {
-            engine: spawn_with(crate::scheduler::mock::MockEngine::new(args.max_seqs)),
+            engine: spawn_with({
+                let mut e = crate::scheduler::mock::MockEngine::new(args.max_seqs);
+                e.step_delay = Duration::from_millis(args.mock_step_ms);
+                e
+            }),
             text: Arc::new(crate::scheduler::mock::MockText),
             model_id: args.model_name.clone().unwrap_or_else(|| "mock".into()),
             fingerprint: "fp_mock".into(),
             nodes: "none (toy model in process)".into(),
+            n_ctx: args.ctx,
         });
     }
-    let _path = match &args.model {
+    let path = match &args.model {
         Some(p) => p.clone(),
-        None => bail!(
-            "no --model given and the demo model generator (nightshift_model::gen::generate) is not built yet; pass --model FILE.gguf"
-        ),
+        None => demo_model()?,
     };
-    bail!(
-        "serving a GGUF needs the model engine (nightshift_model::Engine), which is not built yet"
-    )
+    let model = nightshift_model::Model::load(&path)
+        .with_context(|| format!("loading {}", path.display()))?;
+    let n_ctx_train = model.config().n_ctx_train;
+    let n_ctx = if n_ctx_train > 0 && args.ctx > n_ctx_train {
+        eprintln!("nightshift serve: --ctx {} is beyond the model's training context; using {n_ctx_train}", args.ctx);
+        n_ctx_train
+    } else {
+        args.ctx
+    };
+    let text = load_text(&model)?;
+    let limits = EngineLimits {
+        threads: args.threads.unwrap_or(0),
+        max_seqs: args.max_seqs,
+        kv_budget_tokens: kv_budget(args, n_ctx),
+        max_seq_len: n_ctx,
+    };
+    let fingerprint = format!("fp_{:016x}", model.gguf().fingerprint());
+    let engine = load_engine(model, &limits).context("starting the engine")?;
+    let model_id = args.model_name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
+    Ok(Loaded {
+        engine: spawn_with(engine),
+        text,
+        model_id,
+        fingerprint,
+        nodes: "none: experts run in process".into(),
+        n_ctx,
+    })
+}
+
+/// KV budget: --kv-budget, or room for every sequence at full context; at least one context.
+fn kv_budget(args: &Args, n_ctx: usize) -> usize {
+    args.kv_budget.unwrap_or(args.max_seqs * n_ctx).max(n_ctx)
+}
+
+fn load_text(_model: &nightshift_model::Model) -> anyhow::Result<Arc<dyn TextModel>> {
+    // TODO(tokenizer): enable scheduler/model_text.rs once nightshift_model::tokenizer lands.
+    bail!("serving a GGUF needs the model's tokenizer and chat template (nightshift_model::tokenizer), which are not built yet; --mock serves a toy model")
 }
 
 /// Runs the subcommand.
@@ -131,7 +199,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         queue_capacity: args.queue,
         max_seqs: args.max_seqs,
         step_tokens: args.step_tokens,
-        n_ctx: args.ctx,
+        n_ctx: loaded.n_ctx,
+        kv_budget_tokens: kv_budget(&args, loaded.n_ctx),
     };
     let scheduler =
         (loaded.engine)(loaded.text.clone(), opts).context("starting the engine thread")?;

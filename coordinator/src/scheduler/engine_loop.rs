@@ -36,6 +36,13 @@ struct Seq {
     last_token_at: Option<Instant>,
 }
 
+impl Seq {
+    /// KV positions this sequence may use in the worst case.
+    fn kv_need(&self) -> usize {
+        self.n_prompt + self.req.max_tokens as usize
+    }
+}
+
 /// The state of the engine thread.
 pub struct Loop<E: StepEngine> {
     engine: E,
@@ -131,6 +138,12 @@ impl<E: StepEngine> Loop<E> {
             let Some(req) = self.waiting.pop_front() else {
                 break;
             };
+            let reserved: usize = self.running.iter().map(Seq::kv_need).sum();
+            let need = (req.prompt.len() + req.max_tokens as usize).min(self.opts.n_ctx);
+            if reserved + need > self.opts.kv_budget_tokens && !self.running.is_empty() {
+                self.waiting.push_front(req);
+                break;
+            }
             match self.engine.add_sequence() {
                 Ok(handle) => {
                     self.stats.queued.fetch_sub(1, Relaxed);

@@ -8,6 +8,7 @@
 mod backend;
 mod engine_loop;
 pub mod mock;
+pub mod model_backend;
 mod sampling;
 mod text;
 
@@ -89,6 +90,9 @@ pub struct SchedulerOptions {
     pub step_tokens: usize,
     /// Context length of a sequence (prompt + generated).
     pub n_ctx: usize,
+    /// KV-cache positions over all running sequences. Admission reserves prompt + max_tokens
+    /// per sequence against it, so a running sequence never runs out of cache.
+    pub kv_budget_tokens: usize,
 }
 
 impl Default for SchedulerOptions {
@@ -98,6 +102,7 @@ impl Default for SchedulerOptions {
             max_seqs: 8,
             step_tokens: 256,
             n_ctx: 4096,
+            kv_budget_tokens: 8 * 4096,
         }
     }
 }
