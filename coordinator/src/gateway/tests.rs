@@ -61,6 +61,7 @@ async fn start(o: Opts) -> Server {
         max_seqs: o.max_seqs,
         step_tokens: 64,
         n_ctx: o.n_ctx,
+        kv_budget_tokens: o.n_ctx * o.max_seqs,
     };
     let scheduler = Scheduler::spawn(engine, text.clone(), opts).expect("spawn engine thread");
     let down = o.nodes_down;
