@@ -4,8 +4,9 @@
 
 use core::arch::x86_64::*;
 
-use super::kquant::{kquant_gemm, Unpacked};
+use super::kquant::kquant_gemm;
 use super::q8_0::q8_0_gemm;
+use super::unpack::Unpacked;
 
 /// For each of `R` unpacked weight blocks, the lane sums `aux[m] = sum of scale * w * q` over
 /// lane `m` (offset form when `signed`: `maddubs(q + 128, w)`; the epilogue subtracts the

@@ -5,8 +5,9 @@
 
 use core::arch::x86_64::*;
 
-use super::kquant::{kquant_gemm, Unpacked};
+use super::kquant::kquant_gemm;
 use super::q8_0::q8_0_gemm;
+use super::unpack::Unpacked;
 
 /// Same contract as the AVX2 `dot_k`: per weight block, the lane sums of `scale * w * q`.
 ///

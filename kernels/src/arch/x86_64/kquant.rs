@@ -16,6 +16,8 @@
 
 use core::arch::x86_64::*;
 
+use super::unpack::BlockMeta;
+
 /// Bytes of one Q8_K block: f32 d, 256 i8, 16 i16 bsums.
 pub(super) const Q8K_BYTES: usize = 292;
 /// Offset of the bsums in a Q8_K block.
@@ -44,43 +46,6 @@ pub(super) const fn signed(kind: u8) -> bool {
     matches!(kind, Q3 | Q6)
 }
 
-/// One weight super-block, unpacked once and reused against every activation row.
-#[repr(C, align(64))]
-pub(super) struct Unpacked {
-    /// 256 weight values, permuted per 32-element chunk (u8 or i8 depending on the kind).
-    pub w: [u8; 256],
-    /// Per chunk, 16 i16: position `2m` the scale of the chunk's first 16 elements, `2m + 1` of
-    /// the second 16.
-    pub s: [i16; 128],
-    /// Signed kinds: `128 * sum(scale * w)` per lane (subtracted from the offset products).
-    pub corr: [i32; 8],
-    /// Per 16-element sub-block, the multiplier of the activation bsums (Q2_K: `sc >> 4`,
-    /// Q4_K/Q5_K: the 6-bit min).
-    pub mins: [i16; 16],
-    pub d: f32,
-    pub dmin: f32,
-}
-
-impl Unpacked {
-    pub(super) fn new() -> Unpacked {
-        Unpacked {
-            w: [0; 256],
-            s: [0; 128],
-            corr: [0; 8],
-            mins: [0; 16],
-            d: 0.0,
-            dmin: 0.0,
-        }
-    }
-}
-
-#[inline(always)]
-fn rd_u16(p: *const u8) -> u16 {
-    // SAFETY: every caller passes a pointer inside a block it has already bounds-checked; the
-    // read is unaligned-safe.
-    unsafe { u16::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 2])) }
-}
-
 /// f16 bits -> f32 with F16C (exact, like the reference's conversion).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
@@ -90,14 +55,8 @@ pub(super) fn f16_to_f32(h: u16) -> f32 {
 
 #[inline(always)]
 pub(super) fn rd_f32(p: *const u8) -> f32 {
-    // SAFETY: as `rd_u16`, for the 4-byte d of a Q8_K block.
+    // SAFETY: callers pass the start of a Q8_K block they have bounds-checked; unaligned read.
     unsafe { f32::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 4])) }
-}
-
-#[inline(always)]
-fn rd_u32(p: *const u8) -> u32 {
-    // SAFETY: as `rd_u16`, for 4 bytes inside a block's scale array.
-    unsafe { u32::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 4])) }
 }
 
 /// Within each 32-byte chunk, byte `4m + r` <- byte `m + 8r` (see the module docs).
@@ -133,240 +92,6 @@ pub(super) unsafe fn pack_q8k(x: *const u8, blocks: usize, offset: bool, out: *m
     }
 }
 
-/// Broadcasts the i16 pair (2c, 2c+1) of `sc16` to every i32 lane for chunk `c` and stores the
-/// 8 scale vectors into `u.s`.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn store_scales(sc16: __m256i, u: &mut Unpacked) {
-    for c in 0..8 {
-        let v = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(c as i32));
-        _mm256_storeu_si256(u.s.as_mut_ptr().add(16 * c) as *mut __m256i, v);
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn store_w(u: &mut Unpacked, c: usize, v: __m256i) {
-    _mm256_storeu_si256(u.w.as_mut_ptr().add(32 * c) as *mut __m256i, v);
-}
-
-/// Signed kinds: `corr[m] = 128 * sum over the chunk lanes of scale * w`.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn store_corr(u: &mut Unpacked) {
-    let k128 = _mm256_set1_epi8(-128);
-    let mut acc = _mm256_setzero_si256();
-    for c in 0..8 {
-        let w = _mm256_loadu_si256(u.w.as_ptr().add(32 * c) as *const __m256i);
-        let s = _mm256_loadu_si256(u.s.as_ptr().add(16 * c) as *const __m256i);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(k128, w), s));
-    }
-    _mm256_storeu_si256(u.corr.as_mut_ptr() as *mut __m256i, acc);
-}
-
-/// `v >> s` per byte for a compile-time `s` (16-bit shifts; callers mask the result).
-macro_rules! shr {
-    ($v:expr, $s:literal) => {
-        _mm256_srli_epi16::<$s>($v)
-    };
-}
-
-/// Unpacks one weight block of kind `K` at `b` into `u`.
-///
-/// # Safety
-/// `b` must be valid for `block_bytes(K)` bytes; the CPU must have AVX2.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn unpack<const K: u8>(b: *const u8, u: &mut Unpacked) {
-    match K {
-        Q2 => unpack_q2(b, u),
-        Q3 => unpack_q3(b, u),
-        Q4 => unpack_q45::<false>(b, u),
-        Q5 => unpack_q45::<true>(b, u),
-        _ => unpack_q6(b, u),
-    }
-}
-
-/// Q2_K: scales[16] @0, qs[64] @16, d @80, dmin @82.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn unpack_q2(b: *const u8, u: &mut Unpacked) {
-    let m4 = _mm_set1_epi8(0x0f);
-    let sc = _mm_loadu_si128(b as *const __m128i);
-    let lo = _mm256_cvtepu8_epi16(_mm_and_si128(sc, m4));
-    let hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc), m4));
-    _mm256_storeu_si256(u.mins.as_mut_ptr() as *mut __m256i, hi);
-    store_scales(lo, u);
-    let m3 = _mm256_set1_epi8(3);
-    for h in 0..2 {
-        let v = perm32(_mm256_loadu_si256(b.add(16 + 32 * h) as *const __m256i));
-        store_w(u, 4 * h, _mm256_and_si256(v, m3));
-        store_w(u, 4 * h + 1, _mm256_and_si256(shr!(v, 2), m3));
-        store_w(u, 4 * h + 2, _mm256_and_si256(shr!(v, 4), m3));
-        store_w(u, 4 * h + 3, _mm256_and_si256(shr!(v, 6), m3));
-    }
-    u.d = f16_to_f32(rd_u16(b.add(80)));
-    u.dmin = f16_to_f32(rd_u16(b.add(82)));
-}
-
-/// Q3_K's 12 scale bytes -> 16 six-bit scales (as ggml packs them), minus 32.
-#[inline(always)]
-fn q3_scales(p: *const u8) -> [i8; 16] {
-    const LOW4: u32 = 0x0f0f_0f0f;
-    const LOW2: u32 = 0x0303_0303;
-    let a0 = rd_u32(p);
-    let a1 = rd_u32(p.wrapping_add(4));
-    let hi = rd_u32(p.wrapping_add(8));
-    let words = [
-        (a0 & LOW4) | ((hi & LOW2) << 4),
-        (a1 & LOW4) | (((hi >> 2) & LOW2) << 4),
-        ((a0 >> 4) & LOW4) | (((hi >> 4) & LOW2) << 4),
-        ((a1 >> 4) & LOW4) | (((hi >> 6) & LOW2) << 4),
-    ];
-    let mut out = [0i8; 16];
-    for (i, w) in words.iter().enumerate() {
-        for (k, byte) in w.to_le_bytes().iter().enumerate() {
-            out[4 * i + k] = (*byte as i8).wrapping_sub(32);
-        }
-    }
-    out
-}
-
-/// Q3_K: hmask[32] @0, qs[64] @32, scales[12] @96, d @108. Values `raw - 4` in [-4, 3].
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn unpack_q3(b: *const u8, u: &mut Unpacked) {
-    let sc = q3_scales(b.add(96));
-    let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
-    store_scales(sc16, u);
-    let hm = perm32(_mm256_loadu_si256(b as *const __m256i));
-    let m3 = _mm256_set1_epi8(3);
-    let m4 = _mm256_set1_epi8(4);
-    // Bit c of every hmask byte moved to bit 2 (16-bit shifts; the mask drops what crossed bytes).
-    let hbit = [
-        _mm256_and_si256(_mm256_slli_epi16::<2>(hm), m4),
-        _mm256_and_si256(_mm256_slli_epi16::<1>(hm), m4),
-        _mm256_and_si256(hm, m4),
-        _mm256_and_si256(shr!(hm, 1), m4),
-        _mm256_and_si256(shr!(hm, 2), m4),
-        _mm256_and_si256(shr!(hm, 3), m4),
-        _mm256_and_si256(shr!(hm, 4), m4),
-        _mm256_and_si256(shr!(hm, 5), m4),
-    ];
-    for h in 0..2 {
-        let v = perm32(_mm256_loadu_si256(b.add(32 + 32 * h) as *const __m256i));
-        let q = [
-            _mm256_and_si256(v, m3),
-            _mm256_and_si256(shr!(v, 2), m3),
-            _mm256_and_si256(shr!(v, 4), m3),
-            _mm256_and_si256(shr!(v, 6), m3),
-        ];
-        for (s, qv) in q.into_iter().enumerate() {
-            let c = 4 * h + s;
-            store_w(u, c, _mm256_sub_epi8(_mm256_or_si256(qv, hbit[c]), m4));
-        }
-    }
-    store_corr(u);
-    u.d = f16_to_f32(rd_u16(b.add(108)));
-    u.dmin = 0.0;
-}
-
-/// Q4_K / Q5_K's 12 scale bytes -> (8 scales, 8 mins), six bits each.
-#[inline(always)]
-fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
-    const LOW6: u32 = 0x3f3f_3f3f;
-    const LOW4: u32 = 0x0f0f_0f0f;
-    const LOW2: u32 = 0x0303_0303;
-    let a0 = rd_u32(p);
-    let a1 = rd_u32(p.wrapping_add(4));
-    let a2 = rd_u32(p.wrapping_add(8));
-    let sc0 = a0 & LOW6;
-    let sc1 = (a2 & LOW4) | (((a0 >> 6) & LOW2) << 4);
-    let mn0 = a1 & LOW6;
-    let mn1 = ((a2 >> 4) & LOW4) | (((a1 >> 6) & LOW2) << 4);
-    let mut s = [0u8; 8];
-    let mut m = [0u8; 8];
-    s[..4].copy_from_slice(&sc0.to_le_bytes());
-    s[4..].copy_from_slice(&sc1.to_le_bytes());
-    m[..4].copy_from_slice(&mn0.to_le_bytes());
-    m[4..].copy_from_slice(&mn1.to_le_bytes());
-    (s, m)
-}
-
-/// Q4_K: d @0, dmin @2, scales[12] @4, qs[128] @16. Q5_K adds qh[32] @16 and moves qs to @48.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn unpack_q45<const HIGH: bool>(b: *const u8, u: &mut Unpacked) {
-    let (s8, m8) = k4_scales(b.add(4));
-    let s = _mm_loadl_epi64(s8.as_ptr() as *const __m128i);
-    let m = _mm_loadl_epi64(m8.as_ptr() as *const __m128i);
-    // Duplicate every byte (scale per 32 elements = two 16-element sub-blocks), widen to i16.
-    store_scales(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s, s)), u);
-    let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
-    _mm256_storeu_si256(u.mins.as_mut_ptr() as *mut __m256i, mins);
-    let m4 = _mm256_set1_epi8(0x0f);
-    let qs = if HIGH { b.add(48) } else { b.add(16) };
-    for j in 0..4 {
-        let v = perm32(_mm256_loadu_si256(qs.add(32 * j) as *const __m256i));
-        store_w(u, 2 * j, _mm256_and_si256(v, m4));
-        store_w(u, 2 * j + 1, _mm256_and_si256(shr!(v, 4), m4));
-    }
-    if HIGH {
-        let qh = perm32(_mm256_loadu_si256(b.add(16) as *const __m256i));
-        let m16 = _mm256_set1_epi8(0x10);
-        // Bit c of every qh byte moved to bit 4.
-        let hbit = [
-            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m16),
-            _mm256_and_si256(_mm256_slli_epi16::<3>(qh), m16),
-            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m16),
-            _mm256_and_si256(_mm256_slli_epi16::<1>(qh), m16),
-            _mm256_and_si256(qh, m16),
-            _mm256_and_si256(shr!(qh, 1), m16),
-            _mm256_and_si256(shr!(qh, 2), m16),
-            _mm256_and_si256(shr!(qh, 3), m16),
-        ];
-        for (c, h) in hbit.into_iter().enumerate() {
-            let p = u.w.as_mut_ptr().add(32 * c) as *mut __m256i;
-            _mm256_storeu_si256(p, _mm256_or_si256(_mm256_loadu_si256(p), h));
-        }
-    }
-    u.d = f16_to_f32(rd_u16(b));
-    u.dmin = f16_to_f32(rd_u16(b.add(2)));
-}
-
-/// Q6_K: ql[128] @0, qh[64] @128, scales[16] (i8) @192, d @208. Values `raw - 32`.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn unpack_q6(b: *const u8, u: &mut Unpacked) {
-    let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
-    store_scales(sc16, u);
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m30 = _mm256_set1_epi8(0x30);
-    let k32 = _mm256_set1_epi8(32);
-    for h in 0..2 {
-        let l0 = perm32(_mm256_loadu_si256(b.add(64 * h) as *const __m256i));
-        let l1 = perm32(_mm256_loadu_si256(b.add(64 * h + 32) as *const __m256i));
-        let hb = perm32(_mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i));
-        // Bits (2t, 2t+1) of qh moved to bits 4..5.
-        let h0 = _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m30);
-        let h1 = _mm256_and_si256(_mm256_slli_epi16::<2>(hb), m30);
-        let h2 = _mm256_and_si256(hb, m30);
-        let h3 = _mm256_and_si256(shr!(hb, 2), m30);
-        let vals = [
-            _mm256_or_si256(_mm256_and_si256(l0, m4), h0),
-            _mm256_or_si256(_mm256_and_si256(l1, m4), h1),
-            _mm256_or_si256(_mm256_and_si256(shr!(l0, 4), m4), h2),
-            _mm256_or_si256(_mm256_and_si256(shr!(l1, 4), m4), h3),
-        ];
-        for (t, v) in vals.into_iter().enumerate() {
-            store_w(u, 4 * h + t, _mm256_sub_epi8(v, k32));
-        }
-    }
-    store_corr(u);
-    u.d = f16_to_f32(rd_u16(b.add(208)));
-    u.dmin = 0.0;
-}
-
 /// Transposing reduction of 4 vectors: lane `i` of the result is the sum of `v[i]`'s lanes.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
@@ -383,10 +108,10 @@ pub(super) struct RowScales {
     pub dmin: __m128,
 }
 
-/// Gathers `d`/`dmin` of up to 4 unpacked rows into lanes.
+/// Gathers `d`/`dmin` of up to 4 rows' blocks into lanes.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-pub(super) fn row_scales<const R: usize>(u: &[Unpacked; R]) -> RowScales {
+pub(super) fn row_scales<const R: usize>(u: &[BlockMeta; R]) -> RowScales {
     let mut d = [0f32; 4];
     let mut dmin = [0f32; 4];
     for r in 0..R.min(4) {
@@ -413,7 +138,7 @@ pub(super) fn row_scales<const R: usize>(u: &[Unpacked; R]) -> RowScales {
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn epilogue<const K: u8, const R: usize>(
-    u: &[Unpacked; R],
+    u: &[BlockMeta; R],
     rs: RowScales,
     xb: *const u8,
     aux: &[__m256i; R],
@@ -427,8 +152,7 @@ pub(super) unsafe fn epilogue<const K: u8, const R: usize>(
     let mut ms = [zero; 4];
     if K == Q2 || K == Q4 || K == Q5 {
         for r in 0..R.min(4) {
-            let mins = _mm256_loadu_si256(u[r].mins.as_ptr() as *const __m256i);
-            ms[r] = _mm256_madd_epi16(bs, mins);
+            ms[r] = _mm256_madd_epi16(bs, u[r].mins);
         }
     }
     match K {
@@ -446,8 +170,7 @@ pub(super) unsafe fn epilogue<const K: u8, const R: usize>(
         Q3 | Q6 => {
             // sums[l] += d * aux32[l], d = x.d * y.d
             for r in 0..R {
-                let corr = _mm256_loadu_si256(u[r].corr.as_ptr() as *const __m256i);
-                let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(aux[r], corr));
+                let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(aux[r], u[r].corr));
                 let d = _mm256_set1_ps(u[r].d * yd);
                 sums[r] = _mm256_add_ps(sums[r], _mm256_mul_ps(d, v));
             }
@@ -535,29 +258,62 @@ macro_rules! kquant_gemm {
             n: usize,
             out: *mut f32,
         ) {
-            use super::kquant::{
-                block_bytes, epilogue, finish, row_scales, signed, unpack, Unpacked, Q8K_BYTES,
-            };
+            use super::kquant::{block_bytes, epilogue, finish, row_scales, signed, Q8K_BYTES};
+            use super::unpack::{dot_fused, unpack, Unpacked};
             const CHUNK: usize = 64;
             let wbytes = block_bytes(K);
-            let mut u: [Unpacked; R] = core::array::from_fn(|_| Unpacked::new());
             let mut sums = [[_mm256_setzero_ps(); R]; CHUNK];
             let mut sumf = [_mm_setzero_ps(); CHUNK];
+            if n == 1 {
+                // One activation row: decode and multiply in registers, no stored block.
+                for b in 0..nb {
+                    let ap = xp.add(b * 256);
+                    let mut meta = [core::mem::MaybeUninit::uninit(); R];
+                    let mut aux = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        let (m, a) = dot_fused::<K>(w.add(((r0 + r) * nb + b) * wbytes), ap);
+                        meta[r] = core::mem::MaybeUninit::new(m);
+                        aux[r] = a;
+                    }
+                    // SAFETY: every element was written just above.
+                    let meta = meta.map(|m| m.assume_init());
+                    let rs = row_scales(&meta);
+                    epilogue::<K, R>(
+                        &meta,
+                        rs,
+                        x.add(b * Q8K_BYTES),
+                        &aux,
+                        &mut sums[0],
+                        &mut sumf[0],
+                    );
+                }
+                for r in 0..R {
+                    *out.add(r0 + r) = finish::<K>(sums[0][r], sumf[0], r);
+                }
+                return;
+            }
+            let mut u: [Unpacked; R] = core::array::from_fn(|_| Unpacked::new());
             let mut j0 = 0;
             while j0 < n {
                 let nj = (n - j0).min(CHUNK);
                 sums[..nj].fill([_mm256_setzero_ps(); R]);
                 sumf[..nj].fill(_mm_setzero_ps());
                 for b in 0..nb {
+                    let mut meta = [core::mem::MaybeUninit::uninit(); R];
                     for (r, ur) in u.iter_mut().enumerate() {
-                        unpack::<K>(w.add(((r0 + r) * nb + b) * wbytes), ur);
+                        meta[r] = core::mem::MaybeUninit::new(unpack::<K>(
+                            w.add(((r0 + r) * nb + b) * wbytes),
+                            ur,
+                        ));
                     }
-                    let rs = row_scales(&u);
+                    // SAFETY: every element was written just above.
+                    let meta = meta.map(|m| m.assume_init());
+                    let rs = row_scales(&meta);
                     for jj in 0..nj {
                         let blk = (j0 + jj) * nb + b;
                         let aux = $dot::<R>(&u, xp.add(blk * 256), signed(K));
                         let xb = x.add(blk * Q8K_BYTES);
-                        epilogue::<K, R>(&u, rs, xb, &aux, &mut sums[jj], &mut sumf[jj]);
+                        epilogue::<K, R>(&meta, rs, xb, &aux, &mut sums[jj], &mut sumf[jj]);
                     }
                 }
                 for r in 0..R {

@@ -13,6 +13,7 @@ mod avx2;
 mod avx512vnni;
 mod kquant;
 mod q8_0;
+mod unpack;
 
 use std::cell::RefCell;
 
