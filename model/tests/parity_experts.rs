@@ -1,0 +1,139 @@
+//! The expert seam: `expert_ffn` gives the same bits whether rows come batched or one at a time,
+//! whatever the activation type shipped (Q8_K or F32), and `LocalExperts` returns one row per pair
+//! in pair order; `ExpertWeights::from_gguf` (what an expert node uses) sees the same bytes as the
+//! engine's model. Bad requests are errors, never panics.
+
+use nightshift_kernels::GgmlType;
+use nightshift_model::expert::{
+    expert_ffn, ActRows, ExpertBackend, ExpertPair, ExpertWeights, LocalExperts,
+};
+use nightshift_model::Model;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn model(name: &str) -> Arc<Model> {
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
+    let path = if local.exists() {
+        local
+    } else {
+        PathBuf::from("/work/shared/fixtures/models").join(name)
+    };
+    Model::load(&path).expect("model loads")
+}
+
+/// Deterministic activations of roughly unit scale.
+fn acts(n: usize, e: usize) -> Vec<f32> {
+    (0..n * e)
+        .map(|i| (((i * 7919) % 1000) as f32 / 500.0 - 1.0) * (1.0 + (i % 5) as f32))
+        .collect()
+}
+
+fn check_batched_equals_single(name: &str, layer: usize) {
+    let m = model(name);
+    let e = m.config().n_embd;
+    let w = m.expert_weights(layer, 3).expect("expert");
+    let x = acts(5, e);
+    let a = ActRows::quantize(w.act_type(), &x, e).expect("quantize");
+    let rows = [4u32, 0, 2, 2, 1];
+    let mut batched = vec![0.0f32; rows.len() * e];
+    expert_ffn(&w, &a, &rows, &mut batched, None).expect("batched");
+    for (i, &r) in rows.iter().enumerate() {
+        let mut one = vec![0.0f32; e];
+        expert_ffn(&w, &a, &[r], &mut one, None).expect("single");
+        assert_eq!(
+            &batched[i * e..(i + 1) * e],
+            &one[..],
+            "{name}: row {r} differs batched vs alone"
+        );
+    }
+    // Shipping f32 and quantizing on the node gives the same bits as shipping the quantized rows.
+    let f = ActRows::quantize(GgmlType::F32, &x, e).expect("f32");
+    let mut via_f32 = vec![0.0f32; rows.len() * e];
+    expert_ffn(&w, &f, &rows, &mut via_f32, None).expect("f32 acts");
+    assert_eq!(
+        batched,
+        via_f32,
+        "{name}: f32 activations differ from {} activations",
+        w.act_type().name()
+    );
+}
+
+#[test]
+fn expert_ffn_rows_are_independent() {
+    check_batched_equals_single("tiny-qwen3moe-Q4_K_M.gguf", 1);
+    check_batched_equals_single("tiny-qwen3moe-Q8_0.gguf", 0);
+    check_batched_equals_single("tiny-deepseek2-Q2_K.gguf", 2);
+}
+
+#[test]
+fn local_experts_return_rows_in_pair_order() {
+    let m = model("tiny-deepseek2-Q5_K_M.gguf");
+    let e = m.config().n_embd;
+    let layer = 1;
+    let ty = m.expert_act_type(layer).expect("moe layer");
+    let a = ActRows::quantize(ty, &acts(3, e), e).expect("quantize");
+    let pairs = [(5u32, 2u32), (0, 0), (5, 0), (15, 1), (0, 2), (7, 1)]
+        .map(|(expert, row)| ExpertPair { expert, row });
+    let mut out = vec![0.0f32; pairs.len() * e];
+    LocalExperts::new(m.clone(), None)
+        .run_experts(layer, &a, &pairs, &mut out)
+        .expect("run");
+    for (i, p) in pairs.iter().enumerate() {
+        let w = m.expert_weights(layer, p.expert).expect("weights");
+        let mut one = vec![0.0f32; e];
+        expert_ffn(&w, &a, &[p.row], &mut one, None).expect("single");
+        assert_eq!(&out[i * e..(i + 1) * e], &one[..], "pair {i} ({p:?})");
+    }
+}
+
+#[test]
+fn from_gguf_sees_the_model_bytes() {
+    let m = model("tiny-qwen3moe-Q2_K.gguf");
+    for (layer, expert) in [(0usize, 0u32), (1, 15), (1, 7)] {
+        let a = m.expert_weights(layer, expert).expect("model");
+        let b = ExpertWeights::from_gguf(m.gguf(), layer, expert as usize).expect("gguf");
+        assert_eq!((a.gate.0, a.up.0, a.down.0), (b.gate.0, b.up.0, b.down.0));
+        assert_eq!((a.gate.1, a.up.1, a.down.1), (b.gate.1, b.up.1, b.down.1));
+        assert_eq!((a.n_embd, a.n_ff), (b.n_embd, b.n_ff));
+    }
+}
+
+#[test]
+fn bad_requests_are_errors() {
+    let m = model("tiny-qwen3moe-Q4_K_M.gguf");
+    let e = m.config().n_embd;
+    let w = m.expert_weights(0, 1).expect("expert");
+    let a = ActRows::quantize(w.act_type(), &acts(2, e), e).expect("quantize");
+    let mut out = vec![0.0f32; e];
+    assert!(
+        expert_ffn(&w, &a, &[2], &mut out, None).is_err(),
+        "row out of range"
+    );
+    assert!(
+        expert_ffn(&w, &a, &[0, 1], &mut out, None).is_err(),
+        "output too short"
+    );
+    let bad = ActRows {
+        ty: a.ty,
+        n_rows: 3,
+        data: a.data.clone(),
+    };
+    assert!(
+        expert_ffn(&w, &bad, &[0], &mut out, None).is_err(),
+        "data shorter than n_rows"
+    );
+    let wrong = ActRows::quantize(GgmlType::Q8_0, &acts(2, e), e).expect("q8_0");
+    assert!(
+        expert_ffn(&w, &wrong, &[0], &mut out, None).is_err(),
+        "activation type mismatch"
+    );
+    assert!(m.expert_weights(0, 16).is_err() && m.expert_weights(9, 0).is_err());
+    let local = LocalExperts::new(m.clone(), None);
+    let pairs = [ExpertPair { expert: 99, row: 0 }];
+    assert!(
+        local.run_experts(0, &a, &pairs, &mut out).is_err(),
+        "unknown expert"
+    );
+}
