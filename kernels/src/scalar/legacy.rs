@@ -2,6 +2,9 @@
 //! `quantize_row_*_ref`, `dequantize_row_*` and `ggml_vec_dot_*_generic`, with the same float
 //! operations in the same order (no FMA), so results are bit-identical to ggml's.
 
+// Index loops mirror ggml's C loops one to one, which keeps the transcription checkable.
+#![allow(clippy::needless_range_loop)]
+
 use crate::formats::{
     f32_to_f16, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK,
 };

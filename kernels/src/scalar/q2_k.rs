@@ -2,6 +2,9 @@
 //! scale and min codes, requantization), `dequantize_row_q2_K` and
 //! `ggml_vec_dot_q2_K_q8_K_generic`, bit for bit.
 
+// Index loops mirror ggml's C loops one to one, which keeps the transcription checkable.
+#![allow(clippy::needless_range_loop)]
+
 use super::search::{make_qkx2_quants, nearest_int, Qkx2};
 use crate::formats::{f16_to_f32, f32_to_f16, BlockQ2_K, BlockQ8_K, QK_K};
 
@@ -82,7 +85,7 @@ pub fn quantize(x: &[f32], y: &mut [BlockQ2_K]) {
             }
             let dm = f16_to_f32(u16::from_le_bytes(b.dmin)) * (b.scales[j] >> 4) as f32;
             for ii in 0..16 {
-                let q = nearest_int((xb[16 * j + ii] + dm) / d).min(3).max(0);
+                let q = nearest_int((xb[16 * j + ii] + dm) / d).clamp(0, 3);
                 l[16 * j + ii] = q as u8;
             }
         }

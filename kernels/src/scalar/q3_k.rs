@@ -2,6 +2,9 @@
 //! scales, requantization, high-bit mask), `dequantize_row_q3_K` and
 //! `ggml_vec_dot_q3_K_q8_K_generic`, bit for bit.
 
+// Index loops mirror ggml's C loops one to one, which keeps the transcription checkable.
+#![allow(clippy::needless_range_loop)]
+
 use super::q2_k::pack_2bit;
 use super::q8_k::{lane_sums, KEpilogue};
 use super::search::{make_q3_quants, nearest_int};
@@ -27,7 +30,7 @@ pub fn quantize(x: &[f32], y: &mut [BlockQ3_K]) {
             let iscale = -32.0f32 / max_scale;
             for j in 0..QK_K / 16 {
                 let q = nearest_int(iscale * scales[j]) as i8 as i32;
-                let q = (q.min(31).max(-32) + 32) as u8;
+                let q = (q.clamp(-32, 31) + 32) as u8;
                 if j < 8 {
                     b.scales[j] = q & 0xf;
                 } else {
@@ -48,7 +51,7 @@ pub fn quantize(x: &[f32], y: &mut [BlockQ3_K]) {
                 continue;
             }
             for ii in 0..16 {
-                let q = nearest_int(xb[16 * j + ii] / d).min(3).max(-4);
+                let q = nearest_int(xb[16 * j + ii] / d).clamp(-4, 3);
                 l[16 * j + ii] = (q + 4) as i8;
             }
         }

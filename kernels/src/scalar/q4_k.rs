@@ -2,6 +2,9 @@
 //! `quantize_row_q4_K_ref` / `quantize_row_q5_K_ref` (make_qkx2_quants per 32, requantization),
 //! `dequantize_row_q4_K` / `_q5_K` and the `_generic` Q8_K dot products, bit for bit.
 
+// Index loops mirror ggml's C loops one to one, which keeps the transcription checkable.
+#![allow(clippy::needless_range_loop)]
+
 use super::q8_k::{lane_sums, KEpilogue};
 use super::search::{make_qkx2_quants, nearest_int, Qkx2};
 use crate::formats::{f16_to_f32, f32_to_f16, scale_min_k4, BlockQ4_K, BlockQ5_K, BlockQ8_K, QK_K};
@@ -74,7 +77,7 @@ fn quantize_super_block(
         }
         let dm = dmin_all * m as f32;
         for ii in 0..32 {
-            let q = nearest_int((xb[32 * j + ii] + dm) / d).min(p.nmax).max(0);
+            let q = nearest_int((xb[32 * j + ii] + dm) / d).clamp(0, p.nmax);
             l[32 * j + ii] = q as u8;
         }
     }

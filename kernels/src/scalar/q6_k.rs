@@ -2,6 +2,9 @@
 //! scales, requantization), `dequantize_row_q6_K` and `ggml_vec_dot_q6_K_q8_K_generic`, bit for
 //! bit.
 
+// Index loops mirror ggml's C loops one to one, which keeps the transcription checkable.
+#![allow(clippy::needless_range_loop)]
+
 use super::q8_k::{lane_sums, KEpilogue};
 use super::search::{make_qx_quants, nearest_int};
 use crate::formats::{f16_to_f32, f32_to_f16, BlockQ6_K, BlockQ8_K, QK_K};
@@ -45,7 +48,7 @@ pub fn quantize(x: &[f32], y: &mut [BlockQ6_K]) {
                 continue;
             }
             for ii in 0..16 {
-                let q = nearest_int(xb[16 * j + ii] / d).min(31).max(-32);
+                let q = nearest_int(xb[16 * j + ii] / d).clamp(-32, 31);
                 l[16 * j + ii] = (q + 32) as i8;
             }
         }

@@ -2,6 +2,9 @@
 //! (`quantize_row_q8_K_ref` with its per-16 `bsums`, and dequantization), plus the integer core
 //! and float epilogue that ggml's generic Q3_K/Q4_K/Q5_K/Q6_K dot products share.
 
+// Index loops mirror ggml's C loops one to one, which keeps the transcription checkable.
+#![allow(clippy::needless_range_loop)]
+
 use super::search::nearest_int;
 use crate::formats::{BlockQ8_K, QK_K};
 

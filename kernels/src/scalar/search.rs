@@ -3,6 +3,12 @@
 //! every float expression keeps C's left-to-right evaluation and int -> float conversions, and
 //! nothing is fused, so the chosen quants and scales are bit-identical to ggml's.
 
+// Index loops mirror ggml's C loops one to one, which keeps the transcription checkable.
+#![allow(clippy::needless_range_loop)]
+// `min(hi).max(lo)` instead of `clamp`: `nmax` is a parameter and clamp would panic on a
+// degenerate range where ggml computes garbage.
+#![allow(clippy::manual_clamp)]
+
 /// Rounds to nearest (ties to even) with ggml's 1.5 * 2^23 trick; like ggml it is only meaningful
 /// for |x| <= 4194303 (larger or non-finite inputs give garbage, never a panic).
 #[inline(always)]
@@ -24,6 +30,7 @@ pub fn make_qx_quants(
     rmse_type: i32,
     qw: Option<&[f32]>,
 ) -> f32 {
+    let n = n.min(x.len()).min(l_out.len());
     let x = &x[..n];
     let l_out = &mut l_out[..n];
     let mut max = 0.0f32;
@@ -110,6 +117,7 @@ pub fn make_qx_quants(
 
 /// ggml's `make_q3_quants`; `L` receives `q + nmax`. Returns the scale.
 pub fn make_q3_quants(n: usize, nmax: i32, x: &[f32], l_out: &mut [i8], do_rmse: bool) -> f32 {
+    let n = n.min(x.len()).min(l_out.len());
     let x = &x[..n];
     let l_out = &mut l_out[..n];
     let mut max = 0.0f32;
@@ -185,7 +193,7 @@ pub struct Qkx2 {
 }
 
 /// ggml's `make_qkx2_quants`: quants `L` in `0..=nmax` with `x ~ scale * L - the_min`. Returns
-/// `(scale, the_min)`.
+/// `(scale, the_min)`. Works on the common length of the four slices.
 pub fn make_qkx2_quants(
     p: Qkx2,
     x: &[f32],
@@ -193,7 +201,10 @@ pub fn make_qkx2_quants(
     l_out: &mut [u8],
     l_aux: &mut [u8],
 ) -> (f32, f32) {
-    let n = x.len();
+    let n = x.len().min(weights.len()).min(l_out.len()).min(l_aux.len());
+    if n == 0 {
+        return (0.0, 0.0);
+    }
     let nmax = p.nmax;
     let mut min = x[0];
     let mut max = x[0];
