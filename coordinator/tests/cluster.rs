@@ -9,11 +9,15 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use nightshift_atlas::placement::{LayerPlacement, NodeSpec, Placement};
-use nightshift_coordinator::cluster::{model_shape, LaunchOptions, LocalCluster, RemoteExperts, RemoteOptions};
+use nightshift_coordinator::cluster::{
+    model_shape, LaunchOptions, LocalCluster, RemoteExperts, RemoteOptions,
+};
 use nightshift_model::{BatchToken, Engine, EngineOptions, ExpertBackend, LocalExperts, Model};
 
 fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/data")
+        .join(name)
 }
 
 /// Builds `nightshift-expert-node` (same profile as this test) once and returns its path.
@@ -21,9 +25,20 @@ fn node_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let me = std::env::current_exe().expect("test exe");
-        let profile_dir = me.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf();
+        let profile_dir = me
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>")
+            .to_path_buf();
         let mut cmd = std::process::Command::new(env!("CARGO"));
-        cmd.args(["build", "-q", "-p", "nightshift-expert-node", "--bin", "nightshift-expert-node"]);
+        cmd.args([
+            "build",
+            "-q",
+            "-p",
+            "nightshift-expert-node",
+            "--bin",
+            "nightshift-expert-node",
+        ]);
         if profile_dir.ends_with("release") {
             cmd.arg("--release");
         }
@@ -37,7 +52,9 @@ fn node_binary() -> PathBuf {
 }
 
 fn nodes(n: usize) -> Vec<NodeSpec> {
-    (0..n).map(|i| NodeSpec::named(format!("node{i}"))).collect()
+    (0..n)
+        .map(|i| NodeSpec::named(format!("node{i}")))
+        .collect()
 }
 
 fn launch(model: &Path, placement: Placement) -> LocalCluster {
@@ -56,16 +73,36 @@ fn launch(model: &Path, placement: Placement) -> LocalCluster {
 }
 
 fn remote(model: &Model, cluster: &LocalCluster, deadline: Duration) -> Arc<RemoteExperts> {
-    let opts = RemoteOptions { deadline, ..Default::default() };
-    let r = RemoteExperts::connect(cluster.placement().clone(), model.gguf().fingerprint(), model.config().n_embd, opts)
-        .expect("connect");
-    assert!(r.wait_all_up(Duration::from_secs(20)), "nodes up: {:?}", r.status());
+    let opts = RemoteOptions {
+        deadline,
+        ..Default::default()
+    };
+    let r = RemoteExperts::connect(
+        cluster.placement().clone(),
+        model.gguf().fingerprint(),
+        model.config().n_embd,
+        opts,
+    )
+    .expect("connect");
+    assert!(
+        r.wait_all_up(Duration::from_secs(20)),
+        "nodes up: {:?}",
+        r.status()
+    );
     Arc::new(r)
 }
 
 fn engine(model: &Arc<Model>, backend: Arc<dyn ExpertBackend>) -> Engine {
     let pool = nightshift_model::build_pool(1).expect("pool");
-    Engine::new(model.clone(), backend, EngineOptions { pool: Some(pool), ..Default::default() }).expect("engine")
+    Engine::new(
+        model.clone(),
+        backend,
+        EngineOptions {
+            pool: Some(pool),
+            ..Default::default()
+        },
+    )
+    .expect("engine")
 }
 
 fn local(model: &Arc<Model>) -> Arc<dyn ExpertBackend> {
@@ -74,17 +111,38 @@ fn local(model: &Arc<Model>) -> Arc<dyn ExpertBackend> {
 
 /// Prefill `prompt` as one batch then greedy-decode `n` tokens; returns every logits row.
 /// `on_step(i)` runs before decode step i (used to kill nodes mid-generation).
-fn generate(e: &mut Engine, prompt: &[u32], n: usize, mut on_step: impl FnMut(usize)) -> Result<Vec<Vec<f32>>, String> {
+fn generate(
+    e: &mut Engine,
+    prompt: &[u32],
+    n: usize,
+    mut on_step: impl FnMut(usize),
+) -> Result<Vec<Vec<f32>>, String> {
     let seq = e.add_sequence().map_err(|e| e.to_string())?;
-    let batch: Vec<BatchToken> =
-        prompt.iter().enumerate().map(|(i, &t)| BatchToken { seq, token: t, pos: i as u32, want_logits: true }).collect();
+    let batch: Vec<BatchToken> = prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| BatchToken {
+            seq,
+            token: t,
+            pos: i as u32,
+            want_logits: true,
+        })
+        .collect();
     let mut rows = e.forward(&batch).map_err(|e| e.to_string())?;
     for i in 0..n {
         on_step(i);
         let last = rows.last().expect("row");
         let tok = nightshift_model::sampler::argmax(last);
         let pos = (prompt.len() + i) as u32;
-        rows.extend(e.forward(&[BatchToken { seq, token: tok, pos, want_logits: true }]).map_err(|e| e.to_string())?);
+        rows.extend(
+            e.forward(&[BatchToken {
+                seq,
+                token: tok,
+                pos,
+                want_logits: true,
+            }])
+            .map_err(|e| e.to_string())?,
+        );
     }
     e.remove_sequence(seq);
     Ok(rows)
@@ -104,8 +162,12 @@ fn check_bit_identical(file: &str) {
     let path = data(file);
     let model = Model::load(&path).expect("model");
     let shape = model_shape(&model).expect("shape");
-    let want = generate(&mut engine(&model, local(&model)), &PROMPT, 6, |_| {}).expect("in process");
-    let cluster = launch(&path, Placement::round_robin(nodes(3), &shape.moe_layers, shape.n_experts));
+    let want =
+        generate(&mut engine(&model, local(&model)), &PROMPT, 6, |_| {}).expect("in process");
+    let cluster = launch(
+        &path,
+        Placement::round_robin(nodes(3), &shape.moe_layers, shape.n_experts),
+    );
     let r = remote(&model, &cluster, Duration::from_secs(10));
     let got = generate(&mut engine(&model, r.clone()), &PROMPT, 6, |_| {}).expect("cluster");
     assert_bits_equal(&got, &want, file);
@@ -127,8 +189,14 @@ fn replicated(shape: &nightshift_atlas::placement::ModelShape) -> Placement {
         .moe_layers
         .iter()
         .map(|&index| {
-            let replicas: Vec<Vec<usize>> = (0..shape.n_experts).map(|e| vec![e % 3, (e + 1) % 3]).collect();
-            LayerPlacement { index, resident: replicas.clone(), replicas }
+            let replicas: Vec<Vec<usize>> = (0..shape.n_experts)
+                .map(|e| vec![e % 3, (e + 1) % 3])
+                .collect();
+            LayerPlacement {
+                index,
+                resident: replicas.clone(),
+                replicas,
+            }
         })
         .collect();
     Placement::from_layers(nodes(3), layers).expect("placement")
@@ -139,7 +207,8 @@ fn kill_9_with_replicas_changes_nothing() {
     let path = data("tiny-qwen3moe-Q2_K.gguf");
     let model = Model::load(&path).expect("model");
     let shape = model_shape(&model).expect("shape");
-    let want = generate(&mut engine(&model, local(&model)), &PROMPT, 12, |_| {}).expect("in process");
+    let want =
+        generate(&mut engine(&model, local(&model)), &PROMPT, 12, |_| {}).expect("in process");
     let cluster = launch(&path, replicated(&shape));
     let r = remote(&model, &cluster, Duration::from_secs(5));
     let mut e = engine(&model, r.clone());
@@ -159,19 +228,34 @@ fn without_replicas_errors_within_deadline_then_recovers() {
     let path = data("tiny-qwen3moe-Q2_K.gguf");
     let model = Model::load(&path).expect("model");
     let shape = model_shape(&model).expect("shape");
-    let want = generate(&mut engine(&model, local(&model)), &PROMPT, 3, |_| {}).expect("in process");
-    let cluster = launch(&path, Placement::round_robin(nodes(2), &shape.moe_layers, shape.n_experts));
+    let want =
+        generate(&mut engine(&model, local(&model)), &PROMPT, 3, |_| {}).expect("in process");
+    let cluster = launch(
+        &path,
+        Placement::round_robin(nodes(2), &shape.moe_layers, shape.n_experts),
+    );
     let r = remote(&model, &cluster, Duration::from_secs(2));
     let mut e = engine(&model, r.clone());
     cluster.kill_and_hold("node1");
     let start = Instant::now();
     let err = generate(&mut e, &PROMPT, 3, |_| {}).expect_err("experts of node1 are gone");
-    assert!(start.elapsed() < Duration::from_secs(8), "error took {:?}", start.elapsed());
-    assert!(err.contains("no live replica") || err.contains("every replica failed"), "unclear error: {err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "error took {:?}",
+        start.elapsed()
+    );
+    assert!(
+        err.contains("no live replica") || err.contains("every replica failed"),
+        "unclear error: {err}"
+    );
     assert!(err.contains("node1"), "error does not name the node: {err}");
     // The coordinator side stays usable: restart the node, it rejoins, results are exact again.
     cluster.resume("node1").expect("restart");
-    assert!(r.wait_all_up(Duration::from_secs(20)), "node1 did not rejoin: {:?}", r.status());
+    assert!(
+        r.wait_all_up(Duration::from_secs(20)),
+        "node1 did not rejoin: {:?}",
+        r.status()
+    );
     let mut e = engine(&model, r.clone());
     let got = generate(&mut e, &PROMPT, 3, |_| {}).expect("served again");
     assert_bits_equal(&got, &want, "after restart");
@@ -182,10 +266,21 @@ fn node_with_another_model_is_refused() {
     let model = Model::load(&data("tiny-qwen3moe-Q2_K.gguf")).expect("model");
     let other = data("tiny-qwen3moe-Q4_K_M.gguf");
     let shape = model_shape(&model).expect("shape");
-    let cluster = launch(&other, Placement::round_robin(nodes(1), &shape.moe_layers, shape.n_experts));
-    let opts = RemoteOptions { deadline: Duration::from_secs(2), ..Default::default() };
-    let r = RemoteExperts::connect(cluster.placement().clone(), model.gguf().fingerprint(), model.config().n_embd, opts)
-        .expect("connect");
+    let cluster = launch(
+        &other,
+        Placement::round_robin(nodes(1), &shape.moe_layers, shape.n_experts),
+    );
+    let opts = RemoteOptions {
+        deadline: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let r = RemoteExperts::connect(
+        cluster.placement().clone(),
+        model.gguf().fingerprint(),
+        model.config().n_embd,
+        opts,
+    )
+    .expect("connect");
     assert!(!r.wait_all_up(Duration::from_secs(2)));
     let st = r.status();
     assert!(st[0].detail.contains("refused"), "{st:?}");
@@ -226,24 +321,38 @@ mod malformed {
             .iter()
             .map(|&index| {
                 let replicas: Vec<Vec<usize>> = (0..shape.n_experts).map(|e| vec![e % 2]).collect();
-                LayerPlacement { index, resident: replicas.clone(), replicas }
+                LayerPlacement {
+                    index,
+                    resident: replicas.clone(),
+                    replicas,
+                }
             })
             .collect();
-        let cluster = launch(&path, Placement::from_layers(nodes(2), layers).expect("placement"));
+        let cluster = launch(
+            &path,
+            Placement::from_layers(nodes(2), layers).expect("placement"),
+        );
         let addr = cluster.placement().nodes[0].addr.clone().expect("addr");
         let layer = shape.moe_layers[0] as u32;
         let rt = tokio::runtime::Runtime::new().expect("rt");
         rt.block_on(async {
-            let mut client = ExpertServiceClient::connect(format!("http://{addr}")).await.expect("connect");
+            let mut client = ExpertServiceClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect");
             // No handshake metadata: refused.
             let (_tx, rx) = tokio::sync::mpsc::channel::<ComputeRequest>(1);
-            let err = client.compute(tokio_stream::wrappers::ReceiverStream::new(rx)).await.expect_err("no handshake");
+            let err = client
+                .compute(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+                .expect_err("no handshake");
             assert_eq!(err.code(), tonic::Code::FailedPrecondition);
             // Wrong fingerprint: refused.
             let (_tx, rx) = tokio::sync::mpsc::channel::<ComputeRequest>(1);
             let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-            req.metadata_mut().insert(PROTOCOL_HEADER, "1".parse().unwrap());
-            req.metadata_mut().insert(FINGERPRINT_HEADER, "0123456789abcdef".parse().unwrap());
+            req.metadata_mut()
+                .insert(PROTOCOL_HEADER, "1".parse().unwrap());
+            req.metadata_mut()
+                .insert(FINGERPRINT_HEADER, "0123456789abcdef".parse().unwrap());
             let err = client.compute(req).await.expect_err("wrong model");
             assert_eq!(err.code(), tonic::Code::FailedPrecondition);
             assert!(err.message().contains("fingerprint"), "{}", err.message());
@@ -251,36 +360,113 @@ mod malformed {
             // A proper stream: each bad request gets an error response, the stream stays usable.
             let (tx, rx) = tokio::sync::mpsc::channel::<ComputeRequest>(16);
             let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-            req.metadata_mut().insert(PROTOCOL_HEADER, "1".parse().unwrap());
             req.metadata_mut()
-                .insert(FINGERPRINT_HEADER, format!("{:016x}", model.gguf().fingerprint()).parse().unwrap());
+                .insert(PROTOCOL_HEADER, "1".parse().unwrap());
+            req.metadata_mut().insert(
+                FINGERPRINT_HEADER,
+                format!("{:016x}", model.gguf().fingerprint())
+                    .parse()
+                    .unwrap(),
+            );
             let mut inbound = client.compute(req).await.expect("stream").into_inner();
             let g = good(&model, layer);
             let cases: Vec<(&str, ComputeRequest, tonic::Code)> = vec![
-                ("wrong n_embd", ComputeRequest { n_embd: g.n_embd + 1, ..g.clone() }, tonic::Code::InvalidArgument),
-                ("unknown act type", ComputeRequest { act_type: 99, ..g.clone() }, tonic::Code::InvalidArgument),
-                ("truncated acts", ComputeRequest { acts: g.acts[..g.acts.len() - 3].to_vec(), ..g.clone() }, tonic::Code::InvalidArgument),
-                ("row out of range", ComputeRequest { rows: vec![5], ..g.clone() }, tonic::Code::InvalidArgument),
-                ("pairs mismatch", ComputeRequest { rows: vec![0, 0], ..g.clone() }, tonic::Code::InvalidArgument),
-                ("expert not held", ComputeRequest { experts: vec![1], ..g.clone() }, tonic::Code::NotFound),
-                ("no such layer", ComputeRequest { layer: 999, ..g.clone() }, tonic::Code::NotFound),
-                ("wrong act type for layer", ComputeRequest { act_type: 8, acts: vec![0; 34 * (g.n_embd as usize / 32)], ..g.clone() }, tonic::Code::InvalidArgument),
-                ("huge n_rows", ComputeRequest { n_rows: u32::MAX, ..g.clone() }, tonic::Code::InvalidArgument),
+                (
+                    "wrong n_embd",
+                    ComputeRequest {
+                        n_embd: g.n_embd + 1,
+                        ..g.clone()
+                    },
+                    tonic::Code::InvalidArgument,
+                ),
+                (
+                    "unknown act type",
+                    ComputeRequest {
+                        act_type: 99,
+                        ..g.clone()
+                    },
+                    tonic::Code::InvalidArgument,
+                ),
+                (
+                    "truncated acts",
+                    ComputeRequest {
+                        acts: g.acts[..g.acts.len() - 3].to_vec(),
+                        ..g.clone()
+                    },
+                    tonic::Code::InvalidArgument,
+                ),
+                (
+                    "row out of range",
+                    ComputeRequest {
+                        rows: vec![5],
+                        ..g.clone()
+                    },
+                    tonic::Code::InvalidArgument,
+                ),
+                (
+                    "pairs mismatch",
+                    ComputeRequest {
+                        rows: vec![0, 0],
+                        ..g.clone()
+                    },
+                    tonic::Code::InvalidArgument,
+                ),
+                (
+                    "expert not held",
+                    ComputeRequest {
+                        experts: vec![1],
+                        ..g.clone()
+                    },
+                    tonic::Code::NotFound,
+                ),
+                (
+                    "no such layer",
+                    ComputeRequest {
+                        layer: 999,
+                        ..g.clone()
+                    },
+                    tonic::Code::NotFound,
+                ),
+                (
+                    "wrong act type for layer",
+                    ComputeRequest {
+                        act_type: 8,
+                        acts: vec![0; 34 * (g.n_embd as usize / 32)],
+                        ..g.clone()
+                    },
+                    tonic::Code::InvalidArgument,
+                ),
+                (
+                    "huge n_rows",
+                    ComputeRequest {
+                        n_rows: u32::MAX,
+                        ..g.clone()
+                    },
+                    tonic::Code::InvalidArgument,
+                ),
             ];
             for (i, (what, mut bad, code)) in cases.into_iter().enumerate() {
                 bad.request_id = 100 + i as u64;
                 tx.send(bad).await.expect("send");
-                let resp = inbound.message().await.expect("response").expect("stream open");
+                let resp = inbound
+                    .message()
+                    .await
+                    .expect("response")
+                    .expect("stream open");
                 assert_eq!(resp.request_id, 100 + i as u64, "{what}");
                 match resp.result {
-                    Some(compute_response::Result::Error(e)) => assert_eq!(e.code, code as i32, "{what}: {}", e.message),
+                    Some(compute_response::Result::Error(e)) => {
+                        assert_eq!(e.code, code as i32, "{what}: {}", e.message)
+                    }
                     other => panic!("{what}: expected an error, got {other:?}"),
                 }
             }
             tx.send(good(&model, layer)).await.expect("send");
             let resp = inbound.message().await.expect("response").expect("open");
             match resp.result {
-                Some(compute_response::Result::Outputs(b)) => assert_eq!(b.len(), model.config().n_embd * 4),
+                Some(compute_response::Result::Outputs(b)) => {
+                    assert_eq!(b.len(), model.config().n_embd * 4)
+                }
                 other => panic!("good request failed after bad ones: {other:?}"),
             }
         });

@@ -135,9 +135,10 @@ impl LocalCluster {
         })?;
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let seq = NEXT.fetch_add(1, Ordering::Relaxed);
-        let placement_path = opts
-            .work_dir
-            .join(format!("cluster-placement-{}-{seq}.toml", std::process::id()));
+        let placement_path = opts.work_dir.join(format!(
+            "cluster-placement-{}-{seq}.toml",
+            std::process::id()
+        ));
         placement
             .save_atomic(&placement_path)
             .map_err(|e| LaunchError::Placement {

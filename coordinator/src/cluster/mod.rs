@@ -15,7 +15,7 @@ use nightshift_model::{ExpertBackend, LocalExperts, Model};
 use rayon::ThreadPool;
 
 pub use launcher::{LaunchError, LaunchOptions, LocalCluster};
-pub use remote::{NodeStatus, RemoteExperts, RemoteOptions};
+pub use remote::{NodeStatus, RemoteExperts, RemoteOptions, RpcStats};
 
 /// Cluster flags shared by `serve`, `generate` and `logits`.
 #[derive(clap::Args, Clone, Debug, Default)]

@@ -84,7 +84,34 @@ pub struct NodeStatus {
     pub detail: String,
 }
 
+/// Counters of the layer calls made so far (for benchmarks and operators).
+#[derive(Clone, Debug, Default)]
+pub struct RpcStats {
+    pub calls: u64,
+    pub errors: u64,
+    /// Request bytes sent (activations, pairs, framing estimate).
+    pub bytes_out: u64,
+    /// Output bytes received.
+    pub bytes_in: u64,
+    /// Round-trip time of each successful node call, in microseconds.
+    pub latencies_us: Vec<u32>,
+}
+
+impl RpcStats {
+    /// The `q`-quantile (0..=1) of the round-trip latencies, in microseconds.
+    pub fn latency_quantile_us(&self, q: f64) -> Option<u32> {
+        if self.latencies_us.is_empty() {
+            return None;
+        }
+        let mut v = self.latencies_us.clone();
+        v.sort_unstable();
+        let i = ((v.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+        Some(v[i])
+    }
+}
+
 struct Shared {
+    stats: Mutex<RpcStats>,
     nodes: Vec<NodeLink>,
     placement: RwLock<Arc<Placement>>,
     fingerprint: u64,
@@ -154,6 +181,7 @@ impl RemoteExperts {
             n_embd,
             opts,
             next_id: AtomicU64::new(1),
+            stats: Mutex::new(RpcStats::default()),
         });
         let s = shared.clone();
         rt.block_on(async {
@@ -212,6 +240,11 @@ impl RemoteExperts {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Returns the call statistics gathered since the last call, and resets them.
+    pub fn take_stats(&self) -> RpcStats {
+        std::mem::take(&mut *lock(&self.shared.stats))
     }
 
     /// Switches routing to a new placement atomically (between two layer calls).
@@ -435,6 +468,8 @@ async fn call_node(
         experts,
         rows,
     };
+    let bytes_out = req.acts.len() + 8 * req.experts.len() + 32;
+    let started = Instant::now();
     let (wtx, wrx) = oneshot::channel();
     lock(&pending).insert(request_id, wtx);
     node.outstanding.fetch_add(1, Ordering::Relaxed);
@@ -462,7 +497,25 @@ async fn call_node(
             Err(format!("expected {want} output bytes, found {}", b.len()))
         }
     });
+    let secs = started.elapsed().as_secs_f64();
+    metrics::histogram!("nightshift_node_rpc_seconds", "node" => node.name.clone()).record(secs);
+    {
+        let mut st = lock(&s.stats);
+        st.calls += 1;
+        st.bytes_out += bytes_out as u64;
+        match &result {
+            Ok(b) => {
+                st.bytes_in += b.len() as u64;
+                if st.latencies_us.len() < 1 << 20 {
+                    st.latencies_us.push((secs * 1e6) as u32);
+                }
+            }
+            Err(_) => st.errors += 1,
+        }
+    }
     if let Err(e) = &result {
+        metrics::counter!("nightshift_node_rpc_errors_total", "node" => node.name.clone())
+            .increment(1);
         // Transport-level failures take the node out of rotation; node-reported errors
         // (bad request) do not, but the work is still retried elsewhere.
         if !e.starts_with("node error") {
