@@ -32,9 +32,8 @@ fn kernels(c: &mut Criterion) {
         #[cfg(feature = "ggml")]
         {
             let k = nightshift_benches::ggml::GgmlKernel::new(case.ty).expect("ggml traits");
-            let xg = k.quantize_acts(&x.f32, case.k);
             g.bench_function(BenchmarkId::new("ggml", &id), |b| {
-                b.iter(|| k.gemm(case.k, &w.q, case.m, &xg, case.n, &mut out))
+                b.iter(|| k.gemm(case.k, &w.q, case.m, &x.q, case.n, &mut out))
             });
         }
     }

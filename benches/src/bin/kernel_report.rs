@@ -101,18 +101,19 @@ fn other_side(
         g.act_type().name(),
         c.ty.vec_dot_type().name()
     );
-    let xg = g.quantize_acts(&x.f32, c.k);
+    // ggml's activation blocks have our layout: feed both sides the same bytes (quantized once
+    // by our ggml-exact reference quantizer), so any difference comes from the dot kernels alone
     let mut out = vec![0f32; c.m * c.n];
-    let secs = time_best(budget, 2, || g.gemm(c.k, &w.q, c.m, &xg, c.n, &mut out));
-    // same weights; activations quantized by each side's own quantizer: close, not identical
+    let secs = time_best(budget, 2, || g.gemm(c.k, &w.q, c.m, &x.q, c.n, &mut out));
+    let scale = ours.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
     let worst = ours
         .iter()
         .zip(&out)
-        .map(|(a, b)| (a - b).abs() / (a.abs() + b.abs() + 1.0))
-        .fold(0f32, f32::max);
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale;
     anyhow::ensure!(
-        worst < 1e-2,
-        "ours and ggml disagree on {c:?}: relative {worst}"
+        worst < 1e-4,
+        "ours and ggml disagree on {c:?}: max |diff| / max |out| = {worst:e}"
     );
     Ok(secs)
 }

@@ -1,0 +1,219 @@
+//! `e2e-report`: end-to-end prefill / decode speed of nightshift next to llama.cpp (feature
+//! `ggml`) on a `gen-model` file shaped like Qwen3-30B-A3B with fewer layers (generated once into
+//! `--models-dir`), plus a STREAM triad bandwidth measurement and the decode roofline: bandwidth ÷
+//! weight bytes read per decoded token (attention, router, the `used/experts` share of the expert
+//! stacks, the output head, one embedding row). Prints markdown tables.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Parser;
+use nightshift_benches::argmax;
+use nightshift_benches::stream::triad_bandwidth;
+use nightshift_model::gen::{generate, Arch, GenSpec, Preset, QuantMix};
+use nightshift_model::gguf::Gguf;
+use nightshift_model::{build_pool, BatchToken, Engine, EngineOptions, LocalExperts, Model};
+
+/// End-to-end tokens/s of nightshift vs llama.cpp, with bandwidth and roofline.
+#[derive(Parser)]
+struct Args {
+    /// Quant mixes to generate and measure.
+    #[arg(long, value_delimiter = ',', default_value = "Q4_K_M,Q2_K")]
+    quant: Vec<String>,
+    /// Layers kept of Qwen3-30B-A3B's 48 (6 gives 2.4 GB at Q4_K_M, 1.6 GB at Q2_K).
+    #[arg(long, default_value_t = 6)]
+    layers: usize,
+    /// Where generated models are cached.
+    #[arg(long, default_value = "target/bench-models")]
+    models_dir: PathBuf,
+    /// Measure this file instead of generating (repeatable).
+    #[arg(long)]
+    model: Vec<PathBuf>,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value_t = 512)]
+    prefill: usize,
+    #[arg(long, default_value_t = 128)]
+    decode: usize,
+    /// f64 elements per STREAM array (3 arrays).
+    #[arg(long, default_value_t = 1 << 25)]
+    stream_len: usize,
+    #[arg(long)]
+    skip_ours: bool,
+    #[arg(long)]
+    skip_llama: bool,
+}
+
+struct Speeds {
+    prefill: f64,
+    decode: f64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    let bw1 = triad_bandwidth(a.stream_len, 1, 5)?;
+    let bw = triad_bandwidth(a.stream_len, a.threads, 5)?;
+    println!(
+        "STREAM triad ({} MiB per array): 1 thread {:.2} GB/s, {} threads {:.2} GB/s\n",
+        a.stream_len * 8 >> 20,
+        bw1 / 1e9,
+        a.threads,
+        bw / 1e9
+    );
+    let mut files = a.model.clone();
+    if files.is_empty() {
+        for q in &a.quant {
+            files.push(ensure_model(&a.models_dir, q.parse()?, a.layers)?);
+        }
+    }
+    println!("| model | file GB | engine | prefill {} tok/s | decode {} tok/s | weight MB read / token | roofline tok/s | decode % of roofline |", a.prefill, a.decode);
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    for f in &files {
+        let bytes_per_tok = bytes_per_token(f)?;
+        let roof = bw / bytes_per_tok;
+        let gb = std::fs::metadata(f)?.len() as f64 / 1e9;
+        let prompt: Vec<u32> = (0..a.prefill as u32)
+            .map(|i| 40 + (i * 7919) % 500)
+            .collect();
+        let name = f
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let row = |engine: &str, s: &Speeds| {
+            println!(
+                "| {name} | {gb:.2} | {engine} | {:.1} | {:.2} | {:.0} | {:.2} | {:.0}% |",
+                s.prefill,
+                s.decode,
+                bytes_per_tok / 1e6,
+                roof,
+                100.0 * s.decode / roof
+            );
+        };
+        if !a.skip_ours {
+            match ours(f, &prompt, a.decode, a.threads) {
+                Ok(s) => row("nightshift", &s),
+                Err(e) => println!("| {name} | {gb:.2} | nightshift | failed: {e:#} | | | | |"),
+            }
+        }
+        #[cfg(feature = "ggml")]
+        if !a.skip_llama {
+            match llama(f, &prompt, a.decode, a.threads) {
+                Ok(s) => row("llama.cpp", &s),
+                Err(e) => println!("| {name} | {gb:.2} | llama.cpp | failed: {e:#} | | | | |"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Generates (once) the Qwen3-30B-A3B-shaped model with `layers` layers.
+fn ensure_model(dir: &Path, quant: QuantMix, layers: usize) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("qwen3-30b-a3b-{layers}L-{}.gguf", quant.name()));
+    if path.exists() {
+        return Ok(path);
+    }
+    let mut spec = GenSpec::new(Preset::Qwen3_30bA3b, Arch::Qwen3Moe, quant);
+    spec.layers = Some(layers);
+    eprintln!("generating {} ...", path.display());
+    let t = Instant::now();
+    let mut next = 0.0;
+    generate(&spec, &path, &mut |p| {
+        let f = p.bytes_done as f64 / p.bytes_total as f64;
+        if f >= next {
+            eprintln!("  {:>3.0}% {}", f * 100.0, p.tensor);
+            next += 0.1;
+        }
+    })?;
+    eprintln!("  done in {:.0} s", t.elapsed().as_secs_f64());
+    Ok(path)
+}
+
+/// Weight bytes a decoded token reads.
+fn bytes_per_token(path: &Path) -> anyhow::Result<f64> {
+    let g = Gguf::open(path)?;
+    let arch = g.arch()?.to_string();
+    let m = g.metadata();
+    let used = m
+        .get_u32(&format!("{arch}.expert_used_count"))?
+        .context("expert_used_count")? as f64;
+    let experts = m
+        .get_u32(&format!("{arch}.expert_count"))?
+        .context("expert_count")? as f64;
+    let mut total = 0f64;
+    for t in g.tensors() {
+        let size = t.size() as f64;
+        total += if t.name.contains("_exps") {
+            size * used / experts
+        } else if t.name == "token_embd.weight" {
+            size / t.ne(1) as f64
+        } else {
+            size
+        };
+    }
+    Ok(total)
+}
+
+fn ours(path: &Path, prompt: &[u32], n_decode: usize, threads: usize) -> anyhow::Result<Speeds> {
+    let model = Model::load(path)?;
+    let pool = build_pool(threads)?;
+    let backend = Arc::new(LocalExperts::new(model.clone(), Some(pool.clone())));
+    let opts = EngineOptions {
+        threads,
+        pool: Some(pool),
+        max_seqs: 2,
+        kv_budget_tokens: 2 * (prompt.len() + n_decode + 64),
+        max_seq_len: prompt.len() + n_decode + 64,
+    };
+    let mut eng = Engine::new(model, backend, opts)?;
+    let batch = |seq, toks: &[u32], start: usize| -> Vec<BatchToken> {
+        let n = toks.len();
+        toks.iter()
+            .enumerate()
+            .map(|(i, &token)| BatchToken {
+                seq,
+                token,
+                pos: (start + i) as u32,
+                want_logits: i + 1 == n,
+            })
+            .collect()
+    };
+    // warm-up: page the weights in, touch every expert the prompt routes to
+    let w = eng.add_sequence()?;
+    eng.forward(&batch(w, &prompt[..prompt.len().min(64)], 0))?;
+    eng.remove_sequence(w);
+    let seq = eng.add_sequence()?;
+    let t = Instant::now();
+    let mut logits = eng.forward(&batch(seq, prompt, 0))?;
+    let prefill = prompt.len() as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for i in 0..n_decode {
+        let last = logits.pop().context("no logits returned")?;
+        let next = argmax(&last) as u32;
+        logits = eng.forward(&batch(seq, &[next], prompt.len() + i))?;
+    }
+    let decode = n_decode as f64 / t.elapsed().as_secs_f64();
+    Ok(Speeds { prefill, decode })
+}
+
+#[cfg(feature = "ggml")]
+fn llama(path: &Path, prompt: &[u32], n_decode: usize, threads: usize) -> anyhow::Result<Speeds> {
+    use nightshift_benches::llama::Llama;
+    let n_ctx = (prompt.len() + n_decode + 64) as u32;
+    let mut l = Llama::load(path, n_ctx, prompt.len() as u32, threads as i32, false)?;
+    let toks: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+    l.decode(&toks[..toks.len().min(64)])?;
+    l.clear();
+    let t = Instant::now();
+    l.decode(&toks)?;
+    let mut next = argmax(&l.last_logits()) as i32;
+    let prefill = toks.len() as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..n_decode {
+        l.decode(&[next])?;
+        next = argmax(&l.last_logits()) as i32;
+    }
+    let decode = n_decode as f64 / t.elapsed().as_secs_f64();
+    Ok(Speeds { prefill, decode })
+}

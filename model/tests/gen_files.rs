@@ -1,0 +1,178 @@
+//! `gen::generate` end to end: a generated tiny model opens with our GGUF reader and has exactly
+//! the metadata, tokenizer and tensor table (names, shapes, types) of llama.cpp's fixture files
+//! (made by llama.cpp's quantizer from make_models.py's F32 models); files are deterministic; the
+//! weights dequantize to the intended distributions; the default mixes quantize output.weight.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use nightshift_kernels::{dequantize_row, GgmlType};
+use nightshift_model::gen::{generate, Arch, GenSpec, Preset, QuantMix};
+use nightshift_model::gguf::{Gguf, Value};
+
+fn data_dir() -> PathBuf {
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    if local.join("tiny-qwen3moe-Q8_0.gguf").exists() {
+        local
+    } else {
+        PathBuf::from("/work/shared/fixtures/models")
+    }
+}
+
+fn gen_tiny(dir: &Path, arch: Arch, quant: QuantMix, leave_output: bool, seed: u64) -> PathBuf {
+    let mut spec = GenSpec::new(Preset::Tiny, arch, quant);
+    spec.leave_output = leave_output;
+    spec.seed = seed;
+    let path = dir.join(format!(
+        "{}-{}-{leave_output}-{seed}.gguf",
+        arch.name(),
+        quant.name()
+    ));
+    let mut last = 0;
+    generate(&spec, &path, &mut |p| last = p.bytes_done).expect("generate");
+    assert!(last > 0, "progress was reported");
+    path
+}
+
+fn table(g: &Gguf) -> BTreeMap<String, (GgmlType, Vec<u64>)> {
+    g.tensors()
+        .map(|t| (t.name.clone(), (t.ty, t.dims.clone())))
+        .collect()
+}
+
+fn metadata(g: &Gguf) -> BTreeMap<String, Value> {
+    g.metadata()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+#[test]
+fn tiny_models_match_llama_cpp_fixture_layout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases = [
+        (Arch::Qwen3Moe, QuantMix::Q8_0),
+        (Arch::Qwen3Moe, QuantMix::Q4KM),
+        (Arch::Qwen3Moe, QuantMix::Q2K),
+        (Arch::Qwen3Moe, QuantMix::F16),
+        (Arch::Deepseek2, QuantMix::Q4KM),
+        (Arch::Deepseek2, QuantMix::Q2K),
+    ];
+    for (arch, quant) in cases {
+        let ours = Gguf::open(&gen_tiny(dir.path(), arch, quant, true, 7)).expect("open generated");
+        let fixture = data_dir().join(format!("tiny-{}-{}.gguf", arch.name(), quant.name()));
+        let theirs = Gguf::open(&fixture).expect("open fixture");
+        assert_eq!(ours.arch().expect("arch"), arch.name());
+        assert_eq!(
+            table(&ours),
+            table(&theirs),
+            "{arch:?} {quant:?}: tensor table"
+        );
+        // every key and value, the tokenizer (tokens, merges, types, ids) and template included
+        assert_eq!(
+            metadata(&ours),
+            metadata(&theirs),
+            "{arch:?} {quant:?}: metadata"
+        );
+        for t in ours.tensors() {
+            let row = t.ty.row_bytes(t.dims[0] as usize).expect("row bytes");
+            assert_eq!(
+                ours.tensor_data(t).len() as u64,
+                row as u64 * t.n_elements() / t.dims[0]
+            );
+        }
+    }
+}
+
+#[test]
+fn default_mixes_quantize_the_output_like_llama_quantize() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let check = |arch, quant, expect: GgmlType| {
+        let g = Gguf::open(&gen_tiny(dir.path(), arch, quant, false, 7)).expect("open");
+        assert_eq!(
+            g.tensor("output.weight").expect("output").ty,
+            expect,
+            "{arch:?} {quant:?}"
+        );
+    };
+    check(Arch::Qwen3Moe, QuantMix::Q4KM, GgmlType::Q6_K);
+    check(Arch::Deepseek2, QuantMix::Q2K, GgmlType::Q6_K);
+    check(Arch::Qwen3Moe, QuantMix::Q8_0, GgmlType::Q8_0);
+    check(Arch::Qwen3Moe, QuantMix::F16, GgmlType::F16);
+}
+
+#[test]
+fn same_seed_same_bytes_other_seed_other_weights() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = std::fs::read(gen_tiny(
+        dir.path(),
+        Arch::Deepseek2,
+        QuantMix::Q4KM,
+        false,
+        7,
+    ))
+    .expect("a");
+    let b_path = dir.path().join("again.gguf");
+    let mut spec = GenSpec::new(Preset::Tiny, Arch::Deepseek2, QuantMix::Q4KM);
+    spec.seed = 7;
+    generate(&spec, &b_path, &mut |_| {}).expect("generate again");
+    let b = std::fs::read(&b_path).expect("b");
+    assert!(a == b, "same spec must give identical files");
+    let c = std::fs::read(gen_tiny(
+        dir.path(),
+        Arch::Deepseek2,
+        QuantMix::Q4KM,
+        false,
+        8,
+    ))
+    .expect("c");
+    assert_eq!(a.len(), c.len());
+    assert!(a != c, "another seed must give other weights");
+    assert!(!dir.path().join("again.gguf.partial").exists());
+}
+
+fn dequantized(g: &Gguf, name: &str) -> Vec<f32> {
+    let t = g.tensor(name).unwrap_or_else(|| panic!("no {name}"));
+    let k = t.dims[0] as usize;
+    let data = g.tensor_data(t);
+    let rb = t.ty.row_bytes(k).expect("row bytes");
+    let mut out = vec![0f32; t.n_elements() as usize];
+    for (src, dst) in data.chunks_exact(rb).zip(out.chunks_exact_mut(k)) {
+        dequantize_row(t.ty, src, dst).expect("dequantize");
+    }
+    out
+}
+
+fn mean_std(v: &[f32]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let m = v.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+    let var = v.iter().map(|&x| (f64::from(x) - m).powi(2)).sum::<f64>() / n;
+    (m, var.sqrt())
+}
+
+#[test]
+fn weights_follow_make_models_initialisation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let g = Gguf::open(&gen_tiny(
+        dir.path(),
+        Arch::Qwen3Moe,
+        QuantMix::Q8_0,
+        true,
+        7,
+    ))
+    .expect("open");
+    // (tensor, expected mean, expected std, tolerance on each)
+    let check = |name: &str, mean: f64, std: f64, tol: f64| {
+        let (m, s) = mean_std(&dequantized(&g, name));
+        assert!(
+            (m - mean).abs() < tol && (s - std).abs() < tol * std.max(1.0),
+            "{name}: mean {m} std {s}"
+        );
+    };
+    check("token_embd.weight", 0.0, 200.0, 2.0);
+    check("blk.0.attn_q.weight", 0.0, 1.0 / 16.0, 0.003); // 1/sqrt(256)
+    check("blk.1.ffn_down_exps.weight", 0.0, 1.0 / 16.0, 0.003);
+    check("blk.0.ffn_gate_inp.weight", 0.0, 4.0 / 16.0, 0.01);
+    check("blk.0.attn_norm.weight", 1.0, 0.1, 0.02);
+    check("output.weight", 0.0, 4.0 / 16.0, 0.01);
+}
