@@ -8,13 +8,15 @@ use std::path::PathBuf;
 use nightshift_kernels::arch::aarch64::{Dotprod, I8mm, Neon};
 use nightshift_kernels::GgmlType;
 
-const TYPES: [GgmlType; 6] = [
+const TYPES: [GgmlType; 8] = [
     GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
 ];
 
 fn golden_dir() -> PathBuf {

@@ -11,13 +11,15 @@ use nightshift_kernels::{scalar, GgmlType};
 use proptest::prelude::*;
 
 /// The weight types every aarch64 tier must cover.
-const TYPES: [GgmlType; 6] = [
+const TYPES: [GgmlType; 8] = [
     GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,7 +170,7 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q3_K => &[108],
         GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
-        GgmlType::Q8_0 => &[0],
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
         _ => unreachable!("no aarch64 path tested for {ty:?}"),
     }
 }
@@ -308,6 +310,63 @@ fn edge_cases() {
             for tier in TIERS {
                 if let Err(e) = check(tier, ty, k, &w, rows, &x, n) {
                     failures.push(format!("{name}: {e}"));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Bytes for [`saturated_quants`]: one of `choices` at random.
+fn pick(rng: &mut Rng, choices: &[u8]) -> u8 {
+    choices[rng.below(choices.len() as u64) as usize]
+}
+
+/// Every quant byte at or near an extreme (weight bytes from `wb`, activation bytes from `xb`;
+/// the f16/f32 scale fields stay random): the largest integer sums, int16 intermediates at
+/// their bounds, and integer sums with enough significant bits that every float product
+/// rounds (so a changed float order shows).
+#[test]
+fn saturated_quants() {
+    const LOW_NIBBLES: [u8; 4] = [0x00, 0x01, 0x10, 0x11];
+    let near_min_x: Vec<u8> = (0x80..=0x9c).collect();
+    let fills: [(&[u8], &[u8]); 5] = [
+        (&[0x00], &[0x80]),
+        (&[0xff], &[0x80]),
+        (&[0xff], &[0x7f]),
+        (&LOW_NIBBLES, &near_min_x),
+        (&[0x00, 0xff], &[0x80, 0x7f, 0x81]),
+    ];
+    let mut failures = Vec::new();
+    for (fi, (wb, xb)) in fills.into_iter().enumerate() {
+        for ty in TYPES {
+            let (rows, n) = (3, 3);
+            let seed = 7000 + fi as u64;
+            let (k, mut w, mut x) = case(ty, seed, 2, rows, n, Scales::Normal, 0, false);
+            let mut rng = Rng(!seed);
+            let keep = f16_fields(ty);
+            for blk in w.chunks_exact_mut(ty.block_bytes()) {
+                for (i, v) in blk.iter_mut().enumerate() {
+                    if !keep.iter().any(|&at| i == at || i == at + 1) {
+                        *v = pick(&mut rng, wb);
+                    }
+                }
+            }
+            let act = ty.vec_dot_type();
+            let d_bytes = if act == GgmlType::Q8_K { 4 } else { 2 };
+            for blk in x.chunks_exact_mut(act.block_bytes()) {
+                for v in &mut blk[d_bytes..] {
+                    *v = pick(&mut rng, xb);
+                }
+            }
+            for tier in TIERS {
+                if let Err(e) = check(tier, ty, k, &w, rows, &x, n) {
+                    failures.push(format!("fill {fi}: {e}"));
                 }
             }
         }

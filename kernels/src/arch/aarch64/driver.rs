@@ -8,17 +8,15 @@
 
 use core::arch::aarch64::*;
 
+use super::legacy::{self, Legacy};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
-use crate::formats::f16_to_f32;
 use crate::GgmlType;
 
 /// Activation rows processed per unpacked weight block.
 const JC: usize = 4;
 /// Bytes of a Q8_K activation block.
 pub(crate) const Q8K_BYTES: usize = 292;
-/// Bytes of a Q8_0 block.
-const Q8_0_BYTES: usize = 34;
 
 /// The K-quant weight types with an aarch64 path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,7 +61,9 @@ pub(crate) fn gemm(
     out: &mut [f32],
 ) {
     let kind = match ty {
-        GgmlType::Q8_0 => return q8_0(level, k / 32, w, rows, x, n, out),
+        GgmlType::Q8_0 => return legacy::gemm(level, Legacy::Q8_0, k / 32, w, rows, x, n, out),
+        GgmlType::Q4_0 => return legacy::gemm(level, Legacy::Q4_0, k / 32, w, rows, x, n, out),
+        GgmlType::Q5_0 => return legacy::gemm(level, Legacy::Q5_0, k / 32, w, rows, x, n, out),
         GgmlType::Q2_K => Kind::Q2K,
         GgmlType::Q3_K => Kind::Q3K,
         GgmlType::Q4_K => Kind::Q4K,
@@ -287,77 +287,5 @@ fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
             out[j] = single[0].finish(Kind::Q2K);
             out[n + j] = single[1].finish(Kind::Q2K);
         }
-    }
-}
-
-fn f16_le(b: &[u8]) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
-}
-
-/// Q8_0 x Q8_0: `sumf += sumi * (x.d * y.d)` per block of 32.
-fn q8_0(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
-    let row = nb * Q8_0_BYTES;
-    let one = |level: Level, wr: &[u8], xr: &[u8]| -> f32 {
-        let mut sumf = 0.0f32;
-        for b in 0..nb {
-            let (wb, xb) = (
-                &wr[b * Q8_0_BYTES..][..Q8_0_BYTES],
-                &xr[b * Q8_0_BYTES..][..Q8_0_BYTES],
-            );
-            let sumi = match level {
-                Level::Neon => neon::dot32(&wb[2..], &xb[2..]),
-                // SAFETY: Dotprod/I8mm levels are only built from a capability that proved SDOT.
-                Level::Dotprod | Level::I8mm => unsafe { dotprod::dot32(&wb[2..], &xb[2..]) },
-            };
-            sumf += sumi as f32 * (f16_le(wb) * f16_le(xb));
-        }
-        sumf
-    };
-    let mut r = 0;
-    if level == Level::I8mm {
-        while r + 2 <= rows {
-            let w2 = [&w[r * row..][..row], &w[(r + 1) * row..][..row]];
-            let mut j = 0;
-            while j + 2 <= n {
-                let x2 = [&x[j * row..][..row], &x[(j + 1) * row..][..row]];
-                // SAFETY: NEON register arithmetic only.
-                let mut sumf = unsafe { vdupq_n_f32(0.0) };
-                for b in 0..nb {
-                    let at = b * Q8_0_BYTES;
-                    let (w0, w1) = (&w2[0][at..at + Q8_0_BYTES], &w2[1][at..at + Q8_0_BYTES]);
-                    let (x0, x1) = (&x2[0][at..at + Q8_0_BYTES], &x2[1][at..at + Q8_0_BYTES]);
-                    // SAFETY: this path runs only under the I8mm capability (SMMLA present).
-                    let sumi =
-                        unsafe { i8mm::dot32_2x2([&w0[2..], &w1[2..]], [&x0[2..], &x1[2..]]) };
-                    let (dw0, dw1, dx0, dx1) = (f16_le(w0), f16_le(w1), f16_le(x0), f16_le(x1));
-                    // SAFETY: NEON register arithmetic only.
-                    unsafe {
-                        let d = vmulq_f32(f4([dw0, dw0, dw1, dw1]), f4([dx0, dx1, dx0, dx1]));
-                        sumf = vaddq_f32(sumf, vmulq_f32(vcvtq_f32_s32(sumi), d));
-                    }
-                }
-                let mut v = [0.0f32; 4];
-                // SAFETY: `v` has room for 4 f32.
-                unsafe { vst1q_f32(v.as_mut_ptr(), sumf) };
-                out[r * n + j] = v[0];
-                out[r * n + j + 1] = v[1];
-                out[(r + 1) * n + j] = v[2];
-                out[(r + 1) * n + j + 1] = v[3];
-                j += 2;
-            }
-            if j < n {
-                let xr = &x[j * row..][..row];
-                out[r * n + j] = one(Level::Dotprod, w2[0], xr);
-                out[(r + 1) * n + j] = one(Level::Dotprod, w2[1], xr);
-            }
-            r += 2;
-        }
-    }
-    while r < rows {
-        let wr = &w[r * row..][..row];
-        for j in 0..n {
-            out[r * n + j] = one(level, wr, &x[j * row..][..row]);
-        }
-        r += 1;
     }
 }

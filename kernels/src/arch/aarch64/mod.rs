@@ -11,6 +11,7 @@
 //!   and mins (NEON, shared by every tier);
 //! - [`neon`], [`dotprod`], [`i8mm`]: the integer cores of each tier;
 //! - [`driver`]: the loops over weight rows, activation rows and blocks, and the epilogues;
+//! - [`legacy`]: Q8_0/Q4_0/Q5_0 x Q8_0 (one integer per block of 32: SDOT/SMMLA apply as is);
 //! - [`split`]: Q3_K/Q4_K/Q5_K/Q6_K on SDOT and SMMLA, with lane-grouped element orders so that a
 //!   multiply-sum instruction never mixes two reference lanes.
 //!
@@ -24,6 +25,8 @@
 //! | Q5_K  | SMULL/SMLAL | SDOT on PERM32        | SMMLA 2 rows x 1 act, PERM32 + masks  |
 //! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL           | SMMLA 2 rows x 1 act, PERM16 + masks  |
 //! | Q8_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
+//! | Q4_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
+//! | Q5_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 
 // Kernel signatures mirror the gemm contract; index loops over fixed-size groups read clearer.
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
@@ -31,6 +34,7 @@
 mod dotprod;
 mod driver;
 mod i8mm;
+mod legacy;
 mod neon;
 mod split;
 mod unpack;
@@ -55,6 +59,8 @@ fn has_path(ty: GgmlType) -> bool {
             | GgmlType::Q5_K
             | GgmlType::Q6_K
             | GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q5_0
     )
 }
 

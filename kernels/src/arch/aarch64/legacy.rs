@@ -1,0 +1,251 @@
+//! The 32-element types against Q8_0 activations: Q8_0, Q4_0 and Q5_0. Their references keep
+//! one integer per block, so SDOT and SMMLA apply directly (2x2 tiles of weight rows x
+//! activation rows on i8mm; an odd last activation or weight row takes the SDOT core). Each
+//! weight block is unpacked to 32 signed bytes once per chunk of activation rows. Epilogues, as
+//! in ggml's generic dots: Q8_0 `sumf += sumi * (dw * dx)`, Q5_0 `sumf += (dw * dx) * sumi`
+//! (the same two products), Q4_0 `sumf += sumi * dw * dx` (left to right).
+
+use core::arch::aarch64::*;
+
+use super::neon::ld_s8;
+use super::{dotprod, i8mm, neon, Level};
+use crate::formats::f16_to_f32;
+
+/// Bytes of a Q8_0 activation block.
+const XB: usize = 34;
+/// Activation rows per unpacked weight block.
+const JC: usize = 8;
+
+/// The weight types of this module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Legacy {
+    Q4_0,
+    Q5_0,
+    Q8_0,
+}
+
+fn f16_le(b: &[u8]) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
+
+/// Four f32 in a vector.
+#[inline(always)]
+fn f4(v: [f32; 4]) -> float32x4_t {
+    // SAFETY: `v` is 4 readable f32.
+    unsafe { vld1q_f32(v.as_ptr()) }
+}
+
+/// Stores 16 bytes into `buf[at..at + 16]`.
+#[inline(always)]
+fn put(buf: &mut [u8; 32], at: usize, v: uint8x16_t) {
+    let d = &mut buf[at..at + 16];
+    // SAFETY: `d` is 16 writable bytes (bounds-checked).
+    unsafe { vst1q_u8(d.as_mut_ptr(), v) }
+}
+
+/// 16 bytes whose byte j is 0x10 when bit j of `bits` (16 bits) is set.
+#[inline(always)]
+fn bit4(bits: u16) -> uint8x16_t {
+    const M: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    // SAFETY: `M` is 16 readable bytes; the rest is NEON register arithmetic.
+    unsafe {
+        let [b0, b1] = bits.to_le_bytes();
+        let v = vcombine_u8(vdup_n_u8(b0), vdup_n_u8(b1));
+        vandq_u8(vtstq_u8(v, vld1q_u8(M.as_ptr())), vdupq_n_u8(16))
+    }
+}
+
+impl Legacy {
+    pub(crate) fn block_bytes(self) -> usize {
+        match self {
+            Legacy::Q4_0 => 18,
+            Legacy::Q5_0 => 22,
+            Legacy::Q8_0 => 34,
+        }
+    }
+
+    /// The block's 32 quants as signed bytes in element order (in `buf` unless stored as such).
+    #[inline(always)]
+    fn quants<'a>(self, wb: &'a [u8], buf: &'a mut [u8; 32]) -> &'a [u8] {
+        match self {
+            Legacy::Q8_0 => &wb[2..34],
+            Legacy::Q4_0 => {
+                // Q4_0 (18 bytes: d, qs[16]): element j is (qs[j] & 15) - 8, j + 16 is (qs[j] >> 4) - 8.
+                let q = ld_s8(wb, 2);
+                // SAFETY: NEON register arithmetic only.
+                let (lo, hi) = unsafe {
+                    let q = vreinterpretq_u8_s8(q);
+                    let eight = vdupq_n_u8(8);
+                    (
+                        vsubq_u8(vandq_u8(q, vdupq_n_u8(15)), eight),
+                        vsubq_u8(vshrq_n_u8::<4>(q), eight),
+                    )
+                };
+                put(buf, 0, lo);
+                put(buf, 16, hi);
+                &buf[..]
+            }
+            Legacy::Q5_0 => {
+                // Q5_0 (22 bytes: d, qh u32, qs[16]): element j is ((qs[j] & 15) | bit j of qh
+                // << 4) - 16, element j + 16 is ((qs[j] >> 4) | bit j + 16 of qh << 4) - 16.
+                let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+                let q = ld_s8(wb, 6);
+                // SAFETY: NEON register arithmetic only.
+                let (lo, hi) = unsafe {
+                    let q = vreinterpretq_u8_s8(q);
+                    let sixteen = vdupq_n_u8(16);
+                    (
+                        vsubq_u8(
+                            vorrq_u8(vandq_u8(q, vdupq_n_u8(15)), bit4(qh as u16)),
+                            sixteen,
+                        ),
+                        vsubq_u8(
+                            vorrq_u8(vshrq_n_u8::<4>(q), bit4((qh >> 16) as u16)),
+                            sixteen,
+                        ),
+                    )
+                };
+                put(buf, 0, lo);
+                put(buf, 16, hi);
+                &buf[..]
+            }
+        }
+    }
+
+    /// One block's contribution, in the reference's float order.
+    #[inline(always)]
+    fn step(self, sumf: f32, sumi: i32, dw: f32, dx: f32) -> f32 {
+        match self {
+            Legacy::Q4_0 => sumf + sumi as f32 * dw * dx,
+            Legacy::Q5_0 | Legacy::Q8_0 => sumf + sumi as f32 * (dw * dx),
+        }
+    }
+
+    /// [`Legacy::step`] for a 2x2 tile (lanes `[r0.j0, r0.j1, r1.j0, r1.j1]`).
+    #[inline(always)]
+    fn step4(
+        self,
+        sumf: float32x4_t,
+        sumi: int32x4_t,
+        dw: float32x4_t,
+        dx: float32x4_t,
+    ) -> float32x4_t {
+        // SAFETY: NEON register arithmetic only.
+        unsafe {
+            let s = vcvtq_f32_s32(sumi);
+            match self {
+                Legacy::Q4_0 => vaddq_f32(sumf, vmulq_f32(vmulq_f32(s, dw), dx)),
+                Legacy::Q5_0 | Legacy::Q8_0 => vaddq_f32(sumf, vmulq_f32(s, vmulq_f32(dw, dx))),
+            }
+        }
+    }
+}
+
+/// Integer dot of one weight block's quants with one activation block's.
+#[inline(always)]
+fn dot(level: Level, wq: &[u8], xq: &[u8]) -> i32 {
+    match level {
+        Level::Neon => neon::dot32(wq, xq),
+        // SAFETY: Dotprod/I8mm levels are only built from a capability that proved SDOT.
+        Level::Dotprod | Level::I8mm => unsafe { dotprod::dot32(wq, xq) },
+    }
+}
+
+/// `ty` x Q8_0 for `rows` weight rows and `n` activation rows of `nb` blocks.
+pub(crate) fn gemm(
+    level: Level,
+    ty: Legacy,
+    nb: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
+    let wbb = ty.block_bytes();
+    let wrow = nb * wbb;
+    let xrow = nb * XB;
+    let mut r = 0;
+    if level == Level::I8mm {
+        while r + 2 <= rows {
+            rows2(
+                ty,
+                nb,
+                [&w[r * wrow..][..wrow], &w[(r + 1) * wrow..][..wrow]],
+                x,
+                n,
+                &mut out[r * n..(r + 2) * n],
+            );
+            r += 2;
+        }
+    }
+    let mut buf = [0u8; 32];
+    while r < rows {
+        let wr = &w[r * wrow..][..wrow];
+        for jc in (0..n).step_by(JC) {
+            let cnt = JC.min(n - jc);
+            let mut acc = [0.0f32; JC];
+            for b in 0..nb {
+                let wb = &wr[b * wbb..][..wbb];
+                let dw = f16_le(wb);
+                let wq = ty.quants(wb, &mut buf);
+                for (t, a) in acc.iter_mut().enumerate().take(cnt) {
+                    let xb = &x[(jc + t) * xrow + b * XB..][..XB];
+                    *a = ty.step(*a, dot(level, wq, &xb[2..]), dw, f16_le(xb));
+                }
+            }
+            out[r * n + jc..r * n + jc + cnt].copy_from_slice(&acc[..cnt]);
+        }
+        r += 1;
+    }
+}
+
+/// i8mm: two weight rows against all activation rows, pairs of activation rows through SMMLA
+/// 2x2 tiles, an odd last one through SDOT. `out` holds the two output rows (`2 * n`).
+fn rows2(ty: Legacy, nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
+    let wbb = ty.block_bytes();
+    let xrow = nb * XB;
+    let (mut buf0, mut buf1) = ([0u8; 32], [0u8; 32]);
+    for jc in (0..n).step_by(JC) {
+        let cnt = JC.min(n - jc);
+        let pairs = cnt / 2;
+        // SAFETY: NEON register arithmetic only.
+        let mut tile = [unsafe { vdupq_n_f32(0.0) }; JC / 2];
+        let mut single = [0.0f32; 2];
+        for b in 0..nb {
+            let (wb0, wb1) = (&w[0][b * wbb..][..wbb], &w[1][b * wbb..][..wbb]);
+            let (dw0, dw1) = (f16_le(wb0), f16_le(wb1));
+            let dw = f4([dw0, dw0, dw1, dw1]);
+            let (q0, q1) = (ty.quants(wb0, &mut buf0), ty.quants(wb1, &mut buf1));
+            for (p, t) in tile.iter_mut().enumerate().take(pairs) {
+                let a0 = (jc + 2 * p) * xrow + b * XB;
+                let (x0, x1) = (&x[a0..a0 + XB], &x[a0 + xrow..a0 + xrow + XB]);
+                let (dx0, dx1) = (f16_le(x0), f16_le(x1));
+                // SAFETY: this path runs only under the I8mm capability (SMMLA present).
+                let sumi = unsafe { i8mm::dot32_2x2([q0, q1], [&x0[2..], &x1[2..]]) };
+                *t = ty.step4(*t, sumi, dw, f4([dx0, dx1, dx0, dx1]));
+            }
+            if cnt % 2 == 1 {
+                let xb = &x[(jc + cnt - 1) * xrow + b * XB..][..XB];
+                let dx = f16_le(xb);
+                single[0] = ty.step(single[0], dot(Level::I8mm, q0, &xb[2..]), dw0, dx);
+                single[1] = ty.step(single[1], dot(Level::I8mm, q1, &xb[2..]), dw1, dx);
+            }
+        }
+        for (p, t) in tile.iter().enumerate().take(pairs) {
+            let mut v = [0.0f32; 4];
+            // SAFETY: `v` has room for 4 f32.
+            unsafe { vst1q_f32(v.as_mut_ptr(), *t) };
+            let j = jc + 2 * p;
+            out[j] = v[0];
+            out[j + 1] = v[1];
+            out[n + j] = v[2];
+            out[n + j + 1] = v[3];
+        }
+        if cnt % 2 == 1 {
+            let j = jc + cnt - 1;
+            out[j] = single[0];
+            out[n + j] = single[1];
+        }
+    }
+}
