@@ -22,8 +22,8 @@ use crate::GgmlType;
 thread_local! {
     /// Packed activations (K-quants) for the current call.
     static PACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    /// Q8_0 scale tables (weights, activations) for the current call.
-    static SCALES: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// Q8_0 activation scales for the current call.
+    static SCALES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -199,23 +199,19 @@ fn gemm_kquant(
     });
 }
 
-/// Q8_0: build the scale tables, then the tier's driver.
+/// Q8_0: convert the activation scales, then the tier's driver.
 fn gemm_q8_0(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
     SCALES.with(|cell| {
-        let mut tables = cell.borrow_mut();
-        let (xd, yd) = &mut *tables;
-        // SAFETY: a capability exists, so the CPU has AVX2 and F16C.
-        unsafe { q8_0::scale_tables(w, rows, x, n, nb, xd, yd) };
+        let mut yd = cell.borrow_mut();
         let (wp, xp, op) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
         // SAFETY: the capability for `level` exists (CPU features present); `gemm_block` checked
-        // that `w` holds `rows * nb` Q8_0 blocks, `x` `n * nb` blocks and `out` `rows * n`
-        // floats; `scale_tables` sized `xd`/`yd` for the padded row and activation counts.
+        // that `w` holds `rows * nb` Q8_0 blocks, `x` `n * nb` blocks (n >= 1) and `out`
+        // `rows * n` floats; `act_scales` sizes `yd` for the padded activation count.
         unsafe {
+            q8_0::act_scales(xp, n, nb, &mut yd);
             match level {
-                Level::Avx2 => avx2::gemm_q8_0(nb, wp, rows, xp, n, xd.as_ptr(), yd.as_ptr(), op),
-                Level::Avx512 => {
-                    avx512vnni::gemm_q8_0(nb, wp, rows, xp, n, xd.as_ptr(), yd.as_ptr(), op)
-                }
+                Level::Avx2 => avx2::gemm_q8_0(nb, wp, rows, xp, n, yd.as_ptr(), op),
+                Level::Avx512 => avx512vnni::gemm_q8_0(nb, wp, rows, xp, n, yd.as_ptr(), op),
             }
         }
     });

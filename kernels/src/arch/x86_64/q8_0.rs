@@ -15,36 +15,50 @@ use super::kquant::f16_to_f32;
 /// Bytes of one Q8_0 block: f16 d, 32 i8.
 pub(super) const Q8_0_BYTES: usize = 34;
 
-/// `xd[b * rows_p + r]` (weight scales, rows padded to 8 by repeating the last row) and
-/// `yd[b * n_p + j]` (activation scales, padded the same way) as f32.
+/// `yd[b * n_p + j]`: the activation block scales as f32, rows padded to a multiple of 8 by
+/// repeating the last row (the weight scales are converted inside the tiles).
 ///
 /// # Safety
-/// The CPU must have AVX2 and F16C.
+/// `x` must hold `n * nb` Q8_0 blocks (`n >= 1`); the CPU must have AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn scale_tables(
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    nb: usize,
-    xd: &mut Vec<f32>,
-    yd: &mut Vec<f32>,
-) {
-    #[target_feature(enable = "avx2,f16c")]
-    fn fill(src: &[u8], count: usize, nb: usize, dst: &mut Vec<f32>) {
-        let padded = count.div_ceil(8) * 8;
-        dst.clear();
-        dst.resize(nb * padded, 0.0);
-        for i in 0..padded {
-            let row = i.min(count - 1);
-            for b in 0..nb {
-                let at = (row * nb + b) * Q8_0_BYTES;
-                dst[b * padded + i] = f16_to_f32(u16::from_le_bytes([src[at], src[at + 1]]));
-            }
+pub(super) unsafe fn act_scales(x: *const u8, n: usize, nb: usize, yd: &mut Vec<f32>) {
+    let padded = n.div_ceil(8) * 8;
+    yd.clear();
+    yd.resize(nb * padded, 0.0);
+    let dst = yd.as_mut_ptr();
+    for j in 0..padded {
+        let row = x.add(j.min(n - 1) * nb * Q8_0_BYTES);
+        for b in 0..nb {
+            *dst.add(b * padded + j) = f16_to_f32(rd_u16(row.add(b * Q8_0_BYTES)));
         }
     }
-    fill(w, rows, nb, xd);
-    fill(x, n, nb, yd);
+}
+
+/// The f16 scale at `p` (unaligned).
+#[inline(always)]
+pub(super) fn rd_u16(p: *const u8) -> u16 {
+    // SAFETY: callers pass the start of a Q8_0 block inside a checked buffer.
+    unsafe { u16::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 2])) }
+}
+
+/// The f16 scales of block `off` of 8 weight rows as f32 lanes.
+///
+/// # Safety
+/// Each `rows[i] + off` must start a Q8_0 block; the CPU must have AVX2 and F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn row_scales8(rows: &[*const u8; 8], off: usize) -> __m256 {
+    let h = _mm_setr_epi16(
+        rd_u16(rows[0].add(off)) as i16,
+        rd_u16(rows[1].add(off)) as i16,
+        rd_u16(rows[2].add(off)) as i16,
+        rd_u16(rows[3].add(off)) as i16,
+        rd_u16(rows[4].add(off)) as i16,
+        rd_u16(rows[5].add(off)) as i16,
+        rd_u16(rows[6].add(off)) as i16,
+        rd_u16(rows[7].add(off)) as i16,
+    );
+    _mm256_cvtph_ps(h)
 }
 
 /// Transposing reduction: lane `i` of the result is the sum of the 8 lanes of `v[i]`.
@@ -68,12 +82,12 @@ pub(super) fn reduce8(v: &[__m256i; 8]) -> __m256i {
 /// serves both tile orientations.
 macro_rules! q8_0_gemm {
     ($feat:literal, $prep:ident, $dot:ident) => {
-        /// `out[r * n + j] = W[r] . x[j]` for Q8_0 x Q8_0 with `nb` blocks per row; `xd`/`yd` are
-        /// the tables from [`q8_0::scale_tables`](super::q8_0::scale_tables).
+        /// `out[r * n + j] = W[r] . x[j]` for Q8_0 x Q8_0 with `nb` blocks per row; `yd` is the
+        /// table from [`q8_0::act_scales`](super::q8_0::act_scales).
         ///
         /// # Safety
-        /// `w` must hold `rows * nb` blocks, `x` `n * nb` blocks, `xd`/`yd` the padded tables and
-        /// `out` `rows * n` floats; the CPU must have the tier's features.
+        /// `w` must hold `rows * nb` blocks, `x` `n * nb` blocks, `yd` the padded table and `out`
+        /// `rows * n` floats; the CPU must have the tier's features.
         #[target_feature(enable = $feat)]
         #[allow(clippy::too_many_arguments)]
         pub(super) unsafe fn gemm_q8_0(
@@ -82,13 +96,12 @@ macro_rules! q8_0_gemm {
             rows: usize,
             x: *const u8,
             n: usize,
-            xd: *const f32,
             yd: *const f32,
             out: *mut f32,
         ) {
-            use super::q8_0::{reduce8, Q8_0_BYTES};
+            use super::kquant::f16_to_f32;
+            use super::q8_0::{rd_u16, reduce8, row_scales8, Q8_0_BYTES};
             let row_bytes = nb * Q8_0_BYTES;
-            let rows_p = rows.div_ceil(8) * 8;
             let n_p = n.div_ceil(8) * 8;
             let n8 = n / 8 * 8;
             let mut lanes = [0f32; 8];
@@ -104,7 +117,7 @@ macro_rules! q8_0_gemm {
                             *pi = $dot(&pw, x.add((j0 + i) * row_bytes + b * Q8_0_BYTES));
                         }
                         let s = _mm256_cvtepi32_ps(reduce8(&p));
-                        let dx = _mm256_set1_ps(*xd.add(b * rows_p + r));
+                        let dx = _mm256_set1_ps(f16_to_f32(rd_u16(wrow.add(b * Q8_0_BYTES))));
                         let d = _mm256_mul_ps(dx, _mm256_loadu_ps(yd.add(b * n_p + j0)));
                         acc = _mm256_add_ps(acc, _mm256_mul_ps(s, d));
                     }
@@ -127,7 +140,7 @@ macro_rules! q8_0_gemm {
                             *pi = $dot(&pa, wrows[i].add(b * Q8_0_BYTES));
                         }
                         let s = _mm256_cvtepi32_ps(reduce8(&p));
-                        let dx = _mm256_loadu_ps(xd.add(b * rows_p + r0));
+                        let dx = row_scales8(&wrows, b * Q8_0_BYTES);
                         let d = _mm256_mul_ps(dx, _mm256_set1_ps(*yd.add(b * n_p + j)));
                         acc = _mm256_add_ps(acc, _mm256_mul_ps(s, d));
                     }
