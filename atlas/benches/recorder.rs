@@ -1,7 +1,8 @@
 //! Recorder overhead per token on Kimi K2's routing shape (60 MoE layers × 384 experts, top-8):
 //! one "token" = one `record` call per MoE layer for one row. Reported as ns per token (criterion
 //! `Throughput::Elements` = tokens), beside the cost of merely touching the same routing arrays
-//! (summing ids) so the ratio shows what the counting itself adds.
+//! (summing ids) so the ratio shows what the counting itself adds. `record` samples pairs from one
+//! row in 4 (the default); `record_all_pairs` feeds every row to the pair sketch.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use nightshift_atlas::placement::ModelShape;
@@ -48,7 +49,10 @@ fn bench(c: &mut Criterion) {
         let (ids, w) = routing(batch * steps);
         g.throughput(Throughput::Elements((batch * steps) as u64));
         // warm recorder (pages touched, sketch full): the steady state a long-running server sees
+        let mut all_pairs = RecorderConfig::new("bench", TOP_K);
+        all_pairs.pair_sample_every = 1;
         let mut r = Recorder::new(shape.clone(), RecorderConfig::new("bench", TOP_K));
+        let mut r_all = Recorder::new(shape.clone(), all_pairs);
         let mut run = |r: &mut Recorder| {
             for step in 0..steps {
                 let range = step * batch * TOP_K..(step + 1) * batch * TOP_K;
@@ -60,8 +64,12 @@ fn bench(c: &mut Criterion) {
         };
         for _ in 0..16 {
             run(&mut r);
+            run(&mut r_all);
         }
         g.bench_function(format!("record_batch{batch}"), |b| b.iter(|| run(&mut r)));
+        g.bench_function(format!("record_all_pairs_batch{batch}"), |b| {
+            b.iter(|| run(&mut r_all))
+        });
         g.bench_function(format!("touch_only_batch{batch}"), |b| {
             b.iter(|| {
                 let mut acc = 0usize;

@@ -7,7 +7,7 @@
 //! current bucket is full at the start of a step (a call for the first MoE layer), the oldest one is
 //! cleared and reused. A snapshot sums the buckets, so it covers between 7/8 and all of the window.
 //!
-//! Co-activation: per layer a table of `pair_capacity` (a, b) counters probed at `PROBE` places; a miss
+//! Co-activation (on one token row in `pair_sample_every`): per layer a table of `pair_capacity` (a, b) counters probed at `PROBE` places; a miss
 //! with no free place decrements the smallest counter (or takes its place when it is down to one),
 //! a Misra–Gries style sketch that keeps the frequent pairs and forgets the rare ones.
 
@@ -31,6 +31,10 @@ pub struct RecorderConfig {
     pub pair_capacity: usize,
     /// Pairs per layer kept in a snapshot.
     pub pairs_per_layer: usize,
+    /// Feed the pair sketch with one token row in this many (1 = every row; 0 = no pairs). The
+    /// sketch's random-access updates are most of the recorder's cost; a sample finds the same
+    /// frequent pairs.
+    pub pair_sample_every: u32,
     /// Node names, indexed like `placement::NodeId`, for `record_node`.
     pub nodes: Vec<String>,
 }
@@ -43,6 +47,7 @@ impl RecorderConfig {
             window_tokens: 65_536,
             pair_capacity: 4096,
             pairs_per_layer: 64,
+            pair_sample_every: 4,
             nodes: Vec::new(),
         }
     }
@@ -66,7 +71,7 @@ pub enum RecordError {
 
 #[derive(Clone, Copy, Default)]
 struct PairCell {
-    key: u64,
+    key: u32,
     count: u32,
 }
 
@@ -78,15 +83,17 @@ pub struct Recorder {
     slot_of: Vec<u32>,
     n_experts: usize,
     all_tokens: u64,
-    all_counts: Vec<u64>,
-    all_weights: Vec<f64>,
+    /// (count, weight sum) per slot × expert, interleaved so one update touches one cache line.
+    all: Vec<(u64, f64)>,
     bucket_len: u64,
     bucket: usize,
     bucket_tokens: [u64; WINDOW_BUCKETS],
-    bucket_counts: Vec<u32>,
-    bucket_weights: Vec<f32>,
+    /// (count, weight sum) per bucket × slot × expert; empty when there is no window.
+    buckets: Vec<(u32, f32)>,
     pair_mask: usize,
     pairs: Vec<PairCell>,
+    /// xorshift32 state picking the sampled rows (a fixed stride would alias with batch layout).
+    pair_rng: u32,
     node_rows: Vec<u64>,
 }
 
@@ -100,28 +107,29 @@ impl Recorder {
             slot_of[l] = s as u32;
         }
         let cap = cfg.pair_capacity.max(64).next_power_of_two();
+        // keys are a * n + b + 1 in a u32: no pairs for (absurdly) wide layers
+        let pairs_on = cfg.pair_sample_every > 0 && (e as u64) * (e as u64) < u32::MAX as u64;
         let window = cfg.window_tokens > 0;
         Recorder {
             slot_of,
             n_experts: e,
             all_tokens: 0,
-            all_counts: vec![0; n * e],
-            all_weights: vec![0.0; n * e],
+            all: vec![(0, 0.0); n * e],
             bucket_len: cfg.window_tokens.div_ceil(WINDOW_BUCKETS as u64).max(1),
             bucket: 0,
             bucket_tokens: [0; WINDOW_BUCKETS],
-            bucket_counts: if window {
-                vec![0; WINDOW_BUCKETS * n * e]
-            } else {
-                Vec::new()
-            },
-            bucket_weights: if window {
-                vec![0.0; WINDOW_BUCKETS * n * e]
+            buckets: if window {
+                vec![(0, 0.0); WINDOW_BUCKETS * n * e]
             } else {
                 Vec::new()
             },
             pair_mask: cap - 1,
-            pairs: vec![PairCell::default(); n * cap],
+            pairs: if pairs_on {
+                vec![PairCell::default(); n * cap]
+            } else {
+                Vec::new()
+            },
+            pair_rng: 0x9E37_79B9,
             node_rows: vec![0; cfg.nodes.len()],
             shape,
             cfg,
@@ -163,18 +171,29 @@ impl Recorder {
             self.start_tokens(rows);
         }
         let base = slot * self.n_experts;
-        let window = !self.bucket_counts.is_empty();
-        let wbase = self.bucket * self.all_counts.len() + base;
+        let window = !self.buckets.is_empty();
+        let wbase = self.bucket * self.all.len() + base;
         for (row_e, row_w) in experts.chunks_exact(k).zip(weights.chunks_exact(k)) {
             for (&x, &w) in row_e.iter().zip(row_w) {
-                self.all_counts[base + x] += 1;
-                self.all_weights[base + x] += w as f64;
+                let cell = &mut self.all[base + x];
+                cell.0 += 1;
+                cell.1 += w as f64;
                 if window {
-                    self.bucket_counts[wbase + x] += 1;
-                    self.bucket_weights[wbase + x] += w;
+                    let cell = &mut self.buckets[wbase + x];
+                    cell.0 += 1;
+                    cell.1 += w;
                 }
             }
-            self.record_pairs(slot, row_e);
+            if !self.pairs.is_empty() {
+                let mut x = self.pair_rng;
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                self.pair_rng = x;
+                if (x >> 8) % self.cfg.pair_sample_every == 0 {
+                    self.record_pairs(slot, row_e);
+                }
+            }
         }
         Ok(())
     }
@@ -192,15 +211,13 @@ impl Recorder {
 
     fn start_tokens(&mut self, rows: u64) {
         self.all_tokens += rows;
-        if self.bucket_counts.is_empty() {
+        if self.buckets.is_empty() {
             return;
         }
         if self.bucket_tokens[self.bucket] >= self.bucket_len {
             self.bucket = (self.bucket + 1) % WINDOW_BUCKETS;
-            let len = self.all_counts.len();
-            let range = self.bucket * len..(self.bucket + 1) * len;
-            self.bucket_counts[range.clone()].fill(0);
-            self.bucket_weights[range].fill(0.0);
+            let len = self.all.len();
+            self.buckets[self.bucket * len..(self.bucket + 1) * len].fill((0, 0.0));
             self.bucket_tokens[self.bucket] = 0;
         }
         self.bucket_tokens[self.bucket] += rows;
@@ -220,7 +237,7 @@ impl Recorder {
                     continue;
                 }
                 // key 0 marks an empty cell, so store (a * n + b) + 1.
-                let key = (a * self.n_experts + b) as u64 + 1;
+                let key = (a * self.n_experts + b) as u32 + 1;
                 bump(table, self.pair_mask, key);
             }
         }
@@ -234,18 +251,22 @@ impl Recorder {
         let mut window = Counts::zeros(n, e);
         all_time.tokens = self.all_tokens;
         for s in 0..n {
-            all_time.activations[s].copy_from_slice(&self.all_counts[s * e..(s + 1) * e]);
-            all_time.weight_sums[s].copy_from_slice(&self.all_weights[s * e..(s + 1) * e]);
+            for x in 0..e {
+                let (c, w) = self.all[s * e + x];
+                all_time.activations[s][x] = c;
+                all_time.weight_sums[s][x] = w;
+            }
         }
-        if !self.bucket_counts.is_empty() {
+        if !self.buckets.is_empty() {
             let len = n * e;
             window.tokens = self.bucket_tokens.iter().sum();
             for b in 0..WINDOW_BUCKETS {
                 for s in 0..n {
                     for x in 0..e {
                         let i = b * len + s * e + x;
-                        window.activations[s][x] += self.bucket_counts[i] as u64;
-                        window.weight_sums[s][x] += self.bucket_weights[i] as f64;
+                        let (c, w) = self.buckets[i];
+                        window.activations[s][x] += c as u64;
+                        window.weight_sums[s][x] += w as f64;
                     }
                 }
             }
@@ -253,7 +274,8 @@ impl Recorder {
         let cap = self.pair_mask + 1;
         let pairs = (0..n)
             .map(|s| {
-                let mut top: Vec<(u32, u32, u64)> = self.pairs[s * cap..(s + 1) * cap]
+                let cells = self.pairs.get(s * cap..(s + 1) * cap).unwrap_or(&[]);
+                let mut top: Vec<(u32, u32, u64)> = cells
                     .iter()
                     .filter(|c| c.key != 0)
                     .map(|c| {
@@ -294,8 +316,8 @@ impl Recorder {
 
 /// Counts `key` in the open-addressed sketch `table` (see the module docs).
 #[inline]
-fn bump(table: &mut [PairCell], mask: usize, key: u64) {
-    let h = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize;
+fn bump(table: &mut [PairCell], mask: usize, key: u32) {
+    let h = ((key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize;
     let mut min_at = h & mask;
     let mut min_count = u32::MAX;
     for p in 0..PROBE {

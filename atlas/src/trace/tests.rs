@@ -16,6 +16,7 @@ fn recorder(window: u64) -> Recorder {
     let mut cfg = RecorderConfig::new("test-model", 2);
     cfg.window_tokens = window;
     cfg.pairs_per_layer = 3;
+    cfg.pair_sample_every = 1;
     cfg.nodes = vec!["n0".into(), "n1".into()];
     Recorder::new(shape(), cfg)
 }
@@ -157,6 +158,12 @@ fn window_forgets_old_buckets() {
 
 #[test]
 fn pair_sketch_keeps_the_frequent_pairs() {
+    for every in [1, 4] {
+        pair_sketch_case(every);
+    }
+}
+
+fn pair_sketch_case(every: u32) {
     // 15 experts -> 105 possible pairs in a 64-cell sketch: the hot pairs must survive the noise.
     let shape = ModelShape {
         moe_layers: vec![0],
@@ -166,6 +173,7 @@ fn pair_sketch_keeps_the_frequent_pairs() {
     let mut cfg = RecorderConfig::new("m", 2);
     cfg.pair_capacity = 64;
     cfg.pairs_per_layer = 2;
+    cfg.pair_sample_every = every;
     let mut r = Recorder::new(shape, cfg);
     let mut state = 1u64;
     for t in 0..20_000u64 {
@@ -188,7 +196,7 @@ fn pair_sketch_keeps_the_frequent_pairs() {
         .iter()
         .map(|p| (p.0, p.1))
         .collect();
-    assert_eq!(pairs, vec![(3, 7), (2, 10)]);
+    assert_eq!(pairs, vec![(3, 7), (2, 10)], "sampling 1 row in {every}");
 }
 
 #[test]
