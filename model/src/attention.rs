@@ -4,6 +4,7 @@
 //! MLA is the special case of one kv head whose V is a prefix of K.
 
 use crate::ops::softmax;
+use nightshift_kernels::formats::{f16_to_f32, f32_to_f16};
 
 /// Where one sequence's K and V rows live for one layer.
 pub struct KvView<'a> {
@@ -43,7 +44,15 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Attention of one token: `q` is `n_head * dk`, `out` is `n_head * dv`; `scores` is scratch.
-pub fn attend(q: &[f32], kv: &KvView<'_>, hd: Heads, scores: &mut Vec<f32>, out: &mut [f32]) {
+/// With `round_p` the probabilities are rounded to f16 before weighting V (an F16 V cache).
+pub fn attend(
+    q: &[f32],
+    kv: &KvView<'_>,
+    hd: Heads,
+    round_p: bool,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     let group = hd.n_head / hd.n_head_kv;
     scores.resize(kv.n_kv, 0.0);
     for h in 0..hd.n_head {
@@ -54,6 +63,11 @@ pub fn attend(q: &[f32], kv: &KvView<'_>, hd: Heads, scores: &mut Vec<f32>, out:
             *s = dot(&kv.k[off..off + hd.dk], qh);
         }
         softmax(scores, hd.scale);
+        if round_p {
+            scores
+                .iter_mut()
+                .for_each(|p| *p = f16_to_f32(f32_to_f16(*p)));
+        }
         let oh = &mut out[h * hd.dv..(h + 1) * hd.dv];
         oh.fill(0.0);
         for (j, &p) in scores.iter().enumerate() {

@@ -7,7 +7,7 @@ use crate::arch::{self, StepCtx, Tok};
 use crate::config::Arch;
 use crate::error::ModelError;
 use crate::expert::ExpertBackend;
-use crate::kv::SeqKv;
+use crate::kv::{KvType, SeqKv};
 use crate::model::Model;
 use crate::moe::{dense_ffn, moe_ffn};
 use crate::ops::{add_inplace, matmul, rms_norm};
@@ -77,6 +77,7 @@ pub struct Engine {
     rope: Rope,
     seqs: Vec<Option<SeqKv>>,
     kv_used: usize,
+    kv_type: KvType,
 }
 
 impl Engine {
@@ -102,6 +103,7 @@ impl Engine {
             rope,
             seqs: Vec::new(),
             kv_used: 0,
+            kv_type: KvType::F32,
         })
     }
 
@@ -114,6 +116,18 @@ impl Engine {
         &self.pool
     }
 
+    /// Chooses the KV cache element type (default F32, the llama.cpp parity reference; F16 halves
+    /// the cache). Only before the first sequence is added.
+    pub fn set_kv_type(&mut self, ty: KvType) -> Result<(), ModelError> {
+        if self.seqs.iter().any(|s| s.is_some()) {
+            return Err(ModelError::Batch(
+                "expected no live sequences when changing the kv type, found some".into(),
+            ));
+        }
+        self.kv_type = ty;
+        Ok(())
+    }
+
     /// Starts an empty sequence.
     pub fn add_sequence(&mut self) -> Result<SeqId, ModelError> {
         let live = self.seqs.iter().filter(|s| s.is_some()).count();
@@ -123,7 +137,7 @@ impl Engine {
                 self.opts.max_seqs
             )));
         }
-        let kv = SeqKv::new(self.model.config().n_layer);
+        let kv = SeqKv::new(self.model.config().n_layer, self.kv_type);
         if let Some(i) = self.seqs.iter().position(|s| s.is_none()) {
             self.seqs[i] = Some(kv);
             return Ok(SeqId(i as u32));

@@ -24,6 +24,7 @@ pub mod weights;
 pub use config::{Arch, ModelConfig};
 pub use engine::{build_pool, BatchToken, Engine, EngineOptions, SeqId};
 pub use error::{ExpertError, ModelError};
+pub use kv::KvType;
 pub use expert::{expert_ffn, ActRows, ExpertBackend, ExpertPair, ExpertWeights, LocalExperts};
 pub use model::Model;
 pub use sampler::{Sampler, SamplerParams};

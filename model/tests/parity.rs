@@ -3,7 +3,7 @@
 //! logits of every row with llama.cpp's (F32 KV cache). Also checks that several sequences in one
 //! batch give bit-identical results to each sequence alone.
 
-use nightshift_model::{BatchToken, Engine, EngineOptions, LocalExperts, Model};
+use nightshift_model::{BatchToken, Engine, EngineOptions, KvType, LocalExperts, Model};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -80,8 +80,13 @@ fn argmax(v: &[f32]) -> u32 {
 
 /// Runs prompt + teacher-forced greedy tokens; returns (max |delta|, argmax mismatches).
 fn run_prompt(model: &Arc<Model>, p: &Prompt) -> (f32, Vec<String>) {
+    run_prompt_kv(model, p, KvType::F32)
+}
+
+fn run_prompt_kv(model: &Arc<Model>, p: &Prompt, kv: KvType) -> (f32, Vec<String>) {
     let nv = model.config().n_vocab;
     let mut e = engine(model);
+    e.set_kv_type(kv).expect("kv type");
     let seq = e.add_sequence().expect("seq");
     let batch: Vec<BatchToken> = p
         .ids
@@ -276,4 +281,18 @@ fn multi_sequence_batch_is_bit_identical_qwen3moe() {
 #[test]
 fn multi_sequence_batch_is_bit_identical_deepseek2() {
     check_multi_seq("tiny-deepseek2-Q4_K_M");
+}
+
+/// An F16 cache rounds K, V, q and the probabilities to f16 (llama.cpp's default cache type): the
+/// logits move a little, the greedy choices do not.
+#[test]
+fn f16_kv_cache_keeps_greedy_tokens() {
+    for name in ["tiny-qwen3moe-Q4_K_M", "tiny-deepseek2-Q4_K_M"] {
+        let (model, prompts) = load_fixture(name);
+        for (i, p) in prompts.iter().enumerate() {
+            let (max, bad) = run_prompt_kv(&model, p, KvType::F16);
+            eprintln!("{name} prompt {i} (f16 kv): max |delta| = {max:.3e}");
+            assert!(bad.is_empty(), "{name} prompt {i} (f16 kv): {bad:?}");
+        }
+    }
 }

@@ -71,7 +71,7 @@ pub fn attention(
         let seq = caches[tok.slot]
             .as_mut()
             .ok_or_else(|| ModelError::Batch("sequence vanished".into()))?;
-        seq.layers[il].k[tok.pos * kvw..(tok.pos + 1) * kvw].copy_from_slice(row);
+        seq.layers[il].k.write(tok.pos * kvw, row);
     }
     // Absorb attn_k_b: per head, q_nope (nope) -> latent (lora); full query = [latent, q_pe].
     let mut qfull = vec![0.0f32; n * nh * kvw];

@@ -6,9 +6,10 @@ pub mod deepseek2;
 pub mod qwen3moe;
 
 use crate::attention::{attend, Heads, KvView};
-use crate::kv::SeqKv;
+use crate::kv::{KvType, SeqKv};
 use crate::model::Model;
 use crate::rope::Rope;
+use nightshift_kernels::formats::{f16_to_f32, f32_to_f16};
 use rayon::prelude::*;
 use rayon::ThreadPool;
 
@@ -30,7 +31,8 @@ pub struct StepCtx<'a> {
 }
 
 /// Causal attention of all batch tokens of layer `il`. `q`: n rows of `n_head*dk`; `out`: n rows
-/// of `n_head*dv`. With `mla`, V is the first `dv` floats of each K row.
+/// of `n_head*dv`. With `mla`, V is the first `dv` floats of each K row. With an F16 cache, q and
+/// the probabilities are rounded to f16 before their dot products, as ggml's f16 mul_mat does.
 pub fn attend_all(
     ctx: &StepCtx<'_>,
     caches: &[Option<SeqKv>],
@@ -42,33 +44,57 @@ pub fn attend_all(
 ) {
     let qw = hd.n_head * hd.dk;
     let ow = hd.n_head * hd.dv;
+    let (k_stride, v_stride) = if mla {
+        (hd.dk, hd.dk)
+    } else {
+        (hd.n_head_kv * hd.dk, hd.n_head_kv * hd.dv)
+    };
+    // Rows each sequence needs this step (up to its last batch position).
+    let mut slots: Vec<(usize, usize)> = Vec::new();
+    for t in ctx.toks {
+        match slots.iter_mut().find(|s| s.0 == t.slot) {
+            Some(s) => s.1 = s.1.max(t.pos + 1),
+            None => slots.push((t.slot, t.pos + 1)),
+        }
+    }
+    let mut scratch: Vec<(Vec<f32>, Vec<f32>)> =
+        slots.iter().map(|_| (Vec::new(), Vec::new())).collect();
+    let mut views: Vec<(usize, &[f32], &[f32], bool)> = Vec::with_capacity(slots.len());
+    for (&(slot, n), (sk, sv)) in slots.iter().zip(scratch.iter_mut()) {
+        let Some(seq) = caches[slot].as_ref() else {
+            continue;
+        };
+        let l = &seq.layers[il];
+        let k = l.k.floats(n * k_stride, sk);
+        let v = if mla { k } else { l.v.floats(n * v_stride, sv) };
+        views.push((slot, k, v, seq.ty == KvType::F16));
+    }
+    let views = &views;
     ctx.pool.install(|| {
         out.par_chunks_mut(ow)
             .zip(q.par_chunks(qw))
             .zip(ctx.toks.par_iter())
-            .for_each_init(Vec::new, |scores, ((o, qt), t)| {
-                let Some(seq) = caches[t.slot].as_ref() else {
-                    return;
-                };
-                let l = &seq.layers[il];
-                let view = if mla {
-                    KvView {
-                        k: &l.k,
-                        k_stride: hd.dk,
-                        v: &l.k,
-                        v_stride: hd.dk,
+            .for_each_init(
+                || (Vec::new(), Vec::new()),
+                |(scores, qr), ((o, qt), t)| {
+                    let Some(&(_, k, v, f16)) = views.iter().find(|v| v.0 == t.slot) else {
+                        return;
+                    };
+                    let view = KvView {
+                        k,
+                        k_stride,
+                        v,
+                        v_stride,
                         n_kv: t.pos + 1,
+                    };
+                    if f16 {
+                        qr.clear();
+                        qr.extend(qt.iter().map(|&x| f16_to_f32(f32_to_f16(x))));
+                        attend(qr, &view, hd, true, scores, o);
+                    } else {
+                        attend(qt, &view, hd, false, scores, o);
                     }
-                } else {
-                    KvView {
-                        k: &l.k,
-                        k_stride: hd.n_head_kv * hd.dk,
-                        v: &l.v,
-                        v_stride: hd.n_head_kv * hd.dv,
-                        n_kv: t.pos + 1,
-                    }
-                };
-                attend(qt, &view, hd, scores, o);
-            })
+                },
+            )
     });
 }

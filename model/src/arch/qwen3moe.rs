@@ -55,8 +55,8 @@ pub fn attention(
             .as_mut()
             .ok_or_else(|| ModelError::Batch("sequence vanished".into()))?;
         let l = &mut seq.layers[il];
-        l.k[tok.pos * kw..(tok.pos + 1) * kw].copy_from_slice(&kr[t * kw..(t + 1) * kw]);
-        l.v[tok.pos * kw..(tok.pos + 1) * kw].copy_from_slice(&vr[t * kw..(t + 1) * kw]);
+        l.k.write(tok.pos * kw, &kr[t * kw..(t + 1) * kw]);
+        l.v.write(tok.pos * kw, &vr[t * kw..(t + 1) * kw]);
     }
     let heads = Heads {
         n_head: c.n_head,
