@@ -3,10 +3,11 @@
 //! SIGTERM, then drains running streams for a bounded time. Prints the URL, the model, the
 //! nodes and ready-to-paste curl / Python snippets.
 
-use crate::gateway::{self, AppState};
-use crate::scheduler::model_backend::{load_engine, EngineLimits};
+use crate::gateway::{self, AppState, NodesCheck};
+use crate::scheduler::model_backend::{engine_with, EngineLimits};
 use crate::scheduler::{Scheduler, SchedulerOptions, StepEngine, TextModel};
 use anyhow::{bail, Context};
+use nightshift_coordinator::cluster::{self, ClusterArgs, Experts};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -20,12 +21,9 @@ pub struct Args {
     /// once under ./demo/ and served.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Placement file (TOML): which expert node holds which experts.
-    #[arg(long)]
-    pub placement: Option<PathBuf>,
-    /// Spawn and supervise N local expert-node processes; 0 = experts in process.
-    #[arg(long, default_value_t = 0)]
-    pub nodes: usize,
+    /// Where the experts run (--nodes, --placement, --auth-token-file, ...).
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     /// Address to bind; use 0.0.0.0 only behind a firewall and with --api-key.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -44,9 +42,6 @@ pub struct Args {
     /// Context length per sequence (prompt + completion).
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
-    /// Token file shared with the expert nodes (gRPC auth).
-    #[arg(long)]
-    pub auth_token_file: Option<PathBuf>,
     /// Write the expert activation atlas (trace) here.
     #[arg(long)]
     pub atlas_out: Option<PathBuf>,
@@ -85,6 +80,8 @@ struct Loaded {
     fingerprint: String,
     nodes: String,
     n_ctx: usize,
+    /// Keeps spawned expert nodes alive; None for the toy model.
+    experts: Option<Experts>,
 }
 
 type SpawnFn = Box<dyn FnOnce(Arc<dyn TextModel>, SchedulerOptions) -> std::io::Result<Scheduler>>;
@@ -112,22 +109,13 @@ fn demo_model() -> anyhow::Result<PathBuf> {
 }
 
 fn load(args: &Args) -> anyhow::Result<Loaded> {
-    if args.nodes > 0 {
-        bail!(
-            "--nodes {} is not available yet: the local cluster launcher is not built; run with --nodes 0 (experts in process)",
-            args.nodes
-        );
-    }
-    if args.placement.is_some() {
-        bail!("--placement is not available yet: the remote expert client is not built; run without it (experts in process)");
-    }
-    if args.auth_token_file.is_some() {
-        bail!("--auth-token-file is only used with expert nodes, which are not available yet");
-    }
     if args.atlas_out.is_some() {
         bail!("--atlas-out is not available yet: the atlas recorder is not built");
     }
     if args.mock {
+        if args.cluster.nodes > 0 || args.cluster.placement.is_some() {
+            bail!("--mock runs no experts; drop --nodes and --placement");
+        }
         return Ok(Loaded {
             engine: spawn_with({
                 let mut e = crate::scheduler::mock::MockEngine::new(args.max_seqs);
@@ -139,6 +127,7 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
             fingerprint: "fp_mock".into(),
             nodes: "none (toy model in process)".into(),
             n_ctx: args.ctx,
+            experts: None,
         });
     }
     let path = match &args.model {
@@ -162,7 +151,11 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         max_seq_len: n_ctx,
     };
     let fingerprint = format!("fp_{:016x}", model.gguf().fingerprint());
-    let engine = load_engine(model, &limits).context("starting the engine")?;
+    let pool = nightshift_model::build_pool(limits.threads).context("building the thread pool")?;
+    let experts = cluster::build(&args.cluster, &model, &path, Some(pool.clone()))
+        .context("setting up the expert nodes")?;
+    let engine =
+        engine_with(model, experts.backend(), pool, &limits).context("starting the engine")?;
     let model_id = args.model_name.clone().unwrap_or_else(|| {
         path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -173,9 +166,30 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         text,
         model_id,
         fingerprint,
-        nodes: "none: experts run in process".into(),
+        nodes: experts.describe(),
         n_ctx,
+        experts: Some(experts),
     })
+}
+
+/// Serving is possible while at least one expert node is up (replicas fail over); in process
+/// always.
+fn nodes_check(experts: Option<&Experts>) -> NodesCheck {
+    match experts.and_then(|e| e.remote()).cloned() {
+        None => Arc::new(|| Ok(())),
+        Some(remote) => Arc::new(move || {
+            let st = remote.status();
+            if st.iter().any(|n| n.up) {
+                Ok(())
+            } else {
+                let detail: Vec<String> = st
+                    .iter()
+                    .map(|n| format!("{} {}: {}", n.name, n.addr, n.detail))
+                    .collect();
+                Err(format!("no expert node is up ({})", detail.join("; ")))
+            }
+        }),
+    }
 }
 
 /// KV budget: --kv-budget, or room for every sequence at full context; at least one context.
@@ -216,7 +230,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         request_timeout: Duration::from_secs(args.request_timeout),
         metrics: gateway::metrics_handle(),
-        nodes_ok: Arc::new(|| Ok(())),
+        nodes_ok: nodes_check(loaded.experts.as_ref()),
         draining: AtomicBool::new(false),
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -224,7 +238,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
+    let experts = loaded.experts;
+    let remote = experts.as_ref().and_then(|e| e.remote()).cloned();
     rt.block_on(async move {
+        if let Some(remote) = remote {
+            // Expert-node health as a gauge, refreshed every 5 s.
+            tokio::spawn(async move {
+                loop {
+                    for n in remote.status() {
+                        metrics::gauge!("nightshift_expert_node_up", "node" => n.name.clone())
+                            .set(if n.up { 1.0 } else { 0.0 });
+                    }
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            });
+        }
         let addr: SocketAddr = format!("{}:{}", args.host, args.port)
             .parse()
             .or_else(|_| format!("[{}]:{}", args.host, args.port).parse())
@@ -248,6 +276,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .await
         .context("serving HTTP")
     })?;
+    drop(experts);
     eprintln!("nightshift serve: stopped");
     Ok(())
 }

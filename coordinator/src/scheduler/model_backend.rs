@@ -1,12 +1,11 @@
 //! The adapters from `nightshift_model` to the scheduler's seams: `EngineStep` wraps the
 //! multi-sequence `Engine` as a `StepEngine` (errors classified: KV full -> wait, expert
-//! backend down -> HTTP 503), and `load_engine` builds the engine over in-process experts
-//! (`LocalExperts`) sharing one rayon pool.
+//! backend down -> HTTP 503), and `engine_with` builds the engine over the expert backend
+//! that `cluster::build` chose (in process or nodes), sharing one rayon pool.
 
 use super::backend::{AdmitError, SeqHandle, StepEngine, StepError, StepToken};
 use nightshift_model::{
-    build_pool, BatchToken, Engine, EngineOptions, ExpertBackend, ExpertError, LocalExperts, Model,
-    ModelError, SeqId,
+    BatchToken, Engine, EngineOptions, ExpertBackend, ExpertError, Model, ModelError, SeqId,
 };
 use std::sync::Arc;
 
@@ -59,14 +58,6 @@ pub struct EngineLimits {
     pub max_seqs: usize,
     pub kv_budget_tokens: usize,
     pub max_seq_len: usize,
-}
-
-/// Builds an engine over in-process experts (the expert FFN runs on the engine's pool).
-pub fn load_engine(model: Arc<Model>, lim: &EngineLimits) -> Result<EngineStep, ModelError> {
-    let pool = build_pool(lim.threads)?;
-    let backend: Arc<dyn ExpertBackend> =
-        Arc::new(LocalExperts::new(model.clone(), Some(pool.clone())));
-    engine_with(model, backend, pool, lim)
 }
 
 /// Builds an engine over any expert backend (in process or remote nodes).
