@@ -176,3 +176,24 @@ fn weights_follow_make_models_initialisation() {
     check("blk.0.attn_norm.weight", 1.0, 0.1, 0.02);
     check("output.weight", 0.0, 4.0 / 16.0, 0.01);
 }
+
+#[test]
+fn ensure_cached_generates_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = GenSpec::demo();
+    let mut calls = 0;
+    let a = nightshift_model::gen::ensure_cached(&spec, dir.path(), &mut |_| calls += 1)
+        .expect("first");
+    assert!(calls > 0, "first call generates");
+    assert_eq!(
+        a.file_name().and_then(|n| n.to_str()),
+        Some("tiny-qwen3moe-s7-Q4_K_M.gguf")
+    );
+    let mut again = 0;
+    let b = nightshift_model::gen::ensure_cached(&spec, dir.path(), &mut |_| again += 1)
+        .expect("second");
+    assert_eq!((a, again), (b, 0), "second call reuses the file");
+    let mut other = spec.clone();
+    other.layers = Some(1);
+    assert_eq!(other.file_name(), "tiny-qwen3moe-L1-s7-Q4_K_M.gguf");
+}

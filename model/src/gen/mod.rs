@@ -203,6 +203,62 @@ impl GenSpec {
     }
 }
 
+impl GenSpec {
+    /// The demo model `nightshift serve` uses without --model: tiny qwen3moe, Q4_K_M, seed 7.
+    pub fn demo() -> GenSpec {
+        GenSpec::new(Preset::Tiny, Arch::Qwen3Moe, QuantMix::Q4KM)
+    }
+
+    /// A file name that encodes every field of the spec (the cache key of [`ensure_cached`]).
+    pub fn file_name(&self) -> String {
+        let opt = |p: &str, v: Option<usize>| v.map_or(String::new(), |v| format!("-{p}{v}"));
+        let name = self.name.as_deref().map_or(String::new(), |n| {
+            let safe: String = n
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            format!("-n{safe}")
+        });
+        format!(
+            "{}-{}{}{}{}-s{}{}{}-{}.gguf",
+            self.preset.name(),
+            self.arch.name(),
+            opt("L", self.layers),
+            opt("X", self.experts),
+            opt("V", self.vocab),
+            self.seed,
+            if self.leave_output { "-f32out" } else { "" },
+            name,
+            self.quant.name()
+        )
+    }
+}
+
+/// Returns `dir/<spec.file_name()>`, generating it first unless it is already there (generation
+/// writes `.partial` and renames, so an interrupted run never leaves a file that looks complete).
+pub fn ensure_cached(
+    spec: &GenSpec,
+    dir: &Path,
+    progress: &mut dyn FnMut(&GenProgress<'_>),
+) -> Result<PathBuf, GenError> {
+    let path = dir.join(spec.file_name());
+    if path.is_file() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(dir).map_err(|source| GenError::File {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    generate(spec, &path, progress)?;
+    Ok(path)
+}
+
 /// The complete content of a file to be generated, minus the weights themselves.
 #[derive(Clone, Debug)]
 pub struct Plan {
