@@ -19,6 +19,9 @@ pub enum ModelError {
     /// A tensor is missing or has the wrong shape or type.
     #[error("tensor {name}: {msg}")]
     Tensor { name: String, msg: String },
+    /// The tokenizer could not be built from the file.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
     /// A kernel rejected its arguments (a bug or a malformed tensor).
     #[error("kernel: {0}")]
     Kernel(#[from] KernelError),

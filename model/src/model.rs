@@ -1,11 +1,12 @@
-//! `Model`: a loaded GGUF (kept mapped), its parsed `ModelConfig` and the weight views
-//! (the tokenizer joins once the tokenizer module lands). Shared read-only (`Arc<Model>`) by the engine, the in-process expert backend and the
+//! `Model`: a loaded GGUF (kept mapped), its parsed `ModelConfig`, the weight views and the
+//! tokenizer. Shared read-only (`Arc<Model>`) by the engine, the in-process expert backend and the
 //! CLI.
 
 use crate::config::ModelConfig;
 use crate::error::{ExpertError, ModelError};
 use crate::expert::{act_type_for, ExpertWeights};
 use crate::gguf::Gguf;
+use crate::tokenizer::Tokenizer;
 use crate::weights::{FfnWeights, Weights};
 use nightshift_kernels::GgmlType;
 use std::path::Path;
@@ -16,6 +17,7 @@ pub struct Model {
     // Field order matters: `weights` points into `gguf`, so drop it first.
     weights: Weights,
     config: ModelConfig,
+    tokenizer: Tokenizer,
     gguf: Gguf,
 }
 
@@ -30,15 +32,21 @@ impl Model {
     pub fn from_gguf(gguf: Gguf) -> Result<Model, ModelError> {
         let config = ModelConfig::from_gguf(&gguf)?;
         let weights = Weights::load(&gguf, &config)?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
         Ok(Model {
             weights,
             config,
+            tokenizer,
             gguf,
         })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
     }
 
     pub fn gguf(&self) -> &Gguf {

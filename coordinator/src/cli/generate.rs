@@ -1,10 +1,148 @@
-//! `nightshift generate`: not built yet (see the model engine issue).
+//! `nightshift generate`: loads a model, evaluates the prompt as one batch, then samples tokens one
+//! at a time, streaming the text to stdout; prefill and decode speeds go to stderr at the end.
+
+use anyhow::Context;
+use nightshift_model::chat::{ChatMessage, ChatTemplate};
+use nightshift_model::tokenizer::StreamDecoder;
+use nightshift_model::{
+    BatchToken, Engine, EngineOptions, LocalExperts, Model, Sampler, SamplerParams,
+};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// Arguments of `nightshift generate`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// GGUF model file (first split of a split set).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Prompt text (a user message with --chat).
+    #[arg(long)]
+    pub prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
+    pub n_predict: usize,
+    /// Temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    /// Threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
 
 /// Runs the subcommand.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`nightshift generate` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let model =
+        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let tok = model.tokenizer();
+    let text = if args.chat {
+        let tpl =
+            ChatTemplate::from_gguf(model.gguf())?.context("the model has no chat template")?;
+        let bos = tok
+            .bos()
+            .map(|b| String::from_utf8_lossy(tok.token_bytes(b)).into_owned())
+            .unwrap_or_default();
+        let eos = tok
+            .eos()
+            .map(|b| String::from_utf8_lossy(tok.token_bytes(b)).into_owned())
+            .unwrap_or_default();
+        let msgs = [ChatMessage {
+            role: "user".into(),
+            content: args.prompt.clone(),
+        }];
+        tpl.render(&msgs, true, &bos, &eos)?
+    } else {
+        args.prompt.clone()
+    };
+    let ids = tok.encode(&text, true, args.chat);
+    anyhow::ensure!(!ids.is_empty(), "the prompt tokenized to nothing");
+    let pool = nightshift_model::build_pool(args.threads)?;
+    let backend = Arc::new(LocalExperts::new(model.clone(), Some(pool.clone())));
+    let opts = EngineOptions {
+        pool: Some(pool),
+        ..EngineOptions::default()
+    };
+    let mut engine = Engine::new(model.clone(), backend, opts)?;
+    let seq = engine.add_sequence()?;
+    let params = SamplerParams {
+        temperature: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repeat_penalty,
+        seed: args.seed,
+        ..SamplerParams::default()
+    };
+    let mut sampler = Sampler::new(params);
+    ids.iter().for_each(|&t| sampler.accept(t));
+
+    let t0 = Instant::now();
+    let n = ids.len();
+    let batch: Vec<BatchToken> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| BatchToken {
+            seq,
+            token: t,
+            pos: i as u32,
+            want_logits: i + 1 == n,
+        })
+        .collect();
+    let mut logits = engine
+        .forward(&batch)?
+        .pop()
+        .context("no logits for the prompt")?;
+    let prefill = t0.elapsed();
+
+    let mut out = std::io::stdout().lock();
+    let mut dec = StreamDecoder::new();
+    let t1 = Instant::now();
+    let mut generated = 0usize;
+    for i in 0..args.n_predict {
+        let next = sampler.sample(&logits);
+        if tok.is_eog(next) {
+            break;
+        }
+        generated += 1;
+        write!(out, "{}", dec.push(tok, next))?;
+        out.flush()?;
+        if i + 1 == args.n_predict {
+            break;
+        }
+        let pos = (n + i) as u32;
+        logits = engine
+            .forward(&[BatchToken {
+                seq,
+                token: next,
+                pos,
+                want_logits: true,
+            }])?
+            .pop()
+            .context("no logits")?;
+    }
+    writeln!(out, "{}", dec.flush())?;
+    let decode = t1.elapsed();
+    eprintln!(
+        "prefill: {n} tokens in {:.3}s ({:.2} tok/s); decode: {generated} tokens in {:.3}s ({:.2} tok/s)",
+        prefill.as_secs_f64(),
+        n as f64 / prefill.as_secs_f64().max(1e-9),
+        decode.as_secs_f64(),
+        generated as f64 / decode.as_secs_f64().max(1e-9)
+    );
+    Ok(())
 }
