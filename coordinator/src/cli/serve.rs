@@ -197,9 +197,10 @@ fn kv_budget(args: &Args, n_ctx: usize) -> usize {
     args.kv_budget.unwrap_or(args.max_seqs * n_ctx).max(n_ctx)
 }
 
-fn load_text(_model: &nightshift_model::Model) -> anyhow::Result<Arc<dyn TextModel>> {
-    // TODO(tokenizer): enable scheduler/model_text.rs once nightshift_model::tokenizer lands.
-    bail!("serving a GGUF needs the model's tokenizer and chat template (nightshift_model::tokenizer), which are not built yet; --mock serves a toy model")
+fn load_text(model: &nightshift_model::Model) -> anyhow::Result<Arc<dyn TextModel>> {
+    let t =
+        crate::scheduler::model_text::ModelText::from_model(model).map_err(anyhow::Error::msg)?;
+    Ok(Arc::new(t))
 }
 
 /// Runs the subcommand.

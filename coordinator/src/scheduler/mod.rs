@@ -9,6 +9,7 @@ mod backend;
 mod engine_loop;
 pub mod mock;
 pub mod model_backend;
+pub mod model_text;
 mod sampling;
 mod text;
 
