@@ -53,7 +53,7 @@ fn bench(c: &mut Criterion) {
         all_pairs.pair_sample_every = 1;
         let mut r = Recorder::new(shape.clone(), RecorderConfig::new("bench", TOP_K));
         let mut r_all = Recorder::new(shape.clone(), all_pairs);
-        let mut run = |r: &mut Recorder| {
+        let run = |r: &mut Recorder| {
             for step in 0..steps {
                 let range = step * batch * TOP_K..(step + 1) * batch * TOP_K;
                 for layer in 1..=LAYERS {

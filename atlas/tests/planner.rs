@@ -199,7 +199,14 @@ fn infeasible_requests_are_errors() {
         expert_bytes: 100,
     };
     let prev = Placement::round_robin(nodes(2, 0), &other.moe_layers, 5);
-    let rows: Vec<(Counts, Vec<NodeSpec>, ReplicaBudget, Option<&Placement>, &str)> = vec![
+    type Row<'a> = (
+        Counts,
+        Vec<NodeSpec>,
+        ReplicaBudget,
+        Option<&'a Placement>,
+        &'a str,
+    );
+    let rows: Vec<Row> = vec![
         (counts.clone(), vec![], ReplicaBudget::PerLayer(0), None, "expected at least one node, found none"),
         (wrong, nodes(2, 0), ReplicaBudget::PerLayer(0), None,
          "atlas counts cover 1 MoE layers x 3 experts, expected 2 x 4 from the shape"),

@@ -240,6 +240,14 @@ impl Placement {
             .unwrap_or(&[])
     }
 
+    /// The replica to send token row `row` to: `replicas[row % len]`, which spreads the rows of a
+    /// replicated expert evenly over its copies, as the planner's load model assumes. `None` if
+    /// the expert has no replica (layer not MoE, or expert out of range).
+    pub fn pick_replica(&self, layer: usize, expert: usize, row: usize) -> Option<NodeId> {
+        let reps = self.replicas(layer, expert);
+        (!reps.is_empty()).then(|| reps[row % reps.len()])
+    }
+
     /// Whether the copy of (`layer`, `expert`) on `node` is resident (false if it has none).
     pub fn is_resident(&self, layer: usize, expert: usize, node: NodeId) -> bool {
         if self.strategy == Strategy::RoundRobin && self.layers.is_empty() {

@@ -106,6 +106,13 @@ fn explicit_round_trips_and_answers_lookups() {
     assert_eq!(p.replicas(2, 0), &[1]);
     assert_eq!(p.replicas(0, 0), &[] as &[NodeId]);
     assert_eq!(p.replicas(1, 9), &[] as &[NodeId]);
+    assert_eq!(
+        (0..4)
+            .map(|row| p.pick_replica(1, 2, row))
+            .collect::<Vec<_>>(),
+        vec![Some(0), Some(1), Some(0), Some(1)]
+    );
+    assert_eq!(p.pick_replica(0, 0, 0), None);
     assert!(p.is_resident(1, 2, 1));
     assert!(!p.is_resident(1, 2, 0));
     assert!(!p.is_resident(1, 1, 1));
