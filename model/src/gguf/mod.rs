@@ -49,8 +49,9 @@ impl TensorInfo {
     }
     /// Number of elements (product of the dims; 1 for a 0-d tensor).
     pub fn n_elements(&self) -> u64 {
-        // Checked when the file was parsed: the product fits in i64.
-        self.dims.iter().product()
+        // Checked when the file was parsed (the product fits in i64); saturating in case the
+        // public dims were edited since.
+        self.dims.iter().fold(1u64, |acc, &d| acc.saturating_mul(d))
     }
     /// ne[i] in ggml terms (1 beyond the stored dims).
     pub fn ne(&self, i: usize) -> u64 {

@@ -56,7 +56,8 @@ impl PreTokenizer {
         match self {
             PreTokenizer::Default => vec![
                 r"[\p{P}\$\+<=>\^~\|]+".into(),
-                r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)".into(),
+                // llama.cpp runs this one through its gpt2 scanner, which ends in `|\s+`.
+                r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+".into(),
                 r"\p{N}+".into(),
                 r"[0-9][0-9][0-9]".into(),
             ],
