@@ -1,10 +1,113 @@
-//! `nightshift gen-model`: not built yet (see the model engine issue).
+//! `nightshift gen-model`: writes a random-weight GGUF in llama.cpp's exact layout (qwen3moe or
+//! deepseek2, tiny / Qwen3-30B-A3B / Kimi K2 shapes, Q2_K / Q4_K_M / Q8_0 / F16 mixes) with an
+//! indicatif progress bar. The work is `nightshift_model::gen::generate`; this file parses
+//! arguments and shows progress.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use nightshift_model::gen::{self, Arch, GenSpec, Preset, QuantMix};
 
 /// Arguments of `nightshift gen-model`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Architecture: qwen3moe or deepseek2 (default: the preset's; required for `tiny`).
+    #[arg(long)]
+    arch: Option<String>,
+    /// Shape preset: tiny, qwen3-30b-a3b or kimi-k2.
+    #[arg(long, default_value = "tiny")]
+    preset: String,
+    /// Keep only the first N layers (deepseek2 keeps its leading dense layer).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Number of routed experts per MoE layer (experts used per token is capped to it).
+    #[arg(long)]
+    experts: Option<usize>,
+    /// Vocabulary size (the trained BPE padded with unused tokens; default: the preset's).
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// Seed of the random weights (same arguments and seed, same bytes).
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// llama.cpp quant mix: Q2_K, Q4_K_M, Q8_0 or F16.
+    #[arg(long, default_value = "Q4_K_M")]
+    quant: String,
+    /// Keep output.weight in F32 (llama-quantize --leave-output-tensor, as the fixtures do).
+    #[arg(long)]
+    leave_output_tensor: bool,
+    /// general.name of the model.
+    #[arg(long)]
+    name: Option<String>,
+    /// Only print the plan (tensors, types, size) without writing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Output file.
+    #[arg(short = 'o', long = "output")]
+    output: Option<PathBuf>,
+}
 
 /// Runs the subcommand.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`nightshift gen-model` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let preset: Preset = args.preset.parse()?;
+    let arch: Arch = match (&args.arch, preset.arch()) {
+        (Some(a), _) => a.parse()?,
+        (None, Some(a)) => a,
+        (None, None) => anyhow::bail!("preset `tiny` needs --arch qwen3moe or --arch deepseek2"),
+    };
+    let quant: QuantMix = args.quant.parse()?;
+    let spec = GenSpec {
+        arch,
+        preset,
+        layers: args.layers,
+        experts: args.experts,
+        vocab: args.vocab,
+        seed: args.seed,
+        quant,
+        leave_output: args.leave_output_tensor,
+        name: args.name.clone(),
+    };
+    let plan = gen::plan(&spec)?;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    eprintln!(
+        "{} {} {}: {} layers, {} experts, vocab {}, {:.2} B params, {:.2} GiB of tensor data",
+        arch.name(),
+        preset.name(),
+        quant.name(),
+        plan.dims.n_layer,
+        plan.dims.n_expert,
+        plan.n_vocab,
+        plan.n_params() as f64 / 1e9,
+        gib(plan.data_bytes())
+    );
+    if args.dry_run {
+        for (t, _) in &plan.tensors {
+            println!("{:<32} {:<6} {:?}", t.name, t.ty.name(), t.dims);
+        }
+        return Ok(());
+    }
+    let Some(out) = args.output else {
+        anyhow::bail!("expected an output file (-o FILE), found none");
+    };
+    let bar = ProgressBar::new(plan.data_bytes());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
+        )
+        .context("progress bar template")?,
+    );
+    let start = Instant::now();
+    gen::generate(&spec, &out, &mut |p| {
+        bar.set_position(p.bytes_done);
+        bar.set_message(p.tensor.to_string());
+    })
+    .with_context(|| format!("generating {}", out.display()))?;
+    bar.finish_and_clear();
+    eprintln!(
+        "wrote {} in {:.1} s",
+        out.display(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
