@@ -190,6 +190,28 @@ fn float_dots_follow_ggml_generic() {
         let mut out = [0f32; 1];
         gemm(ty, k, &wb, 1, &xb, 1, &mut out, None).expect("gemm");
         assert_eq!(out[0].to_bits(), (want as f32).to_bits(), "{ty}");
+
+        // the GEMM tile (4 rows in lockstep + remainder) equals one vec_dot per pair
+        let (m, n) = (7, 3);
+        let wm: Vec<u8> = (0..m)
+            .flat_map(|r| wb[..rb - 2 * r].iter().chain(&xb[rb - 2 * r..]).copied())
+            .collect();
+        let xm: Vec<u8> = (0..n)
+            .flat_map(|j| xb[2 * j..].iter().chain(&wb[..2 * j]).copied())
+            .collect();
+        let mut out = vec![0f32; m * n];
+        gemm(ty, k, &wm, m, &xm, n, &mut out, None).expect("gemm");
+        for i in 0..m {
+            for j in 0..n {
+                let d = vec_dot(ty, k, &wm[i * rb..(i + 1) * rb], &xm[j * rb..(j + 1) * rb])
+                    .expect("dot");
+                assert_eq!(
+                    out[j * m + i].to_bits(),
+                    d.to_bits(),
+                    "{ty} row {i} act {j}"
+                );
+            }
+        }
     }
 }
 

@@ -1,8 +1,116 @@
 //! Scalar F32, F16 and BF16 rows: conversions and ggml's generic (non-SIMD) dot products
 //! `ggml_vec_dot_f32/f16/bf16`, which multiply in f32 and accumulate in f64 (`ggml_float`).
 //! Rows are little-endian byte slices, so any alignment works.
+//!
+//! Each (weight row, activation row) sum is one sequential f64 chain, exactly as the generic C
+//! loop. The GEMM tile runs four weight rows in lockstep so that four independent chains hide
+//! the add latency — each chain keeps its own order, so the bits do not change. f16 values are
+//! converted through a 64K-entry table, as ggml's `ggml_table_f32_f16`.
+
+use std::sync::OnceLock;
 
 use crate::formats::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+
+/// f16 bits -> f32 for every pattern, built once.
+fn f16_table() -> &'static [f32; 65536] {
+    static TABLE: OnceLock<Box<[f32; 65536]>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = Box::new([0f32; 65536]);
+        for (h, v) in t.iter_mut().enumerate() {
+            *v = f16_to_f32(h as u16);
+        }
+        t
+    })
+}
+
+/// Element `i` of a little-endian row of the given float type.
+#[inline(always)]
+fn load_f32(row: &[u8], i: usize) -> f32 {
+    let b = &row[4 * i..4 * i + 4];
+    f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+#[inline(always)]
+fn load_u16(row: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([row[2 * i], row[2 * i + 1]])
+}
+
+/// `R` generic dot products of weight rows `w[t]` with one activation row, each an f64 chain in
+/// element order.
+#[inline(always)]
+fn dot_chains<const R: usize>(
+    load: impl Fn(&[u8], usize) -> f32,
+    w: [&[u8]; R],
+    x: &[u8],
+    k: usize,
+) -> [f32; R] {
+    let mut acc = [0f64; R];
+    for i in 0..k {
+        let xv = load(x, i);
+        for t in 0..R {
+            acc[t] += (load(w[t], i) * xv) as f64;
+        }
+    }
+    acc.map(|a| a as f32)
+}
+
+/// `out[r * n + j] = W[r] . x[j]` for F32, F16 or BF16 rows of `k` elements (lengths already
+/// checked by the caller: `w` holds `rows` rows, `x` holds `n` rows).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_tile(
+    bytes: usize,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+    load: impl Fn(&[u8], usize) -> f32 + Copy,
+) {
+    let rb = bytes * k;
+    if rb == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let mut r = 0;
+    while r + 4 <= rows {
+        let wr = [0, 1, 2, 3].map(|t| &w[(r + t) * rb..(r + t + 1) * rb]);
+        for (j, xr) in x.chunks_exact(rb).take(n).enumerate() {
+            let d = dot_chains(load, wr, xr, k);
+            for t in 0..4 {
+                out[(r + t) * n + j] = d[t];
+            }
+        }
+        r += 4;
+    }
+    while r < rows {
+        let wr = [&w[r * rb..(r + 1) * rb]];
+        for (j, xr) in x.chunks_exact(rb).take(n).enumerate() {
+            out[r * n + j] = dot_chains(load, wr, xr, k)[0];
+        }
+        r += 1;
+    }
+}
+
+/// [`gemm_tile`] for F32 rows.
+pub fn gemm_f32(k: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+    gemm_tile(4, k, w, rows, x, n, out, load_f32);
+}
+
+/// [`gemm_tile`] for F16 rows.
+pub fn gemm_f16(k: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+    let t = f16_table();
+    gemm_tile(2, k, w, rows, x, n, out, |row: &[u8], i| {
+        t[load_u16(row, i) as usize]
+    });
+}
+
+/// [`gemm_tile`] for BF16 rows.
+pub fn gemm_bf16(k: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+    gemm_tile(2, k, w, rows, x, n, out, |row: &[u8], i| {
+        bf16_to_f32(load_u16(row, i))
+    });
+}
 
 #[inline(always)]
 fn f32s(b: &[u8]) -> impl Iterator<Item = f32> + '_ {
@@ -40,8 +148,9 @@ pub fn dequantize_f32(x: &[u8], y: &mut [f32]) {
 }
 
 pub fn dequantize_f16(x: &[u8], y: &mut [f32]) {
+    let t = f16_table();
     for (o, h) in y.iter_mut().zip(u16s(x)) {
-        *o = f16_to_f32(h);
+        *o = t[h as usize];
     }
 }
 
@@ -62,9 +171,10 @@ pub fn vec_dot_f32(w: &[u8], x: &[u8]) -> f32 {
 
 /// `ggml_vec_dot_f16` (generic): both rows f16, f32 products summed in f64.
 pub fn vec_dot_f16(w: &[u8], x: &[u8]) -> f32 {
+    let t = f16_table();
     let mut sum = 0.0f64;
     for (a, b) in u16s(w).zip(u16s(x)) {
-        sum += (f16_to_f32(a) * f16_to_f32(b)) as f64;
+        sum += (t[a as usize] * t[b as usize]) as f64;
     }
     sum as f32
 }

@@ -158,6 +158,16 @@ pub fn gemm_block(
         out.fill(0.0);
         return Ok(());
     }
+    let float_tile = match ty {
+        GgmlType::F32 => Some(float::gemm_f32 as fn(usize, &[u8], usize, &[u8], usize, &mut [f32])),
+        GgmlType::F16 => Some(float::gemm_f16 as _),
+        GgmlType::BF16 => Some(float::gemm_bf16 as _),
+        _ => None,
+    };
+    if let Some(tile) = float_tile {
+        tile(k, w, rows, x, n, out);
+        return Ok(());
+    }
     for (w_row, o) in w.chunks_exact(wb).zip(out.chunks_exact_mut(n.max(1))) {
         for (x_row, dst) in x.chunks_exact(xb).zip(o.iter_mut()) {
             *dst = dot_row(ty, w_row, x_row)?;
