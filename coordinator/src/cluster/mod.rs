@@ -4,6 +4,7 @@
 //! same `ClusterArgs` and calls `build`, so they all support the cluster the same way.
 
 pub mod launcher;
+pub mod rebalance;
 pub mod remote;
 
 use std::path::{Path, PathBuf};

@@ -49,14 +49,16 @@ impl Default for RemoteOptions {
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>, String>>>>>;
 
 /// A live compute stream to a node.
-struct Conn {
+pub(super) struct Conn {
+    /// Unary calls (inventory, load/drop experts) share the stream's connection.
+    pub(super) client: ExpertServiceClient<Channel>,
     tx: mpsc::Sender<ComputeRequest>,
     pending: Pending,
     /// Bumped when the stream dies, so a late failure does not kill a newer stream.
     generation: u64,
 }
 
-enum LinkState {
+pub(super) enum LinkState {
     Up(Conn),
     Down {
         since: Instant,
@@ -67,10 +69,10 @@ enum LinkState {
 }
 
 /// One expert node as the coordinator sees it.
-struct NodeLink {
-    name: String,
+pub(super) struct NodeLink {
+    pub(super) name: String,
     addr: String,
-    state: Mutex<LinkState>,
+    pub(super) state: Mutex<LinkState>,
     outstanding: AtomicUsize,
     generation: AtomicU64,
 }
@@ -110,20 +112,20 @@ impl RpcStats {
     }
 }
 
-struct Shared {
+pub(super) struct Shared {
     stats: Mutex<RpcStats>,
-    nodes: Vec<NodeLink>,
+    pub(super) nodes: Vec<NodeLink>,
     placement: RwLock<Arc<Placement>>,
     fingerprint: u64,
     n_embd: usize,
-    opts: RemoteOptions,
+    pub(super) opts: RemoteOptions,
     next_id: AtomicU64,
 }
 
 /// The remote expert backend.
 pub struct RemoteExperts {
-    shared: Arc<Shared>,
-    rt: tokio::runtime::Runtime,
+    pub(super) shared: Arc<Shared>,
+    pub(super) rt: tokio::runtime::Runtime,
 }
 
 /// Errors of setting the backend up.
@@ -262,6 +264,15 @@ impl RemoteExperts {
         Ok(())
     }
 
+    /// Replaces the routing placement (same nodes, already validated).
+    pub(super) fn swap_placement(&self, placement: Placement) {
+        *self
+            .shared
+            .placement
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Arc::new(placement);
+    }
+
     /// The placement routing currently follows.
     pub fn placement(&self) -> Arc<Placement> {
         self.shared
@@ -272,7 +283,7 @@ impl RemoteExperts {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -369,6 +380,7 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
             .map_err(|_| "bad fingerprint header".to_string())?,
     );
     add_auth(&mut req, &s.opts.auth_token)?;
+    let unary = client.clone();
     let mut inbound = client
         .compute(req)
         .await
@@ -400,13 +412,17 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
         mark_down(&shared, i, generation, reason);
     });
     Ok(Conn {
+        client: unary,
         tx,
         pending,
         generation,
     })
 }
 
-fn add_auth<T>(req: &mut tonic::Request<T>, token: &Option<String>) -> Result<(), String> {
+pub(super) fn add_auth<T>(
+    req: &mut tonic::Request<T>,
+    token: &Option<String>,
+) -> Result<(), String> {
     if let Some(t) = token {
         let v = format!("Bearer {t}")
             .parse()
