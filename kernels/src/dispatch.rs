@@ -288,6 +288,11 @@ pub fn gemm_with(
     if cells == 0 {
         return Ok(());
     }
+    if k == 0 {
+        // empty rows: every dot product is an empty sum (tiers never see k = 0)
+        out.fill(0.0);
+        return Ok(());
+    }
 
     // Tiers write row-major tiles `tile[r * n + j]`; with one activation row that is already the
     // output layout, otherwise compute into a scratch matrix and transpose once at the end.
