@@ -118,6 +118,8 @@ fn heatmap<DB: DrawingBackend>(
         .disable_mesh()
         .disable_x_axis()
         .y_labels(9)
+        .y_label_style(("sans-serif", 13))
+        .y_label_formatter(&|v| format!("{v:+.0}"))
         .draw()
         .map_err(|e| err(&e))?;
     let steps = 64;

@@ -249,3 +249,66 @@ fn infeasible_requests_are_errors() {
         "--replica-memory needs expert_bytes > 0 in the atlas shape, found 0"
     );
 }
+
+#[test]
+fn recorded_atlas_plans_better_than_round_robin() {
+    use nightshift_atlas::trace::{Atlas, Recorder, RecorderConfig};
+    // the recorder fed skewed routing (expert e chosen with weight ~ 1/(e+1)), saved and reloaded,
+    // then planned: the whole offline path on one atlas file
+    let shape = ModelShape {
+        moe_layers: vec![1, 2, 3],
+        n_experts: 32,
+        expert_bytes: 1 << 20,
+    };
+    let mut cfg = RecorderConfig::new("skewed", 4);
+    cfg.window_tokens = 256;
+    let mut r = Recorder::new(shape.clone(), cfg);
+    let mut s = 0x1234_5678_9abc_def0u64;
+    for _step in 0..200 {
+        let mut ids = Vec::new();
+        for _row in 0..4 {
+            let mut row: Vec<usize> = Vec::new();
+            while row.len() < 4 {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let u = (s >> 11) as f64 / (1u64 << 53) as f64;
+                let e = ((32f64).powf(u) - 1.0) as usize; // log-uniform: skewed to low ids
+                if !row.contains(&e) {
+                    row.push(e);
+                }
+            }
+            ids.extend(row);
+        }
+        for layer in 1..=3 {
+            r.record(layer, &ids, &vec![0.25; ids.len()]).unwrap();
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("skewed.atlas");
+    r.snapshot().save_atomic(&path).unwrap();
+    let atlas = Atlas::load(&path).unwrap();
+    assert_eq!(atlas.all_time.tokens, 800);
+    assert!(
+        atlas.window.tokens >= 224 && atlas.window.tokens <= 256,
+        "{}",
+        atlas.window.tokens
+    );
+    for counts in [&atlas.all_time, &atlas.window] {
+        let req = PlanRequest {
+            shape: &atlas.shape,
+            counts,
+            nodes: nodes(4, 0),
+            budget: ReplicaBudget::PerLayer(4),
+            previous: None,
+        };
+        let p = plan(&req).unwrap();
+        assert!(
+            p.ours.imbalance < p.round_robin.imbalance,
+            "ours {} rr {}",
+            p.ours.imbalance,
+            p.round_robin.imbalance
+        );
+        assert!(p.ours.imbalance < 1.1, "ours {}", p.ours.imbalance);
+    }
+}
