@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use nightshift_kernels::arch::aarch64::{Dotprod, I8mm, Neon};
 use nightshift_kernels::GgmlType;
 
-const TYPES: [GgmlType; 8] = [
+const TYPES: [GgmlType; 10] = [
     GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
@@ -17,6 +17,8 @@ const TYPES: [GgmlType; 8] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q5_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
 ];
 
 fn golden_dir() -> PathBuf {

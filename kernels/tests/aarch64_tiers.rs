@@ -11,7 +11,7 @@ use nightshift_kernels::{scalar, GgmlType};
 use proptest::prelude::*;
 
 /// The weight types every aarch64 tier must cover.
-const TYPES: [GgmlType; 8] = [
+const TYPES: [GgmlType; 10] = [
     GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
@@ -20,6 +20,8 @@ const TYPES: [GgmlType; 8] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q5_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,6 +173,7 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => &[0, 2],
         _ => unreachable!("no aarch64 path tested for {ty:?}"),
     }
 }
@@ -268,11 +271,11 @@ fn tiers_are_detected_under_qemu_max() {
 #[test]
 fn unsupported_types_report_no_path() {
     let mut out = [0.0f32; 1];
-    let w = vec![0u8; GgmlType::Q4_1.row_bytes(256).expect("k fits")];
-    let x = vec![0u8; GgmlType::Q8_1.row_bytes(256).expect("k fits")];
+    let w = vec![0u8; GgmlType::F16.row_bytes(256).expect("k fits")];
+    let x = vec![0u8; GgmlType::F16.row_bytes(256).expect("k fits")];
     for tier in TIERS {
         assert_ne!(
-            run_tier(tier, GgmlType::Q4_1, 256, &w, 1, &x, 1, &mut out),
+            run_tier(tier, GgmlType::F16, 256, &w, 1, &x, 1, &mut out),
             Some(true),
             "{tier:?}"
         );
@@ -358,7 +361,7 @@ fn saturated_quants() {
                 }
             }
             let act = ty.vec_dot_type();
-            let d_bytes = if act == GgmlType::Q8_K { 4 } else { 2 };
+            let d_bytes = if act == GgmlType::Q8_0 { 2 } else { 4 };
             for blk in x.chunks_exact_mut(act.block_bytes()) {
                 for v in &mut blk[d_bytes..] {
                     *v = pick(&mut rng, xb);

@@ -64,6 +64,8 @@ pub(crate) fn gemm(
         GgmlType::Q8_0 => return legacy::gemm(level, Legacy::Q8_0, k / 32, w, rows, x, n, out),
         GgmlType::Q4_0 => return legacy::gemm(level, Legacy::Q4_0, k / 32, w, rows, x, n, out),
         GgmlType::Q5_0 => return legacy::gemm(level, Legacy::Q5_0, k / 32, w, rows, x, n, out),
+        GgmlType::Q4_1 => return legacy::gemm(level, Legacy::Q4_1, k / 32, w, rows, x, n, out),
+        GgmlType::Q5_1 => return legacy::gemm(level, Legacy::Q5_1, k / 32, w, rows, x, n, out),
         GgmlType::Q2_K => Kind::Q2K,
         GgmlType::Q3_K => Kind::Q3K,
         GgmlType::Q4_K => Kind::Q4K,

@@ -1,9 +1,10 @@
-//! The 32-element types against Q8_0 activations: Q8_0, Q4_0 and Q5_0. Their references keep
-//! one integer per block, so SDOT and SMMLA apply directly (2x2 tiles of weight rows x
-//! activation rows on i8mm; an odd last activation or weight row takes the SDOT core). Each
-//! weight block is unpacked to 32 signed bytes once per chunk of activation rows. Epilogues, as
-//! in ggml's generic dots: Q8_0 `sumf += sumi * (dw * dx)`, Q5_0 `sumf += (dw * dx) * sumi`
-//! (the same two products), Q4_0 `sumf += sumi * dw * dx` (left to right).
+//! The 32-element types: Q8_0, Q4_0, Q5_0 against Q8_0 activations and Q4_1, Q5_1 against
+//! Q8_1. Their references keep one integer per block, so SDOT and SMMLA apply directly (2x2
+//! tiles of weight rows x activation rows on i8mm; an odd last activation or weight row takes
+//! the SDOT core). Each weight block is unpacked to 32 signed bytes once per chunk of activation
+//! rows. Epilogues, as in ggml's generic dots: Q8_0 `sumf += sumi * (dw * dx)`, Q5_0
+//! `sumf += (dw * dx) * sumi` (the same two products), Q4_0 `sumf += sumi * dw * dx` (left to
+//! right), Q4_1/Q5_1 `sumf += (dw * dx) * sumi + mw * sx`.
 
 use core::arch::aarch64::*;
 
@@ -11,8 +12,6 @@ use super::neon::ld_s8;
 use super::{dotprod, i8mm, neon, Level};
 use crate::formats::f16_to_f32;
 
-/// Bytes of a Q8_0 activation block.
-const XB: usize = 34;
 /// Activation rows per unpacked weight block.
 const JC: usize = 8;
 
@@ -22,6 +21,8 @@ pub(crate) enum Legacy {
     Q4_0,
     Q5_0,
     Q8_0,
+    Q4_1,
+    Q5_1,
 }
 
 fn f16_le(b: &[u8]) -> f32 {
@@ -61,63 +62,70 @@ impl Legacy {
             Legacy::Q4_0 => 18,
             Legacy::Q5_0 => 22,
             Legacy::Q8_0 => 34,
+            Legacy::Q4_1 => 20,
+            Legacy::Q5_1 => 24,
         }
+    }
+
+    /// Bytes of an activation block (Q8_0: d, qs; Q8_1: d, s, qs).
+    fn act_bytes(self) -> usize {
+        match self {
+            Legacy::Q4_1 | Legacy::Q5_1 => 36,
+            _ => 34,
+        }
+    }
+
+    /// Offset of the quants in an activation block.
+    fn act_qs(self) -> usize {
+        self.act_bytes() - 32
     }
 
     /// The block's 32 quants as signed bytes in element order (in `buf` unless stored as such).
     #[inline(always)]
     fn quants<'a>(self, wb: &'a [u8], buf: &'a mut [u8; 32]) -> &'a [u8] {
-        match self {
-            Legacy::Q8_0 => &wb[2..34],
-            Legacy::Q4_0 => {
-                // Q4_0 (18 bytes: d, qs[16]): element j is (qs[j] & 15) - 8, j + 16 is (qs[j] >> 4) - 8.
-                let q = ld_s8(wb, 2);
-                // SAFETY: NEON register arithmetic only.
-                let (lo, hi) = unsafe {
-                    let q = vreinterpretq_u8_s8(q);
-                    let eight = vdupq_n_u8(8);
-                    (
-                        vsubq_u8(vandq_u8(q, vdupq_n_u8(15)), eight),
-                        vsubq_u8(vshrq_n_u8::<4>(q), eight),
-                    )
-                };
-                put(buf, 0, lo);
-                put(buf, 16, hi);
-                &buf[..]
+        // Q4_0 (18 bytes: d, qs[16]): element j is (qs[j] & 15) - 8, element j + 16 is
+        // (qs[j] >> 4) - 8; Q4_1 (20 bytes: d, m, qs[16]): the same without the - 8.
+        // Q5_0 (22 bytes: d, qh u32, qs[16]): element j is ((qs[j] & 15) | bit j of qh << 4)
+        // - 16, element j + 16 is ((qs[j] >> 4) | bit j + 16 of qh << 4) - 16; Q5_1 (24 bytes:
+        // d, m, qh, qs[16]): the same without the - 16.
+        let (qs_at, qh_at, off) = match self {
+            Legacy::Q8_0 => return &wb[2..34],
+            Legacy::Q4_0 => (2, None, 8),
+            Legacy::Q4_1 => (4, None, 0),
+            Legacy::Q5_0 => (6, Some(2), 16),
+            Legacy::Q5_1 => (8, Some(4), 0),
+        };
+        let q = ld_s8(wb, qs_at);
+        let qh = qh_at.map_or(0, |at| {
+            u32::from_le_bytes([wb[at], wb[at + 1], wb[at + 2], wb[at + 3]])
+        });
+        // SAFETY: NEON register arithmetic only.
+        let (lo, hi) = unsafe {
+            let q = vreinterpretq_u8_s8(q);
+            let off = vdupq_n_u8(off);
+            let (mut lo, mut hi) = (vandq_u8(q, vdupq_n_u8(15)), vshrq_n_u8::<4>(q));
+            if qh_at.is_some() {
+                lo = vorrq_u8(lo, bit4(qh as u16));
+                hi = vorrq_u8(hi, bit4((qh >> 16) as u16));
             }
-            Legacy::Q5_0 => {
-                // Q5_0 (22 bytes: d, qh u32, qs[16]): element j is ((qs[j] & 15) | bit j of qh
-                // << 4) - 16, element j + 16 is ((qs[j] >> 4) | bit j + 16 of qh << 4) - 16.
-                let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
-                let q = ld_s8(wb, 6);
-                // SAFETY: NEON register arithmetic only.
-                let (lo, hi) = unsafe {
-                    let q = vreinterpretq_u8_s8(q);
-                    let sixteen = vdupq_n_u8(16);
-                    (
-                        vsubq_u8(
-                            vorrq_u8(vandq_u8(q, vdupq_n_u8(15)), bit4(qh as u16)),
-                            sixteen,
-                        ),
-                        vsubq_u8(
-                            vorrq_u8(vshrq_n_u8::<4>(q), bit4((qh >> 16) as u16)),
-                            sixteen,
-                        ),
-                    )
-                };
-                put(buf, 0, lo);
-                put(buf, 16, hi);
-                &buf[..]
-            }
-        }
+            (vsubq_u8(lo, off), vsubq_u8(hi, off))
+        };
+        put(buf, 0, lo);
+        put(buf, 16, hi);
+        &buf[..]
     }
 
-    /// One block's contribution, in the reference's float order.
+    /// One block's contribution, in the reference's float order (`wb`, `xb`: the blocks).
     #[inline(always)]
-    fn step(self, sumf: f32, sumi: i32, dw: f32, dx: f32) -> f32 {
+    fn step(self, sumf: f32, sumi: i32, wb: &[u8], xb: &[u8]) -> f32 {
+        let (dw, dx) = (f16_le(wb), f16_le(xb));
         match self {
             Legacy::Q4_0 => sumf + sumi as f32 * dw * dx,
             Legacy::Q5_0 | Legacy::Q8_0 => sumf + sumi as f32 * (dw * dx),
+            Legacy::Q4_1 | Legacy::Q5_1 => {
+                let (mw, sx) = (f16_le(&wb[2..]), f16_le(&xb[2..]));
+                sumf + ((dw * dx) * sumi as f32 + mw * sx)
+            }
         }
     }
 
@@ -127,15 +135,28 @@ impl Legacy {
         self,
         sumf: float32x4_t,
         sumi: int32x4_t,
-        dw: float32x4_t,
-        dx: float32x4_t,
+        wb: [&[u8]; 2],
+        xb: [&[u8]; 2],
     ) -> float32x4_t {
+        let rows = |at: usize| {
+            let (a, b) = (f16_le(&wb[0][at..]), f16_le(&wb[1][at..]));
+            f4([a, a, b, b])
+        };
+        let acts = |at: usize| {
+            let (a, b) = (f16_le(&xb[0][at..]), f16_le(&xb[1][at..]));
+            f4([a, b, a, b])
+        };
+        let (dw, dx) = (rows(0), acts(0));
         // SAFETY: NEON register arithmetic only.
         unsafe {
             let s = vcvtq_f32_s32(sumi);
             match self {
                 Legacy::Q4_0 => vaddq_f32(sumf, vmulq_f32(vmulq_f32(s, dw), dx)),
                 Legacy::Q5_0 | Legacy::Q8_0 => vaddq_f32(sumf, vmulq_f32(s, vmulq_f32(dw, dx))),
+                Legacy::Q4_1 | Legacy::Q5_1 => {
+                    let t = vaddq_f32(vmulq_f32(vmulq_f32(dw, dx), s), vmulq_f32(rows(2), acts(2)));
+                    vaddq_f32(sumf, t)
+                }
             }
         }
     }
@@ -151,7 +172,7 @@ fn dot(level: Level, wq: &[u8], xq: &[u8]) -> i32 {
     }
 }
 
-/// `ty` x Q8_0 for `rows` weight rows and `n` activation rows of `nb` blocks.
+/// `ty` x Q8_0/Q8_1 for `rows` weight rows and `n` activation rows of `nb` blocks.
 pub(crate) fn gemm(
     level: Level,
     ty: Legacy,
@@ -164,7 +185,8 @@ pub(crate) fn gemm(
 ) {
     let wbb = ty.block_bytes();
     let wrow = nb * wbb;
-    let xrow = nb * XB;
+    let (xbb, xq) = (ty.act_bytes(), ty.act_qs());
+    let xrow = nb * xbb;
     let mut r = 0;
     if level == Level::I8mm {
         while r + 2 <= rows {
@@ -187,11 +209,10 @@ pub(crate) fn gemm(
             let mut acc = [0.0f32; JC];
             for b in 0..nb {
                 let wb = &wr[b * wbb..][..wbb];
-                let dw = f16_le(wb);
                 let wq = ty.quants(wb, &mut buf);
                 for (t, a) in acc.iter_mut().enumerate().take(cnt) {
-                    let xb = &x[(jc + t) * xrow + b * XB..][..XB];
-                    *a = ty.step(*a, dot(level, wq, &xb[2..]), dw, f16_le(xb));
+                    let xb = &x[(jc + t) * xrow + b * xbb..][..xbb];
+                    *a = ty.step(*a, dot(level, wq, &xb[xq..]), wb, xb);
                 }
             }
             out[r * n + jc..r * n + jc + cnt].copy_from_slice(&acc[..cnt]);
@@ -204,7 +225,8 @@ pub(crate) fn gemm(
 /// 2x2 tiles, an odd last one through SDOT. `out` holds the two output rows (`2 * n`).
 fn rows2(ty: Legacy, nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
     let wbb = ty.block_bytes();
-    let xrow = nb * XB;
+    let (xbb, xq) = (ty.act_bytes(), ty.act_qs());
+    let xrow = nb * xbb;
     let (mut buf0, mut buf1) = ([0u8; 32], [0u8; 32]);
     for jc in (0..n).step_by(JC) {
         let cnt = JC.min(n - jc);
@@ -214,22 +236,18 @@ fn rows2(ty: Legacy, nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f3
         let mut single = [0.0f32; 2];
         for b in 0..nb {
             let (wb0, wb1) = (&w[0][b * wbb..][..wbb], &w[1][b * wbb..][..wbb]);
-            let (dw0, dw1) = (f16_le(wb0), f16_le(wb1));
-            let dw = f4([dw0, dw0, dw1, dw1]);
             let (q0, q1) = (ty.quants(wb0, &mut buf0), ty.quants(wb1, &mut buf1));
             for (p, t) in tile.iter_mut().enumerate().take(pairs) {
-                let a0 = (jc + 2 * p) * xrow + b * XB;
-                let (x0, x1) = (&x[a0..a0 + XB], &x[a0 + xrow..a0 + xrow + XB]);
-                let (dx0, dx1) = (f16_le(x0), f16_le(x1));
+                let a0 = (jc + 2 * p) * xrow + b * xbb;
+                let (x0, x1) = (&x[a0..a0 + xbb], &x[a0 + xrow..a0 + xrow + xbb]);
                 // SAFETY: this path runs only under the I8mm capability (SMMLA present).
-                let sumi = unsafe { i8mm::dot32_2x2([q0, q1], [&x0[2..], &x1[2..]]) };
-                *t = ty.step4(*t, sumi, dw, f4([dx0, dx1, dx0, dx1]));
+                let sumi = unsafe { i8mm::dot32_2x2([q0, q1], [&x0[xq..], &x1[xq..]]) };
+                *t = ty.step4(*t, sumi, [wb0, wb1], [x0, x1]);
             }
             if cnt % 2 == 1 {
-                let xb = &x[(jc + cnt - 1) * xrow + b * XB..][..XB];
-                let dx = f16_le(xb);
-                single[0] = ty.step(single[0], dot(Level::I8mm, q0, &xb[2..]), dw0, dx);
-                single[1] = ty.step(single[1], dot(Level::I8mm, q1, &xb[2..]), dw1, dx);
+                let xb = &x[(jc + cnt - 1) * xrow + b * xbb..][..xbb];
+                single[0] = ty.step(single[0], dot(Level::I8mm, q0, &xb[xq..]), wb0, xb);
+                single[1] = ty.step(single[1], dot(Level::I8mm, q1, &xb[xq..]), wb1, xb);
             }
         }
         for (p, t) in tile.iter().enumerate().take(pairs) {

@@ -11,7 +11,7 @@
 //!   and mins (NEON, shared by every tier);
 //! - [`neon`], [`dotprod`], [`i8mm`]: the integer cores of each tier;
 //! - [`driver`]: the loops over weight rows, activation rows and blocks, and the epilogues;
-//! - [`legacy`]: Q8_0/Q4_0/Q5_0 x Q8_0 (one integer per block of 32: SDOT/SMMLA apply as is);
+//! - [`legacy`]: Q8_0/Q4_0/Q5_0 x Q8_0 and Q4_1/Q5_1 x Q8_1 (one integer per block of 32: SDOT/SMMLA apply as is);
 //! - [`split`]: Q3_K/Q4_K/Q5_K/Q6_K on SDOT and SMMLA, with lane-grouped element orders so that a
 //!   multiply-sum instruction never mixes two reference lanes.
 //!
@@ -27,6 +27,8 @@
 //! | Q8_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //! | Q4_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //! | Q5_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
+//! | Q4_1  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
+//! | Q5_1  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 
 // Kernel signatures mirror the gemm contract; index loops over fixed-size groups read clearer.
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
@@ -61,6 +63,8 @@ fn has_path(ty: GgmlType) -> bool {
             | GgmlType::Q8_0
             | GgmlType::Q4_0
             | GgmlType::Q5_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_1
     )
 }
 
