@@ -237,8 +237,16 @@ fn q8_k_all_zero_block_has_zero_scale_and_sums() {
     check(2.0, -127, -32, false);
 }
 
+/// `PROPTEST_CASES` when set (slow emulated runs lower it), else `default`.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(64), ..ProptestConfig::default() })]
 
     /// Arbitrary bytes (NaN/inf scales, any quants) never panic in any row function.
     #[test]

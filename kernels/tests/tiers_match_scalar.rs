@@ -164,8 +164,16 @@ fn check_case(ty: GgmlType, blocks256: usize, m: usize, n: usize, seed: u64) -> 
     Ok(())
 }
 
+/// `PROPTEST_CASES` when set (slow emulated runs lower it), else `default`.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(96), ..ProptestConfig::default() })]
 
     #[test]
     fn every_tier_is_bit_identical_to_scalar(
