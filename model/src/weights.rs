@@ -160,7 +160,8 @@ pub struct MoeWeights {
     pub shared: Option<DenseFfn>,
 }
 
-/// The FFN part of a layer.
+/// The FFN part of a layer (one per layer: the size difference does not matter).
+#[allow(clippy::large_enum_variant)]
 pub enum FfnWeights {
     Dense(DenseFfn),
     Moe(MoeWeights),

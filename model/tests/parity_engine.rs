@@ -1,0 +1,89 @@
+//! Engine behaviour the scheduler relies on: a prompt prefilled in chunks gives the same bits as
+//! in one batch; a bad batch (unknown sequence, wrong position, token out of range, KV budget
+//! exceeded) is an error that leaves every sequence as it was; removing a sequence frees its KV.
+
+use nightshift_model::{BatchToken, Engine, EngineOptions, LocalExperts, Model, SeqId};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn model(name: &str) -> Arc<Model> {
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
+    let path = if local.exists() {
+        local
+    } else {
+        PathBuf::from("/work/shared/fixtures/models").join(name)
+    };
+    Model::load(&path).expect("model loads")
+}
+
+fn engine(m: &Arc<Model>, budget: usize) -> Engine {
+    let backend = Arc::new(LocalExperts::new(m.clone(), None));
+    let opts = EngineOptions {
+        threads: 2,
+        kv_budget_tokens: budget,
+        ..Default::default()
+    };
+    Engine::new(m.clone(), backend, opts).expect("engine")
+}
+
+fn toks(seq: SeqId, ids: &[u32], start: u32) -> Vec<BatchToken> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, &t)| BatchToken {
+            seq,
+            token: t,
+            pos: start + i as u32,
+            want_logits: true,
+        })
+        .collect()
+}
+
+const PROMPT: [u32; 9] = [584, 72, 101, 327, 111, 343, 262, 108, 100];
+
+#[test]
+fn chunked_prefill_equals_one_batch() {
+    for name in ["tiny-deepseek2-Q4_K_M.gguf", "tiny-qwen3moe-Q2_K.gguf"] {
+        let m = model(name);
+        let mut a = engine(&m, 1024);
+        let sa = a.add_sequence().expect("seq");
+        let whole = a.forward(&toks(sa, &PROMPT, 0)).expect("whole");
+        let mut b = engine(&m, 1024);
+        let sb = b.add_sequence().expect("seq");
+        let mut parts = b.forward(&toks(sb, &PROMPT[..4], 0)).expect("chunk 1");
+        parts.extend(b.forward(&toks(sb, &PROMPT[4..], 4)).expect("chunk 2"));
+        assert_eq!(whole, parts, "{name}: chunked prefill differs");
+    }
+}
+
+#[test]
+fn bad_batches_are_errors_and_change_nothing() {
+    let m = model("tiny-qwen3moe-Q4_K_M.gguf");
+    let mut e = engine(&m, 12);
+    let s = e.add_sequence().expect("seq");
+    e.forward(&toks(s, &PROMPT[..3], 0)).expect("prefill");
+    let cases: Vec<(&str, Vec<BatchToken>)> = vec![
+        ("unknown sequence", toks(SeqId(7), &[1], 0)),
+        ("position gap", toks(s, &[1], 4)),
+        ("position repeated", toks(s, &[1], 2)),
+        ("token out of range", toks(s, &[100_000], 3)),
+        ("kv budget", toks(s, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 3)),
+    ];
+    for (what, batch) in cases {
+        assert!(e.forward(&batch).is_err(), "{what}: expected an error");
+        assert_eq!(e.seq_len(s), Some(3), "{what}: sequence changed");
+        assert_eq!(e.kv_usage().0, 3, "{what}: kv usage changed");
+    }
+    // Still usable, and identical to a fresh engine's result.
+    let next = e.forward(&toks(s, &PROMPT[3..5], 3)).expect("continue");
+    let mut f = engine(&m, 12);
+    let t = f.add_sequence().expect("seq");
+    let fresh = f.forward(&toks(t, &PROMPT[..5], 0)).expect("fresh");
+    assert_eq!(next[..], fresh[3..]);
+    // Removing frees the budget for another sequence.
+    e.remove_sequence(s);
+    assert_eq!(e.kv_usage().0, 0);
+    let u = e.add_sequence().expect("seq");
+    e.forward(&toks(u, &PROMPT, 0)).expect("fits after removal");
+}
