@@ -1,4 +1,6 @@
-//! The aarch64 GEMM loops and the per-block float epilogues.
+//! The aarch64 GEMM entry point and the K-quant loops and float epilogues. [`gemm`] routes the
+//! 32-element types to `legacy` and the lane-split K-quants on SDOT/SMMLA to `split`; what runs
+//! here is Q2_K on every tier (SMMLA tiles on i8mm) and the widening NEON path of the others.
 //!
 //! Each weight block is unpacked once and used for a chunk of up to [`JC`] activation rows
 //! (row-major over weight rows, so each output needs only its own small accumulator). The
