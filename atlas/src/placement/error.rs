@@ -85,6 +85,12 @@ pub enum PlacementError {
         found: usize,
         line: Option<usize>,
     },
+    #[error("{}layer index: expected at most {max}, found {index}", at(.line))]
+    LayerIndex {
+        index: usize,
+        max: usize,
+        line: Option<usize>,
+    },
     #[error("{}layer index {index} appears in two [[layer]] tables", at(.line))]
     DuplicateLayer { index: usize, line: Option<usize> },
     #[error("layer {index}: expected a [[layer]] table for this MoE layer, found none")]

@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use super::{
-    LayerPlacement, NodeId, NodeSpec, Placement, PlacementError, Strategy, PLACEMENT_VERSION,
+    LayerPlacement, NodeId, NodeSpec, Placement, PlacementError, Strategy, MAX_LAYER_INDEX,
+    PLACEMENT_VERSION,
 };
 
 #[derive(Deserialize)]
@@ -209,6 +210,13 @@ pub(super) fn parse(text: &str) -> Result<Placement, PlacementError> {
     let mut seen = BTreeSet::new();
     for l in &file.layer {
         let index = *l.index.get_ref();
+        if index > MAX_LAYER_INDEX {
+            return Err(PlacementError::LayerIndex {
+                index,
+                max: MAX_LAYER_INDEX,
+                line: line(l.index.span()),
+            });
+        }
         if !seen.insert(index) {
             return Err(PlacementError::DuplicateLayer {
                 index,

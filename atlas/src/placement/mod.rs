@@ -19,6 +19,9 @@ pub use error::PlacementError;
 /// Index of a node in `Placement::nodes`.
 pub type NodeId = usize;
 
+/// Largest layer index a placement or atlas may name (lookups are tables indexed by layer).
+pub const MAX_LAYER_INDEX: usize = 1 << 16;
+
 /// The only placement file version this crate reads and writes.
 pub const PLACEMENT_VERSION: u32 = 1;
 
@@ -142,6 +145,13 @@ impl Placement {
         file::check_nodes(&nodes)?;
         let mut seen = std::collections::BTreeSet::new();
         for l in &layers {
+            if l.index > MAX_LAYER_INDEX {
+                return Err(PlacementError::LayerIndex {
+                    index: l.index,
+                    max: MAX_LAYER_INDEX,
+                    line: None,
+                });
+            }
             if !seen.insert(l.index) {
                 return Err(PlacementError::DuplicateLayer {
                     index: l.index,
@@ -154,10 +164,12 @@ impl Placement {
     }
 
     /// Expert `e` of every MoE layer on node `e % nodes.len()`, every copy resident.
+    /// Layer indices above `MAX_LAYER_INDEX` are skipped (`validate` then reports them missing).
     pub fn round_robin(nodes: Vec<NodeSpec>, moe_layers: &[usize], n_experts: usize) -> Placement {
         let n = nodes.len().max(1);
         let layers = moe_layers
             .iter()
+            .filter(|&&index| index <= MAX_LAYER_INDEX)
             .map(|&index| {
                 let replicas: Vec<Vec<NodeId>> = (0..n_experts).map(|e| vec![e % n]).collect();
                 LayerPlacement {

@@ -75,6 +75,8 @@ fn bad_inputs_give_exact_errors() {
         (format!("{NODES}[[layer]]\nindex = 1\nreplicas = [[\"a\"], [\"b\"], [\"a\"], [\"b\"]]\nresident = [[\"a\"]]\n{layer2}"),
          "line 12: layer 1: expected resident to list 4 experts like replicas, found 1"),
         (format!("{NODES}{layer1}{layer1}"), "line 13: layer index 1 appears in two [[layer]] tables"),
+        (format!("{NODES}{layer1}{layer2}[[layer]]\nindex = 99999999999\nreplicas = [[\"a\"]]\n"),
+         "line 16: layer index: expected at most 65536, found 99999999999"),
         (format!("{NODES}{layer1}"), "layer 2: expected a [[layer]] table for this MoE layer, found none"),
         (format!("{NODES}{layer1}{layer2}[[layer]]\nindex = 0\nreplicas = [[\"a\"]]\n"),
          "layer 0: not a MoE layer of this model (MoE layers: [1, 2])"),

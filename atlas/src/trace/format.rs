@@ -272,6 +272,18 @@ impl Atlas {
         if e == 0 || e > u32::MAX as usize {
             return Err(inconsistent("shape.n_experts", "1..=4294967295", e));
         }
+        if let Some(&l) = self
+            .shape
+            .moe_layers
+            .iter()
+            .find(|&&l| l > crate::placement::MAX_LAYER_INDEX)
+        {
+            return Err(inconsistent(
+                "shape.moe_layers",
+                format!("layer indices <= {}", crate::placement::MAX_LAYER_INDEX),
+                l,
+            ));
+        }
         let mut sorted = self.shape.moe_layers.clone();
         sorted.sort_unstable();
         sorted.dedup();
