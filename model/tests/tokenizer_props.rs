@@ -133,7 +133,7 @@ fn bad_vocab_metadata() {
     assert_eq!(t.encode("abc", false, false), vec![2]);
 
     let check = |name: &str, edit: &dyn Fn(Builder) -> Builder, expect: &str| {
-        let e = vocab(dir.path(), name, |b| edit(b)).unwrap_err();
+        let e = vocab(dir.path(), name, edit).unwrap_err();
         let got = match &e {
             TokenizerError::Gguf(_) => "gguf",
             TokenizerError::MissingKey(_) => "missing",

@@ -299,7 +299,7 @@ impl Tokenizer {
         let mut word = String::new();
         for (a, b) in self.splitter.split(text) {
             word.clear();
-            for &byte in text[a..b].as_bytes() {
+            for &byte in &text.as_bytes()[a..b] {
                 word.push(self.byte_chars[byte as usize]);
             }
             if self.pre.ignore_merges() {
