@@ -53,28 +53,47 @@ pub fn attend(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    let group = hd.n_head / hd.n_head_kv;
-    scores.resize(kv.n_kv, 0.0);
     for h in 0..hd.n_head {
-        let hk = h / group;
         let qh = &q[h * hd.dk..(h + 1) * hd.dk];
-        for (j, s) in scores.iter_mut().enumerate() {
-            let off = j * kv.k_stride + hk * hd.dk;
-            *s = dot(&kv.k[off..off + hd.dk], qh);
-        }
-        softmax(scores, hd.scale);
-        if round_p {
-            scores
-                .iter_mut()
-                .for_each(|p| *p = f16_to_f32(f32_to_f16(*p)));
-        }
-        let oh = &mut out[h * hd.dv..(h + 1) * hd.dv];
-        oh.fill(0.0);
-        for (j, &p) in scores.iter().enumerate() {
-            let off = j * kv.v_stride + hk * hd.dv;
-            for (o, &v) in oh.iter_mut().zip(&kv.v[off..off + hd.dv]) {
-                *o += v * p;
-            }
+        attend_head(
+            qh,
+            h,
+            kv,
+            hd,
+            round_p,
+            scores,
+            &mut out[h * hd.dv..(h + 1) * hd.dv],
+        );
+    }
+}
+
+/// Attention of query head `h` of one token: `qh` is `dk` floats, `oh` receives `dv`.
+pub fn attend_head(
+    qh: &[f32],
+    h: usize,
+    kv: &KvView<'_>,
+    hd: Heads,
+    round_p: bool,
+    scores: &mut Vec<f32>,
+    oh: &mut [f32],
+) {
+    let hk = h / (hd.n_head / hd.n_head_kv);
+    scores.resize(kv.n_kv, 0.0);
+    for (j, s) in scores.iter_mut().enumerate() {
+        let off = j * kv.k_stride + hk * hd.dk;
+        *s = dot(&kv.k[off..off + hd.dk], qh);
+    }
+    softmax(scores, hd.scale);
+    if round_p {
+        scores
+            .iter_mut()
+            .for_each(|p| *p = f16_to_f32(f32_to_f16(*p)));
+    }
+    oh.fill(0.0);
+    for (j, &p) in scores.iter().enumerate() {
+        let off = j * kv.v_stride + hk * hd.dv;
+        for (o, &v) in oh.iter_mut().zip(&kv.v[off..off + hd.dv]) {
+            *o += v * p;
         }
     }
 }

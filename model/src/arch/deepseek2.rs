@@ -11,6 +11,7 @@ use crate::error::ModelError;
 use crate::kv::SeqKv;
 use crate::ops::{matmul, matmul_q, quantize_rows, rms_norm_inplace};
 use crate::weights::AttnWeights;
+use rayon::prelude::*;
 
 /// Attention block of layer `il` on normalised rows `h` (n x n_embd) into `out` (n x n_embd).
 pub fn attention(
@@ -74,16 +75,26 @@ pub fn attention(
         seq.layers[il].k.write(tok.pos * kvw, row);
     }
     // Absorb attn_k_b: per head, q_nope (nope) -> latent (lora); full query = [latent, q_pe].
+    // Heads run in parallel, each gemm on one thread (many small matrices).
+    let absorbed: Vec<Result<Vec<f32>, ModelError>> = ctx.pool.install(|| {
+        (0..nh)
+            .into_par_iter()
+            .map(|hh| {
+                let mut qn = vec![0.0f32; n * nope];
+                for t in 0..n {
+                    let src = &q[(t * nh + hh) * qk..(t * nh + hh) * qk + nope];
+                    qn[t * nope..(t + 1) * nope].copy_from_slice(src);
+                }
+                let xq = quantize_rows(k_b.ty.vec_dot_type(), &qn, nope)?;
+                let mut qa = vec![0.0f32; n * lora];
+                matmul_q(k_b, hh, &xq, n, &mut qa, None)?;
+                Ok(qa)
+            })
+            .collect()
+    });
     let mut qfull = vec![0.0f32; n * nh * kvw];
-    let mut qn = vec![0.0f32; n * nope];
-    let mut qa = vec![0.0f32; n * lora];
-    for hh in 0..nh {
-        for t in 0..n {
-            let src = &q[(t * nh + hh) * qk..(t * nh + hh) * qk + nope];
-            qn[t * nope..(t + 1) * nope].copy_from_slice(src);
-        }
-        let xq = quantize_rows(k_b.ty.vec_dot_type(), &qn, nope)?;
-        matmul_q(k_b, hh, &xq, n, &mut qa, pool)?;
+    for (hh, qa) in absorbed.into_iter().enumerate() {
+        let qa = qa?;
         for t in 0..n {
             let dst = &mut qfull[(t * nh + hh) * kvw..(t * nh + hh + 1) * kvw];
             dst[..lora].copy_from_slice(&qa[t * lora..(t + 1) * lora]);
@@ -99,16 +110,25 @@ pub fn attention(
     };
     let mut lat = vec![0.0f32; n * nh * lora];
     attend_all(ctx, caches, il, &qfull, heads, true, &mut lat);
-    // Decompress with attn_v_b per head, then the output projection.
+    // Decompress with attn_v_b per head (heads in parallel), then the output projection.
+    let decomp: Vec<Result<Vec<f32>, ModelError>> = ctx.pool.install(|| {
+        (0..nh)
+            .into_par_iter()
+            .map(|hh| {
+                let mut lh = vec![0.0f32; n * lora];
+                for t in 0..n {
+                    lh[t * lora..(t + 1) * lora]
+                        .copy_from_slice(&lat[(t * nh + hh) * lora..(t * nh + hh + 1) * lora]);
+                }
+                let mut vo = vec![0.0f32; n * vh];
+                matmul(v_b, hh, &lh, n, &mut vo, None)?;
+                Ok(vo)
+            })
+            .collect()
+    });
     let mut vcat = vec![0.0f32; n * nh * vh];
-    let mut lh = vec![0.0f32; n * lora];
-    let mut vo = vec![0.0f32; n * vh];
-    for hh in 0..nh {
-        for t in 0..n {
-            lh[t * lora..(t + 1) * lora]
-                .copy_from_slice(&lat[(t * nh + hh) * lora..(t * nh + hh + 1) * lora]);
-        }
-        matmul(v_b, hh, &lh, n, &mut vo, pool)?;
+    for (hh, vo) in decomp.into_iter().enumerate() {
+        let vo = vo?;
         for t in 0..n {
             vcat[(t * nh + hh) * vh..(t * nh + hh + 1) * vh]
                 .copy_from_slice(&vo[t * vh..(t + 1) * vh]);

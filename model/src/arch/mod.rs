@@ -5,7 +5,7 @@
 pub mod deepseek2;
 pub mod qwen3moe;
 
-use crate::attention::{attend, Heads, KvView};
+use crate::attention::{attend_head, Heads, KvView};
 use crate::kv::{KvType, SeqKv};
 use crate::model::Model;
 use crate::rope::Rope;
@@ -43,7 +43,6 @@ pub fn attend_all(
     out: &mut [f32],
 ) {
     let qw = hd.n_head * hd.dk;
-    let ow = hd.n_head * hd.dv;
     let (k_stride, v_stride) = if mla {
         (hd.dk, hd.dk)
     } else {
@@ -70,31 +69,32 @@ pub fn attend_all(
         views.push((slot, k, v, seq.ty == KvType::F16));
     }
     let views = &views;
+    // One task per (token, head): decode steps have few tokens but many heads.
     ctx.pool.install(|| {
-        out.par_chunks_mut(ow)
-            .zip(q.par_chunks(qw))
-            .zip(ctx.toks.par_iter())
-            .for_each_init(
-                || (Vec::new(), Vec::new()),
-                |(scores, qr), ((o, qt), t)| {
-                    let Some(&(_, k, v, f16)) = views.iter().find(|v| v.0 == t.slot) else {
-                        return;
-                    };
-                    let view = KvView {
-                        k,
-                        k_stride,
-                        v,
-                        v_stride,
-                        n_kv: t.pos + 1,
-                    };
-                    if f16 {
-                        qr.clear();
-                        qr.extend(qt.iter().map(|&x| f16_to_f32(f32_to_f16(x))));
-                        attend(qr, &view, hd, true, scores, o);
-                    } else {
-                        attend(qt, &view, hd, false, scores, o);
-                    }
-                },
-            )
+        out.par_chunks_mut(hd.dv).enumerate().for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(scores, qr), (i, oh)| {
+                let (ti, h) = (i / hd.n_head, i % hd.n_head);
+                let t = ctx.toks[ti];
+                let Some(&(_, k, v, f16)) = views.iter().find(|v| v.0 == t.slot) else {
+                    return;
+                };
+                let view = KvView {
+                    k,
+                    k_stride,
+                    v,
+                    v_stride,
+                    n_kv: t.pos + 1,
+                };
+                let qh = &q[ti * qw + h * hd.dk..ti * qw + (h + 1) * hd.dk];
+                if f16 {
+                    qr.clear();
+                    qr.extend(qh.iter().map(|&x| f16_to_f32(f32_to_f16(x))));
+                    attend_head(qr, h, &view, hd, true, scores, oh);
+                } else {
+                    attend_head(qh, h, &view, hd, false, scores, oh);
+                }
+            },
+        )
     });
 }
