@@ -229,6 +229,7 @@ fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
     const WB: usize = 84;
     let xrow = nb * Q8K_BYTES;
     let mut u = [Unpacked::new(), Unpacked::new()];
+    let mut pa = i8mm::PairA::new();
     for jc in (0..n).step_by(JC) {
         let cnt = JC.min(n - jc);
         let pairs = cnt / 2;
@@ -238,6 +239,7 @@ fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
         for b in 0..nb {
             unpack::q2_k(&w[0][b * WB..(b + 1) * WB], &mut u[0]);
             unpack::q2_k(&w[1][b * WB..(b + 1) * WB], &mut u[1]);
+            pa.set(&u[0].q, &u[1].q);
             let dw = f4([u[0].d, u[0].d, u[1].d, u[1].d]);
             let mw = f4([u[0].dmin, u[0].dmin, u[1].dmin, u[1].dmin]);
             for (p, t) in tile.iter_mut().enumerate().take(pairs) {
@@ -250,7 +252,7 @@ fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
                 // SAFETY: this path runs only under the I8mm capability (SMMLA present).
                 let isum = unsafe {
                     i8mm::total16_2x2(
-                        [&u[0].q, &u[1].q],
+                        &pa,
                         [&x0[4..260], &x1[4..260]],
                         [&u[0].scales, &u[1].scales],
                     )

@@ -51,23 +51,53 @@ fn row_lanes(a: i32, b: i32) -> int32x4_t {
     unsafe { vcombine_s32(vdup_n_s32(a), vdup_n_s32(b)) }
 }
 
-/// `neon::total16` for the tile (q0, q1) x (x0, x1).
+/// Two unpacked weight rows as SMMLA `A` operands: for each 16-byte chunk c of the quants,
+/// `[r0 c[0..8] | r1 c[0..8]]` at `32c` and `[r0 c[8..16] | r1 c[8..16]]` at `32c + 16`. Built
+/// once per pair of weight blocks and reused for every activation row.
+#[repr(C, align(16))]
+pub(crate) struct PairA {
+    a: [i8; 512],
+}
+
+impl PairA {
+    pub(crate) fn new() -> PairA {
+        PairA { a: [0; 512] }
+    }
+
+    /// Interleaves the quants of two unpacked weight blocks.
+    pub(crate) fn set(&mut self, q0: &[i8; 256], q1: &[i8; 256]) {
+        for c in 0..16 {
+            let (lo, hi) = pair(ld_q(q0, 16 * c), ld_q(q1, 16 * c));
+            let d = &mut self.a[32 * c..32 * c + 32];
+            // SAFETY: `d` is 32 writable bytes (bounds-checked above).
+            unsafe {
+                vst1q_s8(d.as_mut_ptr(), lo);
+                vst1q_s8(d.as_mut_ptr().add(16), hi);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn ld(&self, at: usize) -> int8x16_t {
+        let s = &self.a[at..at + 16];
+        // SAFETY: `s` is 16 readable bytes (bounds-checked).
+        unsafe { vld1q_s8(s.as_ptr()) }
+    }
+}
+
+/// `neon::total16` for the tile (two weight rows as a [`PairA`]) x (x0, x1).
 ///
 /// # Safety
 /// The CPU must implement FEAT_I8MM.
 #[inline(always)]
-pub(crate) unsafe fn total16_2x2(
-    q: [&[i8; 256]; 2],
-    xq: [&[u8]; 2],
-    scales: [&[i16; 16]; 2],
-) -> int32x4_t {
+pub(crate) unsafe fn total16_2x2(a: &PairA, xq: [&[u8]; 2], scales: [&[i16; 16]; 2]) -> int32x4_t {
     let (x0, x1) = (&xq[0][..256], &xq[1][..256]);
     // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
     unsafe {
         let zero = vdupq_n_s32(0);
         let mut acc = vdupq_n_s32(0);
         for g in 0..16 {
-            let (a0, a1) = pair(ld_q(q[0], 16 * g), ld_q(q[1], 16 * g));
+            let (a0, a1) = (a.ld(32 * g), a.ld(32 * g + 16));
             let (b0, b1) = pair(ld_s8(x0, 16 * g), ld_s8(x1, 16 * g));
             let t = smmla(smmla(zero, a0, b0), a1, b1);
             let s = row_lanes(i32::from(scales[0][g]), i32::from(scales[1][g]));
@@ -116,7 +146,7 @@ pub(crate) unsafe fn dot32_2x2(wq: [&[u8]; 2], xq: [&[u8]; 2]) -> int32x4_t {
     }
 }
 
-/// Two Q4_K weight rows (quants in `unpack::PERM32` order) against one activation block
+/// Two Q4_K/Q5_K weight rows (quants in `unpack::PERM32` order, as a [`PairA`]) against one activation block
 /// prepared by `split::mask32_block` (per group of 32 and 8-byte slice s, `B = [slice with only lane
 /// 2s kept | slice with only lane 2s + 1 kept]`). SMMLA then yields `[r0 lane 2s, r0 lane
 /// 2s+1, r1 lane 2s, r1 lane 2s+1]` per slice; the scales of both rows ride along in one vector.
@@ -126,7 +156,7 @@ pub(crate) unsafe fn dot32_2x2(wq: [&[u8]; 2], xq: [&[u8]; 2]) -> int32x4_t {
 /// The CPU must implement FEAT_I8MM.
 #[inline(always)]
 pub(crate) unsafe fn split32_2x1(
-    q: [&[i8; 256]; 2],
+    a: &PairA,
     bprep: &[u8],
     scales: [&[i16; 16]; 2],
 ) -> [int32x4_t; 4] {
@@ -136,8 +166,8 @@ pub(crate) unsafe fn split32_2x1(
         let zero = vdupq_n_s32(0);
         let mut acc = [vdupq_n_s32(0); 4];
         for g in 0..8 {
-            let (a0, a1) = pair(ld_q(q[0], 32 * g), ld_q(q[1], 32 * g));
-            let (a2, a3) = pair(ld_q(q[0], 32 * g + 16), ld_q(q[1], 32 * g + 16));
+            let (a0, a1) = (a.ld(64 * g), a.ld(64 * g + 16));
+            let (a2, a3) = (a.ld(64 * g + 32), a.ld(64 * g + 48));
             let s = row_lanes(i32::from(scales[0][2 * g]), i32::from(scales[1][2 * g]));
             let at = 64 * g;
             acc[0] = vmlaq_s32(acc[0], smmla(zero, a0, ld_s8(bprep, at)), s);
@@ -149,7 +179,7 @@ pub(crate) unsafe fn split32_2x1(
     }
 }
 
-/// Two Q3_K/Q6_K weight rows (quants in `unpack::PERM16` order) against one activation block
+/// Two Q3_K/Q6_K weight rows (quants in `unpack::PERM16` order, as a [`PairA`]) against one activation block
 /// prepared by `split::mask16_block` (per group of 16: four operands, operand m keeping lane 2m
 /// in its low half and lane 2m + 1 in its high half). Each SMMLA yields `[r0 lane 2m, r0 lane
 /// 2m+1, r1 lane 2m, r1 lane 2m+1]`. Returns the eight reference lanes of row 0 (lo, hi) and of
@@ -159,7 +189,7 @@ pub(crate) unsafe fn split32_2x1(
 /// The CPU must implement FEAT_I8MM.
 #[inline(always)]
 pub(crate) unsafe fn split16_2x1(
-    q: [&[i8; 256]; 2],
+    a: &PairA,
     bprep: &[u8],
     scales: [&[i16; 16]; 2],
 ) -> [int32x4_t; 4] {
@@ -169,7 +199,7 @@ pub(crate) unsafe fn split16_2x1(
         let zero = vdupq_n_s32(0);
         let mut acc = [vdupq_n_s32(0); 4];
         for g in 0..16 {
-            let (a0, a1) = pair(ld_q(q[0], 16 * g), ld_q(q[1], 16 * g));
+            let (a0, a1) = (a.ld(32 * g), a.ld(32 * g + 16));
             let s = row_lanes(i32::from(scales[0][g]), i32::from(scales[1][g]));
             let at = 64 * g;
             acc[0] = vmlaq_s32(acc[0], smmla(zero, a0, ld_s8(bprep, at)), s);

@@ -182,6 +182,7 @@ pub(crate) fn gemm(
             scratch.resize(need, 0);
         }
         let mut u = [Unpacked::new(), Unpacked::new()];
+        let mut pa = i8mm::PairA::new();
         for jc in (0..n).step_by(CH) {
             let cnt = CH.min(n - jc);
             for t in 0..cnt {
@@ -206,10 +207,12 @@ pub(crate) fn gemm(
                         unpack_perm(kind, &w[r1 * wrow + b * wb..][..wb], &mut u[1]);
                     }
                     let u1 = if r1 != r { &u[1] } else { &u[0] };
+                    if path != Path::Sdot32 {
+                        pa.set(&u[0].q, &u1.q);
+                    }
                     for t in 0..cnt {
                         let xb = &x[(jc + t) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
                         let pb = &prep[(t * nb + b) * per..][..per];
-                        let q = [&u[0].q, &u1.q];
                         let sc = [&u[0].scales, &u1.scales];
                         // SAFETY: the Dotprod level is only built from a capability that proved
                         // SDOT, the I8mm level from one that proved SDOT and SMMLA.
@@ -219,8 +222,8 @@ pub(crate) fn gemm(
                                     let (lo, hi) = dotprod::split32_perm(&u[0].q, pb, &u[0].scales);
                                     [lo, hi, lo, hi]
                                 }
-                                Path::Smmla32 => i8mm::split32_2x1(q, pb, sc),
-                                Path::Smmla16 => i8mm::split16_2x1(q, pb, sc),
+                                Path::Smmla32 => i8mm::split32_2x1(&pa, pb, sc),
+                                Path::Smmla16 => i8mm::split16_2x1(&pa, pb, sc),
                             }
                         };
                         epilogue(kind, &mut acc[0][t], (l[0], l[1]), &u[0], xb);
