@@ -312,3 +312,62 @@ fn recorded_atlas_plans_better_than_round_robin() {
         assert!(p.ours.imbalance < 1.1, "ours {}", p.ours.imbalance);
     }
 }
+
+#[test]
+fn uneven_memory_gets_proportional_copies_and_cold_copies_go_mmap() {
+    let shape = ModelShape {
+        moe_layers: vec![1, 2],
+        n_experts: 40,
+        expert_bytes: 10,
+    };
+    let counts = zipf_counts(&shape, 1.0, 10_000, 3);
+    // node a: 3x the memory of node b; together they hold 70 of the 80 copies resident
+    let nodes = vec![
+        NodeSpec {
+            memory_bytes: 525,
+            ..NodeSpec::named("a")
+        },
+        NodeSpec {
+            memory_bytes: 175,
+            ..NodeSpec::named("b")
+        },
+    ];
+    let req = PlanRequest {
+        shape: &shape,
+        counts: &counts,
+        nodes,
+        budget: ReplicaBudget::PerLayer(0),
+        previous: None,
+    };
+    let p = plan(&req).unwrap();
+    assert_eq!(
+        p.ours.held_bytes,
+        vec![600, 200],
+        "copies split 3:1 like memory"
+    );
+    assert_eq!(
+        p.ours.resident_bytes,
+        vec![520, 170],
+        "resident up to whole experts within memory"
+    );
+    // the copies left mmap'd are the coldest ones on their node
+    for (node, name) in [(0usize, "a"), (1, "b")] {
+        let slots = p.placement.experts_on(name).unwrap();
+        let hottest_cold = slots
+            .iter()
+            .filter(|s| !s.resident)
+            .map(|s| counts.activations[s.layer - 1][s.expert])
+            .max()
+            .unwrap();
+        let coldest_hot = slots
+            .iter()
+            .filter(|s| s.resident)
+            .map(|s| counts.activations[s.layer - 1][s.expert])
+            .min()
+            .unwrap();
+        assert!(
+            hottest_cold <= coldest_hot,
+            "node {node}: mmap'd {hottest_cold} > resident {coldest_hot}"
+        );
+    }
+}
