@@ -74,6 +74,23 @@ pub fn load(dir: &Path) -> Result<Vec<Kind>, String> {
                 std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
             files.insert(key, data);
         }
+        let wb = ty.row_bytes(k).map_err(|e| format!("{name}: {e}"))?;
+        let xb = act.row_bytes(k).map_err(|e| format!("{name}: {e}"))?;
+        for (key, bytes) in [
+            ("w_f32", 4 * rows * k),
+            ("w_q", rows * wb),
+            ("w_deq", 4 * rows * k),
+            ("x_f32", 4 * acts * k),
+            ("x_q", acts * xb),
+            ("dot_ref", 4 * rows * acts),
+        ] {
+            let found = files.get(key).map_or(0, Vec::len);
+            if found != bytes {
+                return Err(format!(
+                    "{name}.{key}: expected {bytes} bytes, found {found}"
+                ));
+            }
+        }
         let mut take = |key: &str| files.remove(key).unwrap_or_default();
         out.push(Kind {
             ty,
