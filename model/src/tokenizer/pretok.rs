@@ -69,7 +69,8 @@ impl PreTokenizer {
             PreTokenizer::DeepseekV3 => vec![
                 r"\p{N}{1,3}".into(),
                 r"[一-龥぀-ゟ゠-ヿ]+".into(),
-                r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##.into(),
+                // llama.cpp's ASCII tables leave `~` out of both \p{P} and \p{S}; so do we.
+                r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}[\p{P}\p{S}--~]]?[\p{L}\p{M}]+| ?[\p{P}\p{S}--~]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##.into(),
             ],
             PreTokenizer::KimiK2 => vec![format!(
                 r"[{HAN}]+|[^\r\n\p{{L}}\p{{N}}]?[^\P{{L}}{HAN}]+{CONTRACTIONS}?|\p{{N}}{{1,3}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -159,6 +160,11 @@ mod tests {
         );
         check(KimiK2, " 深度学习", &[" ", "深度学习"]);
         check(DeepseekV3, "abc 12345", &["abc", " ", "123", "45"]);
+        check(
+            DeepseekV3,
+            "a ~~ b, 東京",
+            &["a", " ", "~~", " b", ",", " ", "東京"],
+        );
         check(Gpt2, "it's 42", &["it", "'s", " 42"]);
     }
 }
