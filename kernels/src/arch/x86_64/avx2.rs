@@ -6,7 +6,7 @@ use core::arch::x86_64::*;
 
 use super::kquant::kquant_gemm;
 use super::q8_0::q8_0_gemm;
-use super::unpack::Unpacked;
+use super::unpack::{dot_fused, Unpacked};
 
 /// For each of `R` unpacked weight blocks, the lane sums `aux[m] = sum of scale * w * q` over
 /// lane `m` (offset form when `signed`: `maddubs(q + 128, w)`; the epilogue subtracts the
@@ -34,7 +34,7 @@ unsafe fn dot_k<const R: usize>(u: &[Unpacked; R], a: *const u8, signed: bool) -
     acc
 }
 
-kquant_gemm!("avx2,f16c", dot_k);
+kquant_gemm!("avx2,f16c", dot_k, dot_fused);
 
 /// One Q8_0 block's quants sign-extended to 2 x 16 i16.
 ///

@@ -16,7 +16,7 @@
 
 use core::arch::x86_64::*;
 
-use super::unpack::BlockMeta;
+use super::unpack::{BlockMeta, Unpacked};
 
 /// Bytes of one Q8_K block: f32 d, 256 i8, 16 i16 bsums.
 pub(super) const Q8K_BYTES: usize = 292;
@@ -212,12 +212,35 @@ pub(super) fn finish<const K: u8>(sums: __m256, sumf: __m128, r: usize) -> f32 {
 
 /// Weight rows per tile: each activation block is loaded once per tile and used for all rows.
 pub(super) const ROWS: usize = 4;
+/// Activation rows whose float state a tile keeps at once.
+pub(super) const CHUNK: usize = 64;
+
+/// Reusable per-call state of the batched path: the unpacked blocks of a tile and the
+/// reference's float accumulators (`sums[8]` per row, `sumf` per row as a lane) per activation.
+pub(super) struct TileState<const R: usize> {
+    pub u: [Unpacked; R],
+    pub sums: [[__m256; R]; CHUNK],
+    pub sumf: [__m128; CHUNK],
+}
+
+impl<const R: usize> TileState<R> {
+    pub(super) fn new() -> Box<TileState<R>> {
+        // SAFETY: all-zero bytes are valid for integer arrays and SIMD float vectors (+0.0).
+        Box::new(TileState {
+            u: core::array::from_fn(|_| Unpacked::new()),
+            sums: unsafe { core::mem::zeroed() },
+            sumf: unsafe { core::mem::zeroed() },
+        })
+    }
+}
 
 /// Defines `gemm_k::<K>` for one tier: tiles of [`ROWS`] weight rows (then single rows) over
 /// chunks of activation rows and the blocks, around that tier's integer block dot
-/// `$dot::<R>(&[Unpacked; R], packed_act, signed) -> [__m256i; R]`.
+/// `$dot::<R>(&[Unpacked; R], packed_act, signed) -> [__m256i; R]`, and for a single
+/// activation row its fused decode-and-multiply `$fused::<K>(block, packed_act) -> (BlockMeta,
+/// __m256i)`.
 macro_rules! kquant_gemm {
-    ($feat:literal, $dot:ident) => {
+    ($feat:literal, $dot:ident, $fused:ident) => {
         /// `out[r * n + j] = W[r] . x[j]` for K-quant kind `K`: `w` holds `rows` rows of `nb`
         /// blocks, `x` the raw Q8_K rows and `xp` the packed quants from
         /// [`kquant::pack_q8k`](super::kquant::pack_q8k) (offset for signed kinds).
@@ -234,13 +257,65 @@ macro_rules! kquant_gemm {
             n: usize,
             out: *mut f32,
         ) {
-            use super::kquant::ROWS;
+            use super::kquant::{TileState, ROWS};
             let full = rows / ROWS * ROWS;
-            for r0 in (0..full).step_by(ROWS) {
-                tile_k::<K, ROWS>(nb, w, r0, x, xp, n, out);
+            if n == 1 {
+                for r0 in (0..full).step_by(ROWS) {
+                    row1_k::<K, ROWS>(nb, w, r0, x, xp, out);
+                }
+                for r0 in full..rows {
+                    row1_k::<K, 1>(nb, w, r0, x, xp, out);
+                }
+                return;
             }
-            for r0 in full..rows {
-                tile_k::<K, 1>(nb, w, r0, x, xp, n, out);
+            if full > 0 {
+                let mut st = TileState::<ROWS>::new();
+                for r0 in (0..full).step_by(ROWS) {
+                    tile_k::<K, ROWS>(nb, w, r0, x, xp, n, out, &mut st);
+                }
+            }
+            if rows > full {
+                let mut st = TileState::<1>::new();
+                for r0 in full..rows {
+                    tile_k::<K, 1>(nb, w, r0, x, xp, n, out, &mut st);
+                }
+            }
+        }
+
+        /// One activation row against rows `r0 .. r0 + R`: decode and multiply in registers,
+        /// no stored block.
+        ///
+        /// # Safety
+        /// As [`gemm_k`] with `n == 1`, and `r0 + R <= rows`.
+        #[target_feature(enable = $feat)]
+        unsafe fn row1_k<const K: u8, const R: usize>(
+            nb: usize,
+            w: *const u8,
+            r0: usize,
+            x: *const u8,
+            xp: *const u8,
+            out: *mut f32,
+        ) {
+            use super::kquant::{block_bytes, epilogue, finish, row_scales, Q8K_BYTES};
+            let wbytes = block_bytes(K);
+            let mut sums = [_mm256_setzero_ps(); R];
+            let mut sumf = _mm_setzero_ps();
+            for b in 0..nb {
+                let ap = xp.add(b * 256);
+                let mut meta = [core::mem::MaybeUninit::uninit(); R];
+                let mut aux = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    let (m, a) = $fused::<K>(w.add(((r0 + r) * nb + b) * wbytes), ap);
+                    meta[r] = core::mem::MaybeUninit::new(m);
+                    aux[r] = a;
+                }
+                // SAFETY: every element was written just above.
+                let meta = meta.map(|m| m.assume_init());
+                let rs = row_scales(&meta);
+                epilogue::<K, R>(&meta, rs, x.add(b * Q8K_BYTES), &aux, &mut sums, &mut sumf);
+            }
+            for r in 0..R {
+                *out.add(r0 + r) = finish::<K>(sums[r], sumf, r);
             }
         }
 
@@ -249,6 +324,7 @@ macro_rules! kquant_gemm {
         /// # Safety
         /// As [`gemm_k`], with `r0 + R <= rows`.
         #[target_feature(enable = $feat)]
+        #[allow(clippy::too_many_arguments)]
         unsafe fn tile_k<const K: u8, const R: usize>(
             nb: usize,
             w: *const u8,
@@ -257,50 +333,21 @@ macro_rules! kquant_gemm {
             xp: *const u8,
             n: usize,
             out: *mut f32,
+            st: &mut super::kquant::TileState<R>,
         ) {
-            use super::kquant::{block_bytes, epilogue, finish, row_scales, signed, Q8K_BYTES};
-            use super::unpack::{dot_fused, unpack, Unpacked};
-            const CHUNK: usize = 64;
+            use super::kquant::{
+                block_bytes, epilogue, finish, row_scales, signed, CHUNK, Q8K_BYTES,
+            };
+            use super::unpack::unpack;
             let wbytes = block_bytes(K);
-            let mut sums = [[_mm256_setzero_ps(); R]; CHUNK];
-            let mut sumf = [_mm_setzero_ps(); CHUNK];
-            if n == 1 {
-                // One activation row: decode and multiply in registers, no stored block.
-                for b in 0..nb {
-                    let ap = xp.add(b * 256);
-                    let mut meta = [core::mem::MaybeUninit::uninit(); R];
-                    let mut aux = [_mm256_setzero_si256(); R];
-                    for r in 0..R {
-                        let (m, a) = dot_fused::<K>(w.add(((r0 + r) * nb + b) * wbytes), ap);
-                        meta[r] = core::mem::MaybeUninit::new(m);
-                        aux[r] = a;
-                    }
-                    // SAFETY: every element was written just above.
-                    let meta = meta.map(|m| m.assume_init());
-                    let rs = row_scales(&meta);
-                    epilogue::<K, R>(
-                        &meta,
-                        rs,
-                        x.add(b * Q8K_BYTES),
-                        &aux,
-                        &mut sums[0],
-                        &mut sumf[0],
-                    );
-                }
-                for r in 0..R {
-                    *out.add(r0 + r) = finish::<K>(sums[0][r], sumf[0], r);
-                }
-                return;
-            }
-            let mut u: [Unpacked; R] = core::array::from_fn(|_| Unpacked::new());
             let mut j0 = 0;
             while j0 < n {
                 let nj = (n - j0).min(CHUNK);
-                sums[..nj].fill([_mm256_setzero_ps(); R]);
-                sumf[..nj].fill(_mm_setzero_ps());
+                st.sums[..nj].fill([_mm256_setzero_ps(); R]);
+                st.sumf[..nj].fill(_mm_setzero_ps());
                 for b in 0..nb {
                     let mut meta = [core::mem::MaybeUninit::uninit(); R];
-                    for (r, ur) in u.iter_mut().enumerate() {
+                    for (r, ur) in st.u.iter_mut().enumerate() {
                         meta[r] = core::mem::MaybeUninit::new(unpack::<K>(
                             w.add(((r0 + r) * nb + b) * wbytes),
                             ur,
@@ -311,14 +358,15 @@ macro_rules! kquant_gemm {
                     let rs = row_scales(&meta);
                     for jj in 0..nj {
                         let blk = (j0 + jj) * nb + b;
-                        let aux = $dot::<R>(&u, xp.add(blk * 256), signed(K));
+                        let aux = $dot::<R>(&st.u, xp.add(blk * 256), signed(K));
                         let xb = x.add(blk * Q8K_BYTES);
-                        epilogue::<K, R>(&meta, rs, xb, &aux, &mut sums[jj], &mut sumf[jj]);
+                        epilogue::<K, R>(&meta, rs, xb, &aux, &mut st.sums[jj], &mut st.sumf[jj]);
                     }
                 }
                 for r in 0..R {
                     for jj in 0..nj {
-                        *out.add((r0 + r) * n + j0 + jj) = finish::<K>(sums[jj][r], sumf[jj], r);
+                        *out.add((r0 + r) * n + j0 + jj) =
+                            finish::<K>(st.sums[jj][r], st.sumf[jj], r);
                     }
                 }
                 j0 += nj;

@@ -76,7 +76,7 @@ pub(super) fn chunk_scales(sc16: __m256i, c: usize) -> __m256i {
 /// `b` must be valid for `block_bytes(K)` bytes; the CPU must have AVX2 and F16C.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn decode<const K: u8, F: FnMut(usize, __m256i, __m256i)>(
+pub(super) unsafe fn decode<const K: u8, F: FnMut(usize, __m256i, __m256i)>(
     b: *const u8,
     put: F,
 ) -> BlockMeta {
@@ -116,7 +116,8 @@ pub(super) unsafe fn unpack<const K: u8>(b: *const u8, u: &mut Unpacked) -> Bloc
 }
 
 /// Batch-1 path: decodes the block at `b` and multiplies it with the packed activation block
-/// `a` (offset by 128 for signed kinds) as it goes; returns the meta and the 8 lane sums.
+/// `a` (offset by 128 for signed kinds) as it goes; returns the meta (with a zero correction)
+/// and the 8 exact lane sums.
 ///
 /// # Safety
 /// As [`decode`], and `a` valid for 256 bytes.
@@ -125,18 +126,23 @@ pub(super) unsafe fn unpack<const K: u8>(b: *const u8, u: &mut Unpacked) -> Bloc
 pub(super) unsafe fn dot_fused<const K: u8>(b: *const u8, a: *const u8) -> (BlockMeta, __m256i) {
     let k128 = _mm256_set1_epi8(-128);
     let mut acc = _mm256_setzero_si256();
-    let mut corr = _mm256_setzero_si256();
-    let mut meta = decode::<K, _>(b, |c, w, sc16| {
-        let s = chunk_scales(sc16, c);
-        let av = _mm256_loadu_si256(a.add(32 * c) as *const __m256i);
-        if signed(K) {
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(av, w), s));
-            corr = _mm256_add_epi32(corr, _mm256_madd_epi16(_mm256_maddubs_epi16(k128, w), s));
-        } else {
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, av), s));
+    let mut sc32 = [0i32; 8];
+    let meta = decode::<K, _>(b, |c, w, sc16| {
+        if c == 0 {
+            _mm256_storeu_si256(sc32.as_mut_ptr() as *mut __m256i, sc16);
         }
+        // The i16 pair (2c, 2c+1) in every i32 lane, broadcast from memory.
+        let s = _mm256_set1_epi32(sc32[c]);
+        let av = _mm256_loadu_si256(a.add(32 * c) as *const __m256i);
+        let t = if signed(K) {
+            // Offset products minus 128 * (w0 + w1): the exact pair sums, within i16.
+            _mm256_sub_epi16(_mm256_maddubs_epi16(av, w), _mm256_maddubs_epi16(k128, w))
+        } else {
+            _mm256_maddubs_epi16(w, av)
+        };
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(t, s));
     });
-    meta.corr = corr;
+    // The correction is already applied.
     (meta, acc)
 }
 
