@@ -1,0 +1,256 @@
+"""Helpers of the terraform tests: the module's template composition mirrored in Python (which
+template gets which variables, per layout and VM; the names match cloudinit.tf, and
+test_templatefile_calls_pass_exactly_the_template_variables keeps the two in step), the parsing
+of our binaries' real `--help`, and the check of a systemd ExecStart command line against it.
+"""
+
+import base64
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import tftemplate
+
+TF_ROOT = Path(__file__).resolve().parent.parent
+REPO = TF_ROOT.parent
+MODULE = TF_ROOT / "modules" / "cluster"
+TEMPLATES = MODULE / "templates"
+
+
+def template(name):
+    return (TEMPLATES / name).read_text()
+
+
+def render(name, variables):
+    return tftemplate.render(template(name), variables)
+
+
+def sample_settings(**over):
+    """Paths and settings as cloudinit.tf's locals set them (over = test overrides)."""
+    s = dict(
+        bin_dir="/usr/local/bin",
+        model_dir="/models",
+        state_dir="/var/lib/nightshift",
+        placement_path="/etc/nightshift/placement.toml",
+        nodes_path="/etc/nightshift/nodes.toml",
+        node_token_path="/etc/nightshift/node-token",
+        api_key_env_file="/etc/nightshift/api-key.env",
+        prepare_path="/usr/local/lib/nightshift/prepare.sh",
+        model_files=["Kimi-K2-Instruct-Q4_K_M-00001-of-00013.gguf", "Kimi-K2-Instruct-Q4_K_M-00002-of-00013.gguf"],
+        model_name="kimi-k2",
+        gateway_host="0.0.0.0",
+        gateway_port=8080,
+        node_port=50051,
+        node_port_prefix="5005",
+        numa_nodes=2,
+        node_count=3,
+        subnet_hosts=["10.42.1.10", "10.42.1.11", "10.42.1.12"],
+        node_memory_bytes=0,
+        node_threads=0,
+        coordinator_threads=0,
+        expert_deadline_ms=10000,
+        max_seqs=8,
+        ctx=4096,
+        release_url="https://example.invalid/nightshift-aarch64.tar.gz",
+        release_sha256="",
+        model_blob_url="https://example.invalid/models/kimi-k2",
+    )
+    s.update(over)
+    s.setdefault("model_path", f"{s['model_dir']}/{s['model_files'][0]}")
+    return s
+
+
+def cluster_nodes(layout, s):
+    if layout == "single-vm":
+        return [
+            dict(name=f"numa{i}", addr=f"127.0.0.1:{s['node_port_prefix']}{i}", has_numa=True, numa=i,
+                 memory_bytes=s["node_memory_bytes"])
+            for i in range(s["numa_nodes"])
+        ]
+    return [
+        dict(name=f"node{i}", addr=f"{s['subnet_hosts'][i]}:{s['node_port']}", has_numa=False, numa=0,
+             memory_bytes=s["node_memory_bytes"])
+        for i in range(s["node_count"])
+    ]
+
+
+def coordinator_unit(s):
+    return render("nightshift.service.tftpl", dict(
+        bin_dir=s["bin_dir"], model_path=s["model_path"], model_dir=s["model_dir"],
+        model_name=s["model_name"], placement_path=s["placement_path"],
+        gateway_host=s["gateway_host"], gateway_port=s["gateway_port"],
+        node_token_path=s["node_token_path"], api_key_env_file=s["api_key_env_file"],
+        state_dir=s["state_dir"], expert_deadline_ms=s["expert_deadline_ms"],
+        max_seqs=s["max_seqs"], ctx=s["ctx"], set_threads=s["coordinator_threads"] > 0,
+        coordinator_threads=s["coordinator_threads"]))
+
+
+def numa_node_unit(s):
+    return render("nightshift-expert-node@.service.tftpl", dict(
+        bin_dir=s["bin_dir"], model_path=s["model_path"], model_dir=s["model_dir"],
+        placement_path=s["placement_path"], node_port_prefix=s["node_port_prefix"],
+        node_token_path=s["node_token_path"], set_threads=s["node_threads"] > 0,
+        node_threads=s["node_threads"]))
+
+
+def vm_node_unit(s, node_name):
+    return render("nightshift-expert-node.service.tftpl", dict(
+        bin_dir=s["bin_dir"], model_path=s["model_path"], model_dir=s["model_dir"],
+        placement_path=s["placement_path"], node_name=node_name, node_port=s["node_port"],
+        node_token_path=s["node_token_path"], set_threads=s["node_threads"] > 0,
+        node_threads=s["node_threads"]))
+
+
+def vms(layout, s):
+    """key -> (role, coordinator, node_name), as local.vms."""
+    if layout == "single-vm":
+        return {"main": ("single-vm", True, "")}
+    out = {"coord": ("coordinator", True, "")}
+    for i in range(s["node_count"]):
+        out[f"node{i}"] = ("expert-node", False, f"node{i}")
+    return out
+
+
+def vm_files(layout, s):
+    """key -> list of (path, permissions, content), as local.vm_files."""
+    nodes = cluster_nodes(layout, s)
+    placement = render("placement.toml.tftpl", {"nodes": nodes})
+    nodes_toml = render("nodes.toml.tftpl", {"nodes": nodes})
+    out = {}
+    for key, (role, coord, node_name) in vms(layout, s).items():
+        units = (["nightshift.service"] if coord else []) + (
+            [f"nightshift-expert-node@{i}.service" for i in range(s["numa_nodes"])] if layout == "single-vm" else []
+        ) + (["nightshift-expert-node.service"] if layout != "single-vm" and not coord else [])
+        files = [
+            (s["placement_path"], "0644", placement),
+            (s["nodes_path"], "0644", nodes_toml),
+            ("/etc/systemd/system/nightshift-prepare.service", "0644",
+             render("nightshift-prepare.service.tftpl", {"script_path": s["prepare_path"]})),
+            (s["prepare_path"], "0755", render("nightshift-prepare.sh.tftpl", dict(
+                bin_dir=s["bin_dir"], model_dir=s["model_dir"], state_dir=s["state_dir"],
+                release_url=s["release_url"], release_sha256=s["release_sha256"],
+                model_blob_url=s["model_blob_url"], model_files=s["model_files"],
+                identity_client_id="11111111-2222-3333-4444-555555555555",
+                key_vault_uri="https://nightshiftkvabcde.vault.azure.net",
+                node_token_secret_name="nightshift-node-token",
+                api_key_secret_name="nightshift-api-key", node_token_path=s["node_token_path"],
+                api_key_env_file=s["api_key_env_file"], is_coordinator=coord))),
+            ("/etc/systemd/system/nightshift-cluster.target", "0644",
+             render("nightshift-cluster.target.tftpl", {"role": role, "wants": " ".join(units)})),
+        ]
+        if coord:
+            files.append(("/etc/systemd/system/nightshift.service", "0644", coordinator_unit(s)))
+        if layout == "single-vm":
+            files.append(("/etc/systemd/system/nightshift-expert-node@.service", "0644", numa_node_unit(s)))
+        if layout != "single-vm" and not coord:
+            files.append(("/etc/systemd/system/nightshift-expert-node.service", "0644", vm_node_unit(s, node_name)))
+        out[key] = files
+    return out
+
+
+def cloud_init(layout, s):
+    """key -> rendered cloud-init document, as local.custom_data."""
+    out = {}
+    for key, files in vm_files(layout, s).items():
+        out[key] = render("cloud-init.yaml.tftpl", dict(
+            role=vms(layout, s)[key][0],
+            files=[dict(path=p, permissions=m, content_b64=base64.b64encode(c.encode()).decode()) for p, m, c in files],
+            enable_units=["nightshift-prepare.service", "nightshift-cluster.target"]))
+    return out
+
+
+# ---- the binaries' real command-line interface ----
+
+def bin_dir():
+    return Path(os.environ.get("NIGHTSHIFT_BIN_DIR", REPO / "target" / "debug"))
+
+
+_OPT = re.compile(r"^\s+(?:-[A-Za-z], )?--([a-z0-9][a-z0-9-]*)(?: <([A-Z_]+)>)?")
+
+
+def parse_help(text):
+    """{'flags': {name: takes_value}, 'required': set(names)} from clap's --help output."""
+    flags = {}
+    for line in text.splitlines():
+        m = _OPT.match(line)
+        if m:
+            flags[m.group(1)] = m.group(2) is not None
+    usage = next((l for l in text.splitlines() if l.startswith("Usage:")), "")
+    required = set(re.findall(r"(?<!\[)--([a-z0-9-]+) <", usage))
+    if not flags:
+        raise AssertionError(f"no flags found in --help output:\n{text}")
+    return {"flags": flags, "required": required}
+
+
+def binary_help(name, *sub):
+    exe = bin_dir() / name
+    if not exe.exists():
+        raise AssertionError(f"expected the binary {exe} (build it: cargo build -p nightshift-coordinator -p nightshift-expert-node)")
+    out = subprocess.run([str(exe), *sub, "--help"], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise AssertionError(f"{exe} {' '.join(sub)} --help exited {out.returncode}: {out.stderr}")
+    return parse_help(out.stdout)
+
+
+def exec_starts(unit_text):
+    """ExecStart= values of a unit (continuation lines joined)."""
+    text = unit_text.replace("\\\n", " ")
+    return [l.split("=", 1)[1].strip() for l in text.splitlines() if l.startswith("ExecStart=")]
+
+
+def systemd_argv(cmd, instance=None):
+    """argv of an ExecStart line with the specifiers we use expanded (%i, %%)."""
+    argv = shlex.split(cmd)
+    out = []
+    for a in argv:
+        if "%" in a:
+            if instance is None and "%i" in a:
+                raise AssertionError(f"%i in a non-template unit: {cmd}")
+            a = a.replace("%i", str(instance)).replace("%%", "%")
+            if "%" in a:
+                raise AssertionError(f"unexpected systemd specifier in {a!r}")
+        out.append(a)
+    return out
+
+
+def check_argv(argv, helps):
+    """Problems of argv against the binaries' --help (empty list = fine). helps maps
+    'nightshift-expert-node' and 'nightshift serve' to parse_help results."""
+    name = Path(argv[0]).name
+    rest = argv[1:]
+    if name == "nightshift":
+        if not rest or rest[0] != "serve":
+            return [f"expected `nightshift serve ...`, found {argv}"]
+        key, rest = "nightshift serve", rest[1:]
+    else:
+        key = name
+    if key not in helps:
+        return [f"unknown binary {name}"]
+    spec = helps[key]
+    problems, seen = [], set()
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        if not tok.startswith("--"):
+            problems.append(f"{key}: unexpected positional argument {tok!r}")
+            i += 1
+            continue
+        flag = tok[2:].split("=", 1)[0]
+        if flag not in spec["flags"]:
+            problems.append(f"{key}: unknown flag --{flag} (known: {sorted(spec['flags'])})")
+            i += 1
+            continue
+        if flag in seen:
+            problems.append(f"{key}: --{flag} given twice")
+        seen.add(flag)
+        if spec["flags"][flag] and "=" not in tok:
+            if i + 1 >= len(rest) or rest[i + 1].startswith("--"):
+                problems.append(f"{key}: --{flag} expects a value, found none")
+            i += 2
+        else:
+            i += 1
+    for r in spec["required"] - seen:
+        problems.append(f"{key}: required flag --{r} missing")
+    return problems
