@@ -163,6 +163,11 @@ async fn chat_logprobs_usage_stop_and_overflow() {
         assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(cut));
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
     }
+    // ignore_eos (extension): always max_tokens tokens
+    let b = json!({"model": MODEL, "messages": msgs, "max_tokens": 30, "temperature": 0, "ignore_eos": true});
+    let (_, v2) = post(&s, "/v1/chat/completions", &b).await;
+    assert_eq!(v2["usage"]["completion_tokens"], 30, "{v2}");
+    assert_eq!(v2["choices"][0]["finish_reason"], "length");
     // prompt + max_tokens beyond --ctx 256 names both numbers
     let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().expect("prompt tokens");
     let b = json!({"model": MODEL, "messages": msgs, "max_tokens": 250});

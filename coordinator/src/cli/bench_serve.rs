@@ -51,6 +51,17 @@ pub struct Args {
     /// Give up on one request after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
+    /// Endpoint: chat (/v1/chat/completions) or completions (/v1/completions).
+    #[arg(long, default_value = "chat")]
+    pub endpoint: String,
+    /// Ask the server not to stop at end-of-generation tokens (llama.cpp's `ignore_eos`), so
+    /// every request generates max_tokens (random-weight models end early otherwise).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Stop a level after this many seconds even if fewer requests completed (soak runs:
+    /// pair with a large --requests).
+    #[arg(long)]
+    pub duration: Option<u64>,
     /// Also print the results as one JSON line per level.
     #[arg(long)]
     pub json: bool,
@@ -79,6 +90,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 async fn bench(a: Args) -> anyhow::Result<()> {
     if a.concurrency.iter().any(|&c| c == 0) || a.requests == 0 {
         bail!("--concurrency levels and --requests must be at least 1");
+    }
+    if a.endpoint != "chat" && a.endpoint != "completions" {
+        bail!(
+            "--endpoint: expected chat or completions, found {:?}",
+            a.endpoint
+        );
     }
     let base = a.url.trim_end_matches('/').to_string();
     let client = reqwest::Client::builder()
@@ -116,6 +133,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
     for &c in &a.concurrency {
         let next = Arc::new(AtomicUsize::new(0));
         let t0 = Instant::now();
+        let deadline = a.duration.map(|d| t0 + Duration::from_secs(d));
         let mut workers = Vec::new();
         for _ in 0..c {
             let (client, a, next, base, model) = (
@@ -129,7 +147,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
                 let mut out = Vec::new();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= a.requests {
+                    if i >= a.requests || deadline.is_some_and(|d| Instant::now() >= d) {
                         return out;
                     }
                     out.push(one(&client, &a, &base, &model, i).await);
@@ -180,19 +198,30 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 
 /// One streaming chat request.
 async fn one(client: &reqwest::Client, a: &Args, base: &str, model: &str, i: usize) -> One {
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "model": model,
-        "messages": [{"role": "user", "content": format!("{} ({i})", a.prompt)}],
         "max_tokens": a.max_tokens,
         "temperature": a.temperature,
         "stream": true,
         "stream_options": {"include_usage": true},
     });
+    let prompt = format!("{} ({i})", a.prompt);
+    if a.endpoint == "chat" {
+        body["messages"] = serde_json::json!([{"role": "user", "content": prompt}]);
+    } else {
+        body["prompt"] = serde_json::json!(prompt);
+    }
+    if a.ignore_eos {
+        body["ignore_eos"] = serde_json::json!(true);
+    }
     let mut out = One::default();
     let t0 = Instant::now();
-    let mut r = client
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&body);
+    let path = if a.endpoint == "chat" {
+        "chat/completions"
+    } else {
+        "completions"
+    };
+    let mut r = client.post(format!("{base}/v1/{path}")).json(&body);
     if let Some(k) = &a.api_key {
         r = r.bearer_auth(k);
     }
@@ -249,8 +278,10 @@ async fn one(client: &reqwest::Client, a: &Args, base: &str, model: &str, i: usi
             if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
                 out.tokens = n;
             }
-            let has_text = v["choices"][0]["delta"]["content"]
+            let c = &v["choices"][0];
+            let has_text = c["delta"]["content"]
                 .as_str()
+                .or(c["text"].as_str())
                 .is_some_and(|s| !s.is_empty());
             if has_text {
                 let now = Instant::now();

@@ -19,6 +19,7 @@ pub struct Checked {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    pub ignore_eos: bool,
 }
 
 fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
@@ -101,6 +102,7 @@ pub fn check_common(c: &Common, served: &str) -> Result<Checked, ApiError> {
         stop,
         stream,
         include_usage,
+        ignore_eos: c.ignore_eos.unwrap_or(false),
     })
 }
 

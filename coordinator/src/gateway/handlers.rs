@@ -172,6 +172,7 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
         sampling: job.checked.sampling,
         stop: job.checked.stop,
         logprobs: job.logprobs,
+        ignore_eos: job.checked.ignore_eos,
         events: tx,
         enqueued: Instant::now(),
     };

@@ -130,6 +130,12 @@ pub async fn serve(
         let mut rx = stop_rx;
         let _ = rx.wait_for(|v| *v).await;
     };
+    // Streams send one small SSE event per token: no Nagle delay.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
     let server = std::pin::pin!(server.into_future());
     tokio::select! {

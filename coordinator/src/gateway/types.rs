@@ -58,6 +58,7 @@ pub struct Common {
     pub top_k: Option<u32>,
     pub min_p: Option<f32>,
     pub repeat_penalty: Option<f32>,
+    pub ignore_eos: Option<bool>,
 }
 
 /// Declares a request struct with the common fields written out (not `#[serde(flatten)]`,
@@ -83,6 +84,7 @@ macro_rules! request_struct {
             pub top_k: Option<u32>,
             pub min_p: Option<f32>,
             pub repeat_penalty: Option<f32>,
+            pub ignore_eos: Option<bool>,
         }
         impl $name {
             pub fn common(&self) -> Common {
@@ -100,6 +102,7 @@ macro_rules! request_struct {
                     top_k: self.top_k,
                     min_p: self.min_p,
                     repeat_penalty: self.repeat_penalty,
+                    ignore_eos: self.ignore_eos,
                 }
             }
         }

@@ -53,6 +53,8 @@ pub struct Loop<E: StepEngine> {
     waiting: VecDeque<GenRequest>,
     running: Vec<Seq>,
     closed: bool,
+    /// End-of-generation token ids (masked for `ignore_eos`).
+    eog: Vec<u32>,
 }
 
 impl<E: StepEngine> Loop<E> {
@@ -63,6 +65,9 @@ impl<E: StepEngine> Loop<E> {
         rx: mpsc::Receiver<GenRequest>,
         stats: Arc<Stats>,
     ) -> Self {
+        let eog = (0..text.vocab_size() as u32)
+            .filter(|&t| text.is_eog(t))
+            .collect();
         Loop {
             engine,
             text,
@@ -72,6 +77,7 @@ impl<E: StepEngine> Loop<E> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             closed: false,
+            eog,
         }
     }
 
@@ -301,7 +307,17 @@ impl<E: StepEngine> Loop<E> {
         let n_ctx = self.opts.n_ctx;
         let text = self.text.clone();
         let s = &mut self.running[i];
-        let token = s.sampler.sample(logits);
+        let token = if s.req.ignore_eos && !self.eog.is_empty() {
+            let mut masked = logits.to_vec();
+            for &t in &self.eog {
+                if let Some(x) = masked.get_mut(t as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            s.sampler.sample(&masked)
+        } else {
+            s.sampler.sample(logits)
+        };
         let now = Instant::now();
         match s.last_token_at {
             None => {

@@ -76,6 +76,8 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// None: no logprobs; Some(n): the chosen token's and the n best alternatives.
     pub logprobs: Option<u32>,
+    /// Extension (llama.cpp's `ignore_eos`): never sample an end-of-generation token.
+    pub ignore_eos: bool,
     pub events: mpsc::UnboundedSender<Event>,
     pub enqueued: Instant,
 }
