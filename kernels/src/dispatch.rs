@@ -170,6 +170,16 @@ pub fn active_tier() -> Tier {
     configured_tier().unwrap_or(Tier::Scalar)
 }
 
+/// A one-line description for startup logs, e.g.
+/// `kernel tier avx512vnni (available: scalar, avx2, avx512vnni)`, or the configuration error.
+pub fn describe() -> String {
+    let available: Vec<&str> = available_tiers().into_iter().map(Tier::name).collect();
+    match configured_tier() {
+        Ok(t) => format!("kernel tier {t} (available: {})", available.join(", ")),
+        Err(e) => e.to_string(),
+    }
+}
+
 /// One tile of rows on `tier`, falling back to the scalar reference when the tier has no path.
 #[allow(clippy::too_many_arguments)]
 fn run_block(

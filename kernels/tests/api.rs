@@ -273,6 +273,11 @@ proptest! {
 #[test]
 fn nightshift_kernel_values_resolve() {
     let best = *dispatch::available_tiers().last().expect("scalar at least");
+    assert!(
+        dispatch::describe().contains("scalar"),
+        "{}",
+        dispatch::describe()
+    );
     assert_eq!(dispatch::resolve_tier(None), Ok(best));
     assert_eq!(dispatch::resolve_tier(Some("")), Ok(best));
     assert_eq!(dispatch::resolve_tier(Some("auto")), Ok(best));
