@@ -197,3 +197,164 @@ fn ensure_cached_generates_once() {
     other.layers = Some(1);
     assert_eq!(other.file_name(), "tiny-qwen3moe-L1-s7-Q4_K_M.gguf");
 }
+
+#[test]
+fn writer_round_trips_every_value_type_and_alignment() {
+    use nightshift_model::gen::{GgufWriter, KvValue, TensorDecl};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("kv.gguf");
+    let kv: Vec<(String, KvValue)> = vec![
+        (
+            "general.architecture".into(),
+            KvValue::Str("qwen3moe".into()),
+        ),
+        ("t.u8".into(), KvValue::U8(200)),
+        ("t.i8".into(), KvValue::I8(-100)),
+        ("t.u16".into(), KvValue::U16(60_000)),
+        ("t.i16".into(), KvValue::I16(-30_000)),
+        ("t.u32".into(), KvValue::U32(4_000_000_000)),
+        ("t.i32".into(), KvValue::I32(-2_000_000_000)),
+        ("t.u64".into(), KvValue::U64(1 << 40)),
+        ("t.i64".into(), KvValue::I64(-(1 << 40))),
+        ("t.f32".into(), KvValue::F32(1.5)),
+        ("t.f64".into(), KvValue::F64(-2.25)),
+        ("t.bool".into(), KvValue::Bool(true)),
+        ("t.str".into(), KvValue::Str("héllo".into())),
+        (
+            "t.arr".into(),
+            KvValue::Array(vec![KvValue::I32(1), KvValue::I32(-2)]),
+        ),
+        (
+            "t.nested".into(),
+            KvValue::Array(vec![KvValue::strs(&["a", "b"]), KvValue::strs(&["c"])]),
+        ),
+        ("t.empty".into(), KvValue::Array(vec![])),
+    ];
+    // odd sizes: 3 f32 (12 bytes) then 1 Q8_0 row (34 bytes) then 5 f32: every offset padded to 32
+    let tensors = vec![
+        TensorDecl {
+            name: "a".into(),
+            ty: GgmlType::F32,
+            dims: vec![3],
+        },
+        TensorDecl {
+            name: "b".into(),
+            ty: GgmlType::Q8_0,
+            dims: vec![32, 1],
+        },
+        TensorDecl {
+            name: "c".into(),
+            ty: GgmlType::F32,
+            dims: vec![5],
+        },
+    ];
+    let file = std::fs::File::create(&path).expect("create");
+    let mut w = GgufWriter::new(file, &kv, &tensors).expect("header");
+    w.write_data(&[1u8; 12]).expect("a");
+    w.write_data(&[2u8; 20]).expect("b, first part");
+    w.write_data(&[2u8; 14]).expect("b, rest");
+    assert_eq!(w.expecting(), Some("c"));
+    w.write_data(&[3u8; 20]).expect("c");
+    assert!(
+        w.write_data(&[0u8]).is_err(),
+        "data past the last tensor is refused"
+    );
+    w.finish().expect("finish");
+    let g = Gguf::open(&path).expect("open");
+    let got = metadata(&g);
+    let expect = |k: &str, v: Value| assert_eq!(got.get(k), Some(&v), "{k}");
+    expect("t.u8", Value::U8(200));
+    expect("t.i8", Value::I8(-100));
+    expect("t.u16", Value::U16(60_000));
+    expect("t.i16", Value::I16(-30_000));
+    expect("t.u32", Value::U32(4_000_000_000));
+    expect("t.i32", Value::I32(-2_000_000_000));
+    expect("t.u64", Value::U64(1 << 40));
+    expect("t.i64", Value::I64(-(1 << 40)));
+    expect("t.f32", Value::F32(1.5));
+    expect("t.f64", Value::F64(-2.25));
+    expect("t.bool", Value::Bool(true));
+    expect("t.str", Value::Str("héllo".into()));
+    expect("t.arr", Value::Array(vec![Value::I32(1), Value::I32(-2)]));
+    let s = |x: &str| Value::Str(x.into());
+    expect(
+        "t.nested",
+        Value::Array(vec![
+            Value::Array(vec![s("a"), s("b")]),
+            Value::Array(vec![s("c")]),
+        ]),
+    );
+    expect("t.empty", Value::Array(vec![]));
+    for (name, fill, len) in [("a", 1u8, 12usize), ("b", 2, 34), ("c", 3, 20)] {
+        let t = g.tensor(name).expect("tensor");
+        assert_eq!(t.offset() % 32, 0, "{name} aligned");
+        assert_eq!(g.tensor_data(t), vec![fill; len].as_slice(), "{name} data");
+    }
+}
+
+#[test]
+fn unfinished_stream_is_an_error() {
+    use nightshift_model::gen::{GgufWriter, TensorDecl};
+    let tensors = vec![TensorDecl {
+        name: "a".into(),
+        ty: GgmlType::F32,
+        dims: vec![4],
+    }];
+    let mut w = GgufWriter::new(Vec::new(), &[], &tensors).expect("header");
+    w.write_data(&[0u8; 8]).expect("half");
+    let e = w.finish().expect_err("missing data").to_string();
+    assert!(e.contains("expected data for every tensor"), "{e}");
+}
+
+#[test]
+fn generated_models_run_in_the_engine() {
+    use nightshift_model::{build_pool, BatchToken, Engine, EngineOptions, LocalExperts, Model};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().expect("tempdir");
+    for arch in [Arch::Qwen3Moe, Arch::Deepseek2] {
+        let path = gen_tiny(dir.path(), arch, QuantMix::Q4KM, false, 7);
+        let model = Model::load(&path).expect("load");
+        let n_vocab = model.tokenizer().vocab_size();
+        let pool = build_pool(1).expect("pool");
+        let backend = Arc::new(LocalExperts::new(model.clone(), Some(pool.clone())));
+        let opts = EngineOptions {
+            threads: 1,
+            pool: Some(pool),
+            max_seqs: 1,
+            kv_budget_tokens: 64,
+            max_seq_len: 64,
+        };
+        let mut eng = Engine::new(model, backend, opts).expect("engine");
+        let seq = eng.add_sequence().expect("sequence");
+        let prompt = [100u32, 200, 300];
+        let batch: Vec<BatchToken> = prompt
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| BatchToken {
+                seq,
+                token,
+                pos: i as u32,
+                want_logits: i == 2,
+            })
+            .collect();
+        let mut logits = eng.forward(&batch).expect("prefill");
+        for pos in 3..6u32 {
+            let row = logits.pop().expect("logits");
+            assert_eq!(row.len(), n_vocab, "{arch:?}");
+            assert!(row.iter().all(|x| x.is_finite()), "{arch:?}: finite logits");
+            let next = row
+                .iter()
+                .enumerate()
+                .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+                .0;
+            logits = eng
+                .forward(&[BatchToken {
+                    seq,
+                    token: next as u32,
+                    pos,
+                    want_logits: true,
+                }])
+                .expect("decode");
+        }
+    }
+}
