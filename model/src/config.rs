@@ -162,8 +162,21 @@ impl ModelConfig {
             ));
         }
 
+        if head_k == 0 || head_v == 0 {
+            return Err(bad(
+                &k("attention.key_length"),
+                format!("expected non-zero key/value lengths, found {head_k}/{head_v}"),
+            ));
+        }
+
         // Rope and YaRN, as llama_context sets up cparams.
         let n_rot = opt_u32(md, &k("rope.dimension_count"), head_k)?;
+        if n_rot == 0 || n_rot % 2 != 0 {
+            return Err(bad(
+                &k("rope.dimension_count"),
+                format!("expected an even, non-zero number of rotated dims, found {n_rot}"),
+            ));
+        }
         let freq_base = opt_f32(md, &k("rope.freq_base"), 10000.0)?;
         let scaling = md
             .get_str(&k("rope.scaling.type"))?
@@ -233,6 +246,12 @@ impl ModelConfig {
         } else {
             n_ff_exp
         };
+        if n_ff_exp == 0 {
+            return Err(bad(
+                &k("expert_feed_forward_length"),
+                "expected a non-zero expert feed-forward length, found 0".into(),
+            ));
+        }
 
         let (
             kq_scale,
@@ -270,7 +289,12 @@ impl ModelConfig {
                 let kv_lora_rank = req_u32(md, &k("attention.kv_lora_rank"))?;
                 let head_k_mla = req_u32(md, &k("attention.key_length_mla"))?;
                 let v_head = req_u32(md, &k("attention.value_length_mla"))?;
-                if head_k_mla <= n_rot || head_k != kv_lora_rank + n_rot || head_v != kv_lora_rank {
+                if head_k_mla <= n_rot
+                    || v_head == 0
+                    || kv_lora_rank == 0
+                    || head_k != kv_lora_rank + n_rot
+                    || head_v != kv_lora_rank
+                {
                     return Err(bad(
                         &k("attention.key_length_mla"),
                         format!("expected key_length_mla > rope dims and key/value length = kv_lora+rope/kv_lora (absorbed MLA), found {head_k_mla}, {head_k}, {head_v}"),
