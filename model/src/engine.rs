@@ -9,7 +9,7 @@ use crate::error::ModelError;
 use crate::expert::ExpertBackend;
 use crate::kv::{KvType, SeqKv};
 use crate::model::Model;
-use crate::moe::{dense_ffn, moe_ffn};
+use crate::moe::{dense_ffn, moe_ffn, RouteObserver};
 use crate::ops::{add_inplace, matmul, rms_norm};
 use crate::rope::Rope;
 use crate::weights::FfnWeights;
@@ -78,6 +78,7 @@ pub struct Engine {
     seqs: Vec<Option<SeqKv>>,
     kv_used: usize,
     kv_type: KvType,
+    observer: Option<Arc<dyn RouteObserver>>,
 }
 
 impl Engine {
@@ -104,7 +105,13 @@ impl Engine {
             seqs: Vec::new(),
             kv_used: 0,
             kv_type: KvType::F32,
+            observer: None,
         })
+    }
+
+    /// Installs (or removes) the observer told every MoE layer's routing decisions (ExpertAtlas).
+    pub fn set_route_observer(&mut self, observer: Option<Arc<dyn RouteObserver>>) {
+        self.observer = observer;
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -295,7 +302,7 @@ impl Engine {
             match &lw.ffn {
                 FfnWeights::Dense(d) => dense_ffn(d, &h, n, &mut y, p)?,
                 FfnWeights::Moe(m) => {
-                    moe_ffn(c, il, m, &h, n, &*self.backend, p, &mut y)?;
+                    moe_ffn(c, il, m, &h, n, &*self.backend, self.observer.as_deref(), p, &mut y)?;
                     if let Some(sh) = &m.shared {
                         let mut s = vec![0.0f32; n * e];
                         dense_ffn(sh, &h, n, &mut s, p)?;

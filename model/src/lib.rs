@@ -27,4 +27,5 @@ pub use error::{ExpertError, ModelError};
 pub use kv::KvType;
 pub use expert::{expert_ffn, ActRows, ExpertBackend, ExpertPair, ExpertWeights, LocalExperts};
 pub use model::Model;
+pub use moe::RouteObserver;
 pub use sampler::{Sampler, SamplerParams};

@@ -83,6 +83,12 @@ pub fn route(c: &ModelConfig, logits: &[f32], bias: Option<&[f32]>) -> (Vec<usiz
     (chosen, w)
 }
 
+/// Told every MoE layer's routing: `pairs` row-major with `n_expert_used` experts per token row
+/// (in top-k order) and `weights` the matching routing weights (ExpertAtlas records these).
+pub trait RouteObserver: Send + Sync {
+    fn observe(&self, layer: usize, pairs: &[ExpertPair], weights: &[f32]);
+}
+
 /// Routed experts of layer `il` for n normalised rows `h`, summed with their weights into `out`.
 /// Returns the chosen experts of each row (top-k order), for tracing.
 #[allow(clippy::too_many_arguments)]
@@ -93,6 +99,7 @@ pub fn moe_ffn(
     h: &[f32],
     n: usize,
     backend: &dyn ExpertBackend,
+    observer: Option<&dyn RouteObserver>,
     pool: Option<&ThreadPool>,
     out: &mut [f32],
 ) -> Result<Vec<Vec<usize>>, ModelError> {
@@ -114,6 +121,9 @@ pub fn moe_ffn(
         }
         weights.extend_from_slice(&w);
         chosen_all.push(chosen);
+    }
+    if let Some(o) = observer {
+        o.observe(il, &pairs, &weights);
     }
     let acts = ActRows::quantize(act_type_for(mw.gate_exps.ty, mw.up_exps.ty), &h[..n * e], e)?;
     let mut eo = vec![0.0f32; pairs.len() * e];
