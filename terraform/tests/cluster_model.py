@@ -50,6 +50,7 @@ def sample_settings(**over):
         node_memory_bytes=0,
         node_threads=0,
         coordinator_threads=0,
+        record_atlas=False,
         expert_deadline_ms=10000,
         max_seqs=8,
         ctx=4096,
@@ -84,7 +85,7 @@ def coordinator_unit(s):
         node_token_path=s["node_token_path"], api_key_env_file=s["api_key_env_file"],
         state_dir=s["state_dir"], expert_deadline_ms=s["expert_deadline_ms"],
         max_seqs=s["max_seqs"], ctx=s["ctx"], set_threads=s["coordinator_threads"] > 0,
-        coordinator_threads=s["coordinator_threads"]))
+        coordinator_threads=s["coordinator_threads"], record_atlas=s["record_atlas"]))
 
 
 def numa_node_unit(s):
@@ -164,7 +165,8 @@ def cloud_init(layout, s):
 # ---- the binaries' real command-line interface ----
 
 def bin_dir():
-    return Path(os.environ.get("NIGHTSHIFT_BIN_DIR", REPO / "target" / "debug"))
+    d = Path(os.environ.get("NIGHTSHIFT_BIN_DIR", REPO / "target" / "debug"))
+    return d if d.is_absolute() else (REPO / d).resolve()
 
 
 _OPT = re.compile(r"^\s+(?:-[A-Za-z], )?--([a-z0-9][a-z0-9-]*)(?: <([A-Z_]+)>)?")

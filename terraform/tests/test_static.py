@@ -139,7 +139,7 @@ def test_help_parser_sees_the_contract_flags(helps):
 
 SETTINGS = [
     ("defaults", {}),
-    ("threads set", {"node_threads": 8, "coordinator_threads": 16}),
+    ("threads and atlas set", {"node_threads": 8, "coordinator_threads": 16, "record_atlas": True}),
 ]
 
 

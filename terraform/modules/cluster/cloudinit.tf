@@ -73,6 +73,7 @@ locals {
     ctx                 = var.ctx
     set_threads         = var.coordinator_threads > 0
     coordinator_threads = var.coordinator_threads
+    record_atlas        = var.record_atlas
   })
 
   numa_node_unit = templatefile("${local.tpl_dir}/nightshift-expert-node@.service.tftpl", {

@@ -311,6 +311,12 @@ variable "ctx" {
   default     = 4096
 }
 
+variable "record_atlas" {
+  type        = bool
+  description = "Coordinator: record the expert activation atlas to /var/lib/nightshift/atlas.bin (--atlas-out), the input of `nightshift-atlas plan`. Off by default: the coordinator build of this date rejects --atlas-out until its recorder lands."
+  default     = false
+}
+
 variable "tags" {
   type        = map(string)
   description = "Tags added to every resource."
