@@ -34,7 +34,19 @@ impl Drop for Server {
 fn serve() -> Server {
     let model = fixture("gguf");
     let mut child = Command::new(BIN)
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--ctx", "256", "--max-seqs", "8", "--threads", "2"])
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--ctx",
+            "256",
+            "--max-seqs",
+            "8",
+            "--threads",
+            "2",
+        ])
         .arg("--model")
         .arg(&model)
         .env("RUST_LOG", "warn")
@@ -54,34 +66,56 @@ fn serve() -> Server {
     });
     while let Ok(line) = rx.recv_timeout(Duration::from_secs(120)) {
         if let Some(u) = line.strip_prefix("nightshift serve: listening on ") {
-            return Server { child, url: u.trim().to_string() };
+            return Server {
+                child,
+                url: u.trim().to_string(),
+            };
         }
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("nightshift serve did not start");
 }
 
 async fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {
-    let r = reqwest::Client::new().post(format!("{}{path}", s.url)).json(body).send().await.expect("send");
+    let r = reqwest::Client::new()
+        .post(format!("{}{path}", s.url))
+        .json(body)
+        .send()
+        .await
+        .expect("send");
     let st = r.status().as_u16();
     (st, r.json().await.unwrap_or(Value::Null))
 }
 
 /// Text of an SSE stream (chat deltas or completion text), checking it ends with [DONE].
 async fn stream_text(url: String, path: &'static str, body: Value) -> String {
-    let r = reqwest::Client::new().post(format!("{url}{path}")).json(&body).send().await.expect("send");
+    let r = reqwest::Client::new()
+        .post(format!("{url}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
     assert_eq!(r.status().as_u16(), 200);
     let raw = r.text().await.expect("body");
     let mut out = String::new();
     let mut done = false;
     for line in raw.lines() {
-        let Some(d) = line.strip_prefix("data: ") else { continue };
+        let Some(d) = line.strip_prefix("data: ") else {
+            continue;
+        };
         if d == "[DONE]" {
             done = true;
             continue;
         }
         let v: Value = serde_json::from_str(d).expect("chunk");
         if let Some(c) = v["choices"].get(0) {
-            out.push_str(c["delta"]["content"].as_str().or(c["text"].as_str()).unwrap_or(""));
+            out.push_str(
+                c["delta"]["content"]
+                    .as_str()
+                    .or(c["text"].as_str())
+                    .unwrap_or(""),
+            );
         }
     }
     assert!(done, "no [DONE] in {raw}");
@@ -90,25 +124,56 @@ async fn stream_text(url: String, path: &'static str, body: Value) -> String {
 
 #[tokio::test]
 async fn greedy_completions_match_llama_cpp() {
-    let expected: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).expect("expected.json")).expect("json");
+    let expected: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("expected.json")).expect("expected.json"),
+    )
+    .expect("json");
     let g = Gguf::open(&fixture("gguf")).expect("open fixture");
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
     let s = serve();
     for p in expected["prompts"].as_array().expect("prompts") {
-        let ids: Vec<u32> = p["ids"].as_array().expect("ids").iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect();
-        let greedy: Vec<u32> = p["greedy"].as_array().expect("greedy").iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect();
+        let ids: Vec<u32> = p["ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as u32)
+            .collect();
+        let greedy: Vec<u32> = p["greedy"]
+            .as_array()
+            .expect("greedy")
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as u32)
+            .collect();
         // generation stops at the first end-of-generation token
-        let upto: Vec<u32> = greedy.iter().copied().take_while(|&t| !tok.is_eog(t)).collect();
-        let bytes: Vec<u8> = upto.iter().flat_map(|&t| tok.token_bytes(t).to_vec()).collect();
+        let upto: Vec<u32> = greedy
+            .iter()
+            .copied()
+            .take_while(|&t| !tok.is_eog(t))
+            .collect();
+        let bytes: Vec<u8> = upto
+            .iter()
+            .flat_map(|&t| tok.token_bytes(t).to_vec())
+            .collect();
         let want = String::from_utf8_lossy(&bytes).into_owned();
-        let body = json!({"model": MODEL, "prompt": ids, "max_tokens": greedy.len(), "temperature": 0});
+        let body =
+            json!({"model": MODEL, "prompt": ids, "max_tokens": greedy.len(), "temperature": 0});
         let (st, v) = post(&s, "/v1/completions", &body).await;
         assert_eq!(st, 200, "{v}");
-        assert_eq!(v["choices"][0]["text"].as_str(), Some(want.as_str()), "prompt {}", p["text"]);
+        assert_eq!(
+            v["choices"][0]["text"].as_str(),
+            Some(want.as_str()),
+            "prompt {}",
+            p["text"]
+        );
         assert_eq!(v["usage"]["prompt_tokens"], ids.len());
         assert_eq!(v["usage"]["completion_tokens"], upto.len());
-        let finish = if upto.len() == greedy.len() { "length" } else { "stop" };
+        let finish = if upto.len() == greedy.len() {
+            "length"
+        } else {
+            "stop"
+        };
         assert_eq!(v["choices"][0]["finish_reason"], finish);
     }
 }
@@ -117,16 +182,25 @@ async fn greedy_completions_match_llama_cpp() {
 #[tokio::test]
 async fn concurrent_greedy_streams_equal_alone() {
     let s = serve();
-    let prompts: Vec<String> = (0..8).map(|i| format!("Request {i}: tell me about experts number {}", i * 7)).collect();
+    let prompts: Vec<String> = (0..8)
+        .map(|i| format!("Request {i}: tell me about experts number {}", i * 7))
+        .collect();
     let body = |p: &str| json!({"model": MODEL, "prompt": p, "max_tokens": 24, "temperature": 0, "stream": true});
     let mut alone = Vec::new();
     for p in &prompts {
         alone.push(stream_text(s.url.clone(), "/v1/completions", body(p)).await);
     }
     assert!(alone.iter().any(|t| !t.is_empty()));
-    let tasks: Vec<_> = prompts.iter().map(|p| tokio::spawn(stream_text(s.url.clone(), "/v1/completions", body(p)))).collect();
+    let tasks: Vec<_> = prompts
+        .iter()
+        .map(|p| tokio::spawn(stream_text(s.url.clone(), "/v1/completions", body(p))))
+        .collect();
     for (i, t) in tasks.into_iter().enumerate() {
-        assert_eq!(t.await.expect("join"), alone[i], "prompt {i} differs when batched");
+        assert_eq!(
+            t.await.expect("join"),
+            alone[i],
+            "prompt {i} differs when batched"
+        );
     }
 }
 
@@ -137,21 +211,45 @@ async fn chat_logprobs_usage_stop_and_overflow() {
     let body = json!({"model": MODEL, "messages": msgs, "max_tokens": 20, "temperature": 0, "logprobs": true, "top_logprobs": 2});
     let (st, v) = post(&s, "/v1/chat/completions", &body).await;
     assert_eq!(st, 200, "{v}");
-    let text = v["choices"][0]["message"]["content"].as_str().expect("content").to_string();
-    let content = v["choices"][0]["logprobs"]["content"].as_array().expect("logprobs");
-    assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().expect("usage"));
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_string();
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("logprobs");
+    assert_eq!(
+        content.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().expect("usage")
+    );
     let bytes: Vec<u8> = content
         .iter()
-        .flat_map(|t| t["bytes"].as_array().expect("bytes").iter().filter_map(|b| b.as_u64()).map(|b| b as u8).collect::<Vec<_>>())
+        .flat_map(|t| {
+            t["bytes"]
+                .as_array()
+                .expect("bytes")
+                .iter()
+                .filter_map(|b| b.as_u64())
+                .map(|b| b as u8)
+                .collect::<Vec<_>>()
+        })
         .collect();
     assert_eq!(String::from_utf8_lossy(&bytes), text);
     for t in content {
-        assert!((t["top_logprobs"][0]["logprob"].as_f64().expect("lp") - t["logprob"].as_f64().expect("lp")).abs() < 1e-5);
+        assert!(
+            (t["top_logprobs"][0]["logprob"].as_f64().expect("lp")
+                - t["logprob"].as_f64().expect("lp"))
+            .abs()
+                < 1e-5
+        );
     }
     // streaming gives the same text
     let mut sb = body.clone();
     sb["stream"] = json!(true);
-    assert_eq!(stream_text(s.url.clone(), "/v1/chat/completions", sb).await, text);
+    assert_eq!(
+        stream_text(s.url.clone(), "/v1/chat/completions", sb).await,
+        text
+    );
     // a stop string taken from the middle of the output cuts it there
     let chars: Vec<char> = text.chars().collect();
     if chars.len() >= 6 && !text.contains('\u{FFFD}') {
@@ -175,5 +273,8 @@ async fn chat_logprobs_usage_stop_and_overflow() {
     assert_eq!(st, 400, "{e}");
     assert_eq!(e["error"]["code"], "context_length_exceeded");
     let m = e["error"]["message"].as_str().expect("message");
-    assert!(m.contains("256") && m.contains(&(prompt_tokens + 250).to_string()), "{m}");
+    assert!(
+        m.contains("256") && m.contains(&(prompt_tokens + 250).to_string()),
+        "{m}"
+    );
 }

@@ -88,7 +88,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 async fn bench(a: Args) -> anyhow::Result<()> {
-    if a.concurrency.iter().any(|&c| c == 0) || a.requests == 0 {
+    if a.concurrency.contains(&0) || a.requests == 0 {
         bail!("--concurrency levels and --requests must be at least 1");
     }
     if a.endpoint != "chat" && a.endpoint != "completions" {

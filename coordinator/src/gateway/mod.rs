@@ -94,7 +94,7 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
                         &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0],
                     )
                 });
-            match b.and_then(|b| b.install_recorder().map_err(Into::into)) {
+            match b.and_then(|b| b.install_recorder()) {
                 Ok(h) => Some(h),
                 Err(e) => {
                     tracing::warn!(error = %e, "prometheus recorder not installed; /metrics disabled");

@@ -11,6 +11,7 @@ use std::sync::atomic::AtomicUsize;
 struct Server {
     url: String,
     live: Arc<AtomicUsize>,
+    peak_live: Arc<AtomicUsize>,
     max_batch: Arc<AtomicUsize>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -32,6 +33,7 @@ struct Opts {
     nodes_down: bool,
     n_ctx: usize,
     no_eos: bool,
+    kv_budget: Option<usize>,
 }
 
 impl Default for Opts {
@@ -45,6 +47,7 @@ impl Default for Opts {
             nodes_down: false,
             n_ctx: 512,
             no_eos: false,
+            kv_budget: None,
         }
     }
 }
@@ -54,6 +57,7 @@ async fn start(o: Opts) -> Server {
     engine.step_delay = std::time::Duration::from_millis(o.delay_ms);
     engine.eos = !o.no_eos;
     let live = engine.live.clone();
+    let peak_live = engine.peak_live.clone();
     let max_batch = engine.max_batch.clone();
     let text: Arc<dyn TextModel> = Arc::new(MockText);
     let opts = SchedulerOptions {
@@ -61,7 +65,7 @@ async fn start(o: Opts) -> Server {
         max_seqs: o.max_seqs,
         step_tokens: 64,
         n_ctx: o.n_ctx,
-        kv_budget_tokens: o.n_ctx * o.max_seqs,
+        kv_budget_tokens: o.kv_budget.unwrap_or(o.n_ctx * o.max_seqs),
     };
     let scheduler = Scheduler::spawn(engine, text.clone(), opts).expect("spawn engine thread");
     let down = o.nodes_down;
@@ -99,6 +103,7 @@ async fn start(o: Opts) -> Server {
     Server {
         url,
         live,
+        peak_live,
         max_batch,
         stop: Some(tx),
     }
@@ -551,6 +556,7 @@ async fn concurrent_greedy_equals_alone() {
             let srv = Server {
                 url,
                 live: Arc::default(),
+                peak_live: Arc::default(),
                 max_batch: Arc::default(),
                 stop: None,
             };
@@ -615,4 +621,60 @@ async fn metrics_are_exported() {
     ] {
         assert!(text.contains(name), "{name} missing from /metrics:\n{text}");
     }
+}
+
+/// Admission reserves prompt + max_tokens against the KV budget: with room for one request
+/// at a time, concurrent requests wait their turn (FIFO) instead of failing.
+#[tokio::test]
+async fn kv_budget_admits_one_at_a_time() {
+    let s = start(Opts {
+        kv_budget: Some(60),
+        delay_ms: 2,
+        ..Default::default()
+    })
+    .await;
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let url = s.url.clone();
+        tasks.push(tokio::spawn(async move {
+            let b =
+                json!({"model":"mock","prompt":format!("p{i}"),"max_tokens":40,"temperature":0});
+            let r = reqwest::Client::new()
+                .post(format!("{url}/v1/completions"))
+                .json(&b)
+                .send()
+                .await
+                .expect("send");
+            r.status().as_u16()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.expect("join"), 200);
+    }
+    assert_eq!(
+        s.peak_live.load(Ordering::SeqCst),
+        1,
+        "more than one sequence was admitted"
+    );
+    let s = start(Opts {
+        delay_ms: 2,
+        ..Default::default()
+    })
+    .await;
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let url = s.url.clone();
+        tasks.push(tokio::spawn(async move {
+            let b = json!({"model":"mock","prompt":format!("p{i}"),"max_tokens":40,"temperature":0,"ignore_eos":true});
+            let r = reqwest::Client::new().post(format!("{url}/v1/completions")).json(&b).send().await.expect("send");
+            r.status().as_u16()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.expect("join"), 200);
+    }
+    assert!(
+        s.peak_live.load(Ordering::SeqCst) > 1,
+        "requests were never admitted together"
+    );
 }

@@ -58,6 +58,8 @@ pub struct MockEngine {
     pub max_batch: Arc<AtomicUsize>,
     /// Sequences currently allocated (shared for tests: KV freed on cancel).
     pub live: Arc<AtomicUsize>,
+    /// Most sequences allocated at once (shared for tests: admission limits).
+    pub peak_live: Arc<AtomicUsize>,
     /// Sleep per step, to make concurrency observable.
     pub step_delay: std::time::Duration,
     /// Whether EOS can win (off: sequences end only by length or stop strings).
@@ -72,6 +74,7 @@ impl MockEngine {
             kv_seqs,
             max_batch: Arc::new(AtomicUsize::new(0)),
             live: Arc::new(AtomicUsize::new(0)),
+            peak_live: Arc::new(AtomicUsize::new(0)),
             step_delay: std::time::Duration::ZERO,
             eos: true,
         }
@@ -114,7 +117,8 @@ impl StepEngine for MockEngine {
         let h = self.next;
         self.next += 1;
         self.seqs.insert(h, MockSeq::default());
-        self.live.fetch_add(1, Ordering::SeqCst);
+        let now = self.live.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak_live.fetch_max(now, Ordering::SeqCst);
         Ok(h)
     }
     fn remove_sequence(&mut self, seq: SeqHandle) {
