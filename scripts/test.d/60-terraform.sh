@@ -8,12 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 [ -x "$PY" ] || { echo "60-terraform: $PY missing (run scripts/setup.sh)"; exit 1; }
-cargo build -q -p nightshift-coordinator --bin nightshift -p nightshift-expert-node --bin nightshift-expert-node
+cargo build -q -p nightshift-coordinator --bin nightshift -p nightshift-expert-node --bin nightshift-expert-node -p nightshift-atlas --bin nightshift-atlas
 export NIGHTSHIFT_BIN_DIR="${CARGO_TARGET_DIR:-target}/debug"
 if command -v terraform >/dev/null 2>&1; then
-  echo "60-terraform: terraform $(terraform version 2>/dev/null | head -n 1) found: fmt -check runs; validate needs provider downloads and is not run here"
+  echo "60-terraform: terraform $(terraform version 2>/dev/null | head -n 1) found: fmt -check runs; validate runs only if terraform init can fetch the providers"
 else
   echo "60-terraform: terraform is not installed: fmt -check and validate skipped"
 fi
 export CHECKOV_RUN_SCA_PACKAGE_SCAN_V2=false BC_SKIP_MAPPING=TRUE
-"$PY" -m pytest -q -p no:cacheprovider terraform/tests
+"$PY" -m pytest -q -rs -p no:cacheprovider terraform/tests
