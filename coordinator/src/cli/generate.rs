@@ -43,6 +43,9 @@ pub struct Args {
     /// Threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Keep the KV cache in f16 (half the memory; F32 is the llama.cpp parity reference).
+    #[arg(long)]
+    pub kv_f16: bool,
 }
 
 /// Runs the subcommand.
@@ -78,6 +81,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ..EngineOptions::default()
     };
     let mut engine = Engine::new(model.clone(), backend, opts)?;
+    if args.kv_f16 {
+        engine.set_kv_type(nightshift_model::KvType::F16)?;
+    }
     let seq = engine.add_sequence()?;
     let params = SamplerParams {
         temperature: args.temp,
