@@ -46,9 +46,49 @@ struct Args {
     skip_llama: bool,
 }
 
+/// Tokens per wall-clock second and per CPU-second of the whole process (the latter barely moves
+/// when other processes compete for the cores; with one thread it is the uncontended speed).
 struct Speeds {
     prefill: f64,
     decode: f64,
+    prefill_cpu: f64,
+    decode_cpu: f64,
+}
+
+/// Wall and process-CPU clocks, started together.
+struct Clock {
+    wall: Instant,
+    cpu: f64,
+}
+
+fn cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return f64::NAN;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+impl Clock {
+    fn start() -> Clock {
+        Clock {
+            wall: Instant::now(),
+            cpu: cpu_seconds(),
+        }
+    }
+
+    /// (per wall second, per CPU second) rates of `n` items since start.
+    fn rates(&self, n: usize) -> (f64, f64) {
+        (
+            n as f64 / self.wall.elapsed().as_secs_f64(),
+            n as f64 / (cpu_seconds() - self.cpu),
+        )
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -68,7 +108,11 @@ fn main() -> anyhow::Result<()> {
             files.push(ensure_model(&a.models_dir, q.parse()?, a.layers)?);
         }
     }
-    println!("| model | file GB | engine | prefill {} tok/s | decode {} tok/s | weight MB read / token | roofline tok/s | decode % of roofline |", a.prefill, a.decode);
+    println!("threads {}, load average before: {}", a.threads, loadavg());
+    println!(
+        "| model | file GB | engine | prefill {} tok/s (per CPU-s) | decode {} tok/s (per CPU-s) | weight MB read / token | roofline tok/s | decode % of roofline |",
+        a.prefill, a.decode
+    );
     println!("|---|---:|---|---:|---:|---:|---:|---:|");
     for f in &files {
         let bytes_per_tok = bytes_per_token(f)?;
@@ -82,9 +126,11 @@ fn main() -> anyhow::Result<()> {
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let row = |engine: &str, s: &Speeds| {
             println!(
-                "| {name} | {gb:.2} | {engine} | {:.1} | {:.2} | {:.0} | {:.2} | {:.0}% |",
+                "| {name} | {gb:.2} | {engine} | {:.1} ({:.1}) | {:.2} ({:.2}) | {:.0} | {:.2} | {:.0}% |",
                 s.prefill,
+                s.prefill_cpu,
                 s.decode,
+                s.decode_cpu,
                 bytes_per_tok / 1e6,
                 roof,
                 100.0 * s.decode / roof
@@ -184,17 +230,22 @@ fn ours(path: &Path, prompt: &[u32], n_decode: usize, threads: usize) -> anyhow:
     eng.forward(&batch(w, &prompt[..prompt.len().min(64)], 0))?;
     eng.remove_sequence(w);
     let seq = eng.add_sequence()?;
-    let t = Instant::now();
+    let t = Clock::start();
     let mut logits = eng.forward(&batch(seq, prompt, 0))?;
-    let prefill = prompt.len() as f64 / t.elapsed().as_secs_f64();
-    let t = Instant::now();
+    let (prefill, prefill_cpu) = t.rates(prompt.len());
+    let t = Clock::start();
     for i in 0..n_decode {
         let last = logits.pop().context("no logits returned")?;
         let next = argmax(&last) as u32;
         logits = eng.forward(&batch(seq, &[next], prompt.len() + i))?;
     }
-    let decode = n_decode as f64 / t.elapsed().as_secs_f64();
-    Ok(Speeds { prefill, decode })
+    let (decode, decode_cpu) = t.rates(n_decode);
+    Ok(Speeds {
+        prefill,
+        decode,
+        prefill_cpu,
+        decode_cpu,
+    })
 }
 
 #[cfg(feature = "ggml")]
@@ -205,15 +256,26 @@ fn llama(path: &Path, prompt: &[u32], n_decode: usize, threads: usize) -> anyhow
     let toks: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
     l.decode(&toks[..toks.len().min(64)])?;
     l.clear();
-    let t = Instant::now();
+    let t = Clock::start();
     l.decode(&toks)?;
     let mut next = argmax(&l.last_logits()) as i32;
-    let prefill = toks.len() as f64 / t.elapsed().as_secs_f64();
-    let t = Instant::now();
+    let (prefill, prefill_cpu) = t.rates(toks.len());
+    let t = Clock::start();
     for _ in 0..n_decode {
         l.decode(&[next])?;
         next = argmax(&l.last_logits()) as i32;
     }
-    let decode = n_decode as f64 / t.elapsed().as_secs_f64();
-    Ok(Speeds { prefill, decode })
+    let (decode, decode_cpu) = t.rates(n_decode);
+    Ok(Speeds {
+        prefill,
+        decode,
+        prefill_cpu,
+        decode_cpu,
+    })
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
 }
