@@ -2,6 +2,7 @@
 //! auth / metrics middleware and the server loop with graceful shutdown. Only this module knows
 //! OpenAI's JSON; it converts into the scheduler's types at the edge (`convert`).
 
+pub mod atlas;
 mod convert;
 mod error;
 mod extract;
@@ -58,6 +59,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/models", get(handlers::models))
+        .route("/v1/atlas", get(atlas::get_atlas))
+        .route("/v1/admin/placement", post(atlas::post_placement))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::auth,
@@ -95,7 +98,19 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
                     )
                 });
             match b.and_then(|b| b.install_recorder()) {
-                Ok(h) => Some(h),
+                Ok(h) => {
+                    // Histogram samples pile up until drained: drain them every 5 s even when
+                    // nobody scrapes /metrics, so memory stays flat.
+                    let upkeep = h.clone();
+                    let spawned = std::thread::Builder::new().name("metrics-upkeep".into()).spawn(move || loop {
+                        std::thread::sleep(Duration::from_secs(5));
+                        upkeep.run_upkeep();
+                    });
+                    if let Err(e) = spawned {
+                        tracing::warn!(error = %e, "metrics upkeep thread not started");
+                    }
+                    Some(h)
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "prometheus recorder not installed; /metrics disabled");
                     None
