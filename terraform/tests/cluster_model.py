@@ -23,8 +23,13 @@ def template(name):
     return (TEMPLATES / name).read_text()
 
 
+RENDERED = []  # (template name, variables, output) of every render, for the terraform cross-check
+
+
 def render(name, variables):
-    return tftemplate.render(template(name), variables)
+    out = tftemplate.render(template(name), variables)
+    RENDERED.append((name, variables, out))
+    return out
 
 
 def sample_settings(**over):

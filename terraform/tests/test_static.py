@@ -110,6 +110,10 @@ def test_template_renderer_subset():
     check("x%{ if f } --t ${n}%{ endif }y", {"f": True, "n": 4}, "x --t 4y")
     check("x%{ if f } --t ${n}%{ else } no%{ endif }y", {"f": False, "n": 4}, "x noy")
     check("a   ${~ x ~}   b", {"x": "X"}, "aXb")
+    # HCL trims one line token only: blank lines and the next line's indentation survive
+    check("%{ for n in ns ~}\n\n  [${n}]\n%{ endfor ~}\n", {"ns": [1]}, "\n  [1]\n")
+    check("a\n\n  %{~ if f }x%{ endif }", {"f": True}, "a\n\nx")
+    check("a\n%{~ if f }x%{ endif }", {"f": True}, "ax")
     with pytest.raises(tftemplate.TemplateError):
         tftemplate.render("${upper(x)}", {"x": "a"})
     with pytest.raises(tftemplate.TemplateError):
@@ -315,3 +319,42 @@ def test_readme_atlas_commands_use_real_flags():
                 assert tok[2:] in spec["flags"], f"README: nightshift-atlas {argv[1]} has no {tok}"
                 seen.add(tok[2:])
         assert spec["required"] <= seen, f"README: {cmd} lacks {spec['required'] - seen}"
+
+
+def test_renderer_matches_terraform_templatefile(tmp_path):
+    """When terraform is installed: render every template with the same sample variables through
+    terraform's own templatefile() (a provider-less config, so no download) and compare."""
+    tf = shutil.which("terraform")
+    if not tf:
+        pytest.skip("terraform is not installed: renderer cross-check not run")
+    import json
+    cm.RENDERED.clear()
+    for layout in LAYOUTS:
+        for _, over in SETTINGS:
+            cm.cloud_init(layout, cm.sample_settings(**over))
+    cases = {}
+    for name, variables, out in cm.RENDERED:
+        cases.setdefault(json.dumps([name, variables], sort_keys=True), (name, variables, out))
+    outputs = []
+    for i, (name, variables, _) in enumerate(cases.values()):
+        (tmp_path / f"v{i}.json").write_text(json.dumps(variables))
+        outputs.append(f'output "r{i}" {{\n  value = templatefile("{cm.TEMPLATES / name}", '
+                       f'jsondecode(file("${{path.module}}/v{i}.json")))\n}}\n')
+    (tmp_path / "main.tf").write_text("".join(outputs))
+    env = {**__import__("os").environ, "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"}
+    for cmd in (["init", "-input=false", "-no-color"], ["apply", "-auto-approve", "-input=false", "-no-color"]):
+        r = subprocess.run([tf, *cmd], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([tf, "output", "-json"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    got = json.loads(r.stdout)
+    assert len(got) == len(cases) >= 10
+    for i, (name, _, ours) in enumerate(cases.values()):
+        assert got[f"r{i}"]["value"] == ours, f"{name}: our renderer differs from terraform's templatefile"
+
+
+def test_custom_data_fits_azure_limit_at_64_nodes():
+    # Azure accepts at most 64 KiB of base64 custom_data; the placement grows with the nodes.
+    hosts = [f"10.42.1.{10 + i}" for i in range(64)]
+    docs = cm.cloud_init("multi-vm", cm.sample_settings(node_count=64, subnet_hosts=hosts))
+    biggest = max(len(base64.b64encode(d.encode())) for d in docs.values())
+    assert biggest < 64 * 1024, f"custom_data is {biggest} bytes of base64"

@@ -4,7 +4,10 @@ reimplemented so that CI can render the cloud-init documents without terraform:
 - `${expr}` interpolation, where expr is a name or a dotted attribute path (`n.addr`);
 - `%{ for x in expr }` ... `%{ endfor }` and `%{ if expr }` ... [`%{ else }`] ... `%{ endif }`,
   where an if condition is a path, optionally negated with `!`;
-- the strip markers `~` (`${~`, `%{~` strip whitespace before; `~}` strips whitespace after);
+- the strip markers `~` (`${~`, `%{~` strip whitespace before; `~}` strips whitespace after),
+  with HCL's reach: HCL splits literal text into one token per line, and a marker trims only the
+  adjacent token (`~}` eats the rest of its line up to and including the newline, `{~` the
+  whitespace of the previous line piece including that line's newline), never further lines;
 - the escapes `$${` and `%%{`.
 
 Anything else (function calls, operators) is rejected with an error, so a template that grows
@@ -46,9 +49,9 @@ def _tokens(text):
             body = body[1 if lstrip else 0 : len(body) - (1 if rstrip else 0)].strip()
             s = "".join(buf)
             if strip_next:
-                s = s.lstrip()
+                s = _trim_first_line(s)
             if lstrip:
-                s = s.rstrip()
+                s = _trim_last_line(s)
             out.append(("text", s))
             buf = []
             out.append((kind, body))
@@ -59,9 +62,22 @@ def _tokens(text):
         i += 1
     s = "".join(buf)
     if strip_next:
-        s = s.lstrip()
+        s = _trim_first_line(s)
     out.append(("text", s))
     return out
+
+
+def _trim_first_line(s):
+    """Whitespace trimmed off the first line token of s (up to and including its newline)."""
+    i = s.find("\n")
+    head, tail = (s, "") if i < 0 else (s[: i + 1], s[i + 1 :])
+    return head.lstrip() + tail
+
+
+def _trim_last_line(s):
+    """Whitespace trimmed off the last line token of s (a token ends after a newline)."""
+    j = s.rfind("\n", 0, len(s) - 1) if s.endswith("\n") else s.rfind("\n")
+    return s[: j + 1] + s[j + 1 :].rstrip()
 
 
 def _parse(tokens):

@@ -18,7 +18,7 @@ locals {
   coordinator_ip = cidrhost(var.subnet_prefix, 4)
 
   # Expert nodes as the placement names them.
-  cluster_nodes = local.single ? [
+  cluster_nodes = local.single ? tolist([
     for i in range(var.numa_nodes) : {
       name         = "numa${i}"
       addr         = "127.0.0.1:${var.node_port_prefix}${i}"
@@ -26,7 +26,7 @@ locals {
       numa         = i
       memory_bytes = var.node_memory_bytes
     }
-    ] : [
+    ]) : tolist([
     for i in range(var.node_count) : {
       name         = "node${i}"
       addr         = "${cidrhost(var.subnet_prefix, 10 + i)}:${var.node_port}"
@@ -34,13 +34,15 @@ locals {
       numa         = 0
       memory_bytes = var.node_memory_bytes
     }
-  ]
+  ])
 
   # VMs: key -> role. The single-VM layout runs the coordinator and every node on "main".
-  vms = local.single ? {
+  # tomap() on both branches: a conditional needs one type, and two object literals with different
+  # keys would not unify.
+  vms = local.single ? tomap({
     main = { role = "single-vm", size = var.single_vm_size, ip = local.coordinator_ip, coordinator = true, node_name = "" }
-    } : merge(
-    { coord = { role = "coordinator", size = var.coordinator_vm_size, ip = local.coordinator_ip, coordinator = true, node_name = "" } },
+    }) : merge(
+    tomap({ coord = { role = "coordinator", size = var.coordinator_vm_size, ip = local.coordinator_ip, coordinator = true, node_name = "" } }),
     { for i in range(var.node_count) : "node${i}" => {
       role        = "expert-node"
       size        = var.node_vm_size

@@ -49,6 +49,7 @@ resource "azurerm_role_assignment" "vm_secrets" {
   scope                = azurerm_key_vault.this.id
   role_definition_name = "Key Vault Secrets User"
   principal_id         = azurerm_user_assigned_identity.vm.principal_id
+  principal_type       = "ServicePrincipal"
 }
 
 resource "azurerm_role_assignment" "vm_model_blobs" {
@@ -56,6 +57,7 @@ resource "azurerm_role_assignment" "vm_model_blobs" {
   scope                = var.model_storage_scope
   role_definition_name = "Storage Blob Data Reader"
   principal_id         = azurerm_user_assigned_identity.vm.principal_id
+  principal_type       = "ServicePrincipal"
 }
 
 resource "random_password" "api_key" {
