@@ -404,3 +404,41 @@ proptest! {
         }
     }
 }
+
+/// Through the public dispatcher, with and without a thread pool (rows split into tiles whose
+/// sizes leave 4-row remainders): every x86 tier gives the scalar tier's bits.
+#[test]
+fn dispatch_with_pool_matches_scalar() {
+    use nightshift_kernels::dispatch::{gemm_with, is_available, Tier as DTier};
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
+    for (ci, ty) in TYPES.into_iter().enumerate() {
+        let nb = if ty == GgmlType::Q8_0 { 8 } else { 2 };
+        for (m, n) in [(37usize, 1usize), (21, 3), (10, 9)] {
+            let (k, w, x) = case(ty, 500 + ci as u64, nb, m, n, Scales::Normal, 5, true);
+            let mut expect = vec![0f32; m * n];
+            gemm_with(DTier::Scalar, ty, k, &w, m, &x, n, &mut expect, None).expect("scalar");
+            for tier in [DTier::Avx2, DTier::Avx512Vnni] {
+                if !is_available(tier) {
+                    continue;
+                }
+                for pool in [None, Some(&pool)] {
+                    let mut got = vec![f32::NAN; m * n];
+                    gemm_with(tier, ty, k, &w, m, &x, n, &mut got, pool).expect("tier");
+                    let same = got
+                        .iter()
+                        .zip(&expect)
+                        .all(|(g, e)| g.to_bits() == e.to_bits());
+                    assert!(
+                        same,
+                        "{tier:?} {} m={m} n={n} pool={}",
+                        ty.name(),
+                        pool.is_some()
+                    );
+                }
+            }
+        }
+    }
+}
