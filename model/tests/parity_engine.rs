@@ -87,3 +87,53 @@ fn bad_batches_are_errors_and_change_nothing() {
     let u = e.add_sequence().expect("seq");
     e.forward(&toks(u, &PROMPT, 0)).expect("fits after removal");
 }
+
+/// The hyper-parameters llama.cpp derives: deepseek2's YaRN (factor 32, converter-stored
+/// yarn_log_multiplier 0.1 = 0.1 * mscale_all_dim) gives kq_scale = (1 + 0.1 ln 32)^2 / sqrt(96)
+/// and a rope attn_factor that cancels rope's own YaRN magnitude; qwen3moe is plain NEOX rope.
+#[test]
+fn config_matches_llama_cpp_hparams() {
+    let d = model("tiny-deepseek2-Q2_K.gguf");
+    let c = d.config();
+    let ln32 = 32f32.ln();
+    let mscale = 1.0 + 0.1 * ln32;
+    assert!(
+        (c.kq_scale - mscale * mscale / 96f32.sqrt()).abs() < 1e-6,
+        "kq_scale {}",
+        c.kq_scale
+    );
+    assert!((c.rope.attn_factor - 1.0 / mscale).abs() < 1e-7);
+    assert_eq!(
+        (c.rope.neox, c.rope.n_dims, c.rope.n_ctx_orig),
+        (false, 32, 4096)
+    );
+    assert_eq!((c.rope.freq_scale, c.rope.ext_factor), (1.0 / 32.0, 1.0));
+    let m = c.mla.as_ref().expect("mla");
+    assert_eq!(
+        (
+            m.q_lora_rank,
+            m.kv_lora_rank,
+            m.qk_nope,
+            m.qk_rope,
+            m.v_head
+        ),
+        (128, 128, 64, 32, 64)
+    );
+    assert_eq!(
+        (
+            c.n_dense_lead,
+            c.n_expert,
+            c.n_expert_used,
+            c.n_expert_shared
+        ),
+        (1, 16, 4, 1)
+    );
+    assert!(c.expert_weights_norm && (c.expert_weights_scale - 2.827).abs() < 1e-6);
+    let q = model("tiny-qwen3moe-Q8_0.gguf");
+    let c = q.config();
+    assert_eq!(
+        (c.rope.neox, c.rope.n_dims, c.rope.ext_factor, c.kq_scale),
+        (true, 64, 0.0, 0.125)
+    );
+    assert_eq!((c.n_head, c.n_head_kv, c.head_k), (4, 2, 64));
+}
