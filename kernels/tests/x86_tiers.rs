@@ -315,13 +315,9 @@ fn q8_0_minus_128_is_exact() {
     }
 }
 
-/// Where the golden vectors are: the project copy, else the shared fixtures (until copied).
+/// The golden vectors copied into the project (from ../shared/fixtures/kernels).
 fn golden_dir() -> std::path::PathBuf {
-    let local = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    if local.join("manifest.json").exists() {
-        return local;
-    }
-    std::path::PathBuf::from("/work/shared/fixtures/kernels")
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
 /// ggml's golden vectors: weights and activations quantized by ggml, `dot_ref` from ggml's
