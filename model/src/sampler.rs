@@ -1,6 +1,7 @@
 //! `Sampler`: turns a row of logits into the next token. Penalties (repetition, presence,
-//! frequency) over the recent tokens, then temperature, top-k, top-p and min-p, then a draw from a
-//! seeded generator (reproducible for a given seed); greedy (argmax) when the temperature is 0.
+//! frequency) over the recent tokens, then top-k, top-p and min-p, then temperature (llama.cpp's
+//! order), then a draw from a seeded generator (reproducible for a given seed); greedy (argmax)
+//! when the temperature is 0.
 
 /// Sampling parameters (OpenAI / llama.cpp names).
 #[derive(Clone, Debug)]
@@ -152,22 +153,19 @@ impl Sampler {
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.truncate(p.top_k);
         }
-        // Softmax at temperature.
-        let max = cand[0].1;
-        let mut probs: Vec<f64> = cand
-            .iter()
-            .map(|c| (((c.1 - max) / p.temperature) as f64).exp())
-            .collect();
-        let sum: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= sum);
-        if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p as f64;
-            let keep = probs.iter().take_while(|&&x| x >= floor).count().max(1);
-            probs.truncate(keep);
-        }
+        // llama.cpp's chain: top-k, then top-p and min-p on the untempered distribution, then
+        // temperature on what is left.
+        let softmax = |c: &[(u32, f32)], t: f32| -> Vec<f64> {
+            let max = c[0].1;
+            let mut e: Vec<f64> = c.iter().map(|x| (((x.1 - max) / t) as f64).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            e.iter_mut().for_each(|x| *x /= sum);
+            e
+        };
+        let probs = softmax(&cand, 1.0);
+        let mut keep = probs.len();
         if p.top_p < 1.0 {
             let mut acc = 0.0;
-            let mut keep = probs.len();
             for (i, &x) in probs.iter().enumerate() {
                 acc += x;
                 if acc >= p.top_p as f64 {
@@ -175,8 +173,13 @@ impl Sampler {
                     break;
                 }
             }
-            probs.truncate(keep);
         }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            keep = keep.min(probs.iter().take_while(|&&x| x >= floor).count().max(1));
+        }
+        cand.truncate(keep.max(1));
+        let probs = softmax(&cand, p.temperature);
         let total: f64 = probs.iter().sum();
         let mut r = self.next_f64() * total;
         for (i, &x) in probs.iter().enumerate() {
@@ -242,5 +245,25 @@ mod tests {
         s.accept(0);
         // 3.0 / 2 = 1.5 < 2.0
         assert_eq!(s.sample(&[3.0, 2.0]), 1);
+    }
+
+    #[test]
+    fn top_p_and_min_p_cut_before_temperature() {
+        // p = softmax([4, 2, 0, 0]) ~ [0.84, 0.11, 0.02, 0.02]: top_p 0.8 and min_p 0.2 keep one.
+        let logits = [4.0, 2.0, 0.0, 0.0];
+        for (top_p, min_p) in [(0.8, 0.0), (1.0, 0.2)] {
+            let params = SamplerParams {
+                temperature: 5.0,
+                top_k: 0,
+                top_p,
+                min_p,
+                seed: 1,
+                ..Default::default()
+            };
+            let mut s = Sampler::new(params);
+            for _ in 0..20 {
+                assert_eq!(s.sample(&logits), 0, "top_p {top_p} min_p {min_p}");
+            }
+        }
     }
 }
