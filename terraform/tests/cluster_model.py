@@ -90,7 +90,9 @@ def coordinator_unit(s):
         node_token_path=s["node_token_path"], api_key_env_file=s["api_key_env_file"],
         state_dir=s["state_dir"], expert_deadline_ms=s["expert_deadline_ms"],
         max_seqs=s["max_seqs"], ctx=s["ctx"], set_threads=s["coordinator_threads"] > 0,
-        coordinator_threads=s["coordinator_threads"], record_atlas=s["record_atlas"]))
+        coordinator_threads=s["coordinator_threads"], record_atlas=s["record_atlas"],
+        single_vm=s["layout"] == "single-vm",
+        local_node_units=" ".join(f"nightshift-expert-node@{i}.service" for i in range(s["numa_nodes"]))))
 
 
 def numa_node_unit(s):
@@ -147,7 +149,7 @@ def vm_files(layout, s):
              render("nightshift-cluster.target.tftpl", {"role": role, "wants": " ".join(units)})),
         ]
         if coord:
-            files.append(("/etc/systemd/system/nightshift.service", "0644", coordinator_unit(s)))
+            files.append(("/etc/systemd/system/nightshift.service", "0644", coordinator_unit({**s, "layout": layout})))
         if layout == "single-vm":
             files.append(("/etc/systemd/system/nightshift-expert-node@.service", "0644", numa_node_unit(s)))
         if layout != "single-vm" and not coord:

@@ -358,3 +358,12 @@ def test_custom_data_fits_azure_limit_at_64_nodes():
     docs = cm.cloud_init("multi-vm", cm.sample_settings(node_count=64, subnet_hosts=hosts))
     biggest = max(len(base64.b64encode(d.encode())) for d in docs.values())
     assert biggest < 64 * 1024, f"custom_data is {biggest} bytes of base64"
+
+
+def test_single_vm_coordinator_starts_after_its_nodes():
+    s = cm.sample_settings()
+    single = dict((p, c) for p, _, c in cm.vm_files("single-vm", s)["main"])["/etc/systemd/system/nightshift.service"]
+    multi = dict((p, c) for p, _, c in cm.vm_files("multi-vm", s)["coord"])["/etc/systemd/system/nightshift.service"]
+    after = next(l for l in single.splitlines() if l.startswith("After="))
+    assert after.endswith("nightshift-expert-node@0.service nightshift-expert-node@1.service")
+    assert "nightshift-expert-node" not in multi

@@ -76,6 +76,8 @@ locals {
     set_threads         = var.coordinator_threads > 0
     coordinator_threads = var.coordinator_threads
     record_atlas        = var.record_atlas
+    single_vm           = local.single
+    local_node_units    = join(" ", [for i in range(var.numa_nodes) : "nightshift-expert-node@${i}.service"])
   })
 
   numa_node_unit = templatefile("${local.tpl_dir}/nightshift-expert-node@.service.tftpl", {
