@@ -3,10 +3,12 @@
 //! SIGTERM, then drains running streams for a bounded time. Prints the URL, the model, the
 //! nodes and ready-to-paste curl / Python snippets.
 
+use crate::gateway::atlas as atlas_admin;
 use crate::gateway::{self, AppState, NodesCheck};
 use crate::scheduler::model_backend::{engine_with, EngineLimits};
 use crate::scheduler::{Scheduler, SchedulerOptions, StepEngine, TextModel};
 use anyhow::{bail, Context};
+use nightshift_coordinator::atlas_rec::{AtlasRecorder, SnapshotWriter};
 use nightshift_coordinator::cluster::{self, ClusterArgs, Experts};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -42,9 +44,13 @@ pub struct Args {
     /// Context length per sequence (prompt + completion).
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
-    /// Write the expert activation atlas (trace) here.
+    /// Write the expert activation atlas (trace) here, atomically, every --atlas-every seconds
+    /// and at shutdown (the atlas is recorded always; also served at GET /v1/atlas).
     #[arg(long)]
     pub atlas_out: Option<PathBuf>,
+    /// Seconds between atlas snapshots written to --atlas-out.
+    #[arg(long, default_value_t = 30)]
+    pub atlas_every: u64,
     /// Requests waiting for a slot before new ones get HTTP 429.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
@@ -82,6 +88,8 @@ struct Loaded {
     n_ctx: usize,
     /// Keeps spawned expert nodes alive; None for the toy model.
     experts: Option<Experts>,
+    /// The ExpertAtlas recorder installed in the engine; None for the toy model.
+    atlas: Option<Arc<AtlasRecorder>>,
 }
 
 type SpawnFn = Box<dyn FnOnce(Arc<dyn TextModel>, SchedulerOptions) -> std::io::Result<Scheduler>>;
@@ -109,12 +117,12 @@ fn demo_model() -> anyhow::Result<PathBuf> {
 }
 
 fn load(args: &Args) -> anyhow::Result<Loaded> {
-    if args.atlas_out.is_some() {
-        bail!("--atlas-out is not available yet: the atlas recorder is not built");
-    }
     if args.mock {
         if args.cluster.nodes > 0 || args.cluster.placement.is_some() {
             bail!("--mock runs no experts; drop --nodes and --placement");
+        }
+        if args.atlas_out.is_some() {
+            bail!("--mock runs no experts, so there is no atlas to record; drop --atlas-out");
         }
         return Ok(Loaded {
             engine: spawn_with({
@@ -128,6 +136,7 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
             nodes: "none (toy model in process)".into(),
             n_ctx: args.ctx,
             experts: None,
+            atlas: None,
         });
     }
     let path = match &args.model {
@@ -154,13 +163,33 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
     let pool = nightshift_model::build_pool(limits.threads).context("building the thread pool")?;
     let experts = cluster::build(&args.cluster, &model, &path, Some(pool.clone()))
         .context("setting up the expert nodes")?;
-    let engine =
-        engine_with(model, experts.backend(), pool, &limits).context("starting the engine")?;
     let model_id = args.model_name.clone().unwrap_or_else(|| {
         path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into())
     });
+    let atlas = match AtlasRecorder::for_model(&model, model_id.clone(), experts.remote().cloned())
+    {
+        Ok(r) => Some(Arc::new(r)),
+        Err(e) if args.atlas_out.is_none() => {
+            tracing::debug!(error = %e, "no expert atlas for this model");
+            None
+        }
+        Err(e) => bail!("--atlas-out: {e}"),
+    };
+    if let (Some(rec), Ok(shape)) = (&atlas, cluster::model_shape(&model)) {
+        atlas_admin::install(atlas_admin::AtlasAdmin {
+            recorder: rec.clone(),
+            remote: experts.remote().cloned(),
+            shape,
+            busy: tokio::sync::Mutex::new(()),
+        });
+    }
+    let mut engine =
+        engine_with(model, experts.backend(), pool, &limits).context("starting the engine")?;
+    if let Some(rec) = &atlas {
+        engine.set_route_observer(Some(rec.clone() as Arc<dyn nightshift_model::RouteObserver>));
+    }
     Ok(Loaded {
         engine: spawn_with(engine),
         text,
@@ -169,6 +198,7 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         nodes: experts.describe(),
         n_ctx,
         experts: Some(experts),
+        atlas,
     })
 }
 
@@ -209,7 +239,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.max_seqs == 0 || args.ctx == 0 || args.queue == 0 || args.step_tokens == 0 {
         bail!("--max-seqs, --ctx, --queue and --step-tokens must be at least 1");
     }
+    if args.atlas_every == 0 {
+        bail!("--atlas-every: expected at least 1 second, found 0");
+    }
     let loaded = load(&args)?;
+    let atlas_writer = match (&args.atlas_out, &loaded.atlas) {
+        (Some(path), Some(rec)) => Some(
+            SnapshotWriter::start(
+                rec.clone(),
+                path.clone(),
+                Duration::from_secs(args.atlas_every),
+            )
+            .context("starting the atlas snapshot thread")?,
+        ),
+        _ => None,
+    };
     let opts = SchedulerOptions {
         queue_capacity: args.queue,
         max_seqs: args.max_seqs,
@@ -277,6 +321,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .await
         .context("serving HTTP")
     })?;
+    if let Some(w) = atlas_writer {
+        w.finish().context("writing the final atlas snapshot")?;
+    }
     drop(experts);
     eprintln!("nightshift serve: stopped");
     Ok(())

@@ -22,6 +22,14 @@ impl EngineStep {
             batch: Vec::new(),
         }
     }
+
+    /// Installs the observer told every MoE layer's routing (the ExpertAtlas recorder).
+    pub fn set_route_observer(
+        &mut self,
+        observer: Option<Arc<dyn nightshift_model::RouteObserver>>,
+    ) {
+        self.engine.set_route_observer(observer);
+    }
 }
 
 impl StepEngine for EngineStep {
