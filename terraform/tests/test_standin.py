@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -100,7 +101,7 @@ def test_rendered_single_vm_units_serve_a_chat_completion(tmp_path):
             argv = cm.systemd_argv(node_cmd, i)
             if not Path(f"/sys/devices/system/node/node{i}").exists():
                 j = argv.index("--numa")
-                print(f"note: this machine has no NUMA node {i}; running numa{i} without `--numa {i}`")
+                warnings.warn(f"this machine has no NUMA node {i}: numa{i} runs without `--numa {i}`")
                 del argv[j:j + 2]
             log = open(tmp_path / f"numa{i}.log", "w")
             logs.append(log)

@@ -37,6 +37,8 @@ def test_there_is_something_to_check():
         assert must in names
     for ex in ["single-vm-numa", "multi-vm"]:
         assert (cm.TF_ROOT / "examples" / ex / "terraform.tfvars.example").exists()
+    r = subprocess.run(["bash", "-n", str(cm.TF_ROOT / "scripts" / "prices.sh")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize("path", TF_FILES, ids=lambda p: p.relative_to(cm.TF_ROOT).as_posix())
