@@ -1,5 +1,6 @@
 //! K-quant building blocks shared by the AVX2 and AVX-512-VNNI tiers: the byte permutation, the
-//! activation packer, the per-type weight unpackers and the exact per-block float epilogue.
+//! activation packer, the exact per-block float epilogue and the tile driver (the per-type
+//! weight unpackers live in `unpack`).
 //!
 //! The reference (ggml's generic `vec_dot_q{3,4,5,6}_K_q8_K`) keeps 8 float partial sums, lane
 //! `l` holding the products of the elements `e` with `e % 8 == l`. To get that split from
