@@ -1,7 +1,9 @@
 //! The `nightshift-atlas` command line: `report` on an atlas file (table + heatmap/coverage
 //! pictures), `plan` a placement from it, `simulate` planner quality on synthetic Zipf atlases,
-//! and `synth` a synthetic atlas file. Subcommands that need a live engine or coordinator
-//! (`record`, `apply`) do not exist yet.
+//! `synth` a synthetic atlas file, `record` an atlas by running prompts through the engine, and
+//! `apply` a placement to a running coordinator (live rebalance); those two live in `live.rs`.
+
+mod live;
 
 use std::path::PathBuf;
 
@@ -17,7 +19,7 @@ use nightshift_atlas::trace::Atlas;
 #[command(
     name = "nightshift-atlas",
     version,
-    about = "ExpertAtlas: report, plan and simulate expert placements"
+    about = "ExpertAtlas: record, report, plan, simulate and apply expert placements"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -26,6 +28,30 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Run a JSONL prompt set through the engine (greedy) and write the atlas of its routing.
+    Record {
+        /// GGUF model file.
+        #[arg(long)]
+        model: PathBuf,
+        /// JSONL: one {"prompt": "..."} or {"messages": [{"role", "content"}, ...]} per line.
+        #[arg(long)]
+        prompts: PathBuf,
+        /// Tokens to greedy-decode after each prompt.
+        #[arg(long, default_value_t = 32)]
+        max_tokens: usize,
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+    },
+    /// Apply a placement to a running coordinator: nodes load, routing switches, nodes drop.
+    Apply {
+        placement: PathBuf,
+        /// Coordinator base URL, e.g. http://127.0.0.1:8080.
+        #[arg(long)]
+        coordinator: String,
+        /// Bearer API key of the coordinator.
+        #[arg(long, env = "NIGHTSHIFT_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+    },
     /// Coverage, Gini and placement load imbalance of an atlas, with PNG/SVG pictures.
     Report {
         atlas: PathBuf,
@@ -100,6 +126,17 @@ enum Cmd {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
+        Cmd::Record {
+            model,
+            prompts,
+            max_tokens,
+            out,
+        } => live::record(&model, &prompts, max_tokens, &out),
+        Cmd::Apply {
+            placement,
+            coordinator,
+            api_key,
+        } => live::apply(&placement, &coordinator, api_key.as_deref()),
         Cmd::Report {
             atlas,
             placement,

@@ -1,0 +1,293 @@
+//! The subcommands of `nightshift-atlas` that need a live engine or coordinator: `record` runs a
+//! JSONL prompt set through the in-process engine (nightshift-model) and writes the atlas its
+//! routing produced; `apply` posts a placement file to a running coordinator's
+//! `/v1/admin/placement` (live rebalance) and prints what moved. Only the binary depends on
+//! nightshift-model; the library does not.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use nightshift_atlas::placement::{ModelShape, Placement};
+use nightshift_atlas::trace::{Recorder, RecorderConfig};
+use nightshift_model::chat::{ChatMessage, ChatTemplate};
+use nightshift_model::{
+    BatchToken, Engine, EngineOptions, ExpertPair, LocalExperts, Model, RouteObserver,
+};
+
+/// `apply`: validates `file` locally, posts it, prints the report.
+pub fn apply(file: &Path, coordinator: &str, api_key: Option<&str>) -> Result<()> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read placement file {}", file.display()))?;
+    let p = Placement::from_toml_str(&text)
+        .with_context(|| format!("placement file {}", file.display()))?;
+    let base = coordinator.trim_end_matches('/');
+    let base = if base.contains("://") {
+        base.to_string()
+    } else {
+        format!("http://{base}")
+    };
+    let url = format!("{base}/v1/admin/placement");
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(900))
+        .build()
+        .context("building the HTTP client")?;
+    let mut req = client
+        .post(&url)
+        .header(reqwest::header::CONTENT_TYPE, "application/toml")
+        .body(text);
+    if let Some(k) = api_key.filter(|k| !k.is_empty()) {
+        req = req.bearer_auth(k);
+    }
+    let t0 = Instant::now();
+    let resp = req
+        .send()
+        .with_context(|| format!("cannot reach the coordinator at {url}"))?;
+    let status = resp.status();
+    let body = resp
+        .text()
+        .with_context(|| format!("reading the coordinator's answer from {url}"))?;
+    let json: Option<serde_json::Value> = serde_json::from_str(&body).ok();
+    if !status.is_success() {
+        let msg = json
+            .as_ref()
+            .and_then(|v| v.pointer("/error/message"))
+            .and_then(|m| m.as_str())
+            .map(str::to_string)
+            .unwrap_or_else(|| body.chars().take(500).collect());
+        bail!("the coordinator refused the placement (HTTP {status}): {msg}");
+    }
+    println!(
+        "applied {} ({} nodes) in {:.1} s",
+        file.display(),
+        p.nodes.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    for (what, key) in [("loaded", "loaded"), ("dropped", "dropped")] {
+        let rows = json
+            .as_ref()
+            .and_then(|v| v.get(key))
+            .and_then(|v| v.as_array())
+            .cloned()
+            .unwrap_or_default();
+        if rows.is_empty() {
+            println!("  {what}: nothing");
+        }
+        for r in rows {
+            let name = r.get(0).and_then(|v| v.as_str()).unwrap_or("?");
+            let n = r.get(1).and_then(|v| v.as_u64()).unwrap_or(0);
+            println!("  {what}: {name} {n} experts");
+        }
+    }
+    Ok(())
+}
+
+/// The recorder as the engine's route observer (one mutex; scratch ids reused).
+struct Observer {
+    inner: Mutex<(Recorder, Vec<usize>)>,
+}
+
+impl RouteObserver for Observer {
+    fn observe(&self, layer: usize, pairs: &[ExpertPair], weights: &[f32]) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (rec, ids) = &mut *g;
+        ids.clear();
+        ids.extend(pairs.iter().map(|p| p.expert as usize));
+        if let Err(e) = rec.record(layer, ids, weights) {
+            eprintln!("nightshift-atlas record: routing not recorded: {e}");
+        }
+    }
+}
+
+/// One JSONL line: a raw prompt or chat messages.
+enum PromptLine {
+    Raw(String),
+    Chat(Vec<ChatMessage>),
+}
+
+fn parse_line(n: usize, line: &str) -> Result<PromptLine> {
+    let expected =
+        r#"expected {"prompt": "..."} or {"messages": [{"role": "...", "content": "..."}, ...]}"#;
+    let v: serde_json::Value = serde_json::from_str(line)
+        .map_err(|e| anyhow::anyhow!("line {n}: not JSON ({e}); {expected}"))?;
+    if let Some(p) = v.get("prompt") {
+        return match p.as_str() {
+            Some(s) => Ok(PromptLine::Raw(s.to_string())),
+            None => bail!("line {n}: \"prompt\" must be a string; {expected}"),
+        };
+    }
+    let Some(msgs) = v.get("messages").and_then(|m| m.as_array()) else {
+        bail!("line {n}: {expected}, found {}", short(line));
+    };
+    let mut out = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.iter().enumerate() {
+        let role = m.get("role").and_then(|r| r.as_str());
+        let content = m.get("content").and_then(|c| c.as_str());
+        match (role, content) {
+            (Some(r), Some(c)) => out.push(ChatMessage::new(r, c)),
+            _ => bail!("line {n}: message {i} needs string \"role\" and \"content\"; {expected}"),
+        }
+    }
+    if out.is_empty() {
+        bail!("line {n}: \"messages\" is empty; {expected}");
+    }
+    Ok(PromptLine::Chat(out))
+}
+
+fn short(s: &str) -> String {
+    let t: String = s.chars().take(80).collect();
+    if t.len() < s.len() {
+        format!("{t}...")
+    } else {
+        t
+    }
+}
+
+/// `record`: runs every prompt of `prompts` through the engine, greedy-decodes `max_tokens`,
+/// writes the atlas to `out`.
+pub fn record(model_path: &Path, prompts: &Path, max_tokens: usize, out: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(prompts)
+        .with_context(|| format!("cannot read prompts file {}", prompts.display()))?;
+    // Parse every line before loading anything: a bad file fails fast.
+    let mut lines = Vec::new();
+    for (i, l) in text.lines().enumerate() {
+        if l.trim().is_empty() {
+            continue;
+        }
+        lines.push(parse_line(i + 1, l).with_context(|| format!("{}", prompts.display()))?);
+    }
+    if lines.is_empty() {
+        bail!(
+            "{}: expected at least one prompt line, found none",
+            prompts.display()
+        );
+    }
+    let model =
+        Model::load(model_path).with_context(|| format!("loading {}", model_path.display()))?;
+    let s = nightshift_model::shape::moe_shape(model.gguf())
+        .context("the model has no routed experts: there is nothing to record")?;
+    let shape = ModelShape {
+        moe_layers: s.moe_layers,
+        n_experts: s.n_experts,
+        expert_bytes: s.expert_bytes,
+    };
+    let name = model_path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let top_k = model.config().n_expert_used;
+    let observer = Arc::new(Observer {
+        inner: Mutex::new((
+            Recorder::new(shape, RecorderConfig::new(name, top_k)),
+            Vec::new(),
+        )),
+    });
+    let tok = model.tokenizer();
+    let template = ChatTemplate::from_gguf(model.gguf()).context("reading the chat template")?;
+    let piece = |id: Option<u32>| {
+        id.map(|i| String::from_utf8_lossy(tok.token_bytes(i)).into_owned())
+            .unwrap_or_default()
+    };
+    let (bos, eos) = (piece(tok.bos()), piece(tok.eos()));
+    let pool = nightshift_model::build_pool(0)?;
+    let backend = Arc::new(LocalExperts::new(model.clone(), Some(pool.clone())));
+    let opts = EngineOptions {
+        pool: Some(pool),
+        ..EngineOptions::default()
+    };
+    let mut engine = Engine::new(model.clone(), backend, opts)?;
+    engine.set_route_observer(Some(observer.clone() as Arc<dyn RouteObserver>));
+    let t0 = Instant::now();
+    let (mut prefilled, mut generated) = (0usize, 0usize);
+    for (i, line) in lines.iter().enumerate() {
+        let ids = match line {
+            PromptLine::Raw(p) => tok.encode(p, tok.add_bos(), false),
+            PromptLine::Chat(msgs) => {
+                let rendered = match &template {
+                    Some(t) => t.render(msgs, true, &bos, &eos)?,
+                    None => {
+                        let mut s = String::new();
+                        for m in msgs {
+                            s.push_str(&format!(
+                                "<|im_start|>{}\n{}<|im_end|>\n",
+                                m.role, m.content
+                            ));
+                        }
+                        s + "<|im_start|>assistant\n"
+                    }
+                };
+                let has_bos = !bos.is_empty() && rendered.starts_with(&bos);
+                tok.encode(&rendered, tok.add_bos() && !has_bos, true)
+            }
+        };
+        if ids.is_empty() {
+            bail!("prompt {} tokenized to nothing", i + 1);
+        }
+        let seq = engine.add_sequence()?;
+        let n = ids.len();
+        let batch: Vec<BatchToken> = ids
+            .iter()
+            .enumerate()
+            .map(|(p, &t)| BatchToken {
+                seq,
+                token: t,
+                pos: p as u32,
+                want_logits: p + 1 == n,
+            })
+            .collect();
+        let mut logits = engine
+            .forward(&batch)?
+            .pop()
+            .context("no logits for the prompt")?;
+        prefilled += n;
+        for step in 0..max_tokens {
+            let next = argmax(&logits);
+            if tok.is_eog(next) || step + 1 == max_tokens {
+                break;
+            }
+            logits = engine
+                .forward(&[BatchToken {
+                    seq,
+                    token: next,
+                    pos: (n + step) as u32,
+                    want_logits: true,
+                }])?
+                .pop()
+                .context("no logits")?;
+            generated += 1;
+        }
+        engine.remove_sequence(seq);
+    }
+    let atlas = observer
+        .inner
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .0
+        .snapshot();
+    atlas.save_atomic(out)?;
+    println!(
+        "recorded {} prompts: {} prompt tokens + {} generated tokens = {} tokens ({} activations over {} MoE layers x {} experts) in {:.1} s",
+        lines.len(),
+        prefilled,
+        generated,
+        atlas.all_time.tokens,
+        atlas.all_time.total_activations(),
+        atlas.shape.moe_layers.len(),
+        atlas.shape.n_experts,
+        t0.elapsed().as_secs_f64()
+    );
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
+/// Index of the largest logit (the first one on ties).
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
