@@ -4,12 +4,9 @@
 use anyhow::Context;
 use nightshift_model::chat::{ChatMessage, ChatTemplate};
 use nightshift_model::tokenizer::StreamDecoder;
-use nightshift_model::{
-    BatchToken, Engine, EngineOptions, LocalExperts, Model, Sampler, SamplerParams,
-};
+use nightshift_model::{BatchToken, Engine, EngineOptions, Model, Sampler, SamplerParams};
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Arguments of `nightshift generate`.
@@ -43,6 +40,9 @@ pub struct Args {
     /// Threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Where the experts run (--nodes, --placement, --auth-token-file, ...); in process by default.
+    #[command(flatten)]
+    pub cluster: nightshift_coordinator::cluster::ClusterArgs,
     /// Keep the KV cache in f16 (half the memory; F32 is the llama.cpp parity reference).
     #[arg(long)]
     pub kv_f16: bool,
@@ -75,7 +75,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let ids = tok.encode(&text, true, args.chat);
     anyhow::ensure!(!ids.is_empty(), "the prompt tokenized to nothing");
     let pool = nightshift_model::build_pool(args.threads)?;
-    let backend = Arc::new(LocalExperts::new(model.clone(), Some(pool.clone())));
+    // Keeps spawned expert nodes alive until the end of the command.
+    let experts = nightshift_coordinator::cluster::build(
+        &args.cluster,
+        &model,
+        &args.model,
+        Some(pool.clone()),
+    )
+    .context("setting up the experts")?;
+    let backend = experts.backend();
     let opts = EngineOptions {
         pool: Some(pool),
         ..EngineOptions::default()

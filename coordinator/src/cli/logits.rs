@@ -3,10 +3,9 @@
 //! fixtures' `.logits.bin`), so parity can be checked from the command line.
 
 use anyhow::Context;
-use nightshift_model::{BatchToken, Engine, EngineOptions, LocalExperts, Model};
+use nightshift_model::{BatchToken, Engine, EngineOptions, Model};
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 /// Arguments of `nightshift logits`.
 #[derive(clap::Args)]
@@ -26,6 +25,9 @@ pub struct Args {
     /// Threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Where the experts run (--nodes, --placement, --auth-token-file, ...); in process by default.
+    #[command(flatten)]
+    pub cluster: nightshift_coordinator::cluster::ClusterArgs,
 }
 
 /// Runs the subcommand.
@@ -33,7 +35,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model =
         Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
     let pool = nightshift_model::build_pool(args.threads)?;
-    let backend = Arc::new(LocalExperts::new(model.clone(), Some(pool.clone())));
+    // Keeps spawned expert nodes alive until the end of the command.
+    let experts = nightshift_coordinator::cluster::build(
+        &args.cluster,
+        &model,
+        &args.model,
+        Some(pool.clone()),
+    )
+    .context("setting up the experts")?;
+    let backend = experts.backend();
     let opts = EngineOptions {
         pool: Some(pool),
         ..EngineOptions::default()

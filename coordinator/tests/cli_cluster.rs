@@ -1,0 +1,113 @@
+//! `nightshift logits` and `nightshift generate` take the cluster flags: with `--nodes 2` the
+//! logits file is byte-identical to the in-process one, and generate's greedy text is the same.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/data")
+        .join(name)
+}
+
+/// `nightshift` finds `nightshift-expert-node` next to itself: build it in the same profile.
+fn build_node_binary() {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_nightshift"));
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args([
+        "build",
+        "-q",
+        "-p",
+        "nightshift-expert-node",
+        "--bin",
+        "nightshift-expert-node",
+    ]);
+    if bin.parent().is_some_and(|d| d.ends_with("release")) {
+        cmd.arg("--release");
+    }
+    assert!(
+        cmd.status().expect("cargo runs").success(),
+        "building nightshift-expert-node"
+    );
+}
+
+fn logits(model: &Path, out: &Path, extra: &[&str]) -> Vec<u8> {
+    let st = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .arg("logits")
+        .arg("--model")
+        .arg(model)
+        .args([
+            "--prompt-ids",
+            "407,550,566,544",
+            "--decode-ids",
+            "543,570,443",
+            "--threads",
+            "1",
+            "--out",
+        ])
+        .arg(out)
+        .args(extra)
+        .status()
+        .expect("nightshift runs");
+    assert!(st.success(), "nightshift logits {extra:?} failed");
+    std::fs::read(out).expect("logits file")
+}
+
+#[test]
+fn logits_with_local_nodes_are_byte_identical() {
+    build_node_binary();
+    let dir = std::env::temp_dir().join(format!("ns-cli-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for fixture in ["tiny-qwen3moe-Q4_K_M.gguf", "tiny-deepseek2-Q2_K.gguf"] {
+        let model = data(fixture);
+        let local = logits(&model, &dir.join("local.bin"), &[]);
+        let remote = logits(
+            &model,
+            &dir.join("remote.bin"),
+            &["--nodes", "2", "--node-threads", "1"],
+        );
+        assert!(!local.is_empty());
+        assert!(
+            local == remote,
+            "{fixture}: logits differ between in-process and 2 nodes"
+        );
+    }
+}
+
+#[test]
+fn generate_with_local_nodes_gives_the_same_text() {
+    build_node_binary();
+    let model = data("tiny-qwen3moe-Q2_K.gguf");
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+            .arg("generate")
+            .arg("--model")
+            .arg(&model)
+            .args([
+                "--prompt",
+                "The coordinator runs attention and routing",
+                "-n",
+                "8",
+                "--temp",
+                "0",
+                "--threads",
+                "1",
+            ])
+            .args(extra)
+            .output()
+            .expect("nightshift runs");
+        assert!(
+            out.status.success(),
+            "generate {extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let local = run(&[]);
+    assert!(!local.is_empty());
+    assert_eq!(
+        local,
+        run(&["--nodes", "2"]),
+        "greedy text differs with 2 nodes"
+    );
+}
