@@ -1,0 +1,359 @@
+//! The live ExpertAtlas loop on loopback: `nightshift serve --nodes 2` on the tiny qwen3moe
+//! fixture records the routing of real requests (`GET /v1/atlas`: every MoE layer sees
+//! tokens × top_k activations, both nodes got rows); `nightshift-atlas apply` rebalances the
+//! cluster while 8 greedy streams run, with no failed request and every output identical to the
+//! same request before the rebalance; bad placements fail with a clear message and leave serving
+//! unaffected; SIGTERM writes the final snapshot to --atlas-out.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nightshift_atlas::placement::{LayerPlacement, NodeSpec, Placement};
+use nightshift_atlas::trace::Atlas;
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_nightshift");
+const MODEL: &str = "tiny-qwen3moe-Q2_K";
+const KEY: &str = "atlas-test-key";
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../model/tests/data/{MODEL}.gguf"))
+}
+
+/// Builds `bin` of `package` in this test's profile (next to `nightshift`) and returns its path.
+fn build_bin(package: &str, bin: &str) -> PathBuf {
+    let me = std::env::current_exe().expect("test exe");
+    let profile_dir = me
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf();
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["build", "-q", "-p", package, "--bin", bin]);
+    if profile_dir.ends_with("release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("cargo build runs");
+    assert!(status.success(), "building {bin} failed");
+    let path = profile_dir.join(bin);
+    assert!(path.is_file(), "{} missing", path.display());
+    path
+}
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(atlas_out: &Path) -> Server {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--ctx",
+            "256",
+        ])
+        .args(["--max-seqs", "8", "--threads", "1", "--nodes", "2"])
+        .args([
+            "--node-threads",
+            "1",
+            "--api-key",
+            KEY,
+            "--atlas-every",
+            "1",
+        ])
+        .arg("--model")
+        .arg(fixture())
+        .arg("--atlas-out")
+        .arg(atlas_out)
+        .env("RUST_LOG", "warn")
+        .env("NIGHTSHIFT_NODE_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn nightshift serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(120)) {
+        if let Some(u) = line.strip_prefix("nightshift serve: listening on ") {
+            return Server {
+                child,
+                url: u.trim().to_string(),
+            };
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("nightshift serve did not start");
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::new()
+}
+
+async fn get_atlas(url: &str) -> Atlas {
+    let r = client()
+        .get(format!("{url}/v1/atlas"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 200);
+    r.json().await.expect("atlas json")
+}
+
+/// Text of a greedy chat stream, or why it failed (status, error event, no [DONE]).
+async fn stream_chat(url: String, prompt: String) -> Result<String, String> {
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 12, "temperature": 0, "stream": true});
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    let raw = r.text().await.map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(format!("HTTP {status}: {raw}"));
+    }
+    let mut out = String::new();
+    let mut done = false;
+    for line in raw.lines() {
+        let Some(d) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if d == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: Value = serde_json::from_str(d).map_err(|e| format!("{e}: {d}"))?;
+        if v.get("error").is_some() {
+            return Err(format!("error event: {d}"));
+        }
+        if let Some(c) = v["choices"].get(0) {
+            out.push_str(c["delta"]["content"].as_str().unwrap_or(""));
+        }
+    }
+    if !done {
+        return Err(format!("no [DONE] in {raw}"));
+    }
+    Ok(out)
+}
+
+async fn round(url: &str, prompts: &[String]) -> Vec<Result<String, String>> {
+    let tasks: Vec<_> = prompts
+        .iter()
+        .map(|p| tokio::spawn(stream_chat(url.to_string(), p.clone())))
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap_or_else(|e| Err(e.to_string())));
+    }
+    out
+}
+
+/// Checks the atlas's counts add up: every MoE layer saw tokens × top_k activations.
+fn check_counts(a: &Atlas) {
+    assert!(a.all_time.tokens > 0, "no tokens recorded");
+    assert_eq!(a.all_time.activations.len(), a.shape.moe_layers.len());
+    for (slot, row) in a.all_time.activations.iter().enumerate() {
+        let sum: u64 = row.iter().sum();
+        assert_eq!(
+            sum,
+            a.all_time.tokens * a.top_k as u64,
+            "layer {}",
+            a.shape.moe_layers[slot]
+        );
+    }
+}
+
+fn apply(atlas_bin: &Path, url: &str, placement: &Path) -> (bool, String) {
+    let o = Command::new(atlas_bin)
+        .arg("apply")
+        .arg(placement)
+        .args(["--coordinator", url, "--api-key", KEY])
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("run nightshift-atlas apply");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_and_rebalance_under_load() {
+    build_bin("nightshift-expert-node", "nightshift-expert-node");
+    let atlas_bin = build_bin("nightshift-atlas", "nightshift-atlas");
+    let dir = tempfile_dir();
+    let atlas_out = dir.join("live.atlas");
+    let mut s = serve(&atlas_out);
+    let url = s.url.clone();
+
+    // Auth: the atlas is behind the API key.
+    let r = client()
+        .get(format!("{url}/v1/atlas"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 401);
+
+    // Baseline: the same 8 requests the load rounds send, before any rebalance.
+    let prompts: Vec<String> = (0..8)
+        .map(|i| format!("tell me about the number {i}"))
+        .collect();
+    let before: Vec<String> = round(&url, &prompts)
+        .await
+        .into_iter()
+        .map(|r| r.expect("baseline request"))
+        .collect();
+    let a = get_atlas(&url).await;
+    check_counts(&a);
+    assert_eq!(a.nodes.len(), 2);
+    assert!(a.nodes.iter().all(|n| n.rows > 0), "{:?}", a.nodes);
+    let tokens_before = a.all_time.tokens;
+
+    // A different valid placement: every expert on node1, replicated on node0.
+    let shape = a.shape.clone();
+    let layers = shape
+        .moe_layers
+        .iter()
+        .map(|&index| LayerPlacement {
+            index,
+            replicas: vec![vec![1, 0]; shape.n_experts],
+            resident: vec![vec![1, 0]; shape.n_experts],
+        })
+        .collect();
+    let nodes = vec![NodeSpec::named("node0"), NodeSpec::named("node1")];
+    let good = Placement::from_layers(nodes.clone(), layers).expect("placement");
+    good.validate(&shape).expect("valid");
+    let good_path = dir.join("good.toml");
+    good.save_atomic(&good_path).expect("write placement");
+
+    // Rebalance under load: 3 rounds of 8 concurrent streams; apply during the first.
+    let load_url = url.clone();
+    let load_prompts = prompts.clone();
+    let load = tokio::spawn(async move {
+        let mut all = Vec::new();
+        for _ in 0..3 {
+            all.push(round(&load_url, &load_prompts).await);
+        }
+        all
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (bin, u, gp) = (atlas_bin.clone(), url.clone(), good_path.clone());
+    let (ok, text) = tokio::task::spawn_blocking(move || apply(&bin, &u, &gp))
+        .await
+        .expect("apply task");
+    assert!(ok, "apply failed: {text}");
+    assert!(text.contains("applied"), "{text}");
+    assert!(text.contains("loaded: node"), "{text}");
+    let rounds = load.await.expect("load task");
+    let mut failed = 0;
+    for (r, outs) in rounds.iter().enumerate() {
+        for (i, o) in outs.iter().enumerate() {
+            match o {
+                Ok(t) => assert_eq!(t, &before[i], "round {r} request {i} changed"),
+                Err(e) => {
+                    eprintln!("round {r} request {i} failed: {e}");
+                    failed += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(failed, 0, "failed requests during the rebalance");
+
+    // Bad placements: clear errors, nothing applied.
+    let unknown = Placement::from_layers(
+        vec![NodeSpec::named("node0"), NodeSpec::named("node9")],
+        shape
+            .moe_layers
+            .iter()
+            .map(|&index| LayerPlacement {
+                index,
+                replicas: vec![vec![1]; shape.n_experts],
+                resident: vec![vec![1]; shape.n_experts],
+            })
+            .collect(),
+    )
+    .expect("structurally fine");
+    let missing = Placement::from_layers(
+        nodes,
+        vec![LayerPlacement {
+            index: shape.moe_layers[0],
+            replicas: vec![vec![0]; shape.n_experts],
+            resident: vec![vec![0]; shape.n_experts],
+        }],
+    )
+    .expect("structurally fine");
+    let unknown_path = dir.join("unknown.toml");
+    let missing_path = dir.join("missing.toml");
+    let garbage_path = dir.join("garbage.toml");
+    unknown.save_atomic(&unknown_path).expect("write");
+    missing.save_atomic(&missing_path).expect("write");
+    std::fs::write(&garbage_path, "version = 1\n[[node]\nname = ").expect("write");
+    for (path, needle) in [
+        (&unknown_path, "node9"),
+        (&missing_path, "layer"),
+        (&garbage_path, "garbage.toml"),
+    ] {
+        let (ok, text) = apply(&atlas_bin, &url, path);
+        assert!(!ok, "{} should be refused: {text}", path.display());
+        assert!(text.contains(needle), "{}: {text}", path.display());
+    }
+    // Serving is unaffected and still on the good placement's outputs.
+    let after = round(&url, &prompts[..2]).await;
+    for (i, o) in after.iter().enumerate() {
+        assert_eq!(o.as_ref().expect("request after bad apply"), &before[i]);
+    }
+
+    let a = get_atlas(&url).await;
+    check_counts(&a);
+    assert!(a.all_time.tokens > tokens_before);
+
+    // SIGTERM: the final snapshot on disk has everything GET /v1/atlas had.
+    // SAFETY: kill(2) on our own child's pid; no memory is touched.
+    let rc = unsafe { libc::kill(s.child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let t0 = std::time::Instant::now();
+    loop {
+        if s.child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "serve did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let saved = Atlas::load(&atlas_out).expect("atlas written at shutdown");
+    check_counts(&saved);
+    assert_eq!(saved.all_time.tokens, a.all_time.tokens);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempfile_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nightshift-atlas-live-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("tmp dir");
+    d
+}
