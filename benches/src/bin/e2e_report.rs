@@ -97,7 +97,7 @@ fn main() -> anyhow::Result<()> {
     let bw = triad_bandwidth(a.stream_len, a.threads, 5)?;
     println!(
         "STREAM triad ({} MiB per array): 1 thread {:.2} GB/s, {} threads {:.2} GB/s\n",
-        a.stream_len * 8 >> 20,
+        (a.stream_len * 8) >> 20,
         bw1 / 1e9,
         a.threads,
         bw / 1e9

@@ -53,9 +53,9 @@ fn main() -> anyhow::Result<()> {
         {
             continue;
         }
-        if !weights
+        if weights
             .as_ref()
-            .is_some_and(|(w, _)| (w.ty, w.m, w.k) == (c.ty, c.m, c.k))
+            .is_none_or(|(w, _)| (w.ty, w.m, w.k) != (c.ty, c.m, c.k))
         {
             weights = Some((c, Weights::new(&c).context("quantizing weights")?));
         }

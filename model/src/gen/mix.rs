@@ -122,6 +122,8 @@ pub fn tensor_type(mix: QuantMix, name: &str, dims: &[u64], cx: &mut MixContext)
 }
 
 /// llama.cpp's `tensor_type_fallback`: rows that are not a whole number of blocks.
+// `%` rather than `is_multiple_of`: the workspace's rust-version is 1.85
+#[allow(clippy::manual_is_multiple_of)]
 pub fn fallback(ty: GgmlType, ncols: u64) -> GgmlType {
     if ncols % ty.block_len() as u64 == 0 {
         return ty;
