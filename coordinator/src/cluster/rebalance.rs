@@ -105,29 +105,29 @@ impl RemoteExperts {
             let result = client_of(*i).and_then(|mut client| {
                 let tok = token.clone();
                 let (hot, cold): (Vec<Key>, Vec<Key>) = add.iter().partition(|k| k.2);
-                self.rt
-                    .block_on(async move {
-                        for (keys, resident) in [(hot, true), (cold, false)] {
-                            if keys.is_empty() {
-                                continue;
-                            }
-                            let mut req = tonic::Request::new(LoadExpertsRequest {
-                                experts: refs(&keys),
-                                resident,
-                            });
-                            req.set_timeout(timeout);
-                            add_auth(&mut req, &tok).map_err(|r| (String::new(), r))?;
-                            client
-                                .load_experts(req)
-                                .await
-                                .map_err(|e| (String::new(), e.message().to_string()))?;
+                self.block(async move {
+                    for (keys, resident) in [(hot, true), (cold, false)] {
+                        if keys.is_empty() {
+                            continue;
                         }
-                        Ok::<(), (String, String)>(())
-                    })
-                    .map_err(|(_, reason)| RebalanceError::LoadFailed {
-                        node: name.clone(),
-                        reason,
-                    })
+                        let mut req = tonic::Request::new(LoadExpertsRequest {
+                            experts: refs(&keys),
+                            resident,
+                        });
+                        req.set_timeout(timeout);
+                        add_auth(&mut req, &tok).map_err(|r| (String::new(), r))?;
+                        client
+                            .load_experts(req)
+                            .await
+                            .map_err(|e| (String::new(), e.message().to_string()))?;
+                    }
+                    Ok::<(), (String, String)>(())
+                })
+                .unwrap_or_else(|| Err((String::new(), "client runtime stopped".into())))
+                .map_err(|(_, reason)| RebalanceError::LoadFailed {
+                    node: name.clone(),
+                    reason,
+                })
             });
             match result {
                 Ok(()) => {
@@ -174,8 +174,14 @@ impl RemoteExperts {
             if add_auth(&mut req, token).is_err() {
                 continue;
             }
-            if let Err(e) = self.rt.block_on(client.drop_experts(req)) {
-                tracing::warn!(node = %link.name, "dropping experts failed: {}", e.message());
+            match self.block(async move { client.drop_experts(req).await }) {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::warn!(node = %link.name, "dropping experts failed: {}", e.message())
+                }
+                None => {
+                    tracing::warn!(node = %link.name, "dropping experts failed: client runtime stopped")
+                }
             }
         }
     }

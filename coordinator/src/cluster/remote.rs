@@ -125,7 +125,8 @@ pub(super) struct Shared {
 /// The remote expert backend.
 pub struct RemoteExperts {
     pub(super) shared: Arc<Shared>,
-    pub(super) rt: tokio::runtime::Runtime,
+    /// Always Some until drop (taken there to shut it down without blocking).
+    rt: Option<tokio::runtime::Runtime>,
 }
 
 /// Errors of setting the backend up.
@@ -142,7 +143,34 @@ pub enum RemoteError {
     },
 }
 
+impl Drop for RemoteExperts {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks; the owner may be inside another runtime (serve's shutdown).
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 impl RemoteExperts {
+    pub(super) fn rt(&self) -> &tokio::runtime::Runtime {
+        self.rt.as_ref().expect("runtime lives until drop")
+    }
+
+    /// Runs `fut` on the client runtime and waits for it from any thread, async context or not
+    /// (`Runtime::block_on` would panic inside another runtime, e.g. in an HTTP handler).
+    pub(super) fn block<F>(&self, fut: F) -> Option<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.rt().spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv().ok()
+    }
+
     /// Connects to every node of a resolved placement (nodes that are down are retried in the
     /// background; they do not fail construction).
     pub fn connect(
@@ -186,12 +214,16 @@ impl RemoteExperts {
             stats: Mutex::new(RpcStats::default()),
         });
         let s = shared.clone();
-        rt.block_on(async {
+        // First connection attempts, waited for without `block_on` (callers may be async).
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        rt.spawn(async move {
             let tasks: Vec<_> = (0..s.nodes.len())
                 .map(|i| reconnect(s.clone(), i))
                 .collect();
             futures::future::join_all(tasks).await;
+            let _ = done_tx.send(());
         });
+        let _ = done_rx.recv();
         let s = shared.clone();
         rt.spawn(async move {
             loop {
@@ -204,7 +236,10 @@ impl RemoteExperts {
                 }
             }
         });
-        Ok(RemoteExperts { shared, rt })
+        Ok(RemoteExperts {
+            shared,
+            rt: Some(rt),
+        })
     }
 
     /// Health of every node.
@@ -646,7 +681,7 @@ impl ExpertBackend for RemoteExperts {
             let s = self.shared.clone();
             let (acts2, pairs2) = (acts.clone(), pairs_arc.clone());
             let (done_tx, done_rx) = std::sync::mpsc::channel();
-            self.rt.spawn(async move {
+            self.rt().spawn(async move {
                 let calls = shares
                     .into_iter()
                     .map(|sh| call_node(s.clone(), layer, acts2.clone(), pairs2.clone(), sh));
