@@ -8,6 +8,8 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_atlas::placement::{LayerPlacement, NodeSpec, Placement};
@@ -161,10 +163,10 @@ async fn stream_chat(url: String, prompt: String) -> Result<String, String> {
     Ok(out)
 }
 
-async fn round(url: &str, prompts: &[String]) -> Vec<Result<String, String>> {
+async fn round(url: String, prompts: Vec<String>) -> Vec<Result<String, String>> {
     let tasks: Vec<_> = prompts
         .iter()
-        .map(|p| tokio::spawn(stream_chat(url.to_string(), p.clone())))
+        .map(|p| tokio::spawn(stream_chat(url.clone(), p.clone())))
         .collect();
     let mut out = Vec::new();
     for t in tasks {
@@ -225,7 +227,7 @@ async fn record_and_rebalance_under_load() {
     let prompts: Vec<String> = (0..8)
         .map(|i| format!("tell me about the number {i}"))
         .collect();
-    let before: Vec<String> = round(&url, &prompts)
+    let before: Vec<String> = round(url.clone(), prompts.clone())
         .await
         .into_iter()
         .map(|r| r.expect("baseline request"))
@@ -253,25 +255,46 @@ async fn record_and_rebalance_under_load() {
     let good_path = dir.join("good.toml");
     good.save_atomic(&good_path).expect("write placement");
 
-    // Rebalance under load: 3 rounds of 8 concurrent streams; apply during the first.
-    let load_url = url.clone();
-    let load_prompts = prompts.clone();
+    // Rebalance under load: rounds of 8 concurrent streams run until the apply has finished
+    // and one more round after it (at least 3, at most 30); the apply starts once the first
+    // round is running.
+    let applied = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let (load_url, load_prompts) = (url.clone(), prompts.clone());
+    let (flag, go) = (applied.clone(), started.clone());
     let load = tokio::spawn(async move {
         let mut all = Vec::new();
-        for _ in 0..3 {
-            all.push(round(&load_url, &load_prompts).await);
+        let mut during = 0;
+        loop {
+            let was_applied = flag.load(Ordering::SeqCst);
+            let r = tokio::spawn(round(load_url.clone(), load_prompts.clone()));
+            if all.is_empty() {
+                go.notify_one();
+            }
+            all.push(r.await.unwrap_or_default());
+            if !was_applied {
+                during += 1;
+            }
+            if (was_applied && all.len() >= 3) || all.len() >= 30 {
+                return (all, during);
+            }
         }
-        all
     });
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    started.notified().await;
     let (bin, u, gp) = (atlas_bin.clone(), url.clone(), good_path.clone());
     let (ok, text) = tokio::task::spawn_blocking(move || apply(&bin, &u, &gp))
         .await
         .expect("apply task");
+    applied.store(true, Ordering::SeqCst);
     assert!(ok, "apply failed: {text}");
     assert!(text.contains("applied"), "{text}");
     assert!(text.contains("loaded: node"), "{text}");
-    let rounds = load.await.expect("load task");
+    let (rounds, during) = load.await.expect("load task");
+    assert!(during >= 1, "no round ran while the placement was applied");
+    eprintln!(
+        "{} rounds of 8 streams, {during} started before the apply finished",
+        rounds.len()
+    );
     let mut failed = 0;
     for (r, outs) in rounds.iter().enumerate() {
         for (i, o) in outs.iter().enumerate() {
@@ -325,7 +348,7 @@ async fn record_and_rebalance_under_load() {
         assert!(text.contains(needle), "{}: {text}", path.display());
     }
     // Serving is unaffected and still on the good placement's outputs.
-    let after = round(&url, &prompts[..2]).await;
+    let after = round(url.clone(), prompts[..2].to_vec()).await;
     for (i, o) in after.iter().enumerate() {
         assert_eq!(o.as_ref().expect("request after bad apply"), &before[i]);
     }
