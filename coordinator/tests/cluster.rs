@@ -184,14 +184,18 @@ fn three_nodes_bit_identical_deepseek2() {
 }
 
 /// Every expert on two of three nodes.
-fn replicated(shape: &nightshift_atlas::placement::ModelShape) -> Placement {
+/// An explicit placement over `n` nodes: expert `e` of every MoE layer on the nodes `homes(e)`,
+/// every copy resident.
+fn explicit(
+    shape: &nightshift_atlas::placement::ModelShape,
+    n: usize,
+    homes: impl Fn(usize) -> Vec<usize>,
+) -> Placement {
     let layers = shape
         .moe_layers
         .iter()
         .map(|&index| {
-            let replicas: Vec<Vec<usize>> = (0..shape.n_experts)
-                .map(|e| vec![e % 3, (e + 1) % 3])
-                .collect();
+            let replicas: Vec<Vec<usize>> = (0..shape.n_experts).map(&homes).collect();
             LayerPlacement {
                 index,
                 resident: replicas.clone(),
@@ -199,7 +203,12 @@ fn replicated(shape: &nightshift_atlas::placement::ModelShape) -> Placement {
             }
         })
         .collect();
-    Placement::from_layers(nodes(3), layers).expect("placement")
+    Placement::from_layers(nodes(n), layers).expect("placement")
+}
+
+/// Every expert on two of three nodes.
+fn replicated(shape: &nightshift_atlas::placement::ModelShape) -> Placement {
+    explicit(shape, 3, |e| vec![e % 3, (e + 1) % 3])
 }
 
 #[test]
@@ -315,23 +324,8 @@ mod malformed {
         let path = data("tiny-qwen3moe-Q2_K.gguf");
         let model = Model::load(&path).expect("model");
         let shape = model_shape(&model).expect("shape");
-        // One node holding only even experts.
-        let layers = shape
-            .moe_layers
-            .iter()
-            .map(|&index| {
-                let replicas: Vec<Vec<usize>> = (0..shape.n_experts).map(|e| vec![e % 2]).collect();
-                LayerPlacement {
-                    index,
-                    resident: replicas.clone(),
-                    replicas,
-                }
-            })
-            .collect();
-        let cluster = launch(
-            &path,
-            Placement::from_layers(nodes(2), layers).expect("placement"),
-        );
+        // node0 holds only the even experts.
+        let cluster = launch(&path, explicit(&shape, 2, |e| vec![e % 2]));
         let addr = cluster.placement().nodes[0].addr.clone().expect("addr");
         let layer = shape.moe_layers[0] as u32;
         let rt = tokio::runtime::Runtime::new().expect("rt");
