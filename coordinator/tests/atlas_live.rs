@@ -3,7 +3,8 @@
 //! tokens × top_k activations, both nodes got rows); `nightshift-atlas apply` rebalances the
 //! cluster while 8 greedy streams run, with no failed request and every output identical to the
 //! same request before the rebalance; bad placements fail with a clear message and leave serving
-//! unaffected; SIGTERM writes the final snapshot to --atlas-out.
+//! unaffected; SIGTERM writes the final snapshot to --atlas-out. With experts in process the atlas
+//! is recorded too and a rebalance is refused (409).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -56,7 +57,7 @@ impl Drop for Server {
     }
 }
 
-fn serve(atlas_out: &Path) -> Server {
+fn serve(atlas_out: &Path, nodes: &str) -> Server {
     let mut child = Command::new(BIN)
         .args([
             "serve",
@@ -67,7 +68,7 @@ fn serve(atlas_out: &Path) -> Server {
             "--ctx",
             "256",
         ])
-        .args(["--max-seqs", "8", "--threads", "1", "--nodes", "2"])
+        .args(["--max-seqs", "8", "--threads", "1", "--nodes", nodes])
         .args([
             "--node-threads",
             "1",
@@ -212,7 +213,7 @@ async fn record_and_rebalance_under_load() {
     let atlas_bin = build_bin("nightshift-atlas", "nightshift-atlas");
     let dir = tempfile_dir();
     let atlas_out = dir.join("live.atlas");
-    let mut s = serve(&atlas_out);
+    let mut s = serve(&atlas_out, "2");
     let url = s.url.clone();
 
     // Auth: the atlas is behind the API key.
@@ -376,7 +377,41 @@ async fn record_and_rebalance_under_load() {
 }
 
 fn tempfile_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nightshift-atlas-live-{}", std::process::id()));
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "nightshift-atlas-live-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
     std::fs::create_dir_all(&d).expect("tmp dir");
     d
+}
+
+/// Experts in process: the atlas is recorded all the same (no node loads); a rebalance is
+/// refused with 409 and a message saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_records_and_refuses_rebalance() {
+    let atlas_bin = build_bin("nightshift-atlas", "nightshift-atlas");
+    let dir = tempfile_dir();
+    let s = serve(&dir.join("live.atlas"), "0");
+    let out = round(s.url.clone(), vec!["hello".to_string()]).await;
+    assert!(out[0].is_ok(), "{out:?}");
+    let a = get_atlas(&s.url).await;
+    check_counts(&a);
+    assert!(a.nodes.is_empty());
+    let p = Placement::round_robin(
+        vec![NodeSpec::named("node0")],
+        &a.shape.moe_layers,
+        a.shape.n_experts,
+    );
+    let path = dir.join("p.toml");
+    p.save_atomic(&path).expect("write");
+    let (ok, text) = apply(&atlas_bin, &s.url, &path);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("HTTP 409") && text.contains("experts run in process"),
+        "{text}"
+    );
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
 }
