@@ -415,3 +415,34 @@ async fn in_process_records_and_refuses_rebalance() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Atlas flags that cannot be honoured fail at startup with a clear message.
+#[test]
+fn bad_atlas_flags_fail_at_startup() {
+    let model = fixture();
+    let model = model.to_str().expect("utf-8 path");
+    for (args, needle) in [
+        (
+            &["--model", model, "--atlas-out", "/nonexistent-dir/x.atlas"][..],
+            "--atlas-out /nonexistent-dir/x.atlas",
+        ),
+        (
+            &["--model", model, "--atlas-every", "0"][..],
+            "--atlas-every",
+        ),
+        (
+            &["--mock", "--atlas-out", "x.atlas"][..],
+            "no atlas to record",
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .args(["serve", "--port", "0"])
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .expect("run nightshift serve");
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}

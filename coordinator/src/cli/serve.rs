@@ -245,12 +245,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let loaded = load(&args)?;
     let atlas_writer = match (&args.atlas_out, &loaded.atlas) {
         (Some(path), Some(rec)) => Some(
-            SnapshotWriter::start(
-                rec.clone(),
-                path.clone(),
-                Duration::from_secs(args.atlas_every),
-            )
-            .context("starting the atlas snapshot thread")?,
+            // A first (empty) snapshot now: an unwritable path fails at startup, not later.
+            rec.save(path)
+                .with_context(|| format!("--atlas-out {}", path.display()))
+                .and_then(|()| {
+                    SnapshotWriter::start(
+                        rec.clone(),
+                        path.clone(),
+                        Duration::from_secs(args.atlas_every),
+                    )
+                    .context("starting the atlas snapshot thread")
+                })?,
         ),
         _ => None,
     };
