@@ -90,10 +90,10 @@ fn serve(atlas_out: &Path, nodes: &str) -> Server {
     let stdout = child.stdout.take().expect("stdout");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        // Drain stdout to the end: closing the pipe early would make the server's remaining
+        // banner lines fail (println! panics on a closed stdout).
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
+            let _ = tx.send(line);
         }
     });
     while let Ok(line) = rx.recv_timeout(Duration::from_secs(120)) {
