@@ -373,10 +373,14 @@ fn banner(addr: &SocketAddr, model: &str, nodes: &str, auth: bool) {
     } else {
         "\"none\""
     };
-    println!("nightshift serve: listening on {url}");
-    println!("  model : {model}");
-    println!("  nodes : {nodes}");
-    println!(
+    // A closed stdout (the reader went away) must not take the server down: ignore write errors.
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "nightshift serve: listening on {url}");
+    let _ = writeln!(out, "  model : {model}");
+    let _ = writeln!(out, "  nodes : {nodes}");
+    let _ = writeln!(
+        out,
         "  auth  : {}",
         if auth {
             "Bearer API key required on /v1/*"
@@ -384,18 +388,26 @@ fn banner(addr: &SocketAddr, model: &str, nodes: &str, auth: bool) {
             "none (bind is local only unless --host says otherwise)"
         }
     );
-    println!("  health: {url}/health  ready: {url}/ready  metrics: {url}/metrics");
-    println!();
-    println!("curl {url}/v1/chat/completions -H 'Content-Type: application/json'{key_hdr} \\");
-    println!("  -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'");
-    println!();
-    println!("python3 - <<'PY'");
-    println!("import os");
-    println!("from openai import OpenAI");
-    println!("client = OpenAI(base_url=\"{url}/v1\", api_key={key_py})");
-    println!("r = client.chat.completions.create(model=\"{model}\", messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}])");
-    println!("print(r.choices[0].message.content)");
-    println!("PY");
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
+    let _ = writeln!(
+        out,
+        "  health: {url}/health  ready: {url}/ready  metrics: {url}/metrics"
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "curl {url}/v1/chat/completions -H 'Content-Type: application/json'{key_hdr} \\"
+    );
+    let _ = writeln!(out, "  -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'");
+    let _ = writeln!(out);
+    let _ = writeln!(out, "python3 - <<'PY'");
+    let _ = writeln!(out, "import os");
+    let _ = writeln!(out, "from openai import OpenAI");
+    let _ = writeln!(
+        out,
+        "client = OpenAI(base_url=\"{url}/v1\", api_key={key_py})"
+    );
+    let _ = writeln!(out, "r = client.chat.completions.create(model=\"{model}\", messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}])");
+    let _ = writeln!(out, "print(r.choices[0].message.content)");
+    let _ = writeln!(out, "PY");
+    let _ = out.flush();
 }

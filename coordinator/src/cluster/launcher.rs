@@ -101,16 +101,32 @@ pub fn find_node_binary() -> Result<PathBuf, LaunchError> {
         .ok_or_else(|| LaunchError::NoBinary(me.display().to_string()))
 }
 
+/// Starts one node. On Linux the node gets SIGTERM when the thread that spawned it dies (the
+/// caller of `start` or the supervisor, both living as long as the cluster), so a coordinator
+/// that crashes never leaves orphaned nodes holding ports and memory.
 fn spawn(exe: &Path, slot: &Slot, log: &str) -> Result<Child, LaunchError> {
-    Command::new(exe)
-        .args(&slot.args)
+    let mut cmd = Command::new(exe);
+    cmd.args(&slot.args)
         .env("RUST_LOG", log)
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(|e| LaunchError::Spawn {
-            node: slot.name.clone(),
-            reason: e.to_string(),
-        })
+        .stdin(Stdio::null());
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
+        // which is async-signal-safe; it touches no memory shared with the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.spawn().map_err(|e| LaunchError::Spawn {
+        node: slot.name.clone(),
+        reason: e.to_string(),
+    })
 }
 
 impl LocalCluster {
