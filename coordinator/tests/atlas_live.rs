@@ -6,6 +6,8 @@
 //! unaffected; SIGTERM writes the final snapshot to --atlas-out. With experts in process the atlas
 //! is recorded too and a rebalance is refused (409).
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,24 +27,9 @@ fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../model/tests/data/{MODEL}.gguf"))
 }
 
-/// Builds `bin` of `package` in this test's profile (next to `nightshift`) and returns its path.
+/// Builds (or finds) `bin` of `package` in this test's profile and returns its path.
 fn build_bin(package: &str, bin: &str) -> PathBuf {
-    let me = std::env::current_exe().expect("test exe");
-    let profile_dir = me
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .to_path_buf();
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-q", "-p", package, "--bin", bin]);
-    if profile_dir.ends_with("release") {
-        cmd.arg("--release");
-    }
-    let status = cmd.status().expect("cargo build runs");
-    assert!(status.success(), "building {bin} failed");
-    let path = profile_dir.join(bin);
-    assert!(path.is_file(), "{} missing", path.display());
-    path
+    support::workspace_bin(package, bin)
 }
 
 struct Server {

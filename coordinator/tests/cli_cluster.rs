@@ -1,6 +1,8 @@
 //! `nightshift logits` and `nightshift generate` take the cluster flags: with `--nodes 2` the
 //! logits file is byte-identical to the in-process one, and generate's greedy text is the same.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -10,25 +12,9 @@ fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// `nightshift` finds `nightshift-expert-node` next to itself: build it in the same profile.
+/// `nightshift` finds `nightshift-expert-node` next to itself: make sure it is there.
 fn build_node_binary() {
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_nightshift"));
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args([
-        "build",
-        "-q",
-        "-p",
-        "nightshift-expert-node",
-        "--bin",
-        "nightshift-expert-node",
-    ]);
-    if bin.parent().is_some_and(|d| d.ends_with("release")) {
-        cmd.arg("--release");
-    }
-    assert!(
-        cmd.status().expect("cargo runs").success(),
-        "building nightshift-expert-node"
-    );
+    support::workspace_bin("nightshift-expert-node", "nightshift-expert-node");
 }
 
 fn logits(model: &Path, out: &Path, extra: &[&str]) -> Vec<u8> {

@@ -4,6 +4,8 @@
 //! node's restart restores service; nodes refuse a coordinator running another model; malformed
 //! messages get error statuses and leave the stream usable.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -20,35 +22,11 @@ fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Builds `nightshift-expert-node` (same profile as this test) once and returns its path.
+/// `nightshift-expert-node` in this test's profile (built once if needed).
 fn node_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let me = std::env::current_exe().expect("test exe");
-        let profile_dir = me
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>")
-            .to_path_buf();
-        let mut cmd = std::process::Command::new(env!("CARGO"));
-        cmd.args([
-            "build",
-            "-q",
-            "-p",
-            "nightshift-expert-node",
-            "--bin",
-            "nightshift-expert-node",
-        ]);
-        if profile_dir.ends_with("release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("cargo build runs");
-        assert!(status.success(), "building nightshift-expert-node failed");
-        let bin = profile_dir.join("nightshift-expert-node");
-        assert!(bin.is_file(), "{} missing", bin.display());
-        bin
-    })
-    .clone()
+    BIN.get_or_init(|| support::workspace_bin("nightshift-expert-node", "nightshift-expert-node"))
+        .clone()
 }
 
 fn nodes(n: usize) -> Vec<NodeSpec> {

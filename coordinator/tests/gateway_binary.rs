@@ -148,7 +148,10 @@ async fn api_key_is_enforced() {
 fn flags_that_cannot_be_honoured_yet_fail_clearly() {
     for (args, needle) in [
         (&["--mock", "--nodes", "2"][..], "--mock runs no experts"),
-        (&["--mock", "--placement", "p.toml"][..], "--mock runs no experts"),
+        (
+            &["--mock", "--placement", "p.toml"][..],
+            "--mock runs no experts",
+        ),
         (&["--mock", "--max-seqs", "0"][..], "--max-seqs"),
     ] {
         let out = Command::new(BIN)

@@ -1,4 +1,9 @@
 #!/usr/bin/env bash
-# The Rust workspace's tests (host target).
+# The Rust workspace's tests (host target). Every binary is built first, with the same feature
+# set the other parts use (`cargo build --workspace --bins`), so integration tests that start
+# `nightshift-expert-node` / `nightshift-atlas` use them as they are (NIGHTSHIFT_PREBUILT_BINS)
+# instead of rebuilding them with another feature set.
 set -euo pipefail
-cargo test --workspace --locked
+cd "$(dirname "$0")/../.."
+cargo build --workspace --bins --locked
+NIGHTSHIFT_PREBUILT_BINS=1 cargo test --workspace --locked

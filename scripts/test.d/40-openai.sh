@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 [ -x "$PY" ] || { echo "40-openai: $PY missing (run scripts/setup.sh)"; exit 1; }
-cargo build -q -p nightshift-coordinator --bin nightshift
+cargo build -q --workspace --bins --locked
 BIN="${CARGO_TARGET_DIR:-target}/debug/nightshift"
 CURRENT_SERVER=""
 trap '[ -n "$CURRENT_SERVER" ] && kill "$CURRENT_SERVER" 2>/dev/null; true' EXIT

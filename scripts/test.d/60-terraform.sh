@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 [ -x "$PY" ] || { echo "60-terraform: $PY missing (run scripts/setup.sh)"; exit 1; }
-cargo build -q -p nightshift-coordinator --bin nightshift -p nightshift-expert-node --bin nightshift-expert-node -p nightshift-atlas --bin nightshift-atlas
+cargo build -q --workspace --bins --locked
 export NIGHTSHIFT_BIN_DIR="${CARGO_TARGET_DIR:-target}/debug"
 if command -v terraform >/dev/null 2>&1; then
   echo "60-terraform: terraform $(terraform version 2>/dev/null | head -n 1) found: fmt -check runs; validate runs only if terraform init can fetch the providers"

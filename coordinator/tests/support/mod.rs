@@ -1,0 +1,33 @@
+//! Shared by the coordinator's integration tests: finding the workspace's other binaries
+//! (`nightshift-expert-node`, `nightshift-atlas`), which cargo does not build for this package's
+//! tests. With `NIGHTSHIFT_PREBUILT_BINS=1` (set by scripts/test.d/10-cargo.sh after it built
+//! every binary) an existing binary is used as is; otherwise it is built once with cargo in this
+//! test's profile, so `cargo test -p nightshift-coordinator` alone works too.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The path of `bin` from `package`, next to this test's `target/<profile>/` binaries.
+pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
+    let me = std::env::current_exe().expect("test exe");
+    let profile_dir = me
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf();
+    let path = profile_dir.join(bin);
+    if std::env::var_os("NIGHTSHIFT_PREBUILT_BINS").is_some() && path.is_file() {
+        return path;
+    }
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["build", "-q", "-p", package, "--bin", bin]);
+    if profile_dir.ends_with("release") {
+        cmd.arg("--release");
+    }
+    assert!(
+        cmd.status().expect("cargo build runs").success(),
+        "building {bin} failed"
+    );
+    assert!(path.is_file(), "{} missing", path.display());
+    path
+}
