@@ -302,7 +302,17 @@ impl Engine {
             match &lw.ffn {
                 FfnWeights::Dense(d) => dense_ffn(d, &h, n, &mut y, p)?,
                 FfnWeights::Moe(m) => {
-                    moe_ffn(c, il, m, &h, n, &*self.backend, self.observer.as_deref(), p, &mut y)?;
+                    moe_ffn(
+                        c,
+                        il,
+                        m,
+                        &h,
+                        n,
+                        &*self.backend,
+                        self.observer.as_deref(),
+                        p,
+                        &mut y,
+                    )?;
                     if let Some(sh) = &m.shared {
                         let mut s = vec![0.0f32; n * e];
                         dense_ffn(sh, &h, n, &mut s, p)?;
