@@ -12,7 +12,8 @@ PY=.venv/bin/python
 cargo build -q --workspace --bins --locked
 BIN="${CARGO_TARGET_DIR:-target}/debug/nightshift"
 CURRENT_SERVER=""
-trap '[ -n "$CURRENT_SERVER" ] && kill "$CURRENT_SERVER" 2>/dev/null; true' EXIT
+# (an `a && b` whose b fails would trip errexit inside the trap and fail the whole script)
+trap 'if [ -n "$CURRENT_SERVER" ]; then kill "$CURRENT_SERVER" 2>/dev/null || true; fi' EXIT
 run_suite() { # $1 = label, rest = model args
   local label=$1; shift
   local PORT KEY LOG SERVER ready
@@ -40,6 +41,7 @@ run_suite() { # $1 = label, rest = model args
   fi
   kill "$SERVER" 2>/dev/null || true
   wait "$SERVER" 2>/dev/null || true
+  CURRENT_SERVER=
   rm -f "$LOG"
   return $rc
 }
