@@ -8,7 +8,6 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -74,26 +73,8 @@ fn serve(atlas_out: &Path, nodes: &str) -> Server {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn nightshift serve");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        // Drain stdout to the end: closing the pipe early would make the server's remaining
-        // banner lines fail (println! panics on a closed stdout).
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    while let Ok(line) = rx.recv_timeout(Duration::from_secs(120)) {
-        if let Some(u) = line.strip_prefix("nightshift serve: listening on ") {
-            return Server {
-                child,
-                url: u.trim().to_string(),
-            };
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("nightshift serve did not start");
+    let url = support::wait_listening(&mut child, Duration::from_secs(120));
+    Server { child, url }
 }
 
 fn client() -> reqwest::Client {

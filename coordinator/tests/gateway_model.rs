@@ -4,10 +4,11 @@
 //! what each gives alone (they share engine batches); logprobs, usage, stop strings and the
 //! context-overflow error use the real tokenizer and chat template.
 
+mod support;
+
 use nightshift_model::gguf::Gguf;
 use nightshift_model::tokenizer::Tokenizer;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -55,26 +56,8 @@ fn serve() -> Server {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn nightshift serve");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    while let Ok(line) = rx.recv_timeout(Duration::from_secs(120)) {
-        if let Some(u) = line.strip_prefix("nightshift serve: listening on ") {
-            return Server {
-                child,
-                url: u.trim().to_string(),
-            };
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("nightshift serve did not start");
+    let url = support::wait_listening(&mut child, Duration::from_secs(120));
+    Server { child, url }
 }
 
 async fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {

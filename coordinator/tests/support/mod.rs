@@ -4,8 +4,13 @@
 //! every binary) an existing binary is used as is; otherwise it is built once with cargo in this
 //! test's profile, so `cargo test -p nightshift-coordinator` alone works too.
 
+// Each test crate uses only some of these helpers.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
+use std::time::Duration;
 
 /// The path of `bin` from `package`, next to this test's `target/<profile>/` binaries.
 pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
@@ -30,4 +35,25 @@ pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
     );
     assert!(path.is_file(), "{} missing", path.display());
     path
+}
+
+/// Waits for `nightshift serve`'s "listening on URL" line (its stdout must be piped) and returns
+/// the URL. Stdout keeps being drained to its end, so the server never writes into a closed pipe.
+/// Kills the child and panics when the server does not start within `timeout`.
+pub fn wait_listening(child: &mut Child, timeout: Duration) -> String {
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    while let Ok(line) = rx.recv_timeout(timeout) {
+        if let Some(u) = line.strip_prefix("nightshift serve: listening on ") {
+            return u.trim().to_string();
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("nightshift serve did not start");
 }
