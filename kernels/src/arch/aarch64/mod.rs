@@ -121,93 +121,26 @@ fn run(
     true
 }
 
-/// NEON (Advanced SIMD) capability.
-#[derive(Clone, Copy, Debug)]
-pub struct Neon {
-    _private: (),
-}
+capability_tier!(
+    /// NEON (Advanced SIMD) capability.
+    Neon,
+    detect: std::arch::is_aarch64_feature_detected!("neon"),
+    run: run(Level::Neon)
+);
 
-impl Neon {
-    /// Returns the capability when this CPU can run the tier.
-    pub fn new() -> Option<Neon> {
-        std::arch::is_aarch64_feature_detected!("neon").then_some(Neon { _private: () })
-    }
+capability_tier!(
+    /// NEON + SDOT capability.
+    Dotprod,
+    detect: std::arch::is_aarch64_feature_detected!("neon")
+        && std::arch::is_aarch64_feature_detected!("dotprod"),
+    run: run(Level::Dotprod)
+);
 
-    /// `out[r * n + j] = W[r] . x[j]` for `rows` weight rows of `ty` (k elements each,
-    /// contiguous) and `n` activation rows of `ty.vec_dot_type()`; false when the tier has no
-    /// path for `ty` (the caller then uses the scalar reference).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_block(
-        self,
-        ty: GgmlType,
-        k: usize,
-        w: &[u8],
-        rows: usize,
-        x: &[u8],
-        n: usize,
-        out: &mut [f32],
-    ) -> bool {
-        run(Level::Neon, ty, k, w, rows, x, n, out)
-    }
-}
-
-/// NEON + SDOT capability.
-#[derive(Clone, Copy, Debug)]
-pub struct Dotprod {
-    _private: (),
-}
-
-impl Dotprod {
-    /// Returns the capability when this CPU can run the tier.
-    pub fn new() -> Option<Dotprod> {
-        (std::arch::is_aarch64_feature_detected!("neon")
-            && std::arch::is_aarch64_feature_detected!("dotprod"))
-        .then_some(Dotprod { _private: () })
-    }
-
-    /// Same contract as [`Neon::gemm_block`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_block(
-        self,
-        ty: GgmlType,
-        k: usize,
-        w: &[u8],
-        rows: usize,
-        x: &[u8],
-        n: usize,
-        out: &mut [f32],
-    ) -> bool {
-        run(Level::Dotprod, ty, k, w, rows, x, n, out)
-    }
-}
-
-/// NEON + SDOT + SMMLA capability.
-#[derive(Clone, Copy, Debug)]
-pub struct I8mm {
-    _private: (),
-}
-
-impl I8mm {
-    /// Returns the capability when this CPU can run the tier.
-    pub fn new() -> Option<I8mm> {
-        (std::arch::is_aarch64_feature_detected!("neon")
-            && std::arch::is_aarch64_feature_detected!("dotprod")
-            && std::arch::is_aarch64_feature_detected!("i8mm"))
-        .then_some(I8mm { _private: () })
-    }
-
-    /// Same contract as [`Neon::gemm_block`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_block(
-        self,
-        ty: GgmlType,
-        k: usize,
-        w: &[u8],
-        rows: usize,
-        x: &[u8],
-        n: usize,
-        out: &mut [f32],
-    ) -> bool {
-        run(Level::I8mm, ty, k, w, rows, x, n, out)
-    }
-}
+capability_tier!(
+    /// NEON + SDOT + SMMLA capability.
+    I8mm,
+    detect: std::arch::is_aarch64_feature_detected!("neon")
+        && std::arch::is_aarch64_feature_detected!("dotprod")
+        && std::arch::is_aarch64_feature_detected!("i8mm"),
+    run: run(Level::I8mm)
+);

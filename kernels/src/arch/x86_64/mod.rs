@@ -32,73 +32,26 @@ enum Level {
     Avx512,
 }
 
-/// AVX2 capability: only constructible when the CPU has AVX2 + FMA + F16C.
-#[derive(Clone, Copy, Debug)]
-pub struct Avx2 {
-    _private: (),
-}
+capability_tier!(
+    /// AVX2 capability: only constructible when the CPU has AVX2 + FMA + F16C.
+    Avx2,
+    detect: is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c"),
+    run: gemm_block(Level::Avx2)
+);
 
-impl Avx2 {
-    /// Returns the capability when this CPU can run the tier.
-    pub fn new() -> Option<Avx2> {
-        let ok = is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c");
-        ok.then_some(Avx2 { _private: () })
-    }
-
-    /// `out[r * n + j] = W[r] . x[j]` for `rows` weight rows of `ty` and `n` activation rows of
-    /// `ty.vec_dot_type()`, bit-identical to the scalar reference. Returns false when this tier
-    /// has no path for `ty` or the lengths do not match (the caller then uses the scalar
-    /// reference, which reports the error).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_block(
-        self,
-        ty: GgmlType,
-        k: usize,
-        w: &[u8],
-        rows: usize,
-        x: &[u8],
-        n: usize,
-        out: &mut [f32],
-    ) -> bool {
-        gemm_block(Level::Avx2, ty, k, w, rows, x, n, out)
-    }
-}
-
-/// AVX-512-VNNI capability (AVX-512F/BW/VL + VNNI, and AVX2 + F16C).
-#[derive(Clone, Copy, Debug)]
-pub struct Avx512Vnni {
-    _private: (),
-}
-
-impl Avx512Vnni {
-    /// Returns the capability when this CPU can run the tier.
-    pub fn new() -> Option<Avx512Vnni> {
-        let ok = is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("f16c")
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni");
-        ok.then_some(Avx512Vnni { _private: () })
-    }
-
-    /// Same contract as [`Avx2::gemm_block`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_block(
-        self,
-        ty: GgmlType,
-        k: usize,
-        w: &[u8],
-        rows: usize,
-        x: &[u8],
-        n: usize,
-        out: &mut [f32],
-    ) -> bool {
-        gemm_block(Level::Avx512, ty, k, w, rows, x, n, out)
-    }
-}
+capability_tier!(
+    /// AVX-512-VNNI capability (AVX-512F/BW/VL + VNNI, and AVX2 + F16C).
+    Avx512Vnni,
+    detect: is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni"),
+    run: gemm_block(Level::Avx512)
+);
 
 /// The K-quant kind code used by `kquant`, if `ty` has a path here.
 fn kquant_kind(ty: GgmlType) -> Option<u8> {
