@@ -76,9 +76,10 @@ impl RemoteExperts {
             let after = held(&new, &link.name)?;
             // An expert becoming resident is a load (the node upgrades it in place).
             let add: Vec<Key> = after.difference(&before).copied().collect();
+            let kept: BTreeSet<(u32, u32)> = after.iter().map(|&(l, e, _)| (l, e)).collect();
             let gone: Vec<Key> = before
                 .iter()
-                .filter(|(l, e, _)| !after.iter().any(|(l2, e2, _)| l2 == l && e2 == e))
+                .filter(|(l, e, _)| !kept.contains(&(*l, *e)))
                 .copied()
                 .collect();
             plans.push((i, add, gone));

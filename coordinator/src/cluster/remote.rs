@@ -136,11 +136,6 @@ pub enum RemoteError {
     NoAddress { node: String },
     #[error("cannot start the client runtime: {0}")]
     Runtime(String),
-    #[error("the new placement must name the same nodes: expected {expected:?}, found {found:?}")]
-    NodesChanged {
-        expected: Vec<String>,
-        found: Vec<String>,
-    },
 }
 
 impl Drop for RemoteExperts {
@@ -282,21 +277,6 @@ impl RemoteExperts {
     /// Returns the call statistics gathered since the last call, and resets them.
     pub fn take_stats(&self) -> RpcStats {
         std::mem::take(&mut *lock(&self.shared.stats))
-    }
-
-    /// Switches routing to a new placement atomically (between two layer calls).
-    pub fn set_placement(&self, placement: Placement) -> Result<(), RemoteError> {
-        let expected: Vec<String> = self.shared.nodes.iter().map(|n| n.name.clone()).collect();
-        let found: Vec<String> = placement.nodes.iter().map(|n| n.name.clone()).collect();
-        if expected != found {
-            return Err(RemoteError::NodesChanged { expected, found });
-        }
-        *self
-            .shared
-            .placement
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = Arc::new(placement);
-        Ok(())
     }
 
     /// Replaces the routing placement (same nodes, already validated).
