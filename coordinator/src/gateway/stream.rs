@@ -31,6 +31,38 @@ pub struct Meta {
     pub include_usage: bool,
 }
 
+impl Meta {
+    /// A `chat.completion.chunk` with this request's identity.
+    fn chat_chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Option<Usage>>) -> ChatChunk {
+        ChatChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: self.fingerprint.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    /// A `text_completion` (whole response or stream chunk) with this request's identity.
+    fn completion(
+        &self,
+        choices: Vec<CompletionChoice>,
+        usage: Option<Option<Usage>>,
+    ) -> Completion {
+        Completion {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: self.fingerprint.clone(),
+            choices,
+            usage,
+        }
+    }
+}
+
 fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -127,20 +159,15 @@ pub async fn collect(
                         }],
                         usage,
                     }),
-                    Kind::Completion => serde_json::to_value(Completion {
-                        id: meta.id.clone(),
-                        object: "text_completion",
-                        created: meta.created,
-                        model: meta.model.clone(),
-                        system_fingerprint: meta.fingerprint.clone(),
-                        choices: vec![CompletionChoice {
+                    Kind::Completion => serde_json::to_value(meta.completion(
+                        vec![CompletionChoice {
                             text,
                             index: 0,
                             logprobs: meta.logprobs.map(|_| comp_lp),
                             finish_reason: Some(finish.as_str()),
                         }],
-                        usage: Some(Some(usage)),
-                    }),
+                        Some(Some(usage)),
+                    )),
                 };
                 return v.map_err(|e| ApiError::internal(&meta.request_id, e));
             }
@@ -181,13 +208,8 @@ impl St {
         let m = &self.meta;
         match m.kind {
             Kind::Chat => {
-                let c = ChatChunk {
-                    id: m.id.clone(),
-                    object: "chat.completion.chunk",
-                    created: m.created,
-                    model: m.model.clone(),
-                    system_fingerprint: m.fingerprint.clone(),
-                    choices: vec![ChunkChoice {
+                let c = m.chat_chunk(
+                    vec![ChunkChoice {
                         index: 0,
                         delta: Delta {
                             role: None,
@@ -198,8 +220,8 @@ impl St {
                         }),
                         finish_reason: finish.map(FinishReason::as_str),
                     }],
-                    usage: self.usage_field(None),
-                };
+                    self.usage_field(None),
+                );
                 self.data(&c)
             }
             Kind::Completion => {
@@ -208,20 +230,15 @@ impl St {
                     push_completion_logprob(&mut c, l, &mut self.offset);
                     c
                 });
-                let c = Completion {
-                    id: m.id.clone(),
-                    object: "text_completion",
-                    created: m.created,
-                    model: m.model.clone(),
-                    system_fingerprint: m.fingerprint.clone(),
-                    choices: vec![CompletionChoice {
+                let c = m.completion(
+                    vec![CompletionChoice {
                         text: text.unwrap_or_default(),
                         index: 0,
                         logprobs,
                         finish_reason: finish.map(FinishReason::as_str),
                     }],
-                    usage: self.usage_field(None),
-                };
+                    self.usage_field(None),
+                );
                 self.data(&c)
             }
         }
@@ -230,13 +247,8 @@ impl St {
     fn first_chunk(&self) -> Option<SseEvent> {
         let m = &self.meta;
         (m.kind == Kind::Chat).then(|| {
-            self.data(&ChatChunk {
-                id: m.id.clone(),
-                object: "chat.completion.chunk",
-                created: m.created,
-                model: m.model.clone(),
-                system_fingerprint: m.fingerprint.clone(),
-                choices: vec![ChunkChoice {
+            self.data(&m.chat_chunk(
+                vec![ChunkChoice {
                     index: 0,
                     delta: Delta {
                         role: Some("assistant"),
@@ -245,32 +257,16 @@ impl St {
                     logprobs: None,
                     finish_reason: None,
                 }],
-                usage: self.usage_field(None),
-            })
+                self.usage_field(None),
+            ))
         })
     }
 
     fn usage_chunk(&self, u: Usage) -> SseEvent {
         let m = &self.meta;
         match m.kind {
-            Kind::Chat => self.data(&ChatChunk {
-                id: m.id.clone(),
-                object: "chat.completion.chunk",
-                created: m.created,
-                model: m.model.clone(),
-                system_fingerprint: m.fingerprint.clone(),
-                choices: vec![],
-                usage: Some(Some(u)),
-            }),
-            Kind::Completion => self.data(&Completion {
-                id: m.id.clone(),
-                object: "text_completion",
-                created: m.created,
-                model: m.model.clone(),
-                system_fingerprint: m.fingerprint.clone(),
-                choices: vec![],
-                usage: Some(Some(u)),
-            }),
+            Kind::Chat => self.data(&m.chat_chunk(vec![], Some(Some(u)))),
+            Kind::Completion => self.data(&m.completion(vec![], Some(Some(u)))),
         }
     }
 
