@@ -1,6 +1,6 @@
-//! The subcommands of `nightshift-atlas` that need a live engine or coordinator: `record` runs a
-//! JSONL prompt set through the in-process engine (nightshift-model) and writes the atlas its
-//! routing produced; `apply` posts a placement file to a running coordinator's
+//! The subcommands of `nightshift-atlas` that need a live engine or coordinator: `record --model`
+//! runs a JSONL prompt set through the in-process engine (nightshift-model) and writes the atlas
+//! its routing produced (`record --coordinator` lives in `record_cluster.rs`); `apply` posts a placement file to a running coordinator's
 //! `/v1/admin/placement` (live rebalance) and prints what moved. Only the binary depends on
 //! nightshift-model; the library does not.
 
@@ -16,48 +16,26 @@ use nightshift_model::{
     BatchToken, Engine, EngineOptions, ExpertPair, LocalExperts, Model, RouteObserver,
 };
 
+use crate::coord::Coordinator;
+use crate::prompts::{read_prompts, PromptLine};
+
 /// `apply`: validates `file` locally, posts it, prints the report.
 pub fn apply(file: &Path, coordinator: &str, api_key: Option<&str>) -> Result<()> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("cannot read placement file {}", file.display()))?;
     let p = Placement::from_toml_str(&text)
         .with_context(|| format!("placement file {}", file.display()))?;
-    let base = coordinator.trim_end_matches('/');
-    let base = if base.contains("://") {
-        base.to_string()
-    } else {
-        format!("http://{base}")
-    };
-    let url = format!("{base}/v1/admin/placement");
-    let client = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(900))
-        .build()
-        .context("building the HTTP client")?;
-    let mut req = client
-        .post(&url)
-        .header(reqwest::header::CONTENT_TYPE, "application/toml")
-        .body(text);
-    if let Some(k) = api_key.filter(|k| !k.is_empty()) {
-        req = req.bearer_auth(k);
-    }
+    let c = Coordinator::new(coordinator, api_key, Duration::from_secs(900))?;
     let t0 = Instant::now();
-    let resp = req
-        .send()
-        .with_context(|| format!("cannot reach the coordinator at {url}"))?;
-    let status = resp.status();
-    let body = resp
-        .text()
-        .with_context(|| format!("reading the coordinator's answer from {url}"))?;
-    let json: Option<serde_json::Value> = serde_json::from_str(&body).ok();
-    if !status.is_success() {
-        let msg = json
-            .as_ref()
-            .and_then(|v| v.pointer("/error/message"))
-            .and_then(|m| m.as_str())
-            .map(str::to_string)
-            .unwrap_or_else(|| body.chars().take(500).collect());
-        bail!("the coordinator refused the placement (HTTP {status}): {msg}");
+    let answer = c.post("/v1/admin/placement", "application/toml", text)?;
+    if !answer.status.is_success() {
+        bail!(
+            "the coordinator refused the placement (HTTP {}): {}",
+            answer.status,
+            answer.error_message()
+        );
     }
+    let json = answer.json();
     println!(
         "applied {} ({} nodes) in {:.1} s",
         file.display(),
@@ -100,69 +78,11 @@ impl RouteObserver for Observer {
     }
 }
 
-/// One JSONL line: a raw prompt or chat messages.
-enum PromptLine {
-    Raw(String),
-    Chat(Vec<ChatMessage>),
-}
-
-fn parse_line(n: usize, line: &str) -> Result<PromptLine> {
-    let expected =
-        r#"expected {"prompt": "..."} or {"messages": [{"role": "...", "content": "..."}, ...]}"#;
-    let v: serde_json::Value = serde_json::from_str(line)
-        .map_err(|e| anyhow::anyhow!("line {n}: not JSON ({e}); {expected}"))?;
-    if let Some(p) = v.get("prompt") {
-        return match p.as_str() {
-            Some(s) => Ok(PromptLine::Raw(s.to_string())),
-            None => bail!("line {n}: \"prompt\" must be a string; {expected}"),
-        };
-    }
-    let Some(msgs) = v.get("messages").and_then(|m| m.as_array()) else {
-        bail!("line {n}: {expected}, found {}", short(line));
-    };
-    let mut out = Vec::with_capacity(msgs.len());
-    for (i, m) in msgs.iter().enumerate() {
-        let role = m.get("role").and_then(|r| r.as_str());
-        let content = m.get("content").and_then(|c| c.as_str());
-        match (role, content) {
-            (Some(r), Some(c)) => out.push(ChatMessage::new(r, c)),
-            _ => bail!("line {n}: message {i} needs string \"role\" and \"content\"; {expected}"),
-        }
-    }
-    if out.is_empty() {
-        bail!("line {n}: \"messages\" is empty; {expected}");
-    }
-    Ok(PromptLine::Chat(out))
-}
-
-fn short(s: &str) -> String {
-    let t: String = s.chars().take(80).collect();
-    if t.len() < s.len() {
-        format!("{t}...")
-    } else {
-        t
-    }
-}
-
 /// `record`: runs every prompt of `prompts` through the engine, greedy-decodes `max_tokens`,
 /// writes the atlas to `out`.
 pub fn record(model_path: &Path, prompts: &Path, max_tokens: usize, out: &Path) -> Result<()> {
-    let text = std::fs::read_to_string(prompts)
-        .with_context(|| format!("cannot read prompts file {}", prompts.display()))?;
     // Parse every line before loading anything: a bad file fails fast.
-    let mut lines = Vec::new();
-    for (i, l) in text.lines().enumerate() {
-        if l.trim().is_empty() {
-            continue;
-        }
-        lines.push(parse_line(i + 1, l).with_context(|| format!("{}", prompts.display()))?);
-    }
-    if lines.is_empty() {
-        bail!(
-            "{}: expected at least one prompt line, found none",
-            prompts.display()
-        );
-    }
+    let lines = read_prompts(prompts)?;
     let model =
         Model::load(model_path).with_context(|| format!("loading {}", model_path.display()))?;
     let s = nightshift_model::shape::moe_shape(model.gguf())
@@ -204,6 +124,11 @@ pub fn record(model_path: &Path, prompts: &Path, max_tokens: usize, out: &Path) 
         let ids = match line {
             PromptLine::Raw(p) => tok.encode(p, tok.add_bos(), false),
             PromptLine::Chat(msgs) => {
+                let msgs: Vec<ChatMessage> = msgs
+                    .iter()
+                    .map(|m| ChatMessage::new(&m.role, &m.content))
+                    .collect();
+                let msgs = &msgs;
                 let rendered = match &template {
                     Some(t) => t.render(msgs, true, &bos, &eos)?,
                     None => {

@@ -1,9 +1,13 @@
 //! The `nightshift-atlas` command line: `report` on an atlas file (table + heatmap/coverage
 //! pictures), `plan` a placement from it, `simulate` planner quality on synthetic Zipf atlases,
-//! `synth` a synthetic atlas file, `record` an atlas by running prompts through the engine, and
-//! `apply` a placement to a running coordinator (live rebalance); those two live in `live.rs`.
+//! `synth` a synthetic atlas file, `record` an atlas by running prompts through the engine (in
+//! process: `live.rs`; through a running coordinator and its nodes: `record_cluster.rs`), and
+//! `apply` a placement to a running coordinator (live rebalance, `live.rs`; HTTP in `coord.rs`).
 
+mod coord;
 mod live;
+mod prompts;
+mod record_cluster;
 
 use std::path::PathBuf;
 
@@ -28,11 +32,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a JSONL prompt set through the engine (greedy) and write the atlas of its routing.
+    /// Run a JSONL prompt set (greedy) through the in-process engine (--model) or a running
+    /// coordinator and its expert nodes (--coordinator), and write the atlas of its routing.
+    #[command(group(clap::ArgGroup::new("engine").required(true).args(["model", "coordinator"])))]
     Record {
-        /// GGUF model file.
+        /// GGUF model file: run the engine in this process.
         #[arg(long)]
-        model: PathBuf,
+        model: Option<PathBuf>,
+        /// Base URL of a running `nightshift serve`, e.g. http://127.0.0.1:8080: send the prompts
+        /// through its OpenAI API, then write its recorded atlas (GET /v1/atlas).
+        #[arg(long)]
+        coordinator: Option<String>,
+        /// Bearer API key of the coordinator.
+        #[arg(long, env = "NIGHTSHIFT_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Seconds one request to the coordinator may take.
+        #[arg(long, default_value_t = 900)]
+        timeout: u64,
         /// JSONL: one {"prompt": "..."} or {"messages": [{"role", "content"}, ...]} per line.
         #[arg(long)]
         prompts: PathBuf,
@@ -128,10 +144,24 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Record {
             model,
+            coordinator,
+            api_key,
+            timeout,
             prompts,
             max_tokens,
             out,
-        } => live::record(&model, &prompts, max_tokens, &out),
+        } => match (model, coordinator) {
+            (Some(model), None) => live::record(&model, &prompts, max_tokens, &out),
+            (None, Some(coordinator)) => record_cluster::record(&record_cluster::ClusterRecord {
+                coordinator: &coordinator,
+                api_key: api_key.as_deref(),
+                prompts: &prompts,
+                max_tokens,
+                out: &out,
+                timeout: std::time::Duration::from_secs(timeout.max(1)),
+            }),
+            _ => bail!("record: expected exactly one of --model FILE and --coordinator URL"),
+        },
         Cmd::Apply {
             placement,
             coordinator,

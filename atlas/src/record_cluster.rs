@@ -1,0 +1,113 @@
+//! `nightshift-atlas record --coordinator URL`: runs a JSONL prompt set through a running
+//! `nightshift serve` (experts in process, on local nodes or on remote ones) via its OpenAI API
+//! (`/v1/completions` for raw prompts, `/v1/chat/completions` for messages; greedy,
+//! `max_tokens` each, one at a time), then fetches the atlas the coordinator recorded
+//! (`GET /v1/atlas`) and writes it atomically. The atlas is the coordinator's all-time record:
+//! when it had already served traffic before this run, that is included (and said so).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+
+use crate::coord::Coordinator;
+use crate::prompts::{read_prompts, PromptLine};
+
+/// Options of a recording through a coordinator.
+pub struct ClusterRecord<'a> {
+    pub coordinator: &'a str,
+    pub api_key: Option<&'a str>,
+    pub prompts: &'a Path,
+    pub max_tokens: usize,
+    pub out: &'a Path,
+    /// Per-request timeout.
+    pub timeout: Duration,
+}
+
+/// Token counts the gateway reported for one request.
+fn usage(v: &serde_json::Value) -> (u64, u64) {
+    let n = |k: &str| v.pointer(k).and_then(|x| x.as_u64()).unwrap_or(0);
+    (n("/usage/prompt_tokens"), n("/usage/completion_tokens"))
+}
+
+/// Runs the prompt set through the coordinator and writes its atlas to `out`.
+pub fn record(o: &ClusterRecord<'_>) -> Result<()> {
+    if o.max_tokens == 0 {
+        bail!("--max-tokens: expected at least 1 with --coordinator, found 0");
+    }
+    let lines = read_prompts(o.prompts)?;
+    let c = Coordinator::new(o.coordinator, o.api_key, o.timeout)?;
+    let model = c.model_id()?;
+    // Before anything is sent: the coordinator records an atlas at all, and how much it had.
+    let before = c.atlas()?;
+    let t0 = Instant::now();
+    let (mut prompt_tokens, mut completion_tokens) = (0u64, 0u64);
+    for (i, line) in lines.iter().enumerate() {
+        let (path, body) = match line {
+            PromptLine::Raw(p) => (
+                "/v1/completions",
+                json!({"model": model, "prompt": p, "max_tokens": o.max_tokens, "temperature": 0}),
+            ),
+            PromptLine::Chat(msgs) => {
+                let msgs: Vec<_> = msgs
+                    .iter()
+                    .map(|m| json!({"role": m.role, "content": m.content}))
+                    .collect();
+                (
+                    "/v1/chat/completions",
+                    json!({"model": model, "messages": msgs, "max_tokens": o.max_tokens, "temperature": 0}),
+                )
+            }
+        };
+        let v = c
+            .post_json_ok(path, &body, &format!("prompt {}", i + 1))
+            .with_context(|| format!("{}", o.prompts.display()))?;
+        let (p, g) = usage(&v);
+        prompt_tokens += p;
+        completion_tokens += g;
+    }
+    let after = c.atlas()?;
+    if after.shape != before.shape || after.model != before.model {
+        bail!(
+            "the coordinator's atlas changed model during the run (restarted?): expected {} {:?}, found {} {:?}",
+            before.model,
+            before.shape.moe_layers,
+            after.model,
+            after.shape.moe_layers
+        );
+    }
+    if after.all_time.tokens < before.all_time.tokens {
+        bail!(
+            "the coordinator's atlas went backwards during the run (restarted?): expected at least {} tokens, found {}",
+            before.all_time.tokens,
+            after.all_time.tokens
+        );
+    }
+    after.save_atomic(o.out)?;
+    let added = after.all_time.tokens - before.all_time.tokens;
+    println!(
+        "sent {} prompts to {}: {} prompt tokens + {} generated tokens (as the gateway counted them) in {:.1} s",
+        lines.len(),
+        c.url(""),
+        prompt_tokens,
+        completion_tokens,
+        t0.elapsed().as_secs_f64()
+    );
+    println!(
+        "the coordinator's atlas grew by {added} tokens to {} tokens ({} activations over {} MoE layers x {} experts, {} nodes)",
+        after.all_time.tokens,
+        after.all_time.total_activations(),
+        after.shape.moe_layers.len(),
+        after.shape.n_experts,
+        after.nodes.len()
+    );
+    if before.all_time.tokens > 0 {
+        println!(
+            "note: the coordinator had already recorded {} tokens before this run; they are in the atlas too (start a fresh serve for an atlas of this prompt set alone)",
+            before.all_time.tokens
+        );
+    }
+    println!("wrote {}", o.out.display());
+    Ok(())
+}
