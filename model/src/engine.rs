@@ -189,7 +189,11 @@ impl Engine {
                 s.reserve_to(end, kw, vw);
             }
         }
-        let res = self.run(batch, &toks);
+        // The whole step runs on a pool worker: every parallel op inside (matmuls, attention,
+        // experts) then forks from within the pool instead of handing work over from this
+        // thread and sleeping until it is done, twice per op (hundreds of handoffs per step).
+        let pool = self.pool.clone();
+        let res = pool.install(|| self.run(batch, &toks));
         for &(slot, end) in &grow {
             if let Some(s) = self.seqs[slot].as_mut() {
                 if res.is_ok() {

@@ -7,6 +7,7 @@ use crate::error::ExpertError;
 use crate::gguf::Gguf;
 use crate::model::Model;
 use nightshift_kernels::{gemm, quantize_row, GgmlType};
+use rayon::prelude::*;
 use rayon::ThreadPool;
 use std::sync::Arc;
 
@@ -264,6 +265,11 @@ impl LocalExperts {
 
 /// Groups pairs by expert, runs `expert_ffn` once per expert, scatters rows back in pair order.
 /// Shared by every backend that computes experts from `ExpertWeights`.
+///
+/// With many groups (decode: a few rows each, spread over many experts) the pool runs whole
+/// experts in parallel, one single-threaded `expert_ffn` per task, so a step costs one fork/join
+/// per layer instead of three per expert; with few groups each gemm is split over the pool.
+/// Every output row is the same dot products either way, so the bits do not depend on it.
 pub fn run_grouped<'a>(
     weights: impl Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>,
     acts: &ActRows,
@@ -281,6 +287,9 @@ pub fn run_grouped<'a>(
     }
     let mut order: Vec<usize> = (0..pairs.len()).collect();
     order.sort_by_key(|&i| (pairs[i].expert, i));
+    // (weights, the pair indices routed to that expert), resolved on this thread: `weights`
+    // need not be shareable across threads
+    let mut groups: Vec<(ExpertWeights<'a>, &[usize])> = Vec::new();
     let mut start = 0;
     while start < order.len() {
         let ex = pairs[order[start]].expert;
@@ -288,8 +297,6 @@ pub fn run_grouped<'a>(
         while end < order.len() && pairs[order[end]].expert == ex {
             end += 1;
         }
-        let idx = &order[start..end];
-        let rows: Vec<u32> = idx.iter().map(|&i| pairs[i].row).collect();
         let w = weights(ex)?;
         if w.n_embd != n_embd {
             return Err(ExpertError::Shape(format!(
@@ -297,12 +304,33 @@ pub fn run_grouped<'a>(
                 w.n_embd
             )));
         }
+        groups.push((w, &order[start..end]));
+        start = end;
+    }
+    let run_one = |(w, idx): &(ExpertWeights<'a>, &[usize]),
+                   inner: Option<&ThreadPool>|
+     -> Result<Vec<f32>, ExpertError> {
+        let rows: Vec<u32> = idx.iter().map(|&i| pairs[i].row).collect();
         let mut tmp = vec![0.0f32; rows.len() * n_embd];
-        expert_ffn(&w, acts, &rows, &mut tmp, pool)?;
+        expert_ffn(w, acts, &rows, &mut tmp, inner)?;
+        Ok(tmp)
+    };
+    let results: Vec<Vec<f32>> = match pool {
+        Some(p) if groups.len() >= 4 * p.current_num_threads() => p.install(|| {
+            groups
+                .par_iter()
+                .map(|g| run_one(g, None))
+                .collect::<Result<_, _>>()
+        })?,
+        _ => groups
+            .iter()
+            .map(|g| run_one(g, pool))
+            .collect::<Result<_, _>>()?,
+    };
+    for ((_, idx), tmp) in groups.iter().zip(&results) {
         for (j, &i) in idx.iter().enumerate() {
             out[i * n_embd..(i + 1) * n_embd].copy_from_slice(&tmp[j * n_embd..(j + 1) * n_embd]);
         }
-        start = end;
     }
     Ok(())
 }
