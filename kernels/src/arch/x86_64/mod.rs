@@ -12,6 +12,7 @@
 mod avx2;
 mod avx512vnni;
 mod kquant;
+mod q2k512;
 mod q8_0;
 mod unpack;
 
@@ -132,6 +133,11 @@ fn gemm_kquant(
         // `rows * nb` blocks of `kind` and `out` holds `rows * n` floats; `packed` was sized for
         // `n * nb` packed blocks.
         unsafe {
+            if level == Level::Avx512 && kind == kquant::Q2 {
+                q2k512::pack(xp, n * nb, pp);
+                q2k512::gemm(nb, wp, rows, xp, pp, n, op);
+                return;
+            }
             kquant::pack_q8k(xp, n * nb, kquant::signed(kind), pp);
             macro_rules! run {
                 ($k:expr) => {
