@@ -2,8 +2,9 @@
 //! request. Nodes first load what they newly own (`LoadExperts`, resident copies made before any
 //! traffic reaches them); routing then switches atomically (the next layer call reads the new
 //! placement — results are placement-independent, so the switch point never changes a bit);
-//! finally nodes drop what they no longer own. A failed load rolls back: what was loaded is
-//! dropped again and routing stays on the old placement. A call that still reaches a node after
+//! finally nodes drop what they no longer own. A failed load (or a node found down) rolls back:
+//! the experts nodes did not hold before are dropped again and routing stays on the old placement;
+//! experts only upgraded to resident stay (still routed there, now hot: harmless). A call that still reaches a node after
 //! it dropped an expert gets `NotFound` and is retried on a current replica.
 
 use std::collections::BTreeSet;
@@ -33,13 +34,29 @@ pub enum RebalanceError {
         expected: Vec<String>,
         found: Vec<String>,
     },
-    #[error("node {node} is down, cannot rebalance: {detail}")]
+    #[error("node {node} is down, cannot rebalance (rolled back, routing stays on the old placement): {detail}")]
     NodeDown { node: String, detail: String },
-    #[error("loading experts on {node} failed (rolled back): {reason}")]
+    #[error("loading experts on {node} failed (rolled back, routing stays on the old placement): {reason}")]
     LoadFailed { node: String, reason: String },
 }
 
 type Key = (u32, u32, bool);
+
+/// How long one node may take to load its share (resident copies of big experts take a while).
+const LOAD_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long one node may take to drop experts (it waits for calls still using them).
+const DROP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What one node has to do.
+struct NodePlan {
+    node: usize,
+    /// Experts to load (new ones and resident upgrades).
+    add: Vec<Key>,
+    /// The part of `add` the node does not hold yet (dropped again on rollback).
+    fresh: Vec<Key>,
+    /// Experts the node no longer owns (dropped after the switch).
+    gone: Vec<Key>,
+}
 
 fn held(p: &Placement, node: &str) -> Result<BTreeSet<Key>, RebalanceError> {
     Ok(p.experts_on(node)?
@@ -74,15 +91,28 @@ impl RemoteExperts {
         for (i, link) in self.shared.nodes.iter().enumerate() {
             let before = held(&old, &link.name)?;
             let after = held(&new, &link.name)?;
+            let had: BTreeSet<(u32, u32)> = before.iter().map(|&(l, e, _)| (l, e)).collect();
+            let kept: BTreeSet<(u32, u32)> = after.iter().map(|&(l, e, _)| (l, e)).collect();
             // An expert becoming resident is a load (the node upgrades it in place).
             let add: Vec<Key> = after.difference(&before).copied().collect();
-            let kept: BTreeSet<(u32, u32)> = after.iter().map(|&(l, e, _)| (l, e)).collect();
+            // What the node did not hold at all: the only experts a rollback may drop (an
+            // upgraded one is still routed to this node by the old placement).
+            let fresh: Vec<Key> = add
+                .iter()
+                .filter(|(l, e, _)| !had.contains(&(*l, *e)))
+                .copied()
+                .collect();
             let gone: Vec<Key> = before
                 .iter()
                 .filter(|(l, e, _)| !kept.contains(&(*l, *e)))
                 .copied()
                 .collect();
-            plans.push((i, add, gone));
+            plans.push(NodePlan {
+                node: i,
+                add,
+                fresh,
+                gone,
+            });
         }
         let client_of = |i: usize| -> Result<_, RebalanceError> {
             match &*lock(&self.shared.nodes[i].state) {
@@ -94,18 +124,19 @@ impl RemoteExperts {
             }
         };
         let token = self.shared.opts.auth_token.clone();
-        let timeout = Duration::from_secs(600);
-        // 1. Load everywhere; roll back on the first failure.
-        let mut done: Vec<(usize, Vec<Key>)> = Vec::new();
+        // 1. Load everywhere; on the first failure drop what was freshly loaded (on the failing
+        // node too: its resident half may have loaded before the rest failed) and stop.
+        let mut fresh_done: Vec<(usize, Vec<Key>)> = Vec::new();
         let mut report = RebalanceReport::default();
-        for (i, add, _) in &plans {
-            if add.is_empty() {
+        for plan in &plans {
+            if plan.add.is_empty() {
                 continue;
             }
-            let name = self.shared.nodes[*i].name.clone();
-            let result = client_of(*i).and_then(|mut client| {
+            let i = plan.node;
+            let name = self.shared.nodes[i].name.clone();
+            let result = client_of(i).and_then(|mut client| {
                 let tok = token.clone();
-                let (hot, cold): (Vec<Key>, Vec<Key>) = add.iter().partition(|k| k.2);
+                let (hot, cold): (Vec<Key>, Vec<Key>) = plan.add.iter().partition(|k| k.2);
                 self.block(async move {
                     for (keys, resident) in [(hot, true), (cold, false)] {
                         if keys.is_empty() {
@@ -115,28 +146,27 @@ impl RemoteExperts {
                             experts: refs(&keys),
                             resident,
                         });
-                        req.set_timeout(timeout);
-                        add_auth(&mut req, &tok).map_err(|r| (String::new(), r))?;
+                        req.set_timeout(LOAD_TIMEOUT);
+                        add_auth(&mut req, &tok)?;
                         client
                             .load_experts(req)
                             .await
-                            .map_err(|e| (String::new(), e.message().to_string()))?;
+                            .map_err(|e| e.message().to_string())?;
                     }
-                    Ok::<(), (String, String)>(())
+                    Ok::<(), String>(())
                 })
-                .unwrap_or_else(|| Err((String::new(), "client runtime stopped".into())))
-                .map_err(|(_, reason)| RebalanceError::LoadFailed {
+                .unwrap_or_else(|| Err("client runtime stopped".into()))
+                .map_err(|reason| RebalanceError::LoadFailed {
                     node: name.clone(),
                     reason,
                 })
             });
+            fresh_done.push((i, plan.fresh.clone()));
             match result {
-                Ok(()) => {
-                    done.push((*i, add.clone()));
-                    report.loaded.push((name, add.len()));
-                }
+                Ok(()) => report.loaded.push((name, plan.add.len())),
                 Err(e) => {
-                    self.drop_on(&done, &token);
+                    tracing::warn!("rebalance failed, rolling back: {e}");
+                    self.drop_on(&fresh_done, &token);
                     return Err(e);
                 }
             }
@@ -148,8 +178,8 @@ impl RemoteExperts {
         // the node's store waits for them, and late calls are retried on current replicas).
         let drops: Vec<(usize, Vec<Key>)> = plans
             .into_iter()
-            .filter(|p| !p.2.is_empty())
-            .map(|(i, _, gone)| (i, gone))
+            .filter(|p| !p.gone.is_empty())
+            .map(|p| (p.node, p.gone))
             .collect();
         for (i, gone) in &drops {
             report
@@ -169,9 +199,13 @@ impl RemoteExperts {
                 LinkState::Down { .. } => continue,
             };
             let mut client = client;
+            if keys.is_empty() {
+                continue;
+            }
             let mut req = tonic::Request::new(DropExpertsRequest {
                 experts: refs(keys),
             });
+            req.set_timeout(DROP_TIMEOUT);
             if add_auth(&mut req, token).is_err() {
                 continue;
             }

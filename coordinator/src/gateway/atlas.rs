@@ -1,5 +1,6 @@
-//! ExpertAtlas endpoints: `GET /v1/atlas` (the live atlas as JSON) and `POST /v1/admin/placement`
-//! (a placement TOML body; validated, then a live rebalance of the expert nodes). Both sit behind
+//! ExpertAtlas endpoints: `GET /v1/atlas` (the live atlas as JSON), `GET /v1/admin/placement`
+//! (the placement routing follows, as TOML) and `POST /v1/admin/placement` (a placement TOML
+//! body; validated, then a live rebalance of the expert nodes; a failed one rolls back). Both sit behind
 //! the /v1 API-key auth. `serve` registers what they act on once per process with `install`
 //! (the gateway's `AppState` stays as it is); without it both answer 409.
 
@@ -45,6 +46,24 @@ pub async fn get_atlas() -> Result<Response, ApiError> {
         .await
         .map_err(|e| ApiError::unavailable(format!("atlas snapshot failed: {e}")))?;
     Ok(axum::Json(atlas).into_response())
+}
+
+/// `GET /v1/admin/placement`: the placement routing follows now, as placement TOML (what
+/// `POST` takes; node addresses are those the coordinator dials).
+pub async fn get_placement() -> Result<Response, ApiError> {
+    let a = admin()?;
+    let Some(remote) = a.remote.clone() else {
+        return Err(ApiError::route(
+            StatusCode::CONFLICT,
+            "experts run in process: there is no placement",
+        ));
+    };
+    let text = remote.placement().to_toml_string();
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/toml")],
+        text,
+    )
+        .into_response())
 }
 
 /// `POST /v1/admin/placement`: body = placement TOML.

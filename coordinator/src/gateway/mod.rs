@@ -60,7 +60,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/models", get(handlers::models))
         .route("/v1/atlas", get(atlas::get_atlas))
-        .route("/v1/admin/placement", post(atlas::post_placement))
+        .route(
+            "/v1/admin/placement",
+            post(atlas::post_placement).get(atlas::get_placement),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::auth,
