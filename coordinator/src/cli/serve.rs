@@ -64,6 +64,10 @@ pub struct Args {
     /// Non-streaming requests fail with 504 after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub request_timeout: u64,
+    /// Streaming requests get an error event and end after this many seconds (0 = no limit);
+    /// the sequence is cancelled and its KV cache freed.
+    #[arg(long, default_value_t = 600)]
+    pub stream_timeout: u64,
     /// On shutdown, wait at most this many seconds for running streams.
     #[arg(long, default_value_t = 30)]
     pub drain: u64,
@@ -279,6 +283,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         text: loaded.text,
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         request_timeout: Duration::from_secs(args.request_timeout),
+        stream_timeout: (args.stream_timeout > 0).then(|| Duration::from_secs(args.stream_timeout)),
         metrics: gateway::metrics_handle(),
         nodes_ok: nodes_check(loaded.experts.as_ref()),
         draining: AtomicBool::new(false),

@@ -136,6 +136,17 @@ impl ApiError {
         )
     }
 
+    /// The error event that ends a stream which ran past the server's stream timeout.
+    pub fn stream_timeout(secs: f64) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "server_error",
+            format!("stream timed out after {secs} s (the server's --stream-timeout); generation stopped"),
+        );
+        e.code = Some("timeout");
+        e
+    }
+
     /// 500: logs `detail` with the request id; the client sees only the id.
     pub fn internal(request_id: &str, detail: impl std::fmt::Display) -> ApiError {
         tracing::error!(request_id, error = %detail, "internal error");

@@ -187,7 +187,7 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
         }
     }
     if job.checked.stream {
-        return Ok(stream::sse(meta, rx).into_response());
+        return Ok(stream::sse(meta, rx, st.stream_timeout).into_response());
     }
     match tokio::time::timeout(st.request_timeout, stream::collect(&meta, rx)).await {
         Ok(Ok(v)) => Ok(Json(v).into_response()),

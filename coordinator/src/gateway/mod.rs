@@ -47,6 +47,9 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Non-streaming requests fail with 504 after this.
     pub request_timeout: Duration,
+    /// Streaming requests end with a timeout error event after this (None = no limit); the
+    /// stream's end drops its receiver, which cancels the sequence and frees its KV cache.
+    pub stream_timeout: Option<Duration>,
     pub metrics: Option<PrometheusHandle>,
     pub nodes_ok: NodesCheck,
     /// Set on shutdown: new generations get 503.

@@ -8,7 +8,9 @@ use crate::scheduler::{Event, FinishReason, StepError, TokenLogprob};
 use axum::response::sse::{Event as SseEvent, Sse};
 use futures::{stream, Stream, StreamExt};
 use std::convert::Infallible;
+use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::Instant;
 
 /// Which endpoint the response is for.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -182,6 +184,8 @@ struct St {
     started: bool,
     done: bool,
     offset: u32,
+    /// When the stream gives up (the server's stream timeout), if any.
+    deadline: Option<(Instant, Duration)>,
 }
 
 impl St {
@@ -270,6 +274,15 @@ impl St {
         }
     }
 
+    /// The error event that ends a stream past its deadline; the caller then drops the
+    /// receiver, which cancels the sequence.
+    fn timed_out(&mut self, limit: Duration) -> Vec<SseEvent> {
+        self.done = true;
+        tracing::warn!(request_id = %self.meta.request_id, limit_secs = limit.as_secs_f64(), "stream timed out; cancelling the sequence");
+        metrics::counter!("nightshift_stream_timeouts_total").increment(1);
+        vec![SseEvent::default().data(ApiError::stream_timeout(limit.as_secs_f64()).body_json())]
+    }
+
     /// The SSE events for one scheduler event (None = stream over).
     fn next_events(&mut self, ev: Option<Event>) -> Vec<SseEvent> {
         let mut out = Vec::new();
@@ -313,10 +326,12 @@ impl St {
     }
 }
 
-/// The SSE response for a streaming request.
+/// The SSE response for a streaming request; after `timeout` (None = never) it sends an error
+/// event and ends, which drops the receiver and so cancels the sequence.
 pub fn sse(
     meta: Meta,
     rx: UnboundedReceiver<Event>,
+    timeout: Option<Duration>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let st = St {
         rx,
@@ -324,6 +339,7 @@ pub fn sse(
         started: false,
         done: false,
         offset: 0,
+        deadline: timeout.and_then(|t| Instant::now().checked_add(t).map(|at| (at, t))),
     };
     let s = stream::unfold(st, |mut st| async move {
         if st.done {
@@ -336,8 +352,16 @@ pub fn sse(
                 return Some((stream::iter(vec![Ok(first)]), st));
             }
         }
-        let ev = st.rx.recv().await;
-        let events = st.next_events(ev);
+        let events = match st.deadline {
+            Some((at, limit)) => match tokio::time::timeout_at(at, st.rx.recv()).await {
+                Ok(ev) => st.next_events(ev),
+                Err(_) => st.timed_out(limit),
+            },
+            None => {
+                let ev = st.rx.recv().await;
+                st.next_events(ev)
+            }
+        };
         Some((
             stream::iter(events.into_iter().map(Ok).collect::<Vec<_>>()),
             st,

@@ -34,6 +34,7 @@ struct Opts {
     n_ctx: usize,
     no_eos: bool,
     kv_budget: Option<usize>,
+    stream_timeout_ms: Option<u64>,
 }
 
 impl Default for Opts {
@@ -48,6 +49,7 @@ impl Default for Opts {
             n_ctx: 512,
             no_eos: false,
             kv_budget: None,
+            stream_timeout_ms: None,
         }
     }
 }
@@ -77,6 +79,7 @@ async fn start(o: Opts) -> Server {
         text,
         api_key: o.key.map(String::from),
         request_timeout: Duration::from_secs(30),
+        stream_timeout: o.stream_timeout_ms.map(Duration::from_millis),
         metrics: metrics_handle(),
         nodes_ok: Arc::new(move || {
             if down {
@@ -532,6 +535,55 @@ async fn auth_nodes_down_and_queue_full() {
     assert!(codes.iter().any(|c| c.0 == 200), "{codes:?}");
 }
 
+/// `queue` bounds the requests waiting for a slot wherever they wait (the channel or the
+/// engine thread's FIFO): with one sequence running and a queue of two, exactly two of five
+/// more requests get in and three get 429.
+#[tokio::test]
+async fn queue_bounds_waiting_requests() {
+    let s = start(Opts {
+        queue: 2,
+        max_seqs: 1,
+        kv_seqs: 1,
+        delay_ms: 20,
+        no_eos: true,
+        ..Default::default()
+    })
+    .await;
+    let url = format!("{}/v1/completions", s.url);
+    let send = |url: String| {
+        tokio::spawn(async move {
+            let b = json!({"model":"mock","prompt":"abc","max_tokens":20,"temperature":0});
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&b)
+                .send()
+                .await
+                .expect("send");
+            r.status().as_u16()
+        })
+    };
+    let first = send(url.clone());
+    for _ in 0..200 {
+        if s.live.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        s.live.load(Ordering::SeqCst),
+        1,
+        "the first request never ran"
+    );
+    let more: Vec<_> = (0..5).map(|_| send(url.clone())).collect();
+    let mut codes = Vec::new();
+    for t in more {
+        codes.push(t.await.expect("join"));
+    }
+    codes.sort_unstable();
+    assert_eq!(codes, vec![200, 200, 429, 429, 429]);
+    assert_eq!(first.await.expect("join"), 200);
+}
+
 /// 8 concurrent greedy streams produce exactly what each produces alone, batched together.
 #[tokio::test]
 async fn concurrent_greedy_equals_alone() {
@@ -602,6 +654,60 @@ async fn disconnect_frees_the_sequence() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("sequence still allocated after the client disconnected");
+}
+
+/// A stream running past the stream timeout ends with a timeout error event (no `[DONE]`), and
+/// its sequence is cancelled and freed; a stream that finishes in time is not affected.
+#[tokio::test]
+async fn stream_timeout_ends_the_stream_and_frees_the_sequence() {
+    let s = start(Opts {
+        delay_ms: 10,
+        n_ctx: 4096,
+        no_eos: true,
+        stream_timeout_ms: Some(300),
+        ..Default::default()
+    })
+    .await;
+    let b = json!({"model":"mock","prompt":"abc","max_tokens":3000,"temperature":0,"stream":true});
+    let t0 = std::time::Instant::now();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", s.url))
+        .json(&b)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 200);
+    let text = r.text().await.expect("body");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert!(!data.contains(&"[DONE]"), "{text}");
+    assert!(data.len() > 2, "expected tokens before the timeout: {text}");
+    let last: Value = serde_json::from_str(data[data.len() - 1]).expect("json");
+    assert_eq!(last["error"]["code"], "timeout", "{last}");
+    assert_eq!(last["error"]["type"], "server_error", "{last}");
+    let msg = last["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("timed out after 0.3 s"), "{msg}");
+    let mut freed = false;
+    for _ in 0..100 {
+        if s.live.load(Ordering::SeqCst) == 0 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(freed, "sequence still allocated after the stream timed out");
+    // a short stream finishes normally under the same limit
+    let mut b = chat_body("hi", 3);
+    b["stream"] = json!(true);
+    let chunks = sse(&s, "/v1/chat/completions", b).await;
+    assert!(chunks.iter().all(|c| c.get("error").is_none()));
 }
 
 #[tokio::test]
