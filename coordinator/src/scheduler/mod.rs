@@ -85,7 +85,7 @@ pub struct GenRequest {
 /// Scheduler limits.
 #[derive(Clone, Debug)]
 pub struct SchedulerOptions {
-    /// Requests waiting in the channel before HTTP 429.
+    /// Requests waiting for a slot (not yet running) before HTTP 429.
     pub queue_capacity: usize,
     /// Sequences running at once.
     pub max_seqs: usize,
@@ -142,17 +142,26 @@ impl Scheduler {
         Ok(Scheduler { tx, opts, stats })
     }
 
-    /// Queues a request without waiting.
+    /// Queues a request without waiting. At most `queue_capacity` requests wait (in the channel
+    /// or in the engine thread's FIFO) for a slot; beyond that the caller gets `QueueFull`.
     pub fn submit(&self, req: GenRequest) -> Result<(), SubmitError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        // Count before sending, so the engine thread's decrement at admission never comes
+        // first (the counter would wrap).
+        let before = self.stats.queued.fetch_add(1, Relaxed);
+        if before >= self.opts.queue_capacity.max(1) {
+            self.stats.queued.fetch_sub(1, Relaxed);
+            return Err(SubmitError::QueueFull);
+        }
         match self.tx.try_send(req) {
-            Ok(()) => {
-                self.stats
-                    .queued
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                Ok(())
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.stats.queued.fetch_sub(1, Relaxed);
+                match e {
+                    mpsc::error::TrySendError::Full(_) => Err(SubmitError::QueueFull),
+                    mpsc::error::TrySendError::Closed(_) => Err(SubmitError::Stopped),
+                }
             }
-            Err(mpsc::error::TrySendError::Full(_)) => Err(SubmitError::QueueFull),
-            Err(mpsc::error::TrySendError::Closed(_)) => Err(SubmitError::Stopped),
         }
     }
 
