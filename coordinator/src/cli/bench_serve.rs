@@ -1,7 +1,10 @@
 //! `nightshift bench serve`: a load tool for any OpenAI-compatible server. For each concurrency
 //! level it keeps C streaming chat requests in flight until N have completed, then reports
 //! aggregate completion throughput, time to first token and inter-token latency (p50/p99) and
-//! errors (429s counted apart). Only talks to the URL it is given.
+//! errors (429s counted apart; a 429 waits its `Retry-After` before the worker goes on). For
+//! soaks (`--duration`), it prints a progress line every `--report-every` seconds and, with
+//! `--rss-pid`, samples the server's resident memory (/proc/PID/status) so a leak shows as RSS
+//! growing after warm-up. Only talks to the URL it is given.
 
 use anyhow::{bail, Context};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -65,6 +68,28 @@ pub struct Args {
     /// Also print the results as one JSON line per level.
     #[arg(long)]
     pub json: bool,
+    /// Sample the resident memory (VmRSS) of this process id (the server) during each level.
+    #[arg(long)]
+    pub rss_pid: Option<u32>,
+    /// Seconds between progress lines (and RSS samples) while a level runs (0 = none).
+    #[arg(long, default_value_t = 60)]
+    pub report_every: u64,
+}
+
+/// Running totals of a level, shared by its workers (for progress lines).
+#[derive(Default)]
+struct Progress {
+    done: AtomicUsize,
+    errors: AtomicUsize,
+    limited: AtomicUsize,
+    tokens: AtomicUsize,
+}
+
+/// Resident set size of `pid` in KiB, from /proc/PID/status.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// What one request measured.
@@ -75,6 +100,8 @@ struct One {
     tokens: u64,
     error: Option<String>,
     rate_limited: bool,
+    /// Seconds the server asked to wait (`Retry-After` of a 429).
+    retry_after: Option<u64>,
 }
 
 /// Runs the subcommand.
@@ -132,16 +159,18 @@ async fn bench(a: Args) -> anyhow::Result<()> {
     let a = Arc::new(a);
     for &c in &a.concurrency {
         let next = Arc::new(AtomicUsize::new(0));
+        let prog = Arc::new(Progress::default());
         let t0 = Instant::now();
         let deadline = a.duration.map(|d| t0 + Duration::from_secs(d));
         let mut workers = Vec::new();
         for _ in 0..c {
-            let (client, a, next, base, model) = (
+            let (client, a, next, base, model, prog) = (
                 client.clone(),
                 a.clone(),
                 next.clone(),
                 base.clone(),
                 model.clone(),
+                prog.clone(),
             );
             workers.push(tokio::spawn(async move {
                 let mut out = Vec::new();
@@ -150,14 +179,63 @@ async fn bench(a: Args) -> anyhow::Result<()> {
                     if i >= a.requests || deadline.is_some_and(|d| Instant::now() >= d) {
                         return out;
                     }
-                    out.push(one(&client, &a, &base, &model, i).await);
+                    let o = one(&client, &a, &base, &model, i).await;
+                    prog.done.fetch_add(1, Ordering::Relaxed);
+                    prog.tokens.fetch_add(o.tokens as usize, Ordering::Relaxed);
+                    if o.rate_limited {
+                        prog.limited.fetch_add(1, Ordering::Relaxed);
+                        // a deliberate 429: wait as told instead of hammering the server
+                        tokio::time::sleep(Duration::from_secs(o.retry_after.unwrap_or(1))).await;
+                    } else if o.error.is_some() {
+                        prog.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    out.push(o);
                 }
             }));
         }
+        // progress lines and RSS samples until the workers are done
+        let rss_first = a.rss_pid.and_then(rss_kib);
+        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let reporter = {
+            let (a, prog) = (a.clone(), prog.clone());
+            tokio::spawn(async move {
+                let mut samples: Vec<(f64, u64)> = Vec::new();
+                if a.report_every == 0 {
+                    let _ = stop_rx.await;
+                    return samples;
+                }
+                let every = Duration::from_secs(a.report_every);
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                loop {
+                    tokio::select! {
+                        _ = &mut stop_rx => return samples,
+                        _ = tick.tick() => {}
+                    }
+                    let t = t0.elapsed().as_secs_f64();
+                    let rss = a.rss_pid.and_then(rss_kib);
+                    if let Some(r) = rss {
+                        samples.push((t, r));
+                    }
+                    let tokens = prog.tokens.load(Ordering::Relaxed);
+                    println!(
+                        "  [{t:>6.0}s] conc {c}: {} done, {} errors, {} 429s, {:.1} tok/s{}",
+                        prog.done.load(Ordering::Relaxed),
+                        prog.errors.load(Ordering::Relaxed),
+                        prog.limited.load(Ordering::Relaxed),
+                        tokens as f64 / t,
+                        rss.map(|r| format!(", server RSS {:.1} MiB", r as f64 / 1024.0))
+                            .unwrap_or_default()
+                    );
+                }
+            })
+        };
         let mut all = Vec::new();
         for w in workers {
             all.extend(w.await.context("bench worker")?);
         }
+        let _ = stop_tx.send(());
+        let samples = reporter.await.context("bench reporter")?;
+        let rss_last = a.rss_pid.and_then(rss_kib);
         let wall = t0.elapsed().as_secs_f64();
         let tokens: u64 = all.iter().map(|o| o.tokens).sum();
         let mut ttft: Vec<f64> = all.iter().filter_map(|o| o.ttft).collect();
@@ -174,12 +252,31 @@ async fn bench(a: Args) -> anyhow::Result<()> {
         let (t50, t99) = (pct(&mut ttft, 0.50) * 1e3, pct(&mut ttft, 0.99) * 1e3);
         let (g50, g99) = (pct(&mut gaps, 0.50) * 1e3, pct(&mut gaps, 0.99) * 1e3);
         println!("{c:>5} {:>9} {tps:>10.1} {t50:>7.1}ms {t99:>7.1}ms {g50:>7.1}ms {g99:>7.1}ms {errors:>7} {limited:>5}", all.len());
+        // RSS: at the start, after the first minute (warm-up) and at the end
+        let mib = |k: Option<u64>| k.map(|k| k as f64 / 1024.0);
+        let warm = samples.iter().find(|s| s.0 >= 59.0).map(|s| s.1);
+        let rss_max = samples.iter().map(|s| s.1).chain(rss_last).max();
+        if a.rss_pid.is_some() {
+            let f = |k: Option<u64>| {
+                mib(k)
+                    .map(|m| format!("{m:.1} MiB"))
+                    .unwrap_or_else(|| "-".into())
+            };
+            println!(
+                "      server RSS: start {}, at 1 min {}, end {}, max {}",
+                f(rss_first),
+                f(warm),
+                f(rss_last),
+                f(rss_max)
+            );
+        }
         if a.json {
             println!(
                 "{}",
                 serde_json::json!({"concurrency": c, "requests": all.len(), "completion_tokens": tokens, "wall_s": wall,
                     "tokens_per_s": tps, "ttft_ms_p50": t50, "ttft_ms_p99": t99, "itl_ms_p50": g50, "itl_ms_p99": g99,
-                    "errors": errors, "rate_limited": limited})
+                    "errors": errors, "rate_limited": limited, "rss_mib_start": mib(rss_first),
+                    "rss_mib_1min": mib(warm), "rss_mib_end": mib(rss_last), "rss_mib_max": mib(rss_max)})
             );
         }
     }
@@ -234,6 +331,12 @@ async fn one(client: &reqwest::Client, a: &Args, base: &str, model: &str, i: usi
     };
     if !resp.status().is_success() {
         out.rate_limited = resp.status().as_u16() == 429;
+        out.retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok())
+            .map(|s: u64| s.min(60));
         out.error = Some(format!(
             "HTTP {}: {}",
             resp.status(),
