@@ -11,6 +11,7 @@
 
 mod avx2;
 mod avx512vnni;
+mod klanes512;
 mod kquant;
 mod q2k512;
 mod q8_0;
@@ -136,6 +137,16 @@ fn gemm_kquant(
             if level == Level::Avx512 && kind == kquant::Q2 {
                 q2k512::pack(xp, n * nb, pp);
                 q2k512::gemm(nb, wp, rows, xp, pp, n, op);
+                return;
+            }
+            if level == Level::Avx512 && kind == kquant::Q4 {
+                klanes512::pack_q4(xp, n * nb, pp);
+                klanes512::gemm::<{ kquant::Q4 }>(nb, wp, rows, xp, pp, n, op);
+                return;
+            }
+            if level == Level::Avx512 && kind == kquant::Q6 {
+                kquant::pack_q8k(xp, n * nb, false, pp);
+                klanes512::gemm::<{ kquant::Q6 }>(nb, wp, rows, xp, pp, n, op);
                 return;
             }
             kquant::pack_q8k(xp, n * nb, kquant::signed(kind), pp);

@@ -238,7 +238,7 @@ unsafe fn decode_q3<F: FnMut(usize, __m256i, __m256i)>(b: *const u8, mut put: F)
 
 /// Q4_K / Q5_K's 12 scale bytes -> (8 scales, 8 mins), six bits each.
 #[inline(always)]
-fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
+pub(super) fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;

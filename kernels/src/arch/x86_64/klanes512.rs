@@ -1,0 +1,401 @@
+//! Q4_K and Q6_K x Q8_K for the AVX-512-VNNI tier: 8 weight rows per tile, 64-byte vectors
+//! throughout, per-row float lanes kept two rows per register.
+//!
+//! The reference keeps 8 float partial sums per row (lane `l` = elements `e % 8 == l`), so the
+//! values are permuted within every 32-element chunk as in `kquant` (byte `4m + r` = element
+//! `m + 8r`) and `maddubs` + `vpdpwssd` by the scale pairs gives i32 lane `m` (and `m + 8` for
+//! the second chunk of a 64-byte vector) = the reference's `aux32[m]`. The raw bytes are
+//! permuted once per 64-byte load, before the nibbles are split. Each (row, activation block)
+//! pair costs 4 `maddubs` + 4 `vpdpwssd`; a block's weights are decoded once per tile and reused
+//! for every activation row.
+//!
+//! Q4_K: values 0..=15 multiply the signed activations directly; one 64-byte load of `qs`
+//! gives chunks (0, 2) in its low nibbles and (1, 3) in its high ones, so the activations are
+//! packed in that chunk order. Q6_K: the raw values 0..=63 multiply the activations and
+//! `maddubs(32, q)` (once per activation block, shared by the tile) is subtracted from every
+//! pair sum, which gives the exact pair sums of `(raw - 32) * q`. Two rows' lanes are folded
+//! into one vector, and `sums[l] += d * aux32[l]` runs on it lane-wise in the reference order;
+//! Q4_K's `sumf -= dmin * sumi` runs with one lane per row.
+
+use core::arch::x86_64::*;
+
+use super::kquant::{f16_to_f32, perm32, rd_f32, Q4, Q8K_BYTES};
+use super::q8_0::reduce8;
+use super::unpack::k4_scales;
+
+/// Weight rows per tile.
+const TILE: usize = 8;
+/// Activation rows whose float state a tile keeps at once.
+const JCHUNK: usize = 64;
+/// Where chunk `c` of an activation block goes in the Q4_K packing (32-byte slots).
+const Q4_SLOT: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
+
+/// Packs `blocks` Q8_K blocks' quants for Q4_K: each 32-byte chunk permuted as in `kquant`,
+/// chunks in the order (0, 2, 1, 3, 4, 6, 5, 7).
+///
+/// # Safety
+/// `x` must be valid for `blocks * Q8K_BYTES` bytes and `out` for `blocks * 256` bytes; the CPU
+/// must have AVX2.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn pack_q4(x: *const u8, blocks: usize, out: *mut u8) {
+    for i in 0..blocks {
+        let src = x.add(i * Q8K_BYTES + 4);
+        let dst = out.add(i * 256);
+        for (c, &slot) in Q4_SLOT.iter().enumerate() {
+            let v = _mm256_loadu_si256(src.add(32 * c) as *const __m256i);
+            _mm256_storeu_si256(dst.add(32 * slot) as *mut __m256i, perm32(v));
+        }
+    }
+}
+
+/// `kquant::perm32` on both 32-byte halves.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn perm64(v: __m512i) -> __m512i {
+    let idx = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+    let ctrl = _mm512_broadcast_i32x4(_mm_setr_epi32(
+        0x0C08_0400,
+        0x0D09_0501,
+        0x0E0A_0602,
+        0x0F0B_0703,
+    ));
+    _mm512_shuffle_epi8(_mm512_permutexvar_epi32(idx, v), ctrl)
+}
+
+/// Lane pairs of chunk `c1` (lanes 0..8) and `c2` (lanes 8..16) from the i16 scale pairs.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn pair_idx(c1: i32, c2: i32) -> __m512i {
+    _mm512_setr_epi32(
+        c1, c1, c1, c1, c1, c1, c1, c1, c2, c2, c2, c2, c2, c2, c2, c2,
+    )
+}
+
+/// Lanes `0..8` of `a` + lanes `8..16` of `a` in lanes 0..8, the same for `b` in lanes 8..16.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn fold2(a: __m512i, b: __m512i) -> __m512i {
+    _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0x44>(a, b),
+        _mm512_shuffle_i64x2::<0xEE>(a, b),
+    )
+}
+
+/// One weight block of one row, decoded.
+#[derive(Clone, Copy)]
+struct RowDec {
+    /// 4 vectors of 2 permuted chunks (values 0..=15 for Q4_K, the raw 0..=63 for Q6_K).
+    w: [__m512i; 4],
+    /// Per vector: the scale i16 pair of each lane's chunk.
+    s: [__m512i; 4],
+    /// Q4_K: the 8 mins, each twice, as i16 (multiplies the 16 bsums).
+    mins: __m256i,
+    /// `d` and `dmin` as f32.
+    d: f32,
+    dmin: f32,
+}
+
+/// Decodes the block of kind `K` at `b`.
+///
+/// # Safety
+/// `b` must start a readable block of kind `K`; the CPU must have AVX-512F/BW/VL/VNNI, AVX2
+/// and F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn decode_row<const K: u8>(b: *const u8) -> RowDec {
+    let m0f = _mm512_set1_epi8(0x0f);
+    if K == Q4 {
+        let (s8, m8) = k4_scales(b.add(4));
+        let s = _mm_loadl_epi64(s8.as_ptr() as *const __m128i);
+        let m = _mm_loadl_epi64(m8.as_ptr() as *const __m128i);
+        // Dword c = (scale c, scale c): one scale per 32 elements.
+        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s, s)));
+        let q0 = perm64(_mm512_loadu_si512(b.add(16) as *const __m512i));
+        let q1 = perm64(_mm512_loadu_si512(b.add(80) as *const __m512i));
+        RowDec {
+            w: [
+                _mm512_and_si512(q0, m0f),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m0f),
+                _mm512_and_si512(q1, m0f),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m0f),
+            ],
+            s: [
+                _mm512_permutexvar_epi32(pair_idx(0, 2), sc),
+                _mm512_permutexvar_epi32(pair_idx(1, 3), sc),
+                _mm512_permutexvar_epi32(pair_idx(4, 6), sc),
+                _mm512_permutexvar_epi32(pair_idx(5, 7), sc),
+            ],
+            mins: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m)),
+            d: f16_to_f32(u16::from_le_bytes([*b, *b.add(1)])),
+            dmin: f16_to_f32(u16::from_le_bytes([*b.add(2), *b.add(3)])),
+        }
+    } else {
+        // Q6_K: ql[128] @0, qh[64] @128, scales[16] @192, d @208.
+        let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
+            b.add(192) as *const __m128i
+        )));
+        let m30 = _mm512_set1_epi8(0x30);
+        // Low nibbles: qh bits 0-1 (shift left 4) / 2-3 (left 2) to bits 4-5 in the two
+        // halves; high nibbles: bits 4-5 (no shift) / 6-7 (right 2).
+        let shl = _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
+        let shr =
+            _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_setzero_si512(), _mm512_set1_epi16(2));
+        let mut w = [_mm512_setzero_si512(); 4];
+        for h in 0..2 {
+            let l = perm64(_mm512_loadu_si512(b.add(64 * h) as *const __m512i));
+            let qh = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                b.add(128 + 32 * h) as *const __m256i,
+            )));
+            let hlo = _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
+            let hhi = _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30);
+            // (a & 0x0f) | b
+            w[2 * h] = _mm512_ternarylogic_epi32::<0xEC>(l, hlo, m0f);
+            w[2 * h + 1] = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(l), hhi, m0f);
+        }
+        RowDec {
+            w,
+            s: [
+                _mm512_permutexvar_epi32(pair_idx(0, 1), sc),
+                _mm512_permutexvar_epi32(pair_idx(2, 3), sc),
+                _mm512_permutexvar_epi32(pair_idx(4, 5), sc),
+                _mm512_permutexvar_epi32(pair_idx(6, 7), sc),
+            ],
+            mins: _mm256_setzero_si256(),
+            d: f16_to_f32(u16::from_le_bytes([*b.add(208), *b.add(209)])),
+            dmin: 0.0,
+        }
+    }
+}
+
+/// One activation block's 4 vectors and, for Q6_K, `maddubs(32, q)` of each (the pair sums
+/// that turn the raw 0..=63 values into `raw - 32`).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn load_act<const K: u8>(a: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
+    let av = [
+        _mm512_loadu_si512(a as *const __m512i),
+        _mm512_loadu_si512(a.add(64) as *const __m512i),
+        _mm512_loadu_si512(a.add(128) as *const __m512i),
+        _mm512_loadu_si512(a.add(192) as *const __m512i),
+    ];
+    let mut pq = [_mm512_setzero_si512(); 4];
+    if K != Q4 {
+        let k32 = _mm512_set1_epi8(32);
+        for i in 0..4 {
+            pq[i] = _mm512_maddubs_epi16(k32, av[i]);
+        }
+    }
+    (av, pq)
+}
+
+/// The 16 i32 lane sums of `scale * w * q` of one row's block (lanes `m` and `m + 8` are the
+/// reference's lane `m`). Pair sums stay within i16: Q4_K `2 * 15 * 128`, Q6_K `2 * 63 * 128`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn row_lanes<const K: u8>(
+    w: &[__m512i; 4],
+    s: &[__m512i; 4],
+    av: &[__m512i; 4],
+    pq: &[__m512i; 4],
+) -> __m512i {
+    let mut acc = _mm512_setzero_si512();
+    for i in 0..4 {
+        let mut p = _mm512_maddubs_epi16(w[i], av[i]);
+        if K != Q4 {
+            p = _mm512_sub_epi16(p, pq[i]);
+        }
+        acc = _mm512_dpwssd_epi32(acc, p, s[i]);
+    }
+    acc
+}
+
+/// The reference's float state of one activation row against a tile's 8 rows.
+#[derive(Clone, Copy)]
+struct Acc {
+    /// `sums[l]` of rows `2p` (lanes 0..8) and `2p + 1` (lanes 8..16).
+    sums: [__m512; 4],
+    /// `sumf` of each row (Q4_K's min terms), one lane per row.
+    sumf: __m256,
+}
+
+/// Per-row `d` as pairs (`d` of row `2p` in lanes 0..8, of row `2p + 1` in lanes 8..16).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn d_pairs(d: &[f32; TILE]) -> [__m512; 4] {
+    core::array::from_fn(|p| {
+        _mm512_mask_blend_ps(
+            0xFF00,
+            _mm512_set1_ps(d[2 * p]),
+            _mm512_set1_ps(d[2 * p + 1]),
+        )
+    })
+}
+
+/// The float work of one activation block (raw Q8_K block `xb`) against 8 rows, given their
+/// lane sums, `bsums * mins` products (Q4_K), `d` pairs and `dmin`s, in the reference order.
+///
+/// # Safety
+/// `xb` must be valid for `Q8K_BYTES`; CPU features as [`decode_row`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn epilogue<const K: u8>(
+    lanes: &[__m512i; TILE],
+    ms: &[__m256i; TILE],
+    dp: &[__m512; 4],
+    dmin: __m256,
+    xb: *const u8,
+    acc: &mut Acc,
+) {
+    let yd = rd_f32(xb);
+    let ydv = _mm512_set1_ps(yd);
+    for p in 0..4 {
+        let aux = fold2(lanes[2 * p], lanes[2 * p + 1]);
+        // d = x.d * y.d; sums[l] += d * aux32[l]
+        let d = _mm512_mul_ps(dp[p], ydv);
+        acc.sums[p] = _mm512_add_ps(acc.sums[p], _mm512_mul_ps(d, _mm512_cvtepi32_ps(aux)));
+    }
+    if K == Q4 {
+        // dmin = x.dmin * y.d; sumf -= dmin * sumi
+        let sumi = _mm256_cvtepi32_ps(reduce8(ms));
+        let dm = _mm256_mul_ps(dmin, _mm256_set1_ps(yd));
+        acc.sumf = _mm256_sub_ps(acc.sumf, _mm256_mul_ps(dm, sumi));
+    }
+}
+
+/// One block of each of a tile's rows, decoded for reuse against every activation row.
+struct Tile {
+    rows: [RowDec; TILE],
+    dp: [__m512; 4],
+    dmin: __m256,
+}
+
+/// Batched path: one activation block against the decoded tile.
+///
+/// # Safety
+/// `a` must be valid for 256 bytes, `xb` for `Q8K_BYTES`; CPU features as [`decode_row`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc) {
+    let (av, pq) = load_act::<K>(a);
+    let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
+    let mut lanes = [_mm512_setzero_si512(); TILE];
+    let mut ms = [_mm256_setzero_si256(); TILE];
+    for r in 0..TILE {
+        lanes[r] = row_lanes::<K>(&t.rows[r].w, &t.rows[r].s, &av, &pq);
+        if K == Q4 {
+            ms[r] = _mm256_madd_epi16(bs, t.rows[r].mins);
+        }
+    }
+    epilogue::<K>(&lanes, &ms, &t.dp, t.dmin, xb, acc);
+}
+
+/// Batch 1: decode each row's block and multiply it at once, nothing stored.
+///
+/// # Safety
+/// Every `rows[i] + off` must start a readable block of kind `K`, `a` be valid for 256 bytes
+/// and `xb` for `Q8K_BYTES`; CPU features as [`decode_row`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn fused<const K: u8>(
+    rows: &[*const u8; TILE],
+    off: usize,
+    a: *const u8,
+    xb: *const u8,
+    acc: &mut Acc,
+) {
+    let (av, pq) = load_act::<K>(a);
+    let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
+    let mut lanes = [_mm512_setzero_si512(); TILE];
+    let mut ms = [_mm256_setzero_si256(); TILE];
+    let mut d = [0f32; TILE];
+    let mut dmin = [0f32; TILE];
+    for r in 0..TILE {
+        let dec = decode_row::<K>(rows[r].add(off));
+        lanes[r] = row_lanes::<K>(&dec.w, &dec.s, &av, &pq);
+        if K == Q4 {
+            ms[r] = _mm256_madd_epi16(bs, dec.mins);
+        }
+        d[r] = dec.d;
+        dmin[r] = dec.dmin;
+    }
+    let dp = d_pairs(&d);
+    epilogue::<K>(&lanes, &ms, &dp, _mm256_loadu_ps(dmin.as_ptr()), xb, acc);
+}
+
+/// `out[r * n + j] = W[r] . x[j]` for kind `K` (Q4_K or Q6_K): `w` holds `rows` rows of `nb`
+/// blocks, `x` the raw Q8_K rows and `xp` their quants packed by [`pack_q4`] (Q4_K) or by
+/// `kquant::pack_q8k` without the offset (Q6_K).
+///
+/// # Safety
+/// All pointers must be valid for those sizes (`rows, n >= 1`); the CPU must have
+/// AVX-512F/BW/VL/VNNI, AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn gemm<const K: u8>(
+    nb: usize,
+    w: *const u8,
+    rows: usize,
+    x: *const u8,
+    xp: *const u8,
+    n: usize,
+    out: *mut f32,
+) {
+    let bbytes = super::kquant::block_bytes(K);
+    let row_bytes = nb * bbytes;
+    // SAFETY: all-zero bytes are valid for SIMD vectors and f32.
+    let mut t: Tile = core::mem::zeroed();
+    let zero = Acc {
+        sums: [_mm512_setzero_ps(); 4],
+        sumf: _mm256_setzero_ps(),
+    };
+    let mut accs = [zero; JCHUNK];
+    let mut sums = [0f32; 16];
+    let mut sumf = [0f32; 8];
+    for r0 in (0..rows).step_by(TILE) {
+        // Rows past the end repeat the last row; their lanes are computed and dropped.
+        let mut rp = [w; TILE];
+        for (i, p) in rp.iter_mut().enumerate() {
+            *p = w.add((r0 + i).min(rows - 1) * row_bytes);
+        }
+        let valid = (rows - r0).min(TILE);
+        let mut j0 = 0;
+        while j0 < n {
+            let nj = (n - j0).min(JCHUNK);
+            accs[..nj].fill(zero);
+            if n == 1 {
+                for b in 0..nb {
+                    let (a, xb) = (xp.add(b * 256), x.add(b * Q8K_BYTES));
+                    fused::<K>(&rp, b * bbytes, a, xb, &mut accs[0]);
+                }
+            } else {
+                for b in 0..nb {
+                    let mut d = [0f32; TILE];
+                    let mut dmin = [0f32; TILE];
+                    for r in 0..TILE {
+                        t.rows[r] = decode_row::<K>(rp[r].add(b * bbytes));
+                        d[r] = t.rows[r].d;
+                        dmin[r] = t.rows[r].dmin;
+                    }
+                    t.dp = d_pairs(&d);
+                    t.dmin = _mm256_loadu_ps(dmin.as_ptr());
+                    for (jj, acc) in accs[..nj].iter_mut().enumerate() {
+                        let blk = (j0 + jj) * nb + b;
+                        dot::<K>(&t, xp.add(blk * 256), x.add(blk * Q8K_BYTES), acc);
+                    }
+                }
+            }
+            for (jj, acc) in accs[..nj].iter().enumerate() {
+                _mm256_storeu_ps(sumf.as_mut_ptr(), acc.sumf);
+                for i in 0..valid {
+                    _mm512_storeu_ps(sums.as_mut_ptr(), acc.sums[i / 2]);
+                    // sumf += sums[l] for l in 0..8, in order.
+                    let mut s = sumf[i];
+                    for l in 0..8 {
+                        s += sums[8 * (i % 2) + l];
+                    }
+                    *out.add((r0 + i) * n + j0 + jj) = s;
+                }
+            }
+            j0 += nj;
+        }
+    }
+}
