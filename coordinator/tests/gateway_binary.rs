@@ -252,3 +252,81 @@ async fn bench_serve_reports_every_level() {
         );
     }
 }
+
+/// The soak shape in small: more streams than running slots plus queue, for a fixed time.
+/// `bench serve --duration` stops by itself, the surplus streams get deliberate 429s (and wait
+/// their Retry-After), nothing else fails, and the server's RSS is sampled.
+#[tokio::test]
+async fn bench_serve_soak_stops_by_itself_with_only_deliberate_429s() {
+    let s = serve(&[
+        "--mock",
+        "--mock-step-ms",
+        "5",
+        "--max-seqs",
+        "2",
+        "--queue",
+        "2",
+    ]);
+    let url = s.url.clone();
+    let pid = s.child.id().to_string();
+    let t0 = std::time::Instant::now();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(BIN)
+            .args([
+                "bench",
+                "serve",
+                "--url",
+                &url,
+                "--concurrency",
+                "8",
+                "--requests",
+                "1000000",
+                "--duration",
+                "3",
+                "--max-tokens",
+                "16",
+                "--ignore-eos",
+                "--report-every",
+                "1",
+                "--warmup",
+                "1",
+                "--rss-pid",
+                &pid,
+                "--json",
+            ])
+            .output()
+            .expect("run bench")
+    })
+    .await
+    .expect("join");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 3 s of load, then the requests in flight finish (16 tokens) and 429s wait at most 1 s
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    assert!(stdout.contains("] conc 8: "), "no progress lines: {stdout}");
+    let row: Value = stdout
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no json row: {stdout}"));
+    assert_eq!(row["errors"], 0, "{row}");
+    assert!(row["rate_limited"].as_u64().is_some_and(|n| n > 0), "{row}");
+    let served = row["requests"].as_u64().unwrap_or(0) - row["rate_limited"].as_u64().unwrap_or(0);
+    assert!(served > 2, "{row}");
+    assert_eq!(
+        row["completion_tokens"].as_u64(),
+        Some(16 * served),
+        "{row}"
+    );
+    for k in [
+        "rss_mib_start",
+        "rss_mib_warm",
+        "rss_mib_end",
+        "anon_mib_end",
+    ] {
+        assert!(row[k].as_f64().is_some_and(|m| m > 0.0), "{k}: {row}");
+    }
+}

@@ -74,6 +74,10 @@ pub struct Args {
     /// Seconds between progress lines (and RSS samples) while a level runs (0 = none).
     #[arg(long, default_value_t = 60)]
     pub report_every: u64,
+    /// With --rss-pid: the first sample at or after this many seconds is the after-warm-up
+    /// reference that the end of the level is compared with.
+    #[arg(long, default_value_t = 60)]
+    pub warmup: u64,
 }
 
 /// Running totals of a level, shared by its workers (for progress lines).
@@ -85,11 +89,15 @@ struct Progress {
     tokens: AtomicUsize,
 }
 
-/// Resident set size of `pid` in KiB, from /proc/PID/status.
-fn rss_kib(pid: u32) -> Option<u64> {
+/// Resident memory of `pid` in KiB from /proc/PID/status: (VmRSS, RssAnon). The anonymous
+/// part is the heap; the rest is file pages (the mmap'd model, the binary's code).
+fn rss_kib(pid: u32) -> Option<(u64, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    let field = |name: &str| -> Option<u64> {
+        let line = s.lines().find(|l| l.starts_with(name))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    Some((field("VmRSS:")?, field("RssAnon:").unwrap_or(0)))
 }
 
 /// What one request measured.
@@ -199,7 +207,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
         let reporter = {
             let (a, prog) = (a.clone(), prog.clone());
             tokio::spawn(async move {
-                let mut samples: Vec<(f64, u64)> = Vec::new();
+                let mut samples: Vec<(f64, (u64, u64))> = Vec::new();
                 if a.report_every == 0 {
                     let _ = stop_rx.await;
                     return samples;
@@ -223,8 +231,12 @@ async fn bench(a: Args) -> anyhow::Result<()> {
                         prog.errors.load(Ordering::Relaxed),
                         prog.limited.load(Ordering::Relaxed),
                         tokens as f64 / t,
-                        rss.map(|r| format!(", server RSS {:.1} MiB", r as f64 / 1024.0))
-                            .unwrap_or_default()
+                        rss.map(|(r, an)| format!(
+                            ", server RSS {:.1} MiB (anon {:.1})",
+                            r as f64 / 1024.0,
+                            an as f64 / 1024.0
+                        ))
+                        .unwrap_or_default()
                     );
                 }
             })
@@ -252,22 +264,35 @@ async fn bench(a: Args) -> anyhow::Result<()> {
         let (t50, t99) = (pct(&mut ttft, 0.50) * 1e3, pct(&mut ttft, 0.99) * 1e3);
         let (g50, g99) = (pct(&mut gaps, 0.50) * 1e3, pct(&mut gaps, 0.99) * 1e3);
         println!("{c:>5} {:>9} {tps:>10.1} {t50:>7.1}ms {t99:>7.1}ms {g50:>7.1}ms {g99:>7.1}ms {errors:>7} {limited:>5}", all.len());
-        // RSS: at the start, after the first minute (warm-up) and at the end
+        // RSS: at the start, after warm-up and at the end (total and anonymous)
         let mib = |k: Option<u64>| k.map(|k| k as f64 / 1024.0);
-        let warm = samples.iter().find(|s| s.0 >= 59.0).map(|s| s.1);
-        let rss_max = samples.iter().map(|s| s.1).chain(rss_last).max();
+        let warm = samples
+            .iter()
+            .find(|s| s.0 + 0.5 >= a.warmup as f64)
+            .map(|s| s.1);
+        let rss_max = samples
+            .iter()
+            .map(|s| s.1 .0)
+            .chain(rss_last.map(|r| r.0))
+            .max();
         if a.rss_pid.is_some() {
-            let f = |k: Option<u64>| {
-                mib(k)
-                    .map(|m| format!("{m:.1} MiB"))
-                    .unwrap_or_else(|| "-".into())
+            let f = |k: Option<(u64, u64)>| {
+                k.map(|(r, an)| {
+                    format!(
+                        "{:.1} MiB (anon {:.1})",
+                        r as f64 / 1024.0,
+                        an as f64 / 1024.0
+                    )
+                })
+                .unwrap_or_else(|| "-".into())
             };
             println!(
-                "      server RSS: start {}, at 1 min {}, end {}, max {}",
+                "      server RSS: start {}, after {} s warm-up {}, end {}, max {:.1} MiB",
                 f(rss_first),
+                a.warmup,
                 f(warm),
                 f(rss_last),
-                f(rss_max)
+                mib(rss_max).unwrap_or(f64::NAN)
             );
         }
         if a.json {
@@ -275,8 +300,9 @@ async fn bench(a: Args) -> anyhow::Result<()> {
                 "{}",
                 serde_json::json!({"concurrency": c, "requests": all.len(), "completion_tokens": tokens, "wall_s": wall,
                     "tokens_per_s": tps, "ttft_ms_p50": t50, "ttft_ms_p99": t99, "itl_ms_p50": g50, "itl_ms_p99": g99,
-                    "errors": errors, "rate_limited": limited, "rss_mib_start": mib(rss_first),
-                    "rss_mib_1min": mib(warm), "rss_mib_end": mib(rss_last), "rss_mib_max": mib(rss_max)})
+                    "errors": errors, "rate_limited": limited, "rss_mib_start": mib(rss_first.map(|r| r.0)),
+                    "rss_mib_warm": mib(warm.map(|r| r.0)), "rss_mib_end": mib(rss_last.map(|r| r.0)), "rss_mib_max": mib(rss_max),
+                    "anon_mib_warm": mib(warm.map(|r| r.1)), "anon_mib_end": mib(rss_last.map(|r| r.1))})
             );
         }
     }
