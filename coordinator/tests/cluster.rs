@@ -42,6 +42,7 @@ fn launch(model: &Path, placement: Placement) -> LocalCluster {
         threads_per_node: Some(1),
         numa: Vec::new(),
         auth_token_file: None,
+        tls: None,
         exe: Some(node_binary()),
         work_dir: std::env::temp_dir().join(format!("nightshift-test-{}", std::process::id())),
         start_timeout: Duration::from_secs(60),

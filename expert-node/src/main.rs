@@ -12,7 +12,7 @@ use clap::Parser;
 use nightshift_atlas::placement::Placement;
 use nightshift_expert_node::service::{NodeIdentity, NodeService};
 use nightshift_expert_node::store::{model_shape, ExpertStore};
-use nightshift_expert_node::{auth, numa};
+use nightshift_expert_node::{auth, numa, tls};
 use nightshift_model::gguf::Gguf;
 use nightshift_proto::v1::expert_service_server::ExpertServiceServer;
 
@@ -44,6 +44,15 @@ struct Args {
     /// File holding a shared token the coordinator must present (Bearer).
     #[arg(long)]
     auth_token_file: Option<PathBuf>,
+    /// PEM certificate chain to present: serve gRPC over TLS (needs --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA bundle: require the coordinator to present a certificate it signed (mutual TLS).
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
     /// Plan pinning from an hwloc XML export instead of the live machine (testing).
     #[arg(long, hide = true)]
     topology_xml: Option<PathBuf>,
@@ -97,7 +106,7 @@ fn main() -> anyhow::Result<()> {
         .context("model has no ffn_gate_exps tensor")? as usize;
     tracing::info!(
         node = %args.node, experts = inv.len(), resident_mib = resident >> 20, mapped_mib = mapped >> 20,
-        threads = plan.threads, numa = ?plan.numa_node, tier = ?nightshift_kernels::dispatch::active_tier(),
+        threads = plan.threads, numa = ?plan.numa_node, tls = args.tls_cert.is_some(), mtls = args.tls_client_ca.is_some(), tier = ?nightshift_kernels::dispatch::active_tier(),
         "expert node ready on {}", args.listen
     );
 
@@ -127,6 +136,15 @@ fn main() -> anyhow::Result<()> {
         auth::Interceptor::new(token),
     );
 
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::server_config(&tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: args.tls_client_ca.clone(),
+        })?),
+        _ => None,
+    };
+
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -138,8 +156,11 @@ fn main() -> anyhow::Result<()> {
             tracing::info!("shutting down: draining in-flight work");
             let _ = stop_tx.send(());
         });
-        let serve = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
+        let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+        if let Some(cfg) = tls {
+            builder = builder.tls_config(cfg).context("TLS configuration")?;
+        }
+        let serve = builder
             .add_service(server)
             .serve_with_shutdown(args.listen, async {
                 let _ = stop_rx.await;

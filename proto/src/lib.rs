@@ -1,6 +1,9 @@
 //! nightshift-proto: the versioned `nightshift.v1` gRPC schema between coordinator and expert
 //! nodes, compiled at build time with protox (no system protoc). Holds no logic: the coordinator
-//! and the expert node convert these prost types into their own at the edge.
+//! and the expert node convert these prost types into their own at the edge. [`tls`] reads the
+//! PEM material both ends use for TLS on the link.
+
+pub mod tls;
 
 /// Generated messages, client and server of `nightshift.v1`.
 #[allow(clippy::all, missing_docs)]

@@ -44,6 +44,8 @@ pub struct LaunchOptions {
     /// NUMA node per node index (empty: unpinned).
     pub numa: Vec<usize>,
     pub auth_token_file: Option<PathBuf>,
+    /// TLS material the spawned nodes serve with (`None`: plaintext).
+    pub tls: Option<NodeTls>,
     /// The expert-node executable (None: next to the current executable, then PATH).
     pub exe: Option<PathBuf>,
     /// Where the cluster's placement file is written.
@@ -52,6 +54,15 @@ pub struct LaunchOptions {
     pub start_timeout: Duration,
     /// `RUST_LOG` for the nodes.
     pub node_log: String,
+}
+
+/// The TLS files a spawned node is started with (`--tls-cert`, `--tls-key`, `--tls-client-ca`).
+#[derive(Clone, Debug)]
+pub struct NodeTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Require the coordinator's certificate to chain to this CA (mutual TLS).
+    pub client_ca: Option<PathBuf>,
 }
 
 struct Slot {
@@ -190,6 +201,17 @@ impl LocalCluster {
             }
             if let Some(f) = &opts.auth_token_file {
                 args.extend(["--auth-token-file".into(), f.display().to_string()]);
+            }
+            if let Some(t) = &opts.tls {
+                args.extend([
+                    "--tls-cert".into(),
+                    t.cert.display().to_string(),
+                    "--tls-key".into(),
+                    t.key.display().to_string(),
+                ]);
+                if let Some(ca) = &t.client_ca {
+                    args.extend(["--tls-client-ca".into(), ca.display().to_string()]);
+                }
             }
             slots.push(Slot {
                 name: n.name.clone(),

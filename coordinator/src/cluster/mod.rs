@@ -6,6 +6,7 @@
 pub mod launcher;
 pub mod rebalance;
 pub mod remote;
+pub mod tls;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,8 +16,9 @@ use nightshift_atlas::placement::{ModelShape, NodeSpec, Placement};
 use nightshift_model::{ExpertBackend, LocalExperts, Model};
 use rayon::ThreadPool;
 
-pub use launcher::{LaunchError, LaunchOptions, LocalCluster};
+pub use launcher::{LaunchError, LaunchOptions, LocalCluster, NodeTls};
 pub use remote::{NodeStatus, RemoteExperts, RemoteOptions, RpcStats};
+pub use tls::ClientTls;
 
 /// Cluster flags shared by `serve`, `generate` and `logits`.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -39,6 +41,25 @@ pub struct ClusterArgs {
     /// another replica.
     #[arg(long, default_value_t = 10_000)]
     pub expert_deadline_ms: u64,
+    /// Dial expert nodes over TLS, trusting node certificates signed by this PEM CA bundle.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// Name node certificates must carry (default: the host part of each node's address).
+    #[arg(long, requires = "tls_ca")]
+    pub tls_domain: Option<String>,
+    /// PEM certificate the coordinator presents to nodes that require mutual TLS.
+    #[arg(long, requires_all = ["tls_ca", "tls_client_key"])]
+    pub tls_client_cert: Option<PathBuf>,
+    /// PEM private key of --tls-client-cert.
+    #[arg(long, requires = "tls_client_cert")]
+    pub tls_client_key: Option<PathBuf>,
+    /// With --nodes: the PEM certificate spawned nodes serve TLS with (needs --tls-ca; with
+    /// --tls-client-cert the nodes also require a client certificate signed by --tls-ca).
+    #[arg(long, requires_all = ["tls_ca", "node_tls_key"])]
+    pub node_tls_cert: Option<PathBuf>,
+    /// With --nodes: the PEM private key of --node-tls-cert.
+    #[arg(long, requires = "node_tls_cert")]
+    pub node_tls_key: Option<PathBuf>,
 }
 
 /// Errors of setting up where experts run.
@@ -52,6 +73,10 @@ pub enum ClusterError {
     Launch(#[from] LaunchError),
     #[error("{0}")]
     Remote(#[from] remote::RemoteError),
+    #[error("{0}")]
+    Tls(#[from] nightshift_proto::tls::TlsError),
+    #[error("--tls-ca is set but the spawned nodes have no certificate: add --node-tls-cert and --node-tls-key")]
+    NodeTlsMissing,
     #[error("cannot read the auth token file {path}: {reason}")]
     Token { path: String, reason: String },
     #[error("expert nodes not reachable after {secs} s: {detail}")]
@@ -170,7 +195,26 @@ pub fn build(
                 .to_string(),
         ),
     };
+    let tls = match &args.tls_ca {
+        None => None,
+        Some(ca) => Some(tls::ClientTls::from_files(
+            ca,
+            args.tls_domain.clone(),
+            args.tls_client_cert
+                .as_deref()
+                .zip(args.tls_client_key.as_deref()),
+        )?),
+    };
     let (placement, cluster) = if args.nodes > 0 {
+        let node_tls = match (&args.node_tls_cert, &args.node_tls_key, &args.tls_ca) {
+            (Some(cert), Some(key), ca) => Some(NodeTls {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.tls_client_cert.as_ref().and(ca.clone()),
+            }),
+            (_, _, Some(_)) => return Err(ClusterError::NodeTlsMissing),
+            _ => None,
+        };
         let placement = match file_placement {
             Some(p) => p,
             None => {
@@ -187,6 +231,7 @@ pub fn build(
             threads_per_node: args.node_threads,
             numa: numa_layout(n),
             auth_token_file: args.auth_token_file.clone(),
+            tls: node_tls,
             exe: None,
             work_dir: std::env::temp_dir().join("nightshift"),
             start_timeout: Duration::from_secs(300),
@@ -200,6 +245,7 @@ pub fn build(
     let opts = RemoteOptions {
         deadline: Duration::from_millis(args.expert_deadline_ms),
         auth_token: token,
+        tls,
         ..Default::default()
     };
     let remote = Arc::new(RemoteExperts::connect(

@@ -33,6 +33,8 @@ pub struct RemoteOptions {
     pub max_backoff: Duration,
     /// Shared auth token presented to nodes.
     pub auth_token: Option<String>,
+    /// TLS to nodes (`None`: plaintext h2c).
+    pub tls: Option<super::tls::ClientTls>,
 }
 
 impl Default for RemoteOptions {
@@ -42,6 +44,7 @@ impl Default for RemoteOptions {
             connect_timeout: Duration::from_millis(1500),
             max_backoff: Duration::from_secs(5),
             auth_token: None,
+            tls: None,
         }
     }
 }
@@ -358,8 +361,19 @@ fn mark_down(s: &Shared, i: usize, generation: u64, reason: String) {
 
 async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
     let node = &s.nodes[i];
-    let endpoint = Endpoint::from_shared(format!("http://{}", node.addr))
-        .map_err(|e| format!("bad address {}: {e}", node.addr))?
+    let scheme = if s.opts.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", node.addr))
+        .map_err(|e| format!("bad address {}: {e}", node.addr))?;
+    if let Some(tls) = &s.opts.tls {
+        endpoint = endpoint
+            .tls_config(tls.config())
+            .map_err(|e| format!("TLS configuration: {}", error_chain(&e)))?;
+    }
+    let endpoint = endpoint
         .connect_timeout(s.opts.connect_timeout)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(5))
@@ -367,7 +381,7 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
     let channel: Channel = tokio::time::timeout(s.opts.connect_timeout, endpoint.connect())
         .await
         .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(|e| format!("connect: {}", error_chain(&e)))?;
     let mut client = ExpertServiceClient::new(channel)
         .max_decoding_message_size(512 << 20)
         .max_encoding_message_size(512 << 20);
@@ -376,7 +390,7 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
     let info = client
         .info(info_req)
         .await
-        .map_err(|e| format!("info: {}", e.message()))?
+        .map_err(|e| format!("info: {}{}", status_chain(&e), link_hint(&s.opts, &e)))?
         .into_inner();
     if info.model_fingerprint != s.fingerprint || info.protocol_version != PROTOCOL_VERSION {
         return Err(format!(
@@ -432,6 +446,54 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
         pending,
         generation,
     })
+}
+
+/// `e` and its sources joined with ": " (tonic's transport errors put the cause, such as a
+/// certificate the node presented that the CA does not sign, in the source chain).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = c.source();
+    }
+    out
+}
+
+/// What to check when a node drops the connection right after it opened: a TLS node does that to
+/// a plaintext client, and a mutual-TLS node to a client without an acceptable certificate (the
+/// node's log names the reason; the client only sees the connection close).
+fn link_hint(opts: &RemoteOptions, st: &tonic::Status) -> &'static str {
+    // Only transport failures (a status carrying an I/O cause), not statuses the node sent.
+    if std::error::Error::source(st).is_none() {
+        return "";
+    }
+    match &opts.tls {
+        None => " (if the node serves TLS, dial it with --tls-ca)",
+        Some(t) if !t.has_identity() => {
+            " (if the node requires mutual TLS, pass --tls-client-cert and --tls-client-key)"
+        }
+        Some(_) => " (if the node requires mutual TLS, check that its --tls-client-ca signed --tls-client-cert)",
+    }
+}
+
+/// A status's message followed by its transport causes (TLS failures surface there).
+fn status_chain(st: &tonic::Status) -> String {
+    let mut out = st.message().to_string();
+    let mut cur = std::error::Error::source(st);
+    while let Some(c) = cur {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = c.source();
+    }
+    out
 }
 
 pub(super) fn add_auth<T>(
