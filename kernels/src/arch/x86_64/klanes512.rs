@@ -255,11 +255,18 @@ unsafe fn epilogue<const K: u8>(
         acc.sums[p] = _mm512_add_ps(acc.sums[p], _mm512_mul_ps(d, _mm512_cvtepi32_ps(aux)));
     }
     if K == Q4 {
-        // dmin = x.dmin * y.d; sumf -= dmin * sumi
-        let sumi = _mm256_cvtepi32_ps(reduce8(ms));
-        let dm = _mm256_mul_ps(dmin, _mm256_set1_ps(yd));
-        acc.sumf = _mm256_sub_ps(acc.sumf, _mm256_mul_ps(dm, sumi));
+        min_update(ms, dmin, yd, acc);
     }
+}
+
+/// Q4_K's `sumf -= dmin * sumi` for 8 rows (lane per row), `dmin = x.dmin * y.d`, `sumi` the
+/// sum of each row's `bsums * mins` products `ms[r]`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn min_update(ms: &[__m256i; TILE], dmin: __m256, yd: f32, acc: &mut Acc) {
+    let sumi = _mm256_cvtepi32_ps(reduce8(ms));
+    let dm = _mm256_mul_ps(dmin, _mm256_set1_ps(yd));
+    acc.sumf = _mm256_sub_ps(acc.sumf, _mm256_mul_ps(dm, sumi));
 }
 
 /// One block of each of a tile's rows, decoded for reuse against every activation row.
@@ -289,7 +296,9 @@ unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc)
     epilogue::<K>(&lanes, &ms, &t.dp, t.dmin, xb, acc);
 }
 
-/// Batch 1: decode each row's block and multiply it at once, nothing stored.
+/// Batch 1: decode each row's block and multiply it at once, nothing stored; rows are taken
+/// in pairs and folded into the float state right away (fewer live registers). Also prefetches
+/// the same block of the rows `ahead` bytes further (the next tile).
 ///
 /// # Safety
 /// Every `rows[i] + off` must start a readable block of kind `K`, `a` be valid for 256 bytes
@@ -299,27 +308,44 @@ unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc)
 unsafe fn fused<const K: u8>(
     rows: &[*const u8; TILE],
     off: usize,
+    ahead: usize,
     a: *const u8,
     xb: *const u8,
     acc: &mut Acc,
 ) {
     let (av, pq) = load_act::<K>(a);
     let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
-    let mut lanes = [_mm512_setzero_si512(); TILE];
+    let yd = rd_f32(xb);
+    let ydv = _mm512_set1_ps(yd);
     let mut ms = [_mm256_setzero_si256(); TILE];
-    let mut d = [0f32; TILE];
     let mut dmin = [0f32; TILE];
-    for r in 0..TILE {
-        let dec = decode_row::<K>(rows[r].add(off));
-        lanes[r] = row_lanes::<K>(&dec.w, &dec.s, &av, &pq);
-        if K == Q4 {
-            ms[r] = _mm256_madd_epi16(bs, dec.mins);
+    for p in 0..4 {
+        let mut lanes = [_mm512_setzero_si512(); 2];
+        let mut d = [0f32; 2];
+        for h in 0..2 {
+            let r = 2 * p + h;
+            let b = rows[r].add(off);
+            let pf = b.wrapping_add(ahead);
+            for line in 0..(super::kquant::block_bytes(K) + 63) / 64 {
+                _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(64 * line) as *const i8);
+            }
+            let dec = decode_row::<K>(b);
+            lanes[h] = row_lanes::<K>(&dec.w, &dec.s, &av, &pq);
+            if K == Q4 {
+                ms[r] = _mm256_madd_epi16(bs, dec.mins);
+            }
+            d[h] = dec.d;
+            dmin[r] = dec.dmin;
         }
-        d[r] = dec.d;
-        dmin[r] = dec.dmin;
+        let aux = fold2(lanes[0], lanes[1]);
+        // d = x.d * y.d; sums[l] += d * aux32[l]
+        let dp = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d[0]), _mm512_set1_ps(d[1]));
+        let dv = _mm512_mul_ps(dp, ydv);
+        acc.sums[p] = _mm512_add_ps(acc.sums[p], _mm512_mul_ps(dv, _mm512_cvtepi32_ps(aux)));
     }
-    let dp = d_pairs(&d);
-    epilogue::<K>(&lanes, &ms, &dp, _mm256_loadu_ps(dmin.as_ptr()), xb, acc);
+    if K == Q4 {
+        min_update(&ms, _mm256_loadu_ps(dmin.as_ptr()), yd, acc);
+    }
 }
 
 /// `out[r * n + j] = W[r] . x[j]` for kind `K` (Q4_K or Q6_K): `w` holds `rows` rows of `nb`
@@ -364,7 +390,7 @@ pub(super) unsafe fn gemm<const K: u8>(
             if n == 1 {
                 for b in 0..nb {
                     let (a, xb) = (xp.add(b * 256), x.add(b * Q8K_BYTES));
-                    fused::<K>(&rp, b * bbytes, a, xb, &mut accs[0]);
+                    fused::<K>(&rp, b * bbytes, TILE * row_bytes, a, xb, &mut accs[0]);
                 }
             } else {
                 for b in 0..nb {
