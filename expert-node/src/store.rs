@@ -107,6 +107,10 @@ impl ExpertStore {
                         down: w.down.1.to_vec(),
                     });
                     if let Some(c) = &copy {
+                        // The copy serves from now on: stop counting the mapped pages too.
+                        for m in [w.gate.1, w.up.1, w.down.1] {
+                            self.gguf.release_mapped(m);
+                        }
                         if self.mlock {
                             lock_in_ram(&c.gate);
                             lock_in_ram(&c.up);

@@ -219,3 +219,40 @@ fn split_inconsistencies_are_errors() {
     );
     let _ = SplitError::BadCount(0);
 }
+
+/// `release_mapped` drops only whole pages inside the slice, ignores slices that are not part
+/// of the map, and the bytes read the same afterwards (they refault from the file).
+#[test]
+fn release_mapped_keeps_the_bytes() {
+    let g = Gguf::open(&data("tiny-qwen3moe-Q2_K.gguf")).expect("open");
+    let t = g
+        .tensors()
+        .max_by_key(|t| t.size())
+        .expect("a tensor")
+        .clone();
+    let bytes = g.tensor_data(&t);
+    assert!(
+        bytes.len() > 2 * 4096,
+        "fixture tensor spans pages: {}",
+        bytes.len()
+    );
+    let before = bytes.to_vec();
+    let released = g.release_mapped(bytes);
+    assert!(
+        released > 0 && released <= bytes.len(),
+        "released {released} of {}",
+        bytes.len()
+    );
+    assert_eq!(released % 4096, 0, "whole pages only");
+    assert!(bytes == &before[..], "bytes change after release");
+    assert_eq!(
+        g.release_mapped(&before),
+        0,
+        "a copy is not part of the map"
+    );
+    assert_eq!(
+        g.release_mapped(&bytes[..10]),
+        0,
+        "no whole page inside 10 bytes"
+    );
+}

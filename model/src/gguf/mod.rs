@@ -272,6 +272,21 @@ impl Gguf {
         }
     }
 
+    /// Drops this process's mapping of the whole pages inside `bytes` (a slice of this model's
+    /// map, e.g. an expert tensor that has just been copied into resident memory), so they stop
+    /// counting in the process's RSS; a later read refaults them from the page cache or the
+    /// file. Slices outside the map are ignored. Returns the bytes released.
+    pub fn release_mapped(&self, bytes: &[u8]) -> usize {
+        let start = bytes.as_ptr() as usize;
+        let Some(shard) = self.shards.iter().find(|s| {
+            let base = s.map.as_ptr() as usize;
+            start >= base && start + bytes.len() <= base + s.map.len()
+        }) else {
+            return 0;
+        };
+        release(&shard.map, start - shard.map.as_ptr() as usize, bytes.len())
+    }
+
     /// Tells the kernel how all the model's pages will be read. Advisory: errors are ignored.
     pub fn advise_all(&self, hint: AccessHint) {
         for s in &self.shards {
@@ -298,3 +313,31 @@ fn advise(map: &Mmap, offset: usize, len: usize, hint: AccessHint) {
 
 #[cfg(not(unix))]
 fn advise(_map: &Mmap, _offset: usize, _len: usize, _hint: AccessHint) {}
+
+/// `madvise(MADV_DONTNEED)` on the whole pages inside `offset .. offset + len` of `map` (pages
+/// shared with bytes outside the range are kept). Returns the bytes released (0 on failure).
+#[cfg(unix)]
+fn release(map: &Mmap, offset: usize, len: usize) -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let base = map.as_ptr() as usize;
+    let first = (base + offset).div_ceil(page) * page - base;
+    let end = ((base + offset + len) / page * page).saturating_sub(base);
+    if end <= first || end > map.len() {
+        return 0;
+    }
+    // SAFETY: the map is a read-only shared mapping of a file; MADV_DONTNEED only drops this
+    // process's page-table entries for the range, and a later read refaults the same bytes from
+    // the page cache or the file, so no reader (including concurrent ones) can observe a change.
+    match unsafe {
+        map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first)
+    } {
+        Ok(()) => end - first,
+        Err(_) => 0,
+    }
+}
+
+#[cfg(not(unix))]
+fn release(_map: &Mmap, _offset: usize, _len: usize) -> usize {
+    0
+}
