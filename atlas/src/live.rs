@@ -92,8 +92,9 @@ pub fn record(model_path: &Path, prompts: &Path, max_tokens: usize, out: &Path) 
         n_experts: s.n_experts,
         expert_bytes: s.expert_bytes,
     };
+    // The model id `nightshift serve` gives it, so atlases of both kinds of record compare.
     let name = model_path
-        .file_name()
+        .file_stem()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
     let top_k = model.config().n_expert_used;

@@ -49,6 +49,9 @@ enum Cmd {
         /// Seconds one request to the coordinator may take.
         #[arg(long, default_value_t = 900)]
         timeout: u64,
+        /// Requests to the coordinator in flight at once (it batches them).
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
         /// JSONL: one {"prompt": "..."} or {"messages": [{"role", "content"}, ...]} per line.
         #[arg(long)]
         prompts: PathBuf,
@@ -147,6 +150,7 @@ fn main() -> Result<()> {
             coordinator,
             api_key,
             timeout,
+            concurrency,
             prompts,
             max_tokens,
             out,
@@ -159,6 +163,7 @@ fn main() -> Result<()> {
                 max_tokens,
                 out: &out,
                 timeout: std::time::Duration::from_secs(timeout.max(1)),
+                concurrency,
             }),
             _ => bail!("record: expected exactly one of --model FILE and --coordinator URL"),
         },

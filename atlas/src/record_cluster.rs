@@ -1,14 +1,16 @@
 //! `nightshift-atlas record --coordinator URL`: runs a JSONL prompt set through a running
 //! `nightshift serve` (experts in process, on local nodes or on remote ones) via its OpenAI API
 //! (`/v1/completions` for raw prompts, `/v1/chat/completions` for messages; greedy,
-//! `max_tokens` each, one at a time), then fetches the atlas the coordinator recorded
+//! `max_tokens` each, `--concurrency` at a time), then fetches the atlas the coordinator recorded
 //! (`GET /v1/atlas`) and writes it atomically. The atlas is the coordinator's all-time record:
 //! when it had already served traffic before this run, that is included (and said so).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use anyhow::{anyhow, bail, Context, Result};
 use serde_json::json;
 
 use crate::coord::Coordinator;
@@ -23,12 +25,95 @@ pub struct ClusterRecord<'a> {
     pub out: &'a Path,
     /// Per-request timeout.
     pub timeout: Duration,
+    /// Requests in flight at once (at least 1).
+    pub concurrency: usize,
 }
 
 /// Token counts the gateway reported for one request.
 fn usage(v: &serde_json::Value) -> (u64, u64) {
     let n = |k: &str| v.pointer(k).and_then(|x| x.as_u64()).unwrap_or(0);
     (n("/usage/prompt_tokens"), n("/usage/completion_tokens"))
+}
+
+/// Sends prompt `i` (0-based) and returns the gateway's (prompt, completion) token counts.
+fn send_one(
+    c: &Coordinator,
+    model: &str,
+    i: usize,
+    line: &PromptLine,
+    o: &ClusterRecord<'_>,
+) -> Result<(u64, u64)> {
+    let (path, body) = match line {
+        PromptLine::Raw(p) => (
+            "/v1/completions",
+            json!({"model": model, "prompt": p, "max_tokens": o.max_tokens, "temperature": 0}),
+        ),
+        PromptLine::Chat(msgs) => {
+            let msgs: Vec<_> = msgs
+                .iter()
+                .map(|m| json!({"role": m.role, "content": m.content}))
+                .collect();
+            (
+                "/v1/chat/completions",
+                json!({"model": model, "messages": msgs, "max_tokens": o.max_tokens, "temperature": 0}),
+            )
+        }
+    };
+    let v = c
+        .post_json_ok(path, &body, &format!("prompt {}", i + 1))
+        .with_context(|| format!("{}", o.prompts.display()))?;
+    Ok(usage(&v))
+}
+
+/// Sends every prompt, `o.concurrency` at a time (the coordinator batches them); stops at the
+/// first failure (requests already running finish) and returns the summed token counts.
+fn send_all(
+    c: &Coordinator,
+    model: &str,
+    lines: &[PromptLine],
+    o: &ClusterRecord<'_>,
+) -> Result<(u64, u64)> {
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let workers = o.concurrency.clamp(1, lines.len());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| -> Result<(u64, u64)> {
+                    let mut sum = (0u64, 0u64);
+                    while !failed.load(Ordering::Relaxed) {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(line) = lines.get(i) else { break };
+                        match send_one(c, model, i, line, o) {
+                            Ok((p, g)) => sum = (sum.0 + p, sum.1 + g),
+                            Err(e) => {
+                                failed.store(true, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                    }
+                    Ok(sum)
+                })
+            })
+            .collect();
+        let mut total = (0u64, 0u64);
+        let mut first_err = None;
+        for h in handles {
+            match h.join() {
+                Ok(Ok((p, g))) => total = (total.0 + p, total.1 + g),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(anyhow!("a request thread panicked"));
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
+    })
 }
 
 /// Runs the prompt set through the coordinator and writes its atlas to `out`.
@@ -42,31 +127,7 @@ pub fn record(o: &ClusterRecord<'_>) -> Result<()> {
     // Before anything is sent: the coordinator records an atlas at all, and how much it had.
     let before = c.atlas()?;
     let t0 = Instant::now();
-    let (mut prompt_tokens, mut completion_tokens) = (0u64, 0u64);
-    for (i, line) in lines.iter().enumerate() {
-        let (path, body) = match line {
-            PromptLine::Raw(p) => (
-                "/v1/completions",
-                json!({"model": model, "prompt": p, "max_tokens": o.max_tokens, "temperature": 0}),
-            ),
-            PromptLine::Chat(msgs) => {
-                let msgs: Vec<_> = msgs
-                    .iter()
-                    .map(|m| json!({"role": m.role, "content": m.content}))
-                    .collect();
-                (
-                    "/v1/chat/completions",
-                    json!({"model": model, "messages": msgs, "max_tokens": o.max_tokens, "temperature": 0}),
-                )
-            }
-        };
-        let v = c
-            .post_json_ok(path, &body, &format!("prompt {}", i + 1))
-            .with_context(|| format!("{}", o.prompts.display()))?;
-        let (p, g) = usage(&v);
-        prompt_tokens += p;
-        completion_tokens += g;
-    }
+    let (prompt_tokens, completion_tokens) = send_all(&c, &model, &lines, o)?;
     let after = c.atlas()?;
     if after.shape != before.shape || after.model != before.model {
         bail!(

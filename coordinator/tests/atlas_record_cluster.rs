@@ -1,7 +1,7 @@
 //! `nightshift-atlas record --coordinator` against a real `nightshift serve --nodes 2` (two local
 //! expert-node processes) on the tiny qwen3moe fixture: the atlas written has the model's shape,
 //! every MoE layer adds up to tokens × top_k, both nodes got rows, the counts grow with the
-//! prompts sent (a second, longer prompt set adds more than the first), the file is what
+//! prompts sent (a second, larger prompt set sent 3 at a time adds more than the first), the file is what
 //! `GET /v1/atlas` serves and was written atomically. Failures are clear: unreachable
 //! coordinator, a non-2xx answer (wrong API key), a malformed atlas (a fake server), and a bad
 //! prompt file (before anything is sent).
@@ -72,7 +72,13 @@ fn tmp_dir(test: &str) -> PathBuf {
 }
 
 /// Runs `nightshift-atlas record --coordinator url ...`; returns (success, stdout + stderr).
-fn record(url: &str, key: Option<&str>, prompts: &Path, out: &Path) -> (bool, String) {
+fn record(
+    url: &str,
+    key: Option<&str>,
+    prompts: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> (bool, String) {
     let bin = support::workspace_bin("nightshift-atlas", "nightshift-atlas");
     let mut cmd = Command::new(bin);
     cmd.args(["record", "--coordinator", url, "--max-tokens", "4"])
@@ -80,6 +86,7 @@ fn record(url: &str, key: Option<&str>, prompts: &Path, out: &Path) -> (bool, St
         .arg(prompts)
         .arg("--out")
         .arg(out)
+        .args(extra)
         .env_remove("NIGHTSHIFT_API_KEY")
         .env("RUST_BACKTRACE", "0");
     if let Some(k) = key {
@@ -181,13 +188,13 @@ fn record_through_a_two_node_cluster() {
 
     // Wrong key: the coordinator's 401 and its message, no file written.
     let out1 = dir.join("one.atlas");
-    let (ok, text) = record(&s.url, Some("wrong-key"), &small, &out1);
+    let (ok, text) = record(&s.url, Some("wrong-key"), &small, &out1, &[]);
     assert!(!ok, "{text}");
     assert!(text.contains("HTTP 401"), "{text}");
     assert!(!out1.exists());
 
     // First run: 2 prompts on a fresh coordinator.
-    let (ok, text) = record(&s.url, Some(KEY), &small, &out1);
+    let (ok, text) = record(&s.url, Some(KEY), &small, &out1, &[]);
     assert!(ok, "{text}");
     assert!(
         !text.contains("note: the coordinator had already"),
@@ -204,11 +211,12 @@ fn record_through_a_two_node_cluster() {
         "atlas tokens {t1}, gateway counted {p1} prompt + {g1} generated"
     );
 
-    // Second run: 6 longer-tagged prompts on the same coordinator add more than the first.
+    // Second run: 6 prompts, 3 at a time, on the same coordinator add more than the first.
     let out2 = dir.join("two.atlas");
-    let (ok, text) = record(&s.url, Some(KEY), &large, &out2);
+    let (ok, text) = record(&s.url, Some(KEY), &large, &out2, &["--concurrency", "3"]);
     assert!(ok, "{text}");
     assert!(text.contains("note: the coordinator had already"), "{text}");
+    eprintln!("{text}");
     let (n, p2, g2) = sent(&text);
     assert_eq!(n, 6);
     let a2 = Atlas::load(&out2).expect("second atlas file");
@@ -252,7 +260,7 @@ fn record_through_a_two_node_cluster() {
     // A bad prompt file fails before anything is sent.
     let bad = dir.join("bad.jsonl");
     std::fs::write(&bad, "{\"prompt\": \"ok\"}\n{\"text\": 1}\n").expect("write");
-    let (ok, text) = record(&s.url, Some(KEY), &bad, &dir.join("bad.atlas"));
+    let (ok, text) = record(&s.url, Some(KEY), &bad, &dir.join("bad.atlas"), &[]);
     assert!(!ok && text.contains("line 2"), "{text}");
     assert_eq!(get_atlas(&s.url).all_time.tokens, t2, "nothing was sent");
     drop(s);
@@ -270,7 +278,7 @@ fn unreachable_coordinator_is_a_clear_error() {
     let p = dir.join("p.jsonl");
     write_prompts(&p, &prompts("x", 1));
     let out = dir.join("x.atlas");
-    let (ok, text) = record(&format!("127.0.0.1:{port}"), None, &p, &out);
+    let (ok, text) = record(&format!("127.0.0.1:{port}"), None, &p, &out, &[]);
     assert!(!ok, "{text}");
     assert!(
         text.contains(&format!(
@@ -330,7 +338,7 @@ fn malformed_atlas_is_a_clear_error() {
         ),
     ] {
         let url = fake_coordinator(body);
-        let (ok, text) = record(&url, None, &p, &out);
+        let (ok, text) = record(&url, None, &p, &out, &[]);
         assert!(!ok, "{text}");
         assert!(
             text.contains("the coordinator's atlas at") && text.contains("is malformed"),
