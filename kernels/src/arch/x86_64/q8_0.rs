@@ -5,7 +5,8 @@
 //! 32-element block, so each (weight row, activation row) pair needs its block's integer sum as a
 //! scalar. A tile computes 8 pairs at once, one per f32 lane: either 1 weight row x 8 activation
 //! rows (the weight block is prepared once and reused 8 times) or 8 weight rows x 1 activation row
-//! (for the activation rows left over, and batch 1). The 8 integer block sums are reduced into
+//! (for the activation rows left over, and batch 1; every leftover row is done in the same pass
+//! over a weight tile, so the weights are read once). The 8 integer block sums are reduced into
 //! one vector and the float epilogue runs lane-wise in the reference order.
 
 use core::arch::x86_64::*;
@@ -124,29 +125,36 @@ macro_rules! q8_0_gemm {
                     _mm256_storeu_ps(out.add(r * n + j0), acc);
                 }
             }
-            // 8 weight rows (the last repeated to fill the tile) x 1 activation row.
-            for j in n8..n {
-                let xrow = x.add(j * row_bytes);
+            // 8 weight rows (the last repeated to fill the tile) x the leftover activation rows
+            // (fewer than 8), all of them per pass over the weights.
+            let left = n - n8;
+            if left > 0 {
+                let mut acc = [_mm256_setzero_ps(); 8];
                 for r0 in (0..rows).step_by(8) {
                     let mut wrows = [w; 8];
                     for (i, wr) in wrows.iter_mut().enumerate() {
                         *wr = w.add((r0 + i).min(rows - 1) * row_bytes);
                     }
-                    let mut acc = _mm256_setzero_ps();
+                    acc[..left].fill(_mm256_setzero_ps());
                     for b in 0..nb {
-                        let pa = $prep(xrow.add(b * Q8_0_BYTES));
-                        let mut p = [_mm256_setzero_si256(); 8];
-                        for (i, pi) in p.iter_mut().enumerate() {
-                            *pi = $dot(&pa, wrows[i].add(b * Q8_0_BYTES));
-                        }
-                        let s = _mm256_cvtepi32_ps(reduce8(&p));
                         let dx = row_scales8(&wrows, b * Q8_0_BYTES);
-                        let d = _mm256_mul_ps(dx, _mm256_set1_ps(*yd.add(b * n_p + j)));
-                        acc = _mm256_add_ps(acc, _mm256_mul_ps(s, d));
+                        for (jj, a) in acc[..left].iter_mut().enumerate() {
+                            let j = n8 + jj;
+                            let pa = $prep(x.add(j * row_bytes + b * Q8_0_BYTES));
+                            let mut p = [_mm256_setzero_si256(); 8];
+                            for (i, pi) in p.iter_mut().enumerate() {
+                                *pi = $dot(&pa, wrows[i].add(b * Q8_0_BYTES));
+                            }
+                            let s = _mm256_cvtepi32_ps(reduce8(&p));
+                            let d = _mm256_mul_ps(dx, _mm256_set1_ps(*yd.add(b * n_p + j)));
+                            *a = _mm256_add_ps(*a, _mm256_mul_ps(s, d));
+                        }
                     }
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-                    for (i, v) in lanes.iter().enumerate().take((rows - r0).min(8)) {
-                        *out.add((r0 + i) * n + j) = *v;
+                    for (jj, a) in acc[..left].iter().enumerate() {
+                        _mm256_storeu_ps(lanes.as_mut_ptr(), *a);
+                        for (i, v) in lanes.iter().enumerate().take((rows - r0).min(8)) {
+                            *out.add((r0 + i) * n + n8 + jj) = *v;
+                        }
                     }
                 }
             }
