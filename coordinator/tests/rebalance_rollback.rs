@@ -8,7 +8,9 @@
 //! rollback; every greedy stream running meanwhile succeeds with the same text as before; `GET
 //! /v1/admin/placement` still shows the old placement; node1 holds exactly its old experts again
 //! (the fresh half dropped) and node0 still holds all of its own (an upgrade is not dropped:
-//! the old placement routes to it). Once node2 is back the same placement applies.
+//! the old placement routes to it). Once node2 is back the same placement applies. Before all
+//! that, a placement needing more resident memory on node1 than node1 was started with (its
+//! file claims more) is refused with 400 and changes nothing.
 
 mod support;
 
@@ -249,7 +251,7 @@ async fn failed_load_rolls_back_under_load() {
     assert!(half >= 1, "the fixture needs at least 2 experts");
 
     let addrs: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
-    let nodes: Vec<NodeSpec> = addrs
+    let mut nodes: Vec<NodeSpec> = addrs
         .iter()
         .enumerate()
         .map(|(i, a)| {
@@ -258,6 +260,9 @@ async fn failed_load_rolls_back_under_load() {
             n
         })
         .collect();
+    // node1 was started with room for half the experts resident.
+    let node1_capacity = shape.expert_bytes * (shape.moe_layers.len() * half) as u64;
+    nodes[1].memory_bytes = node1_capacity;
     let old = placement(
         &nodes,
         &shape,
@@ -289,6 +294,30 @@ async fn failed_load_rolls_back_under_load() {
     let node1_before = held(addrs[1]).await;
     assert_eq!(keys(&node0_before), expected(&old, "node0"));
     assert_eq!(keys(&node1_before), expected(&old, "node1"));
+
+    // A placement that claims more memory for node1 than it was started with is refused before
+    // anything loads: the running cluster's capacities count.
+    let mut claimed = nodes.clone();
+    claimed[1].memory_bytes = 0;
+    let over = placement(&claimed, &shape, |_| vec![1, 0, 2], |_| vec![1]);
+    let (status, body) = post_placement(&url, &over).await;
+    let msg = body
+        .pointer("/error/message")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        msg.contains("does not fit the running nodes")
+            && msg.contains("node1")
+            && msg.contains(&node1_capacity.to_string()),
+        "{msg}"
+    );
+    assert_eq!(
+        get_placement(&url).await,
+        old,
+        "placement after the refused one"
+    );
+    assert_eq!(held(addrs[1]).await, node1_before, "node1 loaded nothing");
 
     // node2 dies: every expert still has a replica on node0.
     node_procs[2] = None;

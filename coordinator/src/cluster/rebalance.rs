@@ -29,6 +29,10 @@ pub struct RebalanceReport {
 pub enum RebalanceError {
     #[error("placement: {0}")]
     Placement(#[from] nightshift_atlas::placement::PlacementError),
+    #[error(
+        "the placement does not fit the running nodes (capacities they were started with): {0}"
+    )]
+    Capacity(nightshift_atlas::placement::PlacementError),
     #[error("the new placement must name the same nodes: expected {expected:?}, found {found:?}")]
     NodesChanged {
         expected: Vec<String>,
@@ -85,8 +89,10 @@ impl RemoteExperts {
         if expected != found {
             return Err(RebalanceError::NodesChanged { expected, found });
         }
-        // Addresses stay those the coordinator dials.
+        // Addresses and capacities stay those of the running cluster (the nodes were started with
+        // them); a posted file claiming more memory for a node does not make room on it.
         new.nodes = old.nodes.clone();
+        new.validate(shape).map_err(RebalanceError::Capacity)?;
         let mut plans = Vec::new();
         for (i, link) in self.shared.nodes.iter().enumerate() {
             let before = held(&old, &link.name)?;

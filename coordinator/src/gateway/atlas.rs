@@ -91,9 +91,11 @@ pub async fn post_placement(body: String) -> Result<Response, ApiError> {
             tracing::info!(?report, "placement applied");
             Ok(axum::Json(report).into_response())
         }
-        Err(e @ (RebalanceError::Placement(_) | RebalanceError::NodesChanged { .. })) => {
-            Err(ApiError::invalid("placement", e.to_string()))
-        }
+        Err(
+            e @ (RebalanceError::Placement(_)
+            | RebalanceError::Capacity(_)
+            | RebalanceError::NodesChanged { .. }),
+        ) => Err(ApiError::invalid("placement", e.to_string())),
         Err(e) => Err(ApiError::unavailable(e.to_string())),
     }
 }
