@@ -48,23 +48,35 @@ pub(super) unsafe fn pack_q4(x: *const u8, blocks: usize, out: *mut u8) {
     }
 }
 
-/// `kquant::perm32` on both 32-byte halves.
+/// `kquant::perm32` on both 32-byte halves: one `vpermb` (AVX512-VBMI).
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn perm64(v: __m512i) -> __m512i {
-    let idx = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-    let ctrl = _mm512_broadcast_i32x4(_mm_setr_epi32(
-        0x0C08_0400,
-        0x0D09_0501,
-        0x0E0A_0602,
-        0x0F0B_0703,
-    ));
-    _mm512_shuffle_epi8(_mm512_permutexvar_epi32(idx, v), ctrl)
+    // Byte 4m + r of each half <- byte m + 8r of that half.
+    let idx = _mm512_set_epi32(
+        0x3F37_2F27,
+        0x3E36_2E26,
+        0x3D35_2D25,
+        0x3C34_2C24,
+        0x3B33_2B23,
+        0x3A32_2A22,
+        0x3931_2921,
+        0x3830_2820,
+        0x1F17_0F07,
+        0x1E16_0E06,
+        0x1D15_0D05,
+        0x1C14_0C04,
+        0x1B13_0B03,
+        0x1A12_0A02,
+        0x1911_0901,
+        0x1810_0800,
+    );
+    _mm512_permutexvar_epi8(idx, v)
 }
 
 /// Lane pairs of chunk `c1` (lanes 0..8) and `c2` (lanes 8..16) from the i16 scale pairs.
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn pair_idx(c1: i32, c2: i32) -> __m512i {
     _mm512_setr_epi32(
         c1, c1, c1, c1, c1, c1, c1, c1, c2, c2, c2, c2, c2, c2, c2, c2,
@@ -73,7 +85,7 @@ fn pair_idx(c1: i32, c2: i32) -> __m512i {
 
 /// Lanes `0..8` of `a` + lanes `8..16` of `a` in lanes 0..8, the same for `b` in lanes 8..16.
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn fold2(a: __m512i, b: __m512i) -> __m512i {
     _mm512_add_epi32(
         _mm512_shuffle_i64x2::<0x44>(a, b),
@@ -98,10 +110,10 @@ struct RowDec {
 /// Decodes the block of kind `K` at `b`.
 ///
 /// # Safety
-/// `b` must start a readable block of kind `K`; the CPU must have AVX-512F/BW/VL/VNNI, AVX2
-/// and F16C.
+/// `b` must start a readable block of kind `K`; the CPU must have AVX-512F/BW/VL/VNNI/VBMI,
+/// AVX2 and F16C.
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn decode_row<const K: u8>(b: *const u8) -> RowDec {
     let m0f = _mm512_set1_epi8(0x0f);
     if K == Q4 {
@@ -170,7 +182,7 @@ unsafe fn decode_row<const K: u8>(b: *const u8) -> RowDec {
 /// One activation block's 4 vectors and, for Q6_K, `maddubs(32, q)` of each (the pair sums
 /// that turn the raw 0..=63 values into `raw - 32`).
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn load_act<const K: u8>(a: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
     let av = [
         _mm512_loadu_si512(a as *const __m512i),
@@ -191,7 +203,7 @@ unsafe fn load_act<const K: u8>(a: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
 /// The 16 i32 lane sums of `scale * w * q` of one row's block (lanes `m` and `m + 8` are the
 /// reference's lane `m`). Pair sums stay within i16: Q4_K `2 * 15 * 128`, Q6_K `2 * 63 * 128`.
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn row_lanes<const K: u8>(
     w: &[__m512i; 4],
     s: &[__m512i; 4],
@@ -220,7 +232,7 @@ struct Acc {
 
 /// Per-row `d` as pairs (`d` of row `2p` in lanes 0..8, of row `2p + 1` in lanes 8..16).
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn d_pairs(d: &[f32; TILE]) -> [__m512; 4] {
     core::array::from_fn(|p| {
         _mm512_mask_blend_ps(
@@ -237,7 +249,7 @@ fn d_pairs(d: &[f32; TILE]) -> [__m512; 4] {
 /// # Safety
 /// `xb` must be valid for `Q8K_BYTES`; CPU features as [`decode_row`].
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn epilogue<const K: u8>(
     lanes: &[__m512i; TILE],
     ms: &[__m256i; TILE],
@@ -262,7 +274,7 @@ unsafe fn epilogue<const K: u8>(
 /// Q4_K's `sumf -= dmin * sumi` for 8 rows (lane per row), `dmin = x.dmin * y.d`, `sumi` the
 /// sum of each row's `bsums * mins` products `ms[r]`.
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn min_update(ms: &[__m256i; TILE], dmin: __m256, yd: f32, acc: &mut Acc) {
     let sumi = _mm256_cvtepi32_ps(reduce8(ms));
     let dm = _mm256_mul_ps(dmin, _mm256_set1_ps(yd));
@@ -281,7 +293,7 @@ struct Tile {
 /// # Safety
 /// `a` must be valid for 256 bytes, `xb` for `Q8K_BYTES`; CPU features as [`decode_row`].
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc) {
     let (av, pq) = load_act::<K>(a);
     let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
@@ -304,7 +316,7 @@ unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc)
 /// Every `rows[i] + off` must start a readable block of kind `K`, `a` be valid for 256 bytes
 /// and `xb` for `Q8K_BYTES`; CPU features as [`decode_row`].
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn fused<const K: u8>(
     rows: &[*const u8; TILE],
     off: usize,
@@ -354,8 +366,8 @@ unsafe fn fused<const K: u8>(
 ///
 /// # Safety
 /// All pointers must be valid for those sizes (`rows, n >= 1`); the CPU must have
-/// AVX-512F/BW/VL/VNNI, AVX2 and F16C.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+/// AVX-512F/BW/VL/VNNI/VBMI, AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 pub(super) unsafe fn gemm<const K: u8>(
     nb: usize,
     w: *const u8,

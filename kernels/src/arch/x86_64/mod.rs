@@ -130,21 +130,24 @@ fn gemm_kquant(
             out.as_mut_ptr(),
         );
         // SAFETY: the capability for `level` exists, so the CPU has AVX2 (and AVX-512 for
-        // `Level::Avx512`); `gemm_block` checked that `x` holds `n * nb` Q8_K blocks, `w` holds
-        // `rows * nb` blocks of `kind` and `out` holds `rows * n` floats; `packed` was sized for
-        // `n * nb` packed blocks.
+        // `Level::Avx512`, plus VBMI where `vbmi` says so); `gemm_block` checked that `x` holds
+        // `n * nb` Q8_K blocks, `w` holds `rows * nb` blocks of `kind` and `out` holds `rows * n`
+        // floats; `packed` was sized for `n * nb` packed blocks.
         unsafe {
             if level == Level::Avx512 && kind == kquant::Q2 {
                 q2k512::pack(xp, n * nb, pp);
                 q2k512::gemm(nb, wp, rows, xp, pp, n, op);
                 return;
             }
-            if level == Level::Avx512 && kind == kquant::Q4 {
+            // The Q4_K/Q6_K 64-byte paths also need AVX512-VBMI (`vpermb`); without it the
+            // tier keeps the shared 32-byte kernels below.
+            let vbmi = level == Level::Avx512 && is_x86_feature_detected!("avx512vbmi");
+            if vbmi && kind == kquant::Q4 {
                 klanes512::pack_q4(xp, n * nb, pp);
                 klanes512::gemm::<{ kquant::Q4 }>(nb, wp, rows, xp, pp, n, op);
                 return;
             }
-            if level == Level::Avx512 && kind == kquant::Q6 {
+            if vbmi && kind == kquant::Q6 {
                 kquant::pack_q8k(xp, n * nb, false, pp);
                 klanes512::gemm::<{ kquant::Q6 }>(nb, wp, rows, xp, pp, n, op);
                 return;
