@@ -249,8 +249,26 @@ fn types_without_a_path_and_bad_lengths_return_false() {
 fn edge_cases() {
     // (name, blocks per row, rows, acts, scales, zero every, quantized acts)
     type Case = (&'static str, usize, usize, usize, Scales, u64, bool);
-    let cases: [Case; 11] = [
+    let cases: [Case; 13] = [
         ("single", 1, 1, 1, Scales::Normal, 0, false),
+        (
+            "2 row tiles + 3 rows x more acts than a chunk",
+            2,
+            19,
+            67,
+            Scales::Normal,
+            0,
+            true,
+        ),
+        (
+            "row tiles + remainder, batch 1",
+            3,
+            21,
+            1,
+            Scales::Extreme,
+            0,
+            false,
+        ),
         ("8 acts: full 1x8 tile", 2, 3, 8, Scales::Normal, 0, false),
         (
             "9 acts: tile + remainder",

@@ -54,14 +54,14 @@ struct Tile {
     dv: __m512,
 }
 
-/// Decodes block `off` (bytes) of every row in `rows`.
+/// One row's block at `b`: the 4 scaled value vectors, the 16 mins as i16 and the raw
+/// `d | dmin << 16` word.
 ///
 /// # Safety
-/// Every `rows[i] + off` must start a readable Q2_K block; the CPU must have AVX-512F/BW/VNNI
-/// and F16C.
+/// `b` must start a readable Q2_K block; the CPU must have AVX-512F/BW/VNNI and F16C.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn decode(rows: &[*const u8; TILE], off: usize, t: &mut Tile) {
+unsafe fn decode_row(b: *const u8) -> ([__m512i; 4], __m256i, i32) {
     let m3 = _mm512_set1_epi8(3);
     let m4 = _mm_set1_epi8(0x0f);
     // Byte 4s + w of the table = w * scale[s] (no carries: 3 * 15 < 256).
@@ -73,72 +73,136 @@ unsafe fn decode(rows: &[*const u8; TILE], off: usize, t: &mut Tile) {
         _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 12, 12, 12, 12, 13, 13, 13, 13),
         _mm512_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7, 14, 14, 14, 14, 15, 15, 15, 15),
     ];
-    let mut dd = [0i32; TILE];
-    for (r, &row) in rows.iter().enumerate() {
-        let b = row.add(off);
-        let sc = _mm_loadu_si128(b as *const __m128i);
-        let table = _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(sc, m4)), mult);
-        t.mins[r] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc), m4));
-        let qs = _mm512_loadu_si512(b.add(16) as *const __m512i);
-        let vals = [
-            _mm512_and_si512(qs, m3),
-            _mm512_and_si512(_mm512_srli_epi16::<2>(qs), m3),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(qs), m3),
-            _mm512_and_si512(_mm512_srli_epi16::<6>(qs), m3),
-        ];
-        for j in 0..4 {
-            let tj = _mm512_permutexvar_epi32(idx[j], table);
-            t.sw[r][j] = _mm512_shuffle_epi8(tj, vals[j]);
-        }
-        dd[r] = core::ptr::read_unaligned(b.add(80) as *const i32);
-    }
-    let h = _mm256_loadu_si256(dd.as_ptr() as *const __m256i);
-    let f = _mm512_cvtph_ps(h);
-    let order = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-    t.dv = _mm512_permutexvar_ps(order, f);
+    let sc = _mm_loadu_si128(b as *const __m128i);
+    let table = _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(sc, m4)), mult);
+    let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc), m4));
+    let qs = _mm512_loadu_si512(b.add(16) as *const __m512i);
+    let vals = [
+        _mm512_and_si512(qs, m3),
+        _mm512_and_si512(_mm512_srli_epi16::<2>(qs), m3),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(qs), m3),
+        _mm512_and_si512(_mm512_srli_epi16::<6>(qs), m3),
+    ];
+    let sw = core::array::from_fn(|j| {
+        _mm512_shuffle_epi8(_mm512_permutexvar_epi32(idx[j], table), vals[j])
+    });
+    (sw, mins, core::ptr::read_unaligned(b.add(80) as *const i32))
 }
 
-/// One activation block (packed quants `a`, raw Q8_K block `xb`) against the decoded tile:
-/// `sumf` lanes 0..4 and 8..12 (rows 0..4 and 4..8) get the reference's block update.
-///
-/// # Safety
-/// `a` must be valid for 256 bytes, `xb` for `Q8K_BYTES`; CPU features as [`decode`].
+/// `[d 0..4, dmin 0..4, d 4..8, dmin 4..8]` from the rows' raw `d | dmin << 16` words.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot(t: &Tile, a: *const u8, xb: *const u8, sumf: &mut __m512) {
-    let av = [
-        _mm512_loadu_si512(a as *const __m512i),
-        _mm512_loadu_si512(a.add(64) as *const __m512i),
-        _mm512_loadu_si512(a.add(128) as *const __m512i),
-        _mm512_loadu_si512(a.add(192) as *const __m512i),
-    ];
-    let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
-    let mut z = [_mm512_setzero_si512(); TILE];
-    for r in 0..TILE {
-        let mut acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), t.sw[r][0], av[0]);
-        acc = _mm512_dpbusd_epi32(acc, t.sw[r][1], av[1]);
-        acc = _mm512_dpbusd_epi32(acc, t.sw[r][2], av[2]);
-        acc = _mm512_dpbusd_epi32(acc, t.sw[r][3], av[3]);
-        let folded = _mm256_add_epi32(
-            _mm512_castsi512_si256(acc),
-            _mm512_extracti64x4_epi64::<1>(acc),
-        );
-        let summs = _mm256_madd_epi16(bs, t.mins[r]);
-        z[r] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(folded), summs);
+fn scales(dd: &[i32; TILE]) -> __m512 {
+    // SAFETY: `dd` is 32 readable bytes.
+    let h = unsafe { _mm256_loadu_si256(dd.as_ptr() as *const __m256i) };
+    let order = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+    _mm512_permutexvar_ps(order, _mm512_cvtph_ps(h))
+}
+
+/// Decodes block `off` (bytes) of every row in `rows` into `t`.
+///
+/// # Safety
+/// Every `rows[i] + off` must start a readable Q2_K block; CPU features as [`decode_row`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn decode(rows: &[*const u8; TILE], off: usize, t: &mut Tile) {
+    let mut dd = [0i32; TILE];
+    for (r, &row) in rows.iter().enumerate() {
+        (t.sw[r], t.mins[r], dd[r]) = decode_row(row.add(off));
     }
-    let v = _mm512_cvtepi32_ps(reduce8(&z));
+    t.dv = scales(&dd);
+}
+
+/// The 4 packed activation vectors at `a`.
+///
+/// # Safety
+/// `a` must be valid for 256 bytes; CPU features as [`decode_row`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn load_act(a: *const u8) -> [__m512i; 4] {
+    core::array::from_fn(|j| _mm512_loadu_si512(a.add(64 * j) as *const __m512i))
+}
+
+/// One row's block against one activation block: `isum` partials in lanes 0..8, `summs`
+/// partials in lanes 8..16.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn row_z(sw: &[__m512i; 4], mins: __m256i, av: &[__m512i; 4], bs: __m256i) -> __m512i {
+    let mut acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), sw[0], av[0]);
+    acc = _mm512_dpbusd_epi32(acc, sw[1], av[1]);
+    acc = _mm512_dpbusd_epi32(acc, sw[2], av[2]);
+    acc = _mm512_dpbusd_epi32(acc, sw[3], av[3]);
+    let folded = _mm256_add_epi32(
+        _mm512_castsi512_si256(acc),
+        _mm512_extracti64x4_epi64::<1>(acc),
+    );
+    let summs = _mm256_madd_epi16(bs, mins);
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(folded), summs)
+}
+
+/// The float step of one activation block (`yd` its scale) for 8 rows: `sumf` lanes 0..4 and
+/// 8..12 (rows 0..4 and 4..8) get `dall * isum - dmin * summs`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn block_update(z: &[__m512i; TILE], dv: __m512, yd: f32, sumf: &mut __m512) {
+    let v = _mm512_cvtepi32_ps(reduce8(z));
     // dall = y.d * d, dmin = y.d * dmin per row; then dall * isum and dmin * summs.
-    let p = _mm512_mul_ps(_mm512_set1_ps(rd_f32(xb)), t.dv);
+    let p = _mm512_mul_ps(_mm512_set1_ps(yd), dv);
     let prod = _mm512_mul_ps(p, v);
     let swapped = _mm512_shuffle_f32x4::<0xB1>(prod, prod);
     *sumf = _mm512_add_ps(*sumf, _mm512_sub_ps(prod, swapped));
+}
+
+/// One activation block (packed quants `a`, raw Q8_K block `xb`) against the decoded tile.
+///
+/// # Safety
+/// `a` must be valid for 256 bytes, `xb` for `Q8K_BYTES`; CPU features as [`decode_row`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot(t: &Tile, a: *const u8, xb: *const u8, sumf: &mut __m512) {
+    let av = load_act(a);
+    let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
+    let z = core::array::from_fn(|r| row_z(&t.sw[r], t.mins[r], &av, bs));
+    block_update(&z, t.dv, rd_f32(xb), sumf);
+}
+
+/// Batch 1: decode each row's block and multiply it at once, nothing stored; also prefetches
+/// the same block of the rows `ahead` bytes further (the next tile).
+///
+/// # Safety
+/// Every `rows[i] + off` must start a readable Q2_K block, `a` be valid for 256 bytes and `xb`
+/// for `Q8K_BYTES`; CPU features as [`decode_row`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn fused(
+    rows: &[*const u8; TILE],
+    off: usize,
+    ahead: usize,
+    a: *const u8,
+    xb: *const u8,
+    sumf: &mut __m512,
+) {
+    let av = load_act(a);
+    let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
+    let mut z = [_mm512_setzero_si512(); TILE];
+    let mut dd = [0i32; TILE];
+    for r in 0..TILE {
+        let b = rows[r].add(off);
+        let pf = b.wrapping_add(ahead);
+        _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(BLOCK - 1) as *const i8);
+        let (sw, mins, d) = decode_row(b);
+        z[r] = row_z(&sw, mins, &av, bs);
+        dd[r] = d;
+    }
+    block_update(&z, scales(&dd), rd_f32(xb), sumf);
 }
 
 /// Transposing reduction of 8 vectors whose low 8 lanes sum to one integer (`isum`) and high 8
 /// lanes to another (`summs`): the result is `[isum 0..4, summs 0..4, isum 4..8, summs 4..8]`.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn reduce8(z: &[__m512i; TILE]) -> __m512i {
+fn reduce8(z: &[__m512i; TILE]) -> __m512i {
     let mut s1 = [_mm512_setzero_si512(); 4];
     for p in 0..4 {
         let (a, b) = (z[2 * p], z[2 * p + 1]);
@@ -190,7 +254,13 @@ pub(super) unsafe fn gemm(
         while j0 < n {
             let nj = (n - j0).min(JCHUNK);
             sumf[..nj].fill(_mm512_setzero_ps());
-            for b in 0..nb {
+            if n == 1 {
+                for b in 0..nb {
+                    let (a, xb) = (xp.add(b * 256), x.add(b * Q8K_BYTES));
+                    fused(&rp, b * BLOCK, TILE * row_bytes, a, xb, &mut sumf[0]);
+                }
+            }
+            for b in (0..nb).filter(|_| n > 1) {
                 decode(&rp, b * BLOCK, &mut t);
                 for (jj, s) in sumf[..nj].iter_mut().enumerate() {
                     let blk = (j0 + jj) * nb + b;
