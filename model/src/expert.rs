@@ -23,7 +23,7 @@ pub struct ActRows {
 impl ActRows {
     /// Quantizes `n_rows` rows of `n_embd` floats to `ty`.
     pub fn quantize(ty: GgmlType, x: &[f32], n_embd: usize) -> Result<ActRows, ExpertError> {
-        if n_embd == 0 || x.len() % n_embd != 0 {
+        if n_embd == 0 || !x.len().is_multiple_of(n_embd) {
             return Err(ExpertError::Shape(format!(
                 "expected a multiple of {n_embd} floats, found {}",
                 x.len()
