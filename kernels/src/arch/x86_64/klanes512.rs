@@ -338,7 +338,7 @@ unsafe fn fused<const K: u8>(
             let r = 2 * p + h;
             let b = rows[r].add(off);
             let pf = b.wrapping_add(ahead);
-            for line in 0..(super::kquant::block_bytes(K) + 63) / 64 {
+            for line in 0..super::kquant::block_bytes(K).div_ceil(64) {
                 _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(64 * line) as *const i8);
             }
             let dec = decode_row::<K>(b);
