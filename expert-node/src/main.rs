@@ -83,7 +83,13 @@ fn main() -> anyhow::Result<()> {
     if slots.is_empty() {
         tracing::warn!(node = %args.node, "the placement gives this node no experts");
     }
-    let store = Arc::new(ExpertStore::new(gguf.clone(), args.mlock));
+    // The node's memory_bytes bounds its resident experts, now and in every later live load.
+    let capacity = placement
+        .nodes
+        .iter()
+        .find(|n| n.name == args.node)
+        .map_or(0, |n| n.memory_bytes);
+    let store = Arc::new(ExpertStore::new(gguf.clone(), args.mlock).with_capacity(capacity));
     let hot: Vec<(u32, u32)> = slots
         .iter()
         .filter(|s| s.resident)

@@ -212,6 +212,7 @@ fn status_of_store(e: StoreError) -> Status {
         StoreError::NotMoe => Status::failed_precondition(e.to_string()),
         StoreError::Expert(inner) => status_of_expert(inner),
         StoreError::Poisoned => Status::internal(e.to_string()),
+        StoreError::OverCapacity { .. } => Status::resource_exhausted(e.to_string()),
     }
 }
 

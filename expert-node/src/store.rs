@@ -23,6 +23,10 @@ pub enum StoreError {
     Expert(#[from] ExpertError),
     #[error("the store lock was poisoned by a panicking thread")]
     Poisoned,
+    #[error(
+        "loading would hold {needed} bytes of resident experts, capacity memory_bytes is {capacity}"
+    )]
+    OverCapacity { needed: u64, capacity: u64 },
 }
 
 /// The MoE shape of a model as the placement validator wants it.
@@ -62,6 +66,10 @@ pub struct ExpertStore {
     gguf: Arc<Gguf>,
     held: RwLock<HashMap<(u32, u32), Held>>,
     mlock: bool,
+    /// Most bytes of resident copies (0: unlimited), the node's `memory_bytes`.
+    capacity: u64,
+    /// Serialises loads, so the capacity check and the insert see the same store.
+    loading: std::sync::Mutex<()>,
 }
 
 impl ExpertStore {
@@ -71,7 +79,26 @@ impl ExpertStore {
             gguf,
             held: RwLock::new(HashMap::new()),
             mlock,
+            capacity: 0,
+            loading: std::sync::Mutex::new(()),
         }
+    }
+
+    /// Limits resident copies to `bytes` (0: unlimited): a load that would exceed it fails
+    /// whole, before anything is copied.
+    pub fn with_capacity(mut self, bytes: u64) -> ExpertStore {
+        self.capacity = bytes;
+        self
+    }
+
+    /// Bytes of resident copies held now.
+    pub fn resident_bytes(&self) -> u64 {
+        self.held.read().map_or(0, |h| {
+            h.values()
+                .filter(|x| x.resident.is_some())
+                .map(|x| x.bytes)
+                .sum()
+        })
     }
 
     /// The mapped model.
@@ -89,6 +116,37 @@ impl ExpertStore {
         pool: &rayon::ThreadPool,
     ) -> Result<usize, StoreError> {
         use rayon::prelude::*;
+        let _one_load = self.loading.lock().map_err(|_| StoreError::Poisoned)?;
+        if resident && self.capacity > 0 {
+            let held = self.held.read().map_err(|_| StoreError::Poisoned)?;
+            let mut needed = 0u64;
+            let mut seen = std::collections::HashSet::new();
+            for &(layer, expert) in experts {
+                let key = (layer, expert);
+                if held.get(&key).is_some_and(|h| h.resident.is_some()) || !seen.insert(key) {
+                    continue;
+                }
+                let w = ExpertWeights::from_gguf(&self.gguf, layer as usize, expert as usize)
+                    .map_err(|e| match e {
+                        ExpertError::UnknownExpert { .. } => {
+                            StoreError::NoSuchExpert { layer, expert }
+                        }
+                        other => StoreError::Expert(other),
+                    })?;
+                needed += (w.gate.1.len() + w.up.1.len() + w.down.1.len()) as u64;
+            }
+            let now: u64 = held
+                .values()
+                .filter(|x| x.resident.is_some())
+                .map(|x| x.bytes)
+                .sum();
+            if now + needed > self.capacity {
+                return Err(StoreError::OverCapacity {
+                    needed: now + needed,
+                    capacity: self.capacity,
+                });
+            }
+        }
         let mut fresh: Vec<((u32, u32), Held)> = pool.install(|| {
             experts
                 .par_iter()
