@@ -3,14 +3,10 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use support::fixture as data;
 
-fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/data")
-        .join(name)
-}
+use std::path::Path;
+use std::process::Command;
 
 /// `nightshift` finds `nightshift-expert-node` next to itself: make sure it is there.
 fn build_node_binary() {

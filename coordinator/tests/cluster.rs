@@ -6,6 +6,9 @@
 
 mod support;
 
+use support::engine;
+use support::fixture as data;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -14,13 +17,7 @@ use nightshift_atlas::placement::{LayerPlacement, NodeSpec, Placement};
 use nightshift_coordinator::cluster::{
     model_shape, LaunchOptions, LocalCluster, RemoteExperts, RemoteOptions,
 };
-use nightshift_model::{BatchToken, Engine, EngineOptions, ExpertBackend, LocalExperts, Model};
-
-fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/data")
-        .join(name)
-}
+use nightshift_model::{BatchToken, Engine, ExpertBackend, LocalExperts, Model};
 
 /// `nightshift-expert-node` in this test's profile (built once if needed).
 fn node_binary() -> PathBuf {
@@ -69,19 +66,6 @@ fn remote(model: &Model, cluster: &LocalCluster, deadline: Duration) -> Arc<Remo
         r.status()
     );
     Arc::new(r)
-}
-
-fn engine(model: &Arc<Model>, backend: Arc<dyn ExpertBackend>) -> Engine {
-    let pool = nightshift_model::build_pool(1).expect("pool");
-    Engine::new(
-        model.clone(),
-        backend,
-        EngineOptions {
-            pool: Some(pool),
-            ..Default::default()
-        },
-    )
-    .expect("engine")
 }
 
 fn local(model: &Arc<Model>) -> Arc<dyn ExpertBackend> {

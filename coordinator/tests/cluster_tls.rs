@@ -5,6 +5,9 @@
 
 mod support;
 
+use support::engine;
+use support::fixture as data;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,14 +16,8 @@ use nightshift_atlas::placement::{NodeSpec, Placement};
 use nightshift_coordinator::cluster::{
     model_shape, ClientTls, LaunchOptions, LocalCluster, NodeTls, RemoteExperts, RemoteOptions,
 };
-use nightshift_model::{BatchToken, Engine, EngineOptions, ExpertBackend, LocalExperts, Model};
+use nightshift_model::{BatchToken, Engine, LocalExperts, Model};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-
-fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/data")
-        .join(name)
-}
 
 /// A CA, writing `<name>-ca.pem`, that issues certificates into `dir`.
 struct Ca {
@@ -56,19 +53,6 @@ impl Ca {
         std::fs::write(&k, key.serialize_pem()).expect("write key");
         (c, k)
     }
-}
-
-fn engine(model: &Arc<Model>, backend: Arc<dyn ExpertBackend>) -> Engine {
-    let pool = nightshift_model::build_pool(1).expect("pool");
-    Engine::new(
-        model.clone(),
-        backend,
-        EngineOptions {
-            pool: Some(pool),
-            ..Default::default()
-        },
-    )
-    .expect("engine")
 }
 
 /// Logits of every position of `prompt`, prefilled as one batch.

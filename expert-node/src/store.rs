@@ -91,6 +91,19 @@ impl ExpertStore {
         self
     }
 
+    /// The mapped weights of an expert of the model and their size in bytes.
+    fn mapped(&self, layer: u32, expert: u32) -> Result<(ExpertWeights<'_>, u64), StoreError> {
+        let w =
+            ExpertWeights::from_gguf(&self.gguf, layer as usize, expert as usize).map_err(|e| {
+                match e {
+                    ExpertError::UnknownExpert { .. } => StoreError::NoSuchExpert { layer, expert },
+                    other => StoreError::Expert(other),
+                }
+            })?;
+        let bytes = (w.gate.1.len() + w.up.1.len() + w.down.1.len()) as u64;
+        Ok((w, bytes))
+    }
+
     /// Bytes of resident copies held now.
     pub fn resident_bytes(&self) -> u64 {
         self.held.read().map_or(0, |h| {
@@ -126,14 +139,7 @@ impl ExpertStore {
                 if held.get(&key).is_some_and(|h| h.resident.is_some()) || !seen.insert(key) {
                     continue;
                 }
-                let w = ExpertWeights::from_gguf(&self.gguf, layer as usize, expert as usize)
-                    .map_err(|e| match e {
-                        ExpertError::UnknownExpert { .. } => {
-                            StoreError::NoSuchExpert { layer, expert }
-                        }
-                        other => StoreError::Expert(other),
-                    })?;
-                needed += (w.gate.1.len() + w.up.1.len() + w.down.1.len()) as u64;
+                needed += self.mapped(layer, expert)?.1;
             }
             let now: u64 = held
                 .values()
@@ -151,14 +157,7 @@ impl ExpertStore {
             experts
                 .par_iter()
                 .map(|&(layer, expert)| {
-                    let w = ExpertWeights::from_gguf(&self.gguf, layer as usize, expert as usize)
-                        .map_err(|e| match e {
-                        ExpertError::UnknownExpert { .. } => {
-                            StoreError::NoSuchExpert { layer, expert }
-                        }
-                        other => StoreError::Expert(other),
-                    })?;
-                    let bytes = (w.gate.1.len() + w.up.1.len() + w.down.1.len()) as u64;
+                    let (w, bytes) = self.mapped(layer, expert)?;
                     let copy = resident.then(|| Resident {
                         gate: w.gate.1.to_vec(),
                         up: w.up.1.to_vec(),

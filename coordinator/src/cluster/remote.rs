@@ -451,8 +451,11 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
 /// `e` and its sources joined with ": " (tonic's transport errors put the cause, such as a
 /// certificate the node presented that the CA does not sign, in the source chain).
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
+    with_sources(e.to_string(), e.source())
+}
+
+/// `head` followed by each error of the chain starting at `cur` that it does not already say.
+fn with_sources(mut out: String, mut cur: Option<&(dyn std::error::Error + 'static)>) -> String {
     while let Some(c) = cur {
         let s = c.to_string();
         if !out.contains(&s) {
@@ -483,17 +486,7 @@ fn link_hint(opts: &RemoteOptions, st: &tonic::Status) -> &'static str {
 
 /// A status's message followed by its transport causes (TLS failures surface there).
 fn status_chain(st: &tonic::Status) -> String {
-    let mut out = st.message().to_string();
-    let mut cur = std::error::Error::source(st);
-    while let Some(c) = cur {
-        let s = c.to_string();
-        if !out.contains(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
-        }
-        cur = c.source();
-    }
-    out
+    with_sources(st.message().to_string(), std::error::Error::source(st))
 }
 
 pub(super) fn add_auth<T>(

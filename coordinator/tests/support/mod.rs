@@ -57,3 +57,27 @@ pub fn wait_listening(child: &mut Child, timeout: Duration) -> String {
     let _ = child.wait();
     panic!("nightshift serve did not start");
 }
+
+/// A model fixture of `model/tests/data`.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/data")
+        .join(name)
+}
+
+/// An engine over `backend` with a one-thread pool (the cluster tests' reference setup).
+pub fn engine(
+    model: &std::sync::Arc<nightshift_model::Model>,
+    backend: std::sync::Arc<dyn nightshift_model::ExpertBackend>,
+) -> nightshift_model::Engine {
+    let pool = nightshift_model::build_pool(1).expect("pool");
+    nightshift_model::Engine::new(
+        model.clone(),
+        backend,
+        nightshift_model::EngineOptions {
+            pool: Some(pool),
+            ..Default::default()
+        },
+    )
+    .expect("engine")
+}
