@@ -6,7 +6,9 @@
 //! once (into a thread-local scratch buffer that is reused, not reallocated, across calls), then
 //! unpacks every weight block once and runs it against all activation rows; see `kquant` and
 //! `q8_0` for how the integer work is arranged so that the float epilogue follows the reference
-//! exactly. Types without a path (legacy 4/5-bit, floats) return `false` and the caller falls
+//! exactly. The AVX-512-VNNI tier has its own 64-byte kernels with 8-row tiles for Q2_K
+//! (`q2k512`) and, when the CPU also has AVX512-VBMI (checked at run time), Q4_K and Q6_K
+//! (`klanes512`); Q3_K/Q5_K (and Q4_K/Q6_K without VBMI) use the shared 32-byte kernels. Types without a path (legacy 4/5-bit, floats) return `false` and the caller falls
 //! back to the scalar reference.
 
 mod avx2;
