@@ -8,8 +8,9 @@
 //! `q8_0` for how the integer work is arranged so that the float epilogue follows the reference
 //! exactly. The AVX-512-VNNI tier has its own 64-byte kernels with 8-row tiles for Q2_K
 //! (`q2k512`) and, when the CPU also has AVX512-VBMI (checked at run time), Q4_K and Q6_K
-//! (`klanes512`); Q3_K/Q5_K (and Q4_K/Q6_K without VBMI) use the shared 32-byte kernels. Types without a path (legacy 4/5-bit, floats) return `false` and the caller falls
-//! back to the scalar reference.
+//! (`klanes512`); Q3_K/Q5_K (and Q4_K/Q6_K without VBMI) use the shared 32-byte kernels. Types
+//! without a path (legacy 4/5-bit, floats) return `false` and the caller falls back to the
+//! scalar reference.
 
 mod avx2;
 mod avx512vnni;
