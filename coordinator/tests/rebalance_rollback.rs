@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use nightshift_atlas::placement::{LayerPlacement, ModelShape, NodeSpec, Placement};
 use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
 use nightshift_proto::v1::InfoRequest;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_nightshift");
 const MODEL: &str = "tiny-qwen3moe-Q2_K";
@@ -131,56 +131,8 @@ fn client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
-/// Text of a greedy chat stream, or why it failed (status, error event, no [DONE]).
-async fn stream_chat(url: String, prompt: String) -> Result<String, String> {
-    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 12, "temperature": 0, "stream": true});
-    let r = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = r.status().as_u16();
-    let raw = r.text().await.map_err(|e| e.to_string())?;
-    if status != 200 {
-        return Err(format!("HTTP {status}: {raw}"));
-    }
-    let mut out = String::new();
-    let mut done = false;
-    for line in raw.lines() {
-        let Some(d) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if d == "[DONE]" {
-            done = true;
-            continue;
-        }
-        let v: Value = serde_json::from_str(d).map_err(|e| format!("{e}: {d}"))?;
-        if v.get("error").is_some() {
-            return Err(format!("error event: {d}"));
-        }
-        if let Some(c) = v["choices"].get(0) {
-            out.push_str(c["delta"]["content"].as_str().unwrap_or(""));
-        }
-    }
-    if !done {
-        return Err(format!("no [DONE] in {raw}"));
-    }
-    Ok(out)
-}
-
 async fn round(url: String, prompts: Vec<String>) -> Vec<Result<String, String>> {
-    let tasks: Vec<_> = prompts
-        .iter()
-        .map(|p| tokio::spawn(stream_chat(url.clone(), p.clone())))
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.unwrap_or_else(|e| Err(e.to_string())));
-    }
-    out
+    support::chat_round(url, MODEL, KEY, prompts).await
 }
 
 async fn get_placement(url: &str) -> Placement {

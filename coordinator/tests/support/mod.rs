@@ -81,3 +81,67 @@ pub fn engine(
     )
     .expect("engine")
 }
+
+/// Text of a greedy chat stream (12 tokens) from a running `serve` at `url`, or why it failed
+/// (HTTP status, an error event, no `[DONE]`).
+pub async fn stream_chat(
+    url: String,
+    model: &'static str,
+    key: &'static str,
+    prompt: String,
+) -> Result<String, String> {
+    let body = serde_json::json!({"model": model, "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 12, "temperature": 0, "stream": true});
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    let raw = r.text().await.map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(format!("HTTP {status}: {raw}"));
+    }
+    let mut out = String::new();
+    let mut done = false;
+    for line in raw.lines() {
+        let Some(d) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if d == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(d).map_err(|e| format!("{e}: {d}"))?;
+        if v.get("error").is_some() {
+            return Err(format!("error event: {d}"));
+        }
+        if let Some(c) = v["choices"].get(0) {
+            out.push_str(c["delta"]["content"].as_str().unwrap_or(""));
+        }
+    }
+    if !done {
+        return Err(format!("no [DONE] in {raw}"));
+    }
+    Ok(out)
+}
+
+/// [`stream_chat`] of every prompt at once; results in prompt order.
+pub async fn chat_round(
+    url: String,
+    model: &'static str,
+    key: &'static str,
+    prompts: Vec<String>,
+) -> Vec<Result<String, String>> {
+    let tasks: Vec<_> = prompts
+        .iter()
+        .map(|p| tokio::spawn(stream_chat(url.clone(), model, key, p.clone())))
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap_or_else(|e| Err(e.to_string())));
+    }
+    out
+}
