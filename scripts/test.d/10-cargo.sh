@@ -7,3 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --workspace --bins --locked
 NIGHTSHIFT_PREBUILT_BINS=1 cargo test --workspace --locked
+# The AVX-512 tier's Q4_K/Q6_K fallback for CPUs without VBMI, on this (possibly VBMI) machine.
+if grep -q avx512vbmi /proc/cpuinfo 2>/dev/null; then
+    NIGHTSHIFT_X86_VBMI=off cargo test -p nightshift-kernels --locked --test x86_tiers
+fi

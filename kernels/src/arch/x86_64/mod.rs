@@ -144,7 +144,7 @@ fn gemm_kquant(
             }
             // The Q4_K/Q6_K 64-byte paths also need AVX512-VBMI (`vpermb`); without it the
             // tier keeps the shared 32-byte kernels below.
-            let vbmi = level == Level::Avx512 && is_x86_feature_detected!("avx512vbmi");
+            let vbmi = level == Level::Avx512 && vbmi_enabled();
             if vbmi && kind == kquant::Q4 {
                 klanes512::pack_q4(xp, n * nb, pp);
                 klanes512::gemm::<{ kquant::Q4 }>(nb, wp, rows, xp, pp, n, op);
@@ -191,4 +191,15 @@ fn gemm_q8_0(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
             }
         }
     });
+}
+
+/// Whether the Q4_K/Q6_K 64-byte kernels may run: the CPU has AVX512-VBMI and
+/// `NIGHTSHIFT_X86_VBMI=off` does not withhold it (so the tests can also cover the 32-byte
+/// fallback on a VBMI machine). Read once.
+fn vbmi_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        is_x86_feature_detected!("avx512vbmi")
+            && std::env::var("NIGHTSHIFT_X86_VBMI").map_or(true, |v| v != "off")
+    })
 }
