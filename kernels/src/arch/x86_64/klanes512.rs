@@ -1,47 +1,73 @@
-//! Q4_K and Q6_K x Q8_K for the AVX-512-VNNI tier: 8 weight rows per tile, 64-byte vectors
-//! throughout, per-row float lanes kept two rows per register.
+//! Q3_K, Q4_K, Q5_K and Q6_K x Q8_K for the AVX-512-VNNI tier: 8 weight rows per tile, 64-byte
+//! vectors throughout, per-row float lanes kept two rows per register.
 //!
 //! The reference keeps 8 float partial sums per row (lane `l` = elements `e % 8 == l`), so the
 //! values are permuted within every 32-element chunk as in `kquant` (byte `4m + r` = element
 //! `m + 8r`) and `maddubs` + `vpdpwssd` by the scale pairs gives i32 lane `m` (and `m + 8` for
 //! the second chunk of a 64-byte vector) = the reference's `aux32[m]`. The raw bytes are
-//! permuted once per 64-byte load, before the nibbles are split. Each (row, activation block)
+//! permuted once per 64-byte load, before the bit fields are split. Each (row, activation block)
 //! pair costs 4 `maddubs` + 4 `vpdpwssd`; a block's weights are decoded once per tile and reused
 //! for every activation row.
 //!
-//! Q4_K: values 0..=15 multiply the signed activations directly; one 64-byte load of `qs`
-//! gives chunks (0, 2) in its low nibbles and (1, 3) in its high ones, so the activations are
-//! packed in that chunk order. Q6_K: the raw values 0..=63 multiply the activations and
-//! `maddubs(32, q)` (once per activation block, shared by the tile) is subtracted from every
-//! pair sum, which gives the exact pair sums of `(raw - 32) * q`. Two rows' lanes are folded
-//! into one vector, and `sums[l] += d * aux32[l]` runs on it lane-wise in the reference order;
-//! Q4_K's `sumf -= dmin * sumi` runs with one lane per row.
+//! Q4_K/Q5_K: values 0..=15 (0..=31) multiply the signed activations directly; one 64-byte load
+//! of `qs` gives chunks (0, 2) in its low nibbles and (1, 3) in its high ones, so the activations
+//! are packed in that chunk order; Q5_K's `qh` bit is added with a byte mask (`vptestmb`).
+//! Q3_K/Q6_K are signed: the raw unsigned values (Q3_K `q | 4 * hbit` in 0..=7, Q6_K 0..=63)
+//! multiply the activations and `maddubs(offset, q)` (offset 4 or 32; once per activation block,
+//! shared by the tile) is subtracted from every pair sum, which gives the exact pair sums of
+//! `(raw - offset) * q`. Q3_K's one 64-byte `qs` load holds chunks (s, s + 4) in bits `2s..2s+2`,
+//! and its activations are packed in that order. Two rows' lanes are folded into one vector, and
+//! `sums[l] += d * aux32[l]` runs on it lane-wise in the reference order; the Q4_K/Q5_K
+//! `sumf -= dmin * sumi` runs with one lane per row.
 
 use core::arch::x86_64::*;
 
-use super::kquant::{f16_to_f32, perm32, rd_f32, Q4, Q8K_BYTES};
+use super::kquant::{f16_to_f32, perm32, rd_f32, Q3, Q4, Q5, Q6, Q8K_BYTES};
 use super::q8_0::reduce8;
-use super::unpack::k4_scales;
+use super::unpack::{k4_scales, q3_scales};
 
 /// Weight rows per tile.
 const TILE: usize = 8;
 /// Activation rows whose float state a tile keeps at once.
 const JCHUNK: usize = 64;
-/// Where chunk `c` of an activation block goes in the Q4_K packing (32-byte slots).
-const Q4_SLOT: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
+/// True for the kinds with mins (`sumf -= dmin * sumi`): Q4_K and Q5_K.
+const fn has_mins(k: u8) -> bool {
+    k == Q4 || k == Q5
+}
 
-/// Packs `blocks` Q8_K blocks' quants for Q4_K: each 32-byte chunk permuted as in `kquant`,
-/// chunks in the order (0, 2, 1, 3, 4, 6, 5, 7).
+/// What the decoded raw (unsigned) values carry above the true ones: Q3_K 4, Q6_K 32, else 0.
+const fn offset(k: u8) -> i8 {
+    match k {
+        Q3 => 4,
+        Q6 => 32,
+        _ => 0,
+    }
+}
+
+/// Where chunk `c` of an activation block goes (32-byte slots) for kind `k`, so that 64-byte
+/// vector `i` holds the two chunks of the weight vector `w[i]`: Q4_K/Q5_K (0, 2), (1, 3),
+/// (4, 6), (5, 7); Q3_K (0, 4), (1, 5), (2, 6), (3, 7); Q6_K in order.
+const fn slots(k: u8) -> [usize; 8] {
+    match k {
+        Q4 | Q5 => [0, 2, 1, 3, 4, 6, 5, 7],
+        Q3 => [0, 2, 4, 6, 1, 3, 5, 7],
+        _ => [0, 1, 2, 3, 4, 5, 6, 7],
+    }
+}
+
+/// Packs `blocks` Q8_K blocks' quants for kind `K`: each 32-byte chunk permuted as in
+/// `kquant`, chunks placed by [`slots`].
 ///
 /// # Safety
 /// `x` must be valid for `blocks * Q8K_BYTES` bytes and `out` for `blocks * 256` bytes; the CPU
 /// must have AVX2.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn pack_q4(x: *const u8, blocks: usize, out: *mut u8) {
+pub(super) unsafe fn pack<const K: u8>(x: *const u8, blocks: usize, out: *mut u8) {
+    let slot_of = slots(K);
     for i in 0..blocks {
         let src = x.add(i * Q8K_BYTES + 4);
         let dst = out.add(i * 256);
-        for (c, &slot) in Q4_SLOT.iter().enumerate() {
+        for (c, &slot) in slot_of.iter().enumerate() {
             let v = _mm256_loadu_si256(src.add(32 * c) as *const __m256i);
             _mm256_storeu_si256(dst.add(32 * slot) as *mut __m256i, perm32(v));
         }
@@ -96,11 +122,12 @@ fn fold2(a: __m512i, b: __m512i) -> __m512i {
 /// One weight block of one row, decoded.
 #[derive(Clone, Copy)]
 struct RowDec {
-    /// 4 vectors of 2 permuted chunks (values 0..=15 for Q4_K, the raw 0..=63 for Q6_K).
+    /// 4 vectors of 2 permuted chunks (values 0..=15 / 0..=31 for Q4_K / Q5_K, the raw 0..=7 /
+    /// 0..=63 for Q3_K / Q6_K).
     w: [__m512i; 4],
     /// Per vector: the scale i16 pair of each lane's chunk.
     s: [__m512i; 4],
-    /// Q4_K: the 8 mins, each twice, as i16 (multiplies the 16 bsums).
+    /// Q4_K/Q5_K: the 8 mins, each twice, as i16 (multiplies the 16 bsums).
     mins: __m256i,
     /// `d` and `dmin` as f32.
     d: f32,
@@ -116,21 +143,36 @@ struct RowDec {
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn decode_row<const K: u8>(b: *const u8) -> RowDec {
     let m0f = _mm512_set1_epi8(0x0f);
-    if K == Q4 {
+    if K == Q3 {
+        return decode_q3(b);
+    }
+    if has_mins(K) {
         let (s8, m8) = k4_scales(b.add(4));
         let s = _mm_loadl_epi64(s8.as_ptr() as *const __m128i);
         let m = _mm_loadl_epi64(m8.as_ptr() as *const __m128i);
         // Dword c = (scale c, scale c): one scale per 32 elements.
         let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s, s)));
-        let q0 = perm64(_mm512_loadu_si512(b.add(16) as *const __m512i));
-        let q1 = perm64(_mm512_loadu_si512(b.add(80) as *const __m512i));
+        let qs = if K == Q5 { b.add(48) } else { b.add(16) };
+        let q0 = perm64(_mm512_loadu_si512(qs as *const __m512i));
+        let q1 = perm64(_mm512_loadu_si512(qs.add(64) as *const __m512i));
+        let mut w = [
+            _mm512_and_si512(q0, m0f),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m0f),
+            _mm512_and_si512(q1, m0f),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m0f),
+        ];
+        if K == Q5 {
+            // qh[32] @16: bit c of byte e is bit 4 of chunk c's element e; w[i] holds chunks
+            // (0, 2), (1, 3), (4, 6), (5, 7).
+            let qh = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                b.add(16) as *const __m256i
+            )));
+            for (wi, (c1, c2)) in w.iter_mut().zip([(0, 2), (1, 3), (4, 6), (5, 7)]) {
+                *wi = add_high_bit(*wi, qh, c1, c2, 16);
+            }
+        }
         RowDec {
-            w: [
-                _mm512_and_si512(q0, m0f),
-                _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m0f),
-                _mm512_and_si512(q1, m0f),
-                _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m0f),
-            ],
+            w,
             s: [
                 _mm512_permutexvar_epi32(pair_idx(0, 2), sc),
                 _mm512_permutexvar_epi32(pair_idx(1, 3), sc),
@@ -179,8 +221,77 @@ unsafe fn decode_row<const K: u8>(b: *const u8) -> RowDec {
     }
 }
 
-/// One activation block's 4 vectors and, for Q6_K, `maddubs(32, q)` of each (the pair sums
-/// that turn the raw 0..=63 values into `raw - 32`).
+/// `w + add` in the bytes whose bit `c1` (low 32 bytes) or `c2` (high 32 bytes) of `h` is set.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn add_high_bit(w: __m512i, h: __m512i, c1: u32, c2: u32, add: i8) -> __m512i {
+    let sel = _mm512_mask_blend_epi8(
+        0xFFFF_FFFF_0000_0000,
+        _mm512_set1_epi8((1u32 << c1) as u8 as i8),
+        _mm512_set1_epi8((1u32 << c2) as u8 as i8),
+    );
+    let k = _mm512_test_epi8_mask(h, sel);
+    _mm512_mask_add_epi8(w, k, w, _mm512_set1_epi8(add))
+}
+
+/// Q3_K: hmask[32] @0, qs[64] @32, scales[12] @96, d @108. The raw values `q | 4 * hbit` are
+/// in 0..=7 (the true ones are 4 less); w[s] holds chunks (s, s + 4), which are bits `2s..2s+2`
+/// of the two 32-byte halves of `qs`.
+///
+/// # Safety
+/// As [`decode_row`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn decode_q3(b: *const u8) -> RowDec {
+    let sc8 = q3_scales(b.add(96));
+    let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
+        sc8.as_ptr() as *const __m128i
+    )));
+    let hm = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+        b as *const __m256i,
+    )));
+    let qs = perm64(_mm512_loadu_si512(b.add(32) as *const __m512i));
+    let m3 = _mm512_set1_epi8(3);
+    let w = [
+        add_high_bit(_mm512_and_si512(qs, m3), hm, 0, 4, 4),
+        add_high_bit(
+            _mm512_and_si512(_mm512_srli_epi16::<2>(qs), m3),
+            hm,
+            1,
+            5,
+            4,
+        ),
+        add_high_bit(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(qs), m3),
+            hm,
+            2,
+            6,
+            4,
+        ),
+        add_high_bit(
+            _mm512_and_si512(_mm512_srli_epi16::<6>(qs), m3),
+            hm,
+            3,
+            7,
+            4,
+        ),
+    ];
+    RowDec {
+        w,
+        s: [
+            _mm512_permutexvar_epi32(pair_idx(0, 4), sc),
+            _mm512_permutexvar_epi32(pair_idx(1, 5), sc),
+            _mm512_permutexvar_epi32(pair_idx(2, 6), sc),
+            _mm512_permutexvar_epi32(pair_idx(3, 7), sc),
+        ],
+        mins: _mm256_setzero_si256(),
+        d: f16_to_f32(u16::from_le_bytes([*b.add(108), *b.add(109)])),
+        dmin: 0.0,
+    }
+}
+
+/// One activation block's 4 vectors and, for Q3_K/Q6_K, `maddubs(offset, q)` of each (the pair
+/// sums that turn the raw values into `raw - offset`).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn load_act<const K: u8>(a: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
@@ -191,17 +302,17 @@ unsafe fn load_act<const K: u8>(a: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
         _mm512_loadu_si512(a.add(192) as *const __m512i),
     ];
     let mut pq = [_mm512_setzero_si512(); 4];
-    if K != Q4 {
-        let k32 = _mm512_set1_epi8(32);
+    if offset(K) != 0 {
+        let off = _mm512_set1_epi8(offset(K));
         for i in 0..4 {
-            pq[i] = _mm512_maddubs_epi16(k32, av[i]);
+            pq[i] = _mm512_maddubs_epi16(off, av[i]);
         }
     }
     (av, pq)
 }
 
 /// The 16 i32 lane sums of `scale * w * q` of one row's block (lanes `m` and `m + 8` are the
-/// reference's lane `m`). Pair sums stay within i16: Q4_K `2 * 15 * 128`, Q6_K `2 * 63 * 128`.
+/// reference's lane `m`). Pair sums stay within i16 (at most `2 * 63 * 128`, Q6_K).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn row_lanes<const K: u8>(
@@ -213,7 +324,7 @@ fn row_lanes<const K: u8>(
     let mut acc = _mm512_setzero_si512();
     for i in 0..4 {
         let mut p = _mm512_maddubs_epi16(w[i], av[i]);
-        if K != Q4 {
+        if offset(K) != 0 {
             p = _mm512_sub_epi16(p, pq[i]);
         }
         acc = _mm512_dpwssd_epi32(acc, p, s[i]);
@@ -226,7 +337,7 @@ fn row_lanes<const K: u8>(
 struct Acc {
     /// `sums[l]` of rows `2p` (lanes 0..8) and `2p + 1` (lanes 8..16).
     sums: [__m512; 4],
-    /// `sumf` of each row (Q4_K's min terms), one lane per row.
+    /// `sumf` of each row (the Q4_K/Q5_K min terms), one lane per row.
     sumf: __m256,
 }
 
@@ -244,7 +355,7 @@ fn d_pairs(d: &[f32; TILE]) -> [__m512; 4] {
 }
 
 /// The float work of one activation block (raw Q8_K block `xb`) against 8 rows, given their
-/// lane sums, `bsums * mins` products (Q4_K), `d` pairs and `dmin`s, in the reference order.
+/// lane sums, `bsums * mins` products (Q4_K/Q5_K), `d` pairs and `dmin`s, in the reference order.
 ///
 /// # Safety
 /// `xb` must be valid for `Q8K_BYTES`; CPU features as [`decode_row`].
@@ -266,13 +377,13 @@ unsafe fn epilogue<const K: u8>(
         let d = _mm512_mul_ps(dp[p], ydv);
         acc.sums[p] = _mm512_add_ps(acc.sums[p], _mm512_mul_ps(d, _mm512_cvtepi32_ps(aux)));
     }
-    if K == Q4 {
+    if has_mins(K) {
         min_update(ms, dmin, yd, acc);
     }
 }
 
-/// Q4_K's `sumf -= dmin * sumi` for 8 rows (lane per row), `dmin = x.dmin * y.d`, `sumi` the
-/// sum of each row's `bsums * mins` products `ms[r]`.
+/// The Q4_K/Q5_K `sumf -= dmin * sumi` for 8 rows (lane per row), `dmin = x.dmin * y.d`,
+/// `sumi` the sum of each row's `bsums * mins` products `ms[r]`.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn min_update(ms: &[__m256i; TILE], dmin: __m256, yd: f32, acc: &mut Acc) {
@@ -301,7 +412,7 @@ unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc)
     let mut ms = [_mm256_setzero_si256(); TILE];
     for r in 0..TILE {
         lanes[r] = row_lanes::<K>(&t.rows[r].w, &t.rows[r].s, &av, &pq);
-        if K == Q4 {
+        if has_mins(K) {
             ms[r] = _mm256_madd_epi16(bs, t.rows[r].mins);
         }
     }
@@ -343,7 +454,7 @@ unsafe fn fused<const K: u8>(
             }
             let dec = decode_row::<K>(b);
             lanes[h] = row_lanes::<K>(&dec.w, &dec.s, &av, &pq);
-            if K == Q4 {
+            if has_mins(K) {
                 ms[r] = _mm256_madd_epi16(bs, dec.mins);
             }
             d[h] = dec.d;
@@ -355,14 +466,13 @@ unsafe fn fused<const K: u8>(
         let dv = _mm512_mul_ps(dp, ydv);
         acc.sums[p] = _mm512_add_ps(acc.sums[p], _mm512_mul_ps(dv, _mm512_cvtepi32_ps(aux)));
     }
-    if K == Q4 {
+    if has_mins(K) {
         min_update(&ms, _mm256_loadu_ps(dmin.as_ptr()), yd, acc);
     }
 }
 
-/// `out[r * n + j] = W[r] . x[j]` for kind `K` (Q4_K or Q6_K): `w` holds `rows` rows of `nb`
-/// blocks, `x` the raw Q8_K rows and `xp` their quants packed by [`pack_q4`] (Q4_K) or by
-/// `kquant::pack_q8k` without the offset (Q6_K).
+/// `out[r * n + j] = W[r] . x[j]` for kind `K` (Q3_K..Q6_K): `w` holds `rows` rows of `nb`
+/// blocks, `x` the raw Q8_K rows and `xp` their quants packed by [`pack`] for `K`.
 ///
 /// # Safety
 /// All pointers must be valid for those sizes (`rows, n >= 1`); the CPU must have

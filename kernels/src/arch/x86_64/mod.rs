@@ -7,8 +7,8 @@
 //! unpacks every weight block once and runs it against all activation rows; see `kquant` and
 //! `q8_0` for how the integer work is arranged so that the float epilogue follows the reference
 //! exactly. The AVX-512-VNNI tier has its own 64-byte kernels with 8-row tiles for Q2_K
-//! (`q2k512`) and, when the CPU also has AVX512-VBMI (checked at run time), Q4_K and Q6_K
-//! (`klanes512`); Q3_K/Q5_K (and Q4_K/Q6_K without VBMI) use the shared 32-byte kernels. Types
+//! (`q2k512`) and, when the CPU also has AVX512-VBMI (checked at run time), Q3_K, Q4_K, Q5_K
+//! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Types
 //! without a path (legacy 4/5-bit, floats) return `false` and the caller falls back to the
 //! scalar reference.
 
@@ -133,7 +133,7 @@ fn gemm_kquant(
             out.as_mut_ptr(),
         );
         // SAFETY: the capability for `level` exists, so the CPU has AVX2 (and AVX-512 for
-        // `Level::Avx512`, plus VBMI where `vbmi` says so); `gemm_block` checked that `x` holds
+        // `Level::Avx512`, plus VBMI where `vbmi_enabled` says so); `gemm_block` checked that `x` holds
         // `n * nb` Q8_K blocks, `w` holds `rows * nb` blocks of `kind` and `out` holds `rows * n`
         // floats; `packed` was sized for `n * nb` packed blocks.
         unsafe {
@@ -142,18 +142,22 @@ fn gemm_kquant(
                 q2k512::gemm(nb, wp, rows, xp, pp, n, op);
                 return;
             }
-            // The Q4_K/Q6_K 64-byte paths also need AVX512-VBMI (`vpermb`); without it the
+            // The Q3_K..Q6_K 64-byte paths also need AVX512-VBMI (`vpermb`); without it the
             // tier keeps the shared 32-byte kernels below.
-            let vbmi = level == Level::Avx512 && vbmi_enabled();
-            if vbmi && kind == kquant::Q4 {
-                klanes512::pack_q4(xp, n * nb, pp);
-                klanes512::gemm::<{ kquant::Q4 }>(nb, wp, rows, xp, pp, n, op);
-                return;
-            }
-            if vbmi && kind == kquant::Q6 {
-                kquant::pack_q8k(xp, n * nb, false, pp);
-                klanes512::gemm::<{ kquant::Q6 }>(nb, wp, rows, xp, pp, n, op);
-                return;
+            if level == Level::Avx512 && vbmi_enabled() {
+                macro_rules! lanes {
+                    ($k:expr) => {{
+                        klanes512::pack::<{ $k }>(xp, n * nb, pp);
+                        klanes512::gemm::<{ $k }>(nb, wp, rows, xp, pp, n, op);
+                    }};
+                }
+                match kind {
+                    kquant::Q3 => return lanes!(kquant::Q3),
+                    kquant::Q4 => return lanes!(kquant::Q4),
+                    kquant::Q5 => return lanes!(kquant::Q5),
+                    kquant::Q6 => return lanes!(kquant::Q6),
+                    _ => {}
+                }
             }
             kquant::pack_q8k(xp, n * nb, kquant::signed(kind), pp);
             macro_rules! run {
@@ -193,7 +197,7 @@ fn gemm_q8_0(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
     });
 }
 
-/// Whether the Q4_K/Q6_K 64-byte kernels may run: the CPU has AVX512-VBMI and
+/// Whether the Q3_K..Q6_K 64-byte kernels may run: the CPU has AVX512-VBMI and
 /// `NIGHTSHIFT_X86_VBMI=off` does not withhold it (so the tests can also cover the 32-byte
 /// fallback on a VBMI machine). Read once.
 fn vbmi_enabled() -> bool {
