@@ -1,5 +1,6 @@
 //! `kernel-report`: our single-thread expert GEMM vs ggml's (feature `ggml`) — or vs our own
-//! scalar tier without it — at Kimi K2 expert shapes, Q2_K/Q4_K/Q6_K/Q8_0, batch 1..16. Prints one
+//! scalar tier without it — at Kimi K2 expert shapes, Q2_K/Q4_K/Q6_K/Q8_0 plus Q3_K/Q5_K (llama.cpp's
+//! Q2_K mix puts every ffn_down in Q3_K, MoE mixes use Q5_K for attn_output), batch 1..16. Prints one
 //! markdown table row per case: GFLOP/s of each side and the ratio. Also checks that both sides
 //! agree on the results (ggml's SIMD sums differ from the exact reference by ~1e-6 relative).
 
@@ -7,9 +8,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use nightshift_benches::{kimi_cases, time_best, Acts, Case, Weights};
+use nightshift_benches::{time_best, Acts, Case, Weights, BATCHES, SHAPES, TYPES};
 use nightshift_kernels::dispatch;
-use nightshift_kernels::gemm;
+use nightshift_kernels::{gemm, GgmlType};
 
 /// Ours vs ggml (or vs our scalar tier) on Kimi K2 expert GEMMs, one thread.
 #[derive(Parser)]
@@ -45,7 +46,7 @@ fn main() -> anyhow::Result<()> {
     );
     println!("|---|---|---|---|---:|---:|---:|");
     let mut weights: Option<(Case, Weights)> = None;
-    for c in kimi_cases() {
+    for c in cases() {
         if args
             .only
             .as_deref()
@@ -81,6 +82,20 @@ fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The shared Kimi K2 cases (`TYPES`) followed by the same shapes and batches for Q3_K and Q5_K.
+fn cases() -> Vec<Case> {
+    let extra = [GgmlType::Q3_K, GgmlType::Q5_K];
+    let mut v = Vec::new();
+    for ty in TYPES.into_iter().chain(extra) {
+        for (shape, m, k) in SHAPES {
+            for n in BATCHES {
+                v.push(Case { ty, m, k, n, shape });
+            }
+        }
+    }
+    v
 }
 
 #[cfg(feature = "ggml")]
