@@ -1,19 +1,32 @@
 //! Criterion group `kernels`: our expert GEMM (single thread, dispatched tier) side by side with
-//! ggml's `vec_dot` row by row (feature `ggml`), Kimi K2 expert shapes, Q2_K/Q4_K/Q6_K/Q8_0,
-//! batch 1..16. Throughput is in weight elements × batch; GFLOP/s = 2 × elements/s.
+//! ggml's `vec_dot` row by row (feature `ggml`), Kimi K2 expert shapes, Q2_K/Q4_K/Q6_K/Q8_0 and
+//! Q3_K/Q5_K, batch 1..16. Throughput is in weight elements × batch; GFLOP/s = 2 × elements/s.
 
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use nightshift_benches::{kimi_cases, Acts, Weights};
-use nightshift_kernels::gemm;
+use nightshift_benches::{kimi_cases, Acts, Case, Weights, BATCHES, SHAPES};
+use nightshift_kernels::{gemm, GgmlType};
+
+/// The shared Kimi K2 cases, then the same shapes and batches for Q3_K and Q5_K.
+fn cases() -> Vec<Case> {
+    let mut v = kimi_cases();
+    for ty in [GgmlType::Q3_K, GgmlType::Q5_K] {
+        for (shape, m, k) in SHAPES {
+            for n in BATCHES {
+                v.push(Case { ty, m, k, n, shape });
+            }
+        }
+    }
+    v
+}
 
 fn kernels(c: &mut Criterion) {
     let mut g = c.benchmark_group("kernels");
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1));
-    for case in kimi_cases() {
+    for case in cases() {
         let w = Weights::new(&case).expect("weights");
         let x = Acts::new(&case).expect("activations");
         let id = format!(
