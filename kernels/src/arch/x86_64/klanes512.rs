@@ -24,7 +24,7 @@ use core::arch::x86_64::*;
 
 use super::kquant::{f16_to_f32, perm32, rd_f32, Q3, Q4, Q5, Q6, Q8K_BYTES};
 use super::q8_0::reduce8;
-use super::unpack::{k4_scales, q3_scales};
+use super::unpack::k4_scales;
 
 /// Weight rows per tile.
 const TILE: usize = 8;
@@ -234,6 +234,35 @@ fn add_high_bit(w: __m512i, h: __m512i, c1: u32, c2: u32, add: i8) -> __m512i {
     _mm512_mask_add_epi8(w, k, w, _mm512_set1_epi8(add))
 }
 
+/// Q3_K's 12 scale bytes at `p` -> the 16 six-bit scales minus 32 as i8 (as
+/// `unpack::q3_scales`): scale `4i + k` = bits 0..4 of byte k (i = 0), of byte 4 + k (i = 1),
+/// bits 4..8 of those (i = 2, 3), with bits `2i..2i+2` of byte `8 + k` on top.
+///
+/// # Safety
+/// `p` must be valid for 12 bytes (the load is masked to them); CPU features as [`decode_row`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn q3_scales_simd(p: *const u8) -> __m128i {
+    let v = _mm_maskz_loadu_epi8(0x0FFF, p as *const i8);
+    let lo = _mm_shuffle_epi8(
+        v,
+        _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
+    );
+    let lo = _mm_and_si128(
+        _mm_srlv_epi16(lo, _mm_setr_epi16(0, 0, 0, 0, 4, 4, 4, 4)),
+        _mm_set1_epi8(0x0f),
+    );
+    let hi = _mm_shuffle_epi8(
+        v,
+        _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11),
+    );
+    let hi = _mm_and_si128(
+        _mm_srlv_epi16(hi, _mm_setr_epi16(0, 0, 2, 2, 4, 4, 6, 6)),
+        _mm_set1_epi8(3),
+    );
+    _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16::<4>(hi)), _mm_set1_epi8(32))
+}
+
 /// Q3_K: hmask[32] @0, qs[64] @32, scales[12] @96, d @108. The raw values `q | 4 * hbit` are
 /// in 0..=7 (the true ones are 4 less); w[s] holds chunks (s, s + 4), which are bits `2s..2s+2`
 /// of the two 32-byte halves of `qs`.
@@ -243,10 +272,7 @@ fn add_high_bit(w: __m512i, h: __m512i, c1: u32, c2: u32, add: i8) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn decode_q3(b: *const u8) -> RowDec {
-    let sc8 = q3_scales(b.add(96));
-    let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
-        sc8.as_ptr() as *const __m128i
-    )));
+    let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(q3_scales_simd(b.add(96))));
     let hm = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
         b as *const __m256i,
     )));

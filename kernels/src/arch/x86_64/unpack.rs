@@ -173,7 +173,7 @@ unsafe fn decode_q2<F: FnMut(usize, __m256i, __m256i)>(b: *const u8, mut put: F)
 
 /// Q3_K's 12 scale bytes -> 16 six-bit scales (as ggml packs them), minus 32.
 #[inline(always)]
-pub(super) fn q3_scales(p: *const u8) -> [i8; 16] {
+fn q3_scales(p: *const u8) -> [i8; 16] {
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
     let a0 = rd_u32(p);
