@@ -17,7 +17,8 @@ use nightshift_kernels::dequantize_row;
 use rayon::ThreadPool;
 use std::sync::Arc;
 
-/// Identifies a sequence inside one `Engine`.
+/// Identifies a sequence inside one `Engine`. Ids are never reused (until 2^32 sequences have
+/// come and gone), so a stale id held by a caller is an unknown sequence, never a newer one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u32);
 
@@ -76,6 +77,9 @@ pub struct Engine {
     opts: EngineOptions,
     rope: Rope,
     seqs: Vec<Option<SeqKv>>,
+    /// The id each slot of `seqs` was issued under (meaningful while the slot is live).
+    ids: Vec<u32>,
+    next_id: u32,
     kv_used: usize,
     kv_type: KvType,
     observer: Option<Arc<dyn RouteObserver>>,
@@ -103,6 +107,8 @@ impl Engine {
             opts,
             rope,
             seqs: Vec::new(),
+            ids: Vec::new(),
+            next_id: 0,
             kv_used: 0,
             kv_type: KvType::F32,
             observer: None,
@@ -145,26 +151,40 @@ impl Engine {
             )));
         }
         let kv = SeqKv::new(self.model.config().n_layer, self.kv_type);
-        if let Some(i) = self.seqs.iter().position(|s| s.is_none()) {
-            self.seqs[i] = Some(kv);
-            return Ok(SeqId(i as u32));
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        match self.seqs.iter().position(|s| s.is_none()) {
+            Some(i) => {
+                self.seqs[i] = Some(kv);
+                self.ids[i] = id;
+            }
+            None => {
+                self.seqs.push(Some(kv));
+                self.ids.push(id);
+            }
         }
-        self.seqs.push(Some(kv));
-        Ok(SeqId(self.seqs.len() as u32 - 1))
+        Ok(SeqId(id))
+    }
+
+    /// The cache slot of a live sequence.
+    fn slot_of(&self, s: SeqId) -> Option<usize> {
+        self.ids
+            .iter()
+            .zip(&self.seqs)
+            .position(|(&id, kv)| id == s.0 && kv.is_some())
     }
 
     /// Drops a sequence and frees its KV.
     pub fn remove_sequence(&mut self, s: SeqId) {
-        if let Some(slot) = self.seqs.get_mut(s.0 as usize) {
-            if let Some(kv) = slot.take() {
-                self.kv_used -= kv.len;
-            }
+        if let Some(kv) = self.slot_of(s).and_then(|i| self.seqs[i].take()) {
+            self.kv_used -= kv.len;
         }
     }
 
     /// Positions cached for `s` (None if unknown).
     pub fn seq_len(&self, s: SeqId) -> Option<usize> {
-        self.seqs.get(s.0 as usize)?.as_ref().map(|k| k.len)
+        let slot = self.slot_of(s)?;
+        self.seqs[slot].as_ref().map(|k| k.len)
     }
 
     /// Cached positions over all sequences, and the budget.
@@ -213,14 +233,9 @@ impl Engine {
         let mut next: Vec<(usize, usize)> = Vec::new();
         let mut toks = Vec::with_capacity(batch.len());
         for (i, b) in batch.iter().enumerate() {
-            let slot = b.seq.0 as usize;
-            let seq = self
-                .seqs
-                .get(slot)
-                .and_then(|s| s.as_ref())
-                .ok_or_else(|| {
-                    ModelError::Batch(format!("token {i}: unknown sequence {}", b.seq.0))
-                })?;
+            let unknown = || ModelError::Batch(format!("token {i}: unknown sequence {}", b.seq.0));
+            let slot = self.slot_of(b.seq).ok_or_else(unknown)?;
+            let seq = self.seqs[slot].as_ref().ok_or_else(unknown)?;
             if b.token as usize >= c.n_vocab {
                 return Err(ModelError::Batch(format!(
                     "token {i}: expected an id below {}, found {}",

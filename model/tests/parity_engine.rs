@@ -137,3 +137,24 @@ fn config_matches_llama_cpp_hparams() {
     );
     assert_eq!((c.n_head, c.n_head_kv, c.head_k), (4, 2, 64));
 }
+
+/// A removed sequence's id stays dead: the slot it freed is reused under a new id, and the old
+/// id is an unknown sequence rather than an alias of the new one.
+#[test]
+fn removed_sequence_ids_are_not_reused() {
+    let m = model("tiny-qwen3moe-Q4_K_M.gguf");
+    let mut e = engine(&m, 64);
+    let a = e.add_sequence().expect("a");
+    e.forward(&toks(a, &PROMPT[..2], 0)).expect("prefill a");
+    e.remove_sequence(a);
+    let b = e.add_sequence().expect("b");
+    assert_ne!(a, b, "a fresh sequence must not get the removed id");
+    assert_eq!(e.seq_len(a), None);
+    assert_eq!(e.seq_len(b), Some(0));
+    let err = e.forward(&toks(a, &PROMPT[2..3], 2)).expect_err("stale id");
+    assert!(err.to_string().contains("unknown sequence"), "{err}");
+    e.remove_sequence(a); // a no-op: b stays
+    assert_eq!(e.seq_len(b), Some(0));
+    e.forward(&toks(b, &PROMPT[..2], 0)).expect("b works");
+    assert_eq!(e.kv_usage().0, 2);
+}
