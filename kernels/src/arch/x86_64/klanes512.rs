@@ -545,7 +545,13 @@ pub(super) unsafe fn gemm<const K: u8>(
                     let mut d = [0f32; TILE];
                     let mut dmin = [0f32; TILE];
                     for r in 0..TILE {
-                        t.rows[r] = decode_row::<K>(rp[r].add(b * bbytes));
+                        let blk = rp[r].add(b * bbytes);
+                        // The same block of the next tile's row, as in `fused`.
+                        let pf = blk.wrapping_add(TILE * row_bytes);
+                        for line in 0..bbytes.div_ceil(64) {
+                            _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(64 * line) as *const i8);
+                        }
+                        t.rows[r] = decode_row::<K>(blk);
                         d[r] = t.rows[r].d;
                         dmin[r] = t.rows[r].dmin;
                     }
