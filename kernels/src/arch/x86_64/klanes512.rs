@@ -30,6 +30,8 @@ use super::unpack::k4_scales;
 const TILE: usize = 8;
 /// Activation rows whose float state a tile keeps at once.
 const JCHUNK: usize = 64;
+/// Batches up to this size take the fused path (decode and multiply at once, nothing stored).
+const FUSED_MAX: usize = 4;
 /// True for the kinds with mins (`sumf -= dmin * sumi`): Q4_K and Q5_K.
 const fn has_mins(k: u8) -> bool {
     k == Q4 || k == Q5
@@ -445,32 +447,37 @@ unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc)
     epilogue::<K>(&lanes, &ms, &t.dp, t.dmin, xb, acc);
 }
 
-/// Batch 1: decode each row's block and multiply it at once, nothing stored; rows are taken
-/// in pairs and folded into the float state right away (fewer live registers). Also prefetches
-/// the same block of the rows `ahead` bytes further (the next tile).
+/// Small batches (`N` activation rows, 1..=[`FUSED_MAX`]): decode each row's block and multiply
+/// it at once against the `N` activation blocks, nothing stored; rows are taken in pairs and
+/// folded into the float state right away (fewer live registers). Also prefetches the same
+/// block of the rows `ahead` bytes further (the next tile).
 ///
 /// # Safety
-/// Every `rows[i] + off` must start a readable block of kind `K`, `a` be valid for 256 bytes
-/// and `xb` for `Q8K_BYTES`; CPU features as [`decode_row`].
+/// Every `rows[i] + off` must start a readable block of kind `K`; `a[j]` must be valid for 256
+/// bytes and `xb[j]` for `Q8K_BYTES`; CPU features as [`decode_row`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn fused<const K: u8>(
+unsafe fn fused<const K: u8, const N: usize>(
     rows: &[*const u8; TILE],
     off: usize,
     ahead: usize,
-    a: *const u8,
-    xb: *const u8,
-    acc: &mut Acc,
+    a: [*const u8; N],
+    xb: [*const u8; N],
+    acc: &mut [Acc],
 ) {
-    let (av, pq) = load_act::<K>(a);
-    let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
-    let yd = rd_f32(xb);
-    let ydv = _mm512_set1_ps(yd);
-    let mut ms = [_mm256_setzero_si256(); TILE];
+    let mut av = [[_mm512_setzero_si512(); 4]; N];
+    let mut pq = [[_mm512_setzero_si512(); 4]; N];
+    let mut bs = [_mm256_setzero_si256(); N];
+    let mut ydv = [_mm512_setzero_ps(); N];
+    for j in 0..N {
+        (av[j], pq[j]) = load_act::<K>(a[j]);
+        bs[j] = _mm256_loadu_si256(xb[j].add(260) as *const __m256i);
+        ydv[j] = _mm512_set1_ps(rd_f32(xb[j]));
+    }
+    let mut ms = [[_mm256_setzero_si256(); TILE]; N];
     let mut dmin = [0f32; TILE];
     for p in 0..4 {
-        let mut lanes = [_mm512_setzero_si512(); 2];
-        let mut d = [0f32; 2];
+        let mut dec = [decode_row_zero(); 2];
         for h in 0..2 {
             let r = 2 * p + h;
             let b = rows[r].add(off);
@@ -478,22 +485,67 @@ unsafe fn fused<const K: u8>(
             for line in 0..super::kquant::block_bytes(K).div_ceil(64) {
                 _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(64 * line) as *const i8);
             }
-            let dec = decode_row::<K>(b);
-            lanes[h] = row_lanes::<K>(&dec.w, &dec.s, &av, &pq);
-            if has_mins(K) {
-                ms[r] = _mm256_madd_epi16(bs, dec.mins);
-            }
-            d[h] = dec.d;
-            dmin[r] = dec.dmin;
+            dec[h] = decode_row::<K>(b);
+            dmin[r] = dec[h].dmin;
         }
-        let aux = fold2(lanes[0], lanes[1]);
-        // d = x.d * y.d; sums[l] += d * aux32[l]
-        let dp = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d[0]), _mm512_set1_ps(d[1]));
-        let dv = _mm512_mul_ps(dp, ydv);
-        acc.sums[p] = _mm512_add_ps(acc.sums[p], _mm512_mul_ps(dv, _mm512_cvtepi32_ps(aux)));
+        let dp = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(dec[0].d), _mm512_set1_ps(dec[1].d));
+        for j in 0..N {
+            let l0 = row_lanes::<K>(&dec[0].w, &dec[0].s, &av[j], &pq[j]);
+            let l1 = row_lanes::<K>(&dec[1].w, &dec[1].s, &av[j], &pq[j]);
+            if has_mins(K) {
+                ms[j][2 * p] = _mm256_madd_epi16(bs[j], dec[0].mins);
+                ms[j][2 * p + 1] = _mm256_madd_epi16(bs[j], dec[1].mins);
+            }
+            let aux = fold2(l0, l1);
+            // d = x.d * y.d; sums[l] += d * aux32[l]
+            let dv = _mm512_mul_ps(dp, ydv[j]);
+            acc[j].sums[p] =
+                _mm512_add_ps(acc[j].sums[p], _mm512_mul_ps(dv, _mm512_cvtepi32_ps(aux)));
+        }
     }
     if has_mins(K) {
-        min_update(&ms, _mm256_loadu_ps(dmin.as_ptr()), yd, acc);
+        let dminv = _mm256_loadu_ps(dmin.as_ptr());
+        for j in 0..N {
+            min_update(&ms[j], dminv, rd_f32(xb[j]), &mut acc[j]);
+        }
+    }
+}
+
+/// An all-zero [`RowDec`] (placeholder before decoding).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn decode_row_zero() -> RowDec {
+    RowDec {
+        w: [_mm512_setzero_si512(); 4],
+        s: [_mm512_setzero_si512(); 4],
+        mins: _mm256_setzero_si256(),
+        d: 0.0,
+        dmin: 0.0,
+    }
+}
+
+/// Runs [`fused`] with `N` activation rows `j0..j0 + N` over every block of a tile.
+///
+/// # Safety
+/// As [`gemm`], with `j0 + N <= n` and `acc` holding `N` states.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fused_tile<const K: u8, const N: usize>(
+    rp: &[*const u8; TILE],
+    nb: usize,
+    ahead: usize,
+    x: *const u8,
+    xp: *const u8,
+    j0: usize,
+    acc: &mut [Acc],
+) {
+    let bbytes = super::kquant::block_bytes(K);
+    for b in 0..nb {
+        let blk: [usize; N] = core::array::from_fn(|j| (j0 + j) * nb + b);
+        let a = blk.map(|i| xp.add(i * 256));
+        let xb = blk.map(|i| x.add(i * Q8K_BYTES));
+        fused::<K, N>(rp, b * bbytes, ahead, a, xb, acc);
     }
 }
 
@@ -535,10 +587,13 @@ pub(super) unsafe fn gemm<const K: u8>(
         while j0 < n {
             let nj = (n - j0).min(JCHUNK);
             accs[..nj].fill(zero);
-            if n == 1 {
-                for b in 0..nb {
-                    let (a, xb) = (xp.add(b * 256), x.add(b * Q8K_BYTES));
-                    fused::<K>(&rp, b * bbytes, TILE * row_bytes, a, xb, &mut accs[0]);
+            if n <= FUSED_MAX {
+                let ahead = TILE * row_bytes;
+                match n {
+                    1 => fused_tile::<K, 1>(&rp, nb, ahead, x, xp, 0, &mut accs[..1]),
+                    2 => fused_tile::<K, 2>(&rp, nb, ahead, x, xp, 0, &mut accs[..2]),
+                    3 => fused_tile::<K, 3>(&rp, nb, ahead, x, xp, 0, &mut accs[..3]),
+                    _ => fused_tile::<K, 4>(&rp, nb, ahead, x, xp, 0, &mut accs[..4]),
                 }
             } else {
                 for b in 0..nb {
