@@ -634,3 +634,53 @@ pub(super) unsafe fn gemm<const K: u8>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Batch sizes 1..=6 and a row count with a partial tile for every kind on this path: the
+    //! fused small-batch path (1..=4) and the tiled one (5, 6) against the scalar tier's bits.
+
+    use crate::dispatch::{available_tiers, gemm_with, Tier};
+    use crate::{quantize_row, GgmlType};
+
+    fn rows_of(ty: GgmlType, k: usize, count: usize, seed: u32) -> Vec<u8> {
+        let rb = ty.row_bytes(k).expect("k is a multiple of 256");
+        let mut out = vec![0u8; count * rb];
+        let mut s = seed;
+        for row in out.chunks_exact_mut(rb) {
+            let f: Vec<f32> = (0..k)
+                .map(|_| {
+                    s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+                })
+                .collect();
+            quantize_row(ty, &f, row).expect("quantize");
+        }
+        out
+    }
+
+    #[test]
+    fn small_and_tiled_batches_match_the_scalar_tier() {
+        if !available_tiers().contains(&Tier::Avx512Vnni) {
+            return;
+        }
+        let (k, m) = (512, 11);
+        for ty in [
+            GgmlType::Q3_K,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
+            let w = rows_of(ty, k, m, 7);
+            for n in 1..=6 {
+                let x = rows_of(GgmlType::Q8_K, k, n, 100 + n as u32);
+                let mut want = vec![0f32; m * n];
+                let mut got = vec![0f32; m * n];
+                gemm_with(Tier::Scalar, ty, k, &w, m, &x, n, &mut want, None).expect("scalar");
+                gemm_with(Tier::Avx512Vnni, ty, k, &w, m, &x, n, &mut got, None).expect("avx512");
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{} n={n}", ty.name());
+            }
+        }
+    }
+}
