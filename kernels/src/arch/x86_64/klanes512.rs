@@ -478,15 +478,15 @@ unsafe fn fused<const K: u8, const N: usize>(
     let mut dmin = [0f32; TILE];
     for p in 0..4 {
         let mut dec = [decode_row_zero(); 2];
-        for h in 0..2 {
+        for (h, dh) in dec.iter_mut().enumerate() {
             let r = 2 * p + h;
             let b = rows[r].add(off);
             let pf = b.wrapping_add(ahead);
             for line in 0..super::kquant::block_bytes(K).div_ceil(64) {
                 _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(64 * line) as *const i8);
             }
-            dec[h] = decode_row::<K>(b);
-            dmin[r] = dec[h].dmin;
+            *dh = decode_row::<K>(b);
+            dmin[r] = dh.dmin;
         }
         let dp = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(dec[0].d), _mm512_set1_ps(dec[1].d));
         for j in 0..N {
