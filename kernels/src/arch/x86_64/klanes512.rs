@@ -7,7 +7,8 @@
 //! the second chunk of a 64-byte vector) = the reference's `aux32[m]`. The raw bytes are
 //! permuted once per 64-byte load, before the bit fields are split. Each (row, activation block)
 //! pair costs 4 `maddubs` + 4 `vpdpwssd`; a block's weights are decoded once per tile and reused
-//! for every activation row.
+//! for every activation row (batches up to 4 use them straight from registers, larger ones store
+//! the decoded tile and reload it per activation row).
 //!
 //! Q4_K/Q5_K: values 0..=15 (0..=31) multiply the signed activations directly; one 64-byte load
 //! of `qs` gives chunks (0, 2) in its low nibbles and (1, 3) in its high ones, so the activations
