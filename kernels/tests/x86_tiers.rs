@@ -403,7 +403,7 @@ proptest! {
         seed in any::<u64>(),
         nb in 1usize..=3,
         rows in prop::sample::select(vec![1usize, 2, 3, 5, 8, 9]),
-        n in prop::sample::select(vec![1usize, 2, 3, 5, 8, 17]),
+        n in prop::sample::select(vec![1usize, 2, 3, 4, 5, 8, 17]),
         extreme in any::<bool>(),
         zero_every in prop::sample::select(vec![0u64, 3]),
         quant_x in any::<bool>(),
