@@ -8,8 +8,10 @@
 
 mod support;
 
+use support::Server;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,50 +32,22 @@ fn build_bin(package: &str, bin: &str) -> PathBuf {
     support::workspace_bin(package, bin)
 }
 
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve(atlas_out: &Path, nodes: &str) -> Server {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--ctx",
-            "256",
-        ])
-        .args(["--max-seqs", "8", "--threads", "1", "--nodes", nodes])
-        .args([
-            "--node-threads",
-            "1",
-            "--api-key",
-            KEY,
-            "--atlas-every",
-            "1",
-        ])
-        .arg("--model")
-        .arg(fixture())
-        .arg("--atlas-out")
-        .arg(atlas_out)
-        .env("RUST_LOG", "warn")
-        .env("NIGHTSHIFT_NODE_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn nightshift serve");
-    let url = support::wait_listening(&mut child, Duration::from_secs(120));
-    Server { child, url }
+    support::serve(BIN, |c| {
+        c.args(["--max-seqs", "8", "--threads", "1", "--nodes", nodes])
+            .args([
+                "--node-threads",
+                "1",
+                "--api-key",
+                KEY,
+                "--atlas-every",
+                "1",
+            ])
+            .arg("--model")
+            .arg(fixture())
+            .arg("--atlas-out")
+            .arg(atlas_out)
+    })
 }
 
 fn client() -> reqwest::Client {
@@ -180,26 +154,14 @@ async fn record_and_rebalance_under_load() {
     // round is running.
     let applied = Arc::new(AtomicBool::new(false));
     let started = Arc::new(tokio::sync::Notify::new());
-    let (load_url, load_prompts) = (url.clone(), prompts.clone());
-    let (flag, go) = (applied.clone(), started.clone());
-    let load = tokio::spawn(async move {
-        let mut all = Vec::new();
-        let mut during = 0;
-        loop {
-            let was_applied = flag.load(Ordering::SeqCst);
-            let r = tokio::spawn(round(load_url.clone(), load_prompts.clone()));
-            if all.is_empty() {
-                go.notify_one();
-            }
-            all.push(r.await.unwrap_or_default());
-            if !was_applied {
-                during += 1;
-            }
-            if (was_applied && all.len() >= 3) || all.len() >= 30 {
-                return (all, during);
-            }
-        }
-    });
+    let load = tokio::spawn(support::rounds_until(
+        url.clone(),
+        MODEL,
+        KEY,
+        prompts.clone(),
+        applied.clone(),
+        started.clone(),
+    ));
     started.notified().await;
     let (bin, u, gp) = (atlas_bin.clone(), url.clone(), good_path.clone());
     let (ok, text) = tokio::task::spawn_blocking(move || apply(&bin, &u, &gp))

@@ -8,11 +8,12 @@
 
 mod support;
 
+use support::Server;
+
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use nightshift_atlas::trace::Atlas;
 
@@ -24,41 +25,13 @@ fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../model/tests/data/{MODEL}.gguf"))
 }
 
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve_two_nodes() -> Server {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--ctx",
-            "256",
-        ])
-        .args(["--max-seqs", "4", "--threads", "1", "--nodes", "2"])
-        .args(["--node-threads", "1", "--api-key", KEY])
-        .arg("--model")
-        .arg(fixture())
-        .env("RUST_LOG", "warn")
-        .env("NIGHTSHIFT_NODE_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn nightshift serve");
-    let url = support::wait_listening(&mut child, Duration::from_secs(120));
-    Server { child, url }
+    support::serve(BIN, |c| {
+        c.args(["--max-seqs", "4", "--threads", "1", "--nodes", "2"])
+            .args(["--node-threads", "1", "--api-key", KEY])
+            .arg("--model")
+            .arg(fixture())
+    })
 }
 
 /// A fresh directory per test (tests of this file run in parallel).

@@ -6,12 +6,12 @@
 
 mod support;
 
+use support::Server;
+
 use nightshift_model::gguf::Gguf;
 use nightshift_model::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_nightshift");
 const MODEL: &str = "tiny-qwen3moe-Q2_K";
@@ -20,44 +20,12 @@ fn fixture(ext: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../model/tests/data/{MODEL}.{ext}"))
 }
 
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve() -> Server {
     let model = fixture("gguf");
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--ctx",
-            "256",
-            "--max-seqs",
-            "8",
-            "--threads",
-            "2",
-        ])
-        .arg("--model")
-        .arg(&model)
-        .env("RUST_LOG", "warn")
-        .env_remove("NIGHTSHIFT_API_KEY")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn nightshift serve");
-    let url = support::wait_listening(&mut child, Duration::from_secs(120));
-    Server { child, url }
+    support::serve(BIN, |c| {
+        c.args(["--max-seqs", "8", "--threads", "2", "--model"])
+            .arg(&model)
+    })
 }
 
 async fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {

@@ -278,26 +278,14 @@ async fn failed_load_rolls_back_under_load() {
     // after it (at least 3, at most 30); the POST starts once the first round is running.
     let posted = Arc::new(AtomicBool::new(false));
     let started = Arc::new(tokio::sync::Notify::new());
-    let (load_url, load_prompts) = (url.clone(), prompts.clone());
-    let (flag, go) = (posted.clone(), started.clone());
-    let load = tokio::spawn(async move {
-        let mut all = Vec::new();
-        let mut during = 0;
-        loop {
-            let was_posted = flag.load(Ordering::SeqCst);
-            let r = tokio::spawn(round(load_url.clone(), load_prompts.clone()));
-            if all.is_empty() {
-                go.notify_one();
-            }
-            all.push(r.await.unwrap_or_default());
-            if !was_posted {
-                during += 1;
-            }
-            if (was_posted && all.len() >= 3) || all.len() >= 30 {
-                return (all, during);
-            }
-        }
-    });
+    let load = tokio::spawn(support::rounds_until(
+        url.clone(),
+        MODEL,
+        KEY,
+        prompts.clone(),
+        posted.clone(),
+        started.clone(),
+    ));
     started.notified().await;
     let (status, body) = post_placement(&url, &new).await;
     posted.store(true, Ordering::SeqCst);

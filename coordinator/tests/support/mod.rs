@@ -145,3 +145,70 @@ pub async fn chat_round(
     }
     out
 }
+
+/// A running `nightshift serve` (killed on drop) and its base URL.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `bin serve` on loopback (free port, `--ctx 256`, quiet logs, no API key from the
+/// environment) with the flags `extra` adds, and waits until it listens.
+pub fn serve(bin: &str, extra: impl FnOnce(&mut Command) -> &mut Command) -> Server {
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--ctx",
+        "256",
+    ])
+    .env("RUST_LOG", "warn")
+    .env("NIGHTSHIFT_NODE_LOG", "error")
+    .env_remove("NIGHTSHIFT_API_KEY")
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::inherit());
+    extra(&mut cmd);
+    let mut child = cmd.spawn().expect("spawn nightshift serve");
+    let url = wait_listening(&mut child, Duration::from_secs(120));
+    Server { child, url }
+}
+
+/// Rounds of concurrent chat streams (every prompt at once, [`chat_round`]) until `done` is set,
+/// then one more round (at least 3 rounds, at most 30). `started` is notified once the first
+/// round runs. Returns every round's results and how many rounds began before `done`.
+pub async fn rounds_until(
+    url: String,
+    model: &'static str,
+    key: &'static str,
+    prompts: Vec<String>,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    started: std::sync::Arc<tokio::sync::Notify>,
+) -> (Vec<Vec<Result<String, String>>>, usize) {
+    use std::sync::atomic::Ordering;
+    let mut all = Vec::new();
+    let mut during = 0;
+    loop {
+        let was_done = done.load(Ordering::SeqCst);
+        let r = tokio::spawn(chat_round(url.clone(), model, key, prompts.clone()));
+        if all.is_empty() {
+            started.notify_one();
+        }
+        all.push(r.await.unwrap_or_default());
+        if !was_done {
+            during += 1;
+        }
+        if (was_done && all.len() >= 3) || all.len() >= 30 {
+            return (all, during);
+        }
+    }
+}
