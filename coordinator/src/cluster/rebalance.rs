@@ -3,9 +3,10 @@
 //! traffic reaches them); routing then switches atomically (the next layer call reads the new
 //! placement — results are placement-independent, so the switch point never changes a bit);
 //! finally nodes drop what they no longer own. A failed load (or a node found down) rolls back:
-//! the experts nodes did not hold before are dropped again and routing stays on the old placement;
-//! experts only upgraded to resident stay (still routed there, now hot: harmless). A call that still reaches a node after
-//! it dropped an expert gets `NotFound` and is retried on a current replica.
+//! the experts nodes did not hold before are dropped again and routing stays on the old
+//! placement; experts only upgraded to resident stay (still routed there, now hot: harmless). A
+//! call that still reaches a node after it dropped an expert gets `NotFound` and is retried on a
+//! current replica.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
