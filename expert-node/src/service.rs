@@ -1,8 +1,8 @@
 //! The gRPC service of an expert node (`nightshift.v1.ExpertService`). Every message is
 //! untrusted: `validate` checks row counts, byte lengths, activation types and that every expert
 //! is held here before any work starts, and all failures become `tonic::Status` in one place
-//! (`status_of`). Work runs on the node's pinned rayon pool via `spawn_blocking`, one request
-//! at a time per stream, with `expert_ffn` — the same function the coordinator runs in process.
+//! (`status_of`). Work runs on the node's pinned rayon pool (spawned straight onto a worker, the
+//! result sent back on a oneshot), one request at a time per stream, with `expert_ffn` — the same function the coordinator runs in process.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -290,12 +290,23 @@ impl ExpertService for NodeService {
                 in_flight.fetch_add(1, Ordering::Relaxed);
                 let request_id = msg.request_id;
                 let (store, pool) = (store.clone(), pool.clone());
-                let result = tokio::task::spawn_blocking(move || {
-                    let work = NodeService::validate(&store, n_embd, msg)?;
-                    NodeService::run(&store, &pool, n_embd, &work)
-                })
-                .await
-                .unwrap_or_else(|e| Err(Status::internal(format!("worker failed: {e}"))));
+                // Straight onto a pinned pool worker (not via a blocking thread that would
+                // hand over to the pool again): one wake-up each way per layer call.
+                let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+                let worker_pool = pool.clone();
+                worker_pool.spawn(move || {
+                    // A panic must not abort the node (rayon aborts on a panicking spawn): it
+                    // becomes this request's error status.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        NodeService::validate(&store, n_embd, msg)
+                            .and_then(|work| NodeService::run(&store, &pool, n_embd, &work))
+                    }))
+                    .unwrap_or_else(|_| Err(Status::internal("worker failed: it panicked")));
+                    let _ = done_tx.send(r);
+                });
+                let result = done_rx
+                    .await
+                    .unwrap_or_else(|_| Err(Status::internal("worker failed: no result")));
                 in_flight.fetch_sub(1, Ordering::Relaxed);
                 let result = match result {
                     Ok(bytes) => compute_response::Result::Outputs(bytes),
