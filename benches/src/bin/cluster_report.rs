@@ -19,6 +19,9 @@ struct Args {
     /// GGUF model to serve (e.g. a `nightshift gen-model --preset qwen3-30b-a3b --layers 4` file).
     #[arg(long)]
     model: PathBuf,
+    /// Placement for the cluster run (its nodes are spawned locally; default: round-robin).
+    #[arg(long)]
+    placement: Option<PathBuf>,
     /// Local expert nodes for the cluster run.
     #[arg(long, default_value_t = 2)]
     nodes: usize,
@@ -113,6 +116,7 @@ fn main() -> anyhow::Result<()> {
     )?;
     let args = ClusterArgs {
         nodes: a.nodes,
+        placement: a.placement.clone(),
         node_threads: Some(a.node_threads),
         expert_deadline_ms: 60_000,
         ..Default::default()
