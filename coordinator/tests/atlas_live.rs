@@ -55,14 +55,7 @@ fn client() -> reqwest::Client {
 }
 
 async fn get_atlas(url: &str) -> Atlas {
-    let r = client()
-        .get(format!("{url}/v1/atlas"))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status().as_u16(), 200);
-    r.json().await.expect("atlas json")
+    serde_json::from_str(&support::get_ok(url, "/v1/atlas", KEY).await).expect("atlas json")
 }
 
 async fn round(url: String, prompts: Vec<String>) -> Vec<Result<String, String>> {

@@ -211,32 +211,18 @@ async fn sigterm_drains_running_streams() {
 async fn bench_serve_reports_every_level() {
     let s = serve(&["--mock"]);
     let url = s.url.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(BIN)
-            .args([
-                "bench",
-                "serve",
-                "--url",
-                &url,
-                "--concurrency",
-                "1,4",
-                "--requests",
-                "8",
-                "--max-tokens",
-                "16",
-                "--json",
-            ])
-            .output()
-            .expect("run bench")
-    })
-    .await
-    .expect("join");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = bench(vec![
+        "--url".into(),
+        url,
+        "--concurrency".into(),
+        "1,4".into(),
+        "--requests".into(),
+        "8".into(),
+        "--max-tokens".into(),
+        "16".into(),
+        "--json".into(),
+    ])
+    .await;
     let rows: Vec<Value> = stdout
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -270,41 +256,27 @@ async fn bench_serve_soak_stops_by_itself_with_only_deliberate_429s() {
     let url = s.url.clone();
     let pid = s.child.id().to_string();
     let t0 = std::time::Instant::now();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(BIN)
-            .args([
-                "bench",
-                "serve",
-                "--url",
-                &url,
-                "--concurrency",
-                "8",
-                "--requests",
-                "1000000",
-                "--duration",
-                "3",
-                "--max-tokens",
-                "16",
-                "--ignore-eos",
-                "--report-every",
-                "1",
-                "--warmup",
-                "1",
-                "--rss-pid",
-                &pid,
-                "--json",
-            ])
-            .output()
-            .expect("run bench")
-    })
-    .await
-    .expect("join");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = bench(vec![
+        "--url".into(),
+        url.clone(),
+        "--concurrency".into(),
+        "8".into(),
+        "--requests".into(),
+        "1000000".into(),
+        "--duration".into(),
+        "3".into(),
+        "--max-tokens".into(),
+        "16".into(),
+        "--ignore-eos".into(),
+        "--report-every".into(),
+        "1".into(),
+        "--warmup".into(),
+        "1".into(),
+        "--rss-pid".into(),
+        pid.clone(),
+        "--json".into(),
+    ])
+    .await;
     // 3 s of load, then the requests in flight finish (16 tokens) and 429s wait at most 1 s
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     assert!(stdout.contains("] conc 8: "), "no progress lines: {stdout}");
@@ -329,4 +301,25 @@ async fn bench_serve_soak_stops_by_itself_with_only_deliberate_429s() {
     ] {
         assert!(row[k].as_f64().is_some_and(|m| m > 0.0), "{k}: {row}");
     }
+}
+
+/// Runs `nightshift bench serve ARGS` (off the async runtime), asserts it succeeded and returns
+/// its stdout.
+async fn bench(args: Vec<String>) -> String {
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(BIN)
+            .args(["bench", "serve"])
+            .args(&args)
+            .output()
+            .expect("run bench")
+    })
+    .await
+    .expect("join");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }

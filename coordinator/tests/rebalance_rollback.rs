@@ -136,14 +136,8 @@ async fn round(url: String, prompts: Vec<String>) -> Vec<Result<String, String>>
 }
 
 async fn get_placement(url: &str) -> Placement {
-    let r = client()
-        .get(format!("{url}/v1/admin/placement"))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .expect("GET /v1/admin/placement");
-    assert_eq!(r.status().as_u16(), 200);
-    Placement::from_toml_str(&r.text().await.expect("body")).expect("placement toml")
+    Placement::from_toml_str(&support::get_ok(url, "/v1/admin/placement", KEY).await)
+        .expect("placement toml")
 }
 
 /// POSTs a placement; returns the status and the body.

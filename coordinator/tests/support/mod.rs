@@ -212,3 +212,17 @@ pub async fn rounds_until(
         }
     }
 }
+
+/// `GET url/path` with the Bearer `key`; asserts 200 and returns the body.
+pub async fn get_ok(url: &str, path: &str, key: &str) -> String {
+    let r = reqwest::Client::new()
+        .get(format!("{url}{path}"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let status = r.status().as_u16();
+    let body = r.text().await.expect("body");
+    assert_eq!(status, 200, "GET {path}: {body}");
+    body
+}
