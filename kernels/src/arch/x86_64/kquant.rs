@@ -235,6 +235,16 @@ impl<const R: usize> TileState<R> {
     }
 }
 
+/// Hints the block of kind `K` at `p` into L2 (the same block of the next tile's rows, so the
+/// loads run ahead of the decode; past the end of the weights the hint is dropped harmlessly).
+#[inline(always)]
+pub(super) fn prefetch_block<const K: u8>(p: *const u8) {
+    for line in 0..block_bytes(K).div_ceil(64) {
+        // SAFETY: a prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * line) as *const i8) };
+    }
+}
+
 /// Defines `gemm_k::<K>` for one tier: tiles of [`ROWS`] weight rows (then single rows) over
 /// chunks of activation rows and the blocks, around that tier's integer block dot
 /// `$dot::<R>(&[Unpacked; R], packed_act, signed) -> [__m256i; R]`, and for a single
@@ -306,7 +316,9 @@ macro_rules! kquant_gemm {
                 let mut meta = [core::mem::MaybeUninit::uninit(); R];
                 let mut aux = [_mm256_setzero_si256(); R];
                 for r in 0..R {
-                    let (m, a) = $fused::<K>(w.add(((r0 + r) * nb + b) * wbytes), ap);
+                    let blk = w.add(((r0 + r) * nb + b) * wbytes);
+                    super::kquant::prefetch_block::<K>(blk.wrapping_add(R * nb * wbytes));
+                    let (m, a) = $fused::<K>(blk, ap);
                     meta[r] = core::mem::MaybeUninit::new(m);
                     aux[r] = a;
                 }
@@ -349,10 +361,9 @@ macro_rules! kquant_gemm {
                 for b in 0..nb {
                     let mut meta = [core::mem::MaybeUninit::uninit(); R];
                     for (r, ur) in st.u.iter_mut().enumerate() {
-                        meta[r] = core::mem::MaybeUninit::new(unpack::<K>(
-                            w.add(((r0 + r) * nb + b) * wbytes),
-                            ur,
-                        ));
+                        let blk = w.add(((r0 + r) * nb + b) * wbytes);
+                        super::kquant::prefetch_block::<K>(blk.wrapping_add(R * nb * wbytes));
+                        meta[r] = core::mem::MaybeUninit::new(unpack::<K>(blk, ur));
                     }
                     // SAFETY: every element was written just above.
                     let meta = meta.map(|m| m.assume_init());

@@ -137,6 +137,14 @@ macro_rules! q8_0_gemm {
                     }
                     acc[..left].fill(_mm256_setzero_ps());
                     for b in 0..nb {
+                        // The same block of the next tile's rows (34 bytes: at most 2 lines).
+                        for wr in &wrows {
+                            let pf = wr.add(b * Q8_0_BYTES).wrapping_add(8 * row_bytes);
+                            _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                            _mm_prefetch::<_MM_HINT_T1>(
+                                pf.wrapping_add(Q8_0_BYTES - 1) as *const i8
+                            );
+                        }
                         let dx = row_scales8(&wrows, b * Q8_0_BYTES);
                         for (jj, a) in acc[..left].iter_mut().enumerate() {
                             let j = n8 + jj;
