@@ -16,6 +16,7 @@ use crate::weights::FfnWeights;
 use nightshift_kernels::dequantize_row;
 use rayon::ThreadPool;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Identifies a sequence inside one `Engine`. Ids are never reused (until 2^32 sequences have
 /// come and gone), so a stale id held by a caller is an unknown sequence, never a newer one.
@@ -83,6 +84,36 @@ pub struct Engine {
     kv_used: usize,
     kv_type: KvType,
     observer: Option<Arc<dyn RouteObserver>>,
+    profile: StepProfile,
+}
+
+/// Wall time of the engine's steps by phase, summed since the engine started or since
+/// [`Engine::reset_profile`] (seconds). A handful of clock reads per layer, always on.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepProfile {
+    /// Successful `forward` calls.
+    pub steps: u64,
+    /// Tokens they carried.
+    pub tokens: u64,
+    /// Whole steps, as `forward` saw them.
+    pub total: f64,
+    /// Attention blocks (norm, projections, rope, cache writes, attention, output projection).
+    pub attention: f64,
+    /// MoE router matmuls.
+    pub router: f64,
+    /// Routed-expert calls to the backend (in process, or the round trips to the nodes).
+    pub experts: f64,
+    /// Dense FFN layers, shared experts and the MoE weighting/sum.
+    pub ffn_other: f64,
+    /// Final norm and output head.
+    pub output: f64,
+}
+
+impl StepProfile {
+    /// What is not in a named phase: embeddings, residual adds, batch planning, logits copies.
+    pub fn other(&self) -> f64 {
+        self.total - self.attention - self.router - self.experts - self.ffn_other - self.output
+    }
 }
 
 impl Engine {
@@ -112,6 +143,7 @@ impl Engine {
             kv_used: 0,
             kv_type: KvType::F32,
             observer: None,
+            profile: StepProfile::default(),
         })
     }
 
@@ -122,6 +154,16 @@ impl Engine {
 
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    /// Where the time of the steps so far went (see [`StepProfile`]).
+    pub fn profile(&self) -> StepProfile {
+        self.profile
+    }
+
+    /// Starts the [`StepProfile`] over.
+    pub fn reset_profile(&mut self) {
+        self.profile = StepProfile::default();
     }
 
     /// The engine's thread pool.
@@ -213,7 +255,13 @@ impl Engine {
         // experts) then forks from within the pool instead of handing work over from this
         // thread and sleeping until it is done, twice per op (hundreds of handoffs per step).
         let pool = self.pool.clone();
+        let started = Instant::now();
         let res = pool.install(|| self.run(batch, &toks));
+        if res.is_ok() {
+            self.profile.steps += 1;
+            self.profile.tokens += batch.len() as u64;
+            self.profile.total += started.elapsed().as_secs_f64();
+        }
         for &(slot, end) in &grow {
             if let Some(s) = self.seqs[slot].as_mut() {
                 if res.is_ok() {
@@ -308,7 +356,10 @@ impl Engine {
         };
         let mut h = vec![0.0f32; n * e];
         let mut y = vec![0.0f32; n * e];
+        // Phase times of this step, added to the profile only if the step succeeds.
+        let mut prof = StepProfile::default();
         for (il, lw) in w.layers.iter().enumerate() {
+            let t_attn = Instant::now();
             rms_norm(&x, &lw.attn_norm, c.rms_eps, &mut h);
             match c.arch {
                 Arch::Qwen3Moe => arch::qwen3moe::attention(&ctx, &mut self.seqs, il, &h, &mut y)?,
@@ -317,11 +368,13 @@ impl Engine {
                 }
             }
             add_inplace(&mut x, &y);
+            prof.attention += t_attn.elapsed().as_secs_f64();
+            let t_ffn = Instant::now();
             rms_norm(&x, &lw.ffn_norm, c.rms_eps, &mut h);
             match &lw.ffn {
                 FfnWeights::Dense(d) => dense_ffn(d, &h, n, &mut y, p)?,
                 FfnWeights::Moe(m) => {
-                    moe_ffn(
+                    let step = moe_ffn(
                         c,
                         il,
                         m,
@@ -332,6 +385,8 @@ impl Engine {
                         p,
                         &mut y,
                     )?;
+                    prof.router += step.router.as_secs_f64();
+                    prof.experts += step.experts.as_secs_f64();
                     if let Some(sh) = &m.shared {
                         let mut s = vec![0.0f32; n * e];
                         dense_ffn(sh, &h, n, &mut s, p)?;
@@ -340,7 +395,10 @@ impl Engine {
                 }
             }
             add_inplace(&mut x, &y);
+            prof.ffn_other += t_ffn.elapsed().as_secs_f64();
         }
+        prof.ffn_other -= prof.router + prof.experts;
+        let t_out = Instant::now();
         let rows: Vec<usize> = batch
             .iter()
             .enumerate()
@@ -348,6 +406,7 @@ impl Engine {
             .map(|(i, _)| i)
             .collect();
         if rows.is_empty() {
+            self.add_phases(&prof);
             return Ok(Vec::new());
         }
         let mut sel = Vec::with_capacity(rows.len() * e);
@@ -359,6 +418,19 @@ impl Engine {
         let nv = c.n_vocab;
         let mut logits = vec![0.0f32; rows.len() * nv];
         matmul(&w.output, 0, &hn, rows.len(), &mut logits, p)?;
-        Ok(logits.chunks_exact(nv).map(|r| r.to_vec()).collect())
+        let out = logits.chunks_exact(nv).map(|r| r.to_vec()).collect();
+        prof.output = t_out.elapsed().as_secs_f64();
+        self.add_phases(&prof);
+        Ok(out)
+    }
+
+    /// Adds one successful step's phase times (`forward` adds the step count and total).
+    fn add_phases(&mut self, s: &StepProfile) {
+        let p = &mut self.profile;
+        p.attention += s.attention;
+        p.router += s.router;
+        p.experts += s.experts;
+        p.ffn_other += s.ffn_other;
+        p.output += s.output;
     }
 }

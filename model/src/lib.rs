@@ -22,7 +22,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
-pub use engine::{build_pool, BatchToken, Engine, EngineOptions, SeqId};
+pub use engine::{build_pool, BatchToken, Engine, EngineOptions, SeqId, StepProfile};
 pub use error::{ExpertError, ModelError};
 pub use expert::{expert_ffn, ActRows, ExpertBackend, ExpertPair, ExpertWeights, LocalExperts};
 pub use kv::KvType;

@@ -89,8 +89,17 @@ pub trait RouteObserver: Send + Sync {
     fn observe(&self, layer: usize, pairs: &[ExpertPair], weights: &[f32]);
 }
 
+/// What one MoE layer call reports back: the chosen experts of each row (top-k order, for
+/// tracing) and where its time went.
+pub struct MoeStep {
+    pub chosen: Vec<Vec<usize>>,
+    /// Router matmul.
+    pub router: std::time::Duration,
+    /// The backend's expert call (in process or the node round trips).
+    pub experts: std::time::Duration,
+}
+
 /// Routed experts of layer `il` for n normalised rows `h`, summed with their weights into `out`.
-/// Returns the chosen experts of each row (top-k order), for tracing.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_ffn(
     c: &ModelConfig,
@@ -102,12 +111,14 @@ pub fn moe_ffn(
     observer: Option<&dyn RouteObserver>,
     pool: Option<&ThreadPool>,
     out: &mut [f32],
-) -> Result<Vec<Vec<usize>>, ModelError> {
+) -> Result<MoeStep, ModelError> {
     let e = c.n_embd;
     let ne = c.n_expert;
     let used = c.n_expert_used;
     let mut logits = vec![0.0f32; n * ne];
+    let t_router = std::time::Instant::now();
     matmul(&mw.gate_inp, 0, h, n, &mut logits, pool)?;
+    let router = t_router.elapsed();
     let mut pairs = Vec::with_capacity(n * used);
     let mut weights = Vec::with_capacity(n * used);
     let mut chosen_all = Vec::with_capacity(n);
@@ -127,7 +138,9 @@ pub fn moe_ffn(
     }
     let acts = ActRows::quantize(act_type_for(mw.gate_exps.ty, mw.up_exps.ty), &h[..n * e], e)?;
     let mut eo = vec![0.0f32; pairs.len() * e];
+    let t_experts = std::time::Instant::now();
     backend.run_experts(il, &acts, &pairs, &mut eo)?;
+    let experts = t_experts.elapsed();
     for t in 0..n {
         let o = &mut out[t * e..(t + 1) * e];
         for k in 0..used {
@@ -144,5 +157,9 @@ pub fn moe_ffn(
             }
         }
     }
-    Ok(chosen_all)
+    Ok(MoeStep {
+        chosen: chosen_all,
+        router,
+        experts,
+    })
 }

@@ -40,6 +40,16 @@ struct Args {
     /// f64 elements per STREAM array (3 arrays).
     #[arg(long, default_value_t = 1 << 25)]
     stream_len: usize,
+    /// Sequences decoding together in the phase table (each with a `--phase-context` prompt);
+    /// the first entry is the baseline the others are compared with.
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    seqs: Vec<usize>,
+    /// Prompt tokens per sequence before the phase table's decode steps.
+    #[arg(long, default_value_t = 128)]
+    phase_context: usize,
+    /// Decode steps timed per phase-table row.
+    #[arg(long, default_value_t = 48)]
+    phase_steps: usize,
     #[arg(long)]
     skip_ours: bool,
     #[arg(long)]
@@ -110,13 +120,17 @@ fn main() -> anyhow::Result<()> {
     }
     println!("threads {}, load average before: {}", a.threads, loadavg());
     println!(
-        "| model | file GB | engine | prefill {} tok/s (per CPU-s) | decode {} tok/s (per CPU-s) | weight MB read / token | roofline tok/s | decode % of roofline |",
+        "| model | file GB | engine | prefill {} tok/s (per CPU-s) | decode {} tok/s (per CPU-s) | weight MB read / token | STREAM GB/s | roofline tok/s | decode % of roofline |",
         a.prefill, a.decode
     );
-    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
+    // This host's bandwidth drifts (shared machines): the triad is measured again right after
+    // each decode run, and the roofline divides by the best of that and the first measurement,
+    // so a slow moment never inflates the fraction.
+    let after_run =
+        || -> anyhow::Result<f64> { Ok(triad_bandwidth(a.stream_len, a.threads, 5)?.max(bw)) };
     for f in &files {
         let bytes_per_tok = bytes_per_token(f)?;
-        let roof = bw / bytes_per_tok;
         let gb = std::fs::metadata(f)?.len() as f64 / 1e9;
         let prompt: Vec<u32> = (0..a.prefill as u32)
             .map(|i| 40 + (i * 7919) % 500)
@@ -124,33 +138,132 @@ fn main() -> anyhow::Result<()> {
         let name = f
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let row = |engine: &str, s: &Speeds| {
+        let row = |engine: &str, s: &Speeds, bw: f64| {
+            let roof = bw / bytes_per_tok;
             println!(
-                "| {name} | {gb:.2} | {engine} | {:.1} ({:.1}) | {:.2} ({:.2}) | {:.0} | {:.2} | {:.0}% |",
+                "| {name} | {gb:.2} | {engine} | {:.1} ({:.1}) | {:.2} ({:.2}) | {:.0} | {:.2} | {:.2} | {:.0}% |",
                 s.prefill,
                 s.prefill_cpu,
                 s.decode,
                 s.decode_cpu,
                 bytes_per_tok / 1e6,
+                bw / 1e9,
                 roof,
                 100.0 * s.decode / roof
             );
         };
         if !a.skip_ours {
             match ours(f, &prompt, a.decode, a.threads) {
-                Ok(s) => row("nightshift", &s),
-                Err(e) => println!("| {name} | {gb:.2} | nightshift | failed: {e:#} | | | | |"),
+                Ok(s) => row("nightshift", &s, after_run()?),
+                Err(e) => println!("| {name} | {gb:.2} | nightshift | failed: {e:#} | | | | | |"),
             }
         }
         #[cfg(feature = "ggml")]
         if !a.skip_llama {
             match llama(f, &prompt, a.decode, a.threads) {
-                Ok(s) => row("llama.cpp", &s),
-                Err(e) => println!("| {name} | {gb:.2} | llama.cpp | failed: {e:#} | | | | |"),
+                Ok(s) => row("llama.cpp", &s, after_run()?),
+                Err(e) => println!("| {name} | {gb:.2} | llama.cpp | failed: {e:#} | | | | | |"),
             }
         }
     }
+    if !a.skip_ours && !a.seqs.is_empty() {
+        phase_table(&a, &files)?;
+    }
     Ok(())
+}
+
+/// Where nightshift's decode time goes, by phase (the engine's `StepProfile`), for 1 and for
+/// several sequences decoding together (the continuous-batching case: one step carries a token
+/// of each, and the expert GEMMs see all of them).
+fn phase_table(a: &Args, files: &[PathBuf]) -> anyhow::Result<()> {
+    println!(
+        "\nnightshift decode by phase (ms per step; {} prompt tokens per sequence, {} steps, {} threads)",
+        a.phase_context, a.phase_steps, a.threads
+    );
+    println!("| model | sequences | aggregate tok/s | x first row | step ms | attention | router | experts | ffn other | output head | other |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for f in files {
+        let name = f
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let model = Model::load(f)?;
+        let mut base = None;
+        for &n in &a.seqs {
+            let (tok_s, p) = decode_together(&model, n.max(1), a)?;
+            let base_tok_s = *base.get_or_insert(tok_s);
+            let ms = |v: f64| 1e3 * v / p.steps.max(1) as f64;
+            println!(
+                "| {name} | {n} | {tok_s:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                tok_s / base_tok_s,
+                ms(p.total),
+                ms(p.attention),
+                ms(p.router),
+                ms(p.experts),
+                ms(p.ffn_other),
+                ms(p.output),
+                ms(p.other())
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `n` sequences with distinct prompts, then `phase_steps` greedy steps carrying one token of
+/// each: aggregate tokens/s and the steps' profile.
+fn decode_together(
+    model: &Arc<Model>,
+    n: usize,
+    a: &Args,
+) -> anyhow::Result<(f64, nightshift_model::StepProfile)> {
+    let pool = build_pool(a.threads)?;
+    let backend = Arc::new(LocalExperts::new(model.clone(), Some(pool.clone())));
+    let len = a.phase_context + a.phase_steps + 8;
+    let opts = EngineOptions {
+        threads: a.threads,
+        pool: Some(pool),
+        max_seqs: n,
+        kv_budget_tokens: n * len,
+        max_seq_len: len,
+    };
+    let mut eng = Engine::new(model.clone(), backend, opts)?;
+    let mut seqs = Vec::with_capacity(n);
+    let mut next = Vec::with_capacity(n);
+    for s in 0..n as u32 {
+        let seq = eng.add_sequence()?;
+        let ctx = a.phase_context.max(1);
+        let batch: Vec<BatchToken> = (0..ctx)
+            .map(|i| BatchToken {
+                seq,
+                token: 40 + ((i as u32 + 31 * s) * 7919) % 500,
+                pos: i as u32,
+                want_logits: i + 1 == ctx,
+            })
+            .collect();
+        let logits = eng.forward(&batch)?;
+        next.push(argmax(logits.last().context("no logits returned")?) as u32);
+        seqs.push(seq);
+    }
+    eng.reset_profile();
+    let t = Instant::now();
+    for step in 0..a.phase_steps {
+        let pos = (a.phase_context.max(1) + step) as u32;
+        let batch: Vec<BatchToken> = seqs
+            .iter()
+            .zip(&next)
+            .map(|(&seq, &token)| BatchToken {
+                seq,
+                token,
+                pos,
+                want_logits: true,
+            })
+            .collect();
+        let logits = eng.forward(&batch)?;
+        for (t, l) in next.iter_mut().zip(&logits) {
+            *t = argmax(l) as u32;
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    Ok(((n * a.phase_steps) as f64 / secs, eng.profile()))
 }
 
 /// Generates (once) the Qwen3-30B-A3B-shaped model with `layers` layers.

@@ -5,7 +5,7 @@
 pub mod deepseek2;
 pub mod qwen3moe;
 
-use crate::attention::{attend_head, Heads, KvView};
+use crate::attention::{attend_heads, Heads, KvView};
 use crate::kv::{KvType, SeqKv};
 use crate::model::Model;
 use crate::rope::Rope;
@@ -69,12 +69,21 @@ pub fn attend_all(
         views.push((slot, k, v, seq.ty == KvType::F16));
     }
     let views = &views;
-    // One task per (token, head): decode steps have few tokens but many heads.
+    // One task per (token, group of query heads sharing a kv head): each K/V row is read once
+    // per group. Groups are as large as the GQA ratio allows (at most 8 heads) while leaving at
+    // least 4 tasks per thread, so decode steps with few tokens still spread over the pool.
+    let per_kv = hd.n_head / hd.n_head_kv;
+    let tasks_wanted = 4 * ctx.pool.current_num_threads();
+    let mut g = 1;
+    while g < 8 && per_kv % (2 * g) == 0 && ctx.toks.len() * hd.n_head / (2 * g) >= tasks_wanted {
+        g *= 2;
+    }
+    let groups = hd.n_head / g;
     ctx.pool.install(|| {
-        out.par_chunks_mut(hd.dv).enumerate().for_each_init(
+        out.par_chunks_mut(g * hd.dv).enumerate().for_each_init(
             || (Vec::new(), Vec::new()),
-            |(scores, qr), (i, oh)| {
-                let (ti, h) = (i / hd.n_head, i % hd.n_head);
+            |(scores, qr), (i, og)| {
+                let (ti, h0) = (i / groups, (i % groups) * g);
                 let t = ctx.toks[ti];
                 let Some(&(_, k, v, f16)) = views.iter().find(|v| v.0 == t.slot) else {
                     return;
@@ -86,13 +95,13 @@ pub fn attend_all(
                     v_stride,
                     n_kv: t.pos + 1,
                 };
-                let qh = &q[ti * qw + h * hd.dk..ti * qw + (h + 1) * hd.dk];
+                let qg = &q[ti * qw + h0 * hd.dk..ti * qw + (h0 + g) * hd.dk];
                 if f16 {
                     qr.clear();
-                    qr.extend(qh.iter().map(|&x| f16_to_f32(f32_to_f16(x))));
-                    attend_head(qr, h, &view, hd, true, scores, oh);
+                    qr.extend(qg.iter().map(|&x| f16_to_f32(f32_to_f16(x))));
+                    attend_heads(qr, h0, g, &view, hd, true, scores, og);
                 } else {
-                    attend_head(qh, h, &view, hd, false, scores, oh);
+                    attend_heads(qg, h0, g, &view, hd, false, scores, og);
                 }
             },
         )
