@@ -245,6 +245,19 @@ fn attend_heads_body<const AVX2: bool>(
             p.iter_mut().for_each(|p| *p = f16_to_f32(f32_to_f16(*p)));
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        let base = hk * hd.dv;
+        // the last V row read ends at (n - 1) * v_stride + base + dv
+        if n == 0 || (n - 1) * kv.v_stride + base + hd.dv <= kv.v.len() {
+            for (t, oh) in out.chunks_exact_mut(hd.dv).enumerate() {
+                // SAFETY: `AVX2` is only set by `attend_heads_avx2`, which needs the feature;
+                // every V row read is inside `kv.v` (checked above).
+                unsafe { weigh_v_avx2(&scores[t * n..(t + 1) * n], kv.v, kv.v_stride, base, oh) };
+            }
+            return;
+        }
+    }
     out.fill(0.0);
     for j in 0..n {
         let off = j * kv.v_stride + hk * hd.dv;
@@ -255,6 +268,52 @@ fn attend_heads_body<const AVX2: bool>(
                 *o += v * p;
             }
         }
+    }
+}
+
+/// `oh[e] = sum over j (in order, from 0.0) of v[j * stride + base + e] * p[j]`, 64 outputs at a
+/// time kept in eight registers across all positions (the portable loop re-loads and stores
+/// the outputs at every position). Same operations per output, same order, same bits.
+///
+/// # Safety
+/// The CPU must have AVX2; `v` must hold `(p.len() - 1) * stride + base + oh.len()` floats.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn weigh_v_avx2(p: &[f32], v: &[f32], stride: usize, base: usize, oh: &mut [f32]) {
+    use core::arch::x86_64::*;
+    let dv = oh.len();
+    let vp = v.as_ptr().add(base);
+    let mut e0 = 0;
+    while e0 + 64 <= dv {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (j, &pj) in p.iter().enumerate() {
+            let pv = _mm256_set1_ps(pj);
+            let row = vp.add(j * stride + e0);
+            for (c, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_loadu_ps(row.add(8 * c)), pv));
+            }
+        }
+        for (c, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(oh.as_mut_ptr().add(e0 + 8 * c), *a);
+        }
+        e0 += 64;
+    }
+    while e0 + 8 <= dv {
+        let mut acc = _mm256_setzero_ps();
+        for (j, &pj) in p.iter().enumerate() {
+            let row = vp.add(j * stride + e0);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(row), _mm256_set1_ps(pj)));
+        }
+        _mm256_storeu_ps(oh.as_mut_ptr().add(e0), acc);
+        e0 += 8;
+    }
+    for (e, o) in oh.iter_mut().enumerate().skip(e0) {
+        let mut acc = 0.0f32;
+        for (j, &pj) in p.iter().enumerate() {
+            acc += *vp.add(j * stride + e) * pj;
+        }
+        *o = acc;
     }
 }
 
@@ -281,8 +340,14 @@ mod tests {
 
     #[test]
     fn groups_chains_and_avx2_give_the_bits_of_single_heads() {
-        // dk 72 has a tail after the 8-wide chunks; n_kv values cover the 4-position remainder
-        for &(n_head, n_head_kv, dk, dv) in &[(8, 2, 64, 64), (8, 1, 72, 40), (4, 4, 16, 16)] {
+        // dk 72 has a tail after the 8-wide chunks, dv 44 and 139 after the 64- and 8-wide ones;
+        // n_kv values cover the 4-position remainder
+        for &(n_head, n_head_kv, dk, dv) in &[
+            (8, 2, 64, 64),
+            (8, 1, 72, 44),
+            (4, 4, 16, 16),
+            (2, 1, 24, 139),
+        ] {
             for &n_kv in &[1, 3, 4, 7, 33] {
                 for round_p in [false, true] {
                     let hd = Heads {
