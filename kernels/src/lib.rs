@@ -10,10 +10,12 @@ pub mod arch;
 pub mod dispatch;
 mod error;
 pub mod formats;
+pub mod packed_f32;
 pub mod scalar;
 
 pub use error::KernelError;
 pub use formats::GgmlType;
+pub use packed_f32::PackedF32;
 
 /// Any type -> f32 (F32, F16, BF16, every quant). `src.len()` must be `ty.row_bytes(dst.len())`.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {

@@ -117,7 +117,10 @@ pub fn moe_ffn(
     let used = c.n_expert_used;
     let mut logits = vec![0.0f32; n * ne];
     let t_router = std::time::Instant::now();
-    matmul(&mw.gate_inp, 0, h, n, &mut logits, pool)?;
+    match &mw.gate_inp_packed {
+        Some(packed) => packed.gemm(&h[..n * e], n, &mut logits, pool)?,
+        None => matmul(&mw.gate_inp, 0, h, n, &mut logits, pool)?,
+    }
     let router = t_router.elapsed();
     let mut pairs = Vec::with_capacity(n * used);
     let mut weights = Vec::with_capacity(n * used);
