@@ -1,8 +1,11 @@
 //! `cluster-report`: decode speed of the same model with experts in process vs on N local expert
 //! nodes (real processes, real gRPC on loopback), at batch 1 and batch 8, side by side, with the
-//! per-layer node round-trip latency (p50/p99) and the bytes on the wire per token.
+//! per-layer node round-trip latency (p50/p99) and the bytes on the wire per token. The host's
+//! speed drifts minute to minute, so each batch size alternates in-process and cluster runs
+//! `--repeats` times (A B A B ...) and reports the median cluster/in-process ratio with its range.
 //!
-//! `cargo run --release -p nightshift-benches --bin cluster-report -- --model FILE [--nodes 2]`
+//! `cargo run --release -p nightshift-benches --bin cluster-report -- --model FILE [--nodes 2]
+//! [--repeats 5] [--placement FILE | --replicate-all]`
 //! (build `nightshift-expert-node` in the same profile first: `cargo build --release -p nightshift-expert-node`).
 
 use std::path::PathBuf;
@@ -20,8 +23,12 @@ struct Args {
     #[arg(long)]
     model: PathBuf,
     /// Placement for the cluster run (its nodes are spawned locally; default: round-robin).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "replicate_all")]
     placement: Option<PathBuf>,
+    /// Cluster run on a generated placement holding every expert on every node (mmap'd, not
+    /// resident, so the page cache is shared), so the coordinator picks the replica per call.
+    #[arg(long)]
+    replicate_all: bool,
     /// Local expert nodes for the cluster run.
     #[arg(long, default_value_t = 2)]
     nodes: usize,
@@ -37,6 +44,9 @@ struct Args {
     /// Prompt length prefilled before decoding.
     #[arg(long, default_value_t = 16)]
     prompt: usize,
+    /// In-process / cluster run pairs per batch size (alternated, to average out host drift).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
 }
 
 struct Run {
@@ -105,8 +115,45 @@ fn decode(
     })
 }
 
+/// TOML of a placement with every expert of every MoE layer on every one of `nodes` local nodes
+/// (no `addr`: spawned), none resident.
+fn replicate_all_toml(moe_layers: &[usize], n_experts: usize, nodes: usize) -> String {
+    let mut t = String::from("version = 1\n");
+    for n in 0..nodes {
+        t += &format!("[[node]]\nname = \"node{n}\"\n");
+    }
+    let all = (0..nodes)
+        .map(|n| format!("\"node{n}\""))
+        .collect::<Vec<_>>()
+        .join(",");
+    let replicas = vec![format!("[{all}]"); n_experts].join(",");
+    let resident = vec!["[]"; n_experts].join(",");
+    for l in moe_layers {
+        t += &format!("[[layer]]\nindex = {l}\nreplicas = [{replicas}]\nresident = [{resident}]\n");
+    }
+    t
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+fn us(v: Option<u32>) -> String {
+    v.map_or("-".into(), |v| format!("{v} us"))
+}
+
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
+    anyhow::ensure!(a.repeats > 0, "expected --repeats of at least 1, found 0");
     let model = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
     let local = cluster::build(
         &ClusterArgs::default(),
@@ -114,37 +161,97 @@ fn main() -> anyhow::Result<()> {
         &a.model,
         Some(nightshift_model::build_pool(a.threads)?),
     )?;
+    let mut placement = a.placement.clone();
+    let mut generated = None;
+    if a.replicate_all {
+        let shape = cluster::model_shape(&model)?;
+        let path = std::env::temp_dir().join(format!(
+            "nightshift-cluster-report-{}.toml",
+            std::process::id()
+        ));
+        std::fs::write(
+            &path,
+            replicate_all_toml(&shape.moe_layers, shape.n_experts, a.nodes),
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+        placement = Some(path.clone());
+        generated = Some(path);
+    }
     let args = ClusterArgs {
         nodes: a.nodes,
-        placement: a.placement.clone(),
+        placement: placement.clone(),
         node_threads: Some(a.node_threads),
         expert_deadline_ms: 60_000,
         ..Default::default()
     };
-    let remote = cluster::build(&args, &model, &a.model, None)?;
+    let remote = cluster::build(&args, &model, &a.model, None);
+    if let Some(p) = &generated {
+        let _ = std::fs::remove_file(p);
+    }
+    let remote = remote?;
     println!(
-        "model {} | {} expert nodes x {} threads vs in process ({} threads)",
+        "model {} | {} expert nodes x {} threads ({}) vs in process ({} threads) | {} steps, {} repeats",
         a.model.display(),
         a.nodes,
         a.node_threads,
-        a.threads
+        if a.replicate_all {
+            "every expert on every node".to_string()
+        } else {
+            placement.map_or("round-robin".into(), |p| p.display().to_string())
+        },
+        a.threads,
+        a.steps,
+        a.repeats
     );
     println!(
-        "{:>5} | {:>12} | {:>12} | {:>6} | {:>10} | {:>10} | {:>12}",
-        "batch", "in-proc t/s", "cluster t/s", "ratio", "rtt p50", "rtt p99", "wire B/token"
+        "{:>5} | {:>3} | {:>12} | {:>12} | {:>6} | {:>10} | {:>10} | {:>12}",
+        "batch", "run", "in-proc t/s", "cluster t/s", "ratio", "rtt p50", "rtt p99", "wire B/token"
     );
+    let mut summary = Vec::new();
     for batch in [1usize, 8] {
-        let base = decode(&model, &local, a.threads, batch, &a)?;
-        let dist = decode(&model, &remote, a.threads, batch, &a)?;
+        let (mut ratios, mut p50s, mut p99s, mut bases, mut dists) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for rep in 0..a.repeats {
+            let base = decode(&model, &local, a.threads, batch, &a)?;
+            let dist = decode(&model, &remote, a.threads, batch, &a)?;
+            let ratio = dist.tok_s / base.tok_s;
+            println!(
+                "{:>5} | {:>3} | {:>12.2} | {:>12.2} | {:>6.3} | {:>10} | {:>10} | {:>12.0}",
+                batch,
+                rep + 1,
+                base.tok_s,
+                dist.tok_s,
+                ratio,
+                us(dist.p50_us),
+                us(dist.p99_us),
+                dist.bytes_per_token.unwrap_or(0.0)
+            );
+            ratios.push(ratio);
+            bases.push(base.tok_s);
+            dists.push(dist.tok_s);
+            p50s.extend(dist.p50_us.map(f64::from));
+            p99s.extend(dist.p99_us.map(f64::from));
+        }
+        summary.push((batch, ratios, p50s, p99s, bases, dists));
+    }
+    println!();
+    println!(
+        "{:>5} | {:>12} | {:>12} | {:>12} | {:>13} | {:>10} | {:>10}",
+        "batch", "in-proc t/s", "cluster t/s", "median ratio", "min-max", "rtt p50", "rtt p99"
+    );
+    for (batch, ratios, p50s, p99s, bases, dists) in &summary {
+        let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         println!(
-            "{:>5} | {:>12.2} | {:>12.2} | {:>6.3} | {:>8} us | {:>8} us | {:>12.0}",
+            "{:>5} | {:>12.2} | {:>12.2} | {:>12.3} | {:>5.3}-{:<7.3} | {:>7.0} us | {:>7.0} us",
             batch,
-            base.tok_s,
-            dist.tok_s,
-            dist.tok_s / base.tok_s,
-            dist.p50_us.map_or("-".into(), |v| v.to_string()),
-            dist.p99_us.map_or("-".into(), |v| v.to_string()),
-            dist.bytes_per_token.unwrap_or(0.0)
+            median(bases),
+            median(dists),
+            median(ratios),
+            min,
+            max,
+            median(p50s),
+            median(p99s)
         );
     }
     Ok(())

@@ -1,8 +1,9 @@
 //! `RemoteExperts`: the `ExpertBackend` that sends each MoE layer's work to expert nodes over one
 //! long-lived gRPC `Compute` stream per node. Per layer call it picks, for every routed expert,
-//! the live replica with the least outstanding work, sends each node ONE message holding only the
-//! activation rows it needs, waits for all nodes concurrently under a deadline, and on a node
-//! error or timeout retries that node's experts on another replica. Outputs come back unweighted
+//! the live replica with the least estimated work (rows; longest expert first, see `balance`),
+//! sends each node ONE message holding only the activation rows it needs, waits for all nodes
+//! concurrently under a deadline, and on a node error or timeout retries that node's experts on
+//! another replica. Outputs come back unweighted
 //! and in pair order, so the engine sums them in top-k order exactly as in process: results are
 //! bit-identical whatever the placement. Dead nodes are reconnected in the background with
 //! exponential backoff; a restarted node rejoins without restarting the coordinator.
@@ -21,6 +22,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
+
+pub mod balance;
 
 /// Settings of the remote backend.
 #[derive(Clone, Debug)]
@@ -76,6 +79,7 @@ pub(super) struct NodeLink {
     pub(super) name: String,
     addr: String,
     pub(super) state: Mutex<LinkState>,
+    /// Estimated work of the calls in flight on this node (`balance::expert_cost` units).
     outstanding: AtomicUsize,
     generation: AtomicU64,
 }
@@ -507,6 +511,8 @@ struct Share {
     node: usize,
     /// Indices into the call's `pairs`.
     pair_idx: Vec<usize>,
+    /// Estimated work of the share (`balance::expert_cost` units), in flight while it runs.
+    cost: usize,
 }
 
 /// Sends `share` to its node and waits for the outputs (one n_embd row per pair).
@@ -558,7 +564,7 @@ async fn call_node(
     let started = Instant::now();
     let (wtx, wrx) = oneshot::channel();
     lock(&pending).insert(request_id, wtx);
-    node.outstanding.fetch_add(1, Ordering::Relaxed);
+    node.outstanding.fetch_add(share.cost, Ordering::Relaxed);
     let result = async {
         tx.send(req)
             .await
@@ -573,7 +579,7 @@ async fn call_node(
         }
     }
     .await;
-    node.outstanding.fetch_sub(1, Ordering::Relaxed);
+    node.outstanding.fetch_sub(share.cost, Ordering::Relaxed);
     lock(&pending).remove(&request_id);
     let result = result.and_then(|b| {
         let want = share.pair_idx.len() * s.n_embd * 4;
@@ -612,8 +618,9 @@ async fn call_node(
 }
 
 impl RemoteExperts {
-    /// Assigns every pair to a live replica not in `exclude[expert]`, least loaded first, all rows
-    /// of one expert to the same node (so they form one GEMM there).
+    /// Assigns every pair to a live replica not in `exclude[expert]`, balancing estimated work
+    /// (rows) over the nodes with the work already in flight as a bias (`balance::plan`), all
+    /// rows of one expert to the same node (so they form one GEMM there).
     fn assign(
         &self,
         layer: usize,
@@ -628,54 +635,39 @@ impl RemoteExperts {
             .iter()
             .map(|n| matches!(&*lock(&n.state), LinkState::Up(_)))
             .collect();
-        let mut load: Vec<usize> = self
+        let bias: Vec<usize> = self
             .shared
             .nodes
             .iter()
             .map(|n| n.outstanding.load(Ordering::Relaxed))
             .collect();
-        let mut chosen: HashMap<u32, usize> = HashMap::new();
-        let mut shares: Vec<Share> = Vec::new();
-        let mut share_of: HashMap<usize, usize> = HashMap::new();
-        for &pi in todo {
-            let e = pairs[pi].expert;
-            let node = match chosen.get(&e) {
-                Some(&n) => n,
-                None => {
-                    let reps = placement.replicas(layer, e as usize);
-                    let excluded = exclude.get(&e);
-                    let best = reps
-                        .iter()
-                        .copied()
-                        .filter(|&n| {
-                            n < up.len() && up[n] && !excluded.is_some_and(|x| x.contains(&n))
-                        })
-                        .min_by_key(|&n| load[n]);
-                    let Some(n) = best else {
-                        let names: Vec<String> = reps
-                            .iter()
-                            .filter_map(|&n| self.shared.nodes.get(n))
-                            .map(|n| format!("{} ({})", n.name, n.addr))
-                            .collect();
-                        return Err(ExpertError::Backend(format!(
-                            "no live replica for layer {layer} expert {e}: replicas {names:?} are down or failed"
-                        )));
-                    };
-                    load[n] += 1;
-                    chosen.insert(e, n);
-                    n
-                }
-            };
-            let si = *share_of.entry(node).or_insert_with(|| {
-                shares.push(Share {
-                    node,
-                    pair_idx: Vec::new(),
-                });
-                shares.len() - 1
-            });
-            shares[si].pair_idx.push(pi);
-        }
-        Ok(shares)
+        let planned = balance::plan(
+            pairs,
+            todo,
+            |e| placement.replicas(layer, e as usize),
+            &up,
+            &bias,
+            exclude,
+        )
+        .map_err(|balance::NoLiveReplica { expert: e }| {
+            let names: Vec<String> = placement
+                .replicas(layer, e as usize)
+                .iter()
+                .filter_map(|&n| self.shared.nodes.get(n))
+                .map(|n| format!("{} ({})", n.name, n.addr))
+                .collect();
+            ExpertError::Backend(format!(
+                "no live replica for layer {layer} expert {e}: replicas {names:?} are down or failed"
+            ))
+        })?;
+        Ok(planned
+            .into_iter()
+            .map(|p| Share {
+                node: p.node,
+                pair_idx: p.pair_idx,
+                cost: p.cost,
+            })
+            .collect())
     }
 }
 
