@@ -119,6 +119,104 @@ pub fn matmul_q(
     Ok(())
 }
 
+/// Several `matmul`s of the same activation rows (`x`: `n` rows of the common row length) as one
+/// parallel region: the rows are quantized once per activation type and every matrix's rows are
+/// split into chunks that all run in one fork-join (q/k/v projections: one instead of three,
+/// and the small k/v matrices share the pool with q). `outs[i]` gets matrix `i`'s `n` rows of
+/// `ws[i].ne[1]`, laid out as `matmul` lays them. Each output is the same kernel dot product
+/// whatever the chunking, so the bits equal separate `matmul` calls.
+pub fn matmul_many(
+    ws: &[&W],
+    x: &[f32],
+    n: usize,
+    outs: &mut [&mut [f32]],
+    pool: Option<&ThreadPool>,
+) -> Result<(), ModelError> {
+    if ws.len() != outs.len() {
+        return Err(ModelError::Batch(format!(
+            "expected {} outputs, found {}",
+            ws.len(),
+            outs.len()
+        )));
+    }
+    let Some(k) = ws.first().map(|w| w.ne[0]) else {
+        return Ok(());
+    };
+    if let Some(w) = ws.iter().find(|w| w.ne[0] != k) {
+        return Err(ModelError::Tensor {
+            name: w.name.clone(),
+            msg: format!(
+                "expected rows of {k} like the other matrices, found {}",
+                w.ne[0]
+            ),
+        });
+    }
+    // one quantization per distinct activation type
+    let mut acts: Vec<(GgmlType, Vec<u8>)> = Vec::new();
+    for w in ws {
+        let t = w.ty.vec_dot_type();
+        if !acts.iter().any(|a| a.0 == t) {
+            acts.push((t, quantize_rows(t, &x[..n * k], k)?));
+        }
+    }
+    let total: usize = ws.iter().map(|w| w.ne[1]).sum();
+    let threads = pool.map_or(1, |p| p.current_num_threads());
+    // about four chunks per thread, whole 16-row multiples (kernel tiles stay whole)
+    let chunk = (total.div_ceil(4 * threads).div_ceil(16) * 16).max(16);
+    let mut jobs: Vec<(usize, usize, usize)> = Vec::new();
+    for (i, w) in ws.iter().enumerate() {
+        let m = w.ne[1];
+        for r0 in (0..m).step_by(chunk) {
+            jobs.push((i, r0, chunk.min(m - r0)));
+        }
+    }
+    let run = |&(i, r0, rows): &(usize, usize, usize)| -> Result<Vec<f32>, ModelError> {
+        let w = ws[i];
+        let rb = w.row_bytes();
+        let t = w.ty.vec_dot_type();
+        let xq = acts
+            .iter()
+            .find(|a| a.0 == t)
+            .map(|a| a.1.as_slice())
+            .unwrap_or_default();
+        let mut tmp = vec![0f32; rows * n];
+        gemm(
+            w.ty,
+            k,
+            &w.matrix(0)[r0 * rb..(r0 + rows) * rb],
+            rows,
+            xq,
+            n,
+            &mut tmp,
+            None,
+        )?;
+        Ok(tmp)
+    };
+    let results: Vec<Vec<f32>> = match pool {
+        Some(p) if jobs.len() > 1 => p.install(|| {
+            use rayon::prelude::*;
+            jobs.par_iter().map(run).collect::<Result<_, _>>()
+        })?,
+        _ => jobs.iter().map(run).collect::<Result<_, _>>()?,
+    };
+    for (&(i, r0, rows), tmp) in jobs.iter().zip(&results) {
+        let m = ws[i].ne[1];
+        let out = &mut outs[i];
+        if out.len() < n * m {
+            return Err(ModelError::Batch(format!(
+                "expected an output of {} floats for {}, found {}",
+                n * m,
+                ws[i].name,
+                out.len()
+            )));
+        }
+        for j in 0..n {
+            out[j * m + r0..j * m + r0 + rows].copy_from_slice(&tmp[j * rows..(j + 1) * rows]);
+        }
+    }
+    Ok(())
+}
+
 /// Adds `b` into `a` element-wise (ggml_add).
 pub fn add_inplace(a: &mut [f32], b: &[f32]) {
     for (x, &y) in a.iter_mut().zip(b) {

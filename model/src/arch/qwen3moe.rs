@@ -5,7 +5,7 @@ use super::{attend_all, StepCtx};
 use crate::attention::Heads;
 use crate::error::ModelError;
 use crate::kv::SeqKv;
-use crate::ops::{matmul, rms_norm_inplace};
+use crate::ops::{matmul, matmul_many, rms_norm_inplace};
 use crate::weights::AttnWeights;
 
 /// Attention block of layer `il` on normalised rows `h` (n x n_embd) into `out` (n x n_embd).
@@ -38,9 +38,7 @@ pub fn attention(
     let mut qr = vec![0.0f32; n * qw];
     let mut kr = vec![0.0f32; n * kw];
     let mut vr = vec![0.0f32; n * kw];
-    matmul(q, 0, h, n, &mut qr, pool)?;
-    matmul(k, 0, h, n, &mut kr, pool)?;
-    matmul(v, 0, h, n, &mut vr, pool)?;
+    matmul_many(&[q, k, v], h, n, &mut [&mut qr, &mut kr, &mut vr], pool)?;
     rms_norm_inplace(&mut qr, q_norm, c.rms_eps);
     rms_norm_inplace(&mut kr, k_norm, c.rms_eps);
     for (t, tok) in ctx.toks.iter().enumerate() {

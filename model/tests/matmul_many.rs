@@ -1,0 +1,62 @@
+//! `matmul_many` (the fused q/k/v projection) against separate `matmul` calls on a real fixture's
+//! attention weights: the same bits for 1 and several activation rows, with and without a pool,
+//! and mismatched inputs are errors.
+
+use nightshift_model::ops::{matmul, matmul_many};
+use nightshift_model::weights::AttnWeights;
+use nightshift_model::{build_pool, Model};
+use std::path::PathBuf;
+
+fn model(name: &str) -> std::sync::Arc<Model> {
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
+    let path = if local.exists() {
+        local
+    } else {
+        PathBuf::from("/work/shared/fixtures/models").join(name)
+    };
+    Model::load(&path).expect("model loads")
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+#[test]
+fn fused_projections_have_the_bits_of_separate_matmuls() {
+    let pool = build_pool(2).expect("pool");
+    for name in ["tiny-qwen3moe-Q4_K_M.gguf", "tiny-qwen3moe-Q2_K.gguf"] {
+        let m = model(name);
+        let AttnWeights::Gqa { q, k, v, .. } = &m.weights().layers[0].attn else {
+            panic!("{name}: expected gqa attention");
+        };
+        let e = q.ne[0];
+        for n in [1usize, 3] {
+            let x: Vec<f32> = (0..n * e)
+                .map(|i| (((i * 7919) % 1000) as f32 / 500.0 - 1.0) * (1.0 + (i % 3) as f32))
+                .collect();
+            let sizes = [q.ne[1] * n, k.ne[1] * n, v.ne[1] * n];
+            let mut want: Vec<Vec<f32>> = sizes.iter().map(|&s| vec![0f32; s]).collect();
+            for (w, out) in [q, k, v].into_iter().zip(want.iter_mut()) {
+                matmul(w, 0, &x, n, out, None).expect("matmul");
+            }
+            for p in [None, Some(&*pool)] {
+                let mut got: Vec<Vec<f32>> = sizes.iter().map(|&s| vec![0f32; s]).collect();
+                {
+                    let [a, b, c] = &mut got[..] else {
+                        unreachable!()
+                    };
+                    matmul_many(&[q, k, v], &x, n, &mut [a, b, c], p).expect("matmul_many");
+                }
+                for (g, w) in got.iter().zip(&want) {
+                    assert_eq!(bits(g), bits(w), "{name} n={n} pool={}", p.is_some());
+                }
+            }
+        }
+        // two matrices, one output buffer
+        let x = vec![0.5f32; e];
+        let mut a = vec![0f32; q.ne[1]];
+        assert!(matmul_many(&[q, k], &x, 1, &mut [&mut a], None).is_err());
+    }
+}
