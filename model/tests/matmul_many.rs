@@ -26,10 +26,18 @@ fn bits(v: &[f32]) -> Vec<u32> {
 #[test]
 fn fused_projections_have_the_bits_of_separate_matmuls() {
     let pool = build_pool(2).expect("pool");
-    for name in ["tiny-qwen3moe-Q4_K_M.gguf", "tiny-qwen3moe-Q2_K.gguf"] {
+    for name in [
+        "tiny-qwen3moe-Q4_K_M.gguf",
+        "tiny-qwen3moe-Q2_K.gguf",
+        "tiny-deepseek2-Q4_K_M.gguf",
+    ] {
         let m = model(name);
-        let AttnWeights::Gqa { q, k, v, .. } = &m.weights().layers[0].attn else {
-            panic!("{name}: expected gqa attention");
+        // the projections of the normalised hidden rows each architecture fuses
+        let (q, k, v) = match &m.weights().layers[0].attn {
+            AttnWeights::Gqa { q, k, v, .. } => (q, k, v),
+            AttnWeights::Mla {
+                q_a, q_b, kv_a_mqa, ..
+            } => (q_a.as_ref().map_or(q_b, |(w, _)| w), kv_a_mqa, kv_a_mqa),
         };
         let e = q.ne[0];
         for n in [1usize, 3] {

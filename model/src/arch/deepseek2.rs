@@ -9,7 +9,7 @@ use super::{attend_all, StepCtx};
 use crate::attention::Heads;
 use crate::error::ModelError;
 use crate::kv::SeqKv;
-use crate::ops::{matmul, matmul_q, quantize_rows, rms_norm_inplace};
+use crate::ops::{matmul, matmul_many, matmul_q, quantize_rows, rms_norm_inplace};
 use crate::weights::AttnWeights;
 use rayon::prelude::*;
 
@@ -48,19 +48,17 @@ pub fn attention(
     let kvw = lora + rope;
     let pool = Some(ctx.pool);
 
-    // q projections.
+    // q projections and the latent kv + k_pe, the projections of `h` in one parallel region.
     let mut q = vec![0.0f32; n * nh * qk];
+    let mut kv = vec![0.0f32; n * kvw];
     if let Some((qa_w, qa_norm)) = q_a {
         let mut qa = vec![0.0f32; n * m.q_lora_rank];
-        matmul(qa_w, 0, h, n, &mut qa, pool)?;
+        matmul_many(&[qa_w, kv_a_mqa], h, n, &mut [&mut qa, &mut kv], pool)?;
         rms_norm_inplace(&mut qa, qa_norm, c.rms_eps);
         matmul(q_b, 0, &qa, n, &mut q, pool)?;
     } else {
-        matmul(q_b, 0, h, n, &mut q, pool)?;
+        matmul_many(&[q_b, kv_a_mqa], h, n, &mut [&mut q, &mut kv], pool)?;
     }
-    // Latent kv + k_pe.
-    let mut kv = vec![0.0f32; n * kvw];
-    matmul(kv_a_mqa, 0, h, n, &mut kv, pool)?;
     for (t, tok) in ctx.toks.iter().enumerate() {
         let rc = &ctx.ropes[t];
         let row = &mut kv[t * kvw..(t + 1) * kvw];
