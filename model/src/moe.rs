@@ -8,7 +8,7 @@
 use crate::config::{Gating, ModelConfig};
 use crate::error::ModelError;
 use crate::expert::{act_type_for, ActRows, ExpertBackend, ExpertPair};
-use crate::ops::{matmul, sigmoid, softmax, swiglu};
+use crate::ops::{matmul, matmul_many, sigmoid, softmax, swiglu};
 use crate::weights::{DenseFfn, MoeWeights};
 use rayon::ThreadPool;
 
@@ -23,8 +23,7 @@ pub fn dense_ffn(
     let f = d.gate.ne[1];
     let mut g = vec![0.0f32; n * f];
     let mut u = vec![0.0f32; n * f];
-    matmul(&d.gate, 0, h, n, &mut g, pool)?;
-    matmul(&d.up, 0, h, n, &mut u, pool)?;
+    matmul_many(&[&d.gate, &d.up], h, n, &mut [&mut g, &mut u], pool)?;
     swiglu(&mut g, &u);
     matmul(&d.down, 0, &g, n, out, pool)
 }
