@@ -151,6 +151,16 @@ pub fn matmul_many(
             ),
         });
     }
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        if out.len() < n * w.ne[1] {
+            return Err(ModelError::Batch(format!(
+                "expected an output of {} floats for {}, found {}",
+                n * w.ne[1],
+                w.name,
+                out.len()
+            )));
+        }
+    }
     // one quantization per distinct activation type
     let mut acts: Vec<(GgmlType, Vec<u8>)> = Vec::new();
     for w in ws {
@@ -202,14 +212,6 @@ pub fn matmul_many(
     for (&(i, r0, rows), tmp) in jobs.iter().zip(&results) {
         let m = ws[i].ne[1];
         let out = &mut outs[i];
-        if out.len() < n * m {
-            return Err(ModelError::Batch(format!(
-                "expected an output of {} floats for {}, found {}",
-                n * m,
-                ws[i].name,
-                out.len()
-            )));
-        }
         for j in 0..n {
             out[j * m + r0..j * m + r0 + rows].copy_from_slice(&tmp[j * rows..(j + 1) * rows]);
         }

@@ -66,5 +66,9 @@ fn fused_projections_have_the_bits_of_separate_matmuls() {
         let x = vec![0.5f32; e];
         let mut a = vec![0f32; q.ne[1]];
         assert!(matmul_many(&[q, k], &x, 1, &mut [&mut a], None).is_err());
+        // an output too short for its matrix is refused before anything is written
+        let (mut b, mut c) = (vec![7f32; q.ne[1]], vec![7f32; k.ne[1] - 1]);
+        assert!(matmul_many(&[q, k], &x, 1, &mut [&mut b, &mut c], None).is_err());
+        assert!(b.iter().chain(&c).all(|&v| v == 7.0));
     }
 }
