@@ -1,11 +1,12 @@
 //! `cluster-report`: decode speed of the same model with experts in process vs on N local expert
-//! nodes (real processes, real gRPC on loopback), at batch 1 and batch 8, side by side, with the
-//! per-layer node round-trip latency (p50/p99) and the bytes on the wire per token. The host's
-//! speed drifts minute to minute, so each batch size alternates in-process and cluster runs
-//! `--repeats` times (A B A B ...) and reports the median cluster/in-process ratio with its range.
+//! nodes (real processes, real gRPC on loopback), at batch 1 and 8 (`--batches`) side by side,
+//! with the per-layer node round-trip latency (p50/p99) and the bytes on the wire per token. The
+//! host's speed drifts minute to minute, so each batch size alternates in-process and cluster
+//! runs `--repeats` times (A B A B ...) and reports the median cluster/in-process ratio with its
+//! range. `--replicate-all` puts every expert on every node, so the replica choice is exercised.
 //!
 //! `cargo run --release -p nightshift-benches --bin cluster-report -- --model FILE [--nodes 2]
-//! [--repeats 5] [--placement FILE | --replicate-all]`
+//! [--repeats 5] [--batches 1,8] [--placement FILE | --replicate-all]`
 //! (build `nightshift-expert-node` in the same profile first: `cargo build --release -p nightshift-expert-node`).
 
 use std::path::PathBuf;
@@ -44,6 +45,9 @@ struct Args {
     /// Prompt length prefilled before decoding.
     #[arg(long, default_value_t = 16)]
     prompt: usize,
+    /// Decode batch sizes measured, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8])]
+    batches: Vec<usize>,
     /// In-process / cluster run pairs per batch size (alternated, to average out host drift).
     #[arg(long, default_value_t = 5)]
     repeats: usize,
@@ -53,6 +57,8 @@ struct Run {
     tok_s: f64,
     p50_us: Option<u32>,
     p99_us: Option<u32>,
+    /// Median of (slowest - fastest node round trip) over the layer calls.
+    spread_us: Option<u32>,
     bytes_per_token: Option<f64>,
 }
 
@@ -111,6 +117,7 @@ fn decode(
         tok_s: tokens / secs,
         p50_us: stats.as_ref().and_then(|s| s.latency_quantile_us(0.5)),
         p99_us: stats.as_ref().and_then(|s| s.latency_quantile_us(0.99)),
+        spread_us: stats.as_ref().and_then(|s| s.spread_quantile_us(0.5)),
         bytes_per_token: stats.map(|s| (s.bytes_out + s.bytes_in) as f64 / tokens),
     })
 }
@@ -154,6 +161,11 @@ fn us(v: Option<u32>) -> String {
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     anyhow::ensure!(a.repeats > 0, "expected --repeats of at least 1, found 0");
+    anyhow::ensure!(
+        !a.batches.is_empty() && !a.batches.contains(&0),
+        "expected --batches of sizes >= 1, found {:?}",
+        a.batches
+    );
     let model = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
     let local = cluster::build(
         &ClusterArgs::default(),
@@ -204,54 +216,69 @@ fn main() -> anyhow::Result<()> {
         a.repeats
     );
     println!(
-        "{:>5} | {:>3} | {:>12} | {:>12} | {:>6} | {:>10} | {:>10} | {:>12}",
-        "batch", "run", "in-proc t/s", "cluster t/s", "ratio", "rtt p50", "rtt p99", "wire B/token"
+        "{:>5} | {:>3} | {:>12} | {:>12} | {:>6} | {:>10} | {:>10} | {:>10} | {:>12}",
+        "batch",
+        "run",
+        "in-proc t/s",
+        "cluster t/s",
+        "ratio",
+        "rtt p50",
+        "rtt p99",
+        "spread p50",
+        "wire B/token"
     );
     let mut summary = Vec::new();
-    for batch in [1usize, 8] {
-        let (mut ratios, mut p50s, mut p99s, mut bases, mut dists) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for &batch in &a.batches {
+        let mut runs = Vec::new();
         for rep in 0..a.repeats {
             let base = decode(&model, &local, a.threads, batch, &a)?;
             let dist = decode(&model, &remote, a.threads, batch, &a)?;
-            let ratio = dist.tok_s / base.tok_s;
             println!(
-                "{:>5} | {:>3} | {:>12.2} | {:>12.2} | {:>6.3} | {:>10} | {:>10} | {:>12.0}",
+                "{:>5} | {:>3} | {:>12.2} | {:>12.2} | {:>6.3} | {:>10} | {:>10} | {:>10} | {:>12.0}",
                 batch,
                 rep + 1,
                 base.tok_s,
                 dist.tok_s,
-                ratio,
+                dist.tok_s / base.tok_s,
                 us(dist.p50_us),
                 us(dist.p99_us),
+                us(dist.spread_us),
                 dist.bytes_per_token.unwrap_or(0.0)
             );
-            ratios.push(ratio);
-            bases.push(base.tok_s);
-            dists.push(dist.tok_s);
-            p50s.extend(dist.p50_us.map(f64::from));
-            p99s.extend(dist.p99_us.map(f64::from));
+            runs.push((base, dist));
         }
-        summary.push((batch, ratios, p50s, p99s, bases, dists));
+        summary.push((batch, runs));
     }
     println!();
     println!(
-        "{:>5} | {:>12} | {:>12} | {:>12} | {:>13} | {:>10} | {:>10}",
-        "batch", "in-proc t/s", "cluster t/s", "median ratio", "min-max", "rtt p50", "rtt p99"
+        "{:>5} | {:>12} | {:>12} | {:>12} | {:>13} | {:>10} | {:>10} | {:>10}",
+        "batch",
+        "in-proc t/s",
+        "cluster t/s",
+        "median ratio",
+        "min-max",
+        "rtt p50",
+        "rtt p99",
+        "spread p50"
     );
-    for (batch, ratios, p50s, p99s, bases, dists) in &summary {
+    for (batch, runs) in &summary {
+        let ratios: Vec<f64> = runs.iter().map(|(b, d)| d.tok_s / b.tok_s).collect();
+        let of = |f: &dyn Fn(&Run) -> Option<f64>| -> Vec<f64> {
+            runs.iter().filter_map(|(_, d)| f(d)).collect()
+        };
         let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
         let max = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         println!(
-            "{:>5} | {:>12.2} | {:>12.2} | {:>12.3} | {:>5.3}-{:<7.3} | {:>7.0} us | {:>7.0} us",
+            "{:>5} | {:>12.2} | {:>12.2} | {:>12.3} | {:>5.3}-{:<7.3} | {:>7.0} us | {:>7.0} us | {:>7.0} us",
             batch,
-            median(bases),
-            median(dists),
-            median(ratios),
+            median(&runs.iter().map(|(b, _)| b.tok_s).collect::<Vec<_>>()),
+            median(&runs.iter().map(|(_, d)| d.tok_s).collect::<Vec<_>>()),
+            median(&ratios),
             min,
             max,
-            median(p50s),
-            median(p99s)
+            median(&of(&|d| d.p50_us.map(f64::from))),
+            median(&of(&|d| d.p99_us.map(f64::from))),
+            median(&of(&|d| d.spread_us.map(f64::from)))
         );
     }
     Ok(())

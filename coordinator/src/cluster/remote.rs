@@ -104,19 +104,31 @@ pub struct RpcStats {
     pub bytes_in: u64,
     /// Round-trip time of each successful node call, in microseconds.
     pub latencies_us: Vec<u32>,
+    /// Per layer-call round sent to several nodes that all answered: slowest minus fastest
+    /// node's round trip, in microseconds (how uneven the shares were).
+    pub spreads_us: Vec<u32>,
 }
 
 impl RpcStats {
     /// The `q`-quantile (0..=1) of the round-trip latencies, in microseconds.
     pub fn latency_quantile_us(&self, q: f64) -> Option<u32> {
-        if self.latencies_us.is_empty() {
-            return None;
-        }
-        let mut v = self.latencies_us.clone();
-        v.sort_unstable();
-        let i = ((v.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
-        Some(v[i])
+        quantile(&self.latencies_us, q)
     }
+
+    /// The `q`-quantile (0..=1) of the per-round node spreads (`spreads_us`), in microseconds.
+    pub fn spread_quantile_us(&self, q: f64) -> Option<u32> {
+        quantile(&self.spreads_us, q)
+    }
+}
+
+fn quantile(v: &[u32], q: f64) -> Option<u32> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    let i = ((v.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+    Some(v[i])
 }
 
 pub(super) struct Shared {
@@ -709,10 +721,30 @@ impl ExpertBackend for RemoteExperts {
             let (acts2, pairs2) = (acts.clone(), pairs_arc.clone());
             let (done_tx, done_rx) = std::sync::mpsc::channel();
             self.rt().spawn(async move {
-                let calls = shares
-                    .into_iter()
-                    .map(|sh| call_node(s.clone(), layer, acts2.clone(), pairs2.clone(), sh));
-                let _ = done_tx.send(futures::future::join_all(calls).await);
+                let calls = shares.into_iter().map(|sh| {
+                    let call = call_node(s.clone(), layer, acts2.clone(), pairs2.clone(), sh);
+                    async move {
+                        let started = Instant::now();
+                        let r = call.await;
+                        (r, started.elapsed())
+                    }
+                });
+                let timed = futures::future::join_all(calls).await;
+                let ok: Vec<Duration> = timed
+                    .iter()
+                    .filter(|((_, r), _)| r.is_ok())
+                    .map(|(_, t)| *t)
+                    .collect();
+                if ok.len() > 1 && ok.len() == timed.len() {
+                    let (lo, hi) = (ok.iter().min(), ok.iter().max());
+                    if let (Some(lo), Some(hi)) = (lo, hi) {
+                        let mut st = lock(&s.stats);
+                        if st.spreads_us.len() < 1 << 20 {
+                            st.spreads_us.push((*hi - *lo).as_micros() as u32);
+                        }
+                    }
+                }
+                let _ = done_tx.send(timed.into_iter().map(|(r, _)| r).collect::<Vec<_>>());
             });
             let results = done_rx
                 .recv()
