@@ -208,11 +208,11 @@ fn count_balanced_costs(pairs: &[ExpertPair], nodes: usize) -> Vec<usize> {
     let mut rows: HashMap<u32, usize> = HashMap::new();
     for p in pairs {
         *rows.entry(p.expert).or_default() += 1;
-        if !node_of.contains_key(&p.expert) {
+        node_of.entry(p.expert).or_insert_with(|| {
             let n = (0..nodes).min_by_key(|&n| count[n]).unwrap_or(0);
             count[n] += 1;
-            node_of.insert(p.expert, n);
-        }
+            n
+        });
     }
     let mut c = vec![0; nodes];
     for (e, r) in rows {
