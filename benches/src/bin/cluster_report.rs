@@ -3,10 +3,12 @@
 //! with the per-layer node round-trip latency (p50/p99) and the bytes on the wire per token. The
 //! host's speed drifts minute to minute, so each batch size alternates in-process and cluster
 //! runs `--repeats` times (A B A B ...) and reports the median cluster/in-process ratio with its
-//! range. `--replicate-all` puts every expert on every node, so the replica choice is exercised.
+//! range. `--replicate-all` puts every expert on every node (mmap'd; `--resident`: copied to RAM),
+//! so the coordinator's replica choice is exercised; "spread" is the slowest minus the fastest
+//! node's round trip within one layer call (how uneven the shares were).
 //!
 //! `cargo run --release -p nightshift-benches --bin cluster-report -- --model FILE [--nodes 2]
-//! [--repeats 5] [--batches 1,8] [--placement FILE | --replicate-all]`
+//! [--repeats 5] [--batches 1,8] [--placement FILE | --replicate-all [--resident]]`
 //! (build `nightshift-expert-node` in the same profile first: `cargo build --release -p nightshift-expert-node`).
 
 use std::path::PathBuf;
@@ -30,6 +32,9 @@ struct Args {
     /// resident, so the page cache is shared), so the coordinator picks the replica per call.
     #[arg(long)]
     replicate_all: bool,
+    /// With `--replicate-all`: every copy resident (copied to RAM on each node) instead.
+    #[arg(long, requires = "replicate_all")]
+    resident: bool,
     /// Local expert nodes for the cluster run.
     #[arg(long, default_value_t = 2)]
     nodes: usize,
@@ -123,8 +128,13 @@ fn decode(
 }
 
 /// TOML of a placement with every expert of every MoE layer on every one of `nodes` local nodes
-/// (no `addr`: spawned), none resident.
-fn replicate_all_toml(moe_layers: &[usize], n_experts: usize, nodes: usize) -> String {
+/// (no `addr`: spawned), every copy resident or none.
+fn replicate_all_toml(
+    moe_layers: &[usize],
+    n_experts: usize,
+    nodes: usize,
+    resident: bool,
+) -> String {
     let mut t = String::from("version = 1\n");
     for n in 0..nodes {
         t += &format!("[[node]]\nname = \"node{n}\"\n");
@@ -134,7 +144,11 @@ fn replicate_all_toml(moe_layers: &[usize], n_experts: usize, nodes: usize) -> S
         .collect::<Vec<_>>()
         .join(",");
     let replicas = vec![format!("[{all}]"); n_experts].join(",");
-    let resident = vec!["[]"; n_experts].join(",");
+    let resident = if resident {
+        replicas.clone()
+    } else {
+        vec!["[]".to_string(); n_experts].join(",")
+    };
     for l in moe_layers {
         t += &format!("[[layer]]\nindex = {l}\nreplicas = [{replicas}]\nresident = [{resident}]\n");
     }
@@ -183,7 +197,7 @@ fn main() -> anyhow::Result<()> {
         ));
         std::fs::write(
             &path,
-            replicate_all_toml(&shape.moe_layers, shape.n_experts, a.nodes),
+            replicate_all_toml(&shape.moe_layers, shape.n_experts, a.nodes, a.resident),
         )
         .with_context(|| format!("writing {}", path.display()))?;
         placement = Some(path.clone());
@@ -207,7 +221,10 @@ fn main() -> anyhow::Result<()> {
         a.nodes,
         a.node_threads,
         if a.replicate_all {
-            "every expert on every node".to_string()
+            format!(
+                "every expert on every node, {}",
+                if a.resident { "resident" } else { "mmap'd" }
+            )
         } else {
             placement.map_or("round-robin".into(), |p| p.display().to_string())
         },
