@@ -22,6 +22,9 @@ use crate::KernelError;
 /// Rows per tile.
 pub const PACK_ROWS: usize = 16;
 
+/// Products (rows x k x activation rows) from which [`PackedF32::gemm`] uses the pool.
+const PARALLEL_MIN: usize = 1 << 20;
+
 /// An F32 matrix of `rows` rows of `k` elements, transposed per tile of [`PACK_ROWS`] rows (the
 /// last tile padded with zero rows, computed and dropped).
 #[derive(Clone, Debug)]
@@ -133,8 +136,13 @@ impl PackedF32 {
             res
         };
         let pairs = tiles.div_ceil(2);
+        // Below about a million products (Qwen3-30B's 128 x 2048 router for a token: ~50 us on
+        // one core) waking the pool costs more than it saves.
+        let small = m.saturating_mul(k).saturating_mul(n) < PARALLEL_MIN;
         let results: Vec<Vec<f32>> = match pool {
-            Some(p) if pairs > 1 => p.install(|| (0..pairs).into_par_iter().map(run).collect()),
+            Some(p) if pairs > 1 && !small => {
+                p.install(|| (0..pairs).into_par_iter().map(run).collect())
+            }
             _ => (0..pairs).map(run).collect(),
         };
         for (p, res) in results.iter().enumerate() {

@@ -37,8 +37,17 @@ fn packed_gemm_has_the_scalar_bits() {
         .num_threads(2)
         .build()
         .expect("pool");
+    // (rows, k) pairs: tile edges and odd lengths, plus one large enough (200 x 2100 x n >= 3:
+    // over a million products) that the pool is used
+    let mut shapes: Vec<(usize, usize)> = Vec::new();
     for &rows in &[1usize, 15, 16, 17, 31, 33, 48, 128] {
         for &k in &[1usize, 7, 64, 257] {
+            shapes.push((rows, k));
+        }
+    }
+    shapes.push((200, 2100));
+    for &(rows, k) in &shapes {
+        {
             let w = values(rows * k, rows as u64 * 1000 + k as u64);
             let packed = PackedF32::pack(&bytes(&w), rows, k).expect("pack");
             for &n in &[1usize, 2, 5] {
