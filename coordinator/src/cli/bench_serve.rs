@@ -263,7 +263,23 @@ async fn bench(a: Args) -> anyhow::Result<()> {
         let tps = tokens as f64 / wall;
         let (t50, t99) = (pct(&mut ttft, 0.50) * 1e3, pct(&mut ttft, 0.99) * 1e3);
         let (g50, g99) = (pct(&mut gaps, 0.50) * 1e3, pct(&mut gaps, 0.99) * 1e3);
-        println!("{c:>5} {:>9} {tps:>10.1} {t50:>7.1}ms {t99:>7.1}ms {g50:>7.1}ms {g99:>7.1}ms {errors:>7} {limited:>5}", all.len());
+        // "-" where nothing was measured: a stream that carried no text (a random-weight model's
+        // tokens can decode to nothing) has no first-token or inter-token time
+        let ms = |v: f64| {
+            if v.is_finite() {
+                format!("{v:.1}ms")
+            } else {
+                "-".to_string()
+            }
+        };
+        println!(
+            "{c:>5} {:>9} {tps:>10.1} {:>9} {:>9} {:>9} {:>9} {errors:>7} {limited:>5}",
+            all.len(),
+            ms(t50),
+            ms(t99),
+            ms(g50),
+            ms(g99)
+        );
         // RSS: at the start, after warm-up and at the end (total and anonymous)
         let mib = |k: Option<u64>| k.map(|k| k as f64 / 1024.0);
         let warm = samples
