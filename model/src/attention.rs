@@ -36,8 +36,15 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[i] += ca[i] * cb[i];
         }
     }
+    finish_dot(&acc, a, b, n8)
+}
+
+/// The end of [`dot`]: its eight partial sums folded pairwise, then the elements from `n8` on
+/// added one by one (shared by every variant so all of them keep these bits).
+#[inline(always)]
+fn finish_dot(acc: &[f32; 8], a: &[f32], b: &[f32], n8: usize) -> f32 {
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for i in n8..a.len() {
+    for i in n8..a.len().min(b.len()) {
         s += a[i] * b[i];
     }
     s
@@ -60,16 +67,7 @@ fn dot4(a: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
             }
         }
     }
-    let mut out = [0.0f32; 4];
-    for (r, o) in out.iter_mut().enumerate() {
-        let x = &acc[r];
-        let mut s = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
-        for i in n8..len {
-            s += a[r][i] * b[i];
-        }
-        *o = s;
-    }
-    out
+    core::array::from_fn(|r| finish_dot(&acc[r], a[r], b, n8))
 }
 
 /// [`dot4`] with AVX2 intrinsics: one 8-lane register per chain, lane `i` the same sums as
@@ -94,17 +92,11 @@ unsafe fn dot4_avx2(a: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
             acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(va, vb));
         }
     }
-    let mut out = [0.0f32; 4];
-    for (r, o) in out.iter_mut().enumerate() {
-        let mut x = [0.0f32; 8];
-        _mm256_storeu_ps(x.as_mut_ptr(), acc[r]);
-        let mut s = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
-        for i in n8..len {
-            s += a[r][i] * b[i];
-        }
-        *o = s;
+    let mut x = [[0.0f32; 8]; 4];
+    for (xr, v) in x.iter_mut().zip(acc) {
+        _mm256_storeu_ps(xr.as_mut_ptr(), v);
     }
-    out
+    core::array::from_fn(|r| finish_dot(&x[r], a[r], b, n8))
 }
 
 /// Attention of one token: `q` is `n_head * dk`, `out` is `n_head * dv`; `scores` is scratch.

@@ -2,22 +2,12 @@
 //! attention weights: the same bits for 1 and several activation rows, with and without a pool,
 //! and mismatched inputs are errors.
 
+use nightshift_model::build_pool;
 use nightshift_model::ops::{matmul, matmul_many};
 use nightshift_model::weights::AttnWeights;
-use nightshift_model::{build_pool, Model};
-use std::path::PathBuf;
 
-fn model(name: &str) -> std::sync::Arc<Model> {
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name);
-    let path = if local.exists() {
-        local
-    } else {
-        PathBuf::from("/work/shared/fixtures/models").join(name)
-    };
-    Model::load(&path).expect("model loads")
-}
+mod fixture_util;
+use fixture_util::model;
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()

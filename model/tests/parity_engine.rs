@@ -3,20 +3,10 @@
 //! exceeded) is an error that leaves every sequence as it was; removing a sequence frees its KV.
 
 use nightshift_model::{BatchToken, Engine, EngineOptions, LocalExperts, Model, SeqId};
-use std::path::PathBuf;
 use std::sync::Arc;
 
-fn model(name: &str) -> Arc<Model> {
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name);
-    let path = if local.exists() {
-        local
-    } else {
-        PathBuf::from("/work/shared/fixtures/models").join(name)
-    };
-    Model::load(&path).expect("model loads")
-}
+mod fixture_util;
+use fixture_util::model;
 
 fn engine(m: &Arc<Model>, budget: usize) -> Engine {
     let backend = Arc::new(LocalExperts::new(m.clone(), None));

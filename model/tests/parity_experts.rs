@@ -7,21 +7,9 @@ use nightshift_kernels::GgmlType;
 use nightshift_model::expert::{
     expert_ffn, ActRows, ExpertBackend, ExpertPair, ExpertWeights, LocalExperts,
 };
-use nightshift_model::Model;
-use std::path::PathBuf;
-use std::sync::Arc;
 
-fn model(name: &str) -> Arc<Model> {
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name);
-    let path = if local.exists() {
-        local
-    } else {
-        PathBuf::from("/work/shared/fixtures/models").join(name)
-    };
-    Model::load(&path).expect("model loads")
-}
+mod fixture_util;
+use fixture_util::model;
 
 /// Deterministic activations of roughly unit scale.
 fn acts(n: usize, e: usize) -> Vec<f32> {

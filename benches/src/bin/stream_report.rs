@@ -40,18 +40,9 @@ struct Args {
 }
 
 fn parse_type(s: &str) -> anyhow::Result<GgmlType> {
-    [
-        GgmlType::Q2_K,
-        GgmlType::Q3_K,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-    ]
-    .into_iter()
-    .find(|t| t.name().eq_ignore_ascii_case(s))
-    .with_context(|| format!("unknown weight type {s}"))
+    GgmlType::from_name(s)
+        .filter(|t| t.has_vec_dot() && t.block_len() > 1)
+        .with_context(|| format!("expected a quantized weight type such as Q4_K, found {s}"))
 }
 
 fn main() -> anyhow::Result<()> {
