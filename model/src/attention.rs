@@ -311,8 +311,8 @@ unsafe fn weigh_v_avx2(p: &[f32], v: &[f32], stride: usize, base: usize, oh: &mu
 
 #[cfg(test)]
 mod tests {
-    //! Grouped heads, the 4-position chains and the AVX2 build against one head at a time through
-    //! the portable body: every output bit must match.
+    //! Grouped heads, the 4-position chains, the portable body and the AVX2 build against the
+    //! plain one-head-at-a-time computation: every output bit must match.
 
     use super::*;
 
@@ -328,6 +328,38 @@ mod tests {
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    /// One head the plain way (the code before grouping): `dot` per position, softmax, f16
+    /// rounding, then V weighted position by position into the output.
+    fn reference_head(
+        qh: &[f32],
+        h: usize,
+        kv: &KvView<'_>,
+        hd: Heads,
+        round_p: bool,
+        oh: &mut [f32],
+    ) {
+        let hk = h / (hd.n_head / hd.n_head_kv);
+        let mut scores: Vec<f32> = (0..kv.n_kv)
+            .map(|j| {
+                let off = j * kv.k_stride + hk * hd.dk;
+                dot(&kv.k[off..off + hd.dk], qh)
+            })
+            .collect();
+        softmax(&mut scores, hd.scale);
+        if round_p {
+            scores
+                .iter_mut()
+                .for_each(|p| *p = f16_to_f32(f32_to_f16(*p)));
+        }
+        oh.fill(0.0);
+        for (j, &p) in scores.iter().enumerate() {
+            let off = j * kv.v_stride + hk * hd.dv;
+            for (o, &v) in oh.iter_mut().zip(&kv.v[off..off + hd.dv]) {
+                *o += v * p;
+            }
+        }
     }
 
     #[test]
@@ -362,17 +394,31 @@ mod tests {
                     let mut scores = Vec::new();
                     let mut want = vec![0f32; n_head * dv];
                     for h in 0..n_head {
-                        attend_heads_body::<false>(
+                        reference_head(
                             &q[h * dk..(h + 1) * dk],
                             h,
-                            1,
+                            &kv,
+                            hd,
+                            round_p,
+                            &mut want[h * dv..(h + 1) * dv],
+                        );
+                    }
+                    // the portable body (what aarch64 runs) must give the same bits too
+                    let mut portable = vec![0f32; n_head * dv];
+                    let per = n_head / n_head_kv;
+                    for h0 in (0..n_head).step_by(per) {
+                        attend_heads_body::<false>(
+                            &q[h0 * dk..(h0 + per) * dk],
+                            h0,
+                            per,
                             &kv,
                             hd,
                             round_p,
                             &mut scores,
-                            &mut want[h * dv..(h + 1) * dv],
+                            &mut portable[h0 * dv..(h0 + per) * dv],
                         );
                     }
+                    assert_eq!(bits(&portable), bits(&want), "portable body, n_kv {n_kv}");
                     let per_kv = n_head / n_head_kv;
                     let mut g = 1;
                     while g <= per_kv {
