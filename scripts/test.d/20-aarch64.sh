@@ -17,3 +17,7 @@ for tier in neon dotprod i8mm; do
   echo "--- nightshift-kernels on aarch64, NIGHTSHIFT_KERNEL=${tier}"
   NIGHTSHIFT_KERNEL="$tier" cargo test -p nightshift-kernels --locked --target "$target" -- "${skip[@]}"
 done
+# The model crate's unit tests on aarch64: the portable attention body (grouped heads, chained dot
+# products) is what Arm runs, checked bit for bit against the plain one-head computation.
+echo "--- nightshift-model unit tests on aarch64"
+cargo test -p nightshift-model --locked --lib --target "$target"
