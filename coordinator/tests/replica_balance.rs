@@ -259,16 +259,22 @@ fn greedy_bound_and_determinism_on_decode_batches() {
         let reps: Vec<Vec<NodeId>> = vec![(0..nodes).collect(); 128];
         let up = vec![true; nodes];
         let bias = vec![0; nodes];
-        let shares = plan(
-            &pairs,
-            &all(&pairs),
-            |e| &reps[e as usize],
-            &up,
-            &bias,
-            &HashMap::new(),
-        )
-        .expect("plan");
-        let node_of = check_plan(&pairs, &all(&pairs), &shares, |_, _| true);
+        // plans every pair on live, unbiased, fully replicated nodes and checks the plan
+        let plan_all = |pairs: &[ExpertPair]| {
+            let todo = all(pairs);
+            let shares = plan(
+                pairs,
+                &todo,
+                |e| &reps[e as usize],
+                &up,
+                &bias,
+                &HashMap::new(),
+            )
+            .expect("plan");
+            let node_of = check_plan(pairs, &todo, &shares, |_, _| true);
+            (shares, node_of)
+        };
+        let (shares, node_of) = plan_all(&pairs);
         let c = costs(&shares, nodes);
         let mut rows: HashMap<u32, usize> = HashMap::new();
         for p in &pairs {
@@ -287,16 +293,7 @@ fn greedy_bound_and_determinism_on_decode_batches() {
         excess[nodes - 2][1] += *max as f64 / ideal;
         // Same pairs reversed (todo is a sorted index list, so permute the pairs themselves).
         let rev: Vec<ExpertPair> = pairs.iter().rev().copied().collect();
-        let shares2 = plan(
-            &rev,
-            &all(&rev),
-            |e| &reps[e as usize],
-            &up,
-            &bias,
-            &HashMap::new(),
-        )
-        .expect("plan");
-        let node_of2 = check_plan(&rev, &all(&rev), &shares2, |_, _| true);
+        let (_, node_of2) = plan_all(&rev);
         assert_eq!(node_of, node_of2, "case {case}");
     }
     for (k, [old, new]) in excess.iter().enumerate() {

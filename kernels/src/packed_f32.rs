@@ -88,28 +88,8 @@ impl PackedF32 {
         pool: Option<&ThreadPool>,
     ) -> Result<(), KernelError> {
         let (m, k) = (self.rows, self.k);
-        let want_x = n.checked_mul(k).ok_or_else(|| KernelError::Overflow {
-            what: "packed f32 activations",
-            detail: format!("{n} rows of {k}"),
-        })?;
-        if x.len() != want_x {
-            return Err(KernelError::Elements {
-                what: "packed f32 activations",
-                expected: want_x,
-                found: x.len(),
-            });
-        }
-        let cells = m.checked_mul(n).ok_or_else(|| KernelError::Overflow {
-            what: "packed f32 output",
-            detail: format!("{m} x {n}"),
-        })?;
-        if out.len() != cells {
-            return Err(KernelError::Elements {
-                what: "packed f32 output",
-                expected: cells,
-                found: out.len(),
-            });
-        }
+        count("packed f32 activations", n, k, x.len())?;
+        let cells = count("packed f32 output", m, n, out.len())?;
         if cells == 0 {
             return Ok(());
         }
@@ -123,14 +103,12 @@ impl PackedF32 {
             for j in 0..n {
                 let xr = &x[j * k..(j + 1) * k];
                 let a = &self.data[t0 * tile_len..(t0 + 1) * tile_len];
+                // an odd last tile runs paired with itself (its second result is dropped)
+                let b = &self.data[(t0 + pair - 1) * tile_len..(t0 + pair) * tile_len];
+                let [ra, rb] = dot_tiles2(a, b, xr);
+                res[j * PACK_ROWS..(j + 1) * PACK_ROWS].copy_from_slice(&ra);
                 if pair == 2 {
-                    let b = &self.data[(t0 + 1) * tile_len..(t0 + 2) * tile_len];
-                    let [ra, rb] = dot_tiles2(a, b, xr);
-                    res[j * PACK_ROWS..(j + 1) * PACK_ROWS].copy_from_slice(&ra);
                     res[(n + j) * PACK_ROWS..(n + j + 1) * PACK_ROWS].copy_from_slice(&rb);
-                } else {
-                    let ra = dot_tile(a, xr);
-                    res[j * PACK_ROWS..(j + 1) * PACK_ROWS].copy_from_slice(&ra);
                 }
             }
             res
@@ -159,23 +137,7 @@ impl PackedF32 {
     }
 }
 
-/// One tile's 16 dot products with `x` (the tile's `k * 16` packed floats).
-fn dot_tile(t: &[f32], x: &[f32]) -> [f32; PACK_ROWS] {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, checked just above.
-            return unsafe { dot_tile_avx512(t, x) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, checked just above.
-            return unsafe { dot_tile_avx2(t, x) };
-        }
-    }
-    dot_tile_body(t, x)
-}
-
-/// Two tiles' dot products with `x`, interleaved (two independent sets of chains).
+/// [`dot_tiles2_body`] in the widest build this CPU runs.
 fn dot_tiles2(a: &[f32], b: &[f32], x: &[f32]) -> [[f32; PACK_ROWS]; 2] {
     #[cfg(target_arch = "x86_64")]
     {
@@ -193,18 +155,6 @@ fn dot_tiles2(a: &[f32], b: &[f32], x: &[f32]) -> [[f32; PACK_ROWS]; 2] {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn dot_tile_avx512(t: &[f32], x: &[f32]) -> [f32; PACK_ROWS] {
-    dot_tile_body(t, x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dot_tile_avx2(t: &[f32], x: &[f32]) -> [f32; PACK_ROWS] {
-    dot_tile_body(t, x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
 unsafe fn dot_tiles2_avx512(a: &[f32], b: &[f32], x: &[f32]) -> [[f32; PACK_ROWS]; 2] {
     dot_tiles2_body(a, b, x)
 }
@@ -215,19 +165,8 @@ unsafe fn dot_tiles2_avx2(a: &[f32], b: &[f32], x: &[f32]) -> [[f32; PACK_ROWS];
     dot_tiles2_body(a, b, x)
 }
 
-/// Per lane: `acc += (w * x) as f64` over the elements in order, then `as f32` (the generic
-/// `ggml_vec_dot_f32`).
-#[inline(always)]
-fn dot_tile_body(t: &[f32], x: &[f32]) -> [f32; PACK_ROWS] {
-    let mut acc = [0f64; PACK_ROWS];
-    for (w, &xi) in t.chunks_exact(PACK_ROWS).zip(x) {
-        for (a, &wv) in acc.iter_mut().zip(w) {
-            *a += (wv * xi) as f64;
-        }
-    }
-    acc.map(|a| a as f32)
-}
-
+/// Two tiles' dot products with `x`, each lane `acc += (w * x) as f64` over the elements in
+/// order, then `as f32` (the generic `ggml_vec_dot_f32`); the two tiles are independent chains.
 #[inline(always)]
 fn dot_tiles2_body(a: &[f32], b: &[f32], x: &[f32]) -> [[f32; PACK_ROWS]; 2] {
     let mut acc_a = [0f64; PACK_ROWS];
@@ -245,4 +184,20 @@ fn dot_tiles2_body(a: &[f32], b: &[f32], x: &[f32]) -> [[f32; PACK_ROWS]; 2] {
         }
     }
     [acc_a.map(|v| v as f32), acc_b.map(|v| v as f32)]
+}
+
+/// `a * b` elements, checked against `found` (`what` names the buffer in the error).
+fn count(what: &'static str, a: usize, b: usize, found: usize) -> Result<usize, KernelError> {
+    let expected = a.checked_mul(b).ok_or_else(|| KernelError::Overflow {
+        what,
+        detail: format!("{a} x {b}"),
+    })?;
+    if found != expected {
+        return Err(KernelError::Elements {
+            what,
+            expected,
+            found,
+        });
+    }
+    Ok(expected)
 }
