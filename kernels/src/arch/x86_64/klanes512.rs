@@ -1,31 +1,45 @@
-//! Q3_K, Q4_K, Q5_K and Q6_K x Q8_K for the AVX-512-VNNI tier: 8 weight rows per tile, 64-byte
-//! vectors throughout, per-row float lanes kept two rows per register.
+//! Q3_K, Q4_K, Q5_K and Q6_K x Q8_K for the AVX-512-VNNI tier: 8 weight rows per tile, taken in
+//! pairs, 64-byte vectors throughout, float lanes of two rows per register.
 //!
-//! The reference keeps 8 float partial sums per row (lane `l` = elements `e % 8 == l`), so the
-//! values are permuted within every 32-element chunk as in `kquant` (byte `4m + r` = element
-//! `m + 8r`) and `maddubs` + `vpdpwssd` by the scale pairs gives i32 lane `m` (and `m + 8` for
-//! the second chunk of a 64-byte vector) = the reference's `aux32[m]`. The raw bytes are
-//! permuted once per 64-byte load, before the bit fields are split. Each (row, activation block)
-//! pair costs 4 `maddubs` + 4 `vpdpwssd`; a block's weights are decoded once per tile and reused
+//! The reference keeps 8 float partial sums per row (lane `l` = elements `e % 8 == l`); the
+//! integer work below gives each of them exactly (any order is exact), and only the float steps
+//! follow the reference one by one. Each block's weights are decoded once per tile and reused
 //! for every activation row (batches up to 4 use them straight from registers, larger ones store
 //! the decoded tile and reload it per activation row).
 //!
-//! Q4_K/Q5_K: values 0..=15 (0..=31) multiply the signed activations directly; one 64-byte load
-//! of `qs` gives chunks (0, 2) in its low nibbles and (1, 3) in its high ones, so the activations
-//! are packed in that chunk order; Q5_K's `qh` bit is added with a byte mask (`vptestmb`).
-//! Q3_K/Q6_K are signed: the raw unsigned values (Q3_K `q | 4 * hbit` in 0..=7, Q6_K 0..=63)
-//! multiply the activations and `maddubs(offset, q)` (offset 4 or 32; once per activation block,
-//! shared by the tile) is subtracted from every pair sum, which gives the exact pair sums of
-//! `(raw - offset) * q`. Q3_K's one 64-byte `qs` load holds chunks (s, s + 4) in bits `2s..2s+2`,
-//! and its activations are packed in that order. Two rows' lanes are folded into one vector, and
-//! `sums[l] += d * aux32[l]` runs on it lane-wise in the reference order; the Q4_K/Q5_K
-//! `sumf -= dmin * sumi` runs with one lane per row.
+//! Q4_K/Q5_K (one scale per 32-element chunk): a dword holds the 4 elements `q + 8r` of one
+//! chunk, so `vpdpbusd` (unsigned values 0..=15 / 0..=31 times the signed activations) gives the
+//! chunk's exact part of lane `q` in one i32 (|x| <= 4 * 31 * 128, within i16). A 64-byte
+//! vector holds two chunks `(ca, ca + 2)` with their dwords interleaved (dword `2q` chunk `ca`,
+//! `2q + 1` chunk `cb`, both lane `q`): that is what one 64-byte `qs` load gives in its low
+//! (`ca = 4L`) and high (`4L + 1`) nibbles after one `vpermb`. `packssdw` of the two rows'
+//! results puts the word pairs (lane `q` of chunks `ca`, `cb`) of row A in i32 lanes `4j, 4j +
+//! 1` and those of row B in `4j + 2, 4j + 3` (`q = 2j + (lane & 1)`), and one `vpdpwssd` with the
+//! pair's scale words adds `s_ca * x_ca + s_cb * x_cb` into them: 2 rows' lanes in one register,
+//! no fold. Q5_K's `qh` bit is added with a byte mask (`vptestmb`). The min term `sumi` (per row
+//! `sum_i min_(i / 2) * bsum_i`) runs with the 8 rows' mins transposed into four vectors: four
+//! `vpdpwssd` per activation block and tile (the bsums are taken as any i16, never pre-added).
+//!
+//! Q3_K/Q6_K (one scale per 16 elements, so a dword would straddle two scales) permute every
+//! 32-byte chunk so that byte `4m + r` = element `m + 8r` (as in `kquant`): `maddubs` pairs two
+//! elements of lane `m` and one sub-block, and `vpdpwssd` by the scale pairs gives i32 lane `m`
+//! (and `m + 8` for the second chunk of a vector). They are signed: the raw unsigned values
+//! (Q3_K `q | 4 * hbit` in 0..=7, Q6_K 0..=63) multiply the activations and `maddubs(offset, q)`
+//! (offset 4 or 32; once per activation block, shared by the tile) is subtracted from every pair
+//! sum. Q3_K's one 64-byte `qs` load holds chunks (s, s + 4) in bits `2s..2s+2`, and its
+//! activations are packed in that order. Two rows' lanes are folded into one vector.
+//!
+//! Per-row `d`/`dmin` of a tile are gathered from general registers into one vector of halves
+//! (one `vcvtph2ps`), and `sums[l] += d * aux32[l]` runs lane-wise in the reference order; the
+//! Q4_K/Q5_K `sumf -= dmin * sumi` runs with one lane per row.
 
 use core::arch::x86_64::*;
 
-use super::kquant::{f16_to_f32, perm32, rd_f32, Q3, Q4, Q5, Q6, Q8K_BYTES};
-use super::q8_0::reduce8;
+use super::kquant::{perm32, rd_f32, Q3, Q5, Q6, Q8K_BYTES};
 use super::unpack::k4_scales;
+
+mod tables;
+use tables::{chunks45, d_idx, has_mins, out_lane, slots, MIN_IDX, PAIR_PERM, Q5_SEL, SCALE_IDX};
 
 /// Weight rows per tile.
 const TILE: usize = 8;
@@ -33,10 +47,6 @@ const TILE: usize = 8;
 const JCHUNK: usize = 64;
 /// Batches up to this size take the fused path (decode and multiply at once, nothing stored).
 const FUSED_MAX: usize = 4;
-/// True for the kinds with mins (`sumf -= dmin * sumi`): Q4_K and Q5_K.
-const fn has_mins(k: u8) -> bool {
-    k == Q4 || k == Q5
-}
 
 /// What the decoded raw (unsigned) values carry above the true ones: Q3_K 4, Q6_K 32, else 0.
 const fn offset(k: u8) -> i8 {
@@ -47,32 +57,36 @@ const fn offset(k: u8) -> i8 {
     }
 }
 
-/// Where chunk `c` of an activation block goes (32-byte slots) for kind `k`, so that 64-byte
-/// vector `i` holds the two chunks of the weight vector `w[i]`: Q4_K/Q5_K (0, 2), (1, 3),
-/// (4, 6), (5, 7); Q3_K (0, 4), (1, 5), (2, 6), (3, 7); Q6_K in order.
-const fn slots(k: u8) -> [usize; 8] {
-    match k {
-        Q4 | Q5 => [0, 2, 1, 3, 4, 6, 5, 7],
-        Q3 => [0, 2, 4, 6, 1, 3, 5, 7],
-        _ => [0, 1, 2, 3, 4, 5, 6, 7],
-    }
-}
-
-/// Packs `blocks` Q8_K blocks' quants for kind `K`: each 32-byte chunk permuted as in
+/// Packs `blocks` Q8_K blocks' quants for kind `K`: Q4_K/Q5_K vector `v` = chunks
+/// [`chunks45`]`(v)` through [`PAIR_PERM`]; Q3_K/Q6_K each 32-byte chunk permuted as in
 /// `kquant`, chunks placed by [`slots`].
 ///
 /// # Safety
 /// `x` must be valid for `blocks * Q8K_BYTES` bytes and `out` for `blocks * 256` bytes; the CPU
-/// must have AVX2.
-#[target_feature(enable = "avx2,f16c")]
+/// must have AVX-512F/BW/VL/VNNI/VBMI, AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 pub(super) unsafe fn pack<const K: u8>(x: *const u8, blocks: usize, out: *mut u8) {
     let slot_of = slots(K);
+    let perm = PAIR_PERM.get();
     for i in 0..blocks {
         let src = x.add(i * Q8K_BYTES + 4);
         let dst = out.add(i * 256);
-        for (c, &slot) in slot_of.iter().enumerate() {
-            let v = _mm256_loadu_si256(src.add(32 * c) as *const __m256i);
-            _mm256_storeu_si256(dst.add(32 * slot) as *mut __m256i, perm32(v));
+        if has_mins(K) {
+            for v in 0..4 {
+                let (ca, cb) = chunks45(v);
+                let lo = _mm256_loadu_si256(src.add(32 * ca) as *const __m256i);
+                let hi = _mm256_loadu_si256(src.add(32 * cb) as *const __m256i);
+                let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                _mm512_storeu_si512(
+                    dst.add(64 * v) as *mut __m512i,
+                    _mm512_permutexvar_epi8(perm, both),
+                );
+            }
+        } else {
+            for (c, &slot) in slot_of.iter().enumerate() {
+                let v = _mm256_loadu_si256(src.add(32 * c) as *const __m256i);
+                _mm256_storeu_si256(dst.add(32 * slot) as *mut __m256i, perm32(v));
+            }
         }
     }
 }
@@ -122,106 +136,119 @@ fn fold2(a: __m512i, b: __m512i) -> __m512i {
     )
 }
 
-/// One weight block of one row, decoded.
+/// One weight block of a pair of rows, decoded.
 #[derive(Clone, Copy)]
-struct RowDec {
-    /// 4 vectors of 2 permuted chunks (values 0..=15 / 0..=31 for Q4_K / Q5_K, the raw 0..=7 /
-    /// 0..=63 for Q3_K / Q6_K).
-    w: [__m512i; 4],
-    /// Per vector: the scale i16 pair of each lane's chunk.
-    s: [__m512i; 4],
-    /// Q4_K/Q5_K: the 8 mins, each twice, as i16 (multiplies the 16 bsums).
-    mins: __m256i,
-    /// `d` and `dmin` as f32.
-    d: f32,
-    dmin: f32,
+struct PairDec {
+    /// Per row, 4 vectors of 2 chunks (Q4_K/Q5_K values 0..=15 / 0..=31 interleaved by dword;
+    /// Q3_K/Q6_K the raw 0..=7 / 0..=63, permuted per chunk).
+    w: [[__m512i; 4]; 2],
+    /// Q4_K/Q5_K: `s[0][v]` the scale words of vector `v` for both rows (`s[1]` unused);
+    /// Q3_K/Q6_K: per row, the scale i16 pair of each lane's chunk.
+    s: [[__m512i; 4]; 2],
 }
 
-/// Decodes the block of kind `K` at `b`.
+/// Q4_K/Q5_K values of one row's block at `b` (vector `v` = chunks [`chunks45`]`(v)`).
 ///
 /// # Safety
 /// `b` must start a readable block of kind `K`; the CPU must have AVX-512F/BW/VL/VNNI/VBMI,
 /// AVX2 and F16C.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn decode_row<const K: u8>(b: *const u8) -> RowDec {
+unsafe fn values45<const K: u8>(b: *const u8) -> [__m512i; 4] {
     let m0f = _mm512_set1_epi8(0x0f);
+    let perm = PAIR_PERM.get();
+    let qs = if K == Q5 { b.add(48) } else { b.add(16) };
+    let q0 = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(qs as *const __m512i));
+    let q1 = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(qs.add(64) as *const __m512i));
+    let mut w = [
+        _mm512_and_si512(q0, m0f),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m0f),
+        _mm512_and_si512(q1, m0f),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m0f),
+    ];
+    if K == Q5 {
+        // qh[32] @16: bit c of byte e is bit 4 of chunk c's element e; both halves of the
+        // broadcast go through the same permutation as the values.
+        let qh = _mm512_permutexvar_epi8(
+            perm,
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i)),
+        );
+        let k16 = _mm512_set1_epi8(16);
+        for (v, wv) in w.iter_mut().enumerate() {
+            let k = _mm512_test_epi8_mask(qh, Q5_SEL[v].get());
+            *wv = _mm512_mask_add_epi8(*wv, k, *wv, k16);
+        }
+    }
+    w
+}
+
+/// Decodes the blocks of kind `K` at `a` and `b` (rows A and B of a pair).
+///
+/// # Safety
+/// As [`values45`], for both pointers.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn decode_pair<const K: u8>(a: *const u8, b: *const u8) -> PairDec {
+    if has_mins(K) {
+        let sa = _mm512_castsi128_si512(_mm_cvtsi64_si128(k4_scales(a.add(4)).0 as i64));
+        let sb = _mm512_castsi128_si512(_mm_cvtsi64_si128(k4_scales(b.add(4)).0 as i64));
+        // Even bytes only: the scales zero-extended to words.
+        let s = core::array::from_fn(|v| {
+            _mm512_maskz_permutex2var_epi8(0x5555_5555_5555_5555, sa, SCALE_IDX[v].get(), sb)
+        });
+        PairDec {
+            w: [values45::<K>(a), values45::<K>(b)],
+            s: [s, [_mm512_setzero_si512(); 4]],
+        }
+    } else {
+        let (wa, sa) = decode_signed::<K>(a);
+        let (wb, sb) = decode_signed::<K>(b);
+        PairDec {
+            w: [wa, wb],
+            s: [sa, sb],
+        }
+    }
+}
+
+/// Q3_K or Q6_K: one row's raw values and scale-pair vectors.
+///
+/// # Safety
+/// As [`values45`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn decode_signed<const K: u8>(b: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
     if K == Q3 {
         return decode_q3(b);
     }
-    if has_mins(K) {
-        let (s8, m8) = k4_scales(b.add(4));
-        let s = _mm_loadl_epi64(s8.as_ptr() as *const __m128i);
-        let m = _mm_loadl_epi64(m8.as_ptr() as *const __m128i);
-        // Dword c = (scale c, scale c): one scale per 32 elements.
-        let sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s, s)));
-        let qs = if K == Q5 { b.add(48) } else { b.add(16) };
-        let q0 = perm64(_mm512_loadu_si512(qs as *const __m512i));
-        let q1 = perm64(_mm512_loadu_si512(qs.add(64) as *const __m512i));
-        let mut w = [
-            _mm512_and_si512(q0, m0f),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m0f),
-            _mm512_and_si512(q1, m0f),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m0f),
-        ];
-        if K == Q5 {
-            // qh[32] @16: bit c of byte e is bit 4 of chunk c's element e; w[i] holds chunks
-            // (0, 2), (1, 3), (4, 6), (5, 7).
-            let qh = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
-                b.add(16) as *const __m256i
-            )));
-            for (wi, (c1, c2)) in w.iter_mut().zip([(0, 2), (1, 3), (4, 6), (5, 7)]) {
-                *wi = add_high_bit(*wi, qh, c1, c2, 16);
-            }
-        }
-        RowDec {
-            w,
-            s: [
-                _mm512_permutexvar_epi32(pair_idx(0, 2), sc),
-                _mm512_permutexvar_epi32(pair_idx(1, 3), sc),
-                _mm512_permutexvar_epi32(pair_idx(4, 6), sc),
-                _mm512_permutexvar_epi32(pair_idx(5, 7), sc),
-            ],
-            mins: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m)),
-            d: f16_to_f32(u16::from_le_bytes([*b, *b.add(1)])),
-            dmin: f16_to_f32(u16::from_le_bytes([*b.add(2), *b.add(3)])),
-        }
-    } else {
-        // Q6_K: ql[128] @0, qh[64] @128, scales[16] @192, d @208.
-        let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
-            b.add(192) as *const __m128i
+    // Q6_K: ql[128] @0, qh[64] @128, scales[16] @192, d @208.
+    let m0f = _mm512_set1_epi8(0x0f);
+    let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
+        b.add(192) as *const __m128i
+    )));
+    let m30 = _mm512_set1_epi8(0x30);
+    // Low nibbles: qh bits 0-1 (shift left 4) / 2-3 (left 2) to bits 4-5 in the two
+    // halves; high nibbles: bits 4-5 (no shift) / 6-7 (right 2).
+    let shl = _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
+    let shr = _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_setzero_si512(), _mm512_set1_epi16(2));
+    let mut w = [_mm512_setzero_si512(); 4];
+    for h in 0..2 {
+        let l = perm64(_mm512_loadu_si512(b.add(64 * h) as *const __m512i));
+        let qh = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+            b.add(128 + 32 * h) as *const __m256i,
         )));
-        let m30 = _mm512_set1_epi8(0x30);
-        // Low nibbles: qh bits 0-1 (shift left 4) / 2-3 (left 2) to bits 4-5 in the two
-        // halves; high nibbles: bits 4-5 (no shift) / 6-7 (right 2).
-        let shl = _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
-        let shr =
-            _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_setzero_si512(), _mm512_set1_epi16(2));
-        let mut w = [_mm512_setzero_si512(); 4];
-        for h in 0..2 {
-            let l = perm64(_mm512_loadu_si512(b.add(64 * h) as *const __m512i));
-            let qh = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
-                b.add(128 + 32 * h) as *const __m256i,
-            )));
-            let hlo = _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
-            let hhi = _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30);
-            // (a & 0x0f) | b
-            w[2 * h] = _mm512_ternarylogic_epi32::<0xEC>(l, hlo, m0f);
-            w[2 * h + 1] = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(l), hhi, m0f);
-        }
-        RowDec {
-            w,
-            s: [
-                _mm512_permutexvar_epi32(pair_idx(0, 1), sc),
-                _mm512_permutexvar_epi32(pair_idx(2, 3), sc),
-                _mm512_permutexvar_epi32(pair_idx(4, 5), sc),
-                _mm512_permutexvar_epi32(pair_idx(6, 7), sc),
-            ],
-            mins: _mm256_setzero_si256(),
-            d: f16_to_f32(u16::from_le_bytes([*b.add(208), *b.add(209)])),
-            dmin: 0.0,
-        }
+        let hlo = _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
+        let hhi = _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30);
+        // (a & 0x0f) | b
+        w[2 * h] = _mm512_ternarylogic_epi32::<0xEC>(l, hlo, m0f);
+        w[2 * h + 1] = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(l), hhi, m0f);
     }
+    let s = [
+        _mm512_permutexvar_epi32(pair_idx(0, 1), sc),
+        _mm512_permutexvar_epi32(pair_idx(2, 3), sc),
+        _mm512_permutexvar_epi32(pair_idx(4, 5), sc),
+        _mm512_permutexvar_epi32(pair_idx(6, 7), sc),
+    ];
+    (w, s)
 }
 
 /// `w + add` in the bytes whose bit `c1` (low 32 bytes) or `c2` (high 32 bytes) of `h` is set.
@@ -242,7 +269,7 @@ fn add_high_bit(w: __m512i, h: __m512i, c1: u32, c2: u32, add: i8) -> __m512i {
 /// bits 4..8 of those (i = 2, 3), with bits `2i..2i+2` of byte `8 + k` on top.
 ///
 /// # Safety
-/// `p` must be valid for 12 bytes (the load is masked to them); CPU features as [`decode_row`].
+/// `p` must be valid for 12 bytes (the load is masked to them); CPU features as [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn q3_scales_simd(p: *const u8) -> __m128i {
@@ -271,10 +298,10 @@ unsafe fn q3_scales_simd(p: *const u8) -> __m128i {
 /// of the two 32-byte halves of `qs`.
 ///
 /// # Safety
-/// As [`decode_row`].
+/// As [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn decode_q3(b: *const u8) -> RowDec {
+unsafe fn decode_q3(b: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
     let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(q3_scales_simd(b.add(96))));
     let hm = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
         b as *const __m256i,
@@ -305,26 +332,38 @@ unsafe fn decode_q3(b: *const u8) -> RowDec {
             4,
         ),
     ];
-    RowDec {
-        w,
-        s: [
-            _mm512_permutexvar_epi32(pair_idx(0, 4), sc),
-            _mm512_permutexvar_epi32(pair_idx(1, 5), sc),
-            _mm512_permutexvar_epi32(pair_idx(2, 6), sc),
-            _mm512_permutexvar_epi32(pair_idx(3, 7), sc),
-        ],
-        mins: _mm256_setzero_si256(),
-        d: f16_to_f32(u16::from_le_bytes([*b.add(108), *b.add(109)])),
-        dmin: 0.0,
-    }
+    let s = [
+        _mm512_permutexvar_epi32(pair_idx(0, 4), sc),
+        _mm512_permutexvar_epi32(pair_idx(1, 5), sc),
+        _mm512_permutexvar_epi32(pair_idx(2, 6), sc),
+        _mm512_permutexvar_epi32(pair_idx(3, 7), sc),
+    ];
+    (w, s)
 }
 
-/// One activation block's 4 vectors and, for Q3_K/Q6_K, `maddubs(offset, q)` of each (the pair
-/// sums that turn the raw values into `raw - offset`).
+/// One activation block as the tile's kernels use it.
+#[derive(Clone, Copy)]
+struct Act {
+    /// The 4 packed vectors.
+    v: [__m512i; 4],
+    /// Q3_K/Q6_K: `maddubs(offset, q)` of each (the pair sums that turn the raw values into
+    /// `raw - offset`).
+    pq: [__m512i; 4],
+    /// Q4_K/Q5_K: the bsum pairs of chunks `2h` (lanes 0..8) and `2h + 1` (lanes 8..16), for
+    /// the transposed mins ([`min_idx`]).
+    b: [__m512i; 4],
+    /// `y.d` in every lane.
+    yd: __m512,
+}
+
+/// Loads activation block `a` (packed) / `xb` (raw Q8_K) for kind `K`.
+///
+/// # Safety
+/// `a` must be valid for 256 bytes and `xb` for `Q8K_BYTES`; CPU features as [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn load_act<const K: u8>(a: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
-    let av = [
+unsafe fn load_act<const K: u8>(a: *const u8, xb: *const u8) -> Act {
+    let v = [
         _mm512_loadu_si512(a as *const __m512i),
         _mm512_loadu_si512(a.add(64) as *const __m512i),
         _mm512_loadu_si512(a.add(128) as *const __m512i),
@@ -334,128 +373,190 @@ unsafe fn load_act<const K: u8>(a: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
     if offset(K) != 0 {
         let off = _mm512_set1_epi8(offset(K));
         for i in 0..4 {
-            pq[i] = _mm512_maddubs_epi16(off, av[i]);
+            pq[i] = _mm512_maddubs_epi16(off, v[i]);
         }
     }
-    (av, pq)
+    let mut b = [_mm512_setzero_si512(); 4];
+    if has_mins(K) {
+        // Dword c = the bsums (2c, 2c + 1) of chunk c (any i16 values: nothing is pre-added).
+        let bs = _mm512_castsi256_si512(_mm256_loadu_si256(xb.add(260) as *const __m256i));
+        b = core::array::from_fn(|h| {
+            let (c1, c2) = (2 * h as i32, 2 * h as i32 + 1);
+            _mm512_permutexvar_epi32(pair_idx(c1, c2), bs)
+        });
+    }
+    Act {
+        v,
+        pq,
+        b,
+        yd: _mm512_set1_ps(rd_f32(xb)),
+    }
 }
 
-/// The 16 i32 lane sums of `scale * w * q` of one row's block (lanes `m` and `m + 8` are the
-/// reference's lane `m`). Pair sums stay within i16 (at most `2 * 63 * 128`, Q6_K).
+/// The 16 i32 lane sums of `scale * w * q` of one Q3_K/Q6_K row's block (lanes `m` and `m + 8`
+/// are the reference's lane `m`). Pair sums stay within i16 (at most `2 * 63 * 128`, Q6_K).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn row_lanes<const K: u8>(
-    w: &[__m512i; 4],
-    s: &[__m512i; 4],
-    av: &[__m512i; 4],
-    pq: &[__m512i; 4],
-) -> __m512i {
+fn row_lanes(w: &[__m512i; 4], s: &[__m512i; 4], av: &[__m512i; 4], pq: &[__m512i; 4]) -> __m512i {
     let mut acc = _mm512_setzero_si512();
     for i in 0..4 {
-        let mut p = _mm512_maddubs_epi16(w[i], av[i]);
-        if offset(K) != 0 {
-            p = _mm512_sub_epi16(p, pq[i]);
-        }
+        let p = _mm512_sub_epi16(_mm512_maddubs_epi16(w[i], av[i]), pq[i]);
         acc = _mm512_dpwssd_epi32(acc, p, s[i]);
     }
     acc
 }
 
+/// The exact `aux32` lanes of both rows of a pair against one activation block, in the float
+/// layout of [`out_lane`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn pair_lanes<const K: u8>(d: &PairDec, act: &Act) -> __m512i {
+    if has_mins(K) {
+        let z = _mm512_setzero_si512();
+        let mut acc = z;
+        for v in 0..4 {
+            let xa = _mm512_dpbusd_epi32(z, d.w[0][v], act.v[v]);
+            let xb = _mm512_dpbusd_epi32(z, d.w[1][v], act.v[v]);
+            acc = _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(xa, xb), d.s[0][v]);
+        }
+        acc
+    } else {
+        fold2(
+            row_lanes(&d.w[0], &d.s[0], &act.v, &act.pq),
+            row_lanes(&d.w[1], &d.s[1], &act.v, &act.pq),
+        )
+    }
+}
+
+/// Per-tile, per-block float factors and transposed mins.
+#[derive(Clone, Copy)]
+struct Meta {
+    /// Per pair, each row's `d` in its float lanes.
+    dp: [__m512; 4],
+    /// Q4_K/Q5_K: `dmin` of row `r` in lane `r`.
+    dmin: __m256,
+    /// Q4_K/Q5_K: the 8 rows' mins, transposed ([`min_idx`]).
+    mins: [__m512i; 4],
+}
+
+/// Reads the `d` (and `dmin`) halves and the mins of the tile's blocks at `rows[r] + off`.
+///
+/// # Safety
+/// Every `rows[r] + off` must start a readable block of kind `K`; CPU features as
+/// [`values45`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn meta<const K: u8>(rows: &[*const u8; TILE], off: usize) -> Meta {
+    // Halves 2r, 2r + 1 = d, dmin of row r (dmin 0 without mins).
+    let dd = |r: usize| -> u64 {
+        let b = rows[r].add(off);
+        match K {
+            Q3 => u16::from_le_bytes([*b.add(108), *b.add(109)]) as u64,
+            Q6 => u16::from_le_bytes([*b.add(208), *b.add(209)]) as u64,
+            _ => u32::from_le_bytes([*b, *b.add(1), *b.add(2), *b.add(3)]) as u64,
+        }
+    };
+    let mut h = _mm256_setzero_si256();
+    for p in 0..4 {
+        h = _mm256_mask_set1_epi64(h, 1 << p, (dd(2 * p) | dd(2 * p + 1) << 32) as i64);
+    }
+    let f = _mm512_cvtph_ps(h);
+    let dp = core::array::from_fn(|p| {
+        let idx = d_idx(K, p);
+        _mm512_permutexvar_ps(_mm512_loadu_si512(idx.as_ptr() as *const __m512i), f)
+    });
+    let mut m = Meta {
+        dp,
+        dmin: _mm256_setzero_ps(),
+        mins: [_mm512_setzero_si512(); 4],
+    };
+    if has_mins(K) {
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15);
+        m.dmin = _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, f));
+        let mut z = _mm512_setzero_si512();
+        for (r, &row) in rows.iter().enumerate() {
+            z = _mm512_mask_set1_epi64(z, 1 << r, k4_scales(row.add(off + 4)).1 as i64);
+        }
+        m.mins = core::array::from_fn(|h| {
+            _mm512_maskz_permutexvar_epi8(0x5555_5555_5555_5555, MIN_IDX[h].get(), z)
+        });
+    }
+    m
+}
+
 /// The reference's float state of one activation row against a tile's 8 rows.
 #[derive(Clone, Copy)]
 struct Acc {
-    /// `sums[l]` of rows `2p` (lanes 0..8) and `2p + 1` (lanes 8..16).
+    /// `sums[l]` of rows `2p` and `2p + 1` (lanes as [`out_lane`]).
     sums: [__m512; 4],
     /// `sumf` of each row (the Q4_K/Q5_K min terms), one lane per row.
     sumf: __m256,
 }
 
-/// Per-row `d` as pairs (`d` of row `2p` in lanes 0..8, of row `2p + 1` in lanes 8..16).
+/// `d = x.d * y.d; sums[l] += d * aux32[l]` for pair `p`.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn d_pairs(d: &[f32; TILE]) -> [__m512; 4] {
-    core::array::from_fn(|p| {
-        _mm512_mask_blend_ps(
-            0xFF00,
-            _mm512_set1_ps(d[2 * p]),
-            _mm512_set1_ps(d[2 * p + 1]),
-        )
-    })
-}
-
-/// The float work of one activation block (raw Q8_K block `xb`) against 8 rows, given their
-/// lane sums, `bsums * mins` products (Q4_K/Q5_K), `d` pairs and `dmin`s, in the reference order.
-///
-/// # Safety
-/// `xb` must be valid for `Q8K_BYTES`; CPU features as [`decode_row`].
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn epilogue<const K: u8>(
-    lanes: &[__m512i; TILE],
-    ms: &[__m256i; TILE],
-    dp: &[__m512; 4],
-    dmin: __m256,
-    xb: *const u8,
-    acc: &mut Acc,
-) {
-    let yd = rd_f32(xb);
-    let ydv = _mm512_set1_ps(yd);
-    for p in 0..4 {
-        let aux = fold2(lanes[2 * p], lanes[2 * p + 1]);
-        // d = x.d * y.d; sums[l] += d * aux32[l]
-        let d = _mm512_mul_ps(dp[p], ydv);
-        acc.sums[p] = _mm512_add_ps(acc.sums[p], _mm512_mul_ps(d, _mm512_cvtepi32_ps(aux)));
-    }
-    if has_mins(K) {
-        min_update(ms, dmin, yd, acc);
-    }
+fn sums_update(mt: &Meta, p: usize, lanes: __m512i, act: &Act, acc: &mut Acc) {
+    let d = _mm512_mul_ps(mt.dp[p], act.yd);
+    acc.sums[p] = _mm512_add_ps(acc.sums[p], _mm512_mul_ps(d, _mm512_cvtepi32_ps(lanes)));
 }
 
 /// The Q4_K/Q5_K `sumf -= dmin * sumi` for 8 rows (lane per row), `dmin = x.dmin * y.d`,
-/// `sumi` the sum of each row's `bsums * mins` products `ms[r]`.
+/// `sumi = sum_i min_(i / 2) * bsum_i` from the transposed mins (lanes `r` and `r + 8`).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn min_update(ms: &[__m256i; TILE], dmin: __m256, yd: f32, acc: &mut Acc) {
-    let sumi = _mm256_cvtepi32_ps(reduce8(ms));
-    let dm = _mm256_mul_ps(dmin, _mm256_set1_ps(yd));
-    acc.sumf = _mm256_sub_ps(acc.sumf, _mm256_mul_ps(dm, sumi));
+fn min_update(mt: &Meta, act: &Act, acc: &mut Acc) {
+    let mut s = _mm512_setzero_si512();
+    for h in 0..4 {
+        s = _mm512_dpwssd_epi32(s, mt.mins[h], act.b[h]);
+    }
+    let sumi = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
+    let dm = _mm256_mul_ps(mt.dmin, _mm512_castps512_ps256(act.yd));
+    acc.sumf = _mm256_sub_ps(acc.sumf, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(sumi)));
 }
 
 /// One block of each of a tile's rows, decoded for reuse against every activation row.
 struct Tile {
-    rows: [RowDec; TILE],
-    dp: [__m512; 4],
-    dmin: __m256,
+    pairs: [PairDec; 4],
+    meta: Meta,
 }
 
 /// Batched path: one activation block against the decoded tile.
 ///
 /// # Safety
-/// `a` must be valid for 256 bytes, `xb` for `Q8K_BYTES`; CPU features as [`decode_row`].
+/// `a` must be valid for 256 bytes, `xb` for `Q8K_BYTES`; CPU features as [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc) {
-    let (av, pq) = load_act::<K>(a);
-    let bs = _mm256_loadu_si256(xb.add(260) as *const __m256i);
-    let mut lanes = [_mm512_setzero_si512(); TILE];
-    let mut ms = [_mm256_setzero_si256(); TILE];
-    for r in 0..TILE {
-        lanes[r] = row_lanes::<K>(&t.rows[r].w, &t.rows[r].s, &av, &pq);
-        if has_mins(K) {
-            ms[r] = _mm256_madd_epi16(bs, t.rows[r].mins);
-        }
+    let act = load_act::<K>(a, xb);
+    for p in 0..4 {
+        let lanes = pair_lanes::<K>(&t.pairs[p], &act);
+        sums_update(&t.meta, p, lanes, &act, acc);
     }
-    epilogue::<K>(&lanes, &ms, &t.dp, t.dmin, xb, acc);
+    if has_mins(K) {
+        min_update(&t.meta, &act, acc);
+    }
 }
 
-/// Small batches (`N` activation rows, 1..=[`FUSED_MAX`]): decode each row's block and multiply
-/// it at once against the `N` activation blocks, nothing stored; rows are taken in pairs and
-/// folded into the float state right away (fewer live registers). Also prefetches the same
-/// block of the rows `ahead` bytes further (the next tile).
+/// Prefetches the block of `K` at `b + ahead` (the same block of the next tile's row).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn prefetch_block<const K: u8>(b: *const u8, ahead: usize) {
+    let pf = b.wrapping_add(ahead);
+    for line in 0..super::kquant::block_bytes(K).div_ceil(64) {
+        // Prefetches never fault, whatever the address.
+        _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(64 * line) as *const i8);
+    }
+}
+
+/// Small batches (`N` activation rows, 1..=[`FUSED_MAX`]): decode each pair's block and
+/// multiply it at once against the `N` activation blocks, nothing stored, folding it into the
+/// float state right away. Also prefetches the same block of the rows `ahead` bytes further
+/// (the next tile).
 ///
 /// # Safety
 /// Every `rows[i] + off` must start a readable block of kind `K`; `a[j]` must be valid for 256
-/// bytes and `xb[j]` for `Q8K_BYTES`; CPU features as [`decode_row`].
+/// bytes and `xb[j]` for `Q8K_BYTES`; CPU features as [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn fused<const K: u8, const N: usize>(
@@ -466,62 +567,21 @@ unsafe fn fused<const K: u8, const N: usize>(
     xb: [*const u8; N],
     acc: &mut [Acc],
 ) {
-    let mut av = [[_mm512_setzero_si512(); 4]; N];
-    let mut pq = [[_mm512_setzero_si512(); 4]; N];
-    let mut bs = [_mm256_setzero_si256(); N];
-    let mut ydv = [_mm512_setzero_ps(); N];
-    for j in 0..N {
-        (av[j], pq[j]) = load_act::<K>(a[j]);
-        bs[j] = _mm256_loadu_si256(xb[j].add(260) as *const __m256i);
-        ydv[j] = _mm512_set1_ps(rd_f32(xb[j]));
-    }
-    let mut ms = [[_mm256_setzero_si256(); TILE]; N];
-    let mut dmin = [0f32; TILE];
+    let acts: [Act; N] = core::array::from_fn(|j| load_act::<K>(a[j], xb[j]));
+    let mt = meta::<K>(rows, off);
     for p in 0..4 {
-        let mut dec = [decode_row_zero(); 2];
-        for (h, dh) in dec.iter_mut().enumerate() {
-            let r = 2 * p + h;
-            let b = rows[r].add(off);
-            let pf = b.wrapping_add(ahead);
-            for line in 0..super::kquant::block_bytes(K).div_ceil(64) {
-                _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(64 * line) as *const i8);
-            }
-            *dh = decode_row::<K>(b);
-            dmin[r] = dh.dmin;
-        }
-        let dp = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(dec[0].d), _mm512_set1_ps(dec[1].d));
-        for j in 0..N {
-            let l0 = row_lanes::<K>(&dec[0].w, &dec[0].s, &av[j], &pq[j]);
-            let l1 = row_lanes::<K>(&dec[1].w, &dec[1].s, &av[j], &pq[j]);
-            if has_mins(K) {
-                ms[j][2 * p] = _mm256_madd_epi16(bs[j], dec[0].mins);
-                ms[j][2 * p + 1] = _mm256_madd_epi16(bs[j], dec[1].mins);
-            }
-            let aux = fold2(l0, l1);
-            // d = x.d * y.d; sums[l] += d * aux32[l]
-            let dv = _mm512_mul_ps(dp, ydv[j]);
-            acc[j].sums[p] =
-                _mm512_add_ps(acc[j].sums[p], _mm512_mul_ps(dv, _mm512_cvtepi32_ps(aux)));
+        let (ra, rb) = (rows[2 * p].add(off), rows[2 * p + 1].add(off));
+        prefetch_block::<K>(ra, ahead);
+        prefetch_block::<K>(rb, ahead);
+        let dec = decode_pair::<K>(ra, rb);
+        for (act, acc) in acts.iter().zip(acc.iter_mut()) {
+            sums_update(&mt, p, pair_lanes::<K>(&dec, act), act, acc);
         }
     }
     if has_mins(K) {
-        let dminv = _mm256_loadu_ps(dmin.as_ptr());
-        for j in 0..N {
-            min_update(&ms[j], dminv, rd_f32(xb[j]), &mut acc[j]);
+        for (act, acc) in acts.iter().zip(acc.iter_mut()) {
+            min_update(&mt, act, acc);
         }
-    }
-}
-
-/// An all-zero [`RowDec`] (placeholder before decoding).
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn decode_row_zero() -> RowDec {
-    RowDec {
-        w: [_mm512_setzero_si512(); 4],
-        s: [_mm512_setzero_si512(); 4],
-        mins: _mm256_setzero_si256(),
-        d: 0.0,
-        dmin: 0.0,
     }
 }
 
@@ -584,12 +644,12 @@ pub(super) unsafe fn gemm<const K: u8>(
             *p = w.add((r0 + i).min(rows - 1) * row_bytes);
         }
         let valid = (rows - r0).min(TILE);
+        let ahead = TILE * row_bytes;
         let mut j0 = 0;
         while j0 < n {
             let nj = (n - j0).min(JCHUNK);
             accs[..nj].fill(zero);
             if n <= FUSED_MAX {
-                let ahead = TILE * row_bytes;
                 match n {
                     1 => fused_tile::<K, 1>(&rp, nb, ahead, x, xp, 0, &mut accs[..1]),
                     2 => fused_tile::<K, 2>(&rp, nb, ahead, x, xp, 0, &mut accs[..2]),
@@ -598,21 +658,14 @@ pub(super) unsafe fn gemm<const K: u8>(
                 }
             } else {
                 for b in 0..nb {
-                    let mut d = [0f32; TILE];
-                    let mut dmin = [0f32; TILE];
-                    for r in 0..TILE {
-                        let blk = rp[r].add(b * bbytes);
-                        // The same block of the next tile's row, as in `fused`.
-                        let pf = blk.wrapping_add(TILE * row_bytes);
-                        for line in 0..bbytes.div_ceil(64) {
-                            _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(64 * line) as *const i8);
-                        }
-                        t.rows[r] = decode_row::<K>(blk);
-                        d[r] = t.rows[r].d;
-                        dmin[r] = t.rows[r].dmin;
+                    let off = b * bbytes;
+                    for p in 0..4 {
+                        let (ra, rb) = (rp[2 * p].add(off), rp[2 * p + 1].add(off));
+                        prefetch_block::<K>(ra, ahead);
+                        prefetch_block::<K>(rb, ahead);
+                        t.pairs[p] = decode_pair::<K>(ra, rb);
                     }
-                    t.dp = d_pairs(&d);
-                    t.dmin = _mm256_loadu_ps(dmin.as_ptr());
+                    t.meta = meta::<K>(&rp, off);
                     for (jj, acc) in accs[..nj].iter_mut().enumerate() {
                         let blk = (j0 + jj) * nb + b;
                         dot::<K>(&t, xp.add(blk * 256), x.add(blk * Q8K_BYTES), acc);
@@ -626,7 +679,7 @@ pub(super) unsafe fn gemm<const K: u8>(
                     // sumf += sums[l] for l in 0..8, in order.
                     let mut s = sumf[i];
                     for l in 0..8 {
-                        s += sums[8 * (i % 2) + l];
+                        s += sums[out_lane(K, i % 2, l)];
                     }
                     *out.add((r0 + i) * n + j0 + jj) = s;
                 }

@@ -236,9 +236,12 @@ unsafe fn decode_q3<F: FnMut(usize, __m256i, __m256i)>(b: *const u8, mut put: F)
     }
 }
 
-/// Q4_K / Q5_K's 12 scale bytes -> (8 scales, 8 mins), six bits each.
+/// Q4_K / Q5_K's 12 scale bytes -> (8 scales, 8 mins), six bits each, one byte per value
+/// (little-endian: value `i` in byte `i`). Built in general registers and returned as `u64` so
+/// that callers move them into vectors with one `vmovq` (no byte stores re-read wider, which
+/// would miss store forwarding).
 #[inline(always)]
-pub(super) fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
+pub(super) fn k4_scales(p: *const u8) -> (u64, u64) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
@@ -249,13 +252,10 @@ pub(super) fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
     let sc1 = (a2 & LOW4) | (((a0 >> 6) & LOW2) << 4);
     let mn0 = a1 & LOW6;
     let mn1 = ((a2 >> 4) & LOW4) | (((a1 >> 6) & LOW2) << 4);
-    let mut s = [0u8; 8];
-    let mut m = [0u8; 8];
-    s[..4].copy_from_slice(&sc0.to_le_bytes());
-    s[4..].copy_from_slice(&sc1.to_le_bytes());
-    m[..4].copy_from_slice(&mn0.to_le_bytes());
-    m[4..].copy_from_slice(&mn1.to_le_bytes());
-    (s, m)
+    (
+        sc0 as u64 | (sc1 as u64) << 32,
+        mn0 as u64 | (mn1 as u64) << 32,
+    )
 }
 
 /// Q4_K: d @0, dmin @2, scales[12] @4, qs[128] @16. Q5_K adds qh[32] @16 and moves qs to @48.
@@ -266,8 +266,8 @@ unsafe fn decode_q45<const HIGH: bool, F: FnMut(usize, __m256i, __m256i)>(
     mut put: F,
 ) -> BlockMeta {
     let (s8, m8) = k4_scales(b.add(4));
-    let s = _mm_loadl_epi64(s8.as_ptr() as *const __m128i);
-    let m = _mm_loadl_epi64(m8.as_ptr() as *const __m128i);
+    let s = _mm_cvtsi64_si128(s8 as i64);
+    let m = _mm_cvtsi64_si128(m8 as i64);
     // Duplicate every byte (one scale per 32 elements = two 16-element sub-blocks), widen.
     let sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s, s));
     let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));

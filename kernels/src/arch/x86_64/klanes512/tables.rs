@@ -1,0 +1,128 @@
+//! Constant layouts of the AVX-512 K-quant kernels (`klanes512`): the byte permutations and
+//! `vpermb`/`vpermps` index vectors that place weights, scales, mins and float lanes, built at
+//! compile time from the layout rules the parent module's docs describe.
+
+use super::super::kquant::{Q3, Q4, Q5};
+use core::arch::x86_64::*;
+
+/// True for the kinds with mins (`sumf -= dmin * sumi`): Q4_K and Q5_K.
+pub(super) const fn has_mins(k: u8) -> bool {
+    k == Q4 || k == Q5
+}
+
+/// A 64-byte constant (vector index or mask), aligned for one load.
+#[repr(C, align(64))]
+pub(super) struct V64([u8; 64]);
+
+impl V64 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn get(&self) -> __m512i {
+        // SAFETY: 64 readable bytes (unaligned load; the alignment only helps).
+        unsafe { _mm512_loadu_si512(self.0.as_ptr() as *const __m512i) }
+    }
+}
+
+/// Q4_K/Q5_K: byte `8q + r` <- byte `q + 8r`, byte `8q + 4 + r` <- byte `32 + q + 8r` (dword
+/// `2q` = lane `q` of the low 32 bytes' chunk, `2q + 1` = of the high 32 bytes' chunk).
+pub(super) static PAIR_PERM: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut q = 0;
+    while q < 8 {
+        let mut r = 0;
+        while r < 4 {
+            o[8 * q + r] = (q + 8 * r) as u8;
+            o[8 * q + 4 + r] = (32 + q + 8 * r) as u8;
+            r += 1;
+        }
+        q += 1;
+    }
+    o
+});
+
+/// The chunks `(ca, cb)` of Q4_K/Q5_K vector `v` (`qs` load `v / 2`, nibble `v % 2`).
+pub(super) const fn chunks45(v: usize) -> (usize, usize) {
+    let ca = 4 * (v / 2) + v % 2;
+    (ca, ca + 2)
+}
+
+/// Q4_K/Q5_K `vpermt2b` indices of vector `v`'s scale words from two rows' 8 scale bytes (row A
+/// in bytes 0..8 of the first source, row B in the second): i32 lane `4j + t` = (scale `ca`,
+/// scale `cb`) of row A for `t < 2`, of row B for `t >= 2`; odd bytes are zeroed by the mask.
+pub(super) const fn scale_idx(v: usize) -> V64 {
+    let (ca, cb) = chunks45(v);
+    let mut o = [0u8; 64];
+    let mut w = 0;
+    while w < 32 {
+        let lane = w / 2;
+        let chunk = if w % 2 == 0 { ca } else { cb };
+        let base = if lane % 4 >= 2 { 64 } else { 0 };
+        o[2 * w] = (base + chunk) as u8;
+        w += 1;
+    }
+    V64(o)
+}
+pub(super) static SCALE_IDX: [V64; 4] = [scale_idx(0), scale_idx(1), scale_idx(2), scale_idx(3)];
+
+/// Q5_K: the `qh` bit of each byte of vector `v` (bit `ca` in even dwords, `cb` in odd ones).
+pub(super) const fn q5_sel(v: usize) -> V64 {
+    let (ca, cb) = chunks45(v);
+    let mut o = [0u8; 64];
+    let mut b = 0;
+    while b < 64 {
+        o[b] = 1u8 << if (b / 4) % 2 == 0 { ca } else { cb };
+        b += 1;
+    }
+    V64(o)
+}
+pub(super) static Q5_SEL: [V64; 4] = [q5_sel(0), q5_sel(1), q5_sel(2), q5_sel(3)];
+
+/// Transposed mins (`vpermb` of the 8 rows' min bytes, row `r` in bytes `8r..8r + 8`): i32
+/// lane `L` = words (min `k`, min `k`) of row `L % 8`, `k = 2h + L / 8`; odd bytes zeroed.
+pub(super) const fn min_idx(h: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut l = 0;
+    while l < 16 {
+        let k = 2 * h + l / 8;
+        o[4 * l] = (8 * (l % 8) + k) as u8;
+        o[4 * l + 2] = (8 * (l % 8) + k) as u8;
+        l += 1;
+    }
+    V64(o)
+}
+pub(super) static MIN_IDX: [V64; 4] = [min_idx(0), min_idx(1), min_idx(2), min_idx(3)];
+
+/// The float lane of pair-row `h` (0 or 1), reference lane `l`, for kind `k`.
+pub(super) const fn out_lane(k: u8, h: usize, l: usize) -> usize {
+    if has_mins(k) {
+        4 * (l / 2) + 2 * h + l % 2
+    } else {
+        8 * h + l
+    }
+}
+
+/// `vpermps` indices from the tile's `(d, dmin)` floats (row `r` at lanes `2r`, `2r + 1`) to
+/// pair `p`'s `d` in every float lane of its two rows.
+pub(super) const fn d_idx(k: u8, p: usize) -> [i32; 16] {
+    let mut o = [0i32; 16];
+    let mut h = 0;
+    while h < 2 {
+        let mut l = 0;
+        while l < 8 {
+            o[out_lane(k, h, l)] = (2 * (2 * p + h)) as i32;
+            l += 1;
+        }
+        h += 1;
+    }
+    o
+}
+
+/// Where chunk `c` of an activation block goes (32-byte slots) for Q3_K/Q6_K, so that 64-byte
+/// vector `i` holds the two chunks of the weight vector `w[i]`: Q3_K (0, 4), (1, 5), (2, 6),
+/// (3, 7); Q6_K in order.
+pub(super) const fn slots(k: u8) -> [usize; 8] {
+    match k {
+        Q3 => [0, 2, 4, 6, 1, 3, 5, 7],
+        _ => [0, 1, 2, 3, 4, 5, 6, 7],
+    }
+}
