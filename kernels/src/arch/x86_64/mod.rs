@@ -7,7 +7,8 @@
 //! unpacks every weight block once and runs it against all activation rows; see `kquant` and
 //! `q8_0` for how the integer work is arranged so that the float epilogue follows the reference
 //! exactly. The AVX-512-VNNI tier has its own 64-byte kernels with 8-row tiles for Q2_K
-//! (`q2k512`) and, when the CPU also has AVX512-VBMI (checked at run time), Q3_K, Q4_K, Q5_K
+//! (`q2k512`, built twice: with AVX512-VBMI its scale table is one `vpermb` lookup) and, when
+//! the CPU also has AVX512-VBMI (checked at run time), Q3_K, Q4_K, Q5_K
 //! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Types
 //! without a path (legacy 4/5-bit, floats) return `false` and the caller falls back to the
 //! scalar reference.
@@ -139,7 +140,11 @@ fn gemm_kquant(
         unsafe {
             if level == Level::Avx512 && kind == kquant::Q2 {
                 q2k512::pack(xp, n * nb, pp);
-                q2k512::gemm(nb, wp, rows, xp, pp, n, op);
+                if vbmi_enabled() {
+                    q2k512::vbmi::gemm(nb, wp, rows, xp, pp, n, op);
+                } else {
+                    q2k512::base::gemm(nb, wp, rows, xp, pp, n, op);
+                }
                 return;
             }
             // The Q3_K..Q6_K 64-byte paths also need AVX512-VBMI (`vpermb`); without it the
