@@ -36,7 +36,6 @@
 use core::arch::x86_64::*;
 
 use super::kquant::{perm32, rd_f32, Q3, Q5, Q6, Q8K_BYTES};
-use super::unpack::k4_scales;
 
 mod tables;
 use tables::{chunks45, d_idx, has_mins, out_lane, slots, MIN_IDX, PAIR_PERM, Q5_SEL, SCALE_IDX};
@@ -136,6 +135,25 @@ fn fold2(a: __m512i, b: __m512i) -> __m512i {
     )
 }
 
+/// `vpdpwssd` as written: LLVM otherwise splits a chain of them into `vpmaddwd` + `vpaddd`
+/// (shorter latency, one more uop on the ports these kernels saturate).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut r = acc;
+    // SAFETY: a register-only AVX-512-VNNI instruction, and this function requires that feature.
+    unsafe {
+        core::arch::asm!(
+            "vpdpwssd {r}, {a}, {b}",
+            r = inout(zmm_reg) r,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    r
+}
+
 /// One weight block of a pair of rows, decoded.
 #[derive(Clone, Copy)]
 struct PairDec {
@@ -182,23 +200,26 @@ unsafe fn values45<const K: u8>(b: *const u8) -> [__m512i; 4] {
     w
 }
 
-/// Decodes the blocks of kind `K` at `a` and `b` (rows A and B of a pair).
+/// Decodes the blocks of kind `K` at `a` and `b` (rows `2p` and `2p + 1` of the tile whose
+/// scale bytes, for Q4_K/Q5_K, are in `scales` as [`Meta::scales`]).
 ///
 /// # Safety
 /// As [`values45`], for both pointers.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn decode_pair<const K: u8>(a: *const u8, b: *const u8) -> PairDec {
+unsafe fn decode_pair<const K: u8>(
+    a: *const u8,
+    b: *const u8,
+    scales: __m512i,
+    p: usize,
+) -> PairDec {
     if has_mins(K) {
-        let sa = _mm512_castsi128_si512(_mm_cvtsi64_si128(k4_scales(a.add(4)).0 as i64));
-        let sb = _mm512_castsi128_si512(_mm_cvtsi64_si128(k4_scales(b.add(4)).0 as i64));
-        // Even bytes only: the scales zero-extended to words.
-        let s = core::array::from_fn(|v| {
-            _mm512_maskz_permutex2var_epi8(0x5555_5555_5555_5555, sa, SCALE_IDX[v].get(), sb)
-        });
+        let z = _mm512_setzero_si512();
+        let s =
+            core::array::from_fn(|v| _mm512_permutex2var_epi8(scales, SCALE_IDX[p][v].get(), z));
         PairDec {
             w: [values45::<K>(a), values45::<K>(b)],
-            s: [s, [_mm512_setzero_si512(); 4]],
+            s: [s, [z; 4]],
         }
     } else {
         let (wa, sa) = decode_signed::<K>(a);
@@ -401,7 +422,7 @@ fn row_lanes(w: &[__m512i; 4], s: &[__m512i; 4], av: &[__m512i; 4], pq: &[__m512
     let mut acc = _mm512_setzero_si512();
     for i in 0..4 {
         let p = _mm512_sub_epi16(_mm512_maddubs_epi16(w[i], av[i]), pq[i]);
-        acc = _mm512_dpwssd_epi32(acc, p, s[i]);
+        acc = dpwssd(acc, p, s[i]);
     }
     acc
 }
@@ -417,7 +438,7 @@ fn pair_lanes<const K: u8>(d: &PairDec, act: &Act) -> __m512i {
         for v in 0..4 {
             let xa = _mm512_dpbusd_epi32(z, d.w[0][v], act.v[v]);
             let xb = _mm512_dpbusd_epi32(z, d.w[1][v], act.v[v]);
-            acc = _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(xa, xb), d.s[0][v]);
+            acc = dpwssd(acc, _mm512_packs_epi32(xa, xb), d.s[0][v]);
         }
         acc
     } else {
@@ -435,31 +456,31 @@ struct Meta {
     dp: [__m512; 4],
     /// Q4_K/Q5_K: `dmin` of row `r` in lane `r`.
     dmin: __m256,
+    /// Q4_K/Q5_K: the 8 scale bytes of row `r` in qword `r`.
+    scales: __m512i,
     /// Q4_K/Q5_K: the 8 rows' mins, transposed ([`min_idx`]).
     mins: [__m512i; 4],
 }
 
-/// Reads the `d` (and `dmin`) halves and the mins of the tile's blocks at `rows[r] + off`.
+/// Gathers the per-row fields of the tile's blocks at `base + ridx[r]` (`base` = row 0's
+/// block): the `d` (and `dmin`) halves, and for Q4_K/Q5_K the 6-bit scales and mins of all 8
+/// rows at once from the 12 scale bytes `a0 | a1 | a2` (the bit layout of `unpack::k4_scales`,
+/// one row per qword).
 ///
 /// # Safety
-/// Every `rows[r] + off` must start a readable block of kind `K`; CPU features as
+/// Every `base + ridx[r]` must start a readable block of kind `K`; CPU features as
 /// [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn meta<const K: u8>(rows: &[*const u8; TILE], off: usize) -> Meta {
-    // Halves 2r, 2r + 1 = d, dmin of row r (dmin 0 without mins).
-    let dd = |r: usize| -> u64 {
-        let b = rows[r].add(off);
-        match K {
-            Q3 => u16::from_le_bytes([*b.add(108), *b.add(109)]) as u64,
-            Q6 => u16::from_le_bytes([*b.add(208), *b.add(209)]) as u64,
-            _ => u32::from_le_bytes([*b, *b.add(1), *b.add(2), *b.add(3)]) as u64,
-        }
+unsafe fn meta<const K: u8>(base: *const u8, ridx: __m512i) -> Meta {
+    // The dword ending with `d` for Q3_K/Q6_K (d is a block's last 2 bytes: nothing past it is
+    // read), `d | dmin` for Q4_K/Q5_K: halves 2r, 2r + 1 of row r.
+    let doff = match K {
+        Q3 => 106,
+        Q6 => 206,
+        _ => 0,
     };
-    let mut h = _mm256_setzero_si256();
-    for p in 0..4 {
-        h = _mm256_mask_set1_epi64(h, 1 << p, (dd(2 * p) | dd(2 * p + 1) << 32) as i64);
-    }
+    let h = _mm512_i64gather_epi32::<1>(ridx, base.add(doff) as *const i32);
     let f = _mm512_cvtph_ps(h);
     let dp = core::array::from_fn(|p| {
         let idx = d_idx(K, p);
@@ -468,20 +489,46 @@ unsafe fn meta<const K: u8>(rows: &[*const u8; TILE], off: usize) -> Meta {
     let mut m = Meta {
         dp,
         dmin: _mm256_setzero_ps(),
+        scales: _mm512_setzero_si512(),
         mins: [_mm512_setzero_si512(); 4],
     };
     if has_mins(K) {
         let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15);
         m.dmin = _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, f));
-        let mut z = _mm512_setzero_si512();
-        for (r, &row) in rows.iter().enumerate() {
-            z = _mm512_mask_set1_epi64(z, 1 << r, k4_scales(row.add(off + 4)).1 as i64);
-        }
-        m.mins = core::array::from_fn(|h| {
-            _mm512_maskz_permutexvar_epi8(0x5555_5555_5555_5555, MIN_IDX[h].get(), z)
-        });
+        // g4 = a0 | a1 << 32, g8 = a1 | a2 << 32 per row.
+        let g4 = _mm512_i64gather_epi64::<1>(ridx, base.add(4) as *const i64);
+        let g8 = _mm512_i64gather_epi64::<1>(ridx, base.add(8) as *const i64);
+        let low6 = _mm512_set1_epi64(0x3f3f_3f3f);
+        let high4 = _mm512_set1_epi64(0x0f0f_0f0f << 32);
+        let high2 = _mm512_set1_epi64(0x3030_3030 << 32);
+        // scales: a0 & 0x3f (low dword) | (a2 & 0xf) | ((a0 >> 6) << 4) (high dword); `x << 30`
+        // puts `x_low >> 2` in the high dword.
+        m.scales = _mm512_or_si512(
+            _mm512_ternarylogic_epi64::<0xEA>(g4, low6, _mm512_and_si512(g8, high4)),
+            _mm512_and_si512(_mm512_slli_epi64::<30>(g4), high2),
+        );
+        // mins: a1 & 0x3f | ((a2 >> 4) & 0xf) | ((a1 >> 6) << 4).
+        let mins = _mm512_or_si512(
+            _mm512_ternarylogic_epi64::<0xEA>(
+                g8,
+                low6,
+                _mm512_and_si512(_mm512_srli_epi64::<4>(g8), high4),
+            ),
+            _mm512_and_si512(_mm512_slli_epi64::<30>(g8), high2),
+        );
+        let z = _mm512_setzero_si512();
+        m.mins = core::array::from_fn(|h| _mm512_permutex2var_epi8(mins, MIN_IDX[h].get(), z));
     }
     m
+}
+
+/// `rows[r] - rows[0]` as i64 lanes (the gather offsets of [`meta`]).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn row_offsets(rows: &[*const u8; TILE]) -> __m512i {
+    let o: [i64; TILE] = core::array::from_fn(|r| (rows[r] as i64).wrapping_sub(rows[0] as i64));
+    // SAFETY: 64 readable bytes.
+    unsafe { _mm512_loadu_si512(o.as_ptr() as *const __m512i) }
 }
 
 /// The reference's float state of one activation row against a tile's 8 rows.
@@ -508,7 +555,7 @@ fn sums_update(mt: &Meta, p: usize, lanes: __m512i, act: &Act, acc: &mut Acc) {
 fn min_update(mt: &Meta, act: &Act, acc: &mut Acc) {
     let mut s = _mm512_setzero_si512();
     for h in 0..4 {
-        s = _mm512_dpwssd_epi32(s, mt.mins[h], act.b[h]);
+        s = dpwssd(s, mt.mins[h], act.b[h]);
     }
     let sumi = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
     let dm = _mm256_mul_ps(mt.dmin, _mm512_castps512_ps256(act.yd));
@@ -561,6 +608,7 @@ fn prefetch_block<const K: u8>(b: *const u8, ahead: usize) {
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn fused<const K: u8, const N: usize>(
     rows: &[*const u8; TILE],
+    ridx: __m512i,
     off: usize,
     ahead: usize,
     a: [*const u8; N],
@@ -568,12 +616,12 @@ unsafe fn fused<const K: u8, const N: usize>(
     acc: &mut [Acc],
 ) {
     let acts: [Act; N] = core::array::from_fn(|j| load_act::<K>(a[j], xb[j]));
-    let mt = meta::<K>(rows, off);
+    let mt = meta::<K>(rows[0].add(off), ridx);
     for p in 0..4 {
         let (ra, rb) = (rows[2 * p].add(off), rows[2 * p + 1].add(off));
         prefetch_block::<K>(ra, ahead);
         prefetch_block::<K>(rb, ahead);
-        let dec = decode_pair::<K>(ra, rb);
+        let dec = decode_pair::<K>(ra, rb, mt.scales, p);
         for (act, acc) in acts.iter().zip(acc.iter_mut()) {
             sums_update(&mt, p, pair_lanes::<K>(&dec, act), act, acc);
         }
@@ -602,11 +650,12 @@ unsafe fn fused_tile<const K: u8, const N: usize>(
     acc: &mut [Acc],
 ) {
     let bbytes = super::kquant::block_bytes(K);
+    let ridx = row_offsets(rp);
     for b in 0..nb {
         let blk: [usize; N] = core::array::from_fn(|j| (j0 + j) * nb + b);
         let a = blk.map(|i| xp.add(i * 256));
         let xb = blk.map(|i| x.add(i * Q8K_BYTES));
-        fused::<K, N>(rp, b * bbytes, ahead, a, xb, acc);
+        fused::<K, N>(rp, ridx, b * bbytes, ahead, a, xb, acc);
     }
 }
 
@@ -657,15 +706,16 @@ pub(super) unsafe fn gemm<const K: u8>(
                     _ => fused_tile::<K, 4>(&rp, nb, ahead, x, xp, 0, &mut accs[..4]),
                 }
             } else {
+                let ridx = row_offsets(&rp);
                 for b in 0..nb {
                     let off = b * bbytes;
+                    t.meta = meta::<K>(rp[0].add(off), ridx);
                     for p in 0..4 {
                         let (ra, rb) = (rp[2 * p].add(off), rp[2 * p + 1].add(off));
                         prefetch_block::<K>(ra, ahead);
                         prefetch_block::<K>(rb, ahead);
-                        t.pairs[p] = decode_pair::<K>(ra, rb);
+                        t.pairs[p] = decode_pair::<K>(ra, rb, t.meta.scales, p);
                     }
-                    t.meta = meta::<K>(&rp, off);
                     for (jj, acc) in accs[..nj].iter_mut().enumerate() {
                         let blk = (j0 + jj) * nb + b;
                         dot::<K>(&t, xp.add(blk * 256), x.add(blk * Q8K_BYTES), acc);

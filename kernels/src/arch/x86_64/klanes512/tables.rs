@@ -46,23 +46,33 @@ pub(super) const fn chunks45(v: usize) -> (usize, usize) {
     (ca, ca + 2)
 }
 
-/// Q4_K/Q5_K `vpermt2b` indices of vector `v`'s scale words from two rows' 8 scale bytes (row A
-/// in bytes 0..8 of the first source, row B in the second): i32 lane `4j + t` = (scale `ca`,
-/// scale `cb`) of row A for `t < 2`, of row B for `t >= 2`; odd bytes are zeroed by the mask.
-pub(super) const fn scale_idx(v: usize) -> V64 {
+/// Q4_K/Q5_K `vpermt2b` indices of pair `p`'s vector `v` scale words from the tile's scale
+/// bytes (row `r` in qword `r`; the second source is zero): i32 lane `4j + t` = (scale `ca`,
+/// scale `cb`) of row `2p` for `t < 2`, of row `2p + 1` for `t >= 2`; odd bytes take zero.
+const fn scale_idx(p: usize, v: usize) -> V64 {
     let (ca, cb) = chunks45(v);
     let mut o = [0u8; 64];
     let mut w = 0;
     while w < 32 {
         let lane = w / 2;
         let chunk = if w % 2 == 0 { ca } else { cb };
-        let base = if lane % 4 >= 2 { 64 } else { 0 };
-        o[2 * w] = (base + chunk) as u8;
+        let row = 2 * p + if lane % 4 >= 2 { 1 } else { 0 };
+        o[2 * w] = (8 * row + chunk) as u8;
+        o[2 * w + 1] = 64;
         w += 1;
     }
     V64(o)
 }
-pub(super) static SCALE_IDX: [V64; 4] = [scale_idx(0), scale_idx(1), scale_idx(2), scale_idx(3)];
+const fn scale_idx4(p: usize) -> [V64; 4] {
+    [
+        scale_idx(p, 0),
+        scale_idx(p, 1),
+        scale_idx(p, 2),
+        scale_idx(p, 3),
+    ]
+}
+pub(super) static SCALE_IDX: [[V64; 4]; 4] =
+    [scale_idx4(0), scale_idx4(1), scale_idx4(2), scale_idx4(3)];
 
 /// Q5_K: the `qh` bit of each byte of vector `v` (bit `ca` in even dwords, `cb` in odd ones).
 pub(super) const fn q5_sel(v: usize) -> V64 {
@@ -78,14 +88,17 @@ pub(super) const fn q5_sel(v: usize) -> V64 {
 pub(super) static Q5_SEL: [V64; 4] = [q5_sel(0), q5_sel(1), q5_sel(2), q5_sel(3)];
 
 /// Transposed mins (`vpermb` of the 8 rows' min bytes, row `r` in bytes `8r..8r + 8`): i32
-/// lane `L` = words (min `k`, min `k`) of row `L % 8`, `k = 2h + L / 8`; odd bytes zeroed.
+/// lane `L` = words (min `k`, min `k`) of row `L % 8`, `k = 2h + L / 8`; odd bytes take byte 64
+/// (the second source: zero).
 pub(super) const fn min_idx(h: usize) -> V64 {
     let mut o = [0u8; 64];
     let mut l = 0;
     while l < 16 {
         let k = 2 * h + l / 8;
         o[4 * l] = (8 * (l % 8) + k) as u8;
+        o[4 * l + 1] = 64;
         o[4 * l + 2] = (8 * (l % 8) + k) as u8;
+        o[4 * l + 3] = 64;
         l += 1;
     }
     V64(o)
@@ -101,15 +114,16 @@ pub(super) const fn out_lane(k: u8, h: usize, l: usize) -> usize {
     }
 }
 
-/// `vpermps` indices from the tile's `(d, dmin)` floats (row `r` at lanes `2r`, `2r + 1`) to
-/// pair `p`'s `d` in every float lane of its two rows.
+/// `vpermps` indices from the tile's gathered halves as floats (row `r` at lanes `2r`, `2r + 1`:
+/// Q4_K/Q5_K `d`, `dmin`; Q3_K/Q6_K two scale bytes, `d`) to pair `p`'s `d` in every float lane
+/// of its two rows.
 pub(super) const fn d_idx(k: u8, p: usize) -> [i32; 16] {
     let mut o = [0i32; 16];
     let mut h = 0;
     while h < 2 {
         let mut l = 0;
         while l < 8 {
-            o[out_lane(k, h, l)] = (2 * (2 * p + h)) as i32;
+            o[out_lane(k, h, l)] = (2 * (2 * p + h) + if has_mins(k) { 0 } else { 1 }) as i32;
             l += 1;
         }
         h += 1;
