@@ -62,10 +62,52 @@ def sample_settings(**over):
         release_url="https://example.invalid/nightshift-aarch64.tar.gz",
         release_sha256="",
         model_blob_url="https://example.invalid/models/kimi-k2",
+        tls_enabled=True,
+        tls_mutual=True,
+        tls_loopback=False,
+        tls_dir="/etc/nightshift/tls",
     )
     s.update(over)
     s.setdefault("model_path", f"{s['model_dir']}/{s['model_files'][0]}")
+    d = s["tls_dir"]
+    s.setdefault("tls_ca_path", f"{d}/ca.pem")
+    s.setdefault("tls_node_cert_path", f"{d}/node.pem")
+    s.setdefault("tls_node_key_path", f"{d}/node-key.pem")
+    s.setdefault("tls_client_cert_path", f"{d}/coordinator.pem")
+    s.setdefault("tls_client_key_path", f"{d}/coordinator-key.pem")
     return s
+
+
+def tls_on(layout, s):
+    """local.tls_on: TLS on the multi-VM layout when enabled; on loopback only with tls_loopback."""
+    return s["tls_enabled"] and (layout != "single-vm" or s["tls_loopback"])
+
+
+def tls_mutual(layout, s):
+    return tls_on(layout, s) and s["tls_mutual"]
+
+
+def tls_files(layout, s, coordinator, serves_nodes):
+    """local.tls_files[vm]: (bundle field, path, mode) the prepare script writes."""
+    if not tls_on(layout, s):
+        return []
+    out = [dict(field="ca", path=s["tls_ca_path"], mode="0644")]
+    if serves_nodes:
+        out += [dict(field="node_cert", path=s["tls_node_cert_path"], mode="0644"),
+                dict(field="node_key", path=s["tls_node_key_path"], mode="0600")]
+    if coordinator and tls_mutual(layout, s):
+        out += [dict(field="client_cert", path=s["tls_client_cert_path"], mode="0644"),
+                dict(field="client_key", path=s["tls_client_key_path"], mode="0600")]
+    return out
+
+
+def tls_sans(layout, s, name="nightshift"):
+    """local.tls_node_vms: vm key -> (ip_addresses, dns_names) of its server certificate."""
+    if not tls_on(layout, s):
+        return {}
+    if layout == "single-vm":
+        return {"main": (["127.0.0.1"], [f"{name}-main", "localhost"] + [n["name"] for n in cluster_nodes(layout, s)])}
+    return {f"node{i}": ([s["subnet_hosts"][i]], [f"{name}-node{i}", f"node{i}"]) for i in range(s["node_count"])}
 
 
 def cluster_nodes(layout, s):
@@ -92,7 +134,9 @@ def coordinator_unit(s):
         max_seqs=s["max_seqs"], ctx=s["ctx"], set_threads=s["coordinator_threads"] > 0,
         coordinator_threads=s["coordinator_threads"], record_atlas=s["record_atlas"],
         single_vm=s["layout"] == "single-vm",
-        local_node_units=" ".join(f"nightshift-expert-node@{i}.service" for i in range(s["numa_nodes"]))))
+        local_node_units=" ".join(f"nightshift-expert-node@{i}.service" for i in range(s["numa_nodes"])),
+        tls=tls_on(s["layout"], s), tls_mutual=tls_mutual(s["layout"], s), tls_ca_path=s["tls_ca_path"],
+        tls_client_cert=s["tls_client_cert_path"], tls_client_key=s["tls_client_key_path"]))
 
 
 def numa_node_unit(s):
@@ -100,7 +144,12 @@ def numa_node_unit(s):
         bin_dir=s["bin_dir"], model_path=s["model_path"], model_dir=s["model_dir"],
         placement_path=s["placement_path"], node_port_prefix=s["node_port_prefix"],
         node_token_path=s["node_token_path"], set_threads=s["node_threads"] > 0,
-        node_threads=s["node_threads"]))
+        node_threads=s["node_threads"], **_node_tls("single-vm", s)))
+
+
+def _node_tls(layout, s):
+    return dict(tls=tls_on(layout, s), tls_mutual=tls_mutual(layout, s), tls_ca_path=s["tls_ca_path"],
+                tls_node_cert=s["tls_node_cert_path"], tls_node_key=s["tls_node_key_path"])
 
 
 def vm_node_unit(s, node_name):
@@ -108,7 +157,7 @@ def vm_node_unit(s, node_name):
         bin_dir=s["bin_dir"], model_path=s["model_path"], model_dir=s["model_dir"],
         placement_path=s["placement_path"], node_name=node_name, node_port=s["node_port"],
         node_token_path=s["node_token_path"], set_threads=s["node_threads"] > 0,
-        node_threads=s["node_threads"]))
+        node_threads=s["node_threads"], **_node_tls("multi-vm", s)))
 
 
 def vms(layout, s):
@@ -144,7 +193,10 @@ def vm_files(layout, s):
                 key_vault_uri="https://nightshiftkvabcde.vault.azure.net",
                 node_token_secret_name="nightshift-node-token",
                 api_key_secret_name="nightshift-api-key", node_token_path=s["node_token_path"],
-                api_key_env_file=s["api_key_env_file"], is_coordinator=coord))),
+                api_key_env_file=s["api_key_env_file"], is_coordinator=coord,
+                tls=tls_on(layout, s), tls_dir=s["tls_dir"],
+                tls_secret_name=f"nightshift-tls-{key}" if tls_on(layout, s) else "",
+                tls_files=tls_files(layout, s, coord, layout == "single-vm" or not coord)))),
             ("/etc/systemd/system/nightshift-cluster.target", "0644",
              render("nightshift-cluster.target.tftpl", {"role": role, "wants": " ".join(units)})),
         ]

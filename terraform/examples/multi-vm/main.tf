@@ -12,6 +12,10 @@ terraform {
       source  = "hashicorp/random"
       version = ">= 3.5.0"
     }
+    tls = {
+      source  = "hashicorp/tls"
+      version = ">= 4.0.0"
+    }
   }
 }
 
@@ -27,26 +31,30 @@ provider "azurerm" {
 module "cluster" {
   source = "../../modules/cluster"
 
-  name                  = var.name
-  location              = var.location
-  zone                  = var.zone
-  layout                = "multi-vm"
-  coordinator_vm_size   = var.coordinator_vm_size
-  node_vm_size          = var.node_vm_size
-  node_count            = var.node_count
-  allowed_cidrs         = var.allowed_cidrs
-  ssh_allowed_cidrs     = var.ssh_allowed_cidrs
-  key_vault_allowed_ips = var.key_vault_allowed_ips
-  admin_ssh_public_key  = var.admin_ssh_public_key
-  release_url           = var.release_url
-  release_sha256        = var.release_sha256
-  model_files           = var.model_files
-  model_name            = var.model_name
-  model_snapshot_id     = var.model_snapshot_id
-  model_blob_url        = var.model_blob_url
-  model_storage_scope   = var.model_storage_scope
-  model_disk_size_gb    = var.model_disk_size_gb
-  spot                  = var.spot
-  api_key               = var.api_key
-  tags                  = { project = "nightshift", example = var.name }
+  name                   = var.name
+  location               = var.location
+  zone                   = var.zone
+  layout                 = "multi-vm"
+  coordinator_vm_size    = var.coordinator_vm_size
+  node_vm_size           = var.node_vm_size
+  node_count             = var.node_count
+  allowed_cidrs          = var.allowed_cidrs
+  ssh_allowed_cidrs      = var.ssh_allowed_cidrs
+  key_vault_allowed_ips  = var.key_vault_allowed_ips
+  admin_ssh_public_key   = var.admin_ssh_public_key
+  release_url            = var.release_url
+  release_sha256         = var.release_sha256
+  model_files            = var.model_files
+  model_name             = var.model_name
+  model_snapshot_id      = var.model_snapshot_id
+  model_blob_url         = var.model_blob_url
+  model_storage_scope    = var.model_storage_scope
+  model_disk_size_gb     = var.model_disk_size_gb
+  spot                   = var.spot
+  api_key                = var.api_key
+  tls_enabled            = var.tls_enabled
+  tls_mutual             = var.tls_mutual
+  tls_ca_cert_pem        = var.tls_ca_cert_pem
+  tls_ca_private_key_pem = var.tls_ca_private_key_pem
+  tags                   = { project = "nightshift", example = var.name }
 }

@@ -22,6 +22,16 @@ output "api_key" {
   sensitive   = true
 }
 
+output "tls_mode" {
+  description = "TLS between coordinator and nodes: mutual, server or off."
+  value       = module.cluster.tls_mode
+}
+
+output "tls_ca_cert_pem" {
+  description = "CA certificate (public) of the node and coordinator certificates."
+  value       = module.cluster.tls_ca_cert_pem
+}
+
 output "key_vault_name" {
   description = "Key Vault holding the API key (secret nightshift-api-key)."
   value       = module.cluster.key_vault_name

@@ -119,3 +119,28 @@ variable "node_count" {
   description = "Number of expert-node VMs."
   default     = 4
 }
+
+variable "tls_enabled" {
+  type        = bool
+  description = "TLS between the coordinator and the nodes (default on)."
+  default     = true
+}
+
+variable "tls_mutual" {
+  type        = bool
+  description = "Mutual TLS: nodes also require the coordinator's certificate (default on)."
+  default     = true
+}
+
+variable "tls_ca_cert_pem" {
+  type        = string
+  description = "Your own CA certificate (PEM); empty = a CA generated per deployment."
+  default     = ""
+}
+
+variable "tls_ca_private_key_pem" {
+  type        = string
+  description = "Private key (PEM) of tls_ca_cert_pem (ends up in the state)."
+  default     = ""
+  sensitive   = true
+}

@@ -12,6 +12,10 @@ terraform {
       source  = "hashicorp/random"
       version = ">= 3.5.0"
     }
+    tls = {
+      source  = "hashicorp/tls"
+      version = ">= 4.0.0"
+    }
   }
 }
 
@@ -47,5 +51,6 @@ module "cluster" {
   model_disk_size_gb    = var.model_disk_size_gb
   spot                  = var.spot
   api_key               = var.api_key
+  tls_loopback          = var.tls_loopback
   tags                  = { project = "nightshift", example = var.name }
 }

@@ -22,6 +22,11 @@ output "api_key" {
   sensitive   = true
 }
 
+output "tls_mode" {
+  description = "TLS between coordinator and nodes: mutual, server or off."
+  value       = module.cluster.tls_mode
+}
+
 output "key_vault_name" {
   description = "Key Vault holding the API key (secret nightshift-api-key)."
   value       = module.cluster.key_vault_name

@@ -113,3 +113,9 @@ variable "numa_nodes" {
   description = "NUMA domains of vm_size (one expert node each); check `lscpu | grep NUMA` on the VM."
   default     = 2
 }
+
+variable "tls_loopback" {
+  type        = bool
+  description = "TLS on loopback between the coordinator and the NUMA nodes (default off: the traffic never leaves the VM)."
+  default     = false
+}

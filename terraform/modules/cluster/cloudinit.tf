@@ -1,6 +1,8 @@
 # What runs on the VMs: the placement, the systemd units and the prepare script, rendered from
-# templates/ and packed into one cloud-init document per VM. Every templatefile() call lists its
-# variables one per line: terraform/tests checks them against the variables each template uses.
+# templates/ and packed into one cloud-init document per VM (no secret in it: the prepare script
+# fetches the token, the API key and the TLS PEMs from Key Vault; tls.tf says which go where).
+# Every templatefile() call lists its variables one per line: terraform/tests checks them against
+# the variables each template uses.
 
 locals {
   tpl_dir          = "${path.module}/templates"
@@ -78,6 +80,11 @@ locals {
     record_atlas        = var.record_atlas
     single_vm           = local.single
     local_node_units    = join(" ", [for i in range(var.numa_nodes) : "nightshift-expert-node@${i}.service"])
+    tls                 = local.tls_on
+    tls_mutual          = local.tls_mutual
+    tls_ca_path         = local.tls_ca_path
+    tls_client_cert     = local.tls_client_cert_path
+    tls_client_key      = local.tls_client_key_path
   })
 
   numa_node_unit = templatefile("${local.tpl_dir}/nightshift-expert-node@.service.tftpl", {
@@ -89,6 +96,11 @@ locals {
     node_token_path  = local.node_token_path
     set_threads      = var.node_threads > 0
     node_threads     = var.node_threads
+    tls              = local.tls_on
+    tls_mutual       = local.tls_mutual
+    tls_ca_path      = local.tls_ca_path
+    tls_node_cert    = local.tls_node_cert_path
+    tls_node_key     = local.tls_node_key_path
   })
 
   prepare_unit = templatefile("${local.tpl_dir}/nightshift-prepare.service.tftpl", {
@@ -115,6 +127,10 @@ locals {
         node_token_path        = local.node_token_path
         api_key_env_file       = local.api_key_env_file
         is_coordinator         = vm.coordinator
+        tls                    = local.tls_on
+        tls_dir                = local.tls_dir
+        tls_secret_name        = local.tls_on ? azurerm_key_vault_secret.tls[k].name : ""
+        tls_files              = local.tls_files[k]
       }) },
       { path = "/etc/systemd/system/nightshift-cluster.target", permissions = "0644", content = templatefile("${local.tpl_dir}/nightshift-cluster.target.tftpl", {
         role  = vm.role
@@ -133,6 +149,11 @@ locals {
       node_token_path = local.node_token_path
       set_threads     = var.node_threads > 0
       node_threads    = var.node_threads
+      tls             = local.tls_on
+      tls_mutual      = local.tls_mutual
+      tls_ca_path     = local.tls_ca_path
+      tls_node_cert   = local.tls_node_cert_path
+      tls_node_key    = local.tls_node_key_path
     }) }] : [],
   ) }
 

@@ -59,6 +59,7 @@ resource "azurerm_linux_virtual_machine" "vm" {
     azurerm_role_assignment.vm_secrets,
     azurerm_key_vault_secret.api_key,
     azurerm_key_vault_secret.node_token,
+    azurerm_key_vault_secret.tls,
   ]
 }
 

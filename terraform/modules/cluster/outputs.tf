@@ -26,6 +26,16 @@ output "nodes_toml" {
   value       = local.nodes_toml
 }
 
+output "tls_mode" {
+  description = "TLS between the coordinator and the expert nodes: \"mutual\", \"server\" (nodes present certificates, the token authenticates the coordinator) or \"off\" (plaintext gRPC)."
+  value       = local.tls_mutual ? "mutual" : local.tls_on ? "server" : "off"
+}
+
+output "tls_ca_cert_pem" {
+  description = "CA certificate (PEM, public) every node and coordinator certificate chains to; empty when TLS is off."
+  value       = local.tls_ca_cert_pem
+}
+
 output "key_vault_name" {
   description = "Key Vault holding the API key (secret nightshift-api-key) and the node token."
   value       = azurerm_key_vault.this.name

@@ -293,6 +293,63 @@ variable "secret_expiry" {
   default     = "2027-12-31T00:00:00Z"
 }
 
+variable "tls_enabled" {
+  type        = bool
+  description = "TLS on the gRPC traffic between the coordinator and the expert nodes (rustls; certificates from a per-deployment CA, or yours: tls_ca_cert_pem). On by default for the multi-VM layout; the single-VM layout's loopback uses it only with tls_loopback. false = plaintext gRPC (the shared node token still authenticates the coordinator)."
+  default     = true
+}
+
+variable "tls_mutual" {
+  type        = bool
+  description = "With TLS: mutual TLS, i.e. every expert node also requires the coordinator's client certificate signed by the cluster CA (--tls-client-ca). false = the nodes present certificates, the coordinator is authenticated by the shared token only."
+  default     = true
+}
+
+variable "tls_loopback" {
+  type        = bool
+  description = "Single-VM layout: TLS on loopback too (needs tls_enabled). Off by default: the traffic never leaves the VM, and whoever could read it there could read the keys too."
+  default     = false
+}
+
+variable "tls_ca_cert_pem" {
+  type        = string
+  description = "Your own CA certificate (PEM) to sign the node and coordinator certificates with; empty (default) = a CA generated per deployment (ECDSA P-256, kept in the state). Give tls_ca_private_key_pem with it."
+  default     = ""
+  validation {
+    condition     = var.tls_ca_cert_pem == "" || can(regex("-----BEGIN CERTIFICATE-----", var.tls_ca_cert_pem))
+    error_message = "The tls_ca_cert_pem must be empty or a PEM certificate (-----BEGIN CERTIFICATE-----)."
+  }
+}
+
+variable "tls_ca_private_key_pem" {
+  type        = string
+  description = "Private key (PEM) of tls_ca_cert_pem; empty with an empty tls_ca_cert_pem. It ends up in the state (see README: protect the state)."
+  default     = ""
+  sensitive   = true
+  validation {
+    condition     = var.tls_ca_private_key_pem == "" || can(regex("-----BEGIN [A-Z ]*PRIVATE KEY-----", var.tls_ca_private_key_pem))
+    error_message = "The tls_ca_private_key_pem must be empty or a PEM private key (-----BEGIN ... PRIVATE KEY-----)."
+  }
+}
+
+variable "tls_ca_validity_hours" {
+  type        = number
+  description = "Validity of the generated CA certificate in hours (default 10 years); ignored with your own CA."
+  default     = 87600
+}
+
+variable "tls_cert_validity_hours" {
+  type        = number
+  description = "Validity of the node and coordinator certificates in hours (default 1 year)."
+  default     = 8760
+}
+
+variable "tls_cert_early_renewal_hours" {
+  type        = number
+  description = "A terraform apply this many hours (or fewer) before a certificate expires issues a new one (default 30 days); then restart nightshift-prepare and the units (README)."
+  default     = 720
+}
+
 variable "expert_deadline_ms" {
   type        = number
   description = "Coordinator: deadline of one layer call on one node in milliseconds, then retried on another replica."

@@ -1,4 +1,5 @@
-# Provider requirements of the NightShift cluster module (azurerm 4.x, random for generated secrets).
+# Provider requirements of the NightShift cluster module (azurerm 4.x, random for generated
+# secrets, tls for the cluster CA and the node/coordinator certificates).
 terraform {
   required_version = ">= 1.5.0"
   required_providers {
@@ -9,6 +10,10 @@ terraform {
     random = {
       source  = "hashicorp/random"
       version = ">= 3.5.0"
+    }
+    tls = {
+      source  = "hashicorp/tls"
+      version = ">= 4.0.0"
     }
   }
 }
