@@ -91,7 +91,7 @@ def tls_files(layout, s, coordinator, serves_nodes):
     """local.tls_files[vm]: (bundle field, path, mode) the prepare script writes."""
     if not tls_on(layout, s):
         return []
-    out = [dict(field="ca", path=s["tls_ca_path"], mode="0644")]
+    out = [dict(field="ca", path=s["tls_ca_path"], mode="0644")] if coordinator or tls_mutual(layout, s) else []
     if serves_nodes:
         out += [dict(field="node_cert", path=s["tls_node_cert_path"], mode="0644"),
                 dict(field="node_key", path=s["tls_node_key_path"], mode="0600")]

@@ -146,6 +146,9 @@ def test_help_parser_sees_the_contract_flags(helps):
 SETTINGS = [
     ("defaults", {}),
     ("threads and atlas set", {"node_threads": 8, "coordinator_threads": 16, "record_atlas": True}),
+    ("tls off", {"tls_enabled": False}),
+    ("server-only tls", {"tls_mutual": False}),
+    ("tls on loopback", {"tls_loopback": True}),
 ]
 
 

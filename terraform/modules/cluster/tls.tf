@@ -36,9 +36,10 @@ locals {
   tls_ca_key_pem  = !local.tls_on ? "" : local.tls_own_ca ? tls_private_key.ca[0].private_key_pem : var.tls_ca_private_key_pem
 
   # What nightshift-prepare writes on each VM: field of the JSON secret -> file, mode. Keys 0600,
-  # certificates 0644, all owned by the service user.
+  # certificates 0644, all owned by the service user. The CA goes where it is used: to the
+  # coordinator (it checks the nodes) and, with mutual TLS, to the nodes (they check the coordinator).
   tls_files = { for k, vm in local.vms : k => concat(
-    local.tls_on ? [{ field = "ca", path = local.tls_ca_path, mode = "0644" }] : [],
+    local.tls_on && (vm.coordinator || local.tls_mutual) ? [{ field = "ca", path = local.tls_ca_path, mode = "0644" }] : [],
     contains(keys(local.tls_node_vms), k) ? [
       { field = "node_cert", path = local.tls_node_cert_path, mode = "0644" },
       { field = "node_key", path = local.tls_node_key_path, mode = "0600" },
