@@ -5,6 +5,7 @@ of our binaries' real `--help`, and the check of a systemd ExecStart command lin
 """
 
 import base64
+import json
 import os
 import re
 import shlex
@@ -315,3 +316,50 @@ def check_argv(argv, helps):
     for r in spec["required"] - seen:
         problems.append(f"{key}: required flag --{r} missing")
     return problems
+
+
+# ---- the prepare script's TLS step, run locally ----
+
+def run_prepare_tls_step(script, bundle, work):
+    """Runs the TLS step of a rendered prepare script with Key Vault (`secret` returns `bundle`,
+    the JSON secret of this VM), `install -d` and `chown` stubbed (chown calls are logged to
+    work/chown.log); returns the CompletedProcess."""
+    step = script[script.index("# 4. TLS PEMs"):script.index('log "ready"')]
+    work = Path(work)
+    (work / "bundle.json").write_text(json.dumps(bundle))
+    stubs = (f"set -euo pipefail\numask 077\n"
+             f'secret() {{ case "$1" in nightshift-tls-*) cat "{work}/bundle.json";; *) return 1;; esac; }}\n'
+             f'install() {{ mkdir -p "${{@: -1}}"; }}\n'
+             f'chown() {{ echo "$*" >> "{work}/chown.log"; }}\n')
+    return subprocess.run(["bash", "-c", stubs + step], capture_output=True, text=True)
+
+
+def make_pki(work, node_ips, node_dns, client_dns, client_ips):
+    """A CA, a node certificate and a coordinator client certificate made with the openssl CLI the
+    way tls.tf makes them (ECDSA P-256, PKCS#8 keys, SANs, server_auth / client_auth): the JSON
+    bundle the module stores in Key Vault for a VM that is both coordinator and node."""
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+
+    def ossl(*args):
+        r = subprocess.run(["openssl", *args], capture_output=True, text=True, cwd=work)
+        if r.returncode != 0:
+            raise AssertionError(f"openssl {' '.join(args)}: {r.stderr}")
+
+    for k in ("ca", "node", "client"):
+        ossl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", f"{k}-key.pem")
+    ossl("req", "-x509", "-new", "-key", "ca-key.pem", "-subj", "/O=NightShift/CN=stand-in cluster CA",
+         "-days", "2", "-addext", "basicConstraints=critical,CA:TRUE",
+         "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature", "-out", "ca.pem")
+    leafs = {"node": (node_ips, node_dns, "serverAuth", "digitalSignature,keyEncipherment"),
+             "client": (client_ips, client_dns, "clientAuth", "digitalSignature")}
+    for i, (k, (ips, dns, eku, ku)) in enumerate(leafs.items()):
+        san = ",".join([f"IP:{a}" for a in ips] + [f"DNS:{d}" for d in dns])
+        (work / f"{k}.ext").write_text(f"basicConstraints=CA:FALSE\nkeyUsage=critical,{ku}\n"
+                                       f"extendedKeyUsage={eku}\nsubjectAltName={san}\n")
+        ossl("req", "-new", "-key", f"{k}-key.pem", "-subj", f"/O=NightShift/CN={k}", "-out", f"{k}.csr")
+        ossl("x509", "-req", "-in", f"{k}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-set_serial",
+             str(100 + i), "-days", "2", "-extfile", f"{k}.ext", "-out", f"{k}.pem")
+    pem = lambda n: (work / n).read_text()  # noqa: E731
+    return {"ca": pem("ca.pem"), "node_cert": pem("node.pem"), "node_key": pem("node-key.pem"),
+            "client_cert": pem("client.pem"), "client_key": pem("client-key.pem")}

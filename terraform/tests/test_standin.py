@@ -3,13 +3,16 @@ NUMA nodes with local paths (binaries from target/, the tiny qwen3moe fixture as
 loopback ports), runs exactly the ExecStart command lines systemd would run (%i expanded, the
 coordinator's EnvironmentFile loaded), and sends one chat completion through the gateway.
 A `--numa N` whose NUMA node this machine lacks is dropped, with a note (the flag itself is
-checked against --help by test_static). Every process is killed at the end.
+checked against --help by test_static). Runs twice: plaintext (the default) and with tls_loopback
+(mutual TLS: openssl-made certificates with the names tls.tf gives, placed by the rendered prepare
+script's TLS step). Every process is killed at the end.
 """
 
 import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +22,8 @@ import urllib.error
 import urllib.request
 import warnings
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cluster_model as cm  # noqa: E402
@@ -72,8 +77,11 @@ def request(url, body=None, key=None, timeout=120):
         return e.code, e.read().decode()
 
 
-def test_rendered_single_vm_units_serve_a_chat_completion(tmp_path):
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "mutual-tls"])
+def test_rendered_single_vm_units_serve_a_chat_completion(tmp_path, tls):
     assert MODEL.exists(), f"expected the fixture {MODEL}"
+    if tls and not shutil.which("openssl"):
+        pytest.skip("openssl is not installed: the TLS stand-in needs it to make certificates")
     numa_nodes = 2
     key = f"standin-{random.randint(0, 10**9)}"
     s = cm.sample_settings(
@@ -82,8 +90,15 @@ def test_rendered_single_vm_units_serve_a_chat_completion(tmp_path):
         node_token_path=str(tmp_path / "node-token"), api_key_env_file=str(tmp_path / "api-key.env"),
         state_dir=str(tmp_path / "state"), gateway_host="127.0.0.1", gateway_port=free_port(),
         node_port_prefix=free_prefix(numa_nodes), numa_nodes=numa_nodes, ctx=512, node_threads=1,
-        coordinator_threads=1, expert_deadline_ms=60000)
+        coordinator_threads=1, expert_deadline_ms=60000, tls_loopback=tls, tls_dir=str(tmp_path / "tls"))
     files = dict((p, c) for p, _, c in cm.vm_files("single-vm", s)["main"])
+    if tls:
+        # certificates as tls.tf issues them (the names of local.tls_node_vms), written by the
+        # rendered prepare script's TLS step from the Key Vault bundle
+        [(ips, names)] = cm.tls_sans("single-vm", s).values()
+        bundle = cm.make_pki(tmp_path / "pki", ips, names, ["nightshift-main"], ["10.42.1.4"])
+        r = cm.run_prepare_tls_step(files[s["prepare_path"]], bundle, tmp_path)
+        assert r.returncode == 0, r.stderr
     Path(s["placement_path"]).write_text(files[s["placement_path"]])
     Path(s["node_token_path"]).write_text("standin-node-token\n")
     Path(s["api_key_env_file"]).write_text(f"NIGHTSHIFT_API_KEY={key}\n")  # what prepare.sh writes
@@ -143,6 +158,8 @@ def test_rendered_single_vm_units_serve_a_chat_completion(tmp_path):
         for i in range(numa_nodes):
             addr = f"127.0.0.1:{s['node_port_prefix']}{i}"
             assert f"numa{i} {addr} (up)" in coord_log, f"the coordinator did not dial numa{i} at {addr}"
+            node_log = re.sub(r"\x1b\[[0-9;]*m", "", (tmp_path / f"numa{i}.log").read_text())
+            assert (f"tls={str(tls).lower()}" in node_log and f"mtls={str(tls).lower()}" in node_log), node_log[-2000:]
         for p in procs:
             assert p.poll() is None, f"{p.args[0]} died while serving"
     finally:

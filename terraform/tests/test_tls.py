@@ -108,10 +108,11 @@ def test_units_carry_the_tls_flags_and_prepare_writes_their_files(layout, over, 
 
 def test_prepare_tls_step_writes_the_bundle_with_owner_and_modes(tmp_path):
     """The rendered prepare script's TLS step, run with Key Vault, install and chown stubbed."""
+    on_vm = cm.vm_files("single-vm", cm.sample_settings(tls_loopback=True))["main"]
+    assert 'b=$(secret "nightshift-tls-main")' in dict((p, c) for p, _, c in on_vm)[PREPARE]
     tls_dir = tmp_path / "tls"
     s = cm.sample_settings(tls_loopback=True, tls_dir=str(tls_dir))
     script = dict((p, c) for p, _, c in cm.vm_files("single-vm", s)["main"])[PREPARE]
-    step = script[script.index("# 4. TLS PEMs"):script.index('log "ready"')]
     bundle = {"ca": "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n",
               "node_cert": "-----BEGIN CERTIFICATE-----\nNODE\n-----END CERTIFICATE-----\n",
               "node_key": "-----BEGIN PRIVATE KEY-----\nNODEKEY\n-----END PRIVATE KEY-----\n",
@@ -119,12 +120,7 @@ def test_prepare_tls_step_writes_the_bundle_with_owner_and_modes(tmp_path):
               "client_key": "-----BEGIN PRIVATE KEY-----\nCOORDKEY\n-----END PRIVATE KEY-----\n"}
 
     def run(b):
-        (tmp_path / "bundle.json").write_text(json.dumps(b))
-        stubs = (f'set -euo pipefail\numask 077\n'
-                 f'secret() {{ [ "$1" = nightshift-tls-main ] && cat "{tmp_path}/bundle.json"; }}\n'
-                 f'install() {{ mkdir -p "${{@: -1}}"; }}\n'
-                 f'chown() {{ echo "$*" >> "{tmp_path}/chown.log"; }}\n')
-        return subprocess.run(["bash", "-c", stubs + step], capture_output=True, text=True)
+        return cm.run_prepare_tls_step(script, b, tmp_path)
 
     r = run(bundle)
     assert r.returncode == 0, r.stderr
