@@ -154,6 +154,44 @@ fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     r
 }
 
+/// `w + v` in the bytes selected by `k` (one `vpaddb` with a merge mask; LLVM otherwise
+/// rewrites it into `vporq` + a masked `vmovdqu8` when it can prove the add is an or).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn add_masked(w: __m512i, k: __mmask64, v: __m512i) -> __m512i {
+    let mut r = w;
+    // SAFETY: a register-only AVX-512BW instruction, and this function requires that feature.
+    unsafe {
+        core::arch::asm!(
+            "vpaddb {r}{{{k}}}, {r}, {v}",
+            r = inout(zmm_reg) r,
+            k = in(kreg) k,
+            v = in(zmm_reg) v,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    r
+}
+
+/// `vpermd` as written (LLVM otherwise turns a constant-index dword permute into `vpshufd` +
+/// `vshufi64x2`: two shuffle uops instead of one).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn permd(idx: __m512i, v: __m512i) -> __m512i {
+    let r: __m512i;
+    // SAFETY: a register-only AVX-512F instruction, and this function requires that feature.
+    unsafe {
+        core::arch::asm!(
+            "vpermd {r}, {idx}, {v}",
+            r = lateout(zmm_reg) r,
+            idx = in(zmm_reg) idx,
+            v = in(zmm_reg) v,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    r
+}
+
 /// One weight block of a pair of rows, decoded.
 #[derive(Clone, Copy)]
 struct PairDec {
@@ -194,7 +232,7 @@ unsafe fn values45<const K: u8>(b: *const u8) -> [__m512i; 4] {
         let k16 = _mm512_set1_epi8(16);
         for (v, wv) in w.iter_mut().enumerate() {
             let k = _mm512_test_epi8_mask(qh, Q5_SEL[v].get());
-            *wv = _mm512_mask_add_epi8(*wv, k, *wv, k16);
+            *wv = add_masked(*wv, k, k16);
         }
     }
     w
@@ -264,10 +302,10 @@ unsafe fn decode_signed<const K: u8>(b: *const u8) -> ([__m512i; 4], [__m512i; 4
         w[2 * h + 1] = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(l), hhi, m0f);
     }
     let s = [
-        _mm512_permutexvar_epi32(pair_idx(0, 1), sc),
-        _mm512_permutexvar_epi32(pair_idx(2, 3), sc),
-        _mm512_permutexvar_epi32(pair_idx(4, 5), sc),
-        _mm512_permutexvar_epi32(pair_idx(6, 7), sc),
+        permd(pair_idx(0, 1), sc),
+        permd(pair_idx(2, 3), sc),
+        permd(pair_idx(4, 5), sc),
+        permd(pair_idx(6, 7), sc),
     ];
     (w, s)
 }
@@ -282,7 +320,7 @@ fn add_high_bit(w: __m512i, h: __m512i, c1: u32, c2: u32, add: i8) -> __m512i {
         _mm512_set1_epi8((1u32 << c2) as u8 as i8),
     );
     let k = _mm512_test_epi8_mask(h, sel);
-    _mm512_mask_add_epi8(w, k, w, _mm512_set1_epi8(add))
+    add_masked(w, k, _mm512_set1_epi8(add))
 }
 
 /// Q3_K's 12 scale bytes at `p` -> the 16 six-bit scales minus 32 as i8 (as
@@ -354,10 +392,10 @@ unsafe fn decode_q3(b: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
         ),
     ];
     let s = [
-        _mm512_permutexvar_epi32(pair_idx(0, 4), sc),
-        _mm512_permutexvar_epi32(pair_idx(1, 5), sc),
-        _mm512_permutexvar_epi32(pair_idx(2, 6), sc),
-        _mm512_permutexvar_epi32(pair_idx(3, 7), sc),
+        permd(pair_idx(0, 4), sc),
+        permd(pair_idx(1, 5), sc),
+        permd(pair_idx(2, 6), sc),
+        permd(pair_idx(3, 7), sc),
     ];
     (w, s)
 }
