@@ -305,7 +305,7 @@ def test_terraform_validate_if_providers_available(example, tmp_path):
     init = subprocess.run([tf, "init", "-backend=false", "-input=false", "-no-color"], cwd=d,
                           capture_output=True, text=True, timeout=300)
     if init.returncode != 0:
-        pytest.skip("terraform init could not fetch the azurerm/random providers (no registry access): validate not run")
+        pytest.skip("terraform init could not fetch the azurerm/random/tls providers (no registry access): validate not run")
     r = subprocess.run([tf, "validate", "-no-color"], cwd=d, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
 
