@@ -38,7 +38,10 @@ use core::arch::x86_64::*;
 use super::kquant::{perm32, rd_f32, Q3, Q5, Q6, Q8K_BYTES};
 
 mod tables;
-use tables::{chunks45, d_idx, has_mins, out_lane, slots, MIN_IDX, PAIR_PERM, Q5_SEL, SCALE_IDX};
+use tables::{
+    chunks45, d_idx, has_mins, out_lane, slots, GF_NIB_HI, GF_Q3_HM, GF_Q3_QS, GF_Q6_HI, GF_Q6_LO,
+    MIN_IDX, PAIR_PERM, Q5_SEL, SCALE_IDX,
+};
 
 /// Weight rows per tile.
 const TILE: usize = 8;
@@ -192,6 +195,26 @@ fn permd(idx: __m512i, v: __m512i) -> __m512i {
     r
 }
 
+/// `vgf2p8affineqb x, m, 0`: every byte of `x` times the bit matrix of its qword in `m`
+/// (see `tables::gf`). Only reached when [`gfni`] said yes: the instruction is written as asm so
+/// that GFNI is never enabled for LLVM's own code generation.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn gf_affine(x: __m512i, m: __m512i) -> __m512i {
+    let r: __m512i;
+    // SAFETY: a register-only instruction; callers run it only on CPUs with GFNI (`G`).
+    unsafe {
+        core::arch::asm!(
+            "vgf2p8affineqb {r}, {x}, {m}, 0",
+            r = lateout(zmm_reg) r,
+            x = in(zmm_reg) x,
+            m = in(zmm_reg) m,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    r
+}
+
 /// One weight block of a pair of rows, decoded.
 #[derive(Clone, Copy)]
 struct PairDec {
@@ -210,17 +233,25 @@ struct PairDec {
 /// AVX2 and F16C.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn values45<const K: u8>(b: *const u8) -> [__m512i; 4] {
+unsafe fn values45<const K: u8, const G: bool>(b: *const u8) -> [__m512i; 4] {
     let m0f = _mm512_set1_epi8(0x0f);
     let perm = PAIR_PERM.get();
     let qs = if K == Q5 { b.add(48) } else { b.add(16) };
     let q0 = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(qs as *const __m512i));
     let q1 = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(qs.add(64) as *const __m512i));
+    // The high nibbles: one affine byte transform with GFNI, else a shift and a mask.
+    let hi = |q: __m512i| {
+        if G {
+            gf_affine(q, GF_NIB_HI.get())
+        } else {
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q), m0f)
+        }
+    };
     let mut w = [
         _mm512_and_si512(q0, m0f),
-        _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m0f),
+        hi(q0),
         _mm512_and_si512(q1, m0f),
-        _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m0f),
+        hi(q1),
     ];
     if K == Q5 {
         // qh[32] @16: bit c of byte e is bit 4 of chunk c's element e; both halves of the
@@ -245,7 +276,7 @@ unsafe fn values45<const K: u8>(b: *const u8) -> [__m512i; 4] {
 /// As [`values45`], for both pointers.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn decode_pair<const K: u8>(
+unsafe fn decode_pair<const K: u8, const G: bool>(
     a: *const u8,
     b: *const u8,
     scales: __m512i,
@@ -256,12 +287,12 @@ unsafe fn decode_pair<const K: u8>(
         let s =
             core::array::from_fn(|v| _mm512_permutex2var_epi8(scales, SCALE_IDX[p][v].get(), z));
         PairDec {
-            w: [values45::<K>(a), values45::<K>(b)],
+            w: [values45::<K, G>(a), values45::<K, G>(b)],
             s: [s, [z; 4]],
         }
     } else {
-        let (wa, sa) = decode_signed::<K>(a);
-        let (wb, sb) = decode_signed::<K>(b);
+        let (wa, sa) = decode_signed::<K, G>(a);
+        let (wb, sb) = decode_signed::<K, G>(b);
         PairDec {
             w: [wa, wb],
             s: [sa, sb],
@@ -275,9 +306,9 @@ unsafe fn decode_pair<const K: u8>(
 /// As [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn decode_signed<const K: u8>(b: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
+unsafe fn decode_signed<const K: u8, const G: bool>(b: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
     if K == Q3 {
-        return decode_q3(b);
+        return decode_q3::<G>(b);
     }
     // Q6_K: ql[128] @0, qh[64] @128, scales[16] @192, d @208.
     let m0f = _mm512_set1_epi8(0x0f);
@@ -295,11 +326,19 @@ unsafe fn decode_signed<const K: u8>(b: *const u8) -> ([__m512i; 4], [__m512i; 4
         let qh = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
             b.add(128 + 32 * h) as *const __m256i,
         )));
-        let hlo = _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
-        let hhi = _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30);
-        // (a & 0x0f) | b
-        w[2 * h] = _mm512_ternarylogic_epi32::<0xEC>(l, hlo, m0f);
-        w[2 * h + 1] = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(l), hhi, m0f);
+        if G {
+            // The qh pairs straight to bits 4-5 (per half), the high nibble to bits 0-3.
+            let hlo = gf_affine(qh, GF_Q6_LO.get());
+            let hhi = gf_affine(qh, GF_Q6_HI.get());
+            w[2 * h] = _mm512_ternarylogic_epi32::<0xEC>(l, hlo, m0f);
+            w[2 * h + 1] = _mm512_or_si512(gf_affine(l, GF_NIB_HI.get()), hhi);
+        } else {
+            let hlo = _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
+            let hhi = _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30);
+            // (a & 0x0f) | b
+            w[2 * h] = _mm512_ternarylogic_epi32::<0xEC>(l, hlo, m0f);
+            w[2 * h + 1] = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(l), hhi, m0f);
+        }
     }
     let s = [
         permd(pair_idx(0, 1), sc),
@@ -360,37 +399,50 @@ unsafe fn q3_scales_simd(p: *const u8) -> __m128i {
 /// As [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn decode_q3(b: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
+unsafe fn decode_q3<const G: bool>(b: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
     let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(q3_scales_simd(b.add(96))));
     let hm = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
         b as *const __m256i,
     )));
     let qs = perm64(_mm512_loadu_si512(b.add(32) as *const __m512i));
     let m3 = _mm512_set1_epi8(3);
-    let w = [
-        add_high_bit(_mm512_and_si512(qs, m3), hm, 0, 4, 4),
-        add_high_bit(
-            _mm512_and_si512(_mm512_srli_epi16::<2>(qs), m3),
-            hm,
-            1,
-            5,
-            4,
-        ),
-        add_high_bit(
-            _mm512_and_si512(_mm512_srli_epi16::<4>(qs), m3),
-            hm,
-            2,
-            6,
-            4,
-        ),
-        add_high_bit(
-            _mm512_and_si512(_mm512_srli_epi16::<6>(qs), m3),
-            hm,
-            3,
-            7,
-            4,
-        ),
-    ];
+    let w = if G {
+        // Bits 2s..2s+2 of qs to bits 0-1 and hmask bit s (s + 4 in the high half) to bit 2,
+        // one affine byte transform each.
+        core::array::from_fn(|s| {
+            let q = if s == 0 {
+                _mm512_and_si512(qs, m3)
+            } else {
+                gf_affine(qs, GF_Q3_QS[s].get())
+            };
+            _mm512_or_si512(q, gf_affine(hm, GF_Q3_HM[s].get()))
+        })
+    } else {
+        [
+            add_high_bit(_mm512_and_si512(qs, m3), hm, 0, 4, 4),
+            add_high_bit(
+                _mm512_and_si512(_mm512_srli_epi16::<2>(qs), m3),
+                hm,
+                1,
+                5,
+                4,
+            ),
+            add_high_bit(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(qs), m3),
+                hm,
+                2,
+                6,
+                4,
+            ),
+            add_high_bit(
+                _mm512_and_si512(_mm512_srli_epi16::<6>(qs), m3),
+                hm,
+                3,
+                7,
+                4,
+            ),
+        ]
+    };
     let s = [
         permd(pair_idx(0, 4), sc),
         permd(pair_idx(1, 5), sc),
@@ -644,7 +696,7 @@ fn prefetch_block<const K: u8>(b: *const u8, ahead: usize) {
 /// bytes and `xb[j]` for `Q8K_BYTES`; CPU features as [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn fused<const K: u8, const N: usize>(
+unsafe fn fused<const K: u8, const G: bool, const N: usize>(
     rows: &[*const u8; TILE],
     ridx: __m512i,
     off: usize,
@@ -659,7 +711,7 @@ unsafe fn fused<const K: u8, const N: usize>(
         let (ra, rb) = (rows[2 * p].add(off), rows[2 * p + 1].add(off));
         prefetch_block::<K>(ra, ahead);
         prefetch_block::<K>(rb, ahead);
-        let dec = decode_pair::<K>(ra, rb, mt.scales, p);
+        let dec = decode_pair::<K, G>(ra, rb, mt.scales, p);
         for (act, acc) in acts.iter().zip(acc.iter_mut()) {
             sums_update(&mt, p, pair_lanes::<K>(&dec, act), act, acc);
         }
@@ -678,7 +730,7 @@ unsafe fn fused<const K: u8, const N: usize>(
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn fused_tile<const K: u8, const N: usize>(
+unsafe fn fused_tile<const K: u8, const G: bool, const N: usize>(
     rp: &[*const u8; TILE],
     nb: usize,
     ahead: usize,
@@ -693,7 +745,7 @@ unsafe fn fused_tile<const K: u8, const N: usize>(
         let blk: [usize; N] = core::array::from_fn(|j| (j0 + j) * nb + b);
         let a = blk.map(|i| xp.add(i * 256));
         let xb = blk.map(|i| x.add(i * Q8K_BYTES));
-        fused::<K, N>(rp, ridx, b * bbytes, ahead, a, xb, acc);
+        fused::<K, G, N>(rp, ridx, b * bbytes, ahead, a, xb, acc);
     }
 }
 
@@ -703,8 +755,38 @@ unsafe fn fused_tile<const K: u8, const N: usize>(
 /// # Safety
 /// All pointers must be valid for those sizes (`rows, n >= 1`); the CPU must have
 /// AVX-512F/BW/VL/VNNI/VBMI, AVX2 and F16C.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 pub(super) unsafe fn gemm<const K: u8>(
+    nb: usize,
+    w: *const u8,
+    rows: usize,
+    x: *const u8,
+    xp: *const u8,
+    n: usize,
+    out: *mut f32,
+) {
+    if gfni() {
+        gemm_impl::<K, true>(nb, w, rows, x, xp, n, out)
+    } else {
+        gemm_impl::<K, false>(nb, w, rows, x, xp, n, out)
+    }
+}
+
+/// Whether this CPU has GFNI (`vgf2p8affineqb`), unless `NIGHTSHIFT_X86_GFNI=off` withholds it
+/// (checked once).
+fn gfni() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::is_x86_feature_detected!("gfni")
+            && std::env::var("NIGHTSHIFT_X86_GFNI").map_or(true, |v| v != "off")
+    })
+}
+
+/// [`gemm`] with (`G`) or without GFNI's affine byte transforms in the decoders.
+///
+/// # Safety
+/// As [`gemm`], and the CPU must have GFNI when `G`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn gemm_impl<const K: u8, const G: bool>(
     nb: usize,
     w: *const u8,
     rows: usize,
@@ -738,10 +820,10 @@ pub(super) unsafe fn gemm<const K: u8>(
             accs[..nj].fill(zero);
             if n <= FUSED_MAX {
                 match n {
-                    1 => fused_tile::<K, 1>(&rp, nb, ahead, x, xp, 0, &mut accs[..1]),
-                    2 => fused_tile::<K, 2>(&rp, nb, ahead, x, xp, 0, &mut accs[..2]),
-                    3 => fused_tile::<K, 3>(&rp, nb, ahead, x, xp, 0, &mut accs[..3]),
-                    _ => fused_tile::<K, 4>(&rp, nb, ahead, x, xp, 0, &mut accs[..4]),
+                    1 => fused_tile::<K, G, 1>(&rp, nb, ahead, x, xp, 0, &mut accs[..1]),
+                    2 => fused_tile::<K, G, 2>(&rp, nb, ahead, x, xp, 0, &mut accs[..2]),
+                    3 => fused_tile::<K, G, 3>(&rp, nb, ahead, x, xp, 0, &mut accs[..3]),
+                    _ => fused_tile::<K, G, 4>(&rp, nb, ahead, x, xp, 0, &mut accs[..4]),
                 }
             } else {
                 let ridx = row_offsets(&rp);
@@ -752,7 +834,7 @@ pub(super) unsafe fn gemm<const K: u8>(
                         let (ra, rb) = (rp[2 * p].add(off), rp[2 * p + 1].add(off));
                         prefetch_block::<K>(ra, ahead);
                         prefetch_block::<K>(rb, ahead);
-                        t.pairs[p] = decode_pair::<K>(ra, rb, t.meta.scales, p);
+                        t.pairs[p] = decode_pair::<K, G>(ra, rb, t.meta.scales, p);
                     }
                     for (jj, acc) in accs[..nj].iter_mut().enumerate() {
                         let blk = (j0 + jj) * nb + b;
@@ -780,8 +862,10 @@ pub(super) unsafe fn gemm<const K: u8>(
 #[cfg(test)]
 mod tests {
     //! Batch sizes 1..=6 and a row count with a partial tile for every kind on this path: the
-    //! fused small-batch path (1..=4) and the tiled one (5, 6) against the scalar tier's bits.
+    //! fused small-batch path (1..=4) and the tiled one (5, 6) against the scalar tier's bits,
+    //! through the dispatcher and directly with and without the GFNI decoders.
 
+    use super::super::kquant::{Q3, Q4, Q5, Q6};
     use crate::dispatch::{available_tiers, gemm_with, Tier};
     use crate::{quantize_row, GgmlType};
 
@@ -801,11 +885,43 @@ mod tests {
         out
     }
 
+    /// `gemm_impl::<K, G>` on `m` rows of `w` and `n` Q8_K rows `x` of `k` elements, in the
+    /// dispatcher's output order (activation-major).
+    fn direct<const K: u8, const G: bool>(
+        k: usize,
+        w: &[u8],
+        m: usize,
+        x: &[u8],
+        n: usize,
+    ) -> Vec<f32> {
+        let nb = k / 256;
+        let mut xp = vec![0u8; n * nb * 256];
+        let mut out = vec![0f32; m * n];
+        // SAFETY: the caller checked the CPU features (GFNI too when `G`); the buffers have the
+        // sizes `pack` and `gemm_impl` need.
+        unsafe {
+            super::pack::<K>(x.as_ptr(), n * nb, xp.as_mut_ptr());
+            super::gemm_impl::<K, G>(
+                nb,
+                w.as_ptr(),
+                m,
+                x.as_ptr(),
+                xp.as_ptr(),
+                n,
+                out.as_mut_ptr(),
+            );
+        }
+        (0..n * m).map(|i| out[(i % m) * n + i / m]).collect()
+    }
+
     #[test]
     fn small_and_tiled_batches_match_the_scalar_tier() {
-        if !available_tiers().contains(&Tier::Avx512Vnni) {
+        if !available_tiers().contains(&Tier::Avx512Vnni)
+            || !std::is_x86_feature_detected!("avx512vbmi")
+        {
             return;
         }
+        let gfni = std::is_x86_feature_detected!("gfni");
         let (k, m) = (512, 11);
         for ty in [
             GgmlType::Q3_K,
@@ -822,6 +938,27 @@ mod tests {
                 gemm_with(Tier::Avx512Vnni, ty, k, &w, m, &x, n, &mut got, None).expect("avx512");
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "{} n={n}", ty.name());
+                macro_rules! both {
+                    ($k:expr) => {{
+                        let plain = direct::<{ $k }, false>(k, &w, m, &x, n);
+                        assert_eq!(
+                            bits(&plain),
+                            bits(&want),
+                            "{} n={n} without gfni",
+                            ty.name()
+                        );
+                        if gfni {
+                            let g = direct::<{ $k }, true>(k, &w, m, &x, n);
+                            assert_eq!(bits(&g), bits(&want), "{} n={n} gfni", ty.name());
+                        }
+                    }};
+                }
+                match ty {
+                    GgmlType::Q3_K => both!(Q3),
+                    GgmlType::Q4_K => both!(Q4),
+                    GgmlType::Q5_K => both!(Q5),
+                    _ => both!(Q6),
+                }
             }
         }
     }

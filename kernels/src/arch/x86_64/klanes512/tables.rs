@@ -140,3 +140,60 @@ pub(super) const fn slots(k: u8) -> [usize; 8] {
         _ => [0, 1, 2, 3, 4, 5, 6, 7],
     }
 }
+
+/// The `vgf2p8affineqb` matrix that moves source bit `src[i]` of every byte to bit `i` (`-1`:
+/// zero): output bit `i` is the parity of `x & byte (7 - i)` of the matrix.
+const fn gf(src: [i8; 8]) -> u64 {
+    let mut m = 0u64;
+    let mut i = 0;
+    while i < 8 {
+        if src[i] >= 0 {
+            m |= (1u64 << src[i]) << (8 * (7 - i));
+        }
+        i += 1;
+    }
+    m
+}
+
+/// A vector of matrices: `lo` for the low 32 bytes (qwords 0..4), `hi` for the high ones.
+const fn gf_halves(lo: [i8; 8], hi: [i8; 8]) -> V64 {
+    let (a, b) = (gf(lo).to_le_bytes(), gf(hi).to_le_bytes());
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        o[i] = if i < 32 { a[i % 8] } else { b[i % 8] };
+        i += 1;
+    }
+    V64(o)
+}
+
+const NONE: i8 = -1;
+/// Bits 4..8 to 0..4 (a byte's high nibble).
+pub(super) static GF_NIB_HI: V64 = gf_halves(
+    [4, 5, 6, 7, NONE, NONE, NONE, NONE],
+    [4, 5, 6, 7, NONE, NONE, NONE, NONE],
+);
+/// Q6_K low-nibble vectors: qh bits 0-1 (low half) / 2-3 (high half) to bits 4-5.
+pub(super) static GF_Q6_LO: V64 = gf_halves(
+    [NONE, NONE, NONE, NONE, 0, 1, NONE, NONE],
+    [NONE, NONE, NONE, NONE, 2, 3, NONE, NONE],
+);
+/// Q6_K high-nibble vectors: qh bits 4-5 / 6-7 to bits 4-5.
+pub(super) static GF_Q6_HI: V64 = gf_halves(
+    [NONE, NONE, NONE, NONE, 4, 5, NONE, NONE],
+    [NONE, NONE, NONE, NONE, 6, 7, NONE, NONE],
+);
+/// Q3_K vector `s`: qs bits `2s, 2s + 1` to bits 0-1 (entry 0 unused: a mask does it).
+const fn q3_qs(s: i8) -> V64 {
+    let f = [2 * s, 2 * s + 1, NONE, NONE, NONE, NONE, NONE, NONE];
+    gf_halves(f, f)
+}
+pub(super) static GF_Q3_QS: [V64; 4] = [q3_qs(0), q3_qs(1), q3_qs(2), q3_qs(3)];
+/// Q3_K vector `s`: hmask bit `s` (low half) / `s + 4` (high half) to bit 2.
+const fn q3_hm(s: i8) -> V64 {
+    gf_halves(
+        [NONE, NONE, s, NONE, NONE, NONE, NONE, NONE],
+        [NONE, NONE, s + 4, NONE, NONE, NONE, NONE, NONE],
+    )
+}
+pub(super) static GF_Q3_HM: [V64; 4] = [q3_hm(0), q3_hm(1), q3_hm(2), q3_hm(3)];
