@@ -27,20 +27,29 @@
 //! (Q3_K `q | 4 * hbit` in 0..=7, Q6_K 0..=63) multiply the activations and `maddubs(offset, q)`
 //! (offset 4 or 32; once per activation block, shared by the tile) is subtracted from every pair
 //! sum. Q3_K's one 64-byte `qs` load holds chunks (s, s + 4) in bits `2s..2s+2`, and its
-//! activations are packed in that order. Two rows' lanes are folded into one vector.
+//! activations are packed in that order. Two rows' lanes are folded into one vector (decoders
+//! in `signed`). Making the weights signed and the activations `q + 128` instead would save the
+//! per-(row, activation) subtraction but cost a per-row correction `128 * sum(scale * w)` of 4
+//! `maddubs` + 4 `vpdpwssd`: a loss at batch 1, even at 2, and a few percent at 4.
 //!
-//! Per-row `d`/`dmin` of a tile are gathered from general registers into one vector of halves
-//! (one `vcvtph2ps`), and `sums[l] += d * aux32[l]` runs lane-wise in the reference order; the
-//! Q4_K/Q5_K `sumf -= dmin * sumi` runs with one lane per row.
+//! Per tile and block, the 8 rows' `d` (and `dmin`) halves and, for Q4_K/Q5_K, their 12 scale
+//! bytes are fetched with `vpgatherq*`: one `vcvtph2ps` for all `d`s, the 6-bit scales and mins
+//! of all rows in a few vector ops. `sums[l] += d * aux32[l]` runs lane-wise in the reference
+//! order; the Q4_K/Q5_K `sumf -= dmin * sumi` runs with one lane per row. Bit-field extraction
+//! uses GFNI's affine byte transform where the CPU has it (one op instead of shift + mask).
+//! Instructions that LLVM would rewrite into more uops are written as asm (`ops`).
 
 use core::arch::x86_64::*;
 
 use super::kquant::{perm32, rd_f32, Q3, Q5, Q6, Q8K_BYTES};
 
+mod ops;
+mod signed;
 mod tables;
+use ops::{add_masked, dpwssd, fold2, gf_affine, pair_idx};
+use signed::decode_signed;
 use tables::{
-    chunks45, d_idx, has_mins, out_lane, slots, GF_NIB_HI, GF_Q3_HM, GF_Q3_QS, GF_Q6_HI, GF_Q6_LO,
-    MIN_IDX, PAIR_PERM, Q5_SEL, SCALE_IDX,
+    chunks45, d_idx, has_mins, out_lane, slots, GF_NIB_HI, MIN_IDX, PAIR_PERM, Q5_SEL, SCALE_IDX,
 };
 
 /// Weight rows per tile.
@@ -91,128 +100,6 @@ pub(super) unsafe fn pack<const K: u8>(x: *const u8, blocks: usize, out: *mut u8
             }
         }
     }
-}
-
-/// `kquant::perm32` on both 32-byte halves: one `vpermb` (AVX512-VBMI).
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn perm64(v: __m512i) -> __m512i {
-    // Byte 4m + r of each half <- byte m + 8r of that half.
-    let idx = _mm512_set_epi32(
-        0x3F37_2F27,
-        0x3E36_2E26,
-        0x3D35_2D25,
-        0x3C34_2C24,
-        0x3B33_2B23,
-        0x3A32_2A22,
-        0x3931_2921,
-        0x3830_2820,
-        0x1F17_0F07,
-        0x1E16_0E06,
-        0x1D15_0D05,
-        0x1C14_0C04,
-        0x1B13_0B03,
-        0x1A12_0A02,
-        0x1911_0901,
-        0x1810_0800,
-    );
-    _mm512_permutexvar_epi8(idx, v)
-}
-
-/// Lane pairs of chunk `c1` (lanes 0..8) and `c2` (lanes 8..16) from the i16 scale pairs.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn pair_idx(c1: i32, c2: i32) -> __m512i {
-    _mm512_setr_epi32(
-        c1, c1, c1, c1, c1, c1, c1, c1, c2, c2, c2, c2, c2, c2, c2, c2,
-    )
-}
-
-/// Lanes `0..8` of `a` + lanes `8..16` of `a` in lanes 0..8, the same for `b` in lanes 8..16.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn fold2(a: __m512i, b: __m512i) -> __m512i {
-    _mm512_add_epi32(
-        _mm512_shuffle_i64x2::<0x44>(a, b),
-        _mm512_shuffle_i64x2::<0xEE>(a, b),
-    )
-}
-
-/// `vpdpwssd` as written: LLVM otherwise splits a chain of them into `vpmaddwd` + `vpaddd`
-/// (shorter latency, one more uop on the ports these kernels saturate).
-#[inline]
-#[target_feature(enable = "avx512f,avx512vnni")]
-fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
-    let mut r = acc;
-    // SAFETY: a register-only AVX-512-VNNI instruction, and this function requires that feature.
-    unsafe {
-        core::arch::asm!(
-            "vpdpwssd {r}, {a}, {b}",
-            r = inout(zmm_reg) r,
-            a = in(zmm_reg) a,
-            b = in(zmm_reg) b,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-    }
-    r
-}
-
-/// `w + v` in the bytes selected by `k` (one `vpaddb` with a merge mask; LLVM otherwise
-/// rewrites it into `vporq` + a masked `vmovdqu8` when it can prove the add is an or).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn add_masked(w: __m512i, k: __mmask64, v: __m512i) -> __m512i {
-    let mut r = w;
-    // SAFETY: a register-only AVX-512BW instruction, and this function requires that feature.
-    unsafe {
-        core::arch::asm!(
-            "vpaddb {r}{{{k}}}, {r}, {v}",
-            r = inout(zmm_reg) r,
-            k = in(kreg) k,
-            v = in(zmm_reg) v,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-    }
-    r
-}
-
-/// `vpermd` as written (LLVM otherwise turns a constant-index dword permute into `vpshufd` +
-/// `vshufi64x2`: two shuffle uops instead of one).
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn permd(idx: __m512i, v: __m512i) -> __m512i {
-    let r: __m512i;
-    // SAFETY: a register-only AVX-512F instruction, and this function requires that feature.
-    unsafe {
-        core::arch::asm!(
-            "vpermd {r}, {idx}, {v}",
-            r = lateout(zmm_reg) r,
-            idx = in(zmm_reg) idx,
-            v = in(zmm_reg) v,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-    }
-    r
-}
-
-/// `vgf2p8affineqb x, m, 0`: every byte of `x` times the bit matrix of its qword in `m`
-/// (see `tables::gf`). Only reached when [`gfni`] said yes: the instruction is written as asm so
-/// that GFNI is never enabled for LLVM's own code generation.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn gf_affine(x: __m512i, m: __m512i) -> __m512i {
-    let r: __m512i;
-    // SAFETY: a register-only instruction; callers run it only on CPUs with GFNI (`G`).
-    unsafe {
-        core::arch::asm!(
-            "vgf2p8affineqb {r}, {x}, {m}, 0",
-            r = lateout(zmm_reg) r,
-            x = in(zmm_reg) x,
-            m = in(zmm_reg) m,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-    }
-    r
 }
 
 /// One weight block of a pair of rows, decoded.
@@ -298,158 +185,6 @@ unsafe fn decode_pair<const K: u8, const G: bool>(
             s: [sa, sb],
         }
     }
-}
-
-/// Q3_K or Q6_K: one row's raw values and scale-pair vectors.
-///
-/// # Safety
-/// As [`values45`].
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn decode_signed<const K: u8, const G: bool>(b: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
-    if K == Q3 {
-        return decode_q3::<G>(b);
-    }
-    // Q6_K: ql[128] @0, qh[64] @128, scales[16] @192, d @208.
-    let m0f = _mm512_set1_epi8(0x0f);
-    let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
-        b.add(192) as *const __m128i
-    )));
-    let m30 = _mm512_set1_epi8(0x30);
-    // Low nibbles: qh bits 0-1 (shift left 4) / 2-3 (left 2) to bits 4-5 in the two
-    // halves; high nibbles: bits 4-5 (no shift) / 6-7 (right 2).
-    let shl = _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
-    let shr = _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_setzero_si512(), _mm512_set1_epi16(2));
-    let mut w = [_mm512_setzero_si512(); 4];
-    for h in 0..2 {
-        let l = perm64(_mm512_loadu_si512(b.add(64 * h) as *const __m512i));
-        let qh = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
-            b.add(128 + 32 * h) as *const __m256i,
-        )));
-        if G {
-            // The qh pairs straight to bits 4-5 (per half), the high nibble to bits 0-3.
-            let hlo = gf_affine(qh, GF_Q6_LO.get());
-            let hhi = gf_affine(qh, GF_Q6_HI.get());
-            w[2 * h] = _mm512_ternarylogic_epi32::<0xEC>(l, hlo, m0f);
-            w[2 * h + 1] = _mm512_or_si512(gf_affine(l, GF_NIB_HI.get()), hhi);
-        } else {
-            let hlo = _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
-            let hhi = _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30);
-            // (a & 0x0f) | b
-            w[2 * h] = _mm512_ternarylogic_epi32::<0xEC>(l, hlo, m0f);
-            w[2 * h + 1] = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(l), hhi, m0f);
-        }
-    }
-    let s = [
-        permd(pair_idx(0, 1), sc),
-        permd(pair_idx(2, 3), sc),
-        permd(pair_idx(4, 5), sc),
-        permd(pair_idx(6, 7), sc),
-    ];
-    (w, s)
-}
-
-/// `w + add` in the bytes whose bit `c1` (low 32 bytes) or `c2` (high 32 bytes) of `h` is set.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn add_high_bit(w: __m512i, h: __m512i, c1: u32, c2: u32, add: i8) -> __m512i {
-    let sel = _mm512_mask_blend_epi8(
-        0xFFFF_FFFF_0000_0000,
-        _mm512_set1_epi8((1u32 << c1) as u8 as i8),
-        _mm512_set1_epi8((1u32 << c2) as u8 as i8),
-    );
-    let k = _mm512_test_epi8_mask(h, sel);
-    add_masked(w, k, _mm512_set1_epi8(add))
-}
-
-/// Q3_K's 12 scale bytes at `p` -> the 16 six-bit scales minus 32 as i8 (as
-/// `unpack::q3_scales`): scale `4i + k` = bits 0..4 of byte k (i = 0), of byte 4 + k (i = 1),
-/// bits 4..8 of those (i = 2, 3), with bits `2i..2i+2` of byte `8 + k` on top.
-///
-/// # Safety
-/// `p` must be valid for 12 bytes (the load is masked to them); CPU features as [`values45`].
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn q3_scales_simd(p: *const u8) -> __m128i {
-    let v = _mm_maskz_loadu_epi8(0x0FFF, p as *const i8);
-    let lo = _mm_shuffle_epi8(
-        v,
-        _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
-    );
-    let lo = _mm_and_si128(
-        _mm_srlv_epi16(lo, _mm_setr_epi16(0, 0, 0, 0, 4, 4, 4, 4)),
-        _mm_set1_epi8(0x0f),
-    );
-    let hi = _mm_shuffle_epi8(
-        v,
-        _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11),
-    );
-    let hi = _mm_and_si128(
-        _mm_srlv_epi16(hi, _mm_setr_epi16(0, 0, 2, 2, 4, 4, 6, 6)),
-        _mm_set1_epi8(3),
-    );
-    _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16::<4>(hi)), _mm_set1_epi8(32))
-}
-
-/// Q3_K: hmask[32] @0, qs[64] @32, scales[12] @96, d @108. The raw values `q | 4 * hbit` are
-/// in 0..=7 (the true ones are 4 less); w[s] holds chunks (s, s + 4), which are bits `2s..2s+2`
-/// of the two 32-byte halves of `qs`.
-///
-/// # Safety
-/// As [`values45`].
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn decode_q3<const G: bool>(b: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
-    let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(q3_scales_simd(b.add(96))));
-    let hm = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
-        b as *const __m256i,
-    )));
-    let qs = perm64(_mm512_loadu_si512(b.add(32) as *const __m512i));
-    let m3 = _mm512_set1_epi8(3);
-    let w = if G {
-        // Bits 2s..2s+2 of qs to bits 0-1 and hmask bit s (s + 4 in the high half) to bit 2,
-        // one affine byte transform each.
-        core::array::from_fn(|s| {
-            let q = if s == 0 {
-                _mm512_and_si512(qs, m3)
-            } else {
-                gf_affine(qs, GF_Q3_QS[s].get())
-            };
-            _mm512_or_si512(q, gf_affine(hm, GF_Q3_HM[s].get()))
-        })
-    } else {
-        [
-            add_high_bit(_mm512_and_si512(qs, m3), hm, 0, 4, 4),
-            add_high_bit(
-                _mm512_and_si512(_mm512_srli_epi16::<2>(qs), m3),
-                hm,
-                1,
-                5,
-                4,
-            ),
-            add_high_bit(
-                _mm512_and_si512(_mm512_srli_epi16::<4>(qs), m3),
-                hm,
-                2,
-                6,
-                4,
-            ),
-            add_high_bit(
-                _mm512_and_si512(_mm512_srli_epi16::<6>(qs), m3),
-                hm,
-                3,
-                7,
-                4,
-            ),
-        ]
-    };
-    let s = [
-        permd(pair_idx(0, 4), sc),
-        permd(pair_idx(1, 5), sc),
-        permd(pair_idx(2, 6), sc),
-        permd(pair_idx(3, 7), sc),
-    ];
-    (w, s)
 }
 
 /// One activation block as the tile's kernels use it.
@@ -860,106 +595,4 @@ unsafe fn gemm_impl<const K: u8, const G: bool>(
 }
 
 #[cfg(test)]
-mod tests {
-    //! Batch sizes 1..=6 and a row count with a partial tile for every kind on this path: the
-    //! fused small-batch path (1..=4) and the tiled one (5, 6) against the scalar tier's bits,
-    //! through the dispatcher and directly with and without the GFNI decoders.
-
-    use super::super::kquant::{Q3, Q4, Q5, Q6};
-    use crate::dispatch::{available_tiers, gemm_with, Tier};
-    use crate::{quantize_row, GgmlType};
-
-    fn rows_of(ty: GgmlType, k: usize, count: usize, seed: u32) -> Vec<u8> {
-        let rb = ty.row_bytes(k).expect("k is a multiple of 256");
-        let mut out = vec![0u8; count * rb];
-        let mut s = seed;
-        for row in out.chunks_exact_mut(rb) {
-            let f: Vec<f32> = (0..k)
-                .map(|_| {
-                    s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
-                })
-                .collect();
-            quantize_row(ty, &f, row).expect("quantize");
-        }
-        out
-    }
-
-    /// `gemm_impl::<K, G>` on `m` rows of `w` and `n` Q8_K rows `x` of `k` elements, in the
-    /// dispatcher's output order (activation-major).
-    fn direct<const K: u8, const G: bool>(
-        k: usize,
-        w: &[u8],
-        m: usize,
-        x: &[u8],
-        n: usize,
-    ) -> Vec<f32> {
-        let nb = k / 256;
-        let mut xp = vec![0u8; n * nb * 256];
-        let mut out = vec![0f32; m * n];
-        // SAFETY: the caller checked the CPU features (GFNI too when `G`); the buffers have the
-        // sizes `pack` and `gemm_impl` need.
-        unsafe {
-            super::pack::<K>(x.as_ptr(), n * nb, xp.as_mut_ptr());
-            super::gemm_impl::<K, G>(
-                nb,
-                w.as_ptr(),
-                m,
-                x.as_ptr(),
-                xp.as_ptr(),
-                n,
-                out.as_mut_ptr(),
-            );
-        }
-        (0..n * m).map(|i| out[(i % m) * n + i / m]).collect()
-    }
-
-    #[test]
-    fn small_and_tiled_batches_match_the_scalar_tier() {
-        if !available_tiers().contains(&Tier::Avx512Vnni)
-            || !std::is_x86_feature_detected!("avx512vbmi")
-        {
-            return;
-        }
-        let gfni = std::is_x86_feature_detected!("gfni");
-        let (k, m) = (512, 11);
-        for ty in [
-            GgmlType::Q3_K,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-        ] {
-            let w = rows_of(ty, k, m, 7);
-            for n in 1..=6 {
-                let x = rows_of(GgmlType::Q8_K, k, n, 100 + n as u32);
-                let mut want = vec![0f32; m * n];
-                let mut got = vec![0f32; m * n];
-                gemm_with(Tier::Scalar, ty, k, &w, m, &x, n, &mut want, None).expect("scalar");
-                gemm_with(Tier::Avx512Vnni, ty, k, &w, m, &x, n, &mut got, None).expect("avx512");
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "{} n={n}", ty.name());
-                macro_rules! both {
-                    ($k:expr) => {{
-                        let plain = direct::<{ $k }, false>(k, &w, m, &x, n);
-                        assert_eq!(
-                            bits(&plain),
-                            bits(&want),
-                            "{} n={n} without gfni",
-                            ty.name()
-                        );
-                        if gfni {
-                            let g = direct::<{ $k }, true>(k, &w, m, &x, n);
-                            assert_eq!(bits(&g), bits(&want), "{} n={n} gfni", ty.name());
-                        }
-                    }};
-                }
-                match ty {
-                    GgmlType::Q3_K => both!(Q3),
-                    GgmlType::Q4_K => both!(Q4),
-                    GgmlType::Q5_K => both!(Q5),
-                    _ => both!(Q6),
-                }
-            }
-        }
-    }
-}
+mod tests;
