@@ -28,9 +28,11 @@
 //! (offset 4 or 32; once per activation block, shared by the tile) is subtracted from every pair
 //! sum. Q3_K's one 64-byte `qs` load holds chunks (s, s + 4) in bits `2s..2s+2`, and its
 //! activations are packed in that order. Two rows' lanes are folded into one vector (decoders
-//! in `signed`). Making the weights signed and the activations `q + 128` instead would save the
-//! per-(row, activation) subtraction but cost a per-row correction `128 * sum(scale * w)` of 4
-//! `maddubs` + 4 `vpdpwssd`: a loss at batch 1, even at 2, and a few percent at 4.
+//! in `signed`). From 3 activation rows on, with GFNI, they take the signed scheme instead
+//! ([`signed_scheme`]): weights `raw - offset` (signed, made by the affine transform's
+//! constant), activations `q + 128`, and a per-row seed `-128 * sum(scale * w)`; that costs 8
+//! ops per row and saves the subtraction (4 ops) per row and activation, so batch 1 and 2 keep
+//! the offset scheme.
 //!
 //! Per tile and block, the 8 rows' `d` (and `dmin`) halves and, for Q4_K/Q5_K, their 12 scale
 //! bytes are fetched with `vpgatherq*`: one `vcvtph2ps` for all `d`s, the 6-bit scales and mins
@@ -111,6 +113,18 @@ struct PairDec {
     /// Q4_K/Q5_K: `s[0][v]` the scale words of vector `v` for both rows (`s[1]` unused);
     /// Q3_K/Q6_K: per row, the scale i16 pair of each lane's chunk.
     s: [[__m512i; 4]; 2],
+    /// Q3_K/Q6_K in the signed scheme ([`signed_scheme`]): per row, `-128 * sum(scale * w)` per lane
+    /// (the accumulator seed that cancels the `+ 128` of the activations).
+    corr: [__m512i; 2],
+}
+
+/// Q3_K/Q6_K with GFNI at 3 or more activation rows (and the stored-tile path) take the signed
+/// scheme: weights decoded as `raw - 4` / `raw - 32` (free: the affine transform's constant
+/// does it), activations as `q + 128` (`maddubs(q ^ 0x80, w)`, pair sums within 2 * 255 * 32),
+/// and a per-row seed `-128 * sum(scale * w)` (4 `maddubs` + 4 `vpdpwssd` per row) instead of
+/// the per-(row, activation) `sub` of `maddubs(offset, q)` (4 ops). It pays from 3 rows on.
+const fn signed_scheme(k: u8, gfni: bool, n: usize) -> bool {
+    (k == Q3 || k == Q6) && gfni && n >= 3
 }
 
 /// Q4_K/Q5_K values of one row's block at `b` (vector `v` = chunks [`chunks45`]`(v)`).
@@ -168,21 +182,35 @@ unsafe fn decode_pair<const K: u8, const G: bool>(
     b: *const u8,
     scales: __m512i,
     p: usize,
+    sgn: bool,
 ) -> PairDec {
+    let z = _mm512_setzero_si512();
     if has_mins(K) {
-        let z = _mm512_setzero_si512();
         let s =
             core::array::from_fn(|v| _mm512_permutex2var_epi8(scales, SCALE_IDX[p][v].get(), z));
         PairDec {
             w: [values45::<K, G>(a), values45::<K, G>(b)],
             s: [s, [z; 4]],
+            corr: [z; 2],
         }
     } else {
-        let (wa, sa) = decode_signed::<K, G>(a);
-        let (wb, sb) = decode_signed::<K, G>(b);
+        let (wa, sa) = decode_signed::<K, G>(a, sgn);
+        let (wb, sb) = decode_signed::<K, G>(b, sgn);
+        let mut corr = [z; 2];
+        if sgn {
+            let k128 = _mm512_set1_epi8(-128);
+            for (c, (w, s)) in corr.iter_mut().zip([(&wa, &sa), (&wb, &sb)]) {
+                let mut t = z;
+                for i in 0..4 {
+                    t = dpwssd(t, _mm512_maddubs_epi16(k128, w[i]), s[i]);
+                }
+                *c = _mm512_sub_epi32(z, t);
+            }
+        }
         PairDec {
             w: [wa, wb],
             s: [sa, sb],
+            corr,
         }
     }
 }
@@ -193,7 +221,7 @@ struct Act {
     /// The 4 packed vectors.
     v: [__m512i; 4],
     /// Q3_K/Q6_K: `maddubs(offset, q)` of each (the pair sums that turn the raw values into
-    /// `raw - offset`).
+    /// `raw - offset`); unused in the signed scheme, where `v` holds `q + 128`.
     pq: [__m512i; 4],
     /// Q4_K/Q5_K: the bsum pairs of chunks `2h` (lanes 0..8) and `2h + 1` (lanes 8..16), for
     /// the transposed mins ([`min_idx`]).
@@ -208,15 +236,21 @@ struct Act {
 /// `a` must be valid for 256 bytes and `xb` for `Q8K_BYTES`; CPU features as [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn load_act<const K: u8>(a: *const u8, xb: *const u8) -> Act {
-    let v = [
+unsafe fn load_act<const K: u8>(a: *const u8, xb: *const u8, sgn: bool) -> Act {
+    let mut v = [
         _mm512_loadu_si512(a as *const __m512i),
         _mm512_loadu_si512(a.add(64) as *const __m512i),
         _mm512_loadu_si512(a.add(128) as *const __m512i),
         _mm512_loadu_si512(a.add(192) as *const __m512i),
     ];
     let mut pq = [_mm512_setzero_si512(); 4];
-    if offset(K) != 0 {
+    if sgn {
+        // q + 128 as unsigned bytes.
+        let k80 = _mm512_set1_epi8(-128);
+        for vi in v.iter_mut() {
+            *vi = _mm512_xor_si512(*vi, k80);
+        }
+    } else if offset(K) != 0 {
         let off = _mm512_set1_epi8(offset(K));
         for i in 0..4 {
             pq[i] = _mm512_maddubs_epi16(off, v[i]);
@@ -256,7 +290,7 @@ fn row_lanes(w: &[__m512i; 4], s: &[__m512i; 4], av: &[__m512i; 4], pq: &[__m512
 /// layout of [`out_lane`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn pair_lanes<const K: u8>(d: &PairDec, act: &Act) -> __m512i {
+fn pair_lanes<const K: u8>(d: &PairDec, act: &Act, sgn: bool) -> __m512i {
     if has_mins(K) {
         let z = _mm512_setzero_si512();
         let mut acc = z;
@@ -266,6 +300,15 @@ fn pair_lanes<const K: u8>(d: &PairDec, act: &Act) -> __m512i {
             acc = dpwssd(acc, _mm512_packs_epi32(xa, xb), d.s[0][v]);
         }
         acc
+    } else if sgn {
+        let rl = |h: usize| {
+            let mut acc = d.corr[h];
+            for i in 0..4 {
+                acc = dpwssd(acc, _mm512_maddubs_epi16(act.v[i], d.w[h][i]), d.s[h][i]);
+            }
+            acc
+        };
+        fold2(rl(0), rl(1))
     } else {
         fold2(
             row_lanes(&d.w[0], &d.s[0], &act.v, &act.pq),
@@ -399,10 +442,10 @@ struct Tile {
 /// `a` must be valid for 256 bytes, `xb` for `Q8K_BYTES`; CPU features as [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc) {
-    let act = load_act::<K>(a, xb);
+unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc, sgn: bool) {
+    let act = load_act::<K>(a, xb, sgn);
     for p in 0..4 {
-        let lanes = pair_lanes::<K>(&t.pairs[p], &act);
+        let lanes = pair_lanes::<K>(&t.pairs[p], &act, sgn);
         sums_update(&t.meta, p, lanes, &act, acc);
     }
     if has_mins(K) {
@@ -440,15 +483,16 @@ unsafe fn fused<const K: u8, const G: bool, const N: usize>(
     xb: [*const u8; N],
     acc: &mut [Acc],
 ) {
-    let acts: [Act; N] = core::array::from_fn(|j| load_act::<K>(a[j], xb[j]));
+    let sgn = signed_scheme(K, G, N);
+    let acts: [Act; N] = core::array::from_fn(|j| load_act::<K>(a[j], xb[j], sgn));
     let mt = meta::<K>(rows[0].add(off), ridx);
     for p in 0..4 {
         let (ra, rb) = (rows[2 * p].add(off), rows[2 * p + 1].add(off));
         prefetch_block::<K>(ra, ahead);
         prefetch_block::<K>(rb, ahead);
-        let dec = decode_pair::<K, G>(ra, rb, mt.scales, p);
+        let dec = decode_pair::<K, G>(ra, rb, mt.scales, p, sgn);
         for (act, acc) in acts.iter().zip(acc.iter_mut()) {
-            sums_update(&mt, p, pair_lanes::<K>(&dec, act), act, acc);
+            sums_update(&mt, p, pair_lanes::<K>(&dec, act, sgn), act, acc);
         }
     }
     if has_mins(K) {
@@ -562,6 +606,7 @@ unsafe fn gemm_impl<const K: u8, const G: bool>(
                 }
             } else {
                 let ridx = row_offsets(&rp);
+                let sgn = signed_scheme(K, G, n);
                 for b in 0..nb {
                     let off = b * bbytes;
                     t.meta = meta::<K>(rp[0].add(off), ridx);
@@ -569,11 +614,11 @@ unsafe fn gemm_impl<const K: u8, const G: bool>(
                         let (ra, rb) = (rp[2 * p].add(off), rp[2 * p + 1].add(off));
                         prefetch_block::<K>(ra, ahead);
                         prefetch_block::<K>(rb, ahead);
-                        t.pairs[p] = decode_pair::<K, G>(ra, rb, t.meta.scales, p);
+                        t.pairs[p] = decode_pair::<K, G>(ra, rb, t.meta.scales, p, sgn);
                     }
                     for (jj, acc) in accs[..nj].iter_mut().enumerate() {
                         let blk = (j0 + jj) * nb + b;
-                        dot::<K>(&t, xp.add(blk * 256), x.add(blk * Q8K_BYTES), acc);
+                        dot::<K>(&t, xp.add(blk * 256), x.add(blk * Q8K_BYTES), acc, sgn);
                     }
                 }
             }

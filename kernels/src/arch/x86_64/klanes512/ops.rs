@@ -126,3 +126,39 @@ pub(super) fn gf_affine(x: __m512i, m: __m512i) -> __m512i {
     }
     r
 }
+
+/// `vgf2p8affineqb x, m, 0xE0`: as [`gf_affine`], then bits 5-7 flipped.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn gf_affine_e0(x: __m512i, m: __m512i) -> __m512i {
+    let r: __m512i;
+    // SAFETY: as `gf_affine`.
+    unsafe {
+        core::arch::asm!(
+            "vgf2p8affineqb {r}, {x}, {m}, 0xE0",
+            r = lateout(zmm_reg) r,
+            x = in(zmm_reg) x,
+            m = in(zmm_reg) m,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    r
+}
+
+/// `vgf2p8affineqb x, m, 0xFC`: as [`gf_affine`], then bits 2-7 flipped.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn gf_affine_fc(x: __m512i, m: __m512i) -> __m512i {
+    let r: __m512i;
+    // SAFETY: as `gf_affine`.
+    unsafe {
+        core::arch::asm!(
+            "vgf2p8affineqb {r}, {x}, {m}, 0xFC",
+            r = lateout(zmm_reg) r,
+            x = in(zmm_reg) x,
+            m = in(zmm_reg) m,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    r
+}

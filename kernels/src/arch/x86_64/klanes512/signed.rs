@@ -6,10 +6,13 @@
 use core::arch::x86_64::*;
 
 use super::super::kquant::Q3;
-use super::ops::{add_masked, gf_affine, pair_idx, perm64, permd};
-use super::tables::{GF_NIB_HI, GF_Q3_HM, GF_Q3_QS, GF_Q6_HI, GF_Q6_LO};
+use super::ops::{add_masked, gf_affine, gf_affine_e0, gf_affine_fc, pair_idx, perm64, permd};
+use super::tables::{
+    GF_NIB_HI, GF_Q3_HM, GF_Q3_HM_S, GF_Q3_QS, GF_Q6_HI, GF_Q6_HI_S, GF_Q6_LO, GF_Q6_LO_S,
+};
 
-/// Q3_K or Q6_K: one row's raw values and scale-pair vectors.
+/// Q3_K or Q6_K: one row's raw values and scale-pair vectors (with `sgn` and `G`: the true
+/// values `raw - 4` / `raw - 32`).
 ///
 /// # Safety
 /// As [`values45`].
@@ -17,9 +20,10 @@ use super::tables::{GF_NIB_HI, GF_Q3_HM, GF_Q3_QS, GF_Q6_HI, GF_Q6_LO};
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 pub(super) unsafe fn decode_signed<const K: u8, const G: bool>(
     b: *const u8,
+    sgn: bool,
 ) -> ([__m512i; 4], [__m512i; 4]) {
     if K == Q3 {
-        return decode_q3::<G>(b);
+        return decode_q3::<G>(b, sgn);
     }
     // Q6_K: ql[128] @0, qh[64] @128, scales[16] @192, d @208.
     let m0f = _mm512_set1_epi8(0x0f);
@@ -37,7 +41,14 @@ pub(super) unsafe fn decode_signed<const K: u8, const G: bool>(
         let qh = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
             b.add(128 + 32 * h) as *const __m256i,
         )));
-        if G {
+        if G && sgn {
+            // `raw - 32`: the qh pair `v` as the 4-bit `v - 2` in bits 4-7 (bit 4 = v's bit 0,
+            // bits 5-7 = not v's bit 1), so the values come out signed.
+            let hlo = gf_affine_e0(qh, GF_Q6_LO_S.get());
+            let hhi = gf_affine_e0(qh, GF_Q6_HI_S.get());
+            w[2 * h] = _mm512_ternarylogic_epi32::<0xEC>(l, hlo, m0f);
+            w[2 * h + 1] = _mm512_or_si512(gf_affine(l, GF_NIB_HI.get()), hhi);
+        } else if G {
             // The qh pairs straight to bits 4-5 (per half), the high nibble to bits 0-3.
             let hlo = gf_affine(qh, GF_Q6_LO.get());
             let hhi = gf_affine(qh, GF_Q6_HI.get());
@@ -110,14 +121,24 @@ unsafe fn q3_scales_simd(p: *const u8) -> __m128i {
 /// As [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn decode_q3<const G: bool>(b: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
+unsafe fn decode_q3<const G: bool>(b: *const u8, sgn: bool) -> ([__m512i; 4], [__m512i; 4]) {
     let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(q3_scales_simd(b.add(96))));
     let hm = perm64(_mm512_broadcast_i64x4(_mm256_loadu_si256(
         b as *const __m256i,
     )));
     let qs = perm64(_mm512_loadu_si512(b.add(32) as *const __m512i));
     let m3 = _mm512_set1_epi8(3);
-    let w = if G {
+    let w = if G && sgn {
+        // `raw - 4`: bits 2..8 = not the hmask bit (the value minus 4, sign-extended).
+        core::array::from_fn(|s| {
+            let q = if s == 0 {
+                _mm512_and_si512(qs, m3)
+            } else {
+                gf_affine(qs, GF_Q3_QS[s].get())
+            };
+            _mm512_or_si512(q, gf_affine_fc(hm, GF_Q3_HM_S[s].get()))
+        })
+    } else if G {
         // Bits 2s..2s+2 of qs to bits 0-1 and hmask bit s (s + 4 in the high half) to bit 2,
         // one affine byte transform each.
         core::array::from_fn(|s| {

@@ -183,6 +183,17 @@ pub(super) static GF_Q6_HI: V64 = gf_halves(
     [NONE, NONE, NONE, NONE, 4, 5, NONE, NONE],
     [NONE, NONE, NONE, NONE, 6, 7, NONE, NONE],
 );
+/// Q6_K signed scheme, low-nibble vectors: qh bit 0 / 2 to bit 4 and bit 1 / 3 to bits 5-7
+/// (flipped by the transform's constant 0xE0: the 2-bit value minus 2, sign-extended).
+pub(super) static GF_Q6_LO_S: V64 = gf_halves(
+    [NONE, NONE, NONE, NONE, 0, 1, 1, 1],
+    [NONE, NONE, NONE, NONE, 2, 3, 3, 3],
+);
+/// Q6_K signed scheme, high-nibble vectors: qh bits 4-5 / 6-7 likewise.
+pub(super) static GF_Q6_HI_S: V64 = gf_halves(
+    [NONE, NONE, NONE, NONE, 4, 5, 5, 5],
+    [NONE, NONE, NONE, NONE, 6, 7, 7, 7],
+);
 /// Q3_K vector `s`: qs bits `2s, 2s + 1` to bits 0-1 (entry 0 unused: a mask does it).
 const fn q3_qs(s: i8) -> V64 {
     let f = [2 * s, 2 * s + 1, NONE, NONE, NONE, NONE, NONE, NONE];
@@ -197,3 +208,11 @@ const fn q3_hm(s: i8) -> V64 {
     )
 }
 pub(super) static GF_Q3_HM: [V64; 4] = [q3_hm(0), q3_hm(1), q3_hm(2), q3_hm(3)];
+/// Q3_K signed scheme, vector `s`: the hmask bit to bits 2-7 (flipped by the constant 0xFC).
+const fn q3_hm_s(s: i8) -> V64 {
+    gf_halves(
+        [NONE, NONE, s, s, s, s, s, s],
+        [NONE, NONE, s + 4, s + 4, s + 4, s + 4, s + 4, s + 4],
+    )
+}
+pub(super) static GF_Q3_HM_S: [V64; 4] = [q3_hm_s(0), q3_hm_s(1), q3_hm_s(2), q3_hm_s(3)];
