@@ -28,11 +28,11 @@
 //! (offset 4 or 32; once per activation block, shared by the tile) is subtracted from every pair
 //! sum. Q3_K's one 64-byte `qs` load holds chunks (s, s + 4) in bits `2s..2s+2`, and its
 //! activations are packed in that order. Two rows' lanes are folded into one vector (decoders
-//! in `signed`). From 3 activation rows on, with GFNI, they take the signed scheme instead
-//! ([`signed_scheme`]): weights `raw - offset` (signed, made by the affine transform's
-//! constant), activations `q + 128`, and a per-row seed `-128 * sum(scale * w)`; that costs 8
-//! ops per row and saves the subtraction (4 ops) per row and activation, so batch 1 and 2 keep
-//! the offset scheme.
+//! in `signed`). From 2 (Q6_K) or 3 (Q3_K) activation rows on, with GFNI, they take the
+//! signed scheme instead ([`signed_scheme`]): weights `raw - offset` (signed, made by the affine
+//! transform's constant), activations `q + 128`, and a per-row seed `-128 * sum(scale * w)`;
+//! that costs 8 ops per row and saves the subtraction (4 ops) per row and activation, so batch
+//! 1 keeps the offset scheme.
 //!
 //! Per tile and block, the 8 rows' `d` (and `dmin`) halves and, for Q4_K/Q5_K, their 12 scale
 //! bytes are fetched with `vpgatherq*`: one `vcvtph2ps` for all `d`s, the 6-bit scales and mins
@@ -122,9 +122,10 @@ struct PairDec {
 /// scheme: weights decoded as `raw - 4` / `raw - 32` (free: the affine transform's constant
 /// does it), activations as `q + 128` (`maddubs(q ^ 0x80, w)`, pair sums within 2 * 255 * 32),
 /// and a per-row seed `-128 * sum(scale * w)` (4 `maddubs` + 4 `vpdpwssd` per row) instead of
-/// the per-(row, activation) `sub` of `maddubs(offset, q)` (4 ops). It pays from 3 rows on.
+/// the per-(row, activation) `sub` of `maddubs(offset, q)` (4 ops). Measured: it pays from 2
+/// rows on for Q6_K (+9% at 2) and from 3 for Q3_K (-7% at 2).
 const fn signed_scheme(k: u8, gfni: bool, n: usize) -> bool {
-    (k == Q3 || k == Q6) && gfni && n >= 3
+    gfni && ((k == Q6 && n >= 2) || (k == Q3 && n >= 3))
 }
 
 /// Q4_K/Q5_K values of one row's block at `b` (vector `v` = chunks [`chunks45`]`(v)`).
