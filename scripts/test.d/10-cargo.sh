@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --workspace --bins --locked
 NIGHTSHIFT_PREBUILT_BINS=1 cargo test --workspace --locked
-# The AVX-512 tier's Q4_K/Q6_K fallback for CPUs without VBMI, on this (possibly VBMI) machine.
+# The AVX-512 tier's builds for CPUs without VBMI (Q2_K's table lookup, the Q3_K..Q6_K fallback to
+# the 32-byte kernels), on this (possibly VBMI) machine.
 if grep -q avx512vbmi /proc/cpuinfo 2>/dev/null; then
     NIGHTSHIFT_X86_VBMI=off cargo test -p nightshift-kernels --locked --test x86_tiers
 fi
