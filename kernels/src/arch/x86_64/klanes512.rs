@@ -34,9 +34,9 @@
 //! that costs 8 ops per row and saves the subtraction (4 ops) per row and activation, so batch
 //! 1 keeps the offset scheme.
 //!
-//! Per tile and block, the 8 rows' `d` (and `dmin`) halves and, for Q4_K/Q5_K, their 12 scale
-//! bytes are fetched with `vpgatherq*`: one `vcvtph2ps` for all `d`s, the 6-bit scales and mins
-//! of all rows in a few vector ops. `sums[l] += d * aux32[l]` runs lane-wise in the reference
+//! Per tile and block, the 8 rows' `d` (and `dmin`) halves are converted by one `vcvtph2ps`;
+//! for Q4_K/Q5_K they and the 12 scale bytes are fetched with `vpgatherq*`, and the 6-bit
+//! scales and mins of all rows come out of a few vector ops. `sums[l] += d * aux32[l]` runs lane-wise in the reference
 //! order; the Q4_K/Q5_K `sumf -= dmin * sumi` runs with one lane per row. Bit-field extraction
 //! uses GFNI's affine byte transform where the CPU has it (one op instead of shift + mask).
 //! Instructions that LLVM would rewrite into more uops are written as asm (`ops`).
@@ -331,26 +331,42 @@ struct Meta {
     mins: [__m512i; 4],
 }
 
-/// Gathers the per-row fields of the tile's blocks at `base + ridx[r]` (`base` = row 0's
-/// block): the `d` (and `dmin`) halves, and for Q4_K/Q5_K the 6-bit scales and mins of all 8
-/// rows at once from the 12 scale bytes `a0 | a1 | a2` (the bit layout of `unpack::k4_scales`,
-/// one row per qword).
+/// Reads the per-row fields of the tile's blocks at `rows[r] + off` = `base + ridx[r]` (`base`
+/// = row 0's block): the `d` (and `dmin`) halves (Q4_K/Q5_K gathered, Q3_K/Q6_K by scalar
+/// loads, which measured 1-3% faster for them), and for Q4_K/Q5_K the 6-bit scales and mins of
+/// all 8 rows at once from the 12 scale bytes `a0 | a1 | a2` gathered (the bit layout of
+/// `unpack::k4_scales`, one row per qword).
 ///
 /// # Safety
-/// Every `base + ridx[r]` must start a readable block of kind `K`; CPU features as
+/// Every `rows[r] + off` (= `base + ridx[r]`) must start a readable block of kind `K`; CPU
+/// features as
 /// [`values45`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn meta<const K: u8>(base: *const u8, ridx: __m512i) -> Meta {
+unsafe fn meta<const K: u8>(
+    rows: &[*const u8; TILE],
+    off: usize,
+    base: *const u8,
+    ridx: __m512i,
+) -> Meta {
     // The dword ending with `d` for Q3_K/Q6_K (d is a block's last 2 bytes: nothing past it is
     // read), `d | dmin` for Q4_K/Q5_K: halves 2r, 2r + 1 of row r.
-    let doff = match K {
-        Q3 => 106,
-        Q6 => 206,
-        _ => 0,
+    let f = if has_mins(K) {
+        _mm512_cvtph_ps(_mm512_i64gather_epi32::<1>(ridx, base as *const i32))
+    } else {
+        // Q3_K/Q6_K: the 8 `d` halves by scalar loads, 4 to a qword.
+        let dpos = if K == Q3 { 108 } else { 208 };
+        let d16 = |r: usize| -> u64 {
+            let b = rows[r].add(off + dpos);
+            u16::from_le_bytes([*b, *b.add(1)]) as u64
+        };
+        let q = |r: usize| d16(r) | d16(r + 1) << 16 | d16(r + 2) << 32 | d16(r + 3) << 48;
+        let h = _mm_unpacklo_epi64(
+            _mm_cvtsi64_si128(q(0) as i64),
+            _mm_cvtsi64_si128(q(4) as i64),
+        );
+        _mm512_castps256_ps512(_mm256_cvtph_ps(h))
     };
-    let h = _mm512_i64gather_epi32::<1>(ridx, base.add(doff) as *const i32);
-    let f = _mm512_cvtph_ps(h);
     let dp = core::array::from_fn(|p| {
         let idx = d_idx(K, p);
         _mm512_permutexvar_ps(_mm512_loadu_si512(idx.as_ptr() as *const __m512i), f)
@@ -486,7 +502,7 @@ unsafe fn fused<const K: u8, const G: bool, const N: usize>(
 ) {
     let sgn = signed_scheme(K, G, N);
     let acts: [Act; N] = core::array::from_fn(|j| load_act::<K>(a[j], xb[j], sgn));
-    let mt = meta::<K>(rows[0].add(off), ridx);
+    let mt = meta::<K>(rows, off, rows[0].add(off), ridx);
     for p in 0..4 {
         let (ra, rb) = (rows[2 * p].add(off), rows[2 * p + 1].add(off));
         prefetch_block::<K>(ra, ahead);
@@ -612,7 +628,7 @@ unsafe fn gemm_impl<const K: u8, const G: bool>(
                 let sgn = signed_scheme(K, G, n);
                 for b in 0..nb {
                     let off = b * bbytes;
-                    t.meta = meta::<K>(rp[0].add(off), ridx);
+                    t.meta = meta::<K>(&rp, off, rp[0].add(off), ridx);
                     for p in 0..4 {
                         let (ra, rb) = (rp[2 * p].add(off), rp[2 * p + 1].add(off));
                         prefetch_block::<K>(ra, ahead);

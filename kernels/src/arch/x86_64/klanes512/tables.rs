@@ -114,16 +114,20 @@ pub(super) const fn out_lane(k: u8, h: usize, l: usize) -> usize {
     }
 }
 
-/// `vpermps` indices from the tile's gathered halves as floats (row `r` at lanes `2r`, `2r + 1`:
-/// Q4_K/Q5_K `d`, `dmin`; Q3_K/Q6_K two scale bytes, `d`) to pair `p`'s `d` in every float lane
-/// of its two rows.
+/// `vpermps` indices from the tile's halves as floats (Q4_K/Q5_K: row `r`'s `d`, `dmin` at
+/// lanes `2r`, `2r + 1`; Q3_K/Q6_K: `d` at lane `r`) to pair `p`'s `d` in every float lane of
+/// its two rows.
 pub(super) const fn d_idx(k: u8, p: usize) -> [i32; 16] {
     let mut o = [0i32; 16];
     let mut h = 0;
     while h < 2 {
         let mut l = 0;
         while l < 8 {
-            o[out_lane(k, h, l)] = (2 * (2 * p + h) + if has_mins(k) { 0 } else { 1 }) as i32;
+            o[out_lane(k, h, l)] = if has_mins(k) {
+                2 * (2 * p + h)
+            } else {
+                2 * p + h
+            } as i32;
             l += 1;
         }
         h += 1;
