@@ -494,11 +494,7 @@ unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc,
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn prefetch_block<const K: u8>(b: *const u8, ahead: usize) {
-    let pf = b.wrapping_add(ahead);
-    for line in 0..super::kquant::block_bytes(K).div_ceil(64) {
-        // Prefetches never fault, whatever the address.
-        _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(64 * line) as *const i8);
-    }
+    super::kquant::prefetch_block::<K>(b.wrapping_add(ahead));
 }
 
 /// Small batches (`N` activation rows, 1..=[`FUSED_MAX`]): decode each pair's block and

@@ -239,10 +239,20 @@ impl<const R: usize> TileState<R> {
 /// loads run ahead of the decode; past the end of the weights the hint is dropped harmlessly).
 #[inline(always)]
 pub(super) fn prefetch_block<const K: u8>(p: *const u8) {
-    for line in 0..block_bytes(K).div_ceil(64) {
+    prefetch_span(p, block_bytes(K));
+}
+
+/// Hints every cache line of `p .. p + len` into L2. Blocks are not line-aligned (84, 110, 144,
+/// 176, 210 bytes), so one can touch a line more than `len / 64` rounded up: the last byte's line
+/// is hinted too (a repeated hint is a no-op).
+#[inline(always)]
+pub(super) fn prefetch_span(p: *const u8, len: usize) {
+    for line in 0..len.div_ceil(64) {
         // SAFETY: a prefetch never faults, whatever the address.
         unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * line) as *const i8) };
     }
+    // SAFETY: as above.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(len - 1) as *const i8) };
 }
 
 /// Defines `gemm_k::<K>` for one tier: tiles of [`ROWS`] weight rows (then single rows) over

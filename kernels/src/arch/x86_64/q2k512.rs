@@ -247,12 +247,7 @@ macro_rules! q2k_kernel {
         /// Prefetches the block at `b + ahead` (the same block of the next tile's row).
         #[inline(always)]
         fn prefetch(b: *const u8, ahead: usize) {
-            let pf = b.wrapping_add(ahead);
-            // SAFETY: prefetches never fault.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
-                _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(BLOCK - 1) as *const i8);
-            }
+            super::super::kquant::prefetch_span(b.wrapping_add(ahead), BLOCK);
         }
 
         /// Batches of `N` (1..=[`FUSED_MAX`]): decodes block `off` (bytes) of every row once
