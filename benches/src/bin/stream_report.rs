@@ -37,6 +37,30 @@ struct Args {
     /// Timed passes per case (best one kept).
     #[arg(long, default_value_t = 5)]
     passes: usize,
+    /// Also measure each case on a copy of the weights in transparent huge pages
+    /// (`madvise(MADV_HUGEPAGE)`): fewer TLB misses while streaming.
+    #[arg(long)]
+    huge_pages: bool,
+}
+
+/// An anonymous mapping of `len` bytes advised to be backed by transparent huge pages (the
+/// advice is best effort: the kernel may still use 4 KiB pages). Never unmapped (a report binary).
+fn huge_buffer(len: usize) -> anyhow::Result<&'static mut [u8]> {
+    // SAFETY: a fresh private anonymous mapping; checked for MAP_FAILED before use, then only
+    // accessed through the returned slice of exactly `len` bytes.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        anyhow::ensure!(p != libc::MAP_FAILED, "mmap of {len} bytes failed");
+        libc::madvise(p, len, libc::MADV_HUGEPAGE);
+        Ok(std::slice::from_raw_parts_mut(p as *mut u8, len))
+    }
 }
 
 fn parse_type(s: &str) -> anyhow::Result<GgmlType> {
@@ -71,28 +95,42 @@ fn main() -> anyhow::Result<()> {
             let l = c.len();
             c.copy_from_slice(&base[..l]);
         }
-        for &n in &a.batches {
-            // measured next to each case: the machine's bandwidth drifts (shared hosts)
-            let ceiling = read_bandwidth(&w, a.threads, 8, a.passes)?;
-            let xt = ty.vec_dot_type();
-            let x = quantize_rows(xt, &random_f32(n * a.k, 11), a.k)?;
-            let mut out = vec![0f32; m * n];
-            gemm(ty, a.k, &w, m, &x, n, &mut out, Some(&pool))?;
-            let mut best = f64::MAX;
-            for _ in 0..a.passes.max(1) {
-                let t = Instant::now();
+        let huge = if a.huge_pages {
+            let h = huge_buffer(w.len())?;
+            h.copy_from_slice(&w);
+            Some(&*h)
+        } else {
+            None
+        };
+        for (w, pages) in std::iter::once((&w[..], "4K")).chain(huge.map(|h| (h, "huge"))) {
+            for &n in &a.batches {
+                // measured next to each case: the machine's bandwidth drifts (shared hosts)
+                let ceiling = read_bandwidth(&w, a.threads, 8, a.passes)?;
+                let xt = ty.vec_dot_type();
+                let x = quantize_rows(xt, &random_f32(n * a.k, 11), a.k)?;
+                let mut out = vec![0f32; m * n];
                 gemm(ty, a.k, &w, m, &x, n, &mut out, Some(&pool))?;
-                best = best.min(t.elapsed().as_secs_f64());
+                let mut best = f64::MAX;
+                for _ in 0..a.passes.max(1) {
+                    let t = Instant::now();
+                    gemm(ty, a.k, &w, m, &x, n, &mut out, Some(&pool))?;
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+                let gbs = w.len() as f64 / best / 1e9;
+                println!(
+                    "| {}{} | {n} | {:.2} | {:.2} | {:.2} | {:.0}% |",
+                    ty.name(),
+                    if a.huge_pages {
+                        format!(" ({pages})")
+                    } else {
+                        String::new()
+                    },
+                    best * 1e3,
+                    gbs,
+                    ceiling / 1e9,
+                    100.0 * gbs * 1e9 / ceiling
+                );
             }
-            let gbs = w.len() as f64 / best / 1e9;
-            println!(
-                "| {} | {n} | {:.2} | {:.2} | {:.2} | {:.0}% |",
-                ty.name(),
-                best * 1e3,
-                gbs,
-                ceiling / 1e9,
-                100.0 * gbs * 1e9 / ceiling
-            );
         }
     }
     Ok(())
