@@ -144,7 +144,7 @@ unsafe fn values45<const K: u8, const G: bool>(b: *const u8) -> [__m512i; 4] {
     // The high nibbles: one affine byte transform with GFNI, else a shift and a mask.
     let hi = |q: __m512i| {
         if G {
-            gf_affine(q, GF_NIB_HI.get())
+            gf_affine::<0>(q, GF_NIB_HI.get())
         } else {
             _mm512_and_si512(_mm512_srli_epi16::<4>(q), m0f)
         }

@@ -107,56 +107,22 @@ pub(super) fn permd(idx: __m512i, v: __m512i) -> __m512i {
     r
 }
 
-/// `vgf2p8affineqb x, m, 0`: every byte of `x` times the bit matrix of its qword in `m`
-/// (see `tables::gf`). Only reached when [`gfni`] said yes: the instruction is written as asm so
-/// that GFNI is never enabled for LLVM's own code generation.
+/// `vgf2p8affineqb x, m, C`: every byte of `x` times the bit matrix of its qword in `m` (see
+/// `tables::gf`), then xor-ed with the constant `C` (0: none; 0xE0 / 0xFC flip bits 5-7 / 2-7).
+/// Only reached when [`gfni`] said yes: the instruction is written as asm so that GFNI is never
+/// enabled for LLVM's own code generation.
 #[inline]
 #[target_feature(enable = "avx512f")]
-pub(super) fn gf_affine(x: __m512i, m: __m512i) -> __m512i {
+pub(super) fn gf_affine<const C: u8>(x: __m512i, m: __m512i) -> __m512i {
     let r: __m512i;
     // SAFETY: a register-only instruction; callers run it only on CPUs with GFNI (`G`).
     unsafe {
         core::arch::asm!(
-            "vgf2p8affineqb {r}, {x}, {m}, 0",
+            "vgf2p8affineqb {r}, {x}, {m}, {c}",
             r = lateout(zmm_reg) r,
             x = in(zmm_reg) x,
             m = in(zmm_reg) m,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-    }
-    r
-}
-
-/// `vgf2p8affineqb x, m, 0xE0`: as [`gf_affine`], then bits 5-7 flipped.
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub(super) fn gf_affine_e0(x: __m512i, m: __m512i) -> __m512i {
-    let r: __m512i;
-    // SAFETY: as `gf_affine`.
-    unsafe {
-        core::arch::asm!(
-            "vgf2p8affineqb {r}, {x}, {m}, 0xE0",
-            r = lateout(zmm_reg) r,
-            x = in(zmm_reg) x,
-            m = in(zmm_reg) m,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-    }
-    r
-}
-
-/// `vgf2p8affineqb x, m, 0xFC`: as [`gf_affine`], then bits 2-7 flipped.
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub(super) fn gf_affine_fc(x: __m512i, m: __m512i) -> __m512i {
-    let r: __m512i;
-    // SAFETY: as `gf_affine`.
-    unsafe {
-        core::arch::asm!(
-            "vgf2p8affineqb {r}, {x}, {m}, 0xFC",
-            r = lateout(zmm_reg) r,
-            x = in(zmm_reg) x,
-            m = in(zmm_reg) m,
+            c = const C,
             options(pure, nomem, nostack, preserves_flags),
         );
     }

@@ -6,7 +6,7 @@
 use core::arch::x86_64::*;
 
 use super::super::kquant::Q3;
-use super::ops::{add_masked, gf_affine, gf_affine_e0, gf_affine_fc, pair_idx, perm64, permd};
+use super::ops::{add_masked, gf_affine, pair_idx, perm64, permd};
 use super::tables::{
     GF_NIB_HI, GF_Q3_HM, GF_Q3_HM_S, GF_Q3_QS, GF_Q6_HI, GF_Q6_HI_S, GF_Q6_LO, GF_Q6_LO_S,
 };
@@ -44,16 +44,16 @@ pub(super) unsafe fn decode_signed<const K: u8, const G: bool>(
         if G && sgn {
             // `raw - 32`: the qh pair `v` as the 4-bit `v - 2` in bits 4-7 (bit 4 = v's bit 0,
             // bits 5-7 = not v's bit 1), so the values come out signed.
-            let hlo = gf_affine_e0(qh, GF_Q6_LO_S.get());
-            let hhi = gf_affine_e0(qh, GF_Q6_HI_S.get());
+            let hlo = gf_affine::<0xE0>(qh, GF_Q6_LO_S.get());
+            let hhi = gf_affine::<0xE0>(qh, GF_Q6_HI_S.get());
             w[2 * h] = _mm512_ternarylogic_epi32::<0xEC>(l, hlo, m0f);
-            w[2 * h + 1] = _mm512_or_si512(gf_affine(l, GF_NIB_HI.get()), hhi);
+            w[2 * h + 1] = _mm512_or_si512(gf_affine::<0>(l, GF_NIB_HI.get()), hhi);
         } else if G {
             // The qh pairs straight to bits 4-5 (per half), the high nibble to bits 0-3.
-            let hlo = gf_affine(qh, GF_Q6_LO.get());
-            let hhi = gf_affine(qh, GF_Q6_HI.get());
+            let hlo = gf_affine::<0>(qh, GF_Q6_LO.get());
+            let hhi = gf_affine::<0>(qh, GF_Q6_HI.get());
             w[2 * h] = _mm512_ternarylogic_epi32::<0xEC>(l, hlo, m0f);
-            w[2 * h + 1] = _mm512_or_si512(gf_affine(l, GF_NIB_HI.get()), hhi);
+            w[2 * h + 1] = _mm512_or_si512(gf_affine::<0>(l, GF_NIB_HI.get()), hhi);
         } else {
             let hlo = _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
             let hhi = _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30);
@@ -134,9 +134,9 @@ unsafe fn decode_q3<const G: bool>(b: *const u8, sgn: bool) -> ([__m512i; 4], [_
             let q = if s == 0 {
                 _mm512_and_si512(qs, m3)
             } else {
-                gf_affine(qs, GF_Q3_QS[s].get())
+                gf_affine::<0>(qs, GF_Q3_QS[s].get())
             };
-            _mm512_or_si512(q, gf_affine_fc(hm, GF_Q3_HM_S[s].get()))
+            _mm512_or_si512(q, gf_affine::<0xFC>(hm, GF_Q3_HM_S[s].get()))
         })
     } else if G {
         // Bits 2s..2s+2 of qs to bits 0-1 and hmask bit s (s + 4 in the high half) to bit 2,
@@ -145,9 +145,9 @@ unsafe fn decode_q3<const G: bool>(b: *const u8, sgn: bool) -> ([__m512i; 4], [_
             let q = if s == 0 {
                 _mm512_and_si512(qs, m3)
             } else {
-                gf_affine(qs, GF_Q3_QS[s].get())
+                gf_affine::<0>(qs, GF_Q3_QS[s].get())
             };
-            _mm512_or_si512(q, gf_affine(hm, GF_Q3_HM[s].get()))
+            _mm512_or_si512(q, gf_affine::<0>(hm, GF_Q3_HM[s].get()))
         })
     } else {
         [
