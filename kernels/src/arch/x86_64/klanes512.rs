@@ -48,6 +48,7 @@ use super::kquant::{perm32, rd_f32, Q3, Q5, Q6, Q8K_BYTES};
 mod ops;
 mod signed;
 mod tables;
+use super::kquant::prefetch_block;
 use ops::{add_masked, dpwssd, fold2, gf_affine, pair_idx};
 use signed::decode_signed;
 use tables::{
@@ -490,13 +491,6 @@ unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc,
     }
 }
 
-/// Prefetches the block of `K` at `b + ahead` (the same block of the next tile's row).
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn prefetch_block<const K: u8>(b: *const u8, ahead: usize) {
-    super::kquant::prefetch_block::<K>(b.wrapping_add(ahead));
-}
-
 /// Small batches (`N` activation rows, 1..=[`FUSED_MAX`]): decode each pair's block and
 /// multiply it at once against the `N` activation blocks, nothing stored, folding it into the
 /// float state right away. Also prefetches the same block of the rows `ahead` bytes further
@@ -521,8 +515,8 @@ unsafe fn fused<const K: u8, const G: bool, const N: usize>(
     let mt = meta::<K>(rows, off, rows[0].add(off), ridx);
     for p in 0..4 {
         let (ra, rb) = (rows[2 * p].add(off), rows[2 * p + 1].add(off));
-        prefetch_block::<K>(ra, ahead);
-        prefetch_block::<K>(rb, ahead);
+        prefetch_block::<K>(ra.wrapping_add(ahead));
+        prefetch_block::<K>(rb.wrapping_add(ahead));
         let dec = decode_pair::<K, G>(ra, rb, mt.scales, p, sgn);
         let dp = if K == Q6 {
             pair_d::<K>(ra, rb)
@@ -652,8 +646,8 @@ unsafe fn gemm_impl<const K: u8, const G: bool>(
                     t.meta = meta::<K>(&rp, off, rp[0].add(off), ridx);
                     for p in 0..4 {
                         let (ra, rb) = (rp[2 * p].add(off), rp[2 * p + 1].add(off));
-                        prefetch_block::<K>(ra, ahead);
-                        prefetch_block::<K>(rb, ahead);
+                        prefetch_block::<K>(ra.wrapping_add(ahead));
+                        prefetch_block::<K>(rb.wrapping_add(ahead));
                         t.pairs[p] = decode_pair::<K, G>(ra, rb, t.meta.scales, p, sgn);
                         if K == Q6 {
                             t.meta.dp[p] = pair_d::<K>(ra, rb);
