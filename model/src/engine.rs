@@ -7,6 +7,7 @@ use crate::arch::{self, StepCtx, Tok};
 use crate::config::Arch;
 use crate::error::ModelError;
 use crate::expert::ExpertBackend;
+use crate::hot::hot;
 use crate::kv::{KvType, SeqKv};
 use crate::model::Model;
 use crate::moe::{dense_ffn, moe_ffn, RouteObserver};
@@ -256,7 +257,14 @@ impl Engine {
         // thread and sleeping until it is done, twice per op (hundreds of handoffs per step).
         let pool = self.pool.clone();
         let started = Instant::now();
-        let res = pool.install(|| self.run(batch, &toks));
+        // An in-process backend keeps the pool busy all step: its workers poll instead of parking
+        // between ops. A remote one leaves them idle while the nodes work, so only the engine's
+        // own phases run hot (see `crate::hot`).
+        let res = if self.backend.in_process() {
+            pool.install(|| hot(|| self.run(batch, &toks, false)))
+        } else {
+            pool.install(|| self.run(batch, &toks, true))
+        };
         if res.is_ok() {
             self.profile.steps += 1;
             self.profile.tokens += batch.len() as u64;
@@ -325,7 +333,21 @@ impl Engine {
         Ok(toks)
     }
 
-    fn run(&mut self, batch: &[BatchToken], toks: &[Tok]) -> Result<Vec<Vec<f32>>, ModelError> {
+    /// One step; with `hot_phases` the attention blocks and the output head each run inside
+    /// [`hot`] (the step as a whole is not).
+    fn run(
+        &mut self,
+        batch: &[BatchToken],
+        toks: &[Tok],
+        hot_phases: bool,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let phase = |f: &mut (dyn FnMut() -> Result<(), ModelError> + Send)| {
+            if hot_phases {
+                hot(f)
+            } else {
+                f()
+            }
+        };
         let model = self.model.clone();
         let c = model.config();
         let w = model.weights();
@@ -361,12 +383,11 @@ impl Engine {
         for (il, lw) in w.layers.iter().enumerate() {
             let t_attn = Instant::now();
             rms_norm(&x, &lw.attn_norm, c.rms_eps, &mut h);
-            match c.arch {
-                Arch::Qwen3Moe => arch::qwen3moe::attention(&ctx, &mut self.seqs, il, &h, &mut y)?,
-                Arch::Deepseek2 => {
-                    arch::deepseek2::attention(&ctx, &mut self.seqs, il, &h, &mut y)?
-                }
-            }
+            let seqs = &mut self.seqs;
+            phase(&mut || match c.arch {
+                Arch::Qwen3Moe => arch::qwen3moe::attention(&ctx, seqs, il, &h, &mut y),
+                Arch::Deepseek2 => arch::deepseek2::attention(&ctx, seqs, il, &h, &mut y),
+            })?;
             add_inplace(&mut x, &y);
             prof.attention += t_attn.elapsed().as_secs_f64();
             let t_ffn = Instant::now();
@@ -417,7 +438,7 @@ impl Engine {
         rms_norm(&sel, &w.output_norm, c.rms_eps, &mut hn);
         let nv = c.n_vocab;
         let mut logits = vec![0.0f32; rows.len() * nv];
-        matmul(&w.output, 0, &hn, rows.len(), &mut logits, p)?;
+        phase(&mut || matmul(&w.output, 0, &hn, rows.len(), &mut logits, p))?;
         let out = logits.chunks_exact(nv).map(|r| r.to_vec()).collect();
         prof.output = t_out.elapsed().as_secs_f64();
         self.add_phases(&prof);

@@ -56,6 +56,14 @@ pub trait ExpertBackend: Send + Sync {
         pairs: &[ExpertPair],
         out: &mut [f32],
     ) -> Result<(), ExpertError>;
+
+    /// True when `run_experts` computes in this process, on the calling thread or the engine's
+    /// pool, without waiting on anything outside it. The engine then keeps its pool's workers
+    /// polling through whole steps ([`crate::hot::hot`]); for a backend that waits on other
+    /// processes (expert nodes, maybe on the same cores) it does so only around its own phases.
+    fn in_process(&self) -> bool {
+        false
+    }
 }
 
 /// One expert's three matrices (bytes of the expert's slice of the `*_exps` tensors).
@@ -352,5 +360,9 @@ impl ExpertBackend for LocalExperts {
             out,
             self.pool.as_deref(),
         )
+    }
+
+    fn in_process(&self) -> bool {
+        true
     }
 }

@@ -11,6 +11,7 @@ pub mod error;
 pub mod expert;
 pub mod gen;
 pub mod gguf;
+pub mod hot;
 pub mod kv;
 pub mod model;
 pub mod moe;
