@@ -159,12 +159,254 @@ pub fn attend_heads(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above.
-        unsafe { attend_heads_avx2(q, h0, g, kv, hd, round_p, scores, out) };
-        return;
+    {
+        if avx512_fits(g, hd) && avx512_detected() {
+            // SAFETY: the CPU has AVX-512 F and DQ, checked just above.
+            unsafe { attend_heads_avx512(q, h0, g, kv, hd, round_p, scores, out) };
+            return;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, checked just above.
+            unsafe { attend_heads_avx2(q, h0, g, kv, hd, round_p, scores, out) };
+            return;
+        }
     }
     attend_heads_body::<false>(q, h0, g, kv, hd, round_p, scores, out);
+}
+
+/// The shapes the AVX-512 path takes: query heads in pairs and whole 8-wide K chunks (every
+/// model we serve: head_k 128 for Qwen3, 576 for MLA).
+#[cfg(target_arch = "x86_64")]
+fn avx512_fits(g: usize, hd: Heads) -> bool {
+    g.is_multiple_of(2) && hd.dk.is_multiple_of(8) && hd.dk > 0
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_detected() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+}
+
+/// [`attend_heads`] with AVX-512, same bits as [`attend_heads_body`].
+///
+/// K.q: each dot keeps `dot`'s eight partial sums, as one 256-bit half of a zmm register: the
+/// low half for query head `2i`, the high half for head `2i + 1` (the queries interleaved once per
+/// call), against the K chunk broadcast to both halves, so every K load serves two heads and
+/// up to 4 positions x 4 head pairs run as 16 independent chains. The halves are then folded in
+/// `finish_dot`'s order. V: up to 4 heads x 64 outputs in 16 registers across all positions,
+/// each V load serving every head of the block; per output the same products added in the same
+/// order as the portable loop.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and DQ; `avx512_fits(g, hd)` must hold.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_heads_avx512(
+    q: &[f32],
+    h0: usize,
+    g: usize,
+    kv: &KvView<'_>,
+    hd: Heads,
+    round_p: bool,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let hk = h0 / (hd.n_head / hd.n_head_kv);
+    let n = kv.n_kv;
+    let (dk, dv) = (hd.dk, hd.dv);
+    let nc = dk / 8;
+    let k_end = |rows: usize| (rows - 1) * kv.k_stride + hk * dk + dk;
+    let v_end = |rows: usize| (rows - 1) * kv.v_stride + hk * dv + dv;
+    if n == 0
+        || q.len() < g * dk
+        || out.len() < g * dv
+        || k_end(n) > kv.k.len()
+        || v_end(n) > kv.v.len()
+    {
+        // nothing to read, or a view the fast path cannot bound: the checked portable code
+        attend_heads_body::<false>(q, h0, g, kv, hd, round_p, scores, out);
+        return;
+    }
+    scores.clear();
+    scores.resize(g * n + g * dk, 0.0);
+    let (sc, qi) = scores.split_at_mut(g * n);
+    // qi[(pair * nc + c) * 16 ..]: chunk c of head 2 * pair, then of head 2 * pair + 1
+    for (pair, dst) in qi.chunks_exact_mut(2 * dk).enumerate() {
+        for (c, d) in dst.chunks_exact_mut(16).enumerate() {
+            let a = 2 * pair * dk + 8 * c;
+            d[..8].copy_from_slice(&q[a..a + 8]);
+            d[8..].copy_from_slice(&q[a + dk..a + dk + 8]);
+        }
+    }
+    let kb = kv.k.as_ptr().add(hk * dk);
+    let np = g / 2;
+    let mut p0 = 0;
+    while p0 + 4 <= np {
+        qk_pairs::<4>(
+            qi.as_ptr().add(p0 * nc * 16),
+            p0,
+            nc,
+            kb,
+            kv.k_stride,
+            n,
+            sc,
+        );
+        p0 += 4;
+    }
+    while p0 < np {
+        qk_pairs::<1>(
+            qi.as_ptr().add(p0 * nc * 16),
+            p0,
+            nc,
+            kb,
+            kv.k_stride,
+            n,
+            sc,
+        );
+        p0 += 1;
+    }
+    for p in sc.chunks_exact_mut(n) {
+        softmax(p, hd.scale);
+        if round_p {
+            p.iter_mut().for_each(|p| *p = f16_to_f32(f32_to_f16(*p)));
+        }
+    }
+    let vb = kv.v.as_ptr().add(hk * dv);
+    if !dv.is_multiple_of(64) {
+        for (t, oh) in out[..g * dv].chunks_exact_mut(dv).enumerate() {
+            weigh_v_avx2(&sc[t * n..(t + 1) * n], kv.v, kv.v_stride, hk * dv, oh);
+        }
+        return;
+    }
+    let op = out.as_mut_ptr();
+    for e0 in (0..dv).step_by(64) {
+        let mut t0 = 0;
+        while t0 + 4 <= g {
+            weigh_v_heads::<4>(sc, n, t0, vb, kv.v_stride, e0, op, dv);
+            t0 += 4;
+        }
+        while t0 + 2 <= g {
+            weigh_v_heads::<2>(sc, n, t0, vb, kv.v_stride, e0, op, dv);
+            t0 += 2;
+        }
+    }
+}
+
+/// Scores of head pairs `p0 .. p0 + PC` (heads `2 * p0 ..`) at every position into `sc`
+/// (`sc[h * n + j]`).
+///
+/// # Safety
+/// AVX-512 F/DQ; `qi` holds `PC` interleaved pairs of `nc` chunks; rows `0..n` of `kb` (stride
+/// `stride`) hold `8 * nc` floats each; `sc` holds `2 * (p0 + PC) * n` floats.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn qk_pairs<const PC: usize>(
+    qi: *const f32,
+    p0: usize,
+    nc: usize,
+    kb: *const f32,
+    stride: usize,
+    n: usize,
+    sc: &mut [f32],
+) {
+    let mut j = 0;
+    while j + 4 <= n {
+        qk_block::<PC, 4>(qi, p0, nc, kb, stride, j, n, sc);
+        j += 4;
+    }
+    while j < n {
+        qk_block::<PC, 1>(qi, p0, nc, kb, stride, j, n, sc);
+        j += 1;
+    }
+}
+
+/// [`qk_pairs`] for positions `j .. j + PN`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn qk_block<const PC: usize, const PN: usize>(
+    qi: *const f32,
+    p0: usize,
+    nc: usize,
+    kb: *const f32,
+    stride: usize,
+    j: usize,
+    n: usize,
+    sc: &mut [f32],
+) {
+    use core::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); PN]; PC];
+    for c in 0..nc {
+        let mut k = [_mm512_setzero_ps(); PN];
+        for (p, kp) in k.iter_mut().enumerate() {
+            *kp = _mm512_broadcast_f32x8(_mm256_loadu_ps(kb.add((j + p) * stride + 8 * c)));
+        }
+        for (pc, row) in acc.iter_mut().enumerate() {
+            let qv = _mm512_loadu_ps(qi.add((pc * nc + c) * 16));
+            for (a, &kp) in row.iter_mut().zip(&k) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(kp, qv));
+            }
+        }
+    }
+    for (pc, row) in acc.iter().enumerate() {
+        let h = 2 * (p0 + pc);
+        for (p, &a) in row.iter().enumerate() {
+            // finish_dot on both halves: lanes i + (i + 4), then adjacent, then the two pairs
+            let s = _mm512_add_ps(a, _mm512_shuffle_f32x4::<0b10_11_00_01>(a, a));
+            let t = _mm512_add_ps(s, _mm512_permute_ps::<0b10_11_00_01>(s));
+            let u = _mm512_add_ps(t, _mm512_permute_ps::<0b01_00_11_10>(t));
+            sc[h * n + j + p] = _mm512_cvtss_f32(u);
+            sc[(h + 1) * n + j + p] = _mm512_cvtss_f32(_mm512_shuffle_f32x4::<2>(u, u));
+        }
+    }
+}
+
+/// Outputs `e0 .. e0 + 64` of heads `t0 .. t0 + PH`: `out[t * dv + e] = sum over j (in order,
+/// from 0.0) of v[j * stride + e] * p[t][j]`.
+///
+/// # Safety
+/// AVX-512 F; rows `0..n` of `vb` hold `e0 + 64` floats; `out` holds `(t0 + PH) * dv` floats and
+/// `e0 + 64 <= dv`; `sc` holds `(t0 + PH) * n`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn weigh_v_heads<const PH: usize>(
+    sc: &[f32],
+    n: usize,
+    t0: usize,
+    vb: *const f32,
+    stride: usize,
+    e0: usize,
+    out: *mut f32,
+    dv: usize,
+) {
+    use core::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); 4]; PH];
+    let sp = sc.as_ptr().add(t0 * n);
+    for j in 0..n {
+        let row = vb.add(j * stride + e0);
+        let v = [
+            _mm512_loadu_ps(row),
+            _mm512_loadu_ps(row.add(16)),
+            _mm512_loadu_ps(row.add(32)),
+            _mm512_loadu_ps(row.add(48)),
+        ];
+        for (h, a) in acc.iter_mut().enumerate() {
+            let p = _mm512_set1_ps(*sp.add(h * n + j));
+            for (ac, &vc) in a.iter_mut().zip(&v) {
+                *ac = _mm512_add_ps(*ac, _mm512_mul_ps(vc, p));
+            }
+        }
+    }
+    for (h, a) in acc.iter().enumerate() {
+        for (c, &ac) in a.iter().enumerate() {
+            _mm512_storeu_ps(out.add((t0 + h) * dv + e0 + 16 * c), ac);
+        }
+    }
 }
 
 /// [`attend_heads`] compiled for AVX2.
@@ -363,6 +605,58 @@ mod tests {
     }
 
     #[test]
+    fn mla_views_give_the_bits_of_single_heads() {
+        // absorbed MLA: one kv head whose V is the first dv floats of each K row
+        let (n_head, dk, dv) = (16, 576, 512);
+        let hd = Heads {
+            n_head,
+            n_head_kv: 1,
+            dk,
+            dv,
+            scale: 0.07,
+        };
+        for &n_kv in &[1, 5, 64] {
+            let k = values(n_kv * dk, 7 + n_kv as u32);
+            let q = values(n_head * dk, 9);
+            let kv = KvView {
+                k: &k,
+                k_stride: dk,
+                v: &k,
+                v_stride: dk,
+                n_kv,
+            };
+            let mut want = vec![0f32; n_head * dv];
+            for h in 0..n_head {
+                reference_head(
+                    &q[h * dk..(h + 1) * dk],
+                    h,
+                    &kv,
+                    hd,
+                    false,
+                    &mut want[h * dv..(h + 1) * dv],
+                );
+            }
+            let mut scores = Vec::new();
+            for g in [2, 4, 8, 16] {
+                let mut got = vec![0f32; n_head * dv];
+                for h0 in (0..n_head).step_by(g) {
+                    attend_heads(
+                        &q[h0 * dk..(h0 + g) * dk],
+                        h0,
+                        g,
+                        &kv,
+                        hd,
+                        false,
+                        &mut scores,
+                        &mut got[h0 * dv..(h0 + g) * dv],
+                    );
+                }
+                assert_eq!(bits(&got), bits(&want), "n_kv {n_kv} group {g}");
+            }
+        }
+    }
+
+    #[test]
     fn groups_chains_and_avx2_give_the_bits_of_single_heads() {
         // dk 72 has a tail after the 8-wide chunks, dv 44 and 139 after the 64- and 8-wide ones;
         // n_kv values cover the 4-position remainder
@@ -371,6 +665,10 @@ mod tests {
             (8, 1, 72, 44),
             (4, 4, 16, 16),
             (2, 1, 24, 139),
+            // Qwen3-30B-A3B's heads, and a 16-head group over one 64-wide kv head (4 pairs
+            // per block, 128 outputs)
+            (32, 4, 128, 128),
+            (16, 1, 64, 128),
         ] {
             for &n_kv in &[1, 3, 4, 7, 33] {
                 for round_p in [false, true] {
@@ -440,6 +738,26 @@ mod tests {
                             bits(&want),
                             "heads {n_head}/{n_head_kv} dk {dk} n_kv {n_kv} group {g} round {round_p}"
                         );
+                        // attend_heads takes AVX-512 where it can: the AVX2 build on its own
+                        #[cfg(target_arch = "x86_64")]
+                        if std::arch::is_x86_feature_detected!("avx2") {
+                            for h0 in (0..n_head).step_by(g) {
+                                // SAFETY: AVX2 checked just above.
+                                unsafe {
+                                    attend_heads_avx2(
+                                        &q[h0 * dk..(h0 + g) * dk],
+                                        h0,
+                                        g,
+                                        &kv,
+                                        hd,
+                                        round_p,
+                                        &mut scores,
+                                        &mut got[h0 * dv..(h0 + g) * dv],
+                                    )
+                                };
+                            }
+                            assert_eq!(bits(&got), bits(&want), "avx2, group {g}");
+                        }
                         g *= 2;
                     }
                     let mut all = vec![0f32; n_head * dv];
