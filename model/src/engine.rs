@@ -257,10 +257,10 @@ impl Engine {
         // thread and sleeping until it is done, twice per op (hundreds of handoffs per step).
         let pool = self.pool.clone();
         let started = Instant::now();
-        // An in-process backend keeps the pool busy all step: its workers poll instead of parking
-        // between ops. A remote one leaves them idle while the nodes work, so only the engine's
-        // own phases run hot (see `crate::hot`).
-        let res = if self.backend.in_process() {
+        // A backend computing on this pool keeps it busy all step: its workers poll instead of
+        // parking between ops. A remote one (or one on another pool) leaves them idle while the
+        // experts run elsewhere, so only the engine's own phases run hot (see `crate::hot`).
+        let res = if self.backend.computes_on(&pool) {
             pool.install(|| hot(|| self.run(batch, &toks, false)))
         } else {
             pool.install(|| self.run(batch, &toks, true))

@@ -57,11 +57,13 @@ pub trait ExpertBackend: Send + Sync {
         out: &mut [f32],
     ) -> Result<(), ExpertError>;
 
-    /// True when `run_experts` computes in this process, on the calling thread or the engine's
-    /// pool, without waiting on anything outside it. The engine then keeps its pool's workers
-    /// polling through whole steps ([`crate::hot::hot`]); for a backend that waits on other
-    /// processes (expert nodes, maybe on the same cores) it does so only around its own phases.
-    fn in_process(&self) -> bool {
+    /// True when `run_experts` computes in this process on `pool` (or on the calling thread)
+    /// without waiting on anything else. The engine then keeps `pool`'s workers polling through
+    /// whole steps ([`crate::hot::hot`]); for a backend that waits on other processes (expert
+    /// nodes, maybe on the same cores) or computes on another pool, whose threads the pollers
+    /// would take cores from, it does so only around its own phases.
+    fn computes_on(&self, pool: &ThreadPool) -> bool {
+        let _ = pool;
         false
     }
 }
@@ -362,7 +364,9 @@ impl ExpertBackend for LocalExperts {
         )
     }
 
-    fn in_process(&self) -> bool {
-        true
+    fn computes_on(&self, pool: &ThreadPool) -> bool {
+        self.pool
+            .as_deref()
+            .is_none_or(|own| std::ptr::eq(own, pool))
     }
 }

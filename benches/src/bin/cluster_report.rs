@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 use nightshift_coordinator::cluster::{self, ClusterArgs, Experts};
-use nightshift_model::{BatchToken, Engine, EngineOptions, Model};
+use nightshift_model::{BatchToken, Engine, EngineOptions, ExpertBackend, LocalExperts, Model};
 
 #[derive(Parser)]
 struct Args {
@@ -75,9 +75,14 @@ fn decode(
     a: &Args,
 ) -> anyhow::Result<Run> {
     let pool = nightshift_model::build_pool(threads)?;
+    // in process, the experts share the engine's pool, as `nightshift serve` runs them
+    let backend: Arc<dyn ExpertBackend> = match experts.remote() {
+        Some(_) => experts.backend(),
+        None => Arc::new(LocalExperts::new(model.clone(), Some(pool.clone()))),
+    };
     let mut e = Engine::new(
         model.clone(),
-        experts.backend(),
+        backend,
         EngineOptions {
             pool: Some(pool),
             ..Default::default()
