@@ -162,7 +162,12 @@ fn main() -> anyhow::Result<()> {
             tracing::info!("shutting down: draining in-flight work");
             let _ = stop_tx.send(());
         });
-        let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+        // Large windows: a batch's outputs are hundreds of KB per layer call, and h2's default
+        // 64 KiB windows would put window-update round trips on every call's critical path.
+        let mut builder = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .initial_stream_window_size(16u32 << 20)
+            .initial_connection_window_size(32u32 << 20);
         if let Some(cfg) = tls {
             builder = builder.tls_config(cfg).context("TLS configuration")?;
         }

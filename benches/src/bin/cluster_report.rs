@@ -18,7 +18,9 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 use nightshift_coordinator::cluster::{self, ClusterArgs, Experts};
-use nightshift_model::{BatchToken, Engine, EngineOptions, ExpertBackend, LocalExperts, Model};
+use nightshift_model::{
+    BatchToken, Engine, EngineOptions, ExpertBackend, LocalExperts, Model, StepProfile,
+};
 
 #[derive(Parser)]
 struct Args {
@@ -65,6 +67,8 @@ struct Run {
     /// Median of (slowest - fastest node round trip) over the layer calls.
     spread_us: Option<u32>,
     bytes_per_token: Option<f64>,
+    /// The engine's phase times over the timed steps.
+    profile: StepProfile,
 }
 
 fn decode(
@@ -106,6 +110,7 @@ fn decode(
     if let Some(r) = experts.remote() {
         r.take_stats();
     }
+    e.reset_profile();
     let start = Instant::now();
     for step in 0..a.steps {
         let toks: Vec<BatchToken> = seqs
@@ -129,6 +134,7 @@ fn decode(
         p99_us: stats.as_ref().and_then(|s| s.latency_quantile_us(0.99)),
         spread_us: stats.as_ref().and_then(|s| s.spread_quantile_us(0.5)),
         bytes_per_token: stats.map(|s| (s.bytes_out + s.bytes_in) as f64 / tokens),
+        profile: e.profile(),
     })
 }
 
@@ -302,6 +308,48 @@ fn main() -> anyhow::Result<()> {
             median(&of(&|d| d.p99_us.map(f64::from))),
             median(&of(&|d| d.spread_us.map(f64::from)))
         );
+    }
+    println!();
+    println!(
+        "ms per decode step by engine phase (median over the runs; experts: the backend call,"
+    );
+    println!("in process the expert FFNs, in the cluster the round trips to the nodes)");
+    println!(
+        "{:>5} | {:>10} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9}",
+        "batch", "run", "step", "attention", "router", "experts", "ffn other", "head", "other"
+    );
+    for (batch, runs) in &summary {
+        for (name, pick) in [
+            (
+                "in-proc",
+                (|r: &(Run, Run)| r.0.profile) as fn(&(Run, Run)) -> StepProfile,
+            ),
+            ("cluster", |r: &(Run, Run)| r.1.profile),
+        ] {
+            let ms = |f: &dyn Fn(&StepProfile) -> f64| -> f64 {
+                median(
+                    &runs
+                        .iter()
+                        .map(|r| {
+                            let p = pick(r);
+                            1e3 * f(&p) / p.steps.max(1) as f64
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            };
+            println!(
+                "{:>5} | {:>10} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2}",
+                batch,
+                name,
+                ms(&|p| p.total),
+                ms(&|p| p.attention),
+                ms(&|p| p.router),
+                ms(&|p| p.experts),
+                ms(&|p| p.ffn_other),
+                ms(&|p| p.output),
+                ms(&|p| p.other())
+            );
+        }
     }
     Ok(())
 }

@@ -141,6 +141,11 @@ pub(super) struct Shared {
     next_id: AtomicU64,
 }
 
+/// HTTP/2 flow-control windows of the coordinator's side of the compute streams (the nodes set
+/// the same on theirs).
+const H2_STREAM_WINDOW: u32 = 16 << 20;
+const H2_CONN_WINDOW: u32 = 32 << 20;
+
 /// The remote expert backend.
 pub struct RemoteExperts {
     pub(super) shared: Arc<Shared>,
@@ -392,6 +397,10 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
     let endpoint = endpoint
         .connect_timeout(s.opts.connect_timeout)
         .tcp_nodelay(true)
+        // a batch's expert outputs are hundreds of KB per node and layer: with h2's default
+        // 64 KiB windows each response waits on window updates, round trips on the critical path
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONN_WINDOW)
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(5));
     let channel: Channel = tokio::time::timeout(s.opts.connect_timeout, endpoint.connect())
@@ -719,8 +728,7 @@ impl ExpertBackend for RemoteExperts {
                 })?;
             let s = self.shared.clone();
             let (acts2, pairs2) = (acts.clone(), pairs_arc.clone());
-            let (done_tx, done_rx) = std::sync::mpsc::channel();
-            self.rt().spawn(async move {
+            let work = async move {
                 let calls = shares.into_iter().map(|sh| {
                     let call = call_node(s.clone(), layer, acts2.clone(), pairs2.clone(), sh);
                     async move {
@@ -744,11 +752,23 @@ impl ExpertBackend for RemoteExperts {
                         }
                     }
                 }
-                let _ = done_tx.send(timed.into_iter().map(|(r, _)| r).collect::<Vec<_>>());
-            });
-            let results = done_rx
-                .recv()
-                .map_err(|_| ExpertError::Backend("expert client runtime stopped".into()))?;
+                timed.into_iter().map(|(r, _)| r).collect::<Vec<_>>()
+            };
+            // Outside any runtime (the engine's pool worker) this thread drives the calls itself
+            // and the connection tasks wake it directly: one hand-off per layer call fewer than
+            // spawning them and waiting on a channel, which is what a thread inside another
+            // runtime (where `block_on` would panic) still does.
+            let results = if tokio::runtime::Handle::try_current().is_err() {
+                self.rt().block_on(work)
+            } else {
+                let (done_tx, done_rx) = std::sync::mpsc::channel();
+                self.rt().spawn(async move {
+                    let _ = done_tx.send(work.await);
+                });
+                done_rx
+                    .recv()
+                    .map_err(|_| ExpertError::Backend("expert client runtime stopped".into()))?
+            };
             todo.clear();
             for (share, result) in results {
                 match result {
