@@ -7,15 +7,17 @@ use crate::error::{ExpertError, ModelError};
 use crate::expert::{act_type_for, ExpertWeights};
 use crate::gguf::Gguf;
 use crate::tokenizer::Tokenizer;
-use crate::weights::{FfnWeights, Weights};
+use crate::weights::{FfnWeights, Resident, Weights};
 use nightshift_kernels::GgmlType;
 use std::path::Path;
 use std::sync::Arc;
 
 /// Config + weights (zero-copy views into the Gguf) + tokenizer.
 pub struct Model {
-    // Field order matters: `weights` points into `gguf`, so drop it first.
+    // Field order matters: `weights` points into `gguf` and `resident`, so drop it first.
     weights: Weights,
+    /// Copies of the dense matrices on huge pages (see `Resident`), when made.
+    resident: Option<Resident>,
     config: ModelConfig,
     tokenizer: Tokenizer,
     gguf: Gguf,
@@ -28,17 +30,41 @@ impl Model {
         Model::from_gguf(gguf).map(Arc::new)
     }
 
-    /// Builds the model from an opened file.
+    /// Builds the model from an opened file; the dense weights are copied to huge pages unless
+    /// `NIGHTSHIFT_HUGE_PAGES=off` (see [`Model::resident_bytes`]).
     pub fn from_gguf(gguf: Gguf) -> Result<Model, ModelError> {
+        let huge = !matches!(
+            std::env::var("NIGHTSHIFT_HUGE_PAGES").as_deref(),
+            Ok("off") | Ok("0")
+        );
+        Model::from_gguf_with(gguf, huge)
+    }
+
+    /// [`Model::from_gguf`] with the huge-page copy of the dense weights on or off.
+    pub fn from_gguf_with(gguf: Gguf, huge_pages: bool) -> Result<Model, ModelError> {
         let config = ModelConfig::from_gguf(&gguf)?;
-        let weights = Weights::load(&gguf, &config)?;
+        let mut weights = Weights::load(&gguf, &config)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        // Dense weights on huge pages unless turned off; if the copy cannot be made they are
+        // read from the file map as before (`resident_bytes` then says 0).
+        let resident = if huge_pages {
+            weights.make_resident(&gguf).ok()
+        } else {
+            None
+        };
         Ok(Model {
             weights,
+            resident,
             config,
             tokenizer,
             gguf,
         })
+    }
+
+    /// Bytes of dense weights copied to huge-page memory at load (0: all read from the file map;
+    /// `NIGHTSHIFT_HUGE_PAGES=off` turns the copy off).
+    pub fn resident_bytes(&self) -> usize {
+        self.resident.as_ref().map_or(0, Resident::bytes)
     }
 
     pub fn config(&self) -> &ModelConfig {

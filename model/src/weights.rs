@@ -311,3 +311,98 @@ impl Weights {
         })
     }
 }
+
+/// Copies of the dense weights (attention projections, the output head, dense FFN layers and
+/// shared experts: every matrix read whole for every token) in one anonymous mapping advised to
+/// use transparent huge pages. Streaming them then walks 2 MiB pages instead of 4 KiB file pages:
+/// `stream-report --huge-pages` measured Q3_K 43.7 -> 37.2 ms, Q6_K 35.1 -> 33.5 ms, Q2_K 46.1 ->
+/// 44.6 ms per 768 MiB at batch 1. The routed experts stay mapped (the coordinator's memory does
+/// not grow with them), and so does `token_embd` (only the rows of the batch's tokens are read).
+/// The file pages the copies came from are released from this process's page tables.
+pub struct Resident {
+    _map: memmap2::MmapMut,
+    bytes: usize,
+}
+
+impl Resident {
+    /// Bytes copied.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// Alignment of each copy (a cache line: the kernels' blocks are read from any offset anyway).
+const RESIDENT_ALIGN: usize = 64;
+const HUGE_PAGE: usize = 2 << 20;
+
+impl Weights {
+    /// Every dense matrix of the model (not the routed experts, not `token_embd`).
+    fn dense_mut(&mut self) -> Vec<&mut W> {
+        let mut v: Vec<&mut W> = vec![&mut self.output];
+        for l in &mut self.layers {
+            match &mut l.attn {
+                AttnWeights::Gqa { q, k, v: vw, o, .. } => v.extend([q, k, vw, o]),
+                AttnWeights::Mla {
+                    q_a,
+                    q_b,
+                    kv_a_mqa,
+                    k_b,
+                    v_b,
+                    o,
+                    ..
+                } => {
+                    if let Some((qa, _)) = q_a {
+                        v.push(qa);
+                    }
+                    v.extend([q_b, kv_a_mqa, k_b, v_b, o]);
+                }
+            }
+            match &mut l.ffn {
+                FfnWeights::Dense(d) => v.extend([&mut d.gate, &mut d.up, &mut d.down]),
+                FfnWeights::Moe(m) => {
+                    if let Some(d) = &mut m.shared {
+                        v.extend([&mut d.gate, &mut d.up, &mut d.down]);
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// Copies the dense matrices into a huge-page-advised anonymous mapping and points their
+    /// views at the copies (same bytes, so the same results). On an error (the mapping cannot
+    /// be made) the views stay on the file map.
+    pub fn make_resident(&mut self, g: &Gguf) -> std::io::Result<Resident> {
+        let mut ws = self.dense_mut();
+        let total: usize = ws
+            .iter()
+            .map(|w| w.data.len.div_ceil(RESIDENT_ALIGN) * RESIDENT_ALIGN)
+            .sum();
+        // room to start on a huge-page boundary wherever the kernel puts the mapping
+        let mut map = memmap2::MmapOptions::new()
+            .len(total + HUGE_PAGE)
+            .map_anon()?;
+        #[cfg(target_os = "linux")]
+        {
+            // Advisory: without THP the copies still work, on 4 KiB pages.
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
+        let base = map.as_mut_ptr() as usize;
+        let start = base.div_ceil(HUGE_PAGE) * HUGE_PAGE - base;
+        let mut at = start;
+        for w in ws.iter_mut() {
+            let len = w.data.len;
+            map[at..at + len].copy_from_slice(w.data());
+            g.release_mapped(w.data());
+            w.data = RawBytes {
+                ptr: map[at..].as_ptr(),
+                len,
+            };
+            at += len.div_ceil(RESIDENT_ALIGN) * RESIDENT_ALIGN;
+        }
+        Ok(Resident {
+            _map: map,
+            bytes: total,
+        })
+    }
+}

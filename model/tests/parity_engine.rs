@@ -6,7 +6,7 @@ use nightshift_model::{BatchToken, Engine, EngineOptions, LocalExperts, Model, S
 use std::sync::Arc;
 
 mod fixture_util;
-use fixture_util::model;
+use fixture_util::{fixture_path, model};
 
 fn engine(m: &Arc<Model>, budget: usize) -> Engine {
     let backend = Arc::new(LocalExperts::new(m.clone(), None));
@@ -147,4 +147,65 @@ fn removed_sequence_ids_are_not_reused() {
     assert_eq!(e.seq_len(b), Some(0));
     e.forward(&toks(b, &PROMPT[..2], 0)).expect("b works");
     assert_eq!(e.kv_usage().0, 2);
+}
+
+#[test]
+fn dense_weights_on_huge_pages_give_the_same_bits_and_only_the_dense_bytes_move() {
+    use nightshift_model::gguf::Gguf;
+    for name in ["tiny-deepseek2-Q4_K_M.gguf", "tiny-qwen3moe-Q2_K.gguf"] {
+        let open = |huge: bool| {
+            let g = Gguf::open(&fixture_path(name)).expect("open");
+            Arc::new(Model::from_gguf_with(g, huge).expect("model"))
+        };
+        let (mapped, resident) = (open(false), open(true));
+        assert_eq!(mapped.resident_bytes(), 0);
+        // the copy holds the output head and every attention matrix, not the routed experts
+        let w = resident.weights();
+        let expect_at_least = w.output.data().len();
+        assert!(
+            resident.resident_bytes() >= expect_at_least,
+            "{name}: {} resident bytes, the head alone is {expect_at_least}",
+            resident.resident_bytes()
+        );
+        let in_map = |m: &Model, bytes: &[u8]| {
+            let g = m.gguf();
+            g.tensors().any(|t| {
+                let d = g.tensor_data(t);
+                let (a, b) = (d.as_ptr() as usize, d.as_ptr() as usize + d.len());
+                (a..b).contains(&(bytes.as_ptr() as usize))
+            })
+        };
+        assert!(
+            !in_map(&resident, w.output.data()),
+            "{name}: the head still reads the file map"
+        );
+        assert!(in_map(&mapped, mapped.weights().output.data()));
+        match &w.layers[w.layers.len() - 1].ffn {
+            nightshift_model::weights::FfnWeights::Moe(m) => {
+                assert!(
+                    in_map(&resident, m.gate_exps.data()),
+                    "{name}: experts were copied"
+                );
+            }
+            nightshift_model::weights::FfnWeights::Dense(_) => panic!("{name}: last layer is MoE"),
+        }
+        let run = |m: &Arc<Model>| {
+            let mut e = engine(m, 1024);
+            let s = e.add_sequence().expect("seq");
+            let mut out = e.forward(&toks(s, &PROMPT, 0)).expect("prefill");
+            out.extend(
+                e.forward(&toks(s, &[42], PROMPT.len() as u32))
+                    .expect("decode"),
+            );
+            out
+        };
+        let (a, b) = (run(&mapped), run(&resident));
+        let bits =
+            |v: &Vec<Vec<f32>>| -> Vec<u32> { v.iter().flatten().map(|f| f.to_bits()).collect() };
+        assert_eq!(
+            bits(&a),
+            bits(&b),
+            "{name}: logits differ with the resident copy"
+        );
+    }
 }

@@ -63,6 +63,8 @@ struct Speeds {
     decode: f64,
     prefill_cpu: f64,
     decode_cpu: f64,
+    /// Memory of this process after the run, when it is ours (one line).
+    memory: Option<String>,
 }
 
 /// Wall and process-CPU clocks, started together.
@@ -129,6 +131,7 @@ fn main() -> anyhow::Result<()> {
     // so a slow moment never inflates the fraction.
     let after_run =
         || -> anyhow::Result<f64> { Ok(triad_bandwidth(a.stream_len, a.threads, 5)?.max(bw)) };
+    let mut memory: Vec<String> = Vec::new();
     for f in &files {
         let bytes_per_tok = bytes_per_token(f)?;
         let gb = std::fs::metadata(f)?.len() as f64 / 1e9;
@@ -154,7 +157,10 @@ fn main() -> anyhow::Result<()> {
         };
         if !a.skip_ours {
             match ours(f, &prompt, a.decode, a.threads) {
-                Ok(s) => row("nightshift", &s, after_run()?),
+                Ok(s) => {
+                    row("nightshift", &s, after_run()?);
+                    memory.extend(s.memory.map(|m| format!("{name}: {m}")));
+                }
                 Err(e) => println!("| {name} | {gb:.2} | nightshift | failed: {e:#} | | | | | |"),
             }
         }
@@ -165,6 +171,9 @@ fn main() -> anyhow::Result<()> {
                 Err(e) => println!("| {name} | {gb:.2} | llama.cpp | failed: {e:#} | | | | | |"),
             }
         }
+    }
+    for m in &memory {
+        println!("nightshift memory after its run, {m}");
     }
     if !a.skip_ours && !a.seqs.is_empty() {
         phase_table(&a, &files)?;
@@ -353,11 +362,13 @@ fn ours(path: &Path, prompt: &[u32], n_decode: usize, threads: usize) -> anyhow:
         logits = eng.forward(&batch(seq, &[next], prompt.len() + i))?;
     }
     let (decode, decode_cpu) = t.rates(n_decode);
+    let memory = Some(memory_line(eng.model()));
     Ok(Speeds {
         prefill,
         decode,
         prefill_cpu,
         decode_cpu,
+        memory,
     })
 }
 
@@ -384,6 +395,7 @@ fn llama(path: &Path, prompt: &[u32], n_decode: usize, threads: usize) -> anyhow
         decode,
         prefill_cpu,
         decode_cpu,
+        memory: None,
     })
 }
 
@@ -391,4 +403,23 @@ fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "unknown".into())
+}
+
+/// This process's resident memory (from /proc/self/status) and what the model copied to huge
+/// pages: anonymous memory is the dense-weight copy plus KV and scratch; file-backed memory is the
+/// mapped tensors touched (in process, the routed experts too).
+fn memory_line(model: &Model) -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |key: &str| -> Option<f64> {
+        let line = status.lines().find(|l| l.starts_with(key))?;
+        line.split_whitespace().nth(1)?.parse::<f64>().ok()
+    };
+    let mib = |v: Option<f64>| v.map_or_else(|| "?".to_string(), |k| format!("{:.0}", k / 1024.0));
+    format!(
+        "RSS {} MiB (anonymous {} MiB, of which {:.0} MiB dense weights on huge pages; file-mapped {} MiB)",
+        mib(kib("VmRSS:")),
+        mib(kib("RssAnon:")),
+        model.resident_bytes() as f64 / (1024.0 * 1024.0),
+        mib(kib("RssFile:"))
+    )
 }
