@@ -212,7 +212,9 @@ fn status_of_store(e: StoreError) -> Status {
         StoreError::NotMoe => Status::failed_precondition(e.to_string()),
         StoreError::Expert(inner) => status_of_expert(inner),
         StoreError::Poisoned => Status::internal(e.to_string()),
-        StoreError::OverCapacity { .. } => Status::resource_exhausted(e.to_string()),
+        StoreError::OverCapacity { .. } | StoreError::Alloc(_) => {
+            Status::resource_exhausted(e.to_string())
+        }
     }
 }
 
