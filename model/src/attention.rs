@@ -266,12 +266,7 @@ unsafe fn attend_heads_avx512(
         );
         p0 += 1;
     }
-    for p in sc.chunks_exact_mut(n) {
-        softmax(p, hd.scale);
-        if round_p {
-            p.iter_mut().for_each(|p| *p = f16_to_f32(f32_to_f16(*p)));
-        }
-    }
+    probabilities(sc, n, hd.scale, round_p);
     let vb = kv.v.as_ptr().add(hk * dv);
     if !dv.is_multiple_of(64) {
         for (t, oh) in out[..g * dv].chunks_exact_mut(dv).enumerate() {
@@ -429,6 +424,17 @@ unsafe fn attend_heads_avx2(
     attend_heads_body::<true>(q, h0, g, kv, hd, round_p, scores, out);
 }
 
+/// Each row of `n` scores in `sc` becomes `softmax(row * scale)`, rounded through f16 when the V
+/// cache is F16 (`round_p`).
+fn probabilities(sc: &mut [f32], n: usize, scale: f32, round_p: bool) {
+    for p in sc.chunks_exact_mut(n) {
+        softmax(p, scale);
+        if round_p {
+            p.iter_mut().for_each(|p| *p = f16_to_f32(f32_to_f16(*p)));
+        }
+    }
+}
+
 /// The body of [`attend_heads`]; `AVX2` only when inlined into an AVX2 function.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -473,12 +479,7 @@ fn attend_heads_body<const AVX2: bool>(
             scores[t * n + j] = dot(krow(j), &q[t * hd.dk..(t + 1) * hd.dk]);
         }
     }
-    for p in scores.chunks_exact_mut(n) {
-        softmax(p, hd.scale);
-        if round_p {
-            p.iter_mut().for_each(|p| *p = f16_to_f32(f32_to_f16(*p)));
-        }
-    }
+    probabilities(scores, n, hd.scale, round_p);
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         let base = hk * hd.dv;
