@@ -58,9 +58,7 @@ fn resident_copies_hold_the_mapped_bytes() {
     assert_eq!(bytes, file_bytes(&g, 0, 1));
 
     // dropping the others of its load leaves a copy intact
-    store
-        .drop_experts(&[(0, 0), (1, 5), (1, 0)])
-        .expect("drop");
+    store.drop_experts(&[(0, 0), (1, 5), (1, 0)]).expect("drop");
     assert_eq!(served(&store, &g, 0, 3).0, file_bytes(&g, 0, 3));
 
     // cold -> resident: its own copy, same bytes
