@@ -358,3 +358,65 @@ fn generated_models_run_in_the_engine() {
         }
     }
 }
+
+#[test]
+fn padded_vocab_keeps_greedy_tokens_on_real_ones() {
+    use nightshift_model::{BatchToken, Engine, EngineOptions, LocalExperts, Model};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spec = GenSpec::new(Preset::Tiny, Arch::Qwen3Moe, QuantMix::Q4KM);
+    spec.vocab = Some(8192);
+    let path = dir.path().join("padded.gguf");
+    generate(&spec, &path, &mut |_| {}).expect("generate");
+    let g = Gguf::open(&path).expect("open");
+    let types = g
+        .metadata()
+        .get_i32_array("tokenizer.ggml.token_type")
+        .expect("types")
+        .expect("token types");
+    // the fillers come last, marked UNUSED (5)
+    let live = types.iter().position(|&t| t == 5).expect("fillers");
+    assert!(
+        live < 1000 && types[live..].iter().all(|&t| t == 5),
+        "live {live}"
+    );
+    let head = dequantized(&g, "output.weight");
+    let k = g.tensor("output.weight").expect("head").dims[0] as usize;
+    assert!(
+        head[live * k..].iter().all(|&v| v == 0.0),
+        "filler rows are zero"
+    );
+    let (_, std) = mean_std(&head[..live * k]);
+    assert!(
+        (std - 4.0 / 16.0).abs() < 0.02,
+        "real rows keep the gain: std {std}"
+    );
+
+    let model = Model::load(&path).expect("load");
+    let backend = Arc::new(LocalExperts::new(model.clone(), None));
+    let mut eng = Engine::new(model.clone(), backend, EngineOptions::default()).expect("engine");
+    let seq = eng.add_sequence().expect("sequence");
+    let mut token = 100u32;
+    for pos in 0..8u32 {
+        let row = eng
+            .forward(&[BatchToken {
+                seq,
+                token,
+                pos,
+                want_logits: true,
+            }])
+            .expect("step")
+            .pop()
+            .expect("logits");
+        token = row
+            .iter()
+            .enumerate()
+            .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+            .0 as u32;
+        assert!(
+            (token as usize) < live,
+            "step {pos}: greedy picked filler {token}"
+        );
+        assert!(!model.tokenizer().token_bytes(token).is_empty());
+    }
+}

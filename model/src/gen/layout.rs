@@ -291,6 +291,12 @@ pub enum Init {
     Matrix(f32),
     /// 1 + 0.1·N(0,1): RMS norm weights
     Norm,
+    /// The output head: `Matrix(gain)` for the rows of real tokens, zero rows for the
+    /// `[PAD<n>]` fillers from `live_rows` on. Their logits are then 0 while real tokens' spread
+    /// around it, so a random model still picks real tokens and its text is visible (with random
+    /// rows, 151k fillers against a few hundred real tokens won nearly every step, and fillers
+    /// render as nothing).
+    Head { gain: f32, live_rows: u64 },
 }
 
 /// Embedding scale of make_models.py (keeps branch noise small relative to the residual).
@@ -299,8 +305,9 @@ pub const EMBD_SCALE: f32 = 200.0;
 pub const ROUTER_GAIN: f32 = 4.0;
 pub const OUTPUT_GAIN: f32 = 4.0;
 
-/// Every tensor of the model in file order: (name, ggml dims, init).
-pub fn tensor_list(d: &Dims, n_vocab: u64) -> Vec<(String, Vec<u64>, Init)> {
+/// Every tensor of the model in file order: (name, ggml dims, init); the first `n_live` of the
+/// `n_vocab` tokens are real (the rest are padding fillers).
+pub fn tensor_list(d: &Dims, n_vocab: u64, n_live: u64) -> Vec<(String, Vec<u64>, Init)> {
     let mut t: Vec<(String, Vec<u64>, Init)> = Vec::new();
     let e = d.embd;
     let x = d.n_expert as u64;
@@ -375,7 +382,10 @@ pub fn tensor_list(d: &Dims, n_vocab: u64) -> Vec<(String, Vec<u64>, Init)> {
     push(
         "output.weight".into(),
         vec![e, n_vocab],
-        Init::Matrix(OUTPUT_GAIN),
+        Init::Head {
+            gain: OUTPUT_GAIN,
+            live_rows: n_live,
+        },
     );
     t
 }

@@ -290,7 +290,7 @@ impl Plan {
 /// Works out metadata, tensor names, shapes and types for a spec, without writing anything.
 pub fn plan(spec: &GenSpec) -> Result<Plan, GenError> {
     let dims = Dims::from_spec(spec)?;
-    let (tok_kv, n_vocab) = tokenizer_kv::tokenizer_metadata(dims.arch, dims.vocab)?;
+    let (tok_kv, n_vocab, n_live) = tokenizer_kv::tokenizer_metadata(dims.arch, dims.vocab)?;
     let mut metadata = vec![
         (
             "general.architecture".to_string(),
@@ -305,7 +305,7 @@ pub fn plan(spec: &GenSpec) -> Result<Plan, GenError> {
         "general.file_type".into(),
         KvValue::U32(spec.quant.file_type()),
     ));
-    let list = layout::tensor_list(&dims, n_vocab as u64);
+    let list = layout::tensor_list(&dims, n_vocab as u64, n_live as u64);
     let mut cx = mix::MixContext {
         n_layer: dims.n_layer,
         n_expert: dims.n_expert,
@@ -416,8 +416,12 @@ fn fill_rows(
     let k = decl.row_len() as usize;
     let scale = match init {
         Init::Gaussian(s) => s,
-        Init::Matrix(gain) => gain / (k as f32).sqrt(),
+        Init::Matrix(gain) | Init::Head { gain, .. } => gain / (k as f32).sqrt(),
         Init::Norm => 0.1,
+    };
+    let live_rows = match init {
+        Init::Head { live_rows, .. } => live_rows,
+        _ => u64::MAX,
     };
     let offset = if init == Init::Norm { 1.0 } else { 0.0 };
     let ty = decl.ty;
@@ -425,8 +429,12 @@ fn fill_rows(
         || vec![0f32; k],
         |vals, (i, dst)| {
             let mut r = rng::row_rng(seed, first_row + i as u64);
-            for v in vals.iter_mut() {
-                *v = offset + scale * r.gaussian();
+            if first_row + i as u64 >= live_rows {
+                vals.fill(0.0);
+            } else {
+                for v in vals.iter_mut() {
+                    *v = offset + scale * r.gaussian();
+                }
             }
             if ty == GgmlType::F32 {
                 for (d, v) in dst.chunks_exact_mut(4).zip(vals.iter()) {

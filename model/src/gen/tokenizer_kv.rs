@@ -44,11 +44,12 @@ pub fn chat_template(arch: Arch) -> &'static str {
     }
 }
 
-/// The tokenizer keys (in make_models.py's order) and the vocabulary size.
+/// The tokenizer keys (in make_models.py's order), the vocabulary size, and how many of its
+/// tokens come before the `[PAD<n>]` fillers (the BPE vocabulary and the specials).
 pub fn tokenizer_metadata(
     arch: Arch,
     vocab: Option<usize>,
-) -> Result<(Vec<(String, KvValue)>, usize), GenError> {
+) -> Result<(Vec<(String, KvValue)>, usize, usize), GenError> {
     let text = CORPUS.repeat(3);
     let (mut tokens, merges) = train_bpe(&text, DEFAULT_MERGES);
     let mut types = vec![NORMAL; tokens.len()];
@@ -57,6 +58,7 @@ pub fn tokenizer_metadata(
         tokens.push((*s).to_string());
         types.push(CONTROL);
     }
+    let live = tokens.len();
     if let Some(n) = vocab {
         if n < tokens.len() {
             return Err(GenError::Spec(format!(
@@ -103,5 +105,5 @@ pub fn tokenizer_metadata(
             KvValue::Str(chat_template(arch).into()),
         ),
     ];
-    Ok((kv, n_vocab))
+    Ok((kv, n_vocab, live))
 }
