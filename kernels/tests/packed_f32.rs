@@ -37,8 +37,9 @@ fn packed_gemm_has_the_scalar_bits() {
         .num_threads(2)
         .build()
         .expect("pool");
-    // (rows, k) pairs: tile edges and odd lengths, plus one large enough (200 x 2100 x n >= 3:
-    // over a million products) that the pool is used
+    // (rows, k) pairs: tile edges and odd lengths, plus ones large enough that the pool is used
+    // (200 x 2100 x n >= 3: over a million products; 128 x 2048 x 1, the Qwen3 router for one
+    // token: a quarter million, the smallest split)
     let mut shapes: Vec<(usize, usize)> = Vec::new();
     for &rows in &[1usize, 15, 16, 17, 31, 33, 48, 128] {
         for &k in &[1usize, 7, 64, 257] {
@@ -46,6 +47,7 @@ fn packed_gemm_has_the_scalar_bits() {
         }
     }
     shapes.push((200, 2100));
+    shapes.push((128, 2048));
     for &(rows, k) in &shapes {
         {
             let w = values(rows * k, rows as u64 * 1000 + k as u64);
