@@ -125,3 +125,28 @@ fn bad_requests_are_errors() {
         "unknown expert"
     );
 }
+
+#[test]
+fn local_experts_say_which_pool_they_compute_on() {
+    // The engine keeps a pool polling through whole steps only for a backend computing on that
+    // very pool: pollers of another pool would take the expert threads' cores.
+    let m = model("tiny-qwen3moe-Q2_K.gguf");
+    let pool = |n| {
+        std::sync::Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .expect("pool"),
+        )
+    };
+    let (engine_pool, other) = (pool(2), pool(2));
+    let shared = LocalExperts::new(m.clone(), Some(engine_pool.clone()));
+    let separate = LocalExperts::new(m.clone(), Some(other));
+    let inline = LocalExperts::new(m.clone(), None);
+    assert!(shared.computes_on(&engine_pool));
+    assert!(!separate.computes_on(&engine_pool));
+    assert!(
+        inline.computes_on(&engine_pool),
+        "no pool: the engine's own worker computes"
+    );
+}
