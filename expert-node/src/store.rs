@@ -58,26 +58,13 @@ struct Arena {
     map: memmap2::MmapMut,
 }
 
-/// Alignment of each copy in an arena (a cache line), and of the arena's start (a huge page).
+/// Alignment of each copy in an arena (a cache line).
 const COPY_ALIGN: usize = 64;
-const HUGE_PAGE: usize = 2 << 20;
 
 impl Arena {
     /// An arena for `len` bytes, and the offset of its huge-page-aligned start.
     fn new(len: usize) -> std::io::Result<(Arena, usize)> {
-        let map = memmap2::MmapOptions::new()
-            .len(len + HUGE_PAGE)
-            .map_anon()?;
-        #[cfg(target_os = "linux")]
-        if !matches!(
-            std::env::var("NIGHTSHIFT_HUGE_PAGES").as_deref(),
-            Ok("off") | Ok("0")
-        ) {
-            // Advisory: without THP the copies still work, on 4 KiB pages.
-            let _ = map.advise(memmap2::Advice::HugePage);
-        }
-        let base = map.as_ptr() as usize;
-        let start = base.div_ceil(HUGE_PAGE) * HUGE_PAGE - base;
+        let (map, start) = nightshift_model::weights::huge_page_map(len)?;
         Ok((Arena { map }, start))
     }
 }

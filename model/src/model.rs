@@ -33,11 +33,7 @@ impl Model {
     /// Builds the model from an opened file; the dense weights are copied to huge pages unless
     /// `NIGHTSHIFT_HUGE_PAGES=off` (see [`Model::resident_bytes`]).
     pub fn from_gguf(gguf: Gguf) -> Result<Model, ModelError> {
-        let huge = !matches!(
-            std::env::var("NIGHTSHIFT_HUGE_PAGES").as_deref(),
-            Ok("off") | Ok("0")
-        );
-        Model::from_gguf_with(gguf, huge)
+        Model::from_gguf_with(gguf, crate::weights::huge_pages_enabled())
     }
 
     /// [`Model::from_gguf`] with the huge-page copy of the dense weights on or off.

@@ -335,6 +335,30 @@ impl Resident {
 const RESIDENT_ALIGN: usize = 64;
 const HUGE_PAGE: usize = 2 << 20;
 
+/// Whether weight copies go on transparent huge pages (`NIGHTSHIFT_HUGE_PAGES=off` or `0`: no).
+pub fn huge_pages_enabled() -> bool {
+    !matches!(
+        std::env::var("NIGHTSHIFT_HUGE_PAGES").as_deref(),
+        Ok("off") | Ok("0")
+    )
+}
+
+/// An anonymous mapping with room for `len` bytes starting on a 2 MiB boundary (the returned
+/// offset), advised to use transparent huge pages when [`huge_pages_enabled`]. The advice is best
+/// effort: without THP the bytes live on 4 KiB pages. Shared by the coordinator's dense copy and
+/// the expert nodes' resident arenas.
+pub fn huge_page_map(len: usize) -> std::io::Result<(memmap2::MmapMut, usize)> {
+    let map = memmap2::MmapOptions::new()
+        .len(len + HUGE_PAGE)
+        .map_anon()?;
+    #[cfg(target_os = "linux")]
+    if huge_pages_enabled() {
+        let _ = map.advise(memmap2::Advice::HugePage);
+    }
+    let base = map.as_ptr() as usize;
+    Ok((map, base.div_ceil(HUGE_PAGE) * HUGE_PAGE - base))
+}
+
 impl Weights {
     /// Every dense matrix of the model (not the routed experts, not `token_embd`).
     fn dense_mut(&mut self) -> Vec<&mut W> {
@@ -378,17 +402,7 @@ impl Weights {
             .iter()
             .map(|w| w.data.len.div_ceil(RESIDENT_ALIGN) * RESIDENT_ALIGN)
             .sum();
-        // room to start on a huge-page boundary wherever the kernel puts the mapping
-        let mut map = memmap2::MmapOptions::new()
-            .len(total + HUGE_PAGE)
-            .map_anon()?;
-        #[cfg(target_os = "linux")]
-        {
-            // Advisory: without THP the copies still work, on 4 KiB pages.
-            let _ = map.advise(memmap2::Advice::HugePage);
-        }
-        let base = map.as_mut_ptr() as usize;
-        let start = base.div_ceil(HUGE_PAGE) * HUGE_PAGE - base;
+        let (mut map, start) = huge_page_map(total)?;
         let mut at = start;
         for w in ws.iter_mut() {
             let len = w.data.len;
