@@ -2,7 +2,9 @@
 //! to the in-process engine (both architectures); kill -9 of a node mid-generation with replicas
 //! changes nothing; without replicas the layer call fails clearly within the deadline, and the
 //! node's restart restores service; nodes refuse a coordinator running another model; malformed
-//! messages get error statuses and leave the stream usable.
+//! messages get error statuses and leave the stream usable. The nodes run on this machine, so
+//! calls go through the shared-memory link unless a test turns it off: the bit-identity and
+//! kill -9 tests run over each transport (and a mix), and check which one carried the calls.
 
 mod support;
 
@@ -49,8 +51,33 @@ fn launch(model: &Path, placement: Placement) -> LocalCluster {
 }
 
 fn remote(model: &Model, cluster: &LocalCluster, deadline: Duration) -> Arc<RemoteExperts> {
+    remote_with(model, cluster, deadline, Transport::Shm)
+}
+
+/// How layer calls reach the (local) nodes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Transport {
+    /// Shared memory for every call.
+    Shm,
+    /// The gRPC streams only.
+    Stream,
+    /// Shared memory for calls of at most 2 pairs (decode steps), the stream for the rest.
+    Mixed,
+}
+
+fn remote_with(
+    model: &Model,
+    cluster: &LocalCluster,
+    deadline: Duration,
+    transport: Transport,
+) -> Arc<RemoteExperts> {
     let opts = RemoteOptions {
         deadline,
+        shm_pairs: match transport {
+            Transport::Shm => 1024,
+            Transport::Stream => 0,
+            Transport::Mixed => 2,
+        },
         ..Default::default()
     };
     let r = RemoteExperts::connect(
@@ -131,9 +158,28 @@ fn check_bit_identical(file: &str) {
         &path,
         Placement::round_robin(nodes(3), &shape.moe_layers, shape.n_experts),
     );
-    let r = remote(&model, &cluster, Duration::from_secs(10));
-    let got = generate(&mut engine(&model, r.clone()), &PROMPT, 6, |_| {}).expect("cluster");
-    assert_bits_equal(&got, &want, file);
+    for transport in [Transport::Shm, Transport::Stream, Transport::Mixed] {
+        let r = remote_with(&model, &cluster, Duration::from_secs(10), transport);
+        let got = generate(&mut engine(&model, r.clone()), &PROMPT, 6, |_| {}).expect("cluster");
+        assert_bits_equal(&got, &want, &format!("{file} over {transport:?}"));
+        check_transport(&r, transport);
+    }
+}
+
+/// The calls went where `transport` sends them.
+fn check_transport(r: &RemoteExperts, transport: Transport) {
+    let st = r.take_stats();
+    assert!(st.calls > 0 && st.errors == 0, "{transport:?}: {st:?}");
+    match transport {
+        Transport::Shm => assert_eq!(st.shm_calls, st.calls, "{transport:?}"),
+        Transport::Stream => assert_eq!(st.shm_calls, 0, "{transport:?}"),
+        Transport::Mixed => assert!(
+            st.shm_calls > 0 && st.shm_calls < st.calls,
+            "{transport:?}: {} of {} calls through shared memory",
+            st.shm_calls,
+            st.calls
+        ),
+    }
 }
 
 #[test]
@@ -174,16 +220,16 @@ fn replicated(shape: &nightshift_atlas::placement::ModelShape) -> Placement {
     explicit(shape, 3, |e| vec![e % 3, (e + 1) % 3])
 }
 
-#[test]
-fn kill_9_with_replicas_changes_nothing() {
+fn kill_9_with_replicas(transport: Transport) {
     let path = data("tiny-qwen3moe-Q2_K.gguf");
     let model = Model::load(&path).expect("model");
     let shape = model_shape(&model).expect("shape");
     let want =
         generate(&mut engine(&model, local(&model)), &PROMPT, 12, |_| {}).expect("in process");
     let cluster = launch(&path, replicated(&shape));
-    let r = remote(&model, &cluster, Duration::from_secs(5));
+    let r = remote_with(&model, &cluster, Duration::from_secs(5), transport);
     let mut e = engine(&model, r.clone());
+    let started = Instant::now();
     let got = generate(&mut e, &PROMPT, 12, |i| {
         if i == 4 {
             let pid = cluster.pid("node1").expect("pid");
@@ -192,7 +238,31 @@ fn kill_9_with_replicas_changes_nothing() {
         }
     })
     .expect("no failed step with replicas");
-    assert_bits_equal(&got, &want, "kill -9 with replicas");
+    assert_bits_equal(
+        &got,
+        &want,
+        &format!("kill -9 with replicas over {transport:?}"),
+    );
+    // The dead node is noticed from its broken stream, not by waiting out the 5 s deadline.
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{transport:?}: generation took {:?}",
+        started.elapsed()
+    );
+    let st = r.take_stats();
+    if transport == Transport::Shm {
+        assert!(st.shm_calls > 0, "{st:?}");
+    }
+}
+
+#[test]
+fn kill_9_with_replicas_changes_nothing_over_shared_memory() {
+    kill_9_with_replicas(Transport::Shm);
+}
+
+#[test]
+fn kill_9_with_replicas_changes_nothing_over_streams() {
+    kill_9_with_replicas(Transport::Stream);
 }
 
 #[test]
@@ -260,8 +330,9 @@ fn node_with_another_model_is_refused() {
 
 mod malformed {
     use super::*;
+    use nightshift_proto::shm::{ShmClient, ShmReply, ShmRequest};
     use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
-    use nightshift_proto::v1::{compute_response, ComputeRequest};
+    use nightshift_proto::v1::{compute_response, AttachShmRequest, ComputeRequest};
     use nightshift_proto::{FINGERPRINT_HEADER, PROTOCOL_HEADER};
 
     fn good(model: &Model, layer: u32) -> ComputeRequest {
@@ -427,5 +498,155 @@ mod malformed {
                 other => panic!("good request failed after bad ones: {other:?}"),
             }
         });
+    }
+    fn shm_of(r: &ComputeRequest) -> ShmRequest {
+        ShmRequest {
+            request_id: r.request_id,
+            layer: r.layer,
+            act_type: r.act_type,
+            n_rows: r.n_rows,
+            n_embd: r.n_embd,
+            acts: r.acts.clone(),
+            experts: r.experts.clone(),
+            rows: r.rows.clone(),
+        }
+    }
+
+    #[test]
+    fn bad_regions_and_bad_shared_memory_requests_get_errors() {
+        let path = data("tiny-qwen3moe-Q2_K.gguf");
+        let model = Model::load(&path).expect("model");
+        let shape = model_shape(&model).expect("shape");
+        let cluster = launch(&path, explicit(&shape, 2, |e| vec![e % 2]));
+        let addr = cluster.placement().nodes[0].addr.clone().expect("addr");
+        let layer = shape.moe_layers[0] as u32;
+        let fingerprint = format!("{:016x}", model.gguf().fingerprint());
+        let attach = |path: &str, handshake: bool| {
+            let mut req = tonic::Request::new(AttachShmRequest { path: path.into() });
+            if handshake {
+                req.metadata_mut()
+                    .insert(PROTOCOL_HEADER, "1".parse().unwrap());
+                req.metadata_mut()
+                    .insert(FINGERPRINT_HEADER, fingerprint.parse().unwrap());
+            }
+            req
+        };
+        let rt = tokio::runtime::Runtime::new().expect("rt");
+        let mut region = ShmClient::create(1 << 16, 1 << 16).expect("region");
+        let garbage = std::path::Path::new(nightshift_proto::shm::SHM_DIR)
+            .join(format!("nightshift-test-garbage-{}", std::process::id()));
+        std::fs::write(&garbage, vec![0x5Au8; 1 << 16]).expect("garbage region");
+        rt.block_on(async {
+            let mut client = ExpertServiceClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect");
+            let good_path = region.path().display().to_string();
+            let err = client
+                .attach_shm(attach(&good_path, false))
+                .await
+                .expect_err("no handshake");
+            assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+            for (bad, why) in [
+                ("/etc/passwd", "directly in"),
+                ("/dev/shm/../etc/passwd", "directly in"),
+                ("/dev/shm/nightshift-does-not-exist", "open"),
+                (garbage.to_str().unwrap(), "bad magic"),
+            ] {
+                let err = client.attach_shm(attach(bad, true)).await.expect_err(bad);
+                assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad}");
+                assert!(err.message().contains(why), "{bad}: {}", err.message());
+            }
+            client
+                .attach_shm(attach(&good_path, true))
+                .await
+                .expect("attach");
+        });
+        let _ = std::fs::remove_file(&garbage);
+        region.unlink();
+        let g = good(&model, layer);
+        let cases: Vec<(&str, ComputeRequest, tonic::Code)> = vec![
+            (
+                "wrong n_embd",
+                ComputeRequest {
+                    n_embd: g.n_embd + 1,
+                    ..g.clone()
+                },
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                "truncated acts",
+                ComputeRequest {
+                    acts: g.acts[..g.acts.len() - 3].to_vec(),
+                    ..g.clone()
+                },
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                "row out of range",
+                ComputeRequest {
+                    rows: vec![5],
+                    ..g.clone()
+                },
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                "expert not held",
+                ComputeRequest {
+                    experts: vec![1],
+                    ..g.clone()
+                },
+                tonic::Code::NotFound,
+            ),
+            (
+                "huge n_rows",
+                ComputeRequest {
+                    n_rows: u32::MAX,
+                    ..g.clone()
+                },
+                tonic::Code::InvalidArgument,
+            ),
+        ];
+        let deadline = || Instant::now() + Duration::from_secs(10);
+        for (i, (what, mut bad, code)) in cases.into_iter().enumerate() {
+            bad.request_id = 200 + i as u64;
+            region.post(&shm_of(&bad)).expect("post");
+            match region.wait(deadline(), &mut || true).expect(what) {
+                ShmReply::Error { code: c, message } => {
+                    assert_eq!(c, code as i32, "{what}: {message}")
+                }
+                other => panic!("{what}: expected an error, got {other:?}"),
+            }
+        }
+        // The link still serves, with the same bits as the stream.
+        region.post(&shm_of(&g)).expect("post");
+        let ShmReply::Outputs(via_shm) = region.wait(deadline(), &mut || true).expect("good")
+        else {
+            panic!("good request failed after bad ones");
+        };
+        assert_eq!(via_shm.len(), model.config().n_embd * 4);
+        let via_stream = rt.block_on(async {
+            let mut client = ExpertServiceClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect");
+            let (tx, rx) = tokio::sync::mpsc::channel::<ComputeRequest>(1);
+            let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+            req.metadata_mut()
+                .insert(PROTOCOL_HEADER, "1".parse().unwrap());
+            req.metadata_mut()
+                .insert(FINGERPRINT_HEADER, fingerprint.parse().unwrap());
+            let mut inbound = client.compute(req).await.expect("stream").into_inner();
+            tx.send(g.clone()).await.expect("send");
+            match inbound
+                .message()
+                .await
+                .expect("response")
+                .expect("open")
+                .result
+            {
+                Some(compute_response::Result::Outputs(b)) => b,
+                other => panic!("stream: {other:?}"),
+            }
+        });
+        assert_eq!(via_shm, via_stream);
     }
 }

@@ -134,7 +134,17 @@ fn main() -> anyhow::Result<()> {
         cores: plan.threads as u32,
         kernel_tier: format!("{:?}", nightshift_kernels::dispatch::active_tier()),
     };
-    let service = NodeService::new(store, pool, identity, n_embd);
+    let mut service = NodeService::new(store, pool, identity, n_embd);
+    if let (Some(node), Some(&cpu)) = (plan.numa_node, plan.worker_cpus.first()) {
+        // A shared-memory link thread computes like worker 0: pin it where worker 0 runs.
+        let topo = topo.clone();
+        service = service.with_link_pin(Arc::new(move || {
+            if let Err(e) = numa::bind_current_thread(&topo, cpu, node) {
+                tracing::warn!("pinning a link thread failed, running unpinned: {e}");
+            }
+        }));
+    }
+    let stop = service.stop_flag();
     let server = tonic::service::interceptor::InterceptedService::new(
         ExpertServiceServer::new(service)
             .max_decoding_message_size(512 << 20)
@@ -160,6 +170,7 @@ fn main() -> anyhow::Result<()> {
         tokio::spawn(async move {
             shutdown_signal().await;
             tracing::info!("shutting down: draining in-flight work");
+            stop.store(true, std::sync::atomic::Ordering::Release);
             let _ = stop_tx.send(());
         });
         // Large windows: a batch's outputs are hundreds of KB per layer call, and h2's default

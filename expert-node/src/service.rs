@@ -2,20 +2,29 @@
 //! untrusted: `validate` checks row counts, byte lengths, activation types and that every expert
 //! is held here before any work starts, and all failures become `tonic::Status` in one place
 //! (`status_of`). Work runs on the node's pinned rayon pool (spawned straight onto a worker, the
-//! result sent back on a oneshot), one request at a time per stream, with `expert_ffn` — the same function the coordinator runs in process.
+//! result sent back on a oneshot), one request at a time per stream, with `expert_ffn` — the same
+//! function the coordinator runs in process.
+//!
+//! A coordinator on the same machine may also hand over a shared-memory region (`AttachShm`,
+//! `nightshift_proto::shm`): a link thread, pinned like the workers, then takes that
+//! coordinator's requests from the region, checks them with the same `validate` and answers
+//! them with the same `run`. A node with one worker computes on the link thread itself, so a
+//! layer call wakes one thread here instead of three.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use nightshift_kernels::GgmlType;
 use nightshift_model::expert::run_grouped;
 use nightshift_model::{ActRows, ExpertError, ExpertPair};
+use nightshift_proto::shm::{Incoming, ShmReply, ShmServer};
 use nightshift_proto::v1::expert_service_server::ExpertService;
 use nightshift_proto::v1::{
-    compute_response, ComputeRequest, ComputeResponse, DropExpertsRequest, DropExpertsResponse,
-    HealthRequest, HealthResponse, HeldExpert, InfoRequest, InfoResponse, LoadExpertsRequest,
-    LoadExpertsResponse,
+    compute_response, AttachShmRequest, AttachShmResponse, ComputeRequest, ComputeResponse,
+    DropExpertsRequest, DropExpertsResponse, HealthRequest, HealthResponse, HeldExpert,
+    InfoRequest, InfoResponse, LoadExpertsRequest, LoadExpertsResponse,
 };
 use nightshift_proto::{FINGERPRINT_HEADER, PROTOCOL_HEADER, PROTOCOL_VERSION};
 use tokio_stream::{Stream, StreamExt};
@@ -41,7 +50,16 @@ pub struct NodeService {
     n_embd: usize,
     in_flight: Arc<AtomicU32>,
     requests: Arc<AtomicU64>,
+    /// Shared-memory links being served.
+    links: Arc<AtomicU32>,
+    /// Set at shutdown: link threads finish the request in hand and leave.
+    stop: Arc<AtomicBool>,
+    /// Run by each link thread first (pins it like the pool's workers).
+    link_pin: Option<Arc<dyn Fn() + Send + Sync>>,
 }
+
+/// Most shared-memory links a node serves at once (each holds a thread).
+pub const MAX_SHM_LINKS: u32 = 16;
 
 /// A validated compute request, in the node's own types.
 struct Work {
@@ -67,7 +85,36 @@ impl NodeService {
             n_embd,
             in_flight: Arc::new(AtomicU32::new(0)),
             requests: Arc::new(AtomicU64::new(0)),
+            links: Arc::new(AtomicU32::new(0)),
+            stop: Arc::new(AtomicBool::new(false)),
+            link_pin: None,
         }
+    }
+
+    /// Runs `pin` at the start of every shared-memory link thread.
+    pub fn with_link_pin(mut self, pin: Arc<dyn Fn() + Send + Sync>) -> NodeService {
+        self.link_pin = Some(pin);
+        self
+    }
+
+    /// Set it at shutdown: shared-memory links finish the request in hand and close.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Validates and runs one request, a panic included as an error (`pool` None: on this
+    /// thread).
+    fn handle(
+        store: &ExpertStore,
+        pool: Option<&rayon::ThreadPool>,
+        n_embd: usize,
+        msg: ComputeRequest,
+    ) -> Result<Vec<u8>, Status> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            NodeService::validate(store, n_embd, msg)
+                .and_then(|work| NodeService::run(store, pool, n_embd, &work))
+        }))
+        .unwrap_or_else(|_| Err(Status::internal("worker failed: it panicked")))
     }
 
     /// Checks a request against the model and the store, converting it into `Work`.
@@ -149,21 +196,14 @@ impl NodeService {
     /// Runs validated work on the pool; returns the outputs as little-endian f32 bytes.
     fn run(
         store: &ExpertStore,
-        pool: &rayon::ThreadPool,
+        pool: Option<&rayon::ThreadPool>,
         n_embd: usize,
         work: &Work,
     ) -> Result<Vec<u8>, Status> {
         let mut out = vec![0f32; work.pairs.len() * n_embd];
         store
             .with_layer(work.layer, |weights| {
-                run_grouped(
-                    weights,
-                    &work.acts,
-                    &work.pairs,
-                    n_embd,
-                    &mut out,
-                    Some(pool),
-                )
+                run_grouped(weights, &work.acts, &work.pairs, n_embd, &mut out, pool)
             })
             .map_err(status_of_store)?
             .map_err(status_of_expert)?;
@@ -299,12 +339,7 @@ impl ExpertService for NodeService {
                 worker_pool.spawn(move || {
                     // A panic must not abort the node (rayon aborts on a panicking spawn): it
                     // becomes this request's error status.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        NodeService::validate(&store, n_embd, msg)
-                            .and_then(|work| NodeService::run(&store, &pool, n_embd, &work))
-                    }))
-                    .unwrap_or_else(|_| Err(Status::internal("worker failed: it panicked")));
-                    let _ = done_tx.send(r);
+                    let _ = done_tx.send(NodeService::handle(&store, Some(&pool), n_embd, msg));
                 });
                 let result = done_rx
                     .await
@@ -338,6 +373,45 @@ impl ExpertService for NodeService {
         });
         let out = tokio_stream::wrappers::ReceiverStream::new(rx);
         Ok(Response::new(Box::pin(out)))
+    }
+
+    async fn attach_shm(
+        &self,
+        req: Request<AttachShmRequest>,
+    ) -> Result<Response<AttachShmResponse>, Status> {
+        self.check_handshake(&req)?;
+        let path = std::path::PathBuf::from(req.into_inner().path);
+        let server = ShmServer::open(&path).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let links = self.links.clone();
+        if links.fetch_add(1, Ordering::AcqRel) >= MAX_SHM_LINKS {
+            links.fetch_sub(1, Ordering::AcqRel);
+            return Err(Status::resource_exhausted(format!(
+                "this node already serves {MAX_SHM_LINKS} shared-memory links"
+            )));
+        }
+        let link = Link {
+            store: self.store.clone(),
+            pool: self.pool.clone(),
+            n_embd: self.n_embd,
+            in_flight: self.in_flight.clone(),
+            requests: self.requests.clone(),
+            stop: self.stop.clone(),
+            pin: self.link_pin.clone(),
+        };
+        let spawned = std::thread::Builder::new()
+            .name("expert-shm-link".into())
+            .spawn(move || {
+                link.serve(server);
+                links.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            self.links.fetch_sub(1, Ordering::AcqRel);
+            return Err(Status::resource_exhausted(format!(
+                "cannot start a link thread: {e}"
+            )));
+        }
+        tracing::info!(path = %path.display(), "shared-memory link attached");
+        Ok(Response::new(AttachShmResponse {}))
     }
 
     async fn load_experts(
@@ -382,5 +456,73 @@ impl ExpertService for NodeService {
         Ok(Response::new(DropExpertsResponse {
             dropped: dropped as u32,
         }))
+    }
+}
+
+/// What a shared-memory link thread needs.
+struct Link {
+    store: Arc<ExpertStore>,
+    pool: Arc<rayon::ThreadPool>,
+    n_embd: usize,
+    in_flight: Arc<AtomicU32>,
+    requests: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    pin: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl Link {
+    /// Answers requests from the region until the coordinator leaves or the node stops.
+    fn serve(self, mut server: ShmServer) {
+        if let Some(pin) = &self.pin {
+            pin();
+        }
+        // One worker: compute here rather than wake it (it would run the same code).
+        let pool = (self.pool.current_num_threads() > 1).then_some(&*self.pool);
+        while !self.stop.load(Ordering::Acquire) {
+            let incoming = match server.next(Duration::from_millis(200)) {
+                Ok(Some(m)) => m,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::info!("shared-memory link closed: {e}");
+                    return;
+                }
+            };
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let (request_id, result) = match incoming {
+                Incoming::Malformed { request_id, reason } => {
+                    (request_id, Err(Status::invalid_argument(reason)))
+                }
+                Incoming::Request(r) => {
+                    self.in_flight.fetch_add(1, Ordering::Relaxed);
+                    let id = r.request_id;
+                    let msg = ComputeRequest {
+                        request_id: id,
+                        step_id: 0,
+                        layer: r.layer,
+                        act_type: r.act_type,
+                        n_rows: r.n_rows,
+                        n_embd: r.n_embd,
+                        acts: r.acts,
+                        experts: r.experts,
+                        rows: r.rows,
+                    };
+                    let out = NodeService::handle(&self.store, pool, self.n_embd, msg);
+                    self.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    (id, out)
+                }
+            };
+            let reply = match result {
+                Ok(bytes) => ShmReply::Outputs(bytes),
+                Err(status) => {
+                    tracing::warn!(request_id, "compute request rejected: {}", status.message());
+                    ShmReply::Error {
+                        code: status.code() as i32,
+                        message: status.message().to_string(),
+                    }
+                }
+            };
+            server.reply(request_id, &reply);
+        }
+        tracing::info!("shared-memory link closed: the node is stopping");
     }
 }

@@ -1,8 +1,10 @@
 //! nightshift-proto: the versioned `nightshift.v1` gRPC schema between coordinator and expert
 //! nodes, compiled at build time with protox (no system protoc). Holds no logic: the coordinator
 //! and the expert node convert these prost types into their own at the edge. [`tls`] reads the
-//! PEM material both ends use for TLS on the link.
+//! PEM material both ends use for TLS on the link; [`shm`] is the shared-memory link that carries
+//! the same compute requests between a coordinator and a node on one machine.
 
+pub mod shm;
 pub mod tls;
 
 /// Generated messages, client and server of `nightshift.v1`.

@@ -58,6 +58,9 @@ struct Args {
     /// In-process / cluster run pairs per batch size (alternated, to average out host drift).
     #[arg(long, default_value_t = 5)]
     repeats: usize,
+    /// Cluster run over the nodes' gRPC streams only (no shared-memory link).
+    #[arg(long)]
+    no_shm: bool,
 }
 
 struct Run {
@@ -67,6 +70,8 @@ struct Run {
     /// Median of (slowest - fastest node round trip) over the layer calls.
     spread_us: Option<u32>,
     bytes_per_token: Option<f64>,
+    /// Share of the layer calls that went through shared memory.
+    shm_share: Option<f64>,
     /// The engine's phase times over the timed steps.
     profile: StepProfile,
 }
@@ -133,7 +138,10 @@ fn decode(
         p50_us: stats.as_ref().and_then(|s| s.latency_quantile_us(0.5)),
         p99_us: stats.as_ref().and_then(|s| s.latency_quantile_us(0.99)),
         spread_us: stats.as_ref().and_then(|s| s.spread_quantile_us(0.5)),
-        bytes_per_token: stats.map(|s| (s.bytes_out + s.bytes_in) as f64 / tokens),
+        bytes_per_token: stats
+            .as_ref()
+            .map(|s| (s.bytes_out + s.bytes_in) as f64 / tokens),
+        shm_share: stats.map(|s| s.shm_calls as f64 / s.calls.max(1) as f64),
         profile: e.profile(),
     })
 }
@@ -219,6 +227,7 @@ fn main() -> anyhow::Result<()> {
         placement: placement.clone(),
         node_threads: Some(a.node_threads),
         expert_deadline_ms: 60_000,
+        no_shm: a.no_shm,
         ..Default::default()
     };
     let remote = cluster::build(&args, &model, &a.model, None);
@@ -244,7 +253,7 @@ fn main() -> anyhow::Result<()> {
         a.repeats
     );
     println!(
-        "{:>5} | {:>3} | {:>12} | {:>12} | {:>6} | {:>10} | {:>10} | {:>10} | {:>12}",
+        "{:>5} | {:>3} | {:>12} | {:>12} | {:>6} | {:>10} | {:>10} | {:>10} | {:>12} | {:>5}",
         "batch",
         "run",
         "in-proc t/s",
@@ -253,7 +262,8 @@ fn main() -> anyhow::Result<()> {
         "rtt p50",
         "rtt p99",
         "spread p50",
-        "wire B/token"
+        "link B/token",
+        "shm"
     );
     let mut summary = Vec::new();
     for &batch in &a.batches {
@@ -262,7 +272,7 @@ fn main() -> anyhow::Result<()> {
             let base = decode(&model, &local, a.threads, batch, &a)?;
             let dist = decode(&model, &remote, a.threads, batch, &a)?;
             println!(
-                "{:>5} | {:>3} | {:>12.2} | {:>12.2} | {:>6.3} | {:>10} | {:>10} | {:>10} | {:>12.0}",
+                "{:>5} | {:>3} | {:>12.2} | {:>12.2} | {:>6.3} | {:>10} | {:>10} | {:>10} | {:>12.0} | {:>4.0}%",
                 batch,
                 rep + 1,
                 base.tok_s,
@@ -271,7 +281,8 @@ fn main() -> anyhow::Result<()> {
                 us(dist.p50_us),
                 us(dist.p99_us),
                 us(dist.spread_us),
-                dist.bytes_per_token.unwrap_or(0.0)
+                dist.bytes_per_token.unwrap_or(0.0),
+                100.0 * dist.shm_share.unwrap_or(0.0)
             );
             runs.push((base, dist));
         }

@@ -60,6 +60,10 @@ pub struct ClusterArgs {
     /// With --nodes: the PEM private key of --node-tls-cert.
     #[arg(long, requires = "node_tls_cert")]
     pub node_tls_key: Option<PathBuf>,
+    /// Send every layer call over the nodes' gRPC streams, even to nodes on this machine
+    /// (which otherwise take calls of up to 1024 pairs through shared memory).
+    #[arg(long)]
+    pub no_shm: bool,
 }
 
 /// Errors of setting up where experts run.
@@ -246,6 +250,11 @@ pub fn build(
         deadline: Duration::from_millis(args.expert_deadline_ms),
         auth_token: token,
         tls,
+        shm_pairs: if args.no_shm {
+            0
+        } else {
+            RemoteOptions::default().shm_pairs
+        },
         ..Default::default()
     };
     let remote = Arc::new(RemoteExperts::connect(

@@ -25,6 +25,7 @@ use tonic::transport::{Channel, Endpoint};
 
 pub mod balance;
 mod errors;
+mod shm_link;
 
 use errors::{error_chain, link_hint, status_chain};
 
@@ -41,6 +42,9 @@ pub struct RemoteOptions {
     pub auth_token: Option<String>,
     /// TLS to nodes (`None`: plaintext h2c).
     pub tls: Option<super::tls::ClientTls>,
+    /// Most (expert, row) pairs per layer call that a node on this machine takes through
+    /// shared memory (`shm_link`); larger calls, and nodes elsewhere, use the stream. 0: never.
+    pub shm_pairs: usize,
 }
 
 impl Default for RemoteOptions {
@@ -51,6 +55,7 @@ impl Default for RemoteOptions {
             max_backoff: Duration::from_secs(5),
             auth_token: None,
             tls: None,
+            shm_pairs: 1024,
         }
     }
 }
@@ -65,6 +70,8 @@ pub(super) struct Conn {
     pending: Pending,
     /// Bumped when the stream dies, so a late failure does not kill a newer stream.
     generation: u64,
+    /// The shared-memory link beside the stream, when the node runs on this machine.
+    shm: Option<Arc<shm_link::ShmLink>>,
 }
 
 pub(super) enum LinkState {
@@ -101,6 +108,8 @@ pub struct NodeStatus {
 pub struct RpcStats {
     pub calls: u64,
     pub errors: u64,
+    /// Of `calls`, those that went through shared memory (nodes on this machine).
+    pub shm_calls: u64,
     /// Request bytes sent (activations, pairs, framing estimate).
     pub bytes_out: u64,
     /// Output bytes received.
@@ -428,15 +437,7 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
     }
     let (tx, rx) = mpsc::channel::<ComputeRequest>(64);
     let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-    let md = req.metadata_mut();
-    md.insert(PROTOCOL_HEADER, MetadataValue::from(PROTOCOL_VERSION));
-    md.insert(
-        FINGERPRINT_HEADER,
-        format!("{:016x}", s.fingerprint)
-            .parse()
-            .map_err(|_| "bad fingerprint header".to_string())?,
-    );
-    add_auth(&mut req, &s.opts.auth_token)?;
+    handshake(&mut req, s)?;
     let unary = client.clone();
     let mut inbound = client
         .compute(req)
@@ -468,12 +469,40 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
         };
         mark_down(&shared, i, generation, reason);
     });
+    let shm = if s.opts.shm_pairs > 0 {
+        match shm_link::attach(s, &mut unary.clone()).await {
+            Ok(link) => {
+                tracing::info!(node = %node.name, "expert node reached through shared memory");
+                Some(Arc::new(link))
+            }
+            Err(why) => {
+                tracing::debug!(node = %node.name, "no shared-memory link: {why}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     Ok(Conn {
         client: unary,
         tx,
         pending,
         generation,
+        shm,
     })
+}
+
+/// The metadata a node checks on `Compute` and `AttachShm`: protocol, fingerprint, auth.
+pub(super) fn handshake<T>(req: &mut tonic::Request<T>, s: &Shared) -> Result<(), String> {
+    let md = req.metadata_mut();
+    md.insert(PROTOCOL_HEADER, MetadataValue::from(PROTOCOL_VERSION));
+    md.insert(
+        FINGERPRINT_HEADER,
+        format!("{:016x}", s.fingerprint)
+            .parse()
+            .map_err(|_| "bad fingerprint header".to_string())?,
+    );
+    add_auth(req, &s.opts.auth_token)
 }
 
 pub(super) fn add_auth<T>(
@@ -489,6 +518,9 @@ pub(super) fn add_auth<T>(
     Ok(())
 }
 
+/// A share's outcome and how long after it was sent the answer was in hand.
+type Timed = ((Share, Result<Vec<u8>, String>), Duration);
+
 /// One node's share of a layer call.
 struct Share {
     node: usize,
@@ -498,23 +530,14 @@ struct Share {
     cost: usize,
 }
 
-/// Sends `share` to its node and waits for the outputs (one n_embd row per pair).
-async fn call_node(
-    s: Arc<Shared>,
+/// The request carrying `share`: only the activation rows it needs travel, renumbered densely.
+fn share_request(
+    s: &Shared,
     layer: usize,
-    acts: Arc<ActRows>,
-    pairs: Arc<Vec<ExpertPair>>,
-    share: Share,
-) -> (Share, Result<Vec<u8>, String>) {
-    let node = &s.nodes[share.node];
-    let (tx, pending, generation) = match &*lock(&node.state) {
-        LinkState::Up(c) => (c.tx.clone(), c.pending.clone(), c.generation),
-        LinkState::Down { reason, .. } => {
-            let r = format!("node {} is down: {reason}", node.name);
-            return (share, Err(r));
-        }
-    };
-    // Only the rows this node needs travel, renumbered densely.
+    acts: &ActRows,
+    pairs: &[ExpertPair],
+    share: &Share,
+) -> ComputeRequest {
     let row_bytes = acts.data.len() / acts.n_rows.max(1);
     let mut remap: HashMap<u32, u32> = HashMap::new();
     let mut data = Vec::new();
@@ -531,9 +554,8 @@ async fn call_node(
         experts.push(p.expert);
         rows.push(r);
     }
-    let request_id = s.next_id.fetch_add(1, Ordering::Relaxed);
-    let req = ComputeRequest {
-        request_id,
+    ComputeRequest {
+        request_id: s.next_id.fetch_add(1, Ordering::Relaxed),
         step_id: 0,
         layer: layer as u32,
         act_type: acts.ty.id(),
@@ -542,7 +564,76 @@ async fn call_node(
         acts: data,
         experts,
         rows,
+    }
+}
+
+/// Checks a call's outputs, records it in the stats and metrics, and takes the node out of
+/// rotation on a transport failure (node-reported errors, "node error: ...", do not: the work
+/// is still retried elsewhere).
+fn finish_call(
+    s: &Shared,
+    share: &Share,
+    generation: u64,
+    bytes_out: usize,
+    shm: bool,
+    started: Instant,
+    result: Result<Vec<u8>, String>,
+) -> Result<Vec<u8>, String> {
+    let node = &s.nodes[share.node];
+    let result = result.and_then(|b| {
+        let want = share.pair_idx.len() * s.n_embd * 4;
+        if b.len() == want {
+            Ok(b)
+        } else {
+            Err(format!("expected {want} output bytes, found {}", b.len()))
+        }
+    });
+    let secs = started.elapsed().as_secs_f64();
+    metrics::histogram!("nightshift_node_rpc_seconds", "node" => node.name.clone()).record(secs);
+    {
+        let mut st = lock(&s.stats);
+        st.calls += 1;
+        st.shm_calls += shm as u64;
+        st.bytes_out += bytes_out as u64;
+        match &result {
+            Ok(b) => {
+                st.bytes_in += b.len() as u64;
+                if st.latencies_us.len() < 1 << 20 {
+                    st.latencies_us.push((secs * 1e6) as u32);
+                }
+            }
+            Err(_) => st.errors += 1,
+        }
+    }
+    if let Err(e) = &result {
+        metrics::counter!("nightshift_node_rpc_errors_total", "node" => node.name.clone())
+            .increment(1);
+        if !e.starts_with("node error") {
+            mark_down(s, share.node, generation, e.clone());
+        }
+    }
+    result
+}
+
+/// Sends `share` to its node over the stream and waits for the outputs (one n_embd row per
+/// pair).
+async fn call_node(
+    s: Arc<Shared>,
+    layer: usize,
+    acts: Arc<ActRows>,
+    pairs: Arc<Vec<ExpertPair>>,
+    share: Share,
+) -> (Share, Result<Vec<u8>, String>) {
+    let node = &s.nodes[share.node];
+    let (tx, pending, generation) = match &*lock(&node.state) {
+        LinkState::Up(c) => (c.tx.clone(), c.pending.clone(), c.generation),
+        LinkState::Down { reason, .. } => {
+            let r = format!("node {} is down: {reason}", node.name);
+            return (share, Err(r));
+        }
     };
+    let req = share_request(&s, layer, &acts, &pairs, &share);
+    let request_id = req.request_id;
     let bytes_out = req.acts.len() + 8 * req.experts.len() + 32;
     let started = Instant::now();
     let (wtx, wrx) = oneshot::channel();
@@ -564,40 +655,24 @@ async fn call_node(
     .await;
     node.outstanding.fetch_sub(share.cost, Ordering::Relaxed);
     lock(&pending).remove(&request_id);
-    let result = result.and_then(|b| {
-        let want = share.pair_idx.len() * s.n_embd * 4;
-        if b.len() == want {
-            Ok(b)
-        } else {
-            Err(format!("expected {want} output bytes, found {}", b.len()))
-        }
-    });
-    let secs = started.elapsed().as_secs_f64();
-    metrics::histogram!("nightshift_node_rpc_seconds", "node" => node.name.clone()).record(secs);
-    {
-        let mut st = lock(&s.stats);
-        st.calls += 1;
-        st.bytes_out += bytes_out as u64;
-        match &result {
-            Ok(b) => {
-                st.bytes_in += b.len() as u64;
-                if st.latencies_us.len() < 1 << 20 {
-                    st.latencies_us.push((secs * 1e6) as u32);
-                }
-            }
-            Err(_) => st.errors += 1,
-        }
-    }
-    if let Err(e) = &result {
-        metrics::counter!("nightshift_node_rpc_errors_total", "node" => node.name.clone())
-            .increment(1);
-        // Transport-level failures take the node out of rotation; node-reported errors
-        // (bad request) do not, but the work is still retried elsewhere.
-        if !e.starts_with("node error") {
-            mark_down(&s, share.node, generation, e.clone());
-        }
-    }
+    let result = finish_call(&s, &share, generation, bytes_out, false, started, result);
     (share, result)
+}
+
+/// Records how uneven a round sent to several nodes was (slowest minus fastest), when all
+/// answered.
+fn record_spread(s: &Shared, timed: &[Timed]) {
+    if timed.len() < 2 || timed.iter().any(|((_, r), _)| r.is_err()) {
+        return;
+    }
+    let lo = timed.iter().map(|(_, t)| *t).min();
+    let hi = timed.iter().map(|(_, t)| *t).max();
+    if let (Some(lo), Some(hi)) = (lo, hi) {
+        let mut st = lock(&s.stats);
+        if st.spreads_us.len() < 1 << 20 {
+            st.spreads_us.push((hi - lo).as_micros() as u32);
+        }
+    }
 }
 
 impl RemoteExperts {
@@ -688,10 +763,21 @@ impl ExpertBackend for RemoteExperts {
                     ),
                     other => other,
                 })?;
+            // Nodes on this machine take their shares through shared memory: posted first, so
+            // they compute while the stream calls go out, and collected last.
+            let mut posted = Vec::new();
+            let mut streamed = Vec::new();
+            for sh in shares {
+                match shm_link::post(&self.shared, layer, &acts, pairs, sh) {
+                    Ok(p) => posted.push(p),
+                    Err(sh) => streamed.push(sh),
+                }
+            }
+            let has_streamed = !streamed.is_empty();
             let s = self.shared.clone();
             let (acts2, pairs2) = (acts.clone(), pairs_arc.clone());
             let work = async move {
-                let calls = shares.into_iter().map(|sh| {
+                let calls = streamed.into_iter().map(|sh| {
                     let call = call_node(s.clone(), layer, acts2.clone(), pairs2.clone(), sh);
                     async move {
                         let started = Instant::now();
@@ -699,28 +785,15 @@ impl ExpertBackend for RemoteExperts {
                         (r, started.elapsed())
                     }
                 });
-                let timed = futures::future::join_all(calls).await;
-                let ok: Vec<Duration> = timed
-                    .iter()
-                    .filter(|((_, r), _)| r.is_ok())
-                    .map(|(_, t)| *t)
-                    .collect();
-                if ok.len() > 1 && ok.len() == timed.len() {
-                    let (lo, hi) = (ok.iter().min(), ok.iter().max());
-                    if let (Some(lo), Some(hi)) = (lo, hi) {
-                        let mut st = lock(&s.stats);
-                        if st.spreads_us.len() < 1 << 20 {
-                            st.spreads_us.push((*hi - *lo).as_micros() as u32);
-                        }
-                    }
-                }
-                timed.into_iter().map(|(r, _)| r).collect::<Vec<_>>()
+                futures::future::join_all(calls).await
             };
             // Outside any runtime (the engine's pool worker) this thread drives the calls itself
             // and the connection tasks wake it directly: one hand-off per layer call fewer than
             // spawning them and waiting on a channel, which is what a thread inside another
             // runtime (where `block_on` would panic) still does.
-            let results = if tokio::runtime::Handle::try_current().is_err() {
+            let mut timed = if !has_streamed {
+                Vec::new()
+            } else if tokio::runtime::Handle::try_current().is_err() {
                 self.rt().block_on(work)
             } else {
                 let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -731,6 +804,11 @@ impl ExpertBackend for RemoteExperts {
                     .recv()
                     .map_err(|_| ExpertError::Backend("expert client runtime stopped".into()))?
             };
+            for p in posted {
+                timed.push(shm_link::wait(&self.shared, p));
+            }
+            record_spread(&self.shared, &timed);
+            let results = timed.into_iter().map(|(r, _)| r);
             todo.clear();
             for (share, result) in results {
                 match result {

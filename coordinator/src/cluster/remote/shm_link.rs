@@ -1,0 +1,152 @@
+//! The coordinator's side of the shared-memory link (`nightshift_proto::shm`) to a node on this
+//! machine: attached beside the compute stream when the stream opens, used for every layer call
+//! that fits the region, and dropped with the stream (the node then closes its side). Any
+//! failure to attach just leaves the node on the stream; a call that cannot be posted (region
+//! busy with another caller's call, too large) goes over the stream too. Errors are worded and
+//! handled as the stream's: a node-reported error is retried elsewhere, a broken link takes the
+//! node out of rotation until it reconnects.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use nightshift_model::{ActRows, ExpertPair};
+use nightshift_proto::shm::{ShmClient, ShmReply, ShmRequest};
+use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
+use nightshift_proto::v1::AttachShmRequest;
+use tonic::transport::Channel;
+
+use super::errors::status_chain;
+use super::{finish_call, handshake, lock, share_request, LinkState, Share, Shared, Timed};
+
+/// An attached region and who is using it.
+pub(in crate::cluster) struct ShmLink {
+    client: Mutex<ShmClient>,
+    /// Held from post to wait by one layer call.
+    busy: AtomicBool,
+}
+
+/// Creates a region sized for `shm_pairs` pairs and hands it to the node.
+pub(super) async fn attach(
+    s: &Shared,
+    client: &mut ExpertServiceClient<Channel>,
+) -> Result<ShmLink, String> {
+    let (pairs, n) = (s.opts.shm_pairs, s.n_embd);
+    // Requests carry at most one activation row per pair, F32 at the widest.
+    let req_cap = pairs.saturating_mul(8 + 4 * n);
+    let resp_cap = pairs.saturating_mul(4 * n);
+    let mut region = ShmClient::create(req_cap, resp_cap).map_err(|e| e.to_string())?;
+    let mut req = tonic::Request::new(AttachShmRequest {
+        path: region.path().display().to_string(),
+    });
+    handshake(&mut req, s)?;
+    client
+        .attach_shm(req)
+        .await
+        .map_err(|e| format!("attach: {}", status_chain(&e)))?;
+    region.unlink();
+    Ok(ShmLink {
+        client: Mutex::new(region),
+        busy: AtomicBool::new(false),
+    })
+}
+
+/// A share posted to a node's region, to be collected with [`wait`].
+pub(super) struct Posted {
+    share: Share,
+    link: Arc<ShmLink>,
+    generation: u64,
+    bytes_out: usize,
+    started: Instant,
+}
+
+impl Drop for Posted {
+    fn drop(&mut self) {
+        self.link.busy.store(false, Ordering::Release);
+    }
+}
+
+/// Posts `share` through its node's region, or gives it back for the stream.
+pub(super) fn post(
+    s: &Shared,
+    layer: usize,
+    acts: &ActRows,
+    pairs: &[ExpertPair],
+    share: Share,
+) -> Result<Posted, Share> {
+    let node = &s.nodes[share.node];
+    let (link, generation) = match &*lock(&node.state) {
+        LinkState::Up(c) => match &c.shm {
+            Some(l) => (l.clone(), c.generation),
+            None => return Err(share),
+        },
+        LinkState::Down { .. } => return Err(share),
+    };
+    let row_bytes = acts.data.len() / acts.n_rows.max(1);
+    let rows_needed = share.pair_idx.len(); // at most one row per pair
+    if !lock(&link.client).fits(share.pair_idx.len(), rows_needed * row_bytes, s.n_embd) {
+        return Err(share);
+    }
+    if link.busy.swap(true, Ordering::AcqRel) {
+        return Err(share);
+    }
+    let req = share_request(s, layer, acts, pairs, &share);
+    let bytes_out = req.acts.len() + 8 * req.experts.len();
+    let req = ShmRequest {
+        request_id: req.request_id,
+        layer: req.layer,
+        act_type: req.act_type,
+        n_rows: req.n_rows,
+        n_embd: req.n_embd,
+        acts: req.acts,
+        experts: req.experts,
+        rows: req.rows,
+    };
+    let started = Instant::now();
+    if let Err(e) = lock(&link.client).post(&req) {
+        tracing::debug!(node = %node.name, "shared-memory post failed, using the stream: {e}");
+        link.busy.store(false, Ordering::Release);
+        return Err(share);
+    }
+    node.outstanding.fetch_add(share.cost, Ordering::Relaxed);
+    Ok(Posted {
+        share,
+        link,
+        generation,
+        bytes_out,
+        started,
+    })
+}
+
+/// Waits for a posted share's outputs under the call deadline; a node whose stream died in the
+/// meantime fails the wait within milliseconds.
+pub(super) fn wait(s: &Shared, mut p: Posted) -> Timed {
+    let node = &s.nodes[p.share.node];
+    let deadline = p.started + s.opts.deadline;
+    let generation = p.generation;
+    let mut alive =
+        || matches!(&*lock(&node.state), LinkState::Up(c) if c.generation == generation);
+    let reply = lock(&p.link.client).wait(deadline, &mut alive);
+    let elapsed = p.started.elapsed();
+    node.outstanding.fetch_sub(p.share.cost, Ordering::Relaxed);
+    let result = match reply {
+        Ok(ShmReply::Outputs(b)) => Ok(b),
+        Ok(ShmReply::Error { message, .. }) => Err(format!("node error: {message}")),
+        Err(e) => Err(format!("shared memory: {e}")),
+    };
+    let result = finish_call(
+        s,
+        &p.share,
+        p.generation,
+        p.bytes_out,
+        true,
+        p.started,
+        result,
+    );
+    let share = Share {
+        node: p.share.node,
+        pair_idx: std::mem::take(&mut p.share.pair_idx),
+        cost: p.share.cost,
+    };
+    ((share, result), elapsed)
+}

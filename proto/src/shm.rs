@@ -1,0 +1,814 @@
+//! The shared-memory link between a coordinator and an expert node on the same machine (the
+//! local cluster, or one VM with a node per NUMA domain).
+//!
+//! Over loopback gRPC one layer call crosses six threads (engine -> client connection task ->
+//! node connection task -> compute worker -> node connection task -> client connection task ->
+//! engine), and on a machine whose cores are all busy each crossing is a wake-up of a parked
+//! thread. Here the coordinator writes the same request a `ComputeRequest` carries into a file
+//! in `/dev/shm` that both processes map and wakes the node's link thread with a futex on the
+//! region's request counter; that thread computes and wakes the coordinator with a futex on the
+//! response counter: two wake-ups per call. The gRPC stream stays open beside it: the region is
+//! handed over with the `AttachShm` call, control calls keep using gRPC, and requests that do not
+//! fit the region go over the stream.
+//!
+//! Both ends run on one machine, so numbers are in its native byte order; the outputs are
+//! little-endian f32, as on the stream. The region (all offsets from its start):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..8 | magic `NSSHMv01` |
+//! | 8..16 | region size |
+//! | 16..24 | request capacity (the response area takes the rest) |
+//! | 24..28 | request counter: bumped by the coordinator after writing a request (futex) |
+//! | 28..32 | response counter: set to the request's counter by the node after answering (futex) |
+//! | 32..36 | closed: bit 0 the coordinator left, bit 1 the node left |
+//! | 36..40 | the coordinator's process id (the node stops serving when it is gone) |
+//! | 64..96 | request: id u64, layer, act_type, n_rows, n_embd, n_pairs, acts_len (u32 each) |
+//! | 128..144 | response: id u64, status i32 (0 = outputs, else a gRPC code), length u32 |
+//! | 4096.. | request payload: experts\[n_pairs\] u32, rows\[n_pairs\] u32, activation bytes |
+//! | 4096 + cap.. | response payload: outputs, or the error message as UTF-8 |
+//!
+//! The coordinator writes the request area only while no request is outstanding, the node the
+//! response area only while one is; the counters' release/acquire order publishes each. The node
+//! copies a request out before checking it, and checks every length against the region, so a
+//! region written by anything else gives an error reply, never a read outside it.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use memmap2::MmapRaw;
+
+/// Where regions are created; the node refuses paths elsewhere.
+pub const SHM_DIR: &str = "/dev/shm";
+/// File name prefix of a region; the node refuses other names.
+pub const SHM_PREFIX: &str = "nightshift-";
+/// Start of the request payload.
+pub const HEADER_BYTES: usize = 4096;
+/// Largest region a node maps.
+pub const MAX_REGION: usize = 1 << 31;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"NSSHMv01");
+const OFF_MAGIC: usize = 0;
+const OFF_SIZE: usize = 8;
+const OFF_REQ_CAP: usize = 16;
+const OFF_REQ_SEQ: usize = 24;
+const OFF_RESP_SEQ: usize = 28;
+const OFF_CLOSED: usize = 32;
+const OFF_CLIENT_PID: usize = 36;
+const OFF_REQ: usize = 64;
+const OFF_RESP: usize = 128;
+const CLOSED_CLIENT: u32 = 1;
+const CLOSED_NODE: u32 = 2;
+/// How long one futex wait lasts before the waiter re-checks its peer.
+const SLICE: Duration = Duration::from_millis(20);
+
+/// Errors of the shared-memory link.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("refused region {path}: {reason}")]
+    Refused { path: String, reason: String },
+    #[error("the request does not fit the shared region")]
+    TooLarge,
+    #[error("the peer closed the shared-memory link")]
+    Closed,
+    #[error("the peer is gone")]
+    PeerGone,
+    #[error("deadline of {0} ms passed")]
+    Deadline(u128),
+    #[error("malformed response in the shared region: {0}")]
+    Malformed(String),
+}
+
+/// A mapped region (either end).
+struct Region {
+    map: MmapRaw,
+    size: usize,
+    req_cap: usize,
+}
+
+impl Region {
+    fn base(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    fn word(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= HEADER_BYTES);
+        // SAFETY: in bounds (the header is inside every region), 4-aligned (the map is page
+        // aligned), and only ever accessed atomically by both processes.
+        unsafe { &*(self.base().add(off) as *const AtomicU32) }
+    }
+
+    fn wide(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= HEADER_BYTES);
+        // SAFETY: as `word`, 8-aligned.
+        unsafe { &*(self.base().add(off) as *const AtomicU64) }
+    }
+
+    fn get(&self, off: usize) -> u32 {
+        self.word(off).load(Ordering::Relaxed)
+    }
+
+    fn set(&self, off: usize, v: u32) {
+        self.word(off).store(v, Ordering::Relaxed)
+    }
+
+    fn resp_cap(&self) -> usize {
+        self.size - HEADER_BYTES - self.req_cap
+    }
+
+    /// Copies `src` into the region at `off` (the caller checked the bounds).
+    fn write(&self, off: usize, src: &[u8]) {
+        assert!(off + src.len() <= self.size);
+        // SAFETY: in bounds (asserted); the peer does not touch this area now (protocol).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base().add(off), src.len()) }
+    }
+
+    /// Copies `len` bytes at `off` out of the region (the caller checked the bounds).
+    fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        assert!(off + len <= self.size);
+        let mut v = vec![0u8; len];
+        // SAFETY: in bounds (asserted).
+        unsafe { std::ptr::copy_nonoverlapping(self.base().add(off), v.as_mut_ptr(), len) }
+        v
+    }
+
+    fn closed(&self) -> u32 {
+        self.word(OFF_CLOSED).load(Ordering::Acquire)
+    }
+
+    fn close(&self, bit: u32) {
+        self.word(OFF_CLOSED).fetch_or(bit, Ordering::AcqRel);
+        futex_wake(self.word(OFF_REQ_SEQ));
+        futex_wake(self.word(OFF_RESP_SEQ));
+    }
+}
+
+fn u32s(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+fn from_u32s(b: &[u8]) -> Vec<u32> {
+    b.chunks_exact(4)
+        .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// One layer call, as a `ComputeRequest` carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShmRequest {
+    pub request_id: u64,
+    pub layer: u32,
+    pub act_type: u32,
+    pub n_rows: u32,
+    pub n_embd: u32,
+    pub acts: Vec<u8>,
+    pub experts: Vec<u32>,
+    pub rows: Vec<u32>,
+}
+
+/// A node's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShmReply {
+    /// One row of n_embd little-endian f32 per pair.
+    Outputs(Vec<u8>),
+    /// A gRPC status code and message.
+    Error { code: i32, message: String },
+}
+
+static NEXT_REGION: AtomicU64 = AtomicU64::new(0);
+
+/// The coordinator's end: creates the region, posts requests, waits for answers.
+pub struct ShmClient {
+    region: Region,
+    path: PathBuf,
+    unlinked: bool,
+    seq: u32,
+    /// Request id of the outstanding request, if any.
+    pending: Option<u64>,
+}
+
+impl ShmClient {
+    /// Creates a region in [`SHM_DIR`] with room for `req_cap` request bytes and `resp_cap`
+    /// response bytes (the file is private to this user and unlinked by [`ShmClient::unlink`]
+    /// or on drop).
+    pub fn create(req_cap: usize, resp_cap: usize) -> Result<ShmClient, ShmError> {
+        Self::create_in(Path::new(SHM_DIR), req_cap, resp_cap)
+    }
+
+    /// As [`ShmClient::create`], in another directory (tests of the node's path checks).
+    pub fn create_in(dir: &Path, req_cap: usize, resp_cap: usize) -> Result<ShmClient, ShmError> {
+        let req_cap = req_cap.max(64).next_multiple_of(4096);
+        let size = HEADER_BYTES
+            .checked_add(req_cap)
+            .and_then(|s| s.checked_add(resp_cap.max(64).next_multiple_of(4096)))
+            .filter(|&s| s <= MAX_REGION)
+            .ok_or(ShmError::TooLarge)?;
+        let n = NEXT_REGION.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path = dir.join(format!(
+            "{SHM_PREFIX}{}-{n}-{nanos:08x}",
+            std::process::id()
+        ));
+        let io = |what: &str| {
+            let what = format!("{what} {}", path.display());
+            move |source| ShmError::Io { what, source }
+        };
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600);
+        }
+        let file = opts.open(&path).map_err(io("creating"))?;
+        let cleanup = |e: ShmError| {
+            let _ = std::fs::remove_file(&path);
+            e
+        };
+        file.set_len(size as u64)
+            .map_err(io("sizing"))
+            .map_err(cleanup)?;
+        let map = MmapRaw::map_raw(&file)
+            .map_err(io("mapping"))
+            .map_err(cleanup)?;
+        let client = ShmClient {
+            region: Region { map, size, req_cap },
+            path: path.clone(),
+            unlinked: false,
+            seq: 0,
+            pending: None,
+        };
+        let r = &client.region;
+        r.wide(OFF_SIZE).store(size as u64, Ordering::Relaxed);
+        r.wide(OFF_REQ_CAP).store(req_cap as u64, Ordering::Relaxed);
+        r.set(OFF_CLIENT_PID, std::process::id());
+        r.wide(OFF_MAGIC).store(MAGIC, Ordering::Release);
+        Ok(client)
+    }
+
+    /// The region's path, for the node's `AttachShm`.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes the file (both ends keep their mappings): call once the node has attached.
+    pub fn unlink(&mut self) {
+        if !self.unlinked {
+            let _ = std::fs::remove_file(&self.path);
+            self.unlinked = true;
+        }
+    }
+
+    /// Whether a request with these sizes and its answer fit the region.
+    pub fn fits(&self, n_pairs: usize, acts_len: usize, n_embd: usize) -> bool {
+        let req = n_pairs.checked_mul(8).and_then(|p| p.checked_add(acts_len));
+        let resp = n_pairs.checked_mul(n_embd).and_then(|x| x.checked_mul(4));
+        matches!((req, resp), (Some(q), Some(r)) if q <= self.region.req_cap && r <= self.region.resp_cap())
+    }
+
+    /// Writes `req` into the region and wakes the node. One request at a time: a second post
+    /// before the answer to the first is an error.
+    pub fn post(&mut self, req: &ShmRequest) -> Result<(), ShmError> {
+        let r = &self.region;
+        if r.closed() != 0 {
+            return Err(ShmError::Closed);
+        }
+        if self.pending.is_some() || req.experts.len() != req.rows.len() {
+            return Err(ShmError::Malformed(
+                "a request is already outstanding".into(),
+            ));
+        }
+        if !self.fits(req.experts.len(), req.acts.len(), req.n_embd as usize) {
+            return Err(ShmError::TooLarge);
+        }
+        let n = req.experts.len();
+        r.write(HEADER_BYTES, &u32s(&req.experts));
+        r.write(HEADER_BYTES + 4 * n, &u32s(&req.rows));
+        r.write(HEADER_BYTES + 8 * n, &req.acts);
+        r.wide(OFF_REQ).store(req.request_id, Ordering::Relaxed);
+        for (i, v) in [
+            req.layer,
+            req.act_type,
+            req.n_rows,
+            req.n_embd,
+            n as u32,
+            req.acts.len() as u32,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            r.set(OFF_REQ + 8 + 4 * i, v);
+        }
+        self.seq = self.seq.wrapping_add(1);
+        self.pending = Some(req.request_id);
+        r.word(OFF_REQ_SEQ).store(self.seq, Ordering::Release);
+        futex_wake(r.word(OFF_REQ_SEQ));
+        Ok(())
+    }
+
+    /// Waits for the answer to the posted request until `deadline`, re-checking `alive` (the
+    /// node's other link) every few milliseconds so a dead node fails the call quickly.
+    pub fn wait(
+        &mut self,
+        deadline: Instant,
+        alive: &mut dyn FnMut() -> bool,
+    ) -> Result<ShmReply, ShmError> {
+        let Some(id) = self.pending else {
+            return Err(ShmError::Malformed("no request is outstanding".into()));
+        };
+        let r = &self.region;
+        let started = Instant::now();
+        loop {
+            let seen = r.word(OFF_RESP_SEQ).load(Ordering::Acquire);
+            if seen == self.seq {
+                self.pending = None;
+                return self.reply(id);
+            }
+            if r.closed() & CLOSED_NODE != 0 {
+                return Err(ShmError::Closed);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ShmError::Deadline((now - started).as_millis()));
+            }
+            if !alive() {
+                return Err(ShmError::PeerGone);
+            }
+            futex_wait(r.word(OFF_RESP_SEQ), seen, SLICE.min(deadline - now));
+        }
+    }
+
+    fn reply(&self, id: u64) -> Result<ShmReply, ShmError> {
+        let r = &self.region;
+        let got = r.wide(OFF_RESP).load(Ordering::Relaxed);
+        if got != id {
+            return Err(ShmError::Malformed(format!(
+                "answer to request {got}, expected {id}"
+            )));
+        }
+        let status = r.get(OFF_RESP + 8) as i32;
+        let len = r.get(OFF_RESP + 12) as usize;
+        if len > r.resp_cap() {
+            return Err(ShmError::Malformed(format!(
+                "length {len} exceeds the response area ({})",
+                r.resp_cap()
+            )));
+        }
+        let bytes = r.read(HEADER_BYTES + r.req_cap, len);
+        Ok(if status == 0 {
+            ShmReply::Outputs(bytes)
+        } else {
+            ShmReply::Error {
+                code: status,
+                message: String::from_utf8_lossy(&bytes).into_owned(),
+            }
+        })
+    }
+}
+
+impl Drop for ShmClient {
+    fn drop(&mut self) {
+        self.region.close(CLOSED_CLIENT);
+        self.unlink();
+    }
+}
+
+/// What the node found in the request area.
+#[derive(Debug)]
+pub enum Incoming {
+    Request(ShmRequest),
+    /// Lengths that do not fit the region: answer `request_id` with an error.
+    Malformed {
+        request_id: u64,
+        reason: String,
+    },
+}
+
+/// The node's end: maps a region the coordinator created, takes requests, writes answers.
+pub struct ShmServer {
+    region: Region,
+    client_pid: u32,
+    seen: u32,
+    /// Counter of the request being answered.
+    current: Option<u32>,
+}
+
+impl ShmServer {
+    /// Maps the region at `path` after checking it is a regular file named
+    /// `SHM_PREFIX*` directly in `dir` (not a link), that its header matches its size, and that
+    /// the process that created it is alive.
+    pub fn open_in(dir: &Path, path: &Path) -> Result<ShmServer, ShmError> {
+        let refuse = |reason: String| ShmError::Refused {
+            path: path.display().to_string(),
+            reason,
+        };
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| refuse("no file name".into()))?;
+        if path.parent() != Some(dir) || !name.starts_with(SHM_PREFIX) {
+            return Err(refuse(format!(
+                "regions live directly in {} and are named {SHM_PREFIX}*",
+                dir.display()
+            )));
+        }
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.custom_flags(libc::O_NOFOLLOW);
+        }
+        let file: File = opts.open(path).map_err(|e| refuse(format!("open: {e}")))?;
+        let meta = file.metadata().map_err(|e| refuse(format!("stat: {e}")))?;
+        if !meta.is_file() {
+            return Err(refuse("not a regular file".into()));
+        }
+        let size = meta.len() as usize;
+        if !(HEADER_BYTES + 2 * 64..=MAX_REGION).contains(&size) {
+            return Err(refuse(format!("size {size} is out of range")));
+        }
+        let map = MmapRaw::map_raw(&file).map_err(|e| refuse(format!("map: {e}")))?;
+        let mut region = Region {
+            map,
+            size,
+            req_cap: 0,
+        };
+        if region.wide(OFF_MAGIC).load(Ordering::Acquire) != MAGIC {
+            return Err(refuse("bad magic".into()));
+        }
+        let (stated, req_cap) = (
+            region.wide(OFF_SIZE).load(Ordering::Relaxed),
+            region.wide(OFF_REQ_CAP).load(Ordering::Relaxed),
+        );
+        if stated != size as u64 || req_cap == 0 || req_cap >= (size - HEADER_BYTES) as u64 {
+            return Err(refuse(format!(
+                "header says size {stated} and request capacity {req_cap}, the file has {size} bytes"
+            )));
+        }
+        region.req_cap = req_cap as usize;
+        let client_pid = region.get(OFF_CLIENT_PID);
+        if region.closed() != 0 {
+            return Err(refuse("already closed".into()));
+        }
+        let server = ShmServer {
+            seen: region.word(OFF_REQ_SEQ).load(Ordering::Acquire),
+            region,
+            client_pid,
+            current: None,
+        };
+        if !server.client_alive() {
+            return Err(refuse(format!(
+                "its creator (process {client_pid}) is not running here"
+            )));
+        }
+        Ok(server)
+    }
+
+    /// As [`ShmServer::open_in`] for [`SHM_DIR`].
+    pub fn open(path: &Path) -> Result<ShmServer, ShmError> {
+        Self::open_in(Path::new(SHM_DIR), path)
+    }
+
+    /// Whether the coordinator that created the region still runs.
+    pub fn client_alive(&self) -> bool {
+        #[cfg(unix)]
+        {
+            let Ok(pid) = libc::pid_t::try_from(self.client_pid) else {
+                return false;
+            };
+            // SAFETY: signal 0 only checks that the process exists.
+            let r = unsafe { libc::kill(pid, 0) };
+            r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+        }
+        #[cfg(not(unix))]
+        {
+            true
+        }
+    }
+
+    /// Waits up to `timeout` for a request. `Ok(None)`: nothing came; `Err(Closed)`: the
+    /// coordinator left (or died). A request must be answered before the next is taken.
+    pub fn next(&mut self, timeout: Duration) -> Result<Option<Incoming>, ShmError> {
+        let r = &self.region;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seq = r.word(OFF_REQ_SEQ).load(Ordering::Acquire);
+            if r.closed() & CLOSED_CLIENT != 0 {
+                return Err(ShmError::Closed);
+            }
+            if seq != self.seen {
+                self.seen = seq;
+                self.current = Some(seq);
+                return Ok(Some(self.take()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return if self.client_alive() {
+                    Ok(None)
+                } else {
+                    Err(ShmError::Closed)
+                };
+            }
+            futex_wait(r.word(OFF_REQ_SEQ), seq, deadline - now);
+        }
+    }
+
+    fn take(&self) -> Incoming {
+        let r = &self.region;
+        let request_id = r.wide(OFF_REQ).load(Ordering::Relaxed);
+        let f: Vec<u32> = (0..6).map(|i| r.get(OFF_REQ + 8 + 4 * i)).collect();
+        let (n, acts_len) = (f[4] as usize, f[5] as usize);
+        let need = n.checked_mul(8).and_then(|p| p.checked_add(acts_len));
+        match need {
+            Some(need) if need <= r.req_cap => {}
+            _ => {
+                return Incoming::Malformed {
+                    request_id,
+                    reason: format!(
+                    "{n} pairs and {acts_len} activation bytes exceed the request area ({} bytes)",
+                    r.req_cap
+                ),
+                }
+            }
+        }
+        Incoming::Request(ShmRequest {
+            request_id,
+            layer: f[0],
+            act_type: f[1],
+            n_rows: f[2],
+            n_embd: f[3],
+            experts: from_u32s(&r.read(HEADER_BYTES, 4 * n)),
+            rows: from_u32s(&r.read(HEADER_BYTES + 4 * n, 4 * n)),
+            acts: r.read(HEADER_BYTES + 8 * n, acts_len),
+        })
+    }
+
+    /// Answers the request taken last. Outputs larger than the response area become an error.
+    pub fn reply(&mut self, request_id: u64, reply: &ShmReply) {
+        let Some(seq) = self.current.take() else {
+            return;
+        };
+        let r = &self.region;
+        let (status, body): (i32, &[u8]) = match reply {
+            ShmReply::Outputs(b) if b.len() <= r.resp_cap() => (0, b),
+            ShmReply::Outputs(_) => (
+                8, // RESOURCE_EXHAUSTED
+                b"outputs exceed the shared response area".as_slice(),
+            ),
+            ShmReply::Error { code, message } => {
+                let m = message.as_bytes();
+                (*code, &m[..m.len().min(r.resp_cap())])
+            }
+        };
+        r.write(HEADER_BYTES + r.req_cap, body);
+        r.wide(OFF_RESP).store(request_id, Ordering::Relaxed);
+        r.set(OFF_RESP + 8, status as u32);
+        r.set(OFF_RESP + 12, body.len() as u32);
+        r.word(OFF_RESP_SEQ).store(seq, Ordering::Release);
+        futex_wake(r.word(OFF_RESP_SEQ));
+    }
+}
+
+impl Drop for ShmServer {
+    fn drop(&mut self) {
+        self.region.close(CLOSED_NODE);
+    }
+}
+
+/// Sleeps until `word` may differ from `expected` (or `timeout`).
+#[cfg(target_os = "linux")]
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned u32 in a shared mapping (hence no FUTEX_PRIVATE_FLAG);
+    // the kernel only reads it. Spurious returns are handled by the callers' loops.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Wakes every waiter on `word`.
+#[cfg(target_os = "linux")]
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: as in `futex_wait`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let end = Instant::now() + timeout;
+    while word.load(Ordering::Acquire) == expected && Instant::now() < end {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn futex_wake(_word: &AtomicU32) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ns-shm-test-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn request(id: u64, n: usize) -> ShmRequest {
+        ShmRequest {
+            request_id: id,
+            layer: 3,
+            act_type: 15,
+            n_rows: 2,
+            n_embd: 8,
+            acts: (0..100).map(|i| i as u8).collect(),
+            experts: (0..n as u32).map(|e| e * 7).collect(),
+            rows: (0..n as u32).map(|e| e % 2).collect(),
+        }
+    }
+
+    #[test]
+    fn requests_and_answers_cross_between_threads() {
+        let d = dir();
+        let mut client = ShmClient::create_in(&d, 8192, 8192).unwrap();
+        let mut server = ShmServer::open_in(&d, client.path()).unwrap();
+        client.unlink();
+        assert!(!client.path().exists());
+        let node = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while let Ok(m) = server.next(Duration::from_secs(5)) {
+                let Some(Incoming::Request(req)) = m else {
+                    panic!("expected a request, got {m:?}");
+                };
+                let reply = if req.layer == 99 {
+                    ShmReply::Error {
+                        code: 5,
+                        message: "no such layer".into(),
+                    }
+                } else {
+                    ShmReply::Outputs(req.experts.iter().flat_map(|e| e.to_le_bytes()).collect())
+                };
+                server.reply(req.request_id, &reply);
+                seen.push(req);
+            }
+            seen
+        });
+        let mut sent = Vec::new();
+        for i in 0..50u64 {
+            let mut req = request(i, 1 + i as usize % 5);
+            if i == 7 {
+                req.layer = 99;
+            }
+            client.post(&req).unwrap();
+            let got = client
+                .wait(Instant::now() + Duration::from_secs(5), &mut || true)
+                .unwrap();
+            let want = if i == 7 {
+                ShmReply::Error {
+                    code: 5,
+                    message: "no such layer".into(),
+                }
+            } else {
+                ShmReply::Outputs(req.experts.iter().flat_map(|e| e.to_le_bytes()).collect())
+            };
+            assert_eq!(got, want, "request {i}");
+            sent.push(req);
+        }
+        drop(client);
+        let seen = node.join().unwrap();
+        assert_eq!(seen, sent, "the node saw every request exactly as posted");
+    }
+
+    #[test]
+    fn waits_end_at_the_deadline_at_a_dead_peer_and_at_close() {
+        let d = dir();
+        let mut client = ShmClient::create_in(&d, 4096, 4096).unwrap();
+        let server = ShmServer::open_in(&d, client.path()).unwrap();
+        client.post(&request(1, 2)).unwrap();
+        let t = Instant::now();
+        let r = client.wait(t + Duration::from_millis(60), &mut || true);
+        assert!(matches!(r, Err(ShmError::Deadline(_))), "{r:?}");
+        assert!(t.elapsed() >= Duration::from_millis(60));
+        let r = client.wait(Instant::now() + Duration::from_secs(5), &mut || false);
+        assert!(matches!(r, Err(ShmError::PeerGone)), "{r:?}");
+        let t = Instant::now();
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            drop(server);
+        });
+        let r = client.wait(Instant::now() + Duration::from_secs(5), &mut || true);
+        assert!(matches!(r, Err(ShmError::Closed)), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(2));
+        closer.join().unwrap();
+        assert!(matches!(client.post(&request(2, 1)), Err(ShmError::Closed)));
+    }
+
+    #[test]
+    fn sizes_beyond_the_region_are_refused_or_reported() {
+        let d = dir();
+        let mut client = ShmClient::create_in(&d, 4096, 4096).unwrap();
+        let mut server = ShmServer::open_in(&d, client.path()).unwrap();
+        assert!(client.fits(4, 2000, 8));
+        assert!(!client.fits(4, 4096, 8), "request area");
+        assert!(!client.fits(200, 0, 8), "response area");
+        assert!(!client.fits(usize::MAX / 2, 0, 8), "overflow");
+        let mut big = request(1, 2);
+        big.acts = vec![0; 5000];
+        assert!(matches!(client.post(&big), Err(ShmError::TooLarge)));
+        // A writer that ignores the capacities: the node reports it instead of reading past
+        // the region.
+        client.post(&request(2, 2)).unwrap();
+        client.region.set(OFF_REQ + 8 + 16, u32::MAX); // n_pairs
+        match server.next(Duration::from_secs(1)).unwrap() {
+            Some(Incoming::Malformed { request_id, reason }) => {
+                assert_eq!(request_id, 2);
+                assert!(reason.contains("exceed the request area"), "{reason}");
+            }
+            other => panic!("expected Malformed, got {other:?}"),
+        }
+        server.reply(
+            2,
+            &ShmReply::Outputs(vec![0; 5000]), // larger than the response area
+        );
+        let r = client
+            .wait(Instant::now() + Duration::from_secs(1), &mut || true)
+            .unwrap();
+        assert!(matches!(r, ShmReply::Error { code: 8, .. }), "{r:?}");
+    }
+
+    #[test]
+    fn the_node_refuses_regions_it_should_not_map() {
+        let d = dir();
+        let other = d.join("sub");
+        std::fs::create_dir_all(&other).unwrap();
+        let refused = |p: &Path| match ShmServer::open_in(&d, p) {
+            Err(ShmError::Refused { reason, .. }) => reason,
+            Err(e) => panic!("{}: expected Refused, got {e}", p.display()),
+            Ok(_) => panic!("{}: expected Refused, got a server", p.display()),
+        };
+        // Outside the directory, or another name.
+        let elsewhere = ShmClient::create_in(&other, 4096, 4096).unwrap();
+        assert!(refused(elsewhere.path()).contains("directly in"));
+        let wrong_name = d.join("other-file");
+        std::fs::write(&wrong_name, vec![0u8; 16384]).unwrap();
+        assert!(refused(&wrong_name).contains("named"));
+        // Missing, garbage, truncated, symlinked.
+        assert!(refused(&d.join(format!("{SHM_PREFIX}missing"))).contains("open"));
+        let garbage = d.join(format!("{SHM_PREFIX}garbage"));
+        std::fs::write(&garbage, vec![0xABu8; 16384]).unwrap();
+        assert!(refused(&garbage).contains("bad magic"));
+        let tiny = d.join(format!("{SHM_PREFIX}tiny"));
+        std::fs::write(&tiny, b"NSSHMv01").unwrap();
+        assert!(refused(&tiny).contains("out of range"));
+        let good = ShmClient::create_in(&d, 4096, 4096).unwrap();
+        let bytes = std::fs::read(good.path()).unwrap();
+        let cut = d.join(format!("{SHM_PREFIX}cut"));
+        std::fs::write(&cut, &bytes[..bytes.len() - 4096]).unwrap();
+        assert!(refused(&cut).contains("header says"));
+        #[cfg(unix)]
+        {
+            let link = d.join(format!("{SHM_PREFIX}link"));
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(good.path(), &link).unwrap();
+            assert!(refused(&link).contains("open"));
+        }
+        // A creator that is gone.
+        let mut dead = bytes.clone();
+        dead[OFF_CLIENT_PID..OFF_CLIENT_PID + 4].copy_from_slice(&(i32::MAX as u32).to_ne_bytes());
+        let orphan = d.join(format!("{SHM_PREFIX}orphan"));
+        std::fs::write(&orphan, dead).unwrap();
+        assert!(refused(&orphan).contains("not running"));
+        assert!(ShmServer::open_in(&d, good.path()).is_ok());
+    }
+}
