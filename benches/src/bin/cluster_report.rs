@@ -27,7 +27,8 @@ struct Args {
     /// GGUF model to serve (e.g. a `nightshift gen-model --preset qwen3-30b-a3b --layers 4` file).
     #[arg(long)]
     model: PathBuf,
-    /// Placement for the cluster run (its nodes are spawned locally; default: round-robin).
+    /// Placement for the cluster run (its nodes are spawned locally; default: what `nightshift
+    /// serve --nodes N` uses).
     #[arg(long, conflicts_with = "replicate_all")]
     placement: Option<PathBuf>,
     /// Cluster run on a generated placement holding every expert on every node (mmap'd, not
@@ -246,7 +247,9 @@ fn main() -> anyhow::Result<()> {
                 if a.resident { "resident" } else { "mmap'd" }
             )
         } else {
-            placement.map_or("round-robin".into(), |p| p.display().to_string())
+            placement.map_or("the default placement of serve --nodes N".into(), |p| {
+                p.display().to_string()
+            })
         },
         a.threads,
         a.steps,

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nightshift_atlas::placement::{ModelShape, NodeSpec, Placement};
+use nightshift_atlas::placement::{LayerPlacement, ModelShape, NodeSpec, Placement};
 use nightshift_model::{ExpertBackend, LocalExperts, Model};
 use rayon::ThreadPool;
 
@@ -24,7 +24,9 @@ pub use tls::ClientTls;
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct ClusterArgs {
     /// Spawn and supervise N local expert-node processes (0: experts run in process, unless
-    /// --placement names remote nodes).
+    /// --placement names remote nodes). Without --placement, nodes pinned one per NUMA domain
+    /// split the experts round-robin (resident); unpinned nodes each serve every expert from the
+    /// shared file mapping, and the coordinator splits each layer's experts evenly between them.
     #[arg(long, default_value_t = 0)]
     pub nodes: usize,
     /// Placement file (TOML): which node holds which expert. With --nodes > 0 its nodes are
@@ -167,6 +169,41 @@ fn numa_layout(n: usize) -> Vec<usize> {
     }
 }
 
+/// The placement of `serve --nodes N` without a placement file.
+///
+/// Nodes pinned to their own NUMA domains get expert `e` on node `e % N`, resident: each domain
+/// reads its experts from its own memory. Unpinned nodes share one memory, so every node holds
+/// every expert, served from the shared file mapping: the copies cost no memory (one page cache),
+/// every layer call is split evenly by the coordinator (a round-robin split of 8 routed experts
+/// is often 5/3, and the call waits for the node with 5), and any node can die without failing a
+/// request.
+pub fn default_placement(
+    n: usize,
+    shape: &ModelShape,
+    pinned: bool,
+) -> Result<Placement, ClusterError> {
+    let nodes: Vec<NodeSpec> = (0..n)
+        .map(|i| NodeSpec::named(format!("node{i}")))
+        .collect();
+    if pinned {
+        return Ok(Placement::round_robin(
+            nodes,
+            &shape.moe_layers,
+            shape.n_experts,
+        ));
+    }
+    let layers = shape
+        .moe_layers
+        .iter()
+        .map(|&index| LayerPlacement {
+            index,
+            replicas: vec![(0..n).collect(); shape.n_experts],
+            resident: vec![Vec::new(); shape.n_experts],
+        })
+        .collect();
+    Ok(Placement::from_layers(nodes, layers)?)
+}
+
 /// Sets up the experts for `model` as the flags say.
 pub fn build(
     args: &ClusterArgs,
@@ -221,12 +258,7 @@ pub fn build(
         };
         let placement = match file_placement {
             Some(p) => p,
-            None => {
-                let nodes = (0..args.nodes)
-                    .map(|i| NodeSpec::named(format!("node{i}")))
-                    .collect();
-                Placement::round_robin(nodes, &shape.moe_layers, shape.n_experts)
-            }
+            None => default_placement(args.nodes, &shape, !numa_layout(args.nodes).is_empty())?,
         };
         let n = placement.nodes.len();
         let cluster = LocalCluster::start(LaunchOptions {
@@ -281,4 +313,41 @@ pub fn build(
         remote: Some(remote),
         cluster,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_placement_replicates_unpinned_nodes_and_splits_pinned_ones() {
+        let shape = ModelShape {
+            moe_layers: vec![1, 2, 3],
+            n_experts: 8,
+            expert_bytes: 1000,
+        };
+        let shared = default_placement(3, &shape, false).expect("unpinned");
+        let split = default_placement(3, &shape, true).expect("pinned");
+        for &l in &shape.moe_layers {
+            for e in 0..shape.n_experts {
+                assert_eq!(shared.replicas(l, e), &[0, 1, 2], "layer {l} expert {e}");
+                assert_eq!(split.replicas(l, e), &[e % 3], "layer {l} expert {e}");
+                for n in 0..3 {
+                    assert!(!shared.is_resident(l, e, n), "shared copies stay mapped");
+                    assert_eq!(split.is_resident(l, e, n), n == e % 3);
+                }
+            }
+        }
+        // Mapped copies take none of the nodes' memory budgets; resident ones split the experts.
+        assert_eq!(shared.resident_bytes(1000), vec![0, 0, 0]);
+        assert_eq!(split.resident_bytes(1000), vec![9000, 9000, 6000]);
+        assert_eq!(
+            shared
+                .nodes
+                .iter()
+                .map(|n| n.name.as_str())
+                .collect::<Vec<_>>(),
+            ["node0", "node1", "node2"]
+        );
+    }
 }
