@@ -33,7 +33,18 @@ fn build_bin(package: &str, bin: &str) -> PathBuf {
 }
 
 fn serve(atlas_out: &Path, nodes: &str) -> Server {
+    // Two nodes start round-robin (explicitly: the default would put every expert on both), so
+    // the rebalance below has experts to load.
+    let rr = atlas_out.with_file_name("round-robin.toml");
+    std::fs::write(
+        &rr,
+        "version = 1\nstrategy = \"round-robin\"\n[[node]]\nname = \"node0\"\n[[node]]\nname = \"node1\"\n",
+    )
+    .expect("write placement");
     support::serve(BIN, |c| {
+        if nodes == "2" {
+            c.arg("--placement").arg(&rr);
+        }
         c.args(["--max-seqs", "8", "--threads", "1", "--nodes", nodes])
             .args([
                 "--node-threads",

@@ -27,6 +27,7 @@ pub use engine::{build_pool, BatchToken, Engine, EngineOptions, SeqId, StepProfi
 pub use error::{ExpertError, ModelError};
 pub use expert::{expert_ffn, ActRows, ExpertBackend, ExpertPair, ExpertWeights, LocalExperts};
 pub use kv::KvType;
-pub use model::Model;
+pub use model::{LoadOptions, Model};
 pub use moe::RouteObserver;
 pub use sampler::{Sampler, SamplerParams};
+pub use weights::ExpertMemory;

@@ -7,7 +7,7 @@ use crate::error::{ExpertError, ModelError};
 use crate::expert::{act_type_for, ExpertWeights};
 use crate::gguf::Gguf;
 use crate::tokenizer::Tokenizer;
-use crate::weights::{FfnWeights, Resident, Weights};
+use crate::weights::{ExpertMemory, FfnWeights, Resident, Weights};
 use nightshift_kernels::GgmlType;
 use std::path::Path;
 use std::sync::Arc;
@@ -23,28 +23,74 @@ pub struct Model {
     gguf: Gguf,
 }
 
+/// How [`Model::load_with`] places the weights in memory.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Copy the dense weights to transparent huge pages (default: unless
+    /// `NIGHTSHIFT_HUGE_PAGES=off`).
+    pub huge_pages: bool,
+    /// Where the routed experts live; `Mapped` when nodes compute them.
+    pub experts: ExpertMemory,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            huge_pages: crate::weights::huge_pages_enabled(),
+            experts: ExpertMemory::Auto,
+        }
+    }
+}
+
 impl Model {
-    /// Opens a GGUF (or the first file of a split set) and maps every tensor the engine needs.
+    /// Opens a GGUF (or the first file of a split set) and maps every tensor the engine needs,
+    /// with the default [`LoadOptions`] (dense weights on huge pages, experts too when they fit).
     pub fn load(path: &Path) -> Result<Arc<Model>, ModelError> {
+        Model::load_with(path, LoadOptions::default())
+    }
+
+    /// [`Model::load`] with explicit options.
+    pub fn load_with(path: &Path, opts: LoadOptions) -> Result<Arc<Model>, ModelError> {
         let gguf = Gguf::open(path)?;
-        Model::from_gguf(gguf).map(Arc::new)
+        Model::from_gguf_opts(gguf, opts).map(Arc::new)
     }
 
-    /// Builds the model from an opened file; the dense weights are copied to huge pages unless
-    /// `NIGHTSHIFT_HUGE_PAGES=off` (see [`Model::resident_bytes`]).
+    /// Builds the model from an opened file with the default [`LoadOptions`].
     pub fn from_gguf(gguf: Gguf) -> Result<Model, ModelError> {
-        Model::from_gguf_with(gguf, crate::weights::huge_pages_enabled())
+        Model::from_gguf_opts(gguf, LoadOptions::default())
     }
 
-    /// [`Model::from_gguf`] with the huge-page copy of the dense weights on or off.
+    /// [`Model::from_gguf`] with every copy on (dense weights and, when they fit, experts on
+    /// huge pages) or off (everything read from the file map).
     pub fn from_gguf_with(gguf: Gguf, huge_pages: bool) -> Result<Model, ModelError> {
+        let experts = if huge_pages {
+            ExpertMemory::Auto
+        } else {
+            ExpertMemory::Mapped
+        };
+        Model::from_gguf_opts(
+            gguf,
+            LoadOptions {
+                huge_pages,
+                experts,
+            },
+        )
+    }
+
+    /// Builds the model from an opened file with explicit options.
+    pub fn from_gguf_opts(gguf: Gguf, opts: LoadOptions) -> Result<Model, ModelError> {
         let config = ModelConfig::from_gguf(&gguf)?;
         let mut weights = Weights::load(&gguf, &config)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        // Dense weights on huge pages unless turned off; if the copy cannot be made they are
-        // read from the file map as before (`resident_bytes` then says 0).
-        let resident = if huge_pages {
-            weights.make_resident(&gguf).ok()
+        let experts = match opts.experts {
+            ExpertMemory::Mapped => false,
+            ExpertMemory::Resident => true,
+            ExpertMemory::Auto => crate::weights::fits_in_memory(weights.expert_bytes()),
+        };
+        // Dense weights (and experts) on huge pages unless turned off; if the copy cannot be
+        // made they are read from the file map as before (`resident_bytes` then says 0).
+        let resident = if opts.huge_pages {
+            weights.make_resident(&gguf, experts).ok()
         } else {
             None
         };
@@ -57,8 +103,9 @@ impl Model {
         })
     }
 
-    /// Bytes of dense weights copied to huge-page memory at load (0: all read from the file map;
-    /// `NIGHTSHIFT_HUGE_PAGES=off` turns the copy off).
+    /// Bytes of weights copied to huge pages at load: the dense weights, plus the routed experts
+    /// when they were made resident (0: all read from the file map; `NIGHTSHIFT_HUGE_PAGES=off`
+    /// turns the copy off).
     pub fn resident_bytes(&self) -> usize {
         self.resident.as_ref().map_or(0, Resident::bytes)
     }

@@ -313,11 +313,14 @@ impl Weights {
 }
 
 /// Copies of the dense weights (attention projections, the output head, dense FFN layers and
-/// shared experts: every matrix read whole for every token) in one anonymous mapping advised to
+/// shared experts: every matrix read whole for every token), and of the routed experts when this
+/// process computes them and they fit ([`ExpertMemory`]), in one anonymous mapping advised to
 /// use transparent huge pages. Streaming them then walks 2 MiB pages instead of 4 KiB file pages:
 /// `stream-report --huge-pages` measured Q3_K 43.7 -> 37.2 ms, Q6_K 35.1 -> 33.5 ms, Q2_K 46.1 ->
-/// 44.6 ms per 768 MiB at batch 1. The routed experts stay mapped (the coordinator's memory does
-/// not grow with them), and so does `token_embd` (only the rows of the batch's tokens are read).
+/// 44.6 ms per 768 MiB at batch 1; the experts of the Q2_K benchmark model on huge pages took
+/// its decode from 59-66% to 74-81% of the roofline. Experts served by nodes stay mapped (the
+/// coordinator's memory does not grow with them), and so does `token_embd` (only the rows of
+/// the batch's tokens are read).
 /// The file pages the copies came from are released from this process's page tables.
 pub struct Resident {
     _map: memmap2::MmapMut,
@@ -359,9 +362,48 @@ pub fn huge_page_map(len: usize) -> std::io::Result<(memmap2::MmapMut, usize)> {
     Ok((map, base.div_ceil(HUGE_PAGE) * HUGE_PAGE - base))
 }
 
+/// Where a process keeps the routed experts it computes itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertMemory {
+    /// Read from the file map (4 KiB page-cache pages, shared with other processes).
+    Mapped,
+    /// Copied to huge pages with the dense weights, their file pages released.
+    Resident,
+    /// Resident when all of them take at most half of the memory available now, else mapped.
+    #[default]
+    Auto,
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes (None where it cannot be read).
+pub fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// Whether `bytes` more of anonymous memory take at most half of what is available now.
+pub fn fits_in_memory(bytes: u64) -> bool {
+    mem_available().is_some_and(|avail| bytes <= avail / 2)
+}
+
 impl Weights {
-    /// Every dense matrix of the model (not the routed experts, not `token_embd`).
-    fn dense_mut(&mut self) -> Vec<&mut W> {
+    /// Bytes of every routed expert matrix.
+    pub fn expert_bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .filter_map(|l| match &l.ffn {
+                FfnWeights::Moe(m) => {
+                    Some((m.gate_exps.data.len + m.up_exps.data.len + m.down_exps.data.len) as u64)
+                }
+                FfnWeights::Dense(_) => None,
+            })
+            .sum()
+    }
+
+    /// Every dense matrix of the model (not `token_embd`), and the routed experts' with
+    /// `experts`.
+    fn dense_mut(&mut self, experts: bool) -> Vec<&mut W> {
         let mut v: Vec<&mut W> = vec![&mut self.output];
         for l in &mut self.layers {
             match &mut l.attn {
@@ -387,17 +429,21 @@ impl Weights {
                     if let Some(d) = &mut m.shared {
                         v.extend([&mut d.gate, &mut d.up, &mut d.down]);
                     }
+                    if experts {
+                        v.extend([&mut m.gate_exps, &mut m.up_exps, &mut m.down_exps]);
+                    }
                 }
             }
         }
         v
     }
 
-    /// Copies the dense matrices into a huge-page-advised anonymous mapping and points their
-    /// views at the copies (same bytes, so the same results). On an error (the mapping cannot
-    /// be made) the views stay on the file map.
-    pub fn make_resident(&mut self, g: &Gguf) -> std::io::Result<Resident> {
-        let mut ws = self.dense_mut();
+    /// Copies the dense matrices (and the routed experts' with `experts`) into a
+    /// huge-page-advised anonymous mapping and points their views at the copies (same bytes, so
+    /// the same results); each copy's file pages are released right after it is made. On an
+    /// error (the mapping cannot be made) the views stay on the file map.
+    pub fn make_resident(&mut self, g: &Gguf, experts: bool) -> std::io::Result<Resident> {
+        let mut ws = self.dense_mut(experts);
         let total: usize = ws
             .iter()
             .map(|w| w.data.len.div_ceil(RESIDENT_ALIGN) * RESIDENT_ALIGN)

@@ -150,23 +150,22 @@ fn removed_sequence_ids_are_not_reused() {
 }
 
 #[test]
-fn dense_weights_on_huge_pages_give_the_same_bits_and_only_the_dense_bytes_move() {
+fn weights_on_huge_pages_give_the_same_bits_and_only_the_chosen_bytes_move() {
     use nightshift_model::gguf::Gguf;
+    use nightshift_model::{ExpertMemory, LoadOptions};
     for name in ["tiny-deepseek2-Q4_K_M.gguf", "tiny-qwen3moe-Q2_K.gguf"] {
-        let open = |huge: bool| {
+        let open = |huge_pages: bool, experts: ExpertMemory| {
             let g = Gguf::open(&fixture_path(name)).expect("open");
-            Arc::new(Model::from_gguf_with(g, huge).expect("model"))
+            let opts = LoadOptions {
+                huge_pages,
+                experts,
+            };
+            Arc::new(Model::from_gguf_opts(g, opts).expect("model"))
         };
-        let (mapped, resident) = (open(false), open(true));
+        let mapped = open(false, ExpertMemory::Resident); // no copies at all without huge_pages
+        let dense = open(true, ExpertMemory::Mapped);
+        let all = open(true, ExpertMemory::Resident);
         assert_eq!(mapped.resident_bytes(), 0);
-        // the copy holds the output head and every attention matrix, not the routed experts
-        let w = resident.weights();
-        let expect_at_least = w.output.data().len();
-        assert!(
-            resident.resident_bytes() >= expect_at_least,
-            "{name}: {} resident bytes, the head alone is {expect_at_least}",
-            resident.resident_bytes()
-        );
         let in_map = |m: &Model, bytes: &[u8]| {
             let g = m.gguf();
             g.tensors().any(|t| {
@@ -175,20 +174,45 @@ fn dense_weights_on_huge_pages_give_the_same_bits_and_only_the_dense_bytes_move(
                 (a..b).contains(&(bytes.as_ptr() as usize))
             })
         };
-        assert!(
-            !in_map(&resident, w.output.data()),
-            "{name}: the head still reads the file map"
-        );
-        assert!(in_map(&mapped, mapped.weights().output.data()));
-        match &w.layers[w.layers.len() - 1].ffn {
-            nightshift_model::weights::FfnWeights::Moe(m) => {
-                assert!(
-                    in_map(&resident, m.gate_exps.data()),
-                    "{name}: experts were copied"
-                );
+        let last_moe = |m: &Model| -> Vec<bool> {
+            let w = m.weights();
+            match &w.layers[w.layers.len() - 1].ffn {
+                nightshift_model::weights::FfnWeights::Moe(e) => {
+                    [e.gate_exps.data(), e.up_exps.data(), e.down_exps.data()]
+                        .iter()
+                        .map(|d| in_map(m, d))
+                        .collect()
+                }
+                nightshift_model::weights::FfnWeights::Dense(_) => {
+                    panic!("{name}: last layer is MoE")
+                }
             }
-            nightshift_model::weights::FfnWeights::Dense(_) => panic!("{name}: last layer is MoE"),
-        }
+        };
+        // the dense copy holds the output head and every attention matrix, not the experts
+        assert!(in_map(&mapped, mapped.weights().output.data()));
+        assert!(
+            !in_map(&dense, dense.weights().output.data()),
+            "{name}: head still mapped"
+        );
+        assert!(
+            dense.resident_bytes() >= dense.weights().output.data().len(),
+            "{name}: {} resident bytes, the head alone is {}",
+            dense.resident_bytes(),
+            dense.weights().output.data().len()
+        );
+        assert_eq!(last_moe(&mapped), [true; 3]);
+        assert_eq!(last_moe(&dense), [true; 3], "{name}: experts were copied");
+        // with the experts: every expert byte is in the copy, none read from the map
+        assert!(!in_map(&all, all.weights().output.data()));
+        assert_eq!(last_moe(&all), [false; 3], "{name}: experts still mapped");
+        let expert_bytes = all.weights().expert_bytes() as usize;
+        assert!(expert_bytes > 0);
+        assert!(
+            all.resident_bytes() >= dense.resident_bytes() + expert_bytes,
+            "{name}: {} resident bytes, dense {} + experts {expert_bytes}",
+            all.resident_bytes(),
+            dense.resident_bytes()
+        );
         let run = |m: &Arc<Model>| {
             let mut e = engine(m, 1024);
             let s = e.add_sequence().expect("seq");
@@ -199,13 +223,18 @@ fn dense_weights_on_huge_pages_give_the_same_bits_and_only_the_dense_bytes_move(
             );
             out
         };
-        let (a, b) = (run(&mapped), run(&resident));
         let bits =
             |v: &Vec<Vec<f32>>| -> Vec<u32> { v.iter().flatten().map(|f| f.to_bits()).collect() };
+        let want = bits(&run(&mapped));
         assert_eq!(
-            bits(&a),
-            bits(&b),
-            "{name}: logits differ with the resident copy"
+            bits(&run(&dense)),
+            want,
+            "{name}: logits differ with the dense copy"
+        );
+        assert_eq!(
+            bits(&run(&all)),
+            want,
+            "{name}: logits differ with the experts copied"
         );
     }
 }

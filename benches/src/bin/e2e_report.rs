@@ -416,7 +416,7 @@ fn memory_line(model: &Model) -> String {
     };
     let mib = |v: Option<f64>| v.map_or_else(|| "?".to_string(), |k| format!("{:.0}", k / 1024.0));
     format!(
-        "RSS {} MiB (anonymous {} MiB, of which {:.0} MiB dense weights on huge pages; file-mapped {} MiB)",
+        "RSS {} MiB (anonymous {} MiB, of which {:.0} MiB weights on huge pages; file-mapped {} MiB)",
         mib(kib("VmRSS:")),
         mib(kib("RssAnon:")),
         model.resident_bytes() as f64 / (1024.0 * 1024.0),

@@ -4,7 +4,7 @@
 use anyhow::Context;
 use nightshift_model::chat::{ChatMessage, ChatTemplate};
 use nightshift_model::tokenizer::StreamDecoder;
-use nightshift_model::{BatchToken, Engine, EngineOptions, Model, Sampler, SamplerParams};
+use nightshift_model::{BatchToken, Engine, EngineOptions, Sampler, SamplerParams};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -50,8 +50,8 @@ pub struct Args {
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model =
-        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let model = nightshift_coordinator::cluster::load_model(&args.model, &args.cluster)
+        .with_context(|| format!("loading {}", args.model.display()))?;
     let tok = model.tokenizer();
     let text = if args.chat {
         let tpl =

@@ -3,7 +3,7 @@
 //! fixtures' `.logits.bin`), so parity can be checked from the command line.
 
 use anyhow::Context;
-use nightshift_model::{BatchToken, Engine, EngineOptions, Model};
+use nightshift_model::{BatchToken, Engine, EngineOptions};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -32,8 +32,8 @@ pub struct Args {
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model =
-        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let model = nightshift_coordinator::cluster::load_model(&args.model, &args.cluster)
+        .with_context(|| format!("loading {}", args.model.display()))?;
     let pool = nightshift_model::build_pool(args.threads)?;
     // Keeps spawned expert nodes alive until the end of the command.
     let experts = nightshift_coordinator::cluster::build(

@@ -147,7 +147,7 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         Some(p) => p.clone(),
         None => demo_model()?,
     };
-    let model = nightshift_model::Model::load(&path)
+    let model = cluster::load_model(&path, &args.cluster)
         .with_context(|| format!("loading {}", path.display()))?;
     let n_ctx_train = model.config().n_ctx_train;
     let n_ctx = if n_ctx_train > 0 && args.ctx > n_ctx_train {

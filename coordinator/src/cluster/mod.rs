@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_atlas::placement::{LayerPlacement, ModelShape, NodeSpec, Placement};
-use nightshift_model::{ExpertBackend, LocalExperts, Model};
+use nightshift_model::{ExpertBackend, ExpertMemory, LoadOptions, LocalExperts, Model, ModelError};
 use rayon::ThreadPool;
 
 pub use launcher::{LaunchError, LaunchOptions, LocalCluster, NodeTls};
@@ -33,7 +33,8 @@ pub struct ClusterArgs {
     /// spawned locally; otherwise nodes are dialled at their `addr`.
     #[arg(long)]
     pub placement: Option<PathBuf>,
-    /// Worker threads per spawned expert node.
+    /// Worker threads per spawned expert node (default: the cores of its NUMA domain when the
+    /// nodes are pinned one per domain, otherwise this machine's cores split between the nodes).
     #[arg(long)]
     pub node_threads: Option<usize>,
     /// Shared token file presented to expert nodes (they must be started with the same file).
@@ -66,6 +67,48 @@ pub struct ClusterArgs {
     /// (which otherwise take calls of up to 1024 pairs through shared memory).
     #[arg(long)]
     pub no_shm: bool,
+    /// Where experts computed in this process live: `resident` copies them to huge pages (and
+    /// releases their file pages), `mapped` reads them from the file map, `auto` copies them
+    /// when they take at most half of the available memory. Experts on nodes stay mapped here.
+    #[arg(long, value_enum, default_value_t = ExpertMemoryArg::Auto)]
+    pub expert_memory: ExpertMemoryArg,
+}
+
+/// `--expert-memory`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertMemoryArg {
+    #[default]
+    Auto,
+    Resident,
+    Mapped,
+}
+
+impl ClusterArgs {
+    /// Whether these flags send the experts to nodes (spawned or remote).
+    pub fn experts_elsewhere(&self) -> bool {
+        self.nodes > 0 || self.placement.is_some()
+    }
+}
+
+/// Loads `path` for the flags: routed experts computed here go where `--expert-memory` says,
+/// experts served by nodes stay mapped (the coordinator's memory does not grow with them).
+pub fn load_model(path: &Path, args: &ClusterArgs) -> Result<Arc<Model>, ModelError> {
+    let experts = if args.experts_elsewhere() {
+        ExpertMemory::Mapped
+    } else {
+        match args.expert_memory {
+            ExpertMemoryArg::Auto => ExpertMemory::Auto,
+            ExpertMemoryArg::Resident => ExpertMemory::Resident,
+            ExpertMemoryArg::Mapped => ExpertMemory::Mapped,
+        }
+    };
+    Model::load_with(
+        path,
+        LoadOptions {
+            experts,
+            ..LoadOptions::default()
+        },
+    )
 }
 
 /// Errors of setting up where experts run.
@@ -169,18 +212,31 @@ fn numa_layout(n: usize) -> Vec<usize> {
     }
 }
 
+/// Worker threads of each of `n` local nodes: pinned nodes (`numa` not empty) take their
+/// domain's cores (the node decides); unpinned ones split this machine's cores, since they share
+/// them (a node per core on a small VM computes on its link thread, without waking a worker).
+fn local_node_threads(n: usize, numa: &[usize]) -> Option<usize> {
+    if !numa.is_empty() || n == 0 {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    Some((cores / n).max(1))
+}
+
 /// The placement of `serve --nodes N` without a placement file.
 ///
 /// Nodes pinned to their own NUMA domains get expert `e` on node `e % N`, resident: each domain
 /// reads its experts from its own memory. Unpinned nodes share one memory, so every node holds
-/// every expert, served from the shared file mapping: the copies cost no memory (one page cache),
-/// every layer call is split evenly by the coordinator (a round-robin split of 8 routed experts
-/// is often 5/3, and the call waits for the node with 5), and any node can die without failing a
-/// request.
+/// every expert: every layer call is split evenly by the coordinator (a round-robin split of 8
+/// routed experts is often 5/3, and the call waits for the node with 5), and any node can die
+/// without failing a request. Their copies are resident (huge pages, as an in-process run keeps
+/// them) when `copies_fit` (all N copies take at most half of the available memory), otherwise
+/// served from the shared file mapping, which costs no memory per copy (one page cache).
 pub fn default_placement(
     n: usize,
     shape: &ModelShape,
     pinned: bool,
+    copies_fit: bool,
 ) -> Result<Placement, ClusterError> {
     let nodes: Vec<NodeSpec> = (0..n)
         .map(|i| NodeSpec::named(format!("node{i}")))
@@ -198,7 +254,14 @@ pub fn default_placement(
         .map(|&index| LayerPlacement {
             index,
             replicas: vec![(0..n).collect(); shape.n_experts],
-            resident: vec![Vec::new(); shape.n_experts],
+            resident: vec![
+                if copies_fit {
+                    (0..n).collect()
+                } else {
+                    Vec::new()
+                };
+                shape.n_experts
+            ],
         })
         .collect();
     Ok(Placement::from_layers(nodes, layers)?)
@@ -258,13 +321,23 @@ pub fn build(
         };
         let placement = match file_placement {
             Some(p) => p,
-            None => default_placement(args.nodes, &shape, !numa_layout(args.nodes).is_empty())?,
+            None => {
+                let all = (shape.moe_layers.len() * shape.n_experts) as u64 * shape.expert_bytes;
+                default_placement(
+                    args.nodes,
+                    &shape,
+                    !numa_layout(args.nodes).is_empty(),
+                    nightshift_model::weights::fits_in_memory(
+                        all.saturating_mul(args.nodes as u64),
+                    ),
+                )?
+            }
         };
         let n = placement.nodes.len();
         let cluster = LocalCluster::start(LaunchOptions {
             model: model_path.to_path_buf(),
             placement,
-            threads_per_node: args.node_threads,
+            threads_per_node: args.node_threads.or(local_node_threads(n, &numa_layout(n))),
             numa: numa_layout(n),
             auth_token_file: args.auth_token_file.clone(),
             tls: node_tls,
@@ -326,11 +399,13 @@ mod tests {
             n_experts: 8,
             expert_bytes: 1000,
         };
-        let shared = default_placement(3, &shape, false).expect("unpinned");
-        let split = default_placement(3, &shape, true).expect("pinned");
+        let shared = default_placement(3, &shape, false, false).expect("unpinned");
+        let split = default_placement(3, &shape, true, false).expect("pinned");
+        let resident = default_placement(3, &shape, false, true).expect("unpinned, fits");
         for &l in &shape.moe_layers {
             for e in 0..shape.n_experts {
                 assert_eq!(shared.replicas(l, e), &[0, 1, 2], "layer {l} expert {e}");
+                assert_eq!(resident.replicas(l, e), &[0, 1, 2], "layer {l} expert {e}");
                 assert_eq!(split.replicas(l, e), &[e % 3], "layer {l} expert {e}");
                 for n in 0..3 {
                     assert!(!shared.is_resident(l, e, n), "shared copies stay mapped");
@@ -340,6 +415,7 @@ mod tests {
         }
         // Mapped copies take none of the nodes' memory budgets; resident ones split the experts.
         assert_eq!(shared.resident_bytes(1000), vec![0, 0, 0]);
+        assert_eq!(resident.resident_bytes(1000), vec![24000, 24000, 24000]);
         assert_eq!(split.resident_bytes(1000), vec![9000, 9000, 6000]);
         assert_eq!(
             shared
@@ -349,5 +425,18 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["node0", "node1", "node2"]
         );
+    }
+
+    #[test]
+    fn unpinned_local_nodes_split_the_cores() {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        assert_eq!(
+            local_node_threads(2, &[0, 1]),
+            None,
+            "pinned: the node decides"
+        );
+        assert_eq!(local_node_threads(1, &[]), Some(cores));
+        assert_eq!(local_node_threads(2, &[]), Some((cores / 2).max(1)));
+        assert_eq!(local_node_threads(cores + 5, &[]), Some(1), "never zero");
     }
 }
