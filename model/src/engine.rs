@@ -333,8 +333,8 @@ impl Engine {
         Ok(toks)
     }
 
-    /// One step; with `hot_phases` the attention blocks and the output head each run inside
-    /// [`hot`] (the step as a whole is not).
+    /// One step; with `hot_phases` the attention blocks, the routers and the output head each
+    /// run inside [`hot`] (the step as a whole is not).
     fn run(
         &mut self,
         batch: &[BatchToken],
@@ -404,6 +404,7 @@ impl Engine {
                         &*self.backend,
                         self.observer.as_deref(),
                         p,
+                        hot_phases,
                         &mut y,
                     )?;
                     prof.router += step.router.as_secs_f64();

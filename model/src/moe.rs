@@ -99,6 +99,8 @@ pub struct MoeStep {
 }
 
 /// Routed experts of layer `il` for n normalised rows `h`, summed with their weights into `out`.
+/// With `hot_router` the router's GEMM runs inside [`crate::hot::hot`] (the engine's step is not
+/// hot as a whole because the experts run elsewhere, and a parked worker costs a wake-up).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_ffn(
     c: &ModelConfig,
@@ -109,6 +111,7 @@ pub fn moe_ffn(
     backend: &dyn ExpertBackend,
     observer: Option<&dyn RouteObserver>,
     pool: Option<&ThreadPool>,
+    hot_router: bool,
     out: &mut [f32],
 ) -> Result<MoeStep, ModelError> {
     let e = c.n_embd;
@@ -116,9 +119,17 @@ pub fn moe_ffn(
     let used = c.n_expert_used;
     let mut logits = vec![0.0f32; n * ne];
     let t_router = std::time::Instant::now();
-    match &mw.gate_inp_packed {
-        Some(packed) => packed.gemm(&h[..n * e], n, &mut logits, pool)?,
-        None => matmul(&mw.gate_inp, 0, h, n, &mut logits, pool)?,
+    let mut gemm = || -> Result<(), ModelError> {
+        match &mw.gate_inp_packed {
+            Some(packed) => packed.gemm(&h[..n * e], n, &mut logits, pool)?,
+            None => matmul(&mw.gate_inp, 0, h, n, &mut logits, pool)?,
+        }
+        Ok(())
+    };
+    if hot_router {
+        crate::hot::hot(gemm)?;
+    } else {
+        gemm()?;
     }
     let router = t_router.elapsed();
     let mut pairs = Vec::with_capacity(n * used);
