@@ -7,7 +7,8 @@
 //! thread. Here the coordinator writes the same request a `ComputeRequest` carries into a file
 //! in `/dev/shm` that both processes map and wakes the node's link thread with a futex on the
 //! region's request counter; that thread computes and wakes the coordinator with a futex on the
-//! response counter: two wake-ups per call. The gRPC stream stays open beside it: the region is
+//! response counter: two wake-ups per call. The region's pages are reserved when it is created
+//! (so a full `/dev/shm` fails the attach, and the stream is used, instead of faulting later). The gRPC stream stays open beside it: the region is
 //! handed over with the `AttachShm` call, control calls keep using gRPC, and requests that do not
 //! fit the region go over the stream.
 //!
@@ -237,6 +238,20 @@ impl ShmClient {
         file.set_len(size as u64)
             .map_err(io("sizing"))
             .map_err(cleanup)?;
+        // Reserve the pages now: a store into a tmpfs page that cannot be allocated later (a
+        // full or small /dev/shm, as containers often have) would be a SIGBUS, not an error.
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::io::AsRawFd;
+            // SAFETY: a valid open descriptor and a range inside the file's length.
+            let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
+            if r != 0 {
+                return Err(cleanup(ShmError::Io {
+                    what: format!("reserving {size} bytes for {}", path.display()),
+                    source: std::io::Error::from_raw_os_error(r),
+                }));
+            }
+        }
         let map = MmapRaw::map_raw(&file)
             .map_err(io("mapping"))
             .map_err(cleanup)?;
