@@ -207,10 +207,7 @@ impl NodeService {
             })
             .map_err(status_of_store)?
             .map_err(status_of_expert)?;
-        let mut bytes = Vec::with_capacity(out.len() * 4);
-        for v in out {
-            bytes.extend_from_slice(&v.to_le_bytes());
-        }
+        let bytes = nightshift_proto::f32s_to_le_bytes(&out);
         Ok(bytes)
     }
 

@@ -21,3 +21,50 @@ pub const PROTOCOL_HEADER: &str = "x-nightshift-protocol";
 pub const FINGERPRINT_HEADER: &str = "x-nightshift-fingerprint";
 /// Metadata key carrying the optional shared auth token (`Bearer <token>` in `authorization`).
 pub const AUTH_HEADER: &str = "authorization";
+
+/// The wire form of expert outputs: little-endian f32 (a plain copy on little-endian machines).
+pub fn f32s_to_le_bytes(v: &[f32]) -> Vec<u8> {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: any f32 is 4 initialised bytes; on a little-endian machine those are the
+        // little-endian encoding.
+        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+            .to_vec()
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+}
+
+/// Decodes little-endian f32 `src` into `dst` (`src.len()` must be `4 * dst.len()`).
+pub fn le_bytes_to_f32s(src: &[u8], dst: &mut [f32]) {
+    assert_eq!(src.len(), 4 * dst.len(), "expected 4 bytes per float");
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: lengths checked above; every bit pattern is a valid f32; the buffers are
+        // distinct (one is borrowed shared, the other mutably).
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr() as *mut u8, src.len())
+        }
+    }
+    #[cfg(not(target_endian = "little"))]
+    for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+}
+
+#[cfg(test)]
+mod wire_tests {
+    #[test]
+    fn outputs_encode_little_endian_and_round_trip() {
+        let v = [1.0f32, -2.5, f32::MIN_POSITIVE, f32::NAN, 0.0, -0.0, 3.25e7];
+        let b = super::f32s_to_le_bytes(&v);
+        assert_eq!(&b[..8], &[0, 0, 0x80, 0x3f, 0, 0, 0x20, 0xc0]);
+        let mut back = [0f32; 7];
+        super::le_bytes_to_f32s(&b, &mut back);
+        for (x, y) in v.iter().zip(&back) {
+            assert_eq!(x.to_bits(), y.to_bits());
+        }
+    }
+}

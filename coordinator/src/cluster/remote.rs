@@ -815,12 +815,10 @@ impl ExpertBackend for RemoteExperts {
                     Ok(bytes) => {
                         for (j, &pi) in share.pair_idx.iter().enumerate() {
                             let src = &bytes[j * n_embd * 4..(j + 1) * n_embd * 4];
-                            for (d, b) in out[pi * n_embd..(pi + 1) * n_embd]
-                                .iter_mut()
-                                .zip(src.chunks_exact(4))
-                            {
-                                *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                            }
+                            nightshift_proto::le_bytes_to_f32s(
+                                src,
+                                &mut out[pi * n_embd..(pi + 1) * n_embd],
+                            );
                         }
                     }
                     Err(e) => {
