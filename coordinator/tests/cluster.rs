@@ -353,6 +353,87 @@ mod malformed {
         }
     }
 
+    /// Requests a node must answer with an error status (each a good one with one fault), and
+    /// the status.
+    fn bad_requests(model: &Model, layer: u32) -> Vec<(&'static str, ComputeRequest, tonic::Code)> {
+        let g = good(model, layer);
+        vec![
+            (
+                "wrong n_embd",
+                ComputeRequest {
+                    n_embd: g.n_embd + 1,
+                    ..g.clone()
+                },
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                "unknown act type",
+                ComputeRequest {
+                    act_type: 99,
+                    ..g.clone()
+                },
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                "truncated acts",
+                ComputeRequest {
+                    acts: g.acts[..g.acts.len() - 3].to_vec(),
+                    ..g.clone()
+                },
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                "row out of range",
+                ComputeRequest {
+                    rows: vec![5],
+                    ..g.clone()
+                },
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                "pairs mismatch",
+                ComputeRequest {
+                    rows: vec![0, 0],
+                    ..g.clone()
+                },
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                "expert not held",
+                ComputeRequest {
+                    experts: vec![1],
+                    ..g.clone()
+                },
+                tonic::Code::NotFound,
+            ),
+            (
+                "no such layer",
+                ComputeRequest {
+                    layer: 999,
+                    ..g.clone()
+                },
+                tonic::Code::NotFound,
+            ),
+            (
+                "wrong act type for layer",
+                ComputeRequest {
+                    act_type: 8,
+                    acts: vec![0; 34 * (g.n_embd as usize / 32)],
+                    ..g.clone()
+                },
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                "huge n_rows",
+                ComputeRequest {
+                    n_rows: u32::MAX,
+                    ..g.clone()
+                },
+                tonic::Code::InvalidArgument,
+            ),
+        ]
+    }
+
     #[test]
     fn bad_messages_get_error_statuses() {
         let path = data("tiny-qwen3moe-Q2_K.gguf");
@@ -397,82 +478,7 @@ mod malformed {
                     .unwrap(),
             );
             let mut inbound = client.compute(req).await.expect("stream").into_inner();
-            let g = good(&model, layer);
-            let cases: Vec<(&str, ComputeRequest, tonic::Code)> = vec![
-                (
-                    "wrong n_embd",
-                    ComputeRequest {
-                        n_embd: g.n_embd + 1,
-                        ..g.clone()
-                    },
-                    tonic::Code::InvalidArgument,
-                ),
-                (
-                    "unknown act type",
-                    ComputeRequest {
-                        act_type: 99,
-                        ..g.clone()
-                    },
-                    tonic::Code::InvalidArgument,
-                ),
-                (
-                    "truncated acts",
-                    ComputeRequest {
-                        acts: g.acts[..g.acts.len() - 3].to_vec(),
-                        ..g.clone()
-                    },
-                    tonic::Code::InvalidArgument,
-                ),
-                (
-                    "row out of range",
-                    ComputeRequest {
-                        rows: vec![5],
-                        ..g.clone()
-                    },
-                    tonic::Code::InvalidArgument,
-                ),
-                (
-                    "pairs mismatch",
-                    ComputeRequest {
-                        rows: vec![0, 0],
-                        ..g.clone()
-                    },
-                    tonic::Code::InvalidArgument,
-                ),
-                (
-                    "expert not held",
-                    ComputeRequest {
-                        experts: vec![1],
-                        ..g.clone()
-                    },
-                    tonic::Code::NotFound,
-                ),
-                (
-                    "no such layer",
-                    ComputeRequest {
-                        layer: 999,
-                        ..g.clone()
-                    },
-                    tonic::Code::NotFound,
-                ),
-                (
-                    "wrong act type for layer",
-                    ComputeRequest {
-                        act_type: 8,
-                        acts: vec![0; 34 * (g.n_embd as usize / 32)],
-                        ..g.clone()
-                    },
-                    tonic::Code::InvalidArgument,
-                ),
-                (
-                    "huge n_rows",
-                    ComputeRequest {
-                        n_rows: u32::MAX,
-                        ..g.clone()
-                    },
-                    tonic::Code::InvalidArgument,
-                ),
-            ];
+            let cases = bad_requests(&model, layer);
             for (i, (what, mut bad, code)) in cases.into_iter().enumerate() {
                 bad.request_id = 100 + i as u64;
                 tx.send(bad).await.expect("send");
@@ -564,48 +570,10 @@ mod malformed {
         let _ = std::fs::remove_file(&garbage);
         region.unlink();
         let g = good(&model, layer);
-        let cases: Vec<(&str, ComputeRequest, tonic::Code)> = vec![
-            (
-                "wrong n_embd",
-                ComputeRequest {
-                    n_embd: g.n_embd + 1,
-                    ..g.clone()
-                },
-                tonic::Code::InvalidArgument,
-            ),
-            (
-                "truncated acts",
-                ComputeRequest {
-                    acts: g.acts[..g.acts.len() - 3].to_vec(),
-                    ..g.clone()
-                },
-                tonic::Code::InvalidArgument,
-            ),
-            (
-                "row out of range",
-                ComputeRequest {
-                    rows: vec![5],
-                    ..g.clone()
-                },
-                tonic::Code::InvalidArgument,
-            ),
-            (
-                "expert not held",
-                ComputeRequest {
-                    experts: vec![1],
-                    ..g.clone()
-                },
-                tonic::Code::NotFound,
-            ),
-            (
-                "huge n_rows",
-                ComputeRequest {
-                    n_rows: u32::MAX,
-                    ..g.clone()
-                },
-                tonic::Code::InvalidArgument,
-            ),
-        ];
+        let mut cases = bad_requests(&model, layer);
+        // The client refuses to post this one: it never reaches the node.
+        let uneven = cases.remove(cases.iter().position(|c| c.0 == "pairs mismatch").unwrap());
+        assert!(region.post(&shm_of(&uneven.1)).is_err());
         let deadline = || Instant::now() + Duration::from_secs(10);
         for (i, (what, mut bad, code)) in cases.into_iter().enumerate() {
             bad.request_id = 200 + i as u64;

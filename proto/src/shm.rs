@@ -297,10 +297,17 @@ impl ShmClient {
         if r.closed() != 0 {
             return Err(ShmError::Closed);
         }
-        if self.pending.is_some() || req.experts.len() != req.rows.len() {
+        if self.pending.is_some() {
             return Err(ShmError::Malformed(
                 "a request is already outstanding".into(),
             ));
+        }
+        if req.experts.len() != req.rows.len() {
+            return Err(ShmError::Malformed(format!(
+                "{} experts for {} rows",
+                req.experts.len(),
+                req.rows.len()
+            )));
         }
         if !self.fits(req.experts.len(), req.acts.len(), req.n_embd as usize) {
             return Err(ShmError::TooLarge);
