@@ -16,8 +16,9 @@ use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
 use nightshift_proto::v1::AttachShmRequest;
 use tonic::transport::Channel;
 
+use super::call::{finish_call, share_request, Share, Timed};
 use super::errors::status_chain;
-use super::{finish_call, handshake, lock, share_request, LinkState, Share, Shared, Timed};
+use super::{handshake, lock, LinkState, Shared};
 
 /// An attached region and who is using it.
 pub(in crate::cluster) struct ShmLink {

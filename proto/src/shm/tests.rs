@@ -1,0 +1,176 @@
+//! Tests of the shared-memory link: both ends in one process, threads as the peers.
+
+use super::*;
+
+fn dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ns-shm-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn request(id: u64, n: usize) -> ShmRequest {
+    ShmRequest {
+        request_id: id,
+        layer: 3,
+        act_type: 15,
+        n_rows: 2,
+        n_embd: 8,
+        acts: (0..100).map(|i| i as u8).collect(),
+        experts: (0..n as u32).map(|e| e * 7).collect(),
+        rows: (0..n as u32).map(|e| e % 2).collect(),
+    }
+}
+
+#[test]
+fn requests_and_answers_cross_between_threads() {
+    let d = dir();
+    let mut client = ShmClient::create_in(&d, 8192, 8192).unwrap();
+    let mut server = ShmServer::open_in(&d, client.path()).unwrap();
+    client.unlink();
+    assert!(!client.path().exists());
+    let node = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        while let Ok(m) = server.next(Duration::from_secs(5)) {
+            let Some(Incoming::Request(req)) = m else {
+                panic!("expected a request, got {m:?}");
+            };
+            let reply = if req.layer == 99 {
+                ShmReply::Error {
+                    code: 5,
+                    message: "no such layer".into(),
+                }
+            } else {
+                ShmReply::Outputs(req.experts.iter().flat_map(|e| e.to_le_bytes()).collect())
+            };
+            server.reply(req.request_id, &reply);
+            seen.push(req);
+        }
+        seen
+    });
+    let mut sent = Vec::new();
+    for i in 0..50u64 {
+        let mut req = request(i, 1 + i as usize % 5);
+        if i == 7 {
+            req.layer = 99;
+        }
+        client.post(&req).unwrap();
+        let got = client
+            .wait(Instant::now() + Duration::from_secs(5), &mut || true)
+            .unwrap();
+        let want = if i == 7 {
+            ShmReply::Error {
+                code: 5,
+                message: "no such layer".into(),
+            }
+        } else {
+            ShmReply::Outputs(req.experts.iter().flat_map(|e| e.to_le_bytes()).collect())
+        };
+        assert_eq!(got, want, "request {i}");
+        sent.push(req);
+    }
+    drop(client);
+    let seen = node.join().unwrap();
+    assert_eq!(seen, sent, "the node saw every request exactly as posted");
+}
+
+#[test]
+fn waits_end_at_the_deadline_at_a_dead_peer_and_at_close() {
+    let d = dir();
+    let mut client = ShmClient::create_in(&d, 4096, 4096).unwrap();
+    let server = ShmServer::open_in(&d, client.path()).unwrap();
+    client.post(&request(1, 2)).unwrap();
+    let t = Instant::now();
+    let r = client.wait(t + Duration::from_millis(60), &mut || true);
+    assert!(matches!(r, Err(ShmError::Deadline(_))), "{r:?}");
+    assert!(t.elapsed() >= Duration::from_millis(60));
+    let r = client.wait(Instant::now() + Duration::from_secs(5), &mut || false);
+    assert!(matches!(r, Err(ShmError::PeerGone)), "{r:?}");
+    let t = Instant::now();
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        drop(server);
+    });
+    let r = client.wait(Instant::now() + Duration::from_secs(5), &mut || true);
+    assert!(matches!(r, Err(ShmError::Closed)), "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(2));
+    closer.join().unwrap();
+    assert!(matches!(client.post(&request(2, 1)), Err(ShmError::Closed)));
+}
+
+#[test]
+fn sizes_beyond_the_region_are_refused_or_reported() {
+    let d = dir();
+    let mut client = ShmClient::create_in(&d, 4096, 4096).unwrap();
+    let mut server = ShmServer::open_in(&d, client.path()).unwrap();
+    assert!(client.fits(4, 2000, 8));
+    assert!(!client.fits(4, 4096, 8), "request area");
+    assert!(!client.fits(200, 0, 8), "response area");
+    assert!(!client.fits(usize::MAX / 2, 0, 8), "overflow");
+    let mut big = request(1, 2);
+    big.acts = vec![0; 5000];
+    assert!(matches!(client.post(&big), Err(ShmError::TooLarge)));
+    // A writer that ignores the capacities: the node reports it instead of reading past
+    // the region.
+    client.post(&request(2, 2)).unwrap();
+    client.region.set(OFF_REQ + 8 + 16, u32::MAX); // n_pairs
+    match server.next(Duration::from_secs(1)).unwrap() {
+        Some(Incoming::Malformed { request_id, reason }) => {
+            assert_eq!(request_id, 2);
+            assert!(reason.contains("exceed the request area"), "{reason}");
+        }
+        other => panic!("expected Malformed, got {other:?}"),
+    }
+    server.reply(
+        2,
+        &ShmReply::Outputs(vec![0; 5000]), // larger than the response area
+    );
+    let r = client
+        .wait(Instant::now() + Duration::from_secs(1), &mut || true)
+        .unwrap();
+    assert!(matches!(r, ShmReply::Error { code: 8, .. }), "{r:?}");
+}
+
+#[test]
+fn the_node_refuses_regions_it_should_not_map() {
+    let d = dir();
+    let other = d.join("sub");
+    std::fs::create_dir_all(&other).unwrap();
+    let refused = |p: &Path| match ShmServer::open_in(&d, p) {
+        Err(ShmError::Refused { reason, .. }) => reason,
+        Err(e) => panic!("{}: expected Refused, got {e}", p.display()),
+        Ok(_) => panic!("{}: expected Refused, got a server", p.display()),
+    };
+    // Outside the directory, or another name.
+    let elsewhere = ShmClient::create_in(&other, 4096, 4096).unwrap();
+    assert!(refused(elsewhere.path()).contains("directly in"));
+    let wrong_name = d.join("other-file");
+    std::fs::write(&wrong_name, vec![0u8; 16384]).unwrap();
+    assert!(refused(&wrong_name).contains("named"));
+    // Missing, garbage, truncated, symlinked.
+    assert!(refused(&d.join(format!("{SHM_PREFIX}missing"))).contains("open"));
+    let garbage = d.join(format!("{SHM_PREFIX}garbage"));
+    std::fs::write(&garbage, vec![0xABu8; 16384]).unwrap();
+    assert!(refused(&garbage).contains("bad magic"));
+    let tiny = d.join(format!("{SHM_PREFIX}tiny"));
+    std::fs::write(&tiny, b"NSSHMv01").unwrap();
+    assert!(refused(&tiny).contains("out of range"));
+    let good = ShmClient::create_in(&d, 4096, 4096).unwrap();
+    let bytes = std::fs::read(good.path()).unwrap();
+    let cut = d.join(format!("{SHM_PREFIX}cut"));
+    std::fs::write(&cut, &bytes[..bytes.len() - 4096]).unwrap();
+    assert!(refused(&cut).contains("header says"));
+    #[cfg(unix)]
+    {
+        let link = d.join(format!("{SHM_PREFIX}link"));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(good.path(), &link).unwrap();
+        assert!(refused(&link).contains("open"));
+    }
+    // A creator that is gone.
+    let mut dead = bytes.clone();
+    dead[OFF_CLIENT_PID..OFF_CLIENT_PID + 4].copy_from_slice(&(i32::MAX as u32).to_ne_bytes());
+    let orphan = d.join(format!("{SHM_PREFIX}orphan"));
+    std::fs::write(&orphan, dead).unwrap();
+    assert!(refused(&orphan).contains("not running"));
+    assert!(ShmServer::open_in(&d, good.path()).is_ok());
+}
