@@ -330,7 +330,7 @@ fn node_with_another_model_is_refused() {
 
 mod malformed {
     use super::*;
-    use nightshift_proto::shm::{ShmClient, ShmReply, ShmRequest};
+    use nightshift_proto::shm::{ShmClient, ShmReply};
     use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
     use nightshift_proto::v1::{compute_response, AttachShmRequest, ComputeRequest};
     use nightshift_proto::{FINGERPRINT_HEADER, PROTOCOL_HEADER};
@@ -505,19 +505,6 @@ mod malformed {
             }
         });
     }
-    fn shm_of(r: &ComputeRequest) -> ShmRequest {
-        ShmRequest {
-            request_id: r.request_id,
-            layer: r.layer,
-            act_type: r.act_type,
-            n_rows: r.n_rows,
-            n_embd: r.n_embd,
-            acts: r.acts.clone(),
-            experts: r.experts.clone(),
-            rows: r.rows.clone(),
-        }
-    }
-
     #[test]
     fn bad_regions_and_bad_shared_memory_requests_get_errors() {
         let path = data("tiny-qwen3moe-Q2_K.gguf");
@@ -573,11 +560,11 @@ mod malformed {
         let mut cases = bad_requests(&model, layer);
         // The client refuses to post this one: it never reaches the node.
         let uneven = cases.remove(cases.iter().position(|c| c.0 == "pairs mismatch").unwrap());
-        assert!(region.post(&shm_of(&uneven.1)).is_err());
+        assert!(region.post(&uneven.1).is_err());
         let deadline = || Instant::now() + Duration::from_secs(10);
         for (i, (what, mut bad, code)) in cases.into_iter().enumerate() {
             bad.request_id = 200 + i as u64;
-            region.post(&shm_of(&bad)).expect("post");
+            region.post(&bad).expect("post");
             match region.wait(deadline(), &mut || true).expect(what) {
                 ShmReply::Error { code: c, message } => {
                     assert_eq!(c, code as i32, "{what}: {message}")
@@ -586,7 +573,7 @@ mod malformed {
             }
         }
         // The link still serves, with the same bits as the stream.
-        region.post(&shm_of(&g)).expect("post");
+        region.post(&g).expect("post");
         let ShmReply::Outputs(via_shm) = region.wait(deadline(), &mut || true).expect("good")
         else {
             panic!("good request failed after bad ones");

@@ -207,8 +207,7 @@ impl NodeService {
             })
             .map_err(status_of_store)?
             .map_err(status_of_expert)?;
-        let bytes = nightshift_proto::f32s_to_le_bytes(&out);
-        Ok(bytes)
+        Ok(nightshift_proto::f32s_to_le_bytes(&out))
     }
 
     fn check_handshake<T>(&self, req: &Request<T>) -> Result<(), Status> {
@@ -489,20 +488,9 @@ impl Link {
                 Incoming::Malformed { request_id, reason } => {
                     (request_id, Err(Status::invalid_argument(reason)))
                 }
-                Incoming::Request(r) => {
+                Incoming::Request(msg) => {
                     self.in_flight.fetch_add(1, Ordering::Relaxed);
-                    let id = r.request_id;
-                    let msg = ComputeRequest {
-                        request_id: id,
-                        step_id: 0,
-                        layer: r.layer,
-                        act_type: r.act_type,
-                        n_rows: r.n_rows,
-                        n_embd: r.n_embd,
-                        acts: r.acts,
-                        experts: r.experts,
-                        rows: r.rows,
-                    };
+                    let id = msg.request_id;
                     let out = NodeService::handle(&self.store, pool, self.n_embd, msg);
                     self.in_flight.fetch_sub(1, Ordering::Relaxed);
                     (id, out)

@@ -41,6 +41,8 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
 
+use crate::v1::ComputeRequest;
+
 /// Where regions are created; the node refuses paths elsewhere.
 pub const SHM_DIR: &str = "/dev/shm";
 /// File name prefix of a region; the node refuses other names.
@@ -161,19 +163,6 @@ fn from_u32s(b: &[u8]) -> Vec<u32> {
         .collect()
 }
 
-/// One layer call, as a `ComputeRequest` carries it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShmRequest {
-    pub request_id: u64,
-    pub layer: u32,
-    pub act_type: u32,
-    pub n_rows: u32,
-    pub n_embd: u32,
-    pub acts: Vec<u8>,
-    pub experts: Vec<u32>,
-    pub rows: Vec<u32>,
-}
-
 /// A node's answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ShmReply {
@@ -292,7 +281,7 @@ impl ShmClient {
 
     /// Writes `req` into the region and wakes the node. One request at a time: a second post
     /// before the answer to the first is an error.
-    pub fn post(&mut self, req: &ShmRequest) -> Result<(), ShmError> {
+    pub fn post(&mut self, req: &ComputeRequest) -> Result<(), ShmError> {
         let r = &self.region;
         if r.closed() != 0 {
             return Err(ShmError::Closed);
@@ -407,12 +396,10 @@ impl Drop for ShmClient {
 /// What the node found in the request area.
 #[derive(Debug)]
 pub enum Incoming {
-    Request(ShmRequest),
+    /// The request as the stream would carry it (`step_id` is not carried: 0).
+    Request(ComputeRequest),
     /// Lengths that do not fit the region: answer `request_id` with an error.
-    Malformed {
-        request_id: u64,
-        reason: String,
-    },
+    Malformed { request_id: u64, reason: String },
 }
 
 /// The node's end: maps a region the coordinator created, takes requests, writes answers.
@@ -563,8 +550,9 @@ impl ShmServer {
                 }
             }
         }
-        Incoming::Request(ShmRequest {
+        Incoming::Request(ComputeRequest {
             request_id,
+            step_id: 0,
             layer: f[0],
             act_type: f[1],
             n_rows: f[2],

@@ -8,9 +8,10 @@ fn dir() -> PathBuf {
     d
 }
 
-fn request(id: u64, n: usize) -> ShmRequest {
-    ShmRequest {
+fn request(id: u64, n: usize) -> ComputeRequest {
+    ComputeRequest {
         request_id: id,
+        step_id: 0,
         layer: 3,
         act_type: 15,
         n_rows: 2,

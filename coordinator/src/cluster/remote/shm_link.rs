@@ -11,14 +11,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use nightshift_model::{ActRows, ExpertPair};
-use nightshift_proto::shm::{ShmClient, ShmReply, ShmRequest};
+use nightshift_proto::shm::{ShmClient, ShmReply};
 use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
 use nightshift_proto::v1::AttachShmRequest;
 use tonic::transport::Channel;
 
 use super::call::{finish_call, share_request, Share, Timed};
 use super::errors::status_chain;
-use super::{handshake, lock, LinkState, Shared};
+use super::{handshake, lock, LinkState, NodeLink, Shared};
 
 /// An attached region and who is using it.
 pub(in crate::cluster) struct ShmLink {
@@ -52,8 +52,10 @@ pub(super) async fn attach(
     })
 }
 
-/// A share posted to a node's region, to be collected with [`wait`].
-pub(super) struct Posted {
+/// A share posted to a node's region, to be collected with [`wait`]. Dropping it (collected or
+/// not) frees the region for the next call and takes its work off the node's in-flight count.
+pub(super) struct Posted<'a> {
+    node: &'a NodeLink,
     share: Share,
     link: Arc<ShmLink>,
     generation: u64,
@@ -61,20 +63,23 @@ pub(super) struct Posted {
     started: Instant,
 }
 
-impl Drop for Posted {
+impl Drop for Posted<'_> {
     fn drop(&mut self) {
+        self.node
+            .outstanding
+            .fetch_sub(self.share.cost, Ordering::Relaxed);
         self.link.busy.store(false, Ordering::Release);
     }
 }
 
 /// Posts `share` through its node's region, or gives it back for the stream.
-pub(super) fn post(
-    s: &Shared,
+pub(super) fn post<'a>(
+    s: &'a Shared,
     layer: usize,
     acts: &ActRows,
     pairs: &[ExpertPair],
     share: Share,
-) -> Result<Posted, Share> {
+) -> Result<Posted<'a>, Share> {
     let node = &s.nodes[share.node];
     let (link, generation) = match &*lock(&node.state) {
         LinkState::Up(c) => match &c.shm {
@@ -93,16 +98,6 @@ pub(super) fn post(
     }
     let req = share_request(s, layer, acts, pairs, &share);
     let bytes_out = req.acts.len() + 8 * req.experts.len();
-    let req = ShmRequest {
-        request_id: req.request_id,
-        layer: req.layer,
-        act_type: req.act_type,
-        n_rows: req.n_rows,
-        n_embd: req.n_embd,
-        acts: req.acts,
-        experts: req.experts,
-        rows: req.rows,
-    };
     let started = Instant::now();
     if let Err(e) = lock(&link.client).post(&req) {
         tracing::debug!(node = %node.name, "shared-memory post failed, using the stream: {e}");
@@ -111,6 +106,7 @@ pub(super) fn post(
     }
     node.outstanding.fetch_add(share.cost, Ordering::Relaxed);
     Ok(Posted {
+        node,
         share,
         link,
         generation,
@@ -121,15 +117,14 @@ pub(super) fn post(
 
 /// Waits for a posted share's outputs under the call deadline; a node whose stream died in the
 /// meantime fails the wait within milliseconds.
-pub(super) fn wait(s: &Shared, mut p: Posted) -> Timed {
-    let node = &s.nodes[p.share.node];
+pub(super) fn wait(s: &Shared, mut p: Posted<'_>) -> Timed {
+    let node = p.node;
     let deadline = p.started + s.opts.deadline;
     let generation = p.generation;
     let mut alive =
         || matches!(&*lock(&node.state), LinkState::Up(c) if c.generation == generation);
     let reply = lock(&p.link.client).wait(deadline, &mut alive);
     let elapsed = p.started.elapsed();
-    node.outstanding.fetch_sub(p.share.cost, Ordering::Relaxed);
     let result = match reply {
         Ok(ShmReply::Outputs(b)) => Ok(b),
         Ok(ShmReply::Error { message, .. }) => Err(format!("node error: {message}")),
