@@ -334,11 +334,12 @@ pub fn build(
             }
         };
         let n = placement.nodes.len();
+        let numa = numa_layout(n);
         let cluster = LocalCluster::start(LaunchOptions {
             model: model_path.to_path_buf(),
             placement,
-            threads_per_node: args.node_threads.or(local_node_threads(n, &numa_layout(n))),
-            numa: numa_layout(n),
+            threads_per_node: args.node_threads.or(local_node_threads(n, &numa)),
+            numa,
             auth_token_file: args.auth_token_file.clone(),
             tls: node_tls,
             exe: None,
