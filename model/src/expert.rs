@@ -345,6 +345,78 @@ pub fn run_grouped<'a>(
     Ok(())
 }
 
+/// The expert groups of `pairs` (all pairs routed to one expert), in the order their experts
+/// first appear, each as (expert, indices into `pairs` ascending).
+pub fn expert_groups(pairs: &[ExpertPair]) -> Vec<(u32, Vec<u32>)> {
+    let mut at: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+    let mut groups: Vec<(u32, Vec<u32>)> = Vec::new();
+    for (i, p) in pairs.iter().enumerate() {
+        let g = *at.entry(p.expert).or_insert_with(|| {
+            groups.push((p.expert, Vec::new()));
+            groups.len() - 1
+        });
+        groups[g].1.push(i as u32);
+    }
+    groups
+}
+
+/// Computes the expert groups of `pairs` ([`expert_groups`]) that `claim` hands out (it returns
+/// the next group index, or `None` when there are no more for this caller), each group as one
+/// GEMM, on `pool`'s threads taking groups side by side (or on this thread). Returns the pairs
+/// computed (indices into `pairs`, group after group) and their outputs, one `n_embd` row each
+/// in the same order. Every output is what [`run_grouped`] gives for that pair: a pair's row
+/// depends only on its expert and activation row.
+pub fn run_claimed<'a>(
+    weights: impl Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>,
+    acts: &ActRows,
+    pairs: &[ExpertPair],
+    n_embd: usize,
+    pool: Option<&ThreadPool>,
+    claim: &(dyn Fn() -> Option<usize> + Sync),
+) -> Result<(Vec<u32>, Vec<f32>), ExpertError> {
+    let groups = expert_groups(pairs);
+    // Resolved on this thread (`weights` need not be shareable), before any group is taken:
+    // a missing expert fails the call without taking work from other takers.
+    let mut resolved = Vec::with_capacity(groups.len());
+    for (e, idx) in &groups {
+        let w = weights(*e)?;
+        if w.n_embd != n_embd {
+            return Err(ExpertError::Shape(format!(
+                "expected experts of width {n_embd}, found {}",
+                w.n_embd
+            )));
+        }
+        resolved.push((w, idx));
+    }
+    let take = || -> Result<(Vec<u32>, Vec<f32>), ExpertError> {
+        let (mut done, mut out) = (Vec::new(), Vec::new());
+        while let Some(g) = claim() {
+            let Some((w, idx)) = resolved.get(g) else {
+                break;
+            };
+            let rows: Vec<u32> = idx.iter().map(|&i| pairs[i as usize].row).collect();
+            let start = out.len();
+            out.resize(start + rows.len() * n_embd, 0.0);
+            expert_ffn(w, acts, &rows, &mut out[start..], None)?;
+            done.extend_from_slice(idx);
+        }
+        Ok((done, out))
+    };
+    match pool {
+        Some(p) if p.current_num_threads() > 1 => {
+            let parts = p.broadcast(|_| take());
+            let (mut done, mut out) = (Vec::new(), Vec::new());
+            for part in parts {
+                let (d, o) = part?;
+                done.extend(d);
+                out.extend(o);
+            }
+            Ok((done, out))
+        }
+        _ => take(),
+    }
+}
+
 impl ExpertBackend for LocalExperts {
     fn run_experts(
         &self,

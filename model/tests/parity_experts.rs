@@ -1,11 +1,14 @@
 //! The expert seam: `expert_ffn` gives the same bits whether rows come batched or one at a time,
 //! whatever the activation type shipped (Q8_K or F32), and `LocalExperts` returns one row per pair
 //! in pair order; `ExpertWeights::from_gguf` (what an expert node uses) sees the same bytes as the
-//! engine's model. Bad requests are errors, never panics.
+//! engine's model. `run_claimed` (the expert groups a node takes one by one in a shared call)
+//! hands out each group once and gives the same bits as `run_grouped` for every pair. Bad
+//! requests are errors, never panics.
 
 use nightshift_kernels::GgmlType;
 use nightshift_model::expert::{
-    expert_ffn, ActRows, ExpertBackend, ExpertPair, ExpertWeights, LocalExperts,
+    expert_ffn, expert_groups, run_claimed, run_grouped, ActRows, ExpertBackend, ExpertPair,
+    ExpertWeights, LocalExperts,
 };
 
 mod fixture_util;
@@ -74,6 +77,111 @@ fn local_experts_return_rows_in_pair_order() {
         expert_ffn(&w, &a, &[p.row], &mut one, None).expect("single");
         assert_eq!(&out[i * e..(i + 1) * e], &one[..], "pair {i} ({p:?})");
     }
+}
+
+#[test]
+fn expert_groups_follow_first_appearance() {
+    let pairs = [(5u32, 2u32), (0, 0), (5, 0), (15, 1), (0, 2), (7, 1)]
+        .map(|(expert, row)| ExpertPair { expert, row });
+    assert_eq!(
+        expert_groups(&pairs),
+        vec![
+            (5, vec![0, 2]),
+            (0, vec![1, 4]),
+            (15, vec![3]),
+            (7, vec![5])
+        ]
+    );
+    assert!(expert_groups(&[]).is_empty());
+}
+
+/// Two takers (this thread alternating, or a 2-thread pool side by side) split the groups of a
+/// call through one counter: together they answer each pair once, with `run_grouped`'s bits.
+#[test]
+fn claimed_groups_are_answered_once_with_the_same_bits() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let m = model("tiny-deepseek2-Q5_K_M.gguf");
+    let e = m.config().n_embd;
+    let layer = 1;
+    let ty = m.expert_act_type(layer).expect("moe layer");
+    let a = ActRows::quantize(ty, &acts(4, e), e).expect("quantize");
+    let pairs = [
+        (5u32, 2u32),
+        (0, 0),
+        (5, 0),
+        (15, 1),
+        (0, 2),
+        (7, 1),
+        (5, 3),
+        (9, 3),
+    ]
+    .map(|(expert, row)| ExpertPair { expert, row });
+    let mut want = vec![0.0f32; pairs.len() * e];
+    run_grouped(
+        |x| m.expert_weights(layer, x),
+        &a,
+        &pairs,
+        e,
+        &mut want,
+        None,
+    )
+    .expect("grouped");
+    let groups = expert_groups(&pairs).len();
+    let pool = nightshift_model::build_pool(2).expect("pool");
+    for (what, pool) in [("one thread", None), ("two threads", Some(&*pool))] {
+        let next = AtomicUsize::new(0);
+        // Two takers share the counter: the first stops after 2 groups, the second takes the rest.
+        let limit = AtomicUsize::new(2);
+        let claim = || {
+            if limit
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_sub(1))
+                .is_err()
+            {
+                return None;
+            }
+            let g = next.fetch_add(1, Ordering::AcqRel);
+            (g < groups).then_some(g)
+        };
+        let first = run_claimed(|x| m.expert_weights(layer, x), &a, &pairs, e, pool, &claim)
+            .expect("first taker");
+        limit.store(usize::MAX, Ordering::Release);
+        let second = run_claimed(|x| m.expert_weights(layer, x), &a, &pairs, e, pool, &claim)
+            .expect("second taker");
+        assert_eq!(
+            first.0.len(),
+            5,
+            "{what}: the first two groups (experts 5, 0) hold 5 pairs"
+        );
+        let mut seen = vec![false; pairs.len()];
+        for (done, out) in [first, second] {
+            assert_eq!(out.len(), done.len() * e, "{what}");
+            for (j, &pi) in done.iter().enumerate() {
+                let pi = pi as usize;
+                assert!(
+                    !std::mem::replace(&mut seen[pi], true),
+                    "{what}: pair {pi} twice"
+                );
+                assert_eq!(
+                    &out[j * e..(j + 1) * e],
+                    &want[pi * e..(pi + 1) * e],
+                    "{what}: pair {pi}"
+                );
+            }
+        }
+        assert!(seen.iter().all(|&s| s), "{what}: every pair answered");
+    }
+    // An expert the caller cannot resolve fails the call before any group is taken.
+    let taken = AtomicUsize::new(0);
+    let claim = || Some(taken.fetch_add(1, Ordering::AcqRel));
+    let bad = [
+        ExpertPair { expert: 0, row: 0 },
+        ExpertPair {
+            expert: 9999,
+            row: 1,
+        },
+    ];
+    assert!(run_claimed(|x| m.expert_weights(layer, x), &a, &bad, e, None, &claim).is_err());
+    assert_eq!(taken.load(Ordering::Acquire), 0);
 }
 
 #[test]
