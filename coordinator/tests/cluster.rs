@@ -8,47 +8,16 @@
 
 mod support;
 
+use support::cluster::{assert_bits_equal, explicit, generate, launch, nodes, PROMPT};
 use support::engine;
 use support::fixture as data;
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nightshift_atlas::placement::{LayerPlacement, NodeSpec, Placement};
-use nightshift_coordinator::cluster::{
-    model_shape, LaunchOptions, LocalCluster, RemoteExperts, RemoteOptions,
-};
-use nightshift_model::{BatchToken, Engine, ExpertBackend, LocalExperts, Model};
-
-/// `nightshift-expert-node` in this test's profile (built once if needed).
-fn node_binary() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| support::workspace_bin("nightshift-expert-node", "nightshift-expert-node"))
-        .clone()
-}
-
-fn nodes(n: usize) -> Vec<NodeSpec> {
-    (0..n)
-        .map(|i| NodeSpec::named(format!("node{i}")))
-        .collect()
-}
-
-fn launch(model: &Path, placement: Placement) -> LocalCluster {
-    LocalCluster::start(LaunchOptions {
-        model: model.to_path_buf(),
-        placement,
-        threads_per_node: Some(1),
-        numa: Vec::new(),
-        auth_token_file: None,
-        tls: None,
-        exe: Some(node_binary()),
-        work_dir: std::env::temp_dir().join(format!("nightshift-test-{}", std::process::id())),
-        start_timeout: Duration::from_secs(60),
-        node_log: "error".into(),
-    })
-    .expect("cluster starts")
-}
+use nightshift_atlas::placement::Placement;
+use nightshift_coordinator::cluster::{model_shape, LocalCluster, RemoteExperts, RemoteOptions};
+use nightshift_model::{ExpertBackend, LocalExperts, Model};
 
 fn remote(model: &Model, cluster: &LocalCluster, deadline: Duration) -> Arc<RemoteExperts> {
     remote_with(model, cluster, deadline, Transport::Shm)
@@ -99,55 +68,6 @@ fn local(model: &Arc<Model>) -> Arc<dyn ExpertBackend> {
     Arc::new(LocalExperts::new(model.clone(), None))
 }
 
-/// Prefill `prompt` as one batch then greedy-decode `n` tokens; returns every logits row.
-/// `on_step(i)` runs before decode step i (used to kill nodes mid-generation).
-fn generate(
-    e: &mut Engine,
-    prompt: &[u32],
-    n: usize,
-    mut on_step: impl FnMut(usize),
-) -> Result<Vec<Vec<f32>>, String> {
-    let seq = e.add_sequence().map_err(|e| e.to_string())?;
-    let batch: Vec<BatchToken> = prompt
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| BatchToken {
-            seq,
-            token: t,
-            pos: i as u32,
-            want_logits: true,
-        })
-        .collect();
-    let mut rows = e.forward(&batch).map_err(|e| e.to_string())?;
-    for i in 0..n {
-        on_step(i);
-        let last = rows.last().expect("row");
-        let tok = nightshift_model::sampler::argmax(last);
-        let pos = (prompt.len() + i) as u32;
-        rows.extend(
-            e.forward(&[BatchToken {
-                seq,
-                token: tok,
-                pos,
-                want_logits: true,
-            }])
-            .map_err(|e| e.to_string())?,
-        );
-    }
-    e.remove_sequence(seq);
-    Ok(rows)
-}
-
-fn assert_bits_equal(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: row count");
-    for (r, (x, y)) in a.iter().zip(b).enumerate() {
-        let same = x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
-        assert!(same, "{what}: row {r} differs");
-    }
-}
-
-const PROMPT: [u32; 6] = [407, 550, 566, 544, 543, 570];
-
 fn check_bit_identical(file: &str) {
     let path = data(file);
     let model = Model::load(&path).expect("model");
@@ -190,29 +110,6 @@ fn three_nodes_bit_identical_qwen3moe() {
 #[test]
 fn three_nodes_bit_identical_deepseek2() {
     check_bit_identical("tiny-deepseek2-Q4_K_M.gguf");
-}
-
-/// Every expert on two of three nodes.
-/// An explicit placement over `n` nodes: expert `e` of every MoE layer on the nodes `homes(e)`,
-/// every copy resident.
-fn explicit(
-    shape: &nightshift_atlas::placement::ModelShape,
-    n: usize,
-    homes: impl Fn(usize) -> Vec<usize>,
-) -> Placement {
-    let layers = shape
-        .moe_layers
-        .iter()
-        .map(|&index| {
-            let replicas: Vec<Vec<usize>> = (0..shape.n_experts).map(&homes).collect();
-            LayerPlacement {
-                index,
-                resident: replicas.clone(),
-                replicas,
-            }
-        })
-        .collect();
-    Placement::from_layers(nodes(n), layers).expect("placement")
 }
 
 /// Every expert on two of three nodes.
@@ -514,8 +411,11 @@ mod malformed {
         let addr = cluster.placement().nodes[0].addr.clone().expect("addr");
         let layer = shape.moe_layers[0] as u32;
         let fingerprint = format!("{:016x}", model.gguf().fingerprint());
-        let attach = |path: &str, handshake: bool| {
-            let mut req = tonic::Request::new(AttachShmRequest { path: path.into() });
+        let attach_with = |path: &str, board: &str, handshake: bool| {
+            let mut req = tonic::Request::new(AttachShmRequest {
+                path: path.into(),
+                board: board.into(),
+            });
             if handshake {
                 req.metadata_mut()
                     .insert(PROTOCOL_HEADER, "1".parse().unwrap());
@@ -524,6 +424,7 @@ mod malformed {
             }
             req
         };
+        let attach = |path: &str, handshake: bool| attach_with(path, "", handshake);
         let rt = tokio::runtime::Runtime::new().expect("rt");
         let mut region = ShmClient::create(1 << 16, 1 << 16).expect("region");
         let garbage = std::path::Path::new(nightshift_proto::shm::SHM_DIR)
@@ -549,6 +450,20 @@ mod malformed {
                 assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad}");
                 assert!(err.message().contains(why), "{bad}: {}", err.message());
             }
+            // A good region with a bad claim board is refused as a whole.
+            for (bad, why) in [
+                ("/etc/passwd", "directly in"),
+                (garbage.to_str().unwrap(), "out of range"),
+                (good_path.as_str(), "out of range"),
+            ] {
+                let err = client
+                    .attach_shm(attach_with(&good_path, bad, true))
+                    .await
+                    .expect_err(bad);
+                assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad}");
+                let m = err.message();
+                assert!(m.contains("claim board") && m.contains(why), "{bad}: {m}");
+            }
             client
                 .attach_shm(attach(&good_path, true))
                 .await
@@ -571,6 +486,15 @@ mod malformed {
                 }
                 other => panic!("{what}: expected an error, got {other:?}"),
             }
+        }
+        // A shared call needs the claim board this link was not given.
+        region.post_tagged(&g, 7).expect("post");
+        match region.wait(deadline(), &mut || true).expect("shared") {
+            ShmReply::Error { code, message } => {
+                assert_eq!(code, tonic::Code::FailedPrecondition as i32, "{message}");
+                assert!(message.contains("no claim board"), "{message}");
+            }
+            other => panic!("shared call without a board: expected an error, got {other:?}"),
         }
         // The link still serves, with the same bits as the stream.
         region.post(&g).expect("post");

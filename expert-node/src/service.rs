@@ -9,7 +9,9 @@
 //! `nightshift_proto::shm`): a link thread, pinned like the workers, then takes that
 //! coordinator's requests from the region, checks them with the same `validate` and answers
 //! them with the same `run`. A node with one worker computes on the link thread itself, so a
-//! layer call wakes one thread here instead of three.
+//! layer call wakes one thread here instead of three. When the coordinator also handed over its
+//! claim board, a *shared* call (one posted to several nodes at once) is computed group by group
+//! as the board hands the groups out (`run_shared`), and answered with the pairs done here.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -17,8 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_kernels::GgmlType;
-use nightshift_model::expert::run_grouped;
+use nightshift_model::expert::{run_claimed, run_grouped};
 use nightshift_model::{ActRows, ExpertError, ExpertPair};
+use nightshift_proto::shm::board::ClaimBoard;
 use nightshift_proto::shm::{Incoming, ShmReply, ShmServer};
 use nightshift_proto::v1::expert_service_server::ExpertService;
 use nightshift_proto::v1::{
@@ -210,6 +213,28 @@ impl NodeService {
         Ok(nightshift_proto::f32s_to_le_bytes(&out))
     }
 
+    /// Runs the expert groups of validated work that `board` hands this node under `tag`;
+    /// returns the pairs computed (indices into the request's pairs) and their outputs as
+    /// little-endian f32 bytes.
+    fn run_shared(
+        store: &ExpertStore,
+        pool: Option<&rayon::ThreadPool>,
+        n_embd: usize,
+        work: &Work,
+        board: &ClaimBoard,
+        tag: u32,
+    ) -> Result<(Vec<u32>, Vec<u8>), Status> {
+        let groups = nightshift_model::expert::expert_groups(&work.pairs).len() as u32;
+        let claim = || board.claim(tag, groups).map(|g| g as usize);
+        let (done, out) = store
+            .with_layer(work.layer, |weights| {
+                run_claimed(weights, &work.acts, &work.pairs, n_embd, pool, &claim)
+            })
+            .map_err(status_of_store)?
+            .map_err(status_of_expert)?;
+        Ok((done, nightshift_proto::f32s_to_le_bytes(&out)))
+    }
+
     fn check_handshake<T>(&self, req: &Request<T>) -> Result<(), Status> {
         let md = req.metadata();
         let proto = md
@@ -376,7 +401,17 @@ impl ExpertService for NodeService {
         req: Request<AttachShmRequest>,
     ) -> Result<Response<AttachShmResponse>, Status> {
         self.check_handshake(&req)?;
-        let path = std::path::PathBuf::from(req.into_inner().path);
+        let req = req.into_inner();
+        let path = std::path::PathBuf::from(req.path);
+        // The board first: a region once opened is closed when dropped, so a refused board
+        // must not cost the coordinator its region.
+        let board = if req.board.is_empty() {
+            None
+        } else {
+            let b = ClaimBoard::open(std::path::Path::new(&req.board))
+                .map_err(|e| Status::invalid_argument(format!("claim board: {e}")))?;
+            Some(b)
+        };
         let server = ShmServer::open(&path).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let links = self.links.clone();
         if links.fetch_add(1, Ordering::AcqRel) >= MAX_SHM_LINKS {
@@ -393,6 +428,7 @@ impl ExpertService for NodeService {
             requests: self.requests.clone(),
             stop: self.stop.clone(),
             pin: self.link_pin.clone(),
+            board,
         };
         let spawned = std::thread::Builder::new()
             .name("expert-shm-link".into())
@@ -464,9 +500,35 @@ struct Link {
     requests: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     pin: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// The coordinator's claim board, for shared calls.
+    board: Option<ClaimBoard>,
 }
 
 impl Link {
+    /// Validates and runs one request taken from the region: in full, or as a shared call
+    /// under `tag` (not 0) through the claim board. A panic becomes an error.
+    fn handle(
+        &self,
+        pool: Option<&rayon::ThreadPool>,
+        msg: ComputeRequest,
+        tag: u32,
+    ) -> Result<ShmReply, Status> {
+        if tag == 0 {
+            return NodeService::handle(&self.store, pool, self.n_embd, msg).map(ShmReply::Outputs);
+        }
+        let Some(board) = &self.board else {
+            return Err(Status::failed_precondition(
+                "a shared call, but this link has no claim board",
+            ));
+        };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let work = NodeService::validate(&self.store, self.n_embd, msg)?;
+            NodeService::run_shared(&self.store, pool, self.n_embd, &work, board, tag)
+        }))
+        .unwrap_or_else(|_| Err(Status::internal("worker failed: it panicked")))
+        .map(|(pairs, outputs)| ShmReply::Partial { pairs, outputs })
+    }
+
     /// Answers requests from the region until the coordinator leaves or the node stops.
     fn serve(self, mut server: ShmServer) {
         if let Some(pin) = &self.pin {
@@ -491,13 +553,13 @@ impl Link {
                 Incoming::Request(msg) => {
                     self.in_flight.fetch_add(1, Ordering::Relaxed);
                     let id = msg.request_id;
-                    let out = NodeService::handle(&self.store, pool, self.n_embd, msg);
+                    let out = self.handle(pool, msg, server.claim_tag());
                     self.in_flight.fetch_sub(1, Ordering::Relaxed);
                     (id, out)
                 }
             };
             let reply = match result {
-                Ok(bytes) => ShmReply::Outputs(bytes),
+                Ok(reply) => reply,
                 Err(status) => {
                     tracing::warn!(request_id, "compute request rejected: {}", status.message());
                     ShmReply::Error {

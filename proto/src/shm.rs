@@ -24,10 +24,15 @@
 //! | 28..32 | response counter: set to the request's counter by the node after answering (futex) |
 //! | 32..36 | closed: bit 0 the coordinator left, bit 1 the node left |
 //! | 36..40 | the coordinator's process id (the node stops serving when it is gone) |
-//! | 64..96 | request: id u64, layer, act_type, n_rows, n_embd, n_pairs, acts_len (u32 each) |
-//! | 128..144 | response: id u64, status i32 (0 = outputs, else a gRPC code), length u32 |
+//! | 64..100 | request: id u64, layer, act_type, n_rows, n_embd, n_pairs, acts_len, claim tag (u32 each) |
+//! | 128..148 | response: id u64, status i32 (0 = outputs, else a gRPC code), length u32, answered u32 |
 //! | 4096.. | request payload: experts\[n_pairs\] u32, rows\[n_pairs\] u32, activation bytes |
 //! | 4096 + cap.. | response payload: outputs, or the error message as UTF-8 |
+//!
+//! A request with a claim tag (not 0) is a *shared* call ([`board`]): the node computes only the
+//! expert groups it claims from the board, and its answer lists the pairs it computed
+//! ("answered" of them, `u32` indices into the request's pairs) before their outputs. An answer
+//! to an ordinary request has answered = `u32::MAX` and one output row per pair.
 //!
 //! The coordinator writes the request area only while no request is outstanding, the node the
 //! response area only while one is; the counters' release/acquire order publishes each. The node
@@ -42,6 +47,8 @@ use std::time::{Duration, Instant};
 use memmap2::MmapRaw;
 
 use crate::v1::ComputeRequest;
+
+pub mod board;
 
 /// Where regions are created; the node refuses paths elsewhere.
 pub const SHM_DIR: &str = "/dev/shm";
@@ -62,6 +69,8 @@ const OFF_CLOSED: usize = 32;
 const OFF_CLIENT_PID: usize = 36;
 const OFF_REQ: usize = 64;
 const OFF_RESP: usize = 128;
+/// "answered" of a reply that covers every pair of its request.
+const ALL_PAIRS: u32 = u32::MAX;
 const CLOSED_CLIENT: u32 = 1;
 const CLOSED_NODE: u32 = 2;
 /// How long one futex wait lasts before the waiter re-checks its peer.
@@ -87,6 +96,111 @@ pub enum ShmError {
     Deadline(u128),
     #[error("malformed response in the shared region: {0}")]
     Malformed(String),
+}
+
+/// Creates `dir/SHM_PREFIX<pid>-<kind><n>-<nanos>` (mode 0600, new) of `size` bytes with its
+/// pages reserved: a store into a tmpfs page that cannot be allocated later (a full or small
+/// /dev/shm, as containers often have) would be a SIGBUS, not an error. Removed again on error.
+fn create_file(dir: &Path, kind: &str, size: usize) -> Result<(File, PathBuf), ShmError> {
+    let n = NEXT_REGION.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let path = dir.join(format!(
+        "{SHM_PREFIX}{}-{kind}{n}-{nanos:08x}",
+        std::process::id()
+    ));
+    let io = |what: &str| {
+        let what = format!("{what} {}", path.display());
+        move |source| ShmError::Io { what, source }
+    };
+    let mut opts = OpenOptions::new();
+    opts.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let file = opts.open(&path).map_err(io("creating"))?;
+    let cleanup = |e: ShmError| {
+        let _ = std::fs::remove_file(&path);
+        e
+    };
+    file.set_len(size as u64)
+        .map_err(io("sizing"))
+        .map_err(cleanup)?;
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: a valid open descriptor and a range inside the file's length.
+        let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
+        if r != 0 {
+            return Err(cleanup(ShmError::Io {
+                what: format!("reserving {size} bytes for {}", path.display()),
+                source: std::io::Error::from_raw_os_error(r),
+            }));
+        }
+    }
+    Ok((file, path))
+}
+
+/// Maps the file at `path` after checking it is a regular file named `SHM_PREFIX*` directly in
+/// `dir` (not followed through a link) whose size is in `sizes`. Returns the map and the size.
+fn open_checked(
+    dir: &Path,
+    path: &Path,
+    sizes: std::ops::RangeInclusive<usize>,
+) -> Result<(MmapRaw, usize), ShmError> {
+    let refuse = |reason: String| ShmError::Refused {
+        path: path.display().to_string(),
+        reason,
+    };
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| refuse("no file name".into()))?;
+    if path.parent() != Some(dir) || !name.starts_with(SHM_PREFIX) {
+        return Err(refuse(format!(
+            "regions live directly in {} and are named {SHM_PREFIX}*",
+            dir.display()
+        )));
+    }
+    let mut opts = OpenOptions::new();
+    opts.read(true).write(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NOFOLLOW);
+    }
+    let file: File = opts.open(path).map_err(|e| refuse(format!("open: {e}")))?;
+    let meta = file.metadata().map_err(|e| refuse(format!("stat: {e}")))?;
+    if !meta.is_file() {
+        return Err(refuse("not a regular file".into()));
+    }
+    let size = meta.len() as usize;
+    if !sizes.contains(&size) {
+        return Err(refuse(format!("size {size} is out of range")));
+    }
+    let map = MmapRaw::map_raw(&file).map_err(|e| refuse(format!("map: {e}")))?;
+    Ok((map, size))
+}
+
+/// Whether process `pid` runs on this machine (in this PID namespace).
+fn process_alive(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return false;
+        };
+        // SAFETY: signal 0 only checks that the process exists.
+        let r = unsafe { libc::kill(pid, 0) };
+        r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
 }
 
 /// A mapped region (either end).
@@ -168,6 +282,9 @@ fn from_u32s(b: &[u8]) -> Vec<u32> {
 pub enum ShmReply {
     /// One row of n_embd little-endian f32 per pair.
     Outputs(Vec<u8>),
+    /// A shared call's answer: the pairs this node computed (indices into the request's pairs,
+    /// in the order of `outputs`) and one row of n_embd little-endian f32 for each.
+    Partial { pairs: Vec<u32>, outputs: Vec<u8> },
     /// A gRPC status code and message.
     Error { code: i32, message: String },
 }
@@ -180,8 +297,8 @@ pub struct ShmClient {
     path: PathBuf,
     unlinked: bool,
     seq: u32,
-    /// Request id of the outstanding request, if any.
-    pending: Option<u64>,
+    /// Request id of the outstanding request and whether it is a shared call, if any.
+    pending: Option<(u64, bool)>,
 }
 
 impl ShmClient {
@@ -200,47 +317,15 @@ impl ShmClient {
             .and_then(|s| s.checked_add(resp_cap.max(64).next_multiple_of(4096)))
             .filter(|&s| s <= MAX_REGION)
             .ok_or(ShmError::TooLarge)?;
-        let n = NEXT_REGION.fetch_add(1, Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let path = dir.join(format!(
-            "{SHM_PREFIX}{}-{n}-{nanos:08x}",
-            std::process::id()
-        ));
+        let (file, path) = create_file(dir, "", size)?;
         let io = |what: &str| {
             let what = format!("{what} {}", path.display());
             move |source| ShmError::Io { what, source }
         };
-        let mut opts = OpenOptions::new();
-        opts.read(true).write(true).create_new(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600);
-        }
-        let file = opts.open(&path).map_err(io("creating"))?;
         let cleanup = |e: ShmError| {
             let _ = std::fs::remove_file(&path);
             e
         };
-        file.set_len(size as u64)
-            .map_err(io("sizing"))
-            .map_err(cleanup)?;
-        // Reserve the pages now: a store into a tmpfs page that cannot be allocated later (a
-        // full or small /dev/shm, as containers often have) would be a SIGBUS, not an error.
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::io::AsRawFd;
-            // SAFETY: a valid open descriptor and a range inside the file's length.
-            let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
-            if r != 0 {
-                return Err(cleanup(ShmError::Io {
-                    what: format!("reserving {size} bytes for {}", path.display()),
-                    source: std::io::Error::from_raw_os_error(r),
-                }));
-            }
-        }
         let map = MmapRaw::map_raw(&file)
             .map_err(io("mapping"))
             .map_err(cleanup)?;
@@ -282,6 +367,12 @@ impl ShmClient {
     /// Writes `req` into the region and wakes the node. One request at a time: a second post
     /// before the answer to the first is an error.
     pub fn post(&mut self, req: &ComputeRequest) -> Result<(), ShmError> {
+        self.post_tagged(req, 0)
+    }
+
+    /// As [`ShmClient::post`], as a shared call under `tag` of the node's claim board
+    /// ([`board`]; 0: an ordinary call): the answer is a [`ShmReply::Partial`].
+    pub fn post_tagged(&mut self, req: &ComputeRequest, tag: u32) -> Result<(), ShmError> {
         let r = &self.region;
         if r.closed() != 0 {
             return Err(ShmError::Closed);
@@ -313,6 +404,7 @@ impl ShmClient {
             req.n_embd,
             n as u32,
             req.acts.len() as u32,
+            tag,
         ]
         .into_iter()
         .enumerate()
@@ -320,7 +412,7 @@ impl ShmClient {
             r.set(OFF_REQ + 8 + 4 * i, v);
         }
         self.seq = self.seq.wrapping_add(1);
-        self.pending = Some(req.request_id);
+        self.pending = Some((req.request_id, tag != 0));
         r.word(OFF_REQ_SEQ).store(self.seq, Ordering::Release);
         futex_wake(r.word(OFF_REQ_SEQ));
         Ok(())
@@ -333,7 +425,7 @@ impl ShmClient {
         deadline: Instant,
         alive: &mut dyn FnMut() -> bool,
     ) -> Result<ShmReply, ShmError> {
-        let Some(id) = self.pending else {
+        let Some((id, shared)) = self.pending else {
             return Err(ShmError::Malformed("no request is outstanding".into()));
         };
         let r = &self.region;
@@ -342,7 +434,7 @@ impl ShmClient {
             let seen = r.word(OFF_RESP_SEQ).load(Ordering::Acquire);
             if seen == self.seq {
                 self.pending = None;
-                return self.reply(id);
+                return self.reply(id, shared);
             }
             if r.closed() & CLOSED_NODE != 0 {
                 return Err(ShmError::Closed);
@@ -358,7 +450,7 @@ impl ShmClient {
         }
     }
 
-    fn reply(&self, id: u64) -> Result<ShmReply, ShmError> {
+    fn reply(&self, id: u64, shared: bool) -> Result<ShmReply, ShmError> {
         let r = &self.region;
         let got = r.wide(OFF_RESP).load(Ordering::Relaxed);
         if got != id {
@@ -374,8 +466,28 @@ impl ShmClient {
                 r.resp_cap()
             )));
         }
+        let answered = r.get(OFF_RESP + 16);
         let bytes = r.read(HEADER_BYTES + r.req_cap, len);
-        Ok(if status == 0 {
+        Ok(if status == 0 && answered != ALL_PAIRS {
+            if !shared {
+                return Err(ShmError::Malformed(format!(
+                    "{answered} pairs answered for an ordinary call"
+                )));
+            }
+            let head = (answered as usize)
+                .checked_mul(4)
+                .filter(|&h| h <= bytes.len())
+                .ok_or_else(|| {
+                    ShmError::Malformed(format!(
+                        "{answered} pairs answered in {} bytes",
+                        bytes.len()
+                    ))
+                })?;
+            ShmReply::Partial {
+                pairs: from_u32s(&bytes[..head]),
+                outputs: bytes[head..].to_vec(),
+            }
+        } else if status == 0 {
             ShmReply::Outputs(bytes)
         } else {
             ShmReply::Error {
@@ -409,6 +521,8 @@ pub struct ShmServer {
     seen: u32,
     /// Counter of the request being answered.
     current: Option<u32>,
+    /// Its claim tag.
+    tag: u32,
 }
 
 impl ShmServer {
@@ -420,33 +534,7 @@ impl ShmServer {
             path: path.display().to_string(),
             reason,
         };
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| refuse("no file name".into()))?;
-        if path.parent() != Some(dir) || !name.starts_with(SHM_PREFIX) {
-            return Err(refuse(format!(
-                "regions live directly in {} and are named {SHM_PREFIX}*",
-                dir.display()
-            )));
-        }
-        let mut opts = OpenOptions::new();
-        opts.read(true).write(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.custom_flags(libc::O_NOFOLLOW);
-        }
-        let file: File = opts.open(path).map_err(|e| refuse(format!("open: {e}")))?;
-        let meta = file.metadata().map_err(|e| refuse(format!("stat: {e}")))?;
-        if !meta.is_file() {
-            return Err(refuse("not a regular file".into()));
-        }
-        let size = meta.len() as usize;
-        if !(HEADER_BYTES + 2 * 64..=MAX_REGION).contains(&size) {
-            return Err(refuse(format!("size {size} is out of range")));
-        }
-        let map = MmapRaw::map_raw(&file).map_err(|e| refuse(format!("map: {e}")))?;
+        let (map, size) = open_checked(dir, path, HEADER_BYTES + 2 * 64..=MAX_REGION)?;
         let mut region = Region {
             map,
             size,
@@ -474,6 +562,7 @@ impl ShmServer {
             region,
             client_pid,
             current: None,
+            tag: 0,
         };
         if !server.client_alive() {
             return Err(refuse(format!(
@@ -490,19 +579,12 @@ impl ShmServer {
 
     /// Whether the coordinator that created the region still runs.
     pub fn client_alive(&self) -> bool {
-        #[cfg(unix)]
-        {
-            let Ok(pid) = libc::pid_t::try_from(self.client_pid) else {
-                return false;
-            };
-            // SAFETY: signal 0 only checks that the process exists.
-            let r = unsafe { libc::kill(pid, 0) };
-            r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-        }
-        #[cfg(not(unix))]
-        {
-            true
-        }
+        process_alive(self.client_pid)
+    }
+
+    /// The claim tag of the request being answered (0: an ordinary call, answered in full).
+    pub fn claim_tag(&self) -> u32 {
+        self.tag
     }
 
     /// Waits up to `timeout` for a request. `Ok(None)`: nothing came; `Err(Closed)`: the
@@ -518,6 +600,7 @@ impl ShmServer {
             if seq != self.seen {
                 self.seen = seq;
                 self.current = Some(seq);
+                self.tag = r.get(OFF_REQ + 8 + 4 * 6);
                 return Ok(Some(self.take()));
             }
             let now = Instant::now();
@@ -569,21 +652,35 @@ impl ShmServer {
             return;
         };
         let r = &self.region;
-        let (status, body): (i32, &[u8]) = match reply {
-            ShmReply::Outputs(b) if b.len() <= r.resp_cap() => (0, b),
-            ShmReply::Outputs(_) => (
-                8, // RESOURCE_EXHAUSTED
-                b"outputs exceed the shared response area".as_slice(),
-            ),
+        let too_large = (8, b"outputs exceed the shared response area".as_slice()); // RESOURCE_EXHAUSTED
+        let base = HEADER_BYTES + r.req_cap;
+        let (status, len, answered) = match reply {
+            ShmReply::Outputs(b) if b.len() <= r.resp_cap() => {
+                r.write(base, b);
+                (0, b.len(), ALL_PAIRS)
+            }
+            ShmReply::Partial { pairs, outputs }
+                if 4 * pairs.len() + outputs.len() <= r.resp_cap() =>
+            {
+                r.write(base, &u32s(pairs));
+                r.write(base + 4 * pairs.len(), outputs);
+                (0, 4 * pairs.len() + outputs.len(), pairs.len() as u32)
+            }
+            ShmReply::Outputs(_) | ShmReply::Partial { .. } => {
+                r.write(base, too_large.1);
+                (too_large.0, too_large.1.len(), ALL_PAIRS)
+            }
             ShmReply::Error { code, message } => {
                 let m = message.as_bytes();
-                (*code, &m[..m.len().min(r.resp_cap())])
+                let m = &m[..m.len().min(r.resp_cap())];
+                r.write(base, m);
+                (*code, m.len(), ALL_PAIRS)
             }
         };
-        r.write(HEADER_BYTES + r.req_cap, body);
         r.wide(OFF_RESP).store(request_id, Ordering::Relaxed);
         r.set(OFF_RESP + 8, status as u32);
-        r.set(OFF_RESP + 12, body.len() as u32);
+        r.set(OFF_RESP + 12, len as u32);
+        r.set(OFF_RESP + 16, answered);
         r.word(OFF_RESP_SEQ).store(seq, Ordering::Release);
         futex_wake(r.word(OFF_RESP_SEQ));
     }

@@ -62,6 +62,9 @@ struct Args {
     /// Cluster run over the nodes' gRPC streams only (no shared-memory link).
     #[arg(long)]
     no_shm: bool,
+    /// Cluster run with each layer call split in advance (no claim board between the nodes).
+    #[arg(long)]
+    no_work_sharing: bool,
 }
 
 struct Run {
@@ -73,6 +76,8 @@ struct Run {
     bytes_per_token: Option<f64>,
     /// Share of the layer calls that went through shared memory.
     shm_share: Option<f64>,
+    /// Layer calls per decode step split between nodes as they went (claim board).
+    shared_per_step: Option<f64>,
     /// The engine's phase times over the timed steps.
     profile: StepProfile,
 }
@@ -142,7 +147,10 @@ fn decode(
         bytes_per_token: stats
             .as_ref()
             .map(|s| (s.bytes_out + s.bytes_in) as f64 / tokens),
-        shm_share: stats.map(|s| s.shm_calls as f64 / s.calls.max(1) as f64),
+        shm_share: stats
+            .as_ref()
+            .map(|s| s.shm_calls as f64 / s.calls.max(1) as f64),
+        shared_per_step: stats.map(|s| s.shared_rounds as f64 / a.steps.max(1) as f64),
         profile: e.profile(),
     })
 }
@@ -229,6 +237,7 @@ fn main() -> anyhow::Result<()> {
         node_threads: Some(a.node_threads),
         expert_deadline_ms: 60_000,
         no_shm: a.no_shm,
+        no_work_sharing: a.no_work_sharing,
         ..Default::default()
     };
     let remote = cluster::build(&args, &model, &a.model, None);
@@ -256,7 +265,7 @@ fn main() -> anyhow::Result<()> {
         a.repeats
     );
     println!(
-        "{:>5} | {:>3} | {:>12} | {:>12} | {:>6} | {:>10} | {:>10} | {:>10} | {:>12} | {:>5}",
+        "{:>5} | {:>3} | {:>12} | {:>12} | {:>6} | {:>10} | {:>10} | {:>10} | {:>12} | {:>5} | {:>11}",
         "batch",
         "run",
         "in-proc t/s",
@@ -266,7 +275,8 @@ fn main() -> anyhow::Result<()> {
         "rtt p99",
         "spread p50",
         "link B/token",
-        "shm"
+        "shm",
+        "shared/step"
     );
     let mut summary = Vec::new();
     for &batch in &a.batches {
@@ -275,7 +285,7 @@ fn main() -> anyhow::Result<()> {
             let base = decode(&model, &local, a.threads, batch, &a)?;
             let dist = decode(&model, &remote, a.threads, batch, &a)?;
             println!(
-                "{:>5} | {:>3} | {:>12.2} | {:>12.2} | {:>6.3} | {:>10} | {:>10} | {:>10} | {:>12.0} | {:>4.0}%",
+                "{:>5} | {:>3} | {:>12.2} | {:>12.2} | {:>6.3} | {:>10} | {:>10} | {:>10} | {:>12.0} | {:>4.0}% | {:>11.1}",
                 batch,
                 rep + 1,
                 base.tok_s,
@@ -285,7 +295,8 @@ fn main() -> anyhow::Result<()> {
                 us(dist.p99_us),
                 us(dist.spread_us),
                 dist.bytes_per_token.unwrap_or(0.0),
-                100.0 * dist.shm_share.unwrap_or(0.0)
+                100.0 * dist.shm_share.unwrap_or(0.0),
+                dist.shared_per_step.unwrap_or(0.0)
             );
             runs.push((base, dist));
         }

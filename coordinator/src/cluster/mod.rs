@@ -67,6 +67,11 @@ pub struct ClusterArgs {
     /// (which otherwise take calls of up to 1024 pairs through shared memory).
     #[arg(long)]
     pub no_shm: bool,
+    /// Split each layer call between nodes in advance (least estimated work per node) even
+    /// when several nodes on this machine hold all its experts (which otherwise take its expert
+    /// groups as they go, through a shared claim board).
+    #[arg(long)]
+    pub no_work_sharing: bool,
     /// Where experts computed in this process live: `resident` copies them to huge pages (and
     /// releases their file pages), `mapped` reads them from the file map, `auto` copies them
     /// when they take at most half of the available memory. Experts on nodes stay mapped here.
@@ -361,6 +366,7 @@ pub fn build(
         } else {
             RemoteOptions::default().shm_pairs
         },
+        share_work: !args.no_work_sharing,
         ..Default::default()
     };
     let remote = Arc::new(RemoteExperts::connect(

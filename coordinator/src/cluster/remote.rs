@@ -26,6 +26,7 @@ use tonic::transport::{Channel, Endpoint};
 pub mod balance;
 mod call;
 mod errors;
+mod shared_call;
 mod shm_link;
 
 use call::{call_node, record_spread, Share};
@@ -48,6 +49,9 @@ pub struct RemoteOptions {
     /// Most (expert, row) pairs per layer call that a node on this machine takes through
     /// shared memory (`shm_link`); larger calls, and nodes elsewhere, use the stream. 0: never.
     pub shm_pairs: usize,
+    /// Nodes on this machine that all hold a call's experts split it as they go, through a
+    /// claim board (`shared_call`), rather than by shares fixed in advance.
+    pub share_work: bool,
 }
 
 impl Default for RemoteOptions {
@@ -59,6 +63,7 @@ impl Default for RemoteOptions {
             auth_token: None,
             tls: None,
             shm_pairs: 1024,
+            share_work: true,
         }
     }
 }
@@ -113,6 +118,8 @@ pub struct RpcStats {
     pub errors: u64,
     /// Of `calls`, those that went through shared memory (nodes on this machine).
     pub shm_calls: u64,
+    /// Layer calls split between nodes as they went, through the claim board (`shared_call`).
+    pub shared_rounds: u64,
     /// Request bytes sent (activations, pairs, framing estimate).
     pub bytes_out: u64,
     /// Output bytes received.
@@ -154,6 +161,9 @@ pub(super) struct Shared {
     n_embd: usize,
     pub(super) opts: RemoteOptions,
     next_id: AtomicU64,
+    /// The claim board of shared calls (nodes on this machine, `share_work`).
+    board: Option<nightshift_proto::shm::board::ClaimBoard>,
+    next_tag: std::sync::atomic::AtomicU32,
 }
 
 /// HTTP/2 flow-control windows of the coordinator's side of the compute streams (the nodes set
@@ -232,6 +242,13 @@ impl RemoteExperts {
                 generation: AtomicU64::new(0),
             });
         }
+        let board = if opts.shm_pairs > 0 && opts.share_work {
+            nightshift_proto::shm::board::ClaimBoard::create()
+                .map_err(|e| tracing::debug!("no claim board, calls are split in advance: {e}"))
+                .ok()
+        } else {
+            None
+        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("expert-client")
@@ -246,6 +263,8 @@ impl RemoteExperts {
             opts,
             next_id: AtomicU64::new(1),
             stats: Mutex::new(RpcStats::default()),
+            board,
+            next_tag: std::sync::atomic::AtomicU32::new(1),
         });
         let s = shared.clone();
         // First connection attempts, waited for without `block_on` (callers may be async).
@@ -596,6 +615,20 @@ impl ExpertBackend for RemoteExperts {
         let mut todo: Vec<usize> = (0..pairs.len()).collect();
         let mut exclude: HashMap<u32, Vec<NodeId>> = HashMap::new();
         let mut last_errors: Vec<String> = Vec::new();
+        let placement = self.placement();
+        if let Some(round) =
+            shared_call::run(&self.shared, &placement, layer, &acts, pairs, &todo, out)
+        {
+            for (node, e) in round.failed {
+                let name = &self.shared.nodes[node].name;
+                tracing::warn!(node = %name, layer, "shared layer call failed, retrying its rest on other replicas: {e}");
+                last_errors.push(format!("{name}: {e}"));
+                for &pi in &round.missing {
+                    exclude.entry(pairs[pi].expert).or_default().push(node);
+                }
+            }
+            todo = round.missing;
+        }
         // Each round retries failed shares on other replicas; a node is tried at most once per call.
         for _round in 0..=self.shared.nodes.len() {
             if todo.is_empty() {
@@ -614,7 +647,7 @@ impl ExpertBackend for RemoteExperts {
             let mut posted = Vec::new();
             let mut streamed = Vec::new();
             for sh in shares {
-                match shm_link::post(&self.shared, layer, &acts, pairs, sh) {
+                match shm_link::post(&self.shared, layer, &acts, pairs, sh, 0) {
                     Ok(p) => posted.push(p),
                     Err(sh) => streamed.push(sh),
                 }

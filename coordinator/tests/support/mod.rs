@@ -7,6 +7,8 @@
 // Each test crate uses only some of these helpers.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

@@ -175,3 +175,145 @@ fn the_node_refuses_regions_it_should_not_map() {
     assert!(refused(&orphan).contains("not running"));
     assert!(ShmServer::open_in(&d, good.path()).is_ok());
 }
+
+#[test]
+fn board_claims_each_group_once_and_only_under_the_current_tag() {
+    let d = dir();
+    let board = board::ClaimBoard::create_in(&d).unwrap();
+    let node = board::ClaimBoard::open_in(&d, board.path()).unwrap();
+    // Nothing is claimable before a call starts, nor under tag 0.
+    assert_eq!(node.claim(1, 4), None);
+    board.start(1);
+    assert_eq!(node.claim(0, 4), None);
+    assert_eq!(node.claim(2, 4), None, "another call's tag");
+    assert_eq!(
+        (0..6).map(|_| node.claim(1, 4)).collect::<Vec<_>>(),
+        [Some(0), Some(1), Some(2), Some(3), None, None]
+    );
+    // The next call starts from its first group; the old tag takes nothing of it.
+    board.start(2);
+    assert_eq!(node.claim(1, 4), None);
+    assert_eq!(node.claim(2, 4), Some(0));
+    board.finish();
+    assert_eq!(node.claim(2, 4), None);
+    // Four threads over two mappings take 10 000 groups: each exactly once.
+    board.start(3);
+    let node = std::sync::Arc::new(node);
+    let board = std::sync::Arc::new(board);
+    let takers: Vec<_> = (0..4)
+        .map(|i| {
+            let b: std::sync::Arc<board::ClaimBoard> = if i % 2 == 0 {
+                node.clone()
+            } else {
+                board.clone()
+            };
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                while let Some(g) = b.claim(3, 10_000) {
+                    got.push(g);
+                }
+                got
+            })
+        })
+        .collect();
+    let mut all: Vec<u32> = takers.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..10_000).collect::<Vec<u32>>());
+}
+
+#[test]
+fn the_node_refuses_boards_it_should_not_map() {
+    let d = dir();
+    let refused = |p: &Path| match board::ClaimBoard::open_in(&d, p) {
+        Err(ShmError::Refused { reason, .. }) => reason,
+        Err(e) => panic!("{}: expected Refused, got {e}", p.display()),
+        Ok(_) => panic!("{}: expected Refused, got a board", p.display()),
+    };
+    let region = ShmClient::create_in(&d, 4096, 4096).unwrap();
+    assert!(
+        refused(region.path()).contains("out of range"),
+        "a region is no board"
+    );
+    let garbage = d.join(format!("{SHM_PREFIX}garbage-board"));
+    std::fs::write(&garbage, vec![0xABu8; board::BOARD_BYTES]).unwrap();
+    assert!(refused(&garbage).contains("bad magic"));
+    let good = board::ClaimBoard::create_in(&d).unwrap();
+    let mut dead = std::fs::read(good.path()).unwrap();
+    dead[8..16].copy_from_slice(&(i32::MAX as u64).to_ne_bytes());
+    let orphan = d.join(format!("{SHM_PREFIX}orphan-board"));
+    std::fs::write(&orphan, dead).unwrap();
+    assert!(refused(&orphan).contains("not running"));
+    assert!(refused(&d.join("board")).contains("named"));
+    // The creator removes its file when it drops the board; a node's drop does not.
+    let path = good.path().to_path_buf();
+    drop(board::ClaimBoard::open_in(&d, &path).unwrap());
+    assert!(path.exists());
+    drop(good);
+    assert!(!path.exists());
+}
+
+#[test]
+fn shared_calls_answer_the_claimed_pairs() {
+    let d = dir();
+    let mut client = ShmClient::create_in(&d, 8192, 8192).unwrap();
+    let mut server = ShmServer::open_in(&d, client.path()).unwrap();
+    // A shared call: the node answers pairs 3 and 1 only.
+    client.post_tagged(&request(1, 4), 9).unwrap();
+    let Ok(Some(Incoming::Request(req))) = server.next(Duration::from_secs(1)) else {
+        panic!("expected a request");
+    };
+    assert_eq!(server.claim_tag(), 9);
+    let outputs: Vec<u8> = (0..2 * 8 * 4).map(|i| i as u8).collect();
+    server.reply(
+        req.request_id,
+        &ShmReply::Partial {
+            pairs: vec![3, 1],
+            outputs: outputs.clone(),
+        },
+    );
+    let got = client.wait(Instant::now() + Duration::from_secs(1), &mut || true);
+    assert_eq!(
+        got.unwrap(),
+        ShmReply::Partial {
+            pairs: vec![3, 1],
+            outputs
+        }
+    );
+    // An ordinary call carries tag 0; a partial answer to it is malformed.
+    client.post(&request(2, 4)).unwrap();
+    let Ok(Some(Incoming::Request(req))) = server.next(Duration::from_secs(1)) else {
+        panic!("expected a request");
+    };
+    assert_eq!(server.claim_tag(), 0);
+    server.reply(
+        req.request_id,
+        &ShmReply::Partial {
+            pairs: vec![0],
+            outputs: vec![0; 32],
+        },
+    );
+    let got = client.wait(Instant::now() + Duration::from_secs(1), &mut || true);
+    assert!(
+        matches!(&got, Err(ShmError::Malformed(m)) if m.contains("ordinary call")),
+        "{got:?}"
+    );
+    // An answer whose pair list overruns its length is malformed too.
+    client.post_tagged(&request(3, 4), 10).unwrap();
+    let Ok(Some(Incoming::Request(req))) = server.next(Duration::from_secs(1)) else {
+        panic!("expected a request");
+    };
+    server.reply(
+        req.request_id,
+        &ShmReply::Partial {
+            pairs: vec![0, 1],
+            outputs: vec![],
+        },
+    );
+    // Forge the answered count past the payload.
+    server.region.set(OFF_RESP + 16, 1000);
+    let got = client.wait(Instant::now() + Duration::from_secs(1), &mut || true);
+    assert!(
+        matches!(&got, Err(ShmError::Malformed(m)) if m.contains("1000 pairs answered")),
+        "{got:?}"
+    );
+}

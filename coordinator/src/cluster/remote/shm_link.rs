@@ -39,6 +39,11 @@ pub(super) async fn attach(
     let mut region = ShmClient::create(req_cap, resp_cap).map_err(|e| e.to_string())?;
     let mut req = tonic::Request::new(AttachShmRequest {
         path: region.path().display().to_string(),
+        board: s
+            .board
+            .as_ref()
+            .map(|b| b.path().display().to_string())
+            .unwrap_or_default(),
     });
     handshake(&mut req, s)?;
     client
@@ -61,6 +66,8 @@ pub(super) struct Posted<'a> {
     generation: u64,
     bytes_out: usize,
     started: Instant,
+    /// The claim board tag of a shared call (0: an ordinary one).
+    tag: u32,
 }
 
 impl Drop for Posted<'_> {
@@ -72,13 +79,16 @@ impl Drop for Posted<'_> {
     }
 }
 
-/// Posts `share` through its node's region, or gives it back for the stream.
+/// Posts `share` through its node's region, or gives it back for the stream. `tag` (not 0)
+/// makes it a shared call of the claim board (`shared_call`): the node then computes only the
+/// expert groups it claims, and [`wait`] gives back the share narrowed to the pairs it answered.
 pub(super) fn post<'a>(
     s: &'a Shared,
     layer: usize,
     acts: &ActRows,
     pairs: &[ExpertPair],
     share: Share,
+    tag: u32,
 ) -> Result<Posted<'a>, Share> {
     let node = &s.nodes[share.node];
     let (link, generation) = match &*lock(&node.state) {
@@ -99,7 +109,7 @@ pub(super) fn post<'a>(
     let req = share_request(s, layer, acts, pairs, &share);
     let bytes_out = req.acts.len() + 8 * req.experts.len();
     let started = Instant::now();
-    if let Err(e) = lock(&link.client).post(&req) {
+    if let Err(e) = lock(&link.client).post_tagged(&req, tag) {
         tracing::debug!(node = %node.name, "shared-memory post failed, using the stream: {e}");
         link.busy.store(false, Ordering::Release);
         return Err(share);
@@ -112,6 +122,7 @@ pub(super) fn post<'a>(
         generation,
         bytes_out,
         started,
+        tag,
     })
 }
 
@@ -127,6 +138,12 @@ pub(super) fn wait(s: &Shared, mut p: Posted<'_>) -> Timed {
     let elapsed = p.started.elapsed();
     let result = match reply {
         Ok(ShmReply::Outputs(b)) => Ok(b),
+        Ok(ShmReply::Partial { pairs, outputs }) if p.tag != 0 => {
+            narrow(&mut p.share.pair_idx, &pairs).map(|()| outputs)
+        }
+        Ok(ShmReply::Partial { .. }) => {
+            Err("shared memory: a partial answer to an ordinary call".into())
+        }
         Ok(ShmReply::Error { message, .. }) => Err(format!("node error: {message}")),
         Err(e) => Err(format!("shared memory: {e}")),
     };
@@ -145,4 +162,28 @@ pub(super) fn wait(s: &Shared, mut p: Posted<'_>) -> Timed {
         cost: p.share.cost,
     };
     ((share, result), elapsed)
+}
+
+/// Narrows a shared call's `pair_idx` to the request pairs a node `answered` (indices into it),
+/// in the answer's order; each may appear once.
+fn narrow(pair_idx: &mut Vec<usize>, answered: &[u32]) -> Result<(), String> {
+    let mut seen = vec![false; pair_idx.len()];
+    let mut kept = Vec::with_capacity(answered.len());
+    for &j in answered {
+        match seen.get_mut(j as usize) {
+            Some(s) if !*s => {
+                *s = true;
+                kept.push(pair_idx[j as usize]);
+            }
+            Some(_) => return Err(format!("shared memory: the answer lists pair {j} twice")),
+            None => {
+                return Err(format!(
+                    "shared memory: the answer lists pair {j} of a call of {}",
+                    pair_idx.len()
+                ))
+            }
+        }
+    }
+    *pair_idx = kept;
+    Ok(())
 }

@@ -1,0 +1,120 @@
+//! Shared calls: one layer call split between the nodes on this machine as they go, instead of
+//! in advance.
+//!
+//! A split fixed in advance (`balance::plan`) lasts as long as its slowest share, and on one
+//! machine whose cores also run the coordinator no cost model predicts the shares' times well
+//! (an expert routed 3 rows is not 3x one routed 1 row, a node may be descheduled for a slice).
+//! When two or more nodes reached through shared memory hold every expert of a call (the local
+//! cluster's default placement replicates every expert), the whole call is posted to each of
+//! them under a fresh tag of the claim board (`nightshift_proto::shm::board`), its expert groups
+//! ordered longest first; each node takes groups from the board until none are left and answers
+//! the pairs it computed. The nodes finish within about one group of each other.
+//!
+//! Outputs are still one row per pair, summed by the engine in top-k order, so results are
+//! bit-identical to any other split. A node that fails or dies leaves the groups it took
+//! unanswered: they come back as `missing`, and the ordinary rounds retry them on the other
+//! replicas with that node excluded.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use nightshift_atlas::placement::{NodeId, Placement};
+use nightshift_model::{ActRows, ExpertPair};
+
+use super::balance::expert_cost;
+use super::call::{record_spread, Share};
+use super::{lock, shm_link, LinkState, Shared};
+
+/// What a shared call left to the ordinary rounds.
+pub(super) struct SharedRound {
+    /// Pairs (indices into the call's `pairs`) nobody answered, ascending.
+    pub(super) missing: Vec<usize>,
+    /// Nodes whose part failed, with the reason.
+    pub(super) failed: Vec<(NodeId, String)>,
+}
+
+/// Runs `todo` (indices into `pairs`) as a shared call and writes the answered outputs into
+/// `out`, or returns `None` (nothing done) when no two reachable nodes on this machine hold all
+/// of its experts, it has fewer than two experts, or the board is off.
+pub(super) fn run(
+    s: &Shared,
+    placement: &Placement,
+    layer: usize,
+    acts: &ActRows,
+    pairs: &[ExpertPair],
+    todo: &[usize],
+    out: &mut [f32],
+) -> Option<SharedRound> {
+    let board = s.board.as_ref()?;
+    let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for &pi in todo {
+        groups.entry(pairs[pi].expert).or_default().push(pi);
+    }
+    if groups.len() < 2 {
+        return None;
+    }
+    let takers: Vec<NodeId> = (0..s.nodes.len())
+        .filter(|&n| {
+            matches!(&*lock(&s.nodes[n].state), LinkState::Up(c) if c.shm.is_some())
+                && groups
+                    .keys()
+                    .all(|&e| placement.replicas(layer, e as usize).contains(&n))
+        })
+        .collect();
+    if takers.len() < 2 {
+        return None;
+    }
+    // Longest groups first (ties by expert id: deterministic), so the last ones taken are short.
+    let mut order: Vec<(u32, Vec<usize>)> = groups.into_iter().collect();
+    order.sort_by_key(|(_, idx)| std::cmp::Reverse(idx.len()));
+    let cost: usize = order.iter().map(|(_, idx)| expert_cost(idx.len())).sum();
+    let pair_idx: Vec<usize> = order.into_iter().flat_map(|(_, idx)| idx).collect();
+    let tag = loop {
+        let t = s.next_tag.fetch_add(1, Ordering::Relaxed);
+        if t != 0 {
+            break t;
+        }
+    };
+    board.start(tag);
+    let mut posted = Vec::with_capacity(takers.len());
+    for &node in &takers {
+        let share = Share {
+            node,
+            pair_idx: pair_idx.clone(),
+            cost: cost / takers.len(),
+        };
+        if let Ok(p) = shm_link::post(s, layer, acts, pairs, share, tag) {
+            posted.push(p);
+        }
+    }
+    if posted.is_empty() {
+        board.finish();
+        return None;
+    }
+    lock(&s.stats).shared_rounds += 1;
+    let timed: Vec<_> = posted.into_iter().map(|p| shm_link::wait(s, p)).collect();
+    board.finish();
+    record_spread(s, &timed);
+    let n_embd = s.n_embd;
+    let mut answered = vec![false; pairs.len()];
+    let mut failed = Vec::new();
+    for ((share, result), _) in timed {
+        match result {
+            Ok(bytes) => {
+                for (j, &pi) in share.pair_idx.iter().enumerate() {
+                    if std::mem::replace(&mut answered[pi], true) {
+                        continue; // a group is handed out once; never overwrite
+                    }
+                    nightshift_proto::le_bytes_to_f32s(
+                        &bytes[j * n_embd * 4..(j + 1) * n_embd * 4],
+                        &mut out[pi * n_embd..(pi + 1) * n_embd],
+                    );
+                }
+            }
+            Err(e) => failed.push((share.node, e)),
+        }
+    }
+    let mut missing: Vec<usize> = todo.iter().copied().filter(|&pi| !answered[pi]).collect();
+    missing.sort_unstable();
+    Some(SharedRound { missing, failed })
+}
