@@ -242,6 +242,13 @@ impl RemoteExperts {
                 generation: AtomicU64::new(0),
             });
         }
+        if opts.shm_pairs > 0 {
+            let dir = std::path::Path::new(nightshift_proto::shm::SHM_DIR);
+            let n = nightshift_proto::shm::sweep_stale(dir);
+            if n > 0 {
+                tracing::info!("removed {n} shared-memory files left by coordinators that died");
+            }
+        }
         let board = if opts.shm_pairs > 0 && opts.share_work {
             nightshift_proto::shm::board::ClaimBoard::create()
                 .map_err(|e| tracing::debug!("no claim board, calls are split in advance: {e}"))

@@ -317,3 +317,24 @@ fn shared_calls_answer_the_claimed_pairs() {
         "{got:?}"
     );
 }
+
+#[test]
+fn the_sweep_removes_only_files_of_dead_creators() {
+    let d = std::env::temp_dir().join(format!("ns-shm-sweep-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let dead = d.join(format!("{SHM_PREFIX}{}-board0-1", i32::MAX));
+    let dead_region = d.join(format!("{SHM_PREFIX}{}-3-2", i32::MAX));
+    let other = d.join(format!("other-{}-1", i32::MAX));
+    let no_pid = d.join(format!("{SHM_PREFIX}test-garbage"));
+    for f in [&dead, &dead_region, &other, &no_pid] {
+        std::fs::write(f, b"x").unwrap();
+    }
+    let live = ShmClient::create_in(&d, 4096, 4096).unwrap();
+    let board = board::ClaimBoard::create_in(&d).unwrap();
+    assert_eq!(sweep_stale(&d), 2);
+    assert!(!dead.exists() && !dead_region.exists());
+    assert!(other.exists() && no_pid.exists());
+    assert!(live.path().exists() && board.path().exists());
+    assert_eq!(sweep_stale(&d.join("missing")), 0);
+    std::fs::remove_dir_all(&d).unwrap();
+}
