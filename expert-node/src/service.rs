@@ -204,18 +204,28 @@ impl NodeService {
         work: &Work,
     ) -> Result<Vec<u8>, Status> {
         let mut out = vec![0f32; work.pairs.len() * n_embd];
-        store
-            .with_layer(work.layer, |weights| {
-                run_grouped(weights, &work.acts, &work.pairs, n_embd, &mut out, pool)
-            })
-            .map_err(status_of_store)?
-            .map_err(status_of_expert)?;
+        NodeService::run_into(store, pool, n_embd, work, &mut out)?;
         Ok(nightshift_proto::f32s_to_le_bytes(&out))
     }
 
-    /// Runs the expert groups of validated work that `board` hands this node under `tag`;
-    /// returns the pairs computed (indices into the request's pairs) and their outputs as
-    /// little-endian f32 bytes.
+    /// Runs validated work into `out` (one `n_embd` row per pair).
+    fn run_into(
+        store: &ExpertStore,
+        pool: Option<&rayon::ThreadPool>,
+        n_embd: usize,
+        work: &Work,
+        out: &mut [f32],
+    ) -> Result<(), Status> {
+        store
+            .with_layer(work.layer, |weights| {
+                run_grouped(weights, &work.acts, &work.pairs, n_embd, out, pool)
+            })
+            .map_err(status_of_store)?
+            .map_err(status_of_expert)
+    }
+
+    /// Runs the expert groups of validated work that `board` hands this node under `tag` into
+    /// their rows of `out`; returns the pairs computed (indices into the request's pairs).
     fn run_shared(
         store: &ExpertStore,
         pool: Option<&rayon::ThreadPool>,
@@ -223,16 +233,16 @@ impl NodeService {
         work: &Work,
         board: &ClaimBoard,
         tag: u32,
-    ) -> Result<(Vec<u32>, Vec<u8>), Status> {
+        out: &mut [f32],
+    ) -> Result<Vec<u32>, Status> {
         let groups = nightshift_model::expert::expert_groups(&work.pairs).len() as u32;
         let claim = || board.claim(tag, groups).map(|g| g as usize);
-        let (done, out) = store
+        store
             .with_layer(work.layer, |weights| {
-                run_claimed(weights, &work.acts, &work.pairs, n_embd, pool, &claim)
+                run_claimed(weights, &work.acts, &work.pairs, n_embd, out, pool, &claim)
             })
             .map_err(status_of_store)?
-            .map_err(status_of_expert)?;
-        Ok((done, nightshift_proto::f32s_to_le_bytes(&out)))
+            .map_err(status_of_expert)
     }
 
     fn check_handshake<T>(&self, req: &Request<T>) -> Result<(), Status> {
@@ -505,28 +515,39 @@ struct Link {
 }
 
 impl Link {
-    /// Validates and runs one request taken from the region: in full, or as a shared call
-    /// under `tag` (not 0) through the claim board. A panic becomes an error.
-    fn handle(
+    /// Validates and runs the request just taken from the region straight into its row slots:
+    /// in full (`None`), or as a shared call through the claim board (the pairs computed). A
+    /// panic becomes an error.
+    fn compute(
         &self,
+        server: &mut ShmServer,
         pool: Option<&rayon::ThreadPool>,
         msg: ComputeRequest,
-        tag: u32,
-    ) -> Result<ShmReply, Status> {
-        if tag == 0 {
-            return NodeService::handle(&self.store, pool, self.n_embd, msg).map(ShmReply::Outputs);
-        }
-        let Some(board) = &self.board else {
-            return Err(Status::failed_precondition(
-                "a shared call, but this link has no claim board",
-            ));
+    ) -> Result<Option<Vec<u32>>, Status> {
+        let tag = server.claim_tag();
+        let board = match (tag, &self.board) {
+            (0, _) => None,
+            (_, Some(b)) => Some(b),
+            (_, None) => {
+                return Err(Status::failed_precondition(
+                    "a shared call, but this link has no claim board",
+                ))
+            }
         };
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let work = NodeService::validate(&self.store, self.n_embd, msg)?;
-            NodeService::run_shared(&self.store, pool, self.n_embd, &work, board, tag)
+            let rows = server.rows_mut().ok_or_else(|| {
+                Status::resource_exhausted("outputs exceed the shared response area")
+            })?;
+            let (store, n_embd) = (&self.store, self.n_embd);
+            match board {
+                None => NodeService::run_into(store, pool, n_embd, &work, rows).map(|()| None),
+                Some(b) => {
+                    NodeService::run_shared(store, pool, n_embd, &work, b, tag, rows).map(Some)
+                }
+            }
         }))
         .unwrap_or_else(|_| Err(Status::internal("worker failed: it panicked")))
-        .map(|(pairs, outputs)| ShmReply::Partial { pairs, outputs })
     }
 
     /// Answers requests from the region until the coordinator leaves or the node stops.
@@ -553,22 +574,22 @@ impl Link {
                 Incoming::Request(msg) => {
                     self.in_flight.fetch_add(1, Ordering::Relaxed);
                     let id = msg.request_id;
-                    let out = self.handle(pool, msg, server.claim_tag());
+                    let out = self.compute(&mut server, pool, msg);
                     self.in_flight.fetch_sub(1, Ordering::Relaxed);
                     (id, out)
                 }
             };
-            let reply = match result {
-                Ok(reply) => reply,
+            match result {
+                Ok(answered) => server.reply_rows(request_id, answered.as_deref()),
                 Err(status) => {
                     tracing::warn!(request_id, "compute request rejected: {}", status.message());
-                    ShmReply::Error {
+                    let reply = ShmReply::Error {
                         code: status.code() as i32,
                         message: status.message().to_string(),
-                    }
+                    };
+                    server.reply(request_id, &reply);
                 }
-            };
-            server.reply(request_id, &reply);
+            }
         }
         tracing::info!("shared-memory link closed: the node is stopping");
     }

@@ -362,18 +362,26 @@ pub fn expert_groups(pairs: &[ExpertPair]) -> Vec<(u32, Vec<u32>)> {
 
 /// Computes the expert groups of `pairs` ([`expert_groups`]) that `claim` hands out (it returns
 /// the next group index, or `None` when there are no more for this caller), each group as one
-/// GEMM, on `pool`'s threads taking groups side by side (or on this thread). Returns the pairs
-/// computed (indices into `pairs`, group after group) and their outputs, one `n_embd` row each
-/// in the same order. Every output is what [`run_grouped`] gives for that pair: a pair's row
-/// depends only on its expert and activation row.
+/// GEMM, on `pool`'s threads taking groups side by side (or on this thread), into `out` (one
+/// `n_embd` row per pair; rows of groups not taken are left as they were). Returns the pairs
+/// computed (indices into `pairs`, group after group). Every row is what [`run_grouped`] gives
+/// for that pair: a pair's row depends only on its expert and activation row.
 pub fn run_claimed<'a>(
     weights: impl Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>,
     acts: &ActRows,
     pairs: &[ExpertPair],
     n_embd: usize,
+    out: &mut [f32],
     pool: Option<&ThreadPool>,
     claim: &(dyn Fn() -> Option<usize> + Sync),
-) -> Result<(Vec<u32>, Vec<f32>), ExpertError> {
+) -> Result<Vec<u32>, ExpertError> {
+    if out.len() != pairs.len() * n_embd {
+        return Err(ExpertError::Shape(format!(
+            "expected an output of {} floats, found {}",
+            pairs.len() * n_embd,
+            out.len()
+        )));
+    }
     let groups = expert_groups(pairs);
     // Resolved on this thread (`weights` need not be shareable), before any group is taken:
     // a missing expert fails the call without taking work from other takers.
@@ -388,32 +396,66 @@ pub fn run_claimed<'a>(
         }
         resolved.push((w, idx));
     }
-    let take = || -> Result<(Vec<u32>, Vec<f32>), ExpertError> {
-        let (mut done, mut out) = (Vec::new(), Vec::new());
-        while let Some(g) = claim() {
-            let Some((w, idx)) = resolved.get(g) else {
-                break;
-            };
-            let rows: Vec<u32> = idx.iter().map(|&i| pairs[i as usize].row).collect();
-            let start = out.len();
-            out.resize(start + rows.len() * n_embd, 0.0);
-            expert_ffn(w, acts, &rows, &mut out[start..], None)?;
-            done.extend_from_slice(idx);
-        }
-        Ok((done, out))
-    };
+    let rows_of =
+        |idx: &[u32]| -> Vec<u32> { idx.iter().map(|&i| pairs[i as usize].row).collect() };
+    let mut done = Vec::new();
     match pool {
         Some(p) if p.current_num_threads() > 1 => {
-            let parts = p.broadcast(|_| take());
-            let (mut done, mut out) = (Vec::new(), Vec::new());
+            // Each worker computes the groups it takes into its own buffers; the rows are
+            // placed here afterwards.
+            let parts = p.broadcast(|_| -> Result<Vec<(usize, Vec<f32>)>, ExpertError> {
+                let mut mine = Vec::new();
+                while let Some(g) = claim() {
+                    let Some((w, idx)) = resolved.get(g) else {
+                        break;
+                    };
+                    let mut tmp = vec![0.0f32; idx.len() * n_embd];
+                    expert_ffn(w, acts, &rows_of(idx), &mut tmp, None)?;
+                    mine.push((g, tmp));
+                }
+                Ok(mine)
+            });
             for part in parts {
-                let (d, o) = part?;
-                done.extend(d);
-                out.extend(o);
+                for (g, tmp) in part? {
+                    let idx = resolved[g].1;
+                    scatter(&tmp, idx, n_embd, out);
+                    done.extend_from_slice(idx);
+                }
             }
-            Ok((done, out))
         }
-        _ => take(),
+        _ => {
+            while let Some(g) = claim() {
+                let Some((w, idx)) = resolved.get(g) else {
+                    break;
+                };
+                let rows = rows_of(idx);
+                let (first, last) = (idx[0] as usize, idx[idx.len() - 1] as usize);
+                if last + 1 - first == idx.len() {
+                    // consecutive pairs (a request built group by group): straight into place
+                    expert_ffn(
+                        w,
+                        acts,
+                        &rows,
+                        &mut out[first * n_embd..(last + 1) * n_embd],
+                        None,
+                    )?;
+                } else {
+                    let mut tmp = vec![0.0f32; idx.len() * n_embd];
+                    expert_ffn(w, acts, &rows, &mut tmp, None)?;
+                    scatter(&tmp, idx, n_embd, out);
+                }
+                done.extend_from_slice(idx);
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// Copies row `j` of `rows` to row `idx[j]` of `out`.
+fn scatter(rows: &[f32], idx: &[u32], n_embd: usize, out: &mut [f32]) {
+    for (j, &i) in idx.iter().enumerate() {
+        let i = i as usize;
+        out[i * n_embd..(i + 1) * n_embd].copy_from_slice(&rows[j * n_embd..(j + 1) * n_embd]);
     }
 }
 

@@ -12,8 +12,8 @@
 //! handed over with the `AttachShm` call, control calls keep using gRPC, and requests that do not
 //! fit the region go over the stream.
 //!
-//! Both ends run on one machine, so numbers are in its native byte order; the outputs are
-//! little-endian f32, as on the stream. The region (all offsets from its start):
+//! Both ends run on one machine, so numbers, outputs included, are in its native byte order. The
+//! region (all offsets from its start):
 //!
 //! | bytes | field |
 //! |---|---|
@@ -27,12 +27,14 @@
 //! | 64..100 | request: id u64, layer, act_type, n_rows, n_embd, n_pairs, acts_len, claim tag (u32 each) |
 //! | 128..148 | response: id u64, status i32 (0 = outputs, else a gRPC code), length u32, answered u32 |
 //! | 4096.. | request payload: experts\[n_pairs\] u32, rows\[n_pairs\] u32, activation bytes |
-//! | 4096 + cap.. | response payload: outputs, or the error message as UTF-8 |
+//! | 4096 + cap.. | response payload: one row of n_embd f32 per request pair (slot i for pair i), then the answered list; or the error message as UTF-8 |
 //!
-//! A request with a claim tag (not 0) is a *shared* call ([`board`]): the node computes only the
-//! expert groups it claims from the board, and its answer lists the pairs it computed
-//! ("answered" of them, `u32` indices into the request's pairs) before their outputs. An answer
-//! to an ordinary request has answered = `u32::MAX` and one output row per pair.
+//! The node computes straight into the row slots ([`ShmServer::rows_mut`]) and the coordinator
+//! reads them from there into its own buffer ([`ShmClient::wait_view`]): the outputs are not
+//! copied on the way. A request with a claim tag (not 0) is a *shared* call ([`board`]): the node
+//! computes only the expert groups it claims from the board, fills their slots, and lists the
+//! pairs it computed ("answered" of them, `u32` indices into the request's pairs) after the
+//! slots. An answer to an ordinary request fills every slot and has answered = `u32::MAX`.
 //!
 //! The coordinator writes the request area only while no request is outstanding, the node the
 //! response area only while one is; the counters' release/acquire order publishes each. The node
@@ -187,14 +189,36 @@ pub enum ShmReply {
     Error { code: i32, message: String },
 }
 
+/// A node's answer as it lies in the region, borrowed until the client's next post.
+#[derive(Debug, PartialEq)]
+pub enum ShmView<'a> {
+    /// One row of n_embd f32 per request pair; `answered` lists the pairs computed (distinct,
+    /// in range) when the call was shared, `None` when every row was.
+    Rows {
+        rows: &'a [f32],
+        answered: Option<Vec<u32>>,
+    },
+    /// A gRPC status code and message.
+    Error { code: i32, message: String },
+}
+
+/// The request a client waits on.
+#[derive(Clone, Copy)]
+struct Pending {
+    id: u64,
+    shared: bool,
+    n_pairs: usize,
+    n_embd: usize,
+}
+
 /// The coordinator's end: creates the region, posts requests, waits for answers.
 pub struct ShmClient {
     region: Region,
     path: PathBuf,
     unlinked: bool,
     seq: u32,
-    /// Request id of the outstanding request and whether it is a shared call, if any.
-    pending: Option<(u64, bool)>,
+    /// The outstanding request, if any.
+    pending: Option<Pending>,
 }
 
 impl ShmClient {
@@ -256,7 +280,11 @@ impl ShmClient {
     /// Whether a request with these sizes and its answer fit the region.
     pub fn fits(&self, n_pairs: usize, acts_len: usize, n_embd: usize) -> bool {
         let req = n_pairs.checked_mul(8).and_then(|p| p.checked_add(acts_len));
-        let resp = n_pairs.checked_mul(n_embd).and_then(|x| x.checked_mul(4));
+        // the row slots, then room for the answered list of a shared call
+        let resp = n_pairs
+            .checked_mul(n_embd)
+            .and_then(|x| x.checked_add(n_pairs))
+            .and_then(|x| x.checked_mul(4));
         matches!((req, resp), (Some(q), Some(r)) if q <= self.region.req_cap && r <= self.region.resp_cap())
     }
 
@@ -308,20 +336,26 @@ impl ShmClient {
             r.set(OFF_REQ + 8 + 4 * i, v);
         }
         self.seq = self.seq.wrapping_add(1);
-        self.pending = Some((req.request_id, tag != 0));
+        self.pending = Some(Pending {
+            id: req.request_id,
+            shared: tag != 0,
+            n_pairs: n,
+            n_embd: req.n_embd as usize,
+        });
         r.word(OFF_REQ_SEQ).store(self.seq, Ordering::Release);
         futex_wake(r.word(OFF_REQ_SEQ));
         Ok(())
     }
 
     /// Waits for the answer to the posted request until `deadline`, re-checking `alive` (the
-    /// node's other link) every few milliseconds so a dead node fails the call quickly.
-    pub fn wait(
+    /// node's other link) every few milliseconds so a dead node fails the call quickly. The
+    /// answer is read in place ([`ShmView`]).
+    pub fn wait_view(
         &mut self,
         deadline: Instant,
         alive: &mut dyn FnMut() -> bool,
-    ) -> Result<ShmReply, ShmError> {
-        let Some((id, shared)) = self.pending else {
+    ) -> Result<ShmView<'_>, ShmError> {
+        let Some(p) = self.pending else {
             return Err(ShmError::Malformed("no request is outstanding".into()));
         };
         let r = &self.region;
@@ -330,7 +364,7 @@ impl ShmClient {
             let seen = r.word(OFF_RESP_SEQ).load(Ordering::Acquire);
             if seen == self.seq {
                 self.pending = None;
-                return self.reply(id, shared);
+                return self.view(p);
             }
             if r.closed() & CLOSED_NODE != 0 {
                 return Err(ShmError::Closed);
@@ -346,12 +380,44 @@ impl ShmClient {
         }
     }
 
-    fn reply(&self, id: u64, shared: bool) -> Result<ShmReply, ShmError> {
+    /// As [`ShmClient::wait_view`], copied out: the rows computed as little-endian bytes (all
+    /// of them, or those of a shared call's answered pairs in its list's order).
+    pub fn wait(
+        &mut self,
+        deadline: Instant,
+        alive: &mut dyn FnMut() -> bool,
+    ) -> Result<ShmReply, ShmError> {
+        let n_pairs = self.pending.map_or(0, |p| p.n_pairs);
+        Ok(match self.wait_view(deadline, alive)? {
+            ShmView::Error { code, message } => ShmReply::Error { code, message },
+            ShmView::Rows {
+                rows,
+                answered: None,
+            } => ShmReply::Outputs(crate::f32s_to_le_bytes(rows)),
+            ShmView::Rows {
+                rows,
+                answered: Some(pairs),
+            } => {
+                let e = rows.len() / n_pairs.max(1);
+                let mut out = Vec::with_capacity(pairs.len() * e);
+                for &j in &pairs {
+                    out.extend_from_slice(&rows[j as usize * e..(j as usize + 1) * e]);
+                }
+                ShmReply::Partial {
+                    pairs,
+                    outputs: crate::f32s_to_le_bytes(&out),
+                }
+            }
+        })
+    }
+
+    fn view(&self, p: Pending) -> Result<ShmView<'_>, ShmError> {
         let r = &self.region;
         let got = r.wide(OFF_RESP).load(Ordering::Relaxed);
-        if got != id {
+        if got != p.id {
             return Err(ShmError::Malformed(format!(
-                "answer to request {got}, expected {id}"
+                "answer to request {got}, expected {}",
+                p.id
             )));
         }
         let status = r.get(OFF_RESP + 8) as i32;
@@ -362,35 +428,57 @@ impl ShmClient {
                 r.resp_cap()
             )));
         }
-        let answered = r.get(OFF_RESP + 16);
-        let bytes = r.read(HEADER_BYTES + r.req_cap, len);
-        Ok(if status == 0 && answered != ALL_PAIRS {
-            if !shared {
-                return Err(ShmError::Malformed(format!(
-                    "{answered} pairs answered for an ordinary call"
-                )));
-            }
-            let head = (answered as usize)
-                .checked_mul(4)
-                .filter(|&h| h <= bytes.len())
-                .ok_or_else(|| {
-                    ShmError::Malformed(format!(
-                        "{answered} pairs answered in {} bytes",
-                        bytes.len()
-                    ))
-                })?;
-            ShmReply::Partial {
-                pairs: from_u32s(&bytes[..head]),
-                outputs: bytes[head..].to_vec(),
-            }
-        } else if status == 0 {
-            ShmReply::Outputs(bytes)
-        } else {
-            ShmReply::Error {
+        let base = HEADER_BYTES + r.req_cap;
+        if status != 0 {
+            return Ok(ShmView::Error {
                 code: status,
-                message: String::from_utf8_lossy(&bytes).into_owned(),
+                message: String::from_utf8_lossy(&r.read(base, len)).into_owned(),
+            });
+        }
+        // post() checked that the slots and a full answered list fit the response area.
+        let n_rows = p.n_pairs * p.n_embd;
+        let answered = match r.get(OFF_RESP + 16) {
+            ALL_PAIRS if len == 4 * n_rows => None,
+            k if k != ALL_PAIRS
+                && p.shared
+                && (k as usize) <= p.n_pairs
+                && len == 4 * n_rows + 4 * k as usize =>
+            {
+                let list = from_u32s(&r.read(base + 4 * n_rows, 4 * k as usize));
+                let mut seen = vec![false; p.n_pairs];
+                for &j in &list {
+                    match seen.get_mut(j as usize) {
+                        Some(s) if !*s => *s = true,
+                        _ => {
+                            return Err(ShmError::Malformed(format!(
+                                "the answer lists pair {j} twice or of {} pairs",
+                                p.n_pairs
+                            )))
+                        }
+                    }
+                }
+                Some(list)
             }
-        })
+            k => {
+                return Err(ShmError::Malformed(format!(
+                    "{} answered in {len} bytes, for a{} call of {} pairs of {} values",
+                    if k == ALL_PAIRS {
+                        "all pairs".to_string()
+                    } else {
+                        format!("{k} pairs")
+                    },
+                    if p.shared { " shared" } else { "n ordinary" },
+                    p.n_pairs,
+                    p.n_embd
+                )))
+            }
+        };
+        // SAFETY: in bounds (checked above), f32-aligned (the response area starts at a
+        // multiple of 4096 from the page-aligned map), and the node no longer writes it: it
+        // published its answer and takes no request before our next post, which needs `&mut
+        // self` and so ends this borrow.
+        let rows = unsafe { std::slice::from_raw_parts(r.base().add(base) as *const f32, n_rows) };
+        Ok(ShmView::Rows { rows, answered })
     }
 }
 
@@ -419,6 +507,8 @@ pub struct ShmServer {
     current: Option<u32>,
     /// Its claim tag.
     tag: u32,
+    /// Its pairs and row width (the shape of the row slots).
+    shape: (usize, usize),
 }
 
 impl ShmServer {
@@ -443,7 +533,11 @@ impl ShmServer {
             region.wide(OFF_SIZE).load(Ordering::Relaxed),
             region.wide(OFF_REQ_CAP).load(Ordering::Relaxed),
         );
-        if stated != size as u64 || req_cap == 0 || req_cap >= (size - HEADER_BYTES) as u64 {
+        if stated != size as u64
+            || req_cap == 0
+            || !req_cap.is_multiple_of(4096)
+            || req_cap >= (size - HEADER_BYTES) as u64
+        {
             return Err(refuse(format!(
                 "header says size {stated} and request capacity {req_cap}, the file has {size} bytes"
             )));
@@ -459,6 +553,7 @@ impl ShmServer {
             client_pid,
             current: None,
             tag: 0,
+            shape: (0, 0),
         };
         if !server.client_alive() {
             return Err(refuse(format!(
@@ -511,11 +606,12 @@ impl ShmServer {
         }
     }
 
-    fn take(&self) -> Incoming {
+    fn take(&mut self) -> Incoming {
         let r = &self.region;
         let request_id = r.wide(OFF_REQ).load(Ordering::Relaxed);
         let f: Vec<u32> = (0..6).map(|i| r.get(OFF_REQ + 8 + 4 * i)).collect();
         let (n, acts_len) = (f[4] as usize, f[5] as usize);
+        self.shape = (n, f[3] as usize);
         let need = n.checked_mul(8).and_then(|p| p.checked_add(acts_len));
         match need {
             Some(need) if need <= r.req_cap => {}
@@ -542,41 +638,104 @@ impl ShmServer {
         })
     }
 
-    /// Answers the request taken last. Outputs larger than the response area become an error.
+    /// The row slots of the request taken last: one row of n_embd f32 per pair, to compute
+    /// into before [`ShmServer::reply_rows`]. `None` when they (and a full answered list) do
+    /// not fit the response area, or no request is being answered.
+    pub fn rows_mut(&mut self) -> Option<&mut [f32]> {
+        self.current?;
+        let (n, e) = self.shape;
+        let r = &self.region;
+        let fits = n
+            .checked_mul(e)
+            .and_then(|x| x.checked_add(n))
+            .and_then(|x| x.checked_mul(4))
+            .is_some_and(|b| b <= r.resp_cap());
+        if !fits {
+            return None;
+        }
+        // SAFETY: in bounds (checked), f32-aligned (the response area starts at a multiple of
+        // 4096 from the page-aligned map: `open_in` checked the request capacity), and the
+        // coordinator does not touch the response area while a request is outstanding; the
+        // borrow of `self` keeps this end from answering meanwhile.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(
+                r.base().add(HEADER_BYTES + r.req_cap) as *mut f32,
+                n * e,
+            )
+        })
+    }
+
+    /// Answers the request taken last with the rows written through [`ShmServer::rows_mut`]:
+    /// all of them (`answered` None) or, for a shared call, the pairs listed.
+    pub fn reply_rows(&mut self, request_id: u64, answered: Option<&[u32]>) {
+        let (n, e) = self.shape;
+        let list = answered.map_or(&[][..], |a| &a[..a.len().min(n)]);
+        let r = &self.region;
+        r.write(HEADER_BYTES + r.req_cap + 4 * n * e, &u32s(list));
+        let answered = answered.map_or(ALL_PAIRS, |_| list.len() as u32);
+        self.publish(request_id, 0, 4 * (n * e + list.len()));
+        self.region.set(OFF_RESP + 16, answered);
+        self.wake();
+    }
+
+    /// Answers the request taken last. Outputs that do not fit the response area, or do not
+    /// match the request's pairs, become an error.
     pub fn reply(&mut self, request_id: u64, reply: &ShmReply) {
+        if self.current.is_none() {
+            return;
+        }
+        let e = self.shape.1;
+        let error = match reply {
+            ShmReply::Outputs(b) => match self.rows_mut() {
+                Some(rows) if b.len() == 4 * rows.len() => {
+                    crate::le_bytes_to_f32s(b, rows);
+                    return self.reply_rows(request_id, None);
+                }
+                Some(_) => (13, "outputs do not match the request's pairs".to_string()), // INTERNAL
+                None => (8, "outputs exceed the shared response area".to_string()), // RESOURCE_EXHAUSTED
+            },
+            ShmReply::Partial { pairs, outputs } => match self.rows_mut() {
+                Some(rows)
+                    if outputs.len() == 4 * e * pairs.len()
+                        && pairs.iter().all(|&j| (j as usize + 1) * e <= rows.len()) =>
+                {
+                    for (i, &j) in pairs.iter().enumerate() {
+                        let j = j as usize;
+                        crate::le_bytes_to_f32s(
+                            &outputs[4 * i * e..4 * (i + 1) * e],
+                            &mut rows[j * e..(j + 1) * e],
+                        );
+                    }
+                    return self.reply_rows(request_id, Some(pairs));
+                }
+                Some(_) => (13, "outputs do not match the request's pairs".to_string()),
+                None => (8, "outputs exceed the shared response area".to_string()),
+            },
+            ShmReply::Error { code, message } => (*code, message.clone()),
+        };
+        let r = &self.region;
+        let m = error.1.as_bytes();
+        let m = &m[..m.len().min(r.resp_cap())];
+        r.write(HEADER_BYTES + r.req_cap, m);
+        self.publish(request_id, error.0, m.len());
+        self.region.set(OFF_RESP + 16, ALL_PAIRS);
+        self.wake();
+    }
+
+    /// Writes the response header (the caller wrote the payload).
+    fn publish(&self, request_id: u64, status: i32, len: usize) {
+        let r = &self.region;
+        r.wide(OFF_RESP).store(request_id, Ordering::Relaxed);
+        r.set(OFF_RESP + 8, status as u32);
+        r.set(OFF_RESP + 12, len as u32);
+    }
+
+    /// Publishes the answer (after its header) and wakes the coordinator.
+    fn wake(&mut self) {
         let Some(seq) = self.current.take() else {
             return;
         };
         let r = &self.region;
-        let too_large = (8, b"outputs exceed the shared response area".as_slice()); // RESOURCE_EXHAUSTED
-        let base = HEADER_BYTES + r.req_cap;
-        let (status, len, answered) = match reply {
-            ShmReply::Outputs(b) if b.len() <= r.resp_cap() => {
-                r.write(base, b);
-                (0, b.len(), ALL_PAIRS)
-            }
-            ShmReply::Partial { pairs, outputs }
-                if 4 * pairs.len() + outputs.len() <= r.resp_cap() =>
-            {
-                r.write(base, &u32s(pairs));
-                r.write(base + 4 * pairs.len(), outputs);
-                (0, 4 * pairs.len() + outputs.len(), pairs.len() as u32)
-            }
-            ShmReply::Outputs(_) | ShmReply::Partial { .. } => {
-                r.write(base, too_large.1);
-                (too_large.0, too_large.1.len(), ALL_PAIRS)
-            }
-            ShmReply::Error { code, message } => {
-                let m = message.as_bytes();
-                let m = &m[..m.len().min(r.resp_cap())];
-                r.write(base, m);
-                (*code, m.len(), ALL_PAIRS)
-            }
-        };
-        r.wide(OFF_RESP).store(request_id, Ordering::Relaxed);
-        r.set(OFF_RESP + 8, status as u32);
-        r.set(OFF_RESP + 12, len as u32);
-        r.set(OFF_RESP + 16, answered);
         r.word(OFF_RESP_SEQ).store(seq, Ordering::Release);
         futex_wake(r.word(OFF_RESP_SEQ));
     }

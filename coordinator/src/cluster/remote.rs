@@ -677,7 +677,7 @@ impl ExpertBackend for RemoteExperts {
             // and the connection tasks wake it directly: one hand-off per layer call fewer than
             // spawning them and waiting on a channel, which is what a thread inside another
             // runtime (where `block_on` would panic) still does.
-            let mut timed = if !has_streamed {
+            let timed = if !has_streamed {
                 Vec::new()
             } else if tokio::runtime::Handle::try_current().is_err() {
                 self.rt().block_on(work)
@@ -690,35 +690,38 @@ impl ExpertBackend for RemoteExperts {
                     .recv()
                     .map_err(|_| ExpertError::Backend("expert client runtime stopped".into()))?
             };
-            for p in posted {
-                timed.push(shm_link::wait(&self.shared, p));
-            }
-            record_spread(&self.shared, &timed);
-            let results = timed.into_iter().map(|(r, _)| r);
-            todo.clear();
-            for (share, result) in results {
-                match result {
-                    Ok(bytes) => {
+            // Stream outputs are copied into place here, shared-memory ones by `wait` itself.
+            let mut landed: Vec<call::Timed<()>> = timed
+                .into_iter()
+                .map(|((share, result), took)| {
+                    let placed = result.map(|bytes| {
                         for (j, &pi) in share.pair_idx.iter().enumerate() {
-                            let src = &bytes[j * n_embd * 4..(j + 1) * n_embd * 4];
                             nightshift_proto::le_bytes_to_f32s(
-                                src,
+                                &bytes[j * n_embd * 4..(j + 1) * n_embd * 4],
                                 &mut out[pi * n_embd..(pi + 1) * n_embd],
                             );
                         }
+                    });
+                    ((share, placed), took)
+                })
+                .collect();
+            for p in posted {
+                landed.push(shm_link::wait(&self.shared, p, out));
+            }
+            record_spread(&self.shared, &landed);
+            todo.clear();
+            for ((share, result), _) in landed {
+                if let Err(e) = result {
+                    let name = &self.shared.nodes[share.node].name;
+                    tracing::warn!(node = %name, layer, "layer call failed, retrying on another replica: {e}");
+                    last_errors.push(format!("{name}: {e}"));
+                    for &pi in &share.pair_idx {
+                        exclude
+                            .entry(pairs[pi].expert)
+                            .or_default()
+                            .push(share.node);
                     }
-                    Err(e) => {
-                        let name = &self.shared.nodes[share.node].name;
-                        tracing::warn!(node = %name, layer, "layer call failed, retrying on another replica: {e}");
-                        last_errors.push(format!("{name}: {e}"));
-                        for &pi in &share.pair_idx {
-                            exclude
-                                .entry(pairs[pi].expert)
-                                .or_default()
-                                .push(share.node);
-                        }
-                        todo.extend_from_slice(&share.pair_idx);
-                    }
+                    todo.extend_from_slice(&share.pair_idx);
                 }
             }
             todo.sort_unstable();

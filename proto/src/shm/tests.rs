@@ -22,6 +22,18 @@ fn request(id: u64, n: usize) -> ComputeRequest {
     }
 }
 
+/// Distinct outputs for `req`: row i of pair i holds expert * 100 + i * 10 + k.
+fn rows_of(req: &ComputeRequest) -> Vec<u8> {
+    let e = req.n_embd as usize;
+    let rows: Vec<f32> = req
+        .experts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &x)| (0..e).map(move |k| (x * 100 + i as u32 * 10 + k as u32) as f32))
+        .collect();
+    crate::f32s_to_le_bytes(&rows)
+}
+
 #[test]
 fn requests_and_answers_cross_between_threads() {
     let d = dir();
@@ -41,7 +53,7 @@ fn requests_and_answers_cross_between_threads() {
                     message: "no such layer".into(),
                 }
             } else {
-                ShmReply::Outputs(req.experts.iter().flat_map(|e| e.to_le_bytes()).collect())
+                ShmReply::Outputs(rows_of(&req))
             };
             server.reply(req.request_id, &reply);
             seen.push(req);
@@ -64,7 +76,7 @@ fn requests_and_answers_cross_between_threads() {
                 message: "no such layer".into(),
             }
         } else {
-            ShmReply::Outputs(req.experts.iter().flat_map(|e| e.to_le_bytes()).collect())
+            ShmReply::Outputs(rows_of(&req))
         };
         assert_eq!(got, want, "request {i}");
         sent.push(req);
@@ -297,25 +309,93 @@ fn shared_calls_answer_the_claimed_pairs() {
         matches!(&got, Err(ShmError::Malformed(m)) if m.contains("ordinary call")),
         "{got:?}"
     );
-    // An answer whose pair list overruns its length is malformed too.
-    client.post_tagged(&request(3, 4), 10).unwrap();
+    // Answers whose list overruns the pairs, or names a pair twice, are malformed too.
+    for (forge, why) in [
+        (
+            &(|r: &Region| r.set(OFF_RESP + 16, 1000)) as &dyn Fn(&Region),
+            "1000 pairs answered",
+        ),
+        (
+            &|r: &Region| {
+                r.write(
+                    HEADER_BYTES + r.req_cap + 4 * 4 * 8 + 4,
+                    &0u32.to_ne_bytes(),
+                )
+            },
+            "pair 0 twice",
+        ),
+    ] {
+        client.post_tagged(&request(3, 4), 10).unwrap();
+        let Ok(Some(Incoming::Request(req))) = server.next(Duration::from_secs(1)) else {
+            panic!("expected a request");
+        };
+        server.reply(
+            req.request_id,
+            &ShmReply::Partial {
+                pairs: vec![0, 1],
+                outputs: vec![0; 2 * 8 * 4],
+            },
+        );
+        forge(&server.region);
+        let got = client.wait(Instant::now() + Duration::from_secs(1), &mut || true);
+        assert!(
+            matches!(&got, Err(ShmError::Malformed(m)) if m.contains(why)),
+            "{why}: {got:?}"
+        );
+    }
+    // Outputs that do not match the request's pairs become an error.
+    client.post(&request(4, 4)).unwrap();
     let Ok(Some(Incoming::Request(req))) = server.next(Duration::from_secs(1)) else {
         panic!("expected a request");
     };
-    server.reply(
-        req.request_id,
-        &ShmReply::Partial {
-            pairs: vec![0, 1],
-            outputs: vec![],
-        },
-    );
-    // Forge the answered count past the payload.
-    server.region.set(OFF_RESP + 16, 1000);
+    server.reply(req.request_id, &ShmReply::Outputs(vec![0; 3 * 8 * 4]));
     let got = client.wait(Instant::now() + Duration::from_secs(1), &mut || true);
     assert!(
-        matches!(&got, Err(ShmError::Malformed(m)) if m.contains("1000 pairs answered")),
+        matches!(&got, Ok(ShmReply::Error { code: 13, .. })),
         "{got:?}"
     );
+}
+
+#[test]
+fn rows_go_from_the_node_to_the_coordinator_in_place() {
+    let d = dir();
+    let mut client = ShmClient::create_in(&d, 8192, 8192).unwrap();
+    let mut server = ShmServer::open_in(&d, client.path()).unwrap();
+    assert!(server.rows_mut().is_none(), "no request yet");
+    for (tag, answered) in [(0, None), (5, Some(vec![2u32, 0]))] {
+        client.post_tagged(&request(1, 3), tag).unwrap();
+        let Ok(Some(Incoming::Request(req))) = server.next(Duration::from_secs(1)) else {
+            panic!("expected a request");
+        };
+        let rows = server.rows_mut().expect("3 rows of 8 fit");
+        assert_eq!(rows.len(), 3 * 8);
+        for (i, v) in rows.iter_mut().enumerate() {
+            *v = i as f32 * 0.5;
+        }
+        server.reply_rows(req.request_id, answered.as_deref());
+        let view = client
+            .wait_view(Instant::now() + Duration::from_secs(1), &mut || true)
+            .unwrap();
+        let want: Vec<f32> = (0..24).map(|i| i as f32 * 0.5).collect();
+        assert_eq!(
+            view,
+            ShmView::Rows {
+                rows: &want,
+                answered: answered.clone()
+            },
+            "tag {tag}"
+        );
+    }
+    // Row slots that do not fit the response area (a forged width) are not handed out.
+    let mut small = ShmClient::create_in(&d, 4096, 4096).unwrap();
+    let mut node = ShmServer::open_in(&d, small.path()).unwrap();
+    small.post(&request(9, 1)).unwrap();
+    small.region.set(OFF_REQ + 8 + 12, 4096); // n_embd
+    assert!(matches!(
+        node.next(Duration::from_secs(1)),
+        Ok(Some(Incoming::Request(_)))
+    ));
+    assert!(node.rows_mut().is_none());
 }
 
 #[test]

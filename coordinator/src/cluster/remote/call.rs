@@ -13,8 +13,9 @@ use tokio::sync::oneshot;
 
 use super::{lock, mark_down, LinkState, Shared};
 
-/// A share's outcome and how long after it was sent the answer was in hand.
-pub(super) type Timed = ((Share, Result<Vec<u8>, String>), Duration);
+/// A share's outcome (the output bytes over a stream, `()` once written in place from shared
+/// memory) and how long after it was sent the answer was in hand.
+pub(super) type Timed<T> = ((Share, Result<T, String>), Duration);
 
 /// One node's share of a layer call.
 pub(super) struct Share {
@@ -62,9 +63,9 @@ pub(super) fn share_request(
     }
 }
 
-/// Checks a call's outputs, records it in the stats and metrics, and takes the node out of
-/// rotation on a transport failure (node-reported errors, "node error: ...", do not: the work
-/// is still retried elsewhere).
+/// Checks the size of a call's outputs (`received` bytes for the pairs of `share`), records
+/// the call in the stats and metrics, and takes the node out of rotation on a transport failure
+/// (node-reported errors, "node error: ...", do not: the work is still retried elsewhere).
 pub(super) fn finish_call(
     s: &Shared,
     share: &Share,
@@ -72,15 +73,15 @@ pub(super) fn finish_call(
     bytes_out: usize,
     shm: bool,
     started: Instant,
-    result: Result<Vec<u8>, String>,
-) -> Result<Vec<u8>, String> {
+    received: Result<usize, String>,
+) -> Result<(), String> {
     let node = &s.nodes[share.node];
-    let result = result.and_then(|b| {
+    let result = received.and_then(|n| {
         let want = share.pair_idx.len() * s.n_embd * 4;
-        if b.len() == want {
-            Ok(b)
+        if n == want {
+            Ok(n)
         } else {
-            Err(format!("expected {want} output bytes, found {}", b.len()))
+            Err(format!("expected {want} output bytes, found {n}"))
         }
     });
     let secs = started.elapsed().as_secs_f64();
@@ -91,8 +92,8 @@ pub(super) fn finish_call(
         st.shm_calls += shm as u64;
         st.bytes_out += bytes_out as u64;
         match &result {
-            Ok(b) => {
-                st.bytes_in += b.len() as u64;
+            Ok(n) => {
+                st.bytes_in += *n as u64;
                 if st.latencies_us.len() < 1 << 20 {
                     st.latencies_us.push((secs * 1e6) as u32);
                 }
@@ -107,7 +108,7 @@ pub(super) fn finish_call(
             mark_down(s, share.node, generation, e.clone());
         }
     }
-    result
+    result.map(|_| ())
 }
 
 /// Sends `share` to its node over the stream and waits for the outputs (one n_embd row per
@@ -150,13 +151,14 @@ pub(super) async fn call_node(
     .await;
     node.outstanding.fetch_sub(share.cost, Ordering::Relaxed);
     lock(&pending).remove(&request_id);
-    let result = finish_call(&s, &share, generation, bytes_out, false, started, result);
-    (share, result)
+    let received = result.as_ref().map(Vec::len).map_err(Clone::clone);
+    let checked = finish_call(&s, &share, generation, bytes_out, false, started, received);
+    (share, checked.and(result))
 }
 
 /// Records how uneven a round sent to several nodes was (slowest minus fastest), when all
 /// answered.
-pub(super) fn record_spread(s: &Shared, timed: &[Timed]) {
+pub(super) fn record_spread<T>(s: &Shared, timed: &[Timed<T>]) {
     if timed.len() < 2 || timed.iter().any(|((_, r), _)| r.is_err()) {
         return;
     }

@@ -92,25 +92,18 @@ pub(super) fn run(
         return None;
     }
     lock(&s.stats).shared_rounds += 1;
-    let timed: Vec<_> = posted.into_iter().map(|p| shm_link::wait(s, p)).collect();
+    let mut landed = Vec::with_capacity(posted.len());
+    for p in posted {
+        landed.push(shm_link::wait(s, p, out));
+    }
     board.finish();
-    record_spread(s, &timed);
-    let n_embd = s.n_embd;
+    record_spread(s, &landed);
+    // Each node's share came back narrowed to the pairs it answered, already in `out`.
     let mut answered = vec![false; pairs.len()];
     let mut failed = Vec::new();
-    for ((share, result), _) in timed {
+    for ((share, result), _) in landed {
         match result {
-            Ok(bytes) => {
-                for (j, &pi) in share.pair_idx.iter().enumerate() {
-                    if std::mem::replace(&mut answered[pi], true) {
-                        continue; // a group is handed out once; never overwrite
-                    }
-                    nightshift_proto::le_bytes_to_f32s(
-                        &bytes[j * n_embd * 4..(j + 1) * n_embd * 4],
-                        &mut out[pi * n_embd..(pi + 1) * n_embd],
-                    );
-                }
-            }
+            Ok(()) => share.pair_idx.iter().for_each(|&pi| answered[pi] = true),
             Err(e) => failed.push((share.node, e)),
         }
     }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use nightshift_model::{ActRows, ExpertPair};
-use nightshift_proto::shm::{ShmClient, ShmReply};
+use nightshift_proto::shm::{ShmClient, ShmView};
 use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
 use nightshift_proto::v1::AttachShmRequest;
 use tonic::transport::Channel;
@@ -66,8 +66,6 @@ pub(super) struct Posted<'a> {
     generation: u64,
     bytes_out: usize,
     started: Instant,
-    /// The claim board tag of a shared call (0: an ordinary one).
-    tag: u32,
 }
 
 impl Drop for Posted<'_> {
@@ -122,31 +120,52 @@ pub(super) fn post<'a>(
         generation,
         bytes_out,
         started,
-        tag,
     })
 }
 
-/// Waits for a posted share's outputs under the call deadline; a node whose stream died in the
-/// meantime fails the wait within milliseconds.
-pub(super) fn wait(s: &Shared, mut p: Posted<'_>) -> Timed {
+/// Waits for a posted share's outputs under the call deadline (a node whose stream died in the
+/// meantime fails the wait within milliseconds) and copies them from the region straight into
+/// their rows of `out`. The share comes back narrowed to the pairs answered (a shared call's
+/// node answers only the groups it took).
+pub(super) fn wait(s: &Shared, mut p: Posted<'_>, out: &mut [f32]) -> Timed<()> {
     let node = p.node;
     let deadline = p.started + s.opts.deadline;
     let generation = p.generation;
     let mut alive =
         || matches!(&*lock(&node.state), LinkState::Up(c) if c.generation == generation);
-    let reply = lock(&p.link.client).wait(deadline, &mut alive);
-    let elapsed = p.started.elapsed();
-    let result = match reply {
-        Ok(ShmReply::Outputs(b)) => Ok(b),
-        Ok(ShmReply::Partial { pairs, outputs }) if p.tag != 0 => {
-            narrow(&mut p.share.pair_idx, &pairs).map(|()| outputs)
+    let n_embd = s.n_embd;
+    let received = {
+        let mut client = lock(&p.link.client);
+        match client.wait_view(deadline, &mut alive) {
+            Ok(ShmView::Rows { rows, answered }) => {
+                let js: Vec<usize> = match answered {
+                    None => (0..p.share.pair_idx.len()).collect(),
+                    Some(list) => list.into_iter().map(|j| j as usize).collect(),
+                };
+                if rows.len() != p.share.pair_idx.len() * n_embd {
+                    Err(format!(
+                        "shared memory: {} output values for {} pairs",
+                        rows.len(),
+                        p.share.pair_idx.len()
+                    ))
+                } else {
+                    // `wait_view` checked every listed pair is in range and listed once.
+                    let mut kept = Vec::with_capacity(js.len());
+                    for &j in &js {
+                        let pi = p.share.pair_idx[j];
+                        out[pi * n_embd..(pi + 1) * n_embd]
+                            .copy_from_slice(&rows[j * n_embd..(j + 1) * n_embd]);
+                        kept.push(pi);
+                    }
+                    p.share.pair_idx = kept;
+                    Ok(4 * n_embd * js.len())
+                }
+            }
+            Ok(ShmView::Error { message, .. }) => Err(format!("node error: {message}")),
+            Err(e) => Err(format!("shared memory: {e}")),
         }
-        Ok(ShmReply::Partial { .. }) => {
-            Err("shared memory: a partial answer to an ordinary call".into())
-        }
-        Ok(ShmReply::Error { message, .. }) => Err(format!("node error: {message}")),
-        Err(e) => Err(format!("shared memory: {e}")),
     };
+    let elapsed = p.started.elapsed();
     let result = finish_call(
         s,
         &p.share,
@@ -154,7 +173,7 @@ pub(super) fn wait(s: &Shared, mut p: Posted<'_>) -> Timed {
         p.bytes_out,
         true,
         p.started,
-        result,
+        received,
     );
     let share = Share {
         node: p.share.node,
@@ -162,28 +181,4 @@ pub(super) fn wait(s: &Shared, mut p: Posted<'_>) -> Timed {
         cost: p.share.cost,
     };
     ((share, result), elapsed)
-}
-
-/// Narrows a shared call's `pair_idx` to the request pairs a node `answered` (indices into it),
-/// in the answer's order; each may appear once.
-fn narrow(pair_idx: &mut Vec<usize>, answered: &[u32]) -> Result<(), String> {
-    let mut seen = vec![false; pair_idx.len()];
-    let mut kept = Vec::with_capacity(answered.len());
-    for &j in answered {
-        match seen.get_mut(j as usize) {
-            Some(s) if !*s => {
-                *s = true;
-                kept.push(pair_idx[j as usize]);
-            }
-            Some(_) => return Err(format!("shared memory: the answer lists pair {j} twice")),
-            None => {
-                return Err(format!(
-                    "shared memory: the answer lists pair {j} of a call of {}",
-                    pair_idx.len()
-                ))
-            }
-        }
-    }
-    *pair_idx = kept;
-    Ok(())
 }
