@@ -10,7 +10,7 @@ use crate::expert::ExpertBackend;
 use crate::hot::hot;
 use crate::kv::{KvType, SeqKv};
 use crate::model::Model;
-use crate::moe::{dense_ffn, moe_ffn, RouteObserver};
+use crate::moe::{dense_ffn, moe_combine, moe_route, RouteObserver, Routed};
 use crate::ops::{add_inplace, matmul, rms_norm};
 use crate::rope::Rope;
 use crate::weights::FfnWeights;
@@ -333,8 +333,9 @@ impl Engine {
         Ok(toks)
     }
 
-    /// One step; with `hot_phases` the attention blocks, the routers and the output head each
-    /// run inside [`hot`] (the step as a whole is not).
+    /// One step; with `hot_phases` everything between two expert calls (a MoE layer's sum and
+    /// shared expert, the next attention block and router; at the end the output head) runs
+    /// inside one [`hot`] (the step as a whole is not: the experts run elsewhere meanwhile).
     fn run(
         &mut self,
         batch: &[BatchToken],
@@ -380,66 +381,78 @@ impl Engine {
         let mut y = vec![0.0f32; n * e];
         // Phase times of this step, added to the profile only if the step succeeds.
         let mut prof = StepProfile::default();
+        // A MoE layer whose experts ran: (routing, expert outputs, its normalised rows for the
+        // shared expert, layer), summed into `x` at the start of the next phase. Everything
+        // between two expert calls (the sum, the shared expert, the next attention block, its
+        // router) is one phase, so with `hot_phases` the pool's workers wake once per layer.
+        let mut pending: Option<(Routed, Vec<f32>, Vec<f32>, usize)> = None;
+        let seqs = &mut self.seqs;
+        let observer = self.observer.as_deref();
         for (il, lw) in w.layers.iter().enumerate() {
-            let t_attn = Instant::now();
-            rms_norm(&x, &lw.attn_norm, c.rms_eps, &mut h);
-            let seqs = &mut self.seqs;
-            phase(&mut || match c.arch {
-                Arch::Qwen3Moe => arch::qwen3moe::attention(&ctx, seqs, il, &h, &mut y),
-                Arch::Deepseek2 => arch::deepseek2::attention(&ctx, seqs, il, &h, &mut y),
-            })?;
-            add_inplace(&mut x, &y);
-            prof.attention += t_attn.elapsed().as_secs_f64();
-            let t_ffn = Instant::now();
-            rms_norm(&x, &lw.ffn_norm, c.rms_eps, &mut h);
-            match &lw.ffn {
-                FfnWeights::Dense(d) => dense_ffn(d, &h, n, &mut y, p)?,
-                FfnWeights::Moe(m) => {
-                    let step = moe_ffn(
-                        c,
-                        il,
-                        m,
-                        &h,
-                        n,
-                        &*self.backend,
-                        self.observer.as_deref(),
-                        p,
-                        hot_phases,
-                        &mut y,
-                    )?;
-                    prof.router += step.router.as_secs_f64();
-                    prof.experts += step.experts.as_secs_f64();
-                    if let Some(sh) = &m.shared {
-                        let mut s = vec![0.0f32; n * e];
-                        dense_ffn(sh, &h, n, &mut s, p)?;
-                        add_inplace(&mut y, &s);
+            let mut routed = None;
+            phase(&mut || {
+                if let Some((r, eo, hm, jl)) = pending.take() {
+                    finish_moe(c, w, jl, &r, &eo, &hm, n, &mut y, &mut x, p, &mut prof)?;
+                }
+                let t_attn = Instant::now();
+                rms_norm(&x, &lw.attn_norm, c.rms_eps, &mut h);
+                match c.arch {
+                    Arch::Qwen3Moe => arch::qwen3moe::attention(&ctx, seqs, il, &h, &mut y)?,
+                    Arch::Deepseek2 => arch::deepseek2::attention(&ctx, seqs, il, &h, &mut y)?,
+                }
+                add_inplace(&mut x, &y);
+                prof.attention += t_attn.elapsed().as_secs_f64();
+                let t_ffn = Instant::now();
+                rms_norm(&x, &lw.ffn_norm, c.rms_eps, &mut h);
+                match &lw.ffn {
+                    FfnWeights::Dense(d) => {
+                        dense_ffn(d, &h, n, &mut y, p)?;
+                        add_inplace(&mut x, &y);
+                        prof.ffn_other += t_ffn.elapsed().as_secs_f64();
+                    }
+                    FfnWeights::Moe(m) => {
+                        let r = moe_route(c, il, m, &h, n, observer, p)?;
+                        prof.router += r.router.as_secs_f64();
+                        prof.ffn_other += (t_ffn.elapsed() - r.router).as_secs_f64();
+                        routed = Some(r);
                     }
                 }
+                Ok(())
+            })?;
+            if let Some(r) = routed {
+                let mut eo = vec![0.0f32; r.pairs.len() * e];
+                let t_experts = Instant::now();
+                self.backend.run_experts(il, &r.acts, &r.pairs, &mut eo)?;
+                prof.experts += t_experts.elapsed().as_secs_f64();
+                pending = Some((r, eo, h.clone(), il));
             }
-            add_inplace(&mut x, &y);
-            prof.ffn_other += t_ffn.elapsed().as_secs_f64();
         }
-        prof.ffn_other -= prof.router + prof.experts;
-        let t_out = Instant::now();
         let rows: Vec<usize> = batch
             .iter()
             .enumerate()
             .filter(|(_, b)| b.want_logits)
             .map(|(i, _)| i)
             .collect();
-        if rows.is_empty() {
-            self.add_phases(&prof);
-            return Ok(Vec::new());
-        }
-        let mut sel = Vec::with_capacity(rows.len() * e);
-        for &r in &rows {
-            sel.extend_from_slice(&x[r * e..(r + 1) * e]);
-        }
-        let mut hn = vec![0.0f32; sel.len()];
-        rms_norm(&sel, &w.output_norm, c.rms_eps, &mut hn);
         let nv = c.n_vocab;
         let mut logits = vec![0.0f32; rows.len() * nv];
-        phase(&mut || matmul(&w.output, 0, &hn, rows.len(), &mut logits, p))?;
+        let mut t_out = Instant::now();
+        // The last MoE layer's sum and the output head: one phase.
+        phase(&mut || {
+            if let Some((r, eo, hm, jl)) = pending.take() {
+                finish_moe(c, w, jl, &r, &eo, &hm, n, &mut y, &mut x, p, &mut prof)?;
+            }
+            t_out = Instant::now();
+            if rows.is_empty() {
+                return Ok(());
+            }
+            let mut sel = Vec::with_capacity(rows.len() * e);
+            for &r in &rows {
+                sel.extend_from_slice(&x[r * e..(r + 1) * e]);
+            }
+            let mut hn = vec![0.0f32; sel.len()];
+            rms_norm(&sel, &w.output_norm, c.rms_eps, &mut hn);
+            matmul(&w.output, 0, &hn, rows.len(), &mut logits, p)
+        })?;
         let out = logits.chunks_exact(nv).map(|r| r.to_vec()).collect();
         prof.output = t_out.elapsed().as_secs_f64();
         self.add_phases(&prof);
@@ -455,4 +468,35 @@ impl Engine {
         p.ffn_other += s.ffn_other;
         p.output += s.output;
     }
+}
+
+/// Sums a MoE layer's expert outputs `eo` with their routing weights, adds its shared expert
+/// (run on its normalised rows `hm`) and adds the result to the residual `x` (`y` is scratch):
+/// llama.cpp's order: weighted sum in top-k order, plus the shared expert, into the residual.
+#[allow(clippy::too_many_arguments)]
+fn finish_moe(
+    c: &crate::config::ModelConfig,
+    w: &crate::weights::Weights,
+    il: usize,
+    r: &Routed,
+    eo: &[f32],
+    hm: &[f32],
+    n: usize,
+    y: &mut [f32],
+    x: &mut [f32],
+    p: Option<&rayon::ThreadPool>,
+    prof: &mut StepProfile,
+) -> Result<(), ModelError> {
+    let t = Instant::now();
+    moe_combine(c, r, eo, n, y);
+    if let FfnWeights::Moe(m) = &w.layers[il].ffn {
+        if let Some(sh) = &m.shared {
+            let mut s = vec![0.0f32; n * c.n_embd];
+            dense_ffn(sh, hm, n, &mut s, p)?;
+            add_inplace(y, &s);
+        }
+    }
+    add_inplace(x, y);
+    prof.ffn_other += t.elapsed().as_secs_f64();
+    Ok(())
 }

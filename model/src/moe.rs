@@ -2,12 +2,13 @@
 //! layer as llama.cpp's `build_moe_ffn` computes it: router logits (f32), softmax or sigmoid,
 //! selection bias (`exp_probs_b`, selection only), optional group-limited top-k, top-k in
 //! descending order, weights renormalised (sum clamped >= 6.1035e-5) and scaled. The routed experts
-//! run behind the `ExpertBackend` seam on activations quantized once (`ActRows`); the engine then
-//! weights each expert row and sums in top-k order.
+//! run behind the `ExpertBackend` seam on activations quantized once (`ActRows`): `moe_route`
+//! routes and quantizes, the engine makes the expert call, and `moe_combine` weights each expert
+//! row and sums in top-k order.
 
 use crate::config::{Gating, ModelConfig};
 use crate::error::ModelError;
-use crate::expert::{act_type_for, ActRows, ExpertBackend, ExpertPair};
+use crate::expert::{act_type_for, ActRows, ExpertPair};
 use crate::ops::{matmul, matmul_many, sigmoid, softmax, swiglu};
 use crate::weights::{DenseFfn, MoeWeights};
 use rayon::ThreadPool;
@@ -88,48 +89,40 @@ pub trait RouteObserver: Send + Sync {
     fn observe(&self, layer: usize, pairs: &[ExpertPair], weights: &[f32]);
 }
 
-/// What one MoE layer call reports back: the chosen experts of each row (top-k order, for
-/// tracing) and where its time went.
-pub struct MoeStep {
+/// A MoE layer's routing of one batch: what goes to the experts and how their outputs combine.
+pub struct Routed {
+    /// (expert, row) pairs, row-major in top-k order.
+    pub pairs: Vec<ExpertPair>,
+    /// The routing weight of each pair.
+    pub weights: Vec<f32>,
+    /// The chosen experts of each row (top-k order).
     pub chosen: Vec<Vec<usize>>,
-    /// Router matmul.
+    /// The rows quantized once to the experts' activation type.
+    pub acts: ActRows,
+    /// Time of the router GEMM.
     pub router: std::time::Duration,
-    /// The backend's expert call (in process or the node round trips).
-    pub experts: std::time::Duration,
 }
 
-/// Routed experts of layer `il` for n normalised rows `h`, summed with their weights into `out`.
-/// With `hot_router` the router's GEMM runs inside [`crate::hot::hot`] (the engine's step is not
-/// hot as a whole because the experts run elsewhere, and a parked worker costs a wake-up).
+/// Routes n normalised rows `h` of layer `il`: router logits (f32), top-k, routing weights,
+/// and the rows quantized once for the experts. Tells `observer` the decisions.
 #[allow(clippy::too_many_arguments)]
-pub fn moe_ffn(
+pub fn moe_route(
     c: &ModelConfig,
     il: usize,
     mw: &MoeWeights,
     h: &[f32],
     n: usize,
-    backend: &dyn ExpertBackend,
     observer: Option<&dyn RouteObserver>,
     pool: Option<&ThreadPool>,
-    hot_router: bool,
-    out: &mut [f32],
-) -> Result<MoeStep, ModelError> {
+) -> Result<Routed, ModelError> {
     let e = c.n_embd;
     let ne = c.n_expert;
     let used = c.n_expert_used;
     let mut logits = vec![0.0f32; n * ne];
     let t_router = std::time::Instant::now();
-    let mut gemm = || -> Result<(), ModelError> {
-        match &mw.gate_inp_packed {
-            Some(packed) => packed.gemm(&h[..n * e], n, &mut logits, pool)?,
-            None => matmul(&mw.gate_inp, 0, h, n, &mut logits, pool)?,
-        }
-        Ok(())
-    };
-    if hot_router {
-        crate::hot::hot(gemm)?;
-    } else {
-        gemm()?;
+    match &mw.gate_inp_packed {
+        Some(packed) => packed.gemm(&h[..n * e], n, &mut logits, pool)?,
+        None => matmul(&mw.gate_inp, 0, h, n, &mut logits, pool)?,
     }
     let router = t_router.elapsed();
     let mut pairs = Vec::with_capacity(n * used);
@@ -150,14 +143,24 @@ pub fn moe_ffn(
         o.observe(il, &pairs, &weights);
     }
     let acts = ActRows::quantize(act_type_for(mw.gate_exps.ty, mw.up_exps.ty), &h[..n * e], e)?;
-    let mut eo = vec![0.0f32; pairs.len() * e];
-    let t_experts = std::time::Instant::now();
-    backend.run_experts(il, &acts, &pairs, &mut eo)?;
-    let experts = t_experts.elapsed();
+    Ok(Routed {
+        pairs,
+        weights,
+        chosen: chosen_all,
+        acts,
+        router,
+    })
+}
+
+/// Sums the expert outputs `eo` (one row per pair of `r`) with their routing weights into
+/// `out`, each row's experts in top-k order, as llama.cpp does.
+pub fn moe_combine(c: &ModelConfig, r: &Routed, eo: &[f32], n: usize, out: &mut [f32]) {
+    let e = c.n_embd;
+    let used = c.n_expert_used;
     for t in 0..n {
         let o = &mut out[t * e..(t + 1) * e];
         for k in 0..used {
-            let wk = weights[t * used + k];
+            let wk = r.weights[t * used + k];
             let row = &eo[(t * used + k) * e..(t * used + k + 1) * e];
             if k == 0 {
                 for (a, &b) in o.iter_mut().zip(row) {
@@ -170,9 +173,4 @@ pub fn moe_ffn(
             }
         }
     }
-    Ok(MoeStep {
-        chosen: chosen_all,
-        router,
-        experts,
-    })
 }
