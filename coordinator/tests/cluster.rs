@@ -49,19 +49,7 @@ fn remote_with(
         },
         ..Default::default()
     };
-    let r = RemoteExperts::connect(
-        cluster.placement().clone(),
-        model.gguf().fingerprint(),
-        model.config().n_embd,
-        opts,
-    )
-    .expect("connect");
-    assert!(
-        r.wait_all_up(Duration::from_secs(20)),
-        "nodes up: {:?}",
-        r.status()
-    );
-    Arc::new(r)
+    support::cluster::connect(model, cluster, opts)
 }
 
 fn local(model: &Arc<Model>) -> Arc<dyn ExpertBackend> {

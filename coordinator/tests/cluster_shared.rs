@@ -24,19 +24,7 @@ fn remote(model: &Model, cluster: &LocalCluster, share_work: bool) -> Arc<Remote
         share_work,
         ..Default::default()
     };
-    let r = RemoteExperts::connect(
-        cluster.placement().clone(),
-        model.gguf().fingerprint(),
-        model.config().n_embd,
-        opts,
-    )
-    .expect("connect");
-    assert!(
-        r.wait_all_up(Duration::from_secs(20)),
-        "nodes up: {:?}",
-        r.status()
-    );
-    Arc::new(r)
+    support::cluster::connect(model, cluster, opts)
 }
 
 /// Every expert on every one of `n` nodes.

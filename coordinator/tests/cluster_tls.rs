@@ -16,7 +16,7 @@ use nightshift_atlas::placement::{NodeSpec, Placement};
 use nightshift_coordinator::cluster::{
     model_shape, ClientTls, LaunchOptions, LocalCluster, NodeTls, RemoteExperts, RemoteOptions,
 };
-use nightshift_model::{BatchToken, Engine, LocalExperts, Model};
+use nightshift_model::{Engine, LocalExperts, Model};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 /// A CA, writing `<name>-ca.pem`, that issues certificates into `dir`.
@@ -57,20 +57,7 @@ impl Ca {
 
 /// Logits of every position of `prompt`, prefilled as one batch.
 fn logits(e: &mut Engine, prompt: &[u32]) -> Vec<Vec<f32>> {
-    let seq = e.add_sequence().expect("sequence");
-    let batch: Vec<BatchToken> = prompt
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| BatchToken {
-            seq,
-            token: t,
-            pos: i as u32,
-            want_logits: true,
-        })
-        .collect();
-    let rows = e.forward(&batch).expect("forward");
-    e.remove_sequence(seq);
-    rows
+    support::cluster::generate(e, prompt, 0, |_| {}).expect("forward")
 }
 
 fn connect(model: &Model, cluster: &LocalCluster, tls: Option<ClientTls>) -> RemoteExperts {

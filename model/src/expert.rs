@@ -288,13 +288,7 @@ pub fn run_grouped<'a>(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), ExpertError> {
-    if out.len() != pairs.len() * n_embd {
-        return Err(ExpertError::Shape(format!(
-            "expected an output of {} floats, found {}",
-            pairs.len() * n_embd,
-            out.len()
-        )));
-    }
+    check_out_len(out.len(), pairs.len(), n_embd)?;
     let mut order: Vec<usize> = (0..pairs.len()).collect();
     order.sort_by_key(|&i| (pairs[i].expert, i));
     // (weights, the pair indices routed to that expert), resolved on this thread: `weights`
@@ -307,13 +301,7 @@ pub fn run_grouped<'a>(
         while end < order.len() && pairs[order[end]].expert == ex {
             end += 1;
         }
-        let w = weights(ex)?;
-        if w.n_embd != n_embd {
-            return Err(ExpertError::Shape(format!(
-                "expected experts of width {n_embd}, found {}",
-                w.n_embd
-            )));
-        }
+        let w = weights_of(&weights, ex, n_embd)?;
         groups.push((w, &order[start..end]));
         start = end;
     }
@@ -343,6 +331,33 @@ pub fn run_grouped<'a>(
         }
     }
     Ok(())
+}
+
+/// `out` must hold one `n_embd` row per pair.
+fn check_out_len(out: usize, pairs: usize, n_embd: usize) -> Result<(), ExpertError> {
+    if out != pairs * n_embd {
+        return Err(ExpertError::Shape(format!(
+            "expected an output of {} floats, found {out}",
+            pairs * n_embd
+        )));
+    }
+    Ok(())
+}
+
+/// The weights of expert `e`, which must be `n_embd` wide.
+fn weights_of<'a>(
+    weights: &impl Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>,
+    e: u32,
+    n_embd: usize,
+) -> Result<ExpertWeights<'a>, ExpertError> {
+    let w = weights(e)?;
+    if w.n_embd != n_embd {
+        return Err(ExpertError::Shape(format!(
+            "expected experts of width {n_embd}, found {}",
+            w.n_embd
+        )));
+    }
+    Ok(w)
 }
 
 /// The expert groups of `pairs` (all pairs routed to one expert), in the order their experts
@@ -375,25 +390,13 @@ pub fn run_claimed<'a>(
     pool: Option<&ThreadPool>,
     claim: &(dyn Fn() -> Option<usize> + Sync),
 ) -> Result<Vec<u32>, ExpertError> {
-    if out.len() != pairs.len() * n_embd {
-        return Err(ExpertError::Shape(format!(
-            "expected an output of {} floats, found {}",
-            pairs.len() * n_embd,
-            out.len()
-        )));
-    }
+    check_out_len(out.len(), pairs.len(), n_embd)?;
     let groups = expert_groups(pairs);
     // Resolved on this thread (`weights` need not be shareable), before any group is taken:
     // a missing expert fails the call without taking work from other takers.
     let mut resolved = Vec::with_capacity(groups.len());
     for (e, idx) in &groups {
-        let w = weights(*e)?;
-        if w.n_embd != n_embd {
-            return Err(ExpertError::Shape(format!(
-                "expected experts of width {n_embd}, found {}",
-                w.n_embd
-            )));
-        }
+        let w = weights_of(&weights, *e, n_embd)?;
         resolved.push((w, idx));
     }
     let rows_of =

@@ -2,11 +2,12 @@
 //! greedy generation that returns every logits row, and a bit-for-bit comparison.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use nightshift_atlas::placement::{LayerPlacement, NodeSpec, Placement};
-use nightshift_coordinator::cluster::{LaunchOptions, LocalCluster};
+use nightshift_coordinator::cluster::{LaunchOptions, LocalCluster, RemoteExperts, RemoteOptions};
+use nightshift_model::Model;
 use nightshift_model::{BatchToken, Engine};
 
 /// `nightshift-expert-node` in this test's profile (built once if needed).
@@ -107,4 +108,21 @@ pub fn explicit(
         })
         .collect();
     Placement::from_layers(nodes(n), layers).expect("placement")
+}
+
+/// The remote backend over `cluster` with `opts`, once every node is up (20 s at most).
+pub fn connect(model: &Model, cluster: &LocalCluster, opts: RemoteOptions) -> Arc<RemoteExperts> {
+    let r = RemoteExperts::connect(
+        cluster.placement().clone(),
+        model.gguf().fingerprint(),
+        model.config().n_embd,
+        opts,
+    )
+    .expect("connect");
+    assert!(
+        r.wait_all_up(Duration::from_secs(20)),
+        "nodes up: {:?}",
+        r.status()
+    );
+    Arc::new(r)
 }
