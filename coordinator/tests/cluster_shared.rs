@@ -3,7 +3,7 @@
 //! claim board as they go. Logits stay bit-identical to the in-process engine (both
 //! architectures), the same cluster with the calls split in advance gives the same bits, and a
 //! node killed with kill -9 mid-generation changes nothing: the groups it took are retried on
-//! the others.
+//! the others. Several callers at once all get the same bits.
 
 mod support;
 
@@ -101,4 +101,29 @@ fn kill_9_during_shared_calls_changes_nothing() {
     // After the kill the two survivors still share the calls.
     let after = r.take_stats();
     assert!(after.shared_rounds > 0, "{after:?}");
+}
+
+/// Several engines calling one backend at once: a call finding the board (or a node's region)
+/// taken by another goes the ordinary way, and every caller still gets the in-process bits.
+#[test]
+fn concurrent_callers_get_the_same_bits() {
+    let path = data("tiny-qwen3moe-Q2_K.gguf");
+    let model = Model::load(&path).expect("model");
+    let shape = model_shape(&model).expect("shape");
+    let local = Arc::new(LocalExperts::new(model.clone(), None));
+    let want = generate(&mut engine(&model, local), &PROMPT, 8, |_| {}).expect("in process");
+    let cluster = launch(&path, everywhere(&shape, 2));
+    let r = remote(&model, &cluster, true);
+    let callers: Vec<_> = (0..3)
+        .map(|_| {
+            let (m, r) = (model.clone(), r.clone());
+            std::thread::spawn(move || generate(&mut engine(&m, r), &PROMPT, 8, |_| {}))
+        })
+        .collect();
+    for (i, c) in callers.into_iter().enumerate() {
+        let got = c.join().expect("caller").expect("generation");
+        assert_bits_equal(&got, &want, &format!("caller {i}"));
+    }
+    let st = r.take_stats();
+    assert!(st.errors == 0 && st.shared_rounds > 0, "{st:?}");
 }

@@ -163,6 +163,8 @@ pub(super) struct Shared {
     next_id: AtomicU64,
     /// The claim board of shared calls (nodes on this machine, `share_work`).
     board: Option<nightshift_proto::shm::board::ClaimBoard>,
+    /// Held by the shared call using the board.
+    board_busy: std::sync::atomic::AtomicBool,
     next_tag: std::sync::atomic::AtomicU32,
 }
 
@@ -271,6 +273,7 @@ impl RemoteExperts {
             next_id: AtomicU64::new(1),
             stats: Mutex::new(RpcStats::default()),
             board,
+            board_busy: std::sync::atomic::AtomicBool::new(false),
             next_tag: std::sync::atomic::AtomicU32::new(1),
         });
         let s = shared.clone();

@@ -35,7 +35,9 @@ pub(super) struct SharedRound {
 
 /// Runs `todo` (indices into `pairs`) as a shared call and writes the answered outputs into
 /// `out`, or returns `None` (nothing done) when no two reachable nodes on this machine hold all
-/// of its experts, it has fewer than two experts, or the board is off.
+/// of its experts, it has fewer than two experts, the board is off, or another caller's shared
+/// call holds the board (one board, one call at a time: starting a call ends the claims of the
+/// one before).
 pub(super) fn run(
     s: &Shared,
     placement: &Placement,
@@ -46,6 +48,17 @@ pub(super) fn run(
     out: &mut [f32],
 ) -> Option<SharedRound> {
     let board = s.board.as_ref()?;
+    // Released on every return below.
+    struct Held<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Held<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Release);
+        }
+    }
+    if s.board_busy.swap(true, Ordering::AcqRel) {
+        return None;
+    }
+    let _held = Held(&s.board_busy);
     let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
     for &pi in todo {
         groups.entry(pairs[pi].expert).or_default().push(pi);
