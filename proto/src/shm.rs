@@ -643,16 +643,11 @@ impl ShmServer {
     /// not fit the response area, or no request is being answered.
     pub fn rows_mut(&mut self) -> Option<&mut [f32]> {
         self.current?;
-        let (n, e) = self.shape;
-        let r = &self.region;
-        let fits = n
-            .checked_mul(e)
-            .and_then(|x| x.checked_add(n))
-            .and_then(|x| x.checked_mul(4))
-            .is_some_and(|b| b <= r.resp_cap());
-        if !fits {
+        if !self.slots_fit() {
             return None;
         }
+        let (n, e) = self.shape;
+        let r = &self.region;
         // SAFETY: in bounds (checked), f32-aligned (the response area starts at a multiple of
         // 4096 from the page-aligned map: `open_in` checked the request capacity), and the
         // coordinator does not touch the response area while a request is outstanding; the
@@ -668,6 +663,13 @@ impl ShmServer {
     /// Answers the request taken last with the rows written through [`ShmServer::rows_mut`]:
     /// all of them (`answered` None) or, for a shared call, the pairs listed.
     pub fn reply_rows(&mut self, request_id: u64, answered: Option<&[u32]>) {
+        if self.current.is_none() {
+            return;
+        }
+        if !self.slots_fit() {
+            let message = "outputs exceed the shared response area".to_string();
+            return self.reply(request_id, &ShmReply::Error { code: 8, message });
+        }
         let (n, e) = self.shape;
         let list = answered.map_or(&[][..], |a| &a[..a.len().min(n)]);
         let r = &self.region;
@@ -720,6 +722,15 @@ impl ShmServer {
         self.publish(request_id, error.0, m.len());
         self.region.set(OFF_RESP + 16, ALL_PAIRS);
         self.wake();
+    }
+
+    /// Whether the current request's row slots and a full answered list fit the response area.
+    fn slots_fit(&self) -> bool {
+        let (n, e) = self.shape;
+        n.checked_mul(e)
+            .and_then(|x| x.checked_add(n))
+            .and_then(|x| x.checked_mul(4))
+            .is_some_and(|b| b <= self.region.resp_cap())
     }
 
     /// Writes the response header (the caller wrote the payload).

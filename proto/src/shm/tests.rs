@@ -396,6 +396,12 @@ fn rows_go_from_the_node_to_the_coordinator_in_place() {
         Ok(Some(Incoming::Request(_)))
     ));
     assert!(node.rows_mut().is_none());
+    node.reply_rows(9, None);
+    let got = small.wait(Instant::now() + Duration::from_secs(1), &mut || true);
+    assert!(
+        matches!(&got, Ok(ShmReply::Error { code: 8, .. })),
+        "{got:?}"
+    );
 }
 
 #[test]

@@ -35,7 +35,8 @@ pub(super) async fn attach(
     let (pairs, n) = (s.opts.shm_pairs, s.n_embd);
     // Requests carry at most one activation row per pair, F32 at the widest.
     let req_cap = pairs.saturating_mul(8 + 4 * n);
-    let resp_cap = pairs.saturating_mul(4 * n);
+    // one output row per pair, and a shared call's list of the pairs answered
+    let resp_cap = pairs.saturating_mul(4 * n + 4);
     let mut region = ShmClient::create(req_cap, resp_cap).map_err(|e| e.to_string())?;
     let mut req = tonic::Request::new(AttachShmRequest {
         path: region.path().display().to_string(),
