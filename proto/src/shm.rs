@@ -51,9 +51,11 @@ use crate::v1::ComputeRequest;
 
 pub mod board;
 mod files;
+mod futex;
 
 pub use files::sweep_stale;
 use files::{create_file, open_checked, process_alive};
+use futex::{futex_wait, futex_wake};
 
 /// Where regions are created; the node refuses paths elsewhere.
 pub const SHM_DIR: &str = "/dev/shm";
@@ -757,56 +759,6 @@ impl Drop for ShmServer {
         self.region.close(CLOSED_NODE);
     }
 }
-
-/// Sleeps until `word` may differ from `expected` (or `timeout`).
-#[cfg(target_os = "linux")]
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `word` is a live, aligned u32 in a shared mapping (hence no FUTEX_PRIVATE_FLAG);
-    // the kernel only reads it. Spurious returns are handled by the callers' loops.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
-}
-
-/// Wakes every waiter on `word`.
-#[cfg(target_os = "linux")]
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: as in `futex_wait`.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let end = Instant::now() + timeout;
-    while word.load(Ordering::Acquire) == expected && Instant::now() < end {
-        std::thread::sleep(Duration::from_micros(50));
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn futex_wake(_word: &AtomicU32) {}
 
 #[cfg(test)]
 mod tests;
