@@ -2,7 +2,8 @@
 //! to the in-process engine (both architectures); kill -9 of a node mid-generation with replicas
 //! changes nothing; without replicas the layer call fails clearly within the deadline, and the
 //! node's restart restores service; nodes refuse a coordinator running another model; malformed
-//! messages get error statuses and leave the stream usable. The nodes run on this machine, so
+//! messages get error statuses and leave the stream usable; a peer that never answers fails the
+//! connection attempt instead of hanging it. The nodes run on this machine, so
 //! calls go through the shared-memory link unless a test turns it off: the bit-identity and
 //! kill -9 tests run over each transport (and a mix), and check which one carried the calls.
 
@@ -516,4 +517,46 @@ mod malformed {
         });
         assert_eq!(via_shm, via_stream);
     }
+}
+
+/// Something that accepts the connection and never answers (a stopped or wedged node, or not
+/// a node at all) fails the connection attempt within the connect timeout: construction and
+/// the background reconnects never hang on it.
+#[test]
+fn a_silent_node_fails_the_attempt_instead_of_hanging() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    let model = Model::load(&data("tiny-qwen3moe-Q2_K.gguf")).expect("model");
+    let shape = model_shape(&model).expect("shape");
+    let mut node = nightshift_atlas::placement::NodeSpec::named("silent");
+    node.addr = Some(addr);
+    let placement = Placement::round_robin(vec![node], &shape.moe_layers, shape.n_experts);
+    let opts = RemoteOptions {
+        connect_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let r = RemoteExperts::connect(
+        placement,
+        model.gguf().fingerprint(),
+        model.config().n_embd,
+        opts,
+    )
+    .expect("connect");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    let st = r.status();
+    assert!(
+        !st[0].up && st[0].detail.contains("no answer within 300 ms"),
+        "{st:?}"
+    );
 }

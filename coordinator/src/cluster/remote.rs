@@ -456,9 +456,10 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
         .max_encoding_message_size(512 << 20);
     let mut info_req = tonic::Request::new(InfoRequest {});
     add_auth(&mut info_req, &s.opts.auth_token)?;
-    let info = client
-        .info(info_req)
-        .await
+    // Every step of opening a link is bounded: a node that accepts the connection but never
+    // answers (stopped, wedged, not a node) must fail the attempt, not hang it.
+    let info = answered(s, "info", client.info(info_req))
+        .await?
         .map_err(|e| format!("info: {}{}", status_chain(&e), link_hint(&s.opts, &e)))?
         .into_inner();
     if info.model_fingerprint != s.fingerprint || info.protocol_version != PROTOCOL_VERSION {
@@ -471,9 +472,8 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
     let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     handshake(&mut req, s)?;
     let unary = client.clone();
-    let mut inbound = client
-        .compute(req)
-        .await
+    let mut inbound = answered(s, "compute stream", client.compute(req))
+        .await?
         .map_err(|e| format!("compute stream: {}", e.message()))?
         .into_inner();
     let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
@@ -522,6 +522,22 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
         generation,
         shm,
     })
+}
+
+/// `call`, or an error naming `what` when the node has not answered within the connect timeout.
+pub(super) async fn answered<F: std::future::Future>(
+    s: &Shared,
+    what: &str,
+    call: F,
+) -> Result<F::Output, String> {
+    tokio::time::timeout(s.opts.connect_timeout, call)
+        .await
+        .map_err(|_| {
+            format!(
+                "{what}: no answer within {} ms",
+                s.opts.connect_timeout.as_millis()
+            )
+        })
 }
 
 /// The metadata a node checks on `Compute` and `AttachShm`: protocol, fingerprint, auth.

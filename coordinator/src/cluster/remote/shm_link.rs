@@ -18,7 +18,7 @@ use tonic::transport::Channel;
 
 use super::call::{finish_call, share_request, Share, Timed};
 use super::errors::status_chain;
-use super::{handshake, lock, LinkState, NodeLink, Shared};
+use super::{answered, handshake, lock, LinkState, NodeLink, Shared};
 
 /// An attached region and who is using it.
 pub(in crate::cluster) struct ShmLink {
@@ -47,9 +47,8 @@ pub(super) async fn attach(
             .unwrap_or_default(),
     });
     handshake(&mut req, s)?;
-    client
-        .attach_shm(req)
-        .await
+    answered(s, "attach", client.attach_shm(req))
+        .await?
         .map_err(|e| format!("attach: {}", status_chain(&e)))?;
     region.unlink();
     Ok(ShmLink {
