@@ -1,5 +1,6 @@
 //! `nightshift logits` and `nightshift generate` take the cluster flags: with `--nodes 2` the
 //! logits file is byte-identical to the in-process one, and generate's greedy text is the same.
+//! A command that ends leaves none of its shared-memory files (regions, claim board) behind.
 
 mod support;
 
@@ -13,8 +14,21 @@ fn build_node_binary() {
     support::workspace_bin("nightshift-expert-node", "nightshift-expert-node");
 }
 
+/// The files process `pid` created in /dev/shm (regions, claim board) that are still there.
+fn shm_files_of(pid: u32) -> Vec<String> {
+    let mine = format!("nightshift-{pid}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&mine))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn logits(model: &Path, out: &Path, extra: &[&str]) -> Vec<u8> {
-    let st = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
         .arg("logits")
         .arg("--model")
         .arg(model)
@@ -29,9 +43,12 @@ fn logits(model: &Path, out: &Path, extra: &[&str]) -> Vec<u8> {
         ])
         .arg(out)
         .args(extra)
-        .status()
+        .spawn()
         .expect("nightshift runs");
+    let st = child.wait().expect("nightshift ends");
     assert!(st.success(), "nightshift logits {extra:?} failed");
+    let left = shm_files_of(child.id());
+    assert!(left.is_empty(), "{extra:?} left {left:?} in /dev/shm");
     std::fs::read(out).expect("logits file")
 }
 
@@ -92,4 +109,27 @@ fn generate_with_local_nodes_gives_the_same_text() {
         run(&["--nodes", "2"]),
         "greedy text differs with 2 nodes"
     );
+}
+
+/// `serve --nodes 2` stopped with SIGTERM stops its nodes and removes its claim board, which
+/// lives as long as the coordinator (nodes that restart attach to it again).
+#[test]
+fn serve_stopped_by_sigterm_leaves_no_shared_memory_files() {
+    build_node_binary();
+    let mut server = support::serve(env!("CARGO_BIN_EXE_nightshift"), |c| {
+        c.args(["--threads", "1", "--nodes", "2", "--node-threads", "1"])
+            .arg("--model")
+            .arg(data("tiny-qwen3moe-Q2_K.gguf"))
+    });
+    let pid = server.child.id();
+    assert!(
+        !shm_files_of(pid).is_empty(),
+        "a running coordinator with local nodes keeps its claim board"
+    );
+    // SAFETY: kill(2) on a child process id we spawned; no memory is involved.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let st = server.child.wait().expect("serve ends");
+    assert!(st.success(), "serve exited with {st}");
+    let left = shm_files_of(pid);
+    assert!(left.is_empty(), "serve left {left:?} in /dev/shm");
 }

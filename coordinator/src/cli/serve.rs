@@ -316,20 +316,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr().context("reading the bound address")?;
+        let shutdown = shutdown_signal();
         banner(
             &local,
             &loaded.model_id,
             &loaded.nodes,
             args.api_key.is_some(),
         );
-        gateway::serve(
-            listener,
-            state,
-            shutdown_signal(),
-            Duration::from_secs(args.drain),
-        )
-        .await
-        .context("serving HTTP")
+        gateway::serve(listener, state, shutdown, Duration::from_secs(args.drain))
+            .await
+            .context("serving HTTP")
     })?;
     if let Some(w) = atlas_writer {
         w.finish().context("writing the final atlas snapshot")?;
@@ -348,22 +344,33 @@ fn init_tracing() {
         .try_init();
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called (inside the
+/// runtime, before the server announces itself), so a signal sent as soon as the server is up
+/// stops it gracefully instead of killing it.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (mut term, mut int) = (
+            signal(SignalKind::terminate()).ok(),
+            signal(SignalKind::interrupt()).ok(),
+        );
+        async move {
+            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! { _ = wait(term.take()) => {}, _ = wait(int.take()) => {} }
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 fn banner(addr: &SocketAddr, model: &str, nodes: &str, auth: bool) {

@@ -144,6 +144,15 @@ pub struct Experts {
     cluster: Option<LocalCluster>,
 }
 
+impl Drop for Experts {
+    fn drop(&mut self) {
+        // Clones of the backend may live on in runtime tasks until the process exits.
+        if let Some(r) = &self.remote {
+            r.remove_files();
+        }
+    }
+}
+
 impl Experts {
     /// The backend to hand to `Engine::new`.
     pub fn backend(&self) -> Arc<dyn ExpertBackend> {

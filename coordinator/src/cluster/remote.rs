@@ -305,6 +305,14 @@ impl RemoteExperts {
         })
     }
 
+    /// Removes the files this backend keeps in `/dev/shm` for nodes still to attach (the claim
+    /// board): when the command using it ends, since tasks of its runtime may outlive it.
+    pub fn remove_files(&self) {
+        if let Some(b) = &self.shared.board {
+            b.unlink();
+        }
+    }
+
     /// Health of every node.
     pub fn status(&self) -> Vec<NodeStatus> {
         self.shared

@@ -105,6 +105,14 @@ impl ClaimBoard {
         Self::open_in(Path::new(SHM_DIR), path)
     }
 
+    /// Removes the board's file (the creating end; mappings stay valid): when no node will
+    /// attach any more. Dropping the board does it too.
+    pub fn unlink(&self) {
+        if self.owner {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
     /// The board's path, for the nodes' `AttachShm`.
     pub fn path(&self) -> &Path {
         &self.path
@@ -153,8 +161,6 @@ impl ClaimBoard {
 
 impl Drop for ClaimBoard {
     fn drop(&mut self) {
-        if self.owner {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        self.unlink();
     }
 }
