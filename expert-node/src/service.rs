@@ -235,8 +235,7 @@ impl NodeService {
         tag: u32,
         out: &mut [f32],
     ) -> Result<Vec<u32>, Status> {
-        let groups = nightshift_model::expert::expert_groups(&work.pairs).len() as u32;
-        let claim = || board.claim(tag, groups).map(|g| g as usize);
+        let claim = |groups: usize| board.claim(tag, groups as u32).map(|g| g as usize);
         store
             .with_layer(work.layer, |weights| {
                 run_claimed(weights, &work.acts, &work.pairs, n_embd, out, pool, &claim)

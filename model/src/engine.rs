@@ -424,7 +424,10 @@ impl Engine {
                 let t_experts = Instant::now();
                 self.backend.run_experts(il, &r.acts, &r.pairs, &mut eo)?;
                 prof.experts += t_experts.elapsed().as_secs_f64();
-                pending = Some((r, eo, h.clone(), il));
+                // the normalised rows are needed again only by a shared expert
+                let has_shared = matches!(&lw.ffn, FfnWeights::Moe(m) if m.shared.is_some());
+                let hm = if has_shared { h.clone() } else { Vec::new() };
+                pending = Some((r, eo, hm, il));
             }
         }
         let rows: Vec<usize> = batch

@@ -375,8 +375,9 @@ pub fn expert_groups(pairs: &[ExpertPair]) -> Vec<(u32, Vec<u32>)> {
     groups
 }
 
-/// Computes the expert groups of `pairs` ([`expert_groups`]) that `claim` hands out (it returns
-/// the next group index, or `None` when there are no more for this caller), each group as one
+/// Computes the expert groups of `pairs` ([`expert_groups`]) that `claim` hands out (given the
+/// number of groups, it returns the next group index, or `None` when there are no more for
+/// this caller), each group as one
 /// GEMM, on `pool`'s threads taking groups side by side (or on this thread), into `out` (one
 /// `n_embd` row per pair; rows of groups not taken are left as they were). Returns the pairs
 /// computed (indices into `pairs`, group after group). Every row is what [`run_grouped`] gives
@@ -388,7 +389,7 @@ pub fn run_claimed<'a>(
     n_embd: usize,
     out: &mut [f32],
     pool: Option<&ThreadPool>,
-    claim: &(dyn Fn() -> Option<usize> + Sync),
+    claim: &(dyn Fn(usize) -> Option<usize> + Sync),
 ) -> Result<Vec<u32>, ExpertError> {
     check_out_len(out.len(), pairs.len(), n_embd)?;
     let groups = expert_groups(pairs);
@@ -408,7 +409,7 @@ pub fn run_claimed<'a>(
             // placed here afterwards.
             let parts = p.broadcast(|_| -> Result<Vec<(usize, Vec<f32>)>, ExpertError> {
                 let mut mine = Vec::new();
-                while let Some(g) = claim() {
+                while let Some(g) = claim(resolved.len()) {
                     let Some((w, idx)) = resolved.get(g) else {
                         break;
                     };
@@ -427,7 +428,7 @@ pub fn run_claimed<'a>(
             }
         }
         _ => {
-            while let Some(g) = claim() {
+            while let Some(g) = claim(resolved.len()) {
                 let Some((w, idx)) = resolved.get(g) else {
                     break;
                 };

@@ -132,7 +132,8 @@ fn claimed_groups_are_answered_once_with_the_same_bits() {
         let next = AtomicUsize::new(0);
         // Two takers share the counter: the first stops after 2 groups, the second takes the rest.
         let limit = AtomicUsize::new(2);
-        let claim = || {
+        let claim = |n: usize| {
+            assert_eq!(n, groups, "{what}: the claim is told the number of groups");
             if limit
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_sub(1))
                 .is_err()
@@ -140,7 +141,7 @@ fn claimed_groups_are_answered_once_with_the_same_bits() {
                 return None;
             }
             let g = next.fetch_add(1, Ordering::AcqRel);
-            (g < groups).then_some(g)
+            (g < n).then_some(g)
         };
         let run = |out: &mut [f32]| {
             run_claimed(
@@ -188,7 +189,7 @@ fn claimed_groups_are_answered_once_with_the_same_bits() {
     }
     // An expert the caller cannot resolve fails the call before any group is taken.
     let taken = AtomicUsize::new(0);
-    let claim = || Some(taken.fetch_add(1, Ordering::AcqRel));
+    let claim = |_: usize| Some(taken.fetch_add(1, Ordering::AcqRel));
     let bad = [
         ExpertPair { expert: 0, row: 0 },
         ExpertPair {
