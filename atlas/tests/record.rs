@@ -9,8 +9,11 @@ use nightshift_atlas::trace::Atlas;
 
 const BIN: &str = env!("CARGO_BIN_EXE_nightshift-atlas");
 
+#[path = "../../model/tests/fixture_util/locate.rs"]
+mod locate;
+
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/tiny-qwen3moe-Q2_K.gguf")
+    locate::fixture_path("tiny-qwen3moe-Q2_K.gguf")
 }
 
 fn run(dir: &tempfile::TempDir, jsonl: &str) -> (bool, String, PathBuf) {

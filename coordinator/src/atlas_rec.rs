@@ -1,5 +1,5 @@
 //! The live ExpertAtlas recorder: `AtlasRecorder` is the engine's `RouteObserver`. It feeds every
-//! MoE layer's routing into `nightshift_atlas::trace::Recorder` (behind a mutex; the expert ids
+//! MoE layer's routing into `nightshift_atlas_core::trace::Recorder` (behind a mutex; the expert ids
 //! are converted into a reused scratch vector, so a call allocates nothing in steady state) and,
 //! when experts run on nodes, counts the token rows each node is sent under the current placement
 //! (a row goes to a node when at least one of its experts' chosen replica is there, the replica
@@ -13,8 +13,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nightshift_atlas::placement::ModelShape;
-use nightshift_atlas::trace::{Atlas, AtlasError, Recorder, RecorderConfig};
+use nightshift_atlas_core::placement::ModelShape;
+use nightshift_atlas_core::trace::{Atlas, AtlasError, Recorder, RecorderConfig};
 use nightshift_model::{ExpertPair, Model, RouteObserver};
 
 use crate::cluster::{self, ClusterError, RemoteExperts};

@@ -1,11 +1,8 @@
 //! `nightshift`: the coordinator binary. One clap subcommand per module in `cli/`; each module owns
 //! its `Args` and `run`, so this file only lists them.
 
-mod cli;
-mod gateway;
-mod scheduler;
-
 use clap::{Parser, Subcommand};
+use nightshift_coordinator::cli;
 
 /// NightShift: serve trillion-parameter mixture-of-experts models from Arm CPUs.
 #[derive(Parser)]

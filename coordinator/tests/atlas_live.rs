@@ -16,15 +16,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nightshift_atlas::placement::{LayerPlacement, NodeSpec, Placement};
-use nightshift_atlas::trace::Atlas;
+use nightshift_atlas_core::placement::{LayerPlacement, NodeSpec, Placement};
+use nightshift_atlas_core::trace::Atlas;
 
 const BIN: &str = env!("CARGO_BIN_EXE_nightshift");
 const MODEL: &str = "tiny-qwen3moe-Q2_K";
 const KEY: &str = "atlas-test-key";
 
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../model/tests/data/{MODEL}.gguf"))
+    support::fixture(&format!("{MODEL}.gguf"))
 }
 
 /// Builds (or finds) `bin` of `package` in this test's profile and returns its path.

@@ -15,14 +15,14 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use nightshift_atlas::trace::Atlas;
+use nightshift_atlas_core::trace::Atlas;
 
 const BIN: &str = env!("CARGO_BIN_EXE_nightshift");
 const MODEL: &str = "tiny-qwen3moe-Q2_K";
 const KEY: &str = "record-test-key";
 
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../model/tests/data/{MODEL}.gguf"))
+    support::fixture(&format!("{MODEL}.gguf"))
 }
 
 fn serve_two_nodes() -> Server {

@@ -4,19 +4,11 @@
 
 use nightshift_model::gguf::Gguf;
 use nightshift_model::tokenizer::{StreamDecoder, Tokenizer};
-use std::path::PathBuf;
 use std::process::Command;
 
-fn fixture(name: &str) -> PathBuf {
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/data")
-        .join(name);
-    if local.exists() {
-        local
-    } else {
-        PathBuf::from("/work/shared/fixtures/models").join(name)
-    }
-}
+#[path = "../../model/tests/fixture_util/locate.rs"]
+mod locate;
+use locate::fixture_path as fixture;
 
 fn nightshift(args: &[&str], model: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_nightshift"))

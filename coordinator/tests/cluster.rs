@@ -16,7 +16,7 @@ use support::fixture as data;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nightshift_atlas::placement::Placement;
+use nightshift_atlas_core::placement::Placement;
 use nightshift_coordinator::cluster::{model_shape, LocalCluster, RemoteExperts, RemoteOptions};
 use nightshift_model::{ExpertBackend, LocalExperts, Model};
 
@@ -102,7 +102,7 @@ fn three_nodes_bit_identical_deepseek2() {
 }
 
 /// Every expert on two of three nodes.
-fn replicated(shape: &nightshift_atlas::placement::ModelShape) -> Placement {
+fn replicated(shape: &nightshift_atlas_core::placement::ModelShape) -> Placement {
     explicit(shape, 3, |e| vec![e % 3, (e + 1) % 3])
 }
 
@@ -534,7 +534,7 @@ fn a_silent_node_fails_the_attempt_instead_of_hanging() {
     });
     let model = Model::load(&data("tiny-qwen3moe-Q2_K.gguf")).expect("model");
     let shape = model_shape(&model).expect("shape");
-    let mut node = nightshift_atlas::placement::NodeSpec::named("silent");
+    let mut node = nightshift_atlas_core::placement::NodeSpec::named("silent");
     node.addr = Some(addr);
     let placement = Placement::round_robin(vec![node], &shape.moe_layers, shape.n_experts);
     let opts = RemoteOptions {

@@ -14,7 +14,7 @@ use support::fixture as data;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nightshift_atlas::placement::{ModelShape, Placement};
+use nightshift_atlas_core::placement::{ModelShape, Placement};
 use nightshift_coordinator::cluster::{model_shape, LocalCluster, RemoteExperts, RemoteOptions};
 use nightshift_model::{LocalExperts, Model};
 

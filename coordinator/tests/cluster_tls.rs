@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nightshift_atlas::placement::{NodeSpec, Placement};
+use nightshift_atlas_core::placement::{NodeSpec, Placement};
 use nightshift_coordinator::cluster::{
     model_shape, ClientTls, LaunchOptions, LocalCluster, NodeTls, RemoteExperts, RemoteOptions,
 };

@@ -17,7 +17,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_nightshift");
 const MODEL: &str = "tiny-qwen3moe-Q2_K";
 
 fn fixture(ext: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../model/tests/data/{MODEL}.{ext}"))
+    support::fixture(&format!("{MODEL}.{ext}"))
 }
 
 fn serve() -> Server {

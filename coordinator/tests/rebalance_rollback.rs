@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nightshift_atlas::placement::{LayerPlacement, ModelShape, NodeSpec, Placement};
+use nightshift_atlas_core::placement::{LayerPlacement, ModelShape, NodeSpec, Placement};
 use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
 use nightshift_proto::v1::InfoRequest;
 use serde_json::Value;
@@ -31,7 +31,7 @@ const MODEL: &str = "tiny-qwen3moe-Q2_K";
 const KEY: &str = "rollback-test-key";
 
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../model/tests/data/{MODEL}.gguf"))
+    support::fixture(&format!("{MODEL}.gguf"))
 }
 
 /// A child process killed when dropped.

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use nightshift_atlas::placement::NodeId;
+use nightshift_atlas_core::placement::NodeId;
 use nightshift_coordinator::cluster::remote::balance::{expert_cost, plan, NoLiveReplica, Planned};
 use nightshift_model::ExpertPair;
 

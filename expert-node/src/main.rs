@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use nightshift_atlas::placement::Placement;
+use nightshift_atlas_core::placement::Placement;
 use nightshift_expert_node::service::{NodeIdentity, NodeService};
 use nightshift_expert_node::store::{model_shape, ExpertStore};
 use nightshift_expert_node::{auth, numa, tls};

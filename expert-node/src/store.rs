@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use nightshift_atlas::placement::ModelShape;
+use nightshift_atlas_core::placement::ModelShape;
 use nightshift_model::expert::ExpertWeights;
 use nightshift_model::gguf::Gguf;
 use nightshift_model::ExpertError;

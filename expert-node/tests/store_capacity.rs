@@ -2,7 +2,9 @@
 //! fails whole with an error saying the need and the capacity, before anything is copied; cold
 //! (mapped) experts do not count; experts already resident cost nothing again; a drop frees room.
 
-use std::path::PathBuf;
+#[path = "../../model/tests/fixture_util/locate.rs"]
+mod locate;
+
 use std::sync::Arc;
 
 use nightshift_expert_node::store::{ExpertStore, StoreError};
@@ -10,8 +12,7 @@ use nightshift_model::expert::ExpertWeights;
 use nightshift_model::gguf::Gguf;
 
 fn model() -> Arc<Gguf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/data/tiny-qwen3moe-Q2_K.gguf");
+    let p = locate::fixture_path("tiny-qwen3moe-Q2_K.gguf");
     Arc::new(Gguf::open(&p).expect("fixture"))
 }
 

@@ -2,7 +2,9 @@
 //! mapped bytes of every matrix, live outside the file map, survive drops of the other experts of
 //! their load, and a cold expert upgraded to resident gets its own copy.
 
-use std::path::PathBuf;
+#[path = "../../model/tests/fixture_util/locate.rs"]
+mod locate;
+
 use std::sync::Arc;
 
 use nightshift_expert_node::store::ExpertStore;
@@ -10,8 +12,7 @@ use nightshift_model::expert::ExpertWeights;
 use nightshift_model::gguf::Gguf;
 
 fn model() -> Arc<Gguf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/data/tiny-qwen3moe-Q2_K.gguf");
+    let p = locate::fixture_path("tiny-qwen3moe-Q2_K.gguf");
     Arc::new(Gguf::open(&p).expect("fixture"))
 }
 

@@ -10,14 +10,8 @@ use nightshift_kernels::{dequantize_row, GgmlType};
 use nightshift_model::gen::{generate, Arch, GenSpec, Preset, QuantMix};
 use nightshift_model::gguf::{Gguf, Value};
 
-fn data_dir() -> PathBuf {
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
-    if local.join("tiny-qwen3moe-Q8_0.gguf").exists() {
-        local
-    } else {
-        PathBuf::from("/work/shared/fixtures/models")
-    }
-}
+mod fixture_util;
+use fixture_util::fixture_path;
 
 fn gen_tiny(dir: &Path, arch: Arch, quant: QuantMix, leave_output: bool, seed: u64) -> PathBuf {
     let mut spec = GenSpec::new(Preset::Tiny, arch, quant);
@@ -60,7 +54,7 @@ fn tiny_models_match_llama_cpp_fixture_layout() {
     ];
     for (arch, quant) in cases {
         let ours = Gguf::open(&gen_tiny(dir.path(), arch, quant, true, 7)).expect("open generated");
-        let fixture = data_dir().join(format!("tiny-{}-{}.gguf", arch.name(), quant.name()));
+        let fixture = fixture_path(&format!("tiny-{}-{}.gguf", arch.name(), quant.name()));
         let theirs = Gguf::open(&fixture).expect("open fixture");
         assert_eq!(ours.arch().expect("arch"), arch.name());
         assert_eq!(

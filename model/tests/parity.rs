@@ -5,17 +5,10 @@
 
 use nightshift_model::{BatchToken, Engine, EngineOptions, KvType, LocalExperts, Model};
 use serde_json::Value;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-fn data_dir() -> PathBuf {
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
-    if local.join("tiny-qwen3moe-Q8_0.gguf").exists() {
-        local
-    } else {
-        PathBuf::from("/work/shared/fixtures/models")
-    }
-}
+mod fixture_util;
+use fixture_util::fixture_path;
 
 struct Prompt {
     ids: Vec<u32>,
@@ -24,13 +17,12 @@ struct Prompt {
 }
 
 fn load_fixture(name: &str) -> (Arc<Model>, Vec<Prompt>) {
-    let dir = data_dir();
-    let model = Model::load(&dir.join(format!("{name}.gguf"))).expect("model loads");
+    let model = Model::load(&fixture_path(&format!("{name}.gguf"))).expect("model loads");
     let json: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join(format!("{name}.expected.json"))).expect("json"),
+        &std::fs::read_to_string(fixture_path(&format!("{name}.expected.json"))).expect("json"),
     )
     .expect("parse");
-    let bytes = std::fs::read(dir.join(format!("{name}.logits.bin"))).expect("logits");
+    let bytes = std::fs::read(fixture_path(&format!("{name}.logits.bin"))).expect("logits");
     let all: Vec<f32> = bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))

@@ -42,7 +42,7 @@ pub struct Args {
     pub threads: usize,
     /// Where the experts run (--nodes, --placement, --auth-token-file, ...); in process by default.
     #[command(flatten)]
-    pub cluster: nightshift_coordinator::cluster::ClusterArgs,
+    pub cluster: crate::cluster::ClusterArgs,
     /// Keep the KV cache in f16 (half the memory; F32 is the llama.cpp parity reference).
     #[arg(long)]
     pub kv_f16: bool,
@@ -50,7 +50,7 @@ pub struct Args {
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model = nightshift_coordinator::cluster::load_model(&args.model, &args.cluster)
+    let model = crate::cluster::load_model(&args.model, &args.cluster)
         .with_context(|| format!("loading {}", args.model.display()))?;
     let tok = model.tokenizer();
     let text = if args.chat {
@@ -76,7 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(!ids.is_empty(), "the prompt tokenized to nothing");
     let pool = nightshift_model::build_pool(args.threads)?;
     // Keeps spawned expert nodes alive until the end of the command.
-    let experts = nightshift_coordinator::cluster::build(
+    let experts = crate::cluster::build(
         &args.cluster,
         &model,
         &args.model,

@@ -8,8 +8,8 @@ use crate::gateway::{self, AppState, NodesCheck};
 use crate::scheduler::model_backend::{engine_with, EngineLimits};
 use crate::scheduler::{Scheduler, SchedulerOptions, StepEngine, TextModel};
 use anyhow::{bail, Context};
-use nightshift_coordinator::atlas_rec::{AtlasRecorder, SnapshotWriter};
-use nightshift_coordinator::cluster::{self, ClusterArgs, Experts};
+use crate::atlas_rec::{AtlasRecorder, SnapshotWriter};
+use crate::cluster::{self, ClusterArgs, Experts};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -94,6 +94,8 @@ struct Loaded {
     experts: Option<Experts>,
     /// The ExpertAtlas recorder installed in the engine; None for the toy model.
     atlas: Option<Arc<AtlasRecorder>>,
+    /// What the atlas endpoints act on (the recorder, the nodes, the model's shape).
+    atlas_admin: Option<Arc<atlas_admin::AtlasAdmin>>,
 }
 
 type SpawnFn = Box<dyn FnOnce(Arc<dyn TextModel>, SchedulerOptions) -> std::io::Result<Scheduler>>;
@@ -141,6 +143,7 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
             n_ctx: args.ctx,
             experts: None,
             atlas: None,
+            atlas_admin: None,
         });
     }
     let path = match &args.model {
@@ -181,14 +184,15 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         }
         Err(e) => bail!("--atlas-out: {e}"),
     };
-    if let (Some(rec), Ok(shape)) = (&atlas, cluster::model_shape(&model)) {
-        atlas_admin::install(atlas_admin::AtlasAdmin {
+    let atlas_admin = match (&atlas, cluster::model_shape(&model)) {
+        (Some(rec), Ok(shape)) => Some(Arc::new(atlas_admin::AtlasAdmin {
             recorder: rec.clone(),
             remote: experts.remote().cloned(),
             shape,
             busy: tokio::sync::Mutex::new(()),
-        });
-    }
+        })),
+        _ => None,
+    };
     let mut engine =
         engine_with(model, experts.backend(), pool, &limits).context("starting the engine")?;
     if let Some(rec) = &atlas {
@@ -203,6 +207,7 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         n_ctx,
         experts: Some(experts),
         atlas,
+        atlas_admin,
     })
 }
 
@@ -287,6 +292,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         metrics: gateway::metrics_handle(),
         nodes_ok: nodes_check(loaded.experts.as_ref()),
         draining: AtomicBool::new(false),
+        atlas: loaded.atlas_admin.clone(),
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

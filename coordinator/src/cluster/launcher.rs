@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nightshift_atlas::placement::{NodeSpec, Placement};
+use nightshift_atlas_core::placement::{NodeSpec, Placement};
 
 /// Errors of starting a local cluster.
 #[derive(Debug, thiserror::Error)]

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nightshift_atlas::placement::{LayerPlacement, ModelShape, NodeSpec, Placement};
+use nightshift_atlas_core::placement::{LayerPlacement, ModelShape, NodeSpec, Placement};
 use nightshift_model::{ExpertBackend, ExpertMemory, LoadOptions, LocalExperts, Model, ModelError};
 use rayon::ThreadPool;
 
@@ -122,7 +122,7 @@ pub enum ClusterError {
     #[error("the model has no routed experts, so it cannot be served by expert nodes")]
     NotMoe,
     #[error("placement: {0}")]
-    Placement(#[from] nightshift_atlas::placement::PlacementError),
+    Placement(#[from] nightshift_atlas_core::placement::PlacementError),
     #[error("{0}")]
     Launch(#[from] LaunchError),
     #[error("{0}")]

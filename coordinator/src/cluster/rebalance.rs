@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use nightshift_atlas::placement::{ModelShape, Placement};
+use nightshift_atlas_core::placement::{ModelShape, Placement};
 use nightshift_proto::v1::{DropExpertsRequest, ExpertRef, LoadExpertsRequest};
 
 use super::remote::{add_auth, lock, LinkState, RemoteExperts};
@@ -29,11 +29,11 @@ pub struct RebalanceReport {
 #[derive(Debug, thiserror::Error)]
 pub enum RebalanceError {
     #[error("placement: {0}")]
-    Placement(#[from] nightshift_atlas::placement::PlacementError),
+    Placement(#[from] nightshift_atlas_core::placement::PlacementError),
     #[error(
         "the placement does not fit the running nodes (capacities they were started with): {0}"
     )]
-    Capacity(nightshift_atlas::placement::PlacementError),
+    Capacity(nightshift_atlas_core::placement::PlacementError),
     #[error("the new placement must name the same nodes: expected {expected:?}, found {found:?}")]
     NodesChanged {
         expected: Vec<String>,

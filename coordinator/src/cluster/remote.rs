@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use nightshift_atlas::placement::{NodeId, Placement};
+use nightshift_atlas_core::placement::{NodeId, Placement};
 use nightshift_model::{ActRows, ExpertBackend, ExpertError, ExpertPair};
 use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
 use nightshift_proto::v1::{compute_response, ComputeRequest, InfoRequest};

@@ -1,17 +1,17 @@
 //! ExpertAtlas endpoints: `GET /v1/atlas` (the live atlas as JSON), `GET /v1/admin/placement`
 //! (the placement routing follows, as TOML) and `POST /v1/admin/placement` (a placement TOML
-//! body; validated, then a live rebalance of the expert nodes; a failed one rolls back). Both sit behind
-//! the /v1 API-key auth. `serve` registers what they act on once per process with `install`
-//! (the gateway's `AppState` stays as it is); without it both answer 409.
+//! body; validated, then a live rebalance of the expert nodes; a failed one rolls back). Both sit
+//! behind the /v1 API-key auth and act on `AppState::atlas`; without it (no recorder: the toy
+//! model, or a model without MoE layers) they answer 409.
 
-use super::ApiError;
+use super::{ApiError, AppState};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use nightshift_atlas::placement::{ModelShape, Placement};
-use nightshift_coordinator::atlas_rec::AtlasRecorder;
-use nightshift_coordinator::cluster::rebalance::RebalanceError;
-use nightshift_coordinator::cluster::RemoteExperts;
-use std::sync::{Arc, OnceLock};
+use nightshift_atlas_core::placement::{ModelShape, Placement};
+use crate::atlas_rec::AtlasRecorder;
+use crate::cluster::RemoteExperts;
+use std::sync::Arc;
 
 /// What the atlas endpoints act on.
 pub struct AtlasAdmin {
@@ -23,15 +23,8 @@ pub struct AtlasAdmin {
     pub busy: tokio::sync::Mutex<()>,
 }
 
-static ADMIN: OnceLock<Arc<AtlasAdmin>> = OnceLock::new();
-
-/// Registers the recorder and nodes of this process (first call wins).
-pub fn install(admin: AtlasAdmin) {
-    let _ = ADMIN.set(Arc::new(admin));
-}
-
-fn admin() -> Result<Arc<AtlasAdmin>, ApiError> {
-    ADMIN.get().cloned().ok_or_else(|| {
+fn admin(state: &AppState) -> Result<Arc<AtlasAdmin>, ApiError> {
+    state.atlas.clone().ok_or_else(|| {
         ApiError::route(
             StatusCode::CONFLICT,
             "the expert atlas is not recorded by this server",
@@ -40,18 +33,18 @@ fn admin() -> Result<Arc<AtlasAdmin>, ApiError> {
 }
 
 /// `GET /v1/atlas`.
-pub async fn get_atlas() -> Result<Response, ApiError> {
-    let a = admin()?;
+pub async fn get_atlas(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let a = admin(&state)?;
     let atlas = tokio::task::spawn_blocking(move || a.recorder.snapshot())
         .await
-        .map_err(|e| ApiError::unavailable(format!("atlas snapshot failed: {e}")))?;
+        .map_err(|e| ApiError::task_failed("atlas snapshot", e))?;
     Ok(axum::Json(atlas).into_response())
 }
 
 /// `GET /v1/admin/placement`: the placement routing follows now, as placement TOML (what
 /// `POST` takes; node addresses are those the coordinator dials).
-pub async fn get_placement() -> Result<Response, ApiError> {
-    let a = admin()?;
+pub async fn get_placement(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let a = admin(&state)?;
     let Some(remote) = a.remote.clone() else {
         return Err(ApiError::route(
             StatusCode::CONFLICT,
@@ -67,8 +60,11 @@ pub async fn get_placement() -> Result<Response, ApiError> {
 }
 
 /// `POST /v1/admin/placement`: body = placement TOML.
-pub async fn post_placement(body: String) -> Result<Response, ApiError> {
-    let a = admin()?;
+pub async fn post_placement(
+    State(state): State<Arc<AppState>>,
+    body: String,
+) -> Result<Response, ApiError> {
+    let a = admin(&state)?;
     let Some(remote) = a.remote.clone() else {
         return Err(ApiError::route(
             StatusCode::CONFLICT,
@@ -85,17 +81,8 @@ pub async fn post_placement(body: String) -> Result<Response, ApiError> {
     // The rebalance blocks on its own gRPC runtime: off the async workers.
     let result = tokio::task::spawn_blocking(move || remote.rebalance(placement, &shape))
         .await
-        .map_err(|e| ApiError::unavailable(format!("rebalance task failed: {e}")))?;
-    match result {
-        Ok(report) => {
-            tracing::info!(?report, "placement applied");
-            Ok(axum::Json(report).into_response())
-        }
-        Err(
-            e @ (RebalanceError::Placement(_)
-            | RebalanceError::Capacity(_)
-            | RebalanceError::NodesChanged { .. }),
-        ) => Err(ApiError::invalid("placement", e.to_string())),
-        Err(e) => Err(ApiError::unavailable(e.to_string())),
-    }
+        .map_err(|e| ApiError::task_failed("rebalance", e))?;
+    let report = result?;
+    tracing::info!(?report, "placement applied");
+    Ok(axum::Json(report).into_response())
 }

@@ -157,6 +157,17 @@ impl ApiError {
         )
     }
 
+    /// 500 for a blocking task of the gateway that panicked or was cancelled: the cause is
+    /// logged, the client learns only which operation failed.
+    pub fn task_failed(what: &str, err: tokio::task::JoinError) -> ApiError {
+        tracing::error!(task = what, error = %err, "gateway task failed");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("internal server error: the {what} task failed"),
+        )
+    }
+
     /// The JSON body (also used inside SSE streams).
     pub fn body_json(&self) -> String {
         let b = Body {
@@ -184,5 +195,23 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         r
+    }
+}
+
+/// A failed live rebalance: the placement's own faults (invalid, over the nodes' memory, written
+/// for other nodes) are the caller's 400; a node that is down or failed to load is a 503. The
+/// message names the node and the cause (what an operator needs), never internals.
+impl From<crate::cluster::rebalance::RebalanceError> for ApiError {
+    fn from(e: crate::cluster::rebalance::RebalanceError) -> ApiError {
+        use crate::cluster::rebalance::RebalanceError as R;
+        match e {
+            R::Placement(_) | R::Capacity(_) | R::NodesChanged { .. } => {
+                ApiError::invalid("placement", e.to_string())
+            }
+            other => {
+                tracing::warn!(error = %other, "rebalance failed and was rolled back");
+                ApiError::unavailable(other.to_string())
+            }
+        }
     }
 }

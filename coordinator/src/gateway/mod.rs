@@ -54,6 +54,8 @@ pub struct AppState {
     pub nodes_ok: NodesCheck,
     /// Set on shutdown: new generations get 503.
     pub draining: AtomicBool,
+    /// What the ExpertAtlas endpoints act on; None when nothing is recorded (they answer 409).
+    pub atlas: Option<Arc<atlas::AtlasAdmin>>,
 }
 
 /// The whole API as a router.

@@ -89,6 +89,7 @@ async fn start(o: Opts) -> Server {
             }
         }),
         draining: AtomicBool::new(false),
+        atlas: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

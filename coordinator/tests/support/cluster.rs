@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use nightshift_atlas::placement::{LayerPlacement, NodeSpec, Placement};
+use nightshift_atlas_core::placement::{LayerPlacement, NodeSpec, Placement};
 use nightshift_coordinator::cluster::{LaunchOptions, LocalCluster, RemoteExperts, RemoteOptions};
 use nightshift_model::Model;
 use nightshift_model::{BatchToken, Engine};
@@ -91,7 +91,7 @@ pub const PROMPT: [u32; 6] = [407, 550, 566, 544, 543, 570];
 /// An explicit placement over `n` nodes: expert `e` of every MoE layer on the nodes `homes(e)`,
 /// every copy resident.
 pub fn explicit(
-    shape: &nightshift_atlas::placement::ModelShape,
+    shape: &nightshift_atlas_core::placement::ModelShape,
     n: usize,
     homes: impl Fn(usize) -> Vec<usize>,
 ) -> Placement {

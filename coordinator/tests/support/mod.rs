@@ -60,11 +60,12 @@ pub fn wait_listening(child: &mut Child, timeout: Duration) -> String {
     panic!("nightshift serve did not start");
 }
 
-/// A model fixture of `model/tests/data`.
+#[path = "../../../model/tests/fixture_util/locate.rs"]
+mod locate;
+
+/// A model fixture file (`tiny-qwen3moe-Q2_K.gguf`), found where `locate.rs` looks.
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/data")
-        .join(name)
+    locate::fixture_path(name)
 }
 
 /// An engine over `backend` with a one-thread pool (the cluster tests' reference setup).

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use nightshift_atlas::placement::NodeId;
+use nightshift_atlas_core::placement::NodeId;
 use nightshift_model::ExpertPair;
 
 /// Estimated node work of one expert routed `rows` rows in a call, in abstract units. At decode

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use nightshift_atlas::placement::{NodeId, Placement};
+use nightshift_atlas_core::placement::{NodeId, Placement};
 use nightshift_model::{ActRows, ExpertPair};
 
 use super::balance::expert_cost;
