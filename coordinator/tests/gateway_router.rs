@@ -44,7 +44,12 @@ fn state() -> Arc<AppState> {
 }
 
 /// One request through a fresh router: (status, JSON body or Null).
-async fn call(method: &str, path: &str, key: Option<&str>, body: Option<Value>) -> (StatusCode, Value) {
+async fn call(
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
     let mut req = Request::builder().method(method).uri(path);
     if let Some(k) = key {
         req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
@@ -58,19 +63,50 @@ async fn call(method: &str, path: &str, key: Option<&str>, body: Option<Value>) 
     .expect("request");
     let resp = router(state()).oneshot(req).await.expect("router answers");
     let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.expect("body");
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 #[tokio::test]
 async fn routes_auth_and_errors_in_process() {
-    let cases: &[(&str, &str, Option<&str>, StatusCode, Option<&str>)] = &[
+    // (method, path, bearer key, expected status, expected error code)
+    type Case = (
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        StatusCode,
+        Option<&'static str>,
+    );
+    let cases: &[Case] = &[
         ("GET", "/health", None, StatusCode::OK, None),
-        ("GET", "/v1/models", None, StatusCode::UNAUTHORIZED, Some("invalid_api_key")),
-        ("GET", "/v1/models", Some("wrong"), StatusCode::UNAUTHORIZED, Some("invalid_api_key")),
+        (
+            "GET",
+            "/v1/models",
+            None,
+            StatusCode::UNAUTHORIZED,
+            Some("invalid_api_key"),
+        ),
+        (
+            "GET",
+            "/v1/models",
+            Some("wrong"),
+            StatusCode::UNAUTHORIZED,
+            Some("invalid_api_key"),
+        ),
         ("GET", "/v1/models", Some(KEY), StatusCode::OK, None),
         ("GET", "/v1/nowhere", Some(KEY), StatusCode::NOT_FOUND, None),
-        ("DELETE", "/v1/models", Some(KEY), StatusCode::METHOD_NOT_ALLOWED, None),
+        (
+            "DELETE",
+            "/v1/models",
+            Some(KEY),
+            StatusCode::METHOD_NOT_ALLOWED,
+            None,
+        ),
     ];
     for &(method, path, key, want, code) in cases {
         let (status, body) = call(method, path, key, None).await;
@@ -78,7 +114,10 @@ async fn routes_auth_and_errors_in_process() {
         if status.is_success() {
             continue;
         }
-        assert!(body["error"]["message"].is_string(), "{method} {path}: {body}");
+        assert!(
+            body["error"]["message"].is_string(),
+            "{method} {path}: {body}"
+        );
         if let Some(c) = code {
             assert_eq!(body["error"]["code"], c, "{method} {path}: {body}");
         }
@@ -93,7 +132,10 @@ async fn atlas_endpoints_without_a_recorder_answer_409() {
         let (status, body) = call(method, path, Some(KEY), None).await;
         assert_eq!(status, StatusCode::CONFLICT, "{path}: {body}");
         assert!(
-            body["error"]["message"].as_str().unwrap_or("").contains("atlas"),
+            body["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("atlas"),
             "{path}: {body}"
         );
     }
@@ -110,7 +152,12 @@ async fn a_chat_completion_through_the_scheduler() {
     let (status, resp) = call("POST", "/v1/chat/completions", Some(KEY), Some(body)).await;
     assert_eq!(status, StatusCode::OK, "{resp}");
     assert_eq!(resp["object"], "chat.completion", "{resp}");
-    let content = resp["choices"][0]["message"]["content"].as_str().expect("content");
+    let content = resp["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
     assert!(!content.is_empty(), "{resp}");
-    assert!(resp["usage"]["completion_tokens"].as_u64().unwrap_or(0) >= 1, "{resp}");
+    assert!(
+        resp["usage"]["completion_tokens"].as_u64().unwrap_or(0) >= 1,
+        "{resp}"
+    );
 }

@@ -76,13 +76,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(!ids.is_empty(), "the prompt tokenized to nothing");
     let pool = nightshift_model::build_pool(args.threads)?;
     // Keeps spawned expert nodes alive until the end of the command.
-    let experts = crate::cluster::build(
-        &args.cluster,
-        &model,
-        &args.model,
-        Some(pool.clone()),
-    )
-    .context("setting up the experts")?;
+    let experts = crate::cluster::build(&args.cluster, &model, &args.model, Some(pool.clone()))
+        .context("setting up the experts")?;
     let backend = experts.backend();
     let opts = EngineOptions {
         pool: Some(pool),

@@ -3,13 +3,13 @@
 //! SIGTERM, then drains running streams for a bounded time. Prints the URL, the model, the
 //! nodes and ready-to-paste curl / Python snippets.
 
+use crate::atlas_rec::{AtlasRecorder, SnapshotWriter};
+use crate::cluster::{self, ClusterArgs, Experts};
 use crate::gateway::atlas as atlas_admin;
 use crate::gateway::{self, AppState, NodesCheck};
 use crate::scheduler::model_backend::{engine_with, EngineLimits};
 use crate::scheduler::{Scheduler, SchedulerOptions, StepEngine, TextModel};
 use anyhow::{bail, Context};
-use crate::atlas_rec::{AtlasRecorder, SnapshotWriter};
-use crate::cluster::{self, ClusterArgs, Experts};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;

@@ -5,12 +5,12 @@
 //! model, or a model without MoE layers) they answer 409.
 
 use super::{ApiError, AppState};
+use crate::atlas_rec::AtlasRecorder;
+use crate::cluster::RemoteExperts;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use nightshift_atlas_core::placement::{ModelShape, Placement};
-use crate::atlas_rec::AtlasRecorder;
-use crate::cluster::RemoteExperts;
 use std::sync::Arc;
 
 /// What the atlas endpoints act on.
