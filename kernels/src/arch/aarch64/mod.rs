@@ -29,7 +29,7 @@
 //! | Q5_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //! | Q4_1  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //! | Q5_1  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
-//! | IQ*, TQ* | SMULL+SADDLP | SDOT              | SDOT (no SMMLA path yet)              |
+//! | IQ*, TQ* | SMULL+SADDLP | SDOT              | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //!
 //! The i-quants and ternary types ([`iq`]) decode each block to signed bytes with the portable
 //! `arch::iq_tile` and need only 16-element group sums from a core.
