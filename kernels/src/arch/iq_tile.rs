@@ -301,12 +301,25 @@ impl IqKind for Iq1M {
     }
 }
 
+/// `IQ4_PAIRS[q]` = the IQ4 values of the low and the high nibble of byte `q`.
+static IQ4_PAIRS: [[i8; 2]; 256] = iq4_pairs();
+
+const fn iq4_pairs() -> [[i8; 2]; 256] {
+    let mut t = [[0i8; 2]; 256];
+    let mut q = 0;
+    while q < 256 {
+        t[q] = [KVALUES_IQ4NL[q & 0xf], KVALUES_IQ4NL[q >> 4]];
+        q += 1;
+    }
+    t
+}
+
 /// The 32 IQ4 values of 16 packed bytes (low nibbles, then high nibbles) at `out[at..at + 32]`.
 #[inline(always)]
 fn iq4_values(qs: &[u8], out: &mut [i8; QK_K], at: usize) {
-    for (j, &q) in qs.iter().enumerate() {
-        out[at + j] = KVALUES_IQ4NL[(q & 0xf) as usize];
-        out[at + 16 + j] = KVALUES_IQ4NL[(q >> 4) as usize];
+    let (lo, hi) = out[at..at + 32].split_at_mut(16);
+    for ((&q, l), h) in qs.iter().zip(lo).zip(hi) {
+        [*l, *h] = IQ4_PAIRS[q as usize];
     }
 }
 
