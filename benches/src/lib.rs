@@ -95,11 +95,33 @@ pub struct Weights {
 }
 
 impl Weights {
+    /// Quantized from random floats; for the i-quants and ternary types (no quantizer here)
+    /// random valid blocks instead ([`random_iq_blocks`]; `f32` then holds their dequantization).
     pub fn new(c: &Case) -> Result<Weights, KernelError> {
+        if !c.ty.has_quantizer() {
+            let q = random_iq_blocks(c.ty, c.m * c.k, 1 + c.m as u64)?;
+            let mut f = vec![0f32; c.m * c.k];
+            nightshift_kernels::dequantize_row(c.ty, &q, &mut f)?;
+            return Ok(Weights { f32: f, q });
+        }
         let f = random_f32(c.m * c.k, 1 + c.m as u64);
         let q = quantize_rows(c.ty, &f, c.k)?;
         Ok(Weights { f32: f, q })
     }
+}
+
+/// `len` elements of `ty` as random valid blocks: random index, sign and scale bytes, and a
+/// super-block scale of about 1/64 (so products stay far from any float limit).
+pub fn random_iq_blocks(ty: GgmlType, len: usize, seed: u64) -> Result<Vec<u8>, KernelError> {
+    let mut q: Vec<u8> = random_f32(ty.row_bytes(len)?, seed)
+        .iter()
+        .map(|v| v.to_bits() as u8)
+        .collect();
+    let d = nightshift_kernels::formats::f32_to_f16(1.0 / 64.0);
+    for blk in q.chunks_exact_mut(ty.block_bytes()) {
+        nightshift_kernels::formats::set_iq_scale(ty, blk, d)?;
+    }
+    Ok(q)
 }
 
 /// Activations of one case: f32 and quantized to the weight type's vec_dot_type by our quantizer.

@@ -33,9 +33,21 @@ fn type_table_matches_ggml() {
     check(Q5_K, 13, "Q5_K", 256, 176, Q8_K);
     check(Q6_K, 14, "Q6_K", 256, 210, Q8_K);
     check(Q8_K, 15, "Q8_K", 256, 292, Q8_K);
+    check(IQ2_XXS, 16, "IQ2_XXS", 256, 66, Q8_K);
+    check(IQ2_XS, 17, "IQ2_XS", 256, 74, Q8_K);
+    check(IQ3_XXS, 18, "IQ3_XXS", 256, 98, Q8_K);
+    check(IQ1_S, 19, "IQ1_S", 256, 50, Q8_K);
+    check(IQ4_NL, 20, "IQ4_NL", 32, 18, Q8_0);
+    check(IQ3_S, 21, "IQ3_S", 256, 110, Q8_K);
+    check(IQ2_S, 22, "IQ2_S", 256, 82, Q8_K);
+    check(IQ4_XS, 23, "IQ4_XS", 256, 136, Q8_K);
+    check(IQ1_M, 29, "IQ1_M", 256, 56, Q8_K);
     check(BF16, 30, "BF16", 1, 2, BF16);
+    check(TQ1_0, 34, "TQ1_0", 256, 54, Q8_K);
+    check(TQ2_0, 35, "TQ2_0", 256, 66, Q8_K);
     assert_eq!(GgmlType::from_id(4), None);
-    assert_eq!(GgmlType::from_id(16), None);
+    assert_eq!(GgmlType::from_id(24), None);
+    assert_eq!(GgmlType::from_id(39), None);
     assert_eq!(Q4_K.row_bytes(512), Ok(288));
     assert_eq!(F16.row_bytes(3), Ok(6));
 }

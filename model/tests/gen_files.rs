@@ -305,8 +305,39 @@ fn generated_models_run_in_the_engine() {
     use nightshift_model::{build_pool, BatchToken, Engine, EngineOptions, LocalExperts, Model};
     use std::sync::Arc;
     let dir = tempfile::tempdir().expect("tempdir");
-    for arch in [Arch::Qwen3Moe, Arch::Deepseek2] {
-        let path = gen_tiny(dir.path(), arch, QuantMix::Q4KM, false, 7);
+    for (arch, quant) in [
+        (Arch::Qwen3Moe, QuantMix::Q4KM),
+        (Arch::Deepseek2, QuantMix::Q4KM),
+        (Arch::Deepseek2, QuantMix::UdIq1S),
+        (Arch::Qwen3Moe, QuantMix::UdIq2Xxs),
+    ] {
+        let path = gen_tiny(dir.path(), arch, quant, false, 7);
+        if let Some((experts, down)) = nightshift_model::gen::iq_mix::expert_types(quant) {
+            let g = Gguf::open(&path).expect("open");
+            let t = table(&g);
+            let last = t
+                .keys()
+                .filter(|n| n.ends_with("ffn_up_exps.weight"))
+                .max()
+                .expect("experts");
+            let layer = last.trim_end_matches("ffn_up_exps.weight");
+            // (type, ggml dims) of one of this layer's tensors
+            let get = |n: &str| t.get(&format!("{layer}{n}")).cloned().expect("tensor");
+            // rows that are not whole 256-element blocks fall back to IQ4_NL
+            let want = |n: &str, ty: GgmlType| {
+                let (got, dims) = get(n);
+                let expect = if dims[0] % 256 == 0 {
+                    ty
+                } else {
+                    GgmlType::IQ4_NL
+                };
+                assert_eq!(got, expect, "{arch:?} {quant:?} {layer}{n}");
+            };
+            want("ffn_up_exps.weight", experts);
+            want("ffn_gate_exps.weight", experts);
+            want("ffn_down_exps.weight", down);
+            assert_eq!(get("ffn_gate_inp.weight").0, GgmlType::F32);
+        }
         let model = Model::load(&path).expect("load");
         let n_vocab = model.tokenizer().vocab_size();
         let pool = build_pool(1).expect("pool");
@@ -334,8 +365,11 @@ fn generated_models_run_in_the_engine() {
         let mut logits = eng.forward(&batch).expect("prefill");
         for pos in 3..6u32 {
             let row = logits.pop().expect("logits");
-            assert_eq!(row.len(), n_vocab, "{arch:?}");
-            assert!(row.iter().all(|x| x.is_finite()), "{arch:?}: finite logits");
+            assert_eq!(row.len(), n_vocab, "{arch:?} {quant:?}");
+            assert!(
+                row.iter().all(|x| x.is_finite()),
+                "{arch:?} {quant:?}: finite logits"
+            );
             let next = row
                 .iter()
                 .enumerate()

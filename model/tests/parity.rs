@@ -177,6 +177,24 @@ fn deepseek2_q5_k_m() {
     check("tiny-deepseek2-Q5_K_M", 5e-3);
 }
 
+// The IQ fixtures are the Q4_K_M files with the routed experts in i-quants, the type changing
+// from layer to layer under one tensor name (see shared/README.md).
+
+#[test]
+fn qwen3moe_iq4_xs() {
+    check("tiny-qwen3moe-IQ4_XS", 5e-3);
+}
+
+#[test]
+fn qwen3moe_iq2_xxs() {
+    check("tiny-qwen3moe-IQ2_XXS", 5e-3);
+}
+
+#[test]
+fn deepseek2_iq1_s() {
+    check("tiny-deepseek2-IQ1_S", 5e-3);
+}
+
 /// Two prompts interleaved in one batch (then decoded together) == each alone, bit for bit.
 fn check_multi_seq(name: &str) {
     let (model, prompts) = load_fixture(name);
@@ -273,6 +291,12 @@ fn multi_sequence_batch_is_bit_identical_qwen3moe() {
 #[test]
 fn multi_sequence_batch_is_bit_identical_deepseek2() {
     check_multi_seq("tiny-deepseek2-Q4_K_M");
+}
+
+#[test]
+fn multi_sequence_batch_is_bit_identical_iq() {
+    check_multi_seq("tiny-deepseek2-IQ1_S");
+    check_multi_seq("tiny-qwen3moe-IQ2_XXS");
 }
 
 /// An F16 cache rounds K, V, q and the probabilities to f16 (llama.cpp's default cache type): the

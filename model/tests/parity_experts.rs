@@ -56,6 +56,9 @@ fn expert_ffn_rows_are_independent() {
     check_batched_equals_single("tiny-qwen3moe-Q4_K_M.gguf", 1);
     check_batched_equals_single("tiny-qwen3moe-Q8_0.gguf", 0);
     check_batched_equals_single("tiny-deepseek2-Q2_K.gguf", 2);
+    // i-quant experts: IQ1_S gate/up with IQ1_M down (layer 2), IQ2_S down (layer 0)
+    check_batched_equals_single("tiny-deepseek2-IQ1_S.gguf", 2);
+    check_batched_equals_single("tiny-qwen3moe-IQ2_XXS.gguf", 0);
 }
 
 #[test]

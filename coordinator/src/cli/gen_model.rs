@@ -31,7 +31,8 @@ pub struct Args {
     /// Seed of the random weights (same arguments and seed, same bytes).
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// llama.cpp quant mix: Q2_K, Q4_K_M, Q8_0 or F16.
+    /// Quant mix: llama.cpp's Q2_K, Q4_K_M, Q8_0 or F16, or Unsloth-shaped UD-IQ1_S or
+    /// UD-IQ2_XXS (i-quant experts as random valid blocks).
     #[arg(long, default_value = "Q4_K_M")]
     quant: String,
     /// Keep output.weight in F32 (llama-quantize --leave-output-tensor, as the fixtures do).

@@ -42,5 +42,7 @@ macro_rules! capability_tier {
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub(crate) mod iq_tile;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;

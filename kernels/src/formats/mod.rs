@@ -8,10 +8,20 @@
 //! necessarily aligned). Multi-byte fields are little-endian and read through accessors.
 
 mod half;
+mod iq_grids;
+mod iquants;
 mod kquants;
 mod legacy;
 
 pub use half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use iq_grids::{
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
+    KVALUES_IQ4NL,
+};
+pub use iquants::{
+    set_iq_scale, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
+    BlockIq4Nl, BlockIq4Xs, BlockTq1_0, BlockTq2_0, QK4_NL,
+};
 pub use kquants::{
     scale_min_k4, unpack_k4_scales, unpack_q3_k_scales, BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K,
     BlockQ6_K, BlockQ8_K, QK_K,
@@ -38,12 +48,23 @@ pub enum GgmlType {
     Q5_K,
     Q6_K,
     Q8_K,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ3_XXS,
+    IQ1_S,
+    IQ4_NL,
+    IQ3_S,
+    IQ2_S,
+    IQ4_XS,
+    IQ1_M,
     BF16,
+    TQ1_0,
+    TQ2_0,
 }
 
 impl GgmlType {
     /// Every type this crate knows, in id order.
-    pub const ALL: [GgmlType; 15] = [
+    pub const ALL: [GgmlType; 26] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -58,7 +79,18 @@ impl GgmlType {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_K,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ1_S,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ3_S,
+        GgmlType::IQ2_S,
+        GgmlType::IQ4_XS,
+        GgmlType::IQ1_M,
         GgmlType::BF16,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
     ];
 
     /// The type with this GGUF/ggml id, if this crate supports it.
@@ -90,7 +122,18 @@ impl GgmlType {
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
             GgmlType::Q8_K => 15,
+            GgmlType::IQ2_XXS => 16,
+            GgmlType::IQ2_XS => 17,
+            GgmlType::IQ3_XXS => 18,
+            GgmlType::IQ1_S => 19,
+            GgmlType::IQ4_NL => 20,
+            GgmlType::IQ3_S => 21,
+            GgmlType::IQ2_S => 22,
+            GgmlType::IQ4_XS => 23,
+            GgmlType::IQ1_M => 29,
             GgmlType::BF16 => 30,
+            GgmlType::TQ1_0 => 34,
+            GgmlType::TQ2_0 => 35,
         }
     }
 
@@ -111,16 +154,29 @@ impl GgmlType {
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
             GgmlType::Q8_K => "Q8_K",
+            GgmlType::IQ2_XXS => "IQ2_XXS",
+            GgmlType::IQ2_XS => "IQ2_XS",
+            GgmlType::IQ3_XXS => "IQ3_XXS",
+            GgmlType::IQ1_S => "IQ1_S",
+            GgmlType::IQ4_NL => "IQ4_NL",
+            GgmlType::IQ3_S => "IQ3_S",
+            GgmlType::IQ2_S => "IQ2_S",
+            GgmlType::IQ4_XS => "IQ4_XS",
+            GgmlType::IQ1_M => "IQ1_M",
             GgmlType::BF16 => "BF16",
+            GgmlType::TQ1_0 => "TQ1_0",
+            GgmlType::TQ2_0 => "TQ2_0",
         }
     }
 
-    /// Elements per block: 1 for F32/F16/BF16, 32 for the legacy quants, 256 for K-quants.
+    /// Elements per block: 1 for F32/F16/BF16, 32 for the legacy quants and IQ4_NL, 256 for
+    /// K-quants, the other i-quants and the ternary types.
     pub fn block_len(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => QK,
             GgmlType::Q8_0 | GgmlType::Q8_1 => QK,
+            GgmlType::IQ4_NL => QK4_NL,
             _ => QK_K,
         }
     }
@@ -143,6 +199,17 @@ impl GgmlType {
             GgmlType::Q5_K => size_of::<BlockQ5_K>(),
             GgmlType::Q6_K => size_of::<BlockQ6_K>(),
             GgmlType::Q8_K => size_of::<BlockQ8_K>(),
+            GgmlType::IQ2_XXS => size_of::<BlockIq2Xxs>(),
+            GgmlType::IQ2_XS => size_of::<BlockIq2Xs>(),
+            GgmlType::IQ3_XXS => size_of::<BlockIq3Xxs>(),
+            GgmlType::IQ1_S => size_of::<BlockIq1S>(),
+            GgmlType::IQ4_NL => size_of::<BlockIq4Nl>(),
+            GgmlType::IQ3_S => size_of::<BlockIq3S>(),
+            GgmlType::IQ2_S => size_of::<BlockIq2S>(),
+            GgmlType::IQ4_XS => size_of::<BlockIq4Xs>(),
+            GgmlType::IQ1_M => size_of::<BlockIq1M>(),
+            GgmlType::TQ1_0 => size_of::<BlockTq1_0>(),
+            GgmlType::TQ2_0 => size_of::<BlockTq2_0>(),
         }
     }
 
@@ -164,15 +231,26 @@ impl GgmlType {
             })
     }
 
-    /// The activation type ggml pairs with this weight type in dot products: K-quants -> Q8_K,
-    /// Q4_0/Q5_0/Q8_0 -> Q8_0, Q4_1/Q5_1 -> Q8_1, F16/BF16/F32 -> themselves (Q8_1 -> Q8_1 and
-    /// Q8_K -> Q8_K, although neither has a dot product as a weight type).
+    /// The activation type ggml pairs with this weight type in dot products: K-quants, i-quants
+    /// and ternary types -> Q8_K except IQ4_NL -> Q8_0; Q4_0/Q5_0/Q8_0 -> Q8_0, Q4_1/Q5_1 ->
+    /// Q8_1, F16/BF16/F32 -> themselves (Q8_1 -> Q8_1 and Q8_K -> Q8_K, although neither has a
+    /// dot product as a weight type).
     pub fn vec_dot_type(self) -> GgmlType {
         match self {
             GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
                 GgmlType::Q8_K
             }
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+            GgmlType::IQ2_XXS
+            | GgmlType::IQ2_XS
+            | GgmlType::IQ2_S
+            | GgmlType::IQ3_XXS
+            | GgmlType::IQ3_S
+            | GgmlType::IQ1_S
+            | GgmlType::IQ1_M
+            | GgmlType::IQ4_XS
+            | GgmlType::TQ1_0
+            | GgmlType::TQ2_0 => GgmlType::Q8_K,
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => GgmlType::Q8_0,
             GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
             other => other,
         }
@@ -181,6 +259,30 @@ impl GgmlType {
     /// True for the types that have a weight x activation dot product (all but Q8_1 and Q8_K).
     pub fn has_vec_dot(self) -> bool {
         !matches!(self, GgmlType::Q8_1 | GgmlType::Q8_K)
+    }
+
+    /// True for the types `quantize_row` can write: all but the i-quants and ternary types,
+    /// whose ggml quantizers (importance-matrix searches) this crate does not reproduce.
+    pub fn has_quantizer(self) -> bool {
+        !self.is_iq()
+    }
+
+    /// True for the i-quants (IQ1_S … IQ4_XS) and the ternary types (TQ1_0, TQ2_0).
+    pub fn is_iq(self) -> bool {
+        matches!(
+            self,
+            GgmlType::IQ2_XXS
+                | GgmlType::IQ2_XS
+                | GgmlType::IQ2_S
+                | GgmlType::IQ3_XXS
+                | GgmlType::IQ3_S
+                | GgmlType::IQ1_S
+                | GgmlType::IQ1_M
+                | GgmlType::IQ4_NL
+                | GgmlType::IQ4_XS
+                | GgmlType::TQ1_0
+                | GgmlType::TQ2_0
+        )
     }
 }
 

@@ -8,6 +8,10 @@
 //! (unpacking, the float epilogue) and tests can call them directly.
 
 pub mod float;
+pub mod iq1;
+pub mod iq2;
+pub mod iq3;
+pub mod iq4;
 pub mod legacy;
 pub mod q2_k;
 pub mod q3_k;
@@ -15,6 +19,7 @@ pub mod q4_k;
 pub mod q6_k;
 pub mod q8_k;
 pub mod search;
+pub mod ternary;
 
 use crate::formats::{blocks, blocks_mut};
 use crate::{GgmlType, KernelError};
@@ -49,12 +54,24 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), K
         GgmlType::Q5_K => q4_k::dequantize_q5_k(blocks(src)?, dst),
         GgmlType::Q6_K => q6_k::dequantize(blocks(src)?, dst),
         GgmlType::Q8_K => q8_k::dequantize(blocks(src)?, dst),
+        GgmlType::IQ2_XXS => iq2::dequantize_iq2_xxs(blocks(src)?, dst),
+        GgmlType::IQ2_XS => iq2::dequantize_iq2_xs(blocks(src)?, dst),
+        GgmlType::IQ2_S => iq2::dequantize_iq2_s(blocks(src)?, dst),
+        GgmlType::IQ3_XXS => iq3::dequantize_iq3_xxs(blocks(src)?, dst),
+        GgmlType::IQ3_S => iq3::dequantize_iq3_s(blocks(src)?, dst),
+        GgmlType::IQ1_S => iq1::dequantize_iq1_s(blocks(src)?, dst),
+        GgmlType::IQ1_M => iq1::dequantize_iq1_m(blocks(src)?, dst),
+        GgmlType::IQ4_NL => iq4::dequantize_iq4_nl(blocks(src)?, dst),
+        GgmlType::IQ4_XS => iq4::dequantize_iq4_xs(blocks(src)?, dst),
+        GgmlType::TQ1_0 => ternary::dequantize_tq1_0(blocks(src)?, dst),
+        GgmlType::TQ2_0 => ternary::dequantize_tq2_0(blocks(src)?, dst),
     }
     Ok(())
 }
 
 /// f32 -> `ty` exactly as ggml's reference quantizers (no importance matrix).
-/// `dst.len()` must be `ty.row_bytes(src.len())`.
+/// `dst.len()` must be `ty.row_bytes(src.len())`. The i-quants and ternary types have no
+/// quantizer here ([`GgmlType::has_quantizer`]): an `Unsupported` error.
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
     check_bytes(
         "quantize destination row",
@@ -77,6 +94,12 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Ker
         GgmlType::Q5_K => q4_k::quantize_q5_k(src, blocks_mut(dst)?),
         GgmlType::Q6_K => q6_k::quantize(src, blocks_mut(dst)?),
         GgmlType::Q8_K => q8_k::quantize(src, blocks_mut(dst)?),
+        _ => {
+            return Err(KernelError::Unsupported {
+                op: "quantize",
+                ty: ty.name(),
+            })
+        }
     }
     Ok(())
 }
@@ -117,6 +140,17 @@ pub(crate) fn dot_row(ty: GgmlType, w: &[u8], x: &[u8]) -> Result<f32, KernelErr
         GgmlType::Q4_K => q4_k::vec_dot_q4_k(blocks(w)?, blocks(x)?),
         GgmlType::Q5_K => q4_k::vec_dot_q5_k(blocks(w)?, blocks(x)?),
         GgmlType::Q6_K => q6_k::vec_dot(blocks(w)?, blocks(x)?),
+        GgmlType::IQ2_XXS => iq2::vec_dot_iq2_xxs(blocks(w)?, blocks(x)?),
+        GgmlType::IQ2_XS => iq2::vec_dot_iq2_xs(blocks(w)?, blocks(x)?),
+        GgmlType::IQ2_S => iq2::vec_dot_iq2_s(blocks(w)?, blocks(x)?),
+        GgmlType::IQ3_XXS => iq3::vec_dot_iq3_xxs(blocks(w)?, blocks(x)?),
+        GgmlType::IQ3_S => iq3::vec_dot_iq3_s(blocks(w)?, blocks(x)?),
+        GgmlType::IQ1_S => iq1::vec_dot_iq1_s(blocks(w)?, blocks(x)?),
+        GgmlType::IQ1_M => iq1::vec_dot_iq1_m(blocks(w)?, blocks(x)?),
+        GgmlType::IQ4_NL => iq4::vec_dot_iq4_nl(blocks(w)?, blocks(x)?),
+        GgmlType::IQ4_XS => iq4::vec_dot_iq4_xs(blocks(w)?, blocks(x)?),
+        GgmlType::TQ1_0 => ternary::vec_dot_tq1_0(blocks(w)?, blocks(x)?),
+        GgmlType::TQ2_0 => ternary::vec_dot_tq2_0(blocks(w)?, blocks(x)?),
         GgmlType::Q8_1 | GgmlType::Q8_K => {
             return Err(KernelError::Unsupported {
                 op: "vec_dot",

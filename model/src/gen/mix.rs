@@ -47,6 +47,8 @@ fn base_type(mix: QuantMix) -> GgmlType {
         QuantMix::Q4KM => GgmlType::Q4_K,
         QuantMix::Q8_0 => GgmlType::Q8_0,
         QuantMix::F16 => GgmlType::F16,
+        // i-quant mixes have their own rules (`iq_mix`); Q4_K is their dense type
+        QuantMix::UdIq1S | QuantMix::UdIq2Xxs => GgmlType::Q4_K,
     }
 }
 
@@ -56,6 +58,9 @@ fn is_quantized(ty: GgmlType) -> bool {
 
 /// The type llama-quantize gives tensor `name` (ggml dims `dims`, source F32) under `mix`.
 pub fn tensor_type(mix: QuantMix, name: &str, dims: &[u64], cx: &mut MixContext) -> GgmlType {
+    if let Some(ty) = super::iq_mix::tensor_type(mix, name, dims, cx.leave_output) {
+        return ty;
+    }
     if !allows_quantization(name, dims.len(), cx.leave_output) {
         return GgmlType::F32;
     }

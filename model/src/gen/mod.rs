@@ -3,14 +3,17 @@
 //! [`generate`] writes a qwen3moe or deepseek2 (Kimi K2) model — the `tiny` fixture shapes or
 //! real Qwen3-30B-A3B / Kimi K2 shapes, optionally with fewer layers/experts — with weights drawn
 //! deterministically from a seed and quantized by the kernels' `quantize_row` in one of
-//! llama.cpp's quant mixes, plus a trained byte-level BPE tokenizer and chat template, so the file
+//! llama.cpp's quant mixes (or Unsloth-shaped i-quant mixes, whose i-quant tensors are random
+//! valid blocks: `iq_mix`), plus a trained byte-level BPE tokenizer and chat template, so the file
 //! runs end to end here and in llama.cpp. The data is streamed tensor by tensor, a chunk of rows
 //! at a time (rows quantized in parallel on rayon's pool), so multi-GB files need little RAM.
 //!
 //! Submodules: `writer` (streaming GGUF v3), `layout` (presets, metadata, tensor list), `mix`
-//! (llama-quantize's per-tensor types), `bpe` + `tokenizer_kv` (tokenizer), `rng` (seeded streams).
+//! (llama-quantize's per-tensor types), `iq_mix` (UD-IQ1_S / UD-IQ2_XXS), `bpe` + `tokenizer_kv`
+//! (tokenizer), `rng` (seeded streams).
 
 pub mod bpe;
+pub mod iq_mix;
 pub mod layout;
 pub mod mix;
 pub mod rng;
@@ -132,6 +135,10 @@ pub enum QuantMix {
     Q4KM,
     Q8_0,
     F16,
+    /// Unsloth-shaped `UD-IQ1_S` (see `iq_mix`)
+    UdIq1S,
+    /// Unsloth-shaped `UD-IQ2_XXS` (see `iq_mix`)
+    UdIq2Xxs,
 }
 
 impl QuantMix {
@@ -141,6 +148,8 @@ impl QuantMix {
             QuantMix::Q4KM => "Q4_K_M",
             QuantMix::Q8_0 => "Q8_0",
             QuantMix::F16 => "F16",
+            QuantMix::UdIq1S => "UD-IQ1_S",
+            QuantMix::UdIq2Xxs => "UD-IQ2_XXS",
         }
     }
 
@@ -151,6 +160,8 @@ impl QuantMix {
             QuantMix::Q4KM => 15,
             QuantMix::Q8_0 => 7,
             QuantMix::F16 => 1,
+            QuantMix::UdIq1S => 24,
+            QuantMix::UdIq2Xxs => 19,
         }
     }
 }
@@ -163,8 +174,10 @@ impl FromStr for QuantMix {
             "Q4_K_M" => Ok(QuantMix::Q4KM),
             "Q8_0" => Ok(QuantMix::Q8_0),
             "F16" => Ok(QuantMix::F16),
+            "UD-IQ1_S" => Ok(QuantMix::UdIq1S),
+            "UD-IQ2_XXS" => Ok(QuantMix::UdIq2Xxs),
             _ => Err(GenError::Spec(format!(
-                "expected quant Q2_K, Q4_K_M, Q8_0 or F16, found `{s}`"
+                "expected quant Q2_K, Q4_K_M, Q8_0, F16, UD-IQ1_S or UD-IQ2_XXS, found `{s}`"
             ))),
         }
     }
@@ -442,7 +455,12 @@ fn fill_rows(
                 }
                 return Ok(());
             }
-            quantize_row(ty, vals, dst).map_err(|e| GenError::Quantize {
+            let written = if ty.has_quantizer() {
+                quantize_row(ty, vals, dst)
+            } else {
+                iq_mix::random_row(ty, vals, &mut r, dst)
+            };
+            written.map_err(|e| GenError::Quantize {
                 tensor: decl.name.clone(),
                 ty: ty.name(),
                 detail: e.to_string(),

@@ -29,6 +29,10 @@
 //! | Q5_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //! | Q4_1  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //! | Q5_1  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
+//! | IQ*, TQ* | SMULL+SADDLP | SDOT              | SMMLA 2x2 tiles (odd act/row: SDOT)   |
+//!
+//! The i-quants and ternary types ([`iq`]) decode each block to signed bytes with the portable
+//! `arch::iq_tile` and need only 16-element group sums from a core.
 
 // Kernel signatures mirror the gemm contract; index loops over fixed-size groups read clearer.
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
@@ -36,6 +40,7 @@
 mod dotprod;
 mod driver;
 mod i8mm;
+mod iq;
 mod legacy;
 mod neon;
 mod split;
@@ -109,6 +114,10 @@ fn run(
     n: usize,
     out: &mut [f32],
 ) -> bool {
+    if ty.is_iq() {
+        // SAFETY: `run` is only reached through `level`'s capability value.
+        return unsafe { iq::gemm(level, ty, k, w, rows, x, n, out) };
+    }
     if !has_path(ty) {
         return false;
     }

@@ -11,10 +11,11 @@
 //! the CPU also has AVX512-VBMI (checked at run time), Q3_K, Q4_K, Q5_K
 //! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Types
 //! without a path (legacy 4/5-bit, floats) return `false` and the caller falls back to the
-//! scalar reference.
+//! scalar reference. The i-quants and ternary types take `iq` (AVX2 on both tiers).
 
 mod avx2;
 mod avx512vnni;
+mod iq;
 mod klanes512;
 mod kquant;
 mod q2k512;
@@ -84,6 +85,11 @@ fn gemm_block(
     n: usize,
     out: &mut [f32],
 ) -> bool {
+    if ty.is_iq() {
+        // SAFETY: `gemm_block` runs only for a level whose capability exists; both x86 tiers
+        // require AVX2, all the i-quant path uses.
+        return unsafe { iq::gemm(ty, k, w, rows, x, n, out) };
+    }
     let kind = kquant_kind(ty);
     if kind.is_none() && ty != GgmlType::Q8_0 {
         return false;

@@ -1,0 +1,143 @@
+//! The i-quant and ternary GEMM path of the aarch64 tiers. Weight units are decoded to signed
+//! bytes by the shared `arch::iq_tile` (which also holds the loops and the float epilogues);
+//! this file has the integer cores that give the sixteen 16-element group sums: NEON widens
+//! with SMULL (a product of a weight, |w| <= 127, and an activation, |x| <= 128, fits in int16)
+//! and pairwise-adds to int32; dotprod uses SDOT (four products per int32 lane); i8mm walks
+//! 2 weight rows x 2 activation rows and gets each 16-element group of all four pairs from two
+//! SMMLA (eight products per lane, no horizontal reduction), the odd row or activation on SDOT.
+
+use core::arch::aarch64::*;
+
+use super::dotprod::sdot;
+use super::i8mm::smmla;
+use super::Level;
+use crate::arch::iq_tile::{self, act_chunk_offset, Sums};
+use crate::formats::QK_K;
+use crate::GgmlType;
+
+/// Loads the 16 weights of group `g` and the matching activations of the unit at `xu`.
+///
+/// # Safety
+/// `xu` must be valid for one activation unit of type `act`.
+#[inline(always)]
+unsafe fn load(w: &[i8; QK_K], xu: *const u8, act: GgmlType, g: usize) -> (int8x16_t, int8x16_t) {
+    let at = act_chunk_offset(act, g / 2) + 16 * (g % 2);
+    // SAFETY: `w[16g..16g + 16]` is in bounds (g < 16); the caller guarantees `xu` covers the
+    // unit, whose chunk `g / 2` spans 32 bytes from `act_chunk_offset`.
+    unsafe {
+        (
+            vld1q_s8(w.as_ptr().add(16 * g)),
+            vld1q_s8(xu.add(at).cast::<i8>()),
+        )
+    }
+}
+
+struct NeonSums;
+
+impl Sums for NeonSums {
+    #[inline(always)]
+    unsafe fn sums(&self, w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16] {
+        let mut s = [0i32; 16];
+        for (g, sg) in s.iter_mut().enumerate() {
+            // SAFETY: forwarded from the caller (valid unit); NEON is baseline on aarch64.
+            unsafe {
+                let (wv, xv) = load(w, xu, act, g);
+                let lo = vmull_s8(vget_low_s8(wv), vget_low_s8(xv));
+                let hi = vmull_high_s8(wv, xv);
+                *sg = vaddvq_s32(vaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)));
+            }
+        }
+        s
+    }
+}
+
+struct SdotSums;
+
+impl Sums for SdotSums {
+    #[inline(always)]
+    unsafe fn sums(&self, w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16] {
+        let mut s = [0i32; 16];
+        for (g, sg) in s.iter_mut().enumerate() {
+            // SAFETY: forwarded from the caller: a valid unit, and a CPU with SDOT.
+            unsafe {
+                let (wv, xv) = load(w, xu, act, g);
+                *sg = vaddvq_s32(sdot(vdupq_n_s32(0), wv, xv));
+            }
+        }
+        s
+    }
+}
+
+struct SmmlaSums;
+
+impl Sums for SmmlaSums {
+    const TILE: bool = true;
+
+    #[inline(always)]
+    unsafe fn sums(&self, w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16] {
+        // SAFETY: forwarded (the i8mm capability includes SDOT).
+        unsafe { SdotSums.sums(w, xu, act) }
+    }
+
+    #[inline(always)]
+    unsafe fn sums2x2(
+        &self,
+        w0: &[i8; QK_K],
+        w1: &[i8; QK_K],
+        x0: *const u8,
+        x1: *const u8,
+        act: GgmlType,
+    ) -> [[i32; 16]; 4] {
+        let mut s = [[0i32; 16]; 4];
+        for g in 0..16 {
+            // SAFETY: forwarded: valid units and a CPU with SMMLA; the rest is NEON.
+            unsafe {
+                let (a0, b0) = load(w0, x0, act, g);
+                let (a1, b1) = load(w1, x1, act, g);
+                let (a0, a1) = (vreinterpretq_s64_s8(a0), vreinterpretq_s64_s8(a1));
+                let (b0, b1) = (vreinterpretq_s64_s8(b0), vreinterpretq_s64_s8(b1));
+                // [w0 bytes 0..8 | w1 bytes 0..8] x [x0 bytes 0..8 | x1 bytes 0..8], then 8..16
+                let lo = smmla(
+                    vdupq_n_s32(0),
+                    vreinterpretq_s8_s64(vzip1q_s64(a0, a1)),
+                    vreinterpretq_s8_s64(vzip1q_s64(b0, b1)),
+                );
+                let acc = smmla(
+                    lo,
+                    vreinterpretq_s8_s64(vzip2q_s64(a0, a1)),
+                    vreinterpretq_s8_s64(vzip2q_s64(b0, b1)),
+                );
+                s[0][g] = vgetq_lane_s32::<0>(acc);
+                s[1][g] = vgetq_lane_s32::<1>(acc);
+                s[2][g] = vgetq_lane_s32::<2>(acc);
+                s[3][g] = vgetq_lane_s32::<3>(acc);
+            }
+        }
+        s
+    }
+}
+
+/// The i-quant and ternary types' path on `level`; false for any other type (or unusable
+/// lengths).
+///
+/// # Safety
+/// The CPU must have `level`'s features (the caller holds its capability).
+pub(super) unsafe fn gemm(
+    level: Level,
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) -> bool {
+    // SAFETY: `level`'s capability exists: NEON always, SDOT for Dotprod and I8mm.
+    unsafe {
+        match level {
+            Level::Neon => iq_tile::gemm(&NeonSums, ty, k, w, rows, x, n, out),
+            Level::Dotprod => iq_tile::gemm(&SdotSums, ty, k, w, rows, x, n, out),
+            Level::I8mm => iq_tile::gemm(&SmmlaSums, ty, k, w, rows, x, n, out),
+        }
+    }
+}

@@ -1,0 +1,623 @@
+//! The architecture-independent half of the SIMD i-quant kernels: each weight block decoded once
+//! into 256 signed bytes (grid point times sign, or the IQ4 value), and the per-type float
+//! epilogue that turns integer sums over 16-element groups into ggml's result.
+//!
+//! A tier only has to provide the integer part: for one decoded block and one activation block,
+//! the sixteen sums `s[g] = sum of w[i] * x[i]` over elements `16 g .. 16 g + 16` (and, for
+//! IQ1_M, the same sums `s2` with the block's ±1 shift signs as weights). Integer sums are exact
+//! in any order, and [`IqKind::epilogue`] then replays the scalar reference's integer scale
+//! products and its float operations in the reference order, so a tier built on this gives the
+//! scalar path's bits. Activations are Q8_K blocks, or for IQ4_NL eight consecutive Q8_0 blocks
+//! against eight IQ4_NL blocks (one 256-element unit).
+
+use crate::formats::{
+    Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
+    BlockIq4Nl, BlockIq4Xs, BlockQ8_0, BlockQ8_K, BlockTq1_0, BlockTq2_0, IQ1S_GRID, IQ2S_GRID,
+    IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
+};
+use crate::scalar::{iq1, iq2, iq3, ternary};
+use crate::GgmlType;
+
+/// One decoded 256-element unit: signed weights, and for IQ1_M the ±1 shift sign per element.
+#[derive(Clone)]
+#[repr(C, align(32))]
+pub struct Decoded {
+    pub w: [i8; QK_K],
+    pub w2: [i8; QK_K],
+}
+
+impl Default for Decoded {
+    fn default() -> Self {
+        Decoded {
+            w: [0; QK_K],
+            w2: [0; QK_K],
+        }
+    }
+}
+
+/// One i-quant (or ternary) type as the SIMD tiers see it.
+pub trait IqKind {
+    /// `UNIT` consecutive weight blocks make one 256-element unit (8 for IQ4_NL, else 1).
+    type W: Block;
+    /// The activation block type (`UNIT` of them per unit).
+    type X: Block;
+    const UNIT: usize;
+    /// Whether `Decoded::w2` is used (the IQ1_M shifts).
+    const HAS_W2: bool = false;
+    /// Decodes one unit.
+    fn decode(w: &[Self::W], out: &mut Decoded);
+    /// Adds this unit's contribution to `sumf` exactly as the scalar reference does.
+    fn epilogue(w: &[Self::W], x: &[Self::X], s: &[i32; 16], s2: &[i32; 16], sumf: &mut f32);
+    /// The reference's final scaling of the row sum.
+    #[inline(always)]
+    fn finish(sumf: f32) -> f32 {
+        sumf
+    }
+}
+
+/// Byte j of `SIGN_MASK[s]` is 0xff when bit j of `s` is set.
+static SIGN_MASK: [u64; 256] = sign_masks();
+
+const fn sign_masks() -> [u64; 256] {
+    let mut t = [0u64; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut j = 0;
+        while j < 8 {
+            if s & (1 << j) != 0 {
+                t[s] |= 0xff << (8 * j);
+            }
+            j += 1;
+        }
+        s += 1;
+    }
+    t
+}
+
+/// Negates the bytes of `grid` selected by `signs`. Every grid byte is non-zero (IQ2/IQ3 grids),
+/// so the per-byte negation `(g ^ 0xff) + 1` never carries into the next byte.
+#[inline(always)]
+fn signed(grid: u64, signs: u8) -> u64 {
+    let m = SIGN_MASK[signs as usize];
+    (grid ^ m).wrapping_add(m & 0x0101_0101_0101_0101)
+}
+
+#[inline(always)]
+fn put(out: &mut [i8; QK_K], at: usize, v: u64) {
+    for (o, b) in out[at..at + 8].iter_mut().zip(v.to_le_bytes()) {
+        *o = b as i8;
+    }
+}
+
+#[inline(always)]
+fn s32(s: &[i32; 16], g: usize) -> i32 {
+    s[2 * g] + s[2 * g + 1]
+}
+
+pub struct Iq2Xxs;
+impl IqKind for Iq2Xxs {
+    type W = BlockIq2Xxs;
+    type X = BlockQ8_K;
+    const UNIT: usize = 1;
+    fn decode(w: &[BlockIq2Xxs], out: &mut Decoded) {
+        let b = &w[0];
+        for g in 0..8 {
+            let (idx, sg) = b.words(g);
+            for l in 0..4 {
+                let grid = IQ2XXS_GRID[(idx >> (8 * l)) as usize & 255];
+                let v = signed(grid, KSIGNS_IQ2XS[(sg >> (7 * l)) as usize & 127]);
+                put(&mut out.w, 32 * g + 8 * l, v);
+            }
+        }
+    }
+    fn epilogue(w: &[BlockIq2Xxs], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        let (a, b) = (&w[0], &x[0]);
+        let mut bsum = 0i32;
+        for g in 0..8 {
+            bsum += s32(s, g) * (2 * (a.words(g).1 >> 28) as i32 + 1);
+        }
+        *sumf += a.d() * b.d() * bsum as f32;
+    }
+    fn finish(sumf: f32) -> f32 {
+        0.125 * sumf
+    }
+}
+
+pub struct Iq2Xs;
+impl IqKind for Iq2Xs {
+    type W = BlockIq2Xs;
+    type X = BlockQ8_K;
+    const UNIT: usize = 1;
+    fn decode(w: &[BlockIq2Xs], out: &mut Decoded) {
+        let b = &w[0];
+        for i in 0..32 {
+            let q = b.q(i);
+            let v = signed(
+                IQ2XS_GRID[(q & 511) as usize],
+                KSIGNS_IQ2XS[(q >> 9) as usize],
+            );
+            put(&mut out.w, 8 * i, v);
+        }
+    }
+    fn epilogue(w: &[BlockIq2Xs], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        let (a, b) = (&w[0], &x[0]);
+        *sumf += a.d() * b.d() * iq2_pairs(&a.scales, s) as f32;
+    }
+    fn finish(sumf: f32) -> f32 {
+        0.125 * sumf
+    }
+}
+
+/// `sum of (2 * lo + 1) * s[2g] + (2 * hi + 1) * s[2g + 1]` over the nibble-pair scales.
+#[inline(always)]
+fn iq2_pairs(scales: &[u8; 8], s: &[i32; 16]) -> i32 {
+    let mut bsum = 0i32;
+    for (g, &sc) in scales.iter().enumerate() {
+        bsum += (2 * (sc & 0xf) as i32 + 1) * s[2 * g] + (2 * (sc >> 4) as i32 + 1) * s[2 * g + 1];
+    }
+    bsum
+}
+
+pub struct Iq2S;
+impl IqKind for Iq2S {
+    type W = BlockIq2S;
+    type X = BlockQ8_K;
+    const UNIT: usize = 1;
+    fn decode(w: &[BlockIq2S], out: &mut Decoded) {
+        let b = &w[0];
+        for g in 0..8 {
+            for l in 0..4 {
+                let grid = IQ2S_GRID[iq2::iq2_s_index(b, g, l)];
+                put(
+                    &mut out.w,
+                    32 * g + 8 * l,
+                    signed(grid, b.qs[QK_K / 8 + 4 * g + l]),
+                );
+            }
+        }
+    }
+    fn epilogue(w: &[BlockIq2S], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        let (a, b) = (&w[0], &x[0]);
+        *sumf += a.d() * b.d() * iq2_pairs(&a.scales, s) as f32;
+    }
+    fn finish(sumf: f32) -> f32 {
+        0.125 * sumf
+    }
+}
+
+pub struct Iq3Xxs;
+impl IqKind for Iq3Xxs {
+    type W = BlockIq3Xxs;
+    type X = BlockQ8_K;
+    const UNIT: usize = 1;
+    fn decode(w: &[BlockIq3Xxs], out: &mut Decoded) {
+        let b = &w[0];
+        for g in 0..8 {
+            let aux = b.signs_scale(g);
+            for l in 0..4 {
+                let signs = KSIGNS_IQ2XS[(aux >> (7 * l)) as usize & 127];
+                put(
+                    &mut out.w,
+                    32 * g + 8 * l,
+                    signed(iq3::iq3_xxs_point(b, g, l), signs),
+                );
+            }
+        }
+    }
+    fn epilogue(w: &[BlockIq3Xxs], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        let (a, b) = (&w[0], &x[0]);
+        let mut bsum = 0i32;
+        for g in 0..8 {
+            bsum += s32(s, g) * (2 * (a.signs_scale(g) >> 28) as i32 + 1);
+        }
+        *sumf += a.d() * b.d() * bsum as f32;
+    }
+    fn finish(sumf: f32) -> f32 {
+        0.25 * sumf
+    }
+}
+
+pub struct Iq3S;
+impl IqKind for Iq3S {
+    type W = BlockIq3S;
+    type X = BlockQ8_K;
+    const UNIT: usize = 1;
+    fn decode(w: &[BlockIq3S], out: &mut Decoded) {
+        let b = &w[0];
+        for g in 0..8 {
+            for l in 0..4 {
+                let v = signed(iq3::iq3_s_point(b, g, l), b.signs[4 * g + l]);
+                put(&mut out.w, 32 * g + 8 * l, v);
+            }
+        }
+    }
+    fn epilogue(w: &[BlockIq3S], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        let (a, b) = (&w[0], &x[0]);
+        let mut bsum = 0i32;
+        for g in 0..8 {
+            bsum += s32(s, g) * iq3::iq3_s_scale(a, g);
+        }
+        *sumf += a.d() * b.d() * bsum as f32;
+    }
+}
+
+pub struct Iq1S;
+impl IqKind for Iq1S {
+    type W = BlockIq1S;
+    type X = BlockQ8_K;
+    const UNIT: usize = 1;
+    fn decode(w: &[BlockIq1S], out: &mut Decoded) {
+        let b = &w[0];
+        for g in 0..8 {
+            for l in 0..4 {
+                put(
+                    &mut out.w,
+                    32 * g + 8 * l,
+                    IQ1S_GRID[iq1::iq1_s_index(b, g, l)],
+                );
+            }
+        }
+    }
+    fn epilogue(w: &[BlockIq1S], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        let (a, b) = (&w[0], &x[0]);
+        let (mut sumi, mut sumi1) = (0i32, 0i32);
+        for g in 0..8 {
+            let qh = a.qh(g);
+            let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
+            let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
+            sumi += ls * s32(s, g);
+            sumi1 += ls * delta * (b.bsum(2 * g) as i32 + b.bsum(2 * g + 1) as i32);
+        }
+        *sumf += a.d() * b.d() * (sumi as f32 + iq1::IQ1_DELTA * sumi1 as f32);
+    }
+}
+
+pub struct Iq1M;
+impl IqKind for Iq1M {
+    type W = BlockIq1M;
+    type X = BlockQ8_K;
+    const UNIT: usize = 1;
+    const HAS_W2: bool = true;
+    fn decode(w: &[BlockIq1M], out: &mut Decoded) {
+        let b = &w[0];
+        for g in 0..8 {
+            for l in 0..4 {
+                let at = 32 * g + 8 * l;
+                put(&mut out.w, at, IQ1S_GRID[iq1::iq1_m_index(b, g, l)]);
+                let shift: i8 = if iq1::iq1_m_negative(b, g, l) { -1 } else { 1 };
+                out.w2[at..at + 8].fill(shift);
+            }
+        }
+    }
+    fn epilogue(w: &[BlockIq1M], x: &[BlockQ8_K], s: &[i32; 16], s2: &[i32; 16], sumf: &mut f32) {
+        let (a, b) = (&w[0], &x[0]);
+        let (mut sumi1, mut sumi2) = (0i32, 0i32);
+        for g in 0..8 {
+            let ls = iq1::iq1_m_scales(a, g);
+            sumi1 += s[2 * g] * ls[0] + s[2 * g + 1] * ls[1];
+            sumi2 += s2[2 * g] * ls[0] + s2[2 * g + 1] * ls[1];
+        }
+        *sumf += a.d() * b.d() * (sumi1 as f32 + iq1::IQ1_DELTA * sumi2 as f32);
+    }
+}
+
+/// `IQ4_PAIRS[q]` = the IQ4 values of the low and the high nibble of byte `q`.
+static IQ4_PAIRS: [[i8; 2]; 256] = iq4_pairs();
+
+const fn iq4_pairs() -> [[i8; 2]; 256] {
+    let mut t = [[0i8; 2]; 256];
+    let mut q = 0;
+    while q < 256 {
+        t[q] = [KVALUES_IQ4NL[q & 0xf], KVALUES_IQ4NL[q >> 4]];
+        q += 1;
+    }
+    t
+}
+
+/// The 32 IQ4 values of 16 packed bytes (low nibbles, then high nibbles) at `out[at..at + 32]`.
+#[inline(always)]
+fn iq4_values(qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+    let (lo, hi) = out[at..at + 32].split_at_mut(16);
+    for ((&q, l), h) in qs.iter().zip(lo).zip(hi) {
+        [*l, *h] = IQ4_PAIRS[q as usize];
+    }
+}
+
+pub struct Iq4Xs;
+impl IqKind for Iq4Xs {
+    type W = BlockIq4Xs;
+    type X = BlockQ8_K;
+    const UNIT: usize = 1;
+    fn decode(w: &[BlockIq4Xs], out: &mut Decoded) {
+        for g in 0..8 {
+            iq4_values(&w[0].qs[16 * g..16 * g + 16], &mut out.w, 32 * g);
+        }
+    }
+    fn epilogue(w: &[BlockIq4Xs], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        let (a, b) = (&w[0], &x[0]);
+        let d4d8 = a.d() * b.d();
+        for g in 0..8 {
+            let dl = d4d8 * (a.scale(g) as i32 - 32) as f32;
+            *sumf += dl * s32(s, g) as f32;
+        }
+    }
+}
+
+pub struct Iq4Nl;
+impl IqKind for Iq4Nl {
+    type W = BlockIq4Nl;
+    type X = BlockQ8_0;
+    const UNIT: usize = 8;
+    fn decode(w: &[BlockIq4Nl], out: &mut Decoded) {
+        for (g, b) in w.iter().enumerate() {
+            iq4_values(&b.qs, &mut out.w, 32 * g);
+        }
+    }
+    fn epilogue(w: &[BlockIq4Nl], x: &[BlockQ8_0], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        for (g, (a, b)) in w.iter().zip(x).enumerate() {
+            let d = b.d() * a.d();
+            *sumf += d * s32(s, g) as f32;
+        }
+    }
+}
+
+pub struct Tq1_0;
+impl IqKind for Tq1_0 {
+    type W = BlockTq1_0;
+    type X = BlockQ8_K;
+    const UNIT: usize = 1;
+    fn decode(w: &[BlockTq1_0], out: &mut Decoded) {
+        out.w = ternary::tq1_values(&w[0]);
+    }
+    fn epilogue(w: &[BlockTq1_0], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        let sum: i32 = s.iter().sum();
+        *sumf += sum as f32 * (w[0].d() * x[0].d());
+    }
+}
+
+pub struct Tq2_0;
+impl IqKind for Tq2_0 {
+    type W = BlockTq2_0;
+    type X = BlockQ8_K;
+    const UNIT: usize = 1;
+    fn decode(w: &[BlockTq2_0], out: &mut Decoded) {
+        out.w = ternary::tq2_values(&w[0]);
+    }
+    fn epilogue(w: &[BlockTq2_0], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        let sum: i32 = s.iter().sum();
+        *sumf += sum as f32 * (x[0].d() * w[0].d());
+    }
+}
+
+/// Byte offset of the 32 quants of activation chunk `c` (0..8) within one unit's activation
+/// blocks: Q8_K keeps them contiguous after its f32 scale, Q8_0 has one chunk per block.
+#[inline(always)]
+pub fn act_chunk_offset(act: GgmlType, c: usize) -> usize {
+    match act {
+        GgmlType::Q8_0 => 34 * c + 2,
+        _ => 4 + 32 * c,
+    }
+}
+
+/// A tier's integer core: the sixteen 16-element group sums of decoded weights `w` against the
+/// activation unit at `xu` (activation type `act`).
+///
+/// # Safety
+/// Implementations may require CPU features; `xu` must be valid for one whole activation unit.
+pub(crate) trait Sums {
+    unsafe fn sums(&self, w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16];
+
+    /// Whether [`Sums::sums2x2`] is the core's own (2 weight rows x 2 activation rows at once,
+    /// as SMMLA computes them); the driver then walks the rows and activations in pairs.
+    const TILE: bool = false;
+
+    /// The group sums of two weight units against two activation units, in the order
+    /// `[w0.x0, w0.x1, w1.x0, w1.x1]`.
+    ///
+    /// # Safety
+    /// As [`Sums::sums`], for both `x0` and `x1`.
+    #[inline(always)]
+    unsafe fn sums2x2(
+        &self,
+        w0: &[i8; QK_K],
+        w1: &[i8; QK_K],
+        x0: *const u8,
+        x1: *const u8,
+        act: GgmlType,
+    ) -> [[i32; 16]; 4] {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            [
+                self.sums(w0, x0, act),
+                self.sums(w0, x1, act),
+                self.sums(w1, x0, act),
+                self.sums(w1, x1, act),
+            ]
+        }
+    }
+}
+
+/// `out[r * n + j] = W[r] . x[j]` for one kind on one tier's integer core: each weight unit
+/// decoded once, run against every activation row, each result accumulated in the reference's
+/// block order. False (nothing written) when the buffers do not hold whole units.
+///
+/// # Safety
+/// The CPU must have whatever `core` requires.
+#[inline(always)]
+pub(crate) unsafe fn gemm_units<K: IqKind, S: Sums>(
+    core: &S,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) -> bool {
+    if !k.is_multiple_of(QK_K) {
+        return false;
+    }
+    let (Ok(wb), Ok(xb)) = (
+        crate::formats::blocks::<K::W>(w),
+        crate::formats::blocks::<K::X>(x),
+    ) else {
+        return false;
+    };
+    let per_row = k / QK_K * K::UNIT;
+    if per_row == 0
+        || Some(wb.len()) != rows.checked_mul(per_row)
+        || Some(xb.len()) != n.checked_mul(per_row)
+        || Some(out.len()) != rows.checked_mul(n)
+    {
+        return false;
+    }
+    if n == 0 {
+        return true;
+    }
+    if S::TILE {
+        // SAFETY: forwarded from the caller; the lengths are checked above.
+        unsafe { gemm_tiles::<K, S>(core, wb, xb, per_row, n, out) };
+        return true;
+    }
+    let act = <K::X as Block>::TYPE;
+    let mut dec = Decoded::default();
+    let zero = [0i32; 16];
+    out.fill(0.0);
+    for (wr, o) in wb.chunks_exact(per_row).zip(out.chunks_exact_mut(n)) {
+        for (u, wu) in wr.chunks_exact(K::UNIT).enumerate() {
+            K::decode(wu, &mut dec);
+            for (j, acc) in o.iter_mut().enumerate() {
+                let xu = &xb[j * per_row + u * K::UNIT..j * per_row + (u + 1) * K::UNIT];
+                let xp = xu.as_ptr() as *const u8;
+                // SAFETY: the caller guarantees the core's CPU features; `xu` is one whole
+                // activation unit (K::UNIT blocks of K::X) inside the checked `x`.
+                let s = unsafe { core.sums(&dec.w, xp, act) };
+                let s2 = if K::HAS_W2 {
+                    // SAFETY: as above.
+                    unsafe { core.sums(&dec.w2, xp, act) }
+                } else {
+                    zero
+                };
+                K::epilogue(wu, xu, &s, &s2, acc);
+            }
+        }
+        for acc in o.iter_mut() {
+            *acc = K::finish(*acc);
+        }
+    }
+    true
+}
+
+/// [`gemm_units`] for a core with its own 2x2 tile: rows and activations in pairs (an odd last
+/// row or activation through the single sums). Each cell still sees its units in order, so its
+/// float epilogues run in the reference order.
+///
+/// # Safety
+/// As [`gemm_units`]; `wb`, `xb` and `out` hold whole rows (`per_row` blocks, `n` outputs).
+#[inline(always)]
+unsafe fn gemm_tiles<K: IqKind, S: Sums>(
+    core: &S,
+    wb: &[K::W],
+    xb: &[K::X],
+    per_row: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let act = <K::X as Block>::TYPE;
+    let mut dec = [Decoded::default(), Decoded::default()];
+    let zero = [[0i32; 16]; 4];
+    out.fill(0.0);
+    let unit = |r: usize, u: usize| r * per_row + u * K::UNIT;
+    let rows = wb.len() / per_row;
+    for r0 in (0..rows).step_by(2) {
+        let pair = r0 + 1 < rows;
+        for u in 0..per_row / K::UNIT {
+            let w0 = &wb[unit(r0, u)..][..K::UNIT];
+            K::decode(w0, &mut dec[0]);
+            let w1 = if pair {
+                let w1 = &wb[unit(r0 + 1, u)..][..K::UNIT];
+                K::decode(w1, &mut dec[1]);
+                w1
+            } else {
+                w0
+            };
+            let mut j = 0;
+            while j < n {
+                let x0 = &xb[j * per_row + u * K::UNIT..][..K::UNIT];
+                if pair && j + 1 < n {
+                    let x1 = &xb[(j + 1) * per_row + u * K::UNIT..][..K::UNIT];
+                    let (p0, p1) = (x0.as_ptr() as *const u8, x1.as_ptr() as *const u8);
+                    // SAFETY: forwarded core features; x0 and x1 are whole activation units.
+                    let s = unsafe { core.sums2x2(&dec[0].w, &dec[1].w, p0, p1, act) };
+                    let s2 = if K::HAS_W2 {
+                        // SAFETY: as above.
+                        unsafe { core.sums2x2(&dec[0].w2, &dec[1].w2, p0, p1, act) }
+                    } else {
+                        zero
+                    };
+                    let cells = [
+                        (0, w0, x0, j),
+                        (0, w0, x1, j + 1),
+                        (1, w1, x0, j),
+                        (1, w1, x1, j + 1),
+                    ];
+                    for (c, (dr, wu, xu, jj)) in cells.into_iter().enumerate() {
+                        K::epilogue(wu, xu, &s[c], &s2[c], &mut out[(r0 + dr) * n + jj]);
+                    }
+                    j += 2;
+                } else {
+                    let p0 = x0.as_ptr() as *const u8;
+                    for (dr, wu) in [w0, w1].into_iter().enumerate().take(1 + pair as usize) {
+                        // SAFETY: forwarded core features; x0 is a whole activation unit.
+                        let s = unsafe { core.sums(&dec[dr].w, p0, act) };
+                        let s2 = if K::HAS_W2 {
+                            // SAFETY: as above.
+                            unsafe { core.sums(&dec[dr].w2, p0, act) }
+                        } else {
+                            zero[0]
+                        };
+                        K::epilogue(wu, x0, &s, &s2, &mut out[(r0 + dr) * n + j]);
+                    }
+                    j += 1;
+                }
+            }
+        }
+    }
+    for acc in out.iter_mut() {
+        *acc = K::finish(*acc);
+    }
+}
+
+/// Runs [`gemm_units`] for the kind of `ty`; false for a type that is not an i-quant.
+///
+/// # Safety
+/// As [`gemm_units`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm<S: Sums>(
+    core: &S,
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) -> bool {
+    // SAFETY (every arm): forwarded from the caller.
+    unsafe {
+        match ty {
+            GgmlType::IQ2_XXS => gemm_units::<Iq2Xxs, S>(core, k, w, rows, x, n, out),
+            GgmlType::IQ2_XS => gemm_units::<Iq2Xs, S>(core, k, w, rows, x, n, out),
+            GgmlType::IQ2_S => gemm_units::<Iq2S, S>(core, k, w, rows, x, n, out),
+            GgmlType::IQ3_XXS => gemm_units::<Iq3Xxs, S>(core, k, w, rows, x, n, out),
+            GgmlType::IQ3_S => gemm_units::<Iq3S, S>(core, k, w, rows, x, n, out),
+            GgmlType::IQ1_S => gemm_units::<Iq1S, S>(core, k, w, rows, x, n, out),
+            GgmlType::IQ1_M => gemm_units::<Iq1M, S>(core, k, w, rows, x, n, out),
+            GgmlType::IQ4_XS => gemm_units::<Iq4Xs, S>(core, k, w, rows, x, n, out),
+            GgmlType::IQ4_NL => gemm_units::<Iq4Nl, S>(core, k, w, rows, x, n, out),
+            GgmlType::TQ1_0 => gemm_units::<Tq1_0, S>(core, k, w, rows, x, n, out),
+            GgmlType::TQ2_0 => gemm_units::<Tq2_0, S>(core, k, w, rows, x, n, out),
+            _ => false,
+        }
+    }
+}
