@@ -40,6 +40,11 @@ pub struct Args {
     /// general.name of the model.
     #[arg(long)]
     name: Option<String>,
+    /// Embed this chat template (a Jinja file, e.g. a model's published template) instead of
+    /// the architecture's own; its special markers (`<|...|>`, `<｜...｜>`, `<tool_call>`, ...)
+    /// are added to the vocabulary.
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
     /// Only print the plan (tensors, types, size) without writing.
     #[arg(long)]
     dry_run: bool,
@@ -67,6 +72,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         quant,
         leave_output: args.leave_output_tensor,
         name: args.name.clone(),
+        chat_template: match &args.chat_template {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("reading the chat template {}", p.display()))?,
+            ),
+            None => None,
+        },
     };
     let plan = gen::plan(&spec)?;
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;

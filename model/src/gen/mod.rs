@@ -184,6 +184,9 @@ pub struct GenSpec {
     pub leave_output: bool,
     /// general.name (default: derived from the preset)
     pub name: Option<String>,
+    /// `tokenizer.chat_template` (default: the architecture's own); its special markers become
+    /// tokens of the vocabulary.
+    pub chat_template: Option<String>,
 }
 
 impl GenSpec {
@@ -199,6 +202,7 @@ impl GenSpec {
             quant,
             leave_output: false,
             name: None,
+            chat_template: None,
         }
     }
 }
@@ -225,8 +229,12 @@ impl GenSpec {
                 .collect();
             format!("-n{safe}")
         });
+        // a template is named by a hash of its text (FNV-1a, mixed)
+        let template = self.chat_template.as_deref().map_or(String::new(), |t| {
+            format!("-t{:08x}", rng::tensor_seed(0, t) as u32)
+        });
         format!(
-            "{}-{}{}{}{}-s{}{}{}-{}.gguf",
+            "{}-{}{}{}{}-s{}{}{}{}-{}.gguf",
             self.preset.name(),
             self.arch.name(),
             opt("L", self.layers),
@@ -235,6 +243,7 @@ impl GenSpec {
             self.seed,
             if self.leave_output { "-f32out" } else { "" },
             name,
+            template,
             self.quant.name()
         )
     }
@@ -290,7 +299,8 @@ impl Plan {
 /// Works out metadata, tensor names, shapes and types for a spec, without writing anything.
 pub fn plan(spec: &GenSpec) -> Result<Plan, GenError> {
     let dims = Dims::from_spec(spec)?;
-    let (tok_kv, n_vocab, n_live) = tokenizer_kv::tokenizer_metadata(dims.arch, dims.vocab)?;
+    let (tok_kv, n_vocab, n_live) =
+        tokenizer_kv::tokenizer_metadata(dims.arch, dims.vocab, spec.chat_template.as_deref())?;
     let mut metadata = vec![
         (
             "general.architecture".to_string(),
