@@ -57,7 +57,7 @@ GEN_DIR=$(mktemp -d)
 for t in qwen3-30b-a3b:qwen3moe qwen3-coder-30b-a3b:qwen3moe kimi-k2-instruct:deepseek2 deepseek-v3.1:deepseek2; do
   name=${t%%:*}
   tmpl="model/tests/data/templates/$name.jinja"
-  "$BIN" gen-model --preset tiny --arch "${t##*:}" --chat-template "$tmpl" -o "$GEN_DIR/$name.gguf" 2>/dev/null
+  "$BIN" gen-model --preset tiny --arch "${t##*:}" --chat-template "$tmpl" --ctx 4096 -o "$GEN_DIR/$name.gguf" 2>/dev/null
   SUITE=test_tools.py CTX=2048 NIGHTSHIFT_TEMPLATE="$tmpl" run_suite "tools: $name template" \
     --model "$GEN_DIR/$name.gguf" || status=1
 done

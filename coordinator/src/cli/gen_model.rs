@@ -45,6 +45,9 @@ pub struct Args {
     /// are added to the vocabulary.
     #[arg(long, value_name = "FILE")]
     chat_template: Option<PathBuf>,
+    /// Context length written to the file (default: the preset's).
+    #[arg(long)]
+    ctx: Option<u32>,
     /// Only print the plan (tensors, types, size) without writing.
     #[arg(long)]
     dry_run: bool,
@@ -79,6 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ),
             None => None,
         },
+        ctx: args.ctx,
     };
     let plan = gen::plan(&spec)?;
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;

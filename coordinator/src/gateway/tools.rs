@@ -103,22 +103,23 @@ pub fn plan(req: &ChatRequest) -> Result<Option<ToolPlan>, ApiError> {
                 "expected a `function` object",
             ));
         };
-        let name =
-            match f.get("name").and_then(Value::as_str) {
-                Some(n) if valid_name(n) => n.to_string(),
-                Some(n) => return Err(invalid(
+        let name = match f.get("name").and_then(Value::as_str) {
+            Some(n) if valid_name(n) => n.to_string(),
+            Some(n) => {
+                return Err(invalid(
                     format!("{p}.function.name"),
                     format!(
                         "a function name is 1 to 64 letters, digits, `_`, `-` or `.`, found `{n}`"
                     ),
-                )),
-                None => {
-                    return Err(invalid(
-                        format!("{p}.function.name"),
-                        "missing function `name`",
-                    ))
-                }
-            };
+                ))
+            }
+            None => {
+                return Err(invalid(
+                    format!("{p}.function.name"),
+                    "missing function `name`",
+                ))
+            }
+        };
         if specs.iter().any(|s| s.name == name) {
             return Err(invalid(
                 format!("{p}.function.name"),

@@ -205,7 +205,7 @@ def test_agents_sdk_loop():
     agent = Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather],
                   model=model,
                   model_settings=ModelSettings(tool_choice="get_weather", temperature=0,
-                                               max_tokens=48, parallel_tool_calls=False))
+                                               max_tokens=200, parallel_tool_calls=False))
     result = asyncio.run(Runner.run(agent, "What's the weather in Paris?", max_turns=4))
     assert seen and seen[0] in ("Paris", "London"), seen
     assert isinstance(result.final_output, str), result.final_output

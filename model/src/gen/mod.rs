@@ -187,6 +187,8 @@ pub struct GenSpec {
     /// `tokenizer.chat_template` (default: the architecture's own); its special markers become
     /// tokens of the vocabulary.
     pub chat_template: Option<String>,
+    /// `context_length` (default: the preset's).
+    pub ctx: Option<u32>,
 }
 
 impl GenSpec {
@@ -203,6 +205,7 @@ impl GenSpec {
             leave_output: false,
             name: None,
             chat_template: None,
+            ctx: None,
         }
     }
 }
@@ -234,12 +237,13 @@ impl GenSpec {
             format!("-t{:08x}", rng::tensor_seed(0, t) as u32)
         });
         format!(
-            "{}-{}{}{}{}-s{}{}{}{}-{}.gguf",
+            "{}-{}{}{}{}{}-s{}{}{}{}-{}.gguf",
             self.preset.name(),
             self.arch.name(),
             opt("L", self.layers),
             opt("X", self.experts),
             opt("V", self.vocab),
+            opt("C", self.ctx.map(|c| c as usize)),
             self.seed,
             if self.leave_output { "-f32out" } else { "" },
             name,
