@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use nightshift_atlas::placement::{ModelShape, Placement};
 use nightshift_atlas::trace::{Recorder, RecorderConfig};
 use nightshift_model::chat::{ChatMessage, ChatTemplate};
+use nightshift_model::sampler::argmax;
 use nightshift_model::{
     BatchToken, Engine, EngineOptions, ExpertPair, LocalExperts, Model, RouteObserver,
 };
@@ -205,15 +206,4 @@ pub fn record(model_path: &Path, prompts: &Path, max_tokens: usize, out: &Path) 
     );
     println!("wrote {}", out.display());
     Ok(())
-}
-
-/// Index of the largest logit (the first one on ties).
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &x) in logits.iter().enumerate() {
-        if x > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }

@@ -62,18 +62,8 @@ pub fn kimi_cases() -> Vec<Case> {
 
 /// A splitmix64-driven f32 vector, values roughly N(0, 1) (sum of four uniforms).
 pub fn random_f32(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..len)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            let u = (z & 0xFFFF) + ((z >> 16) & 0xFFFF) + ((z >> 32) & 0xFFFF) + (z >> 48);
-            (u as f32 - 131_070.0) / 37_837.23
-        })
-        .collect()
+    let mut r = nightshift_kernels::rng::SplitMix64::new(seed);
+    (0..len).map(|_| r.gaussian()).collect()
 }
 
 /// `rows` rows of `k` f32 quantized to `ty` with our (ggml-exact) reference quantizer.
@@ -154,13 +144,7 @@ pub fn time_best(budget: Duration, min_iters: usize, mut f: impl FnMut()) -> f64
     best
 }
 
-/// Index of the largest value (greedy sampling in the end-to-end comparisons).
+/// Index of the largest value (greedy sampling in the end-to-end comparisons): the sampler's.
 pub fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
-        )
-        .0
+    nightshift_model::sampler::argmax(v) as usize
 }

@@ -11,6 +11,7 @@ pub mod dispatch;
 mod error;
 pub mod formats;
 pub mod packed_f32;
+pub mod rng;
 pub mod scalar;
 
 pub use error::KernelError;

@@ -7,6 +7,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use nightshift_kernels::arch::aarch64::{Dotprod, I8mm, Neon};
+use nightshift_kernels::rng::SplitMix64;
 use nightshift_kernels::{scalar, GgmlType};
 use proptest::prelude::*;
 
@@ -103,15 +104,11 @@ fn check(
 }
 
 /// splitmix64: a tiny deterministic generator for block bytes.
-struct Rng(u64);
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
@@ -232,7 +229,7 @@ fn case(
     zero_every: u64,
     quant_x: bool,
 ) -> (usize, Vec<u8>, Vec<u8>) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng(SplitMix64::new(seed));
     let k = nb * ty.block_len();
     let w = blocks(&mut rng, ty, false, nb * rows, scales, zero_every);
     let x = if quant_x {
@@ -351,7 +348,7 @@ fn saturated_quants() {
             let (rows, n) = (3, 3);
             let seed = 7000 + fi as u64;
             let (k, mut w, mut x) = case(ty, seed, 2, rows, n, Scales::Normal, 0, false);
-            let mut rng = Rng(!seed);
+            let mut rng = Rng(SplitMix64::new(!seed));
             let keep = f16_fields(ty);
             for blk in w.chunks_exact_mut(ty.block_bytes()) {
                 for (i, v) in blk.iter_mut().enumerate() {

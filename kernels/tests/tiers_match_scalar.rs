@@ -5,19 +5,16 @@
 //! zero blocks and extreme magnitudes. (Tier owners add their own tests next to this one.)
 
 use nightshift_kernels::dispatch::{self, Tier};
+use nightshift_kernels::rng::SplitMix64;
 use nightshift_kernels::{quantize_row, scalar, GgmlType};
 use proptest::prelude::*;
 
 /// splitmix64: a tiny deterministic generator so that one proptest seed describes a whole case.
-struct Rng(u64);
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
@@ -130,7 +127,7 @@ fn same_bits(a: f32, b: f32) -> bool {
 }
 
 fn check_case(ty: GgmlType, blocks256: usize, m: usize, n: usize, seed: u64) -> Result<(), String> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng(SplitMix64::new(seed));
     let k = 256 * blocks256;
     let w = weights(ty, k, m, &mut rng);
     let x = activations(ty, k, n, &mut rng);

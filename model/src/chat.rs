@@ -1,15 +1,29 @@
 //! Chat templates from `tokenizer.chat_template`, rendered with minijinja plus the Python string
 //! methods of minijinja-contrib's pycompat (`.strip()`, `.startswith()`, ...) that Hugging Face
-//! templates use. Whitespace handling is HF's (`trim_blocks` and `lstrip_blocks` on), the
-//! context is HF's `apply_chat_template` one: `messages`, `add_generation_prompt`, `bos_token`,
-//! `eos_token`, plus `raise_exception(msg)`.
+//! templates use. Whitespace handling is HF's (`trim_blocks` and `lstrip_blocks` on, loop
+//! controls on), the context is HF's `apply_chat_template` one: `messages` (with `tool_calls`,
+//! `tool_call_id`, `name`, `reasoning_content`), `tools` (undefined without tools),
+//! `add_generation_prompt`, `bos_token`,
+//! `eos_token`, any extra keyword arguments, plus `raise_exception(msg)`, `strftime_now(fmt)`
+//! and a `tojson` that writes Python's `json.dumps` text (`chat/pyjson.rs`), so the published
+//! templates of Qwen3, Qwen3-Coder, Kimi K2 and DeepSeek V3.1 render byte for byte as Python's
+//! jinja2 renders them (`tests/chat_templates.rs`).
+//!
+//! Templates disagree on how an assistant's tool call must be given to them: Qwen3-Coder
+//! iterates `arguments|items` (an object), DeepSeek concatenates it (a string), Kimi's first
+//! template always `tojson`s it. As llama.cpp does, each template is probed once when it is
+//! compiled (`Quirks`), and a call's arguments (kept as the client's JSON text) are handed to it
+//! in the form it renders correctly.
 
-use std::collections::BTreeMap;
+mod pyjson;
+mod time;
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::{Environment, Error, ErrorKind, Value};
 
 use crate::gguf::{Gguf, GgufError};
+
+pub use pyjson::{dumps as py_json_dumps, py_float, to_value as json_to_value, DumpOptions};
 
 /// The metadata key holding the default chat template.
 pub const CHAT_TEMPLATE_KEY: &str = "tokenizer.chat_template";
@@ -27,11 +41,28 @@ pub enum TemplateError {
     Render(String),
 }
 
+/// One tool call of an assistant message.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text (OpenAI's `function.arguments`).
+    pub arguments: String,
+}
+
 /// One message of a conversation.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant's tool calls.
+    pub tool_calls: Vec<ToolCall>,
+    /// A tool result's call id.
+    pub tool_call_id: Option<String>,
+    /// A tool result's function name (or a participant's name).
+    pub name: Option<String>,
+    /// An assistant's reasoning (Qwen3 renders it in `<think>`).
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -39,8 +70,31 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            ..ChatMessage::default()
         }
     }
+}
+
+/// Everything a render takes besides the messages.
+#[derive(Clone, Debug, Default)]
+pub struct RenderOptions<'a> {
+    /// The tool definitions as the client sent them (`{"type": "function", "function": {..}}`).
+    pub tools: Option<&'a [serde_json::Value]>,
+    pub add_generation_prompt: bool,
+    /// The texts of the model's BOS / EOS tokens.
+    pub bos: &'a str,
+    pub eos: &'a str,
+    /// Extra template variables (`enable_thinking`, `thinking`, ...).
+    pub extra: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+/// How a template wants tool calls handed to it (found by probing it once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quirks {
+    /// `function.arguments` as an object (else the JSON text).
+    pub arguments_as_object: bool,
+    /// The content of a message that only calls tools as `none` (else `""`).
+    pub tool_call_content_none: bool,
 }
 
 /// A compiled chat template.
@@ -48,6 +102,7 @@ impl ChatMessage {
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
+    quirks: Quirks,
 }
 
 const NAME: &str = "chat";
@@ -91,17 +146,81 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", time::strftime_now);
+        env.add_filter("tojson", pyjson::tojson_filter);
         env.add_template_owned(NAME, source.to_string())
             .map_err(|e| TemplateError::Syntax(error_chain(&e)))?;
-        Ok(ChatTemplate {
+        let mut t = ChatTemplate {
             env,
             source: source.to_string(),
-        })
+            quirks: Quirks {
+                arguments_as_object: false,
+                tool_call_content_none: false,
+            },
+        };
+        t.quirks = t.probe();
+        Ok(t)
     }
 
     /// The template source.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// How this template takes tool calls.
+    pub fn quirks(&self) -> Quirks {
+        self.quirks
+    }
+
+    /// Renders a one-call conversation with the arguments as text and as an object, and the
+    /// content as `""` and as none, and keeps the first form whose call comes out intact
+    /// (the name and the argument value present, the arguments not JSON-encoded twice).
+    fn probe(&self) -> Quirks {
+        let tools = [serde_json::json!({"type": "function", "function": {
+            "name": "probe_fn", "description": "d",
+            "parameters": {"type": "object", "properties": {"probe_arg": {"type": "string"}}}}})];
+        let call = ToolCall {
+            id: "functions.probe_fn:0".into(),
+            name: "probe_fn".into(),
+            arguments: r#"{"probe_arg": "probe_val"}"#.into(),
+        };
+        let msgs = [
+            ChatMessage::new("user", "u"),
+            ChatMessage {
+                role: "assistant".into(),
+                tool_calls: vec![call],
+                ..ChatMessage::default()
+            },
+            ChatMessage {
+                role: "tool".into(),
+                content: "r".into(),
+                tool_call_id: Some("functions.probe_fn:0".into()),
+                name: Some("probe_fn".into()),
+                ..ChatMessage::default()
+            },
+        ];
+        let opts = RenderOptions {
+            tools: Some(&tools),
+            ..RenderOptions::default()
+        };
+        let intact = |q: Quirks| match self.render_quirks(&msgs, &opts, q) {
+            Ok(s) => {
+                s.contains("probe_fn") && s.contains("probe_val") && !s.contains(r#"\"probe_arg\""#)
+            }
+            Err(_) => false,
+        };
+        let forms = [(false, false), (true, false), (false, true), (true, true)];
+        forms
+            .into_iter()
+            .map(|(a, c)| Quirks {
+                arguments_as_object: a,
+                tool_call_content_none: c,
+            })
+            .find(|&q| intact(q))
+            .unwrap_or(Quirks {
+                arguments_as_object: false,
+                tool_call_content_none: false,
+            })
     }
 
     /// Renders a conversation. `bos` / `eos` are the texts of the model's BOS / EOS tokens.
@@ -112,21 +231,57 @@ impl ChatTemplate {
         bos: &str,
         eos: &str,
     ) -> Result<String, TemplateError> {
-        let msgs: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                let mut map = BTreeMap::new();
-                map.insert(Value::from("role"), Value::from(m.role.as_str()));
-                map.insert(Value::from("content"), Value::from(m.content.as_str()));
-                Value::from(map)
-            })
-            .collect();
-        let ctx = minijinja::context! {
-            messages => Value::from(msgs),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => bos,
-            eos_token => eos,
+        let opts = RenderOptions {
+            add_generation_prompt,
+            bos,
+            eos,
+            ..RenderOptions::default()
         };
+        self.render_with(messages, &opts)
+    }
+
+    /// Renders a conversation with tools and extra variables.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        opts: &RenderOptions,
+    ) -> Result<String, TemplateError> {
+        self.render_quirks(messages, opts, self.quirks)
+    }
+
+    fn render_quirks(
+        &self,
+        messages: &[ChatMessage],
+        opts: &RenderOptions,
+        q: Quirks,
+    ) -> Result<String, TemplateError> {
+        let msgs: Vec<Value> = messages.iter().map(|m| message_value(m, q)).collect();
+        // without tools the variable is undefined (`tools is defined` is false)
+        let tools = opts
+            .tools
+            .map(|t| Value::from(t.iter().map(pyjson::to_value).collect::<Vec<_>>()));
+        let mut pairs: Vec<(Value, Value)> = Vec::new();
+        if let Some(extra) = opts.extra {
+            for (k, v) in extra {
+                pairs.push((Value::from(k.as_str()), pyjson::to_value(v)));
+            }
+        }
+        let fixed = [
+            ("messages", Some(Value::from(msgs))),
+            ("tools", tools),
+            (
+                "add_generation_prompt",
+                Some(Value::from(opts.add_generation_prompt)),
+            ),
+            ("bos_token", Some(Value::from(opts.bos))),
+            ("eos_token", Some(Value::from(opts.eos))),
+        ];
+        for (k, v) in fixed {
+            let Some(v) = v else { continue };
+            pairs.retain(|(name, _)| name.as_str() != Some(k));
+            pairs.push((Value::from(k), v));
+        }
+        let ctx = Value::from_pairs(pairs);
         let tmpl = self
             .env
             .get_template(NAME)
@@ -144,4 +299,45 @@ impl ChatTemplate {
             }
         })
     }
+}
+
+/// One message as HF's template context has it (keys in the order OpenAI clients send them).
+fn message_value(m: &ChatMessage, q: Quirks) -> Value {
+    let mut pairs: Vec<(&str, Value)> = vec![("role", Value::from(m.role.as_str()))];
+    let content = if !m.tool_calls.is_empty() && m.content.is_empty() && q.tool_call_content_none {
+        Value::from(())
+    } else {
+        Value::from(m.content.as_str())
+    };
+    pairs.push(("content", content));
+    if let Some(r) = &m.reasoning_content {
+        pairs.push(("reasoning_content", Value::from(r.as_str())));
+    }
+    if !m.tool_calls.is_empty() {
+        let calls: Vec<Value> = m.tool_calls.iter().map(|c| call_value(c, q)).collect();
+        pairs.push(("tool_calls", Value::from(calls)));
+    }
+    if let Some(id) = &m.tool_call_id {
+        pairs.push(("tool_call_id", Value::from(id.as_str())));
+    }
+    if let Some(n) = &m.name {
+        pairs.push(("name", Value::from(n.as_str())));
+    }
+    Value::from_pairs(pairs)
+}
+
+fn call_value(c: &ToolCall, q: Quirks) -> Value {
+    let arguments = match serde_json::from_str::<serde_json::Value>(&c.arguments) {
+        Ok(j @ serde_json::Value::Object(_)) if q.arguments_as_object => pyjson::to_value(&j),
+        _ => Value::from(c.arguments.as_str()),
+    };
+    let function = Value::from_pairs([
+        ("name", Value::from(c.name.as_str())),
+        ("arguments", arguments),
+    ]);
+    Value::from_pairs([
+        ("id", Value::from(c.id.as_str())),
+        ("type", Value::from("function")),
+        ("function", function),
+    ])
 }

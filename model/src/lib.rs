@@ -6,6 +6,7 @@ pub mod arch;
 pub mod attention;
 pub mod chat;
 pub mod config;
+pub mod constrain;
 pub mod engine;
 pub mod error;
 pub mod expert;
@@ -20,6 +21,7 @@ pub mod rope;
 pub mod sampler;
 pub mod shape;
 pub mod tokenizer;
+pub mod toolcall;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};

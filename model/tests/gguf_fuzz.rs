@@ -6,20 +6,17 @@
 
 mod gguf_util;
 
+use nightshift_kernels::rng::SplitMix64;
 use std::path::Path;
 
 use gguf_util::Builder;
 use nightshift_model::gguf::{check_image, Value};
 
 /// splitmix64: a tiny deterministic generator, so failures reproduce.
-struct Rng(u64);
+struct Rng(SplitMix64);
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
@@ -52,7 +49,7 @@ fn parse_ok(bytes: &[u8]) -> bool {
 
 /// Mutates `buf[..region]` `cases` times (restoring it after each case) and truncates it.
 fn fuzz(name: &str, buf: &mut [u8], region: usize, cases: usize, seed: u64) -> (usize, usize) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng(SplitMix64::new(seed));
     let region = region.min(buf.len());
     let mut accepted = 0;
     let specials: [u64; 8] = [

@@ -4,20 +4,17 @@
 
 mod gguf_util;
 
+use nightshift_kernels::rng::SplitMix64;
 use std::path::Path;
 
 use gguf_util::Builder;
 use nightshift_model::gguf::{Gguf, Value};
 use nightshift_model::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
-struct Rng(u64);
+struct Rng(SplitMix64);
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
         &xs[(self.next() % xs.len() as u64) as usize]
@@ -80,7 +77,7 @@ fn encode_decode_is_lossless_and_streams() {
             .join("tests/data")
             .join(name);
         let tok = Tokenizer::from_gguf(&Gguf::open(&path).unwrap()).unwrap();
-        let mut rng = Rng(7);
+        let mut rng = Rng(SplitMix64::new(7));
         for case in 0..1500 {
             let n = (rng.next() % 24) as usize;
             let s: String = (0..n).map(|_| *rng.pick(PIECES)).collect();

@@ -5,6 +5,10 @@
 # Runs twice: on the tiny qwen3moe fixture (real engine, tokenizer and chat template) and on the
 # built-in toy model (`--mock`, HTTP/OpenAI layer alone). NIGHTSHIFT_OPENAI_MODEL=FILE.gguf
 # replaces the fixture.
+# Then, for tools and structured outputs (coordinator/tests/python/test_tools.py, with
+# `openai-agents` and `jsonschema`): one tiny random model per published chat template
+# (model/tests/data/templates: Qwen3, Qwen3-Coder, Kimi K2, DeepSeek V3.1), made by
+# `gen-model --chat-template`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
@@ -20,7 +24,7 @@ run_suite() { # $1 = label, rest = model args
   PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   KEY="test-key-$RANDOM"
   LOG=$(mktemp)
-  "$BIN" serve "$@" --model-name test-model --host 127.0.0.1 --port "$PORT" --api-key "$KEY" --ctx 512 --drain 5 >"$LOG" 2>&1 &
+  "$BIN" serve "$@" --model-name test-model --host 127.0.0.1 --port "$PORT" --api-key "$KEY" --ctx "${CTX:-512}" --drain 5 >"$LOG" 2>&1 &
   SERVER=$!
   CURRENT_SERVER=$SERVER
   ready=0
@@ -36,8 +40,8 @@ run_suite() { # $1 = label, rest = model args
     echo "40-openai ($label): the server did not become ready; its output:"; cat "$LOG"; rc=1
   else
     echo "40-openai: $label"
-    NIGHTSHIFT_URL="http://127.0.0.1:$PORT" NIGHTSHIFT_MODEL=test-model NIGHTSHIFT_API_KEY="$KEY" \
-      "$PY" coordinator/tests/python/test_openai.py || rc=1
+    NIGHTSHIFT_URL="http://127.0.0.1:$PORT" NIGHTSHIFT_MODEL=test-model NIGHTSHIFT_API_KEY="$KEY" NIGHTSHIFT_TEMPLATE="${NIGHTSHIFT_TEMPLATE:-}" \
+      "$PY" "coordinator/tests/python/${SUITE:-test_openai.py}" || rc=1
   fi
   kill "$SERVER" 2>/dev/null || true
   wait "$SERVER" 2>/dev/null || true
@@ -49,4 +53,13 @@ MODEL_FILE=${NIGHTSHIFT_OPENAI_MODEL:-model/tests/data/tiny-qwen3moe-Q2_K.gguf}
 status=0
 run_suite "model $MODEL_FILE" --model "$MODEL_FILE" || status=1
 run_suite "toy model (--mock)" --mock || status=1
+GEN_DIR=$(mktemp -d)
+for t in qwen3-30b-a3b:qwen3moe qwen3-coder-30b-a3b:qwen3moe kimi-k2-instruct:deepseek2 deepseek-v3.1:deepseek2; do
+  name=${t%%:*}
+  tmpl="model/tests/data/templates/$name.jinja"
+  "$BIN" gen-model --preset tiny --arch "${t##*:}" --chat-template "$tmpl" --ctx 4096 -o "$GEN_DIR/$name.gguf" 2>/dev/null
+  SUITE=test_tools.py CTX=2048 NIGHTSHIFT_TEMPLATE="$tmpl" run_suite "tools: $name template" \
+    --model "$GEN_DIR/$name.gguf" || status=1
+done
+rm -rf "$GEN_DIR"
 exit $status

@@ -41,6 +41,14 @@ pub struct Args {
     /// general.name of the model.
     #[arg(long)]
     name: Option<String>,
+    /// Embed this chat template (a Jinja file, e.g. a model's published template) instead of
+    /// the architecture's own; its special markers (`<|...|>`, `<｜...｜>`, `<tool_call>`, ...)
+    /// are added to the vocabulary.
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
+    /// Context length written to the file (default: the preset's).
+    #[arg(long)]
+    ctx: Option<u32>,
     /// Only print the plan (tensors, types, size) without writing.
     #[arg(long)]
     dry_run: bool,
@@ -68,6 +76,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         quant,
         leave_output: args.leave_output_tensor,
         name: args.name.clone(),
+        chat_template: match &args.chat_template {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("reading the chat template {}", p.display()))?,
+            ),
+            None => None,
+        },
+        ctx: args.ctx,
     };
     let plan = gen::plan(&spec)?;
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;

@@ -64,10 +64,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .eos()
             .map(|b| String::from_utf8_lossy(tok.token_bytes(b)).into_owned())
             .unwrap_or_default();
-        let msgs = [ChatMessage {
-            role: "user".into(),
-            content: args.prompt.clone(),
-        }];
+        let msgs = [ChatMessage::new("user", args.prompt.clone())];
         tpl.render(&msgs, true, &bos, &eos)?
     } else {
         args.prompt.clone()
@@ -97,8 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         seed: args.seed,
         ..SamplerParams::default()
     };
-    let mut sampler = Sampler::new(params);
-    ids.iter().for_each(|&t| sampler.accept(t));
+    let mut sampler = Sampler::new(params, &ids);
 
     let t0 = Instant::now();
     let n = ids.len();
@@ -127,6 +123,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if tok.is_eog(next) {
             break;
         }
+        sampler.accept(next);
         generated += 1;
         write!(out, "{}", dec.push(tok, next))?;
         out.flush()?;

@@ -74,6 +74,10 @@ pub struct Args {
     /// Model id clients pass as `model` (default: the file name without .gguf).
     #[arg(long)]
     pub model_name: Option<String>,
+    /// Tool-call format of the model's output: hermes (Qwen3), qwen3_coder, kimi_k2 or
+    /// deepseek_v31 (default: found from the chat template's markers).
+    #[arg(long, value_parser = parse_tool_format)]
+    pub tool_format: Option<nightshift_model::toolcall::ToolFormat>,
     /// Serve a deterministic byte-level toy model instead of a GGUF (tests the HTTP layer only).
     #[arg(long, hide = true)]
     pub mock: bool,
@@ -159,7 +163,7 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
     } else {
         args.ctx
     };
-    let text = load_text(&model)?;
+    let text = load_text(&model, args.tool_format)?;
     let limits = EngineLimits {
         threads: args.threads.unwrap_or(0),
         max_seqs: args.max_seqs,
@@ -236,9 +240,20 @@ fn kv_budget(args: &Args, n_ctx: usize) -> usize {
     args.kv_budget.unwrap_or(args.max_seqs * n_ctx).max(n_ctx)
 }
 
-fn load_text(model: &nightshift_model::Model) -> anyhow::Result<Arc<dyn TextModel>> {
-    let t =
-        crate::scheduler::model_text::ModelText::from_model(model).map_err(anyhow::Error::msg)?;
+fn parse_tool_format(s: &str) -> Result<nightshift_model::toolcall::ToolFormat, String> {
+    use nightshift_model::toolcall::ToolFormat;
+    ToolFormat::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = ToolFormat::ALL.iter().map(|(_, n)| *n).collect();
+        format!("expected one of {}, found `{s}`", names.join(", "))
+    })
+}
+
+fn load_text(
+    model: &nightshift_model::Model,
+    tool_format: Option<nightshift_model::toolcall::ToolFormat>,
+) -> anyhow::Result<Arc<dyn TextModel>> {
+    let t = crate::scheduler::model_text::ModelText::from_model(model, tool_format)
+        .map_err(anyhow::Error::msg)?;
     Ok(Arc::new(t))
 }
 

@@ -3,7 +3,7 @@
 
 use super::error::ApiError;
 use super::types::{ChatMessageIn, Common, Content, PromptField, StopField};
-use crate::scheduler::{ChatTurn, SamplingParams};
+use crate::scheduler::{ChatMessage, SamplingParams, ToolCall};
 
 /// Most stop strings accepted.
 const MAX_STOPS: usize = 16;
@@ -89,13 +89,16 @@ pub fn check_common(c: &Common, served: &str) -> Result<Checked, ApiError> {
     let sampling = SamplingParams {
         temperature,
         top_p,
-        top_k: c.top_k.unwrap_or(0),
+        top_k: c.top_k.unwrap_or(0) as usize,
         min_p,
         presence_penalty,
         frequency_penalty,
-        repeat_penalty,
-        repeat_last_n: 64,
-        seed: c.seed.map(|s| s as u64),
+        repetition_penalty: repeat_penalty,
+        penalty_last_n: 64,
+        seed: c
+            .seed
+            .map(|s| s as u64)
+            .unwrap_or_else(nightshift_model::sampler::fresh_seed),
     };
     Ok(Checked {
         sampling,
@@ -106,8 +109,10 @@ pub fn check_common(c: &Common, served: &str) -> Result<Checked, ApiError> {
     })
 }
 
-/// Flattens chat messages to (role, text); only text content is supported.
-pub fn chat_turns(messages: &[ChatMessageIn]) -> Result<Vec<ChatTurn>, ApiError> {
+/// Converts chat messages (text content, an assistant's tool calls, tool results); only text
+/// content parts are supported. A tool result without `name` gets the name of the call it
+/// answers, for templates that print it.
+pub fn chat_turns(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
             "messages",
@@ -120,10 +125,13 @@ pub fn chat_turns(messages: &[ChatMessageIn]) -> Result<Vec<ChatTurn>, ApiError>
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
+            "tool" => "tool",
             other => {
                 return Err(ApiError::invalid(
                     format!("messages[{i}].role"),
-                    format!("expected role system, developer, user or assistant, found `{other}`"),
+                    format!(
+                        "expected role system, developer, user, assistant or tool, found `{other}`"
+                    ),
                 ))
             }
         };
@@ -155,9 +163,57 @@ pub fn chat_turns(messages: &[ChatMessageIn]) -> Result<Vec<ChatTurn>, ApiError>
                 s
             }
         };
-        turns.push(ChatTurn {
+        let mut tool_calls = Vec::new();
+        if let Some(calls) = &m.tool_calls {
+            if role != "assistant" {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].tool_calls"),
+                    "only assistant messages carry `tool_calls`",
+                ));
+            }
+            for (j, c) in calls.iter().enumerate() {
+                if c.kind.as_deref().is_some_and(|k| k != "function") {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].tool_calls[{j}].type"),
+                        "only `function` tool calls are supported",
+                    ));
+                }
+                let arguments = match &c.function.arguments {
+                    None | Some(serde_json::Value::Null) => "{}".to_string(),
+                    Some(serde_json::Value::String(s)) => s.clone(),
+                    Some(v) => v.to_string(),
+                };
+                tool_calls.push(ToolCall {
+                    id: c.id.clone().unwrap_or_else(|| format!("call_{i}_{j}")),
+                    name: c.function.name.clone(),
+                    arguments,
+                });
+            }
+        }
+        let mut name = m.name.clone();
+        if role == "tool" {
+            let Some(id) = &m.tool_call_id else {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].tool_call_id"),
+                    "a tool message needs the `tool_call_id` it answers",
+                ));
+            };
+            if name.is_none() {
+                name = turns.iter().rev().find_map(|t: &ChatMessage| {
+                    t.tool_calls
+                        .iter()
+                        .find(|c| &c.id == id)
+                        .map(|c| c.name.clone())
+                });
+            }
+        }
+        turns.push(ChatMessage {
             role: role.to_string(),
             content,
+            tool_calls,
+            tool_call_id: m.tool_call_id.clone(),
+            name,
+            reasoning_content: m.reasoning_content.clone(),
         });
     }
     Ok(turns)

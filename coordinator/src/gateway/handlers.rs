@@ -6,13 +6,15 @@ use super::convert::{self, Checked, Prompt};
 use super::error::ApiError;
 use super::extract::ApiJson;
 use super::stream::{self, Kind, Meta};
+use super::tools;
 use super::types::*;
 use super::{AppState, RequestId};
-use crate::scheduler::{GenRequest, SubmitError};
+use crate::scheduler::{ChatPrompt, GenRequest, SubmitError};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use nightshift_model::constrain::SeqConstraint;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +36,10 @@ struct Job {
     logprobs: Option<u32>,
     checked: Checked,
     user: Option<String>,
+    /// The grammar the output follows (tools forced, response_format).
+    constraint: Option<SeqConstraint>,
+    /// Splits the output into content and tool calls (chat with tools).
+    tools: Option<tools::ToolStream>,
 }
 
 pub async fn chat(
@@ -43,6 +49,8 @@ pub async fn chat(
 ) -> Result<Response, ApiError> {
     let checked = convert::check_common(&req.common(), &st.model_id)?;
     let turns = convert::chat_turns(&req.messages)?;
+    let plan = tools::plan(&req)?;
+    let format = tools::response_format(req.response_format.as_ref())?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (_, Some(n)) if n > convert::MAX_TOP_LOGPROBS => {
             return Err(ApiError::invalid(
@@ -62,7 +70,16 @@ pub async fn chat(
         (true, n) => Some(n.unwrap_or(0)),
         (false, None) => None,
     };
-    let text = st.text.render_chat(&turns).map_err(|e| {
+    let chat = ChatPrompt {
+        messages: turns,
+        tools: plan.as_ref().map(|p| p.tools_json.clone()),
+        extra: req.chat_template_kwargs.clone(),
+    };
+    let constraint = tools::constraint(plan.as_ref(), format, st.text.as_ref())?;
+    let tool_stream = plan
+        .as_ref()
+        .and_then(|p| tools::ToolStream::new(p, st.text.tool_format()));
+    let text = st.text.render_chat(&chat).map_err(|e| {
         ApiError::invalid(
             "messages",
             format!("could not render the chat template: {e}"),
@@ -77,8 +94,32 @@ pub async fn chat(
         logprobs,
         checked,
         user: req.user.clone(),
+        constraint,
+        tools: tool_stream,
     };
     run(st, rid, job).await
+}
+
+/// `POST /apply-template` (llama.cpp's extension): the prompt a chat request renders to, with
+/// tools and tool messages, without generating.
+pub async fn apply_template(
+    State(st): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
+    let turns = convert::chat_turns(&req.messages)?;
+    let plan = tools::plan(&req)?;
+    let chat = ChatPrompt {
+        messages: turns,
+        tools: plan.as_ref().map(|p| p.tools_json.clone()),
+        extra: req.chat_template_kwargs.clone(),
+    };
+    let prompt = st.text.render_chat(&chat).map_err(|e| {
+        ApiError::invalid(
+            "messages",
+            format!("could not render the chat template: {e}"),
+        )
+    })?;
+    Ok(Json(serde_json::json!({ "prompt": prompt })).into_response())
 }
 
 pub async fn completions(
@@ -131,6 +172,8 @@ pub async fn completions(
         logprobs: req.logprobs,
         checked,
         user: req.user.clone(),
+        constraint: None,
+        tools: None,
     };
     run(st, rid, job).await
 }
@@ -164,6 +207,7 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
         logprobs: job.logprobs,
         include_usage: job.checked.include_usage,
     };
+    let tool_stream = job.tools;
     tracing::info!(request_id = %rid.0, prompt_tokens = job.prompt.len(), max_tokens, stream = job.checked.stream, user = job.user.as_deref().unwrap_or(""), "generation queued");
     let req = GenRequest {
         id: rid.0.clone(),
@@ -173,6 +217,7 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
         stop: job.checked.stop,
         logprobs: job.logprobs,
         ignore_eos: job.checked.ignore_eos,
+        constraint: job.constraint,
         events: tx,
         enqueued: Instant::now(),
     };
@@ -187,9 +232,9 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
         }
     }
     if job.checked.stream {
-        return Ok(stream::sse(meta, rx, st.stream_timeout).into_response());
+        return Ok(stream::sse(meta, rx, st.stream_timeout, tool_stream).into_response());
     }
-    match tokio::time::timeout(st.request_timeout, stream::collect(&meta, rx)).await {
+    match tokio::time::timeout(st.request_timeout, stream::collect(&meta, rx, tool_stream)).await {
         Ok(Ok(v)) => Ok(Json(v).into_response()),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(ApiError::timeout(st.request_timeout.as_secs())),

@@ -11,6 +11,7 @@ mod middleware;
 pub mod stream;
 #[cfg(test)]
 mod tests;
+mod tools;
 pub mod types;
 
 pub use error::ApiError;
@@ -63,6 +64,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
+        .route("/apply-template", post(handlers::apply_template))
         .route("/v1/models", get(handlers::models))
         .route("/v1/atlas", get(atlas::get_atlas))
         .route(

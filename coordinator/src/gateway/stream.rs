@@ -1,8 +1,12 @@
 //! Turning a request's scheduler events into OpenAI responses: collected into one JSON body, or
 //! streamed as SSE chunks (`data: {...}` ... `data: [DONE]`) for chat and legacy completions.
 //! Dropping the stream (client gone) drops the receiver, which cancels the sequence.
+//! With tools, the text goes through a `ToolStream` first: content as content, each parsed
+//! call as `message.tool_calls[]` (or, streaming, a `delta.tool_calls` chunk with id, type and
+//! name, then one with the arguments), and `finish_reason` `tool_calls`.
 
 use super::error::ApiError;
+use super::tools::{Piece, ToolStream};
 use super::types::*;
 use crate::scheduler::{Event, FinishReason, StepError, TokenLogprob};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -110,11 +114,44 @@ pub fn step_error(meta: &Meta, e: &StepError) -> ApiError {
     }
 }
 
+/// The finish reason: `tool_calls` when the model stopped after calling tools.
+fn finish_reason(finish: FinishReason, calls: u32) -> &'static str {
+    if calls > 0 && finish == FinishReason::Stop {
+        "tool_calls"
+    } else {
+        finish.as_str()
+    }
+}
+
+/// Adds text to the content, through the tool parser when there is one.
+fn absorb(
+    tools: &mut Option<ToolStream>,
+    t: &str,
+    text: &mut String,
+    calls: &mut Vec<ToolCallOut>,
+) {
+    let pieces = match tools {
+        Some(ts) => ts.push(t),
+        None => {
+            text.push_str(t);
+            return;
+        }
+    };
+    for p in pieces {
+        match p {
+            Piece::Content(s) => text.push_str(&s),
+            Piece::Call { call, .. } => calls.push(call),
+        }
+    }
+}
+
 /// Waits for the whole generation and builds the non-streaming response body.
 pub async fn collect(
     meta: &Meta,
     mut rx: UnboundedReceiver<Event>,
+    mut tools: Option<ToolStream>,
 ) -> Result<serde_json::Value, ApiError> {
+    let mut calls: Vec<ToolCallOut> = Vec::new();
     let mut text = String::new();
     let mut chat_lp = ChatLogprobs::default();
     let mut comp_lp = CompletionLogprobs::default();
@@ -128,7 +165,7 @@ pub async fn collect(
         };
         match ev {
             Event::Token { text: t, logprob } => {
-                text.push_str(&t);
+                absorb(&mut tools, &t, &mut text, &mut calls);
                 if let Some(l) = logprob {
                     chat_lp.content.push(chat_logprob(&l));
                     push_completion_logprob(&mut comp_lp, &l, &mut offset);
@@ -141,8 +178,17 @@ pub async fn collect(
                 prompt_tokens,
                 completion_tokens,
             } => {
-                text.push_str(&t);
+                absorb(&mut tools, &t, &mut text, &mut calls);
+                if let Some(ts) = &mut tools {
+                    for p in ts.finish() {
+                        match p {
+                            Piece::Content(s) => text.push_str(&s),
+                            Piece::Call { call, .. } => calls.push(call),
+                        }
+                    }
+                }
                 let usage = Usage::new(prompt_tokens, completion_tokens);
+                let reason = finish_reason(finish, calls.len() as u32);
                 let v = match meta.kind {
                     Kind::Chat => serde_json::to_value(ChatCompletion {
                         id: meta.id.clone(),
@@ -154,10 +200,11 @@ pub async fn collect(
                             index: 0,
                             message: ChatMessageOut {
                                 role: "assistant",
-                                content: text,
+                                content: (calls.is_empty() || !text.is_empty()).then_some(text),
+                                tool_calls: calls,
                             },
                             logprobs: meta.logprobs.map(|_| chat_lp),
-                            finish_reason: finish.as_str(),
+                            finish_reason: reason,
                         }],
                         usage,
                     }),
@@ -186,6 +233,8 @@ struct St {
     offset: u32,
     /// When the stream gives up (the server's stream timeout), if any.
     deadline: Option<(Instant, Duration)>,
+    /// The tool-call parser of a chat request with tools.
+    tools: Option<ToolStream>,
 }
 
 impl St {
@@ -218,6 +267,7 @@ impl St {
                         delta: Delta {
                             role: None,
                             content: text,
+                            tool_calls: None,
                         },
                         logprobs: lp.map(|l| ChatLogprobs {
                             content: vec![chat_logprob(l)],
@@ -248,6 +298,20 @@ impl St {
         }
     }
 
+    /// The last chat chunk of a request that called tools (`finish_reason` `tool_calls`).
+    fn finish_chunk(&self, reason: &'static str) -> SseEvent {
+        let m = &self.meta;
+        self.data(&m.chat_chunk(
+            vec![ChunkChoice {
+                index: 0,
+                delta: Delta::default(),
+                logprobs: None,
+                finish_reason: Some(reason),
+            }],
+            self.usage_field(None),
+        ))
+    }
+
     fn first_chunk(&self) -> Option<SseEvent> {
         let m = &self.meta;
         (m.kind == Kind::Chat).then(|| {
@@ -257,6 +321,7 @@ impl St {
                     delta: Delta {
                         role: Some("assistant"),
                         content: Some(String::new()),
+                        tool_calls: None,
                     },
                     logprobs: None,
                     finish_reason: None,
@@ -264,6 +329,76 @@ impl St {
                 self.usage_field(None),
             ))
         })
+    }
+
+    /// One streamed tool call as OpenAI sends it: id, type and name with empty arguments,
+    /// then the arguments.
+    fn call_chunks(&self, index: u32, call: ToolCallOut) -> [SseEvent; 2] {
+        let m = &self.meta;
+        let chunk = |d: ToolCallDelta| {
+            m.chat_chunk(
+                vec![ChunkChoice {
+                    index: 0,
+                    delta: Delta {
+                        role: None,
+                        content: None,
+                        tool_calls: Some(vec![d]),
+                    },
+                    logprobs: None,
+                    finish_reason: None,
+                }],
+                self.usage_field(None),
+            )
+        };
+        let head = chunk(ToolCallDelta {
+            index,
+            id: Some(call.id),
+            kind: Some("function"),
+            function: FunctionDelta {
+                name: Some(call.function.name),
+                arguments: String::new(),
+            },
+        });
+        let args = chunk(ToolCallDelta {
+            index,
+            id: None,
+            kind: None,
+            function: FunctionDelta {
+                name: None,
+                arguments: call.function.arguments,
+            },
+        });
+        [self.data(&head), self.data(&args)]
+    }
+
+    /// The events of some generated text (and its token's logprobs): through the tool parser
+    /// when there is one.
+    fn text_events(&mut self, text: String, lp: Option<&TokenLogprob>, out: &mut Vec<SseEvent>) {
+        let Some(ts) = &mut self.tools else {
+            if !text.is_empty() || lp.is_some() {
+                out.push(self.chunk(Some(text), lp, None));
+            }
+            return;
+        };
+        let pieces = ts.push(&text);
+        self.piece_events(pieces, lp, out);
+    }
+
+    fn piece_events(
+        &mut self,
+        pieces: Vec<Piece>,
+        mut lp: Option<&TokenLogprob>,
+        out: &mut Vec<SseEvent>,
+    ) {
+        for p in pieces {
+            match p {
+                Piece::Content(s) => out.push(self.chunk(Some(s), lp.take(), None)),
+                Piece::Call { index, call } => out.extend(self.call_chunks(index, call)),
+            }
+        }
+        if let Some(l) = lp {
+            out.push(self.chunk(Some(String::new()), Some(l), None));
+        }
     }
 
     fn usage_chunk(&self, u: Usage) -> SseEvent {
@@ -296,9 +431,7 @@ impl St {
                 out.push(SseEvent::default().data(e.body_json()));
             }
             Some(Event::Token { text, logprob }) => {
-                if !text.is_empty() || logprob.is_some() {
-                    out.push(self.chunk(Some(text), logprob.as_ref(), None));
-                }
+                self.text_events(text, logprob.as_ref(), &mut out);
             }
             Some(Event::Failed(e)) => {
                 self.done = true;
@@ -311,11 +444,19 @@ impl St {
                 completion_tokens,
             }) => {
                 self.done = true;
-                if !text.is_empty() {
-                    out.push(self.chunk(Some(text), None, None));
+                self.text_events(text, None, &mut out);
+                let mut calls = 0;
+                if let Some(ts) = &mut self.tools {
+                    let pieces = ts.finish();
+                    calls = ts.calls();
+                    self.piece_events(pieces, None, &mut out);
                 }
                 let empty = (self.meta.kind == Kind::Completion).then(String::new);
-                out.push(self.chunk(empty, None, Some(finish)));
+                let mut last = self.chunk(empty, None, Some(finish));
+                if calls > 0 {
+                    last = self.finish_chunk(finish_reason(finish, calls));
+                }
+                out.push(last);
                 if self.meta.include_usage {
                     out.push(self.usage_chunk(Usage::new(prompt_tokens, completion_tokens)));
                 }
@@ -332,8 +473,10 @@ pub fn sse(
     meta: Meta,
     rx: UnboundedReceiver<Event>,
     timeout: Option<Duration>,
+    tools: Option<ToolStream>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let st = St {
+        tools,
         rx,
         meta,
         started: false,

@@ -3,6 +3,8 @@
 //! important ones against the real binary and a real GGUF.
 
 use super::*;
+
+mod tool_api;
 use crate::scheduler::mock::{MockEngine, MockText};
 use crate::scheduler::SchedulerOptions;
 use serde_json::{json, Value};

@@ -40,6 +40,35 @@ pub struct ChatMessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant's tool calls.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A tool result's call id.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// An assistant's reasoning (vLLM's field; templates that keep reasoning render it).
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
+}
+
+/// `function` of a tool call in a request: `arguments` is JSON text (an object is accepted too).
+#[derive(Deserialize, Debug, Clone)]
+pub struct FunctionCallIn {
+    pub name: String,
+    #[serde(default)]
+    pub arguments: Option<serde_json::Value>,
+}
+
+/// A tool call of an assistant message in a request.
+#[derive(Deserialize, Debug, Clone)]
+pub struct ToolCallIn {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    pub function: FunctionCallIn,
 }
 
 /// Fields shared by both endpoints (copied out of either request).
@@ -116,6 +145,14 @@ request_struct!(
         max_completion_tokens: Option<u32>,
         logprobs: Option<bool>,
         top_logprobs: Option<u32>,
+        /// Tool definitions, kept as sent (key order included) for the chat template;
+        /// checked in `tools.rs`.
+        tools: Option<Vec<serde_json::Value>>,
+        tool_choice: Option<serde_json::Value>,
+        parallel_tool_calls: Option<bool>,
+        response_format: Option<serde_json::Value>,
+        /// Extension (vLLM's): extra chat template variables (`enable_thinking`, ...).
+        chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     }
 );
 
@@ -179,10 +216,47 @@ pub struct ChatLogprobs {
     pub content: Vec<ChatTokenLogprob>,
 }
 
+/// `function` of a tool call in a response: `arguments` is JSON text.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct FunctionCallOut {
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct ToolCallOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCallOut,
+}
+
 #[derive(Serialize, Debug, Clone)]
 pub struct ChatMessageOut {
     pub role: &'static str,
-    pub content: String,
+    /// null when the message only calls tools.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A piece of a streamed tool call: the first carries id, type and name (arguments empty),
+/// the next ones arguments text, as OpenAI streams them.
+#[derive(Serialize, Debug, Clone)]
+pub struct ToolCallDelta {
+    pub index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionDelta,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub arguments: String,
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -210,6 +284,8 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[derive(Serialize, Debug, Clone)]

@@ -42,17 +42,32 @@ pub trait StepEngine: Send + 'static {
     fn forward(&mut self, batch: &[StepToken]) -> Result<Vec<Vec<f32>>, StepError>;
 }
 
-/// One chat message, already flattened to text by the gateway.
-#[derive(Clone, Debug)]
-pub struct ChatTurn {
-    pub role: String,
-    pub content: String,
+pub use nightshift_model::chat::{ChatMessage, ToolCall};
+use nightshift_model::constrain::ConstraintVocab;
+use nightshift_model::toolcall::ToolFormat;
+
+/// The prompt side of a chat request, already validated by the gateway: the messages (text
+/// content, tool calls, tool results), the tool definitions as the client sent them, and extra
+/// template variables (`chat_template_kwargs`).
+#[derive(Clone, Debug, Default)]
+pub struct ChatPrompt {
+    pub messages: Vec<ChatMessage>,
+    pub tools: Option<Vec<serde_json::Value>>,
+    pub extra: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Tokenizer and chat template of the served model.
 pub trait TextModel: Send + Sync + 'static {
     /// Renders the chat with the model's template, ending with the assistant prompt.
-    fn render_chat(&self, turns: &[ChatTurn]) -> Result<String, String>;
+    fn render_chat(&self, prompt: &ChatPrompt) -> Result<String, String>;
+    /// The format the chat template writes tool calls in (None: it writes none).
+    fn tool_format(&self) -> Option<ToolFormat> {
+        None
+    }
+    /// The vocabulary for constrained decoding (None: constraints are not available).
+    fn constraint_vocab(&self) -> Option<std::sync::Arc<ConstraintVocab>> {
+        None
+    }
     /// Tokenizes a prompt; `chat` = the text came from the chat template (special tokens parsed).
     fn encode(&self, text: &str, chat: bool) -> Vec<u32>;
     /// Raw bytes of a token's piece.

@@ -1,10 +1,14 @@
 //! The engine thread: admission, batch building, one `forward` per step, sampling, stop
-//! handling and streaming. Only this thread touches the `StepEngine`.
+//! handling and streaming. Only this thread touches the `StepEngine`. The token masks of
+//! constrained sequences are computed on a helper thread while `forward` runs (the mask
+//! depends only on the tokens already accepted); a step without constrained sequences spawns
+//! nothing.
 
 use super::backend::{AdmitError, SeqHandle, StepEngine, StepError, StepToken, TextModel};
-use super::sampling::{logprobs, Sampler};
 use super::text::{Pushed, TextStream};
 use super::{Event, FinishReason, GenRequest, SchedulerOptions, TokenLogprob};
+use nightshift_model::constrain::SeqConstraint;
+use nightshift_model::sampler::{logprobs, Sampler, TokenMask};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -30,6 +34,8 @@ struct Seq {
     /// Tokens already in the KV cache.
     n_past: usize,
     sampler: Sampler,
+    /// The grammar the output follows, if any (taken out of the request).
+    constraint: Option<SeqConstraint>,
     text: TextStream,
     generated: u32,
     first_token_at: Option<Instant>,
@@ -157,6 +163,8 @@ impl<E: StepEngine> Loop<E> {
                     metrics::histogram!("nightshift_queue_wait_seconds")
                         .record(req.enqueued.elapsed().as_secs_f64());
                     let sampler = Sampler::new(req.sampling.clone(), &req.prompt);
+                    let mut req = req;
+                    let constraint = req.constraint.take();
                     let text = TextStream::new(req.stop.clone());
                     let n_prompt = req.prompt.len();
                     let tokens = req.prompt.clone();
@@ -167,6 +175,7 @@ impl<E: StepEngine> Loop<E> {
                         n_prompt,
                         n_past: 0,
                         sampler,
+                        constraint,
                         text,
                         generated: 0,
                         first_token_at: None,
@@ -255,7 +264,7 @@ impl<E: StepEngine> Loop<E> {
             return;
         }
         let t0 = Instant::now();
-        let result = self.engine.forward(&batch);
+        let (result, masks) = self.forward_with_masks(&batch, &owners);
         let dt = t0.elapsed().as_secs_f64();
         metrics::histogram!("nightshift_step_seconds").record(dt);
         metrics::counter!("nightshift_decode_tokens_total").increment(n_decode as u64);
@@ -290,8 +299,8 @@ impl<E: StepEngine> Loop<E> {
             }
         }
         let mut done = Vec::new();
-        for (row, &i) in logits.iter().zip(&owners) {
-            if self.sample_one(i, row) {
+        for ((row, &i), mask) in logits.iter().zip(&owners).zip(masks) {
+            if self.sample_one(i, row, mask) {
                 done.push(i);
             }
         }
@@ -302,11 +311,82 @@ impl<E: StepEngine> Loop<E> {
         }
     }
 
+    /// Runs the step; meanwhile a helper thread computes the token mask of every constrained
+    /// sequence that gets logits (one entry per row of `owners`: None = unconstrained, Err =
+    /// the matcher failed).
+    #[allow(clippy::type_complexity)]
+    fn forward_with_masks(
+        &mut self,
+        batch: &[StepToken],
+        owners: &[usize],
+    ) -> (
+        Result<Vec<Vec<f32>>, StepError>,
+        Vec<Option<Result<Vec<u32>, String>>>,
+    ) {
+        let constrained = owners.iter().any(|&i| self.running[i].constraint.is_some());
+        if !constrained {
+            return (self.engine.forward(batch), vec![None; owners.len()]);
+        }
+        let Loop {
+            engine, running, ..
+        } = self;
+        let running: &mut Vec<Seq> = running;
+        // each owner appears once per step (one row of logits per sequence)
+        let mut slots: Vec<Option<&mut SeqConstraint>> =
+            running.iter_mut().map(|s| s.constraint.as_mut()).collect();
+        let mut jobs: Vec<(usize, &mut SeqConstraint)> = Vec::new();
+        for (row, &i) in owners.iter().enumerate() {
+            if let Some(c) = slots.get_mut(i).and_then(Option::take) {
+                jobs.push((row, c));
+            }
+        }
+        let rows: Vec<usize> = jobs.iter().map(|j| j.0).collect();
+        std::thread::scope(|scope| {
+            let helper = scope.spawn(move || {
+                jobs.into_iter()
+                    .map(|(row, c)| (row, c.mask().map_err(|e| e.to_string())))
+                    .collect::<Vec<_>>()
+            });
+            let result = engine.forward(batch);
+            let mut masks = vec![None; owners.len()];
+            match helper.join() {
+                Ok(done) => {
+                    for (row, m) in done {
+                        masks[row] = Some(m);
+                    }
+                }
+                Err(_) => {
+                    for row in rows {
+                        masks[row] = Some(Err("the mask thread panicked".to_string()));
+                    }
+                }
+            }
+            (result, masks)
+        })
+    }
+
     /// Samples the next token of sequence `i`, streams it; true when the sequence is done.
-    fn sample_one(&mut self, i: usize, logits: &[f32]) -> bool {
+    fn sample_one(
+        &mut self,
+        i: usize,
+        logits: &[f32],
+        mask: Option<Result<Vec<u32>, String>>,
+    ) -> bool {
         let n_ctx = self.opts.n_ctx;
         let text = self.text.clone();
         let s = &mut self.running[i];
+        let mask = match mask.transpose() {
+            Ok(m) => m,
+            Err(message) => {
+                tracing::error!(request_id = %s.req.id, %message, "constrained decoding failed");
+                let _ = s.req.events.send(Event::Failed(StepError {
+                    unavailable: false,
+                    message,
+                }));
+                return true;
+            }
+        };
+        let allowed = mask.as_deref().map(TokenMask);
         let token = if s.req.ignore_eos && !self.eog.is_empty() {
             let mut masked = logits.to_vec();
             for &t in &self.eog {
@@ -314,10 +394,23 @@ impl<E: StepEngine> Loop<E> {
                     *x = f32::NEG_INFINITY;
                 }
             }
-            s.sampler.sample(&masked)
+            s.sampler.sample_masked(&masked, allowed)
         } else {
-            s.sampler.sample(logits)
+            s.sampler.sample_masked(logits, allowed)
         };
+        // an end token ends the sequence; a completed grammar takes nothing more
+        let ends = text.is_eog(token);
+        if let Some(c) = s.constraint.as_mut().filter(|_| !ends) {
+            if let Err(e) = c.accept(token) {
+                let message = e.to_string();
+                tracing::error!(request_id = %s.req.id, %message, "constrained decoding failed");
+                let _ = s.req.events.send(Event::Failed(StepError {
+                    unavailable: false,
+                    message,
+                }));
+                return true;
+            }
+        }
         let now = Instant::now();
         match s.last_token_at {
             None => {

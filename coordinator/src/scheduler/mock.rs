@@ -2,10 +2,14 @@
 //! (id = byte, 256 = EOS), a toy chat template, and an engine whose logits depend on the whole
 //! history of the sequence (so any mix-up between batched sequences changes the output). The
 //! engine checks that every sequence is fed contiguous positions and fails the step otherwise.
+//! The toy template writes tool calls in the Hermes format, and the byte vocabulary backs
+//! constrained decoding, so the gateway's tool and structured-output paths run on it too.
 
 use super::backend::{
-    AdmitError, ChatTurn, SeqHandle, StepEngine, StepError, StepToken, TextModel,
+    AdmitError, ChatPrompt, SeqHandle, StepEngine, StepError, StepToken, TextModel,
 };
+use nightshift_model::constrain::ConstraintVocab;
+use nightshift_model::toolcall::ToolFormat;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,14 +19,49 @@ pub const VOCAB: usize = 257;
 
 pub struct MockText;
 
+/// The byte vocabulary (EOS special), built once.
+fn mock_vocab() -> Option<Arc<ConstraintVocab>> {
+    static VOCAB: std::sync::OnceLock<Option<Arc<ConstraintVocab>>> = std::sync::OnceLock::new();
+    VOCAB
+        .get_or_init(|| {
+            let mut tokens: Vec<(Vec<u8>, bool)> = (0..=255u8).map(|b| (vec![b], false)).collect();
+            tokens.push((b"<eos>".to_vec(), true));
+            ConstraintVocab::new(tokens, EOS).ok().map(Arc::new)
+        })
+        .clone()
+}
+
 impl TextModel for MockText {
-    fn render_chat(&self, turns: &[ChatTurn]) -> Result<String, String> {
+    fn render_chat(&self, prompt: &ChatPrompt) -> Result<String, String> {
         let mut s = String::new();
-        for t in turns {
-            s.push_str(&format!("<{}>{}\n", t.role, t.content));
+        if let Some(tools) = &prompt.tools {
+            let names: Vec<&str> = tools
+                .iter()
+                .filter_map(|t| t.pointer("/function/name").and_then(|n| n.as_str()))
+                .collect();
+            s.push_str(&format!("<tools>{}\n", names.join(",")));
+        }
+        for t in &prompt.messages {
+            s.push_str(&format!("<{}>{}", t.role, t.content));
+            for c in &t.tool_calls {
+                s.push_str(&format!(
+                    "<tool_call>{}({})</tool_call>",
+                    c.name, c.arguments
+                ));
+            }
+            if let Some(id) = &t.tool_call_id {
+                s.push_str(&format!("<id>{id}"));
+            }
+            s.push('\n');
         }
         s.push_str("<assistant>");
         Ok(s)
+    }
+    fn tool_format(&self) -> Option<ToolFormat> {
+        Some(ToolFormat::Hermes)
+    }
+    fn constraint_vocab(&self) -> Option<Arc<ConstraintVocab>> {
+        mock_vocab()
     }
     fn encode(&self, text: &str, _chat: bool) -> Vec<u32> {
         text.bytes().map(u32::from).collect()
@@ -102,11 +141,8 @@ impl MockEngine {
 }
 
 fn mix(h: u64, token: u32, pos: u32) -> u64 {
-    let mut z = h ^ ((token as u64) << 32 | pos as u64);
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    let z = h ^ ((token as u64) << 32 | pos as u64);
+    nightshift_kernels::rng::mix(z.wrapping_add(0x9e37_79b9_7f4a_7c15))
 }
 
 impl StepEngine for MockEngine {

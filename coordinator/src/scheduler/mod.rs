@@ -10,12 +10,14 @@ mod engine_loop;
 pub mod mock;
 pub mod model_backend;
 pub mod model_text;
-mod sampling;
 mod text;
 
 #[allow(unused_imports)] // the model adapter uses them
-pub use backend::{AdmitError, ChatTurn, SeqHandle, StepEngine, StepError, StepToken, TextModel};
-pub use sampling::SamplingParams;
+pub use backend::{
+    AdmitError, ChatMessage, ChatPrompt, SeqHandle, StepEngine, StepError, StepToken, TextModel,
+    ToolCall,
+};
+pub use nightshift_model::sampler::SamplerParams as SamplingParams;
 
 use std::time::Instant;
 use tokio::sync::mpsc;
@@ -78,6 +80,9 @@ pub struct GenRequest {
     pub logprobs: Option<u32>,
     /// Extension (llama.cpp's `ignore_eos`): never sample an end-of-generation token.
     pub ignore_eos: bool,
+    /// The grammar the output must follow (response_format, forced tool calls); its token
+    /// mask is computed while the engine runs the step.
+    pub constraint: Option<nightshift_model::constrain::SeqConstraint>,
     pub events: mpsc::UnboundedSender<Event>,
     pub enqueued: Instant,
 }

@@ -123,6 +123,14 @@ impl Dims {
         if let Some(name) = &spec.name {
             d.name = name.clone();
         }
+        if let Some(c) = spec.ctx {
+            if c == 0 {
+                return Err(GenError::Spec(
+                    "expected a context of at least 1, found 0".into(),
+                ));
+            }
+            d.ctx = c;
+        }
         Ok(d)
     }
 

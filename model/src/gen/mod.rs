@@ -197,6 +197,11 @@ pub struct GenSpec {
     pub leave_output: bool,
     /// general.name (default: derived from the preset)
     pub name: Option<String>,
+    /// `tokenizer.chat_template` (default: the architecture's own); its special markers become
+    /// tokens of the vocabulary.
+    pub chat_template: Option<String>,
+    /// `context_length` (default: the preset's).
+    pub ctx: Option<u32>,
 }
 
 impl GenSpec {
@@ -212,6 +217,8 @@ impl GenSpec {
             quant,
             leave_output: false,
             name: None,
+            chat_template: None,
+            ctx: None,
         }
     }
 }
@@ -238,16 +245,22 @@ impl GenSpec {
                 .collect();
             format!("-n{safe}")
         });
+        // a template is named by a hash of its text (FNV-1a, mixed)
+        let template = self.chat_template.as_deref().map_or(String::new(), |t| {
+            format!("-t{:08x}", rng::tensor_seed(0, t) as u32)
+        });
         format!(
-            "{}-{}{}{}{}-s{}{}{}-{}.gguf",
+            "{}-{}{}{}{}{}-s{}{}{}{}-{}.gguf",
             self.preset.name(),
             self.arch.name(),
             opt("L", self.layers),
             opt("X", self.experts),
             opt("V", self.vocab),
+            opt("C", self.ctx.map(|c| c as usize)),
             self.seed,
             if self.leave_output { "-f32out" } else { "" },
             name,
+            template,
             self.quant.name()
         )
     }
@@ -303,7 +316,8 @@ impl Plan {
 /// Works out metadata, tensor names, shapes and types for a spec, without writing anything.
 pub fn plan(spec: &GenSpec) -> Result<Plan, GenError> {
     let dims = Dims::from_spec(spec)?;
-    let (tok_kv, n_vocab, n_live) = tokenizer_kv::tokenizer_metadata(dims.arch, dims.vocab)?;
+    let (tok_kv, n_vocab, n_live) =
+        tokenizer_kv::tokenizer_metadata(dims.arch, dims.vocab, spec.chat_template.as_deref())?;
     let mut metadata = vec![
         (
             "general.architecture".to_string(),

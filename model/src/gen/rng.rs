@@ -1,45 +1,10 @@
-//! Deterministic random numbers for generated weights: splitmix64 streams and a cheap
-//! gaussian-ish sample (Irwin–Hall sum of four 16-bit uniforms, rescaled to unit variance).
+//! Deterministic random numbers for generated weights: one splitmix64 stream per row (the
+//! generator and its gaussian-ish sample are `nightshift_kernels::rng`'s).
 //!
 //! Every row of every tensor gets its own stream derived from (seed, tensor name, row), so
 //! rows can be generated in parallel, in any order, and the file is still byte-identical.
 
-/// A splitmix64 generator: tiny state, good enough statistics for random weights, fast.
-#[derive(Clone, Debug)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    /// A generator starting from `seed`.
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    /// The next 64 random bits.
-    #[inline]
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix(self.0)
-    }
-
-    /// A sample with mean 0 and variance 1, bounded by ±2·√3 (sum of four uniforms).
-    #[inline]
-    pub fn gaussian(&mut self) -> f32 {
-        let r = self.next_u64();
-        let s = (r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48);
-        // four uniforms on [0, 65535]: mean 131070, variance 4 * (65536^2 - 1) / 12
-        const MEAN: f32 = 131_070.0;
-        const INV_STD: f32 = 1.0 / 37_837.23; // sqrt(4 * (65536^2 - 1) / 12)
-        (s as f32 - MEAN) * INV_STD
-    }
-}
-
-/// splitmix64's output function (also a decent 64-bit hash finaliser).
-#[inline]
-pub fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use nightshift_kernels::rng::{mix, SplitMix64};
 
 /// The seed of one tensor: FNV-1a of its name, mixed with the model seed.
 pub fn tensor_seed(seed: u64, name: &str) -> u64 {

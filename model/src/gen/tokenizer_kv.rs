@@ -1,6 +1,9 @@
 //! The tokenizer metadata of generated models: the trained byte-level BPE, each architecture's
 //! special tokens (CONTROL), optional `[PAD<n>]` filler tokens (UNUSED) up to the asked vocab
 //! size, BOS/EOS/PAD ids, add_bos and the chat template — the keys llama.cpp's vocab loader reads.
+//! A model given another chat template (`gen-model --chat-template`) also gets the markers that
+//! template writes as tokens, typed as the real models have them: `<|...|>` and `<｜...｜>`
+//! CONTROL, `<tool_call>`-style tags USER_DEFINED.
 
 use super::bpe::{train_bpe, CORPUS, DEFAULT_MERGES};
 use super::writer::KvValue;
@@ -9,6 +12,52 @@ use super::{Arch, GenError};
 /// llama.cpp token types.
 const NORMAL: i32 = 1;
 const CONTROL: i32 = 3;
+const USER_DEFINED: i32 = 4;
+
+/// Tags Qwen3 templates write that are USER_DEFINED tokens in the real vocabulary.
+const TAGS: [&str; 6] = [
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+];
+
+/// The markers `template` writes: `<|name|>`, `<｜name｜>` (CONTROL) and the [`TAGS`]
+/// (USER_DEFINED), in order of first appearance.
+pub fn template_markers(template: &str) -> Vec<(String, i32)> {
+    let mut out: Vec<(String, i32)> = Vec::new();
+    let mut add = |m: &str, ty: i32| {
+        if !out.iter().any(|(x, _)| x == m) {
+            out.push((m.to_string(), ty));
+        }
+    };
+    for (i, _) in template.char_indices() {
+        let rest = &template[i..];
+        for (open, close) in [("<|", "|>"), ("<｜", "｜>")] {
+            if let Some(body) = rest.strip_prefix(open) {
+                if let Some(end) = body.find(close) {
+                    let name = &body[..end];
+                    let plain = !name.is_empty()
+                        && name.chars().count() <= 40
+                        && name
+                            .chars()
+                            .all(|c| !c.is_whitespace() && !"<>|｜'\"{}".contains(c));
+                    if plain {
+                        add(&rest[..open.len() + end + close.len()], CONTROL);
+                    }
+                }
+            }
+        }
+        for t in TAGS {
+            if rest.starts_with(t) {
+                add(t, USER_DEFINED);
+            }
+        }
+    }
+    out
+}
 const UNUSED: i32 = 5;
 
 /// Special tokens appended after the BPE vocabulary.
@@ -49,6 +98,7 @@ pub fn chat_template(arch: Arch) -> &'static str {
 pub fn tokenizer_metadata(
     arch: Arch,
     vocab: Option<usize>,
+    template: Option<&str>,
 ) -> Result<(Vec<(String, KvValue)>, usize, usize), GenError> {
     let text = CORPUS.repeat(3);
     let (mut tokens, merges) = train_bpe(&text, DEFAULT_MERGES);
@@ -57,6 +107,13 @@ pub fn tokenizer_metadata(
     for s in specials(arch) {
         tokens.push((*s).to_string());
         types.push(CONTROL);
+    }
+    let extra = template.map(template_markers).unwrap_or_default();
+    for (m, ty) in &extra {
+        if !tokens.iter().any(|t| t == m) {
+            tokens.push(m.clone());
+            types.push(*ty);
+        }
     }
     let live = tokens.len();
     if let Some(n) = vocab {
@@ -72,7 +129,10 @@ pub fn tokenizer_metadata(
         }
     }
     let id = |s: &str| {
-        let at = specials(arch).iter().position(|x| *x == s).unwrap_or(0);
+        let at = tokens[first_special..]
+            .iter()
+            .position(|x| x == s)
+            .unwrap_or(0);
         KvValue::U32((first_special + at) as u32)
     };
     let (pre, bos, eos, pad, add_bos) = match arch {
@@ -85,6 +145,13 @@ pub fn tokenizer_metadata(
         ),
         Arch::Deepseek2 => ("kimi-k2", id("[BOS]"), id("<|im_end|>"), id("[EOS]"), true),
     };
+    // a template that ends turns with DeepSeek's sentence marker stops there
+    let eos = if extra.iter().any(|(m, _)| m == "<｜end▁of▁sentence｜>") {
+        id("<｜end▁of▁sentence｜>")
+    } else {
+        eos
+    };
+    let template = template.unwrap_or(chat_template(arch));
     let n_vocab = tokens.len();
     let s = |k: &str| k.to_string();
     let kv = vec![
@@ -100,10 +167,7 @@ pub fn tokenizer_metadata(
         (s("tokenizer.ggml.eos_token_id"), eos),
         (s("tokenizer.ggml.padding_token_id"), pad),
         (s("tokenizer.ggml.add_bos_token"), KvValue::Bool(add_bos)),
-        (
-            s("tokenizer.chat_template"),
-            KvValue::Str(chat_template(arch).into()),
-        ),
+        (s("tokenizer.chat_template"), KvValue::Str(template.into())),
     ];
     Ok((kv, n_vocab, live))
 }

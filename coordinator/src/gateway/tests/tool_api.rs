@@ -1,0 +1,248 @@
+//! Tools and structured outputs over the mock model (byte vocabulary, Hermes tool format): a
+//! forced call validates against its schema and streams as OpenAI streams calls, json_schema
+//! content validates, tool messages reach the prompt, and bad tool input is a 400 naming the
+//! field.
+
+use super::*;
+
+fn weather_params() -> Value {
+    json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+        "required": ["city", "days"], "additionalProperties": false})
+}
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather", "description": "d",
+        "parameters": weather_params()}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}])
+}
+
+fn forced(stream: bool) -> Value {
+    json!({"model": "mock", "messages": [{"role": "user", "content": "weather?"}],
+        "tools": tools(), "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": false, "max_tokens": 200, "temperature": 0, "stream": stream})
+}
+
+/// `{"city": string of at most 12 chars, "days": 1..=14}` and nothing else.
+fn check_weather_args(args: &str) {
+    let v: Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("{args}: {e}"));
+    let m = v.as_object().expect("an object");
+    assert_eq!(m.len(), 2, "{args}");
+    assert!(
+        m["city"].as_str().is_some_and(|c| c.chars().count() <= 12),
+        "{args}"
+    );
+    assert!(
+        m["days"].as_i64().is_some_and(|d| (1..=14).contains(&d)),
+        "{args}"
+    );
+}
+
+#[tokio::test]
+async fn forced_tool_call_validates_and_streams_like_openai() {
+    let s = start(Opts::default()).await;
+    let (st, v) = post(&s, "/v1/chat/completions", forced(false)).await;
+    assert_eq!(st, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    assert!(c["message"]["content"].is_null(), "{v}");
+    let calls = c["message"]["tool_calls"].as_array().expect("tool_calls");
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["type"], "function");
+    assert!(calls[0]["id"]
+        .as_str()
+        .is_some_and(|i| i.starts_with("call_")));
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args = calls[0]["function"]["arguments"]
+        .as_str()
+        .expect("arguments text");
+    check_weather_args(args);
+
+    let chunks = sse(&s, "/v1/chat/completions", forced(true)).await;
+    let deltas: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0))
+        .collect();
+    assert_eq!(deltas.len(), 2, "{chunks:?}");
+    // first: index, id, type and name with empty arguments; then the arguments
+    assert_eq!(deltas[0]["index"], 0);
+    assert!(deltas[0]["id"].as_str().is_some());
+    assert_eq!(deltas[0]["type"], "function");
+    assert_eq!(deltas[0]["function"]["name"], "get_weather");
+    assert_eq!(deltas[0]["function"]["arguments"], "");
+    assert!(deltas[1].get("id").is_none() && deltas[1]["function"].get("name").is_none());
+    assert_eq!(deltas[1]["function"]["arguments"].as_str(), Some(args));
+    let last = chunks
+        .iter()
+        .rev()
+        .find_map(|c| c["choices"][0]["finish_reason"].as_str());
+    assert_eq!(last, Some("tool_calls"));
+    assert_eq!(stream_text(&chunks), "", "no content around a forced call");
+}
+
+#[tokio::test]
+async fn required_with_parallel_calls_gives_declared_calls() {
+    let s = start(Opts::default()).await;
+    let mut body = forced(false);
+    body["tool_choice"] = json!("required");
+    body["parallel_tool_calls"] = json!(true);
+    body["max_tokens"] = json!(400);
+    let (st, v) = post(&s, "/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{v}");
+    let calls = v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .expect("tool_calls");
+    assert!(!calls.is_empty(), "{v}");
+    for c in calls {
+        let name = c["function"]["name"].as_str().unwrap_or("");
+        let args = c["function"]["arguments"].as_str().unwrap_or("");
+        match name {
+            "get_weather" => check_weather_args(args),
+            "get_time" => assert!(serde_json::from_str::<Value>(args).is_ok_and(|a| a.is_object())),
+            other => panic!("undeclared tool {other}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn json_schema_content_validates() {
+    let s = start(Opts::default()).await;
+    let schema = json!({"type": "object", "properties": {
+        "answer": {"type": "string", "maxLength": 8},
+        "ok": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+        "required": ["answer", "ok", "tags"], "additionalProperties": false});
+    for rf in [
+        json!({"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": true}}),
+        json!({"type": "json_object"}),
+    ] {
+        let body = json!({"model": "mock", "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 300, "temperature": 0, "response_format": rf});
+        let (st, v) = post(&s, "/v1/chat/completions", body).await;
+        assert_eq!(st, 200, "{v}");
+        let c = &v["choices"][0];
+        let text = c["message"]["content"].as_str().unwrap_or("");
+        if c["finish_reason"] == "stop" {
+            let got: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!(got.is_object(), "{text}");
+            if rf["type"] == "json_schema" {
+                assert_eq!(got.as_object().map(|m| m.len()), Some(3), "{text}");
+                assert!(got["answer"]
+                    .as_str()
+                    .is_some_and(|a| a.chars().count() <= 8));
+                assert!(got["ok"].is_boolean());
+            }
+        } else {
+            // cut by max_tokens: still a prefix of valid JSON
+            assert!(text.starts_with('{'), "{text}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn tool_messages_reach_the_prompt() {
+    let s = start(Opts::default()).await;
+    let conv = json!([
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 1}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+    ]);
+    let (st, v) = post(
+        &s,
+        "/apply-template",
+        json!({"messages": conv, "tools": tools()}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v["prompt"],
+        "<tools>get_weather,get_time\n<user>weather?\n<assistant>\
+         <tool_call>get_weather({\"city\": \"Paris\", \"days\": 1})</tool_call>\n\
+         <tool>sunny<id>call_1\n<assistant>"
+    );
+    let body = json!({"model": "mock", "messages": conv, "tools": tools(), "max_tokens": 4});
+    let (st, v) = post(&s, "/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{v}");
+}
+
+#[tokio::test]
+async fn bad_tool_input_is_a_400_naming_the_field() {
+    let s = start(Opts::default()).await;
+    let user = json!([{"role": "user", "content": "x"}]);
+    let base = |extra: Value| {
+        let mut b = json!({"model": "mock", "messages": user, "max_tokens": 4});
+        if let (Some(b), Some(e)) = (b.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        b
+    };
+    let huge: serde_json::Map<String, Value> = (0..1000)
+        .map(|i| {
+            (
+                format!("p{i}"),
+                json!({"type": "string", "description": "x".repeat(100)}),
+            )
+        })
+        .collect();
+    let rows: Vec<(Value, &str)> = vec![
+        (
+            json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (
+            json!({"tools": tools(), "tool_choice": "sometimes"}),
+            "tool_choice",
+        ),
+        (json!({"tools": tools(), "n": 2}), "n"),
+        (json!({"tools": [{"type": "retrieval"}]}), "tools[0].type"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]}),
+            "tools[1].function.name",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}),
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": huge}}}]}),
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": 5}}}}}], "tool_choice": "required"}),
+            "tools",
+        ),
+        (
+            json!({"response_format": {"type": "yaml"}}),
+            "response_format.type",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}),
+            "response_format.json_schema.name",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(?<=a)b"}}}}),
+            "response_format",
+        ),
+        (
+            json!({"messages": [{"role": "tool", "content": "r"}]}),
+            "messages[0].tool_call_id",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}),
+            "messages[0].tool_calls",
+        ),
+    ];
+    for (extra, param) in rows {
+        let (st, v) = post(&s, "/v1/chat/completions", base(extra.clone())).await;
+        assert_eq!(st, 400, "{extra}: {v}");
+        assert_eq!(v["error"]["param"], param, "{extra}: {v}");
+        assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
+    }
+}

@@ -1,0 +1,265 @@
+"""Tools and structured outputs with the official `openai` package (and `openai-agents`) against a
+running `nightshift serve` whose random-weight model carries a real chat template.
+
+Run by scripts/test.d/40-openai.sh once per template (NIGHTSHIFT_TEMPLATE names the .jinja file
+the model was generated with). Constrained decoding makes the output valid whatever the weights:
+forced tool calls validate against their schema, streamed calls reassemble to the same call,
+json_schema content validates. The server's rendering of a conversation with tool calls and tool
+results is compared byte for byte with Python jinja2 in transformers' environment. Plain
+asserts; the last line says `N passed, N failed`.
+"""
+
+import asyncio
+import json
+import os
+import sys
+import traceback
+import urllib.request
+
+import jsonschema
+import openai
+from openai import AsyncOpenAI, OpenAI
+
+URL = os.environ.get("NIGHTSHIFT_URL", "http://127.0.0.1:8080")
+MODEL = os.environ.get("NIGHTSHIFT_MODEL", "mock")
+KEY = os.environ.get("NIGHTSHIFT_API_KEY", "none")
+TEMPLATE = os.environ.get("NIGHTSHIFT_TEMPLATE") or None
+
+client = OpenAI(base_url=URL + "/v1", api_key=KEY, max_retries=0, timeout=300)
+
+# bounded values, so a random model finishes its call within max_tokens
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "description": "City name", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Get the weather.",
+                                      "parameters": WEATHER_PARAMS}},
+    {"type": "function", "function": {"name": "get_time", "description": "Get the time.",
+                                      "parameters": {"type": "object", "properties": {
+                                          "zone": {"type": "string", "enum": ["UTC", "CET"]}},
+                                          "required": ["zone"], "additionalProperties": False}}},
+]
+ASK = [{"role": "system", "content": "You are a helpful assistant."},
+       {"role": "user", "content": "What's the weather in Paris?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def call(**kw):
+    args = dict(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=160, temperature=0,
+                parallel_tool_calls=False)
+    args.update(kw)
+    return client.chat.completions.create(**args)
+
+
+def test_named_tool_choice_validates():
+    r = call(tool_choice=NAMED)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", (c.finish_reason, c.message)
+    assert not c.message.content, c.message.content
+    assert len(c.message.tool_calls) == 1, c.message.tool_calls
+    tc = c.message.tool_calls[0]
+    assert tc.type == "function" and tc.id, tc
+    assert tc.function.name == "get_weather", tc
+    jsonschema.validate(json.loads(tc.function.arguments), WEATHER_PARAMS)
+
+
+def test_required_tool_choice_calls_a_declared_tool():
+    r = call(tool_choice="required", temperature=0.8, seed=3)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", (c.finish_reason, c.message)
+    tc = c.message.tool_calls[0]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    assert tc.function.name in schemas, tc
+    jsonschema.validate(json.loads(tc.function.arguments), schemas[tc.function.name])
+
+
+def test_streamed_tool_call_reassembles():
+    whole = call(tool_choice=NAMED).choices[0].message.tool_calls[0]
+    calls = {}
+    finish = None
+    for chunk in call(tool_choice=NAMED, stream=True):
+        if not chunk.choices:
+            continue
+        ch = chunk.choices[0]
+        for d in ch.delta.tool_calls or []:
+            slot = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            if d.id:
+                slot["id"] = d.id
+            if d.function and d.function.name:
+                slot["name"] += d.function.name
+            if d.function and d.function.arguments:
+                slot["arguments"] += d.function.arguments
+        finish = ch.finish_reason or finish
+    assert finish == "tool_calls", finish
+    assert list(calls) == [0], calls
+    got = calls[0]
+    assert got["id"] and got["name"] == whole.function.name, (got, whole)
+    assert json.loads(got["arguments"]) == json.loads(whole.function.arguments), (got, whole)
+    # the SDK's own stream helper assembles the same call
+    with client.chat.completions.stream(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=160,
+                                        temperature=0, tool_choice=NAMED,
+                                        parallel_tool_calls=False) as s:
+        final = s.get_final_completion()
+    tc = final.choices[0].message.tool_calls[0]
+    assert tc.function.name == whole.function.name
+    assert json.loads(tc.function.arguments) == json.loads(whole.function.arguments)
+
+
+def test_response_format_json_schema_validates():
+    schema = {"type": "object", "properties": {
+        "answer": {"type": "string", "maxLength": 20},
+        "score": {"type": "integer", "minimum": 0, "maximum": 10},
+        "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}, "maxItems": 3}},
+        "required": ["answer", "score", "tags"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=160, temperature=0,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "reply", "schema": schema, "strict": True}})
+    c = r.choices[0]
+    assert c.finish_reason == "stop", (c.finish_reason, c.message.content)
+    jsonschema.validate(json.loads(c.message.content), schema)
+
+
+def test_tool_messages_round_trip_into_the_prompt():
+    conv = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "functions.get_weather:0", "type": "function",
+             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "days": 2})}}]},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0",
+         "content": json.dumps({"temperature_c": 18, "condition": "sunny"})},
+    ]
+    # the server accepts the next turn...
+    r = client.chat.completions.create(model=MODEL, messages=conv, tools=TOOLS, max_tokens=4,
+                                       temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # ...and its prompt holds the call and the result, byte for byte as jinja2 renders it
+    prompt = apply_template({"messages": conv, "tools": TOOLS})
+    assert "sunny" in prompt and "Paris" in prompt, prompt
+    if TEMPLATE:
+        want = render_with_jinja2(conv)
+        assert prompt == want, f"\nserver: {prompt!r}\njinja2: {want!r}"
+
+
+def apply_template(body):
+    req = urllib.request.Request(URL + "/apply-template", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": "Bearer " + KEY})
+    with urllib.request.urlopen(req, timeout=30) as f:
+        return json.loads(f.read())["prompt"]
+
+
+def render_with_jinja2(conv):
+    """transformers' apply_chat_template environment (see render_templates.py)."""
+    import jinja2
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
+        json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    env.globals["raise_exception"] = lambda m: (_ for _ in ()).throw(jinja2.exceptions.TemplateError(m))
+    source = open(TEMPLATE, encoding="utf-8").read()
+    name = os.path.basename(TEMPLATE)
+    msgs = json.loads(json.dumps(conv))
+    for m in msgs:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            m["content"] = ""
+            m["tool_calls"] = [dict(c) for c in m["tool_calls"]]
+            for c in m["tool_calls"]:
+                c["function"] = dict(c["function"])
+                # what each template needs (tool-call-formats.md, "Template input quirks")
+                if "coder" in name or "2025-07-initial" in name and "kimi" in name:
+                    c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+        if m["role"] == "tool":
+            m.setdefault("name", "get_weather")
+    specials = {"qwen": (None, "<|im_end|>"), "kimi": ("[BOS]", "<|im_end|>"),
+                "deepseek": ("[BOS]", "<｜end▁of▁sentence｜>")}
+    bos, eos = next(v for k, v in specials.items() if k in name)
+    return env.from_string(source).render(messages=msgs, tools=TOOLS, add_generation_prompt=True,
+                                          bos_token=bos, eos_token=eos)
+
+
+def test_agents_sdk_loop():
+    from typing import Literal
+
+    from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool,
+                        set_tracing_disabled)
+
+    set_tracing_disabled(True)
+    seen = []
+
+    @function_tool
+    def get_weather(city: Literal["Paris", "London"]) -> str:
+        """Get the weather of a city."""
+        seen.append(city)
+        return "sunny, 18 C"
+
+    model = OpenAIChatCompletionsModel(
+        model=MODEL, openai_client=AsyncOpenAI(base_url=URL + "/v1", api_key=KEY, max_retries=0))
+    agent = Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather],
+                  model=model,
+                  model_settings=ModelSettings(tool_choice="get_weather", temperature=0,
+                                               max_tokens=200, parallel_tool_calls=False))
+    result = asyncio.run(Runner.run(agent, "What's the weather in Paris?", max_turns=4))
+    assert seen and seen[0] in ("Paris", "London"), seen
+    assert isinstance(result.final_output, str), result.final_output
+
+
+def expect_400(fn, param_or_text):
+    try:
+        fn()
+    except openai.BadRequestError as e:
+        body = json.dumps(e.body)
+        assert param_or_text in body, body
+        return
+    raise AssertionError(f"expected a 400 mentioning {param_or_text!r}")
+
+
+def test_bad_input_table():
+    expect_400(lambda: call(tool_choice={"type": "function", "function": {"name": "nope"}}),
+               "tool_choice")
+    expect_400(lambda: client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4,
+                                                      tool_choice="required"), "tool_choice")
+    expect_400(lambda: call(n=2), "\"n\"")
+    bad_schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=x)a"}}}
+    expect_400(lambda: client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=4,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad_schema}}),
+        "response_format")
+    expect_400(lambda: call(tool_choice="required", tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": 5}}}}}]), "tools")
+    huge = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 100}
+                                             for i in range(1000)}}
+    expect_400(lambda: call(tools=[{"type": "function", "function": {"name": "f", "parameters": huge}}]),
+               "tools[0].function.parameters")
+    expect_400(lambda: call(tools=[{"type": "function", "function": {"name": "bad name"}}]),
+               "tools[0].function.name")
+    expect_400(lambda: client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4,
+                                                      response_format={"type": "yaml"}),
+               "response_format.type")
+
+
+def main():
+    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
+    passed = failed = 0
+    for name, f in tests:
+        try:
+            f()
+            passed += 1
+            print(f"ok   {name}")
+        except Exception:
+            failed += 1
+            print(f"FAIL {name}")
+            traceback.print_exc()
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+//! Tool calls in generated text: each model family writes them in its own format (the one its
+//! chat template renders, see `tests/data/templates/`), and [`ToolParser`] turns a stream of
+//! generated text into content and complete calls, incrementally, for every format:
+//!
+//! - [`ToolFormat::Hermes`] (Qwen3): `<tool_call>\n{"name": .., "arguments": {..}}\n</tool_call>`
+//! - [`ToolFormat::Qwen3Coder`]: `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>\n</tool_call>`
+//! - [`ToolFormat::KimiK2`]: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{..}<|tool_call_end|>…<|tool_calls_section_end|>`
+//! - [`ToolFormat::DeepSeekV31`]: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{..}<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`
+//!
+//! The format is chosen from the template text (the markers it writes, as llama.cpp does) unless
+//! the server is told (`--tool-format`). Text that might still become a marker is held back, so a
+//! partial marker is never sent as content; a call is emitted once its closing marker arrives
+//! (or at the end, if the model stopped right after the arguments). A call that does not parse
+//! (malformed body, unknown tool, arguments that are not a JSON object) goes out as the text it
+//! was, as content — never an error.
+
+mod formats;
+pub mod grammar;
+#[cfg(test)]
+mod tests;
+
+use formats::parse_body;
+
+/// The tool-call text format of a model family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolFormat {
+    Hermes,
+    Qwen3Coder,
+    KimiK2,
+    DeepSeekV31,
+}
+
+impl ToolFormat {
+    /// Every format with its name (vLLM's `--tool-call-parser` names).
+    pub const ALL: [(ToolFormat, &'static str); 4] = [
+        (ToolFormat::Hermes, "hermes"),
+        (ToolFormat::Qwen3Coder, "qwen3_coder"),
+        (ToolFormat::KimiK2, "kimi_k2"),
+        (ToolFormat::DeepSeekV31, "deepseek_v31"),
+    ];
+
+    /// The format a chat template writes tool calls in, from the markers in its text.
+    pub fn detect(template: &str) -> Option<ToolFormat> {
+        if template.contains("<|tool_calls_section_begin|>") {
+            Some(ToolFormat::KimiK2)
+        } else if template.contains("<｜tool▁calls▁begin｜>") && !template.contains("```json")
+        {
+            Some(ToolFormat::DeepSeekV31)
+        } else if template.contains("<function=") && template.contains("<parameter=") {
+            Some(ToolFormat::Qwen3Coder)
+        } else if template.contains("<tool_call>") {
+            Some(ToolFormat::Hermes)
+        } else {
+            None
+        }
+    }
+
+    /// The format named `name` (see [`ToolFormat::ALL`]).
+    pub fn from_name(name: &str) -> Option<ToolFormat> {
+        Self::ALL.iter().find(|(_, n)| *n == name).map(|(f, _)| *f)
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(f, _)| *f == self)
+            .map_or("", |(_, n)| n)
+    }
+
+    /// (opening, closing) marker of one call.
+    pub fn call_markers(self) -> (&'static str, &'static str) {
+        match self {
+            ToolFormat::Hermes | ToolFormat::Qwen3Coder => ("<tool_call>", "</tool_call>"),
+            ToolFormat::KimiK2 => ("<|tool_call_begin|>", "<|tool_call_end|>"),
+            ToolFormat::DeepSeekV31 => ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"),
+        }
+    }
+
+    /// Markers around a group of calls, dropped from the content.
+    fn section_markers(self) -> &'static [&'static str] {
+        match self {
+            ToolFormat::Hermes | ToolFormat::Qwen3Coder => &[],
+            ToolFormat::KimiK2 => &["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"],
+            ToolFormat::DeepSeekV31 => &["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"],
+        }
+    }
+}
+
+/// One tool the request declared: its name and its parameters' JSON Schema.
+#[derive(Clone, Debug)]
+pub struct ToolSpec {
+    pub name: String,
+    pub parameters: serde_json::Value,
+}
+
+/// A parsed call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParsedCall {
+    /// The id the model wrote (Kimi K2's `functions.NAME:IDX`), if the format has one.
+    pub id: Option<String>,
+    pub name: String,
+    /// The arguments: a JSON object, as compact text.
+    pub arguments: String,
+}
+
+/// What one piece of text produced, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Parsed {
+    Content(String),
+    Call(ParsedCall),
+}
+
+/// Where the scanner is.
+#[derive(Debug)]
+enum Mode {
+    Text,
+    /// Inside a call, after its opening marker.
+    Call,
+}
+
+/// The incremental parser of one generation.
+#[derive(Debug)]
+pub struct ToolParser {
+    format: ToolFormat,
+    tools: Vec<ToolSpec>,
+    mode: Mode,
+    /// Text not yet emitted (a possible marker prefix, or the body of the open call).
+    buf: String,
+    /// Whitespace held back: it is dropped when it only separates calls.
+    pending_ws: String,
+    calls: usize,
+}
+
+impl ToolParser {
+    /// A parser for `format`; calls of tools not in `tools` are content.
+    pub fn new(format: ToolFormat, tools: Vec<ToolSpec>) -> ToolParser {
+        ToolParser {
+            format,
+            tools,
+            mode: Mode::Text,
+            buf: String::new(),
+            pending_ws: String::new(),
+            calls: 0,
+        }
+    }
+
+    /// Calls emitted so far.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// Feeds generated text; returns what became certain.
+    pub fn push(&mut self, text: &str) -> Vec<Parsed> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        self.scan(&mut out, false);
+        out
+    }
+
+    /// The generation ended: everything left, a call without its closing marker included.
+    pub fn finish(&mut self) -> Vec<Parsed> {
+        let mut out = Vec::new();
+        self.scan(&mut out, true);
+        match self.mode {
+            Mode::Call => {
+                let body = std::mem::take(&mut self.buf);
+                self.mode = Mode::Text;
+                self.close_call(&body, false, &mut out);
+            }
+            Mode::Text => {
+                let rest = std::mem::take(&mut self.buf);
+                self.content(&rest, &mut out);
+            }
+        }
+        if self.calls == 0 {
+            let ws = std::mem::take(&mut self.pending_ws);
+            push_content(&mut out, ws);
+        }
+        out
+    }
+
+    fn scan(&mut self, out: &mut Vec<Parsed>, at_end: bool) {
+        let (open, close) = self.format.call_markers();
+        loop {
+            match self.mode {
+                Mode::Text => {
+                    let mut markers: Vec<&str> = vec![open];
+                    markers.extend_from_slice(self.format.section_markers());
+                    let hit = markers
+                        .iter()
+                        .filter_map(|m| self.buf.find(m).map(|at| (at, *m)))
+                        .min();
+                    match hit {
+                        Some((at, m)) => {
+                            let before = self.buf[..at].to_string();
+                            self.content(&before, out);
+                            self.buf.drain(..at + m.len());
+                            if m == open {
+                                self.mode = Mode::Call;
+                            }
+                        }
+                        None => {
+                            let keep = if at_end {
+                                0
+                            } else {
+                                partial_suffix(&self.buf, &markers)
+                            };
+                            let emit: String = self.buf.drain(..self.buf.len() - keep).collect();
+                            self.content(&emit, out);
+                            return;
+                        }
+                    }
+                }
+                Mode::Call => match self.buf.find(close) {
+                    Some(at) => {
+                        let body = self.buf[..at].to_string();
+                        self.buf.drain(..at + close.len());
+                        self.mode = Mode::Text;
+                        self.close_call(&body, true, out);
+                    }
+                    None => return,
+                },
+            }
+        }
+    }
+
+    /// A call's body is complete: a call, or its text as content when it does not parse.
+    fn close_call(&mut self, body: &str, closed: bool, out: &mut Vec<Parsed>) {
+        match parse_body(self.format, body, &self.tools) {
+            Some(call) => {
+                // whitespace between calls (or before the first) is not content
+                self.pending_ws.clear();
+                self.calls += 1;
+                out.push(Parsed::Call(call));
+            }
+            None => {
+                let (open, close) = self.format.call_markers();
+                let mut raw = format!("{open}{body}");
+                if closed {
+                    raw.push_str(close);
+                }
+                self.content(&raw, out);
+            }
+        }
+    }
+
+    /// Text that is content: whitespace-only runs wait (they may only separate calls).
+    fn content(&mut self, text: &str, out: &mut Vec<Parsed>) {
+        if text.is_empty() {
+            return;
+        }
+        if text.trim().is_empty() {
+            self.pending_ws.push_str(text);
+            return;
+        }
+        let mut s = std::mem::take(&mut self.pending_ws);
+        s.push_str(text);
+        // trailing whitespace waits too
+        let trimmed = s.trim_end().len();
+        self.pending_ws = s[trimmed..].to_string();
+        s.truncate(trimmed);
+        push_content(out, s);
+    }
+}
+
+fn push_content(out: &mut Vec<Parsed>, s: String) {
+    if s.is_empty() {
+        return;
+    }
+    if let Some(Parsed::Content(prev)) = out.last_mut() {
+        prev.push_str(&s);
+    } else {
+        out.push(Parsed::Content(s));
+    }
+}
+
+/// Length of the longest suffix of `buf` that is a proper prefix of one of `markers`.
+fn partial_suffix(buf: &str, markers: &[&str]) -> usize {
+    let max = markers.iter().map(|m| m.len()).max().unwrap_or(0);
+    let mut k = max.saturating_sub(1).min(buf.len());
+    while k > 0 {
+        let start = buf.len() - k;
+        if buf.is_char_boundary(start) && markers.iter().any(|m| m.starts_with(&buf[start..])) {
+            return k;
+        }
+        k -= 1;
+    }
+    0
+}

@@ -1,0 +1,225 @@
+//! Parser tests per format: one call, parallel calls, text around calls, every split of the
+//! text into two stream chunks and one character at a time, malformed and unterminated calls.
+
+use super::*;
+
+fn tools() -> Vec<ToolSpec> {
+    let params = serde_json::json!({"type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}});
+    vec![ToolSpec {
+        name: "get_weather".into(),
+        parameters: params,
+    }]
+}
+
+/// One call of `get_weather` in each format (`{"city": CITY}`), with index `i`.
+fn call_text(f: ToolFormat, city: &str, i: usize) -> String {
+    match f {
+        ToolFormat::Hermes => format!(
+            "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{city}\"}}}}\n</tool_call>"
+        ),
+        ToolFormat::Qwen3Coder => format!(
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\n{city}\n</parameter>\n</function>\n</tool_call>"
+        ),
+        ToolFormat::KimiK2 => format!(
+            "<|tool_call_begin|>functions.get_weather:{i}<|tool_call_argument_begin|>{{\"city\": \"{city}\"}}<|tool_call_end|>"
+        ),
+        ToolFormat::DeepSeekV31 => format!(
+            "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{{\"city\": \"{city}\"}}<｜tool▁call▁end｜>"
+        ),
+    }
+}
+
+/// The calls as the model writes them after its generation prompt (tool-call-formats.md).
+fn calls_text(f: ToolFormat, cities: &[&str]) -> String {
+    let calls: Vec<String> = cities
+        .iter()
+        .enumerate()
+        .map(|(i, c)| call_text(f, c, i))
+        .collect();
+    match f {
+        ToolFormat::Hermes | ToolFormat::Qwen3Coder => calls.join("\n"),
+        ToolFormat::KimiK2 => format!(
+            "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>",
+            calls.concat()
+        ),
+        ToolFormat::DeepSeekV31 => {
+            format!(
+                "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
+                calls.concat()
+            )
+        }
+    }
+}
+
+fn expected(f: ToolFormat, cities: &[&str]) -> Vec<Parsed> {
+    cities
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            Parsed::Call(ParsedCall {
+                id: (f == ToolFormat::KimiK2).then(|| format!("functions.get_weather:{i}")),
+                name: "get_weather".into(),
+                arguments: format!(r#"{{"city":"{c}"}}"#),
+            })
+        })
+        .collect()
+}
+
+/// Runs the parser over `chunks`, merging adjacent content.
+fn run(f: ToolFormat, chunks: &[&str]) -> Vec<Parsed> {
+    let mut p = ToolParser::new(f, tools());
+    let mut out = Vec::new();
+    let mut add = |v: Vec<Parsed>| {
+        for x in v {
+            match (out.last_mut(), x) {
+                (Some(Parsed::Content(a)), Parsed::Content(b)) => a.push_str(&b),
+                (_, x) => out.push(x),
+            }
+        }
+    };
+    for c in chunks {
+        add(p.push(c));
+    }
+    add(p.finish());
+    out
+}
+
+const FORMATS: [ToolFormat; 4] = [
+    ToolFormat::Hermes,
+    ToolFormat::Qwen3Coder,
+    ToolFormat::KimiK2,
+    ToolFormat::DeepSeekV31,
+];
+
+#[test]
+fn single_and_parallel_calls() {
+    for f in FORMATS {
+        for cities in [&["Paris"][..], &["Paris", "London"][..]] {
+            let text = calls_text(f, cities);
+            assert_eq!(run(f, &[&text]), expected(f, cities), "{f:?} {text:?}");
+        }
+    }
+}
+
+#[test]
+fn text_around_calls() {
+    for f in FORMATS {
+        let text = format!("Let me check.\n\n{}", calls_text(f, &["Paris"]));
+        let mut want = vec![Parsed::Content("Let me check.".into())];
+        want.extend(expected(f, &["Paris"]));
+        assert_eq!(run(f, &[&text]), want, "{f:?}");
+        // text after the calls is content too
+        let text = format!("{} Done.", calls_text(f, &["Paris"]));
+        let mut want = expected(f, &["Paris"]);
+        want.push(Parsed::Content(" Done.".into()));
+        assert_eq!(run(f, &[&text]), want, "{f:?}");
+        // no calls: everything is content, whitespace kept
+        assert_eq!(
+            run(f, &["Just text ", "<b>bold</b>  \n"]),
+            vec![Parsed::Content("Just text <b>bold</b>  \n".into())]
+        );
+    }
+}
+
+#[test]
+fn every_split_gives_the_same_result() {
+    for f in FORMATS {
+        let text = format!("Sure: {}", calls_text(f, &["Paris", "Zürich"]));
+        let whole = run(f, &[&text]);
+        assert_eq!(whole.len(), 3, "{f:?} {whole:?}");
+        for at in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
+            assert_eq!(
+                run(f, &[&text[..at], &text[at..]]),
+                whole,
+                "{f:?} split at byte {at}"
+            );
+        }
+        // one character per chunk: content never shows a piece of a marker
+        let mut p = ToolParser::new(f, tools());
+        let mut content = String::new();
+        let mut buf = [0u8; 4];
+        for c in text.chars() {
+            for x in p.push(c.encode_utf8(&mut buf)) {
+                if let Parsed::Content(s) = x {
+                    content.push_str(&s);
+                }
+            }
+            assert!(!content.contains('<'), "{f:?}: {content:?}");
+        }
+        assert_eq!(content, "Sure:");
+    }
+}
+
+#[test]
+fn malformed_calls_are_content() {
+    for f in FORMATS {
+        let (open, close) = f.call_markers();
+        // a body that does not parse
+        let bad = format!("A {open}{{not json{close} B");
+        assert_eq!(run(f, &[&bad]), vec![Parsed::Content(bad.clone())], "{f:?}");
+        // an unknown tool
+        let unknown = calls_text(f, &["Paris"]).replace("get_weather", "launch_rockets");
+        let got = run(f, &[&unknown]);
+        assert!(
+            got.iter().all(|p| matches!(p, Parsed::Content(_))),
+            "{f:?} {got:?}"
+        );
+        // a partial marker at the end is text
+        let partial = &open[..open.len() - 1];
+        assert_eq!(
+            run(f, &["Hello ", partial]),
+            vec![Parsed::Content(format!("Hello {partial}"))],
+            "{f:?}"
+        );
+        // an unterminated call whose body is complete is a call; a cut one is text
+        let full = call_text(f, "Paris", 0);
+        let cut = &full[..full.len() - close.len()];
+        assert_eq!(run(f, &[cut]), expected(f, &["Paris"]), "{f:?}");
+        let cut_more = &full[..full.len() - close.len() - 4];
+        assert_eq!(
+            run(f, &[cut_more]),
+            vec![Parsed::Content(cut_more.to_string())],
+            "{f:?}"
+        );
+    }
+}
+
+#[test]
+fn qwen3_coder_values_follow_the_schema() {
+    let text = "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n\
+                <parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    let got = run(ToolFormat::Qwen3Coder, &[text]);
+    assert_eq!(
+        got,
+        vec![Parsed::Call(ParsedCall {
+            id: None,
+            name: "get_weather".into(),
+            arguments: r#"{"city":"42","days":3}"#.into(),
+        })]
+    );
+}
+
+#[test]
+fn formats_are_detected_from_the_published_templates() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/templates");
+    for (file, want) in [
+        ("qwen3-30b-a3b.jinja", ToolFormat::Hermes),
+        ("qwen3-coder-30b-a3b.jinja", ToolFormat::Qwen3Coder),
+        (
+            "qwen3-coder-30b-a3b.2025-07-initial.jinja",
+            ToolFormat::Qwen3Coder,
+        ),
+        ("kimi-k2-instruct.jinja", ToolFormat::KimiK2),
+        ("kimi-k2-instruct.2025-07-initial.jinja", ToolFormat::KimiK2),
+        ("deepseek-v3.1.jinja", ToolFormat::DeepSeekV31),
+    ] {
+        let src = std::fs::read_to_string(dir.join(file)).unwrap();
+        assert_eq!(ToolFormat::detect(&src), Some(want), "{file}");
+    }
+    assert_eq!(ToolFormat::detect("{{ messages }}"), None);
+    for (f, n) in ToolFormat::ALL {
+        assert_eq!(ToolFormat::from_name(n), Some(f));
+        assert_eq!(f.name(), n);
+    }
+}

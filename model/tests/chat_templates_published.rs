@@ -1,0 +1,168 @@
+//! The published chat templates of Qwen3-30B-A3B, Qwen3-Coder-30B-A3B (current and 2025-07),
+//! Kimi-K2-Instruct (current and 2025-07) and DeepSeek-V3.1 render byte for byte what Python's
+//! jinja2 renders in transformers' environment (`tests/data/templates/render_templates.py` made
+//! the `.rendered.txt` files): a conversation with one tool call and its result, and one with two
+//! parallel calls and two results, with `tools=[get_weather]` and the generation prompt.
+
+use std::path::{Path, PathBuf};
+
+use nightshift_model::chat::{ChatMessage, ChatTemplate, Quirks, RenderOptions, ToolCall};
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/templates")
+        .join(name)
+}
+
+fn read(name: &str) -> String {
+    let p = data(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
+}
+
+fn tools() -> Vec<serde_json::Value> {
+    vec![serde_json::json!({
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "City name"}},
+                "required": ["city"],
+            },
+        },
+    })]
+}
+
+fn call(idx: usize, city: &str) -> ToolCall {
+    ToolCall {
+        id: format!("functions.get_weather:{idx}"),
+        name: "get_weather".into(),
+        arguments: format!(r#"{{"city": "{city}"}}"#),
+    }
+}
+
+fn result(idx: usize, payload: &str) -> ChatMessage {
+    ChatMessage {
+        role: "tool".into(),
+        content: payload.into(),
+        tool_call_id: Some(format!("functions.get_weather:{idx}")),
+        name: Some("get_weather".into()),
+        ..ChatMessage::default()
+    }
+}
+
+fn single() -> Vec<ChatMessage> {
+    vec![
+        ChatMessage::new("system", "You are a helpful assistant."),
+        ChatMessage::new("user", "What's the weather in Paris?"),
+        ChatMessage {
+            role: "assistant".into(),
+            tool_calls: vec![call(0, "Paris")],
+            ..ChatMessage::default()
+        },
+        result(0, r#"{"temperature_c": 18, "condition": "sunny"}"#),
+    ]
+}
+
+fn parallel() -> Vec<ChatMessage> {
+    vec![
+        ChatMessage::new("system", "You are a helpful assistant."),
+        ChatMessage::new("user", "What's the weather in Paris and in London?"),
+        ChatMessage {
+            role: "assistant".into(),
+            tool_calls: vec![call(0, "Paris"), call(1, "London")],
+            ..ChatMessage::default()
+        },
+        result(0, r#"{"temperature_c": 18, "condition": "sunny"}"#),
+        result(1, r#"{"temperature_c": 12, "condition": "rain"}"#),
+    ]
+}
+
+/// (template, bos, eos, whether the template needs the arguments as an object).
+const TEMPLATES: &[(&str, &str, &str, bool)] = &[
+    ("qwen3-30b-a3b", "", "<|im_end|>", false),
+    ("qwen3-coder-30b-a3b", "", "<|im_end|>", true),
+    (
+        "qwen3-coder-30b-a3b.2025-07-initial",
+        "",
+        "<|im_end|>",
+        true,
+    ),
+    ("kimi-k2-instruct", "[BOS]", "[EOS]", false),
+    ("kimi-k2-instruct.2025-07-initial", "[BOS]", "[EOS]", true),
+    (
+        "deepseek-v3.1",
+        "<｜begin▁of▁sentence｜>",
+        "<｜end▁of▁sentence｜>",
+        false,
+    ),
+];
+
+/// The first byte where two texts differ, with context, for a readable failure.
+fn diff(got: &str, want: &str) -> String {
+    let at = got
+        .bytes()
+        .zip(want.bytes())
+        .position(|(a, b)| a != b)
+        .unwrap_or(got.len().min(want.len()));
+    let ctx = |s: &str| {
+        let lo = at.saturating_sub(60);
+        String::from_utf8_lossy(&s.as_bytes()[lo..(at + 60).min(s.len())]).into_owned()
+    };
+    format!(
+        "first difference at byte {at} (lengths {} / {}):\n got: {:?}\nwant: {:?}",
+        got.len(),
+        want.len(),
+        ctx(got),
+        ctx(want)
+    )
+}
+
+#[test]
+fn published_templates_render_byte_for_byte() {
+    let tools = tools();
+    for &(name, bos, eos, object_args) in TEMPLATES {
+        // the Python script passes None for a missing BOS; the templates here do not print it
+        let t = ChatTemplate::new(&read(&format!("{name}.jinja")))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            t.quirks(),
+            Quirks {
+                arguments_as_object: object_args,
+                tool_call_content_none: false
+            },
+            "{name}: probed quirks"
+        );
+        let opts = RenderOptions {
+            tools: Some(&tools),
+            add_generation_prompt: true,
+            bos,
+            eos,
+            extra: None,
+        };
+        for (msgs, file) in [
+            (single(), format!("{name}.rendered.txt")),
+            (parallel(), format!("{name}.parallel.rendered.txt")),
+        ] {
+            let got = t
+                .render_with(&msgs, &opts)
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
+            let want = read(&file);
+            assert!(got == want, "{file}: {}", diff(&got, &want));
+        }
+    }
+}
+
+/// Without tools, the templates still render plain conversations (the `tools` variable is
+/// undefined).
+#[test]
+fn published_templates_render_without_tools() {
+    for &(name, bos, eos, _) in TEMPLATES {
+        let t = ChatTemplate::new(&read(&format!("{name}.jinja"))).unwrap();
+        let msgs = [ChatMessage::new("user", "Hi")];
+        let s = t.render(&msgs, true, bos, eos).unwrap();
+        assert!(s.contains("Hi"), "{name}: {s:?}");
+        assert!(!s.contains("get_weather"), "{name}: {s:?}");
+    }
+}
