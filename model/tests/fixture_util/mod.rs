@@ -1,5 +1,5 @@
 //! Test-only: opens a fixture model by name, from wherever `locate.rs` finds it.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 mod locate;
 
