@@ -50,7 +50,7 @@ pub async fn chat(
     let checked = convert::check_common(&req.common(), &st.model_id)?;
     let turns = convert::chat_turns(&req.messages)?;
     let plan = tools::plan(&req)?;
-    let format = tools::response_format(req.response_format.as_ref())?;
+    let format = tools::output_grammar(req.response_format.as_ref(), req.grammar.as_deref())?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (_, Some(n)) if n > convert::MAX_TOP_LOGPROBS => {
             return Err(ApiError::invalid(

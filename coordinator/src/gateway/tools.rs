@@ -244,11 +244,36 @@ pub fn response_format(v: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
     }
 }
 
+/// The grammar the content follows: `response_format`, or the `grammar` extension (a Lark
+/// grammar); both at once is a 400. Returns the grammar and the field it came from.
+pub fn output_grammar(
+    format: Option<&Value>,
+    grammar: Option<&str>,
+) -> Result<Option<(Grammar, &'static str)>, ApiError> {
+    let from_format = response_format(format)?;
+    match (from_format, grammar) {
+        (Some(_), Some(_)) => Err(invalid(
+            "grammar",
+            "give either `grammar` or a JSON `response_format`, not both",
+        )),
+        (Some(g), None) => Ok(Some((g, "response_format"))),
+        (None, Some(l)) if l.len() > MAX_SCHEMA_BYTES => Err(invalid(
+            "grammar",
+            format!(
+                "the grammar is {} bytes; at most {MAX_SCHEMA_BYTES} are accepted",
+                l.len()
+            ),
+        )),
+        (None, Some(l)) => Ok(Some((Grammar::Lark(l.to_string()), "grammar"))),
+        (None, None) => Ok(None),
+    }
+}
+
 /// The grammar of a request, compiled for its sequence: forced tool calls win over a response
 /// format; None when the output is free.
 pub fn constraint(
     plan: Option<&ToolPlan>,
-    format: Option<Grammar>,
+    format: Option<(Grammar, &'static str)>,
     text: &dyn TextModel,
 ) -> Result<Option<SeqConstraint>, ApiError> {
     let (grammar, param) = match plan.map(|p| (&p.choice, p)) {
@@ -270,7 +295,7 @@ pub fn constraint(
             (Grammar::Lark(lark), "tools")
         }
         _ => match format {
-            Some(g) => (g, "response_format"),
+            Some(g) => g,
             None => return Ok(None),
         },
     };

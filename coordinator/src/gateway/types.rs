@@ -151,6 +151,8 @@ request_struct!(
         tool_choice: Option<serde_json::Value>,
         parallel_tool_calls: Option<bool>,
         response_format: Option<serde_json::Value>,
+        /// Extension: a Lark grammar (llguidance's dialect) the content must follow.
+        grammar: Option<String>,
         /// Extension (vLLM's): extra chat template variables (`enable_thinking`, ...).
         chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     }

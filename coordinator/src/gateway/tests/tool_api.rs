@@ -141,6 +141,25 @@ async fn json_schema_content_validates() {
 }
 
 #[tokio::test]
+async fn lark_grammar_extension_constrains_content() {
+    let s = start(Opts::default()).await;
+    let body = json!({"model": "mock", "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 50, "temperature": 0, "grammar": "start: (\"yes\" | \"no\") \"!\""});
+    let (st, v) = post(&s, "/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{v}");
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap_or("");
+    assert!(text == "yes!" || text == "no!", "{text}");
+    let bad = json!({"model": "mock", "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 5, "grammar": "start: undefined_rule"});
+    let (st, v) = post(&s, "/v1/chat/completions", bad).await;
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (400, Some("grammar")),
+        "{v}"
+    );
+}
+
+#[tokio::test]
 async fn tool_messages_reach_the_prompt() {
     let s = start(Opts::default()).await;
     let conv = json!([
