@@ -1,12 +1,12 @@
 //! dotprod (SDOT) integer cores. SDOT sums four adjacent int8 products into one int32 lane,
 //! which is exact for the types whose reference keeps a single integer per block or group
-//! (Q2_K's scaled group sums, Q8_0's block sum). `vdotq_s32` is unstable in Rust, so the
+//! (Q2_K's block total with the scales folded into the weights, Q8_0's block sum). `vdotq_s32` is unstable in Rust, so the
 //! instruction is emitted with stable `asm!`; callers hold a `Dotprod` (or `I8mm`) capability.
 
 use core::arch::aarch64::*;
 use core::arch::asm;
 
-use super::neon::{ld_q, ld_s8};
+use super::neon::{ld_i16, ld_q, ld_s8};
 
 /// `acc[i] += a[4i..4i+4] . b[4i..4i+4]` (signed bytes).
 ///
@@ -29,25 +29,21 @@ pub(crate) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4
     acc
 }
 
-/// Same result as `neon::total16`, with SDOT.
+/// `sum(q[e] * x[e])` over a block of 256 (Q2_K with scales folded in, see
+/// `unpack::q2_k_scaled`): four independent SDOT chains, so the sum is not latency-bound.
 ///
 /// # Safety
 /// The CPU must implement FEAT_DotProd.
 #[inline(always)]
-pub(crate) unsafe fn total16(q: &[i8; 256], xq: &[u8], scales: &[i16; 16]) -> i32 {
+pub(crate) unsafe fn dot256(q: &[i8; 256], xq: &[u8]) -> i32 {
     let xq = &xq[..256];
     // SAFETY: the caller guarantees SDOT; the rest is NEON register arithmetic.
     unsafe {
-        let zero = vdupq_n_s32(0);
-        let mut acc0 = vdupq_n_s32(0);
-        let mut acc1 = vdupq_n_s32(0);
-        for g in (0..16).step_by(2) {
-            let t0 = sdot(zero, ld_q(q, 16 * g), ld_s8(xq, 16 * g));
-            let t1 = sdot(zero, ld_q(q, 16 * g + 16), ld_s8(xq, 16 * g + 16));
-            acc0 = vmlaq_n_s32(acc0, t0, i32::from(scales[g]));
-            acc1 = vmlaq_n_s32(acc1, t1, i32::from(scales[g + 1]));
+        let mut acc = [vdupq_n_s32(0); 4];
+        for c in 0..16 {
+            acc[c % 4] = sdot(acc[c % 4], ld_q(q, 16 * c), ld_s8(xq, 16 * c));
         }
-        vaddvq_s32(vaddq_s32(acc0, acc1))
+        vaddvq_s32(vaddq_s32(vaddq_s32(acc[0], acc[1]), vaddq_s32(acc[2], acc[3])))
     }
 }
 
@@ -79,16 +75,53 @@ pub(crate) unsafe fn split32_perm(
     let xp = &xp[..256];
     // SAFETY: the caller guarantees SDOT; the rest is NEON register arithmetic.
     unsafe {
+        // The eight per-32 scales as int32 lanes, applied with by-element multiplies (no
+        // general-register -> vector moves).
+        let e = vuzp1q_s16(ld_i16(scales, 0), ld_i16(scales, 8));
+        let (s_lo, s_hi) = (vmovl_s16(vget_low_s16(e)), vmovl_high_s16(e));
         let zero = vdupq_n_s32(0);
-        let mut lo = vdupq_n_s32(0);
-        let mut hi = vdupq_n_s32(0);
-        for g in 0..8 {
-            let s = i32::from(scales[2 * g]);
-            let a = sdot(zero, ld_q(q, 32 * g), ld_s8(xp, 32 * g));
-            let b = sdot(zero, ld_q(q, 32 * g + 16), ld_s8(xp, 32 * g + 16));
-            lo = vmlaq_n_s32(lo, a, s);
-            hi = vmlaq_n_s32(hi, b, s);
+        // Two accumulator pairs (even and odd groups) halve the multiply-add chains.
+        let mut lo = [vdupq_n_s32(0); 2];
+        let mut hi = [vdupq_n_s32(0); 2];
+        macro_rules! group {
+            ($g:literal, $s:ident, $l:literal) => {{
+                let a = sdot(zero, ld_q(q, 32 * $g), ld_s8(xp, 32 * $g));
+                let b = sdot(zero, ld_q(q, 32 * $g + 16), ld_s8(xp, 32 * $g + 16));
+                lo[$g % 2] = vmlaq_laneq_s32::<$l>(lo[$g % 2], a, $s);
+                hi[$g % 2] = vmlaq_laneq_s32::<$l>(hi[$g % 2], b, $s);
+            }};
         }
-        (lo, hi)
+        group!(0, s_lo, 0);
+        group!(1, s_lo, 1);
+        group!(2, s_lo, 2);
+        group!(3, s_lo, 3);
+        group!(4, s_hi, 0);
+        group!(5, s_hi, 1);
+        group!(6, s_hi, 2);
+        group!(7, s_hi, 3);
+        (vaddq_s32(lo[0], lo[1]), vaddq_s32(hi[0], hi[1]))
+    }
+}
+
+/// The eight reference lanes of one Q3_K block from its lane-grouped form
+/// (`unpack::q3_k_lanes`, quants times the negated group scale) and the activations in the same
+/// layout: chunk c's SDOT lanes hold lanes `2(c % 4)` (twice) and `2(c % 4) + 1` (twice), so
+/// four accumulators and two pairwise adds give lanes 0..4 and 4..8, negated back.
+///
+/// # Safety
+/// The CPU must implement FEAT_DotProd.
+#[inline(always)]
+pub(crate) unsafe fn lanes8(q: &[i8; 256], xl: &[u8]) -> (int32x4_t, int32x4_t) {
+    let xl = &xl[..256];
+    // SAFETY: the caller guarantees SDOT; the rest is NEON register arithmetic.
+    unsafe {
+        let mut acc = [vdupq_n_s32(0); 4];
+        for c in 0..16 {
+            acc[c % 4] = sdot(acc[c % 4], ld_q(q, 16 * c), ld_s8(xl, 16 * c));
+        }
+        (
+            vnegq_s32(vpaddq_s32(acc[0], acc[1])),
+            vnegq_s32(vpaddq_s32(acc[2], acc[3])),
+        )
     }
 }

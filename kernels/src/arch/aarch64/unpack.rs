@@ -84,6 +84,52 @@ pub(crate) fn q2_k(b: &[u8], u: &mut Unpacked) {
     u.dmin = f16_at(b, 82);
 }
 
+/// Q2_K like [`q2_k`], with every quant already multiplied by its group's scale (0..=45: exact
+/// in int8) and `scales` all 1. The block's integer total `sum(scale[g] * q[e] * x[e])` is then
+/// a plain dot product of `q` and `x`, which SDOT/SMMLA accumulate with no per-group step
+/// (integer sums are exact in any order; |total| < 2^31). Everything stays in vector registers.
+pub(crate) fn q2_k_scaled(b: &[u8], u: &mut Unpacked) {
+    let b = &b[..84];
+    // SAFETY (whole block): NEON register arithmetic only; `u.mins` is 16 writable i16.
+    unsafe {
+        let m3 = vdupq_n_u8(3);
+        let sm = load16(b, 0);
+        let sc = vandq_u8(sm, vdupq_n_u8(15));
+        let (lo0, hi0) = (load16(b, 16), load16(b, 32));
+        let (lo1, hi1) = (load16(b, 48), load16(b, 64));
+        // Group g = 8k + 2j (+1 for the second 16 bytes) holds `(qs[32k + l] >> 2j) & 3`.
+        macro_rules! put {
+            ($g:literal, $v:expr) => {
+                store16(u, 16 * $g, vmulq_u8($v, vdupq_laneq_u8::<$g>(sc)))
+            };
+        }
+        put!(0, vandq_u8(lo0, m3));
+        put!(1, vandq_u8(hi0, m3));
+        put!(2, vandq_u8(vshrq_n_u8::<2>(lo0), m3));
+        put!(3, vandq_u8(vshrq_n_u8::<2>(hi0), m3));
+        put!(4, vandq_u8(vshrq_n_u8::<4>(lo0), m3));
+        put!(5, vandq_u8(vshrq_n_u8::<4>(hi0), m3));
+        put!(6, vshrq_n_u8::<6>(lo0));
+        put!(7, vshrq_n_u8::<6>(hi0));
+        put!(8, vandq_u8(lo1, m3));
+        put!(9, vandq_u8(hi1, m3));
+        put!(10, vandq_u8(vshrq_n_u8::<2>(lo1), m3));
+        put!(11, vandq_u8(vshrq_n_u8::<2>(hi1), m3));
+        put!(12, vandq_u8(vshrq_n_u8::<4>(lo1), m3));
+        put!(13, vandq_u8(vshrq_n_u8::<4>(hi1), m3));
+        put!(14, vshrq_n_u8::<6>(lo1));
+        put!(15, vshrq_n_u8::<6>(hi1));
+        let mins = vshrq_n_u8::<4>(sm);
+        let (m0, m1) = (vmovl_u8(vget_low_u8(mins)), vmovl_high_u8(mins));
+        vst1q_s16(u.mins.as_mut_ptr(), vreinterpretq_s16_u16(m0));
+        vst1q_s16(u.mins.as_mut_ptr().add(8), vreinterpretq_s16_u16(m1));
+        vst1q_s16(u.scales.as_mut_ptr(), vdupq_n_s16(1));
+        vst1q_s16(u.scales.as_mut_ptr().add(8), vdupq_n_s16(1));
+    }
+    u.d = f16_at(b, 80);
+    u.dmin = f16_at(b, 82);
+}
+
 /// With `perm`, each group of 16 quants is stored in [`PERM16`] order (every element is built
 /// from bytes at its own position within 16-byte loads, so permuting the loads permutes all).
 ///
@@ -128,6 +174,84 @@ pub(crate) fn q3_k(b: &[u8], u: &mut Unpacked, perm: bool) {
         u.scales[g] = i16::from(s[g]) - 32;
         u.mins[g] = 0;
     }
+    u.d = f16_at(b, 108);
+    u.dmin = 0.0;
+}
+
+/// The [`LANES8`] layout of 256 values given as eight 32-byte runs `v[k][j]` (elements
+/// `128k + 32j + 0..32`), each already in [`PERM32`] order (two vectors: lanes 0..4, 4..8):
+/// 16-byte chunk `c = 8k + 4(j/2) + 2h + z` is `zip{z+1}.4s(v[k][j][h], v[k][j+1][h])` for even
+/// j, i.e. its low 8 bytes are the 8 elements of lane `4h + 2z` from groups j and j+1, its high
+/// 8 bytes those of lane `4h + 2z + 1`.
+#[inline(always)]
+pub(crate) fn lanes8_chunks(v0: [uint8x16_t; 2], v1: [uint8x16_t; 2]) -> [uint8x16_t; 4] {
+    // SAFETY: NEON register reinterpretations and zips only.
+    unsafe {
+        let z = |a: uint8x16_t, b: uint8x16_t| {
+            let (a, b) = (vreinterpretq_u32_u8(a), vreinterpretq_u32_u8(b));
+            (
+                vreinterpretq_u8_u32(vzip1q_u32(a, b)),
+                vreinterpretq_u8_u32(vzip2q_u32(a, b)),
+            )
+        };
+        let (c0, c1) = z(v0[0], v1[0]);
+        let (c2, c3) = z(v0[1], v1[1]);
+        [c0, c1, c2, c3]
+    }
+}
+
+/// Q3_K in the lane-grouped layout ([`lanes8_chunks`]) with each quant multiplied by the
+/// negated scale of its group: `q[e] * (32 - sc[g])` lies in -128..=124 (exact in int8, where
+/// `q * (sc - 32)` would reach 128). Every 8-byte slice then holds 8 elements of one reference
+/// lane (`e % 8`) and needs no scale: the lane sums are minus the reference's `aux32` lanes,
+/// exactly. `scales`/`mins` are not used by the cores of this layout and are set to zero.
+pub(crate) fn q3_k_lanes(b: &[u8], u: &mut Unpacked) {
+    let b = &b[..110];
+    let mut sc = [0u8; 12];
+    sc.copy_from_slice(&b[96..108]);
+    let s = unpack_q3_k_scales(&sc);
+    let mut neg = [0u8; 16];
+    for g in 0..16 {
+        neg[g] = 32u8.wrapping_sub(s[g]);
+    }
+    // SAFETY (whole block): NEON register arithmetic only; `neg` is 16 readable bytes.
+    unsafe {
+        let m3 = vdupq_n_u8(3);
+        let four = vdupq_n_u8(4);
+        let nsv = vld1q_u8(neg.as_ptr());
+        // Position p of a PERM32 vector comes from group half `(p % 4) / 2`.
+        const HALF: [u8; 16] = [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1];
+        let half = vld1q_u8(HALF.as_ptr());
+        let (h0, h1) = perm32(load16(b, 0), load16(b, 16));
+        let h = [h0, h1];
+        for k in 0..2 {
+            let (p0, p1) = perm32(load16(b, 32 + 32 * k), load16(b, 48 + 32 * k));
+            let p = [p0, p1];
+            let mut v = [[vdupq_n_u8(0); 2]; 4];
+            for j in 0..4 {
+                let bit = vdupq_n_u8(1u8 << (4 * k + j));
+                let scale = vqtbl1q_u8(nsv, vaddq_u8(half, vdupq_n_u8((8 * k + 2 * j) as u8)));
+                for hh in 0..2 {
+                    let low = match j {
+                        0 => vandq_u8(p[hh], m3),
+                        1 => vandq_u8(vshrq_n_u8::<2>(p[hh]), m3),
+                        2 => vandq_u8(vshrq_n_u8::<4>(p[hh]), m3),
+                        _ => vshrq_n_u8::<6>(p[hh]),
+                    };
+                    let q = vsubq_u8(low, vbicq_u8(four, vtstq_u8(h[hh], bit)));
+                    v[j][hh] = vmulq_u8(q, scale);
+                }
+            }
+            for jp in 0..2 {
+                let c = lanes8_chunks(v[2 * jp], v[2 * jp + 1]);
+                for (z, c) in c.into_iter().enumerate() {
+                    store16(u, 16 * (8 * k + 4 * jp + z), c);
+                }
+            }
+        }
+    }
+    u.scales = [0; 16];
+    u.mins = [0; 16];
     u.d = f16_at(b, 108);
     u.dmin = 0.0;
 }
