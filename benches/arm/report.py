@@ -246,11 +246,15 @@ def main():
     ap.add_argument("--k", type=int, default=512)
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--types", default=",".join(TYPES), help="comma-separated subset")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="subset")
     ap.add_argument("--json", required=True, help="raw results (JSON)")
     ap.add_argument("--out", required=True, help="the Markdown report")
     ap.add_argument("--meta", default="", help="one line about the build (versions)")
     args = ap.parse_args()
     args.ggml = {"n2": args.ggml_n2, "v2": args.ggml_v2}
+    TYPES[:] = [t for t in args.types.split(",") if t]
+    BATCHES[:] = [int(b) for b in args.batches.split(",") if b]
     rows = collect(args)
     with open(args.json, "w") as f:
         json.dump({"k": args.k, "rows": args.rows, "results": rows}, f, indent=1)

@@ -5,6 +5,7 @@
 #
 #   bash benches/arm/run.sh            # writes benches/arm/REPORT.md
 #   ARM_K=1024 ARM_ROWS=64 bash benches/arm/run.sh
+#   ARM_TYPES=q2_k,q3_k ARM_BATCHES=1,4 bash benches/arm/run.sh   # a subset (quick iterations)
 #
 # What it does (see benches/arm/report.py for the method and README's benchmark section):
 # 1. installs what it needs from Debian (llvm-19/clang-19 for llvm-mca with the N2/V2 models and
@@ -68,5 +69,6 @@ meta+=" $(qemu-aarch64 --version | head -1)."
 echo "--- tracing and analysing (qemu + llvm-mca)"
 python3 benches/arm/report.py --ours "$ours" --ggml-n2 "$out_dir/ggml_trace.n2" \
   --ggml-v2 "$out_dir/ggml_trace.v2" --k "${ARM_K:-512}" --rows "${ARM_ROWS:-32}" \
-  --jobs "${ARM_JOBS:-2}" --json "$out_dir/results.json" --out benches/arm/REPORT.md \
+  --jobs "${ARM_JOBS:-2}" --types "${ARM_TYPES:-q2_k,q3_k,q4_k,q5_k,q6_k,q8_0,q4_0}" \
+  --batches "${ARM_BATCHES:-1,2,4,8}" --json "$out_dir/results.json" --out benches/arm/REPORT.md \
   --meta "$meta"

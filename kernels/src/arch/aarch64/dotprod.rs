@@ -6,7 +6,7 @@
 use core::arch::aarch64::*;
 use core::arch::asm;
 
-use super::neon::{ld_i16, ld_q, ld_s8};
+use super::neon::{ld_i16, ld_q, ld_s16, ld_s8};
 
 /// `acc[i] += a[4i..4i+4] . b[4i..4i+4]` (signed bytes).
 ///
@@ -123,5 +123,67 @@ pub(crate) unsafe fn lanes8(q: &[i8; 256], xl: &[u8]) -> (int32x4_t, int32x4_t) 
             vnegq_s32(vpaddq_s32(acc[0], acc[1])),
             vnegq_s32(vpaddq_s32(acc[2], acc[3])),
         )
+    }
+}
+
+/// One Q2_K block against one Q8_K block straight from the packed bytes (`wb`: 84 bytes, `xb`:
+/// the 292-byte activation block), for a single activation row, where an unpacked block would
+/// not be reused: returns the reference's `(isum, summs)`. Per group g, one SDOT of the 2-bit
+/// quants with the activations; pairwise adds gather the 16 group sums into four vectors, which
+/// meet the scales (widened from the low nibbles) in four multiplies; the mins (high nibbles)
+/// meet the activation block's `bsums`. All integer, exact in any order.
+///
+/// # Safety
+/// The CPU must implement FEAT_DotProd.
+#[inline(always)]
+pub(crate) unsafe fn q2_k_block(wb: &[u8], xb: &[u8]) -> (i32, i32) {
+    let (wb, xb) = (&wb[..84], &xb[..292]);
+    let xq = &xb[4..260];
+    // SAFETY: the caller guarantees SDOT; the rest is NEON register arithmetic on loads
+    // bounds-checked by `ld_s8`/`ld_s16`.
+    unsafe {
+        let m3 = vdupq_n_u8(3);
+        let zero = vdupq_n_s32(0);
+        let u = |at: usize| vreinterpretq_u8_s8(ld_s8(wb, at));
+        let sm = u(0);
+        let mut p = [zero; 16];
+        for k in 0..2 {
+            let (lo, hi) = (u(16 + 32 * k), u(32 + 32 * k));
+            let q = [
+                vandq_u8(lo, m3),
+                vandq_u8(hi, m3),
+                vandq_u8(vshrq_n_u8::<2>(lo), m3),
+                vandq_u8(vshrq_n_u8::<2>(hi), m3),
+                vandq_u8(vshrq_n_u8::<4>(lo), m3),
+                vandq_u8(vshrq_n_u8::<4>(hi), m3),
+                vshrq_n_u8::<6>(lo),
+                vshrq_n_u8::<6>(hi),
+            ];
+            for (i, q) in q.into_iter().enumerate() {
+                let g = 8 * k + i;
+                p[g] = sdot(zero, vreinterpretq_s8_u8(q), ld_s8(xq, 16 * g));
+            }
+        }
+        let gsum = |a: usize| {
+            vpaddq_s32(vpaddq_s32(p[a], p[a + 1]), vpaddq_s32(p[a + 2], p[a + 3]))
+        };
+        let sc = vandq_u8(sm, vdupq_n_u8(15));
+        let (s0, s1) = (vmovl_u8(vget_low_u8(sc)), vmovl_high_u8(sc));
+        let w = |v: uint16x8_t, hi: bool| {
+            vreinterpretq_s32_u32(if hi { vmovl_high_u16(v) } else { vmovl_u16(vget_low_u16(v)) })
+        };
+        let mut t = vmulq_s32(gsum(0), w(s0, false));
+        t = vmlaq_s32(t, gsum(4), w(s0, true));
+        t = vmlaq_s32(t, gsum(8), w(s1, false));
+        t = vmlaq_s32(t, gsum(12), w(s1, true));
+        let mins = vshrq_n_u8::<4>(sm);
+        let m0 = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mins)));
+        let m1 = vreinterpretq_s16_u16(vmovl_high_u8(mins));
+        let (b0, b1) = (ld_s16(xb, 260), ld_s16(xb, 276));
+        let mut m = vmull_s16(vget_low_s16(b0), vget_low_s16(m0));
+        m = vmlal_high_s16(m, b0, m0);
+        m = vmlal_s16(m, vget_low_s16(b1), vget_low_s16(m1));
+        m = vmlal_high_s16(m, b1, m1);
+        (vaddvq_s32(t), vaddvq_s32(m))
     }
 }

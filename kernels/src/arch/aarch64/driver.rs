@@ -83,7 +83,7 @@ pub(crate) fn gemm(
         return super::split::gemm(level, kind, nb, w, rows, x, n, out);
     }
     let mut r = 0;
-    if level == Level::I8mm && kind == Kind::Q2K {
+    if level == Level::I8mm && kind == Kind::Q2K && n >= 2 {
         while r + 2 <= rows {
             q2_k_rows2(
                 nb,
@@ -100,6 +100,13 @@ pub(crate) fn gemm(
     } else {
         level
     };
+    if kind == Kind::Q2K && level == Level::Dotprod && n == 1 {
+        // A single activation row: nothing to reuse an unpacked block for.
+        for (rr, o) in out.iter_mut().enumerate().take(rows).skip(r) {
+            *o = q2_k_row1(nb, &w[rr * wrow..][..wrow], x);
+        }
+        return;
+    }
     while r < rows {
         kq_row(
             level,
@@ -195,6 +202,23 @@ fn kq_step(level: Level, kind: Kind, u: &Unpacked, xb: &[u8], acc: &mut KAcc) {
             acc.sumf -= dmin * sumi as f32;
         }
     }
+}
+
+/// Q2_K on SDOT, one weight row against one activation row, from the packed blocks
+/// (`dotprod::q2_k_block`), with the reference epilogue.
+fn q2_k_row1(nb: usize, wrow: &[u8], x: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for b in 0..nb {
+        let wb = &wrow[b * 84..(b + 1) * 84];
+        let xb = &x[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
+        // SAFETY: called only at the Dotprod level (a capability that proved SDOT).
+        let (isum, summs) = unsafe { dotprod::q2_k_block(wb, xb) };
+        let yd = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
+        let dall = yd * unpack::f16_at(wb, 80);
+        let dmin = yd * unpack::f16_at(wb, 82);
+        sumf += dall * isum as f32 - dmin * summs as f32;
+    }
+    sumf
 }
 
 /// One weight row against all `n` activation rows.

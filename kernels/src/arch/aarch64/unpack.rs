@@ -4,8 +4,9 @@
 //! bit twiddling follows ggml's generic dots element for element (NEON, which every aarch64 CPU has).
 
 use core::arch::aarch64::*;
+use core::arch::asm;
 
-use crate::formats::{f16_to_f32, unpack_k4_scales, unpack_q3_k_scales};
+use crate::formats::{unpack_k4_scales, unpack_q3_k_scales};
 
 /// One unpacked K-quant weight block.
 #[repr(C, align(16))]
@@ -34,8 +35,26 @@ impl Unpacked {
     }
 }
 
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+/// The little-endian f16 at `b[at..at + 2]` as f32, with one FCVT (half to single, a base
+/// ARMv8 instruction: exact for every f16, NaNs quieted with their payload kept, as the
+/// `half` crate's conversion the scalar reference uses, which reaches it only through a
+/// run-time FP16 check and a call).
+#[inline(always)]
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
+    let bits = u32::from(u16::from_le_bytes([b[at], b[at + 1]]));
+    let out: f32;
+    // SAFETY: register-only FP instructions of the aarch64 baseline.
+    unsafe {
+        asm!(
+            "fmov {t:s}, {w:w}",
+            "fcvt {o:s}, {t:h}",
+            w = in(reg) bits,
+            t = out(vreg) _,
+            o = out(vreg) out,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
 }
 
 /// Loads 16 bytes at `b[at..at + 16]`.
