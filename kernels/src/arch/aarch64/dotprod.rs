@@ -187,3 +187,28 @@ pub(crate) unsafe fn q2_k_block(wb: &[u8], xb: &[u8]) -> (i32, i32) {
         (vaddvq_s32(t), vaddvq_s32(m))
     }
 }
+
+/// The eight reference lanes of one Q4_K block from its folded two-stream form
+/// (`unpack::q4_k_perm_folded`: `q` carries `scale >> 3`, `q2` carries `scale & 7`) and the
+/// activations in `unpack::PERM32` order: 32 SDOTs with no per-group step, then `8 * hi + lo`.
+///
+/// # Safety
+/// The CPU must implement FEAT_DotProd.
+#[inline(always)]
+pub(crate) unsafe fn folded32(q: &[i8; 256], q2: &[i8; 256], xp: &[u8]) -> (int32x4_t, int32x4_t) {
+    let xp = &xp[..256];
+    // SAFETY: the caller guarantees SDOT; the rest is NEON register arithmetic.
+    unsafe {
+        // [stream][lanes 0..4 / 4..8]: chunk c holds lanes 0..4 for even c, 4..8 for odd c.
+        let mut acc = [[vdupq_n_s32(0); 2]; 2];
+        for c in 0..16 {
+            let x = ld_s8(xp, 16 * c);
+            acc[0][c % 2] = sdot(acc[0][c % 2], ld_q(q, 16 * c), x);
+            acc[1][c % 2] = sdot(acc[1][c % 2], ld_q(q2, 16 * c), x);
+        }
+        (
+            vaddq_s32(vshlq_n_s32::<3>(acc[0][0]), acc[1][0]),
+            vaddq_s32(vshlq_n_s32::<3>(acc[0][1]), acc[1][1]),
+        )
+    }
+}

@@ -4,8 +4,10 @@
 //! lane-grouped order (`unpack::PERM32` for Q4_K/Q5_K, whose scales cover 32 elements: four products
 //! per lane and group; `unpack::PERM16` for Q3_K/Q6_K: two per lane and group), and on the
 //! activation side SMMLA operands are masked so each of the four outputs is one lane:
-//! - dotprod, Q4_K/Q5_K: SDOT on PERM32 data, one lane per SDOT lane (`dotprod::split32_perm`);
-//! - i8mm, Q4_K/Q5_K: SMMLA, two weight rows x one activation row x two lanes per instruction;
+//! - dotprod, Q5_K: SDOT on PERM32 data, one lane per SDOT lane (`dotprod::split32_perm`);
+//! - Q4_K (dotprod and i8mm): the same with the scales folded into the weights in two int8
+//!   streams (`unpack::q4_k_perm_folded`, `dotprod::folded32`): no per-group multiply-add;
+//! - i8mm, Q5_K: SMMLA, two weight rows x one activation row x two lanes per instruction;
 //! - i8mm, Q6_K: the same with groups of 16 (`i8mm::split16_2x1`);
 //! - Q3_K (dotprod and i8mm): the scales folded into the weights (`unpack::q3_k_lanes`), so
 //!   that 8 elements of one lane share an 8-byte slice: plain SDOT, and unmasked 2x2 SMMLA tiles
@@ -149,7 +151,7 @@ fn epilogue(kind: Kind, acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), u: &Unpac
 
 fn unpack_perm(kind: Kind, b: &[u8], u: &mut Unpacked) {
     match kind {
-        Kind::Q4K => unpack::q4_k_perm(b, u),
+        Kind::Q4K => unreachable!("Q4_K unpacks folded (q4_k_perm_folded)"),
         Kind::Q5K => unpack::q5_k(b, u, true),
         Kind::Q3K => unpack::q3_k(b, u, true),
         Kind::Q6K => unpack::q6_k(b, u, true),
@@ -173,8 +175,9 @@ pub(crate) fn gemm(
         return q3_k_gemm(level, nb, w, rows, x, n, out);
     }
     let path = match (kind, level) {
-        (Kind::Q4K | Kind::Q5K, Level::Dotprod) => Path::Sdot32,
-        (Kind::Q4K | Kind::Q5K, _) => Path::Smmla32,
+        // Q4_K's folded two-stream SDOT core beats its masked SMMLA core (benches/arm).
+        (Kind::Q4K, _) | (Kind::Q5K, Level::Dotprod) => Path::Sdot32,
+        (Kind::Q5K, _) => Path::Smmla32,
         _ => Path::Smmla16,
     };
     let wb = kind.block_bytes();
@@ -190,6 +193,8 @@ pub(crate) fn gemm(
         let mut u = [Unpacked::new(), Unpacked::new()];
         let mut pa = i8mm::PairA::new();
         let mut ps = i8mm::PairScales::new();
+        let folded = kind == Kind::Q4K;
+        let mut q2 = [0i8; 256];
         for jc in (0..n).step_by(CH) {
             let cnt = CH.min(n - jc);
             for t in 0..cnt {
@@ -209,7 +214,12 @@ pub(crate) fn gemm(
                 };
                 let mut acc = [[KAcc::zero(); CH]; 2];
                 for b in 0..nb {
-                    unpack_perm(kind, &w[r * wrow + b * wb..][..wb], &mut u[0]);
+                    let wb0 = &w[r * wrow + b * wb..][..wb];
+                    if folded {
+                        unpack::q4_k_perm_folded(wb0, &mut u[0], &mut q2);
+                    } else {
+                        unpack_perm(kind, wb0, &mut u[0]);
+                    }
                     if r1 != r {
                         unpack_perm(kind, &w[r1 * wrow + b * wb..][..wb], &mut u[1]);
                     }
@@ -225,6 +235,10 @@ pub(crate) fn gemm(
                         // SDOT, the I8mm level from one that proved SDOT and SMMLA.
                         let l = unsafe {
                             match path {
+                                Path::Sdot32 if folded => {
+                                    let (lo, hi) = dotprod::folded32(&u[0].q, &q2, pb);
+                                    [lo, hi, lo, hi]
+                                }
                                 Path::Sdot32 => {
                                     let (lo, hi) = dotprod::split32_perm(&u[0].q, pb, &u[0].scales);
                                     [lo, hi, lo, hi]

@@ -379,28 +379,57 @@ pub(crate) fn perm32(lo: uint8x16_t, hi: uint8x16_t) -> (uint8x16_t, uint8x16_t)
     }
 }
 
-/// Q4_K like [`q4_k`], but each group of 32 quants is stored in [`PERM32`] order. Every
-/// nibble of a packed byte lands at the same position of its group, so permuting the packed
-/// bytes once serves both the low-nibble and the high-nibble group.
-pub(crate) fn q4_k_perm(b: &[u8], u: &mut Unpacked) {
+/// Q4_K in [`PERM32`] order with the per-32 scale folded in, in two streams so that both fit
+/// int8: `q[e] = quant * (sc >> 3)` and `q2[e] = quant * (sc & 7)` (each at most 15 * 7), so
+/// `quant * sc = 8 * q[e] + q2[e]`. The lane sums of both streams are plain SDOTs with no
+/// per-group step; the caller combines them as `8 * hi + lo` (exact integers). `scales` are
+/// not needed by that core and are left as unpacked (per 16), `mins` as in [`q4_k`].
+pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     let b = &b[..144];
-    // SAFETY (whole block): NEON register arithmetic only.
-    unsafe {
-        let m15 = vdupq_n_u8(15);
-        for j in 0..4 {
-            let (p0, p1) = perm32(load16(b, 16 + 32 * j), load16(b, 16 + 32 * j + 16));
-            store16(u, 64 * j, vandq_u8(p0, m15));
-            store16(u, 64 * j + 16, vandq_u8(p1, m15));
-            store16(u, 64 * j + 32, vshrq_n_u8::<4>(p0));
-            store16(u, 64 * j + 48, vshrq_n_u8::<4>(p1));
-        }
-    }
     let mut sc = [0u8; 12];
     sc.copy_from_slice(&b[4..16]);
     let (s, m) = unpack_k4_scales(&sc);
     for g in 0..16 {
         u.scales[g] = i16::from(s[g / 2]);
         u.mins[g] = i16::from(m[g / 2]);
+    }
+    // Group 2j (low nibbles) and 2j + 1 (high nibbles) of 32 per j: byte 2j + h of `sv`.
+    let mut sb = [0u8; 16];
+    sb[..8].copy_from_slice(&s);
+    // SAFETY (whole block): NEON register arithmetic only; `sb` is 16 readable bytes and every
+    // store writes 16 bytes inside `u.q` or `q2` (bounds-checked slices).
+    unsafe {
+        let m15 = vdupq_n_u8(15);
+        let sv = vld1q_u8(sb.as_ptr());
+        let (shi, slo) = (vshrq_n_u8::<3>(sv), vandq_u8(sv, vdupq_n_u8(7)));
+        let st2 = |q2: &mut [i8; 256], at: usize, v: uint8x16_t| {
+            let d = &mut q2[at..at + 16];
+            vst1q_u8(d.as_mut_ptr().cast::<u8>(), v)
+        };
+        macro_rules! group {
+            ($j:literal) => {{
+                let (p0, p1) = perm32(load16(b, 16 + 32 * $j), load16(b, 32 + 32 * $j));
+                let (l0, l1) = (vandq_u8(p0, m15), vandq_u8(p1, m15));
+                let (h0, h1) = (vshrq_n_u8::<4>(p0), vshrq_n_u8::<4>(p1));
+                let (a, c) = (vdupq_laneq_u8::<{ 2 * $j }>(shi), vdupq_laneq_u8::<{ 2 * $j }>(slo));
+                let (e, f) = (
+                    vdupq_laneq_u8::<{ 2 * $j + 1 }>(shi),
+                    vdupq_laneq_u8::<{ 2 * $j + 1 }>(slo),
+                );
+                store16(u, 64 * $j, vmulq_u8(l0, a));
+                store16(u, 64 * $j + 16, vmulq_u8(l1, a));
+                store16(u, 64 * $j + 32, vmulq_u8(h0, e));
+                store16(u, 64 * $j + 48, vmulq_u8(h1, e));
+                st2(q2, 64 * $j, vmulq_u8(l0, c));
+                st2(q2, 64 * $j + 16, vmulq_u8(l1, c));
+                st2(q2, 64 * $j + 32, vmulq_u8(h0, f));
+                st2(q2, 64 * $j + 48, vmulq_u8(h1, f));
+            }};
+        }
+        group!(0);
+        group!(1);
+        group!(2);
+        group!(3);
     }
     u.d = f16_at(b, 0);
     u.dmin = f16_at(b, 2);
