@@ -102,6 +102,23 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
             gi = min(idx[("ggml", p, ty, b, "n2")]["insns"] for p in gpaths
                      if ("ggml", p, ty, b, "n2") in idx)
             o.append(f"| {ty.upper()} | {b} | " + " | ".join(cell) + f" | {gi / oi:.2f}x |")
+    base = getattr(args, "baseline_rows", None)
+    if base:
+        bidx = _by(base)
+        o.append(f"\n## Before / after: ours, predicted cycles per 256 weights per row "
+                 f"(neoverse-n2), baseline {args.baseline_commit}\n")
+        o.append("Same method and work; the baseline's figures are in "
+                 "`benches/arm/baseline-*.json`.\n")
+        o.append("| type | batch | " + " | ".join(f"{t} before -> after" for t in tiers) + " |")
+        o.append("|---|---|" + "---|" * len(tiers))
+        for ty in types:
+            for b in batches:
+                cells = []
+                for t in tiers:
+                    a, z = bidx.get(("ours", t, ty, b, "n2")), idx.get(("ours", t, ty, b, "n2"))
+                    cells.append(f"{a['cycles']:.0f} -> {z['cycles']:.0f} "
+                                 f"({a['cycles'] / z['cycles']:.2f}x)" if a and z else "-")
+                o.append(f"| {ty.upper()} | {b} | " + " | ".join(cells) + " |")
     o.append("\n## VMs\n")
     o.append("| VM | core | clock | cores/socket | socket DRAM peak | sources |")
     o.append("|---|---|---|---|---|---|")
@@ -145,13 +162,22 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
     return "\n".join(o)
 
 
+def load_baseline(path):
+    """(rows, commit) of a baseline file written from an earlier run's results."""
+    data = json.load(open(path))
+    return data["results"], data.get("commit", "?")
+
+
 if __name__ == "__main__":
+    # python3 render.py RESULTS.json [BASELINE.json [META]]: re-renders a finished run.
     import report as rep  # noqa: E402
 
     data = json.load(open(sys.argv[1]))
 
     class A:
-        k, rows, meta = data["k"], data["rows"], ""
+        k, rows, meta = data["k"], data["rows"], (sys.argv[3] if len(sys.argv) > 3 else "")
+        baseline_rows, baseline_commit = (load_baseline(sys.argv[2]) if len(sys.argv) > 2
+                                          else (None, None))
 
     print(report(data["results"], A, rep.VMS, rep.MODELS, rep.BPW, rep.TYPES, rep.BATCHES,
                  rep.CPUS))

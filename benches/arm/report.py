@@ -251,14 +251,18 @@ def main():
     ap.add_argument("--json", required=True, help="raw results (JSON)")
     ap.add_argument("--out", required=True, help="the Markdown report")
     ap.add_argument("--meta", default="", help="one line about the build (versions)")
+    ap.add_argument("--baseline", help="an earlier run's figures to compare with (JSON)")
     args = ap.parse_args()
     args.ggml = {"n2": args.ggml_n2, "v2": args.ggml_v2}
     TYPES[:] = [t for t in args.types.split(",") if t]
     BATCHES[:] = [int(b) for b in args.batches.split(",") if b]
+    import render  # noqa: E402  (same directory)
+    args.baseline_rows, args.baseline_commit = (render.load_baseline(args.baseline)
+                                                if args.baseline else (None, None))
     rows = collect(args)
     with open(args.json, "w") as f:
-        json.dump({"k": args.k, "rows": args.rows, "results": rows}, f, indent=1)
-    import render  # noqa: E402  (same directory)
+        json.dump({"k": args.k, "rows": args.rows, "meta": args.meta, "results": rows}, f,
+                  indent=1)
     with open(args.out, "w") as f:
         f.write(render.report(rows, args, VMS, MODELS, BPW, TYPES, BATCHES, CPUS))
     print(f"wrote {args.out} and {args.json}", file=sys.stderr)

@@ -71,4 +71,4 @@ python3 benches/arm/report.py --ours "$ours" --ggml-n2 "$out_dir/ggml_trace.n2" 
   --ggml-v2 "$out_dir/ggml_trace.v2" --k "${ARM_K:-512}" --rows "${ARM_ROWS:-32}" \
   --jobs "${ARM_JOBS:-2}" --types "${ARM_TYPES:-q2_k,q3_k,q4_k,q5_k,q6_k,q8_0,q4_0}" \
   --batches "${ARM_BATCHES:-1,2,4,8}" --json "$out_dir/results.json" --out benches/arm/REPORT.md \
-  --meta "$meta"
+  --meta "$meta" --baseline benches/arm/baseline-75906dc.json

@@ -46,10 +46,10 @@ impl Kind {
         match self {
             Kind::Q2K if level == Level::Neon => unpack::q2_k(b, u),
             Kind::Q2K => unpack::q2_k_scaled(b, u),
-            Kind::Q3K => unpack::q3_k(b, u, false),
+            Kind::Q3K => unpack::q3_k(b, u),
             Kind::Q4K => unpack::q4_k(b, u),
             Kind::Q5K => unpack::q5_k(b, u, false),
-            Kind::Q6K => unpack::q6_k(b, u, false),
+            Kind::Q6K => unpack::q6_k(b, u),
         }
     }
 }

@@ -1,9 +1,9 @@
 //! i8mm (SMMLA) integer cores on 2x2 tiles: two weight rows times two activation rows. SMMLA
 //! multiplies a 2x8 int8 tile by an 8x2 one: with `A = [row0 bytes 0..8 | row1 bytes 0..8]` and
 //! `B = [col0 bytes 0..8 | col1 bytes 0..8]` it adds `[r0.c0, r0.c1, r1.c0, r1.c1]` to an int32x4.
-//! Results of the cores are in that lane order. Scales and min corrections are vectors in the
-//! same order ([`PairScales`]). `vmmlaq_s32` is unstable in Rust, so the instruction is emitted
-//! with stable `asm!`; callers hold an `I8mm` capability.
+//! Results of the cores are in that lane order, as are the min corrections. `vmmlaq_s32` is
+//! unstable in Rust, so the instruction is emitted with stable `asm!`; callers hold an `I8mm`
+//! capability.
 
 use core::arch::aarch64::*;
 use core::arch::asm;
@@ -41,51 +41,6 @@ pub(crate) fn pair(a: int8x16_t, b: int8x16_t) -> (int8x16_t, int8x16_t) {
             vreinterpretq_s8_s64(vzip1q_s64(a, b)),
             vreinterpretq_s8_s64(vzip2q_s64(a, b)),
         )
-    }
-}
-
-/// The per-16 scales of two unpacked weight blocks as SMMLA-tile multipliers: vector `g` is
-/// `[s0[g], s0[g], s1[g], s1[g]]` (lanes `[r0.*, r0.*, r1.*, r1.*]`). Built once per pair of
-/// weight blocks with vector shuffles (a `dup` from a general register costs three cycles on
-/// Neoverse N2) and then only loaded, for every activation row.
-#[repr(C, align(16))]
-pub(crate) struct PairScales {
-    s: [i32; 64],
-}
-
-impl PairScales {
-    pub(crate) fn new() -> PairScales {
-        PairScales { s: [0; 64] }
-    }
-
-    pub(crate) fn set(&mut self, s0: &[i16; 16], s1: &[i16; 16]) {
-        // SAFETY: NEON register arithmetic; each store writes 4 i32 inside `self.s` (the
-        // slice is bounds-checked).
-        unsafe {
-            for h in 0..2 {
-                let (a, b) = (ld_i16(s0, 8 * h), ld_i16(s1, 8 * h));
-                let (z0, z1) = (vzip1q_s16(a, b), vzip2q_s16(a, b));
-                let w = [
-                    vmovl_s16(vget_low_s16(z0)),
-                    vmovl_high_s16(z0),
-                    vmovl_s16(vget_low_s16(z1)),
-                    vmovl_high_s16(z1),
-                ];
-                for (i, w) in w.into_iter().enumerate() {
-                    let g = 8 * h + 2 * i;
-                    let d = &mut self.s[4 * g..4 * g + 8];
-                    vst1q_s32(d.as_mut_ptr(), vzip1q_s32(w, w));
-                    vst1q_s32(d.as_mut_ptr().add(4), vzip2q_s32(w, w));
-                }
-            }
-        }
-    }
-
-    #[inline(always)]
-    fn ld(&self, g: usize) -> int32x4_t {
-        let s = &self.s[4 * g..4 * g + 4];
-        // SAFETY: `s` is 4 readable i32 (bounds-checked).
-        unsafe { vld1q_s32(s.as_ptr()) }
     }
 }
 
@@ -185,73 +140,6 @@ pub(crate) unsafe fn dot32_2x2(wq: [&[u8]; 2], xq: [&[u8]; 2]) -> int32x4_t {
     }
 }
 
-/// Two Q4_K/Q5_K weight rows (quants in `unpack::PERM32` order, as a [`PairA`]) against one activation block
-/// prepared by `split::mask32_block` (per group of 32 and 8-byte slice s, `B = [slice with only lane
-/// 2s kept | slice with only lane 2s + 1 kept]`). SMMLA then yields `[r0 lane 2s, r0 lane
-/// 2s+1, r1 lane 2s, r1 lane 2s+1]` per slice; the scales of both rows ride along in one vector.
-/// Returns the eight reference lanes of row 0 (lo, hi) and of row 1 (lo, hi).
-///
-/// # Safety
-/// The CPU must implement FEAT_I8MM.
-#[inline(always)]
-pub(crate) unsafe fn split32_2x1(
-    a: &PairA,
-    bprep: &[u8],
-    scales: &PairScales,
-) -> [int32x4_t; 4] {
-    let bprep = &bprep[..512];
-    // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
-    unsafe {
-        let zero = vdupq_n_s32(0);
-        // Even and odd groups in separate accumulators (shorter multiply-add chains).
-        let mut acc = [vdupq_n_s32(0); 8];
-        for g in 0..8 {
-            let (a0, a1) = (a.ld(64 * g), a.ld(64 * g + 16));
-            let (a2, a3) = (a.ld(64 * g + 32), a.ld(64 * g + 48));
-            let s = scales.ld(2 * g);
-            let (at, o) = (64 * g, 4 * (g % 2));
-            acc[o] = vmlaq_s32(acc[o], smmla(zero, a0, ld_s8(bprep, at)), s);
-            acc[o + 1] = vmlaq_s32(acc[o + 1], smmla(zero, a1, ld_s8(bprep, at + 16)), s);
-            acc[o + 2] = vmlaq_s32(acc[o + 2], smmla(zero, a2, ld_s8(bprep, at + 32)), s);
-            acc[o + 3] = vmlaq_s32(acc[o + 3], smmla(zero, a3, ld_s8(bprep, at + 48)), s);
-        }
-        regroup(fold(acc))
-    }
-}
-
-/// Two Q3_K/Q6_K weight rows (quants in `unpack::PERM16` order, as a [`PairA`]) against one activation block
-/// prepared by `split::mask16_block` (per group of 16: four operands, operand m keeping lane 2m
-/// in its low half and lane 2m + 1 in its high half). Each SMMLA yields `[r0 lane 2m, r0 lane
-/// 2m+1, r1 lane 2m, r1 lane 2m+1]`. Returns the eight reference lanes of row 0 (lo, hi) and of
-/// row 1 (lo, hi).
-///
-/// # Safety
-/// The CPU must implement FEAT_I8MM.
-#[inline(always)]
-pub(crate) unsafe fn split16_2x1(
-    a: &PairA,
-    bprep: &[u8],
-    scales: &PairScales,
-) -> [int32x4_t; 4] {
-    let bprep = &bprep[..1024];
-    // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
-    unsafe {
-        let zero = vdupq_n_s32(0);
-        // Even and odd groups in separate accumulators (shorter multiply-add chains).
-        let mut acc = [vdupq_n_s32(0); 8];
-        for g in 0..16 {
-            let (a0, a1) = (a.ld(32 * g), a.ld(32 * g + 16));
-            let s = scales.ld(g);
-            let (at, o) = (64 * g, 4 * (g % 2));
-            acc[o] = vmlaq_s32(acc[o], smmla(zero, a0, ld_s8(bprep, at)), s);
-            acc[o + 1] = vmlaq_s32(acc[o + 1], smmla(zero, a0, ld_s8(bprep, at + 16)), s);
-            acc[o + 2] = vmlaq_s32(acc[o + 2], smmla(zero, a1, ld_s8(bprep, at + 32)), s);
-            acc[o + 3] = vmlaq_s32(acc[o + 3], smmla(zero, a1, ld_s8(bprep, at + 48)), s);
-        }
-        regroup(fold(acc))
-    }
-}
-
 /// Q3_K's lanes for a 2x2 tile: two weight rows in the lane-grouped form
 /// (`unpack::q3_k_lanes`) as a [`PairA`], and two activation rows in the same layout,
 /// interleaved like a [`PairA`] (`bx`, 512 bytes). Each 8-byte slice is 8 elements of one
@@ -272,39 +160,5 @@ pub(crate) unsafe fn lanes8_2x2(a: &PairA, bx: &[u8]) -> [int32x4_t; 8] {
             acc[l + 1] = smmla(acc[l + 1], a.ld(32 * c + 16), ld_s8(bx, 32 * c + 16));
         }
         acc.map(|v| vnegq_s32(v))
-    }
-}
-
-/// Adds the odd-group accumulators `acc[4..8]` to the even ones `acc[0..4]`.
-#[inline(always)]
-fn fold(acc: [int32x4_t; 8]) -> [int32x4_t; 4] {
-    // SAFETY: NEON register arithmetic only.
-    unsafe { [0, 1, 2, 3].map(|m| vaddq_s32(acc[m], acc[m + 4])) }
-}
-
-/// `acc[m] = [r0 lane 2m, r0 lane 2m+1, r1 lane 2m, r1 lane 2m+1]` -> row 0 lanes 0..4,
-/// row 0 lanes 4..8, row 1 lanes 0..4, row 1 lanes 4..8.
-#[inline(always)]
-fn regroup(acc: [int32x4_t; 4]) -> [int32x4_t; 4] {
-    // SAFETY: NEON register reinterpretations and zips only.
-    unsafe {
-        let lo = |a: int32x4_t, b: int32x4_t| {
-            vreinterpretq_s32_s64(vzip1q_s64(
-                vreinterpretq_s64_s32(a),
-                vreinterpretq_s64_s32(b),
-            ))
-        };
-        let hi = |a: int32x4_t, b: int32x4_t| {
-            vreinterpretq_s32_s64(vzip2q_s64(
-                vreinterpretq_s64_s32(a),
-                vreinterpretq_s64_s32(b),
-            ))
-        };
-        [
-            lo(acc[0], acc[1]),
-            lo(acc[2], acc[3]),
-            hi(acc[0], acc[1]),
-            hi(acc[2], acc[3]),
-        ]
     }
 }

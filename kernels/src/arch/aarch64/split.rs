@@ -1,24 +1,23 @@
-//! The lane-split K-quants (Q3_K, Q4_K, Q5_K, Q6_K) on SDOT and SMMLA. Their references keep eight
+//! The lane-split K-quants (Q3_K, Q4_K, Q5_K) on SDOT and SMMLA. Their references keep eight
 //! int32 lanes per block (lane `e % 8`), so a multiply-sum instruction may only ever add
-//! products of one lane and one scale group. Weights and activations are therefore stored in a
-//! lane-grouped order (`unpack::PERM32` for Q4_K/Q5_K, whose scales cover 32 elements: four products
-//! per lane and group; `unpack::PERM16` for Q3_K/Q6_K: two per lane and group), and on the
-//! activation side SMMLA operands are masked so each of the four outputs is one lane:
-//! - dotprod, Q5_K: SDOT on PERM32 data, one lane per SDOT lane (`dotprod::split32_perm`);
-//! - Q4_K (dotprod and i8mm): the same with the scales folded into the weights in two int8
-//!   streams (`unpack::q4_k_perm_folded`, `dotprod::folded32`): no per-group multiply-add;
-//! - i8mm, Q5_K: SMMLA, two weight rows x one activation row x two lanes per instruction;
-//! - i8mm, Q6_K: the same with groups of 16 (`i8mm::split16_2x1`);
+//! products of one lane and, unless the scales are folded into the weights, one scale group.
+//! Weights and activations are therefore stored in lane-grouped orders:
+//! - Q5_K (dotprod and i8mm): `unpack::PERM32` (each 4-byte SDOT lane is 4 elements of one lane
+//!   within a group of 32), SDOT with a by-element multiply-add per group
+//!   (`dotprod::split32_perm`);
+//! - Q4_K (dotprod and i8mm): the same order with the scales folded into the weights in two
+//!   int8 streams (`unpack::q4_k_perm_folded`, `dotprod::folded32`): no per-group step;
 //! - Q3_K (dotprod and i8mm): the scales folded into the weights (`unpack::q3_k_lanes`), so
 //!   that 8 elements of one lane share an 8-byte slice: plain SDOT, and unmasked 2x2 SMMLA tiles
 //!   ([`q3_k_gemm`]).
 //!
-//! (Q6_K on the dotprod tier stays on the NEON widening core: with two products per lane and
-//! group an SDOT would be half padding, no faster than SMULL/SMLAL.)
+//! Q6_K (quant times scale does not fit int8) stays on the NEON widening core on every tier:
+//! masked SMMLA operands (half of every product zero) and half-padded SDOTs both predicted
+//! slower than SMULL/SMLAL on Neoverse N2 and V2 (`benches/arm/REPORT.md`), as did masked
+//! SMMLA for Q4_K/Q5_K against SDOT; those cores are gone.
 //!
 //! The activation side is prepared once per chunk of activation rows in a per-thread scratch
-//! buffer that only grows; every weight row (pair) then streams past it. An odd last weight
-//! row on the i8mm tier is paired with itself.
+//! buffer that only grows; every weight row (pair) then streams past it.
 
 use core::arch::aarch64::*;
 use std::cell::RefCell;
@@ -52,88 +51,11 @@ fn perm32_block(xq: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// SMMLA operands `[slice & mask.lo | slice & mask.hi]` (16 bytes each) from the 32 8-byte
-/// slices of `p`: operand `o` uses slice `o / masks.len()` and mask `masks[o % masks.len()]`.
-fn masked(p: &[u8; 256], masks: &[[u8; 16]], dst: &mut [u8]) {
-    let ops = 32 * masks.len();
-    let dst = &mut dst[..16 * ops];
-    for o in 0..ops {
-        let (s, m) = (o / masks.len(), &masks[o % masks.len()]);
-        // SAFETY: slice `s` < 32 is 8 readable bytes inside `p`; `m` is 16 readable bytes;
-        // operand `o` is 16 writable bytes inside `dst` (bounds-checked above).
-        unsafe {
-            let slice = vld1_u8(p.as_ptr().add(8 * s));
-            let v = vandq_u8(vcombine_u8(slice, slice), vld1q_u8(m.as_ptr()));
-            vst1q_u8(dst.as_mut_ptr().add(16 * o), v);
-        }
-    }
-}
-
-/// SMMLA operands for Q4_K/Q5_K (512 bytes): per PERM32 slice (lanes 2s, 2s+1 of a group of 32),
-/// `[slice & lane 2s | slice & lane 2s+1]`.
-fn mask32_block(xq: &[u8], dst: &mut [u8]) {
-    const M: [[u8; 16]; 1] = [[
-        255, 255, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255,
-    ]];
-    let mut p = [0u8; 256];
-    perm32_block(xq, &mut p);
-    masked(&p, &M, dst);
-}
-
-/// SMMLA operands for Q3_K/Q6_K (1024 bytes): per PERM16 slice (lanes 4t..4t+4 of a group of
-/// 16, two bytes each), `[lane 4t | lane 4t+1]` and `[lane 4t+2 | lane 4t+3]`.
-fn mask16_block(xq: &[u8], dst: &mut [u8]) {
-    const M: [[u8; 16]; 2] = [
-        [255, 255, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 0, 0, 0, 0],
-        [0, 0, 0, 0, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255],
-    ];
-    let xq = &xq[..256];
-    let mut p = [0u8; 256];
-    for g in 0..16 {
-        // SAFETY: 16 readable bytes at `xq[16g..]`, 16 writable at `p[16g..]` (256 each).
-        unsafe {
-            let v = unpack::perm16(vld1q_u8(xq.as_ptr().add(16 * g)));
-            vst1q_u8(p.as_mut_ptr().add(16 * g), v);
-        }
-    }
-    masked(&p, &M, dst);
-}
-
-/// Which prepared form and cores a (kind, level) pair uses.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Path {
-    /// Q4_K/Q5_K, SDOT on PERM32 data.
-    Sdot32,
-    /// Q4_K/Q5_K, SMMLA on PERM32 data.
-    Smmla32,
-    /// Q3_K/Q6_K, SMMLA on PERM16 data.
-    Smmla16,
-}
-
-impl Path {
-    fn prep_bytes(self) -> usize {
-        match self {
-            Path::Sdot32 => 256,
-            Path::Smmla32 => 512,
-            Path::Smmla16 => 1024,
-        }
-    }
-
-    fn prep(self, xq: &[u8], dst: &mut [u8]) {
-        match self {
-            Path::Sdot32 => perm32_block(xq, dst),
-            Path::Smmla32 => mask32_block(xq, dst),
-            Path::Smmla16 => mask16_block(xq, dst),
-        }
-    }
-}
-
 /// Whether `kind` at `level` runs here (else the caller uses the widening NEON core).
 pub(crate) fn handles(kind: Kind, level: Level) -> bool {
     matches!(
         (kind, level),
-        (Kind::Q4K | Kind::Q5K | Kind::Q3K, Level::Dotprod)
-            | (Kind::Q4K | Kind::Q5K | Kind::Q3K | Kind::Q6K, Level::I8mm)
+        (Kind::Q4K | Kind::Q5K | Kind::Q3K, Level::Dotprod | Level::I8mm)
     )
 }
 
@@ -146,16 +68,6 @@ fn epilogue(kind: Kind, acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), u: &Unpac
         let sumi = neon::min_corr(&xb[260..292], &u.mins);
         let dmin = u.dmin * yd;
         acc.sumf -= dmin * sumi as f32;
-    }
-}
-
-fn unpack_perm(kind: Kind, b: &[u8], u: &mut Unpacked) {
-    match kind {
-        Kind::Q4K => unreachable!("Q4_K unpacks folded (q4_k_perm_folded)"),
-        Kind::Q5K => unpack::q5_k(b, u, true),
-        Kind::Q3K => unpack::q3_k(b, u, true),
-        Kind::Q6K => unpack::q6_k(b, u, true),
-        Kind::Q2K => unreachable!("Q2_K has no lane-split path"),
     }
 }
 
@@ -174,92 +86,52 @@ pub(crate) fn gemm(
     if kind == Kind::Q3K {
         return q3_k_gemm(level, nb, w, rows, x, n, out);
     }
-    let path = match (kind, level) {
-        // Q4_K's folded two-stream SDOT core beats its masked SMMLA core (benches/arm).
-        (Kind::Q4K, _) | (Kind::Q5K, Level::Dotprod) => Path::Sdot32,
-        (Kind::Q5K, _) => Path::Smmla32,
-        _ => Path::Smmla16,
-    };
     let wb = kind.block_bytes();
     let wrow = nb * wb;
     let xrow = nb * Q8K_BYTES;
-    let per = path.prep_bytes();
+    const PER: usize = 256;
     SCRATCH.with(|s| {
         let mut scratch = s.borrow_mut();
-        let need = CH.min(n) * nb * per;
+        let need = CH.min(n) * nb * PER;
         if scratch.len() < need {
             scratch.resize(need, 0);
         }
-        let mut u = [Unpacked::new(), Unpacked::new()];
-        let mut pa = i8mm::PairA::new();
-        let mut ps = i8mm::PairScales::new();
-        let folded = kind == Kind::Q4K;
+        let mut u = Unpacked::new();
         let mut q2 = [0i8; 256];
         for jc in (0..n).step_by(CH) {
             let cnt = CH.min(n - jc);
             for t in 0..cnt {
                 for b in 0..nb {
                     let xq = &x[(jc + t) * xrow + b * Q8K_BYTES + 4..][..256];
-                    path.prep(xq, &mut scratch[(t * nb + b) * per..][..per]);
+                    perm32_block(xq, &mut scratch[(t * nb + b) * PER..][..PER]);
                 }
             }
             let prep = &scratch[..];
-            let mut r = 0;
-            while r < rows {
-                // SMMLA: weight rows in pairs; an odd last row is paired with itself.
-                let r1 = if path != Path::Sdot32 && r + 1 < rows {
-                    r + 1
-                } else {
-                    r
-                };
-                let mut acc = [[KAcc::zero(); CH]; 2];
+            for r in 0..rows {
+                let mut acc = [KAcc::zero(); CH];
                 for b in 0..nb {
-                    let wb0 = &w[r * wrow + b * wb..][..wb];
-                    if folded {
-                        unpack::q4_k_perm_folded(wb0, &mut u[0], &mut q2);
-                    } else {
-                        unpack_perm(kind, wb0, &mut u[0]);
+                    let wblock = &w[r * wrow + b * wb..][..wb];
+                    match kind {
+                        Kind::Q4K => unpack::q4_k_perm_folded(wblock, &mut u, &mut q2),
+                        _ => unpack::q5_k(wblock, &mut u, true),
                     }
-                    if r1 != r {
-                        unpack_perm(kind, &w[r1 * wrow + b * wb..][..wb], &mut u[1]);
-                    }
-                    let u1 = if r1 != r { &u[1] } else { &u[0] };
-                    if path != Path::Sdot32 {
-                        pa.set(&u[0].q, &u1.q);
-                        ps.set(&u[0].scales, &u1.scales);
-                    }
-                    for t in 0..cnt {
+                    for (t, a) in acc.iter_mut().enumerate().take(cnt) {
                         let xb = &x[(jc + t) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
-                        let pb = &prep[(t * nb + b) * per..][..per];
-                        // SAFETY: the Dotprod level is only built from a capability that proved
-                        // SDOT, the I8mm level from one that proved SDOT and SMMLA.
-                        let l = unsafe {
-                            match path {
-                                Path::Sdot32 if folded => {
-                                    let (lo, hi) = dotprod::folded32(&u[0].q, &q2, pb);
-                                    [lo, hi, lo, hi]
-                                }
-                                Path::Sdot32 => {
-                                    let (lo, hi) = dotprod::split32_perm(&u[0].q, pb, &u[0].scales);
-                                    [lo, hi, lo, hi]
-                                }
-                                Path::Smmla32 => i8mm::split32_2x1(&pa, pb, &ps),
-                                Path::Smmla16 => i8mm::split16_2x1(&pa, pb, &ps),
+                        let pb = &prep[(t * nb + b) * PER..][..PER];
+                        // SAFETY: the Dotprod and I8mm levels are only built from capabilities
+                        // that proved SDOT.
+                        let lanes = unsafe {
+                            match kind {
+                                Kind::Q4K => dotprod::folded32(&u.q, &q2, pb),
+                                _ => dotprod::split32_perm(&u.q, pb, &u.scales),
                             }
                         };
-                        epilogue(kind, &mut acc[0][t], (l[0], l[1]), &u[0], xb);
-                        if r1 != r {
-                            epilogue(kind, &mut acc[1][t], (l[2], l[3]), u1, xb);
-                        }
+                        epilogue(kind, a, lanes, &u, xb);
                     }
                 }
-                for t in 0..cnt {
-                    out[r * n + jc + t] = acc[0][t].finish(kind);
-                    if r1 != r {
-                        out[r1 * n + jc + t] = acc[1][t].finish(kind);
-                    }
+                for (t, a) in acc.iter().enumerate().take(cnt) {
+                    out[r * n + jc + t] = a.finish(kind);
                 }
-                r = r1 + 1;
             }
         }
     });

@@ -149,24 +149,15 @@ pub(crate) fn q2_k_scaled(b: &[u8], u: &mut Unpacked) {
     u.dmin = f16_at(b, 82);
 }
 
-/// With `perm`, each group of 16 quants is stored in [`PERM16`] order (every element is built
-/// from bytes at its own position within 16-byte loads, so permuting the loads permutes all).
-///
 /// Q3_K (110 bytes: hmask[32], qs[64], scales[12], d): element `128k + 32j + l` is
 /// `((qs[32k + l] >> 2j) & 3) - (hmask[l] has bit 4k + j ? 0 : 4)`; scales are 6-bit minus 32.
-pub(crate) fn q3_k(b: &[u8], u: &mut Unpacked, perm: bool) {
+pub(crate) fn q3_k(b: &[u8], u: &mut Unpacked) {
     let b = &b[..110];
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
         let m3 = vdupq_n_u8(3);
         let four = vdupq_n_u8(4);
-        let ld = |at: usize| {
-            if perm {
-                perm16(load16(b, at))
-            } else {
-                load16(b, at)
-            }
-        };
+        let ld = |at: usize| load16(b, at);
         let h = [ld(0), ld(16)];
         for k in 0..2 {
             let q = [ld(32 + 32 * k), ld(32 + 32 * k + 16)];
@@ -301,12 +292,10 @@ pub(crate) fn q4_k(b: &[u8], u: &mut Unpacked) {
     u.dmin = f16_at(b, 2);
 }
 
-/// With `perm`, each group of 16 quants is stored in [`PERM16`] order (as for [`q3_k`]).
-///
 /// Q6_K (210 bytes: ql[128], qh[64], scales[16] i8, d): for `l < 32` in chunk k, elements
 /// `128k + l, +32, +64, +96` take the low/high nibble of `ql[64k + l]` / `ql[64k + 32 + l]`
 /// and bits 0-1, 2-3, 4-5, 6-7 of `qh[32k + l]`, minus 32.
-pub(crate) fn q6_k(b: &[u8], u: &mut Unpacked, perm: bool) {
+pub(crate) fn q6_k(b: &[u8], u: &mut Unpacked) {
     let b = &b[..210];
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
@@ -316,13 +305,7 @@ pub(crate) fn q6_k(b: &[u8], u: &mut Unpacked, perm: bool) {
         for k in 0..2 {
             for half in 0..2 {
                 let l = 16 * half;
-                let ld = |at: usize| {
-                    if perm {
-                        perm16(load16(b, at))
-                    } else {
-                        load16(b, at)
-                    }
-                };
+                let ld = |at: usize| load16(b, at);
                 let l0 = ld(64 * k + l);
                 let l1 = ld(64 * k + 32 + l);
                 let h = ld(128 + 32 * k + l);
@@ -433,26 +416,6 @@ pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     }
     u.d = f16_at(b, 0);
     u.dmin = f16_at(b, 2);
-}
-
-/// The order SMMLA wants within each group of 16 elements (Q3_K, Q6_K): position p holds
-/// element `p / 2 + 8 * (p % 2)`, so the two elements of each reference lane (`e % 8`) are
-/// adjacent, lanes 0..8 in order.
-pub(crate) const PERM16: [u8; 16] = {
-    let mut p = [0u8; 16];
-    let mut i = 0;
-    while i < 16 {
-        p[i] = (i / 2 + 8 * (i % 2)) as u8;
-        i += 1;
-    }
-    p
-};
-
-/// Applies [`PERM16`] to 16 bytes.
-#[inline(always)]
-pub(crate) fn perm16(v: uint8x16_t) -> uint8x16_t {
-    // SAFETY: PERM16 is 16 readable bytes; the rest is NEON register arithmetic.
-    unsafe { vqtbl1q_u8(v, vld1q_u8(PERM16.as_ptr())) }
 }
 
 /// Q5_K (176 bytes: d, dmin, scales[12], qh[32], qs[128]): like Q4_K plus a fifth bit,
