@@ -6,7 +6,7 @@
 use core::arch::aarch64::*;
 use core::arch::asm;
 
-use crate::formats::{unpack_k4_scales, unpack_q3_k_scales};
+use crate::formats::unpack_k4_scales;
 
 /// One unpacked K-quant weight block.
 #[repr(C, align(16))]
@@ -177,13 +177,16 @@ pub(crate) fn q3_k(b: &[u8], u: &mut Unpacked) {
             }
         }
     }
-    let mut sc = [0u8; 12];
-    sc.copy_from_slice(&b[96..108]);
-    let s = unpack_q3_k_scales(&sc);
-    for g in 0..16 {
-        u.scales[g] = i16::from(s[g]) - 32;
-        u.mins[g] = 0;
+    // SAFETY: NEON register arithmetic; each store writes 8 i16 inside `u.scales`.
+    unsafe {
+        let s = q3_k_scales(b);
+        let off = vdupq_n_s16(32);
+        let lo = vsubq_s16(vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(s))), off);
+        let hi = vsubq_s16(vreinterpretq_s16_u16(vmovl_high_u8(s)), off);
+        vst1q_s16(u.scales.as_mut_ptr(), lo);
+        vst1q_s16(u.scales.as_mut_ptr().add(8), hi);
     }
+    u.mins = [0; 16];
     u.d = f16_at(b, 108);
     u.dmin = 0.0;
 }
@@ -210,6 +213,30 @@ pub(crate) fn lanes8_chunks(v0: [uint8x16_t; 2], v1: [uint8x16_t; 2]) -> [uint8x
     }
 }
 
+/// Q3_K's sixteen 6-bit scales (0..=63, as `formats::unpack_q3_k_scales`) in one vector:
+/// scale j takes its low 4 bits from scale byte `j % 8` (low nibble for j < 8, high for j >= 8)
+/// and its high 2 bits from byte `8 + j % 4`, bits `2 * (j / 4)`; two table lookups and
+/// per-lane shifts instead of sixteen scalar steps.
+#[inline(always)]
+fn q3_k_scales(b: &[u8]) -> uint8x16_t {
+    // The 16 bytes ending with the block: the 12 scale bytes (96..108) sit at lanes 2..14.
+    const LOW_AT: [u8; 16] = [2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9];
+    const LOW_SHIFT: [i8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, -4, -4, -4, -4, -4, -4, -4, -4];
+    const HIGH_AT: [u8; 16] = [10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13];
+    const HIGH_SHIFT: [i8; 16] = [0, 0, 0, 0, -2, -2, -2, -2, -4, -4, -4, -4, -6, -6, -6, -6];
+    // SAFETY: the constants are 16 readable bytes each; the rest is NEON register arithmetic.
+    unsafe {
+        let v = load16(&b[..110], 94);
+        let low = vshlq_u8(vqtbl1q_u8(v, vld1q_u8(LOW_AT.as_ptr())), vld1q_s8(LOW_SHIFT.as_ptr()));
+        let high =
+            vshlq_u8(vqtbl1q_u8(v, vld1q_u8(HIGH_AT.as_ptr())), vld1q_s8(HIGH_SHIFT.as_ptr()));
+        vorrq_u8(
+            vandq_u8(low, vdupq_n_u8(15)),
+            vshlq_n_u8::<4>(vandq_u8(high, vdupq_n_u8(3))),
+        )
+    }
+}
+
 /// Q3_K in the lane-grouped layout ([`lanes8_chunks`]) with each quant multiplied by the
 /// negated scale of its group: `q[e] * (32 - sc[g])` lies in -128..=124 (exact in int8, where
 /// `q * (sc - 32)` would reach 128). Every 8-byte slice then holds 8 elements of one reference
@@ -217,18 +244,11 @@ pub(crate) fn lanes8_chunks(v0: [uint8x16_t; 2], v1: [uint8x16_t; 2]) -> [uint8x
 /// exactly. `scales`/`mins` are not used by the cores of this layout and are set to zero.
 pub(crate) fn q3_k_lanes(b: &[u8], u: &mut Unpacked) {
     let b = &b[..110];
-    let mut sc = [0u8; 12];
-    sc.copy_from_slice(&b[96..108]);
-    let s = unpack_q3_k_scales(&sc);
-    let mut neg = [0u8; 16];
-    for g in 0..16 {
-        neg[g] = 32u8.wrapping_sub(s[g]);
-    }
-    // SAFETY (whole block): NEON register arithmetic only; `neg` is 16 readable bytes.
+    // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
         let m3 = vdupq_n_u8(3);
         let four = vdupq_n_u8(4);
-        let nsv = vld1q_u8(neg.as_ptr());
+        let nsv = vsubq_u8(vdupq_n_u8(32), q3_k_scales(b));
         // Position p of a PERM32 vector comes from group half `(p % 4) / 2`.
         const HALF: [u8; 16] = [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1];
         let half = vld1q_u8(HALF.as_ptr());
