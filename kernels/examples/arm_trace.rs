@@ -65,8 +65,7 @@ fn run(args: &[String]) -> Result<(), String> {
     gemm_with(tier, ty, k, &w, rows, &x, batch, &mut out, None).map_err(|e| e.to_string())?;
     println!(
         "trace_begin={:#x} trace_end={:#x}",
-        trace_begin as *const () as usize,
-        trace_end as *const () as usize
+        trace_begin as *const () as usize, trace_end as *const () as usize
     );
     trace_begin();
     let r = gemm_with(tier, ty, k, &w, rows, &x, batch, &mut out, None);

@@ -43,7 +43,10 @@ pub(crate) unsafe fn dot256(q: &[i8; 256], xq: &[u8]) -> i32 {
         for c in 0..16 {
             acc[c % 4] = sdot(acc[c % 4], ld_q(q, 16 * c), ld_s8(xq, 16 * c));
         }
-        vaddvq_s32(vaddq_s32(vaddq_s32(acc[0], acc[1]), vaddq_s32(acc[2], acc[3])))
+        vaddvq_s32(vaddq_s32(
+            vaddq_s32(acc[0], acc[1]),
+            vaddq_s32(acc[2], acc[3]),
+        ))
     }
 }
 
@@ -164,13 +167,16 @@ pub(crate) unsafe fn q2_k_block(wb: &[u8], xb: &[u8]) -> (i32, i32) {
                 p[g] = sdot(zero, vreinterpretq_s8_u8(q), ld_s8(xq, 16 * g));
             }
         }
-        let gsum = |a: usize| {
-            vpaddq_s32(vpaddq_s32(p[a], p[a + 1]), vpaddq_s32(p[a + 2], p[a + 3]))
-        };
+        let gsum =
+            |a: usize| vpaddq_s32(vpaddq_s32(p[a], p[a + 1]), vpaddq_s32(p[a + 2], p[a + 3]));
         let sc = vandq_u8(sm, vdupq_n_u8(15));
         let (s0, s1) = (vmovl_u8(vget_low_u8(sc)), vmovl_high_u8(sc));
         let w = |v: uint16x8_t, hi: bool| {
-            vreinterpretq_s32_u32(if hi { vmovl_high_u16(v) } else { vmovl_u16(vget_low_u16(v)) })
+            vreinterpretq_s32_u32(if hi {
+                vmovl_high_u16(v)
+            } else {
+                vmovl_u16(vget_low_u16(v))
+            })
         };
         let mut t = vmulq_s32(gsum(0), w(s0, false));
         t = vmlaq_s32(t, gsum(4), w(s0, true));

@@ -55,7 +55,10 @@ fn perm32_block(xq: &[u8], dst: &mut [u8]) {
 pub(crate) fn handles(kind: Kind, level: Level) -> bool {
     matches!(
         (kind, level),
-        (Kind::Q4K | Kind::Q5K | Kind::Q3K, Level::Dotprod | Level::I8mm)
+        (
+            Kind::Q4K | Kind::Q5K | Kind::Q3K,
+            Level::Dotprod | Level::I8mm
+        )
     )
 }
 

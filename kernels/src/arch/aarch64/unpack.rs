@@ -222,14 +222,21 @@ fn q3_k_scales(b: &[u8]) -> uint8x16_t {
     // The 16 bytes ending with the block: the 12 scale bytes (96..108) sit at lanes 2..14.
     const LOW_AT: [u8; 16] = [2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9];
     const LOW_SHIFT: [i8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, -4, -4, -4, -4, -4, -4, -4, -4];
-    const HIGH_AT: [u8; 16] = [10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13];
+    const HIGH_AT: [u8; 16] = [
+        10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13,
+    ];
     const HIGH_SHIFT: [i8; 16] = [0, 0, 0, 0, -2, -2, -2, -2, -4, -4, -4, -4, -6, -6, -6, -6];
     // SAFETY: the constants are 16 readable bytes each; the rest is NEON register arithmetic.
     unsafe {
         let v = load16(&b[..110], 94);
-        let low = vshlq_u8(vqtbl1q_u8(v, vld1q_u8(LOW_AT.as_ptr())), vld1q_s8(LOW_SHIFT.as_ptr()));
-        let high =
-            vshlq_u8(vqtbl1q_u8(v, vld1q_u8(HIGH_AT.as_ptr())), vld1q_s8(HIGH_SHIFT.as_ptr()));
+        let low = vshlq_u8(
+            vqtbl1q_u8(v, vld1q_u8(LOW_AT.as_ptr())),
+            vld1q_s8(LOW_SHIFT.as_ptr()),
+        );
+        let high = vshlq_u8(
+            vqtbl1q_u8(v, vld1q_u8(HIGH_AT.as_ptr())),
+            vld1q_s8(HIGH_SHIFT.as_ptr()),
+        );
         vorrq_u8(
             vandq_u8(low, vdupq_n_u8(15)),
             vshlq_n_u8::<4>(vandq_u8(high, vdupq_n_u8(3))),
@@ -414,7 +421,10 @@ pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
                 let (p0, p1) = perm32(load16(b, 16 + 32 * $j), load16(b, 32 + 32 * $j));
                 let (l0, l1) = (vandq_u8(p0, m15), vandq_u8(p1, m15));
                 let (h0, h1) = (vshrq_n_u8::<4>(p0), vshrq_n_u8::<4>(p1));
-                let (a, c) = (vdupq_laneq_u8::<{ 2 * $j }>(shi), vdupq_laneq_u8::<{ 2 * $j }>(slo));
+                let (a, c) = (
+                    vdupq_laneq_u8::<{ 2 * $j }>(shi),
+                    vdupq_laneq_u8::<{ 2 * $j }>(slo),
+                );
                 let (e, f) = (
                     vdupq_laneq_u8::<{ 2 * $j + 1 }>(shi),
                     vdupq_laneq_u8::<{ 2 * $j + 1 }>(slo),
