@@ -41,13 +41,15 @@ impl Kind {
         }
     }
 
-    fn unpack(self, b: &[u8], u: &mut Unpacked) {
+    /// Unpacks for the cores of `level` (Q2_K's SDOT/SMMLA cores take the scales folded in).
+    fn unpack(self, level: Level, b: &[u8], u: &mut Unpacked) {
         match self {
-            Kind::Q2K => unpack::q2_k(b, u),
-            Kind::Q3K => unpack::q3_k(b, u, false),
+            Kind::Q2K if level == Level::Neon => unpack::q2_k(b, u),
+            Kind::Q2K => unpack::q2_k_scaled(b, u),
+            Kind::Q3K => unpack::q3_k(b, u),
             Kind::Q4K => unpack::q4_k(b, u),
             Kind::Q5K => unpack::q5_k(b, u, false),
-            Kind::Q6K => unpack::q6_k(b, u, false),
+            Kind::Q6K => unpack::q6_k(b, u),
         }
     }
 }
@@ -81,7 +83,7 @@ pub(crate) fn gemm(
         return super::split::gemm(level, kind, nb, w, rows, x, n, out);
     }
     let mut r = 0;
-    if level == Level::I8mm && kind == Kind::Q2K {
+    if level == Level::I8mm && kind == Kind::Q2K && n >= 2 {
         while r + 2 <= rows {
             q2_k_rows2(
                 nb,
@@ -98,6 +100,13 @@ pub(crate) fn gemm(
     } else {
         level
     };
+    if kind == Kind::Q2K && level == Level::Dotprod && n == 1 {
+        // A single activation row: nothing to reuse an unpacked block for.
+        for (rr, o) in out.iter_mut().enumerate().take(rows).skip(r) {
+            *o = q2_k_row1(nb, &w[rr * wrow..][..wrow], x);
+        }
+        return;
+    }
     while r < rows {
         kq_row(
             level,
@@ -174,8 +183,9 @@ fn kq_step(level: Level, kind: Kind, u: &Unpacked, xb: &[u8], acc: &mut KAcc) {
         Kind::Q2K => {
             let isum = match level {
                 Level::Neon => neon::total16(&u.q, xq, &u.scales),
-                // SAFETY: Dotprod/I8mm levels are only built from a capability that proved SDOT.
-                Level::Dotprod | Level::I8mm => unsafe { dotprod::total16(&u.q, xq, &u.scales) },
+                // SAFETY: Dotprod/I8mm levels are only built from a capability that proved SDOT;
+                // they unpack with `q2_k_scaled` (see `Kind::unpack`).
+                Level::Dotprod | Level::I8mm => unsafe { dotprod::dot256(&u.q, xq) },
             };
             let summs = neon::min_corr(bsums, &u.mins);
             let dall = yd * u.d;
@@ -194,6 +204,23 @@ fn kq_step(level: Level, kind: Kind, u: &Unpacked, xb: &[u8], acc: &mut KAcc) {
     }
 }
 
+/// Q2_K on SDOT, one weight row against one activation row, from the packed blocks
+/// (`dotprod::q2_k_block`), with the reference epilogue.
+fn q2_k_row1(nb: usize, wrow: &[u8], x: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for b in 0..nb {
+        let wb = &wrow[b * 84..(b + 1) * 84];
+        let xb = &x[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
+        // SAFETY: called only at the Dotprod level (a capability that proved SDOT).
+        let (isum, summs) = unsafe { dotprod::q2_k_block(wb, xb) };
+        let yd = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
+        let dall = yd * unpack::f16_at(wb, 80);
+        let dmin = yd * unpack::f16_at(wb, 82);
+        sumf += dall * isum as f32 - dmin * summs as f32;
+    }
+    sumf
+}
+
 /// One weight row against all `n` activation rows.
 fn kq_row(level: Level, kind: Kind, nb: usize, wrow: &[u8], x: &[u8], n: usize, out: &mut [f32]) {
     let wb = kind.block_bytes();
@@ -203,7 +230,7 @@ fn kq_row(level: Level, kind: Kind, nb: usize, wrow: &[u8], x: &[u8], n: usize, 
         let cnt = JC.min(n - jc);
         let mut acc = [KAcc::zero(); JC];
         for b in 0..nb {
-            kind.unpack(&wrow[b * wb..(b + 1) * wb], &mut u);
+            kind.unpack(level, &wrow[b * wb..(b + 1) * wb], &mut u);
             for (t, a) in acc.iter_mut().enumerate().take(cnt) {
                 let at = (jc + t) * xrow + b * Q8K_BYTES;
                 kq_step(level, kind, &u, &x[at..at + Q8K_BYTES], a);
@@ -237,9 +264,11 @@ fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
         let mut tile = [unsafe { vdupq_n_f32(0.0) }; JC / 2];
         let mut single = [KAcc::zero(); 2];
         for b in 0..nb {
-            unpack::q2_k(&w[0][b * WB..(b + 1) * WB], &mut u[0]);
-            unpack::q2_k(&w[1][b * WB..(b + 1) * WB], &mut u[1]);
-            pa.set(&u[0].q, &u[1].q);
+            unpack::q2_k_scaled(&w[0][b * WB..(b + 1) * WB], &mut u[0]);
+            unpack::q2_k_scaled(&w[1][b * WB..(b + 1) * WB], &mut u[1]);
+            if pairs > 0 {
+                pa.set(&u[0].q, &u[1].q);
+            }
             let dw = f4([u[0].d, u[0].d, u[1].d, u[1].d]);
             let mw = f4([u[0].dmin, u[0].dmin, u[1].dmin, u[1].dmin]);
             for (p, t) in tile.iter_mut().enumerate().take(pairs) {
@@ -250,13 +279,7 @@ fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
                 let yd1 = f32::from_le_bytes([x1[0], x1[1], x1[2], x1[3]]);
                 let yd = f4([yd0, yd1, yd0, yd1]);
                 // SAFETY: this path runs only under the I8mm capability (SMMLA present).
-                let isum = unsafe {
-                    i8mm::total16_2x2(
-                        &pa,
-                        [&x0[4..260], &x1[4..260]],
-                        [&u[0].scales, &u[1].scales],
-                    )
-                };
+                let isum = unsafe { i8mm::dot256_2x2(&pa, [&x0[4..260], &x1[4..260]]) };
                 let summs =
                     i8mm::min_corr_2x2([&x0[260..292], &x1[260..292]], [&u[0].mins, &u[1].mins]);
                 // SAFETY: NEON register arithmetic only.

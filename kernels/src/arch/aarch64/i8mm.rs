@@ -1,9 +1,9 @@
 //! i8mm (SMMLA) integer cores on 2x2 tiles: two weight rows times two activation rows. SMMLA
 //! multiplies a 2x8 int8 tile by an 8x2 one: with `A = [row0 bytes 0..8 | row1 bytes 0..8]` and
 //! `B = [col0 bytes 0..8 | col1 bytes 0..8]` it adds `[r0.c0, r0.c1, r1.c0, r1.c1]` to an int32x4.
-//! Results of the cores are in that lane order. Scales and min corrections stay in vector
-//! registers in the same order. `vmmlaq_s32` is unstable in Rust, so the instruction is emitted
-//! with stable `asm!`; callers hold an `I8mm` capability.
+//! Results of the cores are in that lane order, as are the min corrections. `vmmlaq_s32` is
+//! unstable in Rust, so the instruction is emitted with stable `asm!`; callers hold an `I8mm`
+//! capability.
 
 use core::arch::aarch64::*;
 use core::arch::asm;
@@ -33,7 +33,7 @@ pub(crate) unsafe fn smmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x
 
 /// `[a.lo64 | b.lo64]` and `[a.hi64 | b.hi64]`: two 8-byte k-slices of two rows.
 #[inline(always)]
-fn pair(a: int8x16_t, b: int8x16_t) -> (int8x16_t, int8x16_t) {
+pub(crate) fn pair(a: int8x16_t, b: int8x16_t) -> (int8x16_t, int8x16_t) {
     // SAFETY: NEON register reinterpretations and zips only.
     unsafe {
         let (a, b) = (vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(b));
@@ -42,13 +42,6 @@ fn pair(a: int8x16_t, b: int8x16_t) -> (int8x16_t, int8x16_t) {
             vreinterpretq_s8_s64(vzip2q_s64(a, b)),
         )
     }
-}
-
-/// `[a, a, b, b]`.
-#[inline(always)]
-fn row_lanes(a: i32, b: i32) -> int32x4_t {
-    // SAFETY: NEON register arithmetic only.
-    unsafe { vcombine_s32(vdup_n_s32(a), vdup_n_s32(b)) }
 }
 
 /// Two unpacked weight rows as SMMLA `A` operands: for each 16-byte chunk c of the quants,
@@ -85,25 +78,26 @@ impl PairA {
     }
 }
 
-/// `neon::total16` for the tile (two weight rows as a [`PairA`]) x (x0, x1).
+/// Q2_K's block total for the tile: two weight rows (quants with their scales folded in, see
+/// `unpack::q2_k_scaled`, as a [`PairA`]) x (x0, x1), lanes `[r0.x0, r0.x1, r1.x0, r1.x1]`.
+/// Four independent SMMLA chains keep the multiply pipes busy.
 ///
 /// # Safety
 /// The CPU must implement FEAT_I8MM.
 #[inline(always)]
-pub(crate) unsafe fn total16_2x2(a: &PairA, xq: [&[u8]; 2], scales: [&[i16; 16]; 2]) -> int32x4_t {
+pub(crate) unsafe fn dot256_2x2(a: &PairA, xq: [&[u8]; 2]) -> int32x4_t {
     let (x0, x1) = (&xq[0][..256], &xq[1][..256]);
     // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
     unsafe {
-        let zero = vdupq_n_s32(0);
-        let mut acc = vdupq_n_s32(0);
+        let mut acc = [vdupq_n_s32(0); 4];
         for g in 0..16 {
             let (a0, a1) = (a.ld(32 * g), a.ld(32 * g + 16));
             let (b0, b1) = pair(ld_s8(x0, 16 * g), ld_s8(x1, 16 * g));
-            let t = smmla(smmla(zero, a0, b0), a1, b1);
-            let s = row_lanes(i32::from(scales[0][g]), i32::from(scales[1][g]));
-            acc = vmlaq_s32(acc, t, s);
+            let i = 2 * (g % 2);
+            acc[i] = smmla(acc[i], a0, b0);
+            acc[i + 1] = smmla(acc[i + 1], a1, b1);
         }
-        acc
+        vaddq_s32(vaddq_s32(acc[0], acc[1]), vaddq_s32(acc[2], acc[3]))
     }
 }
 
@@ -146,94 +140,25 @@ pub(crate) unsafe fn dot32_2x2(wq: [&[u8]; 2], xq: [&[u8]; 2]) -> int32x4_t {
     }
 }
 
-/// Two Q4_K/Q5_K weight rows (quants in `unpack::PERM32` order, as a [`PairA`]) against one activation block
-/// prepared by `split::mask32_block` (per group of 32 and 8-byte slice s, `B = [slice with only lane
-/// 2s kept | slice with only lane 2s + 1 kept]`). SMMLA then yields `[r0 lane 2s, r0 lane
-/// 2s+1, r1 lane 2s, r1 lane 2s+1]` per slice; the scales of both rows ride along in one vector.
-/// Returns the eight reference lanes of row 0 (lo, hi) and of row 1 (lo, hi).
+/// Q3_K's lanes for a 2x2 tile: two weight rows in the lane-grouped form
+/// (`unpack::q3_k_lanes`) as a [`PairA`], and two activation rows in the same layout,
+/// interleaved like a [`PairA`] (`bx`, 512 bytes). Each 8-byte slice is 8 elements of one
+/// reference lane, so every SMMLA product is useful: `acc[l]` is lane l of
+/// `[r0.x0, r0.x1, r1.x0, r1.x1]` (negated back: the weights carry the negated scale).
 ///
 /// # Safety
 /// The CPU must implement FEAT_I8MM.
 #[inline(always)]
-pub(crate) unsafe fn split32_2x1(
-    a: &PairA,
-    bprep: &[u8],
-    scales: [&[i16; 16]; 2],
-) -> [int32x4_t; 4] {
-    let bprep = &bprep[..512];
+pub(crate) unsafe fn lanes8_2x2(a: &PairA, bx: &[u8]) -> [int32x4_t; 8] {
+    let bx = &bx[..512];
     // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
     unsafe {
-        let zero = vdupq_n_s32(0);
-        let mut acc = [vdupq_n_s32(0); 4];
-        for g in 0..8 {
-            let (a0, a1) = (a.ld(64 * g), a.ld(64 * g + 16));
-            let (a2, a3) = (a.ld(64 * g + 32), a.ld(64 * g + 48));
-            let s = row_lanes(i32::from(scales[0][2 * g]), i32::from(scales[1][2 * g]));
-            let at = 64 * g;
-            acc[0] = vmlaq_s32(acc[0], smmla(zero, a0, ld_s8(bprep, at)), s);
-            acc[1] = vmlaq_s32(acc[1], smmla(zero, a1, ld_s8(bprep, at + 16)), s);
-            acc[2] = vmlaq_s32(acc[2], smmla(zero, a2, ld_s8(bprep, at + 32)), s);
-            acc[3] = vmlaq_s32(acc[3], smmla(zero, a3, ld_s8(bprep, at + 48)), s);
+        let mut acc = [vdupq_n_s32(0); 8];
+        for c in 0..16 {
+            let l = 2 * (c % 4);
+            acc[l] = smmla(acc[l], a.ld(32 * c), ld_s8(bx, 32 * c));
+            acc[l + 1] = smmla(acc[l + 1], a.ld(32 * c + 16), ld_s8(bx, 32 * c + 16));
         }
-        regroup(acc)
-    }
-}
-
-/// Two Q3_K/Q6_K weight rows (quants in `unpack::PERM16` order, as a [`PairA`]) against one activation block
-/// prepared by `split::mask16_block` (per group of 16: four operands, operand m keeping lane 2m
-/// in its low half and lane 2m + 1 in its high half). Each SMMLA yields `[r0 lane 2m, r0 lane
-/// 2m+1, r1 lane 2m, r1 lane 2m+1]`. Returns the eight reference lanes of row 0 (lo, hi) and of
-/// row 1 (lo, hi).
-///
-/// # Safety
-/// The CPU must implement FEAT_I8MM.
-#[inline(always)]
-pub(crate) unsafe fn split16_2x1(
-    a: &PairA,
-    bprep: &[u8],
-    scales: [&[i16; 16]; 2],
-) -> [int32x4_t; 4] {
-    let bprep = &bprep[..1024];
-    // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
-    unsafe {
-        let zero = vdupq_n_s32(0);
-        let mut acc = [vdupq_n_s32(0); 4];
-        for g in 0..16 {
-            let (a0, a1) = (a.ld(32 * g), a.ld(32 * g + 16));
-            let s = row_lanes(i32::from(scales[0][g]), i32::from(scales[1][g]));
-            let at = 64 * g;
-            acc[0] = vmlaq_s32(acc[0], smmla(zero, a0, ld_s8(bprep, at)), s);
-            acc[1] = vmlaq_s32(acc[1], smmla(zero, a0, ld_s8(bprep, at + 16)), s);
-            acc[2] = vmlaq_s32(acc[2], smmla(zero, a1, ld_s8(bprep, at + 32)), s);
-            acc[3] = vmlaq_s32(acc[3], smmla(zero, a1, ld_s8(bprep, at + 48)), s);
-        }
-        regroup(acc)
-    }
-}
-
-/// `acc[m] = [r0 lane 2m, r0 lane 2m+1, r1 lane 2m, r1 lane 2m+1]` -> row 0 lanes 0..4,
-/// row 0 lanes 4..8, row 1 lanes 0..4, row 1 lanes 4..8.
-#[inline(always)]
-fn regroup(acc: [int32x4_t; 4]) -> [int32x4_t; 4] {
-    // SAFETY: NEON register reinterpretations and zips only.
-    unsafe {
-        let lo = |a: int32x4_t, b: int32x4_t| {
-            vreinterpretq_s32_s64(vzip1q_s64(
-                vreinterpretq_s64_s32(a),
-                vreinterpretq_s64_s32(b),
-            ))
-        };
-        let hi = |a: int32x4_t, b: int32x4_t| {
-            vreinterpretq_s32_s64(vzip2q_s64(
-                vreinterpretq_s64_s32(a),
-                vreinterpretq_s64_s32(b),
-            ))
-        };
-        [
-            lo(acc[0], acc[1]),
-            lo(acc[2], acc[3]),
-            hi(acc[0], acc[1]),
-            hi(acc[2], acc[3]),
-        ]
+        acc.map(|v| vnegq_s32(v))
     }
 }

@@ -10,7 +10,6 @@ use core::arch::aarch64::*;
 
 use super::neon::ld_s8;
 use super::{dotprod, i8mm, neon, Level};
-use crate::formats::f16_to_f32;
 
 /// Activation rows per unpacked weight block.
 const JC: usize = 8;
@@ -25,8 +24,9 @@ pub(crate) enum Legacy {
     Q5_1,
 }
 
+#[inline(always)]
 fn f16_le(b: &[u8]) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+    super::unpack::f16_at(b, 0)
 }
 
 /// Four f32 in a vector.

@@ -12,18 +12,25 @@
 //! - [`neon`], [`dotprod`], [`i8mm`]: the integer cores of each tier;
 //! - [`driver`]: the loops over weight rows, activation rows and blocks, and the epilogues;
 //! - [`legacy`]: Q8_0/Q4_0/Q5_0 x Q8_0 and Q4_1/Q5_1 x Q8_1 (one integer per block of 32: SDOT/SMMLA apply as is);
-//! - [`split`]: Q3_K/Q4_K/Q5_K/Q6_K on SDOT and SMMLA, with lane-grouped element orders so that a
-//!   multiply-sum instruction never mixes two reference lanes.
+//! - [`split`]: Q3_K/Q4_K/Q5_K on SDOT (and Q3_K on SMMLA), with lane-grouped element orders so
+//!   that a multiply-sum instruction never mixes two reference lanes.
+//!
+//! Where a quant times its group scale fits in int8 (Q2_K: 0..=45; Q3_K with the scale negated:
+//! -128..=124) the scales are folded into the unpacked weights, so the integer cores are plain
+//! dot products with no per-group step ("scales folded"; for Q3_K in the `LANES8` layout of
+//! `unpack::q3_k_lanes`, where each 8-byte slice is 8 elements of one reference lane). Scale
+//! vectors are built with vector shuffles and applied by element: moving a general register
+//! into a vector (`dup v, w`) costs three cycles on Neoverse N2 (`benches/arm/REPORT.md`).
 //!
 //! Which instruction serves which type (every cell is bit-identical to the scalar reference):
 //!
 //! | type  | neon        | dotprod               | i8mm                                  |
 //! |-------|-------------|-----------------------|---------------------------------------|
-//! | Q2_K  | SMULL/SMLAL | SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
-//! | Q3_K  | SMULL/SMLAL | SMULL/SMLAL           | SMMLA 2 rows x 1 act, PERM16 + masks  |
-//! | Q4_K  | SMULL/SMLAL | SDOT on PERM32        | SMMLA 2 rows x 1 act, PERM32 + masks  |
-//! | Q5_K  | SMULL/SMLAL | SDOT on PERM32        | SMMLA 2 rows x 1 act, PERM32 + masks  |
-//! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL           | SMMLA 2 rows x 1 act, PERM16 + masks  |
+//! | Q2_K  | SMULL/SMLAL | SDOT, scales folded   | SMMLA 2x2 tiles (odd act/row: SDOT)   |
+//! | Q3_K  | SMULL/SMLAL | SDOT, LANES8          | SMMLA 2x2 tiles, LANES8               |
+//! | Q4_K  | SMULL/SMLAL | SDOT, PERM32, folded  | SDOT, PERM32, folded (as dotprod)     |
+//! | Q5_K  | SMULL/SMLAL | SDOT on PERM32        | SDOT on PERM32 (as dotprod)           |
+//! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL           | SMULL/SMLAL (as neon)                 |
 //! | Q8_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //! | Q4_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //! | Q5_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |

@@ -50,17 +50,38 @@ pub(crate) fn split16(q: &[i8; 256], xq: &[u8], scales: &[i16; 16]) -> (int32x4_
     let xq = &xq[..256];
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
-        let mut lo = vdupq_n_s32(0);
-        let mut hi = vdupq_n_s32(0);
-        for g in 0..16 {
-            let w = ld_q(q, 16 * g);
-            let x = ld_s8(xq, 16 * g);
-            let p = vmlal_high_s8(vmull_s8(vget_low_s8(w), vget_low_s8(x)), w, x);
-            let s = scales[g];
-            lo = vmlal_n_s16(lo, vget_low_s16(p), s);
-            hi = vmlal_high_n_s16(hi, p, s);
+        // The scales stay in two vectors and are applied by element (no general-register ->
+        // vector moves); even and odd groups accumulate separately (shorter chains).
+        let sv = [ld_i16(scales, 0), ld_i16(scales, 8)];
+        let mut lo = [vdupq_n_s32(0); 2];
+        let mut hi = [vdupq_n_s32(0); 2];
+        macro_rules! group {
+            ($g:literal) => {{
+                let w = ld_q(q, 16 * $g);
+                let x = ld_s8(xq, 16 * $g);
+                let p = vmlal_high_s8(vmull_s8(vget_low_s8(w), vget_low_s8(x)), w, x);
+                let s = sv[$g / 8];
+                lo[$g % 2] = vmlal_laneq_s16::<{ $g % 8 }>(lo[$g % 2], vget_low_s16(p), s);
+                hi[$g % 2] = vmlal_high_laneq_s16::<{ $g % 8 }>(hi[$g % 2], p, s);
+            }};
         }
-        (lo, hi)
+        group!(0);
+        group!(1);
+        group!(2);
+        group!(3);
+        group!(4);
+        group!(5);
+        group!(6);
+        group!(7);
+        group!(8);
+        group!(9);
+        group!(10);
+        group!(11);
+        group!(12);
+        group!(13);
+        group!(14);
+        group!(15);
+        (vaddq_s32(lo[0], lo[1]), vaddq_s32(hi[0], hi[1]))
     }
 }
 

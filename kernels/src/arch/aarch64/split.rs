@@ -1,19 +1,23 @@
-//! The lane-split K-quants (Q3_K, Q4_K, Q5_K, Q6_K) on SDOT and SMMLA. Their references keep eight
+//! The lane-split K-quants (Q3_K, Q4_K, Q5_K) on SDOT and SMMLA. Their references keep eight
 //! int32 lanes per block (lane `e % 8`), so a multiply-sum instruction may only ever add
-//! products of one lane and one scale group. Weights and activations are therefore stored in a
-//! lane-grouped order (`unpack::PERM32` for Q4_K/Q5_K, whose scales cover 32 elements: four products
-//! per lane and group; `unpack::PERM16` for Q3_K/Q6_K: two per lane and group), and on the
-//! activation side SMMLA operands are masked so each of the four outputs is one lane:
-//! - dotprod, Q4_K/Q5_K: SDOT on PERM32 data, one lane per SDOT lane (`dotprod::split32_perm`);
-//! - i8mm, Q4_K/Q5_K: SMMLA, two weight rows x one activation row x two lanes per instruction;
-//! - i8mm, Q3_K/Q6_K: the same with groups of 16 (`i8mm::split16_2x1`).
+//! products of one lane and, unless the scales are folded into the weights, one scale group.
+//! Weights and activations are therefore stored in lane-grouped orders:
+//! - Q5_K (dotprod and i8mm): `unpack::PERM32` (each 4-byte SDOT lane is 4 elements of one lane
+//!   within a group of 32), SDOT with a by-element multiply-add per group
+//!   (`dotprod::split32_perm`);
+//! - Q4_K (dotprod and i8mm): the same order with the scales folded into the weights in two
+//!   int8 streams (`unpack::q4_k_perm_folded`, `dotprod::folded32`): no per-group step;
+//! - Q3_K (dotprod and i8mm): the scales folded into the weights (`unpack::q3_k_lanes`), so
+//!   that 8 elements of one lane share an 8-byte slice: plain SDOT, and unmasked 2x2 SMMLA tiles
+//!   ([`q3_k_gemm`]).
 //!
-//! (Q3_K/Q6_K on the dotprod tier stay on the NEON widening core: with two products per lane
-//! and group an SDOT would be half padding, no faster than SMULL/SMLAL.)
+//! Q6_K (quant times scale does not fit int8) stays on the NEON widening core on every tier:
+//! masked SMMLA operands (half of every product zero) and half-padded SDOTs both predicted
+//! slower than SMULL/SMLAL on Neoverse N2 and V2 (`benches/arm/REPORT.md`), as did masked
+//! SMMLA for Q4_K/Q5_K against SDOT; those cores are gone.
 //!
 //! The activation side is prepared once per chunk of activation rows in a per-thread scratch
-//! buffer that only grows; every weight row (pair) then streams past it. An odd last weight
-//! row on the i8mm tier is paired with itself.
+//! buffer that only grows; every weight row (pair) then streams past it.
 
 use core::arch::aarch64::*;
 use std::cell::RefCell;
@@ -47,88 +51,14 @@ fn perm32_block(xq: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// SMMLA operands `[slice & mask.lo | slice & mask.hi]` (16 bytes each) from the 32 8-byte
-/// slices of `p`: operand `o` uses slice `o / masks.len()` and mask `masks[o % masks.len()]`.
-fn masked(p: &[u8; 256], masks: &[[u8; 16]], dst: &mut [u8]) {
-    let ops = 32 * masks.len();
-    let dst = &mut dst[..16 * ops];
-    for o in 0..ops {
-        let (s, m) = (o / masks.len(), &masks[o % masks.len()]);
-        // SAFETY: slice `s` < 32 is 8 readable bytes inside `p`; `m` is 16 readable bytes;
-        // operand `o` is 16 writable bytes inside `dst` (bounds-checked above).
-        unsafe {
-            let slice = vld1_u8(p.as_ptr().add(8 * s));
-            let v = vandq_u8(vcombine_u8(slice, slice), vld1q_u8(m.as_ptr()));
-            vst1q_u8(dst.as_mut_ptr().add(16 * o), v);
-        }
-    }
-}
-
-/// SMMLA operands for Q4_K/Q5_K (512 bytes): per PERM32 slice (lanes 2s, 2s+1 of a group of 32),
-/// `[slice & lane 2s | slice & lane 2s+1]`.
-fn mask32_block(xq: &[u8], dst: &mut [u8]) {
-    const M: [[u8; 16]; 1] = [[
-        255, 255, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255,
-    ]];
-    let mut p = [0u8; 256];
-    perm32_block(xq, &mut p);
-    masked(&p, &M, dst);
-}
-
-/// SMMLA operands for Q3_K/Q6_K (1024 bytes): per PERM16 slice (lanes 4t..4t+4 of a group of
-/// 16, two bytes each), `[lane 4t | lane 4t+1]` and `[lane 4t+2 | lane 4t+3]`.
-fn mask16_block(xq: &[u8], dst: &mut [u8]) {
-    const M: [[u8; 16]; 2] = [
-        [255, 255, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 0, 0, 0, 0],
-        [0, 0, 0, 0, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255],
-    ];
-    let xq = &xq[..256];
-    let mut p = [0u8; 256];
-    for g in 0..16 {
-        // SAFETY: 16 readable bytes at `xq[16g..]`, 16 writable at `p[16g..]` (256 each).
-        unsafe {
-            let v = unpack::perm16(vld1q_u8(xq.as_ptr().add(16 * g)));
-            vst1q_u8(p.as_mut_ptr().add(16 * g), v);
-        }
-    }
-    masked(&p, &M, dst);
-}
-
-/// Which prepared form and cores a (kind, level) pair uses.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Path {
-    /// Q4_K/Q5_K, SDOT on PERM32 data.
-    Sdot32,
-    /// Q4_K/Q5_K, SMMLA on PERM32 data.
-    Smmla32,
-    /// Q3_K/Q6_K, SMMLA on PERM16 data.
-    Smmla16,
-}
-
-impl Path {
-    fn prep_bytes(self) -> usize {
-        match self {
-            Path::Sdot32 => 256,
-            Path::Smmla32 => 512,
-            Path::Smmla16 => 1024,
-        }
-    }
-
-    fn prep(self, xq: &[u8], dst: &mut [u8]) {
-        match self {
-            Path::Sdot32 => perm32_block(xq, dst),
-            Path::Smmla32 => mask32_block(xq, dst),
-            Path::Smmla16 => mask16_block(xq, dst),
-        }
-    }
-}
-
 /// Whether `kind` at `level` runs here (else the caller uses the widening NEON core).
 pub(crate) fn handles(kind: Kind, level: Level) -> bool {
     matches!(
         (kind, level),
-        (Kind::Q4K | Kind::Q5K, Level::Dotprod)
-            | (Kind::Q4K | Kind::Q5K | Kind::Q3K | Kind::Q6K, Level::I8mm)
+        (
+            Kind::Q4K | Kind::Q5K | Kind::Q3K,
+            Level::Dotprod | Level::I8mm
+        )
     )
 }
 
@@ -144,16 +74,6 @@ fn epilogue(kind: Kind, acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), u: &Unpac
     }
 }
 
-fn unpack_perm(kind: Kind, b: &[u8], u: &mut Unpacked) {
-    match kind {
-        Kind::Q4K => unpack::q4_k_perm(b, u),
-        Kind::Q5K => unpack::q5_k(b, u, true),
-        Kind::Q3K => unpack::q3_k(b, u, true),
-        Kind::Q6K => unpack::q6_k(b, u, true),
-        Kind::Q2K => unreachable!("Q2_K has no lane-split path"),
-    }
-}
-
 /// `kind` x Q8_K for `rows` weight rows and `n` activation rows; `handles(kind, level)` holds.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
@@ -166,77 +86,207 @@ pub(crate) fn gemm(
     n: usize,
     out: &mut [f32],
 ) {
-    let path = match (kind, level) {
-        (Kind::Q4K | Kind::Q5K, Level::Dotprod) => Path::Sdot32,
-        (Kind::Q4K | Kind::Q5K, _) => Path::Smmla32,
-        _ => Path::Smmla16,
-    };
+    if kind == Kind::Q3K {
+        return q3_k_gemm(level, nb, w, rows, x, n, out);
+    }
     let wb = kind.block_bytes();
     let wrow = nb * wb;
     let xrow = nb * Q8K_BYTES;
-    let per = path.prep_bytes();
+    const PER: usize = 256;
     SCRATCH.with(|s| {
         let mut scratch = s.borrow_mut();
-        let need = CH.min(n) * nb * per;
+        let need = CH.min(n) * nb * PER;
         if scratch.len() < need {
             scratch.resize(need, 0);
         }
-        let mut u = [Unpacked::new(), Unpacked::new()];
-        let mut pa = i8mm::PairA::new();
+        let mut u = Unpacked::new();
+        let mut q2 = [0i8; 256];
         for jc in (0..n).step_by(CH) {
             let cnt = CH.min(n - jc);
             for t in 0..cnt {
                 for b in 0..nb {
                     let xq = &x[(jc + t) * xrow + b * Q8K_BYTES + 4..][..256];
-                    path.prep(xq, &mut scratch[(t * nb + b) * per..][..per]);
+                    perm32_block(xq, &mut scratch[(t * nb + b) * PER..][..PER]);
                 }
             }
             let prep = &scratch[..];
-            let mut r = 0;
-            while r < rows {
-                // SMMLA: weight rows in pairs; an odd last row is paired with itself.
-                let r1 = if path != Path::Sdot32 && r + 1 < rows {
-                    r + 1
-                } else {
-                    r
-                };
-                let mut acc = [[KAcc::zero(); CH]; 2];
+            for r in 0..rows {
+                let mut acc = [KAcc::zero(); CH];
                 for b in 0..nb {
-                    unpack_perm(kind, &w[r * wrow + b * wb..][..wb], &mut u[0]);
-                    if r1 != r {
-                        unpack_perm(kind, &w[r1 * wrow + b * wb..][..wb], &mut u[1]);
+                    let wblock = &w[r * wrow + b * wb..][..wb];
+                    match kind {
+                        Kind::Q4K => unpack::q4_k_perm_folded(wblock, &mut u, &mut q2),
+                        _ => unpack::q5_k(wblock, &mut u, true),
                     }
-                    let u1 = if r1 != r { &u[1] } else { &u[0] };
-                    if path != Path::Sdot32 {
-                        pa.set(&u[0].q, &u1.q);
-                    }
-                    for t in 0..cnt {
+                    for (t, a) in acc.iter_mut().enumerate().take(cnt) {
                         let xb = &x[(jc + t) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
-                        let pb = &prep[(t * nb + b) * per..][..per];
-                        let sc = [&u[0].scales, &u1.scales];
-                        // SAFETY: the Dotprod level is only built from a capability that proved
-                        // SDOT, the I8mm level from one that proved SDOT and SMMLA.
-                        let l = unsafe {
-                            match path {
-                                Path::Sdot32 => {
-                                    let (lo, hi) = dotprod::split32_perm(&u[0].q, pb, &u[0].scales);
-                                    [lo, hi, lo, hi]
-                                }
-                                Path::Smmla32 => i8mm::split32_2x1(&pa, pb, sc),
-                                Path::Smmla16 => i8mm::split16_2x1(&pa, pb, sc),
+                        let pb = &prep[(t * nb + b) * PER..][..PER];
+                        // SAFETY: the Dotprod and I8mm levels are only built from capabilities
+                        // that proved SDOT.
+                        let lanes = unsafe {
+                            match kind {
+                                Kind::Q4K => dotprod::folded32(&u.q, &q2, pb),
+                                _ => dotprod::split32_perm(&u.q, pb, &u.scales),
                             }
                         };
-                        epilogue(kind, &mut acc[0][t], (l[0], l[1]), &u[0], xb);
-                        if r1 != r {
-                            epilogue(kind, &mut acc[1][t], (l[2], l[3]), u1, xb);
+                        epilogue(kind, a, lanes, &u, xb);
+                    }
+                }
+                for (t, a) in acc.iter().enumerate().take(cnt) {
+                    out[r * n + jc + t] = a.finish(kind);
+                }
+            }
+        }
+    });
+}
+
+/// 256 activation quants in `unpack::q3_k_lanes`' lane-grouped layout (256 bytes).
+fn lanes8_block(xq: &[u8], dst: &mut [u8]) {
+    let xq = &xq[..256];
+    let dst = &mut dst[..256];
+    for k in 0..2 {
+        // SAFETY: 32 readable bytes at `xq[128k + 32j..]` (xq is 256 bytes, bounds-checked
+        // above); 64 writable bytes at `dst[128k + 64jp..]`.
+        unsafe {
+            let run = |j: usize| {
+                let (a, b) = unpack::perm32(
+                    vld1q_u8(xq.as_ptr().add(128 * k + 32 * j)),
+                    vld1q_u8(xq.as_ptr().add(128 * k + 32 * j + 16)),
+                );
+                [a, b]
+            };
+            for jp in 0..2 {
+                let c = unpack::lanes8_chunks(run(2 * jp), run(2 * jp + 1));
+                for (i, c) in c.into_iter().enumerate() {
+                    vst1q_u8(dst.as_mut_ptr().add(16 * (8 * k + 4 * jp + i)), c);
+                }
+            }
+        }
+    }
+}
+
+/// Two activation rows in the lane-grouped layout interleaved as SMMLA `B` operands (512
+/// bytes, the layout of `i8mm::PairA`).
+fn pair_block(x0: &[u8], x1: &[u8], dst: &mut [u8]) {
+    let (x0, x1, dst) = (&x0[..256], &x1[..256], &mut dst[..512]);
+    for c in 0..16 {
+        let (lo, hi) = i8mm::pair(neon::ld_s8(x0, 16 * c), neon::ld_s8(x1, 16 * c));
+        // SAFETY: 32 writable bytes at `dst[32c..]` (dst is 512 bytes, bounds-checked).
+        unsafe {
+            vst1q_s8(dst.as_mut_ptr().add(32 * c).cast::<i8>(), lo);
+            vst1q_s8(dst.as_mut_ptr().add(32 * c + 16).cast::<i8>(), hi);
+        }
+    }
+}
+
+/// Q3_K x Q8_K with the scales folded into the weights (`unpack::q3_k_lanes`): SDOT per
+/// (weight row, activation row) on the dotprod tier; 2x2 SMMLA tiles (weight rows x activation
+/// rows, an odd last row paired with itself) on i8mm, with the reference's eight float lanes of
+/// the four dots of a tile kept lane-major (`sums[l]` is a vector over the tile).
+fn q3_k_gemm(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+    const WB: usize = 110;
+    let wrow = nb * WB;
+    let xrow = nb * Q8K_BYTES;
+    let smmla = level == Level::I8mm;
+    // Prepared bytes per block of one activation row (SDOT) or of one pair of rows (SMMLA).
+    let per = if smmla { 512 } else { 256 };
+    let units = if smmla { CH / 2 } else { CH };
+    SCRATCH.with(|s| {
+        let mut scratch = s.borrow_mut();
+        let need = units.min(n) * nb * per;
+        if scratch.len() < need {
+            scratch.resize(need, 0);
+        }
+        let mut u = [Unpacked::new(), Unpacked::new()];
+        let mut pa = i8mm::PairA::new();
+        let mut l8 = [[0u8; 256]; 2];
+        for jc in (0..n).step_by(CH) {
+            let cnt = CH.min(n - jc);
+            let xq = |t: usize, b: usize| &x[(jc + t) * xrow + b * Q8K_BYTES + 4..][..256];
+            let yd = |t: usize, b: usize| {
+                let at = (jc + t) * xrow + b * Q8K_BYTES;
+                f32::from_le_bytes([x[at], x[at + 1], x[at + 2], x[at + 3]])
+            };
+            if !smmla {
+                for t in 0..cnt {
+                    for b in 0..nb {
+                        lanes8_block(xq(t, b), &mut scratch[(t * nb + b) * per..][..per]);
+                    }
+                }
+                for r in 0..rows {
+                    let mut acc = [KAcc::zero(); CH];
+                    for b in 0..nb {
+                        unpack::q3_k_lanes(&w[r * wrow + b * WB..][..WB], &mut u[0]);
+                        for (t, a) in acc.iter_mut().enumerate().take(cnt) {
+                            let xl = &scratch[(t * nb + b) * per..][..per];
+                            // SAFETY: the Dotprod level is only built from a capability that
+                            // proved SDOT.
+                            let lanes = unsafe { dotprod::lanes8(&u[0].q, xl) };
+                            add_lanes(a, lanes, u[0].d * yd(t, b));
+                        }
+                    }
+                    for (t, a) in acc.iter().enumerate().take(cnt) {
+                        out[r * n + jc + t] = a.finish(Kind::Q3K);
+                    }
+                }
+                continue;
+            }
+            let pairs = cnt.div_ceil(2);
+            let cols = |p: usize| (2 * p, (2 * p + 1).min(cnt - 1));
+            for p in 0..pairs {
+                let (t0, t1) = cols(p);
+                for b in 0..nb {
+                    lanes8_block(xq(t0, b), &mut l8[0]);
+                    lanes8_block(xq(t1, b), &mut l8[1]);
+                    pair_block(&l8[0], &l8[1], &mut scratch[(p * nb + b) * per..][..per]);
+                }
+            }
+            let mut r = 0;
+            while r < rows {
+                let r1 = if r + 1 < rows { r + 1 } else { r };
+                // SAFETY: NEON register arithmetic only.
+                let mut sums = [[unsafe { vdupq_n_f32(0.0) }; 8]; CH / 2];
+                for b in 0..nb {
+                    unpack::q3_k_lanes(&w[r * wrow + b * WB..][..WB], &mut u[0]);
+                    if r1 != r {
+                        unpack::q3_k_lanes(&w[r1 * wrow + b * WB..][..WB], &mut u[1]);
+                    }
+                    let u1 = if r1 != r { &u[1] } else { &u[0] };
+                    pa.set(&u[0].q, &u1.q);
+                    let dw = [u[0].d, u[0].d, u1.d, u1.d];
+                    for (p, sp) in sums.iter_mut().enumerate().take(pairs) {
+                        let (t0, t1) = cols(p);
+                        let (y0, y1) = (yd(t0, b), yd(t1, b));
+                        let bx = &scratch[(p * nb + b) * per..][..per];
+                        // SAFETY: this path runs only under the I8mm capability (SMMLA); the
+                        // rest is NEON register arithmetic on 4 readable f32.
+                        unsafe {
+                            let l = i8mm::lanes8_2x2(&pa, bx);
+                            // d = x.d * y.d per dot; sums[l] += d * aux32[l], lane by lane.
+                            let yv = [y0, y1, y0, y1];
+                            let d = vmulq_f32(vld1q_f32(dw.as_ptr()), vld1q_f32(yv.as_ptr()));
+                            for (s, l) in sp.iter_mut().zip(l) {
+                                *s = vaddq_f32(*s, vmulq_f32(d, vcvtq_f32_s32(l)));
+                            }
                         }
                     }
                 }
-                for t in 0..cnt {
-                    out[r * n + jc + t] = acc[0][t].finish(kind);
-                    if r1 != r {
-                        out[r1 * n + jc + t] = acc[1][t].finish(kind);
+                for (p, sp) in sums.iter().enumerate().take(pairs) {
+                    let (t0, t1) = cols(p);
+                    let mut v = [0.0f32; 4];
+                    // SAFETY: NEON register arithmetic; `v` has room for 4 f32.
+                    unsafe {
+                        // The reference's final `sumf = 0; sumf += sums[l]` for l = 0..8.
+                        let mut f = vdupq_n_f32(0.0);
+                        for s in sp {
+                            f = vaddq_f32(f, *s);
+                        }
+                        vst1q_f32(v.as_mut_ptr(), f);
                     }
+                    out[r * n + jc + t0] = v[0];
+                    out[r * n + jc + t1] = v[1];
+                    out[r1 * n + jc + t0] = v[2];
+                    out[r1 * n + jc + t1] = v[3];
                 }
                 r = r1 + 1;
             }

@@ -4,8 +4,9 @@
 //! bit twiddling follows ggml's generic dots element for element (NEON, which every aarch64 CPU has).
 
 use core::arch::aarch64::*;
+use core::arch::asm;
 
-use crate::formats::{f16_to_f32, unpack_k4_scales, unpack_q3_k_scales};
+use crate::formats::unpack_k4_scales;
 
 /// One unpacked K-quant weight block.
 #[repr(C, align(16))]
@@ -34,8 +35,26 @@ impl Unpacked {
     }
 }
 
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+/// The little-endian f16 at `b[at..at + 2]` as f32, with one FCVT (half to single, a base
+/// ARMv8 instruction: exact for every f16, NaNs quieted with their payload kept, as the
+/// `half` crate's conversion the scalar reference uses, which reaches it only through a
+/// run-time FP16 check and a call).
+#[inline(always)]
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
+    let bits = u32::from(u16::from_le_bytes([b[at], b[at + 1]]));
+    let out: f32;
+    // SAFETY: register-only FP instructions of the aarch64 baseline.
+    unsafe {
+        asm!(
+            "fmov {t:s}, {w:w}",
+            "fcvt {o:s}, {t:h}",
+            w = in(reg) bits,
+            t = out(vreg) _,
+            o = out(vreg) out,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
 }
 
 /// Loads 16 bytes at `b[at..at + 16]`.
@@ -84,24 +103,61 @@ pub(crate) fn q2_k(b: &[u8], u: &mut Unpacked) {
     u.dmin = f16_at(b, 82);
 }
 
-/// With `perm`, each group of 16 quants is stored in [`PERM16`] order (every element is built
-/// from bytes at its own position within 16-byte loads, so permuting the loads permutes all).
-///
+/// Q2_K like [`q2_k`], with every quant already multiplied by its group's scale (0..=45: exact
+/// in int8) and `scales` all 1. The block's integer total `sum(scale[g] * q[e] * x[e])` is then
+/// a plain dot product of `q` and `x`, which SDOT/SMMLA accumulate with no per-group step
+/// (integer sums are exact in any order; |total| < 2^31). Everything stays in vector registers.
+pub(crate) fn q2_k_scaled(b: &[u8], u: &mut Unpacked) {
+    let b = &b[..84];
+    // SAFETY (whole block): NEON register arithmetic only; `u.mins` is 16 writable i16.
+    unsafe {
+        let m3 = vdupq_n_u8(3);
+        let sm = load16(b, 0);
+        let sc = vandq_u8(sm, vdupq_n_u8(15));
+        let (lo0, hi0) = (load16(b, 16), load16(b, 32));
+        let (lo1, hi1) = (load16(b, 48), load16(b, 64));
+        // Group g = 8k + 2j (+1 for the second 16 bytes) holds `(qs[32k + l] >> 2j) & 3`.
+        macro_rules! put {
+            ($g:literal, $v:expr) => {
+                store16(u, 16 * $g, vmulq_u8($v, vdupq_laneq_u8::<$g>(sc)))
+            };
+        }
+        put!(0, vandq_u8(lo0, m3));
+        put!(1, vandq_u8(hi0, m3));
+        put!(2, vandq_u8(vshrq_n_u8::<2>(lo0), m3));
+        put!(3, vandq_u8(vshrq_n_u8::<2>(hi0), m3));
+        put!(4, vandq_u8(vshrq_n_u8::<4>(lo0), m3));
+        put!(5, vandq_u8(vshrq_n_u8::<4>(hi0), m3));
+        put!(6, vshrq_n_u8::<6>(lo0));
+        put!(7, vshrq_n_u8::<6>(hi0));
+        put!(8, vandq_u8(lo1, m3));
+        put!(9, vandq_u8(hi1, m3));
+        put!(10, vandq_u8(vshrq_n_u8::<2>(lo1), m3));
+        put!(11, vandq_u8(vshrq_n_u8::<2>(hi1), m3));
+        put!(12, vandq_u8(vshrq_n_u8::<4>(lo1), m3));
+        put!(13, vandq_u8(vshrq_n_u8::<4>(hi1), m3));
+        put!(14, vshrq_n_u8::<6>(lo1));
+        put!(15, vshrq_n_u8::<6>(hi1));
+        let mins = vshrq_n_u8::<4>(sm);
+        let (m0, m1) = (vmovl_u8(vget_low_u8(mins)), vmovl_high_u8(mins));
+        vst1q_s16(u.mins.as_mut_ptr(), vreinterpretq_s16_u16(m0));
+        vst1q_s16(u.mins.as_mut_ptr().add(8), vreinterpretq_s16_u16(m1));
+        vst1q_s16(u.scales.as_mut_ptr(), vdupq_n_s16(1));
+        vst1q_s16(u.scales.as_mut_ptr().add(8), vdupq_n_s16(1));
+    }
+    u.d = f16_at(b, 80);
+    u.dmin = f16_at(b, 82);
+}
+
 /// Q3_K (110 bytes: hmask[32], qs[64], scales[12], d): element `128k + 32j + l` is
 /// `((qs[32k + l] >> 2j) & 3) - (hmask[l] has bit 4k + j ? 0 : 4)`; scales are 6-bit minus 32.
-pub(crate) fn q3_k(b: &[u8], u: &mut Unpacked, perm: bool) {
+pub(crate) fn q3_k(b: &[u8], u: &mut Unpacked) {
     let b = &b[..110];
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
         let m3 = vdupq_n_u8(3);
         let four = vdupq_n_u8(4);
-        let ld = |at: usize| {
-            if perm {
-                perm16(load16(b, at))
-            } else {
-                load16(b, at)
-            }
-        };
+        let ld = |at: usize| load16(b, at);
         let h = [ld(0), ld(16)];
         for k in 0..2 {
             let q = [ld(32 + 32 * k), ld(32 + 32 * k + 16)];
@@ -121,13 +177,118 @@ pub(crate) fn q3_k(b: &[u8], u: &mut Unpacked, perm: bool) {
             }
         }
     }
-    let mut sc = [0u8; 12];
-    sc.copy_from_slice(&b[96..108]);
-    let s = unpack_q3_k_scales(&sc);
-    for g in 0..16 {
-        u.scales[g] = i16::from(s[g]) - 32;
-        u.mins[g] = 0;
+    // SAFETY: NEON register arithmetic; each store writes 8 i16 inside `u.scales`.
+    unsafe {
+        let s = q3_k_scales(b);
+        let off = vdupq_n_s16(32);
+        let lo = vsubq_s16(vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(s))), off);
+        let hi = vsubq_s16(vreinterpretq_s16_u16(vmovl_high_u8(s)), off);
+        vst1q_s16(u.scales.as_mut_ptr(), lo);
+        vst1q_s16(u.scales.as_mut_ptr().add(8), hi);
     }
+    u.mins = [0; 16];
+    u.d = f16_at(b, 108);
+    u.dmin = 0.0;
+}
+
+/// The [`LANES8`] layout of 256 values given as eight 32-byte runs `v[k][j]` (elements
+/// `128k + 32j + 0..32`), each already in [`PERM32`] order (two vectors: lanes 0..4, 4..8):
+/// 16-byte chunk `c = 8k + 4(j/2) + 2h + z` is `zip{z+1}.4s(v[k][j][h], v[k][j+1][h])` for even
+/// j, i.e. its low 8 bytes are the 8 elements of lane `4h + 2z` from groups j and j+1, its high
+/// 8 bytes those of lane `4h + 2z + 1`.
+#[inline(always)]
+pub(crate) fn lanes8_chunks(v0: [uint8x16_t; 2], v1: [uint8x16_t; 2]) -> [uint8x16_t; 4] {
+    // SAFETY: NEON register reinterpretations and zips only.
+    unsafe {
+        let z = |a: uint8x16_t, b: uint8x16_t| {
+            let (a, b) = (vreinterpretq_u32_u8(a), vreinterpretq_u32_u8(b));
+            (
+                vreinterpretq_u8_u32(vzip1q_u32(a, b)),
+                vreinterpretq_u8_u32(vzip2q_u32(a, b)),
+            )
+        };
+        let (c0, c1) = z(v0[0], v1[0]);
+        let (c2, c3) = z(v0[1], v1[1]);
+        [c0, c1, c2, c3]
+    }
+}
+
+/// Q3_K's sixteen 6-bit scales (0..=63, as `formats::unpack_q3_k_scales`) in one vector:
+/// scale j takes its low 4 bits from scale byte `j % 8` (low nibble for j < 8, high for j >= 8)
+/// and its high 2 bits from byte `8 + j % 4`, bits `2 * (j / 4)`; two table lookups and
+/// per-lane shifts instead of sixteen scalar steps.
+#[inline(always)]
+fn q3_k_scales(b: &[u8]) -> uint8x16_t {
+    // The 16 bytes ending with the block: the 12 scale bytes (96..108) sit at lanes 2..14.
+    const LOW_AT: [u8; 16] = [2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9];
+    const LOW_SHIFT: [i8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, -4, -4, -4, -4, -4, -4, -4, -4];
+    const HIGH_AT: [u8; 16] = [
+        10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13,
+    ];
+    const HIGH_SHIFT: [i8; 16] = [0, 0, 0, 0, -2, -2, -2, -2, -4, -4, -4, -4, -6, -6, -6, -6];
+    // SAFETY: the constants are 16 readable bytes each; the rest is NEON register arithmetic.
+    unsafe {
+        let v = load16(&b[..110], 94);
+        let low = vshlq_u8(
+            vqtbl1q_u8(v, vld1q_u8(LOW_AT.as_ptr())),
+            vld1q_s8(LOW_SHIFT.as_ptr()),
+        );
+        let high = vshlq_u8(
+            vqtbl1q_u8(v, vld1q_u8(HIGH_AT.as_ptr())),
+            vld1q_s8(HIGH_SHIFT.as_ptr()),
+        );
+        vorrq_u8(
+            vandq_u8(low, vdupq_n_u8(15)),
+            vshlq_n_u8::<4>(vandq_u8(high, vdupq_n_u8(3))),
+        )
+    }
+}
+
+/// Q3_K in the lane-grouped layout ([`lanes8_chunks`]) with each quant multiplied by the
+/// negated scale of its group: `q[e] * (32 - sc[g])` lies in -128..=124 (exact in int8, where
+/// `q * (sc - 32)` would reach 128). Every 8-byte slice then holds 8 elements of one reference
+/// lane (`e % 8`) and needs no scale: the lane sums are minus the reference's `aux32` lanes,
+/// exactly. `scales`/`mins` are not used by the cores of this layout and are set to zero.
+pub(crate) fn q3_k_lanes(b: &[u8], u: &mut Unpacked) {
+    let b = &b[..110];
+    // SAFETY (whole block): NEON register arithmetic only.
+    unsafe {
+        let m3 = vdupq_n_u8(3);
+        let four = vdupq_n_u8(4);
+        let nsv = vsubq_u8(vdupq_n_u8(32), q3_k_scales(b));
+        // Position p of a PERM32 vector comes from group half `(p % 4) / 2`.
+        const HALF: [u8; 16] = [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1];
+        let half = vld1q_u8(HALF.as_ptr());
+        let (h0, h1) = perm32(load16(b, 0), load16(b, 16));
+        let h = [h0, h1];
+        for k in 0..2 {
+            let (p0, p1) = perm32(load16(b, 32 + 32 * k), load16(b, 48 + 32 * k));
+            let p = [p0, p1];
+            let mut v = [[vdupq_n_u8(0); 2]; 4];
+            for j in 0..4 {
+                let bit = vdupq_n_u8(1u8 << (4 * k + j));
+                let scale = vqtbl1q_u8(nsv, vaddq_u8(half, vdupq_n_u8((8 * k + 2 * j) as u8)));
+                for hh in 0..2 {
+                    let low = match j {
+                        0 => vandq_u8(p[hh], m3),
+                        1 => vandq_u8(vshrq_n_u8::<2>(p[hh]), m3),
+                        2 => vandq_u8(vshrq_n_u8::<4>(p[hh]), m3),
+                        _ => vshrq_n_u8::<6>(p[hh]),
+                    };
+                    let q = vsubq_u8(low, vbicq_u8(four, vtstq_u8(h[hh], bit)));
+                    v[j][hh] = vmulq_u8(q, scale);
+                }
+            }
+            for jp in 0..2 {
+                let c = lanes8_chunks(v[2 * jp], v[2 * jp + 1]);
+                for (z, c) in c.into_iter().enumerate() {
+                    store16(u, 16 * (8 * k + 4 * jp + z), c);
+                }
+            }
+        }
+    }
+    u.scales = [0; 16];
+    u.mins = [0; 16];
     u.d = f16_at(b, 108);
     u.dmin = 0.0;
 }
@@ -158,12 +319,10 @@ pub(crate) fn q4_k(b: &[u8], u: &mut Unpacked) {
     u.dmin = f16_at(b, 2);
 }
 
-/// With `perm`, each group of 16 quants is stored in [`PERM16`] order (as for [`q3_k`]).
-///
 /// Q6_K (210 bytes: ql[128], qh[64], scales[16] i8, d): for `l < 32` in chunk k, elements
 /// `128k + l, +32, +64, +96` take the low/high nibble of `ql[64k + l]` / `ql[64k + 32 + l]`
 /// and bits 0-1, 2-3, 4-5, 6-7 of `qh[32k + l]`, minus 32.
-pub(crate) fn q6_k(b: &[u8], u: &mut Unpacked, perm: bool) {
+pub(crate) fn q6_k(b: &[u8], u: &mut Unpacked) {
     let b = &b[..210];
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
@@ -173,13 +332,7 @@ pub(crate) fn q6_k(b: &[u8], u: &mut Unpacked, perm: bool) {
         for k in 0..2 {
             for half in 0..2 {
                 let l = 16 * half;
-                let ld = |at: usize| {
-                    if perm {
-                        perm16(load16(b, at))
-                    } else {
-                        load16(b, at)
-                    }
-                };
+                let ld = |at: usize| load16(b, at);
                 let l0 = ld(64 * k + l);
                 let l1 = ld(64 * k + 32 + l);
                 let h = ld(128 + 32 * k + l);
@@ -236,22 +389,13 @@ pub(crate) fn perm32(lo: uint8x16_t, hi: uint8x16_t) -> (uint8x16_t, uint8x16_t)
     }
 }
 
-/// Q4_K like [`q4_k`], but each group of 32 quants is stored in [`PERM32`] order. Every
-/// nibble of a packed byte lands at the same position of its group, so permuting the packed
-/// bytes once serves both the low-nibble and the high-nibble group.
-pub(crate) fn q4_k_perm(b: &[u8], u: &mut Unpacked) {
+/// Q4_K in [`PERM32`] order with the per-32 scale folded in, in two streams so that both fit
+/// int8: `q[e] = quant * (sc >> 3)` and `q2[e] = quant * (sc & 7)` (each at most 15 * 7), so
+/// `quant * sc = 8 * q[e] + q2[e]`. The lane sums of both streams are plain SDOTs with no
+/// per-group step; the caller combines them as `8 * hi + lo` (exact integers). `scales` are
+/// not needed by that core and are left as unpacked (per 16), `mins` as in [`q4_k`].
+pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     let b = &b[..144];
-    // SAFETY (whole block): NEON register arithmetic only.
-    unsafe {
-        let m15 = vdupq_n_u8(15);
-        for j in 0..4 {
-            let (p0, p1) = perm32(load16(b, 16 + 32 * j), load16(b, 16 + 32 * j + 16));
-            store16(u, 64 * j, vandq_u8(p0, m15));
-            store16(u, 64 * j + 16, vandq_u8(p1, m15));
-            store16(u, 64 * j + 32, vshrq_n_u8::<4>(p0));
-            store16(u, 64 * j + 48, vshrq_n_u8::<4>(p1));
-        }
-    }
     let mut sc = [0u8; 12];
     sc.copy_from_slice(&b[4..16]);
     let (s, m) = unpack_k4_scales(&sc);
@@ -259,28 +403,49 @@ pub(crate) fn q4_k_perm(b: &[u8], u: &mut Unpacked) {
         u.scales[g] = i16::from(s[g / 2]);
         u.mins[g] = i16::from(m[g / 2]);
     }
+    // Group 2j (low nibbles) and 2j + 1 (high nibbles) of 32 per j: byte 2j + h of `sv`.
+    let mut sb = [0u8; 16];
+    sb[..8].copy_from_slice(&s);
+    // SAFETY (whole block): NEON register arithmetic only; `sb` is 16 readable bytes and every
+    // store writes 16 bytes inside `u.q` or `q2` (bounds-checked slices).
+    unsafe {
+        let m15 = vdupq_n_u8(15);
+        let sv = vld1q_u8(sb.as_ptr());
+        let (shi, slo) = (vshrq_n_u8::<3>(sv), vandq_u8(sv, vdupq_n_u8(7)));
+        let st2 = |q2: &mut [i8; 256], at: usize, v: uint8x16_t| {
+            let d = &mut q2[at..at + 16];
+            vst1q_u8(d.as_mut_ptr().cast::<u8>(), v)
+        };
+        macro_rules! group {
+            ($j:literal) => {{
+                let (p0, p1) = perm32(load16(b, 16 + 32 * $j), load16(b, 32 + 32 * $j));
+                let (l0, l1) = (vandq_u8(p0, m15), vandq_u8(p1, m15));
+                let (h0, h1) = (vshrq_n_u8::<4>(p0), vshrq_n_u8::<4>(p1));
+                let (a, c) = (
+                    vdupq_laneq_u8::<{ 2 * $j }>(shi),
+                    vdupq_laneq_u8::<{ 2 * $j }>(slo),
+                );
+                let (e, f) = (
+                    vdupq_laneq_u8::<{ 2 * $j + 1 }>(shi),
+                    vdupq_laneq_u8::<{ 2 * $j + 1 }>(slo),
+                );
+                store16(u, 64 * $j, vmulq_u8(l0, a));
+                store16(u, 64 * $j + 16, vmulq_u8(l1, a));
+                store16(u, 64 * $j + 32, vmulq_u8(h0, e));
+                store16(u, 64 * $j + 48, vmulq_u8(h1, e));
+                st2(q2, 64 * $j, vmulq_u8(l0, c));
+                st2(q2, 64 * $j + 16, vmulq_u8(l1, c));
+                st2(q2, 64 * $j + 32, vmulq_u8(h0, f));
+                st2(q2, 64 * $j + 48, vmulq_u8(h1, f));
+            }};
+        }
+        group!(0);
+        group!(1);
+        group!(2);
+        group!(3);
+    }
     u.d = f16_at(b, 0);
     u.dmin = f16_at(b, 2);
-}
-
-/// The order SMMLA wants within each group of 16 elements (Q3_K, Q6_K): position p holds
-/// element `p / 2 + 8 * (p % 2)`, so the two elements of each reference lane (`e % 8`) are
-/// adjacent, lanes 0..8 in order.
-pub(crate) const PERM16: [u8; 16] = {
-    let mut p = [0u8; 16];
-    let mut i = 0;
-    while i < 16 {
-        p[i] = (i / 2 + 8 * (i % 2)) as u8;
-        i += 1;
-    }
-    p
-};
-
-/// Applies [`PERM16`] to 16 bytes.
-#[inline(always)]
-pub(crate) fn perm16(v: uint8x16_t) -> uint8x16_t {
-    // SAFETY: PERM16 is 16 readable bytes; the rest is NEON register arithmetic.
-    unsafe { vqtbl1q_u8(v, vld1q_u8(PERM16.as_ptr())) }
 }
 
 /// Q5_K (176 bytes: d, dmin, scales[12], qh[32], qs[128]): like Q4_K plus a fifth bit,
