@@ -44,8 +44,8 @@ pub trait IqKind {
     const UNIT: usize;
     /// Whether `Decoded::w2` is used (the IQ1_M shifts).
     const HAS_W2: bool = false;
-    /// Decodes one unit.
-    fn decode(w: &[Self::W], out: &mut Decoded);
+    /// Decodes one unit (`core` may supply a faster table lookup, see [`Sums::iq4_values`]).
+    fn decode<S: Sums>(core: &S, w: &[Self::W], out: &mut Decoded);
     /// Adds this unit's contribution to `sumf` exactly as the scalar reference does.
     fn epilogue(w: &[Self::W], x: &[Self::X], s: &[i32; 16], s2: &[i32; 16], sumf: &mut f32);
     /// The reference's final scaling of the row sum.
@@ -99,7 +99,7 @@ impl IqKind for Iq2Xxs {
     type W = BlockIq2Xxs;
     type X = BlockQ8_K;
     const UNIT: usize = 1;
-    fn decode(w: &[BlockIq2Xxs], out: &mut Decoded) {
+    fn decode<S: Sums>(_core: &S, w: &[BlockIq2Xxs], out: &mut Decoded) {
         let b = &w[0];
         for g in 0..8 {
             let (idx, sg) = b.words(g);
@@ -128,7 +128,7 @@ impl IqKind for Iq2Xs {
     type W = BlockIq2Xs;
     type X = BlockQ8_K;
     const UNIT: usize = 1;
-    fn decode(w: &[BlockIq2Xs], out: &mut Decoded) {
+    fn decode<S: Sums>(_core: &S, w: &[BlockIq2Xs], out: &mut Decoded) {
         let b = &w[0];
         for i in 0..32 {
             let q = b.q(i);
@@ -163,7 +163,7 @@ impl IqKind for Iq2S {
     type W = BlockIq2S;
     type X = BlockQ8_K;
     const UNIT: usize = 1;
-    fn decode(w: &[BlockIq2S], out: &mut Decoded) {
+    fn decode<S: Sums>(_core: &S, w: &[BlockIq2S], out: &mut Decoded) {
         let b = &w[0];
         for g in 0..8 {
             for l in 0..4 {
@@ -190,7 +190,7 @@ impl IqKind for Iq3Xxs {
     type W = BlockIq3Xxs;
     type X = BlockQ8_K;
     const UNIT: usize = 1;
-    fn decode(w: &[BlockIq3Xxs], out: &mut Decoded) {
+    fn decode<S: Sums>(_core: &S, w: &[BlockIq3Xxs], out: &mut Decoded) {
         let b = &w[0];
         for g in 0..8 {
             let aux = b.signs_scale(g);
@@ -222,7 +222,7 @@ impl IqKind for Iq3S {
     type W = BlockIq3S;
     type X = BlockQ8_K;
     const UNIT: usize = 1;
-    fn decode(w: &[BlockIq3S], out: &mut Decoded) {
+    fn decode<S: Sums>(_core: &S, w: &[BlockIq3S], out: &mut Decoded) {
         let b = &w[0];
         for g in 0..8 {
             for l in 0..4 {
@@ -246,7 +246,7 @@ impl IqKind for Iq1S {
     type W = BlockIq1S;
     type X = BlockQ8_K;
     const UNIT: usize = 1;
-    fn decode(w: &[BlockIq1S], out: &mut Decoded) {
+    fn decode<S: Sums>(_core: &S, w: &[BlockIq1S], out: &mut Decoded) {
         let b = &w[0];
         for g in 0..8 {
             for l in 0..4 {
@@ -278,7 +278,7 @@ impl IqKind for Iq1M {
     type X = BlockQ8_K;
     const UNIT: usize = 1;
     const HAS_W2: bool = true;
-    fn decode(w: &[BlockIq1M], out: &mut Decoded) {
+    fn decode<S: Sums>(_core: &S, w: &[BlockIq1M], out: &mut Decoded) {
         let b = &w[0];
         for g in 0..8 {
             for l in 0..4 {
@@ -316,7 +316,7 @@ const fn iq4_pairs() -> [[i8; 2]; 256] {
 
 /// The 32 IQ4 values of 16 packed bytes (low nibbles, then high nibbles) at `out[at..at + 32]`.
 #[inline(always)]
-fn iq4_values(qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+pub(crate) fn iq4_values(qs: &[u8], out: &mut [i8; QK_K], at: usize) {
     let (lo, hi) = out[at..at + 32].split_at_mut(16);
     for ((&q, l), h) in qs.iter().zip(lo).zip(hi) {
         [*l, *h] = IQ4_PAIRS[q as usize];
@@ -328,9 +328,9 @@ impl IqKind for Iq4Xs {
     type W = BlockIq4Xs;
     type X = BlockQ8_K;
     const UNIT: usize = 1;
-    fn decode(w: &[BlockIq4Xs], out: &mut Decoded) {
+    fn decode<S: Sums>(core: &S, w: &[BlockIq4Xs], out: &mut Decoded) {
         for g in 0..8 {
-            iq4_values(&w[0].qs[16 * g..16 * g + 16], &mut out.w, 32 * g);
+            core.iq4_values(&w[0].qs[16 * g..16 * g + 16], &mut out.w, 32 * g);
         }
     }
     fn epilogue(w: &[BlockIq4Xs], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
@@ -348,9 +348,9 @@ impl IqKind for Iq4Nl {
     type W = BlockIq4Nl;
     type X = BlockQ8_0;
     const UNIT: usize = 8;
-    fn decode(w: &[BlockIq4Nl], out: &mut Decoded) {
+    fn decode<S: Sums>(core: &S, w: &[BlockIq4Nl], out: &mut Decoded) {
         for (g, b) in w.iter().enumerate() {
-            iq4_values(&b.qs, &mut out.w, 32 * g);
+            core.iq4_values(&b.qs, &mut out.w, 32 * g);
         }
     }
     fn epilogue(w: &[BlockIq4Nl], x: &[BlockQ8_0], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
@@ -366,7 +366,7 @@ impl IqKind for Tq1_0 {
     type W = BlockTq1_0;
     type X = BlockQ8_K;
     const UNIT: usize = 1;
-    fn decode(w: &[BlockTq1_0], out: &mut Decoded) {
+    fn decode<S: Sums>(_core: &S, w: &[BlockTq1_0], out: &mut Decoded) {
         out.w = ternary::tq1_values(&w[0]);
     }
     fn epilogue(w: &[BlockTq1_0], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
@@ -380,7 +380,7 @@ impl IqKind for Tq2_0 {
     type W = BlockTq2_0;
     type X = BlockQ8_K;
     const UNIT: usize = 1;
-    fn decode(w: &[BlockTq2_0], out: &mut Decoded) {
+    fn decode<S: Sums>(_core: &S, w: &[BlockTq2_0], out: &mut Decoded) {
         out.w = ternary::tq2_values(&w[0]);
     }
     fn epilogue(w: &[BlockTq2_0], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
@@ -406,6 +406,13 @@ pub fn act_chunk_offset(act: GgmlType, c: usize) -> usize {
 /// Implementations may require CPU features; `xu` must be valid for one whole activation unit.
 pub(crate) trait Sums {
     unsafe fn sums(&self, w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16];
+
+    /// The 32 IQ4 values of the 16 bytes `qs` at `out[at..at + 32]` (a tier may override this
+    /// with a byte shuffle of `KVALUES_IQ4NL`). `qs.len()` must be 16 and `at <= 224`.
+    #[inline(always)]
+    fn iq4_values(&self, qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+        iq4_values(qs, out, at);
+    }
 
     /// Whether [`Sums::sums2x2`] is the core's own (2 weight rows x 2 activation rows at once,
     /// as SMMLA computes them); the driver then walks the rows and activations in pairs.
@@ -484,7 +491,7 @@ pub(crate) unsafe fn gemm_units<K: IqKind, S: Sums>(
     out.fill(0.0);
     for (wr, o) in wb.chunks_exact(per_row).zip(out.chunks_exact_mut(n)) {
         for (u, wu) in wr.chunks_exact(K::UNIT).enumerate() {
-            K::decode(wu, &mut dec);
+            K::decode(core, wu, &mut dec);
             for (j, acc) in o.iter_mut().enumerate() {
                 let xu = &xb[j * per_row + u * K::UNIT..j * per_row + (u + 1) * K::UNIT];
                 let xp = xu.as_ptr() as *const u8;
@@ -532,10 +539,10 @@ unsafe fn gemm_tiles<K: IqKind, S: Sums>(
         let pair = r0 + 1 < rows;
         for u in 0..per_row / K::UNIT {
             let w0 = &wb[unit(r0, u)..][..K::UNIT];
-            K::decode(w0, &mut dec[0]);
+            K::decode(core, w0, &mut dec[0]);
             let w1 = if pair {
                 let w1 = &wb[unit(r0 + 1, u)..][..K::UNIT];
-                K::decode(w1, &mut dec[1]);
+                K::decode(core, w1, &mut dec[1]);
                 w1
             } else {
                 w0

@@ -49,9 +49,9 @@ pub fn tensor_type(
         } else {
             experts
         }
-    } else if name == "output.weight" || name.contains("_shexp.weight") {
-        GgmlType::Q6_K
-    } else if name.contains("attn_v.weight")
+    } else if name == "output.weight"
+        || name.contains("_shexp.weight")
+        || name.contains("attn_v.weight")
         || name.contains("attn_kv_b.weight")
         || name.contains("attn_v_b.weight")
     {

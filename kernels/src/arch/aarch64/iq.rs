@@ -12,7 +12,7 @@ use super::dotprod::sdot;
 use super::i8mm::smmla;
 use super::Level;
 use crate::arch::iq_tile::{self, act_chunk_offset, Sums};
-use crate::formats::QK_K;
+use crate::formats::{KVALUES_IQ4NL, QK_K};
 use crate::GgmlType;
 
 /// Loads the 16 weights of group `g` and the matching activations of the unit at `xu`.
@@ -32,9 +32,33 @@ unsafe fn load(w: &[i8; QK_K], xu: *const u8, act: GgmlType, g: usize) -> (int8x
     }
 }
 
+/// Both nibbles of 16 bytes through one `TBL` of `KVALUES_IQ4NL` each (every aarch64 tier).
+#[inline(always)]
+fn iq4_tbl(qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+    let (qs, dst) = (&qs[..16], &mut out[at..at + 32]);
+    // SAFETY: NEON is baseline on aarch64; `qs` and `dst` are bounds-checked 16 and 32 bytes.
+    unsafe {
+        let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+        let q = vld1q_u8(qs.as_ptr());
+        vst1q_s8(
+            dst.as_mut_ptr(),
+            vqtbl1q_s8(table, vandq_u8(q, vdupq_n_u8(0x0f))),
+        );
+        vst1q_s8(
+            dst.as_mut_ptr().add(16),
+            vqtbl1q_s8(table, vshrq_n_u8::<4>(q)),
+        );
+    }
+}
+
 struct NeonSums;
 
 impl Sums for NeonSums {
+    #[inline(always)]
+    fn iq4_values(&self, qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+        iq4_tbl(qs, out, at);
+    }
+
     #[inline(always)]
     unsafe fn sums(&self, w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16] {
         let mut s = [0i32; 16];
@@ -55,6 +79,11 @@ struct SdotSums;
 
 impl Sums for SdotSums {
     #[inline(always)]
+    fn iq4_values(&self, qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+        iq4_tbl(qs, out, at);
+    }
+
+    #[inline(always)]
     unsafe fn sums(&self, w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16] {
         let mut s = [0i32; 16];
         for (g, sg) in s.iter_mut().enumerate() {
@@ -71,6 +100,11 @@ impl Sums for SdotSums {
 struct SmmlaSums;
 
 impl Sums for SmmlaSums {
+    #[inline(always)]
+    fn iq4_values(&self, qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+        iq4_tbl(qs, out, at);
+    }
+
     const TILE: bool = true;
 
     #[inline(always)]

@@ -9,7 +9,7 @@
 use core::arch::x86_64::*;
 
 use crate::arch::iq_tile::{self, act_chunk_offset, Sums};
-use crate::formats::QK_K;
+use crate::formats::{KVALUES_IQ4NL, QK_K};
 use crate::GgmlType;
 
 /// The sixteen 16-element group sums of `w` against the activation unit at `xu`.
@@ -57,6 +57,23 @@ impl Sums for Avx2Sums {
     unsafe fn sums(&self, w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16] {
         // SAFETY: forwarded: the CPU has AVX2 and `xu` is one activation unit.
         unsafe { sums16(w, xu, act) }
+    }
+
+    /// Both nibbles of 16 bytes through one `vpshufb` of `KVALUES_IQ4NL` each.
+    #[inline(always)]
+    fn iq4_values(&self, qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+        let (qs, dst) = (&qs[..16], &mut out[at..at + 32]);
+        // SAFETY: an `Avx2Sums` exists only inside `gemm`, whose caller guarantees AVX2 (SSSE3
+        // included); `qs` and `dst` are bounds-checked 16 and 32 bytes, unaligned accesses.
+        unsafe {
+            let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+            let q = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+            let m = _mm_set1_epi8(0x0f);
+            let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m));
+            let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(q), m));
+            _mm_storeu_si128(dst.as_mut_ptr() as *mut __m128i, lo);
+            _mm_storeu_si128(dst.as_mut_ptr().add(16) as *mut __m128i, hi);
+        }
     }
 }
 
