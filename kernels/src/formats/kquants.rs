@@ -72,6 +72,46 @@ pub struct BlockQ8_K {
     pub bsums: [[u8; 2]; QK_K / 16],
 }
 
+/// Byte sizes and field offsets of the K-quant blocks for the SIMD tiers' pointer arithmetic,
+/// derived from the structs above (never written as numbers in the tiers), and the K-quant kind
+/// both architectures monomorphise over (a `u8`, so it can be a const generic).
+pub(crate) mod layout {
+    use super::{BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
+    use core::mem::{offset_of, size_of};
+
+    /// Bytes of one Q8_K activation block.
+    pub(crate) const Q8K_BYTES: usize = size_of::<BlockQ8_K>();
+    /// Where a Q8_K block's 256 quants start.
+    pub(crate) const Q8K_QS: usize = offset_of!(BlockQ8_K, qs);
+    /// Where a Q8_K block's sixteen i16 group sums start (right after the quants).
+    pub(crate) const Q8K_BSUMS: usize = offset_of!(BlockQ8_K, bsums);
+    /// Offsets of the f16 super-block scales.
+    pub(crate) const Q2K_D: usize = offset_of!(BlockQ2_K, d);
+    pub(crate) const Q2K_DMIN: usize = offset_of!(BlockQ2_K, dmin);
+    pub(crate) const Q3K_D: usize = offset_of!(BlockQ3_K, d);
+    pub(crate) const Q6K_D: usize = offset_of!(BlockQ6_K, d);
+
+    /// The K-quant kinds, named by their bit width.
+    pub(crate) const Q2: u8 = 2;
+    pub(crate) const Q3: u8 = 3;
+    pub(crate) const Q4: u8 = 4;
+    pub(crate) const Q5: u8 = 5;
+    pub(crate) const Q6: u8 = 6;
+
+    /// Bytes per weight block of K-quant kind `kind` (Q6_K for anything above 5).
+    pub(crate) const fn block_bytes(kind: u8) -> usize {
+        match kind {
+            Q2 => size_of::<BlockQ2_K>(),
+            Q3 => size_of::<BlockQ3_K>(),
+            Q4 => size_of::<BlockQ4_K>(),
+            Q5 => size_of::<BlockQ5_K>(),
+            _ => size_of::<BlockQ6_K>(),
+        }
+    }
+
+    const _: () = assert!(Q8K_BSUMS == Q8K_QS + 256 && Q8K_BYTES == Q8K_BSUMS + 32);
+}
+
 const _: () = assert!(std::mem::size_of::<BlockQ2_K>() == 84);
 const _: () = assert!(std::mem::size_of::<BlockQ3_K>() == 110);
 const _: () = assert!(std::mem::size_of::<BlockQ4_K>() == 144);

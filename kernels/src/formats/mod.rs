@@ -10,7 +10,7 @@
 mod half;
 mod iq_grids;
 mod iquants;
-mod kquants;
+pub(crate) mod kquants;
 mod legacy;
 
 pub use half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};

@@ -3,8 +3,11 @@
 //! (Q2_K's block total with the scales folded into the weights, Q8_0's block sum). `vdotq_s32` is unstable in Rust, so the
 //! instruction is emitted with stable `asm!`; callers hold a `Dotprod` (or `I8mm`) capability.
 
+use crate::formats::kquants::layout::{Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
+use crate::formats::BlockQ2_K;
 use core::arch::aarch64::*;
 use core::arch::asm;
+use core::mem::size_of;
 
 use super::neon::{ld_i16, ld_q, ld_s16, ld_s8};
 
@@ -140,8 +143,8 @@ pub(crate) unsafe fn lanes8(q: &[i8; 256], xl: &[u8]) -> (int32x4_t, int32x4_t) 
 /// The CPU must implement FEAT_DotProd.
 #[inline(always)]
 pub(crate) unsafe fn q2_k_block(wb: &[u8], xb: &[u8]) -> (i32, i32) {
-    let (wb, xb) = (&wb[..84], &xb[..292]);
-    let xq = &xb[4..260];
+    let (wb, xb) = (&wb[..size_of::<BlockQ2_K>()], &xb[..Q8K_BYTES]);
+    let xq = &xb[Q8K_QS..Q8K_BSUMS];
     // SAFETY: the caller guarantees SDOT; the rest is NEON register arithmetic on loads
     // bounds-checked by `ld_s8`/`ld_s16`.
     unsafe {
@@ -185,7 +188,7 @@ pub(crate) unsafe fn q2_k_block(wb: &[u8], xb: &[u8]) -> (i32, i32) {
         let mins = vshrq_n_u8::<4>(sm);
         let m0 = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mins)));
         let m1 = vreinterpretq_s16_u16(vmovl_high_u8(mins));
-        let (b0, b1) = (ld_s16(xb, 260), ld_s16(xb, 276));
+        let (b0, b1) = (ld_s16(xb, Q8K_BSUMS), ld_s16(xb, Q8K_BSUMS + 16));
         let mut m = vmull_s16(vget_low_s16(b0), vget_low_s16(m0));
         m = vmlal_high_s16(m, b0, m0);
         m = vmlal_s16(m, vget_low_s16(b1), vget_low_s16(m1));

@@ -8,6 +8,7 @@
 //! NEON float operation here (`vmulq`, `vaddq`, `vsubq`, `vcvtq`) is the same IEEE operation as
 //! the scalar one, and there is no fused multiply-add anywhere.
 
+use crate::formats::kquants::layout::{Q2K_D, Q2K_DMIN};
 use core::arch::aarch64::*;
 
 use super::legacy::{self, Legacy};
@@ -17,8 +18,8 @@ use crate::GgmlType;
 
 /// Activation rows processed per unpacked weight block.
 const JC: usize = 4;
-/// Bytes of a Q8_K activation block.
-pub(crate) const Q8K_BYTES: usize = 292;
+use crate::formats::kquants::layout::{block_bytes, Q2, Q3, Q4, Q5, Q6};
+pub(crate) use crate::formats::kquants::layout::{Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 
 /// The K-quant weight types with an aarch64 path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,13 +33,13 @@ pub(crate) enum Kind {
 
 impl Kind {
     pub(crate) fn block_bytes(self) -> usize {
-        match self {
-            Kind::Q2K => 84,
-            Kind::Q3K => 110,
-            Kind::Q4K => 144,
-            Kind::Q5K => 176,
-            Kind::Q6K => 210,
-        }
+        block_bytes(match self {
+            Kind::Q2K => Q2,
+            Kind::Q3K => Q3,
+            Kind::Q4K => Q4,
+            Kind::Q5K => Q5,
+            Kind::Q6K => Q6,
+        })
     }
 
     /// Unpacks for the cores of `level` (Q2_K's SDOT/SMMLA cores take the scales folded in).
@@ -177,8 +178,8 @@ pub(crate) fn add_lanes(acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), d: f32) {
 fn kq_step(level: Level, kind: Kind, u: &Unpacked, xb: &[u8], acc: &mut KAcc) {
     let xb = &xb[..Q8K_BYTES];
     let yd = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
-    let xq = &xb[4..260];
-    let bsums = &xb[260..292];
+    let xq = &xb[Q8K_QS..Q8K_BSUMS];
+    let bsums = &xb[Q8K_BSUMS..Q8K_BYTES];
     match kind {
         Kind::Q2K => {
             let isum = match level {
@@ -209,13 +210,13 @@ fn kq_step(level: Level, kind: Kind, u: &Unpacked, xb: &[u8], acc: &mut KAcc) {
 fn q2_k_row1(nb: usize, wrow: &[u8], x: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
     for b in 0..nb {
-        let wb = &wrow[b * 84..(b + 1) * 84];
+        let wb = &wrow[b * block_bytes(Q2)..(b + 1) * block_bytes(Q2)];
         let xb = &x[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
         // SAFETY: called only at the Dotprod level (a capability that proved SDOT).
         let (isum, summs) = unsafe { dotprod::q2_k_block(wb, xb) };
         let yd = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
-        let dall = yd * unpack::f16_at(wb, 80);
-        let dmin = yd * unpack::f16_at(wb, 82);
+        let dall = yd * unpack::f16_at(wb, Q2K_D);
+        let dmin = yd * unpack::f16_at(wb, Q2K_DMIN);
         sumf += dall * isum as f32 - dmin * summs as f32;
     }
     sumf
@@ -253,7 +254,7 @@ fn f4(v: [f32; 4]) -> float32x4_t {
 /// two output rows (`2 * n`). Pairs of activation rows go through SMMLA tiles, an odd last one
 /// through the dotprod core.
 fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
-    const WB: usize = 84;
+    const WB: usize = block_bytes(Q2);
     let xrow = nb * Q8K_BYTES;
     let mut u = [Unpacked::new(), Unpacked::new()];
     let mut pa = i8mm::PairA::new();
@@ -279,9 +280,13 @@ fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
                 let yd1 = f32::from_le_bytes([x1[0], x1[1], x1[2], x1[3]]);
                 let yd = f4([yd0, yd1, yd0, yd1]);
                 // SAFETY: this path runs only under the I8mm capability (SMMLA present).
-                let isum = unsafe { i8mm::dot256_2x2(&pa, [&x0[4..260], &x1[4..260]]) };
-                let summs =
-                    i8mm::min_corr_2x2([&x0[260..292], &x1[260..292]], [&u[0].mins, &u[1].mins]);
+                let isum = unsafe {
+                    i8mm::dot256_2x2(&pa, [&x0[Q8K_QS..Q8K_BSUMS], &x1[Q8K_QS..Q8K_BSUMS]])
+                };
+                let summs = i8mm::min_corr_2x2(
+                    [&x0[Q8K_BSUMS..Q8K_BYTES], &x1[Q8K_BSUMS..Q8K_BYTES]],
+                    [&u[0].mins, &u[1].mins],
+                );
                 // SAFETY: NEON register arithmetic only.
                 unsafe {
                     // sumf += (y.d * x.d) * isum - (y.d * x.dmin) * summs, lane by lane.

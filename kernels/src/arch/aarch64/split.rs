@@ -22,7 +22,7 @@
 use core::arch::aarch64::*;
 use std::cell::RefCell;
 
-use super::driver::{add_lanes, KAcc, Kind, Q8K_BYTES};
+use super::driver::{add_lanes, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
 
@@ -68,7 +68,7 @@ fn epilogue(kind: Kind, acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), u: &Unpac
     let yd = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
     add_lanes(acc, lanes, u.d * yd);
     if matches!(kind, Kind::Q4K | Kind::Q5K) {
-        let sumi = neon::min_corr(&xb[260..292], &u.mins);
+        let sumi = neon::min_corr(&xb[Q8K_BSUMS..Q8K_BYTES], &u.mins);
         let dmin = u.dmin * yd;
         acc.sumf -= dmin * sumi as f32;
     }
@@ -105,7 +105,7 @@ pub(crate) fn gemm(
             let cnt = CH.min(n - jc);
             for t in 0..cnt {
                 for b in 0..nb {
-                    let xq = &x[(jc + t) * xrow + b * Q8K_BYTES + 4..][..256];
+                    let xq = &x[(jc + t) * xrow + b * Q8K_BYTES + Q8K_QS..][..256];
                     perm32_block(xq, &mut scratch[(t * nb + b) * PER..][..PER]);
                 }
             }
@@ -202,7 +202,7 @@ fn q3_k_gemm(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
         let mut l8 = [[0u8; 256]; 2];
         for jc in (0..n).step_by(CH) {
             let cnt = CH.min(n - jc);
-            let xq = |t: usize, b: usize| &x[(jc + t) * xrow + b * Q8K_BYTES + 4..][..256];
+            let xq = |t: usize, b: usize| &x[(jc + t) * xrow + b * Q8K_BYTES + Q8K_QS..][..256];
             let yd = |t: usize, b: usize| {
                 let at = (jc + t) * xrow + b * Q8K_BYTES;
                 f32::from_le_bytes([x[at], x[at + 1], x[at + 2], x[at + 3]])

@@ -3,6 +3,8 @@
 //! repeated for both halves), and the block's float factors. Shared by every aarch64 tier; the
 //! bit twiddling follows ggml's generic dots element for element (NEON, which every aarch64 CPU has).
 
+use crate::formats::kquants::layout::{block_bytes, Q2};
+use crate::formats::kquants::layout::{Q2K_D, Q2K_DMIN, Q3K_D, Q6K_D};
 use core::arch::aarch64::*;
 use core::arch::asm;
 
@@ -77,7 +79,7 @@ fn store16(u: &mut Unpacked, at: usize, v: uint8x16_t) {
 /// Q2_K (84 bytes: scales[16], qs[64], d, dmin): element `128k + 32j + l` is
 /// `(qs[32k + l] >> 2j) & 3`; group g has scale `sc[g] & 15` and min `sc[g] >> 4`.
 pub(crate) fn q2_k(b: &[u8], u: &mut Unpacked) {
-    let b = &b[..84];
+    let b = &b[..block_bytes(Q2)];
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
         let m3 = vdupq_n_u8(3);
@@ -99,8 +101,8 @@ pub(crate) fn q2_k(b: &[u8], u: &mut Unpacked) {
         u.scales[g] = i16::from(b[g] & 15);
         u.mins[g] = i16::from(b[g] >> 4);
     }
-    u.d = f16_at(b, 80);
-    u.dmin = f16_at(b, 82);
+    u.d = f16_at(b, Q2K_D);
+    u.dmin = f16_at(b, Q2K_DMIN);
 }
 
 /// Q2_K like [`q2_k`], with every quant already multiplied by its group's scale (0..=45: exact
@@ -108,7 +110,7 @@ pub(crate) fn q2_k(b: &[u8], u: &mut Unpacked) {
 /// a plain dot product of `q` and `x`, which SDOT/SMMLA accumulate with no per-group step
 /// (integer sums are exact in any order; |total| < 2^31). Everything stays in vector registers.
 pub(crate) fn q2_k_scaled(b: &[u8], u: &mut Unpacked) {
-    let b = &b[..84];
+    let b = &b[..block_bytes(Q2)];
     // SAFETY (whole block): NEON register arithmetic only; `u.mins` is 16 writable i16.
     unsafe {
         let m3 = vdupq_n_u8(3);
@@ -145,8 +147,8 @@ pub(crate) fn q2_k_scaled(b: &[u8], u: &mut Unpacked) {
         vst1q_s16(u.scales.as_mut_ptr(), vdupq_n_s16(1));
         vst1q_s16(u.scales.as_mut_ptr().add(8), vdupq_n_s16(1));
     }
-    u.d = f16_at(b, 80);
-    u.dmin = f16_at(b, 82);
+    u.d = f16_at(b, Q2K_D);
+    u.dmin = f16_at(b, Q2K_DMIN);
 }
 
 /// Q3_K (110 bytes: hmask[32], qs[64], scales[12], d): element `128k + 32j + l` is
@@ -187,7 +189,7 @@ pub(crate) fn q3_k(b: &[u8], u: &mut Unpacked) {
         vst1q_s16(u.scales.as_mut_ptr().add(8), hi);
     }
     u.mins = [0; 16];
-    u.d = f16_at(b, 108);
+    u.d = f16_at(b, Q3K_D);
     u.dmin = 0.0;
 }
 
@@ -289,7 +291,7 @@ pub(crate) fn q3_k_lanes(b: &[u8], u: &mut Unpacked) {
     }
     u.scales = [0; 16];
     u.mins = [0; 16];
-    u.d = f16_at(b, 108);
+    u.d = f16_at(b, Q3K_D);
     u.dmin = 0.0;
 }
 
@@ -360,7 +362,7 @@ pub(crate) fn q6_k(b: &[u8], u: &mut Unpacked) {
         u.scales[g] = i16::from(b[192 + g] as i8);
         u.mins[g] = 0;
     }
-    u.d = f16_at(b, 208);
+    u.d = f16_at(b, Q6K_D);
     u.dmin = 0.0;
 }
 

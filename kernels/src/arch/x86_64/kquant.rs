@@ -19,28 +19,11 @@ use core::arch::x86_64::*;
 
 use super::unpack::{BlockMeta, Unpacked};
 
-/// Bytes of one Q8_K block: f32 d, 256 i8, 16 i16 bsums.
-pub(super) const Q8K_BYTES: usize = 292;
-/// Offset of the bsums in a Q8_K block.
-const Q8K_BSUMS: usize = 260;
-
-/// Which K-quant a monomorphised kernel handles.
-pub(super) const Q2: u8 = 2;
-pub(super) const Q3: u8 = 3;
-pub(super) const Q4: u8 = 4;
-pub(super) const Q5: u8 = 5;
-pub(super) const Q6: u8 = 6;
-
-/// Bytes per weight block of kind `K`.
-pub(super) const fn block_bytes(kind: u8) -> usize {
-    match kind {
-        Q2 => 84,
-        Q3 => 110,
-        Q4 => 144,
-        Q5 => 176,
-        _ => 210,
-    }
-}
+// The Q8_K layout and the K-quant kinds (which one a monomorphised kernel handles) come from the
+// block structs.
+pub(super) use crate::formats::kquants::layout::{
+    block_bytes, Q2, Q3, Q4, Q5, Q6, Q8K_BSUMS, Q8K_BYTES, Q8K_QS,
+};
 
 /// True when kind `K` stores signed values (offset activations + weight-side correction).
 pub(super) const fn signed(kind: u8) -> bool {
@@ -83,7 +66,7 @@ pub(super) fn perm32(v: __m256i) -> __m256i {
 pub(super) unsafe fn pack_q8k(x: *const u8, blocks: usize, offset: bool, out: *mut u8) {
     let flip = _mm256_set1_epi8(if offset { -128 } else { 0 });
     for i in 0..blocks {
-        let src = x.add(i * Q8K_BYTES + 4);
+        let src = x.add(i * Q8K_BYTES + Q8K_QS);
         let dst = out.add(i * 256);
         for c in 0..8 {
             let v = _mm256_loadu_si256(src.add(32 * c) as *const __m256i);

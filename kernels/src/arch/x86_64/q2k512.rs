@@ -138,7 +138,13 @@ macro_rules! q2k_kernel {
                 };
                 [look(0), look(1), look(2), look(3)]
             };
-            (sw, sc, core::ptr::read_unaligned(b.add(80) as *const i32))
+            (
+                sw,
+                sc,
+                core::ptr::read_unaligned(
+                    b.add(crate::formats::kquants::layout::Q2K_D) as *const i32
+                ),
+            )
         }
 
         /// The mins (`scale >> 4`) of two rows' blocks as i16: the first row's in words 0..16,

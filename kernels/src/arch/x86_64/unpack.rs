@@ -7,6 +7,7 @@
 //! without a round trip through memory ([`dot_fused`]). Q2_K/Q4_K/Q5_K values are unsigned
 //! (0..=31); Q3_K/Q6_K values are signed (-4..=3, -32..=31).
 
+use crate::formats::kquants::layout::{Q2K_D, Q2K_DMIN, Q3K_D, Q6K_D};
 use core::arch::x86_64::*;
 
 use super::kquant::{f16_to_f32, perm32, signed, Q2, Q3, Q4, Q5};
@@ -166,8 +167,8 @@ unsafe fn decode_q2<F: FnMut(usize, __m256i, __m256i)>(b: *const u8, mut put: F)
         sc16,
         mins,
         corr: _mm256_setzero_si256(),
-        d: f16_to_f32(rd_u16(b.add(80))),
-        dmin: f16_to_f32(rd_u16(b.add(82))),
+        d: f16_to_f32(rd_u16(b.add(Q2K_D))),
+        dmin: f16_to_f32(rd_u16(b.add(Q2K_DMIN))),
     }
 }
 
@@ -231,7 +232,7 @@ unsafe fn decode_q3<F: FnMut(usize, __m256i, __m256i)>(b: *const u8, mut put: F)
         sc16,
         mins: _mm256_setzero_si256(),
         corr: _mm256_setzero_si256(),
-        d: f16_to_f32(rd_u16(b.add(108))),
+        d: f16_to_f32(rd_u16(b.add(Q3K_D))),
         dmin: 0.0,
     }
 }
@@ -348,7 +349,7 @@ unsafe fn decode_q6<F: FnMut(usize, __m256i, __m256i)>(b: *const u8, mut put: F)
         sc16,
         mins: _mm256_setzero_si256(),
         corr: _mm256_setzero_si256(),
-        d: f16_to_f32(rd_u16(b.add(208))),
+        d: f16_to_f32(rd_u16(b.add(Q6K_D))),
         dmin: 0.0,
     }
 }
