@@ -271,11 +271,27 @@ unsafe fn attend_heads_avx512(
         };
         let mut p0 = 0;
         while p0 + 4 <= np {
-            qk_pairs::<4>(qi.as_ptr().add(p0 * nc * 16), p0, nc, kb, kv.k_stride, seg, sc);
+            qk_pairs::<4>(
+                qi.as_ptr().add(p0 * nc * 16),
+                p0,
+                nc,
+                kb,
+                kv.k_stride,
+                seg,
+                sc,
+            );
             p0 += 4;
         }
         while p0 < np {
-            qk_pairs::<1>(qi.as_ptr().add(p0 * nc * 16), p0, nc, kb, kv.k_stride, seg, sc);
+            qk_pairs::<1>(
+                qi.as_ptr().add(p0 * nc * 16),
+                p0,
+                nc,
+                kb,
+                kv.k_stride,
+                seg,
+                sc,
+            );
             p0 += 1;
         }
     }

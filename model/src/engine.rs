@@ -361,8 +361,11 @@ impl Engine {
             self.profile.steps += 1;
             self.profile.tokens += batch.len() as u64;
             self.profile.total += started.elapsed().as_secs_f64();
-            let committed: Vec<(usize, u32)> =
-                toks.iter().zip(batch).map(|(t, b)| (t.slot, b.token)).collect();
+            let committed: Vec<(usize, u32)> = toks
+                .iter()
+                .zip(batch)
+                .map(|(t, b)| (t.slot, b.token))
+                .collect();
             self.kv.commit(prepared, &committed);
         } else {
             self.kv.rollback(prepared);

@@ -160,8 +160,14 @@ fn admission_waits_for_blocks_and_steps_never_run_out() {
     };
     let mut e = Engine::new(m.clone(), backend, opts).expect("engine");
     let (a, _) = e.admit(&[1, 2, 3], 40, true).expect("3 blocks promised");
-    assert!(matches!(e.admit(&[4, 5], 20, true), Err(ModelError::KvFull(_))));
-    assert!(e.admit(&[4, 5], 100, true).is_err(), "beyond the whole pool");
+    assert!(matches!(
+        e.admit(&[4, 5], 20, true),
+        Err(ModelError::KvFull(_))
+    ));
+    assert!(
+        e.admit(&[4, 5], 100, true).is_err(),
+        "beyond the whole pool"
+    );
     let toks: Vec<u32> = (1..=40).collect();
     e.prefill(a, &toks).expect("a uses its promise");
     e.remove_sequence(a);

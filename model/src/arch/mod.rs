@@ -105,7 +105,8 @@ pub fn attend_all(
             |(scores, qr), (i, og)| {
                 let (ti, h0) = (i / groups, (i % groups) * g);
                 let t = ctx.toks[ti];
-                let Some((_, k, v, block)) = views.iter().find(|v| v.0 == t.slot && !v.1.is_empty())
+                let Some((_, k, v, block)) =
+                    views.iter().find(|v| v.0 == t.slot && !v.1.is_empty())
                 else {
                     return;
                 };

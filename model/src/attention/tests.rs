@@ -20,14 +20,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 /// One head the plain way (the code before grouping; `kv` is one contiguous segment): `dot` per position, softmax, f16
 /// rounding, then V weighted position by position into the output.
-fn reference_head(
-    qh: &[f32],
-    h: usize,
-    kv: &KvView<'_>,
-    hd: Heads,
-    round_p: bool,
-    oh: &mut [f32],
-) {
+fn reference_head(qh: &[f32], h: usize, kv: &KvView<'_>, hd: Heads, round_p: bool, oh: &mut [f32]) {
     let hk = h / (hd.n_head / hd.n_head_kv);
     let mut scores: Vec<f32> = (0..kv.n_kv)
         .map(|j| {

@@ -64,11 +64,13 @@ pub fn tensor_type(
         GgmlType::Q4_K
     };
     let ncols = dims.first().copied().unwrap_or(0);
-    Some(if ty.is_iq() && !ncols.is_multiple_of(ty.block_len() as u64) {
-        fallback(GgmlType::IQ4_NL, ncols)
-    } else {
-        fallback(ty, ncols)
-    })
+    Some(
+        if ty.is_iq() && !ncols.is_multiple_of(ty.block_len() as u64) {
+            fallback(GgmlType::IQ4_NL, ncols)
+        } else {
+            fallback(ty, ncols)
+        },
+    )
 }
 
 /// Writes one row of random valid `ty` blocks into `dst`, each block's scale chosen so that

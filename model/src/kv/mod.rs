@@ -390,7 +390,9 @@ impl KvCache {
         let mut plans = Vec::with_capacity(grow.len());
         let mut extra = 0;
         for &(slot, end) in grow {
-            let s = self.seq(slot).ok_or_else(|| ModelError::Batch("unknown slot".into()))?;
+            let s = self
+                .seq(slot)
+                .ok_or_else(|| ModelError::Batch("unknown slot".into()))?;
             if end <= s.len {
                 continue;
             }
@@ -443,7 +445,10 @@ impl KvCache {
         let first = s.len / l.block;
         let last = l.blocks_for(end);
         for i in first..last.min(g.before) {
-            let old = self.seqs[slot].as_ref().map(|s| s.blocks[i]).ok_or_else(oom)?;
+            let old = self.seqs[slot]
+                .as_ref()
+                .map(|s| s.blocks[i])
+                .ok_or_else(oom)?;
             if self.pool.writable(old) {
                 continue;
             }

@@ -428,7 +428,11 @@ mod tests {
         // the pool is full: the next allocation evicts b (released before a)
         let d = p.alloc().expect("eviction makes room");
         assert_eq!(d, b);
-        assert_eq!(p.lookup(11, 10, &toks(4)), None, "evicted blocks leave the index");
+        assert_eq!(
+            p.lookup(11, 10, &toks(4)),
+            None,
+            "evicted blocks leave the index"
+        );
         assert!(!p.is_cached(d) && p.writable(d));
         assert_eq!(p.counters().evictions, 1);
         let e = p.alloc().expect("a is evictable");

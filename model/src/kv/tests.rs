@@ -55,7 +55,11 @@ fn a_repeated_prompt_reuses_its_full_blocks_and_computes_the_rest() {
     assert_eq!(cached, 0);
     step(&mut c, a, &prompt).expect("step");
     c.remove(a);
-    assert_eq!(c.stats().cached_blocks, 2, "the two full blocks stay cached");
+    assert_eq!(
+        c.stats().cached_blocks,
+        2,
+        "the two full blocks stay cached"
+    );
     let (b, cached) = c.admit(&prompt, 12, true).expect("room");
     assert_eq!(cached, 8);
     assert_eq!(k_rows(&c, b, 8), expected_rows(&prompt[..8]));
@@ -113,7 +117,10 @@ fn forks_share_blocks_and_copy_the_partial_one_on_write() {
     step(&mut c, a, &[8]).expect("a writes");
     assert_eq!(k_rows(&c, a, 7), expected_rows(&[1, 2, 3, 4, 5, 6, 8]));
     assert_eq!(k_rows(&c, b, 7), expected_rows(&[1, 2, 3, 4, 5, 6, 9]));
-    let (ba, bb) = (c.seq(a).expect("a").blocks.clone(), c.seq(b).expect("b").blocks.clone());
+    let (ba, bb) = (
+        c.seq(a).expect("a").blocks.clone(),
+        c.seq(b).expect("b").blocks.clone(),
+    );
     assert_eq!(ba[0], bb[0], "the full block stays shared");
     assert_ne!(ba[1], bb[1]);
 }
@@ -131,7 +138,10 @@ fn admission_reserves_blocks_so_admitted_sequences_never_run_out() {
     let (b, _) = c.admit(&[3], 4, true).expect("one block fits");
     // a sequence without a reservation cannot take promised blocks
     let free = c.add();
-    assert!(matches!(step(&mut c, free, &[1]), Err(ModelError::KvFull(_))));
+    assert!(matches!(
+        step(&mut c, free, &[1]),
+        Err(ModelError::KvFull(_))
+    ));
     assert_eq!(c.seq(free).expect("free").len, 0);
     step(&mut c, a, &(0..10).collect::<Vec<u32>>()).expect("a within its promise");
     step(&mut c, b, &[1, 2, 3, 4]).expect("b within its promise");
