@@ -13,9 +13,7 @@ use nightshift_atlas::placement::{ModelShape, Placement};
 use nightshift_atlas::trace::{Recorder, RecorderConfig};
 use nightshift_model::chat::{ChatMessage, ChatTemplate};
 use nightshift_model::sampler::argmax;
-use nightshift_model::{
-    BatchToken, Engine, EngineOptions, ExpertPair, LocalExperts, Model, RouteObserver,
-};
+use nightshift_model::{Engine, EngineOptions, ExpertPair, LocalExperts, Model, RouteObserver};
 
 use crate::coord::Coordinator;
 use crate::prompts::{read_prompts, PromptLine};
@@ -153,35 +151,14 @@ pub fn record(model_path: &Path, prompts: &Path, max_tokens: usize, out: &Path) 
         }
         let seq = engine.add_sequence()?;
         let n = ids.len();
-        let batch: Vec<BatchToken> = ids
-            .iter()
-            .enumerate()
-            .map(|(p, &t)| BatchToken {
-                seq,
-                token: t,
-                pos: p as u32,
-                want_logits: p + 1 == n,
-            })
-            .collect();
-        let mut logits = engine
-            .forward(&batch)?
-            .pop()
-            .context("no logits for the prompt")?;
+        let mut logits = engine.prefill(seq, &ids)?;
         prefilled += n;
         for step in 0..max_tokens {
             let next = argmax(&logits);
             if tok.is_eog(next) || step + 1 == max_tokens {
                 break;
             }
-            logits = engine
-                .forward(&[BatchToken {
-                    seq,
-                    token: next,
-                    pos: (n + step) as u32,
-                    want_logits: true,
-                }])?
-                .pop()
-                .context("no logits")?;
+            logits = engine.prefill(seq, &[next])?;
             generated += 1;
         }
         engine.remove_sequence(seq);

@@ -1,6 +1,8 @@
 //! Criterion group `attention`: one decode token's attention over an F32 cache (single thread),
 //! Qwen3-30B-A3B heads (32 query heads, 4 kv heads, 128 wide) and Kimi K2's absorbed MLA (64
-//! heads over one 576-wide latent, V its first 512), at 128 / 512 / 2048 cached positions.
+//! heads over one 576-wide latent, V its first 512), at 128 / 512 / 2048 cached positions, with
+//! the rows contiguous (`/contiguous`) and in the paged cache's blocks of 16 positions, each its
+//! own allocation (`/paged16`): the two ids side by side are the cost of paging.
 //! Throughput is in cached positions × heads.
 
 use std::time::Duration;
@@ -35,29 +37,41 @@ fn attention(c: &mut Criterion) {
                 dv,
                 scale: 1.0 / (dk as f32).sqrt(),
             };
-            let kv = if mla {
-                KvView {
-                    k: &k,
-                    k_stride: dk,
-                    v: &k,
-                    v_stride: dk,
-                    n_kv,
-                }
+            let (kw, vw) = if mla {
+                (dk, dk)
             } else {
-                KvView {
-                    k: &k,
-                    k_stride: n_head_kv * dk,
-                    v: &v,
-                    v_stride: n_head_kv * dv,
-                    n_kv,
-                }
+                (n_head_kv * dk, n_head_kv * dv)
             };
+            let vsrc = if mla { &k } else { &v };
+            let block = nightshift_model::KvLayout::BLOCK;
+            let split = |x: &[f32], w: usize| -> Vec<Vec<f32>> {
+                x.chunks(block * w).map(|c| c.to_vec()).collect()
+            };
+            let (kp, vp) = (split(&k, kw), split(vsrc, vw));
+            let kr: Vec<&[f32]> = kp.iter().map(|s| &s[..]).collect();
+            let vr: Vec<&[f32]> = vp.iter().map(|s| &s[..]).collect();
+            let (kc, vc) = ([&k[..]], [&vsrc[..]]);
+            let views = [
+                ("contiguous", &kc[..], &vc[..], n_kv),
+                ("paged16", &kr[..], &vr[..], block),
+            ];
             let mut out = vec![0f32; n_head * dv];
             let mut scores = Vec::new();
             g.throughput(Throughput::Elements((n_kv * n_head) as u64));
-            g.bench_with_input(BenchmarkId::new(name, n_kv), &n_kv, |b, _| {
-                b.iter(|| attend(&q, &kv, hd, false, &mut scores, &mut out))
-            });
+            for (layout, ks, vs, blk) in views {
+                let kv = KvView {
+                    k: ks,
+                    k_stride: kw,
+                    v: vs,
+                    v_stride: vw,
+                    block: blk,
+                    n_kv,
+                };
+                let id = BenchmarkId::new(format!("{name}/{layout}"), n_kv);
+                g.bench_with_input(id, &n_kv, |b, _| {
+                    b.iter(|| attend(&q, &kv, hd, false, &mut scores, &mut out))
+                });
+            }
         }
     }
     g.finish();

@@ -24,7 +24,6 @@ fn state() -> Arc<AppState> {
         max_seqs: 2,
         step_tokens: 64,
         n_ctx: 256,
-        kv_budget_tokens: 512,
     };
     let scheduler = Scheduler::spawn(MockEngine::new(2), text.clone(), opts).expect("scheduler");
     Arc::new(AppState {

@@ -6,14 +6,43 @@
 use crate::ops::softmax;
 use nightshift_kernels::formats::{f16_to_f32, f32_to_f16};
 
-/// Where one sequence's K and V rows live for one layer.
+/// Where one sequence's K and V rows live for one layer: in segments of `block` positions (the
+/// paged cache's blocks, or one segment for contiguous rows). Position `j` is row `j % block` of
+/// segment `j / block`; rows are `k_stride` (`v_stride`) floats apart inside a segment.
 pub struct KvView<'a> {
-    pub k: &'a [f32],
+    pub k: &'a [&'a [f32]],
     pub k_stride: usize,
-    pub v: &'a [f32],
+    pub v: &'a [&'a [f32]],
     pub v_stride: usize,
+    /// Positions per segment (at least 1).
+    pub block: usize,
     /// Visible positions (0..n_kv).
     pub n_kv: usize,
+}
+
+impl KvView<'_> {
+    /// Segments holding visible positions.
+    fn segments(&self) -> usize {
+        self.n_kv.div_ceil(self.block.max(1))
+    }
+
+    /// Visible rows of segment `s`.
+    fn rows(&self, s: usize) -> usize {
+        self.block.min(self.n_kv - s * self.block)
+    }
+
+    /// Whether every visible row of kv head `hk` (`dk` K floats, `dv` V floats each) lies inside
+    /// its segment: what the unchecked SIMD paths rely on.
+    fn bounded(&self, hk: usize, dk: usize, dv: usize) -> bool {
+        self.block > 0
+            && self.k.len() >= self.segments()
+            && self.v.len() >= self.segments()
+            && (0..self.segments()).all(|s| {
+                let r = self.rows(s);
+                (r - 1) * self.k_stride + hk * dk + dk <= self.k[s].len()
+                    && (r - 1) * self.v_stride + hk * dv + dv <= self.v[s].len()
+            })
+    }
 }
 
 /// Head geometry of an attention call.
@@ -216,14 +245,7 @@ unsafe fn attend_heads_avx512(
     let n = kv.n_kv;
     let (dk, dv) = (hd.dk, hd.dv);
     let nc = dk / 8;
-    let k_end = |rows: usize| (rows - 1) * kv.k_stride + hk * dk + dk;
-    let v_end = |rows: usize| (rows - 1) * kv.v_stride + hk * dv + dv;
-    if n == 0
-        || q.len() < g * dk
-        || out.len() < g * dv
-        || k_end(n) > kv.k.len()
-        || v_end(n) > kv.v.len()
-    {
+    if n == 0 || q.len() < g * dk || out.len() < g * dv || !kv.bounded(hk, dk, dv) {
         // nothing to read, or a view the fast path cannot bound: the checked portable code
         attend_heads_body::<false>(q, h0, g, kv, hd, round_p, scores, out);
         return;
@@ -239,38 +261,44 @@ unsafe fn attend_heads_avx512(
             d[8..].copy_from_slice(&q[a + dk..a + dk + 8]);
         }
     }
-    let kb = kv.k.as_ptr().add(hk * dk);
     let np = g / 2;
-    let mut p0 = 0;
-    while p0 + 4 <= np {
-        qk_pairs::<4>(
-            qi.as_ptr().add(p0 * nc * 16),
-            p0,
-            nc,
-            kb,
-            kv.k_stride,
+    for s in 0..kv.segments() {
+        let kb = kv.k[s].as_ptr().add(hk * dk);
+        let seg = Seg {
+            rows: kv.rows(s),
+            j0: s * kv.block,
             n,
-            sc,
-        );
-        p0 += 4;
-    }
-    while p0 < np {
-        qk_pairs::<1>(
-            qi.as_ptr().add(p0 * nc * 16),
-            p0,
-            nc,
-            kb,
-            kv.k_stride,
-            n,
-            sc,
-        );
-        p0 += 1;
+        };
+        let mut p0 = 0;
+        while p0 + 4 <= np {
+            qk_pairs::<4>(
+                qi.as_ptr().add(p0 * nc * 16),
+                p0,
+                nc,
+                kb,
+                kv.k_stride,
+                seg,
+                sc,
+            );
+            p0 += 4;
+        }
+        while p0 < np {
+            qk_pairs::<1>(
+                qi.as_ptr().add(p0 * nc * 16),
+                p0,
+                nc,
+                kb,
+                kv.k_stride,
+                seg,
+                sc,
+            );
+            p0 += 1;
+        }
     }
     probabilities(sc, n, hd.scale, round_p);
-    let vb = kv.v.as_ptr().add(hk * dv);
     if !dv.is_multiple_of(64) {
         for (t, oh) in out[..g * dv].chunks_exact_mut(dv).enumerate() {
-            weigh_v_avx2(&sc[t * n..(t + 1) * n], kv.v, kv.v_stride, hk * dv, oh);
+            weigh_v_avx2(&sc[t * n..(t + 1) * n], kv, hk * dv, oh);
         }
         return;
     }
@@ -278,22 +306,33 @@ unsafe fn attend_heads_avx512(
     for e0 in (0..dv).step_by(64) {
         let mut t0 = 0;
         while t0 + 4 <= g {
-            weigh_v_heads::<4>(sc, n, t0, vb, kv.v_stride, e0, op, dv);
+            weigh_v_heads::<4>(sc, t0, kv, hk * dv, e0, op, dv);
             t0 += 4;
         }
         while t0 + 2 <= g {
-            weigh_v_heads::<2>(sc, n, t0, vb, kv.v_stride, e0, op, dv);
+            weigh_v_heads::<2>(sc, t0, kv, hk * dv, e0, op, dv);
             t0 += 2;
         }
     }
 }
 
-/// Scores of head pairs `p0 .. p0 + PC` (heads `2 * p0 ..`) at every position into `sc`
-/// (`sc[h * n + j]`).
+/// The positions of one segment of a view: `rows` of them from position `j0`, of `n` in all
+/// (the scores of head `h` at position `j` are `sc[h * n + j]`).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Seg {
+    rows: usize,
+    j0: usize,
+    n: usize,
+}
+
+/// Scores of head pairs `p0 .. p0 + PC` (heads `2 * p0 ..`) at the positions of one segment
+/// into `sc` (`sc[h * n + j]`).
 ///
 /// # Safety
-/// AVX-512 F/DQ; `qi` holds `PC` interleaved pairs of `nc` chunks; rows `0..n` of `kb` (stride
-/// `stride`) hold `8 * nc` floats each; `sc` holds `2 * (p0 + PC) * n` floats.
+/// AVX-512 F/DQ; `qi` holds `PC` interleaved pairs of `nc` chunks; rows `0..seg.rows` of `kb`
+/// (stride `stride`) hold `8 * nc` floats each; `sc` holds `2 * (p0 + PC) * seg.n` floats and
+/// `seg.j0 + seg.rows <= seg.n`.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
@@ -303,21 +342,21 @@ unsafe fn qk_pairs<const PC: usize>(
     nc: usize,
     kb: *const f32,
     stride: usize,
-    n: usize,
+    seg: Seg,
     sc: &mut [f32],
 ) {
     let mut j = 0;
-    while j + 4 <= n {
-        qk_block::<PC, 4>(qi, p0, nc, kb, stride, j, n, sc);
+    while j + 4 <= seg.rows {
+        qk_block::<PC, 4>(qi, p0, nc, kb, stride, j, seg, sc);
         j += 4;
     }
-    while j < n {
-        qk_block::<PC, 1>(qi, p0, nc, kb, stride, j, n, sc);
+    while j < seg.rows {
+        qk_block::<PC, 1>(qi, p0, nc, kb, stride, j, seg, sc);
         j += 1;
     }
 }
 
-/// [`qk_pairs`] for positions `j .. j + PN`.
+/// [`qk_pairs`] for rows `j .. j + PN` of the segment.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
@@ -329,10 +368,11 @@ unsafe fn qk_block<const PC: usize, const PN: usize>(
     kb: *const f32,
     stride: usize,
     j: usize,
-    n: usize,
+    seg: Seg,
     sc: &mut [f32],
 ) {
     use core::arch::x86_64::*;
+    let n = seg.n;
     let mut acc = [[_mm512_setzero_ps(); PN]; PC];
     for c in 0..nc {
         let mut k = [_mm512_setzero_ps(); PN];
@@ -346,6 +386,7 @@ unsafe fn qk_block<const PC: usize, const PN: usize>(
             }
         }
     }
+    let jg = seg.j0 + j;
     for (pc, row) in acc.iter().enumerate() {
         let h = 2 * (p0 + pc);
         for (p, &a) in row.iter().enumerate() {
@@ -353,47 +394,50 @@ unsafe fn qk_block<const PC: usize, const PN: usize>(
             let s = _mm512_add_ps(a, _mm512_shuffle_f32x4::<0b10_11_00_01>(a, a));
             let t = _mm512_add_ps(s, _mm512_permute_ps::<0b10_11_00_01>(s));
             let u = _mm512_add_ps(t, _mm512_permute_ps::<0b01_00_11_10>(t));
-            sc[h * n + j + p] = _mm512_cvtss_f32(u);
-            sc[(h + 1) * n + j + p] = _mm512_cvtss_f32(_mm512_shuffle_f32x4::<2>(u, u));
+            sc[h * n + jg + p] = _mm512_cvtss_f32(u);
+            sc[(h + 1) * n + jg + p] = _mm512_cvtss_f32(_mm512_shuffle_f32x4::<2>(u, u));
         }
     }
 }
 
 /// Outputs `e0 .. e0 + 64` of heads `t0 .. t0 + PH`: `out[t * dv + e] = sum over j (in order,
-/// from 0.0) of v[j * stride + e] * p[t][j]`.
+/// from 0.0, segment after segment) of v[j][base + e] * p[t][j]`.
 ///
 /// # Safety
-/// AVX-512 F; rows `0..n` of `vb` hold `e0 + 64` floats; `out` holds `(t0 + PH) * dv` floats and
-/// `e0 + 64 <= dv`; `sc` holds `(t0 + PH) * n`.
+/// AVX-512 F; `kv.bounded` holds for rows of `e0 + 64 <= dv` floats from `base`; `out` holds
+/// `(t0 + PH) * dv` floats; `sc` holds `(t0 + PH) * kv.n_kv`.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn weigh_v_heads<const PH: usize>(
     sc: &[f32],
-    n: usize,
     t0: usize,
-    vb: *const f32,
-    stride: usize,
+    kv: &KvView<'_>,
+    base: usize,
     e0: usize,
     out: *mut f32,
     dv: usize,
 ) {
     use core::arch::x86_64::*;
+    let n = kv.n_kv;
     let mut acc = [[_mm512_setzero_ps(); 4]; PH];
     let sp = sc.as_ptr().add(t0 * n);
-    for j in 0..n {
-        let row = vb.add(j * stride + e0);
-        let v = [
-            _mm512_loadu_ps(row),
-            _mm512_loadu_ps(row.add(16)),
-            _mm512_loadu_ps(row.add(32)),
-            _mm512_loadu_ps(row.add(48)),
-        ];
-        for (h, a) in acc.iter_mut().enumerate() {
-            let p = _mm512_set1_ps(*sp.add(h * n + j));
-            for (ac, &vc) in a.iter_mut().zip(&v) {
-                *ac = _mm512_add_ps(*ac, _mm512_mul_ps(vc, p));
+    for s in 0..kv.segments() {
+        let vb = kv.v[s].as_ptr().add(base + e0);
+        let j0 = s * kv.block;
+        for jj in 0..kv.rows(s) {
+            let row = vb.add(jj * kv.v_stride);
+            let v = [
+                _mm512_loadu_ps(row),
+                _mm512_loadu_ps(row.add(16)),
+                _mm512_loadu_ps(row.add(32)),
+                _mm512_loadu_ps(row.add(48)),
+            ];
+            for (h, a) in acc.iter_mut().enumerate() {
+                let p = _mm512_set1_ps(*sp.add(h * n + j0 + jj));
+                for (ac, &vc) in a.iter_mut().zip(&v) {
+                    *ac = _mm512_add_ps(*ac, _mm512_mul_ps(vc, p));
+                }
             }
         }
     }
@@ -451,82 +495,99 @@ fn attend_heads_body<const AVX2: bool>(
     let hk = h0 / (hd.n_head / hd.n_head_kv);
     let n = kv.n_kv;
     scores.resize(g * n, 0.0);
-    let krow = |j: usize| {
-        let off = j * kv.k_stride + hk * hd.dk;
-        &kv.k[off..off + hd.dk]
-    };
-    // Four positions at a time: four independent accumulator chains instead of one (a lone
-    // dot product waits on its add latency), each chain exactly `dot`'s.
-    let n4 = n / 4 * 4;
-    for j in (0..n4).step_by(4) {
-        let k = [krow(j), krow(j + 1), krow(j + 2), krow(j + 3)];
-        for t in 0..g {
-            let qt = &q[t * hd.dk..(t + 1) * hd.dk];
-            #[cfg(target_arch = "x86_64")]
-            let d = if AVX2 {
-                // SAFETY: `AVX2` is only set by `attend_heads_avx2`, which needs the feature.
-                unsafe { dot4_avx2(k, qt) }
-            } else {
-                dot4(k, qt)
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let d = dot4(k, qt);
-            scores[t * n + j..t * n + j + 4].copy_from_slice(&d);
+    for s in 0..kv.segments() {
+        let (rows, j0, seg) = (kv.rows(s), s * kv.block, kv.k[s]);
+        let krow = |j: usize| {
+            let off = j * kv.k_stride + hk * hd.dk;
+            &seg[off..off + hd.dk]
+        };
+        // Four positions at a time: four independent accumulator chains instead of one (a lone
+        // dot product waits on its add latency), each chain exactly `dot`'s.
+        let n4 = rows / 4 * 4;
+        for j in (0..n4).step_by(4) {
+            let k = [krow(j), krow(j + 1), krow(j + 2), krow(j + 3)];
+            for t in 0..g {
+                let qt = &q[t * hd.dk..(t + 1) * hd.dk];
+                #[cfg(target_arch = "x86_64")]
+                let d = if AVX2 {
+                    // SAFETY: `AVX2` is only set by `attend_heads_avx2`, which needs the feature.
+                    unsafe { dot4_avx2(k, qt) }
+                } else {
+                    dot4(k, qt)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let d = dot4(k, qt);
+                let at = t * n + j0 + j;
+                scores[at..at + 4].copy_from_slice(&d);
+            }
         }
-    }
-    for j in n4..n {
-        for t in 0..g {
-            scores[t * n + j] = dot(krow(j), &q[t * hd.dk..(t + 1) * hd.dk]);
+        for j in n4..rows {
+            for t in 0..g {
+                scores[t * n + j0 + j] = dot(krow(j), &q[t * hd.dk..(t + 1) * hd.dk]);
+            }
         }
     }
     probabilities(scores, n, hd.scale, round_p);
     #[cfg(target_arch = "x86_64")]
-    if AVX2 {
-        let base = hk * hd.dv;
-        // the last V row read ends at (n - 1) * v_stride + base + dv
-        if n == 0 || (n - 1) * kv.v_stride + base + hd.dv <= kv.v.len() {
-            for (t, oh) in out.chunks_exact_mut(hd.dv).enumerate() {
-                // SAFETY: `AVX2` is only set by `attend_heads_avx2`, which needs the feature;
-                // every V row read is inside `kv.v` (checked above).
-                unsafe { weigh_v_avx2(&scores[t * n..(t + 1) * n], kv.v, kv.v_stride, base, oh) };
-            }
-            return;
+    if AVX2 && (n == 0 || kv.bounded(hk, hd.dk, hd.dv)) {
+        for (t, oh) in out.chunks_exact_mut(hd.dv).enumerate() {
+            // SAFETY: `AVX2` is only set by `attend_heads_avx2`, which needs the feature; every
+            // V row read is inside its segment (checked above).
+            unsafe { weigh_v_avx2(&scores[t * n..(t + 1) * n], kv, hk * hd.dv, oh) };
         }
+        return;
     }
     out.fill(0.0);
-    for j in 0..n {
-        let off = j * kv.v_stride + hk * hd.dv;
-        let v = &kv.v[off..off + hd.dv];
-        for (t, oh) in out.chunks_exact_mut(hd.dv).enumerate() {
-            let p = scores[t * n + j];
-            for (o, &v) in oh.iter_mut().zip(v) {
-                *o += v * p;
+    for s in 0..kv.segments() {
+        let j0 = s * kv.block;
+        for j in 0..kv.rows(s) {
+            let off = j * kv.v_stride + hk * hd.dv;
+            let v = &kv.v[s][off..off + hd.dv];
+            for (t, oh) in out.chunks_exact_mut(hd.dv).enumerate() {
+                let p = scores[t * n + j0 + j];
+                for (o, &v) in oh.iter_mut().zip(v) {
+                    *o += v * p;
+                }
             }
         }
     }
 }
 
-/// `oh[e] = sum over j (in order, from 0.0) of v[j * stride + base + e] * p[j]`, 64 outputs at a
-/// time kept in eight registers across all positions (the portable loop re-loads and stores
-/// the outputs at every position). Same operations per output, same order, same bits.
+/// `oh[e] = sum over j (in order, from 0.0, segment after segment) of v[j][base + e] * p[j]`,
+/// 64 outputs at a time kept in eight registers across all positions (the portable loop
+/// re-loads and stores the outputs at every position). Same operations per output, same order,
+/// same bits.
 ///
 /// # Safety
-/// The CPU must have AVX2; `v` must hold `(p.len() - 1) * stride + base + oh.len()` floats.
+/// The CPU must have AVX2; `kv.bounded` must hold for rows of `oh.len()` floats from `base`;
+/// `p` holds `kv.n_kv` probabilities.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn weigh_v_avx2(p: &[f32], v: &[f32], stride: usize, base: usize, oh: &mut [f32]) {
+unsafe fn weigh_v_avx2(p: &[f32], kv: &KvView<'_>, base: usize, oh: &mut [f32]) {
     use core::arch::x86_64::*;
     let dv = oh.len();
-    let vp = v.as_ptr().add(base);
+    let stride = kv.v_stride;
+    // every visible (segment, row) in order, with its probability
+    let rows = || {
+        (0..kv.segments()).flat_map(move |s| {
+            let vp = kv.v[s].as_ptr().add(base);
+            let j0 = s * kv.block;
+            (0..kv.rows(s)).map(move |j| (vp.add(j * stride), p[j0 + j]))
+        })
+    };
     let mut e0 = 0;
     while e0 + 64 <= dv {
         let mut acc = [_mm256_setzero_ps(); 8];
-        for (j, &pj) in p.iter().enumerate() {
-            let pv = _mm256_set1_ps(pj);
-            let row = vp.add(j * stride + e0);
-            for (c, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_loadu_ps(row.add(8 * c)), pv));
+        for s in 0..kv.segments() {
+            let vp = kv.v[s].as_ptr().add(base + e0);
+            let pp = &p[s * kv.block..s * kv.block + kv.rows(s)];
+            for (j, &pj) in pp.iter().enumerate() {
+                let pv = _mm256_set1_ps(pj);
+                let row = vp.add(j * stride);
+                for (c, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_loadu_ps(row.add(8 * c)), pv));
+                }
             }
         }
         for (c, a) in acc.iter().enumerate() {
@@ -536,236 +597,21 @@ unsafe fn weigh_v_avx2(p: &[f32], v: &[f32], stride: usize, base: usize, oh: &mu
     }
     while e0 + 8 <= dv {
         let mut acc = _mm256_setzero_ps();
-        for (j, &pj) in p.iter().enumerate() {
-            let row = vp.add(j * stride + e0);
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(row), _mm256_set1_ps(pj)));
+        for (row, pj) in rows() {
+            let r = _mm256_loadu_ps(row.add(e0));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(r, _mm256_set1_ps(pj)));
         }
         _mm256_storeu_ps(oh.as_mut_ptr().add(e0), acc);
         e0 += 8;
     }
     for (e, o) in oh.iter_mut().enumerate().skip(e0) {
         let mut acc = 0.0f32;
-        for (j, &pj) in p.iter().enumerate() {
-            acc += *vp.add(j * stride + e) * pj;
+        for (row, pj) in rows() {
+            acc += *row.add(e) * pj;
         }
         *o = acc;
     }
 }
 
 #[cfg(test)]
-mod tests {
-    //! Grouped heads, the 4-position chains, the portable body and the AVX2 build against the
-    //! plain one-head-at-a-time computation: every output bit must match.
-
-    use super::*;
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed;
-        (0..len)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
-    }
-
-    fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|f| f.to_bits()).collect()
-    }
-
-    /// One head the plain way (the code before grouping): `dot` per position, softmax, f16
-    /// rounding, then V weighted position by position into the output.
-    fn reference_head(
-        qh: &[f32],
-        h: usize,
-        kv: &KvView<'_>,
-        hd: Heads,
-        round_p: bool,
-        oh: &mut [f32],
-    ) {
-        let hk = h / (hd.n_head / hd.n_head_kv);
-        let mut scores: Vec<f32> = (0..kv.n_kv)
-            .map(|j| {
-                let off = j * kv.k_stride + hk * hd.dk;
-                dot(&kv.k[off..off + hd.dk], qh)
-            })
-            .collect();
-        softmax(&mut scores, hd.scale);
-        if round_p {
-            scores
-                .iter_mut()
-                .for_each(|p| *p = f16_to_f32(f32_to_f16(*p)));
-        }
-        oh.fill(0.0);
-        for (j, &p) in scores.iter().enumerate() {
-            let off = j * kv.v_stride + hk * hd.dv;
-            for (o, &v) in oh.iter_mut().zip(&kv.v[off..off + hd.dv]) {
-                *o += v * p;
-            }
-        }
-    }
-
-    #[test]
-    fn mla_views_give_the_bits_of_single_heads() {
-        // absorbed MLA: one kv head whose V is the first dv floats of each K row
-        let (n_head, dk, dv) = (16, 576, 512);
-        let hd = Heads {
-            n_head,
-            n_head_kv: 1,
-            dk,
-            dv,
-            scale: 0.07,
-        };
-        for &n_kv in &[1, 5, 64] {
-            let k = values(n_kv * dk, 7 + n_kv as u32);
-            let q = values(n_head * dk, 9);
-            let kv = KvView {
-                k: &k,
-                k_stride: dk,
-                v: &k,
-                v_stride: dk,
-                n_kv,
-            };
-            let mut want = vec![0f32; n_head * dv];
-            for h in 0..n_head {
-                reference_head(
-                    &q[h * dk..(h + 1) * dk],
-                    h,
-                    &kv,
-                    hd,
-                    false,
-                    &mut want[h * dv..(h + 1) * dv],
-                );
-            }
-            let mut scores = Vec::new();
-            for g in [2, 4, 8, 16] {
-                let mut got = vec![0f32; n_head * dv];
-                for h0 in (0..n_head).step_by(g) {
-                    attend_heads(
-                        &q[h0 * dk..(h0 + g) * dk],
-                        h0,
-                        g,
-                        &kv,
-                        hd,
-                        false,
-                        &mut scores,
-                        &mut got[h0 * dv..(h0 + g) * dv],
-                    );
-                }
-                assert_eq!(bits(&got), bits(&want), "n_kv {n_kv} group {g}");
-            }
-        }
-    }
-
-    #[test]
-    fn groups_chains_and_avx2_give_the_bits_of_single_heads() {
-        // dk 72 has a tail after the 8-wide chunks, dv 44 and 139 after the 64- and 8-wide ones;
-        // n_kv values cover the 4-position remainder
-        for &(n_head, n_head_kv, dk, dv) in &[
-            (8, 2, 64, 64),
-            (8, 1, 72, 44),
-            (4, 4, 16, 16),
-            (2, 1, 24, 139),
-            // Qwen3-30B-A3B's heads, and a 16-head group over one 64-wide kv head (4 pairs
-            // per block, 128 outputs)
-            (32, 4, 128, 128),
-            (16, 1, 64, 128),
-        ] {
-            for &n_kv in &[1, 3, 4, 7, 33] {
-                for round_p in [false, true] {
-                    let hd = Heads {
-                        n_head,
-                        n_head_kv,
-                        dk,
-                        dv,
-                        scale: 0.125,
-                    };
-                    let k = values(n_kv * n_head_kv * dk, 1 + n_kv as u32);
-                    let v = values(n_kv * n_head_kv * dv, 2 + n_kv as u32);
-                    let q = values(n_head * dk, 3);
-                    let kv = KvView {
-                        k: &k,
-                        k_stride: n_head_kv * dk,
-                        v: &v,
-                        v_stride: n_head_kv * dv,
-                        n_kv,
-                    };
-                    let mut scores = Vec::new();
-                    let mut want = vec![0f32; n_head * dv];
-                    for h in 0..n_head {
-                        reference_head(
-                            &q[h * dk..(h + 1) * dk],
-                            h,
-                            &kv,
-                            hd,
-                            round_p,
-                            &mut want[h * dv..(h + 1) * dv],
-                        );
-                    }
-                    // the portable body (what aarch64 runs) must give the same bits too
-                    let mut portable = vec![0f32; n_head * dv];
-                    let per = n_head / n_head_kv;
-                    for h0 in (0..n_head).step_by(per) {
-                        attend_heads_body::<false>(
-                            &q[h0 * dk..(h0 + per) * dk],
-                            h0,
-                            per,
-                            &kv,
-                            hd,
-                            round_p,
-                            &mut scores,
-                            &mut portable[h0 * dv..(h0 + per) * dv],
-                        );
-                    }
-                    assert_eq!(bits(&portable), bits(&want), "portable body, n_kv {n_kv}");
-                    let per_kv = n_head / n_head_kv;
-                    let mut g = 1;
-                    while g <= per_kv {
-                        let mut got = vec![0f32; n_head * dv];
-                        for h0 in (0..n_head).step_by(g) {
-                            attend_heads(
-                                &q[h0 * dk..(h0 + g) * dk],
-                                h0,
-                                g,
-                                &kv,
-                                hd,
-                                round_p,
-                                &mut scores,
-                                &mut got[h0 * dv..(h0 + g) * dv],
-                            );
-                        }
-                        assert_eq!(
-                            bits(&got),
-                            bits(&want),
-                            "heads {n_head}/{n_head_kv} dk {dk} n_kv {n_kv} group {g} round {round_p}"
-                        );
-                        // attend_heads takes AVX-512 where it can: the AVX2 build on its own
-                        #[cfg(target_arch = "x86_64")]
-                        if std::arch::is_x86_feature_detected!("avx2") {
-                            for h0 in (0..n_head).step_by(g) {
-                                // SAFETY: AVX2 checked just above.
-                                unsafe {
-                                    attend_heads_avx2(
-                                        &q[h0 * dk..(h0 + g) * dk],
-                                        h0,
-                                        g,
-                                        &kv,
-                                        hd,
-                                        round_p,
-                                        &mut scores,
-                                        &mut got[h0 * dv..(h0 + g) * dv],
-                                    )
-                                };
-                            }
-                            assert_eq!(bits(&got), bits(&want), "avx2, group {g}");
-                        }
-                        g *= 2;
-                    }
-                    let mut all = vec![0f32; n_head * dv];
-                    attend(&q, &kv, hd, round_p, &mut scores, &mut all);
-                    assert_eq!(bits(&all), bits(&want), "attend, n_kv {n_kv}");
-                }
-            }
-        }
-    }
-}
+mod tests;

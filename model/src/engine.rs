@@ -1,14 +1,15 @@
 //! `Engine`: runs the forward pass over batches that may mix several sequences (prefill chunks and
-//! decode tokens together), each attending only to its own KV cache. Owns the caches, the KV
-//! budget and the thread pool; the routed experts go through the `ExpertBackend` it was given.
-//! This is what the scheduler's continuous batching drives.
+//! decode tokens together), each attending only to its own KV cache. Owns the paged KV cache
+//! (`crate::kv`: block pool, prefix cache, admission by blocks) and the thread pool; the routed
+//! experts go through the `ExpertBackend` it was given. This is what the scheduler's continuous
+//! batching drives; `prefill` is the one way to feed a run of tokens to one sequence.
 
 use crate::arch::{self, StepCtx, Tok};
 use crate::config::Arch;
 use crate::error::ModelError;
 use crate::expert::ExpertBackend;
 use crate::hot::hot;
-use crate::kv::{KvType, SeqKv};
+use crate::kv::{KvCache, KvLayout, KvStats, KvType};
 use crate::model::Model;
 use crate::moe::{dense_ffn, moe_combine, moe_route, RouteObserver, Routed};
 use crate::ops::{add_inplace, matmul, rms_norm};
@@ -43,10 +44,12 @@ pub struct EngineOptions {
     pub pool: Option<Arc<ThreadPool>>,
     /// Most live sequences.
     pub max_seqs: usize,
-    /// Most cached positions summed over all sequences (the KV budget).
+    /// Positions the KV cache holds (the budget; rounded up to whole blocks).
     pub kv_budget_tokens: usize,
     /// Most positions of one sequence (0 = the model's training context).
     pub max_seq_len: usize,
+    /// Reuse the cached blocks of a prompt's longest known prefix (`Engine::admit`).
+    pub prefix_cache: bool,
 }
 
 impl Default for EngineOptions {
@@ -57,6 +60,7 @@ impl Default for EngineOptions {
             max_seqs: 64,
             kv_budget_tokens: 1 << 16,
             max_seq_len: 0,
+            prefix_cache: true,
         }
     }
 }
@@ -78,12 +82,10 @@ pub struct Engine {
     pool: Arc<ThreadPool>,
     opts: EngineOptions,
     rope: Rope,
-    seqs: Vec<Option<SeqKv>>,
-    /// The id each slot of `seqs` was issued under (meaningful while the slot is live).
+    kv: KvCache,
+    /// The id each cache slot was issued under (meaningful while the slot is live).
     ids: Vec<u32>,
     next_id: u32,
-    kv_used: usize,
-    kv_type: KvType,
     observer: Option<Arc<dyn RouteObserver>>,
     profile: StepProfile,
 }
@@ -132,17 +134,16 @@ impl Engine {
             opts.max_seq_len = model.config().n_ctx_train;
         }
         let rope = Rope::new(&model.config().rope);
+        let kv = new_cache(&model, &opts, KvType::F32);
         Ok(Engine {
             model,
             backend,
             pool,
             opts,
             rope,
-            seqs: Vec::new(),
+            kv,
             ids: Vec::new(),
             next_id: 0,
-            kv_used: 0,
-            kv_type: KvType::F32,
             observer: None,
             profile: StepProfile::default(),
         })
@@ -173,73 +174,168 @@ impl Engine {
     }
 
     /// Chooses the KV cache element type (default F32, the llama.cpp parity reference; F16 halves
-    /// the cache). Only before the first sequence is added.
+    /// the cache). Only before the first sequence is added; the cached prefixes are dropped.
     pub fn set_kv_type(&mut self, ty: KvType) -> Result<(), ModelError> {
-        if self.seqs.iter().any(|s| s.is_some()) {
+        if self.kv.live() > 0 {
             return Err(ModelError::Batch(
                 "expected no live sequences when changing the kv type, found some".into(),
             ));
         }
-        self.kv_type = ty;
+        self.kv = new_cache(&self.model, &self.opts, ty);
         Ok(())
     }
 
-    /// Starts an empty sequence.
-    pub fn add_sequence(&mut self) -> Result<SeqId, ModelError> {
-        let live = self.seqs.iter().filter(|s| s.is_some()).count();
+    /// The KV cache's element type.
+    pub fn kv_type(&self) -> KvType {
+        self.kv.kv_type()
+    }
+
+    /// The block geometry of this model's KV cache.
+    pub fn kv_layout(&self) -> KvLayout {
+        self.kv.layout()
+    }
+
+    fn check_room(&self) -> Result<(), ModelError> {
+        let live = self.kv.live();
         if live >= self.opts.max_seqs {
             return Err(ModelError::KvFull(format!(
                 "expected at most {} live sequences, found {live}",
                 self.opts.max_seqs
             )));
         }
-        let kv = SeqKv::new(self.model.config().n_layer, self.kv_type);
+        Ok(())
+    }
+
+    /// Names the sequence in cache slot `slot` with a fresh id.
+    fn issue(&mut self, slot: usize) -> SeqId {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        match self.seqs.iter().position(|s| s.is_none()) {
-            Some(i) => {
-                self.seqs[i] = Some(kv);
-                self.ids[i] = id;
-            }
-            None => {
-                self.seqs.push(Some(kv));
-                self.ids.push(id);
-            }
+        if self.ids.len() <= slot {
+            self.ids.resize(slot + 1, 0);
         }
-        Ok(SeqId(id))
+        self.ids[slot] = id;
+        SeqId(id)
+    }
+
+    /// Starts an empty sequence; its blocks are taken step by step while the pool has some
+    /// nobody was promised (see [`Engine::admit`] for a sequence that cannot run out).
+    pub fn add_sequence(&mut self) -> Result<SeqId, ModelError> {
+        self.check_room()?;
+        let slot = self.kv.add();
+        Ok(self.issue(slot))
+    }
+
+    /// Starts a sequence for `prompt` that may grow to `max_len` positions: it begins with the
+    /// longest cached prefix of the prompt (never its last token, whose logits must be computed),
+    /// and every further block it may need is reserved, so its steps never run out of cache.
+    /// Returns the sequence and the cached positions: feed it `prompt[cached..]`. Without `reuse`
+    /// nothing is looked up (the prompt is computed whole; its blocks are still cached for
+    /// later requests). `KvFull` when the cache cannot promise the blocks now (nothing changes).
+    pub fn admit(
+        &mut self,
+        prompt: &[u32],
+        max_len: usize,
+        reuse: bool,
+    ) -> Result<(SeqId, usize), ModelError> {
+        self.check_room()?;
+        let max_len = max_len.min(self.opts.max_seq_len);
+        if prompt.len() > max_len {
+            return Err(ModelError::KvFull(format!(
+                "expected a prompt of at most {max_len} positions, found {}",
+                prompt.len()
+            )));
+        }
+        let (slot, cached) = self.kv.admit(prompt, max_len, reuse)?;
+        Ok((self.issue(slot), cached))
+    }
+
+    /// A new sequence continuing from everything `s` holds, sharing its blocks (the partly
+    /// filled last block is copied by whichever writes into it first).
+    pub fn fork_sequence(&mut self, s: SeqId) -> Result<SeqId, ModelError> {
+        self.check_room()?;
+        let from = self
+            .slot_of(s)
+            .ok_or_else(|| ModelError::Batch(format!("unknown sequence {}", s.0)))?;
+        let slot = self
+            .kv
+            .fork(from)
+            .ok_or_else(|| ModelError::Batch(format!("unknown sequence {}", s.0)))?;
+        Ok(self.issue(slot))
     }
 
     /// The cache slot of a live sequence.
     fn slot_of(&self, s: SeqId) -> Option<usize> {
         self.ids
             .iter()
-            .zip(&self.seqs)
-            .position(|(&id, kv)| id == s.0 && kv.is_some())
+            .enumerate()
+            .position(|(slot, &id)| id == s.0 && self.kv.seq(slot).is_some())
     }
 
-    /// Drops a sequence and frees its KV.
+    /// Drops a sequence; its blocks go back to the pool (full ones stay cached for their
+    /// prefix).
     pub fn remove_sequence(&mut self, s: SeqId) {
-        if let Some(kv) = self.slot_of(s).and_then(|i| self.seqs[i].take()) {
-            self.kv_used -= kv.len;
+        if let Some(slot) = self.slot_of(s) {
+            self.kv.remove(slot);
         }
     }
 
     /// Positions cached for `s` (None if unknown).
     pub fn seq_len(&self, s: SeqId) -> Option<usize> {
         let slot = self.slot_of(s)?;
-        self.seqs[slot].as_ref().map(|k| k.len)
+        self.kv.seq(slot).map(|k| k.len)
     }
 
-    /// Cached positions over all sequences, and the budget.
+    /// Positions held by the live sequences, and the positions the cache can hold.
     pub fn kv_usage(&self) -> (usize, usize) {
-        (self.kv_used, self.opts.kv_budget_tokens)
+        let l = self.kv.layout();
+        (self.kv.positions(), self.kv.pool().capacity() * l.block)
+    }
+
+    /// The pool: blocks used, cached and free, prefix-cache hits, evictions.
+    pub fn kv_stats(&self) -> KvStats {
+        self.kv.stats()
+    }
+
+    /// Feeds `tokens` to `s` from its current length in one step and returns the logits of the
+    /// last one (a decode step is a prefill of one token).
+    pub fn prefill(&mut self, s: SeqId, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let mut rows = self.run_tokens(s, tokens, false)?;
+        rows.pop()
+            .ok_or_else(|| ModelError::Batch("expected at least one token, found none".into()))
+    }
+
+    /// [`Engine::prefill`] returning the logits of every token.
+    pub fn prefill_all(&mut self, s: SeqId, tokens: &[u32]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.run_tokens(s, tokens, true)
+    }
+
+    fn run_tokens(
+        &mut self,
+        s: SeqId,
+        tokens: &[u32],
+        all: bool,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let start = self
+            .seq_len(s)
+            .ok_or_else(|| ModelError::Batch(format!("unknown sequence {}", s.0)))?;
+        let n = tokens.len();
+        let batch: Vec<BatchToken> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| BatchToken {
+                seq: s,
+                token,
+                pos: (start + i) as u32,
+                want_logits: all || i + 1 == n,
+            })
+            .collect();
+        self.forward(&batch)
     }
 
     /// One step over a batch that may mix sequences. Returns the logits (n_vocab f32) of every
     /// token with `want_logits`, in batch order. On error no sequence advances.
     pub fn forward(&mut self, batch: &[BatchToken]) -> Result<Vec<Vec<f32>>, ModelError> {
         let toks = self.plan(batch)?;
-        let (kw, vw) = self.model.config().kv_floats_per_token();
         let mut grow: Vec<(usize, usize)> = Vec::new();
         for t in &toks {
             match grow.iter_mut().find(|g| g.0 == t.slot) {
@@ -247,11 +343,7 @@ impl Engine {
                 None => grow.push((t.slot, t.pos + 1)),
             }
         }
-        for &(slot, end) in &grow {
-            if let Some(s) = self.seqs[slot].as_mut() {
-                s.reserve_to(end, kw, vw);
-            }
-        }
+        let prepared = self.kv.prepare(&grow)?;
         // The whole step runs on a pool worker: every parallel op inside (matmuls, attention,
         // experts) then forks from within the pool instead of handing work over from this
         // thread and sleeping until it is done, twice per op (hundreds of handoffs per step).
@@ -269,16 +361,14 @@ impl Engine {
             self.profile.steps += 1;
             self.profile.tokens += batch.len() as u64;
             self.profile.total += started.elapsed().as_secs_f64();
-        }
-        for &(slot, end) in &grow {
-            if let Some(s) = self.seqs[slot].as_mut() {
-                if res.is_ok() {
-                    self.kv_used += end - s.len;
-                    s.len = end;
-                } else {
-                    s.truncate(kw, vw);
-                }
-            }
+            let committed: Vec<(usize, u32)> = toks
+                .iter()
+                .zip(batch)
+                .map(|(t, b)| (t.slot, b.token))
+                .collect();
+            self.kv.commit(prepared, &committed);
+        } else {
+            self.kv.rollback(prepared);
         }
         res
     }
@@ -291,7 +381,7 @@ impl Engine {
         for (i, b) in batch.iter().enumerate() {
             let unknown = || ModelError::Batch(format!("token {i}: unknown sequence {}", b.seq.0));
             let slot = self.slot_of(b.seq).ok_or_else(unknown)?;
-            let seq = self.seqs[slot].as_ref().ok_or_else(unknown)?;
+            let seq = self.kv.seq(slot).ok_or_else(unknown)?;
             if b.token as usize >= c.n_vocab {
                 return Err(ModelError::Batch(format!(
                     "token {i}: expected an id below {}, found {}",
@@ -321,14 +411,6 @@ impl Engine {
                 )));
             }
             toks.push(Tok { slot, pos: want });
-        }
-        if self.kv_used + batch.len() > self.opts.kv_budget_tokens {
-            return Err(ModelError::KvFull(format!(
-                "expected at most {} cached positions, found {} + {} new",
-                self.opts.kv_budget_tokens,
-                self.kv_used,
-                batch.len()
-            )));
         }
         Ok(toks)
     }
@@ -386,7 +468,7 @@ impl Engine {
         // between two expert calls (the sum, the shared expert, the next attention block, its
         // router) is one phase, so with `hot_phases` the pool's workers wake once per layer.
         let mut pending: Option<(Routed, Vec<f32>, Vec<f32>, usize)> = None;
-        let seqs = &mut self.seqs;
+        let kv = &mut self.kv;
         let observer = self.observer.as_deref();
         for (il, lw) in w.layers.iter().enumerate() {
             let mut routed = None;
@@ -397,8 +479,8 @@ impl Engine {
                 let t_attn = Instant::now();
                 rms_norm(&x, &lw.attn_norm, c.rms_eps, &mut h);
                 match c.arch {
-                    Arch::Qwen3Moe => arch::qwen3moe::attention(&ctx, seqs, il, &h, &mut y)?,
-                    Arch::Deepseek2 => arch::deepseek2::attention(&ctx, seqs, il, &h, &mut y)?,
+                    Arch::Qwen3Moe => arch::qwen3moe::attention(&ctx, kv, il, &h, &mut y)?,
+                    Arch::Deepseek2 => arch::deepseek2::attention(&ctx, kv, il, &h, &mut y)?,
                 }
                 add_inplace(&mut x, &y);
                 prof.attention += t_attn.elapsed().as_secs_f64();
@@ -471,6 +553,19 @@ impl Engine {
         p.ffn_other += s.ffn_other;
         p.output += s.output;
     }
+}
+
+/// The cache an engine with `opts` starts with: the budget in whole blocks (at least one).
+fn new_cache(model: &Model, opts: &EngineOptions, ty: KvType) -> KvCache {
+    let layout = KvLayout::for_model(model.config());
+    let blocks = layout.blocks_for(opts.kv_budget_tokens).max(1);
+    KvCache::new(
+        layout,
+        ty,
+        blocks,
+        model.gguf().fingerprint(),
+        opts.prefix_cache,
+    )
 }
 
 /// Sums a MoE layer's expert outputs `eo` with their routing weights, adds its shared expert

@@ -28,7 +28,7 @@ pub use config::{Arch, ModelConfig};
 pub use engine::{build_pool, BatchToken, Engine, EngineOptions, SeqId, StepProfile};
 pub use error::{ExpertError, ModelError};
 pub use expert::{expert_ffn, ActRows, ExpertBackend, ExpertPair, ExpertWeights, LocalExperts};
-pub use kv::KvType;
+pub use kv::{KvLayout, KvStats, KvType};
 pub use model::{LoadOptions, Model};
 pub use moe::RouteObserver;
 pub use sampler::{Sampler, SamplerParams};

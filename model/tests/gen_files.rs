@@ -348,6 +348,7 @@ fn generated_models_run_in_the_engine() {
             max_seqs: 1,
             kv_budget_tokens: 64,
             max_seq_len: 64,
+            ..Default::default()
         };
         let mut eng = Engine::new(model, backend, opts).expect("engine");
         let seq = eng.add_sequence().expect("sequence");

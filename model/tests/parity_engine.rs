@@ -58,7 +58,11 @@ fn bad_batches_are_errors_and_change_nothing() {
         ("position gap", toks(s, &[1], 4)),
         ("position repeated", toks(s, &[1], 2)),
         ("token out of range", toks(s, &[100_000], 3)),
-        ("kv budget", toks(s, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 3)),
+        // the budget of 12 positions is one block of 16: 3 + 14 positions need two
+        (
+            "kv budget",
+            toks(s, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], 3),
+        ),
     ];
     for (what, batch) in cases {
         assert!(e.forward(&batch).is_err(), "{what}: expected an error");

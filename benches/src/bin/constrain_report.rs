@@ -302,8 +302,9 @@ fn main() -> anyhow::Result<()> {
         threads: a.threads,
         pool: Some(pool),
         max_seqs: 4,
-        kv_budget_tokens: 4 * (a.steps + 32),
+        kv_budget_tokens: 4 * (a.steps + 32).next_multiple_of(nightshift_model::KvLayout::BLOCK),
         max_seq_len: a.steps + 32,
+        ..Default::default()
     };
     let mut eng = Engine::new(model, backend, opts).context("engine")?;
     round(&mut eng, &dvocab, &dg, 0, 4)?; // warm-up

@@ -14,6 +14,7 @@ use nightshift_benches::argmax;
 use nightshift_benches::stream::triad_bandwidth;
 use nightshift_model::gen::{generate, Arch, GenSpec, Preset, QuantMix};
 use nightshift_model::gguf::Gguf;
+use nightshift_model::KvLayout;
 use nightshift_model::{build_pool, BatchToken, Engine, EngineOptions, LocalExperts, Model};
 
 /// End-to-end tokens/s of nightshift vs llama.cpp, with bandwidth and roofline.
@@ -231,8 +232,10 @@ fn decode_together(
         threads: a.threads,
         pool: Some(pool),
         max_seqs: n,
-        kv_budget_tokens: n * len,
+        // whole blocks per sequence: every sequence's last block may be partly filled
+        kv_budget_tokens: n * len.next_multiple_of(KvLayout::BLOCK),
         max_seq_len: len,
+        ..Default::default()
     };
     let mut eng = Engine::new(model.clone(), backend, opts)?;
     let mut seqs = Vec::with_capacity(n);
@@ -331,8 +334,9 @@ fn ours(path: &Path, prompt: &[u32], n_decode: usize, threads: usize) -> anyhow:
         threads,
         pool: Some(pool),
         max_seqs: 2,
-        kv_budget_tokens: 2 * (prompt.len() + n_decode + 64),
+        kv_budget_tokens: 2 * (prompt.len() + n_decode + 64).next_multiple_of(KvLayout::BLOCK),
         max_seq_len: prompt.len() + n_decode + 64,
+        ..Default::default()
     };
     let mut eng = Engine::new(model, backend, opts)?;
     let batch = |seq, toks: &[u32], start: usize| -> Vec<BatchToken> {

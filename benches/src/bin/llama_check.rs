@@ -87,6 +87,7 @@ fn ours(path: &PathBuf, ids: &[u32]) -> anyhow::Result<Vec<Vec<f32>>> {
         max_seqs: 1,
         kv_budget_tokens: 1024,
         max_seq_len: 256,
+        ..Default::default()
     };
     let mut eng = Engine::new(model, backend, opts)?;
     let seq = eng.add_sequence()?;

@@ -22,6 +22,8 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// Load-test a running `nightshift serve` (or any OpenAI-compatible server).
     Serve(Args),
+    /// Replay multi-turn agent sessions and a PR-review batch with the prefix cache on and off.
+    Agent(super::bench_agent::Args),
 }
 
 /// Arguments of `nightshift bench serve`.
@@ -114,7 +116,10 @@ struct One {
 
 /// Runs the subcommand.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let BenchCommand::Serve(a) = args.what;
+    let a = match args.what {
+        BenchCommand::Serve(a) => a,
+        BenchCommand::Agent(a) => return super::bench_agent::run(a),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

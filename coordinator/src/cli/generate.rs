@@ -4,7 +4,7 @@
 use anyhow::Context;
 use nightshift_model::chat::{ChatMessage, ChatTemplate};
 use nightshift_model::tokenizer::StreamDecoder;
-use nightshift_model::{BatchToken, Engine, EngineOptions, Sampler, SamplerParams};
+use nightshift_model::{Engine, EngineOptions, Sampler, SamplerParams};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -98,20 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let t0 = Instant::now();
     let n = ids.len();
-    let batch: Vec<BatchToken> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| BatchToken {
-            seq,
-            token: t,
-            pos: i as u32,
-            want_logits: i + 1 == n,
-        })
-        .collect();
-    let mut logits = engine
-        .forward(&batch)?
-        .pop()
-        .context("no logits for the prompt")?;
+    let mut logits = engine.prefill(seq, &ids)?;
     let prefill = t0.elapsed();
 
     let mut out = std::io::stdout().lock();
@@ -130,16 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if i + 1 == args.n_predict {
             break;
         }
-        let pos = (n + i) as u32;
-        logits = engine
-            .forward(&[BatchToken {
-                seq,
-                token: next,
-                pos,
-                want_logits: true,
-            }])?
-            .pop()
-            .context("no logits")?;
+        logits = engine.prefill(seq, &[next])?;
     }
     writeln!(out, "{}", dec.flush())?;
     let decode = t1.elapsed();

@@ -3,7 +3,7 @@
 //! fixtures' `.logits.bin`), so parity can be checked from the command line.
 
 use anyhow::Context;
-use nightshift_model::{BatchToken, Engine, EngineOptions};
+use nightshift_model::{Engine, EngineOptions};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -45,26 +45,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut engine = Engine::new(model, backend, opts)?;
     let seq = engine.add_sequence()?;
-    let batch: Vec<BatchToken> = args
-        .prompt_ids
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| BatchToken {
-            seq,
-            token: t,
-            pos: i as u32,
-            want_logits: true,
-        })
-        .collect();
-    let mut rows = engine.forward(&batch)?;
-    for (i, &t) in args.decode_ids.iter().enumerate() {
-        let pos = (args.prompt_ids.len() + i) as u32;
-        rows.extend(engine.forward(&[BatchToken {
-            seq,
-            token: t,
-            pos,
-            want_logits: true,
-        }])?);
+    let mut rows = engine.prefill_all(seq, &args.prompt_ids)?;
+    for &t in &args.decode_ids {
+        rows.push(engine.prefill(seq, &[t])?);
     }
     let file = std::fs::File::create(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;

@@ -1,5 +1,6 @@
 //! The subcommands of the `nightshift` binary, one module each (`Args` + `run`).
 
+pub mod bench_agent;
 pub mod bench_serve;
 pub mod gen_model;
 pub mod generate;

@@ -54,10 +54,18 @@ pub struct Args {
     /// Requests waiting for a slot before new ones get HTTP 429.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
-    /// KV-cache positions over all sequences (default: --max-seqs x --ctx); admission reserves
-    /// prompt + max_tokens per request against it.
+    /// Memory of the KV cache: `GiB` (e.g. `8` or `8GiB`, `512MiB`) or a share of the memory
+    /// available at startup (`25%`). Taken as the cache fills; at least one --ctx context.
+    /// Admission promises each request the blocks its prompt + max_tokens may need.
+    #[arg(long, default_value = "25%", value_parser = parse_kv_memory)]
+    pub kv_memory: KvMemory,
+    /// Element type of the KV cache: f32 (the llama.cpp parity reference) or f16 (half the
+    /// memory).
+    #[arg(long, default_value = "f32", value_parser = parse_kv_type)]
+    pub kv_type: nightshift_model::KvType,
+    /// Turn automatic prefix caching off (every prompt is computed from its first token).
     #[arg(long)]
-    pub kv_budget: Option<usize>,
+    pub no_prefix_cache: bool,
     /// Tokens per engine step (decode tokens + prefill chunks).
     #[arg(long, default_value_t = 256)]
     pub step_tokens: usize,
@@ -86,6 +94,78 @@ pub struct Args {
     pub mock_step_ms: u64,
 }
 
+/// `--kv-memory`: bytes, or a share of the memory available at startup.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KvMemory {
+    Bytes(u64),
+    Percent(f64),
+}
+
+fn parse_kv_memory(s: &str) -> Result<KvMemory, String> {
+    let t = s.trim();
+    let bad = || format!("expected GiB (8, 8GiB, 512MiB) or a share of memory (25%), found {s:?}");
+    if let Some(p) = t.strip_suffix('%') {
+        let v: f64 = p.trim().parse().map_err(|_| bad())?;
+        return if v > 0.0 && v <= 100.0 {
+            Ok(KvMemory::Percent(v))
+        } else {
+            Err(format!("expected a share between 0 and 100%, found {s:?}"))
+        };
+    }
+    let lower = t.to_ascii_lowercase();
+    let (num, unit) = match lower.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => lower.split_at(i),
+        None => (lower.as_str(), "gib"),
+    };
+    let scale: f64 = match unit.trim() {
+        "gib" | "g" | "gb" => (1u64 << 30) as f64,
+        "mib" | "m" | "mb" => (1u64 << 20) as f64,
+        _ => return Err(bad()),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if v.is_finite() && v > 0.0 {
+        Ok(KvMemory::Bytes((v * scale) as u64))
+    } else {
+        Err(bad())
+    }
+}
+
+fn parse_kv_type(s: &str) -> Result<nightshift_model::KvType, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "f32" => Ok(nightshift_model::KvType::F32),
+        "f16" => Ok(nightshift_model::KvType::F16),
+        _ => Err(format!("expected f32 or f16, found {s:?}")),
+    }
+}
+
+/// The KV cache's size: positions from `--kv-memory` (at least one context) and the line the
+/// banner prints.
+fn kv_budget(args: &Args, layout: nightshift_model::KvLayout, n_ctx: usize) -> (usize, String) {
+    let per_token = layout.token_bytes(args.kv_type).max(1) as u64;
+    let (bytes, how) = match args.kv_memory {
+        KvMemory::Bytes(b) => (b, String::new()),
+        KvMemory::Percent(p) => {
+            let avail = nightshift_model::weights::mem_available().unwrap_or(8 << 30);
+            (
+                (avail as f64 * p / 100.0) as u64,
+                format!(" ({p}% of available memory)"),
+            )
+        }
+    };
+    let tokens = ((bytes / per_token) as usize).max(n_ctx);
+    let blocks = layout.blocks_for(tokens);
+    let line = format!(
+        "{:.2} GiB{how}: {blocks} blocks of {} positions ({} tokens, {} B per token, {}), prefix cache {}",
+        (blocks * layout.block_bytes(args.kv_type)) as f64 / (1u64 << 30) as f64,
+        layout.block,
+        blocks * layout.block,
+        per_token,
+        args.kv_type.name(),
+        if args.no_prefix_cache { "off" } else { "on" }
+    );
+    (tokens, line)
+}
+
 /// A loaded backend: the engine (moved to its thread), the text side and a description.
 struct Loaded {
     engine: SpawnFn,
@@ -93,6 +173,8 @@ struct Loaded {
     model_id: String,
     fingerprint: String,
     nodes: String,
+    /// The KV cache line of the banner.
+    kv: String,
     n_ctx: usize,
     /// Keeps spawned expert nodes alive; None for the toy model.
     experts: Option<Experts>,
@@ -138,12 +220,17 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
             engine: spawn_with({
                 let mut e = crate::scheduler::mock::MockEngine::new(args.max_seqs);
                 e.step_delay = Duration::from_millis(args.mock_step_ms);
+                e.prefix = !args.no_prefix_cache;
                 e
             }),
             text: Arc::new(crate::scheduler::mock::MockText),
             model_id: args.model_name.clone().unwrap_or_else(|| "mock".into()),
             fingerprint: "fp_mock".into(),
             nodes: "none (toy model in process)".into(),
+            kv: format!(
+                "toy model, prefix cache {}",
+                if args.no_prefix_cache { "off" } else { "on" }
+            ),
             n_ctx: args.ctx,
             experts: None,
             atlas: None,
@@ -164,11 +251,18 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         args.ctx
     };
     let text = load_text(&model, args.tool_format)?;
+    let (kv_tokens, kv) = kv_budget(
+        args,
+        nightshift_model::KvLayout::for_model(model.config()),
+        n_ctx,
+    );
     let limits = EngineLimits {
         threads: args.threads.unwrap_or(0),
         max_seqs: args.max_seqs,
-        kv_budget_tokens: kv_budget(args, n_ctx),
+        kv_budget_tokens: kv_tokens,
         max_seq_len: n_ctx,
+        kv_type: args.kv_type,
+        prefix_cache: !args.no_prefix_cache,
     };
     let fingerprint = format!("fp_{:016x}", model.gguf().fingerprint());
     let pool = nightshift_model::build_pool(limits.threads).context("building the thread pool")?;
@@ -208,6 +302,7 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         model_id,
         fingerprint,
         nodes: experts.describe(),
+        kv,
         n_ctx,
         experts: Some(experts),
         atlas,
@@ -233,11 +328,6 @@ fn nodes_check(experts: Option<&Experts>) -> NodesCheck {
             }
         }),
     }
-}
-
-/// KV budget: --kv-budget, or room for every sequence at full context; at least one context.
-fn kv_budget(args: &Args, n_ctx: usize) -> usize {
-    args.kv_budget.unwrap_or(args.max_seqs * n_ctx).max(n_ctx)
 }
 
 fn parse_tool_format(s: &str) -> Result<nightshift_model::toolcall::ToolFormat, String> {
@@ -288,7 +378,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_seqs: args.max_seqs,
         step_tokens: args.step_tokens,
         n_ctx: loaded.n_ctx,
-        kv_budget_tokens: kv_budget(&args, loaded.n_ctx),
     };
     let scheduler =
         (loaded.engine)(loaded.text.clone(), opts).context("starting the engine thread")?;
@@ -342,6 +431,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &local,
             &loaded.model_id,
             &loaded.nodes,
+            &loaded.kv,
             args.api_key.is_some(),
         );
         gateway::serve(listener, state, shutdown, Duration::from_secs(args.drain))
@@ -394,7 +484,7 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     }
 }
 
-fn banner(addr: &SocketAddr, model: &str, nodes: &str, auth: bool) {
+fn banner(addr: &SocketAddr, model: &str, nodes: &str, kv: &str, auth: bool) {
     let url = format!("http://{addr}");
     let key_hdr = if auth {
         " -H \"Authorization: Bearer $NIGHTSHIFT_API_KEY\""
@@ -412,6 +502,7 @@ fn banner(addr: &SocketAddr, model: &str, nodes: &str, auth: bool) {
     let _ = writeln!(out, "nightshift serve: listening on {url}");
     let _ = writeln!(out, "  model : {model}");
     let _ = writeln!(out, "  nodes : {nodes}");
+    let _ = writeln!(out, "  kv    : {kv}");
     let _ = writeln!(
         out,
         "  auth  : {}",
@@ -443,4 +534,20 @@ fn banner(addr: &SocketAddr, model: &str, nodes: &str, auth: bool) {
     let _ = writeln!(out, "print(r.choices[0].message.content)");
     let _ = writeln!(out, "PY");
     let _ = out.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_kv_memory, KvMemory};
+
+    #[test]
+    fn kv_memory_takes_sizes_and_shares() {
+        assert_eq!(parse_kv_memory("8"), Ok(KvMemory::Bytes(8 << 30)));
+        assert_eq!(parse_kv_memory("1.5GiB"), Ok(KvMemory::Bytes(3 << 29)));
+        assert_eq!(parse_kv_memory("512MiB"), Ok(KvMemory::Bytes(512 << 20)));
+        assert_eq!(parse_kv_memory("25%"), Ok(KvMemory::Percent(25.0)));
+        for bad in ["", "0", "-1", "12TB", "150%", "0%", "lots"] {
+            assert!(parse_kv_memory(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 }

@@ -20,6 +20,7 @@ pub struct Checked {
     pub stream: bool,
     pub include_usage: bool,
     pub ignore_eos: bool,
+    pub cache_prompt: bool,
 }
 
 fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
@@ -106,6 +107,7 @@ pub fn check_common(c: &Common, served: &str) -> Result<Checked, ApiError> {
         stream,
         include_usage,
         ignore_eos: c.ignore_eos.unwrap_or(false),
+        cache_prompt: c.cache_prompt.unwrap_or(true),
     })
 }
 

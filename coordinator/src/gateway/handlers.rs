@@ -1,5 +1,5 @@
-//! The route handlers: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
-//! `/ready`, `/metrics`. Each validates at the edge (`convert`), submits one `GenRequest` to the
+//! The route handlers: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+//! `/v1/admin/kv`, `/health`, `/ready`, `/metrics`. Each validates at the edge (`convert`), submits one `GenRequest` to the
 //! scheduler and answers with a JSON body or an SSE stream (`stream`).
 
 use super::convert::{self, Checked, Prompt};
@@ -218,6 +218,7 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
         logprobs: job.logprobs,
         ignore_eos: job.checked.ignore_eos,
         constraint: job.constraint,
+        cache_prompt: job.checked.cache_prompt,
         events: tx,
         enqueued: Instant::now(),
     };
@@ -251,6 +252,40 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Json<ModelList> {
             owned_by: "nightshift",
         }],
     })
+}
+
+/// `GET /v1/admin/kv`: the KV cache's pool (blocks used, cached, free) and the prefix cache's
+/// hits, as of the engine's last step.
+pub async fn admin_kv(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let kv = st.scheduler.kv_stats();
+    let hit_rate = if kv.lookup_tokens > 0 {
+        kv.hit_tokens as f64 / kv.lookup_tokens as f64
+    } else {
+        0.0
+    };
+    Json(serde_json::json!({
+        "object": "kv_cache",
+        "kv_type": kv.kv_type.name(),
+        "block_tokens": kv.block,
+        "bytes_per_token": kv.bytes_per_token,
+        "bytes_per_block": kv.bytes_per_block,
+        "capacity_blocks": kv.capacity_blocks,
+        "capacity_bytes": kv.capacity_blocks * kv.bytes_per_block,
+        "used_blocks": kv.used_blocks,
+        "cached_blocks": kv.cached_blocks,
+        "free_blocks": kv.free_blocks,
+        "reserved_blocks": kv.reserved_blocks,
+        "sequences": kv.sequences,
+        "positions": kv.positions,
+        "prefix_cache": {
+            "enabled": kv.prefix_cache,
+            "lookups": kv.lookups,
+            "lookup_tokens": kv.lookup_tokens,
+            "hit_tokens": kv.hit_tokens,
+            "hit_rate": hit_rate,
+            "evictions": kv.evictions,
+        },
+    }))
 }
 
 pub async fn health() -> Json<serde_json::Value> {

@@ -66,6 +66,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/apply-template", post(handlers::apply_template))
         .route("/v1/models", get(handlers::models))
+        .route("/v1/admin/kv", get(handlers::admin_kv))
         .route("/v1/atlas", get(atlas::get_atlas))
         .route(
             "/v1/admin/placement",

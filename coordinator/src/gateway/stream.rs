@@ -175,8 +175,7 @@ pub async fn collect(
             Event::Done {
                 text: t,
                 finish,
-                prompt_tokens,
-                completion_tokens,
+                usage,
             } => {
                 absorb(&mut tools, &t, &mut text, &mut calls);
                 if let Some(ts) = &mut tools {
@@ -187,7 +186,7 @@ pub async fn collect(
                         }
                     }
                 }
-                let usage = Usage::new(prompt_tokens, completion_tokens);
+                let usage = Usage::new(usage);
                 let reason = finish_reason(finish, calls.len() as u32);
                 let v = match meta.kind {
                     Kind::Chat => serde_json::to_value(ChatCompletion {
@@ -440,8 +439,7 @@ impl St {
             Some(Event::Done {
                 text,
                 finish,
-                prompt_tokens,
-                completion_tokens,
+                usage,
             }) => {
                 self.done = true;
                 self.text_events(text, None, &mut out);
@@ -458,7 +456,7 @@ impl St {
                 }
                 out.push(last);
                 if self.meta.include_usage {
-                    out.push(self.usage_chunk(Usage::new(prompt_tokens, completion_tokens)));
+                    out.push(self.usage_chunk(Usage::new(usage)));
                 }
                 out.push(SseEvent::default().data("[DONE]"));
             }

@@ -10,6 +10,8 @@ use crate::scheduler::SchedulerOptions;
 use serde_json::{json, Value};
 use std::sync::atomic::AtomicUsize;
 
+mod kv;
+
 struct Server {
     url: String,
     live: Arc<AtomicUsize>,
@@ -37,6 +39,7 @@ struct Opts {
     no_eos: bool,
     kv_budget: Option<usize>,
     stream_timeout_ms: Option<u64>,
+    prefix: bool,
 }
 
 impl Default for Opts {
@@ -52,6 +55,7 @@ impl Default for Opts {
             no_eos: false,
             kv_budget: None,
             stream_timeout_ms: None,
+            prefix: false,
         }
     }
 }
@@ -60,6 +64,8 @@ async fn start(o: Opts) -> Server {
     let mut engine = MockEngine::new(o.kv_seqs);
     engine.step_delay = std::time::Duration::from_millis(o.delay_ms);
     engine.eos = !o.no_eos;
+    engine.kv_budget = o.kv_budget.unwrap_or(0);
+    engine.prefix = o.prefix;
     let live = engine.live.clone();
     let peak_live = engine.peak_live.clone();
     let max_batch = engine.max_batch.clone();
@@ -69,7 +75,6 @@ async fn start(o: Opts) -> Server {
         max_seqs: o.max_seqs,
         step_tokens: 64,
         n_ctx: o.n_ctx,
-        kv_budget_tokens: o.kv_budget.unwrap_or(o.n_ctx * o.max_seqs),
     };
     let scheduler = Scheduler::spawn(engine, text.clone(), opts).expect("spawn engine thread");
     let down = o.nodes_down;

@@ -88,6 +88,7 @@ pub struct Common {
     pub min_p: Option<f32>,
     pub repeat_penalty: Option<f32>,
     pub ignore_eos: Option<bool>,
+    pub cache_prompt: Option<bool>,
 }
 
 /// Declares a request struct with the common fields written out (not `#[serde(flatten)]`,
@@ -114,6 +115,7 @@ macro_rules! request_struct {
             pub min_p: Option<f32>,
             pub repeat_penalty: Option<f32>,
             pub ignore_eos: Option<bool>,
+            pub cache_prompt: Option<bool>,
         }
         impl $name {
             pub fn common(&self) -> Common {
@@ -132,6 +134,7 @@ macro_rules! request_struct {
                     min_p: self.min_p,
                     repeat_penalty: self.repeat_penalty,
                     ignore_eos: self.ignore_eos,
+                    cache_prompt: self.cache_prompt,
                 }
             }
         }
@@ -184,14 +187,25 @@ pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's breakdown of the prompt tokens.
+#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u32,
 }
 
 impl Usage {
-    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Usage {
+    pub fn new(u: crate::scheduler::Usage) -> Usage {
         Usage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens + u.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: u.cached_tokens,
+            },
         }
     }
 }

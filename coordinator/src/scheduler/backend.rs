@@ -1,25 +1,24 @@
-//! The two seams the scheduler drives, so that it can be built and tested before and apart from
-//! the model crate: `StepEngine` (sequences + one batched forward step, owned by the engine
-//! thread) and `TextModel` (tokenizer + chat template, shared with the HTTP handlers). The
-//! adapters over `nightshift_model` live in `model_backend.rs`; `mock.rs` has a deterministic
-//! stand-in used by the tests.
+//! The two seams the scheduler drives, so that it can be tested apart from a real model:
+//! `StepEngine` (sequences + one batched forward step, owned by the engine thread, in the
+//! engine's own `SeqId`/`BatchToken`) and `TextModel` (tokenizer + chat template, shared with
+//! the HTTP handlers). The adapters over `nightshift_model` live in `model_backend.rs`;
+//! `mock.rs` has a deterministic stand-in used by the tests.
 
-/// Opaque id of one sequence inside a `StepEngine`.
-pub type SeqHandle = u64;
+pub use nightshift_model::{BatchToken, KvStats, SeqId};
 
-/// One token of an engine batch.
+/// A sequence the engine admitted, and how much of its prompt it already holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StepToken {
-    pub seq: SeqHandle,
-    pub token: u32,
-    pub pos: u32,
-    pub want_logits: bool,
+pub struct Admitted {
+    pub seq: SeqId,
+    /// Prompt positions found in the prefix cache (the first token to feed is `prompt[cached]`).
+    pub cached: usize,
 }
 
 /// Why a sequence could not be added.
 #[derive(Debug)]
 pub enum AdmitError {
-    /// The KV-cache budget (or sequence limit) is used up now; retry when a sequence ends.
+    /// The KV cache cannot promise the blocks (or the sequence limit is reached) now; retry
+    /// when a sequence ends.
     Full,
     /// Anything else.
     #[allow(dead_code)] // the model adapter returns it
@@ -36,10 +35,20 @@ pub struct StepError {
 
 /// A model with a KV cache for several sequences; driven by exactly one thread.
 pub trait StepEngine: Send + 'static {
-    fn add_sequence(&mut self) -> Result<SeqHandle, AdmitError>;
-    fn remove_sequence(&mut self, seq: SeqHandle);
+    /// Starts a sequence for `prompt` that may grow to `max_len` positions: it starts from the
+    /// longest cached prefix of the prompt (with `reuse`), and the cache promises it every block
+    /// it may need (`AdmitError::Full` when it cannot now).
+    fn add_sequence(
+        &mut self,
+        prompt: &[u32],
+        max_len: usize,
+        reuse: bool,
+    ) -> Result<Admitted, AdmitError>;
+    fn remove_sequence(&mut self, seq: SeqId);
     /// One step; returns one row of logits per token with `want_logits`, in batch order.
-    fn forward(&mut self, batch: &[StepToken]) -> Result<Vec<Vec<f32>>, StepError>;
+    fn forward(&mut self, batch: &[BatchToken]) -> Result<Vec<Vec<f32>>, StepError>;
+    /// The KV cache's state (blocks, prefix-cache hits), for `/metrics` and `/v1/admin/kv`.
+    fn kv_stats(&self) -> KvStats;
 }
 
 pub use nightshift_model::chat::{ChatMessage, ToolCall};

@@ -4,14 +4,16 @@
 //! depends only on the tokens already accepted); a step without constrained sequences spawns
 //! nothing.
 
-use super::backend::{AdmitError, SeqHandle, StepEngine, StepError, StepToken, TextModel};
+use super::backend::{
+    AdmitError, Admitted, BatchToken, KvStats, SeqId, StepEngine, StepError, TextModel,
+};
 use super::text::{Pushed, TextStream};
-use super::{Event, FinishReason, GenRequest, SchedulerOptions, TokenLogprob};
+use super::{Event, FinishReason, GenRequest, SchedulerOptions, TokenLogprob, Usage};
 use nightshift_model::constrain::SeqConstraint;
 use nightshift_model::sampler::{logprobs, Sampler, TokenMask};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc;
 
@@ -22,17 +24,21 @@ pub struct Stats {
     pub queued: AtomicUsize,
     /// Admitted and not yet finished.
     pub running: AtomicUsize,
+    /// The KV cache as of the last step (for `/v1/admin/kv`).
+    pub kv: Mutex<KvStats>,
 }
 
 /// One admitted sequence.
 struct Seq {
     req: GenRequest,
-    handle: SeqHandle,
+    handle: SeqId,
     /// Prompt then generated tokens.
     tokens: Vec<u32>,
     n_prompt: usize,
     /// Tokens already in the KV cache.
     n_past: usize,
+    /// Prompt tokens found in the prefix cache at admission.
+    cached: usize,
     sampler: Sampler,
     /// The grammar the output follows, if any (taken out of the request).
     constraint: Option<SeqConstraint>,
@@ -40,13 +46,6 @@ struct Seq {
     generated: u32,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
-}
-
-impl Seq {
-    /// KV positions this sequence may use in the worst case.
-    fn kv_need(&self) -> usize {
-        self.n_prompt + self.req.max_tokens as usize
-    }
 }
 
 /// The state of the engine thread.
@@ -99,6 +98,7 @@ impl<E: StepEngine> Loop<E> {
             self.publish_gauges();
             if !self.running.is_empty() {
                 self.step();
+                self.publish_gauges();
             }
         }
     }
@@ -144,20 +144,19 @@ impl<E: StepEngine> Loop<E> {
         }
     }
 
-    /// FIFO admission while there is room; the head waits when the KV budget is used up.
+    /// FIFO admission while there is room; the head waits while the engine cannot promise the
+    /// KV blocks its prompt + max_tokens may need (after the blocks of its cached prefix).
     fn admit(&mut self) {
         while self.running.len() < self.opts.max_seqs {
             let Some(req) = self.waiting.pop_front() else {
                 break;
             };
-            let reserved: usize = self.running.iter().map(Seq::kv_need).sum();
             let need = (req.prompt.len() + req.max_tokens as usize).min(self.opts.n_ctx);
-            if reserved + need > self.opts.kv_budget_tokens && !self.running.is_empty() {
-                self.waiting.push_front(req);
-                break;
-            }
-            match self.engine.add_sequence() {
-                Ok(handle) => {
+            match self
+                .engine
+                .add_sequence(&req.prompt, need, req.cache_prompt)
+            {
+                Ok(Admitted { seq, cached }) => {
                     self.stats.queued.fetch_sub(1, Relaxed);
                     self.stats.running.fetch_add(1, Relaxed);
                     metrics::histogram!("nightshift_queue_wait_seconds")
@@ -168,12 +167,14 @@ impl<E: StepEngine> Loop<E> {
                     let text = TextStream::new(req.stop.clone());
                     let n_prompt = req.prompt.len();
                     let tokens = req.prompt.clone();
+                    tracing::debug!(request_id = %req.id, prompt = n_prompt, cached, "sequence admitted");
                     self.running.push(Seq {
                         req,
-                        handle,
+                        handle: seq,
                         tokens,
                         n_prompt,
-                        n_past: 0,
+                        n_past: cached,
+                        cached,
                         sampler,
                         constraint,
                         text,
@@ -189,7 +190,11 @@ impl<E: StepEngine> Loop<E> {
                 Err(e) => {
                     self.stats.queued.fetch_sub(1, Relaxed);
                     let message = match e {
-                        AdmitError::Full => "kv cache cannot hold even one sequence".to_string(),
+                        AdmitError::Full => format!(
+                            "the kv cache cannot hold a sequence of {} positions (prompt + \
+                             max_tokens) even when empty: raise --kv-memory or lower max_tokens",
+                            need
+                        ),
                         AdmitError::Failed(m) => m,
                     };
                     tracing::error!(request_id = %req.id, %message, "could not add a sequence");
@@ -205,17 +210,27 @@ impl<E: StepEngine> Loop<E> {
     fn publish_gauges(&self) {
         metrics::gauge!("nightshift_queue_depth").set(self.stats.queued.load(Relaxed) as f64);
         metrics::gauge!("nightshift_running_sequences").set(self.running.len() as f64);
+        let kv = self.engine.kv_stats();
+        metrics::gauge!("nightshift_kv_blocks_used").set(kv.used_blocks as f64);
+        metrics::gauge!("nightshift_kv_blocks_cached").set(kv.cached_blocks as f64);
+        metrics::gauge!("nightshift_kv_blocks_free").set(kv.free_blocks as f64);
+        metrics::gauge!("nightshift_kv_blocks_capacity").set(kv.capacity_blocks as f64);
+        metrics::counter!("nightshift_prefix_cache_lookups_total").absolute(kv.lookups);
+        metrics::counter!("nightshift_prefix_cache_lookup_tokens_total").absolute(kv.lookup_tokens);
+        metrics::counter!("nightshift_prefix_cache_hit_tokens_total").absolute(kv.hit_tokens);
+        metrics::counter!("nightshift_kv_evictions_total").absolute(kv.evictions);
+        *self.stats.kv.lock().unwrap_or_else(|p| p.into_inner()) = kv;
     }
 
     /// Builds one batch: a decode token per generating sequence, then prefill chunks (FIFO)
     /// within the token budget. Returns the batch and, per row of logits, the sequence index.
-    fn build_batch(&self) -> (Vec<StepToken>, Vec<usize>, usize) {
+    fn build_batch(&self) -> (Vec<BatchToken>, Vec<usize>, usize) {
         let mut batch = Vec::new();
         let mut owners = Vec::new();
         for (i, s) in self.running.iter().enumerate() {
             if s.n_past >= s.n_prompt {
                 let pos = s.n_past;
-                batch.push(StepToken {
+                batch.push(BatchToken {
                     seq: s.handle,
                     token: s.tokens[pos],
                     pos: pos as u32,
@@ -243,7 +258,7 @@ impl<E: StepEngine> Loop<E> {
             let take = (s.n_prompt - s.n_past).min(budget);
             for pos in s.n_past..s.n_past + take {
                 let last = pos + 1 == s.n_prompt;
-                batch.push(StepToken {
+                batch.push(BatchToken {
                     seq: s.handle,
                     token: s.tokens[pos],
                     pos: pos as u32,
@@ -317,7 +332,7 @@ impl<E: StepEngine> Loop<E> {
     #[allow(clippy::type_complexity)]
     fn forward_with_masks(
         &mut self,
-        batch: &[StepToken],
+        batch: &[BatchToken],
         owners: &[usize],
     ) -> (
         Result<Vec<Vec<f32>>, StepError>,
@@ -424,11 +439,14 @@ impl<E: StepEngine> Loop<E> {
             }
         }
         s.last_token_at = Some(now);
-        let usage = |s: &Seq| (s.n_prompt as u32, s.generated);
+        let usage = |s: &Seq| Usage {
+            prompt_tokens: s.n_prompt as u32,
+            completion_tokens: s.generated,
+            cached_tokens: s.cached as u32,
+        };
         if text.is_eog(token) {
             let tail = s.text.finish();
-            let (p, c) = usage(s);
-            send_done(s, tail, FinishReason::Stop, p, c);
+            send_done(s, tail, FinishReason::Stop, usage(s));
             return true;
         }
         s.sampler.accept(token);
@@ -456,8 +474,7 @@ impl<E: StepEngine> Loop<E> {
                     })
                     .is_ok()
                 {
-                    let (p, c) = usage(s);
-                    send_done(s, String::new(), FinishReason::Stop, p, c);
+                    send_done(s, String::new(), FinishReason::Stop, usage(s));
                 }
                 true
             }
@@ -472,8 +489,7 @@ impl<E: StepEngine> Loop<E> {
                 let full = s.generated >= s.req.max_tokens || s.tokens.len() >= n_ctx;
                 if full {
                     let tail = s.text.finish();
-                    let (p, c) = usage(s);
-                    send_done(s, tail, FinishReason::Length, p, c);
+                    send_done(s, tail, FinishReason::Length, usage(s));
                 }
                 full
             }
@@ -506,20 +522,13 @@ impl<E: StepEngine> Loop<E> {
 }
 
 /// Sends the final event; false if the client is gone.
-fn send_done(
-    s: &Seq,
-    text: String,
-    finish: FinishReason,
-    prompt_tokens: u32,
-    completion_tokens: u32,
-) -> bool {
+fn send_done(s: &Seq, text: String, finish: FinishReason, usage: Usage) -> bool {
     s.req
         .events
         .send(Event::Done {
             text,
             finish,
-            prompt_tokens,
-            completion_tokens,
+            usage,
         })
         .is_ok()
 }

@@ -4,9 +4,12 @@
 //! engine checks that every sequence is fed contiguous positions and fails the step otherwise.
 //! The toy template writes tool calls in the Hermes format, and the byte vocabulary backs
 //! constrained decoding, so the gateway's tool and structured-output paths run on it too.
+//! Like the real engine it can keep prefixes (its state after every full block of 16 tokens) and
+//! start a new sequence from the longest one its prompt begins with; its output is the same
+//! either way.
 
 use super::backend::{
-    AdmitError, ChatPrompt, SeqHandle, StepEngine, StepError, StepToken, TextModel,
+    AdmitError, Admitted, BatchToken, ChatPrompt, KvStats, SeqId, StepEngine, StepError, TextModel,
 };
 use nightshift_model::constrain::ConstraintVocab;
 use nightshift_model::toolcall::ToolFormat;
@@ -81,18 +84,32 @@ impl TextModel for MockText {
     }
 }
 
-/// Per-sequence state: next expected position and a hash of everything seen.
+/// Positions per cached prefix block.
+pub const BLOCK: usize = 16;
+
+/// Per-sequence state: next expected position, a hash of everything seen, the tokens seen and
+/// the positions admission promised.
 #[derive(Default)]
 struct MockSeq {
     next_pos: u32,
     hash: u64,
+    tokens: Vec<u32>,
+    max_len: usize,
 }
 
 pub struct MockEngine {
-    seqs: HashMap<SeqHandle, MockSeq>,
-    next: SeqHandle,
+    seqs: HashMap<SeqId, MockSeq>,
+    next: u32,
     /// Sequences the "KV cache" can hold.
     pub kv_seqs: usize,
+    /// Positions admission may promise over all live sequences (0 = no limit); a lone
+    /// sequence is admitted whatever it asks.
+    pub kv_budget: usize,
+    /// Keep prefixes and start sequences from them.
+    pub prefix: bool,
+    /// The state after each cached prefix (a whole number of blocks).
+    cache: HashMap<Vec<u32>, u64>,
+    stats: KvStats,
     /// Largest batch seen (shared so tests can read it after the engine moved to its thread).
     pub max_batch: Arc<AtomicUsize>,
     /// Sequences currently allocated (shared for tests: KV freed on cancel).
@@ -111,6 +128,13 @@ impl MockEngine {
             seqs: HashMap::new(),
             next: 1,
             kv_seqs,
+            kv_budget: 0,
+            prefix: false,
+            cache: HashMap::new(),
+            stats: KvStats {
+                block: BLOCK,
+                ..KvStats::default()
+            },
             max_batch: Arc::new(AtomicUsize::new(0)),
             live: Arc::new(AtomicUsize::new(0)),
             peak_live: Arc::new(AtomicUsize::new(0)),
@@ -146,23 +170,52 @@ fn mix(h: u64, token: u32, pos: u32) -> u64 {
 }
 
 impl StepEngine for MockEngine {
-    fn add_sequence(&mut self) -> Result<SeqHandle, AdmitError> {
+    fn add_sequence(
+        &mut self,
+        prompt: &[u32],
+        max_len: usize,
+        reuse: bool,
+    ) -> Result<Admitted, AdmitError> {
         if self.seqs.len() >= self.kv_seqs {
             return Err(AdmitError::Full);
         }
-        let h = self.next;
+        let promised: usize = self.seqs.values().map(|s| s.max_len).sum();
+        if self.kv_budget > 0 && !self.seqs.is_empty() && promised + max_len > self.kv_budget {
+            return Err(AdmitError::Full);
+        }
+        let mut seq = MockSeq {
+            max_len,
+            ..MockSeq::default()
+        };
+        if self.prefix && reuse {
+            let most = prompt.len().saturating_sub(1) / BLOCK * BLOCK;
+            if let Some(n) = (1..=most / BLOCK)
+                .rev()
+                .map(|k| k * BLOCK)
+                .find(|&n| self.cache.contains_key(&prompt[..n]))
+            {
+                seq.hash = self.cache[&prompt[..n]];
+                seq.next_pos = n as u32;
+                seq.tokens = prompt[..n].to_vec();
+            }
+            self.stats.lookups += 1;
+            self.stats.lookup_tokens += prompt.len() as u64;
+            self.stats.hit_tokens += seq.tokens.len() as u64;
+        }
+        let cached = seq.tokens.len();
+        let h = SeqId(self.next);
         self.next += 1;
-        self.seqs.insert(h, MockSeq::default());
+        self.seqs.insert(h, seq);
         let now = self.live.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak_live.fetch_max(now, Ordering::SeqCst);
-        Ok(h)
+        Ok(Admitted { seq: h, cached })
     }
-    fn remove_sequence(&mut self, seq: SeqHandle) {
+    fn remove_sequence(&mut self, seq: SeqId) {
         if self.seqs.remove(&seq).is_some() {
             self.live.fetch_sub(1, Ordering::SeqCst);
         }
     }
-    fn forward(&mut self, batch: &[StepToken]) -> Result<Vec<Vec<f32>>, StepError> {
+    fn forward(&mut self, batch: &[BatchToken]) -> Result<Vec<Vec<f32>>, StepError> {
         self.max_batch.fetch_max(batch.len(), Ordering::SeqCst);
         if !self.step_delay.is_zero() {
             std::thread::sleep(self.step_delay);
@@ -171,23 +224,35 @@ impl StepEngine for MockEngine {
         for t in batch {
             let s = self.seqs.get_mut(&t.seq).ok_or_else(|| StepError {
                 unavailable: false,
-                message: format!("unknown sequence {}", t.seq),
+                message: format!("unknown sequence {}", t.seq.0),
             })?;
             if t.pos != s.next_pos {
                 return Err(StepError {
                     unavailable: false,
                     message: format!(
                         "sequence {}: expected position {}, found {}",
-                        t.seq, s.next_pos, t.pos
+                        t.seq.0, s.next_pos, t.pos
                     ),
                 });
             }
             s.next_pos += 1;
             s.hash = mix(s.hash, t.token, t.pos);
+            s.tokens.push(t.token);
+            if self.prefix && s.tokens.len() % BLOCK == 0 {
+                self.cache.insert(s.tokens.clone(), s.hash);
+            }
             if t.want_logits {
                 out.push(Self::logits(s.hash, self.eos));
             }
         }
         Ok(out)
+    }
+    fn kv_stats(&self) -> KvStats {
+        KvStats {
+            prefix_cache: self.prefix,
+            sequences: self.seqs.len(),
+            positions: self.seqs.values().map(|s| s.next_pos as usize).sum(),
+            ..self.stats
+        }
     }
 }

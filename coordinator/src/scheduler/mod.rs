@@ -3,7 +3,8 @@
 //! unbounded channel. Every step the thread builds ONE batch holding the next decode token of
 //! every running sequence plus chunks of pending prefills (up to a token budget), runs
 //! `forward` once, samples per sequence and streams the text. Admission is FIFO and bounded by
-//! `max_seqs` and the engine's KV budget; a dropped receiver cancels the sequence and frees its KV.
+//! `max_seqs` and the engine's KV blocks (a new sequence starts from its prompt's longest cached
+//! prefix and prefills only the rest); a dropped receiver cancels the sequence and frees its KV.
 
 mod backend;
 mod engine_loop;
@@ -14,7 +15,7 @@ mod text;
 
 #[allow(unused_imports)] // the model adapter uses them
 pub use backend::{
-    AdmitError, ChatMessage, ChatPrompt, SeqHandle, StepEngine, StepError, StepToken, TextModel,
+    AdmitError, Admitted, ChatMessage, ChatPrompt, KvStats, StepEngine, StepError, TextModel,
     ToolCall,
 };
 pub use nightshift_model::sampler::SamplerParams as SamplingParams;
@@ -61,11 +62,19 @@ pub enum Event {
     Done {
         text: String,
         finish: FinishReason,
-        prompt_tokens: u32,
-        completion_tokens: u32,
+        usage: Usage,
     },
     /// Generation failed; nothing more will come.
     Failed(StepError),
+}
+
+/// Token counts of a finished request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    /// Prompt tokens found in the prefix cache (not computed again).
+    pub cached_tokens: u32,
 }
 
 /// One generation request, already tokenized and validated.
@@ -83,6 +92,9 @@ pub struct GenRequest {
     /// The grammar the output must follow (response_format, forced tool calls); its token
     /// mask is computed while the engine runs the step.
     pub constraint: Option<nightshift_model::constrain::SeqConstraint>,
+    /// Extension (llama.cpp's `cache_prompt`): start from the prompt's cached prefix (default);
+    /// false computes the whole prompt.
+    pub cache_prompt: bool,
     pub events: mpsc::UnboundedSender<Event>,
     pub enqueued: Instant,
 }
@@ -98,9 +110,6 @@ pub struct SchedulerOptions {
     pub step_tokens: usize,
     /// Context length of a sequence (prompt + generated).
     pub n_ctx: usize,
-    /// KV-cache positions over all running sequences. Admission reserves prompt + max_tokens
-    /// per sequence against it, so a running sequence never runs out of cache.
-    pub kv_budget_tokens: usize,
 }
 
 impl Default for SchedulerOptions {
@@ -110,7 +119,6 @@ impl Default for SchedulerOptions {
             max_seqs: 8,
             step_tokens: 256,
             n_ctx: 4096,
-            kv_budget_tokens: 8 * 4096,
         }
     }
 }
@@ -177,6 +185,11 @@ impl Scheduler {
     /// Whether the engine thread is alive.
     pub fn is_running(&self) -> bool {
         !self.tx.is_closed()
+    }
+
+    /// The KV cache as of the engine's last step.
+    pub fn kv_stats(&self) -> KvStats {
+        *self.stats.kv.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Requests queued or running right now.

@@ -3,24 +3,21 @@
 //! backend down -> HTTP 503), and `engine_with` builds the engine over the expert backend
 //! that `cluster::build` chose (in process or nodes), sharing one rayon pool.
 
-use super::backend::{AdmitError, SeqHandle, StepEngine, StepError, StepToken};
+use super::backend::{AdmitError, Admitted, StepEngine, StepError};
 use nightshift_model::{
-    BatchToken, Engine, EngineOptions, ExpertBackend, ExpertError, Model, ModelError, SeqId,
+    BatchToken, Engine, EngineOptions, ExpertBackend, ExpertError, KvStats, KvType, Model,
+    ModelError, SeqId,
 };
 use std::sync::Arc;
 
 /// `Engine` driven by the scheduler.
 pub struct EngineStep {
     engine: Engine,
-    batch: Vec<BatchToken>,
 }
 
 impl EngineStep {
     pub fn new(engine: Engine) -> EngineStep {
-        EngineStep {
-            engine,
-            batch: Vec::new(),
-        }
+        EngineStep { engine }
     }
 
     /// Installs the observer told every MoE layer's routing (the ExpertAtlas recorder).
@@ -33,30 +30,32 @@ impl EngineStep {
 }
 
 impl StepEngine for EngineStep {
-    fn add_sequence(&mut self) -> Result<SeqHandle, AdmitError> {
-        match self.engine.add_sequence() {
-            Ok(s) => Ok(s.0 as SeqHandle),
+    fn add_sequence(
+        &mut self,
+        prompt: &[u32],
+        max_len: usize,
+        reuse: bool,
+    ) -> Result<Admitted, AdmitError> {
+        match self.engine.admit(prompt, max_len, reuse) {
+            Ok((seq, cached)) => Ok(Admitted { seq, cached }),
             Err(ModelError::KvFull(_)) => Err(AdmitError::Full),
             Err(e) => Err(AdmitError::Failed(e.to_string())),
         }
     }
 
-    fn remove_sequence(&mut self, seq: SeqHandle) {
-        self.engine.remove_sequence(SeqId(seq as u32));
+    fn remove_sequence(&mut self, seq: SeqId) {
+        self.engine.remove_sequence(seq);
     }
 
-    fn forward(&mut self, batch: &[StepToken]) -> Result<Vec<Vec<f32>>, StepError> {
-        self.batch.clear();
-        self.batch.extend(batch.iter().map(|t| BatchToken {
-            seq: SeqId(t.seq as u32),
-            token: t.token,
-            pos: t.pos,
-            want_logits: t.want_logits,
-        }));
-        self.engine.forward(&self.batch).map_err(|e| StepError {
+    fn forward(&mut self, batch: &[BatchToken]) -> Result<Vec<Vec<f32>>, StepError> {
+        self.engine.forward(batch).map_err(|e| StepError {
             unavailable: matches!(e, ModelError::Expert(ExpertError::Backend(_))),
             message: e.to_string(),
         })
+    }
+
+    fn kv_stats(&self) -> KvStats {
+        self.engine.kv_stats()
     }
 }
 
@@ -64,8 +63,11 @@ impl StepEngine for EngineStep {
 pub struct EngineLimits {
     pub threads: usize,
     pub max_seqs: usize,
+    /// Positions the KV cache holds (from `--kv-memory`).
     pub kv_budget_tokens: usize,
     pub max_seq_len: usize,
+    pub kv_type: KvType,
+    pub prefix_cache: bool,
 }
 
 /// Builds an engine over any expert backend (in process or remote nodes).
@@ -81,6 +83,9 @@ pub fn engine_with(
         max_seqs: lim.max_seqs,
         kv_budget_tokens: lim.kv_budget_tokens,
         max_seq_len: lim.max_seq_len,
+        prefix_cache: lim.prefix_cache,
     };
-    Engine::new(model, backend, opts).map(EngineStep::new)
+    let mut engine = Engine::new(model, backend, opts)?;
+    engine.set_kv_type(lim.kv_type)?;
+    Ok(EngineStep::new(engine))
 }

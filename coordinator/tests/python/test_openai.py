@@ -116,6 +116,23 @@ def test_seed_reproducible():
     assert a == b
 
 
+def test_prefix_cache_cached_tokens():
+    # a long prompt sent twice: the second finds all its full 16-token blocks cached
+    msgs = [{"role": "user", "content": "Review this function for bugs and style. " * 8}]
+    first = greedy_chat(messages=msgs, max_tokens=4)
+    d = first.usage.prompt_tokens_details
+    assert d is not None and isinstance(d.cached_tokens, int), first.usage
+    second = greedy_chat(messages=msgs, max_tokens=4)
+    p, c = second.usage.prompt_tokens, second.usage.prompt_tokens_details.cached_tokens
+    assert p - 16 <= c < p, (p, c)
+    assert second.choices[0].message.content == first.choices[0].message.content
+    stream = greedy_chat(messages=msgs, max_tokens=4, stream=True, stream_options={"include_usage": True})
+    usage = [ch.usage for ch in stream if ch.usage is not None]
+    assert len(usage) == 1 and usage[0].prompt_tokens_details.cached_tokens == c, usage
+    off = greedy_chat(messages=msgs, max_tokens=4, extra_body={"cache_prompt": False})
+    assert off.usage.prompt_tokens_details.cached_tokens == 0, off.usage
+
+
 def expect(exc, fn, status, param=None):
     try:
         fn()

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use nightshift_atlas_core::placement::{LayerPlacement, NodeSpec, Placement};
 use nightshift_coordinator::cluster::{LaunchOptions, LocalCluster, RemoteExperts, RemoteOptions};
+use nightshift_model::Engine;
 use nightshift_model::Model;
-use nightshift_model::{BatchToken, Engine};
 
 /// `nightshift-expert-node` in this test's profile (built once if needed).
 pub fn node_binary() -> PathBuf {
@@ -48,31 +48,12 @@ pub fn generate(
     mut on_step: impl FnMut(usize),
 ) -> Result<Vec<Vec<f32>>, String> {
     let seq = e.add_sequence().map_err(|e| e.to_string())?;
-    let batch: Vec<BatchToken> = prompt
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| BatchToken {
-            seq,
-            token: t,
-            pos: i as u32,
-            want_logits: true,
-        })
-        .collect();
-    let mut rows = e.forward(&batch).map_err(|e| e.to_string())?;
+    let mut rows = e.prefill_all(seq, prompt).map_err(|e| e.to_string())?;
     for i in 0..n {
         on_step(i);
         let last = rows.last().expect("row");
         let tok = nightshift_model::sampler::argmax(last);
-        let pos = (prompt.len() + i) as u32;
-        rows.extend(
-            e.forward(&[BatchToken {
-                seq,
-                token: tok,
-                pos,
-                want_logits: true,
-            }])
-            .map_err(|e| e.to_string())?,
-        );
+        rows.push(e.prefill(seq, &[tok]).map_err(|e| e.to_string())?);
     }
     e.remove_sequence(seq);
     Ok(rows)

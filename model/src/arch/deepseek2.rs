@@ -8,7 +8,7 @@
 use super::{attend_all, StepCtx};
 use crate::attention::Heads;
 use crate::error::ModelError;
-use crate::kv::SeqKv;
+use crate::kv::KvCache;
 use crate::ops::{matmul, matmul_many, matmul_q, quantize_rows, rms_norm_inplace};
 use crate::weights::AttnWeights;
 use rayon::prelude::*;
@@ -16,7 +16,7 @@ use rayon::prelude::*;
 /// Attention block of layer `il` on normalised rows `h` (n x n_embd) into `out` (n x n_embd).
 pub fn attention(
     ctx: &StepCtx<'_>,
-    caches: &mut [Option<SeqKv>],
+    cache: &mut KvCache,
     il: usize,
     h: &[f32],
     out: &mut [f32],
@@ -67,10 +67,7 @@ pub fn attention(
         for head in q[t * nh * qk..(t + 1) * nh * qk].chunks_exact_mut(qk) {
             ctx.rope.apply(rc, &mut head[nope..]);
         }
-        let seq = caches[tok.slot]
-            .as_mut()
-            .ok_or_else(|| ModelError::Batch("sequence vanished".into()))?;
-        seq.layers[il].k.write(tok.pos * kvw, row);
+        cache.write(tok.slot, tok.pos, il, row, None);
     }
     // Absorb attn_k_b: per head, q_nope (nope) -> latent (lora); full query = [latent, q_pe].
     // Heads run in parallel, each gemm on one thread (many small matrices).
@@ -107,7 +104,7 @@ pub fn attention(
         scale: c.kq_scale,
     };
     let mut lat = vec![0.0f32; n * nh * lora];
-    attend_all(ctx, caches, il, &qfull, heads, true, &mut lat);
+    attend_all(ctx, cache, il, &qfull, heads, true, &mut lat);
     // Decompress with attn_v_b per head (heads in parallel), then the output projection.
     let decomp: Vec<Result<Vec<f32>, ModelError>> = ctx.pool.install(|| {
         (0..nh)

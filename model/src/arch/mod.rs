@@ -6,7 +6,7 @@ pub mod deepseek2;
 pub mod qwen3moe;
 
 use crate::attention::{attend_heads, Heads, KvView};
-use crate::kv::{KvType, SeqKv};
+use crate::kv::{KvCache, KvType};
 use crate::model::Model;
 use crate::rope::Rope;
 use nightshift_kernels::formats::{f16_to_f32, f32_to_f16};
@@ -31,11 +31,12 @@ pub struct StepCtx<'a> {
 }
 
 /// Causal attention of all batch tokens of layer `il`. `q`: n rows of `n_head*dk`; `out`: n rows
-/// of `n_head*dv`. With `mla`, V is the first `dv` floats of each K row. With an F16 cache, q and
-/// the probabilities are rounded to f16 before their dot products, as ggml's f16 mul_mat does.
+/// of `n_head*dv`. With `mla`, V is the first `dv` floats of each K row. An F32 cache is read in
+/// place, block by block; an F16 cache is converted once per sequence and layer, and q and the
+/// probabilities are rounded to f16 before their dot products, as ggml's f16 mul_mat does.
 pub fn attend_all(
     ctx: &StepCtx<'_>,
-    caches: &[Option<SeqKv>],
+    kv: &KvCache,
     il: usize,
     q: &[f32],
     hd: Heads,
@@ -56,18 +57,37 @@ pub fn attend_all(
             None => slots.push((t.slot, t.pos + 1)),
         }
     }
+    let f16 = kv.kv_type() == KvType::F16;
     let mut scratch: Vec<(Vec<f32>, Vec<f32>)> =
         slots.iter().map(|_| (Vec::new(), Vec::new())).collect();
-    let mut views: Vec<(usize, &[f32], &[f32], bool)> = Vec::with_capacity(slots.len());
-    for (&(slot, n), (sk, sv)) in slots.iter().zip(scratch.iter_mut()) {
-        let Some(seq) = caches[slot].as_ref() else {
-            continue;
-        };
-        let l = &seq.layers[il];
-        let k = l.k.floats(n * k_stride, sk);
-        let v = if mla { k } else { l.v.floats(n * v_stride, sv) };
-        views.push((slot, k, v, seq.ty == KvType::F16));
+    if f16 {
+        for (&(slot, n), (sk, sv)) in slots.iter().zip(scratch.iter_mut()) {
+            kv.gather(slot, il, n, false, sk);
+            if !mla {
+                kv.gather(slot, il, n, true, sv);
+            }
+        }
     }
+    // (slot, K segments, V segments, positions per segment)
+    type Segs<'s> = (usize, Vec<&'s [f32]>, Vec<&'s [f32]>, usize);
+    let views: Vec<Segs<'_>> = slots
+        .iter()
+        .zip(&scratch)
+        .map(|(&(slot, n), (sk, sv))| {
+            if f16 {
+                let v = if mla { &sk[..] } else { &sv[..] };
+                (slot, vec![&sk[..]], vec![v], n.max(1))
+            } else {
+                let k = kv.segments(slot, il, n, false);
+                let v = if mla {
+                    k.clone()
+                } else {
+                    kv.segments(slot, il, n, true)
+                };
+                (slot, k, v, kv.layout().block)
+            }
+        })
+        .collect();
     let views = &views;
     // One task per (token, group of query heads sharing a kv head): each K/V row is read once
     // per group. Groups are as large as the GQA ratio allows (at most 8 heads) while leaving at
@@ -85,7 +105,9 @@ pub fn attend_all(
             |(scores, qr), (i, og)| {
                 let (ti, h0) = (i / groups, (i % groups) * g);
                 let t = ctx.toks[ti];
-                let Some(&(_, k, v, f16)) = views.iter().find(|v| v.0 == t.slot) else {
+                let Some((_, k, v, block)) =
+                    views.iter().find(|v| v.0 == t.slot && !v.1.is_empty())
+                else {
                     return;
                 };
                 let view = KvView {
@@ -93,6 +115,7 @@ pub fn attend_all(
                     k_stride,
                     v,
                     v_stride,
+                    block: *block,
                     n_kv: t.pos + 1,
                 };
                 let qg = &q[ti * qw + h0 * hd.dk..ti * qw + (h0 + g) * hd.dk];

@@ -4,14 +4,14 @@
 use super::{attend_all, StepCtx};
 use crate::attention::Heads;
 use crate::error::ModelError;
-use crate::kv::SeqKv;
+use crate::kv::KvCache;
 use crate::ops::{matmul, matmul_many, rms_norm_inplace};
 use crate::weights::AttnWeights;
 
 /// Attention block of layer `il` on normalised rows `h` (n x n_embd) into `out` (n x n_embd).
 pub fn attention(
     ctx: &StepCtx<'_>,
-    caches: &mut [Option<SeqKv>],
+    kv: &mut KvCache,
     il: usize,
     h: &[f32],
     out: &mut [f32],
@@ -49,12 +49,8 @@ pub fn attention(
         for head in kr[t * kw..(t + 1) * kw].chunks_exact_mut(hd) {
             ctx.rope.apply(rc, head);
         }
-        let seq = caches[tok.slot]
-            .as_mut()
-            .ok_or_else(|| ModelError::Batch("sequence vanished".into()))?;
-        let l = &mut seq.layers[il];
-        l.k.write(tok.pos * kw, &kr[t * kw..(t + 1) * kw]);
-        l.v.write(tok.pos * kw, &vr[t * kw..(t + 1) * kw]);
+        let (k, v) = (&kr[t * kw..(t + 1) * kw], &vr[t * kw..(t + 1) * kw]);
+        kv.write(tok.slot, tok.pos, il, k, Some(v));
     }
     let heads = Heads {
         n_head: c.n_head,
@@ -64,6 +60,6 @@ pub fn attention(
         scale: c.kq_scale,
     };
     let mut att = vec![0.0f32; n * qw];
-    attend_all(ctx, caches, il, &qr, heads, false, &mut att);
+    attend_all(ctx, kv, il, &qr, heads, false, &mut att);
     matmul(o, 0, &att, n, out, pool)
 }

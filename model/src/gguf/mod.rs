@@ -121,7 +121,7 @@ fn open_shard(path: &Path) -> Result<(Shard, Metadata, Vec<parse::RawTensor>), G
 }
 
 /// FNV-1a, 64 bit: a stable hash (unlike std's hasher) for the model fingerprint.
-fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
     for &b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);

@@ -1,0 +1,318 @@
+//! Grouped heads, the 4-position chains, the portable body, the AVX2 build and paged views
+//! (rows in blocks) against the plain one-head-at-a-time computation over contiguous rows:
+//! every output bit must match.
+
+use super::*;
+
+fn values(len: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed;
+    (0..len)
+        .map(|_| {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+/// One head the plain way (the code before grouping; `kv` is one contiguous segment): `dot` per position, softmax, f16
+/// rounding, then V weighted position by position into the output.
+fn reference_head(qh: &[f32], h: usize, kv: &KvView<'_>, hd: Heads, round_p: bool, oh: &mut [f32]) {
+    let hk = h / (hd.n_head / hd.n_head_kv);
+    let mut scores: Vec<f32> = (0..kv.n_kv)
+        .map(|j| {
+            let off = j * kv.k_stride + hk * hd.dk;
+            dot(&kv.k[0][off..off + hd.dk], qh)
+        })
+        .collect();
+    softmax(&mut scores, hd.scale);
+    if round_p {
+        scores
+            .iter_mut()
+            .for_each(|p| *p = f16_to_f32(f32_to_f16(*p)));
+    }
+    oh.fill(0.0);
+    for (j, &p) in scores.iter().enumerate() {
+        let off = j * kv.v_stride + hk * hd.dv;
+        for (o, &v) in oh.iter_mut().zip(&kv.v[0][off..off + hd.dv]) {
+            *o += v * p;
+        }
+    }
+}
+
+#[test]
+fn mla_views_give_the_bits_of_single_heads() {
+    // absorbed MLA: one kv head whose V is the first dv floats of each K row
+    let (n_head, dk, dv) = (16, 576, 512);
+    let hd = Heads {
+        n_head,
+        n_head_kv: 1,
+        dk,
+        dv,
+        scale: 0.07,
+    };
+    for &n_kv in &[1, 5, 64] {
+        let k = values(n_kv * dk, 7 + n_kv as u32);
+        let q = values(n_head * dk, 9);
+        let ks = [&k[..]];
+        let kv = KvView {
+            k: &ks,
+            k_stride: dk,
+            v: &ks,
+            v_stride: dk,
+            block: n_kv,
+            n_kv,
+        };
+        let mut want = vec![0f32; n_head * dv];
+        for h in 0..n_head {
+            reference_head(
+                &q[h * dk..(h + 1) * dk],
+                h,
+                &kv,
+                hd,
+                false,
+                &mut want[h * dv..(h + 1) * dv],
+            );
+        }
+        let mut scores = Vec::new();
+        for g in [2, 4, 8, 16] {
+            let mut got = vec![0f32; n_head * dv];
+            for h0 in (0..n_head).step_by(g) {
+                attend_heads(
+                    &q[h0 * dk..(h0 + g) * dk],
+                    h0,
+                    g,
+                    &kv,
+                    hd,
+                    false,
+                    &mut scores,
+                    &mut got[h0 * dv..(h0 + g) * dv],
+                );
+            }
+            assert_eq!(bits(&got), bits(&want), "n_kv {n_kv} group {g}");
+        }
+    }
+}
+
+#[test]
+fn groups_chains_and_avx2_give_the_bits_of_single_heads() {
+    // dk 72 has a tail after the 8-wide chunks, dv 44 and 139 after the 64- and 8-wide ones;
+    // n_kv values cover the 4-position remainder
+    for &(n_head, n_head_kv, dk, dv) in &[
+        (8, 2, 64, 64),
+        (8, 1, 72, 44),
+        (4, 4, 16, 16),
+        (2, 1, 24, 139),
+        // Qwen3-30B-A3B's heads, and a 16-head group over one 64-wide kv head (4 pairs
+        // per block, 128 outputs)
+        (32, 4, 128, 128),
+        (16, 1, 64, 128),
+    ] {
+        for &n_kv in &[1, 3, 4, 7, 33] {
+            for round_p in [false, true] {
+                let hd = Heads {
+                    n_head,
+                    n_head_kv,
+                    dk,
+                    dv,
+                    scale: 0.125,
+                };
+                let k = values(n_kv * n_head_kv * dk, 1 + n_kv as u32);
+                let v = values(n_kv * n_head_kv * dv, 2 + n_kv as u32);
+                let q = values(n_head * dk, 3);
+                let (ks, vs) = ([&k[..]], [&v[..]]);
+                let kv = KvView {
+                    k: &ks,
+                    k_stride: n_head_kv * dk,
+                    v: &vs,
+                    v_stride: n_head_kv * dv,
+                    block: n_kv,
+                    n_kv,
+                };
+                let mut scores = Vec::new();
+                let mut want = vec![0f32; n_head * dv];
+                for h in 0..n_head {
+                    reference_head(
+                        &q[h * dk..(h + 1) * dk],
+                        h,
+                        &kv,
+                        hd,
+                        round_p,
+                        &mut want[h * dv..(h + 1) * dv],
+                    );
+                }
+                // the portable body (what aarch64 runs) must give the same bits too
+                let mut portable = vec![0f32; n_head * dv];
+                let per = n_head / n_head_kv;
+                for h0 in (0..n_head).step_by(per) {
+                    attend_heads_body::<false>(
+                        &q[h0 * dk..(h0 + per) * dk],
+                        h0,
+                        per,
+                        &kv,
+                        hd,
+                        round_p,
+                        &mut scores,
+                        &mut portable[h0 * dv..(h0 + per) * dv],
+                    );
+                }
+                assert_eq!(bits(&portable), bits(&want), "portable body, n_kv {n_kv}");
+                let per_kv = n_head / n_head_kv;
+                let mut g = 1;
+                while g <= per_kv {
+                    let mut got = vec![0f32; n_head * dv];
+                    for h0 in (0..n_head).step_by(g) {
+                        attend_heads(
+                            &q[h0 * dk..(h0 + g) * dk],
+                            h0,
+                            g,
+                            &kv,
+                            hd,
+                            round_p,
+                            &mut scores,
+                            &mut got[h0 * dv..(h0 + g) * dv],
+                        );
+                    }
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "heads {n_head}/{n_head_kv} dk {dk} n_kv {n_kv} group {g} round {round_p}"
+                    );
+                    // attend_heads takes AVX-512 where it can: the AVX2 build on its own
+                    #[cfg(target_arch = "x86_64")]
+                    if std::arch::is_x86_feature_detected!("avx2") {
+                        for h0 in (0..n_head).step_by(g) {
+                            // SAFETY: AVX2 checked just above.
+                            unsafe {
+                                attend_heads_avx2(
+                                    &q[h0 * dk..(h0 + g) * dk],
+                                    h0,
+                                    g,
+                                    &kv,
+                                    hd,
+                                    round_p,
+                                    &mut scores,
+                                    &mut got[h0 * dv..(h0 + g) * dv],
+                                )
+                            };
+                        }
+                        assert_eq!(bits(&got), bits(&want), "avx2, group {g}");
+                    }
+                    g *= 2;
+                }
+                let mut all = vec![0f32; n_head * dv];
+                attend(&q, &kv, hd, round_p, &mut scores, &mut all);
+                assert_eq!(bits(&all), bits(&want), "attend, n_kv {n_kv}");
+            }
+        }
+    }
+}
+
+/// Splits `rows` rows of `width` floats into segments of `block` rows (the last padded with
+/// garbage rows, as a partly filled cache block holds).
+fn paged(x: &[f32], width: usize, rows: usize, block: usize) -> Vec<Vec<f32>> {
+    (0..rows.div_ceil(block))
+        .map(|s| {
+            let mut seg = x[s * block * width..((s + 1) * block).min(rows) * width].to_vec();
+            seg.resize(block * width, 7.5e3);
+            seg
+        })
+        .collect()
+}
+
+#[test]
+fn paged_views_give_the_bits_of_contiguous_rows() {
+    // GQA (dv 128 and 44: the 64-wide and the tail paths) and MLA (V = K prefix)
+    for &(n_head, n_head_kv, dk, dv, mla) in &[
+        (8, 2, 64, 128, false),
+        (4, 1, 72, 44, false),
+        (16, 1, 576, 512, true),
+    ] {
+        for &n_kv in &[1, 5, 16, 17, 40] {
+            for &block in &[1, 3, 4, 16] {
+                for round_p in [false, true] {
+                    let hd = Heads {
+                        n_head,
+                        n_head_kv,
+                        dk,
+                        dv,
+                        scale: 0.1,
+                    };
+                    let (kw, vw) = if mla {
+                        (dk, dk)
+                    } else {
+                        (n_head_kv * dk, n_head_kv * dv)
+                    };
+                    let k = values(n_kv * kw, 11 + n_kv as u32);
+                    let v = if mla { k.clone() } else { values(n_kv * vw, 5) };
+                    let q = values(n_head * dk, 13);
+                    let (ks, vs) = ([&k[..]], [&v[..]]);
+                    let whole = KvView {
+                        k: &ks,
+                        k_stride: kw,
+                        v: &vs,
+                        v_stride: vw,
+                        block: n_kv,
+                        n_kv,
+                    };
+                    let (kp, vp) = (paged(&k, kw, n_kv, block), paged(&v, vw, n_kv, block));
+                    let kr: Vec<&[f32]> = kp.iter().map(|s| &s[..]).collect();
+                    let vr: Vec<&[f32]> = vp.iter().map(|s| &s[..]).collect();
+                    let view = KvView {
+                        k: &kr,
+                        k_stride: kw,
+                        v: &vr,
+                        v_stride: vw,
+                        block,
+                        n_kv,
+                    };
+                    let mut scores = Vec::new();
+                    let mut want = vec![0f32; n_head * dv];
+                    attend(&q, &whole, hd, round_p, &mut scores, &mut want);
+                    let mut got = vec![0f32; n_head * dv];
+                    attend(&q, &view, hd, round_p, &mut scores, &mut got);
+                    let what = format!("heads {n_head}/{n_head_kv} n_kv {n_kv} block {block}");
+                    assert_eq!(bits(&got), bits(&want), "{what}");
+                    let per = n_head / n_head_kv;
+                    let mut portable = vec![0f32; n_head * dv];
+                    for h0 in (0..n_head).step_by(per) {
+                        attend_heads_body::<false>(
+                            &q[h0 * dk..(h0 + per) * dk],
+                            h0,
+                            per,
+                            &view,
+                            hd,
+                            round_p,
+                            &mut scores,
+                            &mut portable[h0 * dv..(h0 + per) * dv],
+                        );
+                    }
+                    assert_eq!(bits(&portable), bits(&want), "portable, {what}");
+                    #[cfg(target_arch = "x86_64")]
+                    if std::arch::is_x86_feature_detected!("avx2") {
+                        let mut avx2 = vec![0f32; n_head * dv];
+                        for h0 in (0..n_head).step_by(per) {
+                            // SAFETY: AVX2 checked just above.
+                            unsafe {
+                                attend_heads_avx2(
+                                    &q[h0 * dk..(h0 + per) * dk],
+                                    h0,
+                                    per,
+                                    &view,
+                                    hd,
+                                    round_p,
+                                    &mut scores,
+                                    &mut avx2[h0 * dv..(h0 + per) * dv],
+                                )
+                            };
+                        }
+                        assert_eq!(bits(&avx2), bits(&want), "avx2, {what}");
+                    }
+                }
+            }
+        }
+    }
+}

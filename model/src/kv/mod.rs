@@ -1,0 +1,577 @@
+//! The paged KV cache: every sequence's K rows (and V rows, except for MLA whose values are the
+//! first `kv_lora_rank` floats of each latent K row) live in fixed-size blocks of
+//! [`KvLayout::block`] positions x all layers, taken from one [`BlockPool`] sized by a memory
+//! budget; a sequence holds a block table. Blocks are reference counted, so sequences share a
+//! prefix without copies; a write into a shared (or cached) block copies it first.
+//!
+//! Prefix caching: every full block is registered under the hash of its token chain (parent
+//! hash, its tokens; the root hash carries the model fingerprint, the cache type and the block
+//! size), and a new sequence starts from the longest chain of cached blocks matching its prompt
+//! (at most all but the last prompt position, whose logits must be computed). Blocks no sequence
+//! holds stay cached until the pool needs room (least recently used first). Rows are stored as
+//! f32 or f16 like llama.cpp's `type_k`/`type_v`; a cached row is exactly the row a cold
+//! computation writes, so results are bit-identical either way.
+//!
+//! Admission reserves blocks: [`KvCache::admit`] promises a sequence every block it may need up
+//! to its maximum length, so a step of admitted sequences never runs out of blocks.
+
+pub mod pool;
+
+pub use pool::{BlockId, BlockPool, PoolCounters, Rows};
+
+use crate::config::{Arch, ModelConfig};
+use crate::error::ModelError;
+use crate::gguf::fnv1a;
+use nightshift_kernels::formats::f16_to_f32;
+
+/// Element type of the cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    #[default]
+    F32,
+    F16,
+}
+
+impl KvType {
+    /// Bytes per cached float.
+    pub fn elem_bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+        }
+    }
+}
+
+/// Geometry of the blocks: floats per position of each layer's K and V rows, positions per
+/// block. A block stores, layer after layer, its `block` K rows then its `block` V rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub n_layer: usize,
+    pub k_width: usize,
+    /// 0 for MLA (V is a view of the K rows).
+    pub v_width: usize,
+    pub block: usize,
+}
+
+impl KvLayout {
+    /// Positions per block.
+    pub const BLOCK: usize = 16;
+
+    pub fn for_model(c: &ModelConfig) -> KvLayout {
+        let (k_width, v_width) = match c.arch {
+            Arch::Qwen3Moe => (c.n_head_kv * c.head_k, c.n_head_kv * c.head_v),
+            // MLA: the latent + rope row; V is a view of its first kv_lora floats.
+            Arch::Deepseek2 => (c.head_k, 0),
+        };
+        KvLayout {
+            n_layer: c.n_layer,
+            k_width,
+            v_width,
+            block: Self::BLOCK,
+        }
+    }
+
+    /// Floats of one layer of one block.
+    pub fn layer_floats(&self) -> usize {
+        self.block * (self.k_width + self.v_width)
+    }
+
+    /// Floats of one block (all layers).
+    pub fn block_floats(&self) -> usize {
+        self.n_layer * self.layer_floats()
+    }
+
+    pub fn block_bytes(&self, ty: KvType) -> usize {
+        self.block_floats() * ty.elem_bytes()
+    }
+
+    /// Bytes one position takes in every layer: the layout's theoretical cost per token.
+    pub fn token_bytes(&self, ty: KvType) -> usize {
+        self.n_layer * (self.k_width + self.v_width) * ty.elem_bytes()
+    }
+
+    /// Blocks covering `positions`.
+    pub fn blocks_for(&self, positions: usize) -> usize {
+        positions.div_ceil(self.block)
+    }
+}
+
+/// The cache of one sequence: its block table and the tokens of its positions.
+pub struct SeqKv {
+    /// Positions committed (attention of the next token sees 0..len).
+    pub len: usize,
+    blocks: Vec<BlockId>,
+    /// Token of every committed position (hashed when a block fills).
+    tokens: Vec<u32>,
+    /// Chain hashes of the first `chain.len()` full blocks.
+    chain: Vec<u64>,
+    /// Blocks still promised to this sequence by admission.
+    reserved: usize,
+}
+
+/// What the pool looks like now (for metrics and the admin endpoint).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvStats {
+    pub kv_type: KvType,
+    /// Positions per block.
+    pub block: usize,
+    pub bytes_per_block: usize,
+    /// Bytes one position takes (all layers).
+    pub bytes_per_token: usize,
+    /// Most blocks (the budget).
+    pub capacity_blocks: usize,
+    /// Blocks held by live sequences.
+    pub used_blocks: usize,
+    /// Unreferenced blocks kept for their prefix (evictable).
+    pub cached_blocks: usize,
+    /// Blocks neither used nor cached (including storage not allocated yet).
+    pub free_blocks: usize,
+    /// Blocks promised to admitted sequences and not taken yet.
+    pub reserved_blocks: usize,
+    /// Live sequences and the positions they hold.
+    pub sequences: usize,
+    pub positions: usize,
+    pub prefix_cache: bool,
+    /// Prompts looked up in the prefix cache, their positions, and the positions found cached.
+    pub lookups: u64,
+    pub lookup_tokens: u64,
+    pub hit_tokens: u64,
+    /// Cached blocks evicted to make room.
+    pub evictions: u64,
+}
+
+/// Blocks taken by one `prepare` for one sequence, so a failed step can give them back.
+struct Grown {
+    slot: usize,
+    /// Table length before.
+    before: usize,
+    /// Blocks copied on write (kept: their rows below `len` are the shared ones).
+    copied: usize,
+    /// Blocks taken from the sequence's reservation.
+    from_reserve: usize,
+}
+
+/// What `prepare` did, for `commit` or `rollback`.
+pub struct Prepared(Vec<Grown>);
+
+/// The pool and the block tables of the live sequences (by slot; the engine maps ids to slots).
+pub struct KvCache {
+    pool: BlockPool,
+    seqs: Vec<Option<SeqKv>>,
+    prefix: bool,
+    root: u64,
+    /// Sum of the live sequences' `reserved`; never above `pool.available()`.
+    promised: usize,
+    lookups: u64,
+    lookup_tokens: u64,
+    hit_tokens: u64,
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// The chain hash of a block holding `tokens` after the prefix hashed `parent` (FNV-1a: stable
+/// across builds, so a disk tier could keep it).
+pub fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
+    let mut h = fnv1a(FNV_OFFSET, &parent.to_le_bytes());
+    for t in tokens {
+        h = fnv1a(h, &t.to_le_bytes());
+    }
+    h
+}
+
+impl KvCache {
+    /// A cache of at most `capacity_blocks` blocks for the model with `fingerprint`; `prefix`
+    /// turns prefix caching on.
+    pub fn new(
+        layout: KvLayout,
+        ty: KvType,
+        capacity_blocks: usize,
+        fingerprint: u64,
+        prefix: bool,
+    ) -> KvCache {
+        let mut root = fnv1a(FNV_OFFSET, &fingerprint.to_le_bytes());
+        root = fnv1a(root, ty.name().as_bytes());
+        root = fnv1a(root, &(layout.block as u64).to_le_bytes());
+        KvCache {
+            pool: BlockPool::new(layout, ty, capacity_blocks),
+            seqs: Vec::new(),
+            prefix,
+            root,
+            promised: 0,
+            lookups: 0,
+            lookup_tokens: 0,
+            hit_tokens: 0,
+        }
+    }
+
+    pub fn layout(&self) -> KvLayout {
+        self.pool.layout()
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.pool.kv_type()
+    }
+
+    pub fn prefix_enabled(&self) -> bool {
+        self.prefix
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn seq(&self, slot: usize) -> Option<&SeqKv> {
+        self.seqs.get(slot).and_then(|s| s.as_ref())
+    }
+
+    pub fn live(&self) -> usize {
+        self.seqs.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// Positions held by live sequences (a shared block counts once per sequence).
+    pub fn positions(&self) -> usize {
+        self.seqs.iter().flatten().map(|s| s.len).sum()
+    }
+
+    pub fn stats(&self) -> KvStats {
+        let l = self.layout();
+        let ty = self.kv_type();
+        let used = self.pool.used();
+        let cached = self.pool.cached_idle();
+        KvStats {
+            kv_type: ty,
+            block: l.block,
+            bytes_per_block: l.block_bytes(ty),
+            bytes_per_token: l.token_bytes(ty),
+            capacity_blocks: self.pool.capacity(),
+            used_blocks: used,
+            cached_blocks: cached,
+            free_blocks: self.pool.capacity() - used - cached,
+            reserved_blocks: self.promised,
+            sequences: self.live(),
+            positions: self.positions(),
+            prefix_cache: self.prefix,
+            lookups: self.lookups,
+            lookup_tokens: self.lookup_tokens,
+            hit_tokens: self.hit_tokens,
+            evictions: self.pool.counters().evictions,
+        }
+    }
+
+    fn insert(&mut self, s: SeqKv) -> usize {
+        match self.seqs.iter().position(|s| s.is_none()) {
+            Some(i) => {
+                self.seqs[i] = Some(s);
+                i
+            }
+            None => {
+                self.seqs.push(Some(s));
+                self.seqs.len() - 1
+            }
+        }
+    }
+
+    /// An empty sequence with no reservation (its blocks are taken step by step while there
+    /// are some to spare); returns its slot.
+    pub fn add(&mut self) -> usize {
+        self.insert(SeqKv {
+            len: 0,
+            blocks: Vec::new(),
+            tokens: Vec::new(),
+            chain: Vec::new(),
+            reserved: 0,
+        })
+    }
+
+    /// A sequence for `prompt` that may grow to `max_len` positions: starts from the longest
+    /// cached prefix of the prompt (never its last position; none without `reuse`) and reserves
+    /// every further block it may need. Returns its slot and the cached positions, or `KvFull`
+    /// (nothing changes) when the pool cannot promise the blocks now.
+    pub fn admit(
+        &mut self,
+        prompt: &[u32],
+        max_len: usize,
+        reuse: bool,
+    ) -> Result<(usize, usize), ModelError> {
+        let l = self.layout();
+        let max_len = max_len.max(prompt.len());
+        let mut hits = Vec::new();
+        let mut chain = Vec::new();
+        let lookup = self.prefix && reuse;
+        if lookup && !prompt.is_empty() {
+            let mut parent = self.root;
+            for toks in prompt.chunks_exact(l.block) {
+                let h = block_hash(parent, toks);
+                match self.pool.lookup(h, parent, toks) {
+                    Some(b) => {
+                        hits.push(b);
+                        chain.push(h);
+                        parent = h;
+                    }
+                    None => break,
+                }
+            }
+        }
+        let cached = (hits.len() * l.block).min(prompt.len().saturating_sub(1));
+        // the last hit block is written into (copied) when it holds the last prompt position
+        let copy = usize::from(hits.len() * l.block > cached);
+        let need = l.blocks_for(max_len) - hits.len() + copy;
+        let idle_hits = hits.iter().filter(|&&b| self.pool.refs(b) == 0).count();
+        let spare = self.pool.available().saturating_sub(self.promised);
+        if idle_hits + need > spare {
+            return Err(ModelError::KvFull(format!(
+                "expected {need} free kv blocks for a sequence of up to {max_len} positions, \
+                 found {} spare of {}",
+                spare.saturating_sub(idle_hits),
+                self.pool.capacity()
+            )));
+        }
+        for &b in &hits {
+            self.pool.retain(b);
+        }
+        chain.truncate(cached / l.block);
+        if lookup {
+            self.lookups += 1;
+            self.lookup_tokens += prompt.len() as u64;
+            self.hit_tokens += cached as u64;
+        }
+        self.promised += need;
+        let slot = self.insert(SeqKv {
+            len: cached,
+            blocks: hits,
+            tokens: prompt[..cached].to_vec(),
+            chain,
+            reserved: need,
+        });
+        Ok((slot, cached))
+    }
+
+    /// A new sequence sharing every block of `slot` (copy-on-write when either writes into the
+    /// partly filled last one); it has no reservation.
+    pub fn fork(&mut self, slot: usize) -> Option<usize> {
+        let s = self.seq(slot)?;
+        let copy = SeqKv {
+            len: s.len,
+            blocks: s.blocks.clone(),
+            tokens: s.tokens.clone(),
+            chain: s.chain.clone(),
+            reserved: 0,
+        };
+        for &b in &copy.blocks {
+            self.pool.retain(b);
+        }
+        Some(self.insert(copy))
+    }
+
+    /// Drops a sequence: its blocks go back (cached ones stay in the index, the last block
+    /// released first so a chain's tail is evicted before its head), its reservation too.
+    pub fn remove(&mut self, slot: usize) {
+        let Some(s) = self.seqs.get_mut(slot).and_then(|s| s.take()) else {
+            return;
+        };
+        for &b in s.blocks.iter().rev() {
+            self.pool.release(b);
+        }
+        self.promised = self.promised.saturating_sub(s.reserved);
+    }
+
+    /// Makes every block that positions `len..end` of each `(slot, end)` fall in present and
+    /// writable (new blocks, copies of shared ones). `KvFull` (nothing changes) when the pool
+    /// cannot give them without breaking another sequence's reservation.
+    pub fn prepare(&mut self, grow: &[(usize, usize)]) -> Result<Prepared, ModelError> {
+        let l = self.layout();
+        let mut plans = Vec::with_capacity(grow.len());
+        let mut extra = 0;
+        for &(slot, end) in grow {
+            let s = self
+                .seq(slot)
+                .ok_or_else(|| ModelError::Batch("unknown slot".into()))?;
+            if end <= s.len {
+                continue;
+            }
+            let first = s.len / l.block;
+            let copies = (first..l.blocks_for(end).min(s.blocks.len()))
+                .filter(|&i| !self.pool.writable(s.blocks[i]))
+                .count();
+            let fresh = l.blocks_for(end).saturating_sub(s.blocks.len());
+            let k = copies + fresh;
+            let from_reserve = k.min(s.reserved);
+            extra += k - from_reserve;
+            plans.push((slot, end, from_reserve));
+        }
+        let spare = self.pool.available().saturating_sub(self.promised);
+        if extra > spare {
+            return Err(ModelError::KvFull(format!(
+                "expected {extra} more kv blocks, found {spare} spare of {}",
+                self.pool.capacity()
+            )));
+        }
+        let mut done = Prepared(Vec::with_capacity(plans.len()));
+        for (slot, end, from_reserve) in plans {
+            if let Some(s) = self.seqs[slot].as_mut() {
+                s.reserved -= from_reserve;
+            }
+            self.promised -= from_reserve;
+            let mut g = Grown {
+                slot,
+                before: self.seq(slot).map_or(0, |s| s.blocks.len()),
+                copied: 0,
+                from_reserve,
+            };
+            let res = self.grow_one(slot, end, &mut g);
+            done.0.push(g);
+            if let Err(e) = res {
+                self.rollback(done);
+                return Err(e);
+            }
+        }
+        Ok(done)
+    }
+
+    /// Copies and appends the blocks of one sequence (see `prepare`).
+    fn grow_one(&mut self, slot: usize, end: usize, g: &mut Grown) -> Result<(), ModelError> {
+        let l = self.layout();
+        let oom = || ModelError::KvFull("could not allocate kv cache storage".into());
+        let Some(s) = self.seqs[slot].as_ref() else {
+            return Ok(());
+        };
+        let first = s.len / l.block;
+        let last = l.blocks_for(end);
+        for i in first..last.min(g.before) {
+            let old = self.seqs[slot]
+                .as_ref()
+                .map(|s| s.blocks[i])
+                .ok_or_else(oom)?;
+            if self.pool.writable(old) {
+                continue;
+            }
+            let new = self.pool.alloc().ok_or_else(oom)?;
+            self.pool.copy_block(old, new);
+            self.pool.release(old);
+            if let Some(s) = self.seqs[slot].as_mut() {
+                s.blocks[i] = new;
+            }
+            g.copied += 1;
+        }
+        for _ in g.before..last {
+            let b = self.pool.alloc().ok_or_else(oom)?;
+            if let Some(s) = self.seqs[slot].as_mut() {
+                s.blocks.push(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes a `prepare` after a failed step: appended blocks go back, and the reservation
+    /// they came from. Copies made on write stay (their rows below `len` are unchanged).
+    pub fn rollback(&mut self, p: Prepared) {
+        for g in p.0 {
+            let Some(s) = self.seqs[g.slot].as_mut() else {
+                continue;
+            };
+            let pushed: Vec<BlockId> = s.blocks.drain(g.before.min(s.blocks.len())..).collect();
+            let back = g.from_reserve.saturating_sub(g.copied).min(pushed.len());
+            s.reserved += back;
+            self.promised += back;
+            for b in pushed.into_iter().rev() {
+                self.pool.release(b);
+            }
+        }
+    }
+
+    /// Commits a successful step: `toks` are the `(slot, token)` of the batch in order (each
+    /// sequence's positions continuing its `len`); newly full blocks enter the prefix index.
+    pub fn commit(&mut self, _p: Prepared, toks: &[(usize, u32)]) {
+        let l = self.layout();
+        let mut touched: Vec<usize> = Vec::new();
+        for &(slot, token) in toks {
+            if let Some(s) = self.seqs[slot].as_mut() {
+                s.tokens.push(token);
+                s.len = s.tokens.len();
+                if !touched.contains(&slot) {
+                    touched.push(slot);
+                }
+            }
+        }
+        if !self.prefix {
+            return;
+        }
+        for slot in touched {
+            let Some(s) = self.seqs[slot].as_mut() else {
+                continue;
+            };
+            while s.chain.len() < s.len / l.block {
+                let i = s.chain.len();
+                let parent = if i == 0 { self.root } else { s.chain[i - 1] };
+                let toks = &s.tokens[i * l.block..(i + 1) * l.block];
+                let h = block_hash(parent, toks);
+                self.pool.register(s.blocks[i], h, parent, toks);
+                s.chain.push(h);
+            }
+        }
+    }
+
+    /// Stores the K row (and V row) of position `pos` of the sequence in `slot` for `layer`;
+    /// `prepare` made its block present and writable.
+    pub fn write(&mut self, slot: usize, pos: usize, layer: usize, k: &[f32], v: Option<&[f32]>) {
+        let l = self.layout();
+        let Some(b) = self
+            .seq(slot)
+            .and_then(|s| s.blocks.get(pos / l.block).copied())
+        else {
+            debug_assert!(false, "write outside the prepared blocks");
+            return;
+        };
+        self.pool.write(b, layer, pos % l.block, false, k);
+        if let Some(v) = v {
+            self.pool.write(b, layer, pos % l.block, true, v);
+        }
+    }
+
+    /// The F32 K (or V) rows of `layer` of the blocks covering positions `0..n` of `slot`, one
+    /// slice per block (the last may hold rows beyond `n`). Empty for an F16 pool.
+    pub fn segments(&self, slot: usize, layer: usize, n: usize, v: bool) -> Vec<&[f32]> {
+        let l = self.layout();
+        let Some(s) = self.seq(slot) else {
+            return Vec::new();
+        };
+        s.blocks[..l.blocks_for(n).min(s.blocks.len())]
+            .iter()
+            .filter_map(|&b| match self.pool.rows(b, layer, v) {
+                Rows::F32(r) => Some(r),
+                Rows::F16(_) => None,
+            })
+            .collect()
+    }
+
+    /// Positions `0..n` of `slot`'s K (or V) rows of `layer`, converted to f32 into `out`
+    /// (contiguous, `n` rows).
+    pub fn gather(&self, slot: usize, layer: usize, n: usize, v: bool, out: &mut Vec<f32>) {
+        let l = self.layout();
+        let width = if v { l.v_width } else { l.k_width };
+        out.clear();
+        let Some(s) = self.seq(slot) else {
+            return;
+        };
+        for (i, &b) in s.blocks[..l.blocks_for(n).min(s.blocks.len())]
+            .iter()
+            .enumerate()
+        {
+            let rows = (n - i * l.block).min(l.block) * width;
+            match self.pool.rows(b, layer, v) {
+                Rows::F32(r) => out.extend_from_slice(&r[..rows]),
+                Rows::F16(r) => out.extend(r[..rows].iter().map(|&h| f16_to_f32(h))),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
