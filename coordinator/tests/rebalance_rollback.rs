@@ -50,12 +50,19 @@ fn free_addr() -> SocketAddr {
         .expect("free port")
 }
 
+/// The node token both sides read: the placement's directory holds it.
+fn token_file(placement: &Path) -> std::path::PathBuf {
+    placement.with_file_name("node-token")
+}
+
 fn spawn_node(bin: &Path, placement: &Path, name: &str, addr: SocketAddr) -> Proc {
     let child = Command::new(bin)
         .arg("--model")
         .arg(fixture())
         .arg("--placement")
         .arg(placement)
+        .arg("--auth-token-file")
+        .arg(token_file(placement))
         .args([
             "--node",
             name,
@@ -96,6 +103,8 @@ fn serve(placement: &Path) -> (Proc, String) {
         .arg(fixture())
         .arg("--placement")
         .arg(placement)
+        .arg("--auth-token-file")
+        .arg(token_file(placement))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -218,6 +227,7 @@ async fn failed_load_rolls_back_under_load() {
     let new = placement(&nodes, &shape, |_| vec![0, 1, 2], |_| vec![0]);
     let old_path = dir.join("old.toml");
     old.save_atomic(&old_path).expect("write old placement");
+    std::fs::write(token_file(&old_path), "rollback-test-token\n").expect("write token");
 
     let mut node_procs: Vec<Option<Proc>> = nodes
         .iter()
