@@ -279,6 +279,32 @@ mod malformed {
     use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
     use nightshift_proto::v1::{compute_response, AttachShmRequest, ComputeRequest};
     use nightshift_proto::{FINGERPRINT_HEADER, PROTOCOL_HEADER};
+    use tonic::service::interceptor::InterceptedService;
+    use tonic::transport::Channel;
+
+    /// Presents the cluster's node token (the nodes refuse every call without it).
+    #[derive(Clone)]
+    struct Token(String);
+
+    impl tonic::service::Interceptor for Token {
+        fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+            let v = format!("Bearer {}", self.0).parse().expect("header");
+            req.metadata_mut().insert(nightshift_proto::AUTH_HEADER, v);
+            Ok(req)
+        }
+    }
+
+    async fn client(
+        cluster: &LocalCluster,
+        addr: &str,
+    ) -> ExpertServiceClient<InterceptedService<Channel, Token>> {
+        let ch = Channel::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        ExpertServiceClient::with_interceptor(ch, Token(cluster.auth_token().to_string()))
+    }
 
     fn good(model: &Model, layer: u32) -> ComputeRequest {
         let n_embd = model.config().n_embd;
@@ -390,9 +416,7 @@ mod malformed {
         let layer = shape.moe_layers[0] as u32;
         let rt = tokio::runtime::Runtime::new().expect("rt");
         rt.block_on(async {
-            let mut client = ExpertServiceClient::connect(format!("http://{addr}"))
-                .await
-                .expect("connect");
+            let mut client = client(&cluster, &addr).await;
             // No handshake metadata: refused.
             let (_tx, rx) = tokio::sync::mpsc::channel::<ComputeRequest>(1);
             let err = client
@@ -479,9 +503,7 @@ mod malformed {
             .join(format!("nightshift-test-garbage-{}", std::process::id()));
         std::fs::write(&garbage, vec![0x5Au8; 1 << 16]).expect("garbage region");
         rt.block_on(async {
-            let mut client = ExpertServiceClient::connect(format!("http://{addr}"))
-                .await
-                .expect("connect");
+            let mut client = client(&cluster, &addr).await;
             let good_path = region.path().display().to_string();
             let err = client
                 .attach_shm(attach(&good_path, false))
@@ -552,9 +574,7 @@ mod malformed {
         };
         assert_eq!(via_shm.len(), model.config().n_embd * 4);
         let via_stream = rt.block_on(async {
-            let mut client = ExpertServiceClient::connect(format!("http://{addr}"))
-                .await
-                .expect("connect");
+            let mut client = client(&cluster, &addr).await;
             let (tx, rx) = tokio::sync::mpsc::channel::<ComputeRequest>(1);
             let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
             req.metadata_mut()
