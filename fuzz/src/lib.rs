@@ -150,16 +150,23 @@ fn mutate(rng: &mut Rng, input: &[u8], corpus: &[Vec<u8>], max_len: usize) -> Ve
     v
 }
 
-/// Writes a panicking input into the corpus (kept as a regression input) and returns its path.
-fn keep_finding(target: &str, input: &[u8]) -> PathBuf {
-    let dir = corpus_dir(target);
-    let _ = std::fs::create_dir_all(&dir);
+fn fnv(input: &[u8]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for &b in input {
         h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
     }
-    let path = dir.join(format!("finding-{h:016x}"));
-    let _ = std::fs::write(&path, input);
+    h
+}
+
+/// Writes `input` into the corpus of `target` as `<kind>-<hash>` (unless there) and returns its
+/// path: seeds the first time they are used, findings when they panic.
+fn keep(target: &str, kind: &str, input: &[u8]) -> PathBuf {
+    let dir = corpus_dir(target);
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join(format!("{kind}-{:016x}", fnv(input)));
+    if !path.exists() {
+        let _ = std::fs::write(&path, input);
+    }
     path
 }
 
@@ -175,7 +182,11 @@ fn run_one(f: fn(&[u8]), input: &[u8]) -> Result<(), String> {
 /// Replays the corpus of `target` plus `seeds`, then fuzzes for the time budget. Inputs are at
 /// most `max_len` bytes. Panics (failing the test) on the first input that panics the target.
 pub fn run(target: &'static str, seeds: Vec<Vec<u8>>, max_len: usize, f: fn(&[u8])) -> Outcome {
-    let mut corpus = seeds;
+    // Seeds join the committed corpus (once: named by their hash), which is then replayed whole.
+    for s in &seeds {
+        keep(target, "seed", s);
+    }
+    let mut corpus = Vec::new();
     if let Ok(dir) = std::fs::read_dir(corpus_dir(target)) {
         let mut files: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
         files.sort();
@@ -227,7 +238,7 @@ pub fn run(target: &'static str, seeds: Vec<Vec<u8>>, max_len: usize, f: fn(&[u8
         outcome.corpus
     );
     if let Some((input, msg)) = failure {
-        let path = keep_finding(target, &input);
+        let path = keep(target, "finding", &input);
         panic!(
             "fuzz {target}: panicked ({msg}) on the input saved as {} (seed {seed}); fix it and commit the file",
             path.display()

@@ -27,6 +27,13 @@ fn atlas_seed() -> Vec<u8> {
     zipf_atlas(shape, 2, 1.0, 500, 7).to_bytes()
 }
 
+/// The same atlas as bare JSON (what `GET /v1/atlas` serves): no checksum in the way.
+fn atlas_json_seed() -> Vec<u8> {
+    let b = atlas_seed();
+    let nl = b.iter().position(|&c| c == b'\n').expect("header line");
+    b[nl + 1..].to_vec()
+}
+
 #[test]
 fn fuzz_targets() {
     let placement = b"version = 1\nstrategy = \"round-robin\"\n[[node]]\nname = \"a\"\naddr = \"127.0.0.1:1\"\n[[node]]\nname = \"b\"\nmemory_bytes = 4096\n".to_vec();
@@ -52,7 +59,7 @@ fn fuzz_targets() {
         run("chat_template", vec![chat], 4096, targets::chat_template),
         run("node_request", vec![request], 8192, targets::node_request),
         run("placement", vec![placement], 8192, targets::placement),
-        run("atlas", vec![atlas_seed()], 1 << 16, targets::atlas),
+        run("atlas", vec![atlas_seed(), atlas_json_seed()], 1 << 16, targets::atlas),
     ];
     for o in &outcomes {
         assert!(o.executions >= o.corpus as u64, "{o:?}");
