@@ -144,7 +144,7 @@ fn a_refused_token_fails_the_command_at_once() {
     let shape = nightshift_coordinator::cluster::model_shape(&model).expect("shape");
     let cluster = support::cluster::launch(
         &path,
-        nightshift_atlas::placement::Placement::round_robin(
+        nightshift_atlas_core::placement::Placement::round_robin(
             support::cluster::nodes(1),
             &shape.moe_layers,
             shape.n_experts,
