@@ -143,7 +143,11 @@ enum Cmd {
     },
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    nightshift_model::error::cli_exit("nightshift-atlas", run())
+}
+
+fn run() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Record {
             model,

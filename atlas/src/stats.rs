@@ -10,12 +10,13 @@ use crate::trace::Counts;
 pub fn coverage_curve(counts: &[u64]) -> Vec<f64> {
     let mut sorted: Vec<u64> = counts.to_vec();
     sorted.sort_unstable_by(|a, b| b.cmp(a));
-    let total: u64 = sorted.iter().sum();
-    let mut acc = 0u64;
+    // u128: no sum of u64 counts can overflow it (a file's are checked to fit u64 anyway).
+    let total: u128 = sorted.iter().map(|&c| u128::from(c)).sum();
+    let mut acc = 0u128;
     sorted
         .iter()
         .map(|&c| {
-            acc += c;
+            acc += u128::from(c);
             if total == 0 {
                 0.0
             } else {
@@ -38,7 +39,7 @@ pub fn coverage_at(counts: &[u64], fraction: f64) -> f64 {
 /// Gini coefficient of `counts`: 0 = every expert equally popular, → 1 = one expert takes all.
 pub fn gini(counts: &[u64]) -> f64 {
     let n = counts.len();
-    let total: u64 = counts.iter().sum();
+    let total: u128 = counts.iter().map(|&c| u128::from(c)).sum();
     if n == 0 || total == 0 {
         return 0.0;
     }

@@ -175,6 +175,11 @@ fn plan_failures_write_nothing() {
         .unwrap()
         .save_atomic(&d.join("other.toml"))
         .unwrap();
+    // Counts crafted to overflow a 64-bit sum (a Gini of 15.9 before they were checked).
+    let mut huge = Atlas::load(&d.join("a.atlas")).unwrap();
+    huge.all_time.activations[0][0] = u64::MAX;
+    huge.all_time.activations[0][1] = u64::MAX;
+    std::fs::write(d.join("overflow.atlas"), huge.to_bytes()).unwrap();
     std::fs::write(
         d.join("bad-nodes.toml"),
         "[[node]]\nname = \"a\"\nram = 3\n",
@@ -200,6 +205,10 @@ fn plan_failures_write_nothing() {
         (
             vec!["--atlas", "missing.atlas", "--nodes", "nodes.toml"],
             "cannot access atlas file",
+        ),
+        (
+            vec!["--atlas", "overflow.atlas", "--nodes", "nodes.toml"],
+            "fits in 64 bits",
         ),
         (
             vec![

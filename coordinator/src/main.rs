@@ -28,7 +28,11 @@ enum Command {
     Bench(cli::bench_serve::BenchArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    nightshift_model::error::cli_exit("nightshift", run())
+}
+
+fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Generate(a) => cli::generate::run(a),
         Command::Tokenize(a) => cli::tokenize::run(a),

@@ -133,3 +133,48 @@ fn serve_stopped_by_sigterm_leaves_no_shared_memory_files() {
     let left = shm_files_of(pid);
     assert!(left.is_empty(), "serve left {left:?} in /dev/shm");
 }
+
+/// A coordinator whose token the nodes refuse fails at once, naming the cause (it used to retry
+/// for 30 s and then report the nodes unreachable).
+#[test]
+fn a_refused_token_fails_the_command_at_once() {
+    build_node_binary();
+    let path = data("tiny-qwen3moe-Q2_K.gguf");
+    let model = nightshift_model::Model::load(&path).expect("model");
+    let shape = nightshift_coordinator::cluster::model_shape(&model).expect("shape");
+    let cluster = support::cluster::launch(
+        &path,
+        nightshift_atlas_core::placement::Placement::round_robin(
+            support::cluster::nodes(1),
+            &shape.moe_layers,
+            shape.n_experts,
+        ),
+    );
+    let wrong = cluster.placement_path().with_file_name("wrong-token");
+    std::fs::write(&wrong, "not-the-token\n").expect("token");
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .arg("logits")
+        .arg("--model")
+        .arg(&path)
+        .args(["--prompt-ids", "407,550", "--threads", "1", "--out"])
+        .arg(cluster.placement_path().with_file_name("refused.bin"))
+        .arg("--placement")
+        .arg(cluster.placement_path())
+        .arg("--auth-token-file")
+        .arg(&wrong)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("nightshift runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted a wrong token: {err}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.contains("refused this coordinator") && err.contains("auth token"),
+        "{err}"
+    );
+}

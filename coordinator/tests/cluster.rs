@@ -200,6 +200,7 @@ fn node_with_another_model_is_refused() {
     );
     let opts = RemoteOptions {
         deadline: Duration::from_secs(2),
+        auth_token: Some(cluster.auth_token().to_string()),
         ..Default::default()
     };
     let r = RemoteExperts::connect(
@@ -209,9 +210,67 @@ fn node_with_another_model_is_refused() {
         opts,
     )
     .expect("connect");
-    assert!(!r.wait_all_up(Duration::from_secs(2)));
+    let started = Instant::now();
+    assert!(!r.wait_all_up(Duration::from_secs(20)));
+    assert!(started.elapsed() < Duration::from_secs(5), "a refusal is final: {:?}", started.elapsed());
     let st = r.status();
-    assert!(st[0].detail.contains("refused"), "{st:?}");
+    assert!(st[0].detail.contains("refused") && st[0].refused, "{st:?}");
+}
+
+/// A spawned cluster's nodes require the token it made: a coordinator without it, or with
+/// another one, is refused at once (not retried until a timeout), and the refusal names the
+/// token; with it, the nodes serve.
+#[test]
+fn local_nodes_require_their_fresh_token() {
+    let model = Model::load(&data("tiny-qwen3moe-Q2_K.gguf")).expect("model");
+    let shape = model_shape(&model).expect("shape");
+    let cluster = launch(
+        &data("tiny-qwen3moe-Q2_K.gguf"),
+        Placement::round_robin(nodes(1), &shape.moe_layers, shape.n_experts),
+    );
+    assert_eq!(cluster.auth_token().len(), 64, "256 random bits, hex");
+    for token in [None, Some("not-the-token".to_string())] {
+        let r = RemoteExperts::connect(
+            cluster.placement().clone(),
+            model.gguf().fingerprint(),
+            model.config().n_embd,
+            RemoteOptions {
+                auth_token: token.clone(),
+                ..Default::default()
+            },
+        )
+        .expect("connect");
+        let started = Instant::now();
+        assert!(!r.wait_all_up(Duration::from_secs(20)), "{token:?} accepted");
+        assert!(started.elapsed() < Duration::from_secs(5), "{token:?}: {:?}", started.elapsed());
+        let st = r.status();
+        assert!(st[0].refused && st[0].detail.contains("auth token"), "{token:?}: {st:?}");
+    }
+    // The attack of issue 19: one unauthenticated DropExperts from any local process.
+    let addr = cluster.placement().nodes[0].addr.clone().expect("addr");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dropped = rt.block_on(async {
+        use nightshift_proto::v1::{expert_service_client::ExpertServiceClient, *};
+        let mut c = ExpertServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("dial the node");
+        c.drop_experts(DropExpertsRequest {
+            experts: vec![ExpertRef {
+                layer: shape.moe_layers[0] as u32,
+                expert: 0,
+            }],
+        })
+        .await
+    });
+    let st = dropped.expect_err("an unauthenticated DropExperts must be refused");
+    assert_eq!(st.code(), tonic::Code::Unauthenticated, "{st:?}");
+    let r = remote(&model, &cluster, Duration::from_secs(5));
+    assert!(r.status()[0].up);
+    let mut e = support::engine(&model, r.clone());
+    generate(&mut e, &PROMPT, 2, |_| {}).expect("the node still serves every expert");
 }
 
 mod malformed {
@@ -220,6 +279,32 @@ mod malformed {
     use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
     use nightshift_proto::v1::{compute_response, AttachShmRequest, ComputeRequest};
     use nightshift_proto::{FINGERPRINT_HEADER, PROTOCOL_HEADER};
+    use tonic::service::interceptor::InterceptedService;
+    use tonic::transport::Channel;
+
+    /// Presents the cluster's node token (the nodes refuse every call without it).
+    #[derive(Clone)]
+    struct Token(String);
+
+    impl tonic::service::Interceptor for Token {
+        fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+            let v = format!("Bearer {}", self.0).parse().expect("header");
+            req.metadata_mut().insert(nightshift_proto::AUTH_HEADER, v);
+            Ok(req)
+        }
+    }
+
+    async fn client(
+        cluster: &LocalCluster,
+        addr: &str,
+    ) -> ExpertServiceClient<InterceptedService<Channel, Token>> {
+        let ch = Channel::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        ExpertServiceClient::with_interceptor(ch, Token(cluster.auth_token().to_string()))
+    }
 
     fn good(model: &Model, layer: u32) -> ComputeRequest {
         let n_embd = model.config().n_embd;
@@ -331,9 +416,7 @@ mod malformed {
         let layer = shape.moe_layers[0] as u32;
         let rt = tokio::runtime::Runtime::new().expect("rt");
         rt.block_on(async {
-            let mut client = ExpertServiceClient::connect(format!("http://{addr}"))
-                .await
-                .expect("connect");
+            let mut client = client(&cluster, &addr).await;
             // No handshake metadata: refused.
             let (_tx, rx) = tokio::sync::mpsc::channel::<ComputeRequest>(1);
             let err = client
@@ -420,9 +503,7 @@ mod malformed {
             .join(format!("nightshift-test-garbage-{}", std::process::id()));
         std::fs::write(&garbage, vec![0x5Au8; 1 << 16]).expect("garbage region");
         rt.block_on(async {
-            let mut client = ExpertServiceClient::connect(format!("http://{addr}"))
-                .await
-                .expect("connect");
+            let mut client = client(&cluster, &addr).await;
             let good_path = region.path().display().to_string();
             let err = client
                 .attach_shm(attach(&good_path, false))
@@ -493,9 +574,7 @@ mod malformed {
         };
         assert_eq!(via_shm.len(), model.config().n_embd * 4);
         let via_stream = rt.block_on(async {
-            let mut client = ExpertServiceClient::connect(format!("http://{addr}"))
-                .await
-                .expect("connect");
+            let mut client = client(&cluster, &addr).await;
             let (tx, rx) = tokio::sync::mpsc::channel::<ComputeRequest>(1);
             let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
             req.metadata_mut()
@@ -559,4 +638,31 @@ fn a_silent_node_fails_the_attempt_instead_of_hanging() {
         !st[0].up && st[0].detail.contains("no answer within 300 ms"),
         "{st:?}"
     );
+}
+
+/// Stopping a cluster stops its nodes together: three nodes that each drain a coordinator's
+/// open streams until the 3 s grace period ends stop in one period, not three (9 s before).
+#[test]
+fn nodes_are_stopped_in_parallel() {
+    let model = Model::load(&data("tiny-qwen3moe-Q2_K.gguf")).expect("model");
+    let shape = model_shape(&model).expect("shape");
+    let mut cluster = launch(
+        &data("tiny-qwen3moe-Q2_K.gguf"),
+        Placement::round_robin(nodes(3), &shape.moe_layers, shape.n_experts),
+    );
+    let pids: Vec<u32> = ["node0", "node1", "node2"]
+        .iter()
+        .map(|n| cluster.pid(n).expect("pid"))
+        .collect();
+    let r = remote(&model, &cluster, Duration::from_secs(5));
+    let t0 = Instant::now();
+    cluster.stop();
+    let took = t0.elapsed();
+    drop(r);
+    assert!(took < Duration::from_secs(6), "stopping 3 nodes took {took:?}");
+    for pid in pids {
+        // SAFETY: kill(2) with signal 0 only checks whether the process exists.
+        let alive = unsafe { libc::kill(pid as i32, 0) } == 0;
+        assert!(!alive, "node {pid} still running");
+    }
 }

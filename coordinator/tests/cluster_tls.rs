@@ -64,6 +64,7 @@ fn connect(model: &Model, cluster: &LocalCluster, tls: Option<ClientTls>) -> Rem
     let opts = RemoteOptions {
         deadline: Duration::from_secs(10),
         tls,
+        auth_token: Some(cluster.auth_token().to_string()),
         ..Default::default()
     };
     RemoteExperts::connect(

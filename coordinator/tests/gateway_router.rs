@@ -36,6 +36,7 @@ fn state() -> Arc<AppState> {
         request_timeout: Duration::from_secs(30),
         stream_timeout: None,
         metrics: None,
+        metrics_public: false,
         nodes_ok: Arc::new(|| Ok(())),
         draining: AtomicBool::new(false),
         atlas: None,

@@ -50,12 +50,22 @@ fn free_addr() -> SocketAddr {
         .expect("free port")
 }
 
+/// The nodes' auth token (the coordinator and the test's own inventory calls present it).
+const TOKEN: &str = "rollback-test-token";
+
+/// The node token both sides read: the placement's directory holds it.
+fn token_file(placement: &Path) -> std::path::PathBuf {
+    placement.with_file_name("node-token")
+}
+
 fn spawn_node(bin: &Path, placement: &Path, name: &str, addr: SocketAddr) -> Proc {
     let child = Command::new(bin)
         .arg("--model")
         .arg(fixture())
         .arg("--placement")
         .arg(placement)
+        .arg("--auth-token-file")
+        .arg(token_file(placement))
         .args([
             "--node",
             name,
@@ -96,6 +106,8 @@ fn serve(placement: &Path) -> (Proc, String) {
         .arg(fixture())
         .arg("--placement")
         .arg(placement)
+        .arg("--auth-token-file")
+        .arg(token_file(placement))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -159,7 +171,12 @@ async fn held(addr: SocketAddr) -> Vec<(u32, u32, bool)> {
     let mut c = ExpertServiceClient::connect(format!("http://{addr}"))
         .await
         .expect("connect to node");
-    let info = c.info(InfoRequest {}).await.expect("info").into_inner();
+    let mut req = tonic::Request::new(InfoRequest {});
+    req.metadata_mut().insert(
+        nightshift_proto::AUTH_HEADER,
+        format!("Bearer {TOKEN}").parse().expect("header"),
+    );
+    let info = c.info(req).await.expect("info").into_inner();
     let mut v: Vec<_> = info
         .experts
         .iter()
@@ -218,6 +235,7 @@ async fn failed_load_rolls_back_under_load() {
     let new = placement(&nodes, &shape, |_| vec![0, 1, 2], |_| vec![0]);
     let old_path = dir.join("old.toml");
     old.save_atomic(&old_path).expect("write old placement");
+    std::fs::write(token_file(&old_path), format!("{TOKEN}\n")).expect("write token");
 
     let mut node_procs: Vec<Option<Proc>> = nodes
         .iter()

@@ -41,9 +41,14 @@ struct Args {
     /// Lock resident experts in RAM (needs CAP_IPC_LOCK or a high memlock limit).
     #[arg(long)]
     mlock: bool,
-    /// File holding a shared token the coordinator must present (Bearer).
+    /// File holding a shared token the coordinator must present (Bearer). Required unless
+    /// --insecure-no-auth is given.
     #[arg(long)]
     auth_token_file: Option<PathBuf>,
+    /// Serve without authentication: any process that can reach --listen may compute, load and
+    /// drop experts. Only for a trusted, isolated network.
+    #[arg(long, conflicts_with = "auth_token_file")]
+    insecure_no_auth: bool,
     /// PEM certificate chain to present: serve gRPC over TLS (needs --tls-key).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -58,7 +63,11 @@ struct Args {
     topology_xml: Option<PathBuf>,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    nightshift_model::error::cli_exit("nightshift-expert-node", run())
+}
+
+fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -67,6 +76,31 @@ fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
 
+    // The token first: a node that would refuse every coordinator must not load a model.
+    let token = match &args.auth_token_file {
+        None if !args.insecure_no_auth => bail!(
+            "no --auth-token-file: a node without a token lets any process that reaches {} compute, \
+             load and drop experts; give the file holding the coordinator's token, or \
+             --insecure-no-auth on a trusted network",
+            args.listen
+        ),
+        None => {
+            tracing::warn!(
+                "--insecure-no-auth: any process that reaches {} can drive this node",
+                args.listen
+            );
+            None
+        }
+        Some(p) => {
+            let t = std::fs::read_to_string(p)
+                .with_context(|| format!("reading the auth token file {}", p.display()))?;
+            let t = t.trim().to_string();
+            if t.is_empty() {
+                bail!("auth token file {} is empty", p.display());
+            }
+            Some(t)
+        }
+    };
     let topo = Arc::new(numa::load_topology(args.topology_xml.as_deref())?);
     let plan = numa::plan(&topo, args.numa, args.threads)?;
     if let Some(note) = &plan.note {
@@ -77,6 +111,11 @@ fn main() -> anyhow::Result<()> {
     let gguf = Arc::new(
         Gguf::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
     );
+    let watched = Arc::downgrade(&gguf);
+    nightshift_model::gguf::spawn_watchdog(Duration::from_secs(1), move || {
+        watched.upgrade().map(|g| g.check_unchanged())
+    })
+    .context("starting the model file watchdog")?;
     let shape = model_shape(&gguf)?;
     let placement = Placement::load(&args.placement)?.resolve(&shape)?;
     let slots = placement.experts_on(&args.node)?;
@@ -110,24 +149,7 @@ fn main() -> anyhow::Result<()> {
         .find(|t| t.name.ends_with("ffn_gate_exps.weight"))
         .and_then(|t| t.dims.first().copied())
         .context("model has no ffn_gate_exps tensor")? as usize;
-    tracing::info!(
-        node = %args.node, experts = inv.len(), resident_mib = resident >> 20, mapped_mib = mapped >> 20,
-        threads = plan.threads, numa = ?plan.numa_node, tls = args.tls_cert.is_some(), mtls = args.tls_client_ca.is_some(), tier = ?nightshift_kernels::dispatch::active_tier(),
-        "expert node ready on {}", args.listen
-    );
 
-    let token = match &args.auth_token_file {
-        None => None,
-        Some(p) => {
-            let t =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            let t = t.trim().to_string();
-            if t.is_empty() {
-                bail!("auth token file {} is empty", p.display());
-            }
-            Some(t)
-        }
-    };
     let identity = NodeIdentity {
         name: args.node.clone(),
         numa_node: plan.numa_node.map(|n| n as u32),
@@ -182,9 +204,19 @@ fn main() -> anyhow::Result<()> {
         if let Some(cfg) = tls {
             builder = builder.tls_config(cfg).context("TLS configuration")?;
         }
+        // Bound before "ready" is logged: a node that says it is ready accepts connections.
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding {}", args.listen))?;
+        tracing::info!(
+            node = %args.node, experts = inv.len(), resident_mib = resident >> 20, mapped_mib = mapped >> 20,
+            threads = plan.threads, numa = ?plan.numa_node, tls = args.tls_cert.is_some(), mtls = args.tls_client_ca.is_some(), tier = ?nightshift_kernels::dispatch::active_tier(),
+            "expert node ready on {}", args.listen
+        );
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let serve = builder
             .add_service(server)
-            .serve_with_shutdown(args.listen, async {
+            .serve_with_incoming_shutdown(incoming, async {
                 let _ = stop_rx.await;
             });
         tokio::pin!(serve);

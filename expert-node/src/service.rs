@@ -120,6 +120,16 @@ impl NodeService {
         .unwrap_or_else(|_| Err(Status::internal("worker failed: it panicked")))
     }
 
+    /// Checks a request as the node does before computing it (every field against the model
+    /// and the store); for fuzzing and tests of the decoding edge.
+    pub fn check_request(
+        store: &ExpertStore,
+        n_embd: usize,
+        req: ComputeRequest,
+    ) -> Result<(), Status> {
+        NodeService::validate(store, n_embd, req).map(|_| ())
+    }
+
     /// Checks a request against the model and the store, converting it into `Work`.
     fn validate(store: &ExpertStore, n_embd: usize, req: ComputeRequest) -> Result<Work, Status> {
         if req.n_embd as usize != n_embd {

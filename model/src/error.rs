@@ -55,3 +55,34 @@ pub enum ExpertError {
     #[error("backend: {0}")]
     Backend(String),
 }
+
+/// `e` and its causes joined with ": ", each cause only when the text so far does not already
+/// say it (thiserror variants like `gguf: {0}` repeat their source, which `source()` gives again).
+pub fn causes_once(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = c.source();
+    }
+    out
+}
+
+/// The exit of a command-line tool: on error, one line `PROG: error: CAUSES` on stderr (causes
+/// once each, never a backtrace, whatever `RUST_BACKTRACE` says) and a failure status.
+pub fn cli_exit<E>(prog: &str, result: Result<(), E>) -> std::process::ExitCode
+where
+    E: AsRef<dyn std::error::Error + Send + Sync + 'static>,
+{
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{prog}: error: {}", causes_once(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

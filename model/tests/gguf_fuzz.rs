@@ -1,8 +1,8 @@
 //! Deterministic fuzzing of the GGUF parser in the normal test run: thousands of byte flips,
 //! overwrites with boundary values and truncations of small built files and of a real fixture's
 //! header, each of which must parse or fail with a typed error (never panic), and any accepted
-//! file must describe tensors that lie inside it. The cargo-fuzz target in `model/fuzz/` does the
-//! same open-ended.
+//! file must describe tensors that lie inside it. The `gguf` target of `fuzz/` does the same
+//! open-ended (a time-bounded stable driver in the test run, libFuzzer in `fuzz/libfuzzer`).
 
 mod gguf_util;
 

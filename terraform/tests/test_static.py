@@ -172,6 +172,11 @@ def test_rendered_units_use_real_flags(layout, label, over, helps):
                         assert argv[argv.index("--threads") + 1] == str(over["node_threads"])
                     if "expert-node" in name and not over.get("node_threads"):
                         assert "--threads" not in argv
+                    if "expert-node" in name:
+                        # nodes refuse to start without a token (unless told the network is trusted)
+                        token = argv[argv.index("--auth-token-file") + 1]
+                        assert token == s["node_token_path"], f"{key}:{name}"
+                        assert "--insecure-no-auth" not in argv, f"{key}:{name}"
                     checked += 1
             assert "Restart=on-failure" in content, f"{key}:{name} must restart on failure"
             assert "--api-key" not in content, "the API key must come from the environment file"

@@ -17,7 +17,8 @@
 //! `weight_sums` adds their routing weights; `pairs` holds, per MoE layer, the most frequent expert
 //! pairs chosen together for one token (approximate counts from a fixed-size sketch, a < b). The
 //! header makes truncation and corruption detectable before any JSON is trusted; the body is then
-//! checked for consistent dimensions, so nothing downstream indexes out of range.
+//! checked for consistent dimensions, so nothing downstream indexes out of range. A bare body
+//! (what `GET /v1/atlas` serves) is read too, with the same checks.
 
 use std::path::{Path, PathBuf};
 
@@ -172,8 +173,13 @@ impl Atlas {
         out
     }
 
-    /// Parses and checks a whole file image.
+    /// Parses and checks a whole file image: the file layout, or the bare JSON body as
+    /// `GET /v1/atlas` serves it (`curl URL/v1/atlas > x.atlas`; without the header there is no
+    /// length or checksum, but the body gets every other check).
     pub fn from_bytes(bytes: &[u8]) -> Result<Atlas, AtlasError> {
+        if bytes.trim_ascii_start().starts_with(b"{") {
+            return Atlas::from_json(bytes);
+        }
         let nl = bytes.iter().position(|&b| b == b'\n');
         let head_end = nl.unwrap_or(bytes.len().min(80));
         let head = String::from_utf8_lossy(&bytes[..head_end]).into_owned();
@@ -222,6 +228,11 @@ impl Atlas {
                 found,
             });
         }
+        Atlas::from_json(body)
+    }
+
+    /// Parses and checks a JSON body.
+    fn from_json(body: &[u8]) -> Result<Atlas, AtlasError> {
         let atlas: Atlas = serde_json::from_slice(body).map_err(|e| AtlasError::Json {
             line: e.line(),
             column: e.column(),
@@ -298,6 +309,8 @@ impl Atlas {
             return Err(inconsistent("top_k", format!("1..={e}"), self.top_k));
         }
         for (name, c) in [("all_time", &self.all_time), ("window", &self.window)] {
+            // Every sum taken later (totals, coverage, Gini, loads) is at most this one.
+            let mut total = 0u64;
             if c.activations.len() != n {
                 return Err(inconsistent(
                     format!("{name}.activations"),
@@ -327,6 +340,19 @@ impl Atlas {
                         c.weight_sums[s].len(),
                     ));
                 }
+                if c.activations[s]
+                    .iter()
+                    .try_fold(0u64, |acc, &x| acc.checked_add(x))
+                    .and_then(|layer| total.checked_add(layer))
+                    .map(|t| total = t)
+                    .is_none()
+                {
+                    return Err(inconsistent(
+                        format!("{name}.activations[{s}]"),
+                        "counts whose sum over the atlas fits in 64 bits",
+                        "a sum that overflows",
+                    ));
+                }
                 if let Some(x) = c.weight_sums[s]
                     .iter()
                     .find(|x| !x.is_finite() || **x < 0.0)
@@ -338,6 +364,18 @@ impl Atlas {
                     ));
                 }
             }
+        }
+        if self
+            .nodes
+            .iter()
+            .try_fold(0u64, |acc, nl| acc.checked_add(nl.rows))
+            .is_none()
+        {
+            return Err(inconsistent(
+                "nodes",
+                "rows whose sum fits in 64 bits",
+                "a sum that overflows",
+            ));
         }
         if self.pairs.len() > n {
             return Err(inconsistent(

@@ -212,6 +212,13 @@ fn atlas_file_round_trips() {
     let path = dir.path().join("x.atlas");
     a.save_atomic(&path).unwrap();
     assert_eq!(Atlas::load(&path).unwrap(), a);
+    // The bare JSON body, as `curl .../v1/atlas` saves it, is read with the same checks.
+    let json = serde_json::to_vec_pretty(&a).unwrap();
+    assert_eq!(Atlas::from_bytes(&json).unwrap(), a);
+    let mut bad = a.clone();
+    bad.top_k = 99;
+    let e = Atlas::from_bytes(&serde_json::to_vec(&bad).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("top_k"), "{e}");
 }
 
 #[test]
@@ -254,6 +261,10 @@ fn damaged_files_are_rejected_with_their_own_error() {
         ("negative weight", with_body(body_str.replacen("[0.5,0.5,0.0", "[-0.5,0.5,0.0", 1).as_bytes()),
          "inconsistent atlas: all_time.weight_sums[0]: expected finite non-negative sums, found -0.5".into()),
         ("bad pair", with_body(body_str.replace("[0,1,1]", "[1,0,1]").as_bytes()), "inconsistent atlas: pairs[0]: expected a < b < 6, found (1, 0)".into()),
+        ("counts overflow", with_body(body_str.replacen("[1,1,0,0,0,0]", "[18446744073709551615,18446744073709551615,0,0,0,0]", 1).as_bytes()),
+         "inconsistent atlas: all_time.activations[0]: expected counts whose sum over the atlas fits in 64 bits, found a sum that overflows".into()),
+        ("counts overflow across layers", with_body(body_str.replacen("[[1,1,0,0,0,0],[0,0,0,0,0,0]]", "[[18446744073709551615,0,0,0,0,0],[1,0,0,0,0,0]]", 1).as_bytes()),
+         "inconsistent atlas: all_time.activations[1]: expected counts whose sum over the atlas fits in 64 bits, found a sum that overflows".into()),
     ];
     assert!(header.starts_with("NSATLAS 1 len="));
     let mut failures = Vec::new();

@@ -32,9 +32,12 @@ pub struct Args {
     /// Port to bind (0 = any free port).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1/*.
+    /// Require `Authorization: Bearer KEY` on /v1/* and /metrics.
     #[arg(long, env = "NIGHTSHIFT_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Serve /metrics without the API key (for a scraper on a trusted network).
+    #[arg(long)]
+    pub metrics_public: bool,
     /// Compute threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -86,6 +89,19 @@ pub struct Args {
     /// deepseek_v31 (default: found from the chat template's markers).
     #[arg(long, value_parser = parse_tool_format)]
     pub tool_format: Option<nightshift_model::toolcall::ToolFormat>,
+    /// Seconds a connection may take to send a request head, and may stay idle between
+    /// requests, before it is closed.
+    #[arg(long, default_value_t = 10)]
+    pub header_timeout: u64,
+    /// Open HTTP connections at most (also capped by the file-descriptor limit); at the cap the
+    /// oldest idle connection is closed for a new one, or new ones wait when all are busy.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Let special-token texts in chat message contents (`<|im_start|>`, ...) become special
+    /// tokens, as before contents were plain text: anyone who writes a message can then forge
+    /// system, tool or assistant turns.
+    #[arg(long)]
+    pub allow_special_in_content: bool,
     /// Serve a deterministic byte-level toy model instead of a GGUF (tests the HTTP layer only).
     #[arg(long, hide = true)]
     pub mock: bool,
@@ -243,6 +259,12 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
     };
     let model = cluster::load_model(&path, &args.cluster)
         .with_context(|| format!("loading {}", path.display()))?;
+    // A model file truncated under the running server stops it with the reason, not a SIGBUS.
+    let watched = Arc::downgrade(&model);
+    nightshift_model::gguf::spawn_watchdog(Duration::from_secs(1), move || {
+        watched.upgrade().map(|m| m.gguf().check_unchanged())
+    })
+    .context("starting the model file watchdog")?;
     let n_ctx_train = model.config().n_ctx_train;
     let n_ctx = if n_ctx_train > 0 && args.ctx > n_ctx_train {
         eprintln!("nightshift serve: --ctx {} is beyond the model's training context; using {n_ctx_train}", args.ctx);
@@ -250,7 +272,7 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
     } else {
         args.ctx
     };
-    let text = load_text(&model, args.tool_format)?;
+    let text = load_text(&model, args.tool_format, args.allow_special_in_content)?;
     let (kv_tokens, kv) = kv_budget(
         args,
         nightshift_model::KvLayout::for_model(model.config()),
@@ -341,9 +363,11 @@ fn parse_tool_format(s: &str) -> Result<nightshift_model::toolcall::ToolFormat, 
 fn load_text(
     model: &nightshift_model::Model,
     tool_format: Option<nightshift_model::toolcall::ToolFormat>,
+    special_in_content: bool,
 ) -> anyhow::Result<Arc<dyn TextModel>> {
     let t = crate::scheduler::model_text::ModelText::from_model(model, tool_format)
-        .map_err(anyhow::Error::msg)?;
+        .map_err(anyhow::Error::msg)?
+        .with_special_in_content(special_in_content);
     Ok(Arc::new(t))
 }
 
@@ -352,6 +376,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     init_tracing();
     if args.max_seqs == 0 || args.ctx == 0 || args.queue == 0 || args.step_tokens == 0 {
         bail!("--max-seqs, --ctx, --queue and --step-tokens must be at least 1");
+    }
+    if args.header_timeout == 0 || args.max_connections == 0 {
+        bail!("--header-timeout and --max-connections must be at least 1");
     }
     if args.atlas_every == 0 {
         bail!("--atlas-every: expected at least 1 second, found 0");
@@ -379,6 +406,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         step_tokens: args.step_tokens,
         n_ctx: loaded.n_ctx,
     };
+    // The recorder first: the engine thread registers its series as it starts.
+    let metrics = gateway::metrics_handle();
     let scheduler =
         (loaded.engine)(loaded.text.clone(), opts).context("starting the engine thread")?;
     let state = Arc::new(AppState {
@@ -393,7 +422,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         request_timeout: Duration::from_secs(args.request_timeout),
         stream_timeout: (args.stream_timeout > 0).then(|| Duration::from_secs(args.stream_timeout)),
-        metrics: gateway::metrics_handle(),
+        metrics,
+        metrics_public: args.metrics_public,
         nodes_ok: nodes_check(loaded.experts.as_ref()),
         draining: AtomicBool::new(false),
         atlas: loaded.atlas_admin.clone(),
@@ -434,7 +464,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &loaded.kv,
             args.api_key.is_some(),
         );
-        gateway::serve(listener, state, shutdown, Duration::from_secs(args.drain))
+        let limits = gateway::conn::ConnLimits {
+            header_timeout: Duration::from_secs(args.header_timeout),
+            max_connections: args.max_connections,
+        };
+        gateway::serve_with(listener, state, shutdown, Duration::from_secs(args.drain), limits)
             .await
             .context("serving HTTP")
     })?;
@@ -507,7 +541,7 @@ fn banner(addr: &SocketAddr, model: &str, nodes: &str, kv: &str, auth: bool) {
         out,
         "  auth  : {}",
         if auth {
-            "Bearer API key required on /v1/*"
+            "Bearer API key required on /v1/* and /metrics"
         } else {
             "none (bind is local only unless --host says otherwise)"
         }

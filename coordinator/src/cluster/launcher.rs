@@ -1,6 +1,8 @@
 //! The local cluster: `nightshift serve --nodes N` spawns N `nightshift-expert-node` processes on
 //! this machine (one per NUMA domain when the machine has that many), writes the placement they
 //! share, waits until each listens, restarts a node that dies, and stops them all on exit.
+//! Unless given a token file, it makes a fresh auth token for its nodes (a 0600 file they read,
+//! never a command-line argument), so no other local process can drive them.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -19,6 +21,8 @@ pub enum LaunchError {
     NoBinary(String),
     #[error("cannot pick a free port: {0}")]
     Port(std::io::Error),
+    #[error("cannot write the nodes' auth token {path}: {reason}")]
+    Token { path: String, reason: String },
     #[error("cannot write the cluster placement {path}: {reason}")]
     Placement { path: String, reason: String },
     #[error("cannot start expert node {node}: {reason}")]
@@ -43,6 +47,7 @@ pub struct LaunchOptions {
     pub threads_per_node: Option<usize>,
     /// NUMA node per node index (empty: unpinned).
     pub numa: Vec<usize>,
+    /// The token file the nodes require (None: a fresh token is made for this cluster).
     pub auth_token_file: Option<PathBuf>,
     /// TLS material the spawned nodes serve with (`None`: plaintext).
     pub tls: Option<NodeTls>,
@@ -86,12 +91,54 @@ pub struct LocalCluster {
     inner: Arc<Inner>,
     placement: Placement,
     placement_path: PathBuf,
+    token: String,
+    /// The token file this cluster made (removed on stop); None when the caller gave one.
+    own_token_file: Option<PathBuf>,
     supervisor: Option<JoinHandle<()>>,
 }
 
 fn free_port() -> Result<SocketAddr, LaunchError> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(LaunchError::Port)?;
     l.local_addr().map_err(LaunchError::Port)
+}
+
+/// A fresh random token (256 bits from the kernel's generator, hex).
+fn fresh_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Writes `token` to a new file at `path` that only this user can read (mode 0600, created
+/// exclusively: an existing file or symlink there is an error, never overwritten or followed).
+fn write_token_file(path: &Path, token: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.mode(0o600);
+    }
+    let mut f = o.open(path)?;
+    f.write_all(token.as_bytes())?;
+    f.write_all(b"\n")?;
+    f.sync_all()
+}
+
+/// Reads the token of a `--auth-token-file` (trimmed; empty is an error).
+fn read_token_file(path: &Path) -> Result<String, LaunchError> {
+    let err = |reason: String| LaunchError::Token {
+        path: path.display().to_string(),
+        reason,
+    };
+    let t = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let t = t.trim();
+    if t.is_empty() {
+        return Err(err("the file is empty".into()));
+    }
+    Ok(t.to_string())
 }
 
 /// Finds `nightshift-expert-node`: next to the running executable, or on PATH.
@@ -172,6 +219,22 @@ impl LocalCluster {
                 path: placement_path.display().to_string(),
                 reason: e.to_string(),
             })?;
+        let (token, token_path, own_token_file) = match &opts.auth_token_file {
+            Some(p) => (read_token_file(p)?, p.clone(), None),
+            None => {
+                let path = opts.work_dir.join(format!(
+                    "node-token-{}-{seq}",
+                    std::process::id()
+                ));
+                let token = fresh_token()
+                    .and_then(|t| write_token_file(&path, &t).map(|()| t))
+                    .map_err(|e| LaunchError::Token {
+                        path: path.display().to_string(),
+                        reason: e.to_string(),
+                    })?;
+                (token, path.clone(), Some(path))
+            }
+        };
         let mut slots = Vec::new();
         for n in &placement.nodes {
             let addr: SocketAddr =
@@ -199,9 +262,7 @@ impl LocalCluster {
             if let Some(t) = opts.threads_per_node {
                 args.extend(["--threads".into(), t.to_string()]);
             }
-            if let Some(f) = &opts.auth_token_file {
-                args.extend(["--auth-token-file".into(), f.display().to_string()]);
-            }
+            args.extend(["--auth-token-file".into(), token_path.display().to_string()]);
             if let Some(t) = &opts.tls {
                 args.extend([
                     "--tls-cert".into(),
@@ -232,6 +293,8 @@ impl LocalCluster {
             inner: inner.clone(),
             placement,
             placement_path,
+            token,
+            own_token_file,
             supervisor: None,
         };
         {
@@ -299,6 +362,11 @@ impl LocalCluster {
         &self.placement_path
     }
 
+    /// The token the nodes require (`RemoteOptions::auth_token`).
+    pub fn auth_token(&self) -> &str {
+        &self.token
+    }
+
     /// Process id of a node (for tests and operators).
     pub fn pid(&self, node: &str) -> Option<u32> {
         lock(&self.inner.slots)
@@ -345,13 +413,15 @@ impl LocalCluster {
         if let Some(h) = self.supervisor.take() {
             let _ = h.join();
         }
-        let mut slots = lock(&self.inner.slots);
-        for s in slots.iter_mut() {
-            if let Some(mut c) = s.child.take() {
-                terminate(&mut c);
-            }
-        }
+        let mut children: Vec<Child> = lock(&self.inner.slots)
+            .iter_mut()
+            .filter_map(|s| s.child.take())
+            .collect();
+        terminate_all(&mut children);
         let _ = std::fs::remove_file(&self.placement_path);
+        if let Some(t) = &self.own_token_file {
+            let _ = std::fs::remove_file(t);
+        }
     }
 }
 
@@ -361,24 +431,31 @@ impl Drop for LocalCluster {
     }
 }
 
-/// Asks a child to stop (SIGTERM), then kills it after a grace period.
-fn terminate(c: &mut Child) {
+/// Asks every child to stop (SIGTERM) at once, waits for them together for a grace period,
+/// then kills those still running: stopping N nodes takes one grace period, not N.
+fn terminate_all(children: &mut [Child]) {
     #[cfg(unix)]
     {
-        // SAFETY: kill(2) on the pid of a child we own and have not reaped; no memory is touched.
-        unsafe {
-            libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+        for c in children.iter() {
+            // SAFETY: kill(2) on the pid of a child we own and have not reaped; no memory is
+            // touched.
+            unsafe {
+                libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+            }
         }
         let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(3) {
-            if let Ok(Some(_)) = c.try_wait() {
-                return;
-            }
+        let mut running: Vec<&mut Child> = children.iter_mut().collect();
+        while !running.is_empty() && start.elapsed() < Duration::from_secs(3) {
+            running.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let _ = c.kill();
-    let _ = c.wait();
+    for c in children.iter_mut() {
+        if !matches!(c.try_wait(), Ok(Some(_))) {
+            let _ = c.kill();
+        }
+        let _ = c.wait();
+    }
 }
 
 /// Restarts nodes that exit, with a growing pause for nodes that keep dying.

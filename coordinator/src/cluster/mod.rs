@@ -135,6 +135,8 @@ pub enum ClusterError {
     Token { path: String, reason: String },
     #[error("expert nodes not reachable after {secs} s: {detail}")]
     NotReady { secs: u64, detail: String },
+    #[error("expert nodes refused this coordinator: {detail}")]
+    Refused { detail: String },
 }
 
 /// The experts of a running engine, and what keeps them alive.
@@ -301,17 +303,20 @@ pub fn build(
         Some(p) => Some(Placement::load(p)?.resolve(&shape)?),
         None => None,
     };
-    let token = match &args.auth_token_file {
+    let mut token = match &args.auth_token_file {
         None => None,
-        Some(p) => Some(
-            std::fs::read_to_string(p)
-                .map_err(|e| ClusterError::Token {
-                    path: p.display().to_string(),
-                    reason: e.to_string(),
-                })?
-                .trim()
-                .to_string(),
-        ),
+        Some(p) => {
+            let err = |reason: String| ClusterError::Token {
+                path: p.display().to_string(),
+                reason,
+            };
+            let t = std::fs::read_to_string(p).map_err(|e| err(e.to_string()))?;
+            let t = t.trim();
+            if t.is_empty() {
+                return Err(err("the file is empty".into()));
+            }
+            Some(t.to_string())
+        }
     };
     let tls = match &args.tls_ca {
         None => None,
@@ -361,6 +366,8 @@ pub fn build(
             start_timeout: Duration::from_secs(300),
             node_log: std::env::var("NIGHTSHIFT_NODE_LOG").unwrap_or_else(|_| "warn".into()),
         })?;
+        // Without --auth-token-file the cluster made a fresh token for its nodes.
+        token = Some(cluster.auth_token().to_string());
         (cluster.placement().clone(), Some(cluster))
     } else {
         let p = file_placement.ok_or(ClusterError::NotMoe)?;
@@ -385,15 +392,18 @@ pub fn build(
         opts,
     )?);
     if !remote.wait_all_up(Duration::from_secs(30)) {
-        let detail: Vec<String> = remote
-            .status()
+        let status = remote.status();
+        let refused = status.iter().any(|s| s.refused);
+        let detail: Vec<String> = status
             .iter()
-            .filter(|s| !s.up)
-            .map(|s| format!("{}: {}", s.name, s.detail))
+            .filter(|s| !s.up && (s.refused || !refused))
+            .map(|s| format!("{} {}: {}", s.name, s.addr, s.detail))
             .collect();
-        return Err(ClusterError::NotReady {
-            secs: 30,
-            detail: detail.join("; "),
+        let detail = detail.join("; ");
+        return Err(if refused {
+            ClusterError::Refused { detail }
+        } else {
+            ClusterError::NotReady { secs: 30, detail }
         });
     }
     let backend: Arc<dyn ExpertBackend> = remote.clone();

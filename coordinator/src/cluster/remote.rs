@@ -89,6 +89,9 @@ pub(super) enum LinkState {
         retry_at: Instant,
         backoff: Duration,
         reason: String,
+        /// The node answered and refused this coordinator (wrong token, another model): retrying
+        /// cannot help until someone changes a configuration, so startup fails at once.
+        refused: bool,
     },
 }
 
@@ -109,6 +112,8 @@ pub struct NodeStatus {
     pub addr: String,
     pub up: bool,
     pub detail: String,
+    /// The node refused this coordinator (auth token, model or protocol), not just unreachable.
+    pub refused: bool,
 }
 
 /// Counters of the layer calls made so far (for benchmarks and operators).
@@ -239,6 +244,7 @@ impl RemoteExperts {
                     retry_at: now,
                     backoff: Duration::from_millis(100),
                     reason: "not connected yet".into(),
+                    refused: false,
                 }),
                 outstanding: AtomicUsize::new(0),
                 generation: AtomicU64::new(0),
@@ -319,11 +325,17 @@ impl RemoteExperts {
             .nodes
             .iter()
             .map(|n| {
-                let (up, detail) = match &*lock(&n.state) {
-                    LinkState::Up(_) => (true, "serving".to_string()),
-                    LinkState::Down { since, reason, .. } => (
+                let (up, detail, refused) = match &*lock(&n.state) {
+                    LinkState::Up(_) => (true, "serving".to_string(), false),
+                    LinkState::Down {
+                        since,
+                        reason,
+                        refused,
+                        ..
+                    } => (
                         false,
                         format!("down for {:.1} s: {reason}", since.elapsed().as_secs_f32()),
+                        *refused,
                     ),
                 };
                 NodeStatus {
@@ -331,19 +343,22 @@ impl RemoteExperts {
                     addr: n.addr.clone(),
                     up,
                     detail,
+                    refused,
                 }
             })
             .collect()
     }
 
     /// Waits until every node is connected or `timeout` passes; returns whether all are up.
+    /// Returns false at once when a node refused this coordinator (`NodeStatus::refused`).
     pub fn wait_all_up(&self, timeout: Duration) -> bool {
         let start = Instant::now();
         loop {
-            if self.status().iter().all(|s| s.up) {
+            let st = self.status();
+            if st.iter().all(|s| s.up) {
                 return true;
             }
-            if start.elapsed() > timeout {
+            if st.iter().any(|s| s.refused) || start.elapsed() > timeout {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -389,17 +404,19 @@ async fn reconnect(s: Arc<Shared>, i: usize) {
                 tracing::info!(node = %node.name, addr = %node.addr, "expert node connected");
             }
         }
-        Err(reason) => {
+        Err(LinkFailure { reason, refused }) => {
             let mut st = lock(&node.state);
             if let LinkState::Down {
                 retry_at,
                 backoff,
                 reason: r,
+                refused: was_refused,
                 ..
             } = &mut *st
             {
                 *backoff = (*backoff * 2).min(s.opts.max_backoff);
                 *retry_at = Instant::now() + *backoff;
+                *was_refused = refused;
                 if *r != reason {
                     tracing::warn!(node = %node.name, addr = %node.addr, "expert node unreachable: {reason}");
                     *r = reason;
@@ -428,11 +445,27 @@ fn mark_down(s: &Shared, i: usize, generation: u64, reason: String) {
             retry_at: now + Duration::from_millis(100),
             backoff: Duration::from_millis(100),
             reason,
+            refused: false,
         };
     }
 }
 
-async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
+/// Why opening a link failed, and whether the node refused this coordinator outright.
+struct LinkFailure {
+    reason: String,
+    refused: bool,
+}
+
+impl From<String> for LinkFailure {
+    fn from(reason: String) -> LinkFailure {
+        LinkFailure {
+            reason,
+            refused: false,
+        }
+    }
+}
+
+async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, LinkFailure> {
     let node = &s.nodes[i];
     let scheme = if s.opts.tls.is_some() {
         "https"
@@ -468,13 +501,22 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
     // answers (stopped, wedged, not a node) must fail the attempt, not hang it.
     let info = answered(s, "info", client.info(info_req))
         .await?
-        .map_err(|e| format!("info: {}{}", status_chain(&e), link_hint(&s.opts, &e)))?
+        .map_err(|e| LinkFailure {
+            reason: format!("info: {}{}", status_chain(&e), link_hint(&s.opts, &e)),
+            refused: matches!(
+                e.code(),
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            ),
+        })?
         .into_inner();
     if info.model_fingerprint != s.fingerprint || info.protocol_version != PROTOCOL_VERSION {
-        return Err(format!(
-            "refused: node serves model {:016x} (protocol {}), coordinator runs {:016x} (protocol {PROTOCOL_VERSION})",
-            info.model_fingerprint, info.protocol_version, s.fingerprint
-        ));
+        return Err(LinkFailure {
+            reason: format!(
+                "refused: node serves model {:016x} (protocol {}), coordinator runs {:016x} (protocol {PROTOCOL_VERSION})",
+                info.model_fingerprint, info.protocol_version, s.fingerprint
+            ),
+            refused: true,
+        });
     }
     let (tx, rx) = mpsc::channel::<ComputeRequest>(64);
     let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
@@ -482,7 +524,13 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, String> {
     let unary = client.clone();
     let mut inbound = answered(s, "compute stream", client.compute(req))
         .await?
-        .map_err(|e| format!("compute stream: {}", e.message()))?
+        .map_err(|e| LinkFailure {
+            reason: format!("compute stream: {}", e.message()),
+            refused: matches!(
+                e.code(),
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            ),
+        })?
         .into_inner();
     let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
     let generation = node.generation.fetch_add(1, Ordering::Relaxed) + 1;

@@ -4,6 +4,7 @@
 //! behind the /v1 API-key auth and act on `AppState::atlas`; without it (no recorder: the toy
 //! model, or a model without MoE layers) they answer 409.
 
+use super::extract::ApiText;
 use super::{ApiError, AppState};
 use crate::atlas_rec::AtlasRecorder;
 use crate::cluster::RemoteExperts;
@@ -62,7 +63,7 @@ pub async fn get_placement(State(state): State<Arc<AppState>>) -> Result<Respons
 /// `POST /v1/admin/placement`: body = placement TOML.
 pub async fn post_placement(
     State(state): State<Arc<AppState>>,
-    body: String,
+    ApiText(body): ApiText,
 ) -> Result<Response, ApiError> {
     let a = admin(&state)?;
     let Some(remote) = a.remote.clone() else {

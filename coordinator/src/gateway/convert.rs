@@ -246,6 +246,7 @@ pub fn single_prompt(p: &PromptField) -> Result<Prompt, ApiError> {
 
 /// Token budget: `asked` or what is left of the context; errors name both numbers.
 pub fn max_tokens(
+    param: &str,
     asked: Option<u32>,
     default: Option<u32>,
     prompt: usize,
@@ -272,9 +273,19 @@ pub fn max_tokens(
         if asked.is_none() && prompt < n_ctx {
             return Ok((n_ctx - prompt) as u32);
         }
-        return Err(ApiError::context_overflow(n_ctx, prompt, want));
+        return Err(ApiError::context_overflow(param, n_ctx, prompt, want));
     }
     Ok(want as u32)
+}
+
+/// Rejects, before tokenizing, a prompt of `bytes` that cannot leave room for one completion
+/// token in `n_ctx` even if every token were the vocabulary's longest (`longest` bytes).
+pub fn cheap_bound(param: &str, bytes: usize, longest: usize, n_ctx: usize) -> Result<(), ApiError> {
+    let min_tokens = bytes.div_ceil(longest.max(1));
+    if min_tokens >= n_ctx {
+        return Err(ApiError::prompt_too_long(param, bytes, min_tokens, n_ctx));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -285,7 +296,7 @@ mod tests {
     fn token_budget() {
         // (asked, default, prompt, n_ctx) -> Ok(budget) or Err(status)
         let check = |a, d, p, n, expect: Result<u32, u16>| {
-            let got = max_tokens(a, d, p, n).map_err(|e| e.status.as_u16());
+            let got = max_tokens("prompt", a, d, p, n).map_err(|e| e.status.as_u16());
             assert_eq!(got, expect, "asked {a:?} default {d:?} prompt {p} ctx {n}");
         };
         check(Some(10), None, 5, 100, Ok(10));
@@ -296,11 +307,35 @@ mod tests {
         check(None, None, 100, 100, Err(400));
         check(Some(0), None, 5, 100, Err(400));
         check(Some(1), None, 0, 100, Err(400));
-        let e = max_tokens(Some(96), None, 5, 100).unwrap_err();
-        assert!(
-            e.message.contains("100") && e.message.contains("101"),
-            "{}",
-            e.message
-        );
+        for param in ["prompt", "messages"] {
+            let e = max_tokens(param, Some(96), None, 5, 100).unwrap_err();
+            assert!(
+                e.message.contains("100") && e.message.contains("101"),
+                "{}",
+                e.message
+            );
+            assert_eq!(e.param.as_deref(), Some(param));
+            assert_eq!(e.code, Some("context_length_exceeded"));
+        }
+    }
+
+    #[test]
+    fn cheap_bound_rejects_only_what_cannot_fit() {
+        // (bytes, longest token, n_ctx) -> fits
+        let check = |b, l, n, fits: bool| {
+            let got = cheap_bound("prompt", b, l, n);
+            assert_eq!(got.is_ok(), fits, "{b} bytes, longest {l}, ctx {n}");
+            if let Err(e) = got {
+                assert_eq!(e.param.as_deref(), Some("prompt"));
+                assert_eq!(e.code, Some("context_length_exceeded"));
+                assert!(e.message.contains(&b.to_string()), "{}", e.message);
+            }
+        };
+        check(0, 16, 100, true);
+        check(99 * 16, 16, 100, true);
+        check(99 * 16 + 1, 16, 100, false);
+        check(100 * 16, 16, 100, false);
+        check(3_900_000, 256, 4096, false);
+        check(5, 0, 100, true);
     }
 }

@@ -71,8 +71,29 @@ impl ApiError {
         e
     }
 
-    /// 400: prompt + max_tokens beyond the context.
-    pub fn context_overflow(n_ctx: usize, prompt: usize, max_tokens: usize) -> ApiError {
+    /// 400: the prompt (`param`: `messages` or `prompt`) cannot fit the context whatever it
+    /// tokenizes to: `bytes` of text are at least `min_tokens` tokens. Decided before
+    /// tokenizing, so a huge prompt costs nothing.
+    pub fn prompt_too_long(param: &str, bytes: usize, min_tokens: usize, n_ctx: usize) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!(
+                "this model's maximum context length is {n_ctx} tokens, however the prompt is {bytes} bytes, at least {min_tokens} tokens; reduce the prompt"
+            ),
+        );
+        e.param = Some(param.into());
+        e.code = Some("context_length_exceeded");
+        e
+    }
+
+    /// 400: prompt + max_tokens beyond the context (`param`: `messages` or `prompt`).
+    pub fn context_overflow(
+        param: &str,
+        n_ctx: usize,
+        prompt: usize,
+        max_tokens: usize,
+    ) -> ApiError {
         let mut e = ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
@@ -81,7 +102,7 @@ impl ApiError {
                 prompt + max_tokens
             ),
         );
-        e.param = Some("messages".into());
+        e.param = Some(param.into());
         e.code = Some("context_length_exceeded");
         e
     }

@@ -19,15 +19,40 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(BODY_LIMIT)
-            } else {
-                ApiError::malformed_json(format!("could not read the request body: {e}"))
-            }
-        })?;
-        parse(&bytes).map(ApiJson)
+        parse(&body_bytes(req, state).await?).map(ApiJson)
     }
+}
+
+/// A UTF-8 text body (`POST /v1/admin/placement` takes TOML); `param` names it in errors.
+pub struct ApiText(pub String);
+
+impl<S: Send + Sync> FromRequest<S> for ApiText {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = body_bytes(req, state).await?;
+        match String::from_utf8(bytes.to_vec()) {
+            Ok(s) => Ok(ApiText(s)),
+            Err(e) => Err(ApiError::invalid(
+                "body",
+                format!(
+                    "the body is not UTF-8 text: invalid byte at offset {}",
+                    e.utf8_error().valid_up_to()
+                ),
+            )),
+        }
+    }
+}
+
+/// The whole body, within the limit: over it is a 413 in the API's error shape.
+async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(BODY_LIMIT)
+        } else {
+            ApiError::malformed_json(format!("could not read the request body: {e}"))
+        }
+    })
 }
 
 /// Parses a body; errors name the field path (e.g. `messages[0].content`).

@@ -79,13 +79,22 @@ pub async fn chat(
     let tool_stream = plan
         .as_ref()
         .and_then(|p| tools::ToolStream::new(p, st.text.tool_format()));
-    let text = st.text.render_chat(&chat).map_err(|e| {
-        ApiError::invalid(
-            "messages",
-            format!("could not render the chat template: {e}"),
-        )
-    })?;
-    let prompt = st.text.encode(&text, true);
+    let bytes = chat.messages.iter().map(|m| m.content.len()).sum();
+    convert::cheap_bound(
+        "messages",
+        bytes,
+        st.text.max_token_bytes(),
+        st.scheduler.options().n_ctx,
+    )?;
+    let text = st.text.clone();
+    let prompt = off_runtime(&rid, move || text.tokenize_chat(&chat))
+        .await?
+        .map_err(|e| {
+            ApiError::invalid(
+                "messages",
+                format!("could not render the chat template: {e}"),
+            )
+        })?;
     let job = Job {
         kind: Kind::Chat,
         prompt,
@@ -152,7 +161,16 @@ pub async fn completions(
         }
     }
     let prompt = match convert::single_prompt(&req.prompt)? {
-        Prompt::Text(t) => st.text.encode(&t, false),
+        Prompt::Text(t) => {
+            convert::cheap_bound(
+                "prompt",
+                t.len(),
+                st.text.max_token_bytes(),
+                st.scheduler.options().n_ctx,
+            )?;
+            let text = st.text.clone();
+            off_runtime(&rid, move || text.encode(&t, false)).await?
+        }
         Prompt::Tokens(ids) => {
             let vocab = st.text.vocab_size() as u32;
             if let Some(bad) = ids.iter().find(|&&t| t >= vocab) {
@@ -178,6 +196,26 @@ pub async fn completions(
     run(st, rid, job).await
 }
 
+/// Runs tokenizing or template rendering of request data on tokio's blocking pool, at most as
+/// many at a time as the machine has cores: hostile prompts never occupy the async workers that
+/// answer `/health` and stream tokens.
+async fn off_runtime<T: Send + 'static>(
+    rid: &RequestId,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    let permits = PERMITS.get_or_init(|| {
+        tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
+    });
+    let _permit = permits
+        .acquire()
+        .await
+        .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(&rid.0, format!("tokenizing task failed: {e}")))
+}
+
 /// Submits a job and answers it (stream or body).
 async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, ApiError> {
     if st.draining.load(Ordering::Relaxed) {
@@ -190,7 +228,18 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
         ));
     }
     let n_ctx = st.scheduler.options().n_ctx;
-    let max_tokens = convert::max_tokens(job.asked_max, job.default_max, job.prompt.len(), n_ctx)?;
+    let param = if job.kind == Kind::Chat {
+        "messages"
+    } else {
+        "prompt"
+    };
+    let max_tokens = convert::max_tokens(
+        param,
+        job.asked_max,
+        job.default_max,
+        job.prompt.len(),
+        n_ctx,
+    )?;
     let (tx, rx) = mpsc::unbounded_channel();
     let prefix = if job.kind == Kind::Chat {
         "chatcmpl"

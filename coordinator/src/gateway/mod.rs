@@ -3,6 +3,7 @@
 //! OpenAI's JSON; it converts into the scheduler's types at the edge (`convert`).
 
 pub mod atlas;
+pub mod conn;
 mod convert;
 mod error;
 mod extract;
@@ -23,7 +24,6 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -52,6 +52,9 @@ pub struct AppState {
     /// stream's end drops its receiver, which cancels the sequence and frees its KV cache.
     pub stream_timeout: Option<Duration>,
     pub metrics: Option<PrometheusHandle>,
+    /// Serve `/metrics` without the API key (`--metrics-public`); otherwise it needs the key
+    /// like `/v1/*` when one is set.
+    pub metrics_public: bool,
     pub nodes_ok: NodesCheck,
     /// Set on shutdown: new generations get 503.
     pub draining: AtomicBool,
@@ -76,11 +79,18 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             middleware::auth,
         ));
+    let mut metrics = Router::new().route("/metrics", get(handlers::metrics));
+    if !state.metrics_public {
+        metrics = metrics.route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::auth,
+        ));
+    }
     Router::new()
         .merge(v1)
+        .merge(metrics)
         .route("/health", get(handlers::health))
         .route("/ready", get(handlers::ready))
-        .route("/metrics", get(handlers::metrics))
         .fallback(|| async { ApiError::route(StatusCode::NOT_FOUND, "unknown path") })
         .method_not_allowed_fallback(|| async {
             ApiError::route(
@@ -132,12 +142,24 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
 }
 
 /// Serves until `shutdown` resolves, then stops accepting, lets running requests finish for at
-/// most `drain` and returns.
+/// most `drain` and returns (default connection limits).
+#[allow(dead_code)] // the unit tests' entry point
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     drain: Duration,
+) -> std::io::Result<()> {
+    serve_with(listener, state, shutdown, drain, conn::ConnLimits::default()).await
+}
+
+/// `serve` with these connection limits (`conn`: header and idle timeouts, connection cap).
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    drain: Duration,
+    limits: conn::ConnLimits,
 ) -> std::io::Result<()> {
     let app = router(state.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -152,20 +174,9 @@ pub async fn serve(
         let _ = stop_tx.send(true);
     });
     let mut rx2 = stop_rx.clone();
-    let graceful = async move {
-        let mut rx = stop_rx;
-        let _ = rx.wait_for(|v| *v).await;
-    };
-    // Streams send one small SSE event per token: no Nagle delay.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
-    let server = std::pin::pin!(server.into_future());
+    let server = std::pin::pin!(conn::serve(listener, app, limits, stop_rx));
     tokio::select! {
-        r = server => r,
+        () = server => Ok(()),
         _ = async {
             let _ = rx2.wait_for(|v| *v).await;
             tokio::time::sleep(drain).await;

@@ -40,6 +40,7 @@ struct Opts {
     kv_budget: Option<usize>,
     stream_timeout_ms: Option<u64>,
     prefix: bool,
+    metrics_public: bool,
 }
 
 impl Default for Opts {
@@ -56,6 +57,7 @@ impl Default for Opts {
             kv_budget: None,
             stream_timeout_ms: None,
             prefix: false,
+            metrics_public: false,
         }
     }
 }
@@ -88,6 +90,7 @@ async fn start(o: Opts) -> Server {
         request_timeout: Duration::from_secs(30),
         stream_timeout: o.stream_timeout_ms.map(Duration::from_millis),
         metrics: metrics_handle(),
+        metrics_public: o.metrics_public,
         nodes_ok: Arc::new(move || {
             if down {
                 Err("node0 unreachable".into())
@@ -734,6 +737,60 @@ async fn metrics_are_exported() {
         "nightshift_decode_tokens_total",
     ] {
         assert!(text.contains(name), "{name} missing from /metrics:\n{text}");
+    }
+}
+
+/// `POST /v1/admin/placement` answers a body that is not UTF-8, or too large, in the API's
+/// `{"error": ...}` shape (it used to be axum's plain-text rejection).
+#[tokio::test]
+async fn placement_body_errors_use_the_error_shape() {
+    let s = start(Opts::default()).await;
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/admin/placement", s.url);
+    let cases: Vec<(Vec<u8>, u16, &str)> = vec![
+        (b"version = 1\xff\xfe".to_vec(), 400, "not UTF-8 text: invalid byte at offset 11"),
+        (vec![b'#'; BODY_LIMIT + 1], 413, "request body too large"),
+    ];
+    for (body, status, msg) in cases {
+        let r = c.post(&url).body(body).send().await.expect("send");
+        assert_eq!(r.status().as_u16(), status);
+        let v: Value = r.json().await.expect("a JSON error body");
+        let m = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(m.contains(msg), "{v}");
+    }
+}
+
+/// With an API key, `/metrics` needs it too, unless `--metrics-public`; `/health` never does.
+#[tokio::test]
+async fn metrics_need_the_api_key_unless_public() {
+    let c = reqwest::Client::new();
+    for public in [false, true] {
+        let s = start(Opts {
+            key: Some("sekret"),
+            metrics_public: public,
+            ..Default::default()
+        })
+        .await;
+        let get = |key: Option<&str>| {
+            let mut r = c.get(format!("{}/metrics", s.url));
+            if let Some(k) = key {
+                r = r.bearer_auth(k);
+            }
+            r.send()
+        };
+        let anon = get(None).await.expect("send");
+        let code = anon.status().as_u16();
+        if public {
+            assert_eq!(code, 200);
+        } else {
+            assert_eq!(code, 401);
+            let v: Value = anon.json().await.unwrap_or(Value::Null);
+            assert!(v["error"]["message"].is_string(), "{v}");
+        }
+        assert_eq!(get(Some("wrong")).await.expect("send").status().as_u16(), if public { 200 } else { 401 });
+        assert_eq!(get(Some("sekret")).await.expect("send").status().as_u16(), 200);
+        let health = c.get(format!("{}/health", s.url)).send().await.expect("send");
+        assert_eq!(health.status().as_u16(), 200);
     }
 }
 

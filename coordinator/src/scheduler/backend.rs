@@ -79,8 +79,15 @@ pub trait TextModel: Send + Sync + 'static {
     }
     /// Tokenizes a prompt; `chat` = the text came from the chat template (special tokens parsed).
     fn encode(&self, text: &str, chat: bool) -> Vec<u32>;
+    /// The prompt of a chat: rendered, then tokenized with special tokens coming from the
+    /// template's markup only (the model's `ModelText` keeps message contents plain text).
+    fn tokenize_chat(&self, prompt: &ChatPrompt) -> Result<Vec<u32>, String> {
+        Ok(self.encode(&self.render_chat(prompt)?, true))
+    }
     /// Raw bytes of a token's piece.
     fn token_bytes(&self, id: u32) -> Vec<u8>;
+    /// Bytes of the longest token's piece: a text of N bytes is at least N / this many tokens.
+    fn max_token_bytes(&self) -> usize;
     /// End-of-generation token (EOS, EOT, <|im_end|>, ...).
     fn is_eog(&self, id: u32) -> bool;
     fn vocab_size(&self) -> usize;

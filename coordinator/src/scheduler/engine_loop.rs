@@ -73,6 +73,10 @@ impl<E: StepEngine> Loop<E> {
         let eog = (0..text.vocab_size() as u32)
             .filter(|&t| text.is_eog(t))
             .collect();
+        // Every series exists from the start (at 0), so a scrape never misses one.
+        for reason in [CANCEL_QUEUED, CANCEL_RUNNING] {
+            metrics::counter!("nightshift_cancelled_total", "reason" => reason).increment(0);
+        }
         Loop {
             engine,
             text,
@@ -98,6 +102,7 @@ impl<E: StepEngine> Loop<E> {
             self.publish_gauges();
             if !self.running.is_empty() {
                 self.step();
+                // After the step too: the loop may block next, and sequences may have ended.
                 self.publish_gauges();
             }
         }
@@ -129,14 +134,14 @@ impl<E: StepEngine> Loop<E> {
         let gone = before - self.waiting.len();
         if gone > 0 {
             self.stats.queued.fetch_sub(gone, Relaxed);
-            metrics::counter!("nightshift_cancelled_total").increment(gone as u64);
+            metrics::counter!("nightshift_cancelled_total", "reason" => CANCEL_QUEUED)
+                .increment(gone as u64);
         }
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].req.events.is_closed() {
                 let s = self.running.swap_remove(i);
-                tracing::info!(request_id = %s.req.id, generated = s.generated, "client went away, sequence cancelled");
-                metrics::counter!("nightshift_cancelled_total").increment(1);
+                cancelled(&s);
                 self.finish_seq(s);
             } else {
                 i += 1;
@@ -475,6 +480,8 @@ impl<E: StepEngine> Loop<E> {
                     .is_ok()
                 {
                     send_done(s, String::new(), FinishReason::Stop, usage(s));
+                } else {
+                    cancelled(s);
                 }
                 true
             }
@@ -484,6 +491,7 @@ impl<E: StepEngine> Loop<E> {
                     .send(Event::Token { text: t, logprob })
                     .is_err()
                 {
+                    cancelled(s);
                     return true;
                 }
                 let full = s.generated >= s.req.max_tokens || s.tokens.len() >= n_ctx;
@@ -519,6 +527,17 @@ impl<E: StepEngine> Loop<E> {
         }
         tracing::debug!(request_id = %s.req.id, prompt = s.n_prompt, generated = s.generated, "sequence finished");
     }
+}
+
+/// `nightshift_cancelled_total` reasons: the client went away while its request waited for a
+/// slot, or while its sequence was generating.
+const CANCEL_QUEUED: &str = "client_gone_queued";
+const CANCEL_RUNNING: &str = "client_gone_running";
+
+/// Logs and counts a running sequence whose client went away.
+fn cancelled(s: &Seq) {
+    tracing::info!(request_id = %s.req.id, generated = s.generated, "client went away, sequence cancelled");
+    metrics::counter!("nightshift_cancelled_total", "reason" => CANCEL_RUNNING).increment(1);
 }
 
 /// Sends the final event; false if the client is gone.

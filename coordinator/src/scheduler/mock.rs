@@ -76,6 +76,9 @@ impl TextModel for MockText {
             Vec::new()
         }
     }
+    fn max_token_bytes(&self) -> usize {
+        1
+    }
     fn is_eog(&self, id: u32) -> bool {
         id == EOS
     }

@@ -1,15 +1,17 @@
 //! `ModelText`: the model's tokenizer and chat template behind the scheduler's `TextModel` seam.
 //! Chat prompts are rendered with the GGUF's own template (`tokenizer.chat_template`), tools and
 //! tool messages included; a model without one gets ChatML. Special tokens are parsed only in
-//! rendered chat prompts. The tool-call format comes from the template's markers unless the
-//! server names one (`--tool-format`); the constraint vocabulary is built on first use.
+//! rendered chat prompts, and only from the template's markup: what clients wrote (contents,
+//! names, tool definitions) is plain text (`Tokenizer::protect_content`) unless
+//! `--allow-special-in-content`. The tool-call format comes from the template's markers unless
+//! the server names one (`--tool-format`); the constraint vocabulary is built on first use.
 
 use std::sync::{Arc, OnceLock};
 
 use super::backend::{ChatPrompt, TextModel};
 use nightshift_model::chat::{ChatTemplate, RenderOptions};
 use nightshift_model::constrain::ConstraintVocab;
-use nightshift_model::tokenizer::Tokenizer;
+use nightshift_model::tokenizer::{Protect, Tokenizer};
 use nightshift_model::toolcall::ToolFormat;
 use nightshift_model::Model;
 
@@ -20,6 +22,10 @@ pub struct ModelText {
     eos: String,
     tool_format: Option<ToolFormat>,
     vocab: OnceLock<Option<Arc<ConstraintVocab>>>,
+    /// Message contents may produce special tokens (the behaviour before contents were plain).
+    special_in_content: bool,
+    /// Bytes of the longest token's piece.
+    longest: usize,
 }
 
 impl ModelText {
@@ -39,7 +45,13 @@ impl ModelText {
                 .as_ref()
                 .and_then(|t| ToolFormat::detect(t.source()))
         });
+        let longest = (0..tok.vocab_size() as u32)
+            .map(|i| tok.token_bytes(i).len())
+            .max()
+            .unwrap_or(1);
         Ok(ModelText {
+            longest,
+            special_in_content: false,
             tok,
             template,
             bos,
@@ -47,6 +59,69 @@ impl ModelText {
             tool_format,
             vocab: OnceLock::new(),
         })
+    }
+
+    /// Lets message contents produce special tokens (`--allow-special-in-content`).
+    pub fn with_special_in_content(mut self, allow: bool) -> ModelText {
+        self.special_in_content = allow;
+        self
+    }
+
+    /// BOS when the model wants one, unless a chat template already wrote it.
+    fn add_bos(&self, text: &str, chat: bool) -> bool {
+        let has_bos = chat && !self.bos.is_empty() && text.starts_with(&self.bos);
+        self.tok.add_bos() && !has_bos
+    }
+
+    /// `prompt` with every client-written string protected (`Tokenizer::protect_content`): an
+    /// assistant's own markup (`<think>`, `<tool_call>`: user-defined tokens) stays in its turns.
+    fn protect(&self, prompt: &ChatPrompt) -> ChatPrompt {
+        let p = |s: &str, w| self.tok.protect_content(s, w);
+        let json = |v: &serde_json::Value| protect_json(v, &|s| p(s, Protect::All));
+        ChatPrompt {
+            messages: prompt
+                .messages
+                .iter()
+                .map(|m| {
+                    let own = if m.role == "assistant" {
+                        Protect::Control
+                    } else {
+                        Protect::All
+                    };
+                    let mut m = m.clone();
+                    m.content = p(&m.content, own);
+                    m.reasoning_content = m.reasoning_content.map(|r| p(&r, Protect::Control));
+                    m.name = m.name.map(|n| p(&n, Protect::All));
+                    m.tool_call_id = m.tool_call_id.map(|n| p(&n, Protect::All));
+                    for c in &mut m.tool_calls {
+                        c.id = p(&c.id, Protect::All);
+                        c.name = p(&c.name, Protect::All);
+                        c.arguments = p(&c.arguments, Protect::Control);
+                    }
+                    m
+                })
+                .collect(),
+            tools: prompt.tools.as_ref().map(|t| t.iter().map(json).collect()),
+            extra: prompt
+                .extra
+                .as_ref()
+                .map(|e| e.iter().map(|(k, v)| (k.clone(), json(v))).collect()),
+        }
+    }
+}
+
+/// `v` with `f` applied to every string in it (keys stay: the template looks them up).
+fn protect_json(v: &serde_json::Value, f: &dyn Fn(&str) -> String) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => Value::String(f(s)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| protect_json(x, f)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (k.clone(), protect_json(x, f)))
+                .collect(),
+        ),
+        other => other.clone(),
     }
 }
 
@@ -95,9 +170,23 @@ impl TextModel for ModelText {
     }
 
     fn encode(&self, text: &str, chat: bool) -> Vec<u32> {
-        // BOS when the model wants one, unless a chat template already wrote it.
-        let has_bos = chat && !self.bos.is_empty() && text.starts_with(&self.bos);
-        self.tok.encode(text, self.tok.add_bos() && !has_bos, chat)
+        self.tok.encode(text, self.add_bos(text, chat), chat)
+    }
+
+    fn tokenize_chat(&self, prompt: &ChatPrompt) -> Result<Vec<u32>, String> {
+        if self.special_in_content {
+            return Ok(self.encode(&self.render_chat(prompt)?, true));
+        }
+        let (text, plain) = self
+            .tok
+            .restore_content(&self.render_chat(&self.protect(prompt))?);
+        Ok(self
+            .tok
+            .encode_with_plain(&text, self.add_bos(&text, true), &plain))
+    }
+
+    fn max_token_bytes(&self) -> usize {
+        self.longest
     }
 
     fn token_bytes(&self, id: u32) -> Vec<u8> {

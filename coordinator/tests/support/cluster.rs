@@ -91,8 +91,13 @@ pub fn explicit(
     Placement::from_layers(nodes(n), layers).expect("placement")
 }
 
-/// The remote backend over `cluster` with `opts`, once every node is up (20 s at most).
+/// The remote backend over `cluster` with `opts` and the cluster's node token, once every node
+/// is up (20 s at most).
 pub fn connect(model: &Model, cluster: &LocalCluster, opts: RemoteOptions) -> Arc<RemoteExperts> {
+    let opts = RemoteOptions {
+        auth_token: Some(cluster.auth_token().to_string()),
+        ..opts
+    };
     let r = RemoteExperts::connect(
         cluster.placement().clone(),
         model.gguf().fingerprint(),

@@ -4,6 +4,7 @@
 //! shape, type and offset and reports problems as [`GgufError`] naming the file and byte offset.
 
 mod error;
+mod guard;
 mod metadata;
 mod parse;
 mod split;
@@ -17,6 +18,7 @@ use memmap2::Mmap;
 use nightshift_kernels::GgmlType;
 
 pub use error::{FormatError, GgufError, SplitError};
+pub use guard::{spawn_watchdog, CHANGED_EXIT_CODE};
 pub use metadata::{Metadata, Value};
 pub use parse::{DEFAULT_ALIGNMENT, MAX_DIMS, MAX_NESTING};
 pub use split::split_path;
@@ -75,6 +77,8 @@ pub enum AccessHint {
 struct Shard {
     path: PathBuf,
     map: Mmap,
+    /// The open file behind `map`, registered with the SIGBUS guard (until `map` is gone).
+    watch: guard::Watched,
     version: u32,
     alignment: u64,
     data_start: u64,
@@ -90,21 +94,34 @@ pub struct Gguf {
     fingerprint: u64,
 }
 
-fn map_file(path: &Path) -> Result<Mmap, GgufError> {
+fn map_file(path: &Path) -> Result<(Mmap, guard::Watched), GgufError> {
     let io = |source| GgufError::Io {
         path: path.to_path_buf(),
         source,
     };
     let file = File::open(path).map_err(io)?;
-    // SAFETY: the map is read-only and private to this process; model files are treated as
-    // immutable while served (the same contract as llama.cpp's mmap). Truncating the file under
-    // a running server would fault the process, which is the documented operational rule.
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(GgufError::NotAFile {
+            path: path.to_path_buf(),
+            found: if meta.is_dir() {
+                "a directory"
+            } else {
+                "a special file"
+            },
+        });
+    }
+    // SAFETY: the map is read-only and private to this process; model files are immutable
+    // while served (replaced by atomic rename, which keeps the mapped inode). A file truncated
+    // or rewritten in place faults on access: `guard` turns that SIGBUS into a message naming
+    // the file and a clean exit.
     let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-    Ok(map)
+    let watch = guard::Watched::new(path, file, meta.len(), map.as_ptr() as usize, map.len());
+    Ok((map, watch))
 }
 
 fn open_shard(path: &Path) -> Result<(Shard, Metadata, Vec<parse::RawTensor>), GgufError> {
-    let map = map_file(path)?;
+    let (map, watch) = map_file(path)?;
     let parsed = parse::parse(&map).map_err(|b| GgufError::Format {
         path: path.to_path_buf(),
         offset: b.offset,
@@ -112,6 +129,7 @@ fn open_shard(path: &Path) -> Result<(Shard, Metadata, Vec<parse::RawTensor>), G
     })?;
     let shard = Shard {
         path: path.to_path_buf(),
+        watch,
         map,
         version: parsed.version,
         alignment: parsed.alignment,
@@ -246,6 +264,16 @@ impl Gguf {
     /// every split. Two files with the same header and tensor layout share it.
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
+    }
+
+    /// Whether every file is still as long as when it was mapped: a file truncated (or
+    /// rewritten in place) under the map faults on the next read of a lost page. Cheap (one
+    /// fstat per file); servers poll it to stop cleanly before a request touches such a page.
+    pub fn check_unchanged(&self) -> Result<(), GgufError> {
+        match guard::check_files(self.shards.iter().map(|s| &s.watch)) {
+            None => Ok(()),
+            Some(detail) => Err(GgufError::Changed { detail }),
+        }
     }
 
     /// The files of the model, in split order.

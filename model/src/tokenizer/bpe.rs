@@ -62,63 +62,88 @@ impl Merges {
     }
 }
 
+/// No neighbour.
+const NONE: u32 = u32::MAX;
+
+/// One symbol of a word being merged: 16 bytes, so a pre-token of n characters costs at most
+/// 16n bytes of symbols plus 16 bytes per heap entry (at most 3n entries): O(n) memory.
 #[derive(Clone, Copy)]
 struct Sym {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
+    start: u32,
+    len: u32,
+    prev: u32,
+    next: u32,
 }
 
-/// Splits the byte-level encoded `word` into its BPE symbols (byte ranges of `word`).
+/// Splits the byte-level encoded `word` into its BPE symbols (byte ranges of `word`), in
+/// O(n log n) for n characters: a heap of candidate merges, lowest rank then leftmost first.
 pub fn merge_word(word: &str, merges: &Merges) -> Vec<(usize, usize)> {
+    // Symbol offsets are u32: a (theoretical) word of 4 GiB or more is merged in pieces.
+    const MAX: usize = u32::MAX as usize - 4;
+    if word.len() > MAX {
+        let mut cut = MAX;
+        while !word.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut out = merge_word(&word[..cut], merges);
+        out.extend(
+            merge_word(&word[cut..], merges)
+                .into_iter()
+                .map(|(a, b)| (a + cut, b + cut)),
+        );
+        return out;
+    }
     let mut syms: Vec<Sym> = Vec::with_capacity(word.len());
     for (i, (start, c)) in word.char_indices().enumerate() {
         syms.push(Sym {
-            start,
-            len: c.len_utf8(),
-            prev: i.checked_sub(1),
-            next: None,
+            start: start as u32,
+            len: c.len_utf8() as u32,
+            prev: if i == 0 { NONE } else { i as u32 - 1 },
+            next: NONE,
         });
         if i > 0 {
-            syms[i - 1].next = Some(i);
+            syms[i - 1].next = i as u32;
         }
     }
+    let text = |s: Sym| &word[s.start as usize..(s.start + s.len) as usize];
     // Heap of (rank, left index, left len, right len); an entry is stale once either side grew.
-    let mut heap = BinaryHeap::new();
+    let mut heap: BinaryHeap<Reverse<(u32, u32, u32, u32)>> = BinaryHeap::new();
     let mut key = String::new();
-    let push = |heap: &mut BinaryHeap<_>, key: &mut String, syms: &[Sym], l: usize, r: usize| {
-        let (a, b) = (syms[l], syms[r]);
-        let left = &word[a.start..a.start + a.len];
-        let right = &word[b.start..b.start + b.len];
-        if let Some(rank) = merges.rank(key, left, right) {
+    let push = |heap: &mut BinaryHeap<_>, key: &mut String, syms: &[Sym], l: u32, r: u32| {
+        let (a, b) = (syms[l as usize], syms[r as usize]);
+        if let Some(rank) = merges.rank(key, text(a), text(b)) {
             heap.push(Reverse((rank, l, a.len, b.len)));
         }
     };
-    for i in 1..syms.len() {
+    for i in 1..syms.len() as u32 {
         push(&mut heap, &mut key, &syms, i - 1, i);
     }
     while let Some(Reverse((_, l, llen, rlen))) = heap.pop() {
-        let Some(r) = syms[l].next else { continue };
-        if syms[l].len != llen || syms[r].len != rlen || llen == 0 || rlen == 0 {
+        let r = syms[l as usize].next;
+        if r == NONE {
             continue;
         }
-        syms[l].len += syms[r].len;
-        syms[r].len = 0;
-        syms[l].next = syms[r].next;
-        if let Some(n) = syms[r].next {
-            syms[n].prev = Some(l);
+        let (li, ri) = (l as usize, r as usize);
+        if syms[li].len != llen || syms[ri].len != rlen || llen == 0 || rlen == 0 {
+            continue;
         }
-        if let Some(p) = syms[l].prev {
+        syms[li].len += syms[ri].len;
+        syms[ri].len = 0;
+        syms[li].next = syms[ri].next;
+        let (p, n) = (syms[li].prev, syms[li].next);
+        if n != NONE {
+            syms[n as usize].prev = l;
+        }
+        if p != NONE {
             push(&mut heap, &mut key, &syms, p, l);
         }
-        if let Some(n) = syms[l].next {
+        if n != NONE {
             push(&mut heap, &mut key, &syms, l, n);
         }
     }
     syms.iter()
         .filter(|s| s.len > 0)
-        .map(|s| (s.start, s.start + s.len))
+        .map(|s| (s.start as usize, (s.start + s.len) as usize))
         .collect()
 }
 

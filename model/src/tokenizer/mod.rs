@@ -4,6 +4,7 @@
 //! Encoding follows llama.cpp's `llama_vocab::tokenize` so ids match it exactly.
 
 mod bpe;
+mod content;
 mod pretok;
 mod stream;
 
@@ -11,6 +12,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::gguf::{Gguf, GgufError};
 
+pub use content::Protect;
 pub use pretok::PreTokenizer;
 pub use stream::StreamDecoder;
 
@@ -239,11 +241,22 @@ impl Tokenizer {
     /// as llama.cpp's `add_special`. With `parse_special`, control tokens written in the text
     /// (e.g. `<|im_start|>`) become their ids; user-defined tokens always do.
     pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Vec<u32> {
+        self.encode_parts(text, add_bos, parse_special, &[])
+    }
+
+    /// `encode`, with no special token overlapping a byte range of `plain` (`content.rs`).
+    fn encode_parts(
+        &self,
+        text: &str,
+        add_bos: bool,
+        parse_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos && self.add_bos {
             out.extend(self.bos);
         }
-        for frag in self.partition(text, parse_special) {
+        for frag in self.partition(text, parse_special, plain) {
             match frag {
                 Frag::Token(id) => out.push(id),
                 Frag::Text(s) => self.encode_text(s, &mut out),
@@ -255,8 +268,14 @@ impl Tokenizer {
         out
     }
 
-    /// Splits `text` around special tokens, longest token first (llama.cpp's st_partition).
-    fn partition<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Frag<'t>> {
+    /// Splits `text` around special tokens, longest token first (llama.cpp's st_partition);
+    /// an occurrence overlapping a byte range of `plain` stays text.
+    fn partition<'t>(
+        &self,
+        text: &'t str,
+        parse_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Vec<Frag<'t>> {
         let mut frags = vec![Frag::Text(text)];
         if text.is_empty() {
             return Vec::new();
@@ -275,19 +294,28 @@ impl Tokenizer {
             }
             let mut next = Vec::with_capacity(frags.len() + 2);
             for f in frags {
-                let Frag::Text(mut s) = f else {
+                let Frag::Text(s) = f else {
                     next.push(f);
                     continue;
                 };
-                while let Some(at) = s.find(pat) {
-                    if at > 0 {
-                        next.push(Frag::Text(&s[..at]));
+                // Byte offset of this fragment in `text`.
+                let base = s.as_ptr() as usize - text.as_ptr() as usize;
+                let (mut kept, mut from) = (0, 0);
+                while let Some(rel) = s[from..].find(pat) {
+                    let at = from + rel;
+                    if content::overlaps(plain, base + at, base + at + pat.len()) {
+                        from = at + s[at..].chars().next().map_or(1, char::len_utf8);
+                        continue;
+                    }
+                    if at > kept {
+                        next.push(Frag::Text(&s[kept..at]));
                     }
                     next.push(Frag::Token(id));
-                    s = &s[at + pat.len()..];
+                    kept = at + pat.len();
+                    from = kept;
                 }
-                if !s.is_empty() {
-                    next.push(Frag::Text(s));
+                if kept < s.len() {
+                    next.push(Frag::Text(&s[kept..]));
                 }
             }
             frags = next;

@@ -1,0 +1,223 @@
+//! The fuzz targets: each takes arbitrary bytes, feeds them to one parser or edge that reads
+//! untrusted data, and checks what must hold whatever the input (no panic; on success, the
+//! invariants the rest of the system relies on). Fixtures come from `model/tests/data` and
+//! `fuzz/data` (two published chat templates), loaded once.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use nightshift_atlas::placement::{ModelShape, Placement};
+use nightshift_atlas::trace::Atlas;
+use nightshift_expert_node::service::NodeService;
+use nightshift_expert_node::store::ExpertStore;
+use nightshift_model::chat::{ChatMessage, ChatTemplate};
+use nightshift_model::gguf::{check_image, Gguf};
+use nightshift_model::tokenizer::{Protect, StreamDecoder, Tokenizer};
+use prost::Message;
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data").join(name)
+}
+
+/// The fixture models whose tokenizers and templates the text targets use.
+pub const MODELS: [&str; 2] = ["tiny-qwen3moe-Q2_K.gguf", "tiny-deepseek2-Q2_K.gguf"];
+
+struct Fixture {
+    gguf: Arc<Gguf>,
+    tok: Tokenizer,
+    template: ChatTemplate,
+}
+
+fn fixtures() -> &'static [Fixture] {
+    static F: OnceLock<Vec<Fixture>> = OnceLock::new();
+    F.get_or_init(|| {
+        MODELS
+            .iter()
+            .map(|m| {
+                let gguf = Arc::new(Gguf::open(&data(m)).expect("fixture model"));
+                let tok = Tokenizer::from_gguf(&gguf).expect("fixture tokenizer");
+                let template = ChatTemplate::from_gguf(&gguf)
+                    .expect("fixture template")
+                    .expect("has a template");
+                Fixture {
+                    gguf,
+                    tok,
+                    template,
+                }
+            })
+            .collect()
+    })
+}
+
+/// The published templates (Qwen3-30B-A3B, Kimi K2) in `fuzz/data`.
+fn published() -> &'static [ChatTemplate] {
+    static T: OnceLock<Vec<ChatTemplate>> = OnceLock::new();
+    T.get_or_init(|| {
+        ["qwen3-30b-a3b.jinja", "kimi-k2-instruct.jinja"]
+            .iter()
+            .map(|n| {
+                let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("data").join(n);
+                let src = std::fs::read_to_string(p).expect("template");
+                ChatTemplate::new(&src).expect("published template compiles")
+            })
+            .collect()
+    })
+}
+
+/// GGUF header parsing: Ok or a typed error; on Ok every getter works and every tensor lies
+/// inside the image.
+pub fn gguf(data: &[u8]) {
+    if let Ok((md, tensors)) = check_image(data) {
+        for (key, _) in md.iter() {
+            let _ = md.get_u32(key);
+            let _ = md.get_f32(key);
+            let _ = md.get_str(key);
+            let _ = md.get_str_array(key);
+            let _ = md.get_i32_array(key);
+        }
+        for t in &tensors {
+            assert!(t.offset() + t.size() <= data.len() as u64, "tensor beyond the image");
+        }
+    }
+}
+
+/// Tokenizing any text: lossless round trips (batch and streaming decode), and protected
+/// contents restore to the same text with no special token overlapping a protected range.
+pub fn tokenize(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    for f in fixtures() {
+        let tok = &f.tok;
+        for special in [false, true] {
+            let ids = tok.encode(&text, false, special);
+            assert_eq!(tok.decode(&ids), text);
+            let mut d = StreamDecoder::new();
+            let mut s: String = ids.iter().map(|&i| d.push(tok, i)).collect();
+            s.push_str(&d.flush());
+            assert_eq!(s, text);
+        }
+        for which in [Protect::All, Protect::Control] {
+            let (back, plain) = tok.restore_content(&tok.protect_content(&text, which));
+            assert_eq!(back, text, "protect/restore changed the text");
+            let ids = tok.encode_with_plain(&back, false, &plain);
+            assert_eq!(tok.decode(&ids), text);
+            if which == Protect::All {
+                assert!(
+                    ids.iter().all(|&i| !tok.is_special(i)),
+                    "a protected content produced a special token"
+                );
+            }
+        }
+    }
+}
+
+/// Splits fuzz bytes into chat messages: `role \x1f content` records separated by `\x1e`.
+fn messages(data: &[u8]) -> Vec<ChatMessage> {
+    let text = String::from_utf8_lossy(data);
+    text.split('\u{1e}')
+        .take(16)
+        .map(|rec| match rec.split_once('\u{1f}') {
+            Some((role, content)) => ChatMessage::new(role, content),
+            None => ChatMessage::new("user", rec),
+        })
+        .collect()
+}
+
+/// Chat templates with hostile messages (any roles, any contents): rendering fails with a typed
+/// error or succeeds; with contents protected, the prompt's text is unchanged and tokenizes
+/// losslessly (the special tokens of contents are plain text; `tokenize` checks that part).
+pub fn chat_template(data: &[u8]) {
+    let msgs = messages(data);
+    for f in fixtures() {
+        let plain = f.template.render(&msgs, true, "", "");
+        let guarded: Vec<ChatMessage> = msgs
+            .iter()
+            .map(|m| ChatMessage::new(m.role.clone(), f.tok.protect_content(&m.content, Protect::All)))
+            .collect();
+        let rendered = f.template.render(&guarded, true, "", "");
+        if let (Ok(plain), Ok(rendered)) = (plain, rendered) {
+            let (text, ranges) = f.tok.restore_content(&rendered);
+            assert_eq!(text, plain, "protection changed the rendered text");
+            let ids = f.tok.encode_with_plain(&text, false, &ranges);
+            assert_eq!(f.tok.decode(&ids), text);
+        }
+    }
+    for t in published() {
+        let _ = t.render(&msgs, true, "<|endoftext|>", "<|im_end|>");
+        let _ = t.render(&msgs, false, "", "");
+    }
+}
+
+/// The node's request edge: any bytes decoded as a `ComputeRequest` and checked against a
+/// store holding the fixture's experts; errors are statuses, never panics.
+pub fn node_request(data: &[u8]) {
+    static STORE: OnceLock<(ExpertStore, usize)> = OnceLock::new();
+    let (store, n_embd) = STORE.get_or_init(|| {
+        let f = &fixtures()[0];
+        let shape = nightshift_model::shape::moe_shape(&f.gguf).expect("moe fixture");
+        let store = ExpertStore::new(f.gguf.clone(), false);
+        let all: Vec<(u32, u32)> = shape
+            .moe_layers
+            .iter()
+            .flat_map(|&l| (0..shape.n_experts).map(move |e| (l as u32, e as u32)))
+            .collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("pool");
+        store.load(&all, false, &pool).expect("load experts");
+        let n_embd = f
+            .gguf
+            .tensors()
+            .find(|t| t.name.ends_with("ffn_gate_exps.weight"))
+            .and_then(|t| t.dims.first().copied())
+            .expect("experts") as usize;
+        (store, n_embd)
+    });
+    if let Ok(req) = nightshift_proto::v1::ComputeRequest::decode(data) {
+        let _ = NodeService::check_request(store, *n_embd, req);
+    }
+}
+
+fn fixture_shape() -> ModelShape {
+    let s = nightshift_model::shape::moe_shape(&fixtures()[0].gguf).expect("moe fixture");
+    ModelShape {
+        moe_layers: s.moe_layers,
+        n_experts: s.n_experts,
+        expert_bytes: s.expert_bytes,
+    }
+}
+
+/// Placement files: parse, then validate and resolve against the fixture's shape; a resolved
+/// placement answers every lookup within range.
+pub fn placement(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let _ = Placement::nodes_from_toml_str(&text);
+    let Ok(p) = Placement::from_toml_str(&text) else {
+        return;
+    };
+    let shape = fixture_shape();
+    let _ = p.validate(&shape);
+    if let Ok(r) = p.resolve(&shape) {
+        for &l in &shape.moe_layers {
+            for e in 0..shape.n_experts {
+                for &n in r.replicas(l, e) {
+                    assert!(n < r.nodes.len(), "replica names no node");
+                }
+            }
+        }
+        let _ = r.to_toml_string();
+    }
+}
+
+/// Atlas files (the header format and bare JSON): Ok or a typed error; an accepted atlas gives
+/// statistics in range (a Gini of 15.9 is how overflowing counts showed).
+pub fn atlas(data: &[u8]) {
+    if let Ok(a) = Atlas::from_bytes(data) {
+        let flat = nightshift_atlas::stats::flatten(a.preferred_counts());
+        let g = nightshift_atlas::stats::gini(&flat);
+        assert!((0.0..=1.0).contains(&g) || flat.iter().all(|&c| c == 0), "gini {g}");
+        let c = nightshift_atlas::stats::coverage_at(&flat, 0.1);
+        assert!((0.0..=1.0).contains(&c), "coverage {c}");
+        let _ = a.preferred_counts().total_activations();
+    }
+}
