@@ -29,9 +29,18 @@ fn errors_are_one_line_with_each_cause_once() {
     let m = missing.to_str().expect("utf-8");
     // (args, what the line must say once)
     let rows: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["generate", "--model", d, "--prompt", "x"], "expected a GGUF file, found a directory"),
-        (vec!["tokenize", "--model", d, "--text", "x"], "expected a GGUF file, found a directory"),
-        (vec!["generate", "--model", m, "--prompt", "x"], "No such file or directory"),
+        (
+            vec!["generate", "--model", d, "--prompt", "x"],
+            "expected a GGUF file, found a directory",
+        ),
+        (
+            vec!["tokenize", "--model", d, "--text", "x"],
+            "expected a GGUF file, found a directory",
+        ),
+        (
+            vec!["generate", "--model", m, "--prompt", "x"],
+            "No such file or directory",
+        ),
     ];
     for (args, said) in rows {
         let err = fails(&args);

@@ -212,7 +212,11 @@ fn node_with_another_model_is_refused() {
     .expect("connect");
     let started = Instant::now();
     assert!(!r.wait_all_up(Duration::from_secs(20)));
-    assert!(started.elapsed() < Duration::from_secs(5), "a refusal is final: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a refusal is final: {:?}",
+        started.elapsed()
+    );
     let st = r.status();
     assert!(st[0].detail.contains("refused") && st[0].refused, "{st:?}");
 }
@@ -241,10 +245,20 @@ fn local_nodes_require_their_fresh_token() {
         )
         .expect("connect");
         let started = Instant::now();
-        assert!(!r.wait_all_up(Duration::from_secs(20)), "{token:?} accepted");
-        assert!(started.elapsed() < Duration::from_secs(5), "{token:?}: {:?}", started.elapsed());
+        assert!(
+            !r.wait_all_up(Duration::from_secs(20)),
+            "{token:?} accepted"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{token:?}: {:?}",
+            started.elapsed()
+        );
         let st = r.status();
-        assert!(st[0].refused && st[0].detail.contains("auth token"), "{token:?}: {st:?}");
+        assert!(
+            st[0].refused && st[0].detail.contains("auth token"),
+            "{token:?}: {st:?}"
+        );
     }
     // The attack of issue 19: one unauthenticated DropExperts from any local process.
     let addr = cluster.placement().nodes[0].addr.clone().expect("addr");
@@ -287,7 +301,10 @@ mod malformed {
     struct Token(String);
 
     impl tonic::service::Interceptor for Token {
-        fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        fn call(
+            &mut self,
+            mut req: tonic::Request<()>,
+        ) -> Result<tonic::Request<()>, tonic::Status> {
             let v = format!("Bearer {}", self.0).parse().expect("header");
             req.metadata_mut().insert(nightshift_proto::AUTH_HEADER, v);
             Ok(req)
@@ -659,7 +676,10 @@ fn nodes_are_stopped_in_parallel() {
     cluster.stop();
     let took = t0.elapsed();
     drop(r);
-    assert!(took < Duration::from_secs(6), "stopping 3 nodes took {took:?}");
+    assert!(
+        took < Duration::from_secs(6),
+        "stopping 3 nodes took {took:?}"
+    );
     for pid in pids {
         // SAFETY: kill(2) with signal 0 only checks whether the process exists.
         let alive = unsafe { libc::kill(pid as i32, 0) } == 0;

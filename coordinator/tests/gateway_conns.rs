@@ -42,7 +42,10 @@ fn serve_limited(nofile: u64, extra: &[&str]) -> (support::Server, Arc<Mutex<Str
     let sink = log.clone();
     std::thread::spawn(move || {
         use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
             let mut l = sink.lock().unwrap();
             l.push_str(&line);
             l.push('\n');
@@ -58,9 +61,13 @@ fn addr(url: &str) -> String {
 /// A plain HTTP/1.1 GET on a fresh connection; the status line, or why there is none.
 fn get(addr: &str, path: &str, timeout: Duration) -> Result<String, String> {
     let mut c = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    c.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    write!(c, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    c.set_read_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
     c.read_to_end(&mut buf).map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&buf);
@@ -126,7 +133,14 @@ fn silent_half_sent_and_idle_connections_are_closed_after_the_header_timeout() {
         .expect("timeout");
     idle.read_exact(&mut first).expect("a response");
     assert_eq!(&first, b"HTTP/1.1 200");
-    for (what, c) in [("silent", &mut silent), ("half a head", &mut half), ("idle keep-alive", &mut idle)] {
-        assert!(closed_within(c, Duration::from_secs(8)), "{what} connection left open");
+    for (what, c) in [
+        ("silent", &mut silent),
+        ("half a head", &mut half),
+        ("idle keep-alive", &mut idle),
+    ] {
+        assert!(
+            closed_within(c, Duration::from_secs(8)),
+            "{what} connection left open"
+        );
     }
 }

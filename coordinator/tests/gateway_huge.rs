@@ -20,7 +20,11 @@ async fn health_answers_while_huge_prompts_are_rejected() {
     let pair = "ab".repeat(1_950_000);
     let mut jobs = Vec::new();
     for i in 0..8 {
-        let text = if i % 2 == 0 { pair.clone() } else { words.clone() };
+        let text = if i % 2 == 0 {
+            pair.clone()
+        } else {
+            words.clone()
+        };
         let (path, body, param) = if i % 4 < 2 {
             (
                 "/v1/chat/completions",

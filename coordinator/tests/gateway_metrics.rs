@@ -44,7 +44,11 @@ async fn gauges_and_cancellations_follow_disconnects() {
             .expect("text")
     };
     let page = metrics().await;
-    assert_eq!(sample(&page, "nightshift_running_sequences"), Some(4.0), "{page}");
+    assert_eq!(
+        sample(&page, "nightshift_running_sequences"),
+        Some(4.0),
+        "{page}"
+    );
     drop(streams);
     let t0 = Instant::now();
     loop {
@@ -56,7 +60,10 @@ async fn gauges_and_cancellations_follow_disconnects() {
         );
         if running == Some(0.0) && cancelled == Some(4.0) {
             assert_eq!(
-                sample(&page, "nightshift_cancelled_total{reason=\"client_gone_queued\"}"),
+                sample(
+                    &page,
+                    "nightshift_cancelled_total{reason=\"client_gone_queued\"}"
+                ),
                 Some(0.0),
                 "{page}"
             );

@@ -291,7 +291,8 @@ async fn chat_contents_are_plain_text_unless_allowed() {
     let plain = base + tok.encode(forged, false, false).len();
     let special = tok.encode(&markup(forged), false, true).len();
     assert!(special < plain, "the fixture must tell the two apart");
-    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": forged}], "max_tokens": 1});
+    let body =
+        json!({"model": MODEL, "messages": [{"role": "user", "content": forged}], "max_tokens": 1});
     for (flag, want) in [(None, plain), (Some("--allow-special-in-content"), special)] {
         let model = fixture("gguf");
         let s = support::serve(BIN, |c| {

@@ -101,7 +101,10 @@ fn a_node_without_a_token_refuses_to_start_unless_told_the_network_is_trusted() 
 
     std::fs::write(d.join("token"), "s3cret\n").expect("token");
     let token = d.join("token");
-    assert!(listens(&d, &["--auth-token-file", token.to_str().expect("utf-8")]));
+    assert!(listens(
+        &d,
+        &["--auth-token-file", token.to_str().expect("utf-8")]
+    ));
     assert!(listens(&d, &["--insecure-no-auth"]));
 }
 
@@ -118,6 +121,12 @@ fn ready_is_logged_only_once_the_port_is_bound() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");
     assert!(err.contains(&format!("binding {addr}")), "{err}");
-    assert!(!err.contains("node ready"), "said ready without listening: {err}");
-    assert!(!err.contains("Stack backtrace") && !err.contains("panicked"), "{err}");
+    assert!(
+        !err.contains("node ready"),
+        "said ready without listening: {err}"
+    );
+    assert!(
+        !err.contains("Stack backtrace") && !err.contains("panicked"),
+        "{err}"
+    );
 }

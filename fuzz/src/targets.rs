@@ -16,7 +16,9 @@ use nightshift_model::tokenizer::{Protect, StreamDecoder, Tokenizer};
 use prost::Message;
 
 fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/data")
+        .join(name)
 }
 
 /// The fixture models whose tokenizers and templates the text targets use.
@@ -76,7 +78,10 @@ pub fn gguf(data: &[u8]) {
             let _ = md.get_i32_array(key);
         }
         for t in &tensors {
-            assert!(t.offset() + t.size() <= data.len() as u64, "tensor beyond the image");
+            assert!(
+                t.offset() + t.size() <= data.len() as u64,
+                "tensor beyond the image"
+            );
         }
     }
 }
@@ -131,7 +136,12 @@ pub fn chat_template(data: &[u8]) {
         let plain = f.template.render(&msgs, true, "", "");
         let guarded: Vec<ChatMessage> = msgs
             .iter()
-            .map(|m| ChatMessage::new(m.role.clone(), f.tok.protect_content(&m.content, Protect::All)))
+            .map(|m| {
+                ChatMessage::new(
+                    m.role.clone(),
+                    f.tok.protect_content(&m.content, Protect::All),
+                )
+            })
             .collect();
         let rendered = f.template.render(&guarded, true, "", "");
         if let (Ok(plain), Ok(rendered)) = (plain, rendered) {
@@ -215,7 +225,10 @@ pub fn atlas(data: &[u8]) {
     if let Ok(a) = Atlas::from_bytes(data) {
         let flat = nightshift_atlas::stats::flatten(a.preferred_counts());
         let g = nightshift_atlas::stats::gini(&flat);
-        assert!((0.0..=1.0).contains(&g) || flat.iter().all(|&c| c == 0), "gini {g}");
+        assert!(
+            (0.0..=1.0).contains(&g) || flat.iter().all(|&c| c == 0),
+            "gini {g}"
+        );
         let c = nightshift_atlas::stats::coverage_at(&flat, 0.1);
         assert!((0.0..=1.0).contains(&c), "coverage {c}");
         let _ = a.preferred_counts().total_activations();

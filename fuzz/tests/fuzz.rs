@@ -55,11 +55,21 @@ fn fuzz_targets() {
     };
     let outcomes = [
         run("gguf", vec![gguf_seed()], 1 << 17, targets::gguf),
-        run("tokenize", vec![chat.clone(), b"Hello world 12345".to_vec()], 4096, targets::tokenize),
+        run(
+            "tokenize",
+            vec![chat.clone(), b"Hello world 12345".to_vec()],
+            4096,
+            targets::tokenize,
+        ),
         run("chat_template", vec![chat], 4096, targets::chat_template),
         run("node_request", vec![request], 8192, targets::node_request),
         run("placement", vec![placement], 8192, targets::placement),
-        run("atlas", vec![atlas_seed(), atlas_json_seed()], 1 << 16, targets::atlas),
+        run(
+            "atlas",
+            vec![atlas_seed(), atlas_json_seed()],
+            1 << 16,
+            targets::atlas,
+        ),
     ];
     for o in &outcomes {
         assert!(o.executions >= o.corpus as u64, "{o:?}");

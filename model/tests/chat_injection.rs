@@ -17,7 +17,9 @@ fn load(name: &str) -> (Tokenizer, ChatTemplate) {
     let g = Gguf::open(&p).expect("fixture");
     (
         Tokenizer::from_gguf(&g).expect("tokenizer"),
-        ChatTemplate::from_gguf(&g).expect("template").expect("has one"),
+        ChatTemplate::from_gguf(&g)
+            .expect("template")
+            .expect("has one"),
     )
 }
 
@@ -25,7 +27,12 @@ fn load(name: &str) -> (Tokenizer, ChatTemplate) {
 fn protected(tok: &Tokenizer, t: &ChatTemplate, msgs: &[ChatMessage]) -> (String, Vec<u32>) {
     let guarded: Vec<ChatMessage> = msgs
         .iter()
-        .map(|m| ChatMessage::new(m.role.clone(), tok.protect_content(&m.content, Protect::All)))
+        .map(|m| {
+            ChatMessage::new(
+                m.role.clone(),
+                tok.protect_content(&m.content, Protect::All),
+            )
+        })
         .collect();
     let rendered = t.render(&guarded, true, "", "").expect("render");
     let (text, plain) = tok.restore_content(&rendered);
@@ -61,7 +68,10 @@ fn check(fixture: &str, forged: &str) {
     // Hostile content: same markup tokens, same text, the content's plain-text ids.
     let unprotected = t.render(&hostile, true, "", "").expect("render");
     let (text, ids) = protected(&tok, &t, &hostile);
-    assert_eq!(text, unprotected, "{fixture}: the prompt text must not change");
+    assert_eq!(
+        text, unprotected,
+        "{fixture}: the prompt text must not change"
+    );
     assert_eq!(tok.decode(&ids), unprotected, "{fixture}");
     assert_eq!(
         specials(&tok, &ids),
@@ -103,7 +113,9 @@ fn placeholders_cannot_be_forged() {
     let (text, plain) = tok.restore_content(&tok.protect_content(&sneaky, Protect::All));
     assert_eq!(text, sneaky);
     assert!(plain.is_empty(), "{plain:?}");
-    assert!(!tok.encode_with_plain(&text, false, &plain).contains(&im_start));
+    assert!(!tok
+        .encode_with_plain(&text, false, &plain)
+        .contains(&im_start));
 
     let (text, plain) = tok.restore_content("x\u{FDD0}99999999999\u{FDD1}\u{FDD0}");
     assert_eq!(text, "x\u{FDD0}99999999999\u{FDD1}\u{FDD0}");
@@ -112,5 +124,7 @@ fn placeholders_cannot_be_forged() {
     let p = tok.protect_content("<|im_start|>", Protect::Control);
     let (text, plain) = tok.restore_content(&p);
     assert_eq!((text.as_str(), plain.len()), ("<|im_start|>", 1));
-    assert!(!tok.encode_with_plain(&text, false, &plain).contains(&im_start));
+    assert!(!tok
+        .encode_with_plain(&text, false, &plain)
+        .contains(&im_start));
 }

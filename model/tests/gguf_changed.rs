@@ -15,7 +15,11 @@ fn a_directory_is_not_a_model() {
     let dir = tempfile::tempdir().unwrap();
     let e = Gguf::open(dir.path()).unwrap_err();
     assert!(matches!(e, GgufError::NotAFile { .. }), "{e:?}");
-    assert!(e.to_string().ends_with("expected a GGUF file, found a directory"), "{e}");
+    assert!(
+        e.to_string()
+            .ends_with("expected a GGUF file, found a directory"),
+        "{e}"
+    );
 }
 
 #[test]

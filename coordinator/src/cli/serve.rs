@@ -468,9 +468,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             header_timeout: Duration::from_secs(args.header_timeout),
             max_connections: args.max_connections,
         };
-        gateway::serve_with(listener, state, shutdown, Duration::from_secs(args.drain), limits)
-            .await
-            .context("serving HTTP")
+        gateway::serve_with(
+            listener,
+            state,
+            shutdown,
+            Duration::from_secs(args.drain),
+            limits,
+        )
+        .await
+        .context("serving HTTP")
     })?;
     if let Some(w) = atlas_writer {
         w.finish().context("writing the final atlas snapshot")?;

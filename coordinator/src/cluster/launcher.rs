@@ -222,10 +222,9 @@ impl LocalCluster {
         let (token, token_path, own_token_file) = match &opts.auth_token_file {
             Some(p) => (read_token_file(p)?, p.clone(), None),
             None => {
-                let path = opts.work_dir.join(format!(
-                    "node-token-{}-{seq}",
-                    std::process::id()
-                ));
+                let path = opts
+                    .work_dir
+                    .join(format!("node-token-{}-{seq}", std::process::id()));
                 let token = fresh_token()
                     .and_then(|t| write_token_file(&path, &t).map(|()| t))
                     .map_err(|e| LaunchError::Token {

@@ -126,7 +126,10 @@ impl CapLog {
         }
         *last = Some(Instant::now());
         if evicted {
-            tracing::warn!(cap, "connection cap reached: closing the oldest idle connection to accept a new one");
+            tracing::warn!(
+                cap,
+                "connection cap reached: closing the oldest idle connection to accept a new one"
+            );
         } else {
             tracing::warn!(cap, "connection cap reached and every connection is serving a request: new connections wait");
         }

@@ -280,7 +280,12 @@ pub fn max_tokens(
 
 /// Rejects, before tokenizing, a prompt of `bytes` that cannot leave room for one completion
 /// token in `n_ctx` even if every token were the vocabulary's longest (`longest` bytes).
-pub fn cheap_bound(param: &str, bytes: usize, longest: usize, n_ctx: usize) -> Result<(), ApiError> {
+pub fn cheap_bound(
+    param: &str,
+    bytes: usize,
+    longest: usize,
+    n_ctx: usize,
+) -> Result<(), ApiError> {
     let min_tokens = bytes.div_ceil(longest.max(1));
     if min_tokens >= n_ctx {
         return Err(ApiError::prompt_too_long(param, bytes, min_tokens, n_ctx));

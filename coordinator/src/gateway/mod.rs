@@ -150,7 +150,14 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     drain: Duration,
 ) -> std::io::Result<()> {
-    serve_with(listener, state, shutdown, drain, conn::ConnLimits::default()).await
+    serve_with(
+        listener,
+        state,
+        shutdown,
+        drain,
+        conn::ConnLimits::default(),
+    )
+    .await
 }
 
 /// `serve` with these connection limits (`conn`: header and idle timeouts, connection cap).

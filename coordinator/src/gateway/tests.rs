@@ -748,7 +748,11 @@ async fn placement_body_errors_use_the_error_shape() {
     let c = reqwest::Client::new();
     let url = format!("{}/v1/admin/placement", s.url);
     let cases: Vec<(Vec<u8>, u16, &str)> = vec![
-        (b"version = 1\xff\xfe".to_vec(), 400, "not UTF-8 text: invalid byte at offset 11"),
+        (
+            b"version = 1\xff\xfe".to_vec(),
+            400,
+            "not UTF-8 text: invalid byte at offset 11",
+        ),
         (vec![b'#'; BODY_LIMIT + 1], 413, "request body too large"),
     ];
     for (body, status, msg) in cases {
@@ -787,9 +791,19 @@ async fn metrics_need_the_api_key_unless_public() {
             let v: Value = anon.json().await.unwrap_or(Value::Null);
             assert!(v["error"]["message"].is_string(), "{v}");
         }
-        assert_eq!(get(Some("wrong")).await.expect("send").status().as_u16(), if public { 200 } else { 401 });
-        assert_eq!(get(Some("sekret")).await.expect("send").status().as_u16(), 200);
-        let health = c.get(format!("{}/health", s.url)).send().await.expect("send");
+        assert_eq!(
+            get(Some("wrong")).await.expect("send").status().as_u16(),
+            if public { 200 } else { 401 }
+        );
+        assert_eq!(
+            get(Some("sekret")).await.expect("send").status().as_u16(),
+            200
+        );
+        let health = c
+            .get(format!("{}/health", s.url))
+            .send()
+            .await
+            .expect("send");
         assert_eq!(health.status().as_u16(), 200);
     }
 }

@@ -14,7 +14,9 @@ pub enum GgufError {
     },
     #[error("{path}: expected a GGUF file, found {found}", path = path.display())]
     NotAFile { path: PathBuf, found: &'static str },
-    #[error("{detail}; replace model files by writing a new file and renaming it over the old one")]
+    #[error(
+        "{detail}; replace model files by writing a new file and renaming it over the old one"
+    )]
     Changed { detail: String },
     #[error("{path}: at byte {offset}: {kind}", path = path.display())]
     Format {

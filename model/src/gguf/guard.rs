@@ -55,7 +55,13 @@ pub(super) struct Watched {
 
 impl Watched {
     /// Registers the mapping `[start, start + len)` of `file` (opened at `path`).
-    pub(super) fn new(path: &Path, file: std::fs::File, size: u64, start: usize, len: usize) -> Watched {
+    pub(super) fn new(
+        path: &Path,
+        file: std::fs::File,
+        size: u64,
+        start: usize,
+        len: usize,
+    ) -> Watched {
         install_handler();
         let slot = register(path, start, len);
         Watched {
@@ -76,7 +82,10 @@ impl Watched {
                 m.size()
             )),
             Ok(_) => None,
-            Err(e) => Some(format!("{}: cannot stat the mapped file: {e}", self.path.display())),
+            Err(e) => Some(format!(
+                "{}: cannot stat the mapped file: {e}",
+                self.path.display()
+            )),
         }
     }
 }
@@ -131,7 +140,8 @@ fn install_handler() {
     // SIGBUS only. `on_sigbus` is async-signal-safe (atomic loads, write(2), _exit(2)).
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
-        let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = on_sigbus;
+        let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            on_sigbus;
         sa.sa_sigaction = handler as *const () as usize;
         sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
         libc::sigemptyset(&mut sa.sa_mask);
@@ -149,7 +159,10 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
         let len = s.len.load(Ordering::Acquire);
         let start = s.start.load(Ordering::Relaxed);
         if len > 0 && addr >= start && addr - start < len {
-            let (ptr, n) = (s.msg.load(Ordering::Relaxed), s.msg_len.load(Ordering::Relaxed));
+            let (ptr, n) = (
+                s.msg.load(Ordering::Relaxed),
+                s.msg_len.load(Ordering::Relaxed),
+            );
             // SAFETY: ptr/n describe a leaked, never-freed buffer written before `len` was
             // published (release/acquire); write(2) and _exit(2) are async-signal-safe.
             unsafe {

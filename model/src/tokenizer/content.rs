@@ -71,7 +71,8 @@ impl Tokenizer {
             let after = &rest[at + OPEN.len_utf8()..];
             // A body is at most 10 digits: look no further (no quadratic scan on stray OPENs).
             let close = after.char_indices().take(11).find(|&(_, c)| c == CLOSE);
-            let Some((body, tail)) = close.map(|(e, _)| (&after[..e], &after[e + CLOSE.len_utf8()..]))
+            let Some((body, tail)) =
+                close.map(|(e, _)| (&after[..e], &after[e + CLOSE.len_utf8()..]))
             else {
                 out.push(OPEN);
                 rest = after;
