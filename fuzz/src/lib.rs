@@ -11,6 +11,8 @@
 
 pub mod targets;
 
+use nightshift_kernels::rng::SplitMix64;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -53,22 +55,19 @@ fn seed() -> u64 {
         })
 }
 
-/// splitmix64: small, fast, reproducible from the printed seed.
-struct Rng(u64);
+/// The workspace's one generator (`kernels::rng::SplitMix64`), reproducible from the printed seed,
+/// with an index draw that takes an empty range.
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     fn below(&mut self, n: usize) -> usize {
         if n == 0 {
             0
         } else {
-            (self.next() % n as u64) as usize
+            self.0.below(n as u64) as usize
         }
     }
 }
@@ -213,7 +212,7 @@ pub fn run(target: &'static str, seeds: Vec<Vec<u8>>, max_len: usize, f: fn(&[u8
             break;
         }
     }
-    let mut rng = Rng(seed);
+    let mut rng = Rng(SplitMix64::new(seed));
     let deadline = budget();
     while failure.is_none() && start.elapsed() < deadline {
         let base = &corpus[rng.below(corpus.len())];
