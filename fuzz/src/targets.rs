@@ -234,3 +234,63 @@ pub fn atlas(data: &[u8]) {
         let _ = a.preferred_counts().total_activations();
     }
 }
+
+/// Generated text through the incremental tool-call parser of each format (the first byte picks
+/// the format and how the text is cut into stream chunks): no panic, every call names a declared
+/// tool and carries a JSON object as arguments, and the stream gives the same calls and the same
+/// content (adjacent pieces joined) as the whole text at once.
+pub fn tool_calls(data: &[u8]) {
+    use nightshift_model::toolcall::{Parsed, ToolFormat, ToolParser, ToolSpec};
+    let Some((&ctl, rest)) = data.split_first() else {
+        return;
+    };
+    let format = ToolFormat::ALL[usize::from(ctl) % ToolFormat::ALL.len()].0;
+    let stride = 1 + usize::from(ctl >> 2);
+    let text = String::from_utf8_lossy(rest);
+    let tools = || {
+        ["get_weather", "search"]
+            .iter()
+            .map(|n| ToolSpec {
+                name: (*n).to_string(),
+                parameters: serde_json::json!({
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "q": {"type": "string"}}
+                }),
+            })
+            .collect::<Vec<_>>()
+    };
+    // Calls in order, and the content with adjacent pieces joined.
+    let fold = |pieces: Vec<Parsed>| {
+        let (mut calls, mut content) = (Vec::new(), String::new());
+        for p in pieces {
+            match p {
+                Parsed::Content(c) => content.push_str(&c),
+                Parsed::Call(c) => {
+                    let args: serde_json::Value =
+                        serde_json::from_str(&c.arguments).expect("arguments are JSON");
+                    assert!(args.is_object(), "arguments {}", c.arguments);
+                    assert!(["get_weather", "search"].contains(&c.name.as_str()), "{}", c.name);
+                    calls.push(c);
+                    content.push('\u{0}');
+                }
+            }
+        }
+        (calls, content)
+    };
+    let mut whole = ToolParser::new(format, tools());
+    let mut a = whole.push(&text);
+    a.extend(whole.finish());
+    let mut streamed = ToolParser::new(format, tools());
+    let mut b = Vec::new();
+    let mut at = 0;
+    while at < text.len() {
+        let mut end = (at + stride).min(text.len());
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        b.extend(streamed.push(&text[at..end]));
+        at = end;
+    }
+    b.extend(streamed.finish());
+    assert_eq!(fold(a), fold(b), "format {format:?}, chunks of {stride}");
+}

@@ -53,6 +53,16 @@ fn fuzz_targets() {
         }
         .encode_to_vec()
     };
+    // One call (and text around it) per format; the first byte picks the format (see the target).
+    let calls: Vec<Vec<u8>> = [
+        "\u{0}Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+        "\u{1}<tool_call>\n<function=search>\n<parameter=q>\nrust\n</parameter>\n</function>\n</tool_call>",
+        "\u{2}ok<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Oslo\"}<|tool_call_end|><|tool_calls_section_end|>",
+        "\u{3}<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>search<｜tool▁sep｜>{\"q\": \"x\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
     let outcomes = [
         run("gguf", vec![gguf_seed()], 1 << 17, targets::gguf),
         run(
@@ -70,6 +80,7 @@ fn fuzz_targets() {
             1 << 16,
             targets::atlas,
         ),
+        run("tool_calls", calls, 4096, targets::tool_calls),
     ];
     for o in &outcomes {
         assert!(o.executions >= o.corpus as u64, "{o:?}");
