@@ -269,7 +269,11 @@ pub fn tool_calls(data: &[u8]) {
                     let args: serde_json::Value =
                         serde_json::from_str(&c.arguments).expect("arguments are JSON");
                     assert!(args.is_object(), "arguments {}", c.arguments);
-                    assert!(["get_weather", "search"].contains(&c.name.as_str()), "{}", c.name);
+                    assert!(
+                        ["get_weather", "search"].contains(&c.name.as_str()),
+                        "{}",
+                        c.name
+                    );
                     calls.push(c);
                     content.push('\u{0}');
                 }

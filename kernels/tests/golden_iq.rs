@@ -28,15 +28,7 @@ fn run(name: &str, check: impl Fn(&Kind) -> Result<(), String>) {
         ],
         "fixture kinds"
     );
-    let failures: Vec<String> = kinds
-        .iter()
-        .filter_map(|g| check(g).err().map(|e| format!("{}: {e}", g.ty)))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{name} failed:\n{}",
-        failures.join("\n")
-    );
+    golden::run_all(&kinds, name, check);
 }
 
 #[test]
@@ -59,18 +51,7 @@ fn iq_vec_dot_matches_ggml_generic() {
 
 #[test]
 fn iq_gemm_on_every_tier_matches_ggml_generic() {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(3)
-        .build()
-        .expect("pool");
-    for tier in nightshift_kernels::dispatch::available_tiers() {
-        run(&format!("gemm on {tier}"), |g| {
-            golden::check_gemm(g, tier, None)
-        });
-        run(&format!("gemm on {tier} (pool)"), |g| {
-            golden::check_gemm(g, tier, Some(&pool))
-        });
-    }
+    run("gemm on every tier", golden::check_gemm_every_tier);
 }
 
 #[test]

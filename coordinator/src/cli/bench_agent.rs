@@ -8,6 +8,7 @@
 //! TTFT per turn (p50/p99 over sessions and rounds), end-to-end time, the cached share of prompt
 //! tokens and tokens/s, and the off/on ratios.
 
+use super::bench_serve::{pct, served_model};
 use anyhow::{bail, Context};
 use std::time::{Duration, Instant};
 
@@ -249,16 +250,6 @@ async fn reviews(
     })
 }
 
-/// Nearest-rank percentile (NaN when empty).
-fn pct(mut v: Vec<f64>, p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let i = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-    v[i]
-}
-
 /// The summary line of a set of replays of one mode.
 struct Summary {
     wall: f64,
@@ -272,7 +263,7 @@ struct Summary {
 
 fn summarize(rs: &[Replay]) -> Summary {
     let wall: f64 = rs.iter().map(|r| r.wall).sum::<f64>() / rs.len().max(1) as f64;
-    let ttfts: Vec<f64> = rs.iter().flat_map(|r| r.all().map(|q| q.ttft)).collect();
+    let mut ttfts: Vec<f64> = rs.iter().flat_map(|r| r.all().map(|q| q.ttft)).collect();
     let prefill: f64 = ttfts.iter().sum::<f64>() / rs.len().max(1) as f64;
     let prompt: u64 = rs.iter().map(|r| r.sum(|q| q.prompt)).sum();
     let cached: u64 = rs.iter().map(|r| r.sum(|q| q.cached)).sum();
@@ -281,8 +272,8 @@ fn summarize(rs: &[Replay]) -> Summary {
     Summary {
         wall,
         prefill,
-        ttft50: pct(ttfts.clone(), 0.5),
-        ttft99: pct(ttfts, 0.99),
+        ttft50: pct(&mut ttfts, 0.5),
+        ttft99: pct(&mut ttfts, 0.99),
         cached_share: cached as f64 / prompt.max(1) as f64,
         prompt_tps: prompt as f64 / walls.max(1e-9),
         gen_tps: gen as f64 / walls.max(1e-9),
@@ -335,26 +326,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(a.timeout))
         .build()?;
-    let model = match &a.model {
-        Some(m) => m.clone(),
-        None => {
-            let mut r = http.get(format!("{base}/v1/models"));
-            if let Some(k) = &a.api_key {
-                r = r.bearer_auth(k);
-            }
-            let v: serde_json::Value = r
-                .send()
-                .await
-                .context("GET /v1/models")?
-                .json()
-                .await
-                .context("reading /v1/models")?;
-            match v["data"][0]["id"].as_str() {
-                Some(id) => id.to_string(),
-                None => bail!("expected a model in {base}/v1/models, found {v}"),
-            }
-        }
-    };
+    let model = served_model(&http, &base, a.model.as_deref(), a.api_key.as_deref()).await?;
     let c = std::sync::Arc::new(Client {
         http,
         base: base.clone(),
@@ -415,7 +387,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
                 .flat_map(|r| r.turns[t].iter().map(|q| q.ttft))
                 .collect()
         };
-        let (on, off) = (col(&ag_on), col(&ag_off));
+        let (mut on, mut off) = (col(&ag_on), col(&ag_off));
         let prompt = ag_on
             .first()
             .and_then(|r| r.turns[t].first())
@@ -428,15 +400,15 @@ async fn bench(a: Args) -> anyhow::Result<()> {
             .iter()
             .flat_map(|r| r.turns[t].iter().map(|q| q.prompt))
             .sum();
-        let (p50on, p50off) = (pct(on.clone(), 0.5), pct(off.clone(), 0.5));
+        let (p50on, p50off) = (pct(&mut on, 0.5), pct(&mut off, 0.5));
         println!(
             "{:>5} {:>8} {:>9.3}s {:>9.3}s {:>9.3}s {:>9.3}s {:>7.2}x {:>7.1}%",
             t + 1,
             prompt,
             p50on,
-            pct(on, 0.99),
+            pct(&mut on, 0.99),
             p50off,
-            pct(off, 0.99),
+            pct(&mut off, 0.99),
             p50off / p50on,
             100.0 * cached as f64 / looked.max(1) as f64
         );

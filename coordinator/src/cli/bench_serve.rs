@@ -141,26 +141,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(a.timeout))
         .build()?;
-    let model = match &a.model {
-        Some(m) => m.clone(),
-        None => {
-            let mut r = client.get(format!("{base}/v1/models"));
-            if let Some(k) = &a.api_key {
-                r = r.bearer_auth(k);
-            }
-            let v: serde_json::Value = r
-                .send()
-                .await
-                .context("GET /v1/models")?
-                .json()
-                .await
-                .context("reading /v1/models")?;
-            match v["data"][0]["id"].as_str() {
-                Some(id) => id.to_string(),
-                None => bail!("expected a model in {base}/v1/models, found {v}"),
-            }
-        }
-    };
+    let model = served_model(&client, &base, a.model.as_deref(), a.api_key.as_deref()).await?;
     println!(
         "bench serve: {base} model {model}, {} requests per level, max_tokens {}",
         a.requests, a.max_tokens
@@ -330,8 +311,35 @@ async fn bench(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Nearest-rank percentile (NaN when empty).
-fn pct(v: &mut [f64], p: f64) -> f64 {
+/// The model to ask for: `asked`, or the first one the server lists at `/v1/models`.
+pub(crate) async fn served_model(
+    client: &reqwest::Client,
+    base: &str,
+    asked: Option<&str>,
+    api_key: Option<&str>,
+) -> anyhow::Result<String> {
+    if let Some(m) = asked {
+        return Ok(m.to_string());
+    }
+    let mut r = client.get(format!("{base}/v1/models"));
+    if let Some(k) = api_key {
+        r = r.bearer_auth(k);
+    }
+    let v: serde_json::Value = r
+        .send()
+        .await
+        .context("GET /v1/models")?
+        .json()
+        .await
+        .context("reading /v1/models")?;
+    match v["data"][0]["id"].as_str() {
+        Some(id) => Ok(id.to_string()),
+        None => bail!("expected a model in {base}/v1/models, found {v}"),
+    }
+}
+
+/// Nearest-rank percentile (NaN when empty); sorts `v`.
+pub(crate) fn pct(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }

@@ -227,6 +227,35 @@ pub fn check_gemm(g: &Kind, tier: Tier, pool: Option<&rayon::ThreadPool>) -> Res
     first_f32_mismatch(&format!("gemm on {tier}"), &out, &want, m)
 }
 
+/// `check_gemm` on every tier this CPU has, on the calling thread and split over a 3-thread pool.
+pub fn check_gemm_every_tier(g: &Kind) -> Result<(), String> {
+    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("pool")
+    });
+    for tier in dispatch::available_tiers() {
+        check_gemm(g, tier, None)?;
+        check_gemm(g, tier, Some(pool)).map_err(|e| format!("{e} (pool)"))?;
+    }
+    Ok(())
+}
+
+/// Runs one check over every kind and reports all failures at once.
+pub fn run_all(kinds: &[Kind], name: &str, check: impl Fn(&Kind) -> Result<(), String>) {
+    let failures: Vec<String> = kinds
+        .iter()
+        .filter_map(|g| check(g).err().map(|e| format!("{}: {e}", g.ty)))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{name} failed:\n{}",
+        failures.join("\n")
+    );
+}
+
 /// Which checks apply: weight quantization is a target only for the types this crate has
 /// ggml's reference quantizer for (not the i-quants and ternary types).
 pub fn checks(g: &Kind) -> Vec<(String, Result<(), String>)> {
