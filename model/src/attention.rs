@@ -32,7 +32,8 @@ impl KvView<'_> {
     }
 
     /// Whether every visible row of kv head `hk` (`dk` K floats, `dv` V floats each) lies inside
-    /// its segment: what the unchecked SIMD paths rely on.
+    /// its segment: what the unchecked SIMD paths rely on (x86 only: Arm runs the checked body).
+    #[cfg(target_arch = "x86_64")]
     fn bounded(&self, hk: usize, dk: usize, dv: usize) -> bool {
         self.block > 0
             && self.k.len() >= self.segments()

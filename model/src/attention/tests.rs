@@ -18,6 +18,31 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
 }
 
+/// The portable body (what aarch64 runs) over every group of query heads sharing a kv head.
+fn portable_body(
+    q: &[f32],
+    kv: &KvView<'_>,
+    hd: Heads,
+    round_p: bool,
+    scores: &mut Vec<f32>,
+) -> Vec<f32> {
+    let per = hd.n_head / hd.n_head_kv;
+    let mut out = vec![0f32; hd.n_head * hd.dv];
+    for h0 in (0..hd.n_head).step_by(per) {
+        attend_heads_body::<false>(
+            &q[h0 * hd.dk..(h0 + per) * hd.dk],
+            h0,
+            per,
+            kv,
+            hd,
+            round_p,
+            scores,
+            &mut out[h0 * hd.dv..(h0 + per) * hd.dv],
+        );
+    }
+    out
+}
+
 /// One head the plain way (the code before grouping; `kv` is one contiguous segment): `dot` per position, softmax, f16
 /// rounding, then V weighted position by position into the output.
 fn reference_head(qh: &[f32], h: usize, kv: &KvView<'_>, hd: Heads, round_p: bool, oh: &mut [f32]) {
@@ -145,20 +170,7 @@ fn groups_chains_and_avx2_give_the_bits_of_single_heads() {
                     );
                 }
                 // the portable body (what aarch64 runs) must give the same bits too
-                let mut portable = vec![0f32; n_head * dv];
-                let per = n_head / n_head_kv;
-                for h0 in (0..n_head).step_by(per) {
-                    attend_heads_body::<false>(
-                        &q[h0 * dk..(h0 + per) * dk],
-                        h0,
-                        per,
-                        &kv,
-                        hd,
-                        round_p,
-                        &mut scores,
-                        &mut portable[h0 * dv..(h0 + per) * dv],
-                    );
-                }
+                let portable = portable_body(&q, &kv, hd, round_p, &mut scores);
                 assert_eq!(bits(&portable), bits(&want), "portable body, n_kv {n_kv}");
                 let per_kv = n_head / n_head_kv;
                 let mut g = 1;
@@ -276,24 +288,12 @@ fn paged_views_give_the_bits_of_contiguous_rows() {
                     attend(&q, &view, hd, round_p, &mut scores, &mut got);
                     let what = format!("heads {n_head}/{n_head_kv} n_kv {n_kv} block {block}");
                     assert_eq!(bits(&got), bits(&want), "{what}");
-                    let per = n_head / n_head_kv;
-                    let mut portable = vec![0f32; n_head * dv];
-                    for h0 in (0..n_head).step_by(per) {
-                        attend_heads_body::<false>(
-                            &q[h0 * dk..(h0 + per) * dk],
-                            h0,
-                            per,
-                            &view,
-                            hd,
-                            round_p,
-                            &mut scores,
-                            &mut portable[h0 * dv..(h0 + per) * dv],
-                        );
-                    }
+                    let portable = portable_body(&q, &view, hd, round_p, &mut scores);
                     assert_eq!(bits(&portable), bits(&want), "portable, {what}");
                     #[cfg(target_arch = "x86_64")]
                     if std::arch::is_x86_feature_detected!("avx2") {
                         let mut avx2 = vec![0f32; n_head * dv];
+                        let per = n_head / n_head_kv;
                         for h0 in (0..n_head).step_by(per) {
                             // SAFETY: AVX2 checked just above.
                             unsafe {
