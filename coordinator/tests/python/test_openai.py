@@ -6,11 +6,10 @@ function runs, and the last line says `N passed, N failed`.
 """
 
 import os
-import sys
-import traceback
 
 import openai
 from openai import OpenAI
+from runner import run_tests
 
 URL = os.environ.get("NIGHTSHIFT_URL", "http://127.0.0.1:8080")
 MODEL = os.environ.get("NIGHTSHIFT_MODEL", "mock")
@@ -163,21 +162,5 @@ def test_extensions_accepted():
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
-def main():
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
-    passed = failed = 0
-    for name, f in tests:
-        try:
-            f()
-            passed += 1
-            print(f"ok   {name}")
-        except Exception:
-            failed += 1
-            print(f"FAIL {name}")
-            traceback.print_exc()
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
-
-
 if __name__ == "__main__":
-    main()
+    run_tests(globals())
