@@ -7,6 +7,7 @@
 //! this CPU lacks is skipped.
 #![allow(clippy::too_many_arguments)]
 
+use nightshift_kernels::rng::SplitMix64;
 use nightshift_kernels::{scalar, GgmlType};
 use proptest::prelude::*;
 
@@ -85,22 +86,8 @@ fn check(ty: GgmlType, k: usize, w: &[u8], rows: usize, x: &[u8], n: usize) -> R
     Ok(())
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// A finite f16 scale: normal magnitudes, or with `extreme` also zero, -0, max, subnormals.
-fn f16_scale(rng: &mut Rng, extreme: bool) -> u16 {
+fn f16_scale(rng: &mut SplitMix64, extreme: bool) -> u16 {
     const EXTREME: [u16; 7] = [0x0000, 0x8000, 0x7bff, 0x0400, 0x0001, 0x83ff, 0x3c00];
     if extreme && rng.below(2) == 0 {
         return EXTREME[rng.below(EXTREME.len() as u64) as usize];
@@ -114,12 +101,12 @@ fn f16_scale(rng: &mut Rng, extreme: bool) -> u16 {
 }
 
 /// Random blocks of `ty` with a finite f16 scale where the type has one.
-fn blocks(rng: &mut Rng, ty: GgmlType, count: usize, extreme: bool) -> Vec<u8> {
+fn blocks(rng: &mut SplitMix64, ty: GgmlType, count: usize, extreme: bool) -> Vec<u8> {
     let bb = ty.block_bytes();
     let mut out = vec![0u8; bb * count];
     for blk in out.chunks_exact_mut(bb) {
         for v in blk.iter_mut() {
-            *v = rng.next() as u8;
+            *v = rng.next_u64() as u8;
         }
         let d = f16_scale(rng, extreme);
         match ty {
@@ -145,12 +132,12 @@ fn blocks(rng: &mut Rng, ty: GgmlType, count: usize, extreme: bool) -> Vec<u8> {
     out
 }
 
-fn quantized_acts(rng: &mut Rng, at: GgmlType, k: usize, n: usize) -> Vec<u8> {
+fn quantized_acts(rng: &mut SplitMix64, at: GgmlType, k: usize, n: usize) -> Vec<u8> {
     let row = at.row_bytes(k).expect("k fits");
     let mut out = vec![0u8; row * n];
     for r in 0..n {
         let f: Vec<f32> = (0..k)
-            .map(|_| ((rng.next() >> 11) as f64 / (1u64 << 53) as f64 - 0.5) as f32 * 4.0)
+            .map(|_| (rng.next_f64() - 0.5) as f32 * 4.0)
             .collect();
         scalar::quantize_row(at, &f, &mut out[r * row..][..row]).expect("quantize activations");
     }
@@ -167,7 +154,7 @@ fn run_case(
     extreme: bool,
     quant_x: bool,
 ) -> Result<(), String> {
-    let mut rng = Rng(seed | 1);
+    let mut rng = SplitMix64::new(seed);
     let k = nb * ty.block_len();
     let w = blocks(&mut rng, ty, nb * rows, extreme);
     let at = ty.vec_dot_type();
@@ -212,7 +199,7 @@ fn edge_cases() {
 fn minus_128_activations_are_exact() {
     for ty in TYPES {
         let k = 256;
-        let mut rng = Rng(99);
+        let mut rng = SplitMix64::new(99);
         let w = blocks(&mut rng, ty, k / ty.block_len(), false);
         let mut x = vec![0x80u8; ty.vec_dot_type().row_bytes(k).expect("k fits")];
         let at = ty.vec_dot_type();

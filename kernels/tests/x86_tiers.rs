@@ -5,6 +5,7 @@
 #![cfg(target_arch = "x86_64")]
 
 use nightshift_kernels::arch::x86_64::{Avx2, Avx512Vnni};
+use nightshift_kernels::rng::SplitMix64;
 use nightshift_kernels::{scalar, GgmlType};
 use proptest::prelude::*;
 
@@ -77,21 +78,6 @@ fn check(
     Ok(())
 }
 
-/// xorshift64*: deterministic bytes for generated blocks.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Scales {
     Normal,
@@ -99,7 +85,7 @@ enum Scales {
     Extreme,
 }
 
-fn f16_scale(rng: &mut Rng, s: Scales) -> u16 {
+fn f16_scale(rng: &mut SplitMix64, s: Scales) -> u16 {
     const EXTREME: [u16; 9] = [
         0x0000, 0x8000, 0x7bff, 0xfbff, 0x0400, 0x0001, 0x83ff, 0x0200, 0x3c00,
     ];
@@ -114,7 +100,7 @@ fn f16_scale(rng: &mut Rng, s: Scales) -> u16 {
 }
 
 /// A finite Q8_K scale, small enough that no product reaches infinity.
-fn f32_scale(rng: &mut Rng, s: Scales) -> f32 {
+fn f32_scale(rng: &mut SplitMix64, s: Scales) -> f32 {
     const EXTREME: [f32; 6] = [0.0, -0.0, 2.5e5, -1.0e-30, f32::MIN_POSITIVE, 1.0e-42];
     if matches!(s, Scales::Extreme) && rng.below(2) == 0 {
         return EXTREME[rng.below(EXTREME.len() as u64) as usize];
@@ -140,7 +126,7 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
 
 /// `count` blocks of `ty` with random bytes (every quant value, bsums unrelated to the quants)
 /// and valid finite scales; with `zero_every > 0` about one block in `zero_every` is all zero.
-fn blocks(rng: &mut Rng, ty: GgmlType, count: usize, s: Scales, zero_every: u64) -> Vec<u8> {
+fn blocks(rng: &mut SplitMix64, ty: GgmlType, count: usize, s: Scales, zero_every: u64) -> Vec<u8> {
     let bb = ty.block_bytes();
     let mut out = vec![0u8; bb * count];
     for blk in out.chunks_exact_mut(bb) {
@@ -148,7 +134,7 @@ fn blocks(rng: &mut Rng, ty: GgmlType, count: usize, s: Scales, zero_every: u64)
             continue;
         }
         for v in blk.iter_mut() {
-            *v = rng.next() as u8;
+            *v = rng.next_u64() as u8;
         }
         if ty == GgmlType::Q8_K {
             blk[..4].copy_from_slice(&f32_scale(rng, s).to_le_bytes());
@@ -161,13 +147,13 @@ fn blocks(rng: &mut Rng, ty: GgmlType, count: usize, s: Scales, zero_every: u64)
 }
 
 /// Activations made the production way (random floats through the reference quantizer).
-fn quantized_acts(rng: &mut Rng, ty: GgmlType, k: usize, n: usize) -> Vec<u8> {
+fn quantized_acts(rng: &mut SplitMix64, ty: GgmlType, k: usize, n: usize) -> Vec<u8> {
     let at = ty.vec_dot_type();
     let row = at.row_bytes(k).expect("k fits");
     let mut out = vec![0u8; row * n];
     for r in 0..n {
         let f: Vec<f32> = (0..k)
-            .map(|_| ((rng.next() >> 11) as f64 / (1u64 << 53) as f64 - 0.5) as f32 * 4.0)
+            .map(|_| (rng.next_f64() - 0.5) as f32 * 4.0)
             .collect();
         scalar::quantize_row(at, &f, &mut out[r * row..][..row]).expect("quantize activations");
     }
@@ -186,7 +172,7 @@ fn case(
     zero_every: u64,
     quant_x: bool,
 ) -> (usize, Vec<u8>, Vec<u8>) {
-    let mut rng = Rng(seed | 1);
+    let mut rng = SplitMix64::new(seed);
     let k = nb * ty.block_len();
     let w = blocks(&mut rng, ty, nb * rows, s, zero_every);
     let x = if quant_x {
