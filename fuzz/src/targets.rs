@@ -256,6 +256,7 @@ pub fn tool_calls(data: &[u8]) {
                     "type": "object",
                     "properties": {"city": {"type": "string"}, "q": {"type": "string"}}
                 }),
+                strict: false,
             })
             .collect::<Vec<_>>()
     };
@@ -277,6 +278,9 @@ pub fn tool_calls(data: &[u8]) {
                     calls.push(c);
                     content.push('\u{0}');
                 }
+                Parsed::CallBegin { .. } | Parsed::CallArgs(_) => {
+                    panic!("a streamed call from a parser that sends calls whole")
+                }
             }
         }
         (calls, content)
@@ -297,4 +301,30 @@ pub fn tool_calls(data: &[u8]) {
     }
     b.extend(streamed.finish());
     assert_eq!(fold(a), fold(b), "format {format:?}, chunks of {stride}");
+    // the same chunks through a parser that streams arguments: arguments only inside a call
+    // that began, of a declared tool
+    let mut live = ToolParser::new(format, tools()).streaming_arguments();
+    let mut open = false;
+    let mut check = |pieces: Vec<Parsed>| {
+        for p in pieces {
+            match p {
+                Parsed::CallBegin { name, .. } => {
+                    assert!(["get_weather", "search"].contains(&name.as_str()), "{name}");
+                    open = true;
+                }
+                Parsed::CallArgs(_) => assert!(open, "arguments before a call began"),
+                Parsed::Content(_) | Parsed::Call(_) => {}
+            }
+        }
+    };
+    let mut at = 0;
+    while at < text.len() {
+        let mut end = (at + stride).min(text.len());
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        check(live.push(&text[at..end]));
+        at = end;
+    }
+    check(live.finish());
 }

@@ -112,6 +112,7 @@ fn weather_tool() -> ToolSpec {
             "required": ["city", "days", "units"],
             "additionalProperties": false
         }),
+        strict: true,
     }
 }
 

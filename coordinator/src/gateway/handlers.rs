@@ -75,10 +75,12 @@ pub async fn chat(
         tools: plan.as_ref().map(|p| p.tools_json.clone()),
         extra: req.chat_template_kwargs.clone(),
     };
+    let has_format = format.is_some();
     let constraint = tools::constraint(plan.as_ref(), format, st.text.as_ref())?;
-    let tool_stream = plan
-        .as_ref()
-        .and_then(|p| tools::ToolStream::new(p, st.text.tool_format()));
+    let tool_stream = plan.as_ref().and_then(|p| {
+        let constrained = tools::constrains_calls(p, has_format, st.text.as_ref());
+        tools::ToolStream::new(p, st.text.tool_format(), constrained)
+    });
     let bytes = chat.messages.iter().map(|m| m.content.len()).sum();
     convert::cheap_bound(
         "messages",

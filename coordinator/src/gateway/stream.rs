@@ -137,10 +137,20 @@ fn absorb(
             return;
         }
     };
+    settle(pieces, text, calls);
+}
+
+/// Pieces into the content and the calls of a whole response.
+fn settle(pieces: Vec<Piece>, text: &mut String, calls: &mut Vec<ToolCallOut>) {
     for p in pieces {
         match p {
             Piece::Content(s) => text.push_str(&s),
-            Piece::Call { call, .. } => calls.push(call),
+            Piece::Call { call, .. } | Piece::CallStart { call, .. } => calls.push(call),
+            Piece::CallArgs { index, text: a } => {
+                if let Some(c) = calls.get_mut(index as usize) {
+                    c.function.arguments.push_str(&a);
+                }
+            }
         }
     }
 }
@@ -179,12 +189,7 @@ pub async fn collect(
             } => {
                 absorb(&mut tools, &t, &mut text, &mut calls);
                 if let Some(ts) = &mut tools {
-                    for p in ts.finish() {
-                        match p {
-                            Piece::Content(s) => text.push_str(&s),
-                            Piece::Call { call, .. } => calls.push(call),
-                        }
-                    }
+                    settle(ts.finish(), &mut text, &mut calls);
                 }
                 let usage = Usage::new(usage);
                 let reason = finish_reason(finish, calls.len() as u32);
@@ -332,24 +337,27 @@ impl St {
 
     /// One streamed tool call as OpenAI sends it: id, type and name with empty arguments,
     /// then the arguments.
-    fn call_chunks(&self, index: u32, call: ToolCallOut) -> [SseEvent; 2] {
+    /// One chunk with one tool-call delta.
+    fn call_delta(&self, d: ToolCallDelta) -> SseEvent {
         let m = &self.meta;
-        let chunk = |d: ToolCallDelta| {
-            m.chat_chunk(
-                vec![ChunkChoice {
-                    index: 0,
-                    delta: Delta {
-                        role: None,
-                        content: None,
-                        tool_calls: Some(vec![d]),
-                    },
-                    logprobs: None,
-                    finish_reason: None,
-                }],
-                self.usage_field(None),
-            )
-        };
-        let head = chunk(ToolCallDelta {
+        self.data(&m.chat_chunk(
+            vec![ChunkChoice {
+                index: 0,
+                delta: Delta {
+                    role: None,
+                    content: None,
+                    tool_calls: Some(vec![d]),
+                },
+                logprobs: None,
+                finish_reason: None,
+            }],
+            self.usage_field(None),
+        ))
+    }
+
+    /// A call's start as OpenAI sends it: index, id, type and name, empty arguments.
+    fn call_start(&self, index: u32, call: ToolCallOut) -> SseEvent {
+        self.call_delta(ToolCallDelta {
             index,
             id: Some(call.id),
             kind: Some("function"),
@@ -357,17 +365,20 @@ impl St {
                 name: Some(call.function.name),
                 arguments: String::new(),
             },
-        });
-        let args = chunk(ToolCallDelta {
+        })
+    }
+
+    /// A piece of a call's arguments.
+    fn call_args(&self, index: u32, arguments: String) -> SseEvent {
+        self.call_delta(ToolCallDelta {
             index,
             id: None,
             kind: None,
             function: FunctionDelta {
                 name: None,
-                arguments: call.function.arguments,
+                arguments,
             },
-        });
-        [self.data(&head), self.data(&args)]
+        })
     }
 
     /// The events of some generated text (and its token's logprobs): through the tool parser
@@ -392,7 +403,13 @@ impl St {
         for p in pieces {
             match p {
                 Piece::Content(s) => out.push(self.chunk(Some(s), lp.take(), None)),
-                Piece::Call { index, call } => out.extend(self.call_chunks(index, call)),
+                Piece::Call { index, call } => {
+                    let args = call.function.arguments.clone();
+                    out.push(self.call_start(index, call));
+                    out.push(self.call_args(index, args));
+                }
+                Piece::CallStart { index, call } => out.push(self.call_start(index, call)),
+                Piece::CallArgs { index, text } => out.push(self.call_args(index, text)),
             }
         }
         if let Some(l) = lp {

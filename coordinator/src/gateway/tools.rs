@@ -145,7 +145,21 @@ pub fn plan(req: &ChatRequest) -> Result<Option<ToolPlan>, ApiError> {
             }
         };
         schema_size(&format!("{p}.function.parameters"), &parameters)?;
-        specs.push(ToolSpec { name, parameters });
+        let strict = match f.get("strict") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(invalid(
+                    format!("{p}.function.strict"),
+                    "expected a boolean",
+                ))
+            }
+        };
+        specs.push(ToolSpec {
+            name,
+            parameters,
+            strict,
+        });
     }
     let choice = match &req.tool_choice {
         None | Some(Value::Null) => Choice::Auto,
@@ -269,15 +283,29 @@ pub fn output_grammar(
     }
 }
 
+/// Whether a request's calls follow a grammar (`tool_choice` required or named; `auto` with a
+/// strict tool and no response format), so they can be streamed while generated.
+pub fn constrains_calls(plan: &ToolPlan, has_format: bool, text: &dyn TextModel) -> bool {
+    match plan.choice {
+        Choice::Required | Choice::Named(_) => true,
+        Choice::Auto => {
+            plan.specs.iter().any(|s| s.strict) && !has_format && text.tool_format().is_some()
+        }
+        Choice::None => false,
+    }
+}
+
 /// The grammar of a request, compiled for its sequence: forced tool calls win over a response
-/// format; None when the output is free.
+/// format; in `auto` mode with a `strict` tool (and no response format, which would make the
+/// whole output JSON content), text or calls whose arguments follow the strict tools' schemas;
+/// None when the output is free.
 pub fn constraint(
     plan: Option<&ToolPlan>,
     format: Option<(Grammar, &'static str)>,
     text: &dyn TextModel,
 ) -> Result<Option<SeqConstraint>, ApiError> {
-    let (grammar, param) = match plan.map(|p| (&p.choice, p)) {
-        Some((Choice::Required | Choice::Named(_), p)) => {
+    let (grammar, param) = match plan {
+        Some(p) if constrains_calls(p, format.is_some(), text) => {
             let Some(tf) = text.tool_format() else {
                 return Err(invalid(
                     "tool_choice",
@@ -287,6 +315,7 @@ pub fn constraint(
             };
             let choice = match &p.choice {
                 Choice::Named(n) => CallChoice::Named(n.clone()),
+                Choice::Auto => CallChoice::Auto,
                 _ => CallChoice::Any,
             };
             let vocab = vocab(text)?;
@@ -321,7 +350,20 @@ fn vocab(
 #[derive(Debug, PartialEq, Eq)]
 pub enum Piece {
     Content(String),
-    Call { index: u32, call: ToolCallOut },
+    /// A whole call.
+    Call {
+        index: u32,
+        call: ToolCallOut,
+    },
+    /// A streamed call: its start (arguments empty), then pieces of its arguments.
+    CallStart {
+        index: u32,
+        call: ToolCallOut,
+    },
+    CallArgs {
+        index: u32,
+        text: String,
+    },
 }
 
 /// The output side of a request with tools: generated text in, content and calls out.
@@ -330,19 +372,34 @@ pub struct ToolStream {
     parser: ToolParser,
     parallel: bool,
     calls: u32,
+    /// The streamed call being generated is dropped (a second call without parallel calls).
+    skipping: bool,
 }
 
 impl ToolStream {
     /// A stream for a request's plan; None when its output is not parsed for calls
-    /// (`tool_choice` none, or a model whose template writes no calls).
-    pub fn new(plan: &ToolPlan, format: Option<ToolFormat>) -> Option<ToolStream> {
+    /// (`tool_choice` none, or a model whose template writes no calls). With `constrained`
+    /// calls (a grammar makes them well-formed, see [`constrains_calls`]) each call goes out
+    /// as it is generated, its arguments in pieces; otherwise whole, at its closing marker
+    /// (one that does not parse is content).
+    pub fn new(
+        plan: &ToolPlan,
+        format: Option<ToolFormat>,
+        constrained: bool,
+    ) -> Option<ToolStream> {
         if plan.choice == Choice::None {
             return None;
         }
+        let parser = ToolParser::new(format?, plan.specs.clone());
         Some(ToolStream {
-            parser: ToolParser::new(format?, plan.specs.clone()),
+            parser: if constrained {
+                parser.streaming_arguments()
+            } else {
+                parser
+            },
             parallel: plan.parallel,
             calls: 0,
+            skipping: false,
         })
     }
 
@@ -369,24 +426,42 @@ impl ToolStream {
                 // without parallel calls only the first one counts
                 Parsed::Call(_) if !self.parallel && self.calls > 0 => {}
                 Parsed::Call(c) => {
-                    let id = c.id.unwrap_or_else(|| {
-                        format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24])
-                    });
+                    let call = call_out(c.id, c.name, c.arguments);
                     out.push(Piece::Call {
                         index: self.calls,
-                        call: ToolCallOut {
-                            id,
-                            kind: "function",
-                            function: FunctionCallOut {
-                                name: c.name,
-                                arguments: c.arguments,
-                            },
-                        },
+                        call,
                     });
                     self.calls += 1;
                 }
+                Parsed::CallBegin { .. } if !self.parallel && self.calls > 0 => {
+                    self.skipping = true;
+                }
+                Parsed::CallBegin { id, name } => {
+                    self.skipping = false;
+                    out.push(Piece::CallStart {
+                        index: self.calls,
+                        call: call_out(id, name, String::new()),
+                    });
+                    self.calls += 1;
+                }
+                Parsed::CallArgs(_) if self.skipping => {}
+                Parsed::CallArgs(text) => out.push(Piece::CallArgs {
+                    index: self.calls.saturating_sub(1),
+                    text,
+                }),
             }
         }
         out
+    }
+}
+
+/// A call with its OpenAI id (the model's own when its format writes one).
+fn call_out(id: Option<String>, name: String, arguments: String) -> ToolCallOut {
+    let id =
+        id.unwrap_or_else(|| format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]));
+    ToolCallOut {
+        id,
+        kind: "function",
+        function: FunctionCallOut { name, arguments },
     }
 }

@@ -96,7 +96,7 @@ fn qwen3_coder(
     Some((None, name, args))
 }
 
-fn coder_value(text: &str, ty: Option<&str>) -> Value {
+pub(super) fn coder_value(text: &str, ty: Option<&str>) -> Value {
     if ty == Some("string") {
         return Value::String(text.to_string());
     }

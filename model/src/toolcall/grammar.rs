@@ -3,6 +3,12 @@
 //! vocabulary has them, else text), the function name fixed, and the arguments a `%json` value
 //! of the tool's parameter schema (Qwen3-Coder: one `<parameter=..>` block per property, in the
 //! schema's order, required ones mandatory). One call, or one or more with parallel calls.
+//!
+//! With `tool_choice` `auto` and `strict: true` tools ([`CallChoice::Auto`]) the output is free
+//! text that never spells a call marker, optionally followed by the calls: the first marker
+//! ends the text (as a special token, or as text closing the text lexeme — llguidance's lexer
+//! does not backtrack, so text and a textual marker are one lexeme), and from there the call
+//! follows the grammar: a strict tool's arguments its schema, another tool's any JSON object.
 
 use serde_json::Value;
 
@@ -16,6 +22,8 @@ pub enum CallChoice {
     Any,
     /// A call of this tool.
     Named(String),
+    /// Text, or text then calls; strict tools' arguments follow their schema.
+    Auto,
 }
 
 /// A Lark string literal.
@@ -40,6 +48,33 @@ fn args_schema(t: &ToolSpec) -> Value {
     }
 }
 
+/// The tool as the grammar of `choice` sees it: in `auto` mode a tool that is not strict takes
+/// any JSON object (its schema is advice to the model, not a rule).
+fn as_chosen(t: &ToolSpec, choice: &CallChoice) -> ToolSpec {
+    if *choice == CallChoice::Auto && !t.strict {
+        ToolSpec {
+            name: t.name.clone(),
+            parameters: serde_json::json!({"type": "object"}),
+            strict: false,
+        }
+    } else {
+        t.clone()
+    }
+}
+
+/// A regex matching `s` literally (regex-syntax's meta characters escaped; `<` and `>` are
+/// not, since `\<` is a word boundary there).
+fn regex_lit(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$#&-~/".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// `%json {..}` of a schema with the Python JSON layout.
 fn json_rule(schema: &Value) -> String {
     format!("%json {}", with_layout(schema))
@@ -53,19 +88,21 @@ pub fn tool_grammar(
     parallel: bool,
     vocab: &ConstraintVocab,
 ) -> Result<String, String> {
-    let chosen: Vec<&ToolSpec> = match choice {
-        CallChoice::Any => tools.iter().collect(),
-        CallChoice::Named(n) => tools.iter().filter(|t| &t.name == n).collect(),
+    let chosen: Vec<ToolSpec> = match choice {
+        CallChoice::Any | CallChoice::Auto => tools.iter().map(|t| as_chosen(t, choice)).collect(),
+        CallChoice::Named(n) => tools.iter().filter(|t| &t.name == n).cloned().collect(),
     };
     if chosen.is_empty() {
         return Err("no tool to call".into());
     }
+    let (open, _) = format.call_markers();
     let mut rules = Vec::new();
     let mut alts = Vec::new();
     for (i, t) in chosen.iter().enumerate() {
         let f = format!("f{i}");
         alts.push(f.clone());
         let args = json_rule(&args_schema(t));
+        // the call after its opening marker
         let rule = match format {
             ToolFormat::Hermes => {
                 let mut props = serde_json::Map::new();
@@ -78,32 +115,30 @@ pub fn tool_grammar(
                     "additionalProperties": false,
                 });
                 format!(
-                    "{f}: {} {} {}",
-                    marker(vocab, "<tool_call>"),
+                    "{f}: {} {} {} {}",
                     lit("\n"),
-                    json_rule(&call)
-                ) + &format!(" {} {}", lit("\n"), marker(vocab, "</tool_call>"))
+                    json_rule(&call),
+                    lit("\n"),
+                    marker(vocab, "</tool_call>")
+                )
             }
             ToolFormat::Qwen3Coder => {
                 let params = coder_params(&f, t, &mut rules)?;
                 format!(
-                    "{f}: {} {} {params} {} {}",
-                    marker(vocab, "<tool_call>"),
+                    "{f}: {} {params} {} {}",
                     lit(&format!("\n<function={}>\n", t.name)),
                     lit("</function>\n"),
                     marker(vocab, "</tool_call>")
                 )
             }
             ToolFormat::KimiK2 => format!(
-                "{f}: {} {} /[0-9]{{1,3}}/ {} {args} {}",
-                marker(vocab, "<|tool_call_begin|>"),
+                "{f}: {} /[0-9]{{1,3}}/ {} {args} {}",
                 lit(&format!("functions.{}:", t.name)),
                 marker(vocab, "<|tool_call_argument_begin|>"),
                 marker(vocab, "<|tool_call_end|>")
             ),
             ToolFormat::DeepSeekV31 => format!(
-                "{f}: {} {} {} {args} {}",
-                marker(vocab, "<｜tool▁call▁begin｜>"),
+                "{f}: {} {} {args} {}",
                 lit(&t.name),
                 marker(vocab, "<｜tool▁sep｜>"),
                 marker(vocab, "<｜tool▁call▁end｜>")
@@ -111,28 +146,57 @@ pub fn tool_grammar(
         };
         rules.push(rule);
     }
-    let call = format!("call: {}", alts.join(" | "));
-    let calls = match (format, parallel) {
-        (ToolFormat::Hermes | ToolFormat::Qwen3Coder, true) => {
-            format!("call ({} call)*", lit("\n"))
+    let body = format!("body: {}", alts.join(" | "));
+    let call = format!("call: {} body", marker(vocab, open));
+    // what follows the first call (one call, or more with parallel calls)
+    let more = match (format, parallel) {
+        (ToolFormat::Hermes | ToolFormat::Qwen3Coder, true) => format!("({} call)*", lit("\n")),
+        (_, true) => "call*".to_string(),
+        (_, false) => String::new(),
+    };
+    // the block of calls: its first marker, then the rest
+    let (first, rest) = match format {
+        ToolFormat::Hermes | ToolFormat::Qwen3Coder => (open, format!("body {more}")),
+        ToolFormat::KimiK2 => (
+            "<|tool_calls_section_begin|>",
+            format!(
+                "call {more} {}",
+                marker(vocab, "<|tool_calls_section_end|>")
+            ),
+        ),
+        ToolFormat::DeepSeekV31 => (
+            "<｜tool▁calls▁begin｜>",
+            format!("call {more} {}", marker(vocab, "<｜tool▁calls▁end｜>")),
+        ),
+    };
+    let mut g = match choice {
+        CallChoice::Auto => {
+            // text never spells a marker of the format
+            let mut markers = vec![open];
+            markers.extend_from_slice(format.section_markers());
+            let spelled = markers
+                .iter()
+                .map(|m| regex_lit(m))
+                .collect::<Vec<_>>()
+                .join("|");
+            let any = "(?s:.)";
+            let text = format!("/{any}*/ & ~/{any}*({spelled}){any}*/");
+            let mut g = vec![format!("TEXT: {text}")];
+            if vocab.has_special(first) {
+                g.push(format!("start: TEXT? | TEXT? {first} {rest}"));
+            } else {
+                // the text and the first marker as one lexeme: ends at the marker's first
+                // occurrence
+                let m = regex_lit(first);
+                g.push(format!("OPEN: /{any}*{m}/ & ~/{any}*({spelled}){any}+/"));
+                g.push(format!("start: TEXT? | OPEN {rest}"));
+            }
+            g
         }
-        (_, true) => "call+".to_string(),
-        (_, false) => "call".to_string(),
+        _ => vec![format!("start: {} {rest}", marker(vocab, first))],
     };
-    let start = match format {
-        ToolFormat::Hermes | ToolFormat::Qwen3Coder => format!("start: {calls}"),
-        ToolFormat::KimiK2 => format!(
-            "start: {} {calls} {}",
-            marker(vocab, "<|tool_calls_section_begin|>"),
-            marker(vocab, "<|tool_calls_section_end|>")
-        ),
-        ToolFormat::DeepSeekV31 => format!(
-            "start: {} {calls} {}",
-            marker(vocab, "<｜tool▁calls▁begin｜>"),
-            marker(vocab, "<｜tool▁calls▁end｜>")
-        ),
-    };
-    let mut g = vec![start, call];
+    g.push(call);
+    g.push(body);
     g.extend(rules);
     Ok(g.join("\n"))
 }
@@ -147,21 +211,34 @@ fn coder_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<String
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     let Some(props) = props else {
-        return Ok(String::new());
+        // no declared properties: any parameter blocks
+        let r = format!("{f}_any");
+        rules.push(format!(
+            "{r}: /<parameter=[A-Za-z0-9_.\\-]+>\\n[^<]*{CLOSE_PARAM}/"
+        ));
+        return Ok(format!("{r}*"));
     };
     let mut seq = Vec::new();
     for (j, (name, p)) in props.iter().enumerate() {
         let r = format!("{f}_p{j}");
         let value = match p.get("type").and_then(Value::as_str) {
             // text up to the closing tag: no `<` inside, as the parser reads it; the
-            // schema's length bounds hold
+            // schema's length bounds hold; one lexeme with the closing tag, since the text may
+            // end in a newline, which the tag starts with, and llguidance's lexer does not
+            // backtrack
             Some("string") if p.get("enum").is_none() && p.get("const").is_none() => {
                 let min = p.get("minLength").and_then(Value::as_u64).unwrap_or(0);
-                match p.get("maxLength").and_then(Value::as_u64) {
-                    Some(max) => format!("/[^<]{{{min},{max}}}/"),
-                    None if min > 0 => format!("/[^<]{{{min},}}/"),
-                    None => "/[^<]*/".to_string(),
-                }
+                let text = match p.get("maxLength").and_then(Value::as_u64) {
+                    Some(max) => format!("[^<]{{{min},{max}}}"),
+                    None if min > 0 => format!("[^<]{{{min},}}"),
+                    None => "[^<]*".to_string(),
+                };
+                rules.push(format!(
+                    "{r}: {} /{text}{CLOSE_PARAM}/",
+                    lit(&format!("<parameter={name}>\n"))
+                ));
+                push_param(&mut seq, &r, required.contains(&name.as_str()));
+                continue;
             }
             Some("string") => {
                 let opts: Vec<String> = p
@@ -194,11 +271,23 @@ fn coder_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<String
             lit(&format!("<parameter={name}>\n")),
             lit("\n</parameter>\n")
         ));
-        if required.contains(&name.as_str()) {
-            seq.push(r);
-        } else {
-            seq.push(format!("{r}?"));
-        }
+        push_param(&mut seq, &r, required.contains(&name.as_str()));
     }
     Ok(seq.join(" "))
 }
+
+/// A parameter block's closing tag, as a regex.
+const CLOSE_PARAM: &str = "\\n<\\/parameter>\\n";
+
+/// A parameter block in the sequence: required, or optional.
+fn push_param(seq: &mut Vec<String>, rule: &str, required: bool) {
+    if required {
+        seq.push(rule.to_string());
+    } else {
+        seq.push(format!("{rule}?"));
+    }
+}
+
+#[cfg(test)]
+#[path = "grammar_tests.rs"]
+mod tests;

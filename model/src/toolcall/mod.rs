@@ -16,10 +16,12 @@
 
 mod formats;
 pub mod grammar;
+mod stream_args;
 #[cfg(test)]
 mod tests;
 
 use formats::parse_body;
+use stream_args::{ArgStream, Step};
 
 /// The tool-call text format of a model family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +93,9 @@ impl ToolFormat {
 pub struct ToolSpec {
     pub name: String,
     pub parameters: serde_json::Value,
+    /// `strict: true`: the arguments must follow `parameters` even when the model chooses
+    /// whether to call (`tool_choice` auto), so the output is constrained then too.
+    pub strict: bool,
 }
 
 /// A parsed call.
@@ -107,7 +112,15 @@ pub struct ParsedCall {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Parsed {
     Content(String),
+    /// A whole call, at its closing marker.
     Call(ParsedCall),
+    /// With [`ToolParser::streaming_arguments`]: a call's start (the id the model wrote, if its
+    /// format has one, and the name), then its arguments in pieces.
+    CallBegin {
+        id: Option<String>,
+        name: String,
+    },
+    CallArgs(String),
 }
 
 /// Where the scanner is.
@@ -129,6 +142,9 @@ pub struct ToolParser {
     /// Whitespace held back: it is dropped when it only separates calls.
     pending_ws: String,
     calls: usize,
+    /// Send each call's name and argument pieces as they come (see `stream_args`).
+    stream_args: bool,
+    args: ArgStream,
 }
 
 impl ToolParser {
@@ -141,7 +157,17 @@ impl ToolParser {
             buf: String::new(),
             pending_ws: String::new(),
             calls: 0,
+            stream_args: false,
+            args: ArgStream::default(),
         }
+    }
+
+    /// Calls go out as [`Parsed::CallBegin`] and [`Parsed::CallArgs`] pieces while they are
+    /// generated. Only for output a grammar keeps well-formed: a call whose start has been sent
+    /// cannot turn back into content.
+    pub fn streaming_arguments(mut self) -> ToolParser {
+        self.stream_args = true;
+        self
     }
 
     /// Calls emitted so far.
@@ -165,6 +191,7 @@ impl ToolParser {
             Mode::Call => {
                 let body = std::mem::take(&mut self.buf);
                 self.mode = Mode::Text;
+                self.stream_call(&body, true, &mut out);
                 self.close_call(&body, false, &mut out);
             }
             Mode::Text => {
@@ -211,21 +238,56 @@ impl ToolParser {
                         }
                     }
                 }
-                Mode::Call => match self.buf.find(close) {
-                    Some(at) => {
-                        let body = self.buf[..at].to_string();
-                        self.buf.drain(..at + close.len());
-                        self.mode = Mode::Text;
-                        self.close_call(&body, true, out);
+                Mode::Call => {
+                    let found = self.buf.find(close);
+                    if self.stream_args {
+                        let end = found.unwrap_or_else(|| {
+                            self.buf.len() - partial_suffix(&self.buf, &[close])
+                        });
+                        let body = self.buf[..end].to_string();
+                        self.stream_call(&body, found.is_some(), out);
                     }
-                    None => return,
-                },
+                    match found {
+                        Some(at) => {
+                            let body = self.buf[..at].to_string();
+                            self.buf.drain(..at + close.len());
+                            self.mode = Mode::Text;
+                            self.close_call(&body, true, out);
+                        }
+                        None => return,
+                    }
+                }
             }
         }
     }
 
-    /// A call's body is complete: a call, or its text as content when it does not parse.
+    /// The open call's body so far (`complete`: all of it): its start and argument pieces.
+    fn stream_call(&mut self, body: &str, complete: bool, out: &mut Vec<Parsed>) {
+        if !self.stream_args {
+            return;
+        }
+        let mut steps = Vec::new();
+        self.args
+            .advance(self.format, body, complete, &self.tools, &mut steps);
+        for s in steps {
+            match s {
+                Step::Begin(id, name) => {
+                    self.pending_ws.clear();
+                    self.calls += 1;
+                    out.push(Parsed::CallBegin { id, name });
+                }
+                Step::Args(a) => out.push(Parsed::CallArgs(a)),
+            }
+        }
+    }
+
+    /// A call's body is complete: a call, or its text as content when it does not parse
+    /// (unless its start went out already: then its pieces were the call).
     fn close_call(&mut self, body: &str, closed: bool, out: &mut Vec<Parsed>) {
+        let streamed = std::mem::take(&mut self.args);
+        if streamed.header_sent() && !streamed.fell_back() {
+            return;
+        }
         match parse_body(self.format, body, &self.tools) {
             Some(call) => {
                 // whitespace between calls (or before the first) is not content

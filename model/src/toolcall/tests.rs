@@ -9,6 +9,7 @@ fn tools() -> Vec<ToolSpec> {
     vec![ToolSpec {
         name: "get_weather".into(),
         parameters: params,
+        strict: false,
     }]
 }
 
@@ -221,5 +222,99 @@ fn formats_are_detected_from_the_published_templates() {
     for (f, n) in ToolFormat::ALL {
         assert_eq!(ToolFormat::from_name(n), Some(f));
         assert_eq!(f.name(), n);
+    }
+}
+
+/// Content, and each call's (id, name, argument pieces), from a streaming-arguments parser fed
+/// `chunks`.
+type Streamed = (String, Vec<(Option<String>, String, Vec<String>)>);
+
+fn run_streaming(f: ToolFormat, chunks: &[&str]) -> Streamed {
+    let mut p = ToolParser::new(f, tools()).streaming_arguments();
+    let mut content = String::new();
+    let mut calls: Vec<(Option<String>, String, Vec<String>)> = Vec::new();
+    let mut add = |v: Vec<Parsed>| {
+        for x in v {
+            match x {
+                Parsed::Content(s) => content.push_str(&s),
+                Parsed::CallBegin { id, name } => calls.push((id, name, Vec::new())),
+                Parsed::CallArgs(a) => calls.last_mut().expect("args after a begin").2.push(a),
+                Parsed::Call(c) => panic!("a whole call while streaming arguments: {c:?}"),
+            }
+        }
+    };
+    for c in chunks {
+        add(p.push(c));
+    }
+    add(p.finish());
+    (content, calls)
+}
+
+#[test]
+fn streamed_arguments_join_to_the_whole_calls_at_every_split() {
+    for f in FORMATS {
+        let text = format!("Sure: {}", calls_text(f, &["Paris", "Zürich"]));
+        let whole = run(f, &[&text]);
+        let want: Vec<(Option<String>, String, serde_json::Value)> = whole
+            .iter()
+            .filter_map(|p| match p {
+                Parsed::Call(c) => Some((
+                    c.id.clone(),
+                    c.name.clone(),
+                    serde_json::from_str(&c.arguments).unwrap(),
+                )),
+                _ => None,
+            })
+            .collect();
+        let check = |(content, calls): Streamed, how: &str| {
+            assert_eq!(content, "Sure:", "{f:?} {how}");
+            assert_eq!(calls.len(), want.len(), "{f:?} {how}: {calls:?}");
+            for ((id, name, pieces), (wid, wname, wargs)) in calls.iter().zip(&want) {
+                assert_eq!((id, name), (wid, wname), "{f:?} {how}");
+                let joined = pieces.concat();
+                let args: serde_json::Value = serde_json::from_str(&joined)
+                    .unwrap_or_else(|e| panic!("{f:?} {how}: {joined:?}: {e}"));
+                assert_eq!(&args, wargs, "{f:?} {how}");
+            }
+        };
+        for at in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
+            check(
+                run_streaming(f, &[&text[..at], &text[at..]]),
+                &format!("split at {at}"),
+            );
+        }
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
+        let streamed = run_streaming(f, &chars);
+        // one character at a time, the JSON formats' arguments go out in many pieces
+        if f != ToolFormat::Qwen3Coder {
+            assert!(streamed.1[0].2.len() > 5, "{f:?}: {:?}", streamed.1[0]);
+        }
+        check(streamed, "one char per chunk");
+    }
+}
+
+#[test]
+fn a_call_starts_streaming_before_its_closing_marker() {
+    for f in FORMATS {
+        let text = calls_text(f, &["Paris"]);
+        // everything up to the value of `city` and a bit of it
+        let cut = text.find("Par").unwrap() + 3;
+        let mut p = ToolParser::new(f, tools()).streaming_arguments();
+        let out = p.push(&text[..cut]);
+        assert!(
+            matches!(out.first(), Some(Parsed::CallBegin { name, .. }) if name == "get_weather"),
+            "{f:?}: {out:?}"
+        );
+        if f != ToolFormat::Qwen3Coder {
+            let sent: String = out
+                .iter()
+                .filter_map(|p| match p {
+                    Parsed::CallArgs(a) => Some(a.as_str()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(sent, "{\"city\": \"Par", "{f:?}");
+        }
     }
 }
