@@ -9,6 +9,8 @@
 # `openai-agents` and `jsonschema`): one tiny random model per published chat template
 # (model/tests/data/templates: Qwen3, Qwen3-Coder, Kimi K2, DeepSeek V3.1), made by
 # `gen-model --chat-template`.
+# And the OpenAPI document (GET /openapi.json) with schemathesis fuzzing the live server from it
+# (coordinator/tests/python/test_openapi.py): no 5xx, every answer as documented.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
@@ -53,6 +55,9 @@ MODEL_FILE=${NIGHTSHIFT_OPENAI_MODEL:-model/tests/data/tiny-qwen3moe-Q2_K.gguf}
 status=0
 run_suite "model $MODEL_FILE" --model "$MODEL_FILE" || status=1
 run_suite "toy model (--mock)" --mock || status=1
+# the OpenAPI document, and schemathesis fuzzing the live server from it (bounded)
+SUITE=test_openapi.py run_suite "OpenAPI + schemathesis: model $MODEL_FILE" --model "$MODEL_FILE" || status=1
+SUITE=test_openapi.py run_suite "OpenAPI + schemathesis: toy model" --mock || status=1
 GEN_DIR=$(mktemp -d)
 for t in qwen3-30b-a3b:qwen3moe qwen3-coder-30b-a3b:qwen3moe kimi-k2-instruct:deepseek2 deepseek-v3.1:deepseek2; do
   name=${t%%:*}

@@ -4,6 +4,7 @@
 //! behind the /v1 API-key auth and act on `AppState::atlas`; without it (no recorder: the toy
 //! model, or a model without MoE layers) they answer 409.
 
+use super::error::Body;
 use super::extract::ApiText;
 use super::{ApiError, AppState};
 use crate::atlas_rec::AtlasRecorder;
@@ -34,6 +35,17 @@ fn admin(state: &AppState) -> Result<Arc<AtlasAdmin>, ApiError> {
 }
 
 /// `GET /v1/atlas`.
+#[utoipa::path(
+    get,
+    path = "/v1/atlas",
+    tag = "admin",
+    responses(
+        (status = 200, description = "The expert atlas recorded so far (the atlas file format)", body = Object),
+        (status = 401, description = "Missing or wrong API key", body = Body),
+        (status = 409, description = "This server records no atlas", body = Body),
+    ),
+    security((), ("api_key" = []))
+)]
 pub async fn get_atlas(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let a = admin(&state)?;
     let atlas = tokio::task::spawn_blocking(move || a.recorder.snapshot())
@@ -44,6 +56,17 @@ pub async fn get_atlas(State(state): State<Arc<AppState>>) -> Result<Response, A
 
 /// `GET /v1/admin/placement`: the placement routing follows now, as placement TOML (what
 /// `POST` takes; node addresses are those the coordinator dials).
+#[utoipa::path(
+    get,
+    path = "/v1/admin/placement",
+    tag = "admin",
+    responses(
+        (status = 200, description = "The placement in force", content_type = "application/toml", body = String),
+        (status = 401, description = "Missing or wrong API key", body = Body),
+        (status = 409, description = "No atlas, or experts run in process", body = Body),
+    ),
+    security((), ("api_key" = []))
+)]
 pub async fn get_placement(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let a = admin(&state)?;
     let Some(remote) = a.remote.clone() else {
@@ -61,6 +84,24 @@ pub async fn get_placement(State(state): State<Arc<AppState>>) -> Result<Respons
 }
 
 /// `POST /v1/admin/placement`: body = placement TOML.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/placement",
+    tag = "admin",
+    request_body(description = "A placement file (TOML)", content(
+        (String = "application/toml"),
+        (String = "text/plain"),
+    )),
+    responses(
+        (status = 200, description = "The rebalance report", body = Object),
+        (status = 400, description = "The placement does not parse or does not fit the model", body = Body),
+        (status = 401, description = "Missing or wrong API key", body = Body),
+        (status = 409, description = "No atlas, or experts run in process", body = Body),
+        (status = 413, description = "The body is larger than the server takes", body = Body),
+        (status = 503, description = "The rebalance failed and was rolled back", body = Body),
+    ),
+    security((), ("api_key" = []))
+)]
 pub async fn post_placement(
     State(state): State<Arc<AppState>>,
     ApiText(body): ApiText,

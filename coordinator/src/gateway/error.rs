@@ -18,13 +18,17 @@ pub struct ApiError {
     pub retry_after: Option<u32>,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
+/// The error body every failure answers with.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ErrorBody)]
+pub struct Body<'a> {
     error: Inner<'a>,
 }
 
-#[derive(Serialize)]
-struct Inner<'a> {
+/// What went wrong: OpenAI's `message`, `type`, `param` (the request field at fault) and `code`.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ErrorDetail)]
+pub struct Inner<'a> {
     message: &'a str,
     #[serde(rename = "type")]
     kind: &'a str,

@@ -3,7 +3,7 @@
 //! scheduler and answers with a JSON body or an SSE stream (`stream`).
 
 use super::convert::{self, Checked, Prompt};
-use super::error::ApiError;
+use super::error::{ApiError, Body};
 use super::extract::ApiJson;
 use super::stream::{self, Kind, Meta};
 use super::tools;
@@ -42,6 +42,27 @@ struct Job {
     tools: Option<tools::ToolStream>,
 }
 
+/// `POST /v1/chat/completions`.
+#[utoipa::path(
+    post,
+    path = "/v1/chat/completions",
+    tag = "openai",
+    request_body = ChatRequest,
+    responses(
+        (status = 200, description = "The completion; with `stream`, server-sent events of `ChatChunk`s ending in `[DONE]`", content(
+            (ChatCompletion = "application/json"),
+            (String = "text/event-stream"),
+        )),
+        (status = 400, description = "A request field is missing, malformed or out of range (`param` names it)", body = Body),
+        (status = 401, description = "Missing or wrong API key", body = Body),
+        (status = 404, description = "The `model` named is not the one served", body = Body),
+        (status = 413, description = "The body is larger than the server takes", body = Body),
+        (status = 429, description = "Too many requests waiting", body = Body),
+        (status = 503, description = "Shutting down, or expert nodes unreachable", body = Body),
+        (status = 504, description = "The request took longer than --request-timeout", body = Body),
+    ),
+    security((), ("api_key" = []))
+)]
 pub async fn chat(
     State(st): State<Arc<AppState>>,
     Extension(rid): Extension<RequestId>,
@@ -113,6 +134,19 @@ pub async fn chat(
 
 /// `POST /apply-template` (llama.cpp's extension): the prompt a chat request renders to, with
 /// tools and tool messages, without generating.
+#[utoipa::path(
+    post,
+    path = "/apply-template",
+    tag = "extensions",
+    request_body = ChatRequest,
+    responses(
+        (status = 200, description = "The prompt text: `{\"prompt\": ..}`", body = Object),
+        (status = 400, description = "A request field is missing, malformed or out of range", body = Body),
+        (status = 401, description = "Missing or wrong API key", body = Body),
+        (status = 413, description = "The body is larger than the server takes", body = Body),
+    ),
+    security((), ("api_key" = []))
+)]
 pub async fn apply_template(
     State(st): State<Arc<AppState>>,
     ApiJson(req): ApiJson<ChatRequest>,
@@ -133,6 +167,27 @@ pub async fn apply_template(
     Ok(Json(serde_json::json!({ "prompt": prompt })).into_response())
 }
 
+/// `POST /v1/completions`.
+#[utoipa::path(
+    post,
+    path = "/v1/completions",
+    tag = "openai",
+    request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "The completion; with `stream`, server-sent events of `Completion` chunks ending in `[DONE]`", content(
+            (Completion = "application/json"),
+            (String = "text/event-stream"),
+        )),
+        (status = 400, description = "A request field is missing, malformed or out of range (`param` names it)", body = Body),
+        (status = 401, description = "Missing or wrong API key", body = Body),
+        (status = 404, description = "The `model` named is not the one served", body = Body),
+        (status = 413, description = "The body is larger than the server takes", body = Body),
+        (status = 429, description = "Too many requests waiting", body = Body),
+        (status = 503, description = "Shutting down, or expert nodes unreachable", body = Body),
+        (status = 504, description = "The request took longer than --request-timeout", body = Body),
+    ),
+    security((), ("api_key" = []))
+)]
 pub async fn completions(
     State(st): State<Arc<AppState>>,
     Extension(rid): Extension<RequestId>,
@@ -293,6 +348,17 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
     }
 }
 
+/// `GET /v1/models`: the served model.
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    tag = "openai",
+    responses(
+        (status = 200, description = "The served model", body = ModelList),
+        (status = 401, description = "Missing or wrong API key", body = Body),
+    ),
+    security((), ("api_key" = []))
+)]
 pub async fn models(State(st): State<Arc<AppState>>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
@@ -307,6 +373,16 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Json<ModelList> {
 
 /// `GET /v1/admin/kv`: the KV cache's pool (blocks used, cached, free) and the prefix cache's
 /// hits, as of the engine's last step.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/kv",
+    tag = "admin",
+    responses(
+        (status = 200, description = "The KV cache and prefix cache statistics", body = Object),
+        (status = 401, description = "Missing or wrong API key", body = Body),
+    ),
+    security((), ("api_key" = []))
+)]
 pub async fn admin_kv(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
     let kv = st.scheduler.kv_stats();
     let hit_rate = if kv.lookup_tokens > 0 {
@@ -339,11 +415,27 @@ pub async fn admin_kv(State(st): State<Arc<AppState>>) -> Json<serde_json::Value
     }))
 }
 
+/// `GET /health`: the process answers.
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "ops",
+    responses((status = 200, description = "`{\"status\": \"ok\"}`", body = Object))
+)]
 pub async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok" }))
 }
 
 /// Ready = engine running, expert nodes reachable and not shutting down.
+#[utoipa::path(
+    get,
+    path = "/ready",
+    tag = "ops",
+    responses(
+        (status = 200, description = "Ready: `{\"status\": \"ready\", \"model\": ..}`", body = Object),
+        (status = 503, description = "Not ready: `{\"status\": \"not ready\", \"reason\": ..}`", body = Object),
+    )
+)]
 pub async fn ready(State(st): State<Arc<AppState>>) -> Response {
     let problem = if st.draining.load(Ordering::Relaxed) {
         Some("shutting down".to_string())
@@ -364,6 +456,18 @@ pub async fn ready(State(st): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// `GET /metrics`: Prometheus text.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "ops",
+    responses(
+        (status = 200, description = "Prometheus exposition text", content_type = "text/plain", body = String),
+        (status = 401, description = "Missing or wrong API key (unless --metrics-public)", body = Body),
+        (status = 404, description = "Metrics are not enabled", body = Body),
+    ),
+    security((), ("api_key" = []))
+)]
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     match &st.metrics {
         Some(h) => (

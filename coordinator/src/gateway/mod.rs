@@ -9,6 +9,7 @@ mod error;
 mod extract;
 mod handlers;
 mod middleware;
+pub mod openapi;
 pub mod stream;
 #[cfg(test)]
 mod tests;
@@ -91,6 +92,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(metrics)
         .route("/health", get(handlers::health))
         .route("/ready", get(handlers::ready))
+        .route("/openapi.json", get(openapi::openapi_json))
         .fallback(|| async { ApiError::route(StatusCode::NOT_FOUND, "unknown path") })
         .method_not_allowed_fallback(|| async {
             ApiError::route(

@@ -1,25 +1,27 @@
 //! OpenAI JSON schemas (the only place that knows them): chat and legacy completion requests,
-//! responses, stream chunks, logprobs, usage and the model list. Requests ignore unknown fields,
+//! responses, stream chunks, logprobs, usage and the model list; each derives its OpenAPI schema
+//! (`openapi.rs`). Requests ignore unknown fields,
 //! as OpenAI does; `null` is the same as absent.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// `stop`: one string or a list.
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, ToSchema)]
 #[serde(untagged)]
 pub enum StopField {
     One(String),
     Many(Vec<String>),
 }
 
-#[derive(Deserialize, Debug, Clone, Default)]
+#[derive(Deserialize, Debug, Clone, Default, ToSchema)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: Option<bool>,
 }
 
 /// A content part of a chat message; only text parts are supported.
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, ToSchema)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
@@ -28,15 +30,16 @@ pub struct ContentPart {
 }
 
 /// Message content: a string or an array of parts.
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, ToSchema)]
 #[serde(untagged)]
 pub enum Content {
     Text(String),
     Parts(Vec<ContentPart>),
 }
 
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, ToSchema)]
 pub struct ChatMessageIn {
+    #[schema(pattern = "^(system|developer|user|assistant|tool)$")]
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
@@ -54,7 +57,7 @@ pub struct ChatMessageIn {
 }
 
 /// `function` of a tool call in a request: `arguments` is JSON text (an object is accepted too).
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, ToSchema)]
 pub struct FunctionCallIn {
     pub name: String,
     #[serde(default)]
@@ -62,7 +65,7 @@ pub struct FunctionCallIn {
 }
 
 /// A tool call of an assistant message in a request.
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, ToSchema)]
 pub struct ToolCallIn {
     #[serde(default)]
     pub id: Option<String>,
@@ -96,23 +99,35 @@ pub struct Common {
 macro_rules! request_struct {
     ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $f:ident : $t:ty,)* }) => {
         $(#[$m])*
-        #[derive(Deserialize, Debug, Clone)]
+        #[derive(Deserialize, Debug, Clone, ToSchema)]
         pub struct $name {
             $($(#[$fm])* pub $f: $t,)*
+            /// The served model's id (`GET /v1/models`); required, as OpenAI requires it.
+            #[schema(required = true, value_type = String)]
             pub model: Option<String>,
+            #[schema(minimum = 1)]
             pub max_tokens: Option<u32>,
+            #[schema(minimum = 0.0, maximum = 2.0)]
             pub temperature: Option<f32>,
+            #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
             pub top_p: Option<f32>,
             pub seed: Option<i64>,
             pub stop: Option<StopField>,
             pub stream: Option<bool>,
+            /// Only with `stream`.
             pub stream_options: Option<StreamOptions>,
+            #[schema(minimum = -2.0, maximum = 2.0)]
             pub presence_penalty: Option<f32>,
+            #[schema(minimum = -2.0, maximum = 2.0)]
             pub frequency_penalty: Option<f32>,
+            /// Only 1 is supported.
+            #[schema(minimum = 1, maximum = 1)]
             pub n: Option<u32>,
             pub user: Option<String>,
             pub top_k: Option<u32>,
+            #[schema(minimum = 0.0, maximum = 1.0)]
             pub min_p: Option<f32>,
+            #[schema(exclusive_minimum = 0.0, maximum = 10.0)]
             pub repeat_penalty: Option<f32>,
             pub ignore_eos: Option<bool>,
             pub cache_prompt: Option<bool>,
@@ -144,7 +159,9 @@ macro_rules! request_struct {
 request_struct!(
     /// `POST /v1/chat/completions`.
     ChatRequest {
+        #[schema(min_items = 1)]
         messages: Vec<ChatMessageIn>,
+        #[schema(minimum = 1)]
         max_completion_tokens: Option<u32>,
         logprobs: Option<bool>,
         top_logprobs: Option<u32>,
@@ -157,12 +174,13 @@ request_struct!(
         /// Extension: a Lark grammar (llguidance's dialect) the content must follow.
         grammar: Option<String>,
         /// Extension (vLLM's): extra chat template variables (`enable_thinking`, ...).
+        #[schema(value_type = Option<Object>)]
         chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     }
 );
 
 /// `prompt`: a string, a list with one string, token ids, or a list with one list of ids.
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, ToSchema)]
 #[serde(untagged)]
 pub enum PromptField {
     Text(String),
@@ -182,7 +200,7 @@ request_struct!(
     }
 );
 
-#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
@@ -191,7 +209,7 @@ pub struct Usage {
 }
 
 /// OpenAI's breakdown of the prompt tokens.
-#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
 pub struct PromptTokensDetails {
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: u32,
@@ -212,14 +230,14 @@ impl Usage {
 
 // ---- chat responses ----
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct TopLogprob {
     pub token: String,
     pub logprob: f32,
     pub bytes: Vec<u8>,
 }
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct ChatTokenLogprob {
     pub token: String,
     pub logprob: f32,
@@ -227,19 +245,19 @@ pub struct ChatTokenLogprob {
     pub top_logprobs: Vec<TopLogprob>,
 }
 
-#[derive(Serialize, Debug, Clone, Default)]
+#[derive(Serialize, Debug, Clone, Default, ToSchema)]
 pub struct ChatLogprobs {
     pub content: Vec<ChatTokenLogprob>,
 }
 
 /// `function` of a tool call in a response: `arguments` is JSON text.
-#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Debug, Clone, PartialEq, Eq, ToSchema)]
 pub struct FunctionCallOut {
     pub name: String,
     pub arguments: String,
 }
 
-#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Debug, Clone, PartialEq, Eq, ToSchema)]
 pub struct ToolCallOut {
     pub id: String,
     #[serde(rename = "type")]
@@ -247,7 +265,7 @@ pub struct ToolCallOut {
     pub function: FunctionCallOut,
 }
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct ChatMessageOut {
     pub role: &'static str,
     /// null when the message only calls tools.
@@ -258,7 +276,7 @@ pub struct ChatMessageOut {
 
 /// A piece of a streamed tool call: the first carries id, type and name (arguments empty),
 /// the next ones arguments text, as OpenAI streams them.
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct ToolCallDelta {
     pub index: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -268,14 +286,14 @@ pub struct ToolCallDelta {
     pub function: FunctionDelta,
 }
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct FunctionDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     pub arguments: String,
 }
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: ChatMessageOut,
@@ -283,7 +301,7 @@ pub struct ChatChoice {
     pub finish_reason: &'static str,
 }
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct ChatCompletion {
     pub id: String,
     pub object: &'static str,
@@ -294,7 +312,7 @@ pub struct ChatCompletion {
     pub usage: Usage,
 }
 
-#[derive(Serialize, Debug, Clone, Default)]
+#[derive(Serialize, Debug, Clone, Default, ToSchema)]
 pub struct Delta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
@@ -304,7 +322,7 @@ pub struct Delta {
     pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct ChunkChoice {
     pub index: u32,
     pub delta: Delta,
@@ -312,7 +330,7 @@ pub struct ChunkChoice {
     pub finish_reason: Option<&'static str>,
 }
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct ChatChunk {
     pub id: String,
     pub object: &'static str,
@@ -327,15 +345,16 @@ pub struct ChatChunk {
 
 // ---- legacy completion responses ----
 
-#[derive(Serialize, Debug, Clone, Default)]
+#[derive(Serialize, Debug, Clone, Default, ToSchema)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<f32>,
+    #[schema(value_type = Vec<Object>)]
     pub top_logprobs: Vec<serde_json::Map<String, serde_json::Value>>,
     pub text_offset: Vec<u32>,
 }
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct CompletionChoice {
     pub text: String,
     pub index: u32,
@@ -343,7 +362,7 @@ pub struct CompletionChoice {
     pub finish_reason: Option<&'static str>,
 }
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct Completion {
     pub id: String,
     pub object: &'static str,
@@ -357,7 +376,7 @@ pub struct Completion {
 
 // ---- models ----
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct ModelCard {
     pub id: String,
     pub object: &'static str,
@@ -365,7 +384,7 @@ pub struct ModelCard {
     pub owned_by: &'static str,
 }
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<ModelCard>,

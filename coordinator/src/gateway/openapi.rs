@@ -1,0 +1,81 @@
+//! The HTTP API as an OpenAPI 3.1 document, served at `GET /openapi.json`: derived (utoipa)
+//! from the request and response types in `types.rs` and the `#[utoipa::path]` of each
+//! handler, so it cannot drift from what the server parses and writes. The test command fuzzes
+//! the live server from it with schemathesis (no 5xx, every answer in its documented shape).
+
+use super::{atlas, handlers, AppState};
+use axum::extract::State;
+use axum::Json;
+use std::sync::Arc;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "NightShift",
+        description = "OpenAI-compatible chat and completions for mixture-of-experts models \
+                       served from CPUs, with NightShift's extensions and operations endpoints."
+    ),
+    paths(
+        handlers::chat,
+        handlers::completions,
+        handlers::apply_template,
+        handlers::models,
+        handlers::admin_kv,
+        handlers::health,
+        handlers::ready,
+        handlers::metrics,
+        atlas::get_atlas,
+        atlas::get_placement,
+        atlas::post_placement,
+    ),
+    components(schemas(crate::gateway::types::ChatChunk)),
+    modifiers(&ApiKey)
+)]
+pub struct ApiDoc;
+
+/// The bearer API key (`--api-key`); every path that takes it also works without one when
+/// the server has none.
+struct ApiKey;
+
+impl Modify for ApiKey {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let c = doc.components.get_or_insert_with(Default::default);
+        c.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// The document (built once).
+pub fn document() -> &'static serde_json::Value {
+    static DOC: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut doc = ApiDoc::openapi();
+        doc.info.version = env!("CARGO_PKG_VERSION").to_string();
+        serde_json::to_value(doc).unwrap_or_default()
+    })
+}
+
+/// The document of a server: `model` takes exactly the served model's id.
+pub fn served_document(model_id: &str) -> serde_json::Value {
+    let mut doc = document().clone();
+    for req in ["ChatRequest", "CompletionRequest"] {
+        let at = format!("/components/schemas/{req}/properties/model");
+        if let Some(m) = doc.pointer_mut(&at) {
+            *m = serde_json::json!({
+                "type": "string",
+                "enum": [model_id],
+                "description": "The served model's id (`GET /v1/models`)."
+            });
+        }
+    }
+    doc
+}
+
+/// `GET /openapi.json`.
+pub async fn openapi_json(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(served_document(&st.model_id))
+}

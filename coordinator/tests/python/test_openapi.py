@@ -1,0 +1,83 @@
+"""The server's OpenAPI document (`GET /openapi.json`, derived from the request and response types)
+checked, then used to fuzz the live server with schemathesis, bounded: every generated request,
+valid or not, must get an answer that is not a 5xx, has a documented status code and content type,
+and whose body follows the documented schema.
+
+Run by scripts/test.d/40-openai.sh against the fixture model and the toy model, with the API key
+set. NIGHTSHIFT_SCHEMATHESIS_EXAMPLES (default 25) bounds the examples per operation.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+from runner import run_tests
+
+URL = os.environ.get("NIGHTSHIFT_URL", "http://127.0.0.1:8080")
+MODEL = os.environ.get("NIGHTSHIFT_MODEL", "mock")
+KEY = os.environ.get("NIGHTSHIFT_API_KEY", "none")
+EXAMPLES = os.environ.get("NIGHTSHIFT_SCHEMATHESIS_EXAMPLES", "25")
+
+
+def document():
+    with urllib.request.urlopen(URL + "/openapi.json", timeout=10) as r:
+        assert r.status == 200
+        return json.load(r)
+
+
+def test_document_covers_the_api():
+    doc = document()
+    assert doc["openapi"].startswith("3.1"), doc["openapi"]
+    paths = doc["paths"]
+    for p, m in [
+        ("/v1/chat/completions", "post"),
+        ("/v1/completions", "post"),
+        ("/v1/models", "get"),
+        ("/health", "get"),
+        ("/ready", "get"),
+        ("/metrics", "get"),
+        ("/v1/admin/placement", "post"),
+    ]:
+        assert m in paths.get(p, {}), f"{m} {p} missing"
+    schemas = doc["components"]["schemas"]
+    chat = schemas["ChatRequest"]
+    assert "messages" in chat["required"] and "model" in chat["required"], chat["required"]
+    # the served model is the one `model` takes
+    assert chat["properties"]["model"]["enum"] == [MODEL], chat["properties"]["model"]
+    for name in ["ChatCompletion", "ChatChunk", "Completion", "ErrorBody", "ToolCallOut"]:
+        assert name in schemas, name
+    assert doc["components"]["securitySchemes"]["api_key"]["scheme"] == "bearer"
+
+
+def test_schemathesis_finds_no_server_error_or_schema_violation():
+    cmd = [
+        os.path.join(os.path.dirname(sys.executable), "schemathesis"),
+        "run",
+        URL + "/openapi.json",
+        "--checks",
+        "not_a_server_error,status_code_conformance,content_type_conformance,"
+        "response_schema_conformance",
+        "--phases",
+        "examples,coverage,fuzzing",
+        "--max-examples",
+        EXAMPLES,
+        "--workers",
+        "1",
+        "--request-timeout",
+        "60",
+        "--seed",
+        "1",
+        "-H",
+        f"Authorization: Bearer {KEY}",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    tail = "\n".join(r.stdout.splitlines()[-40:])
+    print(tail)
+    assert r.returncode == 0, f"schemathesis failed:\n{r.stdout[-6000:]}\n{r.stderr[-2000:]}"
+    assert "passed" in r.stdout, tail
+
+
+if __name__ == "__main__":
+    run_tests(globals())
