@@ -328,3 +328,124 @@ pub fn tool_calls(data: &[u8]) {
     }
     check(live.finish());
 }
+
+/// The shared-memory link with a hostile peer on either side. A real client creates a region and
+/// a real node end opens it; the input's edits (`[offset lo, offset hi, len, bytes..]`, offsets
+/// within the header and the first bytes of each area) overwrite it as a corrupt or hostile
+/// process could: before the node opens it (the header checks), after a request is posted (the
+/// node's copy-out and length checks) or after it is answered (the client's checks of the
+/// answer). Whatever the bytes: refusals and errors, never a read outside the region, a request
+/// whose lengths disagree, or an answer that lists a pair twice or out of range.
+pub fn shm_region(data: &[u8]) {
+    use nightshift_proto::shm::{Incoming, ShmClient, ShmServer, ShmView, HEADER_BYTES};
+    use std::time::{Duration, Instant};
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    // tmpfs when there is one (region files are made and removed per input)
+    let dir = DIR.get_or_init(|| {
+        let base = Path::new("/dev/shm");
+        let base = if base.is_dir() {
+            base.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let d = base.join("nightshift-fuzz-regions");
+        std::fs::create_dir_all(&d).expect("fuzz region dir");
+        d
+    });
+    let Some((&mode, edits)) = data.split_first() else {
+        return;
+    };
+    const REQ_CAP: usize = 4096;
+    let Ok(mut client) = ShmClient::create_in(dir, REQ_CAP, 8192) else {
+        return;
+    };
+    let path = client.path().to_path_buf();
+    // the edits, written through the file (the same pages both ends map)
+    let apply = |edits: &[u8]| {
+        use std::os::unix::fs::FileExt;
+        let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) else {
+            return;
+        };
+        let mut rest = edits;
+        while let [lo, hi, len, tail @ ..] = rest {
+            let n = usize::from(*len).min(tail.len());
+            // the header, and the first 2 KiB of the request and response areas
+            let off = usize::from(u16::from_le_bytes([*lo, *hi])) % (3 * 2048);
+            let at = match off {
+                o if o < 2048 => o,
+                o if o < 4096 => HEADER_BYTES + o - 2048,
+                o => HEADER_BYTES + REQ_CAP + o - 4096,
+            };
+            let _ = f.write_all_at(&tail[..n], at as u64);
+            rest = &tail[n..];
+        }
+    };
+    if mode % 3 == 0 {
+        apply(edits);
+    }
+    let Ok(mut node) = ShmServer::open_in(dir, &path) else {
+        return;
+    };
+    let (n_embd, experts) = (8u32, vec![3u32, 1, 3]);
+    let req = nightshift_proto::v1::ComputeRequest {
+        request_id: 7,
+        step_id: 0,
+        layer: 1,
+        act_type: 0,
+        n_rows: 2,
+        n_embd,
+        experts: experts.clone(),
+        rows: vec![0, 1, 1],
+        acts: vec![5; 64],
+    };
+    if client.post(&req).is_err() {
+        return;
+    }
+    if mode % 3 == 1 {
+        apply(edits);
+    }
+    match node.next(Duration::ZERO) {
+        Ok(Some(Incoming::Request(r))) => {
+            assert_eq!(r.experts.len(), r.rows.len(), "pairs and rows disagree");
+            assert!(
+                8 * r.experts.len() + r.acts.len() <= REQ_CAP,
+                "read past the area"
+            );
+            let n = r.experts.len() * r.n_embd as usize;
+            if let Some(rows) = node.rows_mut() {
+                assert_eq!(rows.len(), n);
+                rows.fill(0.5);
+                node.reply_rows(r.request_id, None);
+            }
+        }
+        Ok(Some(Incoming::Malformed { request_id, reason })) => {
+            assert!(!reason.is_empty());
+            node.reply(
+                request_id,
+                &nightshift_proto::shm::ShmReply::Error {
+                    code: 3,
+                    message: reason,
+                },
+            );
+        }
+        Ok(None) | Err(_) => return,
+    }
+    if mode % 3 == 2 {
+        apply(edits);
+    }
+    let deadline = Instant::now() + Duration::from_millis(1);
+    match client.wait_view(deadline, &mut || true) {
+        Ok(ShmView::Rows { rows, answered }) => {
+            assert_eq!(rows.len(), experts.len() * n_embd as usize);
+            if let Some(a) = answered {
+                let mut seen = vec![false; experts.len()];
+                for j in a {
+                    let s = &mut seen[j as usize];
+                    assert!(!*s, "pair {j} answered twice");
+                    *s = true;
+                }
+            }
+        }
+        Ok(ShmView::Error { .. }) | Err(_) => {}
+    }
+}

@@ -34,6 +34,19 @@ fn atlas_json_seed() -> Vec<u8> {
     b[nl + 1..].to_vec()
 }
 
+/// One seed per moment of the shm target (edits before the open, after the post, after the
+/// answer): each sets a field to a plausible wrong value (a size, a pair count, an answered count).
+fn shm_seeds() -> Vec<Vec<u8>> {
+    vec![
+        // the request capacity (offset 16) made larger than the file
+        vec![0, 16, 0, 4, 0, 0, 1, 0],
+        // n_pairs (offset 64 + 8 + 16) set to 4096
+        vec![1, 88, 0, 4, 0, 16, 0, 0],
+        // the answered count (offset 128 + 16) set to 2 on an ordinary call
+        vec![2, 144, 0, 4, 2, 0, 0, 0],
+    ]
+}
+
 #[test]
 fn fuzz_targets() {
     let placement = b"version = 1\nstrategy = \"round-robin\"\n[[node]]\nname = \"a\"\naddr = \"127.0.0.1:1\"\n[[node]]\nname = \"b\"\nmemory_bytes = 4096\n".to_vec();
@@ -81,6 +94,7 @@ fn fuzz_targets() {
             targets::atlas,
         ),
         run("tool_calls", calls, 4096, targets::tool_calls),
+        run("shm_region", shm_seeds(), 512, targets::shm_region),
     ];
     for o in &outcomes {
         assert!(o.executions >= o.corpus as u64, "{o:?}");
