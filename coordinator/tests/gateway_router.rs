@@ -34,6 +34,7 @@ fn state() -> Arc<AppState> {
         text,
         api_key: Some(KEY.into()),
         request_timeout: Duration::from_secs(30),
+        body_timeout: Duration::from_secs(30),
         stream_timeout: None,
         metrics: None,
         metrics_public: false,

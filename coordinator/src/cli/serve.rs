@@ -75,6 +75,9 @@ pub struct Args {
     /// Non-streaming requests fail with 504 after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub request_timeout: u64,
+    /// A request body must arrive within this many seconds once its head has (else 408).
+    #[arg(long, default_value_t = 60)]
+    pub body_timeout: u64,
     /// Streaming requests get an error event and end after this many seconds (0 = no limit);
     /// the sequence is cancelled and its KV cache freed.
     #[arg(long, default_value_t = 600)]
@@ -421,6 +424,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         text: loaded.text,
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         request_timeout: Duration::from_secs(args.request_timeout),
+        body_timeout: Duration::from_secs(args.body_timeout.max(1)),
         stream_timeout: (args.stream_timeout > 0).then(|| Duration::from_secs(args.stream_timeout)),
         metrics,
         metrics_public: args.metrics_public,

@@ -153,6 +153,15 @@ impl ApiError {
     }
 
     /// 504: the request ran past the server's timeout.
+    /// 408: the request body did not arrive within `--body-timeout`.
+    pub fn slow_body(secs: f64) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!("the request body did not arrive within {secs} s"),
+        )
+    }
+
     pub fn timeout(secs: u64) -> ApiError {
         ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,

@@ -1,13 +1,16 @@
 //! `ApiJson<T>`: the JSON body extractor of the API. Unlike axum's `Json`, its rejection is an
 //! `ApiError` in OpenAI's shape that names the offending field (`param`), found with
-//! `serde_path_to_error`; a body over the limit is a 413 and no content type is required
-//! (curl's `-d` sends form-urlencoded by default).
+//! `serde_path_to_error`; a body over the limit is a 413, one that does not arrive within the
+//! server's `body_timeout` a 408, and no content type is required (curl's `-d` sends
+//! form-urlencoded by default).
 
 use super::error::ApiError;
+use super::AppState;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
+use std::sync::Arc;
 
 /// Default request body limit (bytes).
 pub const BODY_LIMIT: usize = 4 << 20;
@@ -15,10 +18,10 @@ pub const BODY_LIMIT: usize = 4 << 20;
 /// A JSON body deserialized into `T`.
 pub struct ApiJson<T>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for ApiJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
         parse(&body_bytes(req, state).await?).map(ApiJson)
     }
 }
@@ -26,10 +29,10 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
 /// A UTF-8 text body (`POST /v1/admin/placement` takes TOML); `param` names it in errors.
 pub struct ApiText(pub String);
 
-impl<S: Send + Sync> FromRequest<S> for ApiText {
+impl FromRequest<Arc<AppState>> for ApiText {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
         let bytes = body_bytes(req, state).await?;
         match String::from_utf8(bytes.to_vec()) {
             Ok(s) => Ok(ApiText(s)),
@@ -44,15 +47,20 @@ impl<S: Send + Sync> FromRequest<S> for ApiText {
     }
 }
 
-/// The whole body, within the limit: over it is a 413 in the API's error shape.
-async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
-    Bytes::from_request(req, state).await.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(BODY_LIMIT)
-        } else {
-            ApiError::malformed_json(format!("could not read the request body: {e}"))
+/// The whole body, within the limit and the time allowed: over the limit is a 413, too slow a
+/// 408, in the API's error shape.
+async fn body_bytes(req: Request, state: &Arc<AppState>) -> Result<Bytes, ApiError> {
+    let limit = state.body_timeout;
+    match tokio::time::timeout(limit, Bytes::from_request(req, state)).await {
+        Err(_) => Err(ApiError::slow_body(limit.as_secs_f64())),
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            Err(ApiError::too_large(BODY_LIMIT))
         }
-    })
+        Ok(Err(e)) => Err(ApiError::malformed_json(format!(
+            "could not read the request body: {e}"
+        ))),
+    }
 }
 
 /// Parses a body; errors name the field path (e.g. `messages[0].content`).

@@ -56,6 +56,7 @@ struct Job {
         (status = 400, description = "A request field is missing, malformed or out of range (`param` names it)", body = Body),
         (status = 401, description = "Missing or wrong API key", body = Body),
         (status = 404, description = "The `model` named is not the one served", body = Body),
+        (status = 408, description = "The body did not arrive within --body-timeout", body = Body),
         (status = 413, description = "The body is larger than the server takes", body = Body),
         (status = 429, description = "Too many requests waiting", body = Body),
         (status = 503, description = "Shutting down, or expert nodes unreachable", body = Body),
@@ -143,6 +144,7 @@ pub async fn chat(
         (status = 200, description = "The prompt text: `{\"prompt\": ..}`", body = Object),
         (status = 400, description = "A request field is missing, malformed or out of range", body = Body),
         (status = 401, description = "Missing or wrong API key", body = Body),
+        (status = 408, description = "The body did not arrive within --body-timeout", body = Body),
         (status = 413, description = "The body is larger than the server takes", body = Body),
     ),
     security((), ("api_key" = []))
@@ -181,6 +183,7 @@ pub async fn apply_template(
         (status = 400, description = "A request field is missing, malformed or out of range (`param` names it)", body = Body),
         (status = 401, description = "Missing or wrong API key", body = Body),
         (status = 404, description = "The `model` named is not the one served", body = Body),
+        (status = 408, description = "The body did not arrive within --body-timeout", body = Body),
         (status = 413, description = "The body is larger than the server takes", body = Body),
         (status = 429, description = "Too many requests waiting", body = Body),
         (status = 503, description = "Shutting down, or expert nodes unreachable", body = Body),

@@ -49,6 +49,9 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Non-streaming requests fail with 504 after this.
     pub request_timeout: Duration,
+    /// A request body must have arrived within this (else 408): a client trickling its body
+    /// cannot hold a connection and its worker indefinitely.
+    pub body_timeout: Duration,
     /// Streaming requests end with a timeout error event after this (None = no limit); the
     /// stream's end drops its receiver, which cancels the sequence and frees its KV cache.
     pub stream_timeout: Option<Duration>,

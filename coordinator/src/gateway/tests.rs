@@ -4,6 +4,7 @@
 
 use super::*;
 
+mod slow_body;
 mod tool_api;
 use crate::scheduler::mock::{MockEngine, MockText};
 use crate::scheduler::SchedulerOptions;
@@ -42,6 +43,7 @@ struct Opts {
     stream_timeout_ms: Option<u64>,
     prefix: bool,
     metrics_public: bool,
+    body_timeout_ms: Option<u64>,
 }
 
 impl Default for Opts {
@@ -55,6 +57,7 @@ impl Default for Opts {
             nodes_down: false,
             n_ctx: 512,
             no_eos: false,
+            body_timeout_ms: None,
             kv_budget: None,
             stream_timeout_ms: None,
             prefix: false,
@@ -89,6 +92,7 @@ async fn start(o: Opts) -> Server {
         text,
         api_key: o.key.map(String::from),
         request_timeout: Duration::from_secs(30),
+        body_timeout: Duration::from_millis(o.body_timeout_ms.unwrap_or(30_000)),
         stream_timeout: o.stream_timeout_ms.map(Duration::from_millis),
         metrics: metrics_handle(),
         metrics_public: o.metrics_public,
