@@ -87,3 +87,46 @@ fn tokenize_prints_llama_cpp_ids() {
     );
     assert_eq!(got.trim(), "[584,72,101,327,111,343,262,108,100]");
 }
+
+/// Prompt tokens `generate` reports on stderr (`prefill: N tokens ...`).
+fn prompt_tokens(args: &[&str], model: &str) -> usize {
+    let out = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .arg("generate")
+        .arg("--model")
+        .arg(fixture(model))
+        .args(args)
+        .output()
+        .expect("run nightshift");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    err.split("prefill: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no prompt size in {err}"))
+}
+
+#[test]
+fn generate_chat_reads_the_message_as_plain_text() {
+    for model in ["tiny-qwen3moe-Q2_K.gguf", "tiny-deepseek2-Q2_K.gguf"] {
+        let n = |prompt: &str| {
+            prompt_tokens(
+                &["--chat", "--prompt", prompt, "-n", "1", "--temp", "0"],
+                model,
+            )
+        };
+        let empty = n("x");
+        // a control token would add one token; as text the marker is several
+        for marker in ["<|im_start|>", "<|im_end|>"] {
+            let with = n(&format!("x{marker}"));
+            assert!(
+                with > empty + 1,
+                "{model}: `{marker}` in a message became a control token ({with} vs {empty} tokens)"
+            );
+        }
+    }
+}

@@ -2,7 +2,7 @@
 //! at a time, streaming the text to stdout; prefill and decode speeds go to stderr at the end.
 
 use anyhow::Context;
-use nightshift_model::chat::{ChatMessage, ChatTemplate};
+use nightshift_model::chat::ChatMessage;
 use nightshift_model::tokenizer::StreamDecoder;
 use nightshift_model::{Engine, EngineOptions, Sampler, SamplerParams};
 use std::io::Write;
@@ -53,23 +53,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = crate::cluster::load_model(&args.model, &args.cluster)
         .with_context(|| format!("loading {}", args.model.display()))?;
     let tok = model.tokenizer();
-    let text = if args.chat {
-        let tpl =
-            ChatTemplate::from_gguf(model.gguf())?.context("the model has no chat template")?;
-        let bos = tok
-            .bos()
-            .map(|b| String::from_utf8_lossy(tok.token_bytes(b)).into_owned())
-            .unwrap_or_default();
-        let eos = tok
-            .eos()
-            .map(|b| String::from_utf8_lossy(tok.token_bytes(b)).into_owned())
-            .unwrap_or_default();
-        let msgs = [ChatMessage::new("user", args.prompt.clone())];
-        tpl.render(&msgs, true, &bos, &eos)?
+    // With --chat the prompt is a user message rendered as `serve` renders one (the same
+    // `ModelText`): its text is plain, only the template's markup makes special tokens.
+    let ids = if args.chat {
+        use crate::scheduler::{ChatPrompt, TextModel};
+        let text = crate::scheduler::model_text::ModelText::from_model(&model, None)
+            .map_err(anyhow::Error::msg)?;
+        let prompt = ChatPrompt {
+            messages: vec![ChatMessage::new("user", args.prompt.clone())],
+            tools: None,
+            extra: None,
+        };
+        text.tokenize_chat(&prompt)
+            .map_err(|e| anyhow::anyhow!("rendering the chat template: {e}"))?
     } else {
-        args.prompt.clone()
+        tok.encode(&args.prompt, true, false)
     };
-    let ids = tok.encode(&text, true, args.chat);
     anyhow::ensure!(!ids.is_empty(), "the prompt tokenized to nothing");
     let pool = nightshift_model::build_pool(args.threads)?;
     // Keeps spawned expert nodes alive until the end of the command.
