@@ -332,9 +332,31 @@ impl Engine {
         self.forward(&batch)
     }
 
+    /// Cuts `s` back to its first `len` positions (the draft tokens a verification step
+    /// rejected): blocks wholly past `len` go back to the pool, the positions kept are settled
+    /// and may enter the prefix index. `len` at or past the current length only settles.
+    pub fn truncate(&mut self, s: SeqId, len: usize) -> Result<(), ModelError> {
+        let slot = self
+            .slot_of(s)
+            .ok_or_else(|| ModelError::Batch(format!("unknown sequence {}", s.0)))?;
+        self.kv.truncate(slot, len);
+        Ok(())
+    }
+
     /// One step over a batch that may mix sequences. Returns the logits (n_vocab f32) of every
     /// token with `want_logits`, in batch order. On error no sequence advances.
     pub fn forward(&mut self, batch: &[BatchToken]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.forward_drafts(batch, &[])
+    }
+
+    /// [`Engine::forward`] for a verification step: the last `n` tokens of each `(seq, n)` in
+    /// `drafts` are draft tokens; their rows are written like any other, but the blocks holding
+    /// them stay out of the prefix index until [`Engine::truncate`] keeps or drops them.
+    pub fn forward_drafts(
+        &mut self,
+        batch: &[BatchToken],
+        drafts: &[(SeqId, usize)],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let toks = self.plan(batch)?;
         let mut grow: Vec<(usize, usize)> = Vec::new();
         for t in &toks {
@@ -366,7 +388,11 @@ impl Engine {
                 .zip(batch)
                 .map(|(t, b)| (t.slot, b.token))
                 .collect();
-            self.kv.commit(prepared, &committed);
+            let unverified: Vec<(usize, usize)> = drafts
+                .iter()
+                .filter_map(|&(seq, n)| self.slot_of(seq).map(|slot| (slot, n)))
+                .collect();
+            self.kv.commit_drafts(prepared, &committed, &unverified);
         } else {
             self.kv.rollback(prepared);
         }

@@ -37,6 +37,9 @@ pub enum ModelError {
     /// The thread pool could not be built.
     #[error("thread pool: {0}")]
     Pool(String),
+    /// The draft model cannot draft for the target (another vocabulary).
+    #[error("draft model: {0}")]
+    Draft(String),
 }
 
 /// Errors from computing routed experts (the `ExpertBackend` seam).

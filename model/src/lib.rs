@@ -20,6 +20,7 @@ pub mod ops;
 pub mod rope;
 pub mod sampler;
 pub mod shape;
+pub mod spec;
 pub mod tokenizer;
 pub mod toolcall;
 pub mod weights;

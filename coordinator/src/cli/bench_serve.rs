@@ -24,6 +24,9 @@ pub enum BenchCommand {
     Serve(Args),
     /// Replay multi-turn agent sessions and a PR-review batch with the prefix cache on and off.
     Agent(super::bench_agent::Args),
+    /// Speculative decoding against none, in process, A/B interleaved (quoting, no overlap,
+    /// ~70% acceptance, 4 sessions) and the step-time curve by rows.
+    Spec(super::bench_spec::Args),
 }
 
 /// Arguments of `nightshift bench serve`.
@@ -119,6 +122,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let a = match args.what {
         BenchCommand::Serve(a) => a,
         BenchCommand::Agent(a) => return super::bench_agent::run(a),
+        BenchCommand::Spec(a) => return super::bench_spec::run(a),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -1,12 +1,17 @@
-//! `nightshift generate`: loads a model, evaluates the prompt as one batch, then samples tokens one
-//! at a time, streaming the text to stdout; prefill and decode speeds go to stderr at the end.
+//! `nightshift generate`: loads a model and runs one request through the same scheduler `serve`
+//! uses (the prompt evaluated as one batch, then decode steps, speculative when the flags say
+//! so), streaming the text to stdout; prefill and decode speeds and the draft acceptance go to
+//! stderr at the end.
 
+use crate::scheduler::model_backend::{engine_with, EngineLimits};
+use crate::scheduler::model_text::ModelText;
+use crate::scheduler::{Event, GenRequest, Scheduler, SchedulerOptions, TextModel};
 use anyhow::Context;
 use nightshift_model::chat::ChatMessage;
-use nightshift_model::tokenizer::StreamDecoder;
-use nightshift_model::{Engine, EngineOptions, Sampler, SamplerParams};
+use nightshift_model::SamplerParams;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Arguments of `nightshift generate`.
@@ -46,6 +51,9 @@ pub struct Args {
     /// Keep the KV cache in f16 (half the memory; F32 is the llama.cpp parity reference).
     #[arg(long)]
     pub kv_f16: bool,
+    /// Speculative decoding (--speculative, --draft-max, --draft-model).
+    #[command(flatten)]
+    pub spec: crate::cli::spec_args::SpecArgs,
 }
 
 /// Runs the subcommand.
@@ -56,9 +64,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // With --chat the prompt is a user message rendered as `serve` renders one (the same
     // `ModelText`): its text is plain, only the template's markup makes special tokens.
     let ids = if args.chat {
-        use crate::scheduler::{ChatPrompt, TextModel};
-        let text = crate::scheduler::model_text::ModelText::from_model(&model, None)
-            .map_err(anyhow::Error::msg)?;
+        use crate::scheduler::ChatPrompt;
+        let text = ModelText::from_model(&model, None).map_err(anyhow::Error::msg)?;
         let prompt = ChatPrompt {
             messages: vec![ChatMessage::new("user", args.prompt.clone())],
             tools: None,
@@ -74,16 +81,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Keeps spawned expert nodes alive until the end of the command.
     let experts = crate::cluster::build(&args.cluster, &model, &args.model, Some(pool.clone()))
         .context("setting up the experts")?;
-    let backend = experts.backend();
-    let opts = EngineOptions {
-        pool: Some(pool),
-        ..EngineOptions::default()
+    let n_ctx = ids.len() + args.n_predict;
+    let limits = EngineLimits {
+        threads: args.threads,
+        max_seqs: 1,
+        kv_budget_tokens: n_ctx,
+        max_seq_len: 0,
+        kv_type: if args.kv_f16 {
+            nightshift_model::KvType::F16
+        } else {
+            nightshift_model::KvType::F32
+        },
+        prefix_cache: false,
     };
-    let mut engine = Engine::new(model.clone(), backend, opts)?;
-    if args.kv_f16 {
-        engine.set_kv_type(nightshift_model::KvType::F16)?;
-    }
-    let seq = engine.add_sequence()?;
+    let spec = args.spec.build(Some(&model), Some(pool.clone()))?;
+    let text: Arc<dyn TextModel> =
+        Arc::new(ModelText::from_model(&model, None).map_err(anyhow::Error::msg)?);
+    let engine = engine_with(model.clone(), experts.backend(), pool, &limits)?;
+    // one sequence; its prompt is evaluated as one batch
+    let opts = SchedulerOptions {
+        queue_capacity: 1,
+        max_seqs: 1,
+        step_tokens: ids.len(),
+        n_ctx,
+    };
+    let scheduler = Scheduler::spawn_speculative(engine, text, opts, spec)
+        .context("starting the engine thread")?;
     let params = SamplerParams {
         temperature: args.temp,
         top_k: args.top_k,
@@ -93,39 +116,62 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         seed: args.seed,
         ..SamplerParams::default()
     };
-    let mut sampler = Sampler::new(params, &ids);
-
-    let t0 = Instant::now();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let n = ids.len();
-    let mut logits = engine.prefill(seq, &ids)?;
-    let prefill = t0.elapsed();
-
+    let t0 = Instant::now();
+    let submitted = scheduler.submit(GenRequest {
+        id: "generate".into(),
+        prompt: ids,
+        max_tokens: args.n_predict as u32,
+        sampling: params,
+        stop: Vec::new(),
+        logprobs: None,
+        ignore_eos: false,
+        constraint: None,
+        cache_prompt: false,
+        speculative: true,
+        prediction: Vec::new(),
+        events: tx,
+        enqueued: t0,
+    });
+    anyhow::ensure!(submitted.is_ok(), "the engine thread is not running");
     let mut out = std::io::stdout().lock();
-    let mut dec = StreamDecoder::new();
-    let t1 = Instant::now();
-    let mut generated = 0usize;
-    for i in 0..args.n_predict {
-        let next = sampler.sample(&logits);
-        if tok.is_eog(next) {
-            break;
+    let mut first: Option<Instant> = None;
+    let usage = loop {
+        match rx.blocking_recv() {
+            Some(Event::Token { text, .. }) => {
+                // the first token comes with the prompt's step: prefill ends there
+                first.get_or_insert_with(Instant::now);
+                write!(out, "{text}")?;
+                out.flush()?;
+            }
+            Some(Event::Done { text, usage, .. }) => {
+                writeln!(out, "{text}")?;
+                break usage;
+            }
+            Some(Event::Failed(e)) => anyhow::bail!("generation failed: {}", e.message),
+            None => anyhow::bail!("the engine thread stopped"),
         }
-        sampler.accept(next);
-        generated += 1;
-        write!(out, "{}", dec.push(tok, next))?;
-        out.flush()?;
-        if i + 1 == args.n_predict {
-            break;
-        }
-        logits = engine.prefill(seq, &[next])?;
-    }
-    writeln!(out, "{}", dec.flush())?;
-    let decode = t1.elapsed();
+    };
+    let end = Instant::now();
+    let prefill = first.unwrap_or(end).duration_since(t0);
+    let decode = end.duration_since(first.unwrap_or(end));
+    // the first token is sampled from the prefill step's logits; the rest are decode
+    let decoded = usage.completion_tokens.saturating_sub(1);
     eprintln!(
-        "prefill: {n} tokens in {:.3}s ({:.2} tok/s); decode: {generated} tokens in {:.3}s ({:.2} tok/s)",
+        "prefill: {n} tokens in {:.3}s ({:.2} tok/s); decode: {decoded} tokens in {:.3}s ({:.2} tok/s)",
         prefill.as_secs_f64(),
         n as f64 / prefill.as_secs_f64().max(1e-9),
         decode.as_secs_f64(),
-        generated as f64 / decode.as_secs_f64().max(1e-9)
+        decoded as f64 / decode.as_secs_f64().max(1e-9)
     );
+    let drafted = usage.accepted_prediction_tokens + usage.rejected_prediction_tokens;
+    eprintln!(
+        "speculative ({}): {} of {drafted} draft tokens accepted ({:.1}%)",
+        args.spec.describe(),
+        usage.accepted_prediction_tokens,
+        100.0 * usage.accepted_prediction_tokens as f64 / drafted.max(1) as f64
+    );
+    drop(scheduler);
     Ok(())
 }

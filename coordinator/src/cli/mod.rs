@@ -2,8 +2,10 @@
 
 pub mod bench_agent;
 pub mod bench_serve;
+pub mod bench_spec;
 pub mod gen_model;
 pub mod generate;
 pub mod logits;
 pub mod serve;
+pub mod spec_args;
 pub mod tokenize;

@@ -8,6 +8,7 @@ use crate::cluster::{self, ClusterArgs, Experts};
 use crate::gateway::atlas as atlas_admin;
 use crate::gateway::{self, AppState, NodesCheck};
 use crate::scheduler::model_backend::{engine_with, EngineLimits};
+use crate::scheduler::spec::Speculator;
 use crate::scheduler::{Scheduler, SchedulerOptions, StepEngine, TextModel};
 use anyhow::{bail, Context};
 use std::net::SocketAddr;
@@ -26,6 +27,9 @@ pub struct Args {
     /// Where the experts run (--nodes, --placement, --auth-token-file, ...).
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    /// Speculative decoding (--speculative, --draft-max, --draft-model).
+    #[command(flatten)]
+    pub spec: crate::cli::spec_args::SpecArgs,
     /// Address to bind; use 0.0.0.0 only behind a firewall and with --api-key.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -205,8 +209,8 @@ struct Loaded {
 
 type SpawnFn = Box<dyn FnOnce(Arc<dyn TextModel>, SchedulerOptions) -> std::io::Result<Scheduler>>;
 
-fn spawn_with<E: StepEngine>(engine: E) -> SpawnFn {
-    Box::new(move |text, opts| Scheduler::spawn(engine, text, opts))
+fn spawn_with<E: StepEngine>(engine: E, spec: Option<Speculator>) -> SpawnFn {
+    Box::new(move |text, opts| Scheduler::spawn_speculative(engine, text, opts, spec))
 }
 
 /// The demo model: generated once (tiny qwen3moe, Q4_K_M) and cached under ./demo/.
@@ -235,13 +239,17 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         if args.atlas_out.is_some() {
             bail!("--mock runs no experts, so there is no atlas to record; drop --atlas-out");
         }
+        let spec = args.spec.build(None, None)?;
         return Ok(Loaded {
-            engine: spawn_with({
-                let mut e = crate::scheduler::mock::MockEngine::new(args.max_seqs);
-                e.step_delay = Duration::from_millis(args.mock_step_ms);
-                e.prefix = !args.no_prefix_cache;
-                e
-            }),
+            engine: spawn_with(
+                {
+                    let mut e = crate::scheduler::mock::MockEngine::new(args.max_seqs);
+                    e.step_delay = Duration::from_millis(args.mock_step_ms);
+                    e.prefix = !args.no_prefix_cache;
+                    e
+                },
+                spec,
+            ),
             text: Arc::new(crate::scheduler::mock::MockText),
             model_id: args.model_name.clone().unwrap_or_else(|| "mock".into()),
             fingerprint: "fp_mock".into(),
@@ -316,13 +324,18 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         })),
         _ => None,
     };
+    let spec = args.spec.build(Some(&model), Some(pool.clone()))?;
+    eprintln!(
+        "nightshift serve: speculative decoding {}",
+        args.spec.describe()
+    );
     let mut engine =
         engine_with(model, experts.backend(), pool, &limits).context("starting the engine")?;
     if let Some(rec) = &atlas {
         engine.set_route_observer(Some(rec.clone() as Arc<dyn nightshift_model::RouteObserver>));
     }
     Ok(Loaded {
-        engine: spawn_with(engine),
+        engine: spawn_with(engine, spec),
         text,
         model_id,
         fingerprint,

@@ -2,7 +2,7 @@
 //! parameters, stop strings, token budget). Every rejection is an `ApiError` naming the field.
 
 use super::error::ApiError;
-use super::types::{ChatMessageIn, Common, Content, PromptField, StopField};
+use super::types::{ChatMessageIn, Common, Content, Prediction, PromptField, StopField};
 use crate::scheduler::{ChatMessage, SamplingParams, ToolCall};
 
 /// Most stop strings accepted.
@@ -21,6 +21,8 @@ pub struct Checked {
     pub include_usage: bool,
     pub ignore_eos: bool,
     pub cache_prompt: bool,
+    /// false: the request opted out of speculative decoding.
+    pub speculative: bool,
 }
 
 fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
@@ -108,7 +110,53 @@ pub fn check_common(c: &Common, served: &str) -> Result<Checked, ApiError> {
         include_usage,
         ignore_eos: c.ignore_eos.unwrap_or(false),
         cache_prompt: c.cache_prompt.unwrap_or(true),
+        speculative: c.speculative.unwrap_or(true),
     })
+}
+
+/// The text of a message content (a string or text parts); `at` names the field in errors.
+fn content_text(c: &Content, at: &str) -> Result<String, ApiError> {
+    match c {
+        Content::Text(t) => Ok(t.clone()),
+        Content::Parts(parts) => {
+            let mut s = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                if p.kind != "text" {
+                    return Err(ApiError::invalid(
+                        format!("{at}[{j}].type"),
+                        format!(
+                            "only `text` content parts are supported, found `{}`",
+                            p.kind
+                        ),
+                    ));
+                }
+                match &p.text {
+                    Some(t) => s.push_str(t),
+                    None => {
+                        return Err(ApiError::invalid(
+                            format!("{at}[{j}].text"),
+                            "a text content part needs a `text` string",
+                        ))
+                    }
+                }
+            }
+            Ok(s)
+        }
+    }
+}
+
+/// The text of OpenAI's `prediction` (empty without one); only `type: "content"` exists.
+pub fn prediction_text(p: Option<&Prediction>) -> Result<String, ApiError> {
+    let Some(p) = p else {
+        return Ok(String::new());
+    };
+    if p.kind != "content" {
+        return Err(ApiError::invalid(
+            "prediction.type",
+            format!("expected `content`, found `{}`", p.kind),
+        ));
+    }
+    content_text(&p.content, "prediction.content")
 }
 
 /// Converts chat messages (text content, an assistant's tool calls, tool results); only text
@@ -139,31 +187,7 @@ pub fn chat_turns(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiErr
         };
         let content = match &m.content {
             None => String::new(),
-            Some(Content::Text(t)) => t.clone(),
-            Some(Content::Parts(parts)) => {
-                let mut s = String::new();
-                for (j, p) in parts.iter().enumerate() {
-                    if p.kind != "text" {
-                        return Err(ApiError::invalid(
-                            format!("messages[{i}].content[{j}].type"),
-                            format!(
-                                "only `text` content parts are supported, found `{}`",
-                                p.kind
-                            ),
-                        ));
-                    }
-                    match &p.text {
-                        Some(t) => s.push_str(t),
-                        None => {
-                            return Err(ApiError::invalid(
-                                format!("messages[{i}].content[{j}].text"),
-                                "a text content part needs a `text` string",
-                            ))
-                        }
-                    }
-                }
-                s
-            }
+            Some(c) => content_text(c, &format!("messages[{i}].content"))?,
         };
         let mut tool_calls = Vec::new();
         if let Some(calls) = &m.tool_calls {

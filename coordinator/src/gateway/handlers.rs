@@ -40,6 +40,8 @@ struct Job {
     constraint: Option<SeqConstraint>,
     /// Splits the output into content and tool calls (chat with tools).
     tools: Option<tools::ToolStream>,
+    /// OpenAI's `prediction`, tokenized (a drafter lookup source).
+    prediction: Vec<u32>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -110,15 +112,25 @@ pub async fn chat(
         st.text.max_token_bytes(),
         st.scheduler.options().n_ctx,
     )?;
+    let predicted = convert::prediction_text(req.prediction.as_ref())?;
+    convert::cheap_bound(
+        "prediction",
+        predicted.len(),
+        st.text.max_token_bytes(),
+        st.scheduler.options().n_ctx,
+    )?;
     let text = st.text.clone();
-    let prompt = off_runtime(&rid, move || text.tokenize_chat(&chat))
-        .await?
-        .map_err(|e| {
-            ApiError::invalid(
-                "messages",
-                format!("could not render the chat template: {e}"),
-            )
-        })?;
+    let (prompt, prediction) = off_runtime(&rid, move || {
+        let prediction = text.encode(&predicted, false);
+        (text.tokenize_chat(&chat), prediction)
+    })
+    .await?;
+    let prompt = prompt.map_err(|e| {
+        ApiError::invalid(
+            "messages",
+            format!("could not render the chat template: {e}"),
+        )
+    })?;
     let job = Job {
         kind: Kind::Chat,
         prompt,
@@ -129,6 +141,7 @@ pub async fn chat(
         user: req.user.clone(),
         constraint,
         tools: tool_stream,
+        prediction,
     };
     run(st, rid, job).await
 }
@@ -252,6 +265,7 @@ pub async fn completions(
         user: req.user.clone(),
         constraint: None,
         tools: None,
+        prediction: Vec::new(),
     };
     run(st, rid, job).await
 }
@@ -328,6 +342,8 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
         ignore_eos: job.checked.ignore_eos,
         constraint: job.constraint,
         cache_prompt: job.checked.cache_prompt,
+        speculative: job.checked.speculative,
+        prediction: job.prediction,
         events: tx,
         enqueued: Instant::now(),
     };

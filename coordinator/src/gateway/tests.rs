@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicUsize;
 
 mod bad_input;
 mod kv;
+mod spec;
 
 struct Server {
     url: String,
@@ -44,6 +45,8 @@ struct Opts {
     prefix: bool,
     metrics_public: bool,
     body_timeout_ms: Option<u64>,
+    /// n-gram speculation, every draft riding (no policy).
+    spec: bool,
 }
 
 impl Default for Opts {
@@ -62,6 +65,7 @@ impl Default for Opts {
             stream_timeout_ms: None,
             prefix: false,
             metrics_public: false,
+            spec: false,
         }
     }
 }
@@ -82,7 +86,13 @@ async fn start(o: Opts) -> Server {
         step_tokens: 64,
         n_ctx: o.n_ctx,
     };
-    let scheduler = Scheduler::spawn(engine, text.clone(), opts).expect("spawn engine thread");
+    let spec = o.spec.then(|| {
+        use nightshift_model::spec::{ngram::NgramRange, NgramDrafter};
+        let d = NgramDrafter::new(NgramRange { min: 1, max: 4 });
+        crate::scheduler::spec::Speculator::new(Box::new(d), 4, false)
+    });
+    let scheduler = Scheduler::spawn_speculative(engine, text.clone(), opts, spec)
+        .expect("spawn engine thread");
     let down = o.nodes_down;
     let state = Arc::new(AppState {
         model_id: "mock".into(),

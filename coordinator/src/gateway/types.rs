@@ -92,6 +92,7 @@ pub struct Common {
     pub repeat_penalty: Option<f32>,
     pub ignore_eos: Option<bool>,
     pub cache_prompt: Option<bool>,
+    pub speculative: Option<bool>,
 }
 
 /// Declares a request struct with the common fields written out (not `#[serde(flatten)]`,
@@ -131,6 +132,8 @@ macro_rules! request_struct {
             pub repeat_penalty: Option<f32>,
             pub ignore_eos: Option<bool>,
             pub cache_prompt: Option<bool>,
+            /// Extension: false opts this request out of speculative decoding.
+            pub speculative: Option<bool>,
         }
         impl $name {
             pub fn common(&self) -> Common {
@@ -150,6 +153,7 @@ macro_rules! request_struct {
                     repeat_penalty: self.repeat_penalty,
                     ignore_eos: self.ignore_eos,
                     cache_prompt: self.cache_prompt,
+                    speculative: self.speculative,
                 }
             }
         }
@@ -176,8 +180,20 @@ request_struct!(
         /// Extension (vLLM's): extra chat template variables (`enable_thinking`, ...).
         #[schema(value_type = Option<Object>)]
         chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+        /// OpenAI's predicted output (`{"type": "content", "content": ...}`): feeds the drafter.
+        prediction: Option<Prediction>,
     }
 );
+
+/// OpenAI's `prediction`: the expected output (a string, or text parts), used as an extra
+/// lookup source by the speculative drafter; it never changes the output.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Prediction {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub content: Content,
+}
 
 /// `prompt`: a string, a list with one string, token ids, or a list with one list of ids.
 #[derive(Deserialize, Debug, Clone, ToSchema)]
@@ -206,6 +222,15 @@ pub struct Usage {
     pub completion_tokens: u32,
     pub total_tokens: u32,
     pub prompt_tokens_details: PromptTokensDetails,
+    pub completion_tokens_details: CompletionTokensDetails,
+}
+
+/// OpenAI's breakdown of the completion tokens: draft tokens (from `prediction` or the
+/// server's own drafter) the model accepted and rejected.
+#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompletionTokensDetails {
+    pub accepted_prediction_tokens: u32,
+    pub rejected_prediction_tokens: u32,
 }
 
 /// OpenAI's breakdown of the prompt tokens.
@@ -223,6 +248,10 @@ impl Usage {
             total_tokens: u.prompt_tokens + u.completion_tokens,
             prompt_tokens_details: PromptTokensDetails {
                 cached_tokens: u.cached_tokens,
+            },
+            completion_tokens_details: CompletionTokensDetails {
+                accepted_prediction_tokens: u.accepted_prediction_tokens,
+                rejected_prediction_tokens: u.rejected_prediction_tokens,
             },
         }
     }

@@ -47,6 +47,15 @@ pub trait StepEngine: Send + 'static {
     fn remove_sequence(&mut self, seq: SeqId);
     /// One step; returns one row of logits per token with `want_logits`, in batch order.
     fn forward(&mut self, batch: &[BatchToken]) -> Result<Vec<Vec<f32>>, StepError>;
+    /// A verification step: like `forward`, where the last `n` tokens of each `(seq, n)` of
+    /// `drafts` are draft tokens (kept out of the prefix cache until `truncate` settles them).
+    fn forward_drafts(
+        &mut self,
+        batch: &[BatchToken],
+        drafts: &[(SeqId, usize)],
+    ) -> Result<Vec<Vec<f32>>, StepError>;
+    /// Cuts a sequence back to its first `len` positions (rejected drafts) and settles them.
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), StepError>;
     /// The KV cache's state (blocks, prefix-cache hits), for `/metrics` and `/v1/admin/kv`.
     fn kv_stats(&self) -> KvStats;
 }

@@ -2,11 +2,15 @@
 //! handling and streaming. Only this thread touches the `StepEngine`. The token masks of
 //! constrained sequences are computed on a helper thread while `forward` runs (the mask
 //! depends only on the tokens already accepted); a step without constrained sequences spawns
-//! nothing.
+//! nothing. With a [`Speculator`], a decoding sequence's draft tokens ride as extra rows of its
+//! step; its rows are sampled in order with its one sampler until a sampled token differs from
+//! the draft (that token is emitted too), and the KV cache is cut back to what was kept. The
+//! tokens emitted are the ones decoding without drafts emits (see `nightshift_model::spec`).
 
 use super::backend::{
     AdmitError, Admitted, BatchToken, KvStats, SeqId, StepEngine, StepError, TextModel,
 };
+use super::spec::{Ask, SeqSpec, Speculator};
 use super::text::{Pushed, TextStream};
 use super::{Event, FinishReason, GenRequest, SchedulerOptions, TokenLogprob, Usage};
 use nightshift_model::constrain::SeqConstraint;
@@ -46,6 +50,8 @@ struct Seq {
     generated: u32,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
+    /// Speculation state; None when this sequence does not speculate.
+    spec: Option<SeqSpec>,
 }
 
 /// The state of the engine thread.
@@ -60,6 +66,7 @@ pub struct Loop<E: StepEngine> {
     closed: bool,
     /// End-of-generation token ids (masked for `ignore_eos`).
     eog: Vec<u32>,
+    spec: Option<Speculator>,
 }
 
 impl<E: StepEngine> Loop<E> {
@@ -69,6 +76,7 @@ impl<E: StepEngine> Loop<E> {
         opts: SchedulerOptions,
         rx: mpsc::Receiver<GenRequest>,
         stats: Arc<Stats>,
+        spec: Option<Speculator>,
     ) -> Self {
         let eog = (0..text.vocab_size() as u32)
             .filter(|&t| text.is_eog(t))
@@ -87,6 +95,7 @@ impl<E: StepEngine> Loop<E> {
             running: Vec::new(),
             closed: false,
             eog,
+            spec,
         }
     }
 
@@ -172,6 +181,13 @@ impl<E: StepEngine> Loop<E> {
                     let text = TextStream::new(req.stop.clone());
                     let n_prompt = req.prompt.len();
                     let tokens = req.prompt.clone();
+                    // constrained sequences never speculate (their mask needs each token first)
+                    let spec = match self.spec.as_mut() {
+                        Some(sp) if req.speculative && constraint.is_none() => {
+                            Some(sp.begin(&req.prompt, std::mem::take(&mut req.prediction)))
+                        }
+                        _ => None,
+                    };
                     tracing::debug!(request_id = %req.id, prompt = n_prompt, cached, "sequence admitted");
                     self.running.push(Seq {
                         req,
@@ -186,6 +202,7 @@ impl<E: StepEngine> Loop<E> {
                         generated: 0,
                         first_token_at: None,
                         last_token_at: None,
+                        spec,
                     });
                 }
                 Err(AdmitError::Full) if !self.running.is_empty() => {
@@ -229,30 +246,38 @@ impl<E: StepEngine> Loop<E> {
 
     /// Builds one batch: a decode token per generating sequence, then prefill chunks (FIFO)
     /// within the token budget. Returns the batch and, per row of logits, the sequence index.
-    fn build_batch(&self) -> (Vec<BatchToken>, Vec<usize>, usize) {
+    /// `drafts[i]` are the draft tokens of running sequence `i`, rows right after its decode
+    /// token, each with logits.
+    fn build_batch(&self, drafts: &[Vec<u32>]) -> (Vec<BatchToken>, Vec<usize>, usize) {
         let mut batch = Vec::new();
         let mut owners = Vec::new();
+        let mut n_decode = 0;
         for (i, s) in self.running.iter().enumerate() {
             if s.n_past >= s.n_prompt {
                 let pos = s.n_past;
-                batch.push(BatchToken {
-                    seq: s.handle,
-                    token: s.tokens[pos],
-                    pos: pos as u32,
-                    want_logits: true,
-                });
-                owners.push(i);
+                let draft = drafts.get(i).map_or(&[][..], |d| &d[..]);
+                let row = std::iter::once(s.tokens[pos]).chain(draft.iter().copied());
+                for (j, token) in row.enumerate() {
+                    batch.push(BatchToken {
+                        seq: s.handle,
+                        token,
+                        pos: (pos + j) as u32,
+                        want_logits: true,
+                    });
+                    owners.push(i);
+                }
+                n_decode += 1;
             }
         }
-        let n_decode = batch.len();
-        let mut budget = self.opts.step_tokens.saturating_sub(n_decode);
+        let n_rows = batch.len();
+        let mut budget = self.opts.step_tokens.saturating_sub(n_rows);
         // Prefill in admission order (running is in admission order except after swap_remove;
         // ordering by enqueue time keeps FIFO).
         let mut pre: Vec<usize> = (0..self.running.len())
             .filter(|&i| self.running[i].n_past < self.running[i].n_prompt)
             .collect();
         pre.sort_by_key(|&i| self.running[i].req.enqueued);
-        if n_decode == 0 && budget == 0 {
+        if n_rows == 0 && budget == 0 {
             budget = 1;
         }
         for i in pre {
@@ -278,21 +303,78 @@ impl<E: StepEngine> Loop<E> {
         (batch, owners, n_decode)
     }
 
+    /// The draft tokens of every running sequence for this step (empty = none), from the
+    /// speculator's drafter and policy.
+    fn plan_drafts(&mut self) -> Vec<Vec<u32>> {
+        let n = self.running.len();
+        let Some(sp) = self.spec.as_mut() else {
+            return vec![Vec::new(); n];
+        };
+        let n_ctx = self.opts.n_ctx;
+        let decoding = self
+            .running
+            .iter()
+            .filter(|s| s.n_past >= s.n_prompt)
+            .count();
+        let pending: usize = self
+            .running
+            .iter()
+            .map(|s| s.n_prompt.saturating_sub(s.n_past))
+            .sum();
+        let base = decoding + pending.min(self.opts.step_tokens.saturating_sub(decoding));
+        let mut asks: Vec<Ask> = Vec::new();
+        for (index, s) in self.running.iter_mut().enumerate() {
+            if s.n_past < s.n_prompt {
+                continue;
+            }
+            let Some(spec) = s.spec.as_mut() else {
+                continue;
+            };
+            // what admission promised the cache: prompt + max_tokens (within the context);
+            // positions n_past..=n_past+k are written, and the step emits up to k+1 tokens
+            let max_len = (s.n_prompt + s.req.max_tokens as usize).min(n_ctx);
+            let left = (s.req.max_tokens.saturating_sub(s.generated) as usize).saturating_sub(1);
+            let room = max_len.saturating_sub(s.n_past + 1).min(left);
+            asks.push(Ask {
+                index,
+                spec,
+                tokens: &s.tokens,
+                room,
+            });
+        }
+        let got = sp.drafts(base, &mut asks);
+        let mut out = vec![Vec::new(); n];
+        for (a, d) in asks.iter().zip(got) {
+            out[a.index] = d;
+        }
+        out
+    }
+
     fn step(&mut self) {
-        let (batch, owners, n_decode) = self.build_batch();
+        let drafts = self.plan_drafts();
+        let (batch, owners, n_decode) = self.build_batch(&drafts);
         if batch.is_empty() {
             return;
         }
+        let spec_rows: Vec<(SeqId, usize)> = self
+            .running
+            .iter()
+            .zip(&drafts)
+            .filter(|(_, d)| !d.is_empty())
+            .map(|(s, d)| (s.handle, d.len()))
+            .collect();
         let t0 = Instant::now();
-        let (result, masks) = self.forward_with_masks(&batch, &owners);
+        let (result, masks) = self.forward_with_masks(&batch, &owners, &spec_rows);
         let dt = t0.elapsed().as_secs_f64();
-        metrics::histogram!("nightshift_step_seconds").record(dt);
-        metrics::counter!("nightshift_decode_tokens_total").increment(n_decode as u64);
-        metrics::counter!("nightshift_prefill_tokens_total")
-            .increment((batch.len() - n_decode) as u64);
-        if dt > 0.0 && n_decode > 0 {
-            metrics::gauge!("nightshift_decode_tokens_per_second").set(n_decode as f64 / dt);
+        if result.is_ok() {
+            if let Some(sp) = self.spec.as_mut() {
+                sp.record_step(batch.len(), dt);
+            }
         }
+        let n_drafted: usize = spec_rows.iter().map(|d| d.1).sum();
+        metrics::histogram!("nightshift_step_seconds").record(dt);
+        metrics::counter!("nightshift_prefill_tokens_total")
+            .increment((batch.len() - n_decode - n_drafted) as u64);
         let logits = match result {
             Ok(l) if l.len() == owners.len() => l,
             Ok(l) => {
@@ -312,22 +394,89 @@ impl<E: StepEngine> Loop<E> {
                 return;
             }
         };
-        // Advance the KV position of every sequence in the batch.
+        // Advance the KV position of every sequence in the batch (a speculating one is cut
+        // back to what it kept below).
         for t in &batch {
             if let Some(s) = self.running.iter_mut().find(|s| s.handle == t.seq) {
                 s.n_past = s.n_past.max(t.pos as usize + 1);
             }
         }
+        let mut masks = masks;
         let mut done = Vec::new();
-        for ((row, &i), mask) in logits.iter().zip(&owners).zip(masks) {
-            if self.sample_one(i, row, mask) {
+        let mut emitted = 0usize;
+        let mut r = 0;
+        while r < owners.len() {
+            let i = owners[r];
+            let draft = &drafts[i];
+            let k = if self.running[i].n_past >= self.running[i].n_prompt {
+                draft.len()
+            } else {
+                0
+            };
+            // rows r..=r+k: the decode token's logits, then each draft token's
+            let mut accepted = 0;
+            let mut finished = false;
+            for j in 0..=k {
+                let (token, end) = self.sample_one(i, &logits[r + j], masks[r + j].take());
+                if end {
+                    finished = true;
+                    break;
+                }
+                emitted += 1;
+                // counted as they are decided, so the usage a finishing row sends is current
+                let spec = self.running[i].spec.as_mut();
+                if j < k && token == draft[j] {
+                    accepted += 1;
+                    if let Some(ss) = spec {
+                        ss.accepted += 1;
+                    }
+                } else {
+                    if let Some(ss) = spec {
+                        ss.rejected += (k - j) as u32;
+                    }
+                    break;
+                }
+            }
+            r += k + 1;
+            if k > 0 {
+                if let (Some(sp), Some(ss)) = (self.spec.as_mut(), self.running[i].spec.as_mut()) {
+                    sp.verified(ss, k, accepted);
+                }
+                if !finished && !self.settle(i, k, accepted) {
+                    finished = true;
+                }
+            }
+            if finished {
                 done.push(i);
             }
+        }
+        metrics::counter!("nightshift_decode_tokens_total").increment(emitted as u64);
+        if dt > 0.0 && emitted > 0 {
+            metrics::gauge!("nightshift_decode_tokens_per_second").set(emitted as f64 / dt);
         }
         done.sort_unstable_by(|a, b| b.cmp(a));
         for i in done {
             let s = self.running.swap_remove(i);
             self.finish_seq(s);
+        }
+    }
+
+    /// After verifying sequence `i`'s `k` draft tokens of which `accepted` were kept: its cache
+    /// keeps the decode token and the accepted drafts (the last emitted token is fed next
+    /// step). False when the engine could not cut it back (the sequence is failed).
+    fn settle(&mut self, i: usize, k: usize, accepted: usize) -> bool {
+        let s = &mut self.running[i];
+        let keep = s.n_past - k + accepted;
+        match self.engine.truncate(s.handle, keep) {
+            Ok(()) => {
+                s.n_past = keep;
+                true
+            }
+            Err(e) => {
+                tracing::error!(request_id = %s.req.id, message = %e.message, "could not roll back rejected drafts");
+                let _ = s.req.events.send(Event::Failed(e));
+                false
+            }
         }
     }
 
@@ -339,13 +488,19 @@ impl<E: StepEngine> Loop<E> {
         &mut self,
         batch: &[BatchToken],
         owners: &[usize],
+        drafts: &[(SeqId, usize)],
     ) -> (
         Result<Vec<Vec<f32>>, StepError>,
         Vec<Option<Result<Vec<u32>, String>>>,
     ) {
         let constrained = owners.iter().any(|&i| self.running[i].constraint.is_some());
         if !constrained {
-            return (self.engine.forward(batch), vec![None; owners.len()]);
+            let res = if drafts.is_empty() {
+                self.engine.forward(batch)
+            } else {
+                self.engine.forward_drafts(batch, drafts)
+            };
+            return (res, vec![None; owners.len()]);
         }
         let Loop {
             engine, running, ..
@@ -367,7 +522,11 @@ impl<E: StepEngine> Loop<E> {
                     .map(|(row, c)| (row, c.mask().map_err(|e| e.to_string())))
                     .collect::<Vec<_>>()
             });
-            let result = engine.forward(batch);
+            let result = if drafts.is_empty() {
+                engine.forward(batch)
+            } else {
+                engine.forward_drafts(batch, drafts)
+            };
             let mut masks = vec![None; owners.len()];
             match helper.join() {
                 Ok(done) => {
@@ -385,12 +544,25 @@ impl<E: StepEngine> Loop<E> {
         })
     }
 
-    /// Samples the next token of sequence `i`, streams it; true when the sequence is done.
+    /// Samples the next token of sequence `i`, streams it; returns it and whether the
+    /// sequence is done.
     fn sample_one(
         &mut self,
         i: usize,
         logits: &[f32],
         mask: Option<Result<Vec<u32>, String>>,
+    ) -> (u32, bool) {
+        let mut token = u32::MAX;
+        let done = self.sample_inner(i, logits, mask, &mut token);
+        (token, done)
+    }
+
+    fn sample_inner(
+        &mut self,
+        i: usize,
+        logits: &[f32],
+        mask: Option<Result<Vec<u32>, String>>,
+        out: &mut u32,
     ) -> bool {
         let n_ctx = self.opts.n_ctx;
         let text = self.text.clone();
@@ -418,6 +590,7 @@ impl<E: StepEngine> Loop<E> {
         } else {
             s.sampler.sample_masked(logits, allowed)
         };
+        *out = token;
         // an end token ends the sequence; a completed grammar takes nothing more
         let ends = text.is_eog(token);
         if let Some(c) = s.constraint.as_mut().filter(|_| !ends) {
@@ -448,6 +621,8 @@ impl<E: StepEngine> Loop<E> {
             prompt_tokens: s.n_prompt as u32,
             completion_tokens: s.generated,
             cached_tokens: s.cached as u32,
+            accepted_prediction_tokens: s.spec.as_ref().map_or(0, |p| p.accepted),
+            rejected_prediction_tokens: s.spec.as_ref().map_or(0, |p| p.rejected),
         };
         if text.is_eog(token) {
             let tail = s.text.finish();
@@ -517,6 +692,9 @@ impl<E: StepEngine> Loop<E> {
 
     fn finish_seq(&mut self, s: Seq) {
         self.engine.remove_sequence(s.handle);
+        if let (Some(sp), Some(ss)) = (self.spec.as_mut(), s.spec.as_ref()) {
+            sp.end(ss, &s.tokens);
+        }
         self.stats.running.fetch_sub(1, Relaxed);
         if let (Some(first), Some(last)) = (s.first_token_at, s.last_token_at) {
             let secs = last.duration_since(first).as_secs_f64();

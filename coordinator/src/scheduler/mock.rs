@@ -123,6 +123,8 @@ pub struct MockEngine {
     pub step_delay: std::time::Duration,
     /// Whether EOS can win (off: sequences end only by length or stop strings).
     pub eos: bool,
+    /// Truncations that dropped positions (rejected drafts; shared for tests).
+    pub truncations: Arc<AtomicUsize>,
 }
 
 impl MockEngine {
@@ -143,6 +145,7 @@ impl MockEngine {
             peak_live: Arc::new(AtomicUsize::new(0)),
             step_delay: std::time::Duration::ZERO,
             eos: true,
+            truncations: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -249,6 +252,31 @@ impl StepEngine for MockEngine {
             }
         }
         Ok(out)
+    }
+    fn forward_drafts(
+        &mut self,
+        batch: &[BatchToken],
+        _drafts: &[(SeqId, usize)],
+    ) -> Result<Vec<Vec<f32>>, StepError> {
+        // the toy cache stores a prefix by its tokens, so a draft prefix is a valid entry
+        self.forward(batch)
+    }
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), StepError> {
+        let s = self.seqs.get_mut(&seq).ok_or_else(|| StepError {
+            unavailable: false,
+            message: format!("unknown sequence {}", seq.0),
+        })?;
+        if len < s.tokens.len() {
+            s.tokens.truncate(len);
+            s.next_pos = len as u32;
+            s.hash = s
+                .tokens
+                .iter()
+                .enumerate()
+                .fold(0, |h, (p, &t)| mix(h, t, p as u32));
+            self.truncations.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
     }
     fn kv_stats(&self) -> KvStats {
         KvStats {

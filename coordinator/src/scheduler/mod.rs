@@ -11,6 +11,9 @@ mod engine_loop;
 pub mod mock;
 pub mod model_backend;
 pub mod model_text;
+pub mod spec;
+#[cfg(test)]
+mod spec_tests;
 mod text;
 
 #[allow(unused_imports)] // the model adapter uses them
@@ -75,6 +78,9 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Prompt tokens found in the prefix cache (not computed again).
     pub cached_tokens: u32,
+    /// Draft tokens (speculative decoding) the model accepted and rejected.
+    pub accepted_prediction_tokens: u32,
+    pub rejected_prediction_tokens: u32,
 }
 
 /// One generation request, already tokenized and validated.
@@ -95,6 +101,10 @@ pub struct GenRequest {
     /// Extension (llama.cpp's `cache_prompt`): start from the prompt's cached prefix (default);
     /// false computes the whole prompt.
     pub cache_prompt: bool,
+    /// false: this request never speculates (per-request `"speculative": false`).
+    pub speculative: bool,
+    /// OpenAI's `prediction`, tokenized: an extra source the drafter looks continuations up in.
+    pub prediction: Vec<u32>,
     pub events: mpsc::UnboundedSender<Event>,
     pub enqueued: Instant,
 }
@@ -146,9 +156,19 @@ impl Scheduler {
         text: std::sync::Arc<dyn TextModel>,
         opts: SchedulerOptions,
     ) -> std::io::Result<Scheduler> {
+        Self::spawn_speculative(engine, text, opts, None)
+    }
+
+    /// [`Scheduler::spawn`] with speculative decoding by `spec` (None: off).
+    pub fn spawn_speculative<E: StepEngine>(
+        engine: E,
+        text: std::sync::Arc<dyn TextModel>,
+        opts: SchedulerOptions,
+        spec: Option<spec::Speculator>,
+    ) -> std::io::Result<Scheduler> {
         let (tx, rx) = mpsc::channel(opts.queue_capacity.max(1));
         let stats = std::sync::Arc::new(engine_loop::Stats::default());
-        let lp = engine_loop::Loop::new(engine, text, opts.clone(), rx, stats.clone());
+        let lp = engine_loop::Loop::new(engine, text, opts.clone(), rx, stats.clone(), spec);
         std::thread::Builder::new()
             .name("nightshift-engine".into())
             .spawn(move || lp.run())?;

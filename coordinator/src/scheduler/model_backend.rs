@@ -48,14 +48,33 @@ impl StepEngine for EngineStep {
     }
 
     fn forward(&mut self, batch: &[BatchToken]) -> Result<Vec<Vec<f32>>, StepError> {
-        self.engine.forward(batch).map_err(|e| StepError {
-            unavailable: matches!(e, ModelError::Expert(ExpertError::Backend(_))),
-            message: e.to_string(),
-        })
+        self.engine.forward(batch).map_err(step_error)
+    }
+
+    fn forward_drafts(
+        &mut self,
+        batch: &[BatchToken],
+        drafts: &[(SeqId, usize)],
+    ) -> Result<Vec<Vec<f32>>, StepError> {
+        self.engine
+            .forward_drafts(batch, drafts)
+            .map_err(step_error)
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), StepError> {
+        self.engine.truncate(seq, len).map_err(step_error)
     }
 
     fn kv_stats(&self) -> KvStats {
         self.engine.kv_stats()
+    }
+}
+
+/// A failed step: expert nodes unreachable are `unavailable` (HTTP 503).
+fn step_error(e: ModelError) -> StepError {
+    StepError {
+        unavailable: matches!(e, ModelError::Expert(ExpertError::Backend(_))),
+        message: e.to_string(),
     }
 }
 

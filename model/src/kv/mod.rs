@@ -114,6 +114,12 @@ pub struct SeqKv {
     chain: Vec<u64>,
     /// Blocks still promised to this sequence by admission.
     reserved: usize,
+    /// Blocks admission promised in all (held + reserved); a truncation gives released blocks
+    /// back to the reservation up to this.
+    promised_total: usize,
+    /// Trailing positions written by the last step as drafts, not verified yet: the blocks
+    /// holding them are not entered in the prefix index until [`KvCache::truncate`] settles them.
+    unverified: usize,
 }
 
 /// What the pool looks like now (for metrics and the admin endpoint).
@@ -287,6 +293,8 @@ impl KvCache {
             tokens: Vec::new(),
             chain: Vec::new(),
             reserved: 0,
+            promised_total: 0,
+            unverified: 0,
         })
     }
 
@@ -343,12 +351,15 @@ impl KvCache {
             self.hit_tokens += cached as u64;
         }
         self.promised += need;
+        let promised_total = need + hits.len();
         let slot = self.insert(SeqKv {
             len: cached,
             blocks: hits,
             tokens: prompt[..cached].to_vec(),
             chain,
             reserved: need,
+            promised_total,
+            unverified: 0,
         });
         Ok((slot, cached))
     }
@@ -363,6 +374,8 @@ impl KvCache {
             tokens: s.tokens.clone(),
             chain: s.chain.clone(),
             reserved: 0,
+            promised_total: 0,
+            unverified: s.unverified,
         };
         for &b in &copy.blocks {
             self.pool.retain(b);
@@ -488,8 +501,20 @@ impl KvCache {
 
     /// Commits a successful step: `toks` are the `(slot, token)` of the batch in order (each
     /// sequence's positions continuing its `len`); newly full blocks enter the prefix index.
-    pub fn commit(&mut self, _p: Prepared, toks: &[(usize, u32)]) {
-        let l = self.layout();
+    pub fn commit(&mut self, p: Prepared, toks: &[(usize, u32)]) {
+        self.commit_drafts(p, toks, &[]);
+    }
+
+    /// [`KvCache::commit`] for a step in which the last `n` positions of each `(slot, n)` of
+    /// `drafts` are draft tokens awaiting verification: they count in `len` (their rows are
+    /// written) but no block holding one enters the prefix index until [`KvCache::truncate`]
+    /// keeps or drops them. **A block is never registered with tokens that were rejected.**
+    pub fn commit_drafts(
+        &mut self,
+        _p: Prepared,
+        toks: &[(usize, u32)],
+        drafts: &[(usize, usize)],
+    ) {
         let mut touched: Vec<usize> = Vec::new();
         for &(slot, token) in toks {
             if let Some(s) = self.seqs[slot].as_mut() {
@@ -500,22 +525,71 @@ impl KvCache {
                 }
             }
         }
+        for &(slot, n) in drafts {
+            if let Some(s) = self.seqs.get_mut(slot).and_then(|s| s.as_mut()) {
+                s.unverified = n.min(s.len);
+            }
+        }
+        for slot in touched {
+            self.register_full(slot);
+        }
+    }
+
+    /// Enters the full blocks of `slot` holding only verified positions in the prefix index.
+    fn register_full(&mut self, slot: usize) {
         if !self.prefix {
             return;
         }
-        for slot in touched {
-            let Some(s) = self.seqs[slot].as_mut() else {
-                continue;
-            };
-            while s.chain.len() < s.len / l.block {
-                let i = s.chain.len();
-                let parent = if i == 0 { self.root } else { s.chain[i - 1] };
-                let toks = &s.tokens[i * l.block..(i + 1) * l.block];
-                let h = block_hash(parent, toks);
-                self.pool.register(s.blocks[i], h, parent, toks);
-                s.chain.push(h);
+        let l = self.layout();
+        let Some(s) = self.seqs.get_mut(slot).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        let settled = s.len - s.unverified;
+        while s.chain.len() < settled / l.block {
+            let i = s.chain.len();
+            let parent = if i == 0 { self.root } else { s.chain[i - 1] };
+            let toks = &s.tokens[i * l.block..(i + 1) * l.block];
+            let h = block_hash(parent, toks);
+            self.pool.register(s.blocks[i], h, parent, toks);
+            s.chain.push(h);
+        }
+    }
+
+    /// Cuts `slot` back to its first `len` positions (rejected draft tokens): blocks wholly past
+    /// `len` go back to the pool (and to the sequence's reservation, up to what admission
+    /// promised it), the positions kept are verified, and their newly full blocks enter the
+    /// prefix index. A partly kept block is not registered; its rows past `len` are written
+    /// again by the next step. `len` at or past the current length only settles the drafts.
+    pub fn truncate(&mut self, slot: usize, len: usize) {
+        let l = self.layout();
+        let Some(s) = self.seqs.get_mut(slot).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        if len < s.len {
+            s.tokens.truncate(len);
+            s.len = len;
+            // a registered block is full of verified tokens, so it lies below the drafts;
+            // truncating below verified positions drops the chain entries past `len` too
+            s.chain.truncate(len / l.block);
+            let keep = l.blocks_for(len);
+            let gone: Vec<BlockId> = s.blocks.drain(keep.min(s.blocks.len())..).collect();
+            let room = s.promised_total.saturating_sub(s.blocks.len() + s.reserved);
+            let n_gone = gone.len();
+            for b in gone.into_iter().rev() {
+                self.pool.release(b);
+            }
+            // never promise more than the pool has (a shared block released stays in use)
+            let spare = self.pool.available().saturating_sub(self.promised);
+            let back = n_gone.min(room).min(spare);
+            self.promised += back;
+            if let Some(s) = self.seqs.get_mut(slot).and_then(|s| s.as_mut()) {
+                s.reserved += back;
             }
         }
+        if let Some(s) = self.seqs.get_mut(slot).and_then(|s| s.as_mut()) {
+            s.unverified = 0;
+        }
+        self.register_full(slot);
     }
 
     /// Stores the K row (and V row) of position `pos` of the sequence in `slot` for `layer`;

@@ -178,3 +178,61 @@ fn idle_prefixes_are_evicted_tail_first_when_the_pool_needs_room() {
     let (_, cached) = c.admit(&prompt, 12, true).expect("room");
     assert_eq!(cached, 8, "the first two blocks survived");
 }
+
+/// Like `step`, the last `drafts` tokens being unverified drafts.
+fn step_drafts(c: &mut KvCache, slot: usize, tokens: &[u32], drafts: usize) {
+    let len = c.seq(slot).expect("live").len;
+    let p = c.prepare(&[(slot, len + tokens.len())]).expect("room");
+    for (i, &t) in tokens.iter().enumerate() {
+        for layer in 0..2 {
+            let k = [t as f32, (len + i) as f32];
+            c.write(slot, len + i, layer, &k, Some(&[-(t as f32)]));
+        }
+    }
+    let toks: Vec<(usize, u32)> = tokens.iter().map(|&t| (slot, t)).collect();
+    c.commit_drafts(p, &toks, &[(slot, drafts)]);
+}
+
+#[test]
+fn truncation_drops_rejected_drafts_and_gives_their_blocks_back() {
+    let mut c = cache(16, true);
+    let prompt: Vec<u32> = (1..=3).collect();
+    let (a, _) = c.admit(&prompt, 12, true).expect("room");
+    step(&mut c, a, &prompt).expect("prompt");
+    let before = c.stats();
+    assert_eq!(before.reserved_blocks, 2, "3 blocks promised, 1 taken");
+    // the decode token then 5 drafts: positions 3..9 take blocks 1 and 2
+    step_drafts(&mut c, a, &[4, 50, 51, 52, 53, 54], 5);
+    assert_eq!(c.stats().reserved_blocks, 0);
+    // block 0 (1 2 3 4) holds verified tokens only and is indexed; the drafts' blocks are not
+    let cached: Vec<bool> = c
+        .seq(a)
+        .expect("live")
+        .blocks
+        .iter()
+        .map(|&b| c.pool().is_cached(b))
+        .collect();
+    assert_eq!(cached, [true, false, false]);
+    // one draft accepted: positions 0..5 stay, block 2 goes back to the reservation
+    c.truncate(a, 5);
+    let s = c.stats();
+    assert_eq!(c.seq(a).expect("live").len, 5);
+    assert_eq!(s.reserved_blocks, 1);
+    assert_eq!(s.used_blocks, 2);
+    step(&mut c, a, &[60, 61, 62]).expect("next step");
+    assert_eq!(
+        k_rows(&c, a, 8),
+        expected_rows(&[1, 2, 3, 4, 50, 60, 61, 62])
+    );
+    c.remove(a);
+    let (b, cached) = c
+        .admit(&[1, 2, 3, 4, 50, 51, 52, 53, 9], 12, true)
+        .expect("room");
+    assert_eq!(cached, 4, "block 0 is cached, block 1 held rejected drafts");
+    c.remove(b);
+    let (b, cached) = c
+        .admit(&[1, 2, 3, 4, 50, 60, 61, 62, 9], 12, true)
+        .expect("room");
+    assert_eq!(cached, 8, "the verified tokens of block 1 are cached");
+    c.remove(b);
+}

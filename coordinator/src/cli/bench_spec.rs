@@ -1,0 +1,387 @@
+//! `nightshift bench spec`: speculative decoding against decoding without it, on one model in
+//! process, in one run so the ratios are side by side (the VM drifts): each workload runs with
+//! speculation off and on, alternating which goes first, for several rounds, and the table gives
+//! the range of decode tok/s ratios. Workloads, built honestly from the model's own output:
+//! `quoting` (a greedy continuation C of a prompt P is generated first; the prompt then quotes
+//! it: P C P), `predicted` (prompt P with OpenAI's `prediction` = C, what code editors send),
+//! `pred-70` (the same prediction with 30% of its tokens replaced), `no-overlap` (a prompt of
+//! tokens that never repeat), and `4 sessions` (four quoting prompts at once). Also the engine's
+//! step time by rows of one sequence (the cost a draft token adds).
+
+use crate::scheduler::model_backend::{engine_with, EngineLimits};
+use crate::scheduler::model_text::ModelText;
+use crate::scheduler::{Event, GenRequest, Scheduler, SchedulerOptions, TextModel};
+use anyhow::Context;
+use nightshift_kernels::rng::SplitMix64;
+use nightshift_model::{BatchToken, Engine, EngineOptions, Model, SamplerParams};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Arguments of `nightshift bench spec`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// GGUF model file.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Compute threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 64)]
+    pub tokens: u32,
+    /// Prompt tokens (before quoting).
+    #[arg(long, default_value_t = 48)]
+    pub prompt_tokens: usize,
+    /// A/B rounds per workload.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Most rows of the step-time curve.
+    #[arg(long, default_value_t = 12)]
+    pub max_rows: usize,
+    /// The drafter and its flags (as `serve`).
+    #[command(flatten)]
+    pub spec: super::spec_args::SpecArgs,
+}
+
+/// A request of a workload.
+struct Job {
+    prompt: Vec<u32>,
+    prediction: Vec<u32>,
+}
+
+/// What one run of a workload measured (summed over its requests).
+#[derive(Default, Clone, Copy)]
+struct Measured {
+    /// Tokens after each request's first, and the seconds they took.
+    decoded: u64,
+    secs: f64,
+    accepted: u64,
+    drafted: u64,
+}
+
+impl Measured {
+    fn tok_s(&self) -> f64 {
+        self.decoded as f64 / self.secs.max(1e-9)
+    }
+}
+
+struct Bench {
+    model: Arc<Model>,
+    pool: Arc<rayon::ThreadPool>,
+    text: Arc<dyn TextModel>,
+    args: Args,
+}
+
+impl Bench {
+    /// Runs `jobs` at once through a fresh scheduler, speculating or not.
+    fn run(&self, jobs: &[Job], speculate: bool) -> anyhow::Result<Measured> {
+        let n_ctx =
+            jobs.iter().map(|j| j.prompt.len()).max().unwrap_or(0) + self.args.tokens as usize + 1;
+        let limits = EngineLimits {
+            threads: self.args.threads,
+            max_seqs: jobs.len().max(1),
+            kv_budget_tokens: n_ctx * jobs.len().max(1),
+            max_seq_len: 0,
+            kv_type: nightshift_model::KvType::F32,
+            prefix_cache: false,
+        };
+        let backend = Arc::new(nightshift_model::LocalExperts::new(
+            self.model.clone(),
+            Some(self.pool.clone()),
+        ));
+        let engine = engine_with(self.model.clone(), backend, self.pool.clone(), &limits)?;
+        let spec = if speculate {
+            self.args
+                .spec
+                .build(Some(&self.model), Some(self.pool.clone()))?
+        } else {
+            None
+        };
+        let opts = SchedulerOptions {
+            queue_capacity: jobs.len().max(1),
+            max_seqs: jobs.len().max(1),
+            step_tokens: 512,
+            n_ctx,
+        };
+        let s = Scheduler::spawn_speculative(engine, self.text.clone(), opts, spec)?;
+        let mut rxs = Vec::new();
+        for (i, j) in jobs.iter().enumerate() {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let ok = s.submit(GenRequest {
+                id: format!("bench-{i}"),
+                prompt: j.prompt.clone(),
+                max_tokens: self.args.tokens,
+                sampling: SamplerParams::greedy(),
+                stop: Vec::new(),
+                logprobs: None,
+                ignore_eos: true,
+                constraint: None,
+                cache_prompt: false,
+                speculative: true,
+                prediction: j.prediction.clone(),
+                events: tx,
+                enqueued: Instant::now(),
+            });
+            anyhow::ensure!(ok.is_ok(), "the engine thread is not running");
+            rxs.push(rx);
+        }
+        let mut m = Measured::default();
+        let mut first_all: Option<Instant> = None;
+        let mut last_all = Instant::now();
+        for mut rx in rxs {
+            let mut first = None;
+            loop {
+                match rx.blocking_recv() {
+                    Some(Event::Token { .. }) => {
+                        first.get_or_insert_with(Instant::now);
+                    }
+                    Some(Event::Done { usage, .. }) => {
+                        let f = first.unwrap_or_else(Instant::now);
+                        first_all = Some(first_all.map_or(f, |a: Instant| a.min(f)));
+                        last_all = Instant::now();
+                        m.decoded += u64::from(usage.completion_tokens.saturating_sub(1));
+                        m.accepted += u64::from(usage.accepted_prediction_tokens);
+                        m.drafted += u64::from(
+                            usage.accepted_prediction_tokens + usage.rejected_prediction_tokens,
+                        );
+                        break;
+                    }
+                    Some(Event::Failed(e)) => anyhow::bail!("request failed: {}", e.message),
+                    None => anyhow::bail!("the engine thread stopped"),
+                }
+            }
+        }
+        // concurrent requests: wall time from the first first token to the last token
+        m.secs = last_all
+            .duration_since(first_all.unwrap_or(last_all))
+            .as_secs_f64();
+        Ok(m)
+    }
+
+    /// The greedy continuation of `prompt` (speculation off).
+    fn continuation(&self, prompt: &[u32], n: u32) -> anyhow::Result<Vec<u32>> {
+        let mut e = Engine::new(
+            self.model.clone(),
+            Arc::new(nightshift_model::LocalExperts::new(
+                self.model.clone(),
+                Some(self.pool.clone()),
+            )),
+            EngineOptions {
+                pool: Some(self.pool.clone()),
+                prefix_cache: false,
+                ..EngineOptions::default()
+            },
+        )?;
+        let s = e.add_sequence()?;
+        let mut logits = e.prefill(s, prompt)?;
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let t = nightshift_model::sampler::argmax(&logits);
+            out.push(t);
+            logits = e.prefill(s, &[t])?;
+        }
+        Ok(out)
+    }
+
+    /// Median seconds of a step of `rows` rows of one sequence (the drafts rolled back).
+    fn step_curve(&self, prompt: &[u32]) -> anyhow::Result<Vec<(usize, f64)>> {
+        let backend = Arc::new(nightshift_model::LocalExperts::new(
+            self.model.clone(),
+            Some(self.pool.clone()),
+        ));
+        let mut e = Engine::new(
+            self.model.clone(),
+            backend,
+            EngineOptions {
+                pool: Some(self.pool.clone()),
+                prefix_cache: false,
+                ..EngineOptions::default()
+            },
+        )?;
+        let s = e.add_sequence()?;
+        e.prefill(s, prompt)?;
+        let len = prompt.len();
+        let mut rng = SplitMix64::new(5);
+        let vocab = self.model.config().n_vocab as u64;
+        let mut curve = Vec::new();
+        for rows in 1..=self.args.max_rows {
+            let mut t = Vec::new();
+            for _ in 0..5 {
+                let batch: Vec<BatchToken> = (0..rows)
+                    .map(|i| BatchToken {
+                        seq: s,
+                        token: (rng.next_u64() % vocab) as u32,
+                        pos: (len + i) as u32,
+                        want_logits: true,
+                    })
+                    .collect();
+                let t0 = Instant::now();
+                e.forward_drafts(&batch, &[(s, rows - 1)])?;
+                t.push(t0.elapsed().as_secs_f64());
+                e.truncate(s, len)?;
+            }
+            t.sort_by(f64::total_cmp);
+            curve.push((rows, t[t.len() / 2]));
+        }
+        Ok(curve)
+    }
+}
+
+/// `n` distinct token ids (no n-gram repeats), from the ordinary vocabulary.
+fn distinct_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = SplitMix64::new(seed);
+    let mut seen = std::collections::HashSet::new();
+    let hi = (vocab as u64).saturating_sub(300).max(2);
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let t = (rng.next_u64() % hi) as u32 + 1;
+        if seen.insert(t) {
+            out.push(t);
+        }
+    }
+    out
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let model =
+        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let pool = nightshift_model::build_pool(args.threads)?;
+    let text: Arc<dyn TextModel> =
+        Arc::new(ModelText::from_model(&model, None).map_err(anyhow::Error::msg)?);
+    let vocab = model.config().n_vocab;
+    let b = Bench {
+        model,
+        pool,
+        text,
+        args,
+    };
+    let a = &b.args;
+    println!(
+        "bench spec: {} ({} layers), {} tokens per request, speculative {}",
+        a.model.display(),
+        b.model.config().n_layer,
+        a.tokens,
+        a.spec.describe()
+    );
+    // the honest workloads: built from the model's own greedy output
+    let mut quoting = Vec::new();
+    let mut predicted = Vec::new();
+    let mut pred70 = Vec::new();
+    let mut rng = SplitMix64::new(70);
+    for k in 0..4u64 {
+        let p = distinct_tokens(a.prompt_tokens, vocab, 100 + k);
+        let c = b.continuation(&p, a.tokens + 1)?;
+        let mut q = p.clone();
+        q.extend_from_slice(&c);
+        q.extend_from_slice(&p);
+        quoting.push(Job {
+            prompt: q,
+            prediction: Vec::new(),
+        });
+        predicted.push(Job {
+            prompt: p.clone(),
+            prediction: c.clone(),
+        });
+        let noisy: Vec<u32> = c
+            .iter()
+            .map(|&t| {
+                if rng.next_u64() % 10 < 3 {
+                    (t + 1 + (rng.next_u64() % 100) as u32) % vocab as u32
+                } else {
+                    t
+                }
+            })
+            .collect();
+        pred70.push(Job {
+            prompt: p,
+            prediction: noisy,
+        });
+    }
+    let no_overlap = vec![Job {
+        prompt: distinct_tokens(a.prompt_tokens * 2, vocab, 7),
+        prediction: Vec::new(),
+    }];
+    let four: Vec<Job> = quoting
+        .iter()
+        .map(|j| Job {
+            prompt: j.prompt.clone(),
+            prediction: Vec::new(),
+        })
+        .collect();
+    let take1 = |v: &Vec<Job>| {
+        vec![Job {
+            prompt: v[0].prompt.clone(),
+            prediction: v[0].prediction.clone(),
+        }]
+    };
+    let workloads: Vec<(&str, Vec<Job>)> = vec![
+        ("quoting", take1(&quoting)),
+        ("predicted", take1(&predicted)),
+        ("pred-70", take1(&pred70)),
+        ("no-overlap", no_overlap),
+        ("4 sessions", four),
+    ];
+    println!(
+        "{:<11} {:>10} {:>9} {:>12} {:>12} {:>15}",
+        "workload", "accepted", "tok/step", "off tok/s", "spec tok/s", "ratio (range)"
+    );
+    for (name, jobs) in &workloads {
+        let mut ratios = Vec::new();
+        let (mut off_sum, mut on_sum) = (Measured::default(), Measured::default());
+        for round in 0..a.rounds {
+            // alternate which runs first, so drift hits both alike
+            let (off, on) = if round % 2 == 0 {
+                let off = b.run(jobs, false)?;
+                (off, b.run(jobs, true)?)
+            } else {
+                let on = b.run(jobs, true)?;
+                (b.run(jobs, false)?, on)
+            };
+            ratios.push(on.tok_s() / off.tok_s().max(1e-9));
+            for (sum, m) in [(&mut off_sum, off), (&mut on_sum, on)] {
+                sum.decoded += m.decoded;
+                sum.secs += m.secs;
+                sum.accepted += m.accepted;
+                sum.drafted += m.drafted;
+            }
+        }
+        ratios.sort_by(f64::total_cmp);
+        let acc = if on_sum.drafted > 0 {
+            format!(
+                "{:.1}%",
+                100.0 * on_sum.accepted as f64 / on_sum.drafted as f64
+            )
+        } else {
+            "no drafts".into()
+        };
+        // tokens per verification step: each step emits one token plus its accepted drafts
+        let per_step = if on_sum.decoded > on_sum.accepted {
+            on_sum.decoded as f64 / (on_sum.decoded - on_sum.accepted) as f64
+        } else {
+            1.0
+        };
+        println!(
+            "{:<11} {:>10} {:>9.2} {:>12.2} {:>12.2} {:>6.2}x ({:.2}-{:.2})",
+            name,
+            acc,
+            per_step,
+            off_sum.tok_s(),
+            on_sum.tok_s(),
+            on_sum.tok_s() / off_sum.tok_s().max(1e-9),
+            ratios[0],
+            ratios[ratios.len() - 1]
+        );
+    }
+    println!("step time by rows of one sequence (median of 5):");
+    let curve = b.step_curve(&quoting[0].prompt)?;
+    let t1 = curve.first().map_or(1.0, |c| c.1);
+    for (rows, t) in curve {
+        println!(
+            "  {rows:>3} rows: {:>8.2} ms  ({:.2}x one row)",
+            t * 1e3,
+            t / t1.max(1e-12)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! Speculative decoding in the scheduler: the [`Speculator`] the engine thread consults every
+//! step. It asks the drafter (`nightshift_model::spec`) for each decoding sequence's likely next
+//! tokens, lets the policy choose how many of them ride in the step (from measured step times
+//! by rows and each sequence's recent acceptance), and counts what was drafted and accepted per
+//! drafter in `/metrics`. The verification itself (sampling every row in order, stopping at the
+//! first token that differs from the draft, cutting the KV cache back) is in `engine_loop.rs`.
+
+use nightshift_model::spec::policy::{plan, Candidate};
+use nightshift_model::spec::{Acceptance, DraftKind, DraftRequest, Drafter, StepTimes};
+
+/// A sequence's speculation state.
+#[derive(Debug, Default)]
+pub struct SeqSpec {
+    /// Key the drafter knows the sequence by.
+    pub key: u64,
+    pub acceptance: Acceptance,
+    /// The request's `prediction`, tokenized (an extra lookup source).
+    pub prediction: Vec<u32>,
+    /// Draft tokens verified and accepted / rejected, for the response's usage (the engine
+    /// thread counts them row by row).
+    pub accepted: u32,
+    pub rejected: u32,
+}
+
+/// What the engine thread asks for one sequence.
+pub struct Ask<'a> {
+    pub index: usize,
+    pub spec: &'a mut SeqSpec,
+    pub tokens: &'a [u32],
+    /// Most draft tokens this sequence may carry (remaining budget, context room).
+    pub room: usize,
+}
+
+/// The drafter, the step-time table and the policy switches of one scheduler.
+pub struct Speculator {
+    drafter: Box<dyn Drafter>,
+    times: StepTimes,
+    draft_max: usize,
+    /// false: every available draft token (up to `draft_max`) rides, whatever it costs (tests,
+    /// and the benchmark's forced curve).
+    gated: bool,
+    next_key: u64,
+    kind: &'static str,
+}
+
+impl Speculator {
+    /// Speculation with `drafter`, at most `draft_max` draft tokens per sequence and step,
+    /// gated by the policy (`gated`) or always on.
+    pub fn new(drafter: Box<dyn Drafter>, draft_max: usize, gated: bool) -> Speculator {
+        let kind = drafter.kind().name();
+        // every series exists from the start, so a scrape never misses one
+        metrics::counter!("nightshift_spec_drafted_tokens_total", "drafter" => kind).increment(0);
+        metrics::counter!("nightshift_spec_accepted_tokens_total", "drafter" => kind).increment(0);
+        Speculator {
+            drafter,
+            times: StepTimes::new(),
+            draft_max,
+            gated,
+            next_key: 0,
+            kind,
+        }
+    }
+
+    pub fn kind(&self) -> DraftKind {
+        self.drafter.kind()
+    }
+
+    /// The measured step time by rows.
+    pub fn times(&self) -> &StepTimes {
+        &self.times
+    }
+
+    /// A sequence starts: its state, with the drafter told its prompt.
+    pub fn begin(&mut self, prompt: &[u32], prediction: Vec<u32>) -> SeqSpec {
+        self.next_key += 1;
+        self.drafter.begin(self.next_key, prompt);
+        SeqSpec {
+            key: self.next_key,
+            prediction,
+            ..SeqSpec::default()
+        }
+    }
+
+    /// A sequence ended holding `tokens`.
+    pub fn end(&mut self, spec: &SeqSpec, tokens: &[u32]) {
+        self.drafter.end(spec.key, tokens);
+    }
+
+    /// The draft tokens of each asked sequence for a step whose other rows number `base`
+    /// (indexed like `asks`; empty = no draft).
+    pub fn drafts(&mut self, base: usize, asks: &mut [Ask]) -> Vec<Vec<u32>> {
+        let mut out: Vec<Vec<u32>> = vec![Vec::new(); asks.len()];
+        // a model drafter costs a step per token: plan first, draft only what rides; lookups
+        // are cheap: draft first, plan over what they found
+        let model = self.drafter.kind() == DraftKind::Draft;
+        let mut found: Vec<Vec<u32>> = Vec::with_capacity(asks.len());
+        for a in asks.iter() {
+            let max = a.room.min(self.draft_max);
+            if model || max == 0 {
+                found.push(Vec::new());
+                continue;
+            }
+            found.push(self.ask(a, max));
+        }
+        let cands: Vec<Candidate> = asks
+            .iter()
+            .zip(&found)
+            .map(|(a, f)| Candidate {
+                rate: a.spec.acceptance.rate(),
+                available: if model {
+                    a.room.min(self.draft_max)
+                } else {
+                    f.len()
+                },
+            })
+            .collect();
+        let take = if self.gated {
+            plan(&self.times, base, &cands)
+        } else {
+            cands.iter().map(|c| c.available).collect()
+        };
+        for (i, a) in asks.iter_mut().enumerate() {
+            let k = take[i];
+            if k == 0 {
+                if cands[i].available > 0 {
+                    a.spec.acceptance.skipped();
+                }
+                continue;
+            }
+            let mut d = if model {
+                self.ask(a, k)
+            } else {
+                std::mem::take(&mut found[i])
+            };
+            d.truncate(k);
+            out[i] = d;
+        }
+        out
+    }
+
+    fn ask(&mut self, a: &Ask, max: usize) -> Vec<u32> {
+        let req = DraftRequest {
+            key: a.spec.key,
+            tokens: a.tokens,
+            extra: &a.spec.prediction,
+            max,
+        };
+        match self.drafter.draft(&req) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(drafter = self.kind, error = %e, "drafting failed; no draft this step");
+                Vec::new()
+            }
+        }
+    }
+
+    /// A step of `rows` rows took `secs`.
+    pub fn record_step(&mut self, rows: usize, secs: f64) {
+        self.times.record(rows, secs);
+    }
+
+    /// A sequence's verification: `drafted` draft tokens, the first `accepted` accepted.
+    pub fn verified(&mut self, spec: &mut SeqSpec, drafted: usize, accepted: usize) {
+        spec.acceptance.update(drafted, accepted);
+        metrics::counter!("nightshift_spec_drafted_tokens_total", "drafter" => self.kind)
+            .increment(drafted as u64);
+        metrics::counter!("nightshift_spec_accepted_tokens_total", "drafter" => self.kind)
+            .increment(accepted as u64);
+    }
+}
