@@ -258,7 +258,10 @@ fn the_ngram_drafter_and_a_prediction_keep_the_output() {
     // every emitted token but each step's first comes from an accepted draft
     let accepted: u32 = got.iter().map(|o| o.accepted).sum();
     let emitted: u32 = got.iter().map(|o| o.completion_tokens).sum();
-    assert!(accepted * 2 > emitted, "the prediction's tokens are accepted: {got:?}");
+    assert!(
+        accepted * 2 > emitted,
+        "the prediction's tokens are accepted: {got:?}"
+    );
     // without a prediction the toy model's text rarely repeats, but the output is the same
     for r in &mut reqs {
         r.prediction.clear();
