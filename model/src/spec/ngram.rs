@@ -51,10 +51,13 @@ pub fn lookup(
 }
 
 /// [`lookup`] over a sequence's own tokens and its extra source: the longer match wins, the
-/// extra source (a predicted output) on a tie.
+/// extra source (a predicted output) on a tie. The extra source is matched from n = 1: it is
+/// the expected answer, so after a token that differs from it, the next one already finds its
+/// place again.
 pub fn lookup_both(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<u32>)> {
     let own = lookup(req.tokens, req.tokens, range, req.max);
-    let extra = lookup(req.extra, req.tokens, range, req.max);
+    let from_one = NgramRange { min: 1, ..range };
+    let extra = lookup(req.extra, req.tokens, from_one, req.max);
     match (own, extra) {
         (Some(o), Some(e)) => Some(if e.0 >= o.0 { e } else { o }),
         (o, e) => o.or(e),
@@ -129,5 +132,21 @@ mod tests {
             NgramDrafter::new(R).draft(&req).expect("draft"),
             vec![40, 41]
         );
+        // one token is enough in the extra source
+        let tokens = [5, 6, 7, 9, 42];
+        let req = DraftRequest {
+            tokens: &tokens,
+            ..req
+        };
+        assert_eq!(
+            NgramDrafter::new(R).draft(&req).expect("draft"),
+            Vec::<u32>::new()
+        );
+        let tokens = [5, 6, 7, 9, 41];
+        let req = DraftRequest {
+            tokens: &tokens,
+            ..req
+        };
+        assert_eq!(NgramDrafter::new(R).draft(&req).expect("draft"), vec![42]);
     }
 }
