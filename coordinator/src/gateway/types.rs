@@ -187,10 +187,11 @@ request_struct!(
 
 /// OpenAI's `prediction`: the expected output (a string, or text parts), used as an extra
 /// lookup source by the speculative drafter; it never changes the output.
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Prediction {
     #[serde(rename = "type")]
+    #[schema(pattern = "^content$")]
     pub kind: String,
     pub content: Content,
 }
@@ -227,7 +228,7 @@ pub struct Usage {
 
 /// OpenAI's breakdown of the completion tokens: draft tokens (from `prediction` or the
 /// server's own drafter) the model accepted and rejected.
-#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
 pub struct CompletionTokensDetails {
     pub accepted_prediction_tokens: u32,
     pub rejected_prediction_tokens: u32,
