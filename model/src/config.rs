@@ -1,6 +1,7 @@
-//! `ModelConfig`: the hyper-parameters of a qwen3moe or deepseek2 GGUF, read from its metadata
-//! exactly as llama.cpp's hparams/cparams loading does (including YaRN's attention factor and
-//! deepseek2's pre-scaled `kq_scale`), so the forward pass never looks at metadata again.
+//! `ModelConfig`: the hyper-parameters of a qwen3moe, deepseek2, qwen3 or llama GGUF, read from
+//! its metadata exactly as llama.cpp's hparams/cparams loading does (including YaRN's attention
+//! factor, deepseek2's pre-scaled `kq_scale` and llama's rope frequency factors), so the forward
+//! pass never looks at metadata again.
 
 use crate::error::ModelError;
 use crate::gguf::{Gguf, Metadata};
@@ -12,6 +13,34 @@ pub enum Arch {
     Qwen3Moe,
     /// DeepSeek-V3 / Kimi K2: MLA attention, YaRN, sigmoid routing, shared expert.
     Deepseek2,
+    /// Dense Qwen3 (0.6B ... 32B): qwen3moe's attention (per-head q/k RMSNorm, NEOX rope) and a
+    /// SwiGLU FFN in every layer.
+    Qwen3,
+    /// Dense Llama 3.x: GQA without q/k norms, NORM rope with optional frequency factors
+    /// (`rope_freqs.weight`), SwiGLU FFN in every layer.
+    Llama,
+}
+
+impl Arch {
+    /// `general.architecture` of the arch.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::Deepseek2 => "deepseek2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Llama => "llama",
+        }
+    }
+
+    /// Whether the arch has routed experts (qwen3 and llama are dense: no `ExpertBackend` call).
+    pub fn is_moe(self) -> bool {
+        matches!(self, Arch::Qwen3Moe | Arch::Deepseek2)
+    }
+
+    /// Whether attention is grouped-query over per-head K/V rows (everything but deepseek2's MLA).
+    pub fn is_gqa(self) -> bool {
+        !matches!(self, Arch::Deepseek2)
+    }
 }
 
 /// How router logits become expert probabilities.
@@ -28,6 +57,9 @@ pub struct RopeConfig {
     pub n_dims: usize,
     /// NEOX (halves) rather than NORM (interleaved pairs).
     pub neox: bool,
+    /// Per rotated pair divisors of the rotation frequency (llama 3's `rope_freqs.weight`,
+    /// `n_dims / 2` floats), as ggml's `rope_ext` takes them.
+    pub freq_factors: Option<Vec<f32>>,
     pub freq_base: f32,
     pub freq_scale: f32,
     pub ext_factor: f32,
@@ -61,9 +93,9 @@ pub struct ModelConfig {
     pub n_layer: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
-    /// Key head size as cached (qwen3moe: head_dim; deepseek2: kv_lora + rope).
+    /// Key head size as cached (gqa archs: head_dim; deepseek2: kv_lora + rope).
     pub head_k: usize,
-    /// Value head size as cached (qwen3moe: head_dim; deepseek2: kv_lora).
+    /// Value head size as cached (gqa archs: head_dim; deepseek2: kv_lora).
     pub head_v: usize,
     pub n_ctx_train: usize,
     pub rms_eps: f32,
@@ -71,11 +103,13 @@ pub struct ModelConfig {
     /// Softmax scale of attention scores.
     pub kq_scale: f32,
     pub mla: Option<MlaConfig>,
+    /// Routed experts per MoE layer (0 for the dense archs).
     pub n_expert: usize,
     pub n_expert_used: usize,
     pub n_ff_exp: usize,
     pub n_ff_dense: usize,
     pub n_expert_shared: usize,
+    /// Leading dense layers (deepseek2's first; every layer of the dense archs).
     pub n_dense_lead: usize,
     pub expert_weights_norm: bool,
     pub expert_weights_scale: f32,
@@ -118,12 +152,14 @@ fn get_mscale(scale: f32, mscale: f32) -> f32 {
 }
 
 impl ModelConfig {
-    /// Reads the hyper-parameters of a qwen3moe or deepseek2 file.
+    /// Reads the hyper-parameters of a qwen3moe, deepseek2, qwen3 or llama file.
     pub fn from_gguf(g: &Gguf) -> Result<ModelConfig, ModelError> {
         let arch_name = g.arch()?.to_string();
         let arch = match arch_name.as_str() {
             "qwen3moe" => Arch::Qwen3Moe,
             "deepseek2" => Arch::Deepseek2,
+            "qwen3" => Arch::Qwen3,
+            "llama" => Arch::Llama,
             other => return Err(ModelError::UnsupportedArch(other.to_string())),
         };
         let md = g.metadata();
@@ -182,6 +218,12 @@ impl ModelConfig {
             .get_str(&k("rope.scaling.type"))?
             .unwrap_or("linear")
             .to_string();
+        if !matches!(scaling.as_str(), "none" | "linear" | "yarn") {
+            return Err(bad(
+                &k("rope.scaling.type"),
+                format!("expected none, linear or yarn, found {scaling}"),
+            ));
+        }
         let factor = opt_f32(md, &k("rope.scaling.factor"), 0.0)?;
         let mut freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
         if scaling == "none" {
@@ -219,9 +261,17 @@ impl ModelConfig {
             attn_factor *= 1.0 / (1.0 + 0.1 * factor.ln());
         }
         attn_factor *= rope_attn_factor;
+        // llama.cpp reads `rope_freqs.weight` for llama only (llama 3's long-context factors).
+        let freq_factors = match arch {
+            Arch::Llama if g.tensor("rope_freqs.weight").is_some() => {
+                Some(crate::weights::load_w(g, "rope_freqs.weight", &[n_rot / 2])?.to_f32()?)
+            }
+            _ => None,
+        };
         let rope = RopeConfig {
             n_dims: n_rot,
-            neox: arch == Arch::Qwen3Moe,
+            neox: matches!(arch, Arch::Qwen3Moe | Arch::Qwen3),
+            freq_factors,
             freq_base,
             freq_scale,
             ext_factor,
@@ -231,6 +281,30 @@ impl ModelConfig {
             n_ctx_orig,
         };
 
+        if arch.is_gqa() && (n_rot != head_k || head_k != head_v) {
+            return Err(bad(
+                &k("rope.dimension_count"),
+                format!("expected rope dims == key length == value length, found {n_rot}, {head_k}, {head_v}"),
+            ));
+        }
+        let n_ff_dense = opt_u32(md, &k("feed_forward_length"), 0)?;
+        if !arch.is_moe() {
+            return dense_config(DenseParts {
+                md,
+                arch,
+                key: &k,
+                n_vocab,
+                n_embd,
+                n_layer,
+                n_head,
+                n_head_kv,
+                head_k,
+                n_ctx_train,
+                rms_eps,
+                rope,
+                n_ff: n_ff_dense,
+            });
+        }
         let n_expert = opt_u32(md, &k("expert_count"), 0)?;
         let n_expert_used = opt_u32(md, &k("expert_used_count"), 0)?;
         if n_expert == 0 || n_expert_used == 0 || n_expert_used > n_expert {
@@ -239,7 +313,6 @@ impl ModelConfig {
                 format!("expected 0 < expert_used_count <= expert_count, found {n_expert_used} of {n_expert}"),
             ));
         }
-        let n_ff_dense = opt_u32(md, &k("feed_forward_length"), 0)?;
         let n_ff_exp = opt_u32(md, &k("expert_feed_forward_length"), 0)?;
         let n_ff_exp = if n_ff_exp == 0 {
             n_ff_dense / n_expert_used
@@ -265,12 +338,6 @@ impl ModelConfig {
             groups_used,
         ) = match arch {
             Arch::Qwen3Moe => {
-                if n_rot != head_k || head_k != head_v {
-                    return Err(bad(
-                        &k("rope.dimension_count"),
-                        format!("expected rope dims == key length == value length, found {n_rot}, {head_k}, {head_v}"),
-                    ));
-                }
                 let scale = opt_f32(md, &k("expert_weights_scale"), 0.0)?;
                 (
                     1.0 / (head_k as f32).sqrt(),
@@ -283,6 +350,13 @@ impl ModelConfig {
                     1,
                     1,
                 )
+            }
+            // the dense archs returned through `dense_config` above
+            Arch::Qwen3 | Arch::Llama => {
+                return Err(bad(
+                    &k("expert_count"),
+                    format!("expected no experts in a dense {arch_name} model, found {n_expert}"),
+                ))
             }
             Arch::Deepseek2 => {
                 let q_lora_rank = opt_u32(md, &k("attention.q_lora_rank"), 0)?;
@@ -376,15 +450,89 @@ impl ModelConfig {
 
     /// Floats one token occupies in one layer's K (and V) cache.
     pub fn kv_floats_per_token(&self) -> (usize, usize) {
-        match self.arch {
-            Arch::Qwen3Moe => (self.n_head_kv * self.head_k, self.n_head_kv * self.head_v),
+        if self.arch.is_gqa() {
+            (self.n_head_kv * self.head_k, self.n_head_kv * self.head_v)
+        } else {
             // MLA: the latent + rope row; V is a view of its first kv_lora floats.
-            Arch::Deepseek2 => (self.head_k, 0),
+            (self.head_k, 0)
         }
     }
 
-    /// Whether layer `il` is a MoE layer (deepseek2's leading layers are dense).
+    /// Whether layer `il` is a MoE layer (deepseek2's leading layers and every layer of the dense
+    /// archs are dense).
     pub fn is_moe_layer(&self, il: usize) -> bool {
         il >= self.n_dense_lead
     }
+}
+
+/// What [`dense_config`] needs from `ModelConfig::from_gguf`.
+struct DenseParts<'a, K: Fn(&str) -> String> {
+    md: &'a Metadata,
+    arch: Arch,
+    key: &'a K,
+    n_vocab: usize,
+    n_embd: usize,
+    n_layer: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    head_k: usize,
+    n_ctx_train: usize,
+    rms_eps: f32,
+    rope: RopeConfig,
+    n_ff: usize,
+}
+
+/// The config of a dense qwen3 or llama file: every layer a SwiGLU FFN of `feed_forward_length`,
+/// kq scale 1/sqrt(head_dim) (llama: `attention.scale` when set, as llama.cpp's llama graph).
+fn dense_config<K: Fn(&str) -> String>(p: DenseParts<'_, K>) -> Result<ModelConfig, ModelError> {
+    let k = p.key;
+    if p.n_ff == 0 {
+        return Err(bad(
+            &k("feed_forward_length"),
+            "expected a non-zero feed-forward length, found 0".into(),
+        ));
+    }
+    let n_expert = opt_u32(p.md, &k("expert_count"), 0)?;
+    if n_expert != 0 {
+        return Err(bad(
+            &k("expert_count"),
+            format!(
+                "expected no experts in a dense {} model, found {n_expert}",
+                p.arch.name()
+            ),
+        ));
+    }
+    let mut kq_scale = 1.0 / (p.head_k as f32).sqrt();
+    if p.arch == Arch::Llama {
+        let s = opt_f32(p.md, &k("attention.scale"), 0.0)?;
+        if s != 0.0 {
+            kq_scale = s;
+        }
+    }
+    Ok(ModelConfig {
+        arch: p.arch,
+        n_vocab: p.n_vocab,
+        n_embd: p.n_embd,
+        n_layer: p.n_layer,
+        n_head: p.n_head,
+        n_head_kv: p.n_head_kv,
+        head_k: p.head_k,
+        head_v: p.head_k,
+        n_ctx_train: p.n_ctx_train,
+        rms_eps: p.rms_eps,
+        rope: p.rope,
+        kq_scale,
+        mla: None,
+        n_expert: 0,
+        n_expert_used: 0,
+        n_ff_exp: 0,
+        n_ff_dense: p.n_ff,
+        n_expert_shared: 0,
+        n_dense_lead: p.n_layer,
+        expert_weights_norm: false,
+        expert_weights_scale: 0.0,
+        gating: Gating::Softmax,
+        n_expert_groups: 1,
+        n_group_used: 1,
+    })
 }

@@ -505,7 +505,9 @@ impl Engine {
                 let t_attn = Instant::now();
                 rms_norm(&x, &lw.attn_norm, c.rms_eps, &mut h);
                 match c.arch {
-                    Arch::Qwen3Moe => arch::qwen3moe::attention(&ctx, kv, il, &h, &mut y)?,
+                    Arch::Qwen3Moe | Arch::Qwen3 | Arch::Llama => {
+                        arch::gqa::attention(&ctx, kv, il, &h, &mut y)?
+                    }
                     Arch::Deepseek2 => arch::deepseek2::attention(&ctx, kv, il, &h, &mut y)?,
                 }
                 add_inplace(&mut x, &y);

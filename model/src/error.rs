@@ -11,7 +11,7 @@ pub enum ModelError {
     #[error("gguf: {0}")]
     Gguf(#[from] crate::gguf::GgufError),
     /// The architecture named by `general.architecture` is not one this engine runs.
-    #[error("unsupported architecture: expected qwen3moe or deepseek2, found {0}")]
+    #[error("unsupported architecture: expected qwen3moe, deepseek2, qwen3 or llama, found {0}")]
     UnsupportedArch(String),
     /// A hyper-parameter is missing or out of range.
     #[error("bad hyper-parameter {key}: {msg}")]

@@ -1,6 +1,7 @@
 //! Rotary position embedding as ggml's CPU `rope_ext` computes it: the per-position cos/sin cache
 //! (YaRN ramp between interpolation and extrapolation, magnitude scaling), then NORM (interleaved
-//! pairs, deepseek2) or NEOX (first half with second half, qwen3moe) rotation of the first `n_dims`.
+//! pairs: deepseek2, llama) or NEOX (first half with second half: qwen3moe, qwen3) rotation of the
+//! first `n_dims`, with llama 3's per-pair frequency factors when the file has them.
 
 use crate::config::RopeConfig;
 
@@ -41,7 +42,12 @@ impl Rope {
         let mut out = vec![0.0f32; c.n_dims];
         let mut theta = pos as f32;
         for i0 in (0..c.n_dims).step_by(2) {
-            let theta_extrap = theta;
+            // llama 3's frequency factors divide each pair's angle (ggml_rope_cache_init)
+            // (`n_dims / 2` of them, checked at load)
+            let theta_extrap = match c.freq_factors.as_deref().and_then(|f| f.get(i0 / 2)) {
+                Some(&ff) => theta / ff,
+                None => theta,
+            };
             let theta_interp = c.freq_scale * theta_extrap;
             let mut th = theta_interp;
             let mut mscale = c.attn_factor;

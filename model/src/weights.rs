@@ -1,5 +1,5 @@
-//! Zero-copy views of the model's tensors (`W`) grouped per layer as the two architectures need
-//! them. A `W` points into the `Gguf`'s mapped bytes, which the owning `Model` keeps alive and never
+//! Zero-copy views of the model's tensors (`W`) grouped per layer as the architectures need
+//! them (GQA attention for qwen3moe, qwen3 and llama; MLA for deepseek2). A `W` points into the `Gguf`'s mapped bytes, which the owning `Model` keeps alive and never
 //! mutates; small vectors (norms, biases) are copied to `Vec<f32>` at load time.
 
 use crate::config::{Arch, ModelConfig};
@@ -119,16 +119,29 @@ fn load_vec(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
     load_w(g, name, &[n])?.to_f32()
 }
 
+/// A typed error when the file has the optional tensor `name`, which the forward pass does not
+/// use (a bias): running without it would silently compute another model.
+fn no_bias(g: &Gguf, name: &str) -> Result<(), ModelError> {
+    match g.tensor(name) {
+        Some(_) => Err(tensor_err(
+            name,
+            "expected no such bias (not supported), found one".into(),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Attention weights.
 pub enum AttnWeights {
-    /// qwen3moe: grouped-query attention with per-head q/k norms.
+    /// qwen3moe, qwen3, llama: grouped-query attention, with per-head q/k norms (the qwen3
+    /// archs; llama has none).
     Gqa {
         q: W,
         k: W,
         v: W,
         o: W,
-        q_norm: Vec<f32>,
-        k_norm: Vec<f32>,
+        q_norm: Option<Vec<f32>>,
+        k_norm: Option<Vec<f32>>,
     },
     /// deepseek2: multi-head latent attention, `attn_k_b`/`attn_v_b` absorbed.
     Mla {
@@ -143,7 +156,8 @@ pub enum AttnWeights {
     },
 }
 
-/// A dense SwiGLU FFN (deepseek2's leading layers and shared experts).
+/// A dense SwiGLU FFN (every layer of qwen3 and llama, deepseek2's leading layers and shared
+/// experts).
 pub struct DenseFfn {
     pub gate: W,
     pub up: W,
@@ -201,15 +215,26 @@ impl Weights {
         for il in 0..c.n_layer {
             let p = |s: &str| format!("blk.{il}.{s}");
             let attn = match c.arch {
-                Arch::Qwen3Moe => {
+                Arch::Qwen3Moe | Arch::Qwen3 | Arch::Llama => {
                     let hd = c.head_k;
+                    // Biases (qwen2-style q/k/v, some llama fine-tunes) are not computed here:
+                    // refuse such a file rather than run it without them.
+                    for b in ["attn_q", "attn_k", "attn_v", "attn_output"] {
+                        no_bias(g, &p(&format!("{b}.bias")))?;
+                    }
+                    let norm = |s: &str| -> Result<Option<Vec<f32>>, ModelError> {
+                        match c.arch {
+                            Arch::Llama => Ok(None),
+                            _ => load_vec(g, &p(s), hd).map(Some),
+                        }
+                    };
                     AttnWeights::Gqa {
                         q: load_w(g, &p("attn_q.weight"), &[e, c.n_head * hd])?,
                         k: load_w(g, &p("attn_k.weight"), &[e, c.n_head_kv * hd])?,
                         v: load_w(g, &p("attn_v.weight"), &[e, c.n_head_kv * hd])?,
                         o: load_w(g, &p("attn_output.weight"), &[c.n_head * hd, e])?,
-                        q_norm: load_vec(g, &p("attn_q_norm.weight"), hd)?,
-                        k_norm: load_vec(g, &p("attn_k_norm.weight"), hd)?,
+                        q_norm: norm("attn_q_norm.weight")?,
+                        k_norm: norm("attn_k_norm.weight")?,
                     }
                 }
                 Arch::Deepseek2 => {
@@ -290,6 +315,9 @@ impl Weights {
                 })
             } else {
                 let f = c.n_ff_dense;
+                for b in ["ffn_gate", "ffn_up", "ffn_down"] {
+                    no_bias(g, &p(&format!("{b}.bias")))?;
+                }
                 FfnWeights::Dense(DenseFfn {
                     gate: load_w(g, &p("ffn_gate.weight"), &[e, f])?,
                     up: load_w(g, &p("ffn_up.weight"), &[e, f])?,

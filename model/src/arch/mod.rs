@@ -1,9 +1,10 @@
-//! The per-architecture attention blocks (`qwen3moe`, `deepseek2`) and what they share: the step
+//! The per-architecture attention blocks (`gqa`: qwen3moe, qwen3, llama; `deepseek2`: MLA) and
+//! what they share: the step
 //! context (batch tokens, their rope caches, thread pool) and the causal attention of every batch
 //! token over its own sequence's cache, run in parallel over tokens.
 
 pub mod deepseek2;
-pub mod qwen3moe;
+pub mod gqa;
 
 use crate::attention::{attend_heads, Heads, KvView};
 use crate::kv::{KvCache, KvType};

@@ -19,7 +19,7 @@ pub mod pool;
 
 pub use pool::{BlockId, BlockPool, PoolCounters, Rows};
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::gguf::fnv1a;
 use nightshift_kernels::formats::f16_to_f32;
@@ -65,11 +65,7 @@ impl KvLayout {
     pub const BLOCK: usize = 16;
 
     pub fn for_model(c: &ModelConfig) -> KvLayout {
-        let (k_width, v_width) = match c.arch {
-            Arch::Qwen3Moe => (c.n_head_kv * c.head_k, c.n_head_kv * c.head_v),
-            // MLA: the latent + rope row; V is a view of its first kv_lora floats.
-            Arch::Deepseek2 => (c.head_k, 0),
-        };
+        let (k_width, v_width) = c.kv_floats_per_token();
         KvLayout {
             n_layer: c.n_layer,
             k_width,

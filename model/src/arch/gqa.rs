@@ -1,5 +1,7 @@
-//! qwen3moe attention: q/k/v projections, per-head RMSNorm of q and k, NEOX rope, GQA over the
-//! F32 cache with scale 1/sqrt(head_dim), output projection (llama.cpp `llm_build_qwen3moe`).
+//! Grouped-query attention of qwen3moe, qwen3 and llama: q/k/v projections, per-head RMSNorm of
+//! q and k (the qwen3 archs), rope (NEOX for qwen3, NORM with frequency factors for llama), GQA
+//! over the cache with the config's kq scale, output projection (llama.cpp's `qwen3moe`, `qwen3`
+//! and `llama` graphs).
 
 use super::{attend_all, StepCtx};
 use crate::attention::Heads;
@@ -39,8 +41,12 @@ pub fn attention(
     let mut kr = vec![0.0f32; n * kw];
     let mut vr = vec![0.0f32; n * kw];
     matmul_many(&[q, k, v], h, n, &mut [&mut qr, &mut kr, &mut vr], pool)?;
-    rms_norm_inplace(&mut qr, q_norm, c.rms_eps);
-    rms_norm_inplace(&mut kr, k_norm, c.rms_eps);
+    if let Some(w) = q_norm {
+        rms_norm_inplace(&mut qr, w, c.rms_eps);
+    }
+    if let Some(w) = k_norm {
+        rms_norm_inplace(&mut kr, w, c.rms_eps);
+    }
     for (t, tok) in ctx.toks.iter().enumerate() {
         let rc = &ctx.ropes[t];
         for head in qr[t * qw..(t + 1) * qw].chunks_exact_mut(hd) {
