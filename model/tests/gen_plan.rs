@@ -153,5 +153,74 @@ fn bad_specs_are_errors() {
     s.layers = Some(0);
     check(s, "expected at least 1 layer");
     assert!("Q5_K_M".parse::<QuantMix>().is_err());
-    assert!("llama".parse::<Arch>().is_err());
+    assert!("mistral".parse::<Arch>().is_err());
+    let mut s = spec(Preset::Tiny, Arch::Qwen3, QuantMix::Q2K);
+    s.experts = Some(4);
+    check(s, "expected no --experts for the dense qwen3 arch");
+    check(
+        spec(Preset::Qwen3_0_6b, Arch::Llama, QuantMix::Q4KM),
+        "is a qwen3 model",
+    );
+}
+
+#[test]
+fn qwen3_0_6b_is_dense_tied_and_typed_like_llama_quantize() {
+    let p = plan(&spec(Preset::Qwen3_0_6b, Arch::Qwen3, QuantMix::Q4KM)).expect("plan");
+    // Qwen3-0.6B: 0.596 B parameters with its tied embedding
+    let n = p.n_params() as f64;
+    assert!(n > 0.59e9 && n < 0.60e9, "{n:e} parameters");
+    assert_eq!(p.dims.n_layer, 28);
+    assert_eq!(p.n_vocab, 151_936);
+    assert!(p.tensors.iter().all(|t| t.0.name != "output.weight"));
+    assert!(p.tensors.iter().all(|t| !t.0.name.contains("exps")));
+    let check = |name: &str, dims: &[u64], ty: GgmlType| {
+        assert_eq!(dims_of(&p, name), dims, "{name} dims");
+        assert_eq!(ty_of(&p, name), ty, "{name} type");
+    };
+    // the tied embedding is the head: quantized as output.weight would be
+    check("token_embd.weight", &[1024, 151_936], GgmlType::Q6_K);
+    check("blk.0.attn_q.weight", &[1024, 2048], GgmlType::Q4_K);
+    check("blk.0.attn_k.weight", &[1024, 1024], GgmlType::Q4_K);
+    check("blk.0.attn_v.weight", &[1024, 1024], GgmlType::Q6_K); // use_more_bits(0, 28)
+    check("blk.4.attn_v.weight", &[1024, 1024], GgmlType::Q4_K);
+    check("blk.0.attn_q_norm.weight", &[128], GgmlType::F32);
+    check("blk.0.ffn_gate.weight", &[1024, 3072], GgmlType::Q4_K);
+    check("blk.0.ffn_down.weight", &[3072, 1024], GgmlType::Q6_K);
+    check("blk.4.ffn_down.weight", &[3072, 1024], GgmlType::Q4_K);
+    let keys: Vec<&str> = p.metadata.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(keys.contains(&"qwen3.feed_forward_length"));
+    assert!(!keys.iter().any(|k| k.contains("expert")));
+    // --leave-output-tensor names output.weight only: the tied head is still quantized
+    let mut s = spec(Preset::Qwen3_0_6b, Arch::Qwen3, QuantMix::Q8_0);
+    s.leave_output = true;
+    s.layers = Some(1);
+    assert_eq!(
+        ty_of(&plan(&s).expect("plan"), "token_embd.weight"),
+        GgmlType::Q8_0
+    );
+}
+
+#[test]
+fn tiny_dense_models_share_the_moe_vocabularies_and_attention() {
+    let moe = plan(&spec(Preset::Tiny, Arch::Qwen3Moe, QuantMix::Q8_0)).expect("plan");
+    let q = plan(&spec(Preset::Tiny, Arch::Qwen3, QuantMix::Q8_0)).expect("plan");
+    // a draft model must tokenize as its target
+    let tokens = |p: &nightshift_model::gen::Plan| {
+        p.metadata
+            .iter()
+            .find(|(k, _)| k == "tokenizer.ggml.tokens")
+            .map(|(_, v)| format!("{v:?}"))
+    };
+    assert_eq!(tokens(&q), tokens(&moe));
+    assert_eq!(
+        dims_of(&q, "blk.1.attn_k.weight"),
+        dims_of(&moe, "blk.1.attn_k.weight")
+    );
+    assert_eq!(dims_of(&q, "blk.1.ffn_up.weight"), vec![256, 512]);
+    let l = plan(&spec(Preset::Tiny, Arch::Llama, QuantMix::Q4KM)).expect("plan");
+    assert_eq!(dims_of(&l, "rope_freqs.weight"), vec![32]);
+    assert_eq!(ty_of(&l, "rope_freqs.weight"), GgmlType::F32);
+    assert!(l.tensors.iter().all(|t| !t.0.name.contains("_norm.weight")
+        || !t.0.name.contains("attn_q")));
+    assert_eq!(ty_of(&l, "output.weight"), GgmlType::Q6_K);
 }

@@ -1,5 +1,6 @@
-//! `nightshift gen-model`: writes a random-weight GGUF in llama.cpp's exact layout (qwen3moe or
-//! deepseek2, tiny / Qwen3-30B-A3B / Kimi K2 shapes, Q2_K / Q4_K_M / Q8_0 / F16 mixes) with an
+//! `nightshift gen-model`: writes a random-weight GGUF in llama.cpp's exact layout (qwen3moe,
+//! deepseek2, dense qwen3 or llama; tiny / Qwen3-30B-A3B / Kimi K2 / Qwen3-0.6B shapes; Q2_K /
+//! Q4_K_M / Q8_0 / F16 / UD i-quant mixes) with an
 //! indicatif progress bar. The work is `nightshift_model::gen::generate`; this file parses
 //! arguments and shows progress.
 
@@ -13,10 +14,11 @@ use nightshift_model::gen::{self, Arch, GenSpec, Preset, QuantMix};
 /// Arguments of `nightshift gen-model`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Architecture: qwen3moe or deepseek2 (default: the preset's; required for `tiny`).
+    /// Architecture: qwen3moe, deepseek2, qwen3 or llama (default: the preset's; required for
+    /// `tiny`).
     #[arg(long)]
     arch: Option<String>,
-    /// Shape preset: tiny, qwen3-30b-a3b or kimi-k2.
+    /// Shape preset: tiny, qwen3-30b-a3b, kimi-k2 or qwen3-0.6b.
     #[arg(long, default_value = "tiny")]
     preset: String,
     /// Keep only the first N layers (deepseek2 keeps its leading dense layer).
@@ -63,7 +65,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let arch: Arch = match (&args.arch, preset.arch()) {
         (Some(a), _) => a.parse()?,
         (None, Some(a)) => a,
-        (None, None) => anyhow::bail!("preset `tiny` needs --arch qwen3moe or --arch deepseek2"),
+        (None, None) => {
+            anyhow::bail!("preset `tiny` needs --arch qwen3moe, deepseek2, qwen3 or llama")
+        }
     };
     let quant: QuantMix = args.quant.parse()?;
     let spec = GenSpec {

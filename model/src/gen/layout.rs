@@ -1,5 +1,6 @@
 //! What a generated model contains: the hyper-parameters of each preset, the metadata keys
-//! llama.cpp reads for qwen3moe and deepseek2, and the tensor list with llama.cpp's names, ggml
+//! llama.cpp reads for qwen3moe, deepseek2, qwen3 and llama, and the tensor list with llama.cpp's
+//! names, ggml
 //! shapes (dims[0] = row length) and how each tensor is initialised — the same layout as
 //! `shared/tools/make_models.py` and llama.cpp's converters.
 
@@ -40,6 +41,45 @@ pub struct Dims {
     pub groups: Option<(u32, u32)>,
     /// vocabulary size the preset asks for (None: just the trained tokenizer)
     pub vocab: Option<usize>,
+    /// no output.weight: the head is token_embd (Qwen3-0.6B, Llama 3.2 1B/3B)
+    pub tied: bool,
+    /// llama 3 rope frequency factors written as `rope_freqs.weight` (llama only)
+    pub llama3_rope: Option<Llama3Rope>,
+}
+
+/// The `rope_scaling` of a Llama 3.x config, from which the converter computes
+/// `rope_freqs.weight` (convert_hf_to_gguf's `generate_extra_tensors`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama3Rope {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_ctx: u32,
+}
+
+impl Llama3Rope {
+    /// The factor of rotated pair `i` of `n_rot` dims with rope base `base`: 1 for short
+    /// wavelengths, `factor` for long ones, smoothly between.
+    /// In f64, as the converter computes them in Python.
+    pub fn factor_of(&self, i: usize, n_rot: usize, base: f32) -> f32 {
+        let freq = 1.0 / f64::from(base).powf((2 * i) as f64 / n_rot as f64);
+        let wavelen = 2.0 * std::f64::consts::PI / freq;
+        let ctx = f64::from(self.original_ctx);
+        let (low, high, factor) = (
+            f64::from(self.low_freq_factor),
+            f64::from(self.high_freq_factor),
+            f64::from(self.factor),
+        );
+        let f = if wavelen < ctx / high {
+            1.0
+        } else if wavelen > ctx / low {
+            factor
+        } else {
+            let smooth = (ctx / wavelen - low) / (high - low);
+            1.0 / ((1.0 - smooth) / factor + smooth)
+        };
+        f as f32
+    }
 }
 
 impl Dims {
@@ -74,6 +114,29 @@ impl Dims {
                 vocab: Some(151_936),
                 ..qwen_base(2048, 48, 32, 4, 128, 6144, 768, 128, 8, 40_960)
             },
+            (Preset::Tiny, Arch::Qwen3) => Dims {
+                name: "nightshift-tiny-qwen3".into(),
+                ..dense_base(Arch::Qwen3, 256, 2, 4, 2, 64, 512, 512)
+            },
+            (Preset::Tiny, Arch::Llama) => Dims {
+                name: "nightshift-tiny-llama".into(),
+                rope_base: 500_000.0,
+                // Llama 3.1's scaling against a short original context, so the tiny model's
+                // pairs span all three regimes (1, smooth, `factor`)
+                llama3_rope: Some(Llama3Rope {
+                    factor: 8.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_ctx: 8192,
+                }),
+                ..dense_base(Arch::Llama, 256, 2, 4, 2, 64, 512, 512)
+            },
+            (Preset::Qwen3_0_6b, Arch::Qwen3) => Dims {
+                name: "nightshift-random-qwen3-0.6b".into(),
+                vocab: Some(151_936),
+                tied: true,
+                ..dense_base(Arch::Qwen3, 1024, 28, 16, 8, 128, 3072, 40_960)
+            },
             (Preset::KimiK2, Arch::Deepseek2) => Dims {
                 name: "nightshift-random-kimi-k2".into(),
                 vocab: Some(163_840),
@@ -98,7 +161,7 @@ impl Dims {
                 return Err(GenError::Spec(format!(
                     "preset `{}` is a {} model, found --arch {}",
                     p.name(),
-                    p.arch().map_or("qwen3moe or deepseek2", Arch::name),
+                    p.arch().map_or("qwen3moe, deepseek2, qwen3 or llama", Arch::name),
                     a.name()
                 )))
             }
@@ -111,6 +174,12 @@ impl Dims {
             d.n_dense_lead = d.n_dense_lead.min(n);
         }
         if let Some(n) = spec.experts {
+            if !arch.is_moe() {
+                return Err(GenError::Spec(format!(
+                    "expected no --experts for the dense {} arch, found {n}",
+                    arch.name()
+                )));
+            }
             if n == 0 {
                 return Err(GenError::Spec("expected at least 1 expert, found 0".into()));
             }
@@ -180,6 +249,30 @@ fn qwen_base(
         weights_scale: 0.0,
         groups: None,
         vocab: None,
+        tied: false,
+        llama3_rope: None,
+    }
+}
+
+/// A dense qwen3 or llama model: qwen3moe's attention sizes and a SwiGLU FFN of `ff` in every
+/// layer, no experts.
+#[allow(clippy::too_many_arguments)]
+fn dense_base(
+    arch: Arch,
+    embd: u64,
+    n_layer: usize,
+    heads: u64,
+    heads_kv: u64,
+    head_dim: u64,
+    ff: u64,
+    ctx: u32,
+) -> Dims {
+    Dims {
+        arch,
+        expert_ff: 0,
+        n_expert: 0,
+        n_used: 0,
+        ..qwen_base(embd, n_layer, heads, heads_kv, head_dim, ff, 0, 0, 0, ctx)
     }
 }
 
@@ -227,6 +320,8 @@ fn deepseek_base(s: DeepseekSizes) -> Dims {
         weights_scale: 2.827,
         groups: None,
         vocab: None,
+        tied: false,
+        llama3_rope: None,
     }
 }
 
@@ -252,6 +347,17 @@ pub fn arch_metadata(d: &Dims) -> Vec<(String, KvValue)> {
             kv.push((k("expert_count"), u(d.n_expert as u64)));
             kv.push((k("expert_used_count"), u(d.n_used as u64)));
             kv.push((k("expert_feed_forward_length"), u(d.expert_ff)));
+        }
+        Arch::Qwen3 => {
+            kv.push((k("attention.key_length"), u(d.head_dim)));
+            kv.push((k("attention.value_length"), u(d.head_dim)));
+            kv.push((k("rope.freq_base"), KvValue::F32(d.rope_base)));
+            kv.push((k("attention.layer_norm_rms_epsilon"), KvValue::F32(1e-6)));
+        }
+        Arch::Llama => {
+            kv.push((k("rope.freq_base"), KvValue::F32(d.rope_base)));
+            kv.push((k("attention.layer_norm_rms_epsilon"), KvValue::F32(1e-5)));
+            kv.push((k("rope.dimension_count"), u(d.head_dim)));
         }
         Arch::Deepseek2 => {
             kv.push((k("attention.key_length"), u(d.kv_lora + d.rope)));
@@ -299,6 +405,11 @@ pub enum Init {
     Matrix(f32),
     /// 1 + 0.1·N(0,1): RMS norm weights
     Norm,
+    /// A token embedding that is also the output head (tied): `Gaussian(EMBD_SCALE)` for the
+    /// rows of real tokens, zero rows for the `[PAD<n>]` fillers (see `Head`).
+    TiedEmbd { live_rows: u64 },
+    /// `rope_freqs.weight`: llama 3's per-pair factors, computed (not drawn).
+    RopeFreqs(Llama3Rope, f32),
     /// The output head: `Matrix(gain)` for the rows of real tokens, zero rows for the
     /// `[PAD<n>]` fillers from `live_rows` on. Their logits are then 0 while real tokens' spread
     /// around it, so a random model still picks real tokens and its text is visible (with random
@@ -320,11 +431,19 @@ pub fn tensor_list(d: &Dims, n_vocab: u64, n_live: u64) -> Vec<(String, Vec<u64>
     let e = d.embd;
     let x = d.n_expert as u64;
     let mut push = |name: String, dims: Vec<u64>, init: Init| t.push((name, dims, init));
-    push(
-        "token_embd.weight".into(),
-        vec![e, n_vocab],
-        Init::Gaussian(EMBD_SCALE),
-    );
+    let embd_init = if d.tied {
+        Init::TiedEmbd { live_rows: n_live }
+    } else {
+        Init::Gaussian(EMBD_SCALE)
+    };
+    push("token_embd.weight".into(), vec![e, n_vocab], embd_init);
+    if let Some(r) = d.llama3_rope {
+        push(
+            "rope_freqs.weight".into(),
+            vec![d.head_dim / 2],
+            Init::RopeFreqs(r, d.rope_base),
+        );
+    }
     let m = Init::Matrix(1.0);
     for i in 0..d.n_layer {
         let p = |s: &str| format!("blk.{i}.{s}");
@@ -347,6 +466,21 @@ pub fn tensor_list(d: &Dims, n_vocab: u64, n_live: u64) -> Vec<(String, Vec<u64>
                 push(p("ffn_gate_exps.weight"), vec![e, d.expert_ff, x], m);
                 push(p("ffn_up_exps.weight"), vec![e, d.expert_ff, x], m);
                 push(p("ffn_down_exps.weight"), vec![d.expert_ff, e, x], m);
+            }
+            Arch::Qwen3 | Arch::Llama => {
+                let (h, kv, hd) = (d.heads, d.heads_kv, d.head_dim);
+                push(p("attn_q.weight"), vec![e, h * hd], m);
+                push(p("attn_k.weight"), vec![e, kv * hd], m);
+                push(p("attn_v.weight"), vec![e, kv * hd], m);
+                if d.arch == Arch::Qwen3 {
+                    push(p("attn_q_norm.weight"), vec![hd], Init::Norm);
+                    push(p("attn_k_norm.weight"), vec![hd], Init::Norm);
+                }
+                push(p("attn_output.weight"), vec![h * hd, e], m);
+                push(p("ffn_norm.weight"), vec![e], Init::Norm);
+                push(p("ffn_gate.weight"), vec![e, d.ff], m);
+                push(p("ffn_up.weight"), vec![e, d.ff], m);
+                push(p("ffn_down.weight"), vec![d.ff, e], m);
             }
             Arch::Deepseek2 => {
                 let h = d.heads;
@@ -387,13 +521,39 @@ pub fn tensor_list(d: &Dims, n_vocab: u64, n_live: u64) -> Vec<(String, Vec<u64>
         }
     }
     push("output_norm.weight".into(), vec![e], Init::Norm);
-    push(
-        "output.weight".into(),
-        vec![e, n_vocab],
-        Init::Head {
-            gain: OUTPUT_GAIN,
-            live_rows: n_live,
-        },
-    );
+    if !d.tied {
+        push(
+            "output.weight".into(),
+            vec![e, n_vocab],
+            Init::Head {
+                gain: OUTPUT_GAIN,
+                live_rows: n_live,
+            },
+        );
+    }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_rope_factors_run_from_one_to_factor() {
+        // Llama 3.1 8B: base 500000, 128 rotated dims, factor 8, low 1, high 4, 8192 positions
+        let r = Llama3Rope {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_ctx: 8192,
+        };
+        let f: Vec<f32> = (0..64).map(|i| r.factor_of(i, 128, 500_000.0)).collect();
+        assert_eq!(f[0], 1.0);
+        assert_eq!(f[63], 8.0);
+        assert!(f.windows(2).all(|w| w[0] <= w[1]), "{f:?}");
+        // short wavelengths (< 2048) untouched, long ones (> 8192) divided by 8, 6 between
+        assert_eq!(f.iter().filter(|&&x| x == 1.0).count(), 29);
+        assert_eq!(f.iter().filter(|&&x| x == 8.0).count(), 29);
+        assert!(f.iter().any(|&x| x > 1.0 && x < 8.0));
+    }
 }

@@ -20,6 +20,8 @@ pub struct MixContext {
     pub i_attention_wv: usize,
     /// `llama-quantize --leave-output-tensor`: keep output.weight as it is (F32 here)
     pub leave_output: bool,
+    /// no output.weight: token_embd is the head and is quantized as the head
+    pub tied: bool,
 }
 
 /// llama.cpp's `use_more_bits`: first and last eighth of the layers, and every third between.
@@ -58,6 +60,15 @@ fn is_quantized(ty: GgmlType) -> bool {
 
 /// The type llama-quantize gives tensor `name` (ggml dims `dims`, source F32) under `mix`.
 pub fn tensor_type(mix: QuantMix, name: &str, dims: &[u64], cx: &mut MixContext) -> GgmlType {
+    // llama.cpp (`has_tied_embeddings`) quantizes a token embedding that is also the head as the
+    // head; --leave-output-tensor names output.weight only, so it does not keep this one F32
+    if cx.tied && name == "token_embd.weight" {
+        let mut head = MixContext {
+            leave_output: false,
+            ..cx.clone()
+        };
+        return tensor_type(mix, "output.weight", dims, &mut head);
+    }
     if let Some(ty) = super::iq_mix::tensor_type(mix, name, dims, cx.leave_output) {
         return ty;
     }

@@ -1,7 +1,8 @@
 //! Random-weight model generation in llama.cpp's exact GGUF layout (`nightshift gen-model`).
 //!
-//! [`generate`] writes a qwen3moe or deepseek2 (Kimi K2) model — the `tiny` fixture shapes or
-//! real Qwen3-30B-A3B / Kimi K2 shapes, optionally with fewer layers/experts — with weights drawn
+//! [`generate`] writes a qwen3moe, deepseek2 (Kimi K2), dense qwen3 or llama model — the `tiny`
+//! fixture shapes or real Qwen3-30B-A3B / Kimi K2 / Qwen3-0.6B shapes, optionally with fewer
+//! layers/experts — with weights drawn
 //! deterministically from a seed and quantized by the kernels' `quantize_row` in one of
 //! llama.cpp's quant mixes (or Unsloth-shaped i-quant mixes, whose i-quant tensors are random
 //! valid blocks: `iq_mix`), plus a trained byte-level BPE tokenizer and chat template, so the file
@@ -60,6 +61,10 @@ pub enum GenError {
 pub enum Arch {
     Qwen3Moe,
     Deepseek2,
+    /// dense Qwen3 (the draft model of Qwen3-MoE: same tokenizer)
+    Qwen3,
+    /// dense Llama 3.x (llama-bpe tokenizer, rope frequency factors)
+    Llama,
 }
 
 impl Arch {
@@ -67,7 +72,14 @@ impl Arch {
         match self {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Deepseek2 => "deepseek2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Llama => "llama",
         }
+    }
+
+    /// Whether the arch has routed experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Arch::Qwen3Moe | Arch::Deepseek2)
     }
 }
 
@@ -77,8 +89,10 @@ impl FromStr for Arch {
         match s {
             "qwen3moe" => Ok(Arch::Qwen3Moe),
             "deepseek2" => Ok(Arch::Deepseek2),
+            "qwen3" => Ok(Arch::Qwen3),
+            "llama" => Ok(Arch::Llama),
             _ => Err(GenError::Spec(format!(
-                "expected arch qwen3moe or deepseek2, found `{s}`"
+                "expected arch qwen3moe, deepseek2, qwen3 or llama, found `{s}`"
             ))),
         }
     }
@@ -87,12 +101,16 @@ impl FromStr for Arch {
 /// Size presets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preset {
-    /// The reference fixtures' shapes (make_models.py): embd 256, 16 experts, 2 or 3 layers.
+    /// The reference fixtures' shapes (make_models.py): embd 256, 16 experts, 2 or 3 layers
+    /// (the dense archs: the same attention, a 512-wide FFN, 2 layers).
     Tiny,
     /// Qwen3-30B-A3B: embd 2048, 48 layers, 128 experts (8 used), expert ff 768, heads 32/4.
     Qwen3_30bA3b,
     /// Kimi K2: embd 7168, 61 layers (1 dense), 384 experts (8 used), MLA, YaRN ×32.
     KimiK2,
+    /// Qwen3-0.6B (dense): embd 1024, 28 layers, heads 16/8 of 128, ff 3072, tied embeddings,
+    /// Qwen3-30B-A3B's vocabulary (its draft model).
+    Qwen3_0_6b,
 }
 
 impl Preset {
@@ -101,15 +119,17 @@ impl Preset {
             Preset::Tiny => "tiny",
             Preset::Qwen3_30bA3b => "qwen3-30b-a3b",
             Preset::KimiK2 => "kimi-k2",
+            Preset::Qwen3_0_6b => "qwen3-0.6b",
         }
     }
 
-    /// The architecture a preset implies (tiny exists for both).
+    /// The architecture a preset implies (tiny exists for every arch).
     pub fn arch(self) -> Option<Arch> {
         match self {
             Preset::Tiny => None,
             Preset::Qwen3_30bA3b => Some(Arch::Qwen3Moe),
             Preset::KimiK2 => Some(Arch::Deepseek2),
+            Preset::Qwen3_0_6b => Some(Arch::Qwen3),
         }
     }
 }
@@ -121,8 +141,9 @@ impl FromStr for Preset {
             "tiny" => Ok(Preset::Tiny),
             "qwen3-30b-a3b" => Ok(Preset::Qwen3_30bA3b),
             "kimi-k2" => Ok(Preset::KimiK2),
+            "qwen3-0.6b" => Ok(Preset::Qwen3_0_6b),
             _ => Err(GenError::Spec(format!(
-                "expected preset tiny, qwen3-30b-a3b or kimi-k2, found `{s}`"
+                "expected preset tiny, qwen3-30b-a3b, kimi-k2 or qwen3-0.6b, found `{s}`"
             ))),
         }
     }
@@ -343,6 +364,7 @@ pub fn plan(spec: &GenSpec) -> Result<Plan, GenError> {
             .count(),
         i_attention_wv: 0,
         leave_output: spec.leave_output,
+        tied: dims.tied,
     };
     let mut tensors = Vec::with_capacity(list.len());
     for (name, shape, init) in list {
@@ -382,6 +404,18 @@ pub fn generate(
     progress: &mut dyn FnMut(&GenProgress<'_>),
 ) -> Result<Plan, GenError> {
     let plan = plan(spec)?;
+    write_plan(&plan, spec.seed, path, progress)?;
+    Ok(plan)
+}
+
+/// Writes `plan` (as [`plan`] made it, or altered: tests drop keys or add tensors) with weights
+/// drawn from `seed`, as [`generate`] does.
+pub fn write_plan(
+    plan: &Plan,
+    seed: u64,
+    path: &Path,
+    progress: &mut dyn FnMut(&GenProgress<'_>),
+) -> Result<(), GenError> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".partial");
     let tmp = PathBuf::from(tmp);
@@ -400,7 +434,7 @@ pub fn generate(
     let mut done = 0u64;
     let mut buf: Vec<u8> = Vec::new();
     for (decl, init) in &plan.tensors {
-        let seed = rng::tensor_seed(spec.seed, &decl.name);
+        let tseed = rng::tensor_seed(seed, &decl.name);
         let k = decl.row_len();
         let n_rows = decl.n_rows();
         let row_bytes = decl.ty.row_bytes(k as usize).map_err(|e| GenError::Shape {
@@ -412,7 +446,7 @@ pub fn generate(
         while row < n_rows {
             let n = rows_per_chunk.min(n_rows - row);
             buf.resize(n as usize * row_bytes, 0);
-            fill_rows(decl, *init, seed, row, &mut buf, row_bytes)?;
+            fill_rows(decl, *init, tseed, row, &mut buf, row_bytes)?;
             w.write_data(&buf)?;
             row += n;
             done += buf.len() as u64;
@@ -428,7 +462,7 @@ pub fn generate(
     file.sync_all().map_err(file_err(&tmp))?;
     drop(file);
     std::fs::rename(&tmp, path).map_err(file_err(path))?;
-    Ok(plan)
+    Ok(())
 }
 
 /// Draws rows `first_row..` of a tensor and stores them, quantized, into `out` (whole rows).
@@ -443,11 +477,13 @@ fn fill_rows(
     let k = decl.row_len() as usize;
     let scale = match init {
         Init::Gaussian(s) => s,
+        Init::TiedEmbd { .. } => layout::EMBD_SCALE,
         Init::Matrix(gain) | Init::Head { gain, .. } => gain / (k as f32).sqrt(),
         Init::Norm => 0.1,
+        Init::RopeFreqs(..) => 0.0,
     };
     let live_rows = match init {
-        Init::Head { live_rows, .. } => live_rows,
+        Init::Head { live_rows, .. } | Init::TiedEmbd { live_rows } => live_rows,
         _ => u64::MAX,
     };
     let offset = if init == Init::Norm { 1.0 } else { 0.0 };
@@ -456,7 +492,11 @@ fn fill_rows(
         || vec![0f32; k],
         |vals, (i, dst)| {
             let mut r = rng::row_rng(seed, first_row + i as u64);
-            if first_row + i as u64 >= live_rows {
+            if let Init::RopeFreqs(r, base) = init {
+                for (j, v) in vals.iter_mut().enumerate() {
+                    *v = r.factor_of(j, 2 * k, base);
+                }
+            } else if first_row + i as u64 >= live_rows {
                 vals.fill(0.0);
             } else {
                 for v in vals.iter_mut() {

@@ -63,7 +63,15 @@ const UNUSED: i32 = 5;
 /// Special tokens appended after the BPE vocabulary.
 pub fn specials(arch: Arch) -> &'static [&'static str] {
     match arch {
-        Arch::Qwen3Moe => &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        // dense qwen3 shares qwen3moe's vocabulary (a draft model must)
+        Arch::Qwen3Moe | Arch::Qwen3 => &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        Arch::Llama => &[
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+        ],
         Arch::Deepseek2 => &[
             "[BOS]",
             "[EOS]",
@@ -76,10 +84,16 @@ pub fn specials(arch: Arch) -> &'static [&'static str] {
     }
 }
 
-/// The chat template stored in `tokenizer.chat_template` (ChatML for Qwen3, Kimi K2's format).
+/// The chat template stored in `tokenizer.chat_template` (ChatML for Qwen3, Kimi K2's format,
+/// Llama 3's header format; the BOS comes from `add_bos`, not the template).
 pub fn chat_template(arch: Arch) -> &'static str {
     match arch {
-        Arch::Qwen3Moe => concat!(
+        Arch::Llama => concat!(
+            "{%- for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'",
+            " + message['content'] + '<|eot_id|>' }}{%- endfor %}",
+            "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+        ),
+        Arch::Qwen3Moe | Arch::Qwen3 => concat!(
             "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']",
             " + '<|im_end|>' + '\\n' }}{%- endfor %}",
             "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
@@ -136,7 +150,14 @@ pub fn tokenizer_metadata(
         KvValue::U32((first_special + at) as u32)
     };
     let (pre, bos, eos, pad, add_bos) = match arch {
-        Arch::Qwen3Moe => (
+        Arch::Llama => (
+            "llama-bpe",
+            id("<|begin_of_text|>"),
+            id("<|eot_id|>"),
+            id("<|end_of_text|>"),
+            true,
+        ),
+        Arch::Qwen3Moe | Arch::Qwen3 => (
             "qwen2",
             id("<|endoftext|>"),
             id("<|im_end|>"),
