@@ -1,6 +1,7 @@
 //! llama.cpp itself (through llama-cpp-sys-2's bindings): load a GGUF, evaluate tokens, read the
-//! logits. Used by `e2e-report` (prefill/decode speed next to ours) and `llama-check` (do the
-//! files `nightshift gen-model` writes load and run in llama.cpp, and do we compute the same).
+//! logits, tokenize. Used by `e2e-report` (prefill/decode speed next to ours) and `llama-check`
+//! (do the files `nightshift gen-model` writes load and run in llama.cpp, do we compute the same,
+//! and the expected-logits fixtures of the parity tests).
 
 use std::ffi::{c_char, c_void, CString};
 use std::path::Path;
@@ -18,6 +19,8 @@ pub enum LlamaError {
     Decode(i32),
     #[error("expected a path without NUL bytes, found {0}")]
     Path(String),
+    #[error("llama_tokenize failed on {0:?}")]
+    Tokenize(String),
 }
 
 unsafe extern "C" fn quiet(_level: sys::ggml_log_level, _text: *const c_char, _user: *mut c_void) {}
@@ -102,17 +105,75 @@ impl Llama {
         Ok(())
     }
 
-    /// Logits after the last decoded token.
-    pub fn last_logits(&self) -> Vec<f32> {
-        // SAFETY: after a successful decode the last token's logits are n_vocab floats owned by
-        // the context; copied out before any other call.
+    /// Tokenizes `text` as llama.cpp does (`add_bos`: the vocabulary's BOS if it adds one;
+    /// `special`: control-token text becomes those tokens).
+    pub fn tokenize(&self, text: &str, add_bos: bool, special: bool) -> Result<Vec<i32>, LlamaError> {
+        let fail = || LlamaError::Tokenize(text.to_string());
+        let len = i32::try_from(text.len()).map_err(|_| fail())?;
+        let mut out = vec![0i32; text.len() + 2];
+        // SAFETY: `text` is `len` readable bytes (no NUL needed: the length is passed); `out`
+        // has room for `out.len()` tokens, the most llama_tokenize writes; the vocab belongs to
+        // the live model.
+        let n = unsafe {
+            sys::llama_tokenize(
+                sys::llama_model_get_vocab(self.model),
+                text.as_ptr() as *const c_char,
+                len,
+                out.as_mut_ptr(),
+                out.len() as i32,
+                add_bos,
+                special,
+            )
+        };
+        if n < 0 {
+            return Err(fail());
+        }
+        out.truncate(n as usize);
+        Ok(out)
+    }
+
+    /// Appends `tokens` at positions `start..` in one llama_decode call with every token's
+    /// logits kept (read them with [`Llama::logits_ith`]).
+    pub fn decode_all(&mut self, tokens: &[i32], start: i32) -> Result<(), LlamaError> {
+        let n = tokens.len() as i32;
+        // SAFETY: llama_batch_init allocates room for `n` tokens of one sequence; exactly `n`
+        // entries of each array are written, and the batch is freed once after the decode.
+        let rc = unsafe {
+            let mut batch = sys::llama_batch_init(n, 0, 1);
+            for (i, &t) in tokens.iter().enumerate() {
+                *batch.token.add(i) = t;
+                *batch.pos.add(i) = start + i as i32;
+                *batch.n_seq_id.add(i) = 1;
+                **batch.seq_id.add(i) = 0;
+                *batch.logits.add(i) = 1;
+            }
+            batch.n_tokens = n;
+            let rc = sys::llama_decode(self.ctx, batch);
+            sys::llama_batch_free(batch);
+            rc
+        };
+        if rc != 0 {
+            return Err(LlamaError::Decode(rc));
+        }
+        Ok(())
+    }
+
+    /// Logits of output `i` of the last decode (negative: from the end).
+    pub fn logits_ith(&self, i: i32) -> Vec<f32> {
+        // SAFETY: after a successful decode output `i` (when it exists) is n_vocab floats owned
+        // by the context, copied out before any other call; a missing one is null.
         unsafe {
-            let p = sys::llama_get_logits_ith(self.ctx, -1);
+            let p = sys::llama_get_logits_ith(self.ctx, i);
             if p.is_null() {
                 return Vec::new();
             }
             std::slice::from_raw_parts(p, self.n_vocab).to_vec()
         }
+    }
+
+    /// Logits after the last decoded token.
+    pub fn last_logits(&self) -> Vec<f32> {
+        self.logits_ith(-1)
     }
 }
 
