@@ -195,6 +195,30 @@ fn deepseek2_iq1_s() {
     check("tiny-deepseek2-IQ1_S", 5e-3);
 }
 
+// The dense fixtures are generated files (`nightshift gen-model --preset tiny --arch qwen3|llama
+// --quant Q8_0|Q4_K_M`), their expectations written by llama.cpp on them (`llama-check --fixtures
+// model/tests/data FILE...`, benches crate, feature `ggml`).
+
+#[test]
+fn qwen3_q8_0() {
+    check("tiny-qwen3-Q8_0", 5e-3);
+}
+
+#[test]
+fn qwen3_q4_k_m() {
+    check("tiny-qwen3-Q4_K_M", 5e-3);
+}
+
+#[test]
+fn llama_q8_0() {
+    check("tiny-llama-Q8_0", 5e-3);
+}
+
+#[test]
+fn llama_q4_k_m() {
+    check("tiny-llama-Q4_K_M", 5e-3);
+}
+
 /// Two prompts interleaved in one batch (then decoded together) == each alone, bit for bit.
 fn check_multi_seq(name: &str) {
     let (model, prompts) = load_fixture(name);
@@ -294,6 +318,12 @@ fn multi_sequence_batch_is_bit_identical_deepseek2() {
 }
 
 #[test]
+fn multi_sequence_batch_is_bit_identical_dense() {
+    check_multi_seq("tiny-qwen3-Q4_K_M");
+    check_multi_seq("tiny-llama-Q4_K_M");
+}
+
+#[test]
 fn multi_sequence_batch_is_bit_identical_iq() {
     check_multi_seq("tiny-deepseek2-IQ1_S");
     check_multi_seq("tiny-qwen3moe-IQ2_XXS");
@@ -303,7 +333,12 @@ fn multi_sequence_batch_is_bit_identical_iq() {
 /// logits move a little, the greedy choices do not.
 #[test]
 fn f16_kv_cache_keeps_greedy_tokens() {
-    for name in ["tiny-qwen3moe-Q4_K_M", "tiny-deepseek2-Q4_K_M"] {
+    for name in [
+        "tiny-qwen3moe-Q4_K_M",
+        "tiny-deepseek2-Q4_K_M",
+        "tiny-qwen3-Q4_K_M",
+        "tiny-llama-Q4_K_M",
+    ] {
         let (model, prompts) = load_fixture(name);
         for (i, p) in prompts.iter().enumerate() {
             let (max, bad) = run_prompt_kv(&model, p, KvType::F16);
