@@ -195,9 +195,11 @@ fn deepseek2_iq1_s() {
     check("tiny-deepseek2-IQ1_S", 5e-3);
 }
 
-// The dense fixtures are generated files (`nightshift gen-model --preset tiny --arch qwen3|llama
-// --quant Q8_0|Q4_K_M`), their expectations written by llama.cpp on them (`llama-check --fixtures
-// model/tests/data FILE...`, benches crate, feature `ggml`).
+// The dense fixtures are generated files (`nightshift gen-model --preset tiny --arch
+// qwen3|llama --quant Q8_0|Q4_K_M --leave-output-tensor`: an F32 head, as the MoE fixtures have,
+// so no Q8 rounding flip of the head's input moves a logit by 1e-2), their expectations written
+// by llama.cpp on them (`llama-check --fixtures model/tests/data FILE...`, benches crate, feature
+// `ggml`).
 
 #[test]
 fn qwen3_q8_0() {
