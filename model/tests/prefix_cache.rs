@@ -1,7 +1,7 @@
 //! The paged KV cache and its prefix cache on the fixture models: a request that starts from
 //! cached blocks (another request's prompt, a running sequence's, a whole prompt's, a fork)
 //! gives the logits of the same request computed cold, bit for bit, with F32 and F16 caches on
-//! qwen3moe and deepseek2; the budget is kept in blocks.
+//! qwen3moe, deepseek2 and the dense qwen3 and llama; the budget is kept in blocks.
 
 use nightshift_model::{Engine, EngineOptions, KvType, LocalExperts, Model, ModelError, SeqId};
 use std::sync::Arc;
@@ -9,7 +9,12 @@ use std::sync::Arc;
 mod fixture_util;
 use fixture_util::model;
 
-const MODELS: [&str; 2] = ["tiny-qwen3moe-Q4_K_M.gguf", "tiny-deepseek2-Q4_K_M.gguf"];
+const MODELS: [&str; 4] = [
+    "tiny-qwen3moe-Q4_K_M.gguf",
+    "tiny-deepseek2-Q4_K_M.gguf",
+    "tiny-qwen3-Q4_K_M.gguf",
+    "tiny-llama-Q4_K_M.gguf",
+];
 
 fn engine(m: &Arc<Model>, ty: KvType, prefix: bool) -> Engine {
     let backend = Arc::new(LocalExperts::new(m.clone(), None));
