@@ -107,7 +107,12 @@ impl Llama {
 
     /// Tokenizes `text` as llama.cpp does (`add_bos`: the vocabulary's BOS if it adds one;
     /// `special`: control-token text becomes those tokens).
-    pub fn tokenize(&self, text: &str, add_bos: bool, special: bool) -> Result<Vec<i32>, LlamaError> {
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_bos: bool,
+        special: bool,
+    ) -> Result<Vec<i32>, LlamaError> {
         let fail = || LlamaError::Tokenize(text.to_string());
         let len = i32::try_from(text.len()).map_err(|_| fail())?;
         let mut out = vec![0i32; text.len() + 2];

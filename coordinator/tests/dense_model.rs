@@ -126,7 +126,9 @@ async fn serve_answers_completions_and_chat() {
         assert_eq!(st, 200, "{model}: {v}");
         assert_eq!(v["choices"][0]["message"]["role"], "assistant");
         // the prompt is the template's rendering: more tokens than the message alone
-        let message = tok.encode("The coordinator runs attention", false, false).len();
+        let message = tok
+            .encode("The coordinator runs attention", false, false)
+            .len();
         let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().expect("usage");
         assert!(
             prompt_tokens as usize > message + 3,

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use nightshift_kernels::GgmlType;
 use nightshift_model::gen::layout::Init;
+use nightshift_model::gen::TensorDecl;
 use nightshift_model::gen::{plan, write_plan, Arch, GenSpec, KvValue, Plan, Preset, QuantMix};
 use nightshift_model::gguf::Gguf;
-use nightshift_model::gen::TensorDecl;
 use nightshift_model::weights::{AttnWeights, FfnWeights};
 use nightshift_model::{BatchToken, Engine, EngineOptions, LocalExperts, Model};
 
@@ -60,12 +60,20 @@ fn dense_configs_follow_llama_cpp() {
     assert_eq!(c.arch, nightshift_model::Arch::Llama);
     assert!(!c.rope.neox);
     assert_eq!(c.rms_eps, 1e-5);
-    let ff = c.rope.freq_factors.as_ref().expect("rope_freqs.weight read");
+    let ff = c
+        .rope
+        .freq_factors
+        .as_ref()
+        .expect("rope_freqs.weight read");
     assert_eq!(ff.len(), 32);
     assert!(ff[0] == 1.0 && ff[31] == 8.0, "{ff:?}");
     assert!(matches!(
         &l.weights().layers[0].attn,
-        AttnWeights::Gqa { q_norm: None, k_norm: None, .. }
+        AttnWeights::Gqa {
+            q_norm: None,
+            k_norm: None,
+            ..
+        }
     ));
 }
 
@@ -169,5 +177,8 @@ fn missing_or_unsupported_parts_are_typed_errors() {
         KvValue::Str("longrope".into()),
     ));
     let e = load_err(&write(dir.path(), "longrope.gguf", &p));
-    assert!(e.contains("rope.scaling.type") && e.contains("longrope"), "{e}");
+    assert!(
+        e.contains("rope.scaling.type") && e.contains("longrope"),
+        "{e}"
+    );
 }

@@ -220,7 +220,9 @@ fn tiny_dense_models_share_the_moe_vocabularies_and_attention() {
     let l = plan(&spec(Preset::Tiny, Arch::Llama, QuantMix::Q4KM)).expect("plan");
     assert_eq!(dims_of(&l, "rope_freqs.weight"), vec![32]);
     assert_eq!(ty_of(&l, "rope_freqs.weight"), GgmlType::F32);
-    assert!(l.tensors.iter().all(|t| !t.0.name.contains("_norm.weight")
-        || !t.0.name.contains("attn_q")));
+    assert!(l
+        .tensors
+        .iter()
+        .all(|t| !t.0.name.contains("_norm.weight") || !t.0.name.contains("attn_q")));
     assert_eq!(ty_of(&l, "output.weight"), GgmlType::Q6_K);
 }

@@ -34,7 +34,8 @@ struct Args {
     /// Also generate tiny qwen3moe, deepseek2, qwen3 and llama models in every mix into this
     /// folder and check them.
     #[arg(long)]
-    gen_tiny: Option<PathBuf>,    /// Write each file's llama.cpp expectations (NAME.expected.json, NAME.logits.bin) here.
+    gen_tiny: Option<PathBuf>,
+    /// Write each file's llama.cpp expectations (NAME.expected.json, NAME.logits.bin) here.
     #[arg(long)]
     fixtures: Option<PathBuf>,
 }
@@ -142,11 +143,7 @@ fn ours(path: &PathBuf, ids: &[u32]) -> anyhow::Result<Vec<Vec<f32>>> {
 /// Runs make_models.py's `expected` on `path` in llama.cpp and writes `dir/STEM.expected.json`
 /// and `dir/STEM.logits.bin` (rows of n_vocab little-endian f32, one per token of each prompt's
 /// ids + greedy, the prompts one after the other). Returns the two paths.
-fn write_fixture(
-    path: &Path,
-    dir: &Path,
-    verbose: bool,
-) -> anyhow::Result<(PathBuf, PathBuf)> {
+fn write_fixture(path: &Path, dir: &Path, verbose: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
     let stem = path
         .file_stem()
         .and_then(|s| s.to_str())
@@ -175,7 +172,9 @@ fn write_fixture(
         let mut rows: Vec<Vec<f32>> = (0..ids.len() as i32).map(|i| l.logits_ith(i)).collect();
         let mut greedy = Vec::new();
         for step in 0..GREEDY {
-            let last = rows.last().context("expected a prompt of at least one token")?;
+            let last = rows
+                .last()
+                .context("expected a prompt of at least one token")?;
             let next = argmax(last) as i32;
             greedy.push(next);
             l.decode_all(&[next], (ids.len() + step) as i32)?;

@@ -161,7 +161,8 @@ impl Dims {
                 return Err(GenError::Spec(format!(
                     "preset `{}` is a {} model, found --arch {}",
                     p.name(),
-                    p.arch().map_or("qwen3moe, deepseek2, qwen3 or llama", Arch::name),
+                    p.arch()
+                        .map_or("qwen3moe, deepseek2, qwen3 or llama", Arch::name),
                     a.name()
                 )))
             }
