@@ -1,7 +1,8 @@
 //! `gen::generate` end to end: a generated tiny model opens with our GGUF reader and has exactly
 //! the metadata, tokenizer and tensor table (names, shapes, types) of llama.cpp's fixture files
 //! (made by llama.cpp's quantizer from make_models.py's F32 models); files are deterministic; the
-//! weights dequantize to the intended distributions; the default mixes quantize output.weight.
+//! weights dequantize to the intended distributions; the default mixes quantize output.weight;
+//! the committed dense qwen3/llama fixtures are exactly its output.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -447,5 +448,21 @@ fn padded_vocab_keeps_greedy_tokens_on_real_ones() {
             "step {pos}: greedy picked filler {token}"
         );
         assert!(!model.tokenizer().token_bytes(token).is_empty());
+    }
+}
+
+/// The committed dense fixtures are `gen-model --preset tiny --arch qwen3|llama
+/// --leave-output-tensor` output, byte for byte: regenerating them gives the same files, so
+/// their llama.cpp expectations describe what the generator writes today.
+#[test]
+fn dense_fixtures_are_what_gen_model_writes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for arch in [Arch::Qwen3, Arch::Llama] {
+        for quant in [QuantMix::Q8_0, QuantMix::Q4KM] {
+            let ours = std::fs::read(gen_tiny(dir.path(), arch, quant, true, 7)).expect("ours");
+            let name = format!("tiny-{}-{}.gguf", arch.name(), quant.name());
+            let theirs = std::fs::read(fixture_path(&name)).expect("fixture");
+            assert!(ours == theirs, "{name} differs from what gen-model writes");
+        }
     }
 }
