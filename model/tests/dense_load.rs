@@ -75,6 +75,12 @@ fn dense_configs_follow_llama_cpp() {
             ..
         }
     ));
+    // llama's `attention.scale` replaces 1/sqrt(head_dim) when set (llama.cpp's llama graph)
+    let mut p = tiny(Arch::Llama);
+    p.metadata
+        .push(("llama.attention.scale".into(), KvValue::F32(0.0625)));
+    let l = Model::load(&write(dir.path(), "ls.gguf", &p)).expect("loads");
+    assert_eq!(l.config().kq_scale, 0.0625);
 }
 
 /// A tied model (qwen3-0.6b: no output.weight) runs with token_embd as its head: the filler
