@@ -14,6 +14,8 @@ use nightshift_model::gguf::Gguf;
 use nightshift_model::weights::{AttnWeights, FfnWeights};
 use nightshift_model::{BatchToken, Engine, EngineOptions, LocalExperts, Model};
 
+mod fixture_util;
+
 fn tiny(arch: Arch) -> Plan {
     plan(&GenSpec::new(Preset::Tiny, arch, QuantMix::Q8_0)).expect("plan")
 }
@@ -187,4 +189,15 @@ fn missing_or_unsupported_parts_are_typed_errors() {
         e.contains("rope.scaling.type") && e.contains("longrope"),
         "{e}"
     );
+}
+
+/// The tiny qwen3 is a draft model for the tiny qwen3moe (issue 20 item 1c): same vocabulary,
+/// token for token; the tiny llama's is another one.
+#[test]
+fn tiny_qwen3_can_draft_for_tiny_qwen3moe() {
+    use nightshift_model::spec::draft_model::check_vocab;
+    let load = |n: &str| Model::load(&fixture_util::fixture_path(n)).expect("fixture loads");
+    let target = load("tiny-qwen3moe-Q4_K_M.gguf");
+    check_vocab(&load("tiny-qwen3-Q8_0.gguf"), &target).expect("qwen3 drafts for qwen3moe");
+    assert!(check_vocab(&load("tiny-llama-Q8_0.gguf"), &target).is_err());
 }
