@@ -5,7 +5,8 @@
 
 use core::arch::x86_64::*;
 
-use super::kquant::{kquant_gemm, signed};
+use super::kblock::signed;
+use super::kquant::kquant_gemm;
 use super::q8_0::q8_0_gemm;
 use super::unpack::{decode, BlockMeta, Unpacked};
 

@@ -43,12 +43,12 @@
 
 use core::arch::x86_64::*;
 
-use super::kquant::{perm32, rd_f32, Q3, Q5, Q6, Q8K_BYTES};
+use super::kblock::{perm32, rd_f32, Q3, Q5, Q6, Q8K_BYTES};
 
 mod ops;
 mod signed;
 mod tables;
-use super::kquant::prefetch_block;
+use super::kblock::prefetch_block;
 use ops::{add_masked, dpwssd, fold2, gf_affine, pair_idx};
 use signed::decode_signed;
 use tables::{
@@ -552,7 +552,7 @@ unsafe fn fused_tile<const K: u8, const G: bool, const N: usize>(
     j0: usize,
     acc: &mut [Acc],
 ) {
-    let bbytes = super::kquant::block_bytes(K);
+    let bbytes = super::kblock::block_bytes(K);
     let ridx = row_offsets(rp);
     for b in 0..nb {
         let blk: [usize; N] = core::array::from_fn(|j| (j0 + j) * nb + b);
@@ -608,7 +608,7 @@ unsafe fn gemm_impl<const K: u8, const G: bool>(
     n: usize,
     out: *mut f32,
 ) {
-    let bbytes = super::kquant::block_bytes(K);
+    let bbytes = super::kblock::block_bytes(K);
     let row_bytes = nb * bbytes;
     // SAFETY: all-zero bytes are valid for SIMD vectors and f32.
     let mut t: Tile = core::mem::zeroed();

@@ -1,6 +1,6 @@
 //! K-quant building blocks shared by the AVX2 and AVX-512-VNNI tiers: the byte permutation, the
 //! activation packer, the exact per-block float epilogue and the tile driver (the per-type
-//! weight unpackers live in `unpack`).
+//! weight unpackers live in `unpack`, what both build on in `kblock`).
 //!
 //! The reference (ggml's generic `vec_dot_q{3,4,5,6}_K_q8_K`) keeps 8 float partial sums, lane
 //! `l` holding the products of the elements `e` with `e % 8 == l`. To get that split from
@@ -17,44 +17,8 @@
 
 use core::arch::x86_64::*;
 
+use super::kblock::{perm32, rd_f32, Q2, Q3, Q4, Q5, Q6, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::unpack::{BlockMeta, Unpacked};
-
-// The Q8_K layout and the K-quant kinds (which one a monomorphised kernel handles) come from the
-// block structs.
-pub(super) use crate::formats::kquants::layout::{
-    block_bytes, Q2, Q3, Q4, Q5, Q6, Q8K_BSUMS, Q8K_BYTES, Q8K_QS,
-};
-
-/// True when kind `K` stores signed values (offset activations + weight-side correction).
-pub(super) const fn signed(kind: u8) -> bool {
-    matches!(kind, Q3 | Q6)
-}
-
-/// f16 bits -> f32 with F16C (exact, like the reference's conversion).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-pub(super) fn f16_to_f32(h: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
-}
-
-#[inline(always)]
-pub(super) fn rd_f32(p: *const u8) -> f32 {
-    // SAFETY: callers pass the start of a Q8_K block they have bounds-checked; unaligned read.
-    unsafe { f32::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 4])) }
-}
-
-/// Within each 32-byte chunk, byte `4m + r` <- byte `m + 8r` (see the module docs).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-pub(super) fn perm32(v: __m256i) -> __m256i {
-    let idx = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    let v = _mm256_permutevar8x32_epi32(v, idx);
-    let ctrl = _mm256_setr_epi8(
-        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10,
-        14, 3, 7, 11, 15,
-    );
-    _mm256_shuffle_epi8(v, ctrl)
-}
 
 /// Packs `blocks` Q8_K blocks (the quants only) into 256 permuted bytes each, offset by 128
 /// (`q ^ 0x80`) when `offset` is set.
@@ -218,26 +182,6 @@ impl<const R: usize> TileState<R> {
     }
 }
 
-/// Hints the block of kind `K` at `p` into L2 (the same block of the next tile's rows, so the
-/// loads run ahead of the decode; past the end of the weights the hint is dropped harmlessly).
-#[inline(always)]
-pub(super) fn prefetch_block<const K: u8>(p: *const u8) {
-    prefetch_span(p, block_bytes(K));
-}
-
-/// Hints every cache line of `p .. p + len` into L2. Blocks are not line-aligned (84, 110, 144,
-/// 176, 210 bytes), so one can touch a line more than `len / 64` rounded up: the last byte's line
-/// is hinted too (a repeated hint is a no-op).
-#[inline(always)]
-pub(super) fn prefetch_span(p: *const u8, len: usize) {
-    for line in 0..len.div_ceil(64) {
-        // SAFETY: a prefetch never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * line) as *const i8) };
-    }
-    // SAFETY: as above.
-    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(len - 1) as *const i8) };
-}
-
 /// Defines `gemm_k::<K>` for one tier: tiles of [`ROWS`] weight rows (then single rows) over
 /// chunks of activation rows and the blocks, around that tier's integer block dot
 /// `$dot::<R>(&[Unpacked; R], packed_act, signed) -> [__m256i; R]`, and for a single
@@ -300,7 +244,8 @@ macro_rules! kquant_gemm {
             xp: *const u8,
             out: *mut f32,
         ) {
-            use super::kquant::{block_bytes, epilogue, finish, row_scales, Q8K_BYTES};
+            use super::kblock::{block_bytes, Q8K_BYTES};
+            use super::kquant::{epilogue, finish, row_scales};
             let wbytes = block_bytes(K);
             let mut sums = [_mm256_setzero_ps(); R];
             let mut sumf = _mm_setzero_ps();
@@ -310,7 +255,7 @@ macro_rules! kquant_gemm {
                 let mut aux = [_mm256_setzero_si256(); R];
                 for r in 0..R {
                     let blk = w.add(((r0 + r) * nb + b) * wbytes);
-                    super::kquant::prefetch_block::<K>(blk.wrapping_add(R * nb * wbytes));
+                    super::kblock::prefetch_block::<K>(blk.wrapping_add(R * nb * wbytes));
                     let (m, a) = $fused::<K>(blk, ap);
                     meta[r] = core::mem::MaybeUninit::new(m);
                     aux[r] = a;
@@ -341,9 +286,8 @@ macro_rules! kquant_gemm {
             out: *mut f32,
             st: &mut super::kquant::TileState<R>,
         ) {
-            use super::kquant::{
-                block_bytes, epilogue, finish, row_scales, signed, CHUNK, Q8K_BYTES,
-            };
+            use super::kblock::{block_bytes, signed, Q8K_BYTES};
+            use super::kquant::{epilogue, finish, row_scales, CHUNK};
             use super::unpack::unpack;
             let wbytes = block_bytes(K);
             let mut j0 = 0;
@@ -355,7 +299,7 @@ macro_rules! kquant_gemm {
                     let mut meta = [core::mem::MaybeUninit::uninit(); R];
                     for (r, ur) in st.u.iter_mut().enumerate() {
                         let blk = w.add(((r0 + r) * nb + b) * wbytes);
-                        super::kquant::prefetch_block::<K>(blk.wrapping_add(R * nb * wbytes));
+                        super::kblock::prefetch_block::<K>(blk.wrapping_add(R * nb * wbytes));
                         meta[r] = core::mem::MaybeUninit::new(unpack::<K>(blk, ur));
                     }
                     // SAFETY: every element was written just above.

@@ -16,6 +16,7 @@
 mod avx2;
 mod avx512vnni;
 mod iq;
+mod kblock;
 mod klanes512;
 mod kquant;
 mod q2k512;
@@ -63,11 +64,11 @@ capability_tier!(
 /// The K-quant kind code used by `kquant`, if `ty` has a path here.
 fn kquant_kind(ty: GgmlType) -> Option<u8> {
     Some(match ty {
-        GgmlType::Q2_K => kquant::Q2,
-        GgmlType::Q3_K => kquant::Q3,
-        GgmlType::Q4_K => kquant::Q4,
-        GgmlType::Q5_K => kquant::Q5,
-        GgmlType::Q6_K => kquant::Q6,
+        GgmlType::Q2_K => kblock::Q2,
+        GgmlType::Q3_K => kblock::Q3,
+        GgmlType::Q4_K => kblock::Q4,
+        GgmlType::Q5_K => kblock::Q5,
+        GgmlType::Q6_K => kblock::Q6,
         _ => return None,
     })
 }
@@ -144,7 +145,7 @@ fn gemm_kquant(
         // `n * nb` Q8_K blocks, `w` holds `rows * nb` blocks of `kind` and `out` holds `rows * n`
         // floats; `packed` was sized for `n * nb` packed blocks.
         unsafe {
-            if level == Level::Avx512 && kind == kquant::Q2 {
+            if level == Level::Avx512 && kind == kblock::Q2 {
                 q2k512::pack(xp, n * nb, pp);
                 if vbmi_enabled() {
                     q2k512::vbmi::gemm(nb, wp, rows, xp, pp, n, op);
@@ -163,14 +164,14 @@ fn gemm_kquant(
                     }};
                 }
                 match kind {
-                    kquant::Q3 => return lanes!(kquant::Q3),
-                    kquant::Q4 => return lanes!(kquant::Q4),
-                    kquant::Q5 => return lanes!(kquant::Q5),
-                    kquant::Q6 => return lanes!(kquant::Q6),
+                    kblock::Q3 => return lanes!(kblock::Q3),
+                    kblock::Q4 => return lanes!(kblock::Q4),
+                    kblock::Q5 => return lanes!(kblock::Q5),
+                    kblock::Q6 => return lanes!(kblock::Q6),
                     _ => {}
                 }
             }
-            kquant::pack_q8k(xp, n * nb, kquant::signed(kind), pp);
+            kquant::pack_q8k(xp, n * nb, kblock::signed(kind), pp);
             macro_rules! run {
                 ($k:expr) => {
                     match level {
@@ -180,11 +181,11 @@ fn gemm_kquant(
                 };
             }
             match kind {
-                kquant::Q2 => run!(kquant::Q2),
-                kquant::Q3 => run!(kquant::Q3),
-                kquant::Q4 => run!(kquant::Q4),
-                kquant::Q5 => run!(kquant::Q5),
-                _ => run!(kquant::Q6),
+                kblock::Q2 => run!(kblock::Q2),
+                kblock::Q3 => run!(kblock::Q3),
+                kblock::Q4 => run!(kblock::Q4),
+                kblock::Q5 => run!(kblock::Q5),
+                _ => run!(kblock::Q6),
             }
         }
     });

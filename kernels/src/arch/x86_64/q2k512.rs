@@ -21,10 +21,10 @@
 //! registers and run it against all their activation rows (nothing stored); larger ones store
 //! the decoded tile and reload it per activation row.
 
-use super::kquant::Q8K_BYTES;
+use super::kblock::{block_bytes, Q2, Q8K_BYTES};
 
 /// Bytes of one Q2_K block: scales[16], qs[64], d, dmin.
-const BLOCK: usize = 84;
+const BLOCK: usize = block_bytes(Q2);
 /// Weight rows per tile.
 const TILE: usize = 8;
 /// Activation rows whose float state a tile keeps at once.
@@ -63,7 +63,7 @@ macro_rules! q2k_kernel {
     ($feat:literal, $vbmi:literal) => {
         use core::arch::x86_64::*;
 
-        use super::super::kquant::{rd_f32, Q8K_BYTES};
+        use super::super::kblock::{rd_f32, Q8K_BYTES};
         use super::{BLOCK, FUSED_MAX, JCHUNK, LANE, SLOT, TILE};
 
         /// `f(sub-block)` in every dword of each 16-byte lane of shift `j`'s values: lane `L`
@@ -253,7 +253,7 @@ macro_rules! q2k_kernel {
         /// Prefetches the block at `b + ahead` (the same block of the next tile's row).
         #[inline(always)]
         fn prefetch(b: *const u8, ahead: usize) {
-            super::super::kquant::prefetch_span(b.wrapping_add(ahead), BLOCK);
+            super::super::kblock::prefetch_span(b.wrapping_add(ahead), BLOCK);
         }
 
         /// Batches of `N` (1..=[`FUSED_MAX`]): decodes block `off` (bytes) of every row once

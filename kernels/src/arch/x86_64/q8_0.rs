@@ -11,7 +11,7 @@
 
 use core::arch::x86_64::*;
 
-use super::kquant::f16_to_f32;
+use super::kblock::f16_to_f32;
 
 /// Bytes of one Q8_0 block: f16 d, 32 i8.
 pub(super) const Q8_0_BYTES: usize = 34;
@@ -100,7 +100,7 @@ macro_rules! q8_0_gemm {
             yd: *const f32,
             out: *mut f32,
         ) {
-            use super::kquant::f16_to_f32;
+            use super::kblock::f16_to_f32;
             use super::q8_0::{rd_u16, reduce8, row_scales8, Q8_0_BYTES};
             let row_bytes = nb * Q8_0_BYTES;
             let n_p = n.div_ceil(8) * 8;

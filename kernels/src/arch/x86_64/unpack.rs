@@ -10,7 +10,7 @@
 use crate::formats::kquants::layout::{Q2K_D, Q2K_DMIN, Q3K_D, Q6K_D};
 use core::arch::x86_64::*;
 
-use super::kquant::{f16_to_f32, perm32, signed, Q2, Q3, Q4, Q5};
+use super::kblock::{f16_to_f32, perm32, signed, Q2, Q3, Q4, Q5};
 
 /// One weight super-block's values and per-chunk scale vectors, stored for reuse.
 #[repr(C, align(64))]

@@ -5,7 +5,7 @@
 
 use core::arch::x86_64::*;
 
-use super::super::kquant::Q3;
+use super::super::kblock::Q3;
 use super::ops::{add_masked, gf_affine, pair_idx, perm64, permd};
 use super::tables::{
     GF_NIB_HI, GF_Q3_HM, GF_Q3_HM_S, GF_Q3_QS, GF_Q6_HI, GF_Q6_HI_S, GF_Q6_LO, GF_Q6_LO_S,

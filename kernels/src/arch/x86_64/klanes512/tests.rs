@@ -2,7 +2,7 @@
 //! fused small-batch path (1..=4) and the tiled one (5, 6) against the scalar tier's bits,
 //! through the dispatcher and directly with and without the GFNI decoders.
 
-use super::super::kquant::{Q3, Q4, Q5, Q6};
+use super::super::kblock::{Q3, Q4, Q5, Q6};
 use crate::dispatch::{available_tiers, gemm_with, Tier};
 use crate::{quantize_row, GgmlType};
 
