@@ -7,6 +7,7 @@
 //! products bit for bit (checked against golden vectors made by ggml in `tests/`).
 
 pub mod arch;
+pub mod attn;
 pub mod dispatch;
 mod error;
 pub mod formats;

@@ -2,7 +2,7 @@
 //! an out-of-bounds read), garbage bytes never panic, the float dot products follow ggml's
 //! generic semantics, and `NIGHTSHIFT_KERNEL` forces (or refuses) a tier.
 
-use nightshift_kernels::dispatch::{self, Tier};
+use nightshift_kernels::dispatch::{self, FloatLevel, Tier};
 use nightshift_kernels::formats::{self, BlockQ4_K, BlockQ8_K};
 use nightshift_kernels::{dequantize_row, gemm, quantize_row, vec_dot, GgmlType, KernelError};
 use proptest::prelude::*;
@@ -332,6 +332,17 @@ fn child_reports_forced_tier() {
             let r = gemm(GgmlType::F32, 1, &[0; 4], 1, &[0; 4], 1, &mut out, None);
             assert!(r.is_err(), "{r:?}");
             eprintln!(
+    // the f32 kernels' build follows the forced tier: none wider than it, baseline for scalar
+    // (and for a tier that cannot run)
+    let cap = match want.as_str() {
+        "avx512vnni" => FloatLevel::Avx512,
+        "avx2" => FloatLevel::Avx2,
+        _ => FloatLevel::Baseline,
+    };
+    assert_eq!(
+        dispatch::float_level(),
+        cap.min(dispatch::float_level_available())
+    );
                 "gemm refused: {}",
                 r.err().map(|e| e.to_string()).unwrap_or_default()
             );

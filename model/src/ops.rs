@@ -39,26 +39,8 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// ggml_soft_max_ext on one row: `x*scale`, max, exp, f64 sum, multiply by 1/sum.
-pub fn softmax(x: &mut [f32], scale: f32) {
-    let mut max = f32::NEG_INFINITY;
-    for v in x.iter_mut() {
-        *v *= scale;
-        if *v > max {
-            max = *v;
-        }
-    }
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        let e = (*v - max).exp();
-        *v = e;
-        sum += e as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
-}
+/// ggml_soft_max_ext on one row (one home with attention's, in the kernels crate).
+pub use nightshift_kernels::attn::softmax;
 
 /// ggml's silu.
 #[inline]

@@ -146,23 +146,26 @@ fn run(
 capability_tier!(
     /// NEON (Advanced SIMD) capability.
     Neon,
-    detect: std::arch::is_aarch64_feature_detected!("neon"),
+    detect: crate::dispatch::aarch64_features().neon,
     run: run(Level::Neon)
 );
 
 capability_tier!(
     /// NEON + SDOT capability.
     Dotprod,
-    detect: std::arch::is_aarch64_feature_detected!("neon")
-        && std::arch::is_aarch64_feature_detected!("dotprod"),
+    detect: {
+        let f = crate::dispatch::aarch64_features();
+        f.neon && f.dotprod
+    },
     run: run(Level::Dotprod)
 );
 
 capability_tier!(
     /// NEON + SDOT + SMMLA capability.
     I8mm,
-    detect: std::arch::is_aarch64_feature_detected!("neon")
-        && std::arch::is_aarch64_feature_detected!("dotprod")
-        && std::arch::is_aarch64_feature_detected!("i8mm"),
+    detect: {
+        let f = crate::dispatch::aarch64_features();
+        f.neon && f.dotprod && f.i8mm
+    },
     run: run(Level::I8mm)
 );

@@ -585,13 +585,9 @@ pub(super) unsafe fn gemm<const K: u8>(
 }
 
 /// Whether this CPU has GFNI (`vgf2p8affineqb`), unless `NIGHTSHIFT_X86_GFNI=off` withholds it
-/// (checked once).
+/// (see [`crate::dispatch::X86Features`]).
 fn gfni() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        std::is_x86_feature_detected!("gfni")
-            && std::env::var("NIGHTSHIFT_X86_GFNI").map_or(true, |v| v != "off")
-    })
+    crate::dispatch::x86_features().gfni
 }
 
 /// [`gemm`] with (`G`) or without GFNI's affine byte transforms in the decoders.

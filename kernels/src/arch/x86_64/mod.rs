@@ -8,7 +8,7 @@
 //! `q8_0` for how the integer work is arranged so that the float epilogue follows the reference
 //! exactly. The AVX-512-VNNI tier has its own 64-byte kernels with 8-row tiles for Q2_K
 //! (`q2k512`, built twice: with AVX512-VBMI its scale table is one `vpermb` lookup) and, when
-//! the CPU also has AVX512-VBMI (checked at run time), Q3_K, Q4_K, Q5_K
+//! the CPU also has AVX512-VBMI (a capability of `dispatch`), Q3_K, Q4_K, Q5_K
 //! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Types
 //! without a path (legacy 4/5-bit, floats) return `false` and the caller falls back to the
 //! scalar reference. The i-quants and ternary types take `iq` (AVX2 on both tiers).
@@ -43,21 +43,20 @@ enum Level {
 capability_tier!(
     /// AVX2 capability: only constructible when the CPU has AVX2 + FMA + F16C.
     Avx2,
-    detect: is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c"),
+    detect: {
+        let f = crate::dispatch::x86_features();
+        f.avx2 && f.fma && f.f16c
+    },
     run: gemm_block(Level::Avx2)
 );
 
 capability_tier!(
     /// AVX-512-VNNI capability (AVX-512F/BW/VL + VNNI, and AVX2 + F16C).
     Avx512Vnni,
-    detect: is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("f16c")
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni"),
+    detect: {
+        let f = crate::dispatch::x86_features();
+        f.avx2 && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni
+    },
     run: gemm_block(Level::Avx512)
 );
 
@@ -209,13 +208,8 @@ fn gemm_q8_0(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
     });
 }
 
-/// Whether the Q3_K..Q6_K 64-byte kernels may run: the CPU has AVX512-VBMI and
-/// `NIGHTSHIFT_X86_VBMI=off` does not withhold it (so the tests can also cover the 32-byte
-/// fallback on a VBMI machine). Read once.
+/// Whether the AVX512-VBMI kernels may run: the CPU has it and `NIGHTSHIFT_X86_VBMI=off` does not
+/// withhold it (see [`crate::dispatch::X86Features`]).
 fn vbmi_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        is_x86_feature_detected!("avx512vbmi")
-            && std::env::var("NIGHTSHIFT_X86_VBMI").map_or(true, |v| v != "off")
-    })
+    crate::dispatch::x86_features().avx512vbmi
 }

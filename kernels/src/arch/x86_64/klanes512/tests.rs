@@ -53,12 +53,11 @@ fn direct<const K: u8, const G: bool>(
 
 #[test]
 fn small_and_tiled_batches_match_the_scalar_tier() {
-    if !available_tiers().contains(&Tier::Avx512Vnni)
-        || !std::is_x86_feature_detected!("avx512vbmi")
-    {
+    let cpu = crate::dispatch::x86_features();
+    if !available_tiers().contains(&Tier::Avx512Vnni) || !cpu.avx512vbmi {
         return;
     }
-    let gfni = std::is_x86_feature_detected!("gfni");
+    let gfni = cpu.gfni;
     let (k, m) = (512, 11);
     for ty in [
         GgmlType::Q3_K,
