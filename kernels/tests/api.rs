@@ -384,6 +384,24 @@ fn forced_tier_reaches_gemm() {
             t.name(),
             if dispatch::is_available(t) {
                 t.name()
+
+#[test]
+fn f16_fields_are_ggmls_offsets() {
+    // ggml-common.h: Q2_K ends in d, dmin after 16 scale and 64 quant bytes; Q3_K's d follows
+    // 32 + 64 + 12 bytes, Q6_K's 128 + 64 + 16; the ternary types keep d last
+    assert_eq!(GgmlType::Q2_K.f16_fields(), &[80, 82]);
+    assert_eq!(GgmlType::Q3_K.f16_fields(), &[108]);
+    assert_eq!(GgmlType::Q4_K.f16_fields(), &[0, 2]);
+    assert_eq!(GgmlType::Q6_K.f16_fields(), &[208]);
+    assert_eq!(GgmlType::Q8_1.f16_fields(), &[0, 2]);
+    assert_eq!(GgmlType::TQ1_0.f16_fields(), &[52]);
+    assert_eq!(GgmlType::TQ2_0.f16_fields(), &[64]);
+    for ty in GgmlType::ALL {
+        for &at in ty.f16_fields() {
+            assert!(at + 2 <= ty.block_bytes(), "{}: field at {at}", ty.name());
+        }
+    }
+}
             } else {
                 "error"
             },

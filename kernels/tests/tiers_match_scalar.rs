@@ -40,18 +40,6 @@ const WEIGHT_TYPES: [GgmlType; 13] = [
     GgmlType::BF16,
 ];
 
-/// Byte offsets of the f16 scale fields inside one block of a quantized type.
-fn f16_fields(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q2_K => &[80, 82],
-        GgmlType::Q3_K => &[108],
-        GgmlType::Q6_K => &[208],
-        _ => &[],
-    }
-}
-
 /// An f16 scale: zero, the smallest subnormal, the smallest normal, 1, +-65504, or random finite.
 fn f16_scale(rng: &mut Rng) -> u16 {
     match rng.below(8) {
@@ -105,7 +93,7 @@ fn weights(ty: GgmlType, k: usize, m: usize, rng: &mut Rng) -> Vec<u8> {
             blk.fill(0);
             continue;
         }
-        for &off in f16_fields(ty) {
+        for &off in ty.f16_fields() {
             blk[off..off + 2].copy_from_slice(&f16_scale(rng).to_le_bytes());
         }
     }

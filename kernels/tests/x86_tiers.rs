@@ -112,18 +112,6 @@ fn f32_scale(rng: &mut SplitMix64, s: Scales) -> f32 {
     f32::from_bits(((rng.below(2) as u32) << 31) | (exp << 23) | rng.below(1 << 23) as u32)
 }
 
-/// Byte offsets of the f16 scale fields per block type.
-fn f16_fields(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q2_K => &[80, 82],
-        GgmlType::Q3_K => &[108],
-        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q6_K => &[208],
-        GgmlType::Q8_0 => &[0],
-        _ => &[],
-    }
-}
-
 /// `count` blocks of `ty` with random bytes (every quant value, bsums unrelated to the quants)
 /// and valid finite scales; with `zero_every > 0` about one block in `zero_every` is all zero.
 fn blocks(rng: &mut SplitMix64, ty: GgmlType, count: usize, s: Scales, zero_every: u64) -> Vec<u8> {
@@ -139,7 +127,7 @@ fn blocks(rng: &mut SplitMix64, ty: GgmlType, count: usize, s: Scales, zero_ever
         if ty == GgmlType::Q8_K {
             blk[..4].copy_from_slice(&f32_scale(rng, s).to_le_bytes());
         }
-        for &at in f16_fields(ty) {
+        for &at in ty.f16_fields() {
             blk[at..at + 2].copy_from_slice(&f16_scale(rng, s).to_le_bytes());
         }
     }
