@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use crate::{scalar, GgmlType, KernelError};
+use crate::{scalar, GgmlType, KernelError, QMatrix};
 
 /// A kernel tier: the scalar reference or one SIMD implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -358,15 +358,11 @@ fn chunk_rows(m: usize, threads: usize) -> usize {
 }
 
 /// [`crate::gemm`] on an explicit tier (for tests and benchmarks): `out[j * m + i] = W[i] . x[j]`.
-/// Errors when the tier cannot run on this CPU, when `ty` has no dot product, or on any length
-/// mismatch; never panics on bad input.
-#[allow(clippy::too_many_arguments)]
+/// Errors when the tier cannot run on this CPU, when the weight type has no dot product, or on
+/// any length mismatch; never panics on bad input.
 pub fn gemm_with(
     tier: Tier,
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    m: usize,
+    w: QMatrix<'_>,
     x: &[u8],
     n: usize,
     out: &mut [f32],
@@ -375,32 +371,26 @@ pub fn gemm_with(
     if !is_available(tier) {
         return Err(unavailable(tier));
     }
+    let (ty, k, m, wb) = (w.ty(), w.cols(), w.rows(), w.row_bytes());
+    let w = w.bytes();
     if !ty.has_vec_dot() {
         return Err(KernelError::Unsupported {
             op: "gemm",
             ty: ty.name(),
         });
     }
-    let wb = ty.row_bytes(k)?;
     let xb = ty.vec_dot_type().row_bytes(k)?;
-    let need = |what: &'static str, per: usize, count: usize, found: usize| {
-        let expected = per
-            .checked_mul(count)
-            .ok_or_else(|| KernelError::Overflow {
-                what,
-                detail: format!("{count} rows of {per}"),
-            })?;
-        if expected != found {
-            return Err(KernelError::Length {
-                what,
-                expected,
-                found,
-            });
-        }
-        Ok(())
-    };
-    need("gemm weight rows", wb, m, w.len())?;
-    need("gemm activation rows", xb, n, x.len())?;
+    let expected = xb.checked_mul(n).ok_or_else(|| KernelError::Overflow {
+        what: "gemm activation rows",
+        detail: format!("{n} rows of {xb}"),
+    })?;
+    if expected != x.len() {
+        return Err(KernelError::Length {
+            what: "gemm activation rows",
+            expected,
+            found: x.len(),
+        });
+    }
     let cells = m.checked_mul(n).ok_or_else(|| KernelError::Overflow {
         what: "gemm output",
         detail: format!("{m} x {n}"),

@@ -6,7 +6,7 @@
 
 use nightshift_kernels::dispatch::{self, Tier};
 use nightshift_kernels::rng::SplitMix64;
-use nightshift_kernels::{quantize_row, scalar, GgmlType};
+use nightshift_kernels::{quantize_row, scalar, GgmlType, QMatrix};
 use proptest::prelude::*;
 
 /// splitmix64: a tiny deterministic generator so that one proptest seed describes a whole case.
@@ -126,10 +126,11 @@ fn check_case(ty: GgmlType, blocks256: usize, m: usize, n: usize, seed: u64) -> 
         .num_threads(3)
         .build()
         .map_err(|e| e.to_string())?;
+    let wq = QMatrix::new(ty, m, k, &w).map_err(|e| e.to_string())?;
     for tier in dispatch::available_tiers() {
         for p in [None, Some(&pool)] {
             let mut out = vec![f32::NAN; m * n];
-            dispatch::gemm_with(tier, ty, k, &w, m, &x, n, &mut out, p)
+            dispatch::gemm_with(tier, wq, &x, n, &mut out, p)
                 .map_err(|e| format!("{tier}: {e}"))?;
             for i in 0..m {
                 for j in 0..n {

@@ -6,7 +6,7 @@
 
 use nightshift_kernels::arch::x86_64::{Avx2, Avx512Vnni};
 use nightshift_kernels::rng::SplitMix64;
-use nightshift_kernels::{scalar, GgmlType};
+use nightshift_kernels::{scalar, GgmlType, QMatrix};
 use proptest::prelude::*;
 
 /// Types with an x86 path in both tiers.
@@ -407,14 +407,15 @@ fn dispatch_with_pool_matches_scalar() {
         for (m, n) in [(37usize, 1usize), (21, 3), (10, 9)] {
             let (k, w, x) = case(ty, 500 + ci as u64, nb, m, n, Scales::Normal, 5, true);
             let mut expect = vec![0f32; m * n];
-            gemm_with(DTier::Scalar, ty, k, &w, m, &x, n, &mut expect, None).expect("scalar");
+            let wq = QMatrix::new(ty, m, k, &w).expect("weight rows");
+            gemm_with(DTier::Scalar, wq, &x, n, &mut expect, None).expect("scalar");
             for tier in [DTier::Avx2, DTier::Avx512Vnni] {
                 if !is_available(tier) {
                     continue;
                 }
                 for pool in [None, Some(&pool)] {
                     let mut got = vec![f32::NAN; m * n];
-                    gemm_with(tier, ty, k, &w, m, &x, n, &mut got, pool).expect("tier");
+                    gemm_with(tier, wq, &x, n, &mut got, pool).expect("tier");
                     let same = got
                         .iter()
                         .zip(&expect)

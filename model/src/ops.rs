@@ -96,8 +96,8 @@ pub fn matmul_q(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), ModelError> {
-    let (k, m) = (w.ne[0], w.ne[1]);
-    gemm(w.ty, k, w.matrix(mat), m, xq, n, &mut out[..n * m], pool)?;
+    let m = w.ne[1];
+    gemm(w.matrix(mat)?, xq, n, &mut out[..n * m], pool)?;
     Ok(())
 }
 
@@ -164,7 +164,6 @@ pub fn matmul_many(
     }
     let run = |&(i, r0, rows): &(usize, usize, usize)| -> Result<Vec<f32>, ModelError> {
         let w = ws[i];
-        let rb = w.row_bytes();
         let t = w.ty.vec_dot_type();
         let xq = acts
             .iter()
@@ -172,16 +171,7 @@ pub fn matmul_many(
             .map(|a| a.1.as_slice())
             .unwrap_or_default();
         let mut tmp = vec![0f32; rows * n];
-        gemm(
-            w.ty,
-            k,
-            &w.matrix(0)[r0 * rb..(r0 + rows) * rb],
-            rows,
-            xq,
-            n,
-            &mut tmp,
-            None,
-        )?;
+        gemm(w.matrix(0)?.row_range(r0, rows)?, xq, n, &mut tmp, None)?;
         Ok(tmp)
     };
     let results: Vec<Vec<f32>> = match pool {

@@ -70,8 +70,9 @@ fn small_and_tiled_batches_match_the_scalar_tier() {
             let x = rows_of(GgmlType::Q8_K, k, n, 100 + n as u32);
             let mut want = vec![0f32; m * n];
             let mut got = vec![0f32; m * n];
-            gemm_with(Tier::Scalar, ty, k, &w, m, &x, n, &mut want, None).expect("scalar");
-            gemm_with(Tier::Avx512Vnni, ty, k, &w, m, &x, n, &mut got, None).expect("avx512");
+            let wq = crate::QMatrix::new(ty, m, k, &w).expect("weight rows");
+            gemm_with(Tier::Scalar, wq, &x, n, &mut want, None).expect("scalar");
+            gemm_with(Tier::Avx512Vnni, wq, &x, n, &mut got, None).expect("avx512");
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{} n={n}", ty.name());
             macro_rules! both {
