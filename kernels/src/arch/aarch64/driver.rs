@@ -8,7 +8,7 @@
 //! NEON float operation here (`vmulq`, `vaddq`, `vsubq`, `vcvtq`) is the same IEEE operation as
 //! the scalar one, and there is no fused multiply-add anywhere.
 
-use crate::formats::kquants::layout::{Q2K_D, Q2K_DMIN};
+use crate::formats::kquants::layout::{block_bytes, Q2, Q2K_D, Q2K_DMIN};
 use core::arch::aarch64::*;
 
 use super::kquant::{add_lanes, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
