@@ -183,10 +183,11 @@ pub(super) struct TileState<const R: usize> {
 
 impl<const R: usize> TileState<R> {
     pub(super) fn new() -> Box<TileState<R>> {
-        // SAFETY: all-zero bytes are valid for integer arrays and SIMD float vectors (+0.0).
         Box::new(TileState {
             u: core::array::from_fn(|_| Unpacked::new()),
+            // SAFETY: all-zero bytes are valid SIMD float vectors (+0.0).
             sums: unsafe { core::mem::zeroed() },
+            // SAFETY: as above.
             sumf: unsafe { core::mem::zeroed() },
         })
     }
