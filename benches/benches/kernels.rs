@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use nightshift_benches::{kimi_cases, Acts, Case, Weights, BATCHES, SHAPES};
-use nightshift_kernels::{gemm, GgmlType};
+use nightshift_kernels::{gemm, GgmlType, QMatrix};
 
 /// The shared Kimi K2 cases, then the same shapes and batches for Q3_K and Q5_K.
 fn cases() -> Vec<Case> {
@@ -37,10 +37,9 @@ fn kernels(c: &mut Criterion) {
         );
         g.throughput(Throughput::Elements(case.elements()));
         let mut out = vec![0f32; case.m * case.n];
+        let wq = QMatrix::new(case.ty, case.m, case.k, &w.q).expect("weight rows");
         g.bench_function(BenchmarkId::new("ours", &id), |b| {
-            b.iter(|| {
-                gemm(case.ty, case.k, &w.q, case.m, &x.q, case.n, &mut out, None).expect("gemm")
-            })
+            b.iter(|| gemm(wq, &x.q, case.n, &mut out, None).expect("gemm"))
         });
         #[cfg(feature = "ggml")]
         {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use nightshift_benches::random_f32;
-use nightshift_kernels::{gemm, GgmlType, PackedF32};
+use nightshift_kernels::{gemm, GgmlType, PackedF32, QMatrix};
 
 fn router(c: &mut Criterion) {
     let mut g = c.benchmark_group("router");
@@ -25,9 +25,10 @@ fn router(c: &mut Criterion) {
             let x = random_f32(n * k, 2);
             let xb: Vec<u8> = x.iter().flat_map(|f| f.to_le_bytes()).collect();
             let mut out = vec![0f32; rows * n];
+            let wq = QMatrix::new(GgmlType::F32, rows, k, &wb).expect("f32 rows");
             g.throughput(Throughput::Elements((rows * k * n) as u64));
             g.bench_with_input(BenchmarkId::new(format!("{name}/plain"), n), &n, |b, _| {
-                b.iter(|| gemm(GgmlType::F32, k, &wb, rows, &xb, n, &mut out, None).expect("gemm"))
+                b.iter(|| gemm(wq, &xb, n, &mut out, None).expect("gemm"))
             });
             g.bench_with_input(BenchmarkId::new(format!("{name}/packed"), n), &n, |b, _| {
                 b.iter(|| packed.gemm(&x, n, &mut out, None).expect("packed"))

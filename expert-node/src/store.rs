@@ -123,7 +123,7 @@ impl ExpertStore {
                     other => StoreError::Expert(other),
                 }
             })?;
-        let bytes = (w.gate.1.len() + w.up.1.len() + w.down.1.len()) as u64;
+        let bytes = w.bytes() as u64;
         Ok((w, bytes))
     }
 
@@ -194,7 +194,7 @@ impl ExpertStore {
                     total += len.div_ceil(COPY_ALIGN) * COPY_ALIGN;
                     r
                 };
-                let ranges = [at(w.gate.1.len()), at(w.up.1.len()), at(w.down.1.len())];
+                let ranges = [w.gate, w.up, w.down].map(|m| at(m.bytes().len()));
                 copies.insert(key, ranges);
             }
         }
@@ -236,7 +236,7 @@ impl ExpertStore {
                     };
                     let r = &copies[&(layer, expert)];
                     let base = r[0].start;
-                    for (m, range) in [w.gate.1, w.up.1, w.down.1].into_iter().zip(r.iter()) {
+                    for (m, range) in [w.gate, w.up, w.down].map(|m| m.bytes()).into_iter().zip(r) {
                         dest[range.start - base..range.end - base].copy_from_slice(m);
                         // The copy serves from now on: stop counting the mapped pages too.
                         self.gguf.release_mapped(m);
@@ -332,14 +332,16 @@ impl ExpertStore {
                     layer: layer as usize,
                     expert,
                 })?;
-            let mut w = ExpertWeights::from_gguf(gguf, layer as usize, expert as usize)?;
-            if let Some(r) = &h.resident {
-                let m = &r.arena.map;
-                w.gate.1 = &m[r.gate.clone()];
-                w.up.1 = &m[r.up.clone()];
-                w.down.1 = &m[r.down.clone()];
-            }
-            Ok(w)
+            let w = ExpertWeights::from_gguf(gguf, layer as usize, expert as usize)?;
+            let Some(r) = &h.resident else {
+                return Ok(w);
+            };
+            let m = &r.arena.map;
+            Ok(ExpertWeights {
+                gate: w.gate.with_bytes(&m[r.gate.clone()])?,
+                up: w.up.with_bytes(&m[r.up.clone()])?,
+                down: w.down.with_bytes(&m[r.down.clone()])?,
+            })
         };
         Ok(f(&lookup))
     }

@@ -18,7 +18,7 @@ fn model() -> Arc<Gguf> {
 
 fn expert_bytes(g: &Gguf) -> u64 {
     let w = ExpertWeights::from_gguf(g, 0, 0).expect("expert 0");
-    (w.gate.1.len() + w.up.1.len() + w.down.1.len()) as u64
+    w.bytes() as u64
 }
 
 #[test]

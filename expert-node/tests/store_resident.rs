@@ -21,11 +21,11 @@ fn served(store: &ExpertStore, g: &Gguf, layer: u32, expert: u32) -> (Vec<Vec<u8
     store
         .with_layer(layer, |get| {
             let w = get(expert).expect("held");
-            let mats = [w.gate.1, w.up.1, w.down.1];
+            let mats = [w.gate, w.up, w.down].map(|m| m.bytes());
             let mapped = ExpertWeights::from_gguf(g, layer as usize, expert as usize).expect("w");
             let in_map = mats
                 .iter()
-                .zip([mapped.gate.1, mapped.up.1, mapped.down.1])
+                .zip([mapped.gate, mapped.up, mapped.down].map(|m| m.bytes()))
                 .all(|(a, b)| a.as_ptr() == b.as_ptr());
             (mats.iter().map(|m| m.to_vec()).collect(), in_map)
         })
@@ -34,7 +34,7 @@ fn served(store: &ExpertStore, g: &Gguf, layer: u32, expert: u32) -> (Vec<Vec<u8
 
 fn file_bytes(g: &Gguf, layer: u32, expert: u32) -> Vec<Vec<u8>> {
     let w = ExpertWeights::from_gguf(g, layer as usize, expert as usize).expect("w");
-    vec![w.gate.1.to_vec(), w.up.1.to_vec(), w.down.1.to_vec()]
+    [w.gate, w.up, w.down].map(|m| m.bytes().to_vec()).into()
 }
 
 #[test]
@@ -68,6 +68,6 @@ fn resident_copies_hold_the_mapped_bytes() {
     assert!(!in_map, "the upgraded expert still reads the map");
     assert_eq!(bytes, file_bytes(&g, 0, 1));
     let e = ExpertWeights::from_gguf(&g, 0, 0).expect("w");
-    let one = (e.gate.1.len() + e.up.1.len() + e.down.1.len()) as u64;
+    let one = e.bytes() as u64;
     assert_eq!(store.resident_bytes(), 2 * one);
 }

@@ -13,7 +13,7 @@ use std::hint::black_box;
 use std::process::ExitCode;
 
 use nightshift_kernels::dispatch::{gemm_with, Tier};
-use nightshift_kernels::{quantize_row, GgmlType};
+use nightshift_kernels::{quantize_row, GgmlType, QMatrix};
 
 /// The trace starts after this function is executed.
 #[inline(never)]
@@ -62,13 +62,14 @@ fn run(args: &[String]) -> Result<(), String> {
     let w = quantized(ty, rows, k, 0x9E37_79B9)?;
     let x = quantized(ty.vec_dot_type(), batch, k, 0x7F4A_7C15)?;
     let mut out = vec![0f32; rows * batch];
-    gemm_with(tier, ty, k, &w, rows, &x, batch, &mut out, None).map_err(|e| e.to_string())?;
+    let wq = QMatrix::new(ty, rows, k, &w).map_err(|e| e.to_string())?;
+    gemm_with(tier, wq, &x, batch, &mut out, None).map_err(|e| e.to_string())?;
     println!(
         "trace_begin={:#x} trace_end={:#x}",
         trace_begin as *const () as usize, trace_end as *const () as usize
     );
     trace_begin();
-    let r = gemm_with(tier, ty, k, &w, rows, &x, batch, &mut out, None);
+    let r = gemm_with(tier, wq, &x, batch, &mut out, None);
     trace_end();
     r.map_err(|e| e.to_string())?;
     println!("checksum={}", black_box(&out).iter().sum::<f32>());

@@ -1,10 +1,18 @@
 //! Run-time choice of the SIMD tier, and the GEMM driver that splits weight rows over a rayon
 //! pool and hands each slice of rows to the chosen tier.
 //!
-//! CPU features are detected once (cached in a `OnceLock`); a tier exists only as a capability
-//! value (`arch::x86_64::Avx2`, `arch::aarch64::I8mm`, ...) obtained from that detection.
+//! **Architecture Invariant: this is the only place that asks the CPU what it has.** Features are
+//! detected once per process ([`x86_features`], [`aarch64_features`], cached in a `OnceLock`),
+//! like memchr's one detection per arch; everything else reads them from here:
+//! - a GEMM tier exists only as a capability value (`arch::x86_64::Avx2`, `arch::aarch64::I8mm`,
+//!   ...) built from that detection;
+//! - the AVX-512 tier's optional instructions (VBMI, GFNI) are fields of [`X86Features`], which
+//!   `NIGHTSHIFT_X86_VBMI=off` / `NIGHTSHIFT_X86_GFNI=off` clear;
+//! - the f32 kernels (packed F32 router, [`crate::attn`]) run the build [`float_level`] names.
+//!
 //! `NIGHTSHIFT_KERNEL=scalar|avx2|avx512vnni|neon|dotprod|i8mm` forces a tier (`auto` or unset
-//! picks the best); forcing one the CPU lacks makes [`crate::gemm`] return an error. A tier whose
+//! picks the best) and caps the f32 kernels' build with it (`scalar`: the baseline build);
+//! forcing a tier the CPU lacks makes [`crate::gemm`] return an error. A tier whose
 //! `gemm_block` has no path for a type returns false and the scalar reference runs instead, so
 //! every type works on every tier, and every tier gives the scalar reference's bits.
 
@@ -13,7 +21,7 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use crate::{scalar, GgmlType, KernelError};
+use crate::{scalar, GgmlType, KernelError, QMatrix};
 
 /// A kernel tier: the scalar reference or one SIMD implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -61,6 +69,122 @@ impl std::fmt::Display for Tier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// The x86-64 features the kernels choose code by, detected once per process. `avx512vbmi` and
+/// `gfni` read as absent when `NIGHTSHIFT_X86_VBMI=off` / `NIGHTSHIFT_X86_GFNI=off` withhold
+/// them, so the tests also cover the paths without them on a machine that has them.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct X86Features {
+    pub avx2: bool,
+    pub fma: bool,
+    pub f16c: bool,
+    pub avx512f: bool,
+    pub avx512bw: bool,
+    pub avx512vl: bool,
+    pub avx512dq: bool,
+    pub avx512vnni: bool,
+    /// AVX512-VBMI (`vpermb`): the AVX-512 tier's 64-byte Q3_K..Q6_K kernels and Q2_K's table.
+    pub avx512vbmi: bool,
+    /// GFNI (`vgf2p8affineqb`): byte decoding in the 64-byte K-quant kernels.
+    pub gfni: bool,
+}
+
+/// This CPU's [`X86Features`] (detected on the first call).
+#[cfg(target_arch = "x86_64")]
+pub fn x86_features() -> X86Features {
+    static FEATURES: OnceLock<X86Features> = OnceLock::new();
+    *FEATURES.get_or_init(|| {
+        let allowed = |var: &str| std::env::var(var).map_or(true, |v| v != "off");
+        X86Features {
+            avx2: is_x86_feature_detected!("avx2"),
+            fma: is_x86_feature_detected!("fma"),
+            f16c: is_x86_feature_detected!("f16c"),
+            avx512f: is_x86_feature_detected!("avx512f"),
+            avx512bw: is_x86_feature_detected!("avx512bw"),
+            avx512vl: is_x86_feature_detected!("avx512vl"),
+            avx512dq: is_x86_feature_detected!("avx512dq"),
+            avx512vnni: is_x86_feature_detected!("avx512vnni"),
+            avx512vbmi: is_x86_feature_detected!("avx512vbmi") && allowed("NIGHTSHIFT_X86_VBMI"),
+            gfni: is_x86_feature_detected!("gfni") && allowed("NIGHTSHIFT_X86_GFNI"),
+        }
+    })
+}
+
+/// The aarch64 features the kernels choose code by, detected once per process.
+#[cfg(target_arch = "aarch64")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Aarch64Features {
+    pub neon: bool,
+    /// SDOT/UDOT (FEAT_DotProd).
+    pub dotprod: bool,
+    /// SMMLA (FEAT_I8MM).
+    pub i8mm: bool,
+}
+
+/// This CPU's [`Aarch64Features`] (detected on the first call).
+#[cfg(target_arch = "aarch64")]
+pub fn aarch64_features() -> Aarch64Features {
+    static FEATURES: OnceLock<Aarch64Features> = OnceLock::new();
+    *FEATURES.get_or_init(|| Aarch64Features {
+        neon: std::arch::is_aarch64_feature_detected!("neon"),
+        dotprod: std::arch::is_aarch64_feature_detected!("dotprod"),
+        i8mm: std::arch::is_aarch64_feature_detected!("i8mm"),
+    })
+}
+
+/// Which build of the f32 kernels runs (the packed F32 router GEMM, [`crate::attn`]): the same
+/// operations in the same order compiled for wider vectors, so every level gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FloatLevel {
+    /// The target's baseline (SSE2 on x86-64, NEON on aarch64).
+    Baseline,
+    /// x86-64 AVX2.
+    Avx2,
+    /// x86-64 AVX-512 F and DQ.
+    Avx512,
+}
+
+/// The widest [`FloatLevel`] this CPU runs.
+pub fn float_level_available() -> FloatLevel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let f = x86_features();
+        if f.avx512f && f.avx512dq {
+            return FloatLevel::Avx512;
+        }
+        if f.avx2 {
+            return FloatLevel::Avx2;
+        }
+    }
+    FloatLevel::Baseline
+}
+
+/// The [`FloatLevel`] the f32 kernels use: the widest available, capped by a tier that
+/// `NIGHTSHIFT_KERNEL` forces (`scalar` and the aarch64 tiers: baseline; `avx2`: AVX2;
+/// `avx512vnni`: AVX-512). A value naming no usable tier also means baseline (and
+/// [`crate::gemm`] reports it).
+pub fn float_level() -> FloatLevel {
+    static LEVEL: OnceLock<FloatLevel> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let widest = float_level_available();
+        let cap = match kernel_env().as_deref().map(str::trim) {
+            None => return widest,
+            Some(v) if v.is_empty() || v.eq_ignore_ascii_case("auto") => return widest,
+            Some(_) => match configured_tier() {
+                Ok(Tier::Avx512Vnni) => FloatLevel::Avx512,
+                Ok(Tier::Avx2) => FloatLevel::Avx2,
+                _ => FloatLevel::Baseline,
+            },
+        };
+        widest.min(cap)
+    })
+}
+
+/// The value of `NIGHTSHIFT_KERNEL`, if set (`<not utf-8>` when it is not UTF-8).
+fn kernel_env() -> Option<String> {
+    std::env::var_os("NIGHTSHIFT_KERNEL").map(|v| v.to_str().unwrap_or("<not utf-8>").to_string())
 }
 
 /// The capabilities this CPU has, detected once.
@@ -152,14 +276,7 @@ pub fn resolve_tier(value: Option<&str>) -> Result<Tier, KernelError> {
 pub fn configured_tier() -> Result<Tier, KernelError> {
     static CONFIGURED: OnceLock<Result<Tier, KernelError>> = OnceLock::new();
     CONFIGURED
-        .get_or_init(|| {
-            let value = std::env::var_os("NIGHTSHIFT_KERNEL");
-            resolve_tier(
-                value
-                    .as_deref()
-                    .map(|v| v.to_str().unwrap_or("<not utf-8>")),
-            )
-        })
+        .get_or_init(|| resolve_tier(kernel_env().as_deref()))
         .clone()
 }
 
@@ -241,15 +358,11 @@ fn chunk_rows(m: usize, threads: usize) -> usize {
 }
 
 /// [`crate::gemm`] on an explicit tier (for tests and benchmarks): `out[j * m + i] = W[i] . x[j]`.
-/// Errors when the tier cannot run on this CPU, when `ty` has no dot product, or on any length
-/// mismatch; never panics on bad input.
-#[allow(clippy::too_many_arguments)]
+/// Errors when the tier cannot run on this CPU, when the weight type has no dot product, or on
+/// any length mismatch; never panics on bad input.
 pub fn gemm_with(
     tier: Tier,
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    m: usize,
+    w: QMatrix<'_>,
     x: &[u8],
     n: usize,
     out: &mut [f32],
@@ -258,32 +371,26 @@ pub fn gemm_with(
     if !is_available(tier) {
         return Err(unavailable(tier));
     }
+    let (ty, k, m, wb) = (w.ty(), w.cols(), w.rows(), w.row_bytes());
+    let w = w.bytes();
     if !ty.has_vec_dot() {
         return Err(KernelError::Unsupported {
             op: "gemm",
             ty: ty.name(),
         });
     }
-    let wb = ty.row_bytes(k)?;
     let xb = ty.vec_dot_type().row_bytes(k)?;
-    let need = |what: &'static str, per: usize, count: usize, found: usize| {
-        let expected = per
-            .checked_mul(count)
-            .ok_or_else(|| KernelError::Overflow {
-                what,
-                detail: format!("{count} rows of {per}"),
-            })?;
-        if expected != found {
-            return Err(KernelError::Length {
-                what,
-                expected,
-                found,
-            });
-        }
-        Ok(())
-    };
-    need("gemm weight rows", wb, m, w.len())?;
-    need("gemm activation rows", xb, n, x.len())?;
+    let expected = xb.checked_mul(n).ok_or_else(|| KernelError::Overflow {
+        what: "gemm activation rows",
+        detail: format!("{n} rows of {xb}"),
+    })?;
+    if expected != x.len() {
+        return Err(KernelError::Length {
+            what: "gemm activation rows",
+            expected,
+            found: x.len(),
+        });
+    }
     let cells = m.checked_mul(n).ok_or_else(|| KernelError::Overflow {
         what: "gemm output",
         detail: format!("{m} x {n}"),

@@ -39,6 +39,13 @@ pub enum KernelError {
     /// A size computation overflowed `usize`.
     #[error("{what} overflows: {detail}")]
     Overflow { what: &'static str, detail: String },
+    /// Rows asked of a matrix that are not all inside it.
+    #[error("weight matrix: expected rows within 0..{rows}, found {start}..{end}")]
+    Rows {
+        start: usize,
+        end: usize,
+        rows: usize,
+    },
     /// The requested SIMD tier cannot run on this CPU (or this build's architecture).
     #[error("kernel tier {tier} is not available on this cpu (available: {available})")]
     TierUnavailable {

@@ -7,15 +7,18 @@
 //! products bit for bit (checked against golden vectors made by ggml in `tests/`).
 
 pub mod arch;
+pub mod attn;
 pub mod dispatch;
 mod error;
 pub mod formats;
+mod matrix;
 pub mod packed_f32;
 pub mod rng;
 pub mod scalar;
 
 pub use error::KernelError;
 pub use formats::GgmlType;
+pub use matrix::QMatrix;
 pub use packed_f32::PackedF32;
 
 /// Any type -> f32 (F32, F16, BF16, every quant). `src.len()` must be `ty.row_bytes(dst.len())`.
@@ -36,21 +39,17 @@ pub fn vec_dot(ty: GgmlType, k: usize, w_row: &[u8], x_row: &[u8]) -> Result<f32
     scalar::vec_dot(ty, k, w_row, x_row)
 }
 
-/// `out[j * m + i] = W[i] . x[j]` for `m` weight rows (`ty`, `k` elements each, contiguous) and
-/// `n` activation rows (`ty.vec_dot_type()`, contiguous). Splits weight rows over `pool`
+/// `out[j * m + i] = W[i] . x[j]` for the `m` rows of `w` and `n` activation rows `x` (of
+/// `w.ty().vec_dot_type()`, `w.cols()` elements each, contiguous). Splits weight rows over `pool`
 /// (`None` = current thread). Uses [`dispatch::active_tier`]; bit-identical to the scalar
 /// reference whatever the tier, pool or split.
-#[allow(clippy::too_many_arguments)]
 pub fn gemm(
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    m: usize,
+    w: QMatrix<'_>,
     x: &[u8],
     n: usize,
     out: &mut [f32],
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<(), KernelError> {
     let tier = dispatch::configured_tier()?;
-    dispatch::gemm_with(tier, ty, k, w, m, x, n, out, pool)
+    dispatch::gemm_with(tier, w, x, n, out, pool)
 }

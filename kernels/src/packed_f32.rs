@@ -11,12 +11,14 @@
 //!
 //! Used for the MoE router (`ffn_gate_inp`, F32 in every llama.cpp quant mix), which the engine
 //! runs for every token of every MoE layer: 128 x 2048 for Qwen3-30B-A3B, 384 x 7168 for Kimi K2.
-//! x86-64 runs the same code compiled for AVX-512F or AVX2 when the CPU has them; elsewhere the
-//! compiler's baseline vectors (NEON on aarch64).
+//! x86-64 runs the same code compiled for AVX-512F or AVX2 as [`crate::dispatch::float_level`]
+//! says; elsewhere the compiler's baseline vectors (NEON on aarch64).
 
 use rayon::prelude::*;
 use rayon::ThreadPool;
 
+#[cfg(target_arch = "x86_64")]
+use crate::dispatch::{self, FloatLevel};
 use crate::KernelError;
 
 /// Rows per tile.
@@ -139,18 +141,15 @@ impl PackedF32 {
     }
 }
 
-/// [`dot_tiles2_body`] in the widest build this CPU runs.
+/// [`dot_tiles2_body`] in the build [`crate::dispatch::float_level`] names.
 fn dot_tiles2(a: &[f32], b: &[f32], x: &[f32]) -> [[f32; PACK_ROWS]; 2] {
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, checked just above.
-            return unsafe { dot_tiles2_avx512(a, b, x) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, checked just above.
-            return unsafe { dot_tiles2_avx2(a, b, x) };
-        }
+    match dispatch::float_level() {
+        // SAFETY: `float_level` names AVX-512 only when the CPU has AVX-512 F (and DQ).
+        FloatLevel::Avx512 => return unsafe { dot_tiles2_avx512(a, b, x) },
+        // SAFETY: `float_level` names AVX2 only when the CPU has it.
+        FloatLevel::Avx2 => return unsafe { dot_tiles2_avx2(a, b, x) },
+        FloatLevel::Baseline => {}
     }
     dot_tiles2_body(a, b, x)
 }

@@ -162,19 +162,6 @@ fn f32_scale(rng: &mut Rng, scales: Scales) -> f32 {
     }
 }
 
-/// Offsets of the f16 fields of each weight block type.
-fn f16_fields(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q2_K => &[80, 82],
-        GgmlType::Q3_K => &[108],
-        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q6_K => &[208],
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => &[0, 2],
-        _ => unreachable!("no aarch64 path tested for {ty:?}"),
-    }
-}
-
 /// `count` random blocks of `ty` (weights, or activations when `ty` is Q8_K / Q8_0 used as
 /// activation): random quant bytes with valid finite scales; about one block in `zero_every`
 /// is all zero bytes.
@@ -196,7 +183,7 @@ fn blocks(
         if act && ty == GgmlType::Q8_K {
             blk[..4].copy_from_slice(&f32_scale(rng, scales).to_le_bytes());
         } else {
-            for &at in f16_fields(ty) {
+            for &at in ty.f16_fields() {
                 blk[at..at + 2].copy_from_slice(&f16_bits(rng, scales).to_le_bytes());
             }
         }
@@ -349,7 +336,7 @@ fn saturated_quants() {
             let seed = 7000 + fi as u64;
             let (k, mut w, mut x) = case(ty, seed, 2, rows, n, Scales::Normal, 0, false);
             let mut rng = Rng(SplitMix64::new(!seed));
-            let keep = f16_fields(ty);
+            let keep = ty.f16_fields();
             for blk in w.chunks_exact_mut(ty.block_bytes()) {
                 for (i, v) in blk.iter_mut().enumerate() {
                     if !keep.iter().any(|&at| i == at || i == at + 1) {

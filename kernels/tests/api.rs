@@ -2,9 +2,11 @@
 //! an out-of-bounds read), garbage bytes never panic, the float dot products follow ggml's
 //! generic semantics, and `NIGHTSHIFT_KERNEL` forces (or refuses) a tier.
 
-use nightshift_kernels::dispatch::{self, Tier};
+use nightshift_kernels::dispatch::{self, FloatLevel, Tier};
 use nightshift_kernels::formats::{self, BlockQ4_K, BlockQ8_K};
-use nightshift_kernels::{dequantize_row, gemm, quantize_row, vec_dot, GgmlType, KernelError};
+use nightshift_kernels::{
+    dequantize_row, gemm, quantize_row, vec_dot, GgmlType, KernelError, QMatrix,
+};
 use proptest::prelude::*;
 
 #[test]
@@ -87,53 +89,41 @@ fn bad_lengths_are_errors() {
         assert!(matches!(r, Err(KernelError::Unsupported { .. })), "{r:?}");
     }
 
-    // gemm: weights, activations, output, and m * n overflow
+    fn q4(w: &[u8], m: usize) -> Result<QMatrix<'_>, KernelError> {
+        QMatrix::new(GgmlType::Q4_K, m, 256, w)
+    }
+    // gemm: the matrix is checked when built (weights), gemm checks activations, output and
+    // m * n overflow
     let w = vec![0u8; 2 * 144];
     let x = vec![0u8; 3 * 292];
     let mut out = vec![0f32; 6];
-    assert_eq!(
-        gemm(GgmlType::Q4_K, 256, &w, 2, &x, 3, &mut out, None),
-        Ok(())
-    );
-    length(gemm(
-        GgmlType::Q4_K,
-        256,
-        &w[..287],
-        2,
-        &x,
-        3,
-        &mut out,
-        None,
-    ));
-    length(gemm(
-        GgmlType::Q4_K,
-        256,
-        &w,
-        2,
-        &x[..875],
-        3,
-        &mut out,
-        None,
-    ));
-    length(gemm(GgmlType::Q4_K, 256, &w, 2, &x, 3, &mut out[..5], None));
-    length(gemm(GgmlType::Q4_K, 256, &w, 3, &x, 3, &mut out, None));
-    k_not_multiple(gemm(GgmlType::Q4_K, 255, &w, 2, &x, 3, &mut out, None));
-    let r = gemm(GgmlType::F32, 0, &[], usize::MAX, &[], 3, &mut out, None);
+    let wm = q4(&w, 2).expect("two rows");
+    assert_eq!(gemm(wm, &x, 3, &mut out, None), Ok(()));
+    length(q4(&w[..287], 2).map(drop));
+    length(q4(&w, 3).map(drop));
+    length(gemm(wm, &x[..875], 3, &mut out, None));
+    length(gemm(wm, &x, 3, &mut out[..5], None));
+    k_not_multiple(QMatrix::new(GgmlType::Q4_K, 2, 255, &w).map(drop));
+    let r = QMatrix::new(GgmlType::F32, usize::MAX, 1, &[]);
     assert!(matches!(r, Err(KernelError::Overflow { .. })), "{r:?}");
+    let huge = QMatrix::new(GgmlType::F32, usize::MAX, 0, &[]).expect("empty rows");
+    let r = gemm(huge, &[], 3, &mut out, None);
+    assert!(matches!(r, Err(KernelError::Overflow { .. })), "{r:?}");
+    // a row range is a matrix of its own, inside its parent
+    assert_eq!(wm.row_range(1, 1).map(|r| r.bytes().len()), Ok(144));
+    for (start, count) in [(1, 2), (3, 0), (usize::MAX, 2)] {
+        let r = wm.row_range(start, count);
+        assert!(matches!(r, Err(KernelError::Rows { .. })), "{r:?}");
+    }
     // empty problems are fine
     assert_eq!(
-        gemm(GgmlType::Q4_K, 256, &[], 0, &x, 3, &mut [], None),
+        gemm(q4(&[], 0).expect("no rows"), &x, 3, &mut [], None),
         Ok(())
     );
-    assert_eq!(
-        gemm(GgmlType::Q4_K, 256, &w, 2, &[], 0, &mut [], None),
-        Ok(())
-    );
+    assert_eq!(gemm(wm, &[], 0, &mut [], None), Ok(()));
     let mut o2 = vec![1f32; 2];
-    assert_eq!(
-        gemm(GgmlType::Q4_K, 0, &[], 2, &[], 1, &mut o2, None),
-        Ok(())
-    );
+    let empty_rows = QMatrix::new(GgmlType::Q4_K, 2, 0, &[]).expect("zero-length rows");
+    assert_eq!(gemm(empty_rows, &[], 1, &mut o2, None), Ok(()));
     assert_eq!(o2, [0.0, 0.0]);
 }
 
@@ -200,7 +190,8 @@ fn float_dots_follow_ggml_generic() {
             "{ty}"
         );
         let mut out = [0f32; 1];
-        gemm(ty, k, &wb, 1, &xb, 1, &mut out, None).expect("gemm");
+        let w1 = QMatrix::new(ty, 1, k, &wb).expect("one row");
+        gemm(w1, &xb, 1, &mut out, None).expect("gemm");
         assert_eq!(out[0].to_bits(), (want as f32).to_bits(), "{ty}");
 
         // the GEMM tile (4 rows in lockstep + remainder) equals one vec_dot per pair
@@ -212,7 +203,8 @@ fn float_dots_follow_ggml_generic() {
             .flat_map(|j| xb[2 * j..].iter().chain(&wb[..2 * j]).copied())
             .collect();
         let mut out = vec![0f32; m * n];
-        gemm(ty, k, &wm, m, &xm, n, &mut out, None).expect("gemm");
+        let wq = QMatrix::new(ty, m, k, &wm).expect("m rows");
+        gemm(wq, &xm, n, &mut out, None).expect("gemm");
         for i in 0..m {
             for j in 0..n {
                 let d = vec_dot(ty, k, &wm[i * rb..(i + 1) * rb], &xm[j * rb..(j + 1) * rb])
@@ -272,7 +264,8 @@ proptest! {
             if bytes.len() >= rb && bytes.len() >= xb {
                 let _ = vec_dot(ty, k, &bytes[..rb], &bytes[bytes.len() - xb..]);
                 let mut out = [0f32; 1];
-                let _ = gemm(ty, k, &bytes[..rb], 1, &bytes[bytes.len() - xb..], 1, &mut out, None);
+                let w = QMatrix::new(ty, 1, k, &bytes[..rb]).expect("one row");
+                let _ = gemm(w, &bytes[bytes.len() - xb..], 1, &mut out, None);
             }
             let vals: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             let kk = vals.len() / 256 * 256;
@@ -310,8 +303,8 @@ fn nightshift_kernel_values_resolve() {
                 "{r:?}"
             );
             let mut out = [0f32; 1];
-            let g =
-                dispatch::gemm_with(t, GgmlType::F32, 1, &[0; 4], 1, &[0; 4], 1, &mut out, None);
+            let w = QMatrix::new(GgmlType::F32, 1, 1, &[0; 4]).expect("one float");
+            let g = dispatch::gemm_with(t, w, &[0; 4], 1, &mut out, None);
             assert!(
                 matches!(g, Err(KernelError::TierUnavailable { .. })),
                 "{g:?}"
@@ -329,7 +322,8 @@ fn child_reports_forced_tier() {
         "error" => {
             assert_eq!(dispatch::active_tier(), Tier::Scalar);
             let mut out = [0f32; 1];
-            let r = gemm(GgmlType::F32, 1, &[0; 4], 1, &[0; 4], 1, &mut out, None);
+            let w = QMatrix::new(GgmlType::F32, 1, 1, &[0; 4]).expect("one float");
+            let r = gemm(w, &[0; 4], 1, &mut out, None);
             assert!(r.is_err(), "{r:?}");
             eprintln!(
                 "gemm refused: {}",
@@ -338,6 +332,17 @@ fn child_reports_forced_tier() {
         }
         name => assert_eq!(dispatch::active_tier().name(), name),
     }
+    // the f32 kernels' build follows the forced tier: none wider than it, baseline for scalar
+    // (and for a tier that cannot run)
+    let cap = match want.as_str() {
+        "avx512vnni" => FloatLevel::Avx512,
+        "avx2" => FloatLevel::Avx2,
+        _ => FloatLevel::Baseline,
+    };
+    assert_eq!(
+        dispatch::float_level(),
+        cap.min(dispatch::float_level_available())
+    );
 }
 
 #[test]
@@ -377,5 +382,23 @@ fn forced_tier_reaches_gemm() {
                 "error"
             },
         );
+    }
+}
+
+#[test]
+fn f16_fields_are_ggmls_offsets() {
+    // ggml-common.h: Q2_K ends in d, dmin after 16 scale and 64 quant bytes; Q3_K's d follows
+    // 32 + 64 + 12 bytes, Q6_K's 128 + 64 + 16; the ternary types keep d last
+    assert_eq!(GgmlType::Q2_K.f16_fields(), &[80, 82]);
+    assert_eq!(GgmlType::Q3_K.f16_fields(), &[108]);
+    assert_eq!(GgmlType::Q4_K.f16_fields(), &[0, 2]);
+    assert_eq!(GgmlType::Q6_K.f16_fields(), &[208]);
+    assert_eq!(GgmlType::Q8_1.f16_fields(), &[0, 2]);
+    assert_eq!(GgmlType::TQ1_0.f16_fields(), &[52]);
+    assert_eq!(GgmlType::TQ2_0.f16_fields(), &[64]);
+    for ty in GgmlType::ALL {
+        for &at in ty.f16_fields() {
+            assert!(at + 2 <= ty.block_bytes(), "{}: field at {at}", ty.name());
+        }
     }
 }

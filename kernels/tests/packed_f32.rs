@@ -3,7 +3,7 @@
 //! lengths, several activation rows, with and without a pool; bad lengths are errors.
 
 use nightshift_kernels::dispatch::{gemm_with, Tier};
-use nightshift_kernels::{GgmlType, KernelError, PackedF32};
+use nightshift_kernels::{GgmlType, KernelError, PackedF32, QMatrix};
 
 fn values(len: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
@@ -55,18 +55,9 @@ fn packed_gemm_has_the_scalar_bits() {
             for &n in &[1usize, 2, 5] {
                 let x = values(n * k, 7 + n as u64);
                 let mut want = vec![0f32; rows * n];
-                gemm_with(
-                    Tier::Scalar,
-                    GgmlType::F32,
-                    k,
-                    &bytes(&w),
-                    rows,
-                    &bytes(&x),
-                    n,
-                    &mut want,
-                    None,
-                )
-                .expect("scalar gemm");
+                let wb = bytes(&w);
+                let wq = QMatrix::new(GgmlType::F32, rows, k, &wb).expect("f32 rows");
+                gemm_with(Tier::Scalar, wq, &bytes(&x), n, &mut want, None).expect("scalar gemm");
                 for p in [None, Some(&pool)] {
                     let mut got = vec![0f32; rows * n];
                     packed.gemm(&x, n, &mut got, p).expect("packed gemm");

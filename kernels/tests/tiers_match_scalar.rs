@@ -6,7 +6,7 @@
 
 use nightshift_kernels::dispatch::{self, Tier};
 use nightshift_kernels::rng::SplitMix64;
-use nightshift_kernels::{quantize_row, scalar, GgmlType};
+use nightshift_kernels::{quantize_row, scalar, GgmlType, QMatrix};
 use proptest::prelude::*;
 
 /// splitmix64: a tiny deterministic generator so that one proptest seed describes a whole case.
@@ -39,18 +39,6 @@ const WEIGHT_TYPES: [GgmlType; 13] = [
     GgmlType::F16,
     GgmlType::BF16,
 ];
-
-/// Byte offsets of the f16 scale fields inside one block of a quantized type.
-fn f16_fields(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q2_K => &[80, 82],
-        GgmlType::Q3_K => &[108],
-        GgmlType::Q6_K => &[208],
-        _ => &[],
-    }
-}
 
 /// An f16 scale: zero, the smallest subnormal, the smallest normal, 1, +-65504, or random finite.
 fn f16_scale(rng: &mut Rng) -> u16 {
@@ -105,7 +93,7 @@ fn weights(ty: GgmlType, k: usize, m: usize, rng: &mut Rng) -> Vec<u8> {
             blk.fill(0);
             continue;
         }
-        for &off in f16_fields(ty) {
+        for &off in ty.f16_fields() {
             blk[off..off + 2].copy_from_slice(&f16_scale(rng).to_le_bytes());
         }
     }
@@ -138,10 +126,11 @@ fn check_case(ty: GgmlType, blocks256: usize, m: usize, n: usize, seed: u64) -> 
         .num_threads(3)
         .build()
         .map_err(|e| e.to_string())?;
+    let wq = QMatrix::new(ty, m, k, &w).map_err(|e| e.to_string())?;
     for tier in dispatch::available_tiers() {
         for p in [None, Some(&pool)] {
             let mut out = vec![f32::NAN; m * n];
-            dispatch::gemm_with(tier, ty, k, &w, m, &x, n, &mut out, p)
+            dispatch::gemm_with(tier, wq, &x, n, &mut out, p)
                 .map_err(|e| format!("{tier}: {e}"))?;
             for i in 0..m {
                 for j in 0..n {

@@ -6,7 +6,7 @@
 
 use nightshift_kernels::arch::x86_64::{Avx2, Avx512Vnni};
 use nightshift_kernels::rng::SplitMix64;
-use nightshift_kernels::{scalar, GgmlType};
+use nightshift_kernels::{scalar, GgmlType, QMatrix};
 use proptest::prelude::*;
 
 /// Types with an x86 path in both tiers.
@@ -112,18 +112,6 @@ fn f32_scale(rng: &mut SplitMix64, s: Scales) -> f32 {
     f32::from_bits(((rng.below(2) as u32) << 31) | (exp << 23) | rng.below(1 << 23) as u32)
 }
 
-/// Byte offsets of the f16 scale fields per block type.
-fn f16_fields(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q2_K => &[80, 82],
-        GgmlType::Q3_K => &[108],
-        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q6_K => &[208],
-        GgmlType::Q8_0 => &[0],
-        _ => &[],
-    }
-}
-
 /// `count` blocks of `ty` with random bytes (every quant value, bsums unrelated to the quants)
 /// and valid finite scales; with `zero_every > 0` about one block in `zero_every` is all zero.
 fn blocks(rng: &mut SplitMix64, ty: GgmlType, count: usize, s: Scales, zero_every: u64) -> Vec<u8> {
@@ -139,7 +127,7 @@ fn blocks(rng: &mut SplitMix64, ty: GgmlType, count: usize, s: Scales, zero_ever
         if ty == GgmlType::Q8_K {
             blk[..4].copy_from_slice(&f32_scale(rng, s).to_le_bytes());
         }
-        for &at in f16_fields(ty) {
+        for &at in ty.f16_fields() {
             blk[at..at + 2].copy_from_slice(&f16_scale(rng, s).to_le_bytes());
         }
     }
@@ -419,14 +407,15 @@ fn dispatch_with_pool_matches_scalar() {
         for (m, n) in [(37usize, 1usize), (21, 3), (10, 9)] {
             let (k, w, x) = case(ty, 500 + ci as u64, nb, m, n, Scales::Normal, 5, true);
             let mut expect = vec![0f32; m * n];
-            gemm_with(DTier::Scalar, ty, k, &w, m, &x, n, &mut expect, None).expect("scalar");
+            let wq = QMatrix::new(ty, m, k, &w).expect("weight rows");
+            gemm_with(DTier::Scalar, wq, &x, n, &mut expect, None).expect("scalar");
             for tier in [DTier::Avx2, DTier::Avx512Vnni] {
                 if !is_available(tier) {
                     continue;
                 }
                 for pool in [None, Some(&pool)] {
                     let mut got = vec![f32::NAN; m * n];
-                    gemm_with(tier, ty, k, &w, m, &x, n, &mut got, pool).expect("tier");
+                    gemm_with(tier, wq, &x, n, &mut got, pool).expect("tier");
                     let same = got
                         .iter()
                         .zip(&expect)

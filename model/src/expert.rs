@@ -6,7 +6,7 @@
 use crate::error::ExpertError;
 use crate::gguf::Gguf;
 use crate::model::Model;
-use nightshift_kernels::{gemm, quantize_row, GgmlType};
+use nightshift_kernels::{gemm, quantize_row, GgmlType, QMatrix};
 use rayon::prelude::*;
 use rayon::ThreadPool;
 use std::sync::Arc;
@@ -68,17 +68,53 @@ pub trait ExpertBackend: Send + Sync {
     }
 }
 
-/// One expert's three matrices (bytes of the expert's slice of the `*_exps` tensors).
-#[derive(Clone, Copy)]
+/// One expert's three matrices (the expert's slices of the `*_exps` tensors): gate and up are
+/// `n_ff` rows of `n_embd`, down `n_embd` rows of `n_ff` (checked by [`ExpertWeights::new`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExpertWeights<'a> {
-    pub gate: (GgmlType, &'a [u8]),
-    pub up: (GgmlType, &'a [u8]),
-    pub down: (GgmlType, &'a [u8]),
-    pub n_embd: usize,
-    pub n_ff: usize,
+    pub gate: QMatrix<'a>,
+    pub up: QMatrix<'a>,
+    pub down: QMatrix<'a>,
 }
 
 impl<'a> ExpertWeights<'a> {
+    /// The three matrices of one expert; an error unless their shapes fit together.
+    pub fn new(
+        gate: QMatrix<'a>,
+        up: QMatrix<'a>,
+        down: QMatrix<'a>,
+    ) -> Result<ExpertWeights<'a>, ExpertError> {
+        let (e, f) = (gate.cols(), gate.rows());
+        if (up.cols(), up.rows()) != (e, f) || (down.cols(), down.rows()) != (f, e) {
+            return Err(ExpertError::Shape(format!(
+                "expected gate/up of {f} rows of {e} and down of {e} rows of {f}, found \
+                 gate {}x{}, up {}x{}, down {}x{}",
+                gate.rows(),
+                gate.cols(),
+                up.rows(),
+                up.cols(),
+                down.rows(),
+                down.cols()
+            )));
+        }
+        Ok(ExpertWeights { gate, up, down })
+    }
+
+    /// The model width (gate/up row length, down rows).
+    pub fn n_embd(&self) -> usize {
+        self.gate.cols()
+    }
+
+    /// The expert's hidden width (gate/up rows, down row length).
+    pub fn n_ff(&self) -> usize {
+        self.gate.rows()
+    }
+
+    /// Bytes of the three matrices.
+    pub fn bytes(&self) -> usize {
+        self.gate.bytes().len() + self.up.bytes().len() + self.down.bytes().len()
+    }
+
     /// The expert `expert` of MoE layer `layer` straight from a GGUF (for expert nodes that do
     /// not load a whole `Model`).
     pub fn from_gguf(
@@ -90,7 +126,7 @@ impl<'a> ExpertWeights<'a> {
             layer,
             expert: expert as u32,
         };
-        let get = |s: &str| -> Result<(GgmlType, [usize; 3], &'a [u8]), ExpertError> {
+        let get = |s: &str| -> Result<QMatrix<'a>, ExpertError> {
             let t = g
                 .tensor(&format!("blk.{layer}.ffn_{s}_exps.weight"))
                 .ok_or_else(unknown)?;
@@ -114,28 +150,15 @@ impl<'a> ExpertWeights<'a> {
                     data.len()
                 )));
             }
-            Ok((t.ty, ne, &data[expert * per..(expert + 1) * per]))
+            let bytes = &data[expert * per..(expert + 1) * per];
+            Ok(QMatrix::new(t.ty, ne[1], ne[0], bytes)?)
         };
-        let (gt, gne, gd) = get("gate")?;
-        let (ut, une, ud) = get("up")?;
-        let (dt, dne, dd) = get("down")?;
-        if une != gne || dne[0] != gne[1] || dne[1] != gne[0] {
-            return Err(ExpertError::Shape(format!(
-                "expected gate/up [e,f] and down [f,e], found {gne:?} {une:?} {dne:?}"
-            )));
-        }
-        Ok(ExpertWeights {
-            gate: (gt, gd),
-            up: (ut, ud),
-            down: (dt, dd),
-            n_embd: gne[0],
-            n_ff: gne[1],
-        })
+        ExpertWeights::new(get("gate")?, get("up")?, get("down")?)
     }
 
     /// The activation type `ActRows` must have for this expert's gate/up.
     pub fn act_type(&self) -> GgmlType {
-        act_type_for(self.gate.0, self.up.0)
+        act_type_for(self.gate.ty(), self.up.ty())
     }
 }
 
@@ -185,7 +208,7 @@ pub fn expert_ffn(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), ExpertError> {
-    let (e, f, n) = (w.n_embd, w.n_ff, rows.len());
+    let (e, f, n) = (w.n_embd(), w.n_ff(), rows.len());
     if out.len() != n * e {
         return Err(ExpertError::Shape(format!(
             "expected an output of {} floats, found {}",
@@ -223,40 +246,22 @@ pub fn expert_ffn(
             convert_rows(acts.ty, want, &x, e, n).map(Some)
         }
     };
-    let xg = for_type(w.gate.0)?;
-    let xu = for_type(w.up.0)?;
+    let xg = for_type(w.gate.ty())?;
+    let xu = for_type(w.up.ty())?;
     let mut g = vec![0.0f32; n * f];
     let mut u = vec![0.0f32; n * f];
-    gemm(
-        w.gate.0,
-        e,
-        w.gate.1,
-        f,
-        xg.as_deref().unwrap_or(&x),
-        n,
-        &mut g,
-        pool,
-    )?;
-    gemm(
-        w.up.0,
-        e,
-        w.up.1,
-        f,
-        xu.as_deref().unwrap_or(&x),
-        n,
-        &mut u,
-        pool,
-    )?;
+    gemm(w.gate, xg.as_deref().unwrap_or(&x), n, &mut g, pool)?;
+    gemm(w.up, xu.as_deref().unwrap_or(&x), n, &mut u, pool)?;
     for (a, &b) in g.iter_mut().zip(&u) {
         *a = crate::ops::silu(*a) * b;
     }
-    let dt = w.down.0.vec_dot_type();
+    let dt = w.down.ty().vec_dot_type();
     let drb = dt.row_bytes(f)?;
     let mut h = vec![0u8; drb * n];
     for (src, dst) in g.chunks_exact(f).zip(h.chunks_exact_mut(drb)) {
         quantize_row(dt, src, dst)?;
     }
-    gemm(w.down.0, f, w.down.1, e, &h, n, out, pool)?;
+    gemm(w.down, &h, n, out, pool)?;
     Ok(())
 }
 
@@ -351,10 +356,10 @@ fn weights_of<'a>(
     n_embd: usize,
 ) -> Result<ExpertWeights<'a>, ExpertError> {
     let w = weights(e)?;
-    if w.n_embd != n_embd {
+    if w.n_embd() != n_embd {
         return Err(ExpertError::Shape(format!(
             "expected experts of width {n_embd}, found {}",
-            w.n_embd
+            w.n_embd()
         )));
     }
     Ok(w)

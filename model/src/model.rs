@@ -146,13 +146,11 @@ impl Model {
         if e >= m.gate_exps.ne[2] {
             return Err(unknown);
         }
-        Ok(ExpertWeights {
-            gate: (m.gate_exps.ty, m.gate_exps.matrix(e)),
-            up: (m.up_exps.ty, m.up_exps.matrix(e)),
-            down: (m.down_exps.ty, m.down_exps.matrix(e)),
-            n_embd: self.config.n_embd,
-            n_ff: m.gate_exps.ne[1],
-        })
+        ExpertWeights::new(
+            m.gate_exps.matrix(e)?,
+            m.up_exps.matrix(e)?,
+            m.down_exps.matrix(e)?,
+        )
     }
 
     /// The `ActRows` type of MoE layer `layer` (None for dense layers).

@@ -39,26 +39,8 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// ggml_soft_max_ext on one row: `x*scale`, max, exp, f64 sum, multiply by 1/sum.
-pub fn softmax(x: &mut [f32], scale: f32) {
-    let mut max = f32::NEG_INFINITY;
-    for v in x.iter_mut() {
-        *v *= scale;
-        if *v > max {
-            max = *v;
-        }
-    }
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        let e = (*v - max).exp();
-        *v = e;
-        sum += e as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
-}
+/// ggml_soft_max_ext on one row (one home with attention's, in the kernels crate).
+pub use nightshift_kernels::attn::softmax;
 
 /// ggml's silu.
 #[inline]
@@ -114,8 +96,8 @@ pub fn matmul_q(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), ModelError> {
-    let (k, m) = (w.ne[0], w.ne[1]);
-    gemm(w.ty, k, w.matrix(mat), m, xq, n, &mut out[..n * m], pool)?;
+    let m = w.ne[1];
+    gemm(w.matrix(mat)?, xq, n, &mut out[..n * m], pool)?;
     Ok(())
 }
 
@@ -182,7 +164,6 @@ pub fn matmul_many(
     }
     let run = |&(i, r0, rows): &(usize, usize, usize)| -> Result<Vec<f32>, ModelError> {
         let w = ws[i];
-        let rb = w.row_bytes();
         let t = w.ty.vec_dot_type();
         let xq = acts
             .iter()
@@ -190,16 +171,7 @@ pub fn matmul_many(
             .map(|a| a.1.as_slice())
             .unwrap_or_default();
         let mut tmp = vec![0f32; rows * n];
-        gemm(
-            w.ty,
-            k,
-            &w.matrix(0)[r0 * rb..(r0 + rows) * rb],
-            rows,
-            xq,
-            n,
-            &mut tmp,
-            None,
-        )?;
+        gemm(w.matrix(0)?.row_range(r0, rows)?, xq, n, &mut tmp, None)?;
         Ok(tmp)
     };
     let results: Vec<Vec<f32>> = match pool {

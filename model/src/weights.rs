@@ -5,7 +5,7 @@
 use crate::config::{Arch, ModelConfig};
 use crate::error::ModelError;
 use crate::gguf::Gguf;
-use nightshift_kernels::{dequantize_row, GgmlType, PackedF32};
+use nightshift_kernels::{dequantize_row, GgmlType, KernelError, PackedF32, QMatrix};
 
 /// A borrowed byte range of the model file. Valid while the `Gguf` it came from is alive.
 #[derive(Clone, Copy)]
@@ -42,10 +42,18 @@ impl W {
         self.data.len / (self.ne[1] * self.ne[2]).max(1)
     }
 
-    /// Bytes of matrix `i` (an expert, or a head of `attn_k_b`/`attn_v_b`).
-    pub fn matrix(&self, i: usize) -> &[u8] {
-        let per = self.row_bytes() * self.ne[1];
-        &self.data()[i * per..(i + 1) * per]
+    /// Matrix `i` (an expert, or a head of `attn_k_b`/`attn_v_b`): `ne[1]` rows of `ne[0]`.
+    pub fn matrix(&self, i: usize) -> Result<QMatrix<'_>, KernelError> {
+        let (rows, per) = (self.ne[1], self.row_bytes() * self.ne[1]);
+        let bytes = i
+            .checked_add(1)
+            .and_then(|end| self.data().get(i * per..end * per))
+            .ok_or(KernelError::Rows {
+                start: i.saturating_mul(rows),
+                end: i.saturating_add(1).saturating_mul(rows),
+                rows: rows * self.ne[2],
+            })?;
+        QMatrix::new(self.ty, rows, self.ne[0], bytes)
     }
 
     /// The whole tensor dequantized to f32 (norm weights, biases).
@@ -297,7 +305,7 @@ impl Weights {
                 };
                 let gate_inp = load_w(g, &p("ffn_gate_inp.weight"), &[e, n])?;
                 let gate_inp_packed = if gate_inp.ty == GgmlType::F32 {
-                    let packed = PackedF32::pack(gate_inp.matrix(0), n, e)?;
+                    let packed = PackedF32::pack(gate_inp.matrix(0)?.bytes(), n, e)?;
                     // the packed copy replaces the mapped pages just read
                     g.release_mapped(gate_inp.data());
                     Some(packed)

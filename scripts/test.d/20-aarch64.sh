@@ -3,7 +3,9 @@
 # and runs them under `qemu-aarch64 -cpu max -L /usr/aarch64-linux-gnu` (the runner is set in
 # .cargo/config.toml). The whole kernels suite runs once per forced tier (NIGHTSHIFT_KERNEL),
 # and the tier tests (kernels/tests/aarch64_*.rs) check NEON, dotprod and i8mm against the
-# scalar reference directly. qemu is slow: proptest case counts are kept modest.
+# scalar reference directly; the attention tests (kernels::attn: the portable body Arm runs, bit
+# for bit against the plain one-head computation) are part of that suite. qemu is slow:
+# proptest case counts are kept modest.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PROPTEST_CASES="${PROPTEST_CASES:-32}"
@@ -17,7 +19,3 @@ for tier in neon dotprod i8mm; do
   echo "--- nightshift-kernels on aarch64, NIGHTSHIFT_KERNEL=${tier}"
   NIGHTSHIFT_KERNEL="$tier" cargo test -p nightshift-kernels --locked --target "$target" -- "${skip[@]}"
 done
-# The model crate's unit tests on aarch64: the portable attention body (grouped heads, chained dot
-# products) is what Arm runs, checked bit for bit against the plain one-head computation.
-echo "--- nightshift-model unit tests on aarch64"
-cargo test -p nightshift-model --locked --lib --target "$target"

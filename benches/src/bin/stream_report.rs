@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Parser;
 use nightshift_benches::stream::read_bandwidth;
 use nightshift_benches::{quantize_rows, random_f32};
-use nightshift_kernels::{dispatch, gemm, GgmlType};
+use nightshift_kernels::{dispatch, gemm, GgmlType, QMatrix};
 
 /// Out-of-cache GEMM throughput vs the read bandwidth ceiling.
 #[derive(Parser)]
@@ -109,11 +109,12 @@ fn main() -> anyhow::Result<()> {
                 let xt = ty.vec_dot_type();
                 let x = quantize_rows(xt, &random_f32(n * a.k, 11), a.k)?;
                 let mut out = vec![0f32; m * n];
-                gemm(ty, a.k, &w, m, &x, n, &mut out, Some(&pool))?;
+                let wq = QMatrix::new(ty, m, a.k, w)?;
+                gemm(wq, &x, n, &mut out, Some(&pool))?;
                 let mut best = f64::MAX;
                 for _ in 0..a.passes.max(1) {
                     let t = Instant::now();
-                    gemm(ty, a.k, &w, m, &x, n, &mut out, Some(&pool))?;
+                    gemm(wq, &x, n, &mut out, Some(&pool))?;
                     best = best.min(t.elapsed().as_secs_f64());
                 }
                 let gbs = w.len() as f64 / best / 1e9;

@@ -610,7 +610,7 @@ pub(crate) unsafe fn gemm<S: Sums>(
     n: usize,
     out: &mut [f32],
 ) -> bool {
-    // SAFETY (every arm): forwarded from the caller.
+    // SAFETY: every arm forwards the caller's contract (see `# Safety`) unchanged.
     unsafe {
         match ty {
             GgmlType::IQ2_XXS => gemm_units::<Iq2Xxs, S>(core, k, w, rows, x, n, out),

@@ -213,6 +213,45 @@ impl GgmlType {
         }
     }
 
+    /// Byte offsets of the little-endian f16 fields of one block (scales, and the mins or sums
+    /// beside them), read off the `#[repr(C)]` blocks. Empty for the float types, Q8_K (an f32
+    /// scale) and IQ1_M, whose f16 scale is spread over the top nibbles of its scale words.
+    pub fn f16_fields(self) -> &'static [usize] {
+        use std::mem::offset_of;
+        macro_rules! at {
+            ($($block:ident . $field:ident),+) => {{
+                const AT: &[usize] = &[$(offset_of!($block, $field)),+];
+                AT
+            }};
+        }
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_K | GgmlType::IQ1_M => {
+                &[]
+            }
+            GgmlType::Q4_0 => at!(BlockQ4_0.d),
+            GgmlType::Q4_1 => at!(BlockQ4_1.d, BlockQ4_1.m),
+            GgmlType::Q5_0 => at!(BlockQ5_0.d),
+            GgmlType::Q5_1 => at!(BlockQ5_1.d, BlockQ5_1.m),
+            GgmlType::Q8_0 => at!(BlockQ8_0.d),
+            GgmlType::Q8_1 => at!(BlockQ8_1.d, BlockQ8_1.s),
+            GgmlType::Q2_K => at!(BlockQ2_K.d, BlockQ2_K.dmin),
+            GgmlType::Q3_K => at!(BlockQ3_K.d),
+            GgmlType::Q4_K => at!(BlockQ4_K.d, BlockQ4_K.dmin),
+            GgmlType::Q5_K => at!(BlockQ5_K.d, BlockQ5_K.dmin),
+            GgmlType::Q6_K => at!(BlockQ6_K.d),
+            GgmlType::IQ2_XXS => at!(BlockIq2Xxs.d),
+            GgmlType::IQ2_XS => at!(BlockIq2Xs.d),
+            GgmlType::IQ3_XXS => at!(BlockIq3Xxs.d),
+            GgmlType::IQ1_S => at!(BlockIq1S.d),
+            GgmlType::IQ4_NL => at!(BlockIq4Nl.d),
+            GgmlType::IQ3_S => at!(BlockIq3S.d),
+            GgmlType::IQ2_S => at!(BlockIq2S.d),
+            GgmlType::IQ4_XS => at!(BlockIq4Xs.d),
+            GgmlType::TQ1_0 => at!(BlockTq1_0.d),
+            GgmlType::TQ2_0 => at!(BlockTq2_0.d),
+        }
+    }
+
     /// Bytes of one row of `k` elements; an error unless `k` is a multiple of the block length.
     pub fn row_bytes(self, k: usize) -> Result<usize, KernelError> {
         let bl = self.block_len();

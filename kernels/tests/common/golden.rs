@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use nightshift_kernels::dispatch::{self, Tier};
-use nightshift_kernels::GgmlType;
+use nightshift_kernels::{GgmlType, QMatrix};
 
 /// One weight type's arrays.
 pub struct Kind {
@@ -215,8 +215,8 @@ pub fn check_vec_dot(g: &Kind) -> Result<(), String> {
 pub fn check_gemm(g: &Kind, tier: Tier, pool: Option<&rayon::ThreadPool>) -> Result<(), String> {
     let (m, n) = (g.rows, g.acts);
     let mut out = vec![f32::NAN; m * n];
-    dispatch::gemm_with(tier, g.ty, g.k, &g.w_q, m, &g.x_q, n, &mut out, pool)
-        .map_err(|e| e.to_string())?;
+    let w = QMatrix::new(g.ty, m, g.k, &g.w_q).map_err(|e| e.to_string())?;
+    dispatch::gemm_with(tier, w, &g.x_q, n, &mut out, pool).map_err(|e| e.to_string())?;
     // gemm writes out[j * m + i]; dot_ref is [i][j].
     let mut want = vec![0f32; m * n];
     for i in 0..m {

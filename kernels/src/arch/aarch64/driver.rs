@@ -8,9 +8,10 @@
 //! NEON float operation here (`vmulq`, `vaddq`, `vsubq`, `vcvtq`) is the same IEEE operation as
 //! the scalar one, and there is no fused multiply-add anywhere.
 
-use crate::formats::kquants::layout::{Q2K_D, Q2K_DMIN};
+use crate::formats::kquants::layout::{block_bytes, Q2, Q2K_D, Q2K_DMIN};
 use core::arch::aarch64::*;
 
+use super::kquant::{add_lanes, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::legacy::{self, Legacy};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
@@ -18,42 +19,6 @@ use crate::GgmlType;
 
 /// Activation rows processed per unpacked weight block.
 const JC: usize = 4;
-use crate::formats::kquants::layout::{block_bytes, Q2, Q3, Q4, Q5, Q6};
-pub(crate) use crate::formats::kquants::layout::{Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
-
-/// The K-quant weight types with an aarch64 path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Q2K,
-    Q3K,
-    Q4K,
-    Q5K,
-    Q6K,
-}
-
-impl Kind {
-    pub(crate) fn block_bytes(self) -> usize {
-        block_bytes(match self {
-            Kind::Q2K => Q2,
-            Kind::Q3K => Q3,
-            Kind::Q4K => Q4,
-            Kind::Q5K => Q5,
-            Kind::Q6K => Q6,
-        })
-    }
-
-    /// Unpacks for the cores of `level` (Q2_K's SDOT/SMMLA cores take the scales folded in).
-    fn unpack(self, level: Level, b: &[u8], u: &mut Unpacked) {
-        match self {
-            Kind::Q2K if level == Level::Neon => unpack::q2_k(b, u),
-            Kind::Q2K => unpack::q2_k_scaled(b, u),
-            Kind::Q3K => unpack::q3_k(b, u),
-            Kind::Q4K => unpack::q4_k(b, u),
-            Kind::Q5K => unpack::q5_k(b, u, false),
-            Kind::Q6K => unpack::q6_k(b, u),
-        }
-    }
-}
 
 pub(crate) fn gemm(
     level: Level,
@@ -119,57 +84,6 @@ pub(crate) fn gemm(
             &mut out[r * n..(r + 1) * n],
         );
         r += 1;
-    }
-}
-
-/// Float state of one (weight row, activation row) K-quant dot: the reference's `sums[8]`
-/// (in two vectors) and its scalar `sumf`.
-#[derive(Clone, Copy)]
-pub(crate) struct KAcc {
-    lo: float32x4_t,
-    hi: float32x4_t,
-    pub(crate) sumf: f32,
-}
-
-impl KAcc {
-    pub(crate) fn zero() -> KAcc {
-        // SAFETY: NEON register arithmetic only.
-        unsafe {
-            KAcc {
-                lo: vdupq_n_f32(0.0),
-                hi: vdupq_n_f32(0.0),
-                sumf: 0.0,
-            }
-        }
-    }
-
-    /// The reference's final reduction.
-    pub(crate) fn finish(self, kind: Kind) -> f32 {
-        let mut s = [0.0f32; 8];
-        // SAFETY: `s` has room for the 8 lanes.
-        unsafe {
-            vst1q_f32(s.as_mut_ptr(), self.lo);
-            vst1q_f32(s.as_mut_ptr().add(4), self.hi);
-        }
-        let mut sumf = match kind {
-            Kind::Q2K => return self.sumf,
-            Kind::Q4K | Kind::Q5K => self.sumf,
-            Kind::Q3K | Kind::Q6K => 0.0,
-        };
-        for v in s {
-            sumf += v;
-        }
-        sumf
-    }
-}
-
-/// `sums[l] += d * lanes[l]` for the 8 lanes.
-#[inline(always)]
-pub(crate) fn add_lanes(acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), d: f32) {
-    // SAFETY: NEON register arithmetic only.
-    unsafe {
-        acc.lo = vaddq_f32(acc.lo, vmulq_n_f32(vcvtq_f32_s32(lanes.0), d));
-        acc.hi = vaddq_f32(acc.hi, vmulq_n_f32(vcvtq_f32_s32(lanes.1), d));
     }
 }
 

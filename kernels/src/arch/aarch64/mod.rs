@@ -11,6 +11,7 @@
 //!   and mins (NEON, shared by every tier);
 //! - [`neon`], [`dotprod`], [`i8mm`]: the integer cores of each tier;
 //! - [`driver`]: the loops over weight rows, activation rows and blocks, and the epilogues;
+//! - [`kquant`]: what `driver` and `split` share (kinds, Q8_K layout, the float accumulator);
 //! - [`legacy`]: Q8_0/Q4_0/Q5_0 x Q8_0 and Q4_1/Q5_1 x Q8_1 (one integer per block of 32: SDOT/SMMLA apply as is);
 //! - [`split`]: Q3_K/Q4_K/Q5_K on SDOT (and Q3_K on SMMLA), with lane-grouped element orders so
 //!   that a multiply-sum instruction never mixes two reference lanes.
@@ -40,6 +41,10 @@
 //!
 //! The i-quants and ternary types ([`iq`]) decode each block to signed bytes with the portable
 //! `arch::iq_tile` and need only 16-element group sums from a core.
+//!
+//! The loops walk the weight rows one (or two adjacent) at a time, a sequential stream the
+//! hardware prefetchers follow, so unlike the x86 tiers (`x86_64::kblock::prefetch_span`) they
+//! issue no prefetch hints.
 
 // Kernel signatures mirror the gemm contract; index loops over fixed-size groups read clearer.
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
@@ -48,6 +53,7 @@ mod dotprod;
 mod driver;
 mod i8mm;
 mod iq;
+mod kquant;
 mod legacy;
 mod neon;
 mod split;
@@ -140,23 +146,26 @@ fn run(
 capability_tier!(
     /// NEON (Advanced SIMD) capability.
     Neon,
-    detect: std::arch::is_aarch64_feature_detected!("neon"),
+    detect: crate::dispatch::aarch64_features().neon,
     run: run(Level::Neon)
 );
 
 capability_tier!(
     /// NEON + SDOT capability.
     Dotprod,
-    detect: std::arch::is_aarch64_feature_detected!("neon")
-        && std::arch::is_aarch64_feature_detected!("dotprod"),
+    detect: {
+        let f = crate::dispatch::aarch64_features();
+        f.neon && f.dotprod
+    },
     run: run(Level::Dotprod)
 );
 
 capability_tier!(
     /// NEON + SDOT + SMMLA capability.
     I8mm,
-    detect: std::arch::is_aarch64_feature_detected!("neon")
-        && std::arch::is_aarch64_feature_detected!("dotprod")
-        && std::arch::is_aarch64_feature_detected!("i8mm"),
+    detect: {
+        let f = crate::dispatch::aarch64_features();
+        f.neon && f.dotprod && f.i8mm
+    },
     run: run(Level::I8mm)
 );

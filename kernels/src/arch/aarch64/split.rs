@@ -22,9 +22,10 @@
 use core::arch::aarch64::*;
 use std::cell::RefCell;
 
-use super::driver::{add_lanes, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
+use super::kquant::{add_lanes, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
+use crate::formats::kquants::layout::{block_bytes, Q3};
 
 /// Activation rows prepared per chunk.
 const CH: usize = 8;
@@ -184,7 +185,7 @@ fn pair_block(x0: &[u8], x1: &[u8], dst: &mut [u8]) {
 /// rows, an odd last row paired with itself) on i8mm, with the reference's eight float lanes of
 /// the four dots of a tile kept lane-major (`sums[l]` is a vector over the tile).
 fn q3_k_gemm(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
-    const WB: usize = 110;
+    const WB: usize = block_bytes(Q3);
     let wrow = nb * WB;
     let xrow = nb * Q8K_BYTES;
     let smmla = level == Level::I8mm;

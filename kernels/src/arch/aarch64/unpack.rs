@@ -3,7 +3,7 @@
 //! repeated for both halves), and the block's float factors. Shared by every aarch64 tier; the
 //! bit twiddling follows ggml's generic dots element for element (NEON, which every aarch64 CPU has).
 
-use crate::formats::kquants::layout::{block_bytes, Q2};
+use crate::formats::kquants::layout::{block_bytes, Q2, Q3, Q4, Q5, Q6};
 use crate::formats::kquants::layout::{Q2K_D, Q2K_DMIN, Q3K_D, Q6K_D};
 use core::arch::aarch64::*;
 use core::arch::asm;
@@ -154,7 +154,7 @@ pub(crate) fn q2_k_scaled(b: &[u8], u: &mut Unpacked) {
 /// Q3_K (110 bytes: hmask[32], qs[64], scales[12], d): element `128k + 32j + l` is
 /// `((qs[32k + l] >> 2j) & 3) - (hmask[l] has bit 4k + j ? 0 : 4)`; scales are 6-bit minus 32.
 pub(crate) fn q3_k(b: &[u8], u: &mut Unpacked) {
-    let b = &b[..110];
+    let b = &b[..block_bytes(Q3)];
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
         let m3 = vdupq_n_u8(3);
@@ -230,7 +230,7 @@ fn q3_k_scales(b: &[u8]) -> uint8x16_t {
     const HIGH_SHIFT: [i8; 16] = [0, 0, 0, 0, -2, -2, -2, -2, -4, -4, -4, -4, -6, -6, -6, -6];
     // SAFETY: the constants are 16 readable bytes each; the rest is NEON register arithmetic.
     unsafe {
-        let v = load16(&b[..110], 94);
+        let v = load16(&b[..block_bytes(Q3)], block_bytes(Q3) - 16);
         let low = vshlq_u8(
             vqtbl1q_u8(v, vld1q_u8(LOW_AT.as_ptr())),
             vld1q_s8(LOW_SHIFT.as_ptr()),
@@ -252,7 +252,7 @@ fn q3_k_scales(b: &[u8]) -> uint8x16_t {
 /// lane (`e % 8`) and needs no scale: the lane sums are minus the reference's `aux32` lanes,
 /// exactly. `scales`/`mins` are not used by the cores of this layout and are set to zero.
 pub(crate) fn q3_k_lanes(b: &[u8], u: &mut Unpacked) {
-    let b = &b[..110];
+    let b = &b[..block_bytes(Q3)];
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
         let m3 = vdupq_n_u8(3);
@@ -298,7 +298,7 @@ pub(crate) fn q3_k_lanes(b: &[u8], u: &mut Unpacked) {
 /// Q4_K (144 bytes: d, dmin, scales[12], qs[128]): element `64j + l` is `qs[32j + l] & 15`,
 /// element `64j + 32 + l` is `qs[32j + l] >> 4`; 6-bit scale and min per 32 elements.
 pub(crate) fn q4_k(b: &[u8], u: &mut Unpacked) {
-    let b = &b[..144];
+    let b = &b[..block_bytes(Q4)];
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
         let m15 = vdupq_n_u8(15);
@@ -325,7 +325,7 @@ pub(crate) fn q4_k(b: &[u8], u: &mut Unpacked) {
 /// `128k + l, +32, +64, +96` take the low/high nibble of `ql[64k + l]` / `ql[64k + 32 + l]`
 /// and bits 0-1, 2-3, 4-5, 6-7 of `qh[32k + l]`, minus 32.
 pub(crate) fn q6_k(b: &[u8], u: &mut Unpacked) {
-    let b = &b[..210];
+    let b = &b[..block_bytes(Q6)];
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
         let m15 = vdupq_n_u8(15);
@@ -397,7 +397,7 @@ pub(crate) fn perm32(lo: uint8x16_t, hi: uint8x16_t) -> (uint8x16_t, uint8x16_t)
 /// per-group step; the caller combines them as `8 * hi + lo` (exact integers). `scales` are
 /// not needed by that core and are left as unpacked (per 16), `mins` as in [`q4_k`].
 pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
-    let b = &b[..144];
+    let b = &b[..block_bytes(Q4)];
     let mut sc = [0u8; 12];
     sc.copy_from_slice(&b[4..16]);
     let (s, m) = unpack_k4_scales(&sc);
@@ -455,7 +455,7 @@ pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
 /// `64j + 32 + l` is `(qs[32j + l] >> 4) | (bit 2j + 1 of qh[l]) << 4` (0..=31). With
 /// `perm`, groups of 32 are stored in [`PERM32`] order (qs and qh share positions `l`).
 pub(crate) fn q5_k(b: &[u8], u: &mut Unpacked, perm: bool) {
-    let b = &b[..176];
+    let b = &b[..block_bytes(Q5)];
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
         let m15 = vdupq_n_u8(15);

@@ -17,21 +17,26 @@ use super::unpack::{dot_fused, Unpacked};
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn dot_k<const R: usize>(u: &[Unpacked; R], a: *const u8, signed: bool) -> [__m256i; R] {
-    let mut acc = [_mm256_setzero_si256(); R];
-    for c in 0..8 {
-        let av = _mm256_loadu_si256(a.add(32 * c) as *const __m256i);
-        for r in 0..R {
-            let w = _mm256_loadu_si256(u[r].w.as_ptr().add(32 * c) as *const __m256i);
-            let s = _mm256_loadu_si256(u[r].s.as_ptr().add(16 * c) as *const __m256i);
-            let t = if signed {
-                _mm256_maddubs_epi16(av, w)
-            } else {
-                _mm256_maddubs_epi16(w, av)
-            };
-            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(t, s));
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let mut acc = [_mm256_setzero_si256(); R];
+        for c in 0..8 {
+            let av = _mm256_loadu_si256(a.add(32 * c) as *const __m256i);
+            for r in 0..R {
+                let w = _mm256_loadu_si256(u[r].w.as_ptr().add(32 * c) as *const __m256i);
+                let s = _mm256_loadu_si256(u[r].s.as_ptr().add(16 * c) as *const __m256i);
+                let t = if signed {
+                    _mm256_maddubs_epi16(av, w)
+                } else {
+                    _mm256_maddubs_epi16(w, av)
+                };
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(t, s));
+            }
         }
+        acc
     }
-    acc
 }
 
 kquant_gemm!("avx2,f16c", dot_k, dot_fused);
@@ -43,9 +48,14 @@ kquant_gemm!("avx2,f16c", dot_k, dot_fused);
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn prep_q8_0(blk: *const u8) -> (__m256i, __m256i) {
-    let lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(2) as *const __m128i));
-    let hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(18) as *const __m128i));
-    (lo, hi)
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(2) as *const __m128i));
+        let hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(18) as *const __m128i));
+        (lo, hi)
+    }
 }
 
 /// 8 i32 partial sums of the 32 products of a prepared block with the block at `blk`.
@@ -55,8 +65,13 @@ unsafe fn prep_q8_0(blk: *const u8) -> (__m256i, __m256i) {
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn dot_q8_0(p: &(__m256i, __m256i), blk: *const u8) -> __m256i {
-    let (lo, hi) = prep_q8_0(blk);
-    _mm256_add_epi32(_mm256_madd_epi16(p.0, lo), _mm256_madd_epi16(p.1, hi))
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let (lo, hi) = prep_q8_0(blk);
+        _mm256_add_epi32(_mm256_madd_epi16(p.0, lo), _mm256_madd_epi16(p.1, hi))
+    }
 }
 
 q8_0_gemm!("avx2,f16c", prep_q8_0, dot_q8_0);

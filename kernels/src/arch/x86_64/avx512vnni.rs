@@ -5,7 +5,8 @@
 
 use core::arch::x86_64::*;
 
-use super::kquant::{kquant_gemm, signed};
+use super::kblock::signed;
+use super::kquant::kquant_gemm;
 use super::q8_0::q8_0_gemm;
 use super::unpack::{decode, BlockMeta, Unpacked};
 
@@ -16,29 +17,34 @@ use super::unpack::{decode, BlockMeta, Unpacked};
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot_k<const R: usize>(u: &[Unpacked; R], a: *const u8, signed: bool) -> [__m256i; R] {
-    let mut acc = [_mm512_setzero_si512(); R];
-    for h in 0..4 {
-        let av = _mm512_loadu_si512(a.add(64 * h) as *const __m512i);
-        for r in 0..R {
-            let w = _mm512_loadu_si512(u[r].w.as_ptr().add(64 * h) as *const __m512i);
-            let s = _mm512_loadu_si512(u[r].s.as_ptr().add(32 * h) as *const __m512i);
-            let t = if signed {
-                _mm512_maddubs_epi16(av, w)
-            } else {
-                _mm512_maddubs_epi16(w, av)
-            };
-            acc[r] = _mm512_dpwssd_epi32(acc[r], t, s);
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let mut acc = [_mm512_setzero_si512(); R];
+        for h in 0..4 {
+            let av = _mm512_loadu_si512(a.add(64 * h) as *const __m512i);
+            for r in 0..R {
+                let w = _mm512_loadu_si512(u[r].w.as_ptr().add(64 * h) as *const __m512i);
+                let s = _mm512_loadu_si512(u[r].s.as_ptr().add(32 * h) as *const __m512i);
+                let t = if signed {
+                    _mm512_maddubs_epi16(av, w)
+                } else {
+                    _mm512_maddubs_epi16(w, av)
+                };
+                acc[r] = _mm512_dpwssd_epi32(acc[r], t, s);
+            }
         }
+        // Lanes m and m + 8 both belong to reference lane m.
+        let mut out = [_mm256_setzero_si256(); R];
+        for r in 0..R {
+            out[r] = _mm256_add_epi32(
+                _mm512_castsi512_si256(acc[r]),
+                _mm512_extracti64x4_epi64::<1>(acc[r]),
+            );
+        }
+        out
     }
-    // Lanes m and m + 8 both belong to reference lane m.
-    let mut out = [_mm256_setzero_si256(); R];
-    for r in 0..R {
-        out[r] = _mm256_add_epi32(
-            _mm512_castsi512_si256(acc[r]),
-            _mm512_extracti64x4_epi64::<1>(acc[r]),
-        );
-    }
-    out
 }
 
 /// Batch-1 path (see `unpack::dot_fused`): decoded chunks are paired into 64-byte vectors and
@@ -50,35 +56,40 @@ unsafe fn dot_k<const R: usize>(u: &[Unpacked; R], a: *const u8, signed: bool) -
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot_fused<const K: u8>(b: *const u8, a: *const u8) -> (BlockMeta, __m256i) {
-    let k128 = _mm512_set1_epi8(-128);
-    let mut acc = _mm512_setzero_si512();
-    let mut prev = _mm256_setzero_si256();
-    let meta = decode::<K, _>(b, |c, w, sc16| {
-        if c % 2 == 0 {
-            prev = w;
-            return;
-        }
-        let wz = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(prev), w);
-        let lo = (c - 1) as i32;
-        let hi = c as i32;
-        let idx = _mm512_setr_epi32(
-            lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let k128 = _mm512_set1_epi8(-128);
+        let mut acc = _mm512_setzero_si512();
+        let mut prev = _mm256_setzero_si256();
+        let meta = decode::<K, _>(b, |c, w, sc16| {
+            if c % 2 == 0 {
+                prev = w;
+                return;
+            }
+            let wz = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(prev), w);
+            let lo = (c - 1) as i32;
+            let hi = c as i32;
+            let idx = _mm512_setr_epi32(
+                lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
+            );
+            // Only lanes 0..8 of the widened `sc16` are read.
+            let s = _mm512_permutexvar_epi32(idx, _mm512_castsi256_si512(sc16));
+            let av = _mm512_loadu_si512(a.add(32 * (c - 1)) as *const __m512i);
+            let t = if signed(K) {
+                _mm512_sub_epi16(_mm512_maddubs_epi16(av, wz), _mm512_maddubs_epi16(k128, wz))
+            } else {
+                _mm512_maddubs_epi16(wz, av)
+            };
+            acc = _mm512_dpwssd_epi32(acc, t, s);
+        });
+        let folded = _mm256_add_epi32(
+            _mm512_castsi512_si256(acc),
+            _mm512_extracti64x4_epi64::<1>(acc),
         );
-        // Only lanes 0..8 of the widened `sc16` are read.
-        let s = _mm512_permutexvar_epi32(idx, _mm512_castsi256_si512(sc16));
-        let av = _mm512_loadu_si512(a.add(32 * (c - 1)) as *const __m512i);
-        let t = if signed(K) {
-            _mm512_sub_epi16(_mm512_maddubs_epi16(av, wz), _mm512_maddubs_epi16(k128, wz))
-        } else {
-            _mm512_maddubs_epi16(wz, av)
-        };
-        acc = _mm512_dpwssd_epi32(acc, t, s);
-    });
-    let folded = _mm256_add_epi32(
-        _mm512_castsi512_si256(acc),
-        _mm512_extracti64x4_epi64::<1>(acc),
-    );
-    (meta, folded)
+        (meta, folded)
+    }
 }
 
 kquant_gemm!(
@@ -95,10 +106,15 @@ kquant_gemm!(
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn prep_q8_0(blk: *const u8) -> (__m256i, __m256i) {
-    let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-    let k128 = _mm256_set1_epi8(-128);
-    let corr = _mm256_dpbusd_epi32(_mm256_setzero_si256(), k128, q);
-    (q, _mm256_sub_epi32(_mm256_setzero_si256(), corr))
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+        let k128 = _mm256_set1_epi8(-128);
+        let corr = _mm256_dpbusd_epi32(_mm256_setzero_si256(), k128, q);
+        (q, _mm256_sub_epi32(_mm256_setzero_si256(), corr))
+    }
 }
 
 /// 8 i32 partial sums of the 32 products of a prepared block with the block at `blk`.
@@ -108,9 +124,14 @@ unsafe fn prep_q8_0(blk: *const u8) -> (__m256i, __m256i) {
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot_q8_0(p: &(__m256i, __m256i), blk: *const u8) -> __m256i {
-    let other = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-    let offset = _mm256_xor_si256(other, _mm256_set1_epi8(-128));
-    _mm256_dpbusd_epi32(p.1, offset, p.0)
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let other = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+        let offset = _mm256_xor_si256(other, _mm256_set1_epi8(-128));
+        _mm256_dpbusd_epi32(p.1, offset, p.0)
+    }
 }
 
 q8_0_gemm!(

@@ -20,34 +20,39 @@ use crate::GgmlType;
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn sums16(w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16] {
-    let ones = _mm256_set1_epi16(1);
-    let mut v = [_mm256_setzero_si256(); 8];
-    for (c, vc) in v.iter_mut().enumerate() {
-        let xv = _mm256_loadu_si256(xu.add(act_chunk_offset(act, c)) as *const __m256i);
-        let wv = _mm256_loadu_si256(w.as_ptr().add(32 * c) as *const __m256i);
-        let p = _mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(wv, xv));
-        *vc = _mm256_madd_epi16(p, ones);
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut v = [_mm256_setzero_si256(); 8];
+        for (c, vc) in v.iter_mut().enumerate() {
+            let xv = _mm256_loadu_si256(xu.add(act_chunk_offset(act, c)) as *const __m256i);
+            let wv = _mm256_loadu_si256(w.as_ptr().add(32 * c) as *const __m256i);
+            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(wv, xv));
+            *vc = _mm256_madd_epi16(p, ones);
+        }
+        // v[c] lanes 0..4 hold group 2c, lanes 4..8 group 2c + 1; two hadd rounds give
+        // [g0 g2 g4 g6 | g1 g3 g5 g7] and the same for groups 8..16.
+        let h01 = _mm256_hadd_epi32(v[0], v[1]);
+        let h23 = _mm256_hadd_epi32(v[2], v[3]);
+        let h45 = _mm256_hadd_epi32(v[4], v[5]);
+        let h67 = _mm256_hadd_epi32(v[6], v[7]);
+        let mut a = [0i32; 16];
+        _mm256_storeu_si256(a.as_mut_ptr() as *mut __m256i, _mm256_hadd_epi32(h01, h23));
+        _mm256_storeu_si256(
+            a.as_mut_ptr().add(8) as *mut __m256i,
+            _mm256_hadd_epi32(h45, h67),
+        );
+        let mut s = [0i32; 16];
+        for c in 0..4 {
+            s[2 * c] = a[c];
+            s[2 * c + 1] = a[4 + c];
+            s[8 + 2 * c] = a[8 + c];
+            s[9 + 2 * c] = a[12 + c];
+        }
+        s
     }
-    // v[c] lanes 0..4 hold group 2c, lanes 4..8 group 2c + 1; two hadd rounds give
-    // [g0 g2 g4 g6 | g1 g3 g5 g7] and the same for groups 8..16.
-    let h01 = _mm256_hadd_epi32(v[0], v[1]);
-    let h23 = _mm256_hadd_epi32(v[2], v[3]);
-    let h45 = _mm256_hadd_epi32(v[4], v[5]);
-    let h67 = _mm256_hadd_epi32(v[6], v[7]);
-    let mut a = [0i32; 16];
-    _mm256_storeu_si256(a.as_mut_ptr() as *mut __m256i, _mm256_hadd_epi32(h01, h23));
-    _mm256_storeu_si256(
-        a.as_mut_ptr().add(8) as *mut __m256i,
-        _mm256_hadd_epi32(h45, h67),
-    );
-    let mut s = [0i32; 16];
-    for c in 0..4 {
-        s[2 * c] = a[c];
-        s[2 * c + 1] = a[4 + c];
-        s[8 + 2 * c] = a[8 + c];
-        s[9 + 2 * c] = a[12 + c];
-    }
-    s
 }
 
 struct Avx2Sums;

@@ -43,12 +43,12 @@
 
 use core::arch::x86_64::*;
 
-use super::kquant::{perm32, rd_f32, Q3, Q5, Q6, Q8K_BYTES};
+use super::kblock::{perm32, rd_f32, Q3, Q5, Q6, Q8K_BYTES};
 
 mod ops;
 mod signed;
 mod tables;
-use super::kquant::prefetch_block;
+use super::kblock::prefetch_block;
 use ops::{add_masked, dpwssd, fold2, gf_affine, pair_idx};
 use signed::decode_signed;
 use tables::{
@@ -80,26 +80,31 @@ const fn offset(k: u8) -> i8 {
 /// must have AVX-512F/BW/VL/VNNI/VBMI, AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 pub(super) unsafe fn pack<const K: u8>(x: *const u8, blocks: usize, out: *mut u8) {
-    let slot_of = slots(K);
-    let perm = PAIR_PERM.get();
-    for i in 0..blocks {
-        let src = x.add(i * Q8K_BYTES + 4);
-        let dst = out.add(i * 256);
-        if has_mins(K) {
-            for v in 0..4 {
-                let (ca, cb) = chunks45(v);
-                let lo = _mm256_loadu_si256(src.add(32 * ca) as *const __m256i);
-                let hi = _mm256_loadu_si256(src.add(32 * cb) as *const __m256i);
-                let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                _mm512_storeu_si512(
-                    dst.add(64 * v) as *mut __m512i,
-                    _mm512_permutexvar_epi8(perm, both),
-                );
-            }
-        } else {
-            for (c, &slot) in slot_of.iter().enumerate() {
-                let v = _mm256_loadu_si256(src.add(32 * c) as *const __m256i);
-                _mm256_storeu_si256(dst.add(32 * slot) as *mut __m256i, perm32(v));
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let slot_of = slots(K);
+        let perm = PAIR_PERM.get();
+        for i in 0..blocks {
+            let src = x.add(i * Q8K_BYTES + 4);
+            let dst = out.add(i * 256);
+            if has_mins(K) {
+                for v in 0..4 {
+                    let (ca, cb) = chunks45(v);
+                    let lo = _mm256_loadu_si256(src.add(32 * ca) as *const __m256i);
+                    let hi = _mm256_loadu_si256(src.add(32 * cb) as *const __m256i);
+                    let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                    _mm512_storeu_si512(
+                        dst.add(64 * v) as *mut __m512i,
+                        _mm512_permutexvar_epi8(perm, both),
+                    );
+                }
+            } else {
+                for (c, &slot) in slot_of.iter().enumerate() {
+                    let v = _mm256_loadu_si256(src.add(32 * c) as *const __m256i);
+                    _mm256_storeu_si256(dst.add(32 * slot) as *mut __m256i, perm32(v));
+                }
             }
         }
     }
@@ -137,39 +142,44 @@ const fn signed_scheme(k: u8, gfni: bool, n: usize) -> bool {
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn values45<const K: u8, const G: bool>(b: *const u8) -> [__m512i; 4] {
-    let m0f = _mm512_set1_epi8(0x0f);
-    let perm = PAIR_PERM.get();
-    let qs = if K == Q5 { b.add(48) } else { b.add(16) };
-    let q0 = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(qs as *const __m512i));
-    let q1 = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(qs.add(64) as *const __m512i));
-    // The high nibbles: one affine byte transform with GFNI, else a shift and a mask.
-    let hi = |q: __m512i| {
-        if G {
-            gf_affine::<0>(q, GF_NIB_HI.get())
-        } else {
-            _mm512_and_si512(_mm512_srli_epi16::<4>(q), m0f)
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let m0f = _mm512_set1_epi8(0x0f);
+        let perm = PAIR_PERM.get();
+        let qs = if K == Q5 { b.add(48) } else { b.add(16) };
+        let q0 = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(qs as *const __m512i));
+        let q1 = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(qs.add(64) as *const __m512i));
+        // The high nibbles: one affine byte transform with GFNI, else a shift and a mask.
+        let hi = |q: __m512i| {
+            if G {
+                gf_affine::<0>(q, GF_NIB_HI.get())
+            } else {
+                _mm512_and_si512(_mm512_srli_epi16::<4>(q), m0f)
+            }
+        };
+        let mut w = [
+            _mm512_and_si512(q0, m0f),
+            hi(q0),
+            _mm512_and_si512(q1, m0f),
+            hi(q1),
+        ];
+        if K == Q5 {
+            // qh[32] @16: bit c of byte e is bit 4 of chunk c's element e; both halves of the
+            // broadcast go through the same permutation as the values.
+            let qh = _mm512_permutexvar_epi8(
+                perm,
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i)),
+            );
+            let k16 = _mm512_set1_epi8(16);
+            for (v, wv) in w.iter_mut().enumerate() {
+                let k = _mm512_test_epi8_mask(qh, Q5_SEL[v].get());
+                *wv = add_masked(*wv, k, k16);
+            }
         }
-    };
-    let mut w = [
-        _mm512_and_si512(q0, m0f),
-        hi(q0),
-        _mm512_and_si512(q1, m0f),
-        hi(q1),
-    ];
-    if K == Q5 {
-        // qh[32] @16: bit c of byte e is bit 4 of chunk c's element e; both halves of the
-        // broadcast go through the same permutation as the values.
-        let qh = _mm512_permutexvar_epi8(
-            perm,
-            _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i)),
-        );
-        let k16 = _mm512_set1_epi8(16);
-        for (v, wv) in w.iter_mut().enumerate() {
-            let k = _mm512_test_epi8_mask(qh, Q5_SEL[v].get());
-            *wv = add_masked(*wv, k, k16);
-        }
+        w
     }
-    w
 }
 
 /// Decodes the blocks of kind `K` at `a` and `b` (rows `2p` and `2p + 1` of the tile whose
@@ -186,33 +196,39 @@ unsafe fn decode_pair<const K: u8, const G: bool>(
     p: usize,
     sgn: bool,
 ) -> PairDec {
-    let z = _mm512_setzero_si512();
-    if has_mins(K) {
-        let s =
-            core::array::from_fn(|v| _mm512_permutex2var_epi8(scales, SCALE_IDX[p][v].get(), z));
-        PairDec {
-            w: [values45::<K, G>(a), values45::<K, G>(b)],
-            s: [s, [z; 4]],
-            corr: [z; 2],
-        }
-    } else {
-        let (wa, sa) = decode_signed::<K, G>(a, sgn);
-        let (wb, sb) = decode_signed::<K, G>(b, sgn);
-        let mut corr = [z; 2];
-        if sgn {
-            let k128 = _mm512_set1_epi8(-128);
-            for (c, (w, s)) in corr.iter_mut().zip([(&wa, &sa), (&wb, &sb)]) {
-                let mut t = z;
-                for i in 0..4 {
-                    t = dpwssd(t, _mm512_maddubs_epi16(k128, w[i]), s[i]);
-                }
-                *c = _mm512_sub_epi32(z, t);
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let z = _mm512_setzero_si512();
+        if has_mins(K) {
+            let s = core::array::from_fn(|v| {
+                _mm512_permutex2var_epi8(scales, SCALE_IDX[p][v].get(), z)
+            });
+            PairDec {
+                w: [values45::<K, G>(a), values45::<K, G>(b)],
+                s: [s, [z; 4]],
+                corr: [z; 2],
             }
-        }
-        PairDec {
-            w: [wa, wb],
-            s: [sa, sb],
-            corr,
+        } else {
+            let (wa, sa) = decode_signed::<K, G>(a, sgn);
+            let (wb, sb) = decode_signed::<K, G>(b, sgn);
+            let mut corr = [z; 2];
+            if sgn {
+                let k128 = _mm512_set1_epi8(-128);
+                for (c, (w, s)) in corr.iter_mut().zip([(&wa, &sa), (&wb, &sb)]) {
+                    let mut t = z;
+                    for i in 0..4 {
+                        t = dpwssd(t, _mm512_maddubs_epi16(k128, w[i]), s[i]);
+                    }
+                    *c = _mm512_sub_epi32(z, t);
+                }
+            }
+            PairDec {
+                w: [wa, wb],
+                s: [sa, sb],
+                corr,
+            }
         }
     }
 }
@@ -239,39 +255,44 @@ struct Act {
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn load_act<const K: u8>(a: *const u8, xb: *const u8, sgn: bool) -> Act {
-    let mut v = [
-        _mm512_loadu_si512(a as *const __m512i),
-        _mm512_loadu_si512(a.add(64) as *const __m512i),
-        _mm512_loadu_si512(a.add(128) as *const __m512i),
-        _mm512_loadu_si512(a.add(192) as *const __m512i),
-    ];
-    let mut pq = [_mm512_setzero_si512(); 4];
-    if sgn {
-        // q + 128 as unsigned bytes.
-        let k80 = _mm512_set1_epi8(-128);
-        for vi in v.iter_mut() {
-            *vi = _mm512_xor_si512(*vi, k80);
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let mut v = [
+            _mm512_loadu_si512(a as *const __m512i),
+            _mm512_loadu_si512(a.add(64) as *const __m512i),
+            _mm512_loadu_si512(a.add(128) as *const __m512i),
+            _mm512_loadu_si512(a.add(192) as *const __m512i),
+        ];
+        let mut pq = [_mm512_setzero_si512(); 4];
+        if sgn {
+            // q + 128 as unsigned bytes.
+            let k80 = _mm512_set1_epi8(-128);
+            for vi in v.iter_mut() {
+                *vi = _mm512_xor_si512(*vi, k80);
+            }
+        } else if offset(K) != 0 {
+            let off = _mm512_set1_epi8(offset(K));
+            for i in 0..4 {
+                pq[i] = _mm512_maddubs_epi16(off, v[i]);
+            }
         }
-    } else if offset(K) != 0 {
-        let off = _mm512_set1_epi8(offset(K));
-        for i in 0..4 {
-            pq[i] = _mm512_maddubs_epi16(off, v[i]);
+        let mut b = [_mm512_setzero_si512(); 4];
+        if has_mins(K) {
+            // Dword c = the bsums (2c, 2c + 1) of chunk c (any i16 values: nothing is pre-added).
+            let bs = _mm512_castsi256_si512(_mm256_loadu_si256(xb.add(260) as *const __m256i));
+            b = core::array::from_fn(|h| {
+                let (c1, c2) = (2 * h as i32, 2 * h as i32 + 1);
+                _mm512_permutexvar_epi32(pair_idx(c1, c2), bs)
+            });
         }
-    }
-    let mut b = [_mm512_setzero_si512(); 4];
-    if has_mins(K) {
-        // Dword c = the bsums (2c, 2c + 1) of chunk c (any i16 values: nothing is pre-added).
-        let bs = _mm512_castsi256_si512(_mm256_loadu_si256(xb.add(260) as *const __m256i));
-        b = core::array::from_fn(|h| {
-            let (c1, c2) = (2 * h as i32, 2 * h as i32 + 1);
-            _mm512_permutexvar_epi32(pair_idx(c1, c2), bs)
-        });
-    }
-    Act {
-        v,
-        pq,
-        b,
-        yd: _mm512_set1_ps(rd_f32(xb)),
+        Act {
+            v,
+            pq,
+            b,
+            yd: _mm512_set1_ps(rd_f32(xb)),
+        }
     }
 }
 
@@ -351,64 +372,69 @@ unsafe fn meta<const K: u8>(
     base: *const u8,
     ridx: __m512i,
 ) -> Meta {
-    // The dword ending with `d` for Q3_K/Q6_K (d is a block's last 2 bytes: nothing past it is
-    // read), `d | dmin` for Q4_K/Q5_K: halves 2r, 2r + 1 of row r.
-    let f = if has_mins(K) {
-        _mm512_cvtph_ps(_mm512_i64gather_epi32::<1>(ridx, base as *const i32))
-    } else if K == Q3 {
-        // Q3_K: the 8 `d` halves by scalar loads, 4 to a qword.
-        let d16 = |r: usize| -> u64 {
-            let b = rows[r].add(off + 108);
-            u16::from_le_bytes([*b, *b.add(1)]) as u64
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        // The dword ending with `d` for Q3_K/Q6_K (d is a block's last 2 bytes: nothing past it is
+        // read), `d | dmin` for Q4_K/Q5_K: halves 2r, 2r + 1 of row r.
+        let f = if has_mins(K) {
+            _mm512_cvtph_ps(_mm512_i64gather_epi32::<1>(ridx, base as *const i32))
+        } else if K == Q3 {
+            // Q3_K: the 8 `d` halves by scalar loads, 4 to a qword.
+            let d16 = |r: usize| -> u64 {
+                let b = rows[r].add(off + 108);
+                u16::from_le_bytes([*b, *b.add(1)]) as u64
+            };
+            let q = |r: usize| d16(r) | d16(r + 1) << 16 | d16(r + 2) << 32 | d16(r + 3) << 48;
+            let h = _mm_unpacklo_epi64(
+                _mm_cvtsi64_si128(q(0) as i64),
+                _mm_cvtsi64_si128(q(4) as i64),
+            );
+            _mm512_castps256_ps512(_mm256_cvtph_ps(h))
+        } else {
+            // Q6_K: per pair, from the pair's own blocks ([`pair_d`]).
+            _mm512_setzero_ps()
         };
-        let q = |r: usize| d16(r) | d16(r + 1) << 16 | d16(r + 2) << 32 | d16(r + 3) << 48;
-        let h = _mm_unpacklo_epi64(
-            _mm_cvtsi64_si128(q(0) as i64),
-            _mm_cvtsi64_si128(q(4) as i64),
-        );
-        _mm512_castps256_ps512(_mm256_cvtph_ps(h))
-    } else {
-        // Q6_K: per pair, from the pair's own blocks ([`pair_d`]).
-        _mm512_setzero_ps()
-    };
-    let dp = core::array::from_fn(|p| {
-        let idx = d_idx(K, p);
-        _mm512_permutexvar_ps(_mm512_loadu_si512(idx.as_ptr() as *const __m512i), f)
-    });
-    let mut m = Meta {
-        dp,
-        dmin: _mm256_setzero_ps(),
-        scales: _mm512_setzero_si512(),
-        mins: [_mm512_setzero_si512(); 4],
-    };
-    if has_mins(K) {
-        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15);
-        m.dmin = _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, f));
-        // g4 = a0 | a1 << 32, g8 = a1 | a2 << 32 per row.
-        let g4 = _mm512_i64gather_epi64::<1>(ridx, base.add(4) as *const i64);
-        let g8 = _mm512_i64gather_epi64::<1>(ridx, base.add(8) as *const i64);
-        let low6 = _mm512_set1_epi64(0x3f3f_3f3f);
-        let high4 = _mm512_set1_epi64(0x0f0f_0f0f << 32);
-        let high2 = _mm512_set1_epi64(0x3030_3030 << 32);
-        // scales: a0 & 0x3f (low dword) | (a2 & 0xf) | ((a0 >> 6) << 4) (high dword); `x << 30`
-        // puts `x_low >> 2` in the high dword.
-        m.scales = _mm512_or_si512(
-            _mm512_ternarylogic_epi64::<0xEA>(g4, low6, _mm512_and_si512(g8, high4)),
-            _mm512_and_si512(_mm512_slli_epi64::<30>(g4), high2),
-        );
-        // mins: a1 & 0x3f | ((a2 >> 4) & 0xf) | ((a1 >> 6) << 4).
-        let mins = _mm512_or_si512(
-            _mm512_ternarylogic_epi64::<0xEA>(
-                g8,
-                low6,
-                _mm512_and_si512(_mm512_srli_epi64::<4>(g8), high4),
-            ),
-            _mm512_and_si512(_mm512_slli_epi64::<30>(g8), high2),
-        );
-        let z = _mm512_setzero_si512();
-        m.mins = core::array::from_fn(|h| _mm512_permutex2var_epi8(mins, MIN_IDX[h].get(), z));
+        let dp = core::array::from_fn(|p| {
+            let idx = d_idx(K, p);
+            _mm512_permutexvar_ps(_mm512_loadu_si512(idx.as_ptr() as *const __m512i), f)
+        });
+        let mut m = Meta {
+            dp,
+            dmin: _mm256_setzero_ps(),
+            scales: _mm512_setzero_si512(),
+            mins: [_mm512_setzero_si512(); 4],
+        };
+        if has_mins(K) {
+            let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15);
+            m.dmin = _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, f));
+            // g4 = a0 | a1 << 32, g8 = a1 | a2 << 32 per row.
+            let g4 = _mm512_i64gather_epi64::<1>(ridx, base.add(4) as *const i64);
+            let g8 = _mm512_i64gather_epi64::<1>(ridx, base.add(8) as *const i64);
+            let low6 = _mm512_set1_epi64(0x3f3f_3f3f);
+            let high4 = _mm512_set1_epi64(0x0f0f_0f0f << 32);
+            let high2 = _mm512_set1_epi64(0x3030_3030 << 32);
+            // scales: a0 & 0x3f (low dword) | (a2 & 0xf) | ((a0 >> 6) << 4) (high dword); `x << 30`
+            // puts `x_low >> 2` in the high dword.
+            m.scales = _mm512_or_si512(
+                _mm512_ternarylogic_epi64::<0xEA>(g4, low6, _mm512_and_si512(g8, high4)),
+                _mm512_and_si512(_mm512_slli_epi64::<30>(g4), high2),
+            );
+            // mins: a1 & 0x3f | ((a2 >> 4) & 0xf) | ((a1 >> 6) << 4).
+            let mins = _mm512_or_si512(
+                _mm512_ternarylogic_epi64::<0xEA>(
+                    g8,
+                    low6,
+                    _mm512_and_si512(_mm512_srli_epi64::<4>(g8), high4),
+                ),
+                _mm512_and_si512(_mm512_slli_epi64::<30>(g8), high2),
+            );
+            let z = _mm512_setzero_si512();
+            m.mins = core::array::from_fn(|h| _mm512_permutex2var_epi8(mins, MIN_IDX[h].get(), z));
+        }
+        m
     }
-    m
 }
 
 /// Q6_K: the `d` of the pair's rows at `a` and `b` in their float lanes, read with the pair (so
@@ -420,12 +446,17 @@ unsafe fn meta<const K: u8>(
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn pair_d<const K: u8>(a: *const u8, b: *const u8) -> __m512 {
-    let dpos = if K == Q3 { 108 } else { 208 };
-    let h = |p: *const u8| u16::from_le_bytes([*p.add(dpos), *p.add(dpos + 1)]) as i32;
-    let f = _mm_cvtph_ps(_mm_cvtsi32_si128(h(a) | h(b) << 16));
-    // Lanes 0..8 row a, 8..16 row b (the Q3_K/Q6_K layout of `out_lane`).
-    let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f))
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let dpos = if K == Q3 { 108 } else { 208 };
+        let h = |p: *const u8| u16::from_le_bytes([*p.add(dpos), *p.add(dpos + 1)]) as i32;
+        let f = _mm_cvtph_ps(_mm_cvtsi32_si128(h(a) | h(b) << 16));
+        // Lanes 0..8 row a, 8..16 row b (the Q3_K/Q6_K layout of `out_lane`).
+        let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f))
+    }
 }
 
 /// `rows[r] - rows[0]` as i64 lanes (the gather offsets of [`meta`]).
@@ -481,13 +512,18 @@ struct Tile {
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn dot<const K: u8>(t: &Tile, a: *const u8, xb: *const u8, acc: &mut Acc, sgn: bool) {
-    let act = load_act::<K>(a, xb, sgn);
-    for p in 0..4 {
-        let lanes = pair_lanes::<K>(&t.pairs[p], &act, sgn);
-        sums_update(t.meta.dp[p], p, lanes, &act, acc);
-    }
-    if has_mins(K) {
-        min_update(&t.meta, &act, acc);
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let act = load_act::<K>(a, xb, sgn);
+        for p in 0..4 {
+            let lanes = pair_lanes::<K>(&t.pairs[p], &act, sgn);
+            sums_update(t.meta.dp[p], p, lanes, &act, acc);
+        }
+        if has_mins(K) {
+            min_update(&t.meta, &act, acc);
+        }
     }
 }
 
@@ -510,26 +546,31 @@ unsafe fn fused<const K: u8, const G: bool, const N: usize>(
     xb: [*const u8; N],
     acc: &mut [Acc],
 ) {
-    let sgn = signed_scheme(K, G, N);
-    let acts: [Act; N] = core::array::from_fn(|j| load_act::<K>(a[j], xb[j], sgn));
-    let mt = meta::<K>(rows, off, rows[0].add(off), ridx);
-    for p in 0..4 {
-        let (ra, rb) = (rows[2 * p].add(off), rows[2 * p + 1].add(off));
-        prefetch_block::<K>(ra.wrapping_add(ahead));
-        prefetch_block::<K>(rb.wrapping_add(ahead));
-        let dec = decode_pair::<K, G>(ra, rb, mt.scales, p, sgn);
-        let dp = if K == Q6 {
-            pair_d::<K>(ra, rb)
-        } else {
-            mt.dp[p]
-        };
-        for (act, acc) in acts.iter().zip(acc.iter_mut()) {
-            sums_update(dp, p, pair_lanes::<K>(&dec, act, sgn), act, acc);
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let sgn = signed_scheme(K, G, N);
+        let acts: [Act; N] = core::array::from_fn(|j| load_act::<K>(a[j], xb[j], sgn));
+        let mt = meta::<K>(rows, off, rows[0].add(off), ridx);
+        for p in 0..4 {
+            let (ra, rb) = (rows[2 * p].add(off), rows[2 * p + 1].add(off));
+            prefetch_block::<K>(ra.wrapping_add(ahead));
+            prefetch_block::<K>(rb.wrapping_add(ahead));
+            let dec = decode_pair::<K, G>(ra, rb, mt.scales, p, sgn);
+            let dp = if K == Q6 {
+                pair_d::<K>(ra, rb)
+            } else {
+                mt.dp[p]
+            };
+            for (act, acc) in acts.iter().zip(acc.iter_mut()) {
+                sums_update(dp, p, pair_lanes::<K>(&dec, act, sgn), act, acc);
+            }
         }
-    }
-    if has_mins(K) {
-        for (act, acc) in acts.iter().zip(acc.iter_mut()) {
-            min_update(&mt, act, acc);
+        if has_mins(K) {
+            for (act, acc) in acts.iter().zip(acc.iter_mut()) {
+                min_update(&mt, act, acc);
+            }
         }
     }
 }
@@ -552,13 +593,18 @@ unsafe fn fused_tile<const K: u8, const G: bool, const N: usize>(
     j0: usize,
     acc: &mut [Acc],
 ) {
-    let bbytes = super::kquant::block_bytes(K);
-    let ridx = row_offsets(rp);
-    for b in 0..nb {
-        let blk: [usize; N] = core::array::from_fn(|j| (j0 + j) * nb + b);
-        let a = blk.map(|i| xp.add(i * 256));
-        let xb = blk.map(|i| x.add(i * Q8K_BYTES));
-        fused::<K, G, N>(rp, ridx, b * bbytes, ahead, a, xb, acc);
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let bbytes = super::kblock::block_bytes(K);
+        let ridx = row_offsets(rp);
+        for b in 0..nb {
+            let blk: [usize; N] = core::array::from_fn(|j| (j0 + j) * nb + b);
+            let a = blk.map(|i| xp.add(i * 256));
+            let xb = blk.map(|i| x.add(i * Q8K_BYTES));
+            fused::<K, G, N>(rp, ridx, b * bbytes, ahead, a, xb, acc);
+        }
     }
 }
 
@@ -577,21 +623,22 @@ pub(super) unsafe fn gemm<const K: u8>(
     n: usize,
     out: *mut f32,
 ) {
-    if gfni() {
-        gemm_impl::<K, true>(nb, w, rows, x, xp, n, out)
-    } else {
-        gemm_impl::<K, false>(nb, w, rows, x, xp, n, out)
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        if gfni() {
+            gemm_impl::<K, true>(nb, w, rows, x, xp, n, out)
+        } else {
+            gemm_impl::<K, false>(nb, w, rows, x, xp, n, out)
+        }
     }
 }
 
 /// Whether this CPU has GFNI (`vgf2p8affineqb`), unless `NIGHTSHIFT_X86_GFNI=off` withholds it
-/// (checked once).
+/// (see [`crate::dispatch::X86Features`]).
 fn gfni() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        std::is_x86_feature_detected!("gfni")
-            && std::env::var("NIGHTSHIFT_X86_GFNI").map_or(true, |v| v != "off")
-    })
+    crate::dispatch::x86_features().gfni
 }
 
 /// [`gemm`] with (`G`) or without GFNI's affine byte transforms in the decoders.
@@ -608,70 +655,75 @@ unsafe fn gemm_impl<const K: u8, const G: bool>(
     n: usize,
     out: *mut f32,
 ) {
-    let bbytes = super::kquant::block_bytes(K);
-    let row_bytes = nb * bbytes;
-    // SAFETY: all-zero bytes are valid for SIMD vectors and f32.
-    let mut t: Tile = core::mem::zeroed();
-    let zero = Acc {
-        sums: [_mm512_setzero_ps(); 4],
-        sumf: _mm256_setzero_ps(),
-    };
-    let mut accs = [zero; JCHUNK];
-    let mut sums = [0f32; 16];
-    let mut sumf = [0f32; 8];
-    for r0 in (0..rows).step_by(TILE) {
-        // Rows past the end repeat the last row; their lanes are computed and dropped.
-        let mut rp = [w; TILE];
-        for (i, p) in rp.iter_mut().enumerate() {
-            *p = w.add((r0 + i).min(rows - 1) * row_bytes);
-        }
-        let valid = (rows - r0).min(TILE);
-        let ahead = TILE * row_bytes;
-        let mut j0 = 0;
-        while j0 < n {
-            let nj = (n - j0).min(JCHUNK);
-            accs[..nj].fill(zero);
-            if n <= FUSED_MAX {
-                match n {
-                    1 => fused_tile::<K, G, 1>(&rp, nb, ahead, x, xp, 0, &mut accs[..1]),
-                    2 => fused_tile::<K, G, 2>(&rp, nb, ahead, x, xp, 0, &mut accs[..2]),
-                    3 => fused_tile::<K, G, 3>(&rp, nb, ahead, x, xp, 0, &mut accs[..3]),
-                    _ => fused_tile::<K, G, 4>(&rp, nb, ahead, x, xp, 0, &mut accs[..4]),
-                }
-            } else {
-                let ridx = row_offsets(&rp);
-                let sgn = signed_scheme(K, G, n);
-                for b in 0..nb {
-                    let off = b * bbytes;
-                    t.meta = meta::<K>(&rp, off, rp[0].add(off), ridx);
-                    for p in 0..4 {
-                        let (ra, rb) = (rp[2 * p].add(off), rp[2 * p + 1].add(off));
-                        prefetch_block::<K>(ra.wrapping_add(ahead));
-                        prefetch_block::<K>(rb.wrapping_add(ahead));
-                        t.pairs[p] = decode_pair::<K, G>(ra, rb, t.meta.scales, p, sgn);
-                        if K == Q6 {
-                            t.meta.dp[p] = pair_d::<K>(ra, rb);
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let bbytes = super::kblock::block_bytes(K);
+        let row_bytes = nb * bbytes;
+        // SAFETY: all-zero bytes are valid for SIMD vectors and f32.
+        let mut t: Tile = core::mem::zeroed();
+        let zero = Acc {
+            sums: [_mm512_setzero_ps(); 4],
+            sumf: _mm256_setzero_ps(),
+        };
+        let mut accs = [zero; JCHUNK];
+        let mut sums = [0f32; 16];
+        let mut sumf = [0f32; 8];
+        for r0 in (0..rows).step_by(TILE) {
+            // Rows past the end repeat the last row; their lanes are computed and dropped.
+            let mut rp = [w; TILE];
+            for (i, p) in rp.iter_mut().enumerate() {
+                *p = w.add((r0 + i).min(rows - 1) * row_bytes);
+            }
+            let valid = (rows - r0).min(TILE);
+            let ahead = TILE * row_bytes;
+            let mut j0 = 0;
+            while j0 < n {
+                let nj = (n - j0).min(JCHUNK);
+                accs[..nj].fill(zero);
+                if n <= FUSED_MAX {
+                    match n {
+                        1 => fused_tile::<K, G, 1>(&rp, nb, ahead, x, xp, 0, &mut accs[..1]),
+                        2 => fused_tile::<K, G, 2>(&rp, nb, ahead, x, xp, 0, &mut accs[..2]),
+                        3 => fused_tile::<K, G, 3>(&rp, nb, ahead, x, xp, 0, &mut accs[..3]),
+                        _ => fused_tile::<K, G, 4>(&rp, nb, ahead, x, xp, 0, &mut accs[..4]),
+                    }
+                } else {
+                    let ridx = row_offsets(&rp);
+                    let sgn = signed_scheme(K, G, n);
+                    for b in 0..nb {
+                        let off = b * bbytes;
+                        t.meta = meta::<K>(&rp, off, rp[0].add(off), ridx);
+                        for p in 0..4 {
+                            let (ra, rb) = (rp[2 * p].add(off), rp[2 * p + 1].add(off));
+                            prefetch_block::<K>(ra.wrapping_add(ahead));
+                            prefetch_block::<K>(rb.wrapping_add(ahead));
+                            t.pairs[p] = decode_pair::<K, G>(ra, rb, t.meta.scales, p, sgn);
+                            if K == Q6 {
+                                t.meta.dp[p] = pair_d::<K>(ra, rb);
+                            }
+                        }
+                        for (jj, acc) in accs[..nj].iter_mut().enumerate() {
+                            let blk = (j0 + jj) * nb + b;
+                            dot::<K>(&t, xp.add(blk * 256), x.add(blk * Q8K_BYTES), acc, sgn);
                         }
                     }
-                    for (jj, acc) in accs[..nj].iter_mut().enumerate() {
-                        let blk = (j0 + jj) * nb + b;
-                        dot::<K>(&t, xp.add(blk * 256), x.add(blk * Q8K_BYTES), acc, sgn);
+                }
+                for (jj, acc) in accs[..nj].iter().enumerate() {
+                    _mm256_storeu_ps(sumf.as_mut_ptr(), acc.sumf);
+                    for i in 0..valid {
+                        _mm512_storeu_ps(sums.as_mut_ptr(), acc.sums[i / 2]);
+                        // sumf += sums[l] for l in 0..8, in order.
+                        let mut s = sumf[i];
+                        for l in 0..8 {
+                            s += sums[out_lane(K, i % 2, l)];
+                        }
+                        *out.add((r0 + i) * n + j0 + jj) = s;
                     }
                 }
+                j0 += nj;
             }
-            for (jj, acc) in accs[..nj].iter().enumerate() {
-                _mm256_storeu_ps(sumf.as_mut_ptr(), acc.sumf);
-                for i in 0..valid {
-                    _mm512_storeu_ps(sums.as_mut_ptr(), acc.sums[i / 2]);
-                    // sumf += sums[l] for l in 0..8, in order.
-                    let mut s = sumf[i];
-                    for l in 0..8 {
-                        s += sums[out_lane(K, i % 2, l)];
-                    }
-                    *out.add((r0 + i) * n + j0 + jj) = s;
-                }
-            }
-            j0 += nj;
         }
     }
 }

@@ -1,6 +1,6 @@
 //! K-quant building blocks shared by the AVX2 and AVX-512-VNNI tiers: the byte permutation, the
 //! activation packer, the exact per-block float epilogue and the tile driver (the per-type
-//! weight unpackers live in `unpack`).
+//! weight unpackers live in `unpack`, what both build on in `kblock`).
 //!
 //! The reference (ggml's generic `vec_dot_q{3,4,5,6}_K_q8_K`) keeps 8 float partial sums, lane
 //! `l` holding the products of the elements `e` with `e % 8 == l`. To get that split from
@@ -17,44 +17,8 @@
 
 use core::arch::x86_64::*;
 
+use super::kblock::{perm32, rd_f32, Q2, Q3, Q4, Q5, Q6, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::unpack::{BlockMeta, Unpacked};
-
-// The Q8_K layout and the K-quant kinds (which one a monomorphised kernel handles) come from the
-// block structs.
-pub(super) use crate::formats::kquants::layout::{
-    block_bytes, Q2, Q3, Q4, Q5, Q6, Q8K_BSUMS, Q8K_BYTES, Q8K_QS,
-};
-
-/// True when kind `K` stores signed values (offset activations + weight-side correction).
-pub(super) const fn signed(kind: u8) -> bool {
-    matches!(kind, Q3 | Q6)
-}
-
-/// f16 bits -> f32 with F16C (exact, like the reference's conversion).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-pub(super) fn f16_to_f32(h: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
-}
-
-#[inline(always)]
-pub(super) fn rd_f32(p: *const u8) -> f32 {
-    // SAFETY: callers pass the start of a Q8_K block they have bounds-checked; unaligned read.
-    unsafe { f32::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 4])) }
-}
-
-/// Within each 32-byte chunk, byte `4m + r` <- byte `m + 8r` (see the module docs).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-pub(super) fn perm32(v: __m256i) -> __m256i {
-    let idx = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    let v = _mm256_permutevar8x32_epi32(v, idx);
-    let ctrl = _mm256_setr_epi8(
-        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10,
-        14, 3, 7, 11, 15,
-    );
-    _mm256_shuffle_epi8(v, ctrl)
-}
 
 /// Packs `blocks` Q8_K blocks (the quants only) into 256 permuted bytes each, offset by 128
 /// (`q ^ 0x80`) when `offset` is set.
@@ -64,14 +28,19 @@ pub(super) fn perm32(v: __m256i) -> __m256i {
 /// must have AVX2.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn pack_q8k(x: *const u8, blocks: usize, offset: bool, out: *mut u8) {
-    let flip = _mm256_set1_epi8(if offset { -128 } else { 0 });
-    for i in 0..blocks {
-        let src = x.add(i * Q8K_BYTES + Q8K_QS);
-        let dst = out.add(i * 256);
-        for c in 0..8 {
-            let v = _mm256_loadu_si256(src.add(32 * c) as *const __m256i);
-            let v = _mm256_xor_si256(v, flip);
-            _mm256_storeu_si256(dst.add(32 * c) as *mut __m256i, perm32(v));
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let flip = _mm256_set1_epi8(if offset { -128 } else { 0 });
+        for i in 0..blocks {
+            let src = x.add(i * Q8K_BYTES + Q8K_QS);
+            let dst = out.add(i * 256);
+            for c in 0..8 {
+                let v = _mm256_loadu_si256(src.add(32 * c) as *const __m256i);
+                let v = _mm256_xor_si256(v, flip);
+                _mm256_storeu_si256(dst.add(32 * c) as *mut __m256i, perm32(v));
+            }
         }
     }
 }
@@ -129,46 +98,51 @@ pub(super) unsafe fn epilogue<const K: u8, const R: usize>(
     sums: &mut [__m256; R],
     sumf: &mut __m128,
 ) {
-    let yd = rd_f32(xb);
-    let ydv = _mm_set1_ps(yd);
-    let zero = _mm256_setzero_si256();
-    let bs = _mm256_loadu_si256(xb.add(Q8K_BSUMS) as *const __m256i);
-    let mut ms = [zero; 4];
-    if K == Q2 || K == Q4 || K == Q5 {
-        for r in 0..R.min(4) {
-            ms[r] = _mm256_madd_epi16(bs, u[r].mins);
-        }
-    }
-    match K {
-        Q2 => {
-            // sumf += dall * isum - dmin * summs, with dall = y.d * d, dmin = y.d * dmin.
-            let mut a = [zero; 4];
-            a[..R.min(4)].copy_from_slice(&aux[..R.min(4)]);
-            let isum = _mm_cvtepi32_ps(reduce4(a));
-            let summs = _mm_cvtepi32_ps(reduce4(ms));
-            let dall = _mm_mul_ps(ydv, rs.d);
-            let dmin = _mm_mul_ps(ydv, rs.dmin);
-            let t = _mm_sub_ps(_mm_mul_ps(dall, isum), _mm_mul_ps(dmin, summs));
-            *sumf = _mm_add_ps(*sumf, t);
-        }
-        Q3 | Q6 => {
-            // sums[l] += d * aux32[l], d = x.d * y.d
-            for r in 0..R {
-                let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(aux[r], u[r].corr));
-                let d = _mm256_set1_ps(u[r].d * yd);
-                sums[r] = _mm256_add_ps(sums[r], _mm256_mul_ps(d, v));
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let yd = rd_f32(xb);
+        let ydv = _mm_set1_ps(yd);
+        let zero = _mm256_setzero_si256();
+        let bs = _mm256_loadu_si256(xb.add(Q8K_BSUMS) as *const __m256i);
+        let mut ms = [zero; 4];
+        if K == Q2 || K == Q4 || K == Q5 {
+            for r in 0..R.min(4) {
+                ms[r] = _mm256_madd_epi16(bs, u[r].mins);
             }
         }
-        _ => {
-            // sums[l] += d * aux32[l]; sumf -= dmin * sumi, with dmin = x.dmin * y.d
-            for r in 0..R {
-                let v = _mm256_cvtepi32_ps(aux[r]);
-                let d = _mm256_set1_ps(u[r].d * yd);
-                sums[r] = _mm256_add_ps(sums[r], _mm256_mul_ps(d, v));
+        match K {
+            Q2 => {
+                // sumf += dall * isum - dmin * summs, with dall = y.d * d, dmin = y.d * dmin.
+                let mut a = [zero; 4];
+                a[..R.min(4)].copy_from_slice(&aux[..R.min(4)]);
+                let isum = _mm_cvtepi32_ps(reduce4(a));
+                let summs = _mm_cvtepi32_ps(reduce4(ms));
+                let dall = _mm_mul_ps(ydv, rs.d);
+                let dmin = _mm_mul_ps(ydv, rs.dmin);
+                let t = _mm_sub_ps(_mm_mul_ps(dall, isum), _mm_mul_ps(dmin, summs));
+                *sumf = _mm_add_ps(*sumf, t);
             }
-            let sumi = _mm_cvtepi32_ps(reduce4(ms));
-            let dmin = _mm_mul_ps(rs.dmin, ydv);
-            *sumf = _mm_sub_ps(*sumf, _mm_mul_ps(dmin, sumi));
+            Q3 | Q6 => {
+                // sums[l] += d * aux32[l], d = x.d * y.d
+                for r in 0..R {
+                    let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(aux[r], u[r].corr));
+                    let d = _mm256_set1_ps(u[r].d * yd);
+                    sums[r] = _mm256_add_ps(sums[r], _mm256_mul_ps(d, v));
+                }
+            }
+            _ => {
+                // sums[l] += d * aux32[l]; sumf -= dmin * sumi, with dmin = x.dmin * y.d
+                for r in 0..R {
+                    let v = _mm256_cvtepi32_ps(aux[r]);
+                    let d = _mm256_set1_ps(u[r].d * yd);
+                    sums[r] = _mm256_add_ps(sums[r], _mm256_mul_ps(d, v));
+                }
+                let sumi = _mm_cvtepi32_ps(reduce4(ms));
+                let dmin = _mm_mul_ps(rs.dmin, ydv);
+                *sumf = _mm_sub_ps(*sumf, _mm_mul_ps(dmin, sumi));
+            }
         }
     }
 }
@@ -209,33 +183,14 @@ pub(super) struct TileState<const R: usize> {
 
 impl<const R: usize> TileState<R> {
     pub(super) fn new() -> Box<TileState<R>> {
-        // SAFETY: all-zero bytes are valid for integer arrays and SIMD float vectors (+0.0).
         Box::new(TileState {
             u: core::array::from_fn(|_| Unpacked::new()),
+            // SAFETY: all-zero bytes are valid SIMD float vectors (+0.0).
             sums: unsafe { core::mem::zeroed() },
+            // SAFETY: as above.
             sumf: unsafe { core::mem::zeroed() },
         })
     }
-}
-
-/// Hints the block of kind `K` at `p` into L2 (the same block of the next tile's rows, so the
-/// loads run ahead of the decode; past the end of the weights the hint is dropped harmlessly).
-#[inline(always)]
-pub(super) fn prefetch_block<const K: u8>(p: *const u8) {
-    prefetch_span(p, block_bytes(K));
-}
-
-/// Hints every cache line of `p .. p + len` into L2. Blocks are not line-aligned (84, 110, 144,
-/// 176, 210 bytes), so one can touch a line more than `len / 64` rounded up: the last byte's line
-/// is hinted too (a repeated hint is a no-op).
-#[inline(always)]
-pub(super) fn prefetch_span(p: *const u8, len: usize) {
-    for line in 0..len.div_ceil(64) {
-        // SAFETY: a prefetch never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * line) as *const i8) };
-    }
-    // SAFETY: as above.
-    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(len - 1) as *const i8) };
 }
 
 /// Defines `gemm_k::<K>` for one tier: tiles of [`ROWS`] weight rows (then single rows) over
@@ -261,27 +216,32 @@ macro_rules! kquant_gemm {
             n: usize,
             out: *mut f32,
         ) {
-            use super::kquant::{TileState, ROWS};
-            let full = rows / ROWS * ROWS;
-            if n == 1 {
-                for r0 in (0..full).step_by(ROWS) {
-                    row1_k::<K, ROWS>(nb, w, r0, x, xp, out);
+            // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+            // features it is compiled for, pointers valid for the sizes it names), which is what every
+            // operation below relies on.
+            unsafe {
+                use super::kquant::{TileState, ROWS};
+                let full = rows / ROWS * ROWS;
+                if n == 1 {
+                    for r0 in (0..full).step_by(ROWS) {
+                        row1_k::<K, ROWS>(nb, w, r0, x, xp, out);
+                    }
+                    for r0 in full..rows {
+                        row1_k::<K, 1>(nb, w, r0, x, xp, out);
+                    }
+                    return;
                 }
-                for r0 in full..rows {
-                    row1_k::<K, 1>(nb, w, r0, x, xp, out);
+                if full > 0 {
+                    let mut st = TileState::<ROWS>::new();
+                    for r0 in (0..full).step_by(ROWS) {
+                        tile_k::<K, ROWS>(nb, w, r0, x, xp, n, out, &mut st);
+                    }
                 }
-                return;
-            }
-            if full > 0 {
-                let mut st = TileState::<ROWS>::new();
-                for r0 in (0..full).step_by(ROWS) {
-                    tile_k::<K, ROWS>(nb, w, r0, x, xp, n, out, &mut st);
-                }
-            }
-            if rows > full {
-                let mut st = TileState::<1>::new();
-                for r0 in full..rows {
-                    tile_k::<K, 1>(nb, w, r0, x, xp, n, out, &mut st);
+                if rows > full {
+                    let mut st = TileState::<1>::new();
+                    for r0 in full..rows {
+                        tile_k::<K, 1>(nb, w, r0, x, xp, n, out, &mut st);
+                    }
                 }
             }
         }
@@ -300,28 +260,34 @@ macro_rules! kquant_gemm {
             xp: *const u8,
             out: *mut f32,
         ) {
-            use super::kquant::{block_bytes, epilogue, finish, row_scales, Q8K_BYTES};
-            let wbytes = block_bytes(K);
-            let mut sums = [_mm256_setzero_ps(); R];
-            let mut sumf = _mm_setzero_ps();
-            for b in 0..nb {
-                let ap = xp.add(b * 256);
-                let mut meta = [core::mem::MaybeUninit::uninit(); R];
-                let mut aux = [_mm256_setzero_si256(); R];
-                for r in 0..R {
-                    let blk = w.add(((r0 + r) * nb + b) * wbytes);
-                    super::kquant::prefetch_block::<K>(blk.wrapping_add(R * nb * wbytes));
-                    let (m, a) = $fused::<K>(blk, ap);
-                    meta[r] = core::mem::MaybeUninit::new(m);
-                    aux[r] = a;
+            // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+            // features it is compiled for, pointers valid for the sizes it names), which is what every
+            // operation below relies on.
+            unsafe {
+                use super::kblock::{block_bytes, Q8K_BYTES};
+                use super::kquant::{epilogue, finish, row_scales};
+                let wbytes = block_bytes(K);
+                let mut sums = [_mm256_setzero_ps(); R];
+                let mut sumf = _mm_setzero_ps();
+                for b in 0..nb {
+                    let ap = xp.add(b * 256);
+                    let mut meta = [core::mem::MaybeUninit::uninit(); R];
+                    let mut aux = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        let blk = w.add(((r0 + r) * nb + b) * wbytes);
+                        super::kblock::prefetch_block::<K>(blk.wrapping_add(R * nb * wbytes));
+                        let (m, a) = $fused::<K>(blk, ap);
+                        meta[r] = core::mem::MaybeUninit::new(m);
+                        aux[r] = a;
+                    }
+                    // SAFETY: every element was written just above.
+                    let meta = meta.map(|m| m.assume_init());
+                    let rs = row_scales(&meta);
+                    epilogue::<K, R>(&meta, rs, x.add(b * Q8K_BYTES), &aux, &mut sums, &mut sumf);
                 }
-                // SAFETY: every element was written just above.
-                let meta = meta.map(|m| m.assume_init());
-                let rs = row_scales(&meta);
-                epilogue::<K, R>(&meta, rs, x.add(b * Q8K_BYTES), &aux, &mut sums, &mut sumf);
-            }
-            for r in 0..R {
-                *out.add(r0 + r) = finish::<K>(sums[r], sumf, r);
+                for r in 0..R {
+                    *out.add(r0 + r) = finish::<K>(sums[r], sumf, r);
+                }
             }
         }
 
@@ -341,40 +307,51 @@ macro_rules! kquant_gemm {
             out: *mut f32,
             st: &mut super::kquant::TileState<R>,
         ) {
-            use super::kquant::{
-                block_bytes, epilogue, finish, row_scales, signed, CHUNK, Q8K_BYTES,
-            };
-            use super::unpack::unpack;
-            let wbytes = block_bytes(K);
-            let mut j0 = 0;
-            while j0 < n {
-                let nj = (n - j0).min(CHUNK);
-                st.sums[..nj].fill([_mm256_setzero_ps(); R]);
-                st.sumf[..nj].fill(_mm_setzero_ps());
-                for b in 0..nb {
-                    let mut meta = [core::mem::MaybeUninit::uninit(); R];
-                    for (r, ur) in st.u.iter_mut().enumerate() {
-                        let blk = w.add(((r0 + r) * nb + b) * wbytes);
-                        super::kquant::prefetch_block::<K>(blk.wrapping_add(R * nb * wbytes));
-                        meta[r] = core::mem::MaybeUninit::new(unpack::<K>(blk, ur));
+            // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+            // features it is compiled for, pointers valid for the sizes it names), which is what every
+            // operation below relies on.
+            unsafe {
+                use super::kblock::{block_bytes, signed, Q8K_BYTES};
+                use super::kquant::{epilogue, finish, row_scales, CHUNK};
+                use super::unpack::unpack;
+                let wbytes = block_bytes(K);
+                let mut j0 = 0;
+                while j0 < n {
+                    let nj = (n - j0).min(CHUNK);
+                    st.sums[..nj].fill([_mm256_setzero_ps(); R]);
+                    st.sumf[..nj].fill(_mm_setzero_ps());
+                    for b in 0..nb {
+                        let mut meta = [core::mem::MaybeUninit::uninit(); R];
+                        for (r, ur) in st.u.iter_mut().enumerate() {
+                            let blk = w.add(((r0 + r) * nb + b) * wbytes);
+                            super::kblock::prefetch_block::<K>(blk.wrapping_add(R * nb * wbytes));
+                            meta[r] = core::mem::MaybeUninit::new(unpack::<K>(blk, ur));
+                        }
+                        // SAFETY: every element was written just above.
+                        let meta = meta.map(|m| m.assume_init());
+                        let rs = row_scales(&meta);
+                        for jj in 0..nj {
+                            let blk = (j0 + jj) * nb + b;
+                            let aux = $dot::<R>(&st.u, xp.add(blk * 256), signed(K));
+                            let xb = x.add(blk * Q8K_BYTES);
+                            epilogue::<K, R>(
+                                &meta,
+                                rs,
+                                xb,
+                                &aux,
+                                &mut st.sums[jj],
+                                &mut st.sumf[jj],
+                            );
+                        }
                     }
-                    // SAFETY: every element was written just above.
-                    let meta = meta.map(|m| m.assume_init());
-                    let rs = row_scales(&meta);
-                    for jj in 0..nj {
-                        let blk = (j0 + jj) * nb + b;
-                        let aux = $dot::<R>(&st.u, xp.add(blk * 256), signed(K));
-                        let xb = x.add(blk * Q8K_BYTES);
-                        epilogue::<K, R>(&meta, rs, xb, &aux, &mut st.sums[jj], &mut st.sumf[jj]);
+                    for r in 0..R {
+                        for jj in 0..nj {
+                            *out.add((r0 + r) * n + j0 + jj) =
+                                finish::<K>(st.sums[jj][r], st.sumf[jj], r);
+                        }
                     }
+                    j0 += nj;
                 }
-                for r in 0..R {
-                    for jj in 0..nj {
-                        *out.add((r0 + r) * n + j0 + jj) =
-                            finish::<K>(st.sums[jj][r], st.sumf[jj], r);
-                    }
-                }
-                j0 += nj;
             }
         }
     };

@@ -8,7 +8,7 @@
 //! `q8_0` for how the integer work is arranged so that the float epilogue follows the reference
 //! exactly. The AVX-512-VNNI tier has its own 64-byte kernels with 8-row tiles for Q2_K
 //! (`q2k512`, built twice: with AVX512-VBMI its scale table is one `vpermb` lookup) and, when
-//! the CPU also has AVX512-VBMI (checked at run time), Q3_K, Q4_K, Q5_K
+//! the CPU also has AVX512-VBMI (a capability of `dispatch`), Q3_K, Q4_K, Q5_K
 //! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Types
 //! without a path (legacy 4/5-bit, floats) return `false` and the caller falls back to the
 //! scalar reference. The i-quants and ternary types take `iq` (AVX2 on both tiers).
@@ -16,6 +16,7 @@
 mod avx2;
 mod avx512vnni;
 mod iq;
+mod kblock;
 mod klanes512;
 mod kquant;
 mod q2k512;
@@ -42,32 +43,31 @@ enum Level {
 capability_tier!(
     /// AVX2 capability: only constructible when the CPU has AVX2 + FMA + F16C.
     Avx2,
-    detect: is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c"),
+    detect: {
+        let f = crate::dispatch::x86_features();
+        f.avx2 && f.fma && f.f16c
+    },
     run: gemm_block(Level::Avx2)
 );
 
 capability_tier!(
     /// AVX-512-VNNI capability (AVX-512F/BW/VL + VNNI, and AVX2 + F16C).
     Avx512Vnni,
-    detect: is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("f16c")
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni"),
+    detect: {
+        let f = crate::dispatch::x86_features();
+        f.avx2 && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni
+    },
     run: gemm_block(Level::Avx512)
 );
 
 /// The K-quant kind code used by `kquant`, if `ty` has a path here.
 fn kquant_kind(ty: GgmlType) -> Option<u8> {
     Some(match ty {
-        GgmlType::Q2_K => kquant::Q2,
-        GgmlType::Q3_K => kquant::Q3,
-        GgmlType::Q4_K => kquant::Q4,
-        GgmlType::Q5_K => kquant::Q5,
-        GgmlType::Q6_K => kquant::Q6,
+        GgmlType::Q2_K => kblock::Q2,
+        GgmlType::Q3_K => kblock::Q3,
+        GgmlType::Q4_K => kblock::Q4,
+        GgmlType::Q5_K => kblock::Q5,
+        GgmlType::Q6_K => kblock::Q6,
         _ => return None,
     })
 }
@@ -144,7 +144,7 @@ fn gemm_kquant(
         // `n * nb` Q8_K blocks, `w` holds `rows * nb` blocks of `kind` and `out` holds `rows * n`
         // floats; `packed` was sized for `n * nb` packed blocks.
         unsafe {
-            if level == Level::Avx512 && kind == kquant::Q2 {
+            if level == Level::Avx512 && kind == kblock::Q2 {
                 q2k512::pack(xp, n * nb, pp);
                 if vbmi_enabled() {
                     q2k512::vbmi::gemm(nb, wp, rows, xp, pp, n, op);
@@ -163,14 +163,14 @@ fn gemm_kquant(
                     }};
                 }
                 match kind {
-                    kquant::Q3 => return lanes!(kquant::Q3),
-                    kquant::Q4 => return lanes!(kquant::Q4),
-                    kquant::Q5 => return lanes!(kquant::Q5),
-                    kquant::Q6 => return lanes!(kquant::Q6),
+                    kblock::Q3 => return lanes!(kblock::Q3),
+                    kblock::Q4 => return lanes!(kblock::Q4),
+                    kblock::Q5 => return lanes!(kblock::Q5),
+                    kblock::Q6 => return lanes!(kblock::Q6),
                     _ => {}
                 }
             }
-            kquant::pack_q8k(xp, n * nb, kquant::signed(kind), pp);
+            kquant::pack_q8k(xp, n * nb, kblock::signed(kind), pp);
             macro_rules! run {
                 ($k:expr) => {
                     match level {
@@ -180,11 +180,11 @@ fn gemm_kquant(
                 };
             }
             match kind {
-                kquant::Q2 => run!(kquant::Q2),
-                kquant::Q3 => run!(kquant::Q3),
-                kquant::Q4 => run!(kquant::Q4),
-                kquant::Q5 => run!(kquant::Q5),
-                _ => run!(kquant::Q6),
+                kblock::Q2 => run!(kblock::Q2),
+                kblock::Q3 => run!(kblock::Q3),
+                kblock::Q4 => run!(kblock::Q4),
+                kblock::Q5 => run!(kblock::Q5),
+                _ => run!(kblock::Q6),
             }
         }
     });
@@ -208,13 +208,8 @@ fn gemm_q8_0(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
     });
 }
 
-/// Whether the Q3_K..Q6_K 64-byte kernels may run: the CPU has AVX512-VBMI and
-/// `NIGHTSHIFT_X86_VBMI=off` does not withhold it (so the tests can also cover the 32-byte
-/// fallback on a VBMI machine). Read once.
+/// Whether the AVX512-VBMI kernels may run: the CPU has it and `NIGHTSHIFT_X86_VBMI=off` does not
+/// withhold it (see [`crate::dispatch::X86Features`]).
 fn vbmi_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        is_x86_feature_detected!("avx512vbmi")
-            && std::env::var("NIGHTSHIFT_X86_VBMI").map_or(true, |v| v != "off")
-    })
+    crate::dispatch::x86_features().avx512vbmi
 }

@@ -5,7 +5,7 @@
 
 use core::arch::x86_64::*;
 
-/// `kquant::perm32` on both 32-byte halves: one `vpermb` (AVX512-VBMI).
+/// `kblock::perm32` on both 32-byte halves: one `vpermb` (AVX512-VBMI).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 pub(super) fn perm64(v: __m512i) -> __m512i {

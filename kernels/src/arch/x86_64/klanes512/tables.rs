@@ -2,7 +2,7 @@
 //! `vpermb`/`vpermps` index vectors that place weights, scales, mins and float lanes, built at
 //! compile time from the layout rules the parent module's docs describe.
 
-use super::super::kquant::{Q3, Q4, Q5};
+use super::super::kblock::{Q3, Q4, Q5};
 use core::arch::x86_64::*;
 
 /// True for the kinds with mins (`sumf -= dmin * sumi`): Q4_K and Q5_K.

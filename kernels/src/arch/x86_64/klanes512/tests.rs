@@ -2,7 +2,7 @@
 //! fused small-batch path (1..=4) and the tiled one (5, 6) against the scalar tier's bits,
 //! through the dispatcher and directly with and without the GFNI decoders.
 
-use super::super::kquant::{Q3, Q4, Q5, Q6};
+use super::super::kblock::{Q3, Q4, Q5, Q6};
 use crate::dispatch::{available_tiers, gemm_with, Tier};
 use crate::{quantize_row, GgmlType};
 
@@ -53,12 +53,11 @@ fn direct<const K: u8, const G: bool>(
 
 #[test]
 fn small_and_tiled_batches_match_the_scalar_tier() {
-    if !available_tiers().contains(&Tier::Avx512Vnni)
-        || !std::is_x86_feature_detected!("avx512vbmi")
-    {
+    let cpu = crate::dispatch::x86_features();
+    if !available_tiers().contains(&Tier::Avx512Vnni) || !cpu.avx512vbmi {
         return;
     }
-    let gfni = std::is_x86_feature_detected!("gfni");
+    let gfni = cpu.gfni;
     let (k, m) = (512, 11);
     for ty in [
         GgmlType::Q3_K,
@@ -71,8 +70,9 @@ fn small_and_tiled_batches_match_the_scalar_tier() {
             let x = rows_of(GgmlType::Q8_K, k, n, 100 + n as u32);
             let mut want = vec![0f32; m * n];
             let mut got = vec![0f32; m * n];
-            gemm_with(Tier::Scalar, ty, k, &w, m, &x, n, &mut want, None).expect("scalar");
-            gemm_with(Tier::Avx512Vnni, ty, k, &w, m, &x, n, &mut got, None).expect("avx512");
+            let wq = crate::QMatrix::new(ty, m, k, &w).expect("weight rows");
+            gemm_with(Tier::Scalar, wq, &x, n, &mut want, None).expect("scalar");
+            gemm_with(Tier::Avx512Vnni, wq, &x, n, &mut got, None).expect("avx512");
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{} n={n}", ty.name());
             macro_rules! both {

@@ -1,6 +1,6 @@
-//! Grouped heads, the 4-position chains, the portable body, the AVX2 build and paged views
-//! (rows in blocks) against the plain one-head-at-a-time computation over contiguous rows:
-//! every output bit must match.
+//! Grouped heads, the 4-position chains, the portable body, each build the dispatch picks
+//! (baseline, AVX2, AVX-512) and paged views (rows in blocks) against the plain
+//! one-head-at-a-time computation over contiguous rows: every output bit must match.
 
 use super::*;
 
@@ -195,11 +195,11 @@ fn groups_chains_and_avx2_give_the_bits_of_single_heads() {
                     );
                     // attend_heads takes AVX-512 where it can: the AVX2 build on its own
                     #[cfg(target_arch = "x86_64")]
-                    if std::arch::is_x86_feature_detected!("avx2") {
+                    if crate::dispatch::float_level_available() >= FloatLevel::Avx2 {
                         for h0 in (0..n_head).step_by(g) {
-                            // SAFETY: AVX2 checked just above.
+                            // SAFETY: the CPU runs AVX2, checked just above.
                             unsafe {
-                                attend_heads_avx2(
+                                x86_64::attend_heads_avx2(
                                     &q[h0 * dk..(h0 + g) * dk],
                                     h0,
                                     g,
@@ -290,14 +290,20 @@ fn paged_views_give_the_bits_of_contiguous_rows() {
                     assert_eq!(bits(&got), bits(&want), "{what}");
                     let portable = portable_body(&q, &view, hd, round_p, &mut scores);
                     assert_eq!(bits(&portable), bits(&want), "portable, {what}");
+                    // every build the dispatch can pick (levels above this CPU's run lower)
+                    for level in [FloatLevel::Baseline, FloatLevel::Avx2, FloatLevel::Avx512] {
+                        let mut at = vec![0f32; n_head * dv];
+                        attend_on(level, &q, &view, hd, round_p, &mut scores, &mut at);
+                        assert_eq!(bits(&at), bits(&want), "{level:?}, {what}");
+                    }
                     #[cfg(target_arch = "x86_64")]
-                    if std::arch::is_x86_feature_detected!("avx2") {
+                    if crate::dispatch::float_level_available() >= FloatLevel::Avx2 {
                         let mut avx2 = vec![0f32; n_head * dv];
                         let per = n_head / n_head_kv;
                         for h0 in (0..n_head).step_by(per) {
-                            // SAFETY: AVX2 checked just above.
+                            // SAFETY: the CPU runs AVX2, checked just above.
                             unsafe {
-                                attend_heads_avx2(
+                                x86_64::attend_heads_avx2(
                                     &q[h0 * dk..(h0 + per) * dk],
                                     h0,
                                     per,
