@@ -90,7 +90,10 @@ fn hot_overlap(layers: &[Vec<u64>]) -> Option<f64> {
         .windows(2)
         .filter(|w| !w[0].is_empty())
         .map(|w| {
-            let shared = w[1].iter().filter(|x| w[0].binary_search(x).is_ok()).count();
+            let shared = w[1]
+                .iter()
+                .filter(|x| w[0].binary_search(x).is_ok())
+                .count();
             shared as f64 / w[0].len() as f64
         })
         .collect();
@@ -210,9 +213,9 @@ impl Report {
                 .iter()
                 .map(|&c| format!("{:>7}", pct(c)))
                 .collect();
-            let loc = f
-                .locality
-                .map_or(String::new(), |(a, b)| format!(" {:>6} {:>8}", pct(a), pct(b)));
+            let loc = f.locality.map_or(String::new(), |(a, b)| {
+                format!(" {:>6} {:>8}", pct(a), pct(b))
+            });
             let _ = writeln!(
                 s,
                 "{:>7} {:>12} {:>6} {} {:>6.3} {:>5}{}",
@@ -236,7 +239,11 @@ impl Report {
             pct(self.layers.iter().map(|l| l.coverage[2]).sum::<f64>()
                 / self.layers.len().max(1) as f64)
         );
-        let _ = writeln!(s, "\nagainst the published statistics (on target: within {:.0}%):", 100.0 * TARGET_TOLERANCE);
+        let _ = writeln!(
+            s,
+            "\nagainst the published statistics (on target: within {:.0}%):",
+            100.0 * TARGET_TOLERANCE
+        );
         let line = |s: &mut String, label: &str, x: f64, target: f64| {
             let verdict = if on_target(x, target) {
                 "on target"

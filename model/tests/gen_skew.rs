@@ -137,7 +137,11 @@ fn check(arch: Arch) {
     );
     assert!(ss > us + 0.05, "{}: skew {us} -> {ss}", arch.name());
     assert!(sl > ul + 0.15, "{}: locality {ul} -> {sl}", arch.name());
-    assert!(sx < 0.9, "{}: every layer has the same hot experts ({sx})", arch.name());
+    assert!(
+        sx < 0.9,
+        "{}: every layer has the same hot experts ({sx})",
+        arch.name()
+    );
 }
 
 #[test]
@@ -157,5 +161,9 @@ fn uniform_routing_is_the_default_and_unchanged() {
     assert!(!spec.file_name().contains("-r"), "{}", spec.file_name());
     let mut skew = spec.clone();
     skew.routing = RoutingSkew::Published;
-    assert!(skew.file_name().contains("-rpublished"), "{}", skew.file_name());
+    assert!(
+        skew.file_name().contains("-rpublished"),
+        "{}",
+        skew.file_name()
+    );
 }

@@ -32,7 +32,11 @@ impl Temporal {
 
     /// Fraction of a token's experts chosen within the previous `window` tokens, in slot `s`.
     pub fn within_window(&self, s: usize, top_k: usize) -> Option<f64> {
-        rate(self.window_shared.get(s)?, self.window_tokens.get(s)?, top_k)
+        rate(
+            self.window_shared.get(s)?,
+            self.window_tokens.get(s)?,
+            top_k,
+        )
     }
 
     /// Both rates over all slots (None when nothing was counted).
@@ -66,9 +70,16 @@ impl Temporal {
         for s in 0..n {
             for (name, shared, tokens) in [
                 ("lag1_shared", self.lag1_shared[s], self.lag1_tokens[s]),
-                ("window_shared", self.window_shared[s], self.window_tokens[s]),
+                (
+                    "window_shared",
+                    self.window_shared[s],
+                    self.window_tokens[s],
+                ),
             ] {
-                if tokens.checked_mul(top_k as u64).is_none_or(|max| shared > max) {
+                if tokens
+                    .checked_mul(top_k as u64)
+                    .is_none_or(|max| shared > max)
+                {
                     return Err((
                         format!("temporal.{name}[{s}]"),
                         format!("at most top_k x tokens = {top_k} x {tokens}"),

@@ -325,7 +325,9 @@ fn temporal_section_round_trips_and_is_checked() {
     let mut bad = t.snapshot();
     bad.lag1_shared[1] = 3;
     atlas.temporal = Some(bad);
-    let err = Atlas::from_bytes(&atlas.to_bytes()).unwrap_err().to_string();
+    let err = Atlas::from_bytes(&atlas.to_bytes())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("temporal.lag1_shared[1]"), "{err}");
     let mut short = t.snapshot();
     short.window_tokens.pop();

@@ -320,7 +320,10 @@ mod tests {
         let spec = GenSpec::new(Preset::Tiny, Arch::Qwen3Moe, QuantMix::Q4KM);
         let dims = Dims::from_spec(&spec).unwrap();
         assert!(Shaper::new(&dims, RoutingSkew::Uniform).unwrap().is_none());
-        assert_eq!("published".parse::<RoutingSkew>().unwrap(), RoutingSkew::Published);
+        assert_eq!(
+            "published".parse::<RoutingSkew>().unwrap(),
+            RoutingSkew::Published
+        );
         assert!("zipf".parse::<RoutingSkew>().is_err());
     }
 
@@ -344,7 +347,12 @@ mod tests {
         // tiny: head_dim 64, pairs (i, i + 32), slow = i in 24..32
         for d in 0..64 {
             let mut v = vec![1.0f32; 256];
-            s.shape_row("blk.0.attn_q.weight", 64 + d, &mut v, &mut SplitMix64::new(d));
+            s.shape_row(
+                "blk.0.attn_q.weight",
+                64 + d,
+                &mut v,
+                &mut SplitMix64::new(d),
+            );
             let live = (24..32).contains(&(d % 32));
             assert_eq!(v.iter().any(|&x| x != 0.0), live, "dim {d}");
             if live {
@@ -359,9 +367,19 @@ mod tests {
         let s = shaper(Arch::Deepseek2);
         // tiny: nope 64, rope 32 per head
         let mut v = vec![1.0f32; 128];
-        s.shape_row("blk.0.attn_q_b.weight", 96 + 70, &mut v, &mut SplitMix64::new(2));
+        s.shape_row(
+            "blk.0.attn_q_b.weight",
+            96 + 70,
+            &mut v,
+            &mut SplitMix64::new(2),
+        );
         assert!(v.iter().all(|&x| x == 0.0));
-        s.shape_row("blk.0.attn_q_b.weight", 96 + 10, &mut v, &mut SplitMix64::new(2));
+        s.shape_row(
+            "blk.0.attn_q_b.weight",
+            96 + 10,
+            &mut v,
+            &mut SplitMix64::new(2),
+        );
         assert!(v.iter().any(|&x| x != 0.0));
         let mut b = vec![0.0f32; 16];
         s.shape_row("blk.1.exp_probs_b.bias", 0, &mut b, &mut SplitMix64::new(3));
