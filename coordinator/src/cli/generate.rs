@@ -127,5 +127,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         decode.as_secs_f64(),
         generated as f64 / decode.as_secs_f64().max(1e-9)
     );
+    if let Some(r) = experts.residency() {
+        eprintln!(
+            "memory budget: {} MiB of {} MiB resident ({} experts)",
+            r.resident_bytes() >> 20,
+            r.budget() >> 20,
+            r.experts().len()
+        );
+    }
+    if let Some(p) = experts.prefetch() {
+        eprintln!("{}", p.stats().summary());
+    }
     Ok(())
 }

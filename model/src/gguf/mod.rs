@@ -305,14 +305,29 @@ impl Gguf {
     /// counting in the process's RSS; a later read refaults them from the page cache or the
     /// file. Slices outside the map are ignored. Returns the bytes released.
     pub fn release_mapped(&self, bytes: &[u8]) -> usize {
-        let start = bytes.as_ptr() as usize;
-        let Some(shard) = self.shards.iter().find(|s| {
-            let base = s.map.as_ptr() as usize;
-            start >= base && start + bytes.len() <= base + s.map.len()
-        }) else {
+        let Some((map, offset)) = self.locate(bytes) else {
             return 0;
         };
-        release(&shard.map, start - shard.map.as_ptr() as usize, bytes.len())
+        release(map, offset, bytes.len())
+    }
+
+    /// Tells the kernel how the pages of `bytes` (a slice of this model's map, e.g. one expert's
+    /// matrix) will be read: `WillNeed` starts reading them into the page cache. Advisory:
+    /// slices outside the map and errors are ignored.
+    pub fn advise_bytes(&self, bytes: &[u8], hint: AccessHint) {
+        if let Some((map, offset)) = self.locate(bytes) {
+            advise(map, offset, bytes.len(), hint);
+        }
+    }
+
+    /// The shard map holding `bytes` and their offset in it.
+    fn locate(&self, bytes: &[u8]) -> Option<(&Mmap, usize)> {
+        let start = bytes.as_ptr() as usize;
+        let shard = self.shards.iter().find(|s| {
+            let base = s.map.as_ptr() as usize;
+            start >= base && start + bytes.len() <= base + s.map.len()
+        })?;
+        Some((&shard.map, start - shard.map.as_ptr() as usize))
     }
 
     /// Tells the kernel how all the model's pages will be read. Advisory: errors are ignored.
