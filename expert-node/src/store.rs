@@ -181,7 +181,7 @@ impl ExpertStore {
         }
         // Copied on the pinned threads (first touch: the pages land on their NUMA node).
         let mut copies: HashMap<(u32, u32), ExpertCopy> =
-            copy_experts(&self.gguf, &to_copy, Some(pool))
+            copy_experts(&self.gguf, &to_copy, Some(pool), false)
                 .map_err(|e| match e {
                     CopyError::Alloc { source, .. } => StoreError::Alloc(source),
                     CopyError::Expert(e) => StoreError::Expert(e),

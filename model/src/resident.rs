@@ -11,7 +11,8 @@
 //! most `budget` bytes of copies, every other expert read from the file map (page cache). It can
 //! be replaced while serving ([`ExpertResidency::set`]): adding experts copies only the new ones
 //! into a fresh arena; a set that drops any expert is rebuilt from scratch after dropping the old
-//! copies, so the arenas alive never hold more than the budget (arenas are freed whole). Lookups
+//! copies, so the arenas alive never hold more than the budget (arenas are freed whole; the budget
+//! counts the experts' bytes, as placements do, and each matrix adds < 64 bytes of alignment). Lookups
 //! hold a read lock for one layer call, so a swap waits for the calls using the old copies.
 //! Copies are the same bytes as the file: **which experts are resident never changes outputs.**
 
@@ -82,12 +83,14 @@ pub enum CopyError {
 }
 
 /// Copies the experts `keys` (layer, expert; distinct) of `g` into one fresh arena on `pool`
-/// (None: the calling thread), releasing their mapped pages. Nothing is copied when an expert
-/// does not exist.
+/// (None: the calling thread), releasing their mapped pages, and with `evict` also their
+/// page-cache pages (a process under a memory limit should not hold both; nodes sharing the
+/// file's cache do not evict). Nothing is copied when an expert does not exist.
 pub fn copy_experts(
     g: &Gguf,
     keys: &[(u32, u32)],
     pool: Option<&ThreadPool>,
+    evict: bool,
 ) -> Result<Vec<((u32, u32), ExpertCopy)>, CopyError> {
     let mut total = 0usize;
     let mut plan: Vec<((u32, u32), [Range<usize>; 3])> = Vec::with_capacity(keys.len());
@@ -130,6 +133,9 @@ pub fn copy_experts(
                 dest[at..at + m.len()].copy_from_slice(m);
                 // the copy serves from now on: stop counting the mapped pages too
                 g.release_mapped(m);
+                if evict {
+                    g.evict_cached(m);
+                }
                 at += m.len().div_ceil(COPY_ALIGN) * COPY_ALIGN;
             }
             Ok::<(), ExpertError>(())
@@ -240,11 +246,7 @@ impl ExpertResidency {
         let mut needed = 0u64;
         for &(layer, expert) in &want {
             let w = ExpertWeights::from_gguf(g, layer as usize, expert as usize)?;
-            // as laid out in an arena (each matrix cache-line aligned)
-            needed += [w.gate.1, w.up.1, w.down.1]
-                .iter()
-                .map(|m| m.len().div_ceil(COPY_ALIGN) * COPY_ALIGN)
-                .sum::<usize>() as u64;
+            needed += (w.gate.1.len() + w.up.1.len() + w.down.1.len()) as u64;
         }
         if needed > self.budget {
             return Err(ResidencyError::OverBudget {
@@ -269,7 +271,7 @@ impl ExpertResidency {
             .filter(|k| have.binary_search(k).is_err())
             .copied()
             .collect();
-        let fresh = copy_experts(g, &missing, pool)?;
+        let fresh = copy_experts(g, &missing, pool, true)?;
         let loaded = fresh.len();
         let mut c = self.copies.write().unwrap_or_else(|p| p.into_inner());
         c.extend(fresh);
@@ -292,7 +294,7 @@ impl ExpertResidency {
         f(&|expert: u32| c.get(&(l, expert)))
     }
 
-    /// Bytes of the arenas alive (at most the budget; for tests and metrics).
+    /// Bytes of the arenas alive (at most the budget plus < 192 bytes of alignment per expert).
     pub fn arena_bytes(&self) -> u64 {
         let c = self.copies.read().unwrap_or_else(|p| p.into_inner());
         let mut seen: Vec<*const Arena> = Vec::new();

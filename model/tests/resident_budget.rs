@@ -80,18 +80,17 @@ fn check(name: &str) {
         |_| {},
     ));
     let all = all_experts(&model);
-    // bytes of a set as an arena holds it (each matrix cache-line aligned)
+    // bytes of a set's experts
     let size = |set: &[(u32, u32)]| -> u64 {
         set.iter()
             .map(|&(l, e)| {
                 let w = model.expert_weights(l as usize, e).expect("expert");
-                [w.gate.1, w.up.1, w.down.1]
-                    .iter()
-                    .map(|m| m.len().div_ceil(64) as u64 * 64)
-                    .sum::<u64>()
+                (w.gate.1.len() + w.up.1.len() + w.down.1.len()) as u64
             })
             .sum()
     };
+    // arenas align each matrix to a cache line
+    let slack = 192 * (all.len() as u64 / 3);
     // a third of the experts fit; start with every third one, switch to the others midway
     let first: Vec<(u32, u32)> = all.iter().copied().step_by(3).take(all.len() / 3).collect();
     let second: Vec<(u32, u32)> = all
@@ -108,7 +107,7 @@ fn check(name: &str) {
         .set(model.gguf(), &first, None)
         .expect("first set");
     assert_eq!(moved.loaded, first.len());
-    assert!(residency.resident_bytes() <= budget && residency.arena_bytes() <= budget);
+    assert!(residency.resident_bytes() <= budget && residency.arena_bytes() <= budget + slack);
     let prefetch = Arc::new(Prefetcher::new(model.clone()).expect("prefetch thread"));
     let backend = Arc::new(
         LocalExperts::new(model.clone(), None)
@@ -132,7 +131,7 @@ fn check(name: &str) {
         got, want,
         "{name}: a partly resident engine changed the logits"
     );
-    assert!(residency.arena_bytes() <= budget);
+    assert!(residency.arena_bytes() <= budget + slack);
     let st = prefetch.stats();
     assert!(st.predicted > 0 && st.used > 0, "{name}: {st:?}");
     assert!(

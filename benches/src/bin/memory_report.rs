@@ -213,7 +213,11 @@ fn parent(a: &Args) -> anyhow::Result<()> {
     )?;
     let all = model.weights().expert_bytes();
     let dense = model.resident_bytes() as u64;
-    let budget = nightshift_atlas_core::size::parse_size(&a.budget, all)?;
+    // N% is of the placement shape's experts (the largest expert's size x count), as `plan` and
+    // `--memory-budget` read it; the children get the bytes
+    let shape = nightshift_coordinator::cluster::model_shape(&model)?;
+    let full = shape.expert_bytes * (shape.moe_layers.len() * shape.n_experts) as u64;
+    let budget = nightshift_atlas_core::size::parse_size(&a.budget, full)?;
     let slack = nightshift_atlas_core::size::parse_size(&a.slack, 0)?;
     let c = model.config();
     let one = all
@@ -245,7 +249,7 @@ fn parent(a: &Args) -> anyhow::Result<()> {
             let out = Command::new(&exe)
                 .args(["--model", &a.model.display().to_string()])
                 .args(["--plan", &a.plan.display().to_string()])
-                .args(["--budget", &a.budget])
+                .args(["--budget", &budget.to_string()])
                 .args(["--prefill", &a.prefill.to_string()])
                 .args(["--decode", &a.decode.to_string()])
                 .args(["--threads", &a.threads.to_string()])

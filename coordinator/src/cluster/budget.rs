@@ -103,8 +103,7 @@ pub fn build_residency(
                 .map_err(err)?;
             resident_keys(&placement)?
         }
-        // room for each matrix's cache-line alignment in the arena
-        None => random_set(&shape, bytes, shape.expert_bytes + 3 * 64, RANDOM_SET_SEED),
+        None => random_set(&shape, bytes, shape.expert_bytes, RANDOM_SET_SEED),
     };
     let residency = Arc::new(ExpertResidency::new(bytes));
     let moved = residency
