@@ -8,7 +8,8 @@
 //! their file pages `MADV_WILLNEED` (readahead into the page cache) while layer `l`'s experts and
 //! layer `l'`'s attention run. When layer `l'` is called, its actual experts are scored against
 //! the prediction: precision and recall over all experts, and the share of the cold experts it
-//! needs that were requested before it started (the target: >= 60%).
+//! needs that were requested before it started (the target: >= 60%). Only calls of at
+//! most [`MAX_PREDICTED_ROWS`] rows (decode steps) predict.
 //!
 //! Prefetching only moves pages into the cache earlier: **it never changes outputs** (the same
 //! bytes are read either way), and a wrong prediction costs only I/O.
@@ -27,6 +28,10 @@ use crate::model::Model;
 use crate::moe::route;
 use crate::ops::matmul;
 use crate::weights::FfnWeights;
+
+/// Calls of more rows (prefill chunks) are not predicted: they use nearly every expert of a
+/// layer, and reading all of them ahead would evict what the page cache holds under a limit.
+pub const MAX_PREDICTED_ROWS: usize = 8;
 
 /// Counters of the predictions made and how they fared (all since start).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -165,6 +170,9 @@ impl Prefetcher {
         let Some(next) = self.next_moe.get(layer).copied().flatten() else {
             return Ok(());
         };
+        if acts.n_rows > MAX_PREDICTED_ROWS {
+            return Ok(());
+        }
         let predicted = self.predict(next, acts)?;
         let requested: Vec<u32> = predicted
             .iter()
