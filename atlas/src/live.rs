@@ -1,6 +1,6 @@
 //! The subcommands of `nightshift-atlas` that need a live engine or coordinator: `record --model`
-//! runs a JSONL prompt set through the in-process engine (nightshift-model) and writes the atlas
-//! its routing produced (`record --coordinator` lives in `record_cluster.rs`); `apply` posts a placement file to a running coordinator's
+//! runs a JSONL prompt set through the in-process engine (nightshift-model), one sequence at a
+//! time, and writes the atlas its routing produced (with temporal locality) (`record --coordinator` lives in `record_cluster.rs`); `apply` posts a placement file to a running coordinator's
 //! `/v1/admin/placement` (live rebalance) and prints what moved. Only the binary depends on
 //! nightshift-model; the library does not.
 
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use nightshift_atlas::placement::{ModelShape, Placement};
-use nightshift_atlas::trace::{Recorder, RecorderConfig};
+use nightshift_atlas::trace::{Recorder, RecorderConfig, TemporalTracker};
 use nightshift_model::chat::{ChatMessage, ChatTemplate};
 use nightshift_model::sampler::argmax;
 use nightshift_model::{Engine, EngineOptions, ExpertPair, LocalExperts, Model, RouteObserver};
@@ -60,19 +60,32 @@ pub fn apply(file: &Path, coordinator: &str, api_key: Option<&str>) -> Result<()
     Ok(())
 }
 
-/// The recorder as the engine's route observer (one mutex; scratch ids reused).
+/// What the observer feeds: the recorder, temporal locality (one sequence runs at a time, in
+/// token order), the MoE slot of each layer, and scratch ids reused.
+struct Observed {
+    rec: Recorder,
+    temporal: TemporalTracker,
+    slot_of: Vec<Option<usize>>,
+    ids: Vec<usize>,
+}
+
+/// The recorder as the engine's route observer (one mutex).
 struct Observer {
-    inner: Mutex<(Recorder, Vec<usize>)>,
+    inner: Mutex<Observed>,
 }
 
 impl RouteObserver for Observer {
     fn observe(&self, layer: usize, pairs: &[ExpertPair], weights: &[f32]) {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let (rec, ids) = &mut *g;
-        ids.clear();
-        ids.extend(pairs.iter().map(|p| p.expert as usize));
-        if let Err(e) = rec.record(layer, ids, weights) {
+        let o = &mut *g;
+        o.ids.clear();
+        o.ids.extend(pairs.iter().map(|p| p.expert as usize));
+        if let Err(e) = o.rec.record(layer, &o.ids, weights) {
             eprintln!("nightshift-atlas record: routing not recorded: {e}");
+            return;
+        }
+        if let Some(&Some(slot)) = o.slot_of.get(layer) {
+            o.temporal.observe(slot, &o.ids);
         }
     }
 }
@@ -97,11 +110,17 @@ pub fn record(model_path: &Path, prompts: &Path, max_tokens: usize, out: &Path) 
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
     let top_k = model.config().n_expert_used;
+    let mut slot_of = vec![None; shape.moe_layers.iter().max().map_or(0, |&l| l + 1)];
+    for (s, &l) in shape.moe_layers.iter().enumerate() {
+        slot_of[l] = Some(s);
+    }
     let observer = Arc::new(Observer {
-        inner: Mutex::new((
-            Recorder::new(shape, RecorderConfig::new(name, top_k)),
-            Vec::new(),
-        )),
+        inner: Mutex::new(Observed {
+            temporal: TemporalTracker::new(shape.moe_layers.len(), top_k),
+            rec: Recorder::new(shape, RecorderConfig::new(name, top_k)),
+            slot_of,
+            ids: Vec::new(),
+        }),
     });
     let tok = model.tokenizer();
     let template = ChatTemplate::from_gguf(model.gguf()).context("reading the chat template")?;
@@ -149,6 +168,12 @@ pub fn record(model_path: &Path, prompts: &Path, max_tokens: usize, out: &Path) 
         if ids.is_empty() {
             bail!("prompt {} tokenized to nothing", i + 1);
         }
+        observer
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .temporal
+            .reset();
         let seq = engine.add_sequence()?;
         let n = ids.len();
         let mut logits = engine.prefill(seq, &ids)?;
@@ -163,12 +188,12 @@ pub fn record(model_path: &Path, prompts: &Path, max_tokens: usize, out: &Path) 
         }
         engine.remove_sequence(seq);
     }
-    let atlas = observer
-        .inner
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .0
-        .snapshot();
+    let atlas = {
+        let o = observer.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut atlas = o.rec.snapshot();
+        atlas.temporal = Some(o.temporal.snapshot());
+        atlas
+    };
     atlas.save_atomic(out)?;
     println!(
         "recorded {} prompts: {} prompt tokens + {} generated tokens = {} tokens ({} activations over {} MoE layers x {} experts) in {:.1} s",

@@ -13,11 +13,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use nightshift_atlas::placement::{ModelShape, Placement};
+use nightshift_atlas::placement::{ModelShape, NodeSpec, Placement};
 use nightshift_atlas::plan::{plan, Plan, PlanRequest, ReplicaBudget};
 use nightshift_atlas::report::Report;
 use nightshift_atlas::synth::{kimi_k2_shape, zipf_atlas, zipf_counts};
 use nightshift_atlas::trace::Atlas;
+use nightshift_atlas_core::size::parse_size;
 
 #[derive(Parser)]
 #[command(
@@ -88,9 +89,15 @@ enum Cmd {
     Plan {
         #[arg(long)]
         atlas: PathBuf,
-        /// TOML with [[node]] tables: name, addr, numa, memory_bytes, cores.
+        /// TOML with [[node]] tables: name, addr, numa, memory_bytes, cores. Without it (and
+        /// with --memory-budget): one node named `local`, the in-process engine.
+        #[arg(long, required_unless_present = "memory_budget")]
+        nodes: Option<PathBuf>,
+        /// Bytes of resident experts per node (suffixes K, M, G, T, KiB, MiB, GiB, TiB; or N% of
+        /// one copy of every expert): each node keeps the copies with the most expected bytes
+        /// read per token resident up to it, the rest stay mapped (overrides memory_bytes).
         #[arg(long)]
-        nodes: PathBuf,
+        memory_budget: Option<String>,
         /// Current placement: prefer plans that move few bytes from it.
         #[arg(long)]
         previous: Option<PathBuf>,
@@ -185,6 +192,7 @@ fn run() -> Result<()> {
         Cmd::Plan {
             atlas,
             nodes,
+            memory_budget,
             previous,
             replicas,
             replica_memory,
@@ -193,6 +201,7 @@ fn run() -> Result<()> {
         } => plan_cmd(
             atlas,
             nodes,
+            memory_budget,
             previous,
             replicas,
             replica_memory,
@@ -254,50 +263,15 @@ fn report(atlas: PathBuf, placement: Option<PathBuf>, out: PathBuf, window: bool
     Ok(())
 }
 
-/// Parses `123`, `10G`, `10GiB`, `1.5T`, or `10%` (of `full` bytes).
-fn parse_bytes(s: &str, full: u64) -> Result<u64> {
-    let t = s.trim();
-    if let Some(p) = t.strip_suffix('%') {
-        let f: f64 = p
-            .trim()
-            .parse()
-            .with_context(|| format!("--replica-memory: expected a percentage, found {s:?}"))?;
-        if !(0.0..=10_000.0).contains(&f) {
-            bail!("--replica-memory: expected 0%..=10000%, found {s:?}");
-        }
-        return Ok((full as f64 * f / 100.0) as u64);
-    }
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: u64 = match unit {
-        "" | "B" => 1,
-        "K" | "KB" => 1_000,
-        "M" | "MB" => 1_000_000,
-        "G" | "GB" => 1_000_000_000,
-        "T" | "TB" => 1_000_000_000_000,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "TiB" => 1 << 40,
-        _ => bail!("--replica-memory: expected a unit among K, M, G, T, KiB, MiB, GiB, TiB or %, found {unit:?}"),
-    };
-    let n: f64 = num
-        .trim()
-        .parse()
-        .with_context(|| format!("--replica-memory: expected a number of bytes, found {s:?}"))?;
-    if !(n >= 0.0 && n.is_finite()) {
-        bail!("--replica-memory: expected a non-negative size, found {s:?}");
-    }
-    Ok((n * mult as f64) as u64)
-}
-
 fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn plan_cmd(
     atlas: PathBuf,
-    nodes: PathBuf,
+    nodes: Option<PathBuf>,
+    memory_budget: Option<String>,
     previous: Option<PathBuf>,
     replicas: Option<usize>,
     replica_memory: Option<String>,
@@ -305,15 +279,29 @@ fn plan_cmd(
     out: PathBuf,
 ) -> Result<()> {
     let a = Atlas::load(&atlas)?;
-    let text = std::fs::read_to_string(&nodes)
-        .with_context(|| format!("cannot read nodes file {}", nodes.display()))?;
-    let node_specs = Placement::nodes_from_toml_str(&text)
-        .with_context(|| format!("nodes file {}", nodes.display()))?;
-    let prev = previous.as_deref().map(Placement::load).transpose()?;
     let full = a.shape.expert_bytes * (a.shape.moe_layers.len() * a.shape.n_experts) as u64;
+    let mut node_specs = match &nodes {
+        Some(nodes) => {
+            let text = std::fs::read_to_string(nodes)
+                .with_context(|| format!("cannot read nodes file {}", nodes.display()))?;
+            Placement::nodes_from_toml_str(&text)
+                .with_context(|| format!("nodes file {}", nodes.display()))?
+        }
+        None => vec![NodeSpec::named("local")],
+    };
+    if let Some(b) = &memory_budget {
+        let bytes = parse_size(b, full).context("--memory-budget")?;
+        if bytes == 0 {
+            bail!("--memory-budget: expected at least one byte, found {b:?} (0 means unlimited in a placement)");
+        }
+        for n in &mut node_specs {
+            n.memory_bytes = bytes;
+        }
+    }
+    let prev = previous.as_deref().map(Placement::load).transpose()?;
     let budget = match (replicas, replica_memory) {
         (Some(n), _) => ReplicaBudget::PerLayer(n),
-        (None, Some(m)) => ReplicaBudget::Bytes(parse_bytes(&m, full)?),
+        (None, Some(m)) => ReplicaBudget::Bytes(parse_size(&m, full).context("--replica-memory")?),
         (None, None) => ReplicaBudget::PerLayer(0),
     };
     let counts = if window { &a.window } else { &a.all_time };

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Parser;
 use nightshift_atlas_core::placement::Placement;
+use nightshift_atlas_core::size::parse_size;
 use nightshift_expert_node::service::{NodeIdentity, NodeService};
 use nightshift_expert_node::store::{model_shape, ExpertStore};
 use nightshift_expert_node::{auth, numa, tls};
@@ -41,6 +42,12 @@ struct Args {
     /// Lock resident experts in RAM (needs CAP_IPC_LOCK or a high memlock limit).
     #[arg(long)]
     mlock: bool,
+    /// Most bytes of resident expert copies on this node (123, 10G, 10GiB, or N% of the experts
+    /// the placement gives it), instead of the placement's memory_bytes. The placement's
+    /// resident experts beyond it (in its order: a plan lists the hottest first per layer) are
+    /// served from the mapped file, as its cold ones are.
+    #[arg(long)]
+    memory_budget: Option<String>,
     /// File holding a shared token the coordinator must present (Bearer). Required unless
     /// --insecure-no-auth is given.
     #[arg(long)]
@@ -122,23 +129,41 @@ fn run() -> anyhow::Result<()> {
     if slots.is_empty() {
         tracing::warn!(node = %args.node, "the placement gives this node no experts");
     }
-    // The node's memory_bytes bounds its resident experts, now and in every later live load.
-    let capacity = placement
-        .nodes
-        .iter()
-        .find(|n| n.name == args.node)
-        .map_or(0, |n| n.memory_bytes);
+    // The node's memory_bytes (or --memory-budget) bounds its resident experts, now and in
+    // every later live load.
+    let capacity = match &args.memory_budget {
+        Some(b) => parse_size(b, shape.expert_bytes * slots.len() as u64)
+            .context("--memory-budget")?
+            .max(1),
+        None => placement
+            .nodes
+            .iter()
+            .find(|n| n.name == args.node)
+            .map_or(0, |n| n.memory_bytes),
+    };
     let store = Arc::new(ExpertStore::new(gguf.clone(), args.mlock).with_capacity(capacity));
-    let hot: Vec<(u32, u32)> = slots
+    let mut hot: Vec<(u32, u32)> = slots
         .iter()
         .filter(|s| s.resident)
         .map(|s| (s.layer as u32, s.expert as u32))
         .collect();
-    let cold: Vec<(u32, u32)> = slots
+    let mut cold: Vec<(u32, u32)> = slots
         .iter()
         .filter(|s| !s.resident)
         .map(|s| (s.layer as u32, s.expert as u32))
         .collect();
+    if args.memory_budget.is_some() {
+        let fit = store.fitting(&hot, capacity)?;
+        if fit < hot.len() {
+            tracing::info!(
+                resident = fit,
+                mapped = hot.len() - fit,
+                budget_mib = capacity >> 20,
+                "the memory budget keeps only part of the placement's resident experts"
+            );
+            cold.extend(hot.drain(fit..));
+        }
+    }
     store.load(&hot, true, &pool)?;
     store.load(&cold, false, &pool)?;
     let inv = store.inventory();

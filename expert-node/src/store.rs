@@ -2,7 +2,8 @@
 //! as copies in node-local memory (hot, resident). Copies are made by the node's pinned worker
 //! threads so that first touch places their pages on the node's NUMA domain. Experts can be loaded
 //! and dropped while serving (live rebalance); computing holds a read lock, so a drop waits for
-//! the layer calls that use the expert to finish.
+//! the layer calls that use the expert to finish. Copies are made by the model's `resident`
+//! module (one arena per load, huge-page advised, freed with the last expert copied into it).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -10,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use nightshift_atlas_core::placement::ModelShape;
 use nightshift_model::expert::ExpertWeights;
 use nightshift_model::gguf::Gguf;
+use nightshift_model::resident::{copy_experts, CopyError, ExpertCopy};
 use nightshift_model::ExpertError;
 
 /// Errors of the store (wrapped into `tonic::Status` by the service).
@@ -41,37 +43,9 @@ pub fn model_shape(g: &Gguf) -> Result<ModelShape, StoreError> {
     })
 }
 
-/// Resident copies of one expert's three matrices: ranges of an arena shared by the experts
-/// one load copied.
-struct Resident {
-    arena: Arc<Arena>,
-    gate: std::ops::Range<usize>,
-    up: std::ops::Range<usize>,
-    down: std::ops::Range<usize>,
-}
-
-/// One anonymous mapping holding the resident copies made by one load, advised to use
-/// transparent huge pages (unless `NIGHTSHIFT_HUGE_PAGES=off`): the kernels stream each expert
-/// through 2 MiB pages instead of 4 KiB ones (`stream-report --huge-pages`: Q3_K 43.7 -> 37.2 ms,
-/// Q4_K +7-10%, Q2_K/Q6_K +3-5%). Freed when the last expert copied into it is dropped.
-struct Arena {
-    map: memmap2::MmapMut,
-}
-
-/// Alignment of each copy in an arena (a cache line).
-const COPY_ALIGN: usize = 64;
-
-impl Arena {
-    /// An arena for `len` bytes, and the offset of its huge-page-aligned start.
-    fn new(len: usize) -> std::io::Result<(Arena, usize)> {
-        let (map, start) = nightshift_model::weights::huge_page_map(len)?;
-        Ok((Arena { map }, start))
-    }
-}
-
 /// One held expert.
 struct Held {
-    resident: Option<Resident>,
+    resident: Option<ExpertCopy>,
     bytes: u64,
 }
 
@@ -127,6 +101,18 @@ impl ExpertStore {
         Ok((w, bytes))
     }
 
+    /// How many of `experts`, taken in order, fit in `bytes` of resident copies.
+    pub fn fitting(&self, experts: &[(u32, u32)], bytes: u64) -> Result<usize, StoreError> {
+        let mut used = 0u64;
+        for (i, &(layer, expert)) in experts.iter().enumerate() {
+            used += self.mapped(layer, expert)?.1;
+            if used > bytes {
+                return Ok(i);
+            }
+        }
+        Ok(experts.len())
+    }
+
     /// Bytes of resident copies held now.
     pub fn resident_bytes(&self) -> u64 {
         self.held.read().map_or(0, |h| {
@@ -151,7 +137,6 @@ impl ExpertStore {
         resident: bool,
         pool: &rayon::ThreadPool,
     ) -> Result<usize, StoreError> {
-        use rayon::prelude::*;
         let _one_load = self.loading.lock().map_err(|_| StoreError::Poisoned)?;
         if resident && self.capacity > 0 {
             let held = self.held.read().map_err(|_| StoreError::Poisoned)?;
@@ -176,97 +161,42 @@ impl ExpertStore {
                 });
             }
         }
-        // Which experts get a copy (once each, not those resident already), and where in
-        // the arena each of their matrices goes.
-        let mut copies: HashMap<(u32, u32), [std::ops::Range<usize>; 3]> = HashMap::new();
-        let mut total = 0usize;
-        if resident {
+        // Which experts get a copy (once each, not those resident already); every expert is
+        // checked to exist before anything is copied.
+        let mut to_copy: Vec<(u32, u32)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut sizes: Vec<((u32, u32), u64)> = Vec::with_capacity(experts.len());
+        {
             let held = self.held.read().map_err(|_| StoreError::Poisoned)?;
             for &(layer, expert) in experts {
                 let key = (layer, expert);
-                if held.get(&key).is_some_and(|h| h.resident.is_some()) || copies.contains_key(&key)
+                sizes.push((key, self.mapped(layer, expert)?.1));
+                if resident
+                    && !held.get(&key).is_some_and(|h| h.resident.is_some())
+                    && seen.insert(key)
                 {
-                    continue;
+                    to_copy.push(key);
                 }
-                let (w, _) = self.mapped(layer, expert)?;
-                let mut at = |len: usize| {
-                    let r = total..total + len;
-                    total += len.div_ceil(COPY_ALIGN) * COPY_ALIGN;
-                    r
-                };
-                let ranges = [w.gate, w.up, w.down].map(|m| at(m.bytes().len()));
-                copies.insert(key, ranges);
             }
         }
-        let (mut arena, start) = if copies.is_empty() {
-            (None, 0)
-        } else {
-            let (a, start) = Arena::new(total).map_err(StoreError::Alloc)?;
-            (Some(a), start)
-        };
-        // Disjoint destination slices, one per copied expert, filled on the pinned threads
-        // (first touch: the pages land on their NUMA node).
-        let mut dests: HashMap<(u32, u32), &mut [u8]> = HashMap::new();
-        if let Some(a) = arena.as_mut() {
-            let mut order: Vec<(&(u32, u32), &[std::ops::Range<usize>; 3])> =
-                copies.iter().collect();
-            order.sort_by_key(|(_, r)| r[0].start);
-            let mut rest: &mut [u8] = &mut a.map[start..start + total];
-            let mut consumed = 0;
-            for (key, r) in order {
-                let end = r[2].end;
-                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(end - consumed);
-                let skip = r[0].start - consumed;
-                dests.insert(*key, &mut mine[skip..]);
-                rest = tail;
-                consumed = end;
+        // Copied on the pinned threads (first touch: the pages land on their NUMA node).
+        let mut copies: HashMap<(u32, u32), ExpertCopy> =
+            copy_experts(&self.gguf, &to_copy, Some(pool), false)
+                .map_err(|e| match e {
+                    CopyError::Alloc { source, .. } => StoreError::Alloc(source),
+                    CopyError::Expert(e) => StoreError::Expert(e),
+                })?
+                .into_iter()
+                .collect();
+        if self.mlock {
+            if let Some(c) = copies.values().next() {
+                lock_in_ram(c.arena_bytes());
             }
         }
-        let mut jobs: Vec<((u32, u32), Option<&mut [u8]>)> = Vec::with_capacity(experts.len());
-        for &key in experts {
-            let d = dests.remove(&key);
-            jobs.push((key, d));
-        }
-        let copied: Vec<((u32, u32), bool, u64)> = pool.install(|| {
-            jobs.into_par_iter()
-                .map(|((layer, expert), dest)| {
-                    let (w, bytes) = self.mapped(layer, expert)?;
-                    let Some(dest) = dest else {
-                        return Ok(((layer, expert), false, bytes));
-                    };
-                    let r = &copies[&(layer, expert)];
-                    let base = r[0].start;
-                    for (m, range) in [w.gate, w.up, w.down].map(|m| m.bytes()).into_iter().zip(r) {
-                        dest[range.start - base..range.end - base].copy_from_slice(m);
-                        // The copy serves from now on: stop counting the mapped pages too.
-                        self.gguf.release_mapped(m);
-                    }
-                    Ok(((layer, expert), true, bytes))
-                })
-                .collect::<Result<Vec<_>, StoreError>>()
-        })?;
-        let arena = arena.map(Arc::new);
-        if let Some(a) = &arena {
-            if self.mlock {
-                lock_in_ram(&a.map[start..start + total]);
-            }
-        }
-        let mut fresh: Vec<((u32, u32), Held)> = copied
+        let mut fresh: Vec<((u32, u32), Held)> = sizes
             .into_iter()
-            .map(|(key, was_copied, bytes)| {
-                let resident = match (&arena, was_copied) {
-                    (Some(a), true) => {
-                        let [g, u, d] = copies[&key].clone();
-                        let at = |r: std::ops::Range<usize>| start + r.start..start + r.end;
-                        Some(Resident {
-                            arena: a.clone(),
-                            gate: at(g),
-                            up: at(u),
-                            down: at(d),
-                        })
-                    }
-                    _ => None,
-                };
+            .map(|(key, bytes)| {
+                let resident = copies.remove(&key);
                 (key, Held { resident, bytes })
             })
             .collect();
@@ -333,14 +263,9 @@ impl ExpertStore {
                     expert,
                 })?;
             let w = ExpertWeights::from_gguf(gguf, layer as usize, expert as usize)?;
-            let Some(r) = &h.resident else {
-                return Ok(w);
-            };
-            let m = &r.arena.map;
-            Ok(ExpertWeights {
-                gate: w.gate.with_bytes(&m[r.gate.clone()])?,
-                up: w.up.with_bytes(&m[r.up.clone()])?,
-                down: w.down.with_bytes(&m[r.down.clone()])?,
+            Ok(match &h.resident {
+                Some(c) => c.weights(w)?,
+                None => w,
             })
         };
         Ok(f(&lookup))

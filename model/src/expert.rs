@@ -6,6 +6,8 @@
 use crate::error::ExpertError;
 use crate::gguf::Gguf;
 use crate::model::Model;
+use crate::prefetch::Prefetcher;
+use crate::resident::ExpertResidency;
 use nightshift_kernels::{gemm, quantize_row, GgmlType, QMatrix};
 use rayon::prelude::*;
 use rayon::ThreadPool;
@@ -265,16 +267,40 @@ pub fn expert_ffn(
     Ok(())
 }
 
-/// In-process backend over the model's mapped expert tensors.
+/// In-process backend over the model's expert tensors (mapped or resident), and under a memory
+/// budget the resident copies of [`ExpertResidency`] in front of the mapped file.
 pub struct LocalExperts {
     model: Arc<Model>,
     pool: Option<Arc<ThreadPool>>,
+    residency: Option<Arc<ExpertResidency>>,
+    prefetch: Option<Arc<Prefetcher>>,
 }
 
 impl LocalExperts {
     /// Runs experts on `pool` (None: the calling thread).
     pub fn new(model: Arc<Model>, pool: Option<Arc<ThreadPool>>) -> LocalExperts {
-        LocalExperts { model, pool }
+        LocalExperts {
+            model,
+            pool,
+            residency: None,
+            prefetch: None,
+        }
+    }
+
+    /// Predicts each next MoE layer's experts and reads the cold ones ahead (`prefetch`).
+    pub fn with_prefetch(mut self, prefetch: Arc<Prefetcher>) -> LocalExperts {
+        self.prefetch = Some(prefetch);
+        self
+    }
+
+    /// Reads the experts `residency` holds from its copies, the others from the model.
+    pub fn with_residency(mut self, residency: Arc<ExpertResidency>) -> LocalExperts {
+        self.residency = Some(residency);
+        self
+    }
+
+    pub fn residency(&self) -> Option<&Arc<ExpertResidency>> {
+        self.residency.as_ref()
     }
 }
 
@@ -477,14 +503,33 @@ impl ExpertBackend for LocalExperts {
         out: &mut [f32],
     ) -> Result<(), ExpertError> {
         let n_embd = self.model.config().n_embd;
-        run_grouped(
-            |e| self.model.expert_weights(layer, e),
-            acts,
-            pairs,
-            n_embd,
-            out,
-            self.pool.as_deref(),
-        )
+        let pool = self.pool.as_deref();
+        if let Some(p) = &self.prefetch {
+            let r = self.residency.as_deref();
+            p.on_layer(layer, acts, pairs, &|l, e| {
+                r.is_some_and(|r| r.is_resident(l, e))
+            })?;
+        }
+        let Some(r) = &self.residency else {
+            return run_grouped(
+                |e| self.model.expert_weights(layer, e),
+                acts,
+                pairs,
+                n_embd,
+                out,
+                pool,
+            );
+        };
+        r.with_layer(layer, |copy| {
+            let weights = |e: u32| {
+                let w = self.model.expert_weights(layer, e)?;
+                Ok::<_, ExpertError>(match copy(e) {
+                    Some(c) => c.weights(w)?,
+                    None => w,
+                })
+            };
+            run_grouped(weights, acts, pairs, n_embd, out, pool)
+        })
     }
 
     fn computes_on(&self, pool: &ThreadPool) -> bool {

@@ -18,6 +18,8 @@ pub mod kv;
 pub mod model;
 pub mod moe;
 pub mod ops;
+pub mod prefetch;
+pub mod resident;
 pub mod rope;
 pub mod sampler;
 pub mod shape;

@@ -10,7 +10,9 @@
 //!  "all_time":{"tokens":T,"activations":[[per expert]...per MoE layer],"weight_sums":[[...]...]},
 //!  "window":{ same, over roughly the last window_tokens tokens },
 //!  "nodes":[{"name":"node0","rows":R}...],
-//!  "pairs":[{"layer":L,"pairs":[[a,b,count]...]}...]}
+//!  "pairs":[{"layer":L,"pairs":[[a,b,count]...]}...],
+//!  "temporal":{"lag1_tokens":[..],"lag1_shared":[..],"window_tokens":[..],"window_shared":[..],
+//!              "window":8}}   (optional: see `temporal`)
 //! ```
 //!
 //! `activations[s][e]` counts the token rows routed to expert `e` of MoE layer `shape.moe_layers[s]`;
@@ -25,6 +27,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::placement::ModelShape;
+
+use super::temporal::Temporal;
 
 pub const ATLAS_MAGIC: &str = "NSATLAS";
 pub const ATLAS_FORMAT_VERSION: u32 = 1;
@@ -83,6 +87,10 @@ pub struct Atlas {
     pub window: Counts,
     pub nodes: Vec<NodeLoad>,
     pub pairs: Vec<LayerPairs>,
+    /// Temporal locality per MoE layer (`temporal`), when routing was seen one sequence at a
+    /// time in token order (`nightshift-atlas record --model`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temporal: Option<Temporal>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -155,6 +163,7 @@ impl Atlas {
                 })
                 .collect(),
             shape,
+            temporal: None,
         }
     }
 
@@ -403,6 +412,10 @@ impl Atlas {
                     format!("({a}, {b})"),
                 ));
             }
+        }
+        if let Some(t) = &self.temporal {
+            t.check(n, self.top_k)
+                .map_err(|(field, expected, found)| inconsistent(field, expected, found))?;
         }
         Ok(())
     }

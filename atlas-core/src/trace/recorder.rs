@@ -310,6 +310,7 @@ impl Recorder {
                 })
                 .collect(),
             pairs,
+            temporal: None,
         }
     }
 }

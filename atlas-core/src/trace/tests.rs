@@ -279,3 +279,58 @@ fn damaged_files_are_rejected_with_their_own_error() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn temporal_tracker_counts_previous_and_window_overlap() {
+    let mut t = TemporalTracker::new(2, 2);
+    // slot 0, one sequence: {0,1} {1,2} {3,4} then 8 more tokens of {0,5}
+    t.observe(0, &[0, 1, 1, 2]);
+    t.observe(0, &[3, 4]);
+    for _ in 0..8 {
+        t.observe(0, &[0, 5]);
+    }
+    let c = t.snapshot();
+    // lag 1: {1,2} shares 1, {3,4} 0, {0,5} 0, then 7 x 2
+    assert_eq!((c.lag1_tokens[0], c.lag1_shared[0]), (10, 1 + 14));
+    // the 9th token onwards has 8 predecessors: tokens 9, 10 and 11 (all {0,5}, 5 seen before)
+    assert_eq!((c.window_tokens[0], c.window_shared[0]), (3, 6));
+    assert_eq!(c.lag1(0, 2), Some(15.0 / 20.0));
+    assert_eq!(c.lag1(1, 2), None);
+    // a new sequence has no predecessor
+    t.reset();
+    t.observe(0, &[0, 5]);
+    assert_eq!(t.snapshot().lag1_tokens[0], 10);
+    // malformed rows are ignored
+    t.observe(0, &[1]);
+    t.observe(7, &[1, 2]);
+    assert_eq!(t.snapshot().lag1_tokens[0], 10);
+}
+
+#[test]
+fn temporal_section_round_trips_and_is_checked() {
+    let mut rec = recorder(0);
+    rec.record(1, &[0, 1], &[0.5, 0.5]).unwrap();
+    let mut atlas = rec.snapshot();
+    let mut t = TemporalTracker::new(2, 2);
+    t.observe(1, &[0, 1, 0, 2]);
+    atlas.temporal = Some(t.snapshot());
+    let back = Atlas::from_bytes(&atlas.to_bytes()).unwrap();
+    assert_eq!(back, atlas);
+    // an atlas without the section still reads
+    atlas.temporal = None;
+    let text = String::from_utf8(atlas.to_bytes()).unwrap();
+    assert!(!text.contains("temporal"));
+    assert_eq!(Atlas::from_bytes(text.as_bytes()).unwrap().temporal, None);
+    // more shared experts than top_k x tokens is inconsistent
+    let mut bad = t.snapshot();
+    bad.lag1_shared[1] = 3;
+    atlas.temporal = Some(bad);
+    let err = Atlas::from_bytes(&atlas.to_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("temporal.lag1_shared[1]"), "{err}");
+    let mut short = t.snapshot();
+    short.window_tokens.pop();
+    atlas.temporal = Some(short);
+    assert!(Atlas::from_bytes(&atlas.to_bytes()).is_err());
+}

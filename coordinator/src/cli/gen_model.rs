@@ -51,6 +51,12 @@ pub struct Args {
     /// Context length written to the file (default: the preset's).
     #[arg(long)]
     ctx: Option<u32>,
+    /// How routers are drawn: `uniform` (i.i.d., every expert equally likely; the fixtures'
+    /// weights) or `published` (the skew and temporal locality measured on real MoE models:
+    /// the hottest half of experts take ~75% of a layer's activations, ~45% of a token's
+    /// experts were the previous token's; see model/src/gen/skew.rs).
+    #[arg(long, default_value = "uniform", value_name = "uniform|published")]
+    routing_skew: String,
     /// Only print the plan (tensors, types, size) without writing.
     #[arg(long)]
     dry_run: bool,
@@ -88,14 +94,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             None => None,
         },
         ctx: args.ctx,
+        routing: args.routing_skew.parse()?,
     };
     let plan = gen::plan(&spec)?;
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     eprintln!(
-        "{} {} {}: {} layers, {} experts, vocab {}, {:.2} B params, {:.2} GiB of tensor data",
+        "{} {} {} ({} routing): {} layers, {} experts, vocab {}, {:.2} B params, {:.2} GiB of tensor data",
         arch.name(),
         preset.name(),
         quant.name(),
+        spec.routing.name(),
         plan.dims.n_layer,
         plan.dims.n_expert,
         plan.n_vocab,

@@ -165,6 +165,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         decode.as_secs_f64(),
         decoded as f64 / decode.as_secs_f64().max(1e-9)
     );
+    if let Some(r) = experts.residency() {
+        eprintln!(
+            "memory budget: {} MiB of {} MiB resident ({} experts)",
+            r.resident_bytes() >> 20,
+            r.budget() >> 20,
+            r.experts().len()
+        );
+    }
+    if let Some(p) = experts.prefetch() {
+        eprintln!("{}", p.stats().summary());
+    }
     let drafted = usage.accepted_prediction_tokens + usage.rejected_prediction_tokens;
     eprintln!(
         "speculative ({}): {} of {drafted} draft tokens accepted ({:.1}%)",

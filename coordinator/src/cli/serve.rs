@@ -319,6 +319,7 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         (Some(rec), Ok(shape)) => Some(Arc::new(atlas_admin::AtlasAdmin {
             recorder: rec.clone(),
             remote: experts.remote().cloned(),
+            residency: experts.residency().cloned().map(|r| (r, model.clone())),
             shape,
             busy: tokio::sync::Mutex::new(()),
         })),

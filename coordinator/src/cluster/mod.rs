@@ -3,6 +3,7 @@
 //! (`--placement`). Every command that runs the engine (`serve`, `generate`, `logits`) takes the
 //! same `ClusterArgs` and calls `build`, so they all support the cluster the same way.
 
+pub mod budget;
 pub mod launcher;
 pub mod rebalance;
 pub mod remote;
@@ -13,6 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_atlas_core::placement::{LayerPlacement, ModelShape, NodeSpec, Placement};
+use nightshift_model::prefetch::Prefetcher;
+use nightshift_model::resident::ExpertResidency;
 use nightshift_model::{ExpertBackend, ExpertMemory, LoadOptions, LocalExperts, Model, ModelError};
 use rayon::ThreadPool;
 
@@ -77,6 +80,20 @@ pub struct ClusterArgs {
     /// when they take at most half of the available memory. Experts on nodes stay mapped here.
     #[arg(long, value_enum, default_value_t = ExpertMemoryArg::Auto)]
     pub expert_memory: ExpertMemoryArg,
+    /// Keep at most this much of the routed experts resident in process (123, 10G, 10GiB, or
+    /// N% of all routed experts); the others are read from the mapped file through the page
+    /// cache. Dense weights stay resident on top. Expert nodes take their own
+    /// (`nightshift-expert-node --memory-budget`).
+    #[arg(long, conflicts_with_all = ["nodes", "placement", "expert_memory"])]
+    pub memory_budget: Option<String>,
+    /// With --memory-budget: the resident experts, from a placement file of one node
+    /// (`nightshift-atlas plan --memory-budget`); default a seeded random set filling the budget.
+    #[arg(long, requires = "memory_budget")]
+    pub resident_set: Option<PathBuf>,
+    /// With --memory-budget: do not predict the next MoE layer's experts and read the cold ones
+    /// ahead (outputs are the same either way).
+    #[arg(long, requires = "memory_budget")]
+    pub no_prefetch: bool,
 }
 
 /// `--expert-memory`.
@@ -98,7 +115,7 @@ impl ClusterArgs {
 /// Loads `path` for the flags: routed experts computed here go where `--expert-memory` says,
 /// experts served by nodes stay mapped (the coordinator's memory does not grow with them).
 pub fn load_model(path: &Path, args: &ClusterArgs) -> Result<Arc<Model>, ModelError> {
-    let experts = if args.experts_elsewhere() {
+    let experts = if args.experts_elsewhere() || args.memory_budget.is_some() {
         ExpertMemory::Mapped
     } else {
         match args.expert_memory {
@@ -137,6 +154,8 @@ pub enum ClusterError {
     NotReady { secs: u64, detail: String },
     #[error("expert nodes refused this coordinator: {detail}")]
     Refused { detail: String },
+    #[error("{0}")]
+    Budget(#[from] budget::BudgetError),
 }
 
 /// The experts of a running engine, and what keeps them alive.
@@ -144,6 +163,10 @@ pub struct Experts {
     backend: Arc<dyn ExpertBackend>,
     remote: Option<Arc<RemoteExperts>>,
     cluster: Option<LocalCluster>,
+    /// In-process resident set under `--memory-budget`.
+    residency: Option<Arc<ExpertResidency>>,
+    /// Its one-layer-ahead prefetch of cold experts.
+    prefetch: Option<Arc<Prefetcher>>,
 }
 
 impl Drop for Experts {
@@ -164,6 +187,16 @@ impl Experts {
     /// The remote backend, when experts run on nodes.
     pub fn remote(&self) -> Option<&Arc<RemoteExperts>> {
         self.remote.as_ref()
+    }
+
+    /// The resident set of in-process experts under `--memory-budget`.
+    pub fn residency(&self) -> Option<&Arc<ExpertResidency>> {
+        self.residency.as_ref()
+    }
+
+    /// The cold-expert prefetch of in-process experts under `--memory-budget`.
+    pub fn prefetch(&self) -> Option<&Arc<Prefetcher>> {
+        self.prefetch.as_ref()
     }
 
     /// The local cluster, when this process spawned the nodes.
@@ -291,11 +324,34 @@ pub fn build(
     pool: Option<Arc<ThreadPool>>,
 ) -> Result<Experts, ClusterError> {
     if args.nodes == 0 && args.placement.is_none() {
-        let local: Arc<dyn ExpertBackend> = Arc::new(LocalExperts::new(model.clone(), pool));
+        let residency = match &args.memory_budget {
+            Some(b) => Some(budget::build_residency(
+                model,
+                b,
+                args.resident_set.as_deref(),
+                pool.as_deref(),
+            )?),
+            None => None,
+        };
+        let prefetch = match residency.is_some() && !args.no_prefetch {
+            true => Some(Arc::new(
+                Prefetcher::new(model.clone()).map_err(budget::BudgetError::Thread)?,
+            )),
+            false => None,
+        };
+        let mut local = LocalExperts::new(model.clone(), pool);
+        if let Some(r) = &residency {
+            local = local.with_residency(r.clone());
+        }
+        if let Some(p) = &prefetch {
+            local = local.with_prefetch(p.clone());
+        }
         return Ok(Experts {
-            backend: local,
+            backend: Arc::new(local),
             remote: None,
             cluster: None,
+            residency,
+            prefetch,
         });
     }
     let shape = model_shape(model)?;
@@ -411,6 +467,8 @@ pub fn build(
         backend,
         remote: Some(remote),
         cluster,
+        residency: None,
+        prefetch: None,
     })
 }
 

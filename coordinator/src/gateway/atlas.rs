@@ -1,6 +1,7 @@
 //! ExpertAtlas endpoints: `GET /v1/atlas` (the live atlas as JSON), `GET /v1/admin/placement`
 //! (the placement routing follows, as TOML) and `POST /v1/admin/placement` (a placement TOML
-//! body; validated, then a live rebalance of the expert nodes; a failed one rolls back). Both sit
+//! body; validated, then a live rebalance of the expert nodes, a failed one rolling back; in
+//! process under `--memory-budget`, the placement's node names the new resident set). Both sit
 //! behind the /v1 API-key auth and act on `AppState::atlas`; without it (no recorder: the toy
 //! model, or a model without MoE layers) they answer 409.
 
@@ -8,11 +9,15 @@ use super::error::Body;
 use super::extract::ApiText;
 use super::{ApiError, AppState};
 use crate::atlas_rec::AtlasRecorder;
+use crate::cluster::budget::resident_keys;
+use crate::cluster::rebalance::RebalanceReport;
 use crate::cluster::RemoteExperts;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use nightshift_atlas_core::placement::{ModelShape, Placement};
+use nightshift_model::resident::ExpertResidency;
+use nightshift_model::Model;
 use std::sync::Arc;
 
 /// What the atlas endpoints act on.
@@ -20,6 +25,9 @@ pub struct AtlasAdmin {
     pub recorder: Arc<AtlasRecorder>,
     /// The expert nodes; None when experts run in process.
     pub remote: Option<Arc<RemoteExperts>>,
+    /// In process under `--memory-budget`: the resident set a placement replaces, and the model
+    /// its copies come from.
+    pub residency: Option<(Arc<ExpertResidency>, Arc<Model>)>,
     pub shape: ModelShape,
     /// One rebalance at a time.
     pub busy: tokio::sync::Mutex<()>,
@@ -108,17 +116,37 @@ pub async fn post_placement(
     ApiText(body): ApiText,
 ) -> Result<Response, ApiError> {
     let a = admin(&state)?;
-    let Some(remote) = a.remote.clone() else {
-        return Err(ApiError::route(
-            StatusCode::CONFLICT,
-            "experts run in process: there are no expert nodes to rebalance",
-        ));
-    };
     let placement = Placement::from_toml_str(&body)
         .map_err(|e| ApiError::invalid("placement", format!("placement: {e}")))?;
     placement
         .validate(&a.shape)
         .map_err(|e| ApiError::invalid("placement", format!("placement: {e}")))?;
+    let Some(remote) = a.remote.clone() else {
+        let Some((residency, model)) = a.residency.clone() else {
+            return Err(ApiError::route(
+                StatusCode::CONFLICT,
+                "experts run in process without --memory-budget: there is nothing to move",
+            ));
+        };
+        // in process: the placement's one node names the resident set
+        let resolved = placement
+            .resolve(&a.shape)
+            .map_err(|e| ApiError::invalid("placement", format!("placement: {e}")))?;
+        let keys = resident_keys(&resolved)
+            .map_err(|e| ApiError::invalid("placement", format!("placement: {e}")))?;
+        let node = resolved.nodes[0].name.clone();
+        let _one = a.busy.lock().await;
+        let moved = tokio::task::spawn_blocking(move || residency.set(model.gguf(), &keys, None))
+            .await
+            .map_err(|e| ApiError::task_failed("resident set", e))?
+            .map_err(|e| ApiError::invalid("placement", format!("placement: {e}")))?;
+        tracing::info!(?moved, "resident set applied");
+        let report = RebalanceReport {
+            loaded: vec![(node.clone(), moved.loaded)],
+            dropped: vec![(node, moved.dropped)],
+        };
+        return Ok(axum::Json(report).into_response());
+    };
     let _one = a.busy.lock().await;
     let shape = a.shape.clone();
     // The rebalance blocks on its own gRPC runtime: off the async workers.

@@ -11,13 +11,15 @@
 //!
 //! Submodules: `writer` (streaming GGUF v3), `layout` (presets, metadata, tensor list), `mix`
 //! (llama-quantize's per-tensor types), `iq_mix` (UD-IQ1_S / UD-IQ2_XXS), `bpe` + `tokenizer_kv`
-//! (tokenizer), `rng` (seeded streams).
+//! (tokenizer), `rng` (seeded streams), `skew` (routers drawn for realistically skewed, local
+//! routing instead of uniform).
 
 pub mod bpe;
 pub mod iq_mix;
 pub mod layout;
 pub mod mix;
 pub mod rng;
+pub mod skew;
 pub mod tokenizer_kv;
 pub mod writer;
 
@@ -30,6 +32,7 @@ use nightshift_kernels::{quantize_row, GgmlType};
 use rayon::prelude::*;
 
 pub use layout::{Dims, Init};
+pub use skew::RoutingSkew;
 pub use writer::{GgufWriter, KvValue, TensorDecl};
 
 /// Errors of model generation.
@@ -223,6 +226,8 @@ pub struct GenSpec {
     pub chat_template: Option<String>,
     /// `context_length` (default: the preset's).
     pub ctx: Option<u32>,
+    /// How routers are drawn (`skew`): uniform (the default, the fixtures' weights) or skewed.
+    pub routing: RoutingSkew,
 }
 
 impl GenSpec {
@@ -240,6 +245,7 @@ impl GenSpec {
             name: None,
             chat_template: None,
             ctx: None,
+            routing: RoutingSkew::Uniform,
         }
     }
 }
@@ -270,8 +276,12 @@ impl GenSpec {
         let template = self.chat_template.as_deref().map_or(String::new(), |t| {
             format!("-t{:08x}", rng::tensor_seed(0, t) as u32)
         });
+        let routing = match self.routing {
+            RoutingSkew::Uniform => String::new(),
+            r => format!("-r{}", r.name()),
+        };
         format!(
-            "{}-{}{}{}{}{}-s{}{}{}{}-{}.gguf",
+            "{}-{}{}{}{}{}-s{}{}{}{}{}-{}.gguf",
             self.preset.name(),
             self.arch.name(),
             opt("L", self.layers),
@@ -282,6 +292,7 @@ impl GenSpec {
             if self.leave_output { "-f32out" } else { "" },
             name,
             template,
+            routing,
             self.quant.name()
         )
     }
@@ -314,6 +325,8 @@ pub struct Plan {
     pub metadata: Vec<(String, KvValue)>,
     /// tensors in file order, with how their values are drawn
     pub tensors: Vec<(TensorDecl, Init)>,
+    /// how the routers are drawn
+    pub routing: RoutingSkew,
 }
 
 impl Plan {
@@ -337,6 +350,7 @@ impl Plan {
 /// Works out metadata, tensor names, shapes and types for a spec, without writing anything.
 pub fn plan(spec: &GenSpec) -> Result<Plan, GenError> {
     let dims = Dims::from_spec(spec)?;
+    skew::Shaper::new(&dims, spec.routing)?;
     let (tok_kv, n_vocab, n_live) =
         tokenizer_kv::tokenizer_metadata(dims.arch, dims.vocab, spec.chat_template.as_deref())?;
     let mut metadata = vec![
@@ -382,6 +396,7 @@ pub fn plan(spec: &GenSpec) -> Result<Plan, GenError> {
         n_vocab,
         metadata,
         tensors,
+        routing: spec.routing,
     })
 }
 
@@ -433,6 +448,7 @@ pub fn write_plan(
     let total = plan.data_bytes();
     let mut done = 0u64;
     let mut buf: Vec<u8> = Vec::new();
+    let shaper = skew::Shaper::new(&plan.dims, plan.routing)?;
     for (decl, init) in &plan.tensors {
         let tseed = rng::tensor_seed(seed, &decl.name);
         let k = decl.row_len();
@@ -446,7 +462,15 @@ pub fn write_plan(
         while row < n_rows {
             let n = rows_per_chunk.min(n_rows - row);
             buf.resize(n as usize * row_bytes, 0);
-            fill_rows(decl, *init, tseed, row, &mut buf, row_bytes)?;
+            fill_rows(
+                decl,
+                *init,
+                tseed,
+                row,
+                &mut buf,
+                row_bytes,
+                shaper.as_ref(),
+            )?;
             w.write_data(&buf)?;
             row += n;
             done += buf.len() as u64;
@@ -465,7 +489,8 @@ pub fn write_plan(
     Ok(())
 }
 
-/// Draws rows `first_row..` of a tensor and stores them, quantized, into `out` (whole rows).
+/// Draws rows `first_row..` of a tensor and stores them, quantized, into `out` (whole rows);
+/// `shaper` rewrites the rows skewed routing shapes.
 fn fill_rows(
     decl: &TensorDecl,
     init: Init,
@@ -473,6 +498,7 @@ fn fill_rows(
     first_row: u64,
     out: &mut [u8],
     row_bytes: usize,
+    shaper: Option<&skew::Shaper>,
 ) -> Result<(), GenError> {
     let k = decl.row_len() as usize;
     let scale = match init {
@@ -502,6 +528,9 @@ fn fill_rows(
                 for v in vals.iter_mut() {
                     *v = offset + scale * r.gaussian();
                 }
+            }
+            if let Some(s) = shaper {
+                s.shape_row(&decl.name, first_row + i as u64, vals, &mut r);
             }
             if ty == GgmlType::F32 {
                 for (d, v) in dst.chunks_exact_mut(4).zip(vals.iter()) {

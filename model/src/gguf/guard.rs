@@ -72,6 +72,11 @@ impl Watched {
         }
     }
 
+    /// The open file.
+    pub(super) fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+
     /// Why the file no longer matches its mapping, if it does not.
     fn changed(&self) -> Option<String> {
         match self.file.metadata() {

@@ -305,14 +305,60 @@ impl Gguf {
     /// counting in the process's RSS; a later read refaults them from the page cache or the
     /// file. Slices outside the map are ignored. Returns the bytes released.
     pub fn release_mapped(&self, bytes: &[u8]) -> usize {
+        let Some((map, offset)) = self.locate(bytes) else {
+            return 0;
+        };
+        release(map, offset, bytes.len())
+    }
+
+    /// Tells the kernel how the pages of `bytes` (a slice of this model's map, e.g. one expert's
+    /// matrix) will be read: `WillNeed` starts reading them into the page cache. Advisory:
+    /// slices outside the map and errors are ignored.
+    pub fn advise_bytes(&self, bytes: &[u8], hint: AccessHint) {
+        if let Some((map, offset)) = self.locate(bytes) {
+            advise(map, offset, bytes.len(), hint);
+        }
+    }
+
+    /// Drops the page-cache pages of `bytes` (a slice of this model's map whose content now lives
+    /// elsewhere, e.g. resident expert copies), so a memory-limited process does not keep both.
+    /// Affects every process reading the file; advisory: errors and foreign slices are ignored.
+    pub fn evict_cached(&self, bytes: &[u8]) {
         let start = bytes.as_ptr() as usize;
         let Some(shard) = self.shards.iter().find(|s| {
             let base = s.map.as_ptr() as usize;
             start >= base && start + bytes.len() <= base + s.map.len()
         }) else {
-            return 0;
+            return;
         };
-        release(&shard.map, start - shard.map.as_ptr() as usize, bytes.len())
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            // the map covers the whole file from offset 0
+            let offset = (start - shard.map.as_ptr() as usize) as libc::off_t;
+            // SAFETY: a valid open descriptor of the mapped file; fadvise only drops clean
+            // cached pages (the mapping refaults them from the file if read again).
+            let _ = unsafe {
+                libc::posix_fadvise(
+                    shard.watch.file().as_raw_fd(),
+                    offset,
+                    bytes.len() as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                )
+            };
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = shard;
+    }
+
+    /// The shard map holding `bytes` and their offset in it.
+    fn locate(&self, bytes: &[u8]) -> Option<(&Mmap, usize)> {
+        let start = bytes.as_ptr() as usize;
+        let shard = self.shards.iter().find(|s| {
+            let base = s.map.as_ptr() as usize;
+            start >= base && start + bytes.len() <= base + s.map.len()
+        })?;
+        Some((&shard.map, start - shard.map.as_ptr() as usize))
     }
 
     /// Tells the kernel how all the model's pages will be read. Advisory: errors are ignored.

@@ -1,0 +1,338 @@
+//! `memory-report`: decode and prefill speed of a model bigger than its memory, in process, for
+//! four arms run interleaved in the same invocation: every expert resident (`all`), an
+//! atlas-planned resident set under the budget (`planned`, with the one-layer-ahead prefetch), a
+//! seeded random resident set under the same budget (`random`, with prefetch), and no resident
+//! set at all (`pagecache`: the kernel's page cache decides). Each arm runs in a child process
+//! inside a cgroup v1 memory cgroup whose limit is the same for the three budget arms (budget +
+//! the dense weights' resident copy + `--slack`), so the page cache cannot hold what the budget
+//! does not; the page cache is dropped before each arm (`echo 1 > /proc/sys/vm/drop_caches`:
+//! needs root). Prints each arm's range over the rounds, the ratios the issue targets, the
+//! prefetch's precision/recall/cold hit rate, and the disk's read bandwidth measured the same way
+//! (sequential over the model file, and expert-sized reads at random experts), since the cold
+//! share's cost is set by it.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use nightshift_benches::argmax;
+use nightshift_coordinator::cluster::budget::build_residency;
+use nightshift_kernels::rng::SplitMix64;
+use nightshift_model::prefetch::Prefetcher;
+use nightshift_model::{
+    build_pool, Engine, EngineOptions, ExpertMemory, LoadOptions, LocalExperts, Model,
+};
+
+const ARMS: [&str; 4] = ["all", "planned", "random", "pagecache"];
+const CGROUP_ROOT: &str = "/sys/fs/cgroup/memory";
+
+#[derive(Parser)]
+struct Args {
+    /// The model (a `gen-model --routing-skew published` file).
+    #[arg(long)]
+    model: PathBuf,
+    /// The planned resident set: `nightshift-atlas plan --memory-budget` output.
+    #[arg(long)]
+    plan: PathBuf,
+    /// Resident expert budget (123, 10G, 10GiB or N% of all experts), as given to the plan.
+    #[arg(long, default_value = "50%")]
+    budget: String,
+    /// Memory beyond the budget and the dense weights each budget arm's cgroup may use (page
+    /// cache, KV cache, the process).
+    #[arg(long, default_value = "768MiB")]
+    slack: String,
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    #[arg(long, default_value_t = 64)]
+    prefill: usize,
+    #[arg(long, default_value_t = 32)]
+    decode: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Arms to run (default all four).
+    #[arg(long, value_delimiter = ',')]
+    arms: Vec<String>,
+    /// Internal: run one arm in this process and print its result as JSON.
+    #[arg(long, hide = true)]
+    child: Option<String>,
+    /// Internal: the cgroup the child enters first.
+    #[arg(long, hide = true)]
+    cgroup: Option<PathBuf>,
+}
+
+/// One arm's measurement.
+#[derive(Clone, Debug, Default)]
+struct Run {
+    prefill_tps: f64,
+    decode_tps: f64,
+    resident_mib: u64,
+    prefetch: Option<(f64, f64, f64)>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    if let Some(arm) = a.child.clone() {
+        return child(&a, &arm);
+    }
+    parent(&a)
+}
+
+fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
+    if let Some(cg) = &a.cgroup {
+        // "0" moves the writing process itself
+        std::fs::write(cg.join("cgroup.procs"), "0")
+            .with_context(|| format!("entering cgroup {}", cg.display()))?;
+    }
+    let experts = if arm == "all" {
+        ExpertMemory::Resident
+    } else {
+        ExpertMemory::Mapped
+    };
+    let model = Model::load_with(
+        &a.model,
+        LoadOptions {
+            experts,
+            ..LoadOptions::default()
+        },
+    )?;
+    let pool = build_pool(a.threads)?;
+    let mut local = LocalExperts::new(model.clone(), Some(pool.clone()));
+    let mut prefetch = None;
+    let mut resident = 0u64;
+    if arm == "planned" || arm == "random" {
+        let set = (arm == "planned").then_some(a.plan.as_path());
+        let r = build_residency(&model, &a.budget, set, Some(&pool))?;
+        resident = r.resident_bytes();
+        let p = Arc::new(Prefetcher::new(model.clone())?);
+        local = local.with_residency(r).with_prefetch(p.clone());
+        prefetch = Some(p);
+    } else if arm == "all" {
+        resident = model.weights().expert_bytes();
+    }
+    let opts = EngineOptions {
+        threads: a.threads,
+        pool: Some(pool),
+        ..Default::default()
+    };
+    let mut eng = Engine::new(model.clone(), Arc::new(local), opts)?;
+    let tok = model.tokenizer();
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../atlas/prompts/routing.jsonl"),
+    )
+    .unwrap_or_else(|_| "The quick brown fox jumps over the lazy dog. ".repeat(64));
+    let mut ids = tok.encode(&text, tok.add_bos(), false);
+    ids.truncate(a.prefill);
+    if ids.len() < a.prefill {
+        bail!("the prompt text gives only {} tokens", ids.len());
+    }
+    let seq = eng.add_sequence()?;
+    let t = Instant::now();
+    let mut logits = eng.prefill(seq, &ids)?;
+    let prefill = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..a.decode {
+        let next = argmax(&logits) as u32;
+        logits = eng.prefill(seq, &[next])?;
+    }
+    let decode = t.elapsed().as_secs_f64();
+    let p = prefetch.map(|p| {
+        let s = p.stats();
+        (
+            s.precision().unwrap_or(0.0),
+            s.recall().unwrap_or(0.0),
+            s.cold_hit_rate().unwrap_or(0.0),
+        )
+    });
+    println!(
+        "{}",
+        serde_json::json!({
+            "prefill_tps": a.prefill as f64 / prefill,
+            "decode_tps": a.decode as f64 / decode,
+            "resident_mib": resident >> 20,
+            "prefetch": p.map(|(a, b, c)| vec![a, b, c]),
+        })
+    );
+    Ok(())
+}
+
+fn drop_caches() -> anyhow::Result<()> {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "1")
+        .context("dropping the page cache needs root (/proc/sys/vm/drop_caches)")
+}
+
+/// Sequential read bandwidth of `path` (up to 2 GiB) and of `n` reads of `chunk` bytes at
+/// random offsets, from a dropped page cache, in GB/s.
+fn disk_bandwidth(path: &Path, chunk: usize, n: usize) -> anyhow::Result<(f64, f64)> {
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    drop_caches()?;
+    let mut buf = vec![0u8; 8 << 20];
+    let (mut done, t) = (0u64, Instant::now());
+    while done < len.min(2 << 30) {
+        let r = f.read(&mut buf)?;
+        if r == 0 {
+            break;
+        }
+        done += r as u64;
+    }
+    let seq = done as f64 / t.elapsed().as_secs_f64() / 1e9;
+    drop_caches()?;
+    let mut rng = SplitMix64::new(9);
+    let mut one = vec![0u8; chunk];
+    let t = Instant::now();
+    for _ in 0..n {
+        let at = rng.below(len.saturating_sub(chunk as u64).max(1));
+        f.seek(SeekFrom::Start(at))?;
+        f.read_exact(&mut one)?;
+    }
+    let random = (n * chunk) as f64 / t.elapsed().as_secs_f64() / 1e9;
+    Ok((seq, random))
+}
+
+fn parent(a: &Args) -> anyhow::Result<()> {
+    let arms: Vec<String> = if a.arms.is_empty() {
+        ARMS.iter().map(|s| s.to_string()).collect()
+    } else {
+        a.arms.clone()
+    };
+    if let Some(bad) = arms.iter().find(|x| !ARMS.contains(&x.as_str())) {
+        bail!("--arms: expected some of {ARMS:?}, found {bad:?}");
+    }
+    let model = Model::load_with(
+        &a.model,
+        LoadOptions {
+            experts: ExpertMemory::Mapped,
+            ..LoadOptions::default()
+        },
+    )?;
+    let all = model.weights().expert_bytes();
+    let dense = model.resident_bytes() as u64;
+    // N% is of the placement shape's experts (the largest expert's size x count), as `plan` and
+    // `--memory-budget` read it; the children get the bytes
+    let shape = nightshift_coordinator::cluster::model_shape(&model)?;
+    let full = shape.expert_bytes * (shape.moe_layers.len() * shape.n_experts) as u64;
+    let budget = nightshift_atlas_core::size::parse_size(&a.budget, full)?;
+    let slack = nightshift_atlas_core::size::parse_size(&a.slack, 0)?;
+    let c = model.config();
+    let one = all
+        / (c.n_expert as u64 * (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).count() as u64).max(1);
+    drop(model);
+    let limit = budget + dense + slack;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    println!(
+        "model {}: experts {:.2} GiB ({:.1} MiB each), dense {:.2} GiB; budget {:.2} GiB ({:.0}% of the experts); budget arms' cgroup limit {:.2} GiB",
+        a.model.display(),
+        gib(all),
+        one as f64 / (1 << 20) as f64,
+        gib(dense),
+        gib(budget),
+        100.0 * budget as f64 / all as f64,
+        gib(limit)
+    );
+    let (seq_bw, rnd_bw) = disk_bandwidth(&a.model, one as usize, 64)?;
+    println!("disk read bandwidth (page cache dropped): sequential {seq_bw:.2} GB/s, expert-sized random reads {rnd_bw:.2} GB/s");
+    let cg = PathBuf::from(CGROUP_ROOT).join(format!("nightshift-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&cg).with_context(|| format!("creating {}", cg.display()))?;
+    let exe = std::env::current_exe()?;
+    let mut results: Vec<Vec<Run>> = vec![Vec::new(); arms.len()];
+    for round in 0..a.rounds {
+        for (i, arm) in arms.iter().enumerate() {
+            drop_caches()?;
+            let lim = if arm == "all" { u64::MAX / 2 } else { limit };
+            std::fs::write(cg.join("memory.limit_in_bytes"), lim.to_string())?;
+            let out = Command::new(&exe)
+                .args(["--model", &a.model.display().to_string()])
+                .args(["--plan", &a.plan.display().to_string()])
+                .args(["--budget", &budget.to_string()])
+                .args(["--prefill", &a.prefill.to_string()])
+                .args(["--decode", &a.decode.to_string()])
+                .args(["--threads", &a.threads.to_string()])
+                .args(["--child", arm])
+                .args(["--cgroup", &cg.display().to_string()])
+                .output()?;
+            if !out.status.success() {
+                bail!(
+                    "arm {arm} failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+                .with_context(|| format!("arm {arm} printed no result"))?;
+            let f = |k: &str| v.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0);
+            let run = Run {
+                prefill_tps: f("prefill_tps"),
+                decode_tps: f("decode_tps"),
+                resident_mib: f("resident_mib") as u64,
+                prefetch: v.get("prefetch").and_then(|p| {
+                    let p = p.as_array()?;
+                    Some((
+                        p.first()?.as_f64()?,
+                        p.get(1)?.as_f64()?,
+                        p.get(2)?.as_f64()?,
+                    ))
+                }),
+            };
+            println!(
+                "round {round} {arm:<9} prefill {:7.2} tok/s  decode {:6.2} tok/s  resident {} MiB{}",
+                run.prefill_tps,
+                run.decode_tps,
+                run.resident_mib,
+                run.prefetch.map_or(String::new(), |(p, r, h)| format!(
+                    "  prefetch precision {:.0}% recall {:.0}% cold requested in time {:.0}%",
+                    100.0 * p,
+                    100.0 * r,
+                    100.0 * h
+                ))
+            );
+            results[i].push(run);
+        }
+    }
+    let _ = std::fs::remove_dir(&cg);
+    println!("\n| arm | decode tok/s | prefill tok/s |\n|---|---|---|");
+    let range = |v: Vec<f64>| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(0.0, f64::max);
+        (lo, hi)
+    };
+    let mean = |v: &[Run], f: fn(&Run) -> f64| v.iter().map(f).sum::<f64>() / v.len().max(1) as f64;
+    for (arm, runs) in arms.iter().zip(&results) {
+        let (dl, dh) = range(runs.iter().map(|r| r.decode_tps).collect());
+        let (pl, ph) = range(runs.iter().map(|r| r.prefill_tps).collect());
+        println!("| {arm} | {dl:.2}-{dh:.2} | {pl:.2}-{ph:.2} |");
+    }
+    let by = |name: &str| arms.iter().position(|x| x == name).map(|i| &results[i]);
+    if let Some(p) = by("planned") {
+        println!("\nratios of mean decode tok/s (targets: planned >= 1.5x pagecache, >= 1.3x random, >= 0.5x all):");
+        for (other, target) in [("pagecache", 1.5), ("random", 1.3), ("all", 0.5)] {
+            if let Some(o) = by(other) {
+                // per-round ratios give the range: the arms of one round ran back to back
+                let per: Vec<f64> = p
+                    .iter()
+                    .zip(o)
+                    .map(|(x, y)| x.decode_tps / y.decode_tps.max(1e-9))
+                    .collect();
+                let (lo, hi) = range(per);
+                let m = mean(p, |r| r.decode_tps) / mean(o, |r| r.decode_tps).max(1e-9);
+                println!(
+                    "  planned / {other:<9} {m:.2}x (per round {lo:.2}-{hi:.2})  target {target}x  {}",
+                    if m >= target { "met" } else { "not met" }
+                );
+            }
+        }
+        let hits: Vec<f64> = p.iter().filter_map(|r| r.prefetch.map(|x| x.2)).collect();
+        if !hits.is_empty() {
+            println!(
+                "  prefetch: cold experts requested before their layer {:.0}% (target >= 60%)",
+                100.0 * hits.iter().sum::<f64>() / hits.len() as f64
+            );
+        }
+    }
+    Ok(())
+}

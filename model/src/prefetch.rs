@@ -1,0 +1,262 @@
+//! Cold-expert prefetch, one MoE layer ahead (`--memory-budget`'s cold path).
+//!
+//! When MoE layer `l`'s experts are called, its activation rows (the normalised hidden state)
+//! also go through the *next* MoE layer's router, with the model's own routing rule
+//! ([`crate::moe::route`]): the experts it picks are a prediction of what layer `l'` will ask
+//! for (the residual changes little in one layer; Colibri reports ~72% predictable). The
+//! predicted experts that are not resident are handed to a dedicated I/O thread, which advises
+//! their file pages `MADV_WILLNEED` (readahead into the page cache) while layer `l`'s experts and
+//! layer `l'`'s attention run. When layer `l'` is called, its actual experts are scored against
+//! the prediction: precision and recall over all experts, and the share of the cold experts it
+//! needs that were requested before it started (the target: >= 60%). Only calls of at
+//! most [`MAX_PREDICTED_ROWS`] rows (decode steps) predict.
+//!
+//! Prefetching only moves pages into the cache earlier: **it never changes outputs** (the same
+//! bytes are read either way), and a wrong prediction costs only I/O.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+
+use nightshift_kernels::{dequantize_row, GgmlType};
+
+use crate::error::ExpertError;
+use crate::expert::{ActRows, ExpertPair};
+use crate::gguf::{AccessHint, Gguf};
+use crate::model::Model;
+use crate::moe::route;
+use crate::ops::matmul;
+use crate::weights::FfnWeights;
+
+/// Calls of more rows (prefill chunks) are not predicted: they use nearly every expert of a
+/// layer, and reading all of them ahead would evict what the page cache holds under a limit.
+pub const MAX_PREDICTED_ROWS: usize = 8;
+
+/// Counters of the predictions made and how they fared (all since start).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefetchStats {
+    /// distinct experts predicted for a layer, summed over layer calls
+    pub predicted: u64,
+    /// of those, experts the layer then used
+    pub predicted_used: u64,
+    /// distinct experts layers used (calls that had a prediction)
+    pub used: u64,
+    /// distinct non-resident experts layers used (calls that had a prediction)
+    pub cold_needed: u64,
+    /// of those, experts requested from the I/O thread before the layer started
+    pub cold_requested: u64,
+    /// expert ranges advised to the kernel by the I/O thread
+    pub advised: u64,
+}
+
+impl PrefetchStats {
+    /// Share of predicted experts that were used (None before any prediction was scored).
+    pub fn precision(&self) -> Option<f64> {
+        (self.predicted > 0).then(|| self.predicted_used as f64 / self.predicted as f64)
+    }
+
+    /// Share of used experts that were predicted.
+    pub fn recall(&self) -> Option<f64> {
+        (self.used > 0).then(|| self.predicted_used as f64 / self.used as f64)
+    }
+
+    /// Share of the cold experts layers needed that had been requested when the layer started.
+    pub fn cold_hit_rate(&self) -> Option<f64> {
+        (self.cold_needed > 0).then(|| self.cold_requested as f64 / self.cold_needed as f64)
+    }
+
+    /// One line for logs and reports.
+    pub fn summary(&self) -> String {
+        let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
+        format!(
+            "prefetch: precision {} recall {} (next-layer router on this layer's rows), cold experts requested before their layer {} of {}",
+            pct(self.precision()),
+            pct(self.recall()),
+            pct(self.cold_hit_rate()),
+            self.cold_needed
+        )
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    predicted: AtomicU64,
+    predicted_used: AtomicU64,
+    used: AtomicU64,
+    cold_needed: AtomicU64,
+    cold_requested: AtomicU64,
+    advised: AtomicU64,
+}
+
+/// A prediction waiting for its layer: all predicted experts, and the cold ones requested.
+struct Pending {
+    predicted: Vec<u32>,
+    requested: Vec<u32>,
+}
+
+/// One-layer-ahead predictor and its I/O thread (module doc).
+pub struct Prefetcher {
+    model: Arc<Model>,
+    /// the next MoE layer of each layer (None: last)
+    next_moe: Vec<Option<usize>>,
+    pending: Mutex<HashMap<usize, Pending>>,
+    io: Mutex<Sender<(usize, Vec<u32>)>>,
+    counters: Arc<Counters>,
+}
+
+impl Prefetcher {
+    /// A predictor over `model`'s MoE layers with its I/O thread (which ends with the
+    /// predictor).
+    pub fn new(model: Arc<Model>) -> std::io::Result<Prefetcher> {
+        let c = model.config();
+        let moe: Vec<usize> = (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).collect();
+        let mut next_moe = vec![None; c.n_layer];
+        for w in moe.windows(2) {
+            next_moe[w[0]] = Some(w[1]);
+        }
+        let counters = Arc::new(Counters::default());
+        let (tx, rx) = channel::<(usize, Vec<u32>)>();
+        let io_model = model.clone();
+        let io_counters = counters.clone();
+        std::thread::Builder::new()
+            .name("nightshift-prefetch".into())
+            .spawn(move || {
+                for (layer, experts) in rx {
+                    for e in experts {
+                        if let Ok(w) = io_model.expert_weights(layer, e) {
+                            let g: &Gguf = io_model.gguf();
+                            for m in [w.gate.bytes(), w.up.bytes(), w.down.bytes()] {
+                                g.advise_bytes(m, AccessHint::WillNeed);
+                            }
+                            io_counters.advised.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })?;
+        Ok(Prefetcher {
+            model,
+            next_moe,
+            pending: Mutex::new(HashMap::new()),
+            io: Mutex::new(tx),
+            counters,
+        })
+    }
+
+    pub fn stats(&self) -> PrefetchStats {
+        let c = &self.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        PrefetchStats {
+            predicted: g(&c.predicted),
+            predicted_used: g(&c.predicted_used),
+            used: g(&c.used),
+            cold_needed: g(&c.cold_needed),
+            cold_requested: g(&c.cold_requested),
+            advised: g(&c.advised),
+        }
+    }
+
+    /// Called at the start of MoE layer `layer`'s expert call: scores the prediction made for
+    /// it, then predicts the next MoE layer from `acts` and requests its cold experts.
+    /// `resident(layer, expert)` says whether an expert is in memory already.
+    pub fn on_layer(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+        resident: &dyn Fn(usize, u32) -> bool,
+    ) -> Result<(), ExpertError> {
+        self.score(layer, pairs, resident);
+        let Some(next) = self.next_moe.get(layer).copied().flatten() else {
+            return Ok(());
+        };
+        if acts.n_rows > MAX_PREDICTED_ROWS {
+            return Ok(());
+        }
+        let predicted = self.predict(next, acts)?;
+        let requested: Vec<u32> = predicted
+            .iter()
+            .copied()
+            .filter(|&e| !resident(next, e))
+            .collect();
+        if !requested.is_empty() {
+            let tx = self.io.lock().unwrap_or_else(|p| p.into_inner());
+            // the I/O thread only ends with the predictor: a send cannot fail before that
+            let _ = tx.send((next, requested.clone()));
+        }
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        p.insert(
+            next,
+            Pending {
+                predicted,
+                requested,
+            },
+        );
+        Ok(())
+    }
+
+    fn score(&self, layer: usize, pairs: &[ExpertPair], resident: &dyn Fn(usize, u32) -> bool) {
+        let Some(p) = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&layer)
+        else {
+            return;
+        };
+        let mut used: Vec<u32> = pairs.iter().map(|p| p.expert).collect();
+        used.sort_unstable();
+        used.dedup();
+        let c = &self.counters;
+        let hit = used.iter().filter(|e| p.predicted.contains(e)).count() as u64;
+        let cold: Vec<u32> = used
+            .iter()
+            .copied()
+            .filter(|&e| !resident(layer, e))
+            .collect();
+        let cold_hit = cold.iter().filter(|e| p.requested.contains(e)).count() as u64;
+        c.predicted
+            .fetch_add(p.predicted.len() as u64, Ordering::Relaxed);
+        c.predicted_used.fetch_add(hit, Ordering::Relaxed);
+        c.used.fetch_add(used.len() as u64, Ordering::Relaxed);
+        c.cold_needed
+            .fetch_add(cold.len() as u64, Ordering::Relaxed);
+        c.cold_requested.fetch_add(cold_hit, Ordering::Relaxed);
+    }
+
+    /// The distinct experts layer `next`'s router picks for the rows of `acts`.
+    fn predict(&self, next: usize, acts: &ActRows) -> Result<Vec<u32>, ExpertError> {
+        let c = self.model.config();
+        let e = c.n_embd;
+        let FfnWeights::Moe(mw) = &self.model.weights().layers[next].ffn else {
+            return Ok(Vec::new());
+        };
+        let n = acts.n_rows;
+        let rb = acts.ty.row_bytes(e)?;
+        let mut h = vec![0.0f32; n * e];
+        for (src, dst) in acts.data.chunks_exact(rb).zip(h.chunks_exact_mut(e)) {
+            if acts.ty == GgmlType::F32 {
+                for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                    *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                }
+            } else {
+                dequantize_row(acts.ty, src, dst)?;
+            }
+        }
+        let ne = c.n_expert;
+        let mut logits = vec![0.0f32; n * ne];
+        match &mw.gate_inp_packed {
+            Some(packed) => packed.gemm(&h, n, &mut logits, None)?,
+            None => matmul(&mw.gate_inp, 0, &h, n, &mut logits, None)
+                .map_err(|e| ExpertError::Backend(format!("next-layer router: {e}")))?,
+        }
+        let mut out: Vec<u32> = Vec::new();
+        for row in logits.chunks_exact(ne) {
+            let (chosen, _) = route(c, row, mw.exp_probs_b.as_deref());
+            out.extend(chosen.iter().map(|&x| x as u32));
+        }
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+}
