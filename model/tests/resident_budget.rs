@@ -85,7 +85,7 @@ fn check(name: &str) {
         set.iter()
             .map(|&(l, e)| {
                 let w = model.expert_weights(l as usize, e).expect("expert");
-                (w.gate.1.len() + w.up.1.len() + w.down.1.len()) as u64
+                (w.gate.bytes().len() + w.up.bytes().len() + w.down.bytes().len()) as u64
             })
             .sum()
     };
