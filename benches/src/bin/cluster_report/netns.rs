@@ -37,7 +37,7 @@ fn certificates(dir: &std::path::Path, nodes: usize) -> anyhow::Result<(NodeTls,
         Ok(p)
     };
     let ca_pem = write("ca.pem", ca.pem())?;
-    let mut leaf = |stem: &str, names: Vec<String>| -> anyhow::Result<_> {
+    let leaf = |stem: &str, names: Vec<String>| -> anyhow::Result<_> {
         let key = KeyPair::generate()?;
         let cert = CertificateParams::new(names)?.signed_by(&key, &ca)?;
         Ok((
