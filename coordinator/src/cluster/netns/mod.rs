@@ -8,7 +8,8 @@
 //! coordinator side (`RemoteExperts`) is built by a thread that entered the coordinator's
 //! namespace (`in_coord`), so its runtime threads and every socket they open live there.
 //! Dropping a [`NetnsCluster`] kills its nodes and removes every namespace (the script also
-//! removes what it made when `up` fails half way).
+//! removes what it made when `up` fails half way; nodes die with their parent, and the next
+//! harness removes the namespaces of one whose process was killed).
 
 pub mod relay;
 
@@ -63,7 +64,10 @@ pub fn script_path() -> PathBuf {
 
 /// Whether this process may create network namespaces (`ip netns add`): Ok, or why not.
 pub fn available() -> Result<(), NetnsError> {
-    let probe = format!("nsprobe{}", std::process::id());
+    // One name per call: tests of one process probe side by side.
+    static PROBES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = format!("nsprobe{}x{n}", std::process::id());
     let out = Command::new("ip")
         .args(["netns", "add", &probe])
         .output()
@@ -173,6 +177,34 @@ pub fn in_ns<R: Send>(ns: &str, f: impl FnOnce() -> R + Send) -> Result<R, Netns
     })
 }
 
+/// Removes the namespaces of harnesses whose process died without dropping them (killed): named
+/// `nsc<pid>x<seq>-*` after a pid that no longer runs.
+fn sweep_stale(script: &Path) {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    let mut dead: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter_map(|name| name.split_once('-').map(|(prefix, _)| prefix.to_string()))
+        .filter(|prefix| {
+            prefix
+                .strip_prefix("nsc")
+                .and_then(|r| r.split_once('x'))
+                .and_then(|(pid, _)| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        })
+        .collect();
+    dead.sort();
+    dead.dedup();
+    for prefix in dead {
+        match run_script(script, &["down", &prefix]) {
+            Ok(()) => tracing::info!("removed the namespaces of a dead harness ({prefix})"),
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
+}
+
 impl NetnsCluster {
     /// Builds the network (`netns-cluster.sh up`), starts every node in its namespace, waits
     /// until each listens (checked from the coordinator's namespace), and starts the relays.
@@ -181,6 +213,7 @@ impl NetnsCluster {
         let seq = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let prefix = format!("nsc{}x{seq}", std::process::id());
         let script = script_path();
+        sweep_stale(&script);
         let n = opts.placement.nodes.len();
         run_script(&script, &["up", &prefix, &n.to_string(), &opts.rate])?;
         // From here on, Drop removes the namespaces whatever fails.
