@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 BUILD_PKGS=(libhwloc-dev libudev-dev hwloc pkg-config)
-TEST_PKGS=(qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3-venv jq openssl)
+TEST_PKGS=(qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3-venv jq openssl iproute2)
 APT_PKGS=("${BUILD_PKGS[@]}")
 [ "${1:-}" = "--build-only" ] || APT_PKGS+=("${TEST_PKGS[@]}")
 missing=()

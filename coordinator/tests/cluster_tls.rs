@@ -5,6 +5,7 @@
 
 mod support;
 
+use support::certs::Ca;
 use support::engine;
 use support::fixture as data;
 
@@ -17,43 +18,6 @@ use nightshift_coordinator::cluster::{
     model_shape, ClientTls, LaunchOptions, LocalCluster, NodeTls, RemoteExperts, RemoteOptions,
 };
 use nightshift_model::{Engine, LocalExperts, Model};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-
-/// A CA, writing `<name>-ca.pem`, that issues certificates into `dir`.
-struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
-    pem: PathBuf,
-}
-
-impl Ca {
-    fn new(dir: &Path, name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("{name} test CA"));
-        let issuer =
-            CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("ca");
-        let pem = dir.join(format!("{name}-ca.pem"));
-        std::fs::write(&pem, issuer.pem()).expect("write ca");
-        Ca { issuer, pem }
-    }
-
-    /// A leaf certificate for `names`; returns (cert.pem, key.pem).
-    fn issue(&self, dir: &Path, stem: &str, names: &[&str]) -> (PathBuf, PathBuf) {
-        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-        let params = CertificateParams::new(names).expect("params");
-        let key = KeyPair::generate().expect("key");
-        let cert = params.signed_by(&key, &self.issuer).expect("sign");
-        let (c, k) = (
-            dir.join(format!("{stem}.pem")),
-            dir.join(format!("{stem}-key.pem")),
-        );
-        std::fs::write(&c, cert.pem()).expect("write cert");
-        std::fs::write(&k, key.serialize_pem()).expect("write key");
-        (c, k)
-    }
-}
 
 /// Logits of every position of `prompt`, prefilled as one batch.
 fn logits(e: &mut Engine, prompt: &[u32]) -> Vec<Vec<f32>> {

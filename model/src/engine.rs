@@ -493,7 +493,7 @@ impl Engine {
         // shared expert, layer), summed into `x` at the start of the next phase. Everything
         // between two expert calls (the sum, the shared expert, the next attention block, its
         // router) is one phase, so with `hot_phases` the pool's workers wake once per layer.
-        let mut pending: Option<(Routed, Vec<f32>, Vec<f32>, usize)> = None;
+        let mut pending: Option<(Routed, Vec<f32>, SharedRows, usize)> = None;
         let kv = &mut self.kv;
         let observer = self.observer.as_deref();
         for (il, lw) in w.layers.iter().enumerate() {
@@ -532,12 +532,34 @@ impl Engine {
             if let Some(r) = routed {
                 let mut eo = vec![0.0f32; r.pairs.len() * e];
                 let t_experts = Instant::now();
-                self.backend.run_experts(il, &r.acts, &r.pairs, &mut eo)?;
-                prof.experts += t_experts.elapsed().as_secs_f64();
-                // the normalised rows are needed again only by a shared expert
-                let has_shared = matches!(&lw.ffn, FfnWeights::Moe(m) if m.shared.is_some());
-                let hm = if has_shared { h.clone() } else { Vec::new() };
-                pending = Some((r, eo, hm, il));
+                let shared = match &lw.ffn {
+                    FfnWeights::Moe(m) => m.shared.as_ref(),
+                    FfnWeights::Dense(_) => None,
+                };
+                let sh_rows = match shared {
+                    // Experts elsewhere: the shared expert runs while the routed ones are out.
+                    Some(sh) if self.backend.overlaps() => {
+                        let posted = self.backend.post_experts(il, &r.acts, &r.pairs)?;
+                        let t_shared = Instant::now();
+                        let mut s = vec![0.0f32; n * e];
+                        phase(&mut || dense_ffn(sh, &h, n, &mut s, p))?;
+                        let shared_secs = t_shared.elapsed().as_secs_f64();
+                        prof.ffn_other += shared_secs;
+                        self.backend.collect_experts(posted, &mut eo)?;
+                        prof.experts += t_experts.elapsed().as_secs_f64() - shared_secs;
+                        SharedRows::Done(s)
+                    }
+                    _ => {
+                        self.backend.run_experts(il, &r.acts, &r.pairs, &mut eo)?;
+                        prof.experts += t_experts.elapsed().as_secs_f64();
+                        // the normalised rows are needed again only by a shared expert
+                        match shared {
+                            Some(_) => SharedRows::Input(h.clone()),
+                            None => SharedRows::Input(Vec::new()),
+                        }
+                    }
+                };
+                pending = Some((r, eo, sh_rows, il));
             }
         }
         let rows: Vec<usize> = batch
@@ -596,9 +618,17 @@ fn new_cache(model: &Model, opts: &EngineOptions, ty: KvType) -> KvCache {
     )
 }
 
+/// A MoE layer's shared expert: its input rows (run at the sum), or its output, computed while
+/// the routed experts were out (`ExpertBackend::overlaps`). Either way the same bits.
+enum SharedRows {
+    Input(Vec<f32>),
+    Done(Vec<f32>),
+}
+
 /// Sums a MoE layer's expert outputs `eo` with their routing weights, adds its shared expert
-/// (run on its normalised rows `hm`) and adds the result to the residual `x` (`y` is scratch):
-/// llama.cpp's order: weighted sum in top-k order, plus the shared expert, into the residual.
+/// (run on its normalised rows, or already computed: `hm`) and adds the result to the residual
+/// `x` (`y` is scratch): llama.cpp's order: weighted sum in top-k order, plus the shared expert,
+/// into the residual.
 #[allow(clippy::too_many_arguments)]
 fn finish_moe(
     c: &crate::config::ModelConfig,
@@ -606,7 +636,7 @@ fn finish_moe(
     il: usize,
     r: &Routed,
     eo: &[f32],
-    hm: &[f32],
+    hm: &SharedRows,
     n: usize,
     y: &mut [f32],
     x: &mut [f32],
@@ -617,9 +647,14 @@ fn finish_moe(
     moe_combine(c, r, eo, n, y);
     if let FfnWeights::Moe(m) = &w.layers[il].ffn {
         if let Some(sh) = &m.shared {
-            let mut s = vec![0.0f32; n * c.n_embd];
-            dense_ffn(sh, hm, n, &mut s, p)?;
-            add_inplace(y, &s);
+            match hm {
+                SharedRows::Done(s) => add_inplace(y, s),
+                SharedRows::Input(h) => {
+                    let mut s = vec![0.0f32; n * c.n_embd];
+                    dense_ffn(sh, h, n, &mut s, p)?;
+                    add_inplace(y, &s);
+                }
+            }
         }
     }
     add_inplace(x, y);

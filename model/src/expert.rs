@@ -68,6 +68,44 @@ pub trait ExpertBackend: Send + Sync {
         let _ = pool;
         false
     }
+
+    /// Whether [`ExpertBackend::post_experts`] really starts a call early, so the engine gains
+    /// by computing something else (a shared expert) before [`ExpertBackend::collect_experts`].
+    /// A backend that computes in this process says no: the engine then calls `run_experts`.
+    fn overlaps(&self) -> bool {
+        false
+    }
+
+    /// Starts a layer call and returns without waiting for its outputs. By default nothing
+    /// starts: the call's inputs are kept and it runs whole in `collect_experts`.
+    fn post_experts(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+    ) -> Result<PostedExperts, ExpertError> {
+        Ok(PostedExperts {
+            layer,
+            state: Box::new((acts.clone(), pairs.to_vec())),
+        })
+    }
+
+    /// Waits for a posted call's outputs (as `run_experts` would write them) into `out`.
+    fn collect_experts(&self, posted: PostedExperts, out: &mut [f32]) -> Result<(), ExpertError> {
+        match posted.state.downcast::<(ActRows, Vec<ExpertPair>)>() {
+            Ok(call) => self.run_experts(posted.layer, &call.0, &call.1, out),
+            Err(_) => Err(ExpertError::Backend(
+                "expected a layer call posted by this backend, found another backend's".into(),
+            )),
+        }
+    }
+}
+
+/// A layer call started by [`ExpertBackend::post_experts`]: its layer and whatever the backend
+/// keeps about the work in flight (the default keeps the inputs and runs the call at collect).
+pub struct PostedExperts {
+    pub layer: usize,
+    pub state: Box<dyn std::any::Any + Send>,
 }
 
 /// One expert's three matrices (the expert's slices of the `*_exps` tensors): gate and up are

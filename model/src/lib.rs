@@ -31,7 +31,9 @@ pub mod weights;
 pub use config::{Arch, ModelConfig};
 pub use engine::{build_pool, BatchToken, Engine, EngineOptions, SeqId, StepProfile};
 pub use error::{ExpertError, ModelError};
-pub use expert::{expert_ffn, ActRows, ExpertBackend, ExpertPair, ExpertWeights, LocalExperts};
+pub use expert::{
+    expert_ffn, ActRows, ExpertBackend, ExpertPair, ExpertWeights, LocalExperts, PostedExperts,
+};
 pub use kv::{KvLayout, KvStats, KvType};
 pub use model::{LoadOptions, Model};
 pub use moe::RouteObserver;

@@ -8,7 +8,9 @@
 //! node's round trip within one layer call (how uneven the shares were).
 //!
 //! `cargo run --release -p nightshift-benches --bin cluster-report -- --model FILE [--nodes 2]
-//! [--repeats 5] [--batches 1,8] [--placement FILE | --replicate-all [--resident]]`
+//! [--repeats 5] [--batches 1,8] [--placement FILE | --replicate-all [--resident]]`, or across
+//! network namespaces (root): `... --netns [--netns-nodes 2,3] [--delays-us 0,50,200]
+//! [--rate 10gbit]` (`cluster_report/netns.rs`)`
 //! (build `nightshift-expert-node` in the same profile first: `cargo build --release -p nightshift-expert-node`).
 
 use std::path::PathBuf;
@@ -17,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
-use nightshift_coordinator::cluster::{self, ClusterArgs, Experts};
+use nightshift_coordinator::cluster::{self, ClusterArgs, RemoteExperts};
 use nightshift_model::{
     BatchToken, Engine, EngineOptions, ExpertBackend, LocalExperts, Model, StepProfile,
 };
@@ -65,7 +67,23 @@ struct Args {
     /// Cluster run with each layer call split in advance (no claim board between the nodes).
     #[arg(long)]
     no_work_sharing: bool,
+    /// The cluster across network namespaces instead (`netns.rs`; needs root): TCP + mutual
+    /// TLS, a bandwidth cap per node link and added latency, with and without the overlap.
+    #[arg(long)]
+    netns: bool,
+    /// With --netns: node counts measured.
+    #[arg(long, value_delimiter = ',', default_values_t = [2usize, 3])]
+    netns_nodes: Vec<usize>,
+    /// With --netns: latency added one way on each node link, in microseconds.
+    #[arg(long, value_delimiter = ',', default_values_t = [0u64, 50, 200])]
+    delays_us: Vec<u64>,
+    /// With --netns: each node link's cap each way (as `tc` takes it).
+    #[arg(long, default_value = "10gbit")]
+    rate: String,
 }
+
+#[path = "cluster_report/netns.rs"]
+mod netns;
 
 struct Run {
     tok_s: f64,
@@ -82,17 +100,18 @@ struct Run {
     profile: StepProfile,
 }
 
+/// Decode `a.steps` steps at `batch` with the experts on `remote`'s nodes, or in process (None).
 fn decode(
     model: &Arc<Model>,
-    experts: &Experts,
+    remote: Option<&Arc<RemoteExperts>>,
     threads: usize,
     batch: usize,
     a: &Args,
 ) -> anyhow::Result<Run> {
     let pool = nightshift_model::build_pool(threads)?;
     // in process, the experts share the engine's pool, as `nightshift serve` runs them
-    let backend: Arc<dyn ExpertBackend> = match experts.remote() {
-        Some(_) => experts.backend(),
+    let backend: Arc<dyn ExpertBackend> = match remote {
+        Some(r) => r.clone(),
         None => Arc::new(LocalExperts::new(model.clone(), Some(pool.clone()))),
     };
     let mut e = Engine::new(
@@ -113,7 +132,7 @@ fn decode(
         e.prefill(seq, &prompt)?;
         seqs.push(seq);
     }
-    if let Some(r) = experts.remote() {
+    if let Some(r) = remote {
         r.take_stats();
     }
     e.reset_profile();
@@ -133,7 +152,7 @@ fn decode(
     }
     let secs = start.elapsed().as_secs_f64();
     let tokens = (a.steps * batch) as f64;
-    let stats = experts.remote().map(|r| r.take_stats());
+    let stats = remote.map(|r| r.take_stats());
     Ok(Run {
         tok_s: tokens / secs,
         p50_us: stats.as_ref().and_then(|s| s.latency_quantile_us(0.5)),
@@ -203,13 +222,10 @@ fn main() -> anyhow::Result<()> {
         "expected --batches of sizes >= 1, found {:?}",
         a.batches
     );
+    if a.netns {
+        return netns::run(&a);
+    }
     let model = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
-    let local = cluster::build(
-        &ClusterArgs::default(),
-        &model,
-        &a.model,
-        Some(nightshift_model::build_pool(a.threads)?),
-    )?;
     let mut placement = a.placement.clone();
     let mut generated = None;
     if a.replicate_all {
@@ -277,8 +293,8 @@ fn main() -> anyhow::Result<()> {
     for &batch in &a.batches {
         let mut runs = Vec::new();
         for rep in 0..a.repeats {
-            let base = decode(&model, &local, a.threads, batch, &a)?;
-            let dist = decode(&model, &remote, a.threads, batch, &a)?;
+            let base = decode(&model, None, a.threads, batch, &a)?;
+            let dist = decode(&model, remote.remote(), a.threads, batch, &a)?;
             println!(
                 "{:>5} | {:>3} | {:>12.2} | {:>12.2} | {:>6.3} | {:>10} | {:>10} | {:>10} | {:>12.0} | {:>4.0}% | {:>11.1}",
                 batch,

@@ -103,7 +103,7 @@ fn free_port() -> Result<SocketAddr, LaunchError> {
 }
 
 /// A fresh random token (256 bits from the kernel's generator, hex).
-fn fresh_token() -> std::io::Result<String> {
+pub(super) fn fresh_token() -> std::io::Result<String> {
     use std::io::Read;
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
@@ -112,7 +112,7 @@ fn fresh_token() -> std::io::Result<String> {
 
 /// Writes `token` to a new file at `path` that only this user can read (mode 0600, created
 /// exclusively: an existing file or symlink there is an error, never overwritten or followed).
-fn write_token_file(path: &Path, token: &str) -> std::io::Result<()> {
+pub(super) fn write_token_file(path: &Path, token: &str) -> std::io::Result<()> {
     use std::io::Write;
     let mut o = std::fs::OpenOptions::new();
     o.write(true).create_new(true);

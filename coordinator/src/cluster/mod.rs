@@ -5,6 +5,7 @@
 
 pub mod budget;
 pub mod launcher;
+pub mod netns;
 pub mod rebalance;
 pub mod remote;
 pub mod tls;
@@ -47,6 +48,15 @@ pub struct ClusterArgs {
     /// another replica.
     #[arg(long, default_value_t = 10_000)]
     pub expert_deadline_ms: u64,
+    /// A layer call unanswered for this long (or 50x its node's recent p99, if longer) fails as
+    /// stalled when no other replica holds its experts (HTTP 503); with a replica it was hedged
+    /// there long before (4x the node's recent p99, at least 20 ms).
+    #[arg(long, default_value_t = 2_000)]
+    pub expert_stall_ms: u64,
+    /// Wait for each layer's routed experts before computing its shared expert, instead of
+    /// computing it while they are out on nodes reached over the network.
+    #[arg(long)]
+    pub no_overlap: bool,
     /// Dial expert nodes over TLS, trusting node certificates signed by this PEM CA bundle.
     #[arg(long)]
     pub tls_ca: Option<PathBuf>,
@@ -439,6 +449,12 @@ pub fn build(
             RemoteOptions::default().shm_pairs
         },
         share_work: !args.no_work_sharing,
+        // 0 (a `ClusterArgs::default()`): the backend's default
+        stall_min: match args.expert_stall_ms {
+            0 => RemoteOptions::default().stall_min,
+            ms => Duration::from_millis(ms),
+        },
+        overlap: !args.no_overlap,
         ..Default::default()
     };
     let remote = Arc::new(RemoteExperts::connect(

@@ -1,9 +1,11 @@
 //! `RemoteExperts`: the `ExpertBackend` that sends each MoE layer's work to expert nodes over one
-//! long-lived gRPC `Compute` stream per node. Per layer call it picks, for every routed expert,
-//! the live replica with the least estimated work (rows; longest expert first, see `balance`),
-//! sends each node ONE message holding only the activation rows it needs, waits for all nodes
-//! concurrently under a deadline, and on a node error or timeout retries that node's experts on
-//! another replica. Outputs come back unweighted
+//! long-lived gRPC `Compute` stream per node. Per layer call (`layer_call`) it picks, for every
+//! routed expert, the live replica with the least estimated work (rows; longest expert first,
+//! see `balance`), sends each node ONE message holding only the activation rows it needs, waits
+//! for all nodes concurrently, hedges a call on another replica when its node is much slower than
+//! its recent p99 (`hedge`), and on a node error or stall retries that node's experts on another
+//! replica. This file holds the links: connecting, the stream reader, marking nodes down and
+//! reconnecting them. Outputs come back unweighted
 //! and in pair order, so the engine sums them in top-k order exactly as in process: results are
 //! bit-identical whatever the placement. Dead nodes are reconnected in the background with
 //! exponential backoff; a restarted node rejoins without restarting the coordinator.
@@ -13,8 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use nightshift_atlas_core::placement::{NodeId, Placement};
-use nightshift_model::{ActRows, ExpertBackend, ExpertError, ExpertPair};
+use nightshift_atlas_core::placement::Placement;
 use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
 use nightshift_proto::v1::{compute_response, ComputeRequest, InfoRequest};
 use nightshift_proto::{AUTH_HEADER, FINGERPRINT_HEADER, PROTOCOL_HEADER, PROTOCOL_VERSION};
@@ -26,13 +27,13 @@ use tonic::transport::{Channel, Endpoint};
 pub mod balance;
 mod call;
 mod errors;
+mod hedge;
+mod layer_call;
 mod shared_call;
 mod shm_link;
 mod stats;
 
 pub use stats::RpcStats;
-
-use call::{call_node, record_spread, Share};
 
 use errors::{error_chain, link_hint, status_chain};
 
@@ -55,6 +56,19 @@ pub struct RemoteOptions {
     /// Nodes on this machine that all hold a call's experts split it as they go, through a
     /// claim board (`shared_call`), rather than by shares fixed in advance.
     pub share_work: bool,
+    /// A stream call unanswered after this many times its node's recent p99 (for its size) is
+    /// sent again to another replica, and the node is suspect until it answers (`hedge`).
+    pub hedge_factor: f64,
+    /// No call is hedged sooner than this.
+    pub hedge_min: Duration,
+    /// A call unanswered after this many times its node's recent p99 fails (without a replica:
+    /// the requests get HTTP 503) and the node is marked down until it answers again.
+    pub stall_factor: f64,
+    /// No call fails as stalled sooner than this (nor later than `deadline`).
+    pub stall_min: Duration,
+    /// Let the engine compute a layer's shared expert while its routed experts are out on
+    /// nodes reached over streams (`ExpertBackend::overlaps`).
+    pub overlap: bool,
 }
 
 impl Default for RemoteOptions {
@@ -67,6 +81,11 @@ impl Default for RemoteOptions {
             tls: None,
             shm_pairs: 1024,
             share_work: true,
+            hedge_factor: 4.0,
+            hedge_min: Duration::from_millis(20),
+            stall_factor: 50.0,
+            stall_min: Duration::from_secs(2),
+            overlap: true,
         }
     }
 }
@@ -106,6 +125,10 @@ pub(super) struct NodeLink {
     /// Estimated work of the calls in flight on this node (`balance::expert_cost` units).
     outstanding: AtomicUsize,
     generation: AtomicU64,
+    /// Much slower than its recent p99 lately: new work goes to other replicas (`hedge`).
+    suspect: std::sync::atomic::AtomicBool,
+    /// Its recently answered calls (`hedge`).
+    window: Mutex<hedge::LatencyWindow>,
 }
 
 /// Health of one node, for `/ready`, metrics and logs.
@@ -117,6 +140,8 @@ pub struct NodeStatus {
     pub detail: String,
     /// The node refused this coordinator (auth token, model or protocol), not just unreachable.
     pub refused: bool,
+    /// Up but much slower than its recent p99 lately: given no new work while a replica exists.
+    pub suspect: bool,
 }
 
 pub(super) struct Shared {
@@ -209,6 +234,8 @@ impl RemoteExperts {
                 }),
                 outstanding: AtomicUsize::new(0),
                 generation: AtomicU64::new(0),
+                suspect: Default::default(),
+                window: Default::default(),
             });
         }
         if opts.shm_pairs > 0 {
@@ -286,7 +313,13 @@ impl RemoteExperts {
             .nodes
             .iter()
             .map(|n| {
+                let suspect = n.suspect.load(Ordering::Acquire);
                 let (up, detail, refused) = match &*lock(&n.state) {
+                    LinkState::Up(_) if suspect => (
+                        true,
+                        "suspect: much slower than its recent p99".to_string(),
+                        false,
+                    ),
                     LinkState::Up(_) => (true, "serving".to_string(), false),
                     LinkState::Down {
                         since,
@@ -305,6 +338,7 @@ impl RemoteExperts {
                     up,
                     detail,
                     refused,
+                    suspect,
                 }
             })
             .collect()
@@ -361,6 +395,7 @@ async fn reconnect(s: Arc<Shared>, i: usize) {
         Ok(conn) => {
             let was_down = matches!(&*lock(&node.state), LinkState::Down { .. });
             *lock(&node.state) = LinkState::Up(conn);
+            hedge::set_suspect(&s, i, false, "reconnected");
             if was_down {
                 tracing::info!(node = %node.name, addr = %node.addr, "expert node connected");
             }
@@ -581,190 +616,4 @@ pub(super) fn add_auth<T>(
         req.metadata_mut().insert(AUTH_HEADER, v);
     }
     Ok(())
-}
-
-impl RemoteExperts {
-    /// Assigns every pair to a live replica not in `exclude[expert]`, balancing estimated work
-    /// (rows) over the nodes with the work already in flight as a bias (`balance::plan`), all
-    /// rows of one expert to the same node (so they form one GEMM there).
-    fn assign(
-        &self,
-        layer: usize,
-        pairs: &[ExpertPair],
-        todo: &[usize],
-        exclude: &HashMap<u32, Vec<NodeId>>,
-    ) -> Result<Vec<Share>, ExpertError> {
-        let placement = self.placement();
-        let up: Vec<bool> = self
-            .shared
-            .nodes
-            .iter()
-            .map(|n| matches!(&*lock(&n.state), LinkState::Up(_)))
-            .collect();
-        let bias: Vec<usize> = self
-            .shared
-            .nodes
-            .iter()
-            .map(|n| n.outstanding.load(Ordering::Relaxed))
-            .collect();
-        let planned = balance::plan(
-            pairs,
-            todo,
-            |e| placement.replicas(layer, e as usize),
-            &up,
-            &bias,
-            exclude,
-        )
-        .map_err(|balance::NoLiveReplica { expert: e }| {
-            let names: Vec<String> = placement
-                .replicas(layer, e as usize)
-                .iter()
-                .filter_map(|&n| self.shared.nodes.get(n))
-                .map(|n| format!("{} ({})", n.name, n.addr))
-                .collect();
-            ExpertError::Backend(format!(
-                "no live replica for layer {layer} expert {e}: replicas {names:?} are down or failed"
-            ))
-        })?;
-        Ok(planned
-            .into_iter()
-            .map(|p| Share {
-                node: p.node,
-                pair_idx: p.pair_idx,
-                cost: p.cost,
-            })
-            .collect())
-    }
-}
-
-impl ExpertBackend for RemoteExperts {
-    fn run_experts(
-        &self,
-        layer: usize,
-        acts: &ActRows,
-        pairs: &[ExpertPair],
-        out: &mut [f32],
-    ) -> Result<(), ExpertError> {
-        let n_embd = self.shared.n_embd;
-        if out.len() != pairs.len() * n_embd {
-            return Err(ExpertError::Shape(format!(
-                "expected an output of {} floats, found {}",
-                pairs.len() * n_embd,
-                out.len()
-            )));
-        }
-        let acts = Arc::new(acts.clone());
-        let pairs_arc = Arc::new(pairs.to_vec());
-        let mut todo: Vec<usize> = (0..pairs.len()).collect();
-        let mut exclude: HashMap<u32, Vec<NodeId>> = HashMap::new();
-        let mut last_errors: Vec<String> = Vec::new();
-        let placement = self.placement();
-        if let Some(round) =
-            shared_call::run(&self.shared, &placement, layer, &acts, pairs, &todo, out)
-        {
-            for (node, e) in round.failed {
-                let name = &self.shared.nodes[node].name;
-                tracing::warn!(node = %name, layer, "shared layer call failed, retrying its rest on other replicas: {e}");
-                last_errors.push(format!("{name}: {e}"));
-                for &pi in &round.missing {
-                    exclude.entry(pairs[pi].expert).or_default().push(node);
-                }
-            }
-            todo = round.missing;
-        }
-        // Each round retries failed shares on other replicas; a node is tried at most once per call.
-        for _round in 0..=self.shared.nodes.len() {
-            if todo.is_empty() {
-                return Ok(());
-            }
-            let shares = self
-                .assign(layer, pairs, &todo, &exclude)
-                .map_err(|e| match e {
-                    ExpertError::Backend(m) if !last_errors.is_empty() => ExpertError::Backend(
-                        format!("{m}; last errors: {}", last_errors.join("; ")),
-                    ),
-                    other => other,
-                })?;
-            // Nodes on this machine take their shares through shared memory: posted first, so
-            // they compute while the stream calls go out, and collected last.
-            let mut posted = Vec::new();
-            let mut streamed = Vec::new();
-            for sh in shares {
-                match shm_link::post(&self.shared, layer, &acts, pairs, sh, 0) {
-                    Ok(p) => posted.push(p),
-                    Err(sh) => streamed.push(sh),
-                }
-            }
-            let has_streamed = !streamed.is_empty();
-            let s = self.shared.clone();
-            let (acts2, pairs2) = (acts.clone(), pairs_arc.clone());
-            let work = async move {
-                let calls = streamed.into_iter().map(|sh| {
-                    let call = call_node(s.clone(), layer, acts2.clone(), pairs2.clone(), sh);
-                    async move {
-                        let started = Instant::now();
-                        let r = call.await;
-                        (r, started.elapsed())
-                    }
-                });
-                futures::future::join_all(calls).await
-            };
-            // Outside any runtime (the engine's pool worker) this thread drives the calls itself
-            // and the connection tasks wake it directly: one hand-off per layer call fewer than
-            // spawning them and waiting on a channel, which is what a thread inside another
-            // runtime (where `block_on` would panic) still does.
-            let timed = if !has_streamed {
-                Vec::new()
-            } else if tokio::runtime::Handle::try_current().is_err() {
-                self.rt().block_on(work)
-            } else {
-                let (done_tx, done_rx) = std::sync::mpsc::channel();
-                self.rt().spawn(async move {
-                    let _ = done_tx.send(work.await);
-                });
-                done_rx
-                    .recv()
-                    .map_err(|_| ExpertError::Backend("expert client runtime stopped".into()))?
-            };
-            // Stream outputs are copied into place here, shared-memory ones by `wait` itself.
-            let mut landed: Vec<call::Timed<()>> = timed
-                .into_iter()
-                .map(|((share, result), took)| {
-                    let placed = result.map(|bytes| {
-                        for (j, &pi) in share.pair_idx.iter().enumerate() {
-                            nightshift_proto::le_bytes_to_f32s(
-                                &bytes[j * n_embd * 4..(j + 1) * n_embd * 4],
-                                &mut out[pi * n_embd..(pi + 1) * n_embd],
-                            );
-                        }
-                    });
-                    ((share, placed), took)
-                })
-                .collect();
-            for p in posted {
-                landed.push(shm_link::wait(&self.shared, p, out));
-            }
-            record_spread(&self.shared, &landed);
-            todo.clear();
-            for ((share, result), _) in landed {
-                if let Err(e) = result {
-                    let name = &self.shared.nodes[share.node].name;
-                    tracing::warn!(node = %name, layer, "layer call failed, retrying on another replica: {e}");
-                    last_errors.push(format!("{name}: {e}"));
-                    for &pi in &share.pair_idx {
-                        exclude
-                            .entry(pairs[pi].expert)
-                            .or_default()
-                            .push(share.node);
-                    }
-                    todo.extend_from_slice(&share.pair_idx);
-                }
-            }
-            todo.sort_unstable();
-        }
-        Err(ExpertError::Backend(format!(
-            "layer {layer}: every replica failed: {}",
-            last_errors.join("; ")
-        )))
-    }
 }

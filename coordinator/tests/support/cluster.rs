@@ -112,3 +112,88 @@ pub fn connect(model: &Model, cluster: &LocalCluster, opts: RemoteOptions) -> Ar
     );
     Arc::new(r)
 }
+
+/// Whether the multi-host harness can run here. Without permission to add network namespaces
+/// the caller skips (saying so), unless `NIGHTSHIFT_REQUIRE_NETNS` is set (the test scripts set
+/// it when running as root), where that is a failure.
+pub fn netns_or_skip(test: &str) -> bool {
+    match nightshift_coordinator::cluster::netns::available() {
+        Ok(()) => true,
+        Err(e) => {
+            assert!(
+                std::env::var_os("NIGHTSHIFT_REQUIRE_NETNS").is_none(),
+                "{test}: NIGHTSHIFT_REQUIRE_NETNS is set but {e}"
+            );
+            eprintln!("SKIPPED {test}: {e}");
+            false
+        }
+    }
+}
+
+/// A TLS cluster of `n` nodes in network namespaces serving `placement`, with mutual TLS from a
+/// fresh test CA in `dir`, links capped at `rate`, and `delay` added each way by relays (or
+/// none). Returns the cluster and the coordinator's TLS settings.
+pub fn netns_cluster(
+    model: &Path,
+    placement: Placement,
+    dir: &Path,
+    rate: &str,
+    delay: Option<Duration>,
+) -> (
+    nightshift_coordinator::cluster::netns::NetnsCluster,
+    nightshift_coordinator::cluster::ClientTls,
+) {
+    use nightshift_coordinator::cluster::{netns, ClientTls, NodeTls};
+    std::fs::create_dir_all(dir).expect("dir");
+    let ca = super::certs::Ca::new(dir, "netns");
+    let n = placement.nodes.len();
+    let (cert, key) = ca.issue(dir, "node", &netns::node_cert_names(n));
+    let (cc, ck) = ca.issue(dir, "coordinator", &["coordinator"]);
+    let cluster = netns::NetnsCluster::start(netns::NetnsOptions {
+        model: model.to_path_buf(),
+        placement,
+        threads_per_node: Some(1),
+        tls: Some(NodeTls {
+            cert,
+            key,
+            client_ca: Some(ca.pem.clone()),
+        }),
+        exe: node_binary(),
+        work_dir: dir.to_path_buf(),
+        rate: rate.to_string(),
+        delay,
+        start_timeout: Duration::from_secs(60),
+        node_log: "error".into(),
+    })
+    .expect("netns cluster starts");
+    let tls = ClientTls::from_files(&ca.pem, None, Some((&cc, &ck))).expect("client tls");
+    (cluster, tls)
+}
+
+/// The remote backend of a netns cluster, built in the coordinator's namespace with `opts`
+/// (over TCP only: shared memory would bypass the network), once every node is up.
+pub fn connect_netns(
+    model: &Model,
+    cluster: &nightshift_coordinator::cluster::netns::NetnsCluster,
+    tls: nightshift_coordinator::cluster::ClientTls,
+    opts: RemoteOptions,
+) -> Arc<RemoteExperts> {
+    let opts = RemoteOptions {
+        auth_token: Some(cluster.auth_token().to_string()),
+        tls: Some(tls),
+        shm_pairs: 0,
+        ..opts
+    };
+    let placement = cluster.placement().clone();
+    let (fp, n_embd) = (model.gguf().fingerprint(), model.config().n_embd);
+    let r = cluster
+        .in_coord(move || RemoteExperts::connect(placement, fp, n_embd, opts))
+        .expect("enter the coordinator namespace")
+        .expect("connect");
+    assert!(
+        r.wait_all_up(Duration::from_secs(20)),
+        "nodes up across namespaces: {:?}",
+        r.status()
+    );
+    Arc::new(r)
+}

@@ -7,6 +7,7 @@
 // Each test crate uses only some of these helpers.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod cluster;
 
 use std::io::{BufRead, BufReader};

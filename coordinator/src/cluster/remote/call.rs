@@ -18,6 +18,7 @@ use super::{lock, mark_down, LinkState, Shared};
 pub(super) type Timed<T> = ((Share, Result<T, String>), Duration);
 
 /// One node's share of a layer call.
+#[derive(Clone)]
 pub(super) struct Share {
     pub(super) node: usize,
     /// Indices into the call's `pairs`.
@@ -93,6 +94,12 @@ pub(super) fn finish_call(
         st.bytes_out += bytes_out as u64;
         match &result {
             Ok(n) => {
+                // An answer later than its hedge point (a stall's late answer) is not the
+                // node's usual latency: kept out, so one stall does not raise the bar for the next.
+                let took = started.elapsed();
+                if super::hedge::hedge_after(s, share.node, share.cost).is_none_or(|h| took <= h) {
+                    lock(&node.window).record(took, share.cost);
+                }
                 st.bytes_in += *n as u64;
                 if st.latencies_us.len() < 1 << 20 {
                     st.latencies_us.push((secs * 1e6) as u32);
@@ -100,6 +107,9 @@ pub(super) fn finish_call(
             }
             Err(_) => st.errors += 1,
         }
+    }
+    if result.is_ok() {
+        super::hedge::set_suspect(s, share.node, false, "answered");
     }
     if let Err(e) = &result {
         metrics::counter!("nightshift_node_rpc_errors_total", "node" => node.name.clone())
@@ -139,10 +149,12 @@ pub(super) async fn call_node(
         tx.send(req)
             .await
             .map_err(|_| "stream closed".to_string())?;
-        match tokio::time::timeout(s.opts.deadline, wrx).await {
+        let deadline = super::hedge::stall_deadline(&s, share.node, share.cost);
+        match tokio::time::timeout(deadline, wrx).await {
             Err(_) => Err(format!(
-                "deadline of {} ms passed",
-                s.opts.deadline.as_millis()
+                "no answer within {} ms (node {} stalled or cut off)",
+                deadline.as_millis(),
+                node.name
             )),
             Ok(Err(_)) => Err("stream closed before the answer".to_string()),
             Ok(Ok(r)) => r,

@@ -129,7 +129,7 @@ pub(super) fn post<'a>(
 /// node answers only the groups it took).
 pub(super) fn wait(s: &Shared, mut p: Posted<'_>, out: &mut [f32]) -> Timed<()> {
     let node = p.node;
-    let deadline = p.started + s.opts.deadline;
+    let deadline = p.started + super::hedge::stall_deadline(s, p.share.node, p.share.cost);
     let generation = p.generation;
     let mut alive =
         || matches!(&*lock(&node.state), LinkState::Up(c) if c.generation == generation);

@@ -1,0 +1,271 @@
+//! `cluster-report --netns`: the cluster across network namespaces (coordinator/src/cluster/netns),
+//! the deployment's TCP + mutual TLS path with a `tc tbf` cap per node link (`--rate`, 10 Gbit/s)
+//! and a delay relay per link adding `--delays-us` one way, against in process on the same cores.
+//! Per node count and added delay one cluster is started (round-robin placement, every copy
+//! resident), then per batch size the in-process run, the cluster with the overlap (a layer's
+//! shared expert computed while its routed experts are out) and without it alternate
+//! `--repeats` times. Also run: the nodes dialled directly (no relay), so the relay's own cost at
+//! 0 us shows. The last table is the per-layer cost of each added microsecond: the growth of the
+//! decode step between the smallest and largest delay, per MoE layer and per added us one way.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use nightshift_atlas_core::placement::{NodeSpec, Placement};
+use nightshift_coordinator::cluster::netns::{self, NetnsCluster, NetnsOptions};
+use nightshift_coordinator::cluster::{
+    model_shape, ClientTls, NodeTls, RemoteExperts, RemoteOptions,
+};
+use nightshift_model::Model;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+
+use super::{decode, median, Args, Run};
+
+/// The mutual-TLS files of one report run, in `dir`: (node TLS, coordinator TLS).
+fn certificates(dir: &std::path::Path, nodes: usize) -> anyhow::Result<(NodeTls, ClientTls)> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "cluster-report CA");
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate()?)?;
+    let write = |name: &str, text: String| -> anyhow::Result<std::path::PathBuf> {
+        let p = dir.join(name);
+        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+        Ok(p)
+    };
+    let ca_pem = write("ca.pem", ca.pem())?;
+    let leaf = |stem: &str, names: Vec<String>| -> anyhow::Result<_> {
+        let key = KeyPair::generate()?;
+        let cert = CertificateParams::new(names)?.signed_by(&key, &ca)?;
+        Ok((
+            write(&format!("{stem}.pem"), cert.pem())?,
+            write(&format!("{stem}-key.pem"), key.serialize_pem())?,
+        ))
+    };
+    let (nc, nk) = leaf("node", netns::node_cert_names(nodes))?;
+    let (cc, ck) = leaf("coordinator", vec!["coordinator".into()])?;
+    let client = ClientTls::from_files(&ca_pem, None, Some((&cc, &ck)))?;
+    Ok((
+        NodeTls {
+            cert: nc,
+            key: nk,
+            client_ca: Some(ca_pem),
+        },
+        client,
+    ))
+}
+
+/// One configuration's runs: (in process, with overlap, without overlap) per repeat.
+struct Cell {
+    nodes: usize,
+    /// None: the nodes dialled directly (no relay).
+    delay_us: Option<u64>,
+    batch: usize,
+    runs: Vec<(Run, Run, Run)>,
+}
+
+fn connect(
+    model: &Model,
+    c: &NetnsCluster,
+    tls: &ClientTls,
+    overlap: bool,
+) -> anyhow::Result<Arc<RemoteExperts>> {
+    let opts = RemoteOptions {
+        auth_token: Some(c.auth_token().to_string()),
+        tls: Some(tls.clone()),
+        shm_pairs: 0,
+        deadline: Duration::from_secs(60),
+        overlap,
+        ..Default::default()
+    };
+    let (placement, fp, n_embd) = (
+        c.placement().clone(),
+        model.gguf().fingerprint(),
+        model.config().n_embd,
+    );
+    let r = c.in_coord(move || RemoteExperts::connect(placement, fp, n_embd, opts))??;
+    anyhow::ensure!(
+        r.wait_all_up(Duration::from_secs(30)),
+        "nodes not up across namespaces: {:?}",
+        r.status()
+    );
+    Ok(Arc::new(r))
+}
+
+pub fn run(a: &Args) -> anyhow::Result<()> {
+    netns::available()?;
+    let model = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    let shape = model_shape(&model)?;
+    let moe_layers = shape.moe_layers.len();
+    let exe = nightshift_coordinator::cluster::launcher::find_node_binary()?;
+    let dir = std::env::temp_dir().join(format!("nightshift-netns-report-{}", std::process::id()));
+    let has_shared = model.config().n_expert_shared > 0;
+    println!(
+        "model {} | {} MoE layers{} | nodes {:?} x {} threads, links capped at {} each way, mutual TLS | \
+         in process {} threads | {} steps, {} repeats per cell, interleaved",
+        a.model.display(),
+        moe_layers,
+        if has_shared { ", shared expert" } else { ", no shared expert: overlap has nothing to hide" },
+        a.netns_nodes,
+        a.node_threads,
+        a.rate,
+        a.threads,
+        a.steps,
+        a.repeats
+    );
+    let mut delays: Vec<Option<u64>> = vec![None];
+    delays.extend(a.delays_us.iter().map(|&d| Some(d)));
+    let mut cells = Vec::new();
+    println!(
+        "{:>5} | {:>8} | {:>5} | {:>3} | {:>11} | {:>11} | {:>7} | {:>11} | {:>7} | {:>8}",
+        "nodes",
+        "added",
+        "batch",
+        "run",
+        "in-proc t/s",
+        "overlap t/s",
+        "ratio",
+        "no-ovl t/s",
+        "ratio",
+        "rtt p50"
+    );
+    for &nodes in &a.netns_nodes {
+        let (node_tls, client_tls) = certificates(&dir, nodes)?;
+        for &delay_us in &delays {
+            let names = (0..nodes)
+                .map(|i| NodeSpec::named(format!("node{i}")))
+                .collect();
+            let cluster = NetnsCluster::start(NetnsOptions {
+                model: a.model.clone(),
+                placement: Placement::round_robin(names, &shape.moe_layers, shape.n_experts),
+                threads_per_node: Some(a.node_threads),
+                tls: Some(node_tls.clone()),
+                exe: exe.clone(),
+                work_dir: dir.clone(),
+                rate: a.rate.clone(),
+                delay: delay_us.map(Duration::from_micros),
+                start_timeout: Duration::from_secs(120),
+                node_log: "error".into(),
+            })?;
+            let with = connect(&model, &cluster, &client_tls, true)?;
+            let without = connect(&model, &cluster, &client_tls, false)?;
+            for &batch in &a.batches {
+                let mut runs = Vec::new();
+                for rep in 0..a.repeats {
+                    let base = decode(&model, None, a.threads, batch, a)?;
+                    let ovl = decode(&model, Some(&with), a.threads, batch, a)?;
+                    let plain = decode(&model, Some(&without), a.threads, batch, a)?;
+                    println!(
+                        "{:>5} | {:>8} | {:>5} | {:>3} | {:>11.2} | {:>11.2} | {:>7.3} | {:>11.2} | {:>7.3} | {:>8}",
+                        nodes,
+                        delay_us.map_or("direct".into(), |d| format!("{d} us")),
+                        batch,
+                        rep + 1,
+                        base.tok_s,
+                        ovl.tok_s,
+                        ovl.tok_s / base.tok_s,
+                        plain.tok_s,
+                        plain.tok_s / base.tok_s,
+                        super::us(ovl.p50_us)
+                    );
+                    runs.push((base, ovl, plain));
+                }
+                cells.push(Cell {
+                    nodes,
+                    delay_us,
+                    batch,
+                    runs,
+                });
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    summary(&cells, moe_layers, a);
+    Ok(())
+}
+
+fn step_ms(r: &Run) -> f64 {
+    1e3 * r.profile.total / r.profile.steps.max(1) as f64
+}
+
+fn summary(cells: &[Cell], moe_layers: usize, a: &Args) {
+    println!();
+    println!(
+        "{:>5} | {:>8} | {:>5} | {:>13} | {:>13} | {:>13} | {:>13} | {:>9} | {:>9}",
+        "nodes",
+        "added",
+        "batch",
+        "overlap ratio",
+        "min-max",
+        "no-ovl ratio",
+        "min-max",
+        "step ovl",
+        "step in-p"
+    );
+    for c in cells {
+        let ro: Vec<f64> = c.runs.iter().map(|(b, o, _)| o.tok_s / b.tok_s).collect();
+        let rp: Vec<f64> = c.runs.iter().map(|(b, _, p)| p.tok_s / b.tok_s).collect();
+        let lo = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = |v: &[f64]| v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        println!(
+            "{:>5} | {:>8} | {:>5} | {:>13.3} | {:>5.3}-{:<7.3} | {:>13.3} | {:>5.3}-{:<7.3} | {:>6.2} ms | {:>6.2} ms",
+            c.nodes,
+            c.delay_us.map_or("direct".into(), |d| format!("{d} us")),
+            c.batch,
+            median(&ro),
+            lo(&ro),
+            hi(&ro),
+            median(&rp),
+            lo(&rp),
+            hi(&rp),
+            median(&c.runs.iter().map(|(_, o, _)| step_ms(o)).collect::<Vec<_>>()),
+            median(&c.runs.iter().map(|(b, _, _)| step_ms(b)).collect::<Vec<_>>()),
+        );
+    }
+    println!();
+    println!(
+        "cost of added latency: growth of the decode step per MoE layer and per us added one way"
+    );
+    println!(
+        "{:>5} | {:>5} | {:>12} | {:>12} | {:>14} | {:>14}",
+        "nodes", "batch", "from", "to", "overlap us/us", "no-ovl us/us"
+    );
+    let (Some(&d0), Some(&d1)) = (a.delays_us.iter().min(), a.delays_us.iter().max()) else {
+        return;
+    };
+    if d1 == d0 {
+        return;
+    }
+    for &nodes in &a.netns_nodes {
+        for &batch in &a.batches {
+            let find = |d: u64| {
+                cells
+                    .iter()
+                    .find(|c| c.nodes == nodes && c.batch == batch && c.delay_us == Some(d))
+            };
+            let (Some(c0), Some(c1)) = (find(d0), find(d1)) else {
+                continue;
+            };
+            let per = |pick: fn(&(Run, Run, Run)) -> &Run| {
+                let s0 = median(&c0.runs.iter().map(|r| step_ms(pick(r))).collect::<Vec<_>>());
+                let s1 = median(&c1.runs.iter().map(|r| step_ms(pick(r))).collect::<Vec<_>>());
+                1e3 * (s1 - s0) / (moe_layers.max(1) as f64 * (d1 - d0) as f64)
+            };
+            println!(
+                "{:>5} | {:>5} | {:>9} us | {:>9} us | {:>14.2} | {:>14.2}",
+                nodes,
+                batch,
+                d0,
+                d1,
+                per(|r| &r.1),
+                per(|r| &r.2)
+            );
+        }
+    }
+    println!(
+        "(2.0 us/us: each layer waits one full round trip for every added us; less: hidden or overlapped)"
+    );
+}

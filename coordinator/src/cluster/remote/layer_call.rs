@@ -1,0 +1,344 @@
+//! The layer call of `RemoteExperts` (its `ExpertBackend`): rounds of shares, each expert on a
+//! balanced live replica (suspect nodes only when nothing else can take it), shares of nodes on
+//! this machine through shared memory and the others over their streams (hedged, `hedge`), a
+//! failed share retried on another replica in the next round, every node tried at most once per
+//! call. `post_experts` starts the first round's stream calls on the client runtime and returns,
+//! so the engine computes the shared expert meanwhile; `collect_experts` lands them and runs any
+//! further rounds. Outputs come back per pair: the engine's sum is the same whatever answered.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use nightshift_atlas_core::placement::{NodeId, Placement};
+use nightshift_model::{ActRows, ExpertBackend, ExpertError, ExpertPair, PostedExperts};
+
+use super::call::{record_spread, Share, Timed};
+use super::{balance, hedge, lock, shared_call, shm_link, LinkState, RemoteExperts, Shared};
+
+/// A layer call's first round, out on the nodes' streams (`post_experts`).
+struct InFlight {
+    acts: Arc<ActRows>,
+    pairs: Arc<Vec<ExpertPair>>,
+    calls: tokio::task::JoinHandle<Vec<Timed<Vec<u8>>>>,
+}
+
+/// The stream calls of one round, side by side, each with the time its answer took.
+async fn stream_round(
+    s: Arc<Shared>,
+    placement: Arc<Placement>,
+    layer: usize,
+    acts: Arc<ActRows>,
+    pairs: Arc<Vec<ExpertPair>>,
+    shares: Vec<Share>,
+) -> Vec<Timed<Vec<u8>>> {
+    let calls = shares.into_iter().map(|sh| {
+        let call = hedge::hedged_call(
+            s.clone(),
+            placement.clone(),
+            layer,
+            acts.clone(),
+            pairs.clone(),
+            sh,
+        );
+        async move {
+            let started = Instant::now();
+            let r = call.await;
+            (r, started.elapsed())
+        }
+    });
+    futures::future::join_all(calls).await
+}
+
+impl RemoteExperts {
+    /// Assigns every pair to a live replica not in `exclude[expert]`, balancing estimated work
+    /// (rows) over the nodes with the work already in flight as a bias (`balance::plan`), all
+    /// rows of one expert to the same node (so they form one GEMM there).
+    fn assign(
+        &self,
+        layer: usize,
+        pairs: &[ExpertPair],
+        todo: &[usize],
+        exclude: &HashMap<u32, Vec<NodeId>>,
+    ) -> Result<Vec<Share>, ExpertError> {
+        let placement = self.placement();
+        let up: Vec<bool> = self
+            .shared
+            .nodes
+            .iter()
+            .map(|n| matches!(&*lock(&n.state), LinkState::Up(_)))
+            .collect();
+        let bias: Vec<usize> = self
+            .shared
+            .nodes
+            .iter()
+            .map(|n| n.outstanding.load(Ordering::Relaxed))
+            .collect();
+        // Suspect nodes get work only when no other replica can take it.
+        let trusted: Vec<bool> = up
+            .iter()
+            .zip(&self.shared.nodes)
+            .map(|(&u, n)| u && !n.suspect.load(Ordering::Acquire))
+            .collect();
+        let replicas = |e: u32| placement.replicas(layer, e as usize);
+        let planned = balance::plan(pairs, todo, replicas, &trusted, &bias, exclude)
+            .or_else(|_| balance::plan(pairs, todo, replicas, &up, &bias, exclude))
+            .map_err(|balance::NoLiveReplica { expert: e }| {
+            let names: Vec<String> = placement
+                .replicas(layer, e as usize)
+                .iter()
+                .filter_map(|&n| self.shared.nodes.get(n))
+                .map(|n| format!("{} ({})", n.name, n.addr))
+                .collect();
+            ExpertError::Backend(format!(
+                "no live replica for layer {layer} expert {e}: replicas {names:?} are down or failed"
+            ))
+        })?;
+        Ok(planned
+            .into_iter()
+            .map(|p| Share {
+                node: p.node,
+                pair_idx: p.pair_idx,
+                cost: p.cost,
+            })
+            .collect())
+    }
+
+    /// Runs `fut` on the client runtime and waits for it. Outside any runtime (the engine's pool
+    /// worker) this thread drives it itself and the connection tasks wake it directly: one
+    /// hand-off per layer call fewer than spawning it and waiting on a channel, which is what a
+    /// thread inside another runtime (where `block_on` would panic) still does.
+    fn drive<F>(&self, fut: F) -> Result<F::Output, ExpertError>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Ok(self.rt().block_on(fut));
+        }
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        self.rt().spawn(async move {
+            let _ = done_tx.send(fut.await);
+        });
+        done_rx
+            .recv()
+            .map_err(|_| ExpertError::Backend("expert client runtime stopped".into()))
+    }
+
+    /// Lands the rounds of a layer call into `out` until every pair of `todo` is answered:
+    /// `first` (a round already sent, `post_experts`) and then new rounds, each retrying the
+    /// pairs whose node failed on another replica.
+    #[allow(clippy::too_many_arguments)]
+    fn rounds(
+        &self,
+        layer: usize,
+        acts: &Arc<ActRows>,
+        pairs: &Arc<Vec<ExpertPair>>,
+        mut todo: Vec<usize>,
+        mut exclude: HashMap<u32, Vec<NodeId>>,
+        mut last_errors: Vec<String>,
+        mut first: Option<Vec<Timed<Vec<u8>>>>,
+        out: &mut [f32],
+    ) -> Result<(), ExpertError> {
+        let n_embd = self.shared.n_embd;
+        let placement = self.placement();
+        // Each round retries failed shares on other replicas; a node is tried at most once per call.
+        for _round in 0..=self.shared.nodes.len() + 1 {
+            let (timed, posted) = match first.take() {
+                Some(t) => (t, Vec::new()),
+                None => {
+                    if todo.is_empty() {
+                        return Ok(());
+                    }
+                    let shares =
+                        self.assign(layer, pairs, &todo, &exclude)
+                            .map_err(|e| match e {
+                                ExpertError::Backend(m) if !last_errors.is_empty() => {
+                                    ExpertError::Backend(format!(
+                                        "{m}; last errors: {}",
+                                        last_errors.join("; ")
+                                    ))
+                                }
+                                other => other,
+                            })?;
+                    // Nodes on this machine take their shares through shared memory: posted
+                    // first, so they compute while the stream calls go out, and collected last.
+                    let mut posted = Vec::new();
+                    let mut streamed = Vec::new();
+                    for sh in shares {
+                        match shm_link::post(&self.shared, layer, acts, pairs, sh, 0) {
+                            Ok(p) => posted.push(p),
+                            Err(sh) => streamed.push(sh),
+                        }
+                    }
+                    let timed = if streamed.is_empty() {
+                        Vec::new()
+                    } else {
+                        self.drive(stream_round(
+                            self.shared.clone(),
+                            placement.clone(),
+                            layer,
+                            acts.clone(),
+                            pairs.clone(),
+                            streamed,
+                        ))?
+                    };
+                    (timed, posted)
+                }
+            };
+            // Stream outputs are copied into place here, shared-memory ones by `wait` itself.
+            let mut landed: Vec<Timed<()>> = timed
+                .into_iter()
+                .map(|((share, result), took)| {
+                    let placed = result.map(|bytes| {
+                        for (j, &pi) in share.pair_idx.iter().enumerate() {
+                            nightshift_proto::le_bytes_to_f32s(
+                                &bytes[j * n_embd * 4..(j + 1) * n_embd * 4],
+                                &mut out[pi * n_embd..(pi + 1) * n_embd],
+                            );
+                        }
+                    });
+                    ((share, placed), took)
+                })
+                .collect();
+            for p in posted {
+                landed.push(shm_link::wait(&self.shared, p, out));
+            }
+            record_spread(&self.shared, &landed);
+            todo.clear();
+            for ((share, result), _) in landed {
+                if let Err(e) = result {
+                    let name = &self.shared.nodes[share.node].name;
+                    tracing::warn!(node = %name, layer, "layer call failed, retrying on another replica: {e}");
+                    last_errors.push(format!("{name}: {e}"));
+                    for &pi in &share.pair_idx {
+                        exclude
+                            .entry(pairs[pi].expert)
+                            .or_default()
+                            .push(share.node);
+                    }
+                    todo.extend_from_slice(&share.pair_idx);
+                }
+            }
+            todo.sort_unstable();
+        }
+        if todo.is_empty() {
+            return Ok(());
+        }
+        Err(ExpertError::Backend(format!(
+            "layer {layer}: every replica failed: {}",
+            last_errors.join("; ")
+        )))
+    }
+
+    fn check_out(&self, pairs: usize, out: &[f32]) -> Result<(), ExpertError> {
+        let n_embd = self.shared.n_embd;
+        if out.len() != pairs * n_embd {
+            return Err(ExpertError::Shape(format!(
+                "expected an output of {} floats, found {}",
+                pairs * n_embd,
+                out.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl ExpertBackend for RemoteExperts {
+    fn run_experts(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+        out: &mut [f32],
+    ) -> Result<(), ExpertError> {
+        self.check_out(pairs.len(), out)?;
+        let acts = Arc::new(acts.clone());
+        let pairs_arc = Arc::new(pairs.to_vec());
+        let mut todo: Vec<usize> = (0..pairs.len()).collect();
+        let mut exclude: HashMap<u32, Vec<NodeId>> = HashMap::new();
+        let mut last_errors: Vec<String> = Vec::new();
+        let placement = self.placement();
+        if let Some(round) =
+            shared_call::run(&self.shared, &placement, layer, &acts, pairs, &todo, out)
+        {
+            for (node, e) in round.failed {
+                let name = &self.shared.nodes[node].name;
+                tracing::warn!(node = %name, layer, "shared layer call failed, retrying its rest on other replicas: {e}");
+                last_errors.push(format!("{name}: {e}"));
+                for &pi in &round.missing {
+                    exclude.entry(pairs[pi].expert).or_default().push(node);
+                }
+            }
+            todo = round.missing;
+        }
+        self.rounds(
+            layer,
+            &acts,
+            &pairs_arc,
+            todo,
+            exclude,
+            last_errors,
+            None,
+            out,
+        )
+    }
+
+    /// Nodes reached over streams only: a call can be out while the engine computes. With a
+    /// shared-memory link the call stays whole (`run_experts`), as its wait is this thread's.
+    fn overlaps(&self) -> bool {
+        self.shared.opts.overlap
+            && self.shared.nodes.iter().all(|n| match &*lock(&n.state) {
+                LinkState::Up(c) => c.shm.is_none(),
+                LinkState::Down { .. } => true,
+            })
+    }
+
+    fn post_experts(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+    ) -> Result<PostedExperts, ExpertError> {
+        let acts = Arc::new(acts.clone());
+        let pairs = Arc::new(pairs.to_vec());
+        let todo: Vec<usize> = (0..pairs.len()).collect();
+        let shares = self.assign(layer, &pairs, &todo, &HashMap::new())?;
+        let calls = self.rt().spawn(stream_round(
+            self.shared.clone(),
+            self.placement(),
+            layer,
+            acts.clone(),
+            pairs.clone(),
+            shares,
+        ));
+        Ok(PostedExperts {
+            layer,
+            state: Box::new(InFlight { acts, pairs, calls }),
+        })
+    }
+
+    fn collect_experts(&self, posted: PostedExperts, out: &mut [f32]) -> Result<(), ExpertError> {
+        let Ok(call) = posted.state.downcast::<InFlight>() else {
+            return Err(ExpertError::Backend(
+                "expected a layer call posted by the remote backend, found another's".into(),
+            ));
+        };
+        let InFlight { acts, pairs, calls } = *call;
+        self.check_out(pairs.len(), out)?;
+        let first = self
+            .drive(calls)?
+            .map_err(|e| ExpertError::Backend(format!("expert client task failed: {e}")))?;
+        self.rounds(
+            posted.layer,
+            &acts,
+            &pairs,
+            Vec::new(),
+            HashMap::new(),
+            Vec::new(),
+            Some(first),
+            out,
+        )
+    }
+}

@@ -1,0 +1,161 @@
+//! Stalls (issue 23): an expert node stopped with SIGSTOP keeps its TCP connection, so without
+//! hedging its calls would wait for the whole deadline. With every expert on both nodes, the call
+//! stuck on the stopped node is hedged on the other one, the node is marked suspect and gets no
+//! new work, the generation runs on with logits bit-identical to in process and no failed call,
+//! and after SIGCONT the node's late answer clears the mark. With no replica, the call fails at
+//! the stall deadline (well before the deadline) naming the node, later calls fail at once while
+//! it is down, and once it runs again the cluster serves the same bits as before.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nightshift_atlas_core::placement::Placement;
+use nightshift_coordinator::cluster::{model_shape, LocalCluster, RemoteExperts, RemoteOptions};
+use nightshift_model::{LocalExperts, Model};
+use support::cluster::{assert_bits_equal, connect, explicit, generate, launch, nodes, PROMPT};
+use support::{engine, fixture};
+
+fn signal(cluster: &LocalCluster, node: &str, sig: i32) {
+    let pid = cluster.pid(node).expect("node pid");
+    // SAFETY: kill(2) on a child process of this test's cluster; no memory is touched.
+    assert_eq!(
+        unsafe { libc::kill(pid as libc::pid_t, sig) },
+        0,
+        "signal {sig}"
+    );
+}
+
+fn wait_trusted(r: &RemoteExperts, node: &str, within: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if r.status()
+            .iter()
+            .any(|s| s.name == node && s.up && !s.suspect)
+        {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn stopped_node_is_hedged_on_its_replica() {
+    let path = fixture("tiny-qwen3moe-Q2_K.gguf");
+    let model = Model::load(&path).expect("model");
+    let shape = model_shape(&model).expect("shape");
+    let steps = 24;
+    let want = generate(
+        &mut engine(&model, Arc::new(LocalExperts::new(model.clone(), None))),
+        &PROMPT,
+        steps,
+        |_| {},
+    )
+    .expect("in process");
+    let cluster = launch(&path, explicit(&shape, 2, |_| vec![0, 1]));
+    // A stall deadline far away: only hedging can keep the stopped node from holding a step.
+    let r = connect(
+        &model,
+        &cluster,
+        RemoteOptions {
+            shm_pairs: 0,
+            deadline: Duration::from_secs(60),
+            stall_min: Duration::from_secs(30),
+            ..Default::default()
+        },
+    );
+    let mut e = engine(&model, r.clone());
+    let mut last = Instant::now();
+    let mut stopped_steps = Vec::new();
+    let got = generate(&mut e, &PROMPT, steps, |i| {
+        let now = Instant::now();
+        if (13..=18).contains(&i) {
+            stopped_steps.push(now - last);
+        }
+        if i == 12 {
+            signal(&cluster, "node0", libc::SIGSTOP);
+        }
+        if i == 18 {
+            signal(&cluster, "node0", libc::SIGCONT);
+        }
+        last = now;
+    })
+    .expect("generation survives the stopped node");
+    assert_bits_equal(&got, &want, "with node0 stopped mid-generation");
+    let st = r.take_stats();
+    assert!(st.hedges >= 1, "the stuck call was hedged: {st:?}");
+    assert_eq!(st.errors, 0, "no call failed: {st:?}");
+    let worst = stopped_steps.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "decode steps with node0 stopped: worst {worst:?}, hedges {}",
+        st.hedges
+    );
+    assert!(
+        worst < Duration::from_secs(10),
+        "a step waited {worst:?}: as long as the old 10 s deadline"
+    );
+    assert!(
+        wait_trusted(&r, "node0", Duration::from_secs(20)),
+        "node0 trusted again after SIGCONT: {:?}",
+        r.status()
+    );
+    let again = generate(&mut e, &PROMPT, 4, |_| {}).expect("after recovery");
+    assert_bits_equal(&again, &want[..again.len()], "after node0 recovered");
+}
+
+#[test]
+fn stopped_node_without_replica_fails_fast_then_recovers() {
+    let path = fixture("tiny-qwen3moe-Q2_K.gguf");
+    let model = Model::load(&path).expect("model");
+    let shape = model_shape(&model).expect("shape");
+    let want = generate(
+        &mut engine(&model, Arc::new(LocalExperts::new(model.clone(), None))),
+        &PROMPT,
+        20,
+        |_| {},
+    )
+    .expect("in process");
+    let cluster = launch(
+        &path,
+        Placement::round_robin(nodes(2), &shape.moe_layers, shape.n_experts),
+    );
+    let r = connect(
+        &model,
+        &cluster,
+        RemoteOptions {
+            shm_pairs: 0,
+            stall_min: Duration::from_secs(1),
+            ..Default::default()
+        },
+    );
+    let mut e = engine(&model, r.clone());
+    // Enough calls for each node's latency window.
+    let warm = generate(&mut e, &PROMPT, 20, |_| {}).expect("warm-up");
+    assert_bits_equal(&warm, &want, "before the stop");
+
+    signal(&cluster, "node0", libc::SIGSTOP);
+    let started = Instant::now();
+    let err = generate(&mut e, &PROMPT, 2, |_| {}).expect_err("node0 holds experts alone");
+    let took = started.elapsed();
+    eprintln!("request with node0 stopped failed after {took:?}: {err}");
+    assert!(err.contains("node0"), "the error names the node: {err}");
+    assert!(
+        took < Duration::from_secs(10),
+        "failed after {took:?}, not before the 10 s deadline"
+    );
+    let started = Instant::now();
+    let err = generate(&mut e, &PROMPT, 2, |_| {}).expect_err("still stopped");
+    eprintln!("next request failed after {:?}: {err}", started.elapsed());
+    assert!(err.contains("node0"), "{err}");
+
+    signal(&cluster, "node0", libc::SIGCONT);
+    assert!(
+        r.wait_all_up(Duration::from_secs(30)),
+        "node0 back: {:?}",
+        r.status()
+    );
+    let again = generate(&mut e, &PROMPT, 20, |_| {}).expect("after SIGCONT");
+    assert_bits_equal(&again, &want, "after node0 runs again");
+}
