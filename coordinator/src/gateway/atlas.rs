@@ -7,6 +7,7 @@
 
 use super::error::Body;
 use super::extract::ApiText;
+use super::openapi::BodyErrors;
 use super::{ApiError, AppState};
 use crate::atlas_rec::AtlasRecorder;
 use crate::cluster::budget::resident_keys;
@@ -102,11 +103,8 @@ pub async fn get_placement(State(state): State<Arc<AppState>>) -> Result<Respons
     )),
     responses(
         (status = 200, description = "The rebalance report", body = Object),
-        (status = 400, description = "The placement does not parse or does not fit the model", body = Body),
-        (status = 401, description = "Missing or wrong API key", body = Body),
+        BodyErrors,
         (status = 409, description = "No atlas, or experts run in process", body = Body),
-        (status = 408, description = "The body did not arrive within --body-timeout", body = Body),
-        (status = 413, description = "The body is larger than the server takes", body = Body),
         (status = 503, description = "The rebalance failed and was rolled back", body = Body),
     ),
     security((), ("api_key" = []))

@@ -5,6 +5,7 @@
 use super::convert::{self, Checked, Prompt};
 use super::error::{ApiError, Body};
 use super::extract::ApiJson;
+use super::openapi::{BodyErrors, GenerationErrors};
 use super::stream::{self, Kind, Meta};
 use super::tools;
 use super::types::*;
@@ -55,14 +56,8 @@ struct Job {
             (ChatCompletion = "application/json"),
             (String = "text/event-stream"),
         )),
-        (status = 400, description = "A request field is missing, malformed or out of range (`param` names it)", body = Body),
-        (status = 401, description = "Missing or wrong API key", body = Body),
-        (status = 404, description = "The `model` named is not the one served", body = Body),
-        (status = 408, description = "The body did not arrive within --body-timeout", body = Body),
-        (status = 413, description = "The body is larger than the server takes", body = Body),
-        (status = 429, description = "Too many requests waiting", body = Body),
-        (status = 503, description = "Shutting down, or expert nodes unreachable", body = Body),
-        (status = 504, description = "The request took longer than --request-timeout", body = Body),
+        BodyErrors,
+        GenerationErrors,
     ),
     security((), ("api_key" = []))
 )]
@@ -155,10 +150,7 @@ pub async fn chat(
     request_body = ChatRequest,
     responses(
         (status = 200, description = "The prompt text: `{\"prompt\": ..}`", body = Object),
-        (status = 400, description = "A request field is missing, malformed or out of range", body = Body),
-        (status = 401, description = "Missing or wrong API key", body = Body),
-        (status = 408, description = "The body did not arrive within --body-timeout", body = Body),
-        (status = 413, description = "The body is larger than the server takes", body = Body),
+        BodyErrors,
     ),
     security((), ("api_key" = []))
 )]
@@ -193,14 +185,8 @@ pub async fn apply_template(
             (Completion = "application/json"),
             (String = "text/event-stream"),
         )),
-        (status = 400, description = "A request field is missing, malformed or out of range (`param` names it)", body = Body),
-        (status = 401, description = "Missing or wrong API key", body = Body),
-        (status = 404, description = "The `model` named is not the one served", body = Body),
-        (status = 408, description = "The body did not arrive within --body-timeout", body = Body),
-        (status = 413, description = "The body is larger than the server takes", body = Body),
-        (status = 429, description = "Too many requests waiting", body = Body),
-        (status = 503, description = "Shutting down, or expert nodes unreachable", body = Body),
-        (status = 504, description = "The request took longer than --request-timeout", body = Body),
+        BodyErrors,
+        GenerationErrors,
     ),
     security((), ("api_key" = []))
 )]

@@ -3,6 +3,7 @@
 //! handler, so it cannot drift from what the server parses and writes. The test command fuzzes
 //! the live server from it with schemathesis (no 5xx, every answer in its documented shape).
 
+use super::error::Body;
 use super::{atlas, handlers, AppState};
 use axum::extract::State;
 use axum::Json;
@@ -34,6 +35,43 @@ use utoipa::{Modify, OpenApi};
     modifiers(&ApiKey)
 )]
 pub struct ApiDoc;
+
+/// The errors of every endpoint that reads a request body (the document's one list of them;
+/// `ApiError` builds the bodies, so the variants are never constructed).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum BodyErrors<'a> {
+    /// A request field is missing, malformed or out of range (`param` names it)
+    #[response(status = 400)]
+    Invalid(Body<'a>),
+    /// Missing or wrong API key
+    #[response(status = 401)]
+    Unauthorized(Body<'a>),
+    /// The body did not arrive within --body-timeout
+    #[response(status = 408)]
+    SlowBody(Body<'a>),
+    /// The body is larger than the server takes
+    #[response(status = 413)]
+    TooLarge(Body<'a>),
+}
+
+/// The further errors of the generating endpoints.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum GenerationErrors<'a> {
+    /// The `model` named is not the one served
+    #[response(status = 404)]
+    UnknownModel(Body<'a>),
+    /// Too many requests waiting
+    #[response(status = 429)]
+    Busy(Body<'a>),
+    /// Shutting down, or expert nodes unreachable
+    #[response(status = 503)]
+    Unavailable(Body<'a>),
+    /// The request took longer than --request-timeout
+    #[response(status = 504)]
+    Timeout(Body<'a>),
+}
 
 /// The bearer API key (`--api-key`); every path that takes it also works without one when
 /// the server has none.
