@@ -59,32 +59,9 @@ pub enum GenError {
     Io(#[from] std::io::Error),
 }
 
-/// Model architecture (GGUF `general.architecture`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    Qwen3Moe,
-    Deepseek2,
-    /// dense Qwen3 (the draft model of Qwen3-MoE: same tokenizer)
-    Qwen3,
-    /// dense Llama 3.x (llama-bpe tokenizer, rope frequency factors)
-    Llama,
-}
-
-impl Arch {
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Qwen3Moe => "qwen3moe",
-            Arch::Deepseek2 => "deepseek2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Llama => "llama",
-        }
-    }
-
-    /// Whether the arch has routed experts.
-    pub fn is_moe(self) -> bool {
-        matches!(self, Arch::Qwen3Moe | Arch::Deepseek2)
-    }
-}
+/// The architectures `gen-model` writes: the engine's own (`config::Arch`), named as in GGUF
+/// `general.architecture`.
+pub use crate::config::Arch;
 
 impl FromStr for Arch {
     type Err = GenError;
