@@ -318,36 +318,39 @@ impl LocalCluster {
     }
 
     fn wait_listening(&self, timeout: Duration) -> Result<(), LaunchError> {
-        let start = Instant::now();
-        loop {
-            let mut all = true;
-            {
+        let (names, addrs): (Vec<String>, Vec<SocketAddr>) = lock(&self.inner.slots)
+            .iter()
+            .map(|s| (s.name.clone(), s.addr))
+            .unzip();
+        let waited = wait_until_listening(
+            addrs.len(),
+            timeout,
+            |i| {
                 let mut slots = lock(&self.inner.slots);
-                for s in slots.iter_mut() {
-                    if let Some(c) = s.child.as_mut() {
-                        if let Ok(Some(status)) = c.try_wait() {
-                            return Err(LaunchError::DiedAtStart {
-                                node: s.name.clone(),
-                                status: status.to_string(),
-                            });
-                        }
-                    }
-                    if TcpStream::connect_timeout(&s.addr, Duration::from_millis(100)).is_err() {
-                        all = false;
-                        if start.elapsed() > timeout {
-                            return Err(LaunchError::StartTimeout {
-                                node: s.name.clone(),
-                                addr: s.addr.to_string(),
-                                secs: timeout.as_secs(),
-                            });
-                        }
-                    }
+                let status = slots[i].child.as_mut().map(Child::try_wait);
+                match status {
+                    Some(Ok(Some(status))) => Some(status.to_string()),
+                    _ => None,
                 }
-            }
-            if all {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            },
+            |pending| {
+                Ok::<_, std::convert::Infallible>(
+                    pending.iter().map(|&i| dials(addrs[i])).collect(),
+                )
+            },
+        );
+        match waited {
+            Ok(()) => Ok(()),
+            Err(NotListening::Died(i, status)) => Err(LaunchError::DiedAtStart {
+                node: names[i].clone(),
+                status,
+            }),
+            Err(NotListening::TimedOut(i)) => Err(LaunchError::StartTimeout {
+                node: names[i].clone(),
+                addr: addrs[i].to_string(),
+                secs: timeout.as_secs(),
+            }),
+            Err(NotListening::Probe(never)) => match never {},
         }
     }
 
@@ -482,6 +485,53 @@ fn supervise(inner: Arc<Inner>) {
             }
         }
     }
+}
+
+/// Why nodes being started are not all listening.
+pub(super) enum NotListening<E> {
+    /// Node `i` exited, with this status.
+    Died(usize, String),
+    /// Node `i` still did not listen when the time was up.
+    TimedOut(usize),
+    /// Probing failed.
+    Probe(E),
+}
+
+/// Whether something accepts TCP connections at `addr` (within 100 ms).
+pub(super) fn dials(addr: SocketAddr) -> bool {
+    TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok()
+}
+
+/// Waits until all `n` nodes being started listen: `exited(i)` gives node `i`'s exit status if
+/// it died, `listening(pending)` which of the pending nodes accept connections; polled every
+/// 50 ms until `timeout`. One loop for the local launcher and the network-namespace harness.
+pub(super) fn wait_until_listening<E>(
+    n: usize,
+    timeout: Duration,
+    mut exited: impl FnMut(usize) -> Option<String>,
+    mut listening: impl FnMut(&[usize]) -> Result<Vec<bool>, E>,
+) -> Result<(), NotListening<E>> {
+    let start = Instant::now();
+    let mut pending: Vec<usize> = (0..n).collect();
+    while !pending.is_empty() {
+        if let Some((i, status)) = pending.iter().find_map(|&i| exited(i).map(|s| (i, s))) {
+            return Err(NotListening::Died(i, status));
+        }
+        let up = listening(&pending).map_err(NotListening::Probe)?;
+        pending = pending
+            .iter()
+            .zip(up)
+            .filter(|&(_, up)| !up)
+            .map(|(&i, _)| i)
+            .collect();
+        if let Some(&i) = pending.first() {
+            if start.elapsed() > timeout {
+                return Err(NotListening::TimedOut(i));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

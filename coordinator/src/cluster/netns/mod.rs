@@ -13,15 +13,15 @@
 
 pub mod relay;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nightshift_atlas_core::placement::Placement;
 
-use super::launcher::{fresh_token, write_token_file};
+use super::launcher::{dials, fresh_token, wait_until_listening, write_token_file, NotListening};
 use super::NodeTls;
 pub use relay::Relay;
 
@@ -353,44 +353,35 @@ impl NetnsCluster {
         targets: &[SocketAddr],
         timeout: Duration,
     ) -> Result<(), NetnsError> {
-        let start = Instant::now();
-        let mut pending: Vec<usize> = (0..targets.len()).collect();
-        while !pending.is_empty() {
-            for &i in &pending {
-                if let Some(Ok(Some(status))) = self.children[i].as_mut().map(Child::try_wait) {
-                    return Err(NetnsError::DiedAtStart {
-                        node: self.names[i].clone(),
-                        status: status.to_string(),
-                    });
-                }
-            }
-            let up: Vec<bool> = in_ns(&self.coord_ns(), || {
-                pending
-                    .iter()
-                    .map(|&i| {
-                        TcpStream::connect_timeout(&targets[i], Duration::from_millis(100)).is_ok()
-                    })
-                    .collect()
-            })?;
-            let mut still = Vec::new();
-            for (k, &i) in pending.iter().enumerate() {
-                if !up[k] {
-                    still.push(i);
-                }
-            }
-            pending = still;
-            if let Some(&i) = pending.first() {
-                if start.elapsed() > timeout {
-                    return Err(NetnsError::StartTimeout {
-                        node: self.names[i].clone(),
-                        addr: targets[i].to_string(),
-                        secs: timeout.as_secs(),
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
+        let coord = self.coord_ns();
+        let children = &mut self.children;
+        let waited = wait_until_listening(
+            targets.len(),
+            timeout,
+            |i| match children[i].as_mut().map(Child::try_wait) {
+                Some(Ok(Some(status))) => Some(status.to_string()),
+                _ => None,
+            },
+            // dialled from the coordinator's namespace, where the nodes' addresses are
+            |pending| {
+                in_ns(&coord, || {
+                    pending.iter().map(|&i| dials(targets[i])).collect()
+                })
+            },
+        );
+        match waited {
+            Ok(()) => Ok(()),
+            Err(NotListening::Died(i, status)) => Err(NetnsError::DiedAtStart {
+                node: self.names[i].clone(),
+                status,
+            }),
+            Err(NotListening::TimedOut(i)) => Err(NetnsError::StartTimeout {
+                node: self.names[i].clone(),
+                addr: targets[i].to_string(),
+                secs: timeout.as_secs(),
+            }),
+            Err(NotListening::Probe(e)) => Err(e),
         }
-        Ok(())
     }
 
     /// The coordinator's namespace.
