@@ -8,14 +8,14 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_atlas_core::placement::Placement;
 use nightshift_coordinator::cluster::{model_shape, netns, RemoteOptions};
-use nightshift_model::{LocalExperts, Model};
+use nightshift_model::Model;
 use support::cluster::{
-    assert_bits_equal, connect_netns, generate, netns_cluster, netns_or_skip, nodes, PROMPT,
+    assert_bits_equal, connect_netns, generate, in_process, netns_cluster, netns_or_skip, nodes,
+    PROMPT,
 };
 use support::{engine, fixture};
 
@@ -38,13 +38,7 @@ fn tls_cluster_across_namespaces_matches_in_process() {
         let path = fixture(file);
         let model = Model::load(&path).expect("model");
         let shape = model_shape(&model).expect("shape");
-        let want = generate(
-            &mut engine(&model, Arc::new(LocalExperts::new(model.clone(), None))),
-            &PROMPT,
-            4,
-            |_| {},
-        )
-        .expect("in process");
+        let want = in_process(&model, 4);
         let placement = Placement::round_robin(nodes(2), &shape.moe_layers, shape.n_experts);
         let (cluster, tls) = netns_cluster(&path, placement, &dir, "10gbit", delay);
         // The harness's addresses exist only inside the namespaces (a connect from here is no
@@ -89,13 +83,7 @@ fn partition_and_throttle_hedge_to_the_replica() {
     let model = Model::load(&path).expect("model");
     let shape = model_shape(&model).expect("shape");
     let steps = 40;
-    let want = generate(
-        &mut engine(&model, Arc::new(LocalExperts::new(model.clone(), None))),
-        &PROMPT,
-        steps,
-        |_| {},
-    )
-    .expect("in process");
+    let want = in_process(&model, steps);
     let dir = std::env::temp_dir().join(format!("nightshift-netns-part-{}", std::process::id()));
     let placement = support::cluster::explicit(&shape, 2, |_| vec![0, 1]);
     let (cluster, tls) = netns_cluster(&path, placement, &dir, "10gbit", None);

@@ -8,13 +8,14 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nightshift_atlas_core::placement::Placement;
 use nightshift_coordinator::cluster::{model_shape, LocalCluster, RemoteExperts, RemoteOptions};
-use nightshift_model::{LocalExperts, Model};
-use support::cluster::{assert_bits_equal, connect, explicit, generate, launch, nodes, PROMPT};
+use nightshift_model::Model;
+use support::cluster::{
+    assert_bits_equal, connect, explicit, generate, in_process, launch, nodes, PROMPT,
+};
 use support::{engine, fixture};
 
 fn signal(cluster: &LocalCluster, node: &str, sig: i32) {
@@ -47,13 +48,7 @@ fn stopped_node_is_hedged_on_its_replica() {
     let model = Model::load(&path).expect("model");
     let shape = model_shape(&model).expect("shape");
     let steps = 24;
-    let want = generate(
-        &mut engine(&model, Arc::new(LocalExperts::new(model.clone(), None))),
-        &PROMPT,
-        steps,
-        |_| {},
-    )
-    .expect("in process");
+    let want = in_process(&model, steps);
     let cluster = launch(&path, explicit(&shape, 2, |_| vec![0, 1]));
     // A stall deadline far away: only hedging can keep the stopped node from holding a step.
     let r = connect(
@@ -110,13 +105,7 @@ fn stopped_node_without_replica_fails_fast_then_recovers() {
     let path = fixture("tiny-qwen3moe-Q2_K.gguf");
     let model = Model::load(&path).expect("model");
     let shape = model_shape(&model).expect("shape");
-    let want = generate(
-        &mut engine(&model, Arc::new(LocalExperts::new(model.clone(), None))),
-        &PROMPT,
-        20,
-        |_| {},
-    )
-    .expect("in process");
+    let want = in_process(&model, 20);
     let cluster = launch(
         &path,
         Placement::round_robin(nodes(2), &shape.moe_layers, shape.n_experts),

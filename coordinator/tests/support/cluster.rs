@@ -59,6 +59,14 @@ pub fn generate(
     Ok(rows)
 }
 
+/// The reference a cluster is compared with: [`generate`] over [`PROMPT`] for `n` tokens with
+/// every expert computed in process.
+#[allow(dead_code)] // not every test binary compares against it
+pub fn in_process(model: &Arc<Model>, n: usize) -> Vec<Vec<f32>> {
+    let local = Arc::new(nightshift_model::LocalExperts::new(model.clone(), None));
+    generate(&mut super::engine(model, local), &PROMPT, n, |_| {}).expect("in process")
+}
+
 pub fn assert_bits_equal(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: row count");
     for (r, (x, y)) in a.iter().zip(b).enumerate() {
