@@ -3,6 +3,7 @@
 //! factor, deepseek2's pre-scaled `kq_scale` and llama's rope frequency factors), so the forward
 //! pass never looks at metadata again.
 
+use crate::arch::MoeParams;
 use crate::error::ModelError;
 use crate::gguf::{Gguf, Metadata};
 
@@ -30,16 +31,6 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Llama => "llama",
         }
-    }
-
-    /// Whether the arch has routed experts (qwen3 and llama are dense: no `ExpertBackend` call).
-    pub fn is_moe(self) -> bool {
-        matches!(self, Arch::Qwen3Moe | Arch::Deepseek2)
-    }
-
-    /// Whether attention is grouped-query over per-head K/V rows (everything but deepseek2's MLA).
-    pub fn is_gqa(self) -> bool {
-        !matches!(self, Arch::Deepseek2)
     }
 }
 
@@ -118,6 +109,50 @@ pub struct ModelConfig {
     pub n_group_used: usize,
 }
 
+/// What every arch's hyper-parameters are read from: the metadata and the values read before
+/// the arch-specific part (`ArchSpec::hparams`), with key readers that prefix the arch's name.
+pub struct Hparams<'a> {
+    pub md: &'a Metadata,
+    pub arch: Arch,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    /// Key head size as cached.
+    pub head_k: usize,
+    /// Rotated dims.
+    pub n_rot: usize,
+    /// `feed_forward_length` (0 when absent).
+    pub n_ff_dense: usize,
+    pub freq_scale: f32,
+    /// The attention factor rope receives (YaRN's magnitude correction included).
+    pub attn_factor: f32,
+    /// `yarn_log_multiplier` as llama.cpp uses it (deepseek2's converter factor undone).
+    pub yarn_log_mul: f32,
+}
+
+impl Hparams<'_> {
+    /// `<arch>.<name>`.
+    pub fn key(&self, name: &str) -> String {
+        format!("{}.{name}", self.arch.name())
+    }
+    pub fn req_u32(&self, name: &str) -> Result<usize, ModelError> {
+        req_u32(self.md, &self.key(name))
+    }
+    pub fn opt_u32(&self, name: &str, default: usize) -> Result<usize, ModelError> {
+        opt_u32(self.md, &self.key(name), default)
+    }
+    pub fn opt_f32(&self, name: &str, default: f32) -> Result<f32, ModelError> {
+        opt_f32(self.md, &self.key(name), default)
+    }
+    pub fn opt_bool(&self, name: &str, default: bool) -> Result<bool, ModelError> {
+        Ok(self.md.get_bool(&self.key(name))?.unwrap_or(default))
+    }
+    /// A bad-metadata error for key `<arch>.<name>`.
+    pub fn bad(&self, name: &str, msg: String) -> ModelError {
+        bad(&self.key(name), msg)
+    }
+}
+
 fn req_u32(md: &Metadata, key: &str) -> Result<usize, ModelError> {
     md.get_u32(key)?
         .map(|v| v as usize)
@@ -155,13 +190,9 @@ impl ModelConfig {
     /// Reads the hyper-parameters of a qwen3moe, deepseek2, qwen3 or llama file.
     pub fn from_gguf(g: &Gguf) -> Result<ModelConfig, ModelError> {
         let arch_name = g.arch()?.to_string();
-        let arch = match arch_name.as_str() {
-            "qwen3moe" => Arch::Qwen3Moe,
-            "deepseek2" => Arch::Deepseek2,
-            "qwen3" => Arch::Qwen3,
-            "llama" => Arch::Llama,
-            other => return Err(ModelError::UnsupportedArch(other.to_string())),
-        };
+        let arch = Arch::from_name(&arch_name)
+            .ok_or_else(|| ModelError::UnsupportedArch(arch_name.clone()))?;
+        let spec = arch.spec();
         let md = g.metadata();
         let k = |s: &str| format!("{arch_name}.{s}");
         let n_embd = req_u32(md, &k("embedding_length"))?;
@@ -232,7 +263,7 @@ impl ModelConfig {
         let yarn = scaling == "yarn";
         let ext_factor = if yarn { 1.0f32 } else { 0.0 };
         let mut yarn_log_mul = opt_f32(md, &k("rope.scaling.yarn_log_multiplier"), 0.0)?;
-        if arch == Arch::Deepseek2 {
+        if spec.yarn_mscale_all_dims() {
             // llama.cpp [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: the converter stores 0.1 * mscale_all_dim;
             // cancel that factor so the value is mscale_all_dim again.
             yarn_log_mul /= 0.1;
@@ -249,7 +280,7 @@ impl ModelConfig {
             let factor = 1.0 / freq_scale;
             if yarn_log_mul != 0.0 {
                 let mscale_all_dims = yarn_log_mul;
-                let mscale = if arch == Arch::Deepseek2 && mscale_all_dims != 1.0 {
+                let mscale = if spec.yarn_mscale_all_dims() && mscale_all_dims != 1.0 {
                     mscale_all_dims
                 } else {
                     1.0
@@ -262,15 +293,14 @@ impl ModelConfig {
         }
         attn_factor *= rope_attn_factor;
         // llama.cpp reads `rope_freqs.weight` for llama only (llama 3's long-context factors).
-        let freq_factors = match arch {
-            Arch::Llama if g.tensor("rope_freqs.weight").is_some() => {
-                Some(crate::weights::load_w(g, "rope_freqs.weight", &[n_rot / 2])?.to_f32()?)
-            }
-            _ => None,
+        let freq_factors = if spec.rope_freq_factors() && g.tensor("rope_freqs.weight").is_some() {
+            Some(crate::weights::load_w(g, "rope_freqs.weight", &[n_rot / 2])?.to_f32()?)
+        } else {
+            None
         };
         let rope = RopeConfig {
             n_dims: n_rot,
-            neox: matches!(arch, Arch::Qwen3Moe | Arch::Qwen3),
+            neox: spec.rope_neox(),
             freq_factors,
             freq_base,
             freq_scale,
@@ -288,138 +318,31 @@ impl ModelConfig {
             ));
         }
         let n_ff_dense = opt_u32(md, &k("feed_forward_length"), 0)?;
-        if !arch.is_moe() {
-            return dense_config(DenseParts {
-                md,
-                arch,
-                key: &k,
-                n_vocab,
-                n_embd,
-                n_layer,
-                n_head,
-                n_head_kv,
-                head_k,
-                n_ctx_train,
-                rms_eps,
-                rope,
-                n_ff: n_ff_dense,
-            });
-        }
-        let n_expert = opt_u32(md, &k("expert_count"), 0)?;
-        let n_expert_used = opt_u32(md, &k("expert_used_count"), 0)?;
-        if n_expert == 0 || n_expert_used == 0 || n_expert_used > n_expert {
-            return Err(bad(
-                &k("expert_used_count"),
-                format!("expected 0 < expert_used_count <= expert_count, found {n_expert_used} of {n_expert}"),
-            ));
-        }
-        let n_ff_exp = opt_u32(md, &k("expert_feed_forward_length"), 0)?;
-        let n_ff_exp = if n_ff_exp == 0 {
-            n_ff_dense / n_expert_used
-        } else {
-            n_ff_exp
+        let h = Hparams {
+            md,
+            arch,
+            n_embd,
+            n_layer,
+            n_head,
+            head_k,
+            n_rot,
+            n_ff_dense,
+            freq_scale,
+            attn_factor,
+            yarn_log_mul,
         };
-        if n_ff_exp == 0 {
-            return Err(bad(
-                &k("expert_feed_forward_length"),
-                "expected a non-zero expert feed-forward length, found 0".into(),
-            ));
-        }
-
-        let (
-            kq_scale,
-            mla,
-            n_expert_shared,
-            n_dense_lead,
-            norm_w,
-            w_scale,
-            gating,
-            groups,
-            groups_used,
-        ) = match arch {
-            Arch::Qwen3Moe => {
-                let scale = opt_f32(md, &k("expert_weights_scale"), 0.0)?;
-                (
-                    1.0 / (head_k as f32).sqrt(),
-                    None,
-                    0,
-                    0,
-                    true,
-                    scale,
-                    Gating::Softmax,
-                    1,
-                    1,
-                )
-            }
-            // the dense archs returned through `dense_config` above
-            Arch::Qwen3 | Arch::Llama => {
-                return Err(bad(
-                    &k("expert_count"),
-                    format!("expected no experts in a dense {arch_name} model, found {n_expert}"),
-                ))
-            }
-            Arch::Deepseek2 => {
-                let q_lora_rank = opt_u32(md, &k("attention.q_lora_rank"), 0)?;
-                let kv_lora_rank = req_u32(md, &k("attention.kv_lora_rank"))?;
-                let head_k_mla = req_u32(md, &k("attention.key_length_mla"))?;
-                let v_head = req_u32(md, &k("attention.value_length_mla"))?;
-                if head_k_mla <= n_rot
-                    || v_head == 0
-                    || kv_lora_rank == 0
-                    || head_k != kv_lora_rank + n_rot
-                    || head_v != kv_lora_rank
-                {
-                    return Err(bad(
-                        &k("attention.key_length_mla"),
-                        format!("expected key_length_mla > rope dims and key/value length = kv_lora+rope/kv_lora (absorbed MLA), found {head_k_mla}, {head_k}, {head_v}"),
-                    ));
-                }
-                let mla = MlaConfig {
-                    q_lora_rank,
-                    kv_lora_rank,
-                    qk_nope: head_k_mla - n_rot,
-                    qk_rope: n_rot,
-                    v_head,
-                };
-                // llama.cpp's deepseek2 graph: undo the YaRN adjustment of attn_factor, then pre-scale kq.
-                let attn_factor_org = attn_factor * (1.0 + 0.1 * (1.0 / freq_scale).ln());
-                let mscale = attn_factor_org * (1.0 + 0.1 * yarn_log_mul * (1.0 / freq_scale).ln());
-                let kq_scale = 1.0 * mscale * mscale / (head_k_mla as f32).sqrt();
-                let shared = opt_u32(md, &k("expert_shared_count"), 0)?;
-                let lead = opt_u32(md, &k("leading_dense_block_count"), 0)?;
-                let norm_w = md.get_bool(&k("expert_weights_norm"))?.unwrap_or(false);
-                let scale = opt_f32(md, &k("expert_weights_scale"), 0.0)?;
-                let gating = match opt_u32(md, &k("expert_gating_func"), 1)? {
-                    0 | 1 => Gating::Softmax,
-                    2 => Gating::Sigmoid,
-                    other => {
-                        return Err(bad(
-                            &k("expert_gating_func"),
-                            format!("expected 1 (softmax) or 2 (sigmoid), found {other}"),
-                        ))
-                    }
-                };
-                let groups = opt_u32(md, &k("expert_group_count"), 1)?.max(1);
-                let used = opt_u32(md, &k("expert_group_used_count"), 1)?.max(1);
-                if n_expert % groups != 0 || used > groups {
-                    return Err(bad(
-                        &k("expert_group_count"),
-                        format!("expected groups dividing {n_expert} experts and used <= groups, found {groups} groups, {used} used"),
-                    ));
-                }
-                (
-                    kq_scale,
-                    Some(mla),
-                    shared,
-                    lead,
-                    norm_w,
-                    scale,
-                    gating,
-                    groups,
-                    used,
-                )
-            }
-        };
+        let p = spec.hparams(&h)?;
+        let moe = p.moe.unwrap_or(MoeParams {
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_exp: 0,
+            n_expert_shared: 0,
+            weights_norm: false,
+            weights_scale: 0.0,
+            gating: Gating::Softmax,
+            n_groups: 1,
+            n_group_used: 1,
+        });
         Ok(ModelConfig {
             arch,
             n_vocab,
@@ -432,19 +355,19 @@ impl ModelConfig {
             n_ctx_train,
             rms_eps,
             rope,
-            kq_scale,
-            mla,
-            n_expert,
-            n_expert_used,
-            n_ff_exp,
+            kq_scale: p.kq_scale,
+            mla: p.mla,
+            n_expert: moe.n_expert,
+            n_expert_used: moe.n_expert_used,
+            n_ff_exp: moe.n_ff_exp,
             n_ff_dense,
-            n_expert_shared,
-            n_dense_lead,
-            expert_weights_norm: norm_w,
-            expert_weights_scale: w_scale,
-            gating,
-            n_expert_groups: groups,
-            n_group_used: groups_used,
+            n_expert_shared: moe.n_expert_shared,
+            n_dense_lead: p.n_dense_lead,
+            expert_weights_norm: moe.weights_norm,
+            expert_weights_scale: moe.weights_scale,
+            gating: moe.gating,
+            n_expert_groups: moe.n_groups,
+            n_group_used: moe.n_group_used,
         })
     }
 
@@ -463,76 +386,4 @@ impl ModelConfig {
     pub fn is_moe_layer(&self, il: usize) -> bool {
         il >= self.n_dense_lead
     }
-}
-
-/// What [`dense_config`] needs from `ModelConfig::from_gguf`.
-struct DenseParts<'a, K: Fn(&str) -> String> {
-    md: &'a Metadata,
-    arch: Arch,
-    key: &'a K,
-    n_vocab: usize,
-    n_embd: usize,
-    n_layer: usize,
-    n_head: usize,
-    n_head_kv: usize,
-    head_k: usize,
-    n_ctx_train: usize,
-    rms_eps: f32,
-    rope: RopeConfig,
-    n_ff: usize,
-}
-
-/// The config of a dense qwen3 or llama file: every layer a SwiGLU FFN of `feed_forward_length`,
-/// kq scale 1/sqrt(head_dim) (llama: `attention.scale` when set, as llama.cpp's llama graph).
-fn dense_config<K: Fn(&str) -> String>(p: DenseParts<'_, K>) -> Result<ModelConfig, ModelError> {
-    let k = p.key;
-    if p.n_ff == 0 {
-        return Err(bad(
-            &k("feed_forward_length"),
-            "expected a non-zero feed-forward length, found 0".into(),
-        ));
-    }
-    let n_expert = opt_u32(p.md, &k("expert_count"), 0)?;
-    if n_expert != 0 {
-        return Err(bad(
-            &k("expert_count"),
-            format!(
-                "expected no experts in a dense {} model, found {n_expert}",
-                p.arch.name()
-            ),
-        ));
-    }
-    let mut kq_scale = 1.0 / (p.head_k as f32).sqrt();
-    if p.arch == Arch::Llama {
-        let s = opt_f32(p.md, &k("attention.scale"), 0.0)?;
-        if s != 0.0 {
-            kq_scale = s;
-        }
-    }
-    Ok(ModelConfig {
-        arch: p.arch,
-        n_vocab: p.n_vocab,
-        n_embd: p.n_embd,
-        n_layer: p.n_layer,
-        n_head: p.n_head,
-        n_head_kv: p.n_head_kv,
-        head_k: p.head_k,
-        head_v: p.head_k,
-        n_ctx_train: p.n_ctx_train,
-        rms_eps: p.rms_eps,
-        rope: p.rope,
-        kq_scale,
-        mla: None,
-        n_expert: 0,
-        n_expert_used: 0,
-        n_ff_exp: 0,
-        n_ff_dense: p.n_ff,
-        n_expert_shared: 0,
-        n_dense_lead: p.n_layer,
-        expert_weights_norm: false,
-        expert_weights_scale: 0.0,
-        gating: Gating::Softmax,
-        n_expert_groups: 1,
-        n_group_used: 1,
-    })
 }

@@ -4,8 +4,7 @@
 //! experts go through the `ExpertBackend` it was given. This is what the scheduler's continuous
 //! batching drives; `prefill` is the one way to feed a run of tokens to one sequence.
 
-use crate::arch::{self, StepCtx, Tok};
-use crate::config::Arch;
+use crate::arch::{StepCtx, Tok};
 use crate::error::ModelError;
 use crate::expert::ExpertBackend;
 use crate::hot::hot;
@@ -504,12 +503,7 @@ impl Engine {
                 }
                 let t_attn = Instant::now();
                 rms_norm(&x, &lw.attn_norm, c.rms_eps, &mut h);
-                match c.arch {
-                    Arch::Qwen3Moe | Arch::Qwen3 | Arch::Llama => {
-                        arch::gqa::attention(&ctx, kv, il, &h, &mut y)?
-                    }
-                    Arch::Deepseek2 => arch::deepseek2::attention(&ctx, kv, il, &h, &mut y)?,
-                }
+                c.arch.spec().attention(&ctx, kv, il, &h, &mut y)?;
                 add_inplace(&mut x, &y);
                 prof.attention += t_attn.elapsed().as_secs_f64();
                 let t_ffn = Instant::now();

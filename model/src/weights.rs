@@ -2,7 +2,7 @@
 //! them (GQA attention for qwen3moe, qwen3 and llama; MLA for deepseek2). A `W` points into the `Gguf`'s mapped bytes, which the owning `Model` keeps alive and never
 //! mutates; small vectors (norms, biases) are copied to `Vec<f32>` at load time.
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::gguf::Gguf;
 use nightshift_kernels::{dequantize_row, GgmlType, KernelError, PackedF32, QMatrix};
@@ -68,7 +68,7 @@ impl W {
     }
 }
 
-fn tensor_err(name: &str, msg: String) -> ModelError {
+pub(crate) fn tensor_err(name: &str, msg: String) -> ModelError {
     ModelError::Tensor {
         name: name.to_string(),
         msg,
@@ -123,13 +123,13 @@ pub fn load_w(g: &Gguf, name: &str, expect: &[usize]) -> Result<W, ModelError> {
     })
 }
 
-fn load_vec(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+pub(crate) fn load_vec(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
     load_w(g, name, &[n])?.to_f32()
 }
 
 /// A typed error when the file has the optional tensor `name`, which the forward pass does not
 /// use (a bias): running without it would silently compute another model.
-fn no_bias(g: &Gguf, name: &str) -> Result<(), ModelError> {
+pub(crate) fn no_bias(g: &Gguf, name: &str) -> Result<(), ModelError> {
     match g.tensor(name) {
         Some(_) => Err(tensor_err(
             name,
@@ -222,69 +222,7 @@ impl Weights {
         let mut layers = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
             let p = |s: &str| format!("blk.{il}.{s}");
-            let attn = match c.arch {
-                Arch::Qwen3Moe | Arch::Qwen3 | Arch::Llama => {
-                    let hd = c.head_k;
-                    // Biases (qwen2-style q/k/v, some llama fine-tunes) are not computed here:
-                    // refuse such a file rather than run it without them.
-                    for b in ["attn_q", "attn_k", "attn_v", "attn_output"] {
-                        no_bias(g, &p(&format!("{b}.bias")))?;
-                    }
-                    let norm = |s: &str| -> Result<Option<Vec<f32>>, ModelError> {
-                        match c.arch {
-                            Arch::Llama => Ok(None),
-                            _ => load_vec(g, &p(s), hd).map(Some),
-                        }
-                    };
-                    AttnWeights::Gqa {
-                        q: load_w(g, &p("attn_q.weight"), &[e, c.n_head * hd])?,
-                        k: load_w(g, &p("attn_k.weight"), &[e, c.n_head_kv * hd])?,
-                        v: load_w(g, &p("attn_v.weight"), &[e, c.n_head_kv * hd])?,
-                        o: load_w(g, &p("attn_output.weight"), &[c.n_head * hd, e])?,
-                        q_norm: norm("attn_q_norm.weight")?,
-                        k_norm: norm("attn_k_norm.weight")?,
-                    }
-                }
-                Arch::Deepseek2 => {
-                    let m = c
-                        .mla
-                        .as_ref()
-                        .ok_or_else(|| tensor_err("mla", "expected mla config".into()))?;
-                    let qk = m.qk_nope + m.qk_rope;
-                    let (q_a, q_b) = if m.q_lora_rank > 0 {
-                        (
-                            Some((
-                                load_w(g, &p("attn_q_a.weight"), &[e, m.q_lora_rank])?,
-                                load_vec(g, &p("attn_q_a_norm.weight"), m.q_lora_rank)?,
-                            )),
-                            load_w(g, &p("attn_q_b.weight"), &[m.q_lora_rank, c.n_head * qk])?,
-                        )
-                    } else {
-                        (None, load_w(g, &p("attn_q.weight"), &[e, c.n_head * qk])?)
-                    };
-                    AttnWeights::Mla {
-                        q_a,
-                        q_b,
-                        kv_a_mqa: load_w(
-                            g,
-                            &p("attn_kv_a_mqa.weight"),
-                            &[e, m.kv_lora_rank + m.qk_rope],
-                        )?,
-                        kv_a_norm: load_vec(g, &p("attn_kv_a_norm.weight"), m.kv_lora_rank)?,
-                        k_b: load_w(
-                            g,
-                            &p("attn_k_b.weight"),
-                            &[m.qk_nope, m.kv_lora_rank, c.n_head],
-                        )?,
-                        v_b: load_w(
-                            g,
-                            &p("attn_v_b.weight"),
-                            &[m.kv_lora_rank, m.v_head, c.n_head],
-                        )?,
-                        o: load_w(g, &p("attn_output.weight"), &[c.n_head * m.v_head, e])?,
-                    }
-                }
-            };
+            let attn = c.arch.spec().attn_weights(g, c, il)?;
             let ffn = if c.is_moe_layer(il) {
                 let f = c.n_ff_exp;
                 let n = c.n_expert;

@@ -62,7 +62,7 @@ fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     if let Some(dir) = &args.gen_tiny {
         std::fs::create_dir_all(dir)?;
-        for arch in [Arch::Qwen3Moe, Arch::Deepseek2, Arch::Qwen3, Arch::Llama] {
+        for arch in Arch::ALL {
             for quant in [QuantMix::Q2K, QuantMix::Q4KM, QuantMix::Q8_0, QuantMix::F16] {
                 let path = dir.join(format!("gen-tiny-{}-{}.gguf", arch.name(), quant.name()));
                 generate(&GenSpec::new(Preset::Tiny, arch, quant), &path, &mut |_| {})?;

@@ -3,12 +3,61 @@
 //! over the cache with the config's kq scale, output projection (llama.cpp's `qwen3moe`, `qwen3`
 //! and `llama` graphs).
 
-use super::{attend_all, StepCtx};
+use super::{attend_all, PushTensor, StepCtx};
 use crate::attention::Heads;
+use crate::config::ModelConfig;
 use crate::error::ModelError;
+use crate::gen::{Dims, Init};
+use crate::gguf::Gguf;
 use crate::kv::KvCache;
 use crate::ops::{matmul, matmul_many, rms_norm_inplace};
-use crate::weights::AttnWeights;
+use crate::weights::{load_vec, load_w, no_bias, AttnWeights};
+
+/// Layer `il`'s q/k/v/output projections (and the per-head q/k RMSNorm weights when `qk_norm`).
+/// Biases (qwen2-style q/k/v, some llama fine-tunes) are not computed here: such a file is
+/// refused rather than run without them.
+pub fn weights(
+    g: &Gguf,
+    c: &ModelConfig,
+    il: usize,
+    qk_norm: bool,
+) -> Result<AttnWeights, ModelError> {
+    let p = |s: &str| format!("blk.{il}.{s}");
+    let (e, hd) = (c.n_embd, c.head_k);
+    for b in ["attn_q", "attn_k", "attn_v", "attn_output"] {
+        no_bias(g, &p(&format!("{b}.bias")))?;
+    }
+    let norm = |s: &str| -> Result<Option<Vec<f32>>, ModelError> {
+        if qk_norm {
+            load_vec(g, &p(s), hd).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    Ok(AttnWeights::Gqa {
+        q: load_w(g, &p("attn_q.weight"), &[e, c.n_head * hd])?,
+        k: load_w(g, &p("attn_k.weight"), &[e, c.n_head_kv * hd])?,
+        v: load_w(g, &p("attn_v.weight"), &[e, c.n_head_kv * hd])?,
+        o: load_w(g, &p("attn_output.weight"), &[c.n_head * hd, e])?,
+        q_norm: norm("attn_q_norm.weight")?,
+        k_norm: norm("attn_k_norm.weight")?,
+    })
+}
+
+/// `gen-model`: layer `il`'s attention tensors and `ffn_norm`, in the converter's order.
+pub fn gen_attn(d: &Dims, il: usize, qk_norm: bool, push: &mut PushTensor<'_>) {
+    let p = |s: &str| format!("blk.{il}.{s}");
+    let (e, h, kv, hd, m) = (d.embd, d.heads, d.heads_kv, d.head_dim, Init::Matrix(1.0));
+    push(p("attn_q.weight"), vec![e, h * hd], m);
+    push(p("attn_k.weight"), vec![e, kv * hd], m);
+    push(p("attn_v.weight"), vec![e, kv * hd], m);
+    if qk_norm {
+        push(p("attn_q_norm.weight"), vec![hd], Init::Norm);
+        push(p("attn_k_norm.weight"), vec![hd], Init::Norm);
+    }
+    push(p("attn_output.weight"), vec![h * hd, e], m);
+    push(p("ffn_norm.weight"), vec![e], Init::Norm);
+}
 
 /// Attention block of layer `il` on normalised rows `h` (n x n_embd) into `out` (n x n_embd).
 pub fn attention(

@@ -161,8 +161,7 @@ impl Dims {
                 return Err(GenError::Spec(format!(
                     "preset `{}` is a {} model, found --arch {}",
                     p.name(),
-                    p.arch()
-                        .map_or("qwen3moe, deepseek2, qwen3 or llama", Arch::name),
+                    p.arch().map_or_else(Arch::names, |a| a.name().to_string()),
                     a.name()
                 )))
             }
@@ -339,61 +338,7 @@ pub fn arch_metadata(d: &Dims) -> Vec<(String, KvValue)> {
         (k("attention.head_count"), u(d.heads)),
         (k("attention.head_count_kv"), u(d.heads_kv)),
     ];
-    match d.arch {
-        Arch::Qwen3Moe => {
-            kv.push((k("attention.key_length"), u(d.head_dim)));
-            kv.push((k("attention.value_length"), u(d.head_dim)));
-            kv.push((k("rope.freq_base"), KvValue::F32(d.rope_base)));
-            kv.push((k("attention.layer_norm_rms_epsilon"), KvValue::F32(1e-6)));
-            kv.push((k("expert_count"), u(d.n_expert as u64)));
-            kv.push((k("expert_used_count"), u(d.n_used as u64)));
-            kv.push((k("expert_feed_forward_length"), u(d.expert_ff)));
-        }
-        Arch::Qwen3 => {
-            kv.push((k("attention.key_length"), u(d.head_dim)));
-            kv.push((k("attention.value_length"), u(d.head_dim)));
-            kv.push((k("rope.freq_base"), KvValue::F32(d.rope_base)));
-            kv.push((k("attention.layer_norm_rms_epsilon"), KvValue::F32(1e-6)));
-        }
-        Arch::Llama => {
-            kv.push((k("rope.freq_base"), KvValue::F32(d.rope_base)));
-            kv.push((k("attention.layer_norm_rms_epsilon"), KvValue::F32(1e-5)));
-            kv.push((k("rope.dimension_count"), u(d.head_dim)));
-        }
-        Arch::Deepseek2 => {
-            kv.push((k("attention.key_length"), u(d.kv_lora + d.rope)));
-            kv.push((k("attention.value_length"), u(d.kv_lora)));
-            kv.push((k("attention.key_length_mla"), u(d.nope + d.rope)));
-            kv.push((k("attention.value_length_mla"), u(d.v_head)));
-            kv.push((k("rope.dimension_count"), u(d.rope)));
-            kv.push((k("rope.freq_base"), KvValue::F32(d.rope_base)));
-            kv.push((k("rope.scaling.type"), KvValue::Str("yarn".into())));
-            kv.push((k("rope.scaling.factor"), KvValue::F32(d.yarn_factor)));
-            kv.push((
-                k("rope.scaling.original_context_length"),
-                KvValue::U32(d.yarn_orig_ctx),
-            ));
-            kv.push((
-                k("rope.scaling.yarn_log_multiplier"),
-                KvValue::F32(d.yarn_log_mul),
-            ));
-            kv.push((k("attention.layer_norm_rms_epsilon"), KvValue::F32(1e-6)));
-            kv.push((k("attention.q_lora_rank"), u(d.q_lora)));
-            kv.push((k("attention.kv_lora_rank"), u(d.kv_lora)));
-            kv.push((k("leading_dense_block_count"), u(d.n_dense_lead as u64)));
-            kv.push((k("expert_count"), u(d.n_expert as u64)));
-            kv.push((k("expert_used_count"), u(d.n_used as u64)));
-            kv.push((k("expert_shared_count"), u(d.n_shared as u64)));
-            kv.push((k("expert_feed_forward_length"), u(d.expert_ff)));
-            kv.push((k("expert_weights_scale"), KvValue::F32(d.weights_scale)));
-            kv.push((k("expert_weights_norm"), KvValue::Bool(true)));
-            kv.push((k("expert_gating_func"), KvValue::U32(2))); // sigmoid
-            if let Some((g, gu)) = d.groups {
-                kv.push((k("expert_group_count"), KvValue::U32(g)));
-                kv.push((k("expert_group_used_count"), KvValue::U32(gu)));
-            }
-        }
-    }
+    kv.extend(d.arch.spec().gen_metadata(d, &k));
     kv
 }
 
@@ -430,7 +375,6 @@ pub const OUTPUT_GAIN: f32 = 4.0;
 pub fn tensor_list(d: &Dims, n_vocab: u64, n_live: u64) -> Vec<(String, Vec<u64>, Init)> {
     let mut t: Vec<(String, Vec<u64>, Init)> = Vec::new();
     let e = d.embd;
-    let x = d.n_expert as u64;
     let mut push = |name: String, dims: Vec<u64>, init: Init| t.push((name, dims, init));
     let embd_init = if d.tied {
         Init::TiedEmbd { live_rows: n_live }
@@ -445,81 +389,9 @@ pub fn tensor_list(d: &Dims, n_vocab: u64, n_live: u64) -> Vec<(String, Vec<u64>
             Init::RopeFreqs(r, d.rope_base),
         );
     }
-    let m = Init::Matrix(1.0);
     for i in 0..d.n_layer {
-        let p = |s: &str| format!("blk.{i}.{s}");
-        push(p("attn_norm.weight"), vec![e], Init::Norm);
-        match d.arch {
-            Arch::Qwen3Moe => {
-                let (h, kv, hd) = (d.heads, d.heads_kv, d.head_dim);
-                push(p("attn_q.weight"), vec![e, h * hd], m);
-                push(p("attn_k.weight"), vec![e, kv * hd], m);
-                push(p("attn_v.weight"), vec![e, kv * hd], m);
-                push(p("attn_q_norm.weight"), vec![hd], Init::Norm);
-                push(p("attn_k_norm.weight"), vec![hd], Init::Norm);
-                push(p("attn_output.weight"), vec![h * hd, e], m);
-                push(p("ffn_norm.weight"), vec![e], Init::Norm);
-                push(
-                    p("ffn_gate_inp.weight"),
-                    vec![e, x],
-                    Init::Matrix(ROUTER_GAIN),
-                );
-                push(p("ffn_gate_exps.weight"), vec![e, d.expert_ff, x], m);
-                push(p("ffn_up_exps.weight"), vec![e, d.expert_ff, x], m);
-                push(p("ffn_down_exps.weight"), vec![d.expert_ff, e, x], m);
-            }
-            Arch::Qwen3 | Arch::Llama => {
-                let (h, kv, hd) = (d.heads, d.heads_kv, d.head_dim);
-                push(p("attn_q.weight"), vec![e, h * hd], m);
-                push(p("attn_k.weight"), vec![e, kv * hd], m);
-                push(p("attn_v.weight"), vec![e, kv * hd], m);
-                if d.arch == Arch::Qwen3 {
-                    push(p("attn_q_norm.weight"), vec![hd], Init::Norm);
-                    push(p("attn_k_norm.weight"), vec![hd], Init::Norm);
-                }
-                push(p("attn_output.weight"), vec![h * hd, e], m);
-                push(p("ffn_norm.weight"), vec![e], Init::Norm);
-                push(p("ffn_gate.weight"), vec![e, d.ff], m);
-                push(p("ffn_up.weight"), vec![e, d.ff], m);
-                push(p("ffn_down.weight"), vec![d.ff, e], m);
-            }
-            Arch::Deepseek2 => {
-                let h = d.heads;
-                push(p("attn_q_a.weight"), vec![e, d.q_lora], m);
-                push(p("attn_q_a_norm.weight"), vec![d.q_lora], Init::Norm);
-                push(
-                    p("attn_q_b.weight"),
-                    vec![d.q_lora, h * (d.nope + d.rope)],
-                    m,
-                );
-                push(p("attn_kv_a_mqa.weight"), vec![e, d.kv_lora + d.rope], m);
-                push(p("attn_kv_a_norm.weight"), vec![d.kv_lora], Init::Norm);
-                push(p("attn_k_b.weight"), vec![d.nope, d.kv_lora, h], m);
-                push(p("attn_v_b.weight"), vec![d.kv_lora, d.v_head, h], m);
-                push(p("attn_output.weight"), vec![h * d.v_head, e], m);
-                push(p("ffn_norm.weight"), vec![e], Init::Norm);
-                if i < d.n_dense_lead {
-                    push(p("ffn_gate.weight"), vec![e, d.ff], m);
-                    push(p("ffn_up.weight"), vec![e, d.ff], m);
-                    push(p("ffn_down.weight"), vec![d.ff, e], m);
-                } else {
-                    let f = d.expert_ff;
-                    push(
-                        p("ffn_gate_inp.weight"),
-                        vec![e, x],
-                        Init::Matrix(ROUTER_GAIN),
-                    );
-                    push(p("exp_probs_b.bias"), vec![x], Init::Gaussian(0.1));
-                    push(p("ffn_gate_exps.weight"), vec![e, f, x], m);
-                    push(p("ffn_up_exps.weight"), vec![e, f, x], m);
-                    push(p("ffn_down_exps.weight"), vec![f, e, x], m);
-                    let fs = f * d.n_shared as u64;
-                    push(p("ffn_gate_shexp.weight"), vec![e, fs], m);
-                    push(p("ffn_up_shexp.weight"), vec![e, fs], m);
-                    push(p("ffn_down_shexp.weight"), vec![fs, e], m);
-                }
-            }
-        }
+        push(format!("blk.{i}.attn_norm.weight"), vec![e], Init::Norm);
+        d.arch.spec().gen_layer(d, i, &mut push);
     }
     push("output_norm.weight".into(), vec![e], Init::Norm);
     if !d.tied {

@@ -66,15 +66,8 @@ pub use crate::config::Arch;
 impl FromStr for Arch {
     type Err = GenError;
     fn from_str(s: &str) -> Result<Self, GenError> {
-        match s {
-            "qwen3moe" => Ok(Arch::Qwen3Moe),
-            "deepseek2" => Ok(Arch::Deepseek2),
-            "qwen3" => Ok(Arch::Qwen3),
-            "llama" => Ok(Arch::Llama),
-            _ => Err(GenError::Spec(format!(
-                "expected arch qwen3moe, deepseek2, qwen3 or llama, found `{s}`"
-            ))),
-        }
+        Arch::from_name(s)
+            .ok_or_else(|| GenError::Spec(format!("expected arch {}, found `{s}`", Arch::names())))
     }
 }
 

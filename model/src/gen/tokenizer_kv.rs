@@ -60,53 +60,6 @@ pub fn template_markers(template: &str) -> Vec<(String, i32)> {
 }
 const UNUSED: i32 = 5;
 
-/// Special tokens appended after the BPE vocabulary.
-pub fn specials(arch: Arch) -> &'static [&'static str] {
-    match arch {
-        // dense qwen3 shares qwen3moe's vocabulary (a draft model must)
-        Arch::Qwen3Moe | Arch::Qwen3 => &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        Arch::Llama => &[
-            "<|begin_of_text|>",
-            "<|end_of_text|>",
-            "<|start_header_id|>",
-            "<|end_header_id|>",
-            "<|eot_id|>",
-        ],
-        Arch::Deepseek2 => &[
-            "[BOS]",
-            "[EOS]",
-            "<|im_end|>",
-            "<|im_user|>",
-            "<|im_assistant|>",
-            "<|im_system|>",
-            "<|im_middle|>",
-        ],
-    }
-}
-
-/// The chat template stored in `tokenizer.chat_template` (ChatML for Qwen3, Kimi K2's format,
-/// Llama 3's header format; the BOS comes from `add_bos`, not the template).
-pub fn chat_template(arch: Arch) -> &'static str {
-    match arch {
-        Arch::Llama => concat!(
-            "{%- for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'",
-            " + message['content'] + '<|eot_id|>' }}{%- endfor %}",
-            "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
-        ),
-        Arch::Qwen3Moe | Arch::Qwen3 => concat!(
-            "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']",
-            " + '<|im_end|>' + '\\n' }}{%- endfor %}",
-            "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
-        ),
-        Arch::Deepseek2 => concat!(
-            "{%- for message in messages -%}{%- if message['role'] == 'system' -%}<|im_system|>system<|im_middle|>",
-            "{%- elif message['role'] == 'user' -%}<|im_user|>user<|im_middle|>{%- else -%}",
-            "<|im_assistant|>assistant<|im_middle|>{%- endif -%}{{ message['content'] }}<|im_end|>{%- endfor -%}",
-            "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"
-        ),
-    }
-}
-
 /// The tokenizer keys (in make_models.py's order), the vocabulary size, and how many of its
 /// tokens come before the `[PAD<n>]` fillers (the BPE vocabulary and the specials).
 pub fn tokenizer_metadata(
@@ -118,7 +71,8 @@ pub fn tokenizer_metadata(
     let (mut tokens, merges) = train_bpe(&text, DEFAULT_MERGES);
     let mut types = vec![NORMAL; tokens.len()];
     let first_special = tokens.len();
-    for s in specials(arch) {
+    let facts = arch.spec().tokenizer();
+    for s in facts.specials {
         tokens.push((*s).to_string());
         types.push(CONTROL);
     }
@@ -149,30 +103,20 @@ pub fn tokenizer_metadata(
             .unwrap_or(0);
         KvValue::U32((first_special + at) as u32)
     };
-    let (pre, bos, eos, pad, add_bos) = match arch {
-        Arch::Llama => (
-            "llama-bpe",
-            id("<|begin_of_text|>"),
-            id("<|eot_id|>"),
-            id("<|end_of_text|>"),
-            true,
-        ),
-        Arch::Qwen3Moe | Arch::Qwen3 => (
-            "qwen2",
-            id("<|endoftext|>"),
-            id("<|im_end|>"),
-            id("<|endoftext|>"),
-            false,
-        ),
-        Arch::Deepseek2 => ("kimi-k2", id("[BOS]"), id("<|im_end|>"), id("[EOS]"), true),
-    };
+    let (pre, bos, eos, pad, add_bos) = (
+        facts.pre,
+        id(facts.bos),
+        id(facts.eos),
+        id(facts.pad),
+        facts.add_bos,
+    );
     // a template that ends turns with DeepSeek's sentence marker stops there
     let eos = if extra.iter().any(|(m, _)| m == "<｜end▁of▁sentence｜>") {
         id("<｜end▁of▁sentence｜>")
     } else {
         eos
     };
-    let template = template.unwrap_or(chat_template(arch));
+    let template = template.unwrap_or(facts.chat_template);
     let n_vocab = tokens.len();
     let s = |k: &str| k.to_string();
     let kv = vec![

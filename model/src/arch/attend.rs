@@ -1,0 +1,129 @@
+//! What every architecture's attention block shares: the step context (batch tokens, their rope
+//! caches, thread pool) and the causal attention of every batch token over its own sequence's
+//! cache, run in parallel over tokens.
+
+use crate::attention::{attend_heads, Heads, KvView};
+use crate::kv::{KvCache, KvType};
+use crate::model::Model;
+use crate::rope::Rope;
+use nightshift_kernels::formats::{f16_to_f32, f32_to_f16};
+use rayon::prelude::*;
+use rayon::ThreadPool;
+
+/// One batch token as the layers see it: which cache slot, which position.
+#[derive(Clone, Copy, Debug)]
+pub struct Tok {
+    pub slot: usize,
+    pub pos: usize,
+}
+
+/// What every layer of one `forward` step needs.
+pub struct StepCtx<'a> {
+    pub model: &'a Model,
+    pub pool: &'a ThreadPool,
+    pub toks: &'a [Tok],
+    /// Rope cos/sin cache of each batch token's position.
+    pub ropes: &'a [Vec<f32>],
+    pub rope: &'a Rope,
+}
+
+/// Causal attention of all batch tokens of layer `il`. `q`: n rows of `n_head*dk`; `out`: n rows
+/// of `n_head*dv`. With `mla`, V is the first `dv` floats of each K row. An F32 cache is read in
+/// place, block by block; an F16 cache is converted once per sequence and layer, and q and the
+/// probabilities are rounded to f16 before their dot products, as ggml's f16 mul_mat does.
+pub fn attend_all(
+    ctx: &StepCtx<'_>,
+    kv: &KvCache,
+    il: usize,
+    q: &[f32],
+    hd: Heads,
+    mla: bool,
+    out: &mut [f32],
+) {
+    let qw = hd.n_head * hd.dk;
+    let (k_stride, v_stride) = if mla {
+        (hd.dk, hd.dk)
+    } else {
+        (hd.n_head_kv * hd.dk, hd.n_head_kv * hd.dv)
+    };
+    // Rows each sequence needs this step (up to its last batch position).
+    let mut slots: Vec<(usize, usize)> = Vec::new();
+    for t in ctx.toks {
+        match slots.iter_mut().find(|s| s.0 == t.slot) {
+            Some(s) => s.1 = s.1.max(t.pos + 1),
+            None => slots.push((t.slot, t.pos + 1)),
+        }
+    }
+    let f16 = kv.kv_type() == KvType::F16;
+    let mut scratch: Vec<(Vec<f32>, Vec<f32>)> =
+        slots.iter().map(|_| (Vec::new(), Vec::new())).collect();
+    if f16 {
+        for (&(slot, n), (sk, sv)) in slots.iter().zip(scratch.iter_mut()) {
+            kv.gather(slot, il, n, false, sk);
+            if !mla {
+                kv.gather(slot, il, n, true, sv);
+            }
+        }
+    }
+    // (slot, K segments, V segments, positions per segment)
+    type Segs<'s> = (usize, Vec<&'s [f32]>, Vec<&'s [f32]>, usize);
+    let views: Vec<Segs<'_>> = slots
+        .iter()
+        .zip(&scratch)
+        .map(|(&(slot, n), (sk, sv))| {
+            if f16 {
+                let v = if mla { &sk[..] } else { &sv[..] };
+                (slot, vec![&sk[..]], vec![v], n.max(1))
+            } else {
+                let k = kv.segments(slot, il, n, false);
+                let v = if mla {
+                    k.clone()
+                } else {
+                    kv.segments(slot, il, n, true)
+                };
+                (slot, k, v, kv.layout().block)
+            }
+        })
+        .collect();
+    let views = &views;
+    // One task per (token, group of query heads sharing a kv head): each K/V row is read once
+    // per group. Groups are as large as the GQA ratio allows (at most 8 heads) while leaving at
+    // least 4 tasks per thread, so decode steps with few tokens still spread over the pool.
+    let per_kv = hd.n_head / hd.n_head_kv;
+    let tasks_wanted = 4 * ctx.pool.current_num_threads();
+    let mut g = 1;
+    while g < 8 && per_kv % (2 * g) == 0 && ctx.toks.len() * hd.n_head / (2 * g) >= tasks_wanted {
+        g *= 2;
+    }
+    let groups = hd.n_head / g;
+    ctx.pool.install(|| {
+        out.par_chunks_mut(g * hd.dv).enumerate().for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(scores, qr), (i, og)| {
+                let (ti, h0) = (i / groups, (i % groups) * g);
+                let t = ctx.toks[ti];
+                let Some((_, k, v, block)) =
+                    views.iter().find(|v| v.0 == t.slot && !v.1.is_empty())
+                else {
+                    return;
+                };
+                let view = KvView {
+                    k,
+                    k_stride,
+                    v,
+                    v_stride,
+                    block: *block,
+                    n_kv: t.pos + 1,
+                };
+                let qg = &q[ti * qw + h0 * hd.dk..ti * qw + (h0 + g) * hd.dk];
+                if f16 {
+                    qr.clear();
+                    qr.extend(qg.iter().map(|&x| f16_to_f32(f32_to_f16(x))));
+                    attend_heads(qr, h0, g, &view, hd, true, scores, og);
+                } else {
+                    attend_heads(qg, h0, g, &view, hd, false, scores, og);
+                }
+            },
+        )
+    });
+}
