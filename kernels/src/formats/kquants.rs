@@ -77,6 +77,7 @@ pub struct BlockQ8_K {
 /// both architectures monomorphise over (a `u8`, so it can be a const generic).
 pub(crate) mod layout {
     use super::{BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
+    use crate::formats::GgmlType;
     use core::mem::{offset_of, size_of};
 
     /// Bytes of one Q8_K activation block.
@@ -91,14 +92,45 @@ pub(crate) mod layout {
     pub(crate) const Q3K_D: usize = offset_of!(BlockQ3_K, d);
     pub(crate) const Q6K_D: usize = offset_of!(BlockQ6_K, d);
 
-    /// The K-quant kinds, named by their bit width.
-    pub(crate) const Q2: u8 = 2;
-    pub(crate) const Q3: u8 = 3;
-    pub(crate) const Q4: u8 = 4;
-    pub(crate) const Q5: u8 = 5;
-    pub(crate) const Q6: u8 = 6;
+    /// The K-quant kinds, named by their bit width: the one kind both architectures use (aarch64
+    /// as the enum, x86 as its `u8` discriminant, which can be a const generic).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    #[repr(u8)]
+    pub(crate) enum KKind {
+        Q2 = 2,
+        Q3 = 3,
+        Q4 = 4,
+        Q5 = 5,
+        Q6 = 6,
+    }
 
-    /// Bytes per weight block of K-quant kind `kind` (Q6_K for anything above 5).
+    impl KKind {
+        /// The kind of `ty`, if it is a K-quant with SIMD paths.
+        pub(crate) const fn of(ty: GgmlType) -> Option<KKind> {
+            Some(match ty {
+                GgmlType::Q2_K => KKind::Q2,
+                GgmlType::Q3_K => KKind::Q3,
+                GgmlType::Q4_K => KKind::Q4,
+                GgmlType::Q5_K => KKind::Q5,
+                GgmlType::Q6_K => KKind::Q6,
+                _ => return None,
+            })
+        }
+
+        /// Bytes per weight block.
+        pub(crate) const fn block_bytes(self) -> usize {
+            block_bytes(self as u8)
+        }
+    }
+
+    /// The kinds as const-generic codes.
+    pub(crate) const Q2: u8 = KKind::Q2 as u8;
+    pub(crate) const Q3: u8 = KKind::Q3 as u8;
+    pub(crate) const Q4: u8 = KKind::Q4 as u8;
+    pub(crate) const Q5: u8 = KKind::Q5 as u8;
+    pub(crate) const Q6: u8 = KKind::Q6 as u8;
+
+    /// Bytes per weight block of K-quant kind code `kind` (Q6_K for anything above 5).
     pub(crate) const fn block_bytes(kind: u8) -> usize {
         match kind {
             Q2 => size_of::<BlockQ2_K>(),

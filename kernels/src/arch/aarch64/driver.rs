@@ -8,10 +8,10 @@
 //! NEON float operation here (`vmulq`, `vaddq`, `vsubq`, `vcvtq`) is the same IEEE operation as
 //! the scalar one, and there is no fused multiply-add anywhere.
 
-use crate::formats::kquants::layout::{block_bytes, Q2, Q2K_D, Q2K_DMIN};
+use crate::formats::kquants::layout::{Q2K_D, Q2K_DMIN};
 use core::arch::aarch64::*;
 
-use super::kquant::{add_lanes, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
+use super::kquant::{add_lanes, unpack_block, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::legacy::{self, Legacy};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
@@ -36,12 +36,10 @@ pub(crate) fn gemm(
         GgmlType::Q5_0 => return legacy::gemm(level, Legacy::Q5_0, k / 32, w, rows, x, n, out),
         GgmlType::Q4_1 => return legacy::gemm(level, Legacy::Q4_1, k / 32, w, rows, x, n, out),
         GgmlType::Q5_1 => return legacy::gemm(level, Legacy::Q5_1, k / 32, w, rows, x, n, out),
-        GgmlType::Q2_K => Kind::Q2K,
-        GgmlType::Q3_K => Kind::Q3K,
-        GgmlType::Q4_K => Kind::Q4K,
-        GgmlType::Q5_K => Kind::Q5K,
-        GgmlType::Q6_K => Kind::Q6K,
-        _ => unreachable!("aarch64 driver called for {ty:?} without a path"),
+        _ => match Kind::of(ty) {
+            Some(kind) => kind,
+            None => unreachable!("aarch64 driver called for {ty:?} without a path"),
+        },
     };
     let nb = k / 256;
     let wrow = nb * kind.block_bytes();
@@ -49,7 +47,7 @@ pub(crate) fn gemm(
         return super::split::gemm(level, kind, nb, w, rows, x, n, out);
     }
     let mut r = 0;
-    if level == Level::I8mm && kind == Kind::Q2K && n >= 2 {
+    if level == Level::I8mm && kind == Kind::Q2 && n >= 2 {
         while r + 2 <= rows {
             q2_k_rows2(
                 nb,
@@ -66,7 +64,7 @@ pub(crate) fn gemm(
     } else {
         level
     };
-    if kind == Kind::Q2K && level == Level::Dotprod && n == 1 {
+    if kind == Kind::Q2 && level == Level::Dotprod && n == 1 {
         // A single activation row: nothing to reuse an unpacked block for.
         for (rr, o) in out.iter_mut().enumerate().take(rows).skip(r) {
             *o = q2_k_row1(nb, &w[rr * wrow..][..wrow], x);
@@ -95,11 +93,11 @@ fn kq_step(level: Level, kind: Kind, u: &Unpacked, xb: &[u8], acc: &mut KAcc) {
     let xq = &xb[Q8K_QS..Q8K_BSUMS];
     let bsums = &xb[Q8K_BSUMS..Q8K_BYTES];
     match kind {
-        Kind::Q2K => {
+        Kind::Q2 => {
             let isum = match level {
                 Level::Neon => neon::total16(&u.q, xq, &u.scales),
                 // SAFETY: Dotprod/I8mm levels are only built from a capability that proved SDOT;
-                // they unpack with `q2_k_scaled` (see `Kind::unpack`).
+                // they unpack with `q2_k_scaled` (see `unpack_block`).
                 Level::Dotprod | Level::I8mm => unsafe { dotprod::dot256(&u.q, xq) },
             };
             let summs = neon::min_corr(bsums, &u.mins);
@@ -107,10 +105,10 @@ fn kq_step(level: Level, kind: Kind, u: &Unpacked, xb: &[u8], acc: &mut KAcc) {
             let dmin = yd * u.dmin;
             acc.sumf += dall * isum as f32 - dmin * summs as f32;
         }
-        Kind::Q3K | Kind::Q6K => {
+        Kind::Q3 | Kind::Q6 => {
             add_lanes(acc, neon::split16(&u.q, xq, &u.scales), u.d * yd);
         }
-        Kind::Q4K | Kind::Q5K => {
+        Kind::Q4 | Kind::Q5 => {
             add_lanes(acc, neon::split16(&u.q, xq, &u.scales), u.d * yd);
             let sumi = neon::min_corr(bsums, &u.mins);
             let dmin = u.dmin * yd;
@@ -124,7 +122,7 @@ fn kq_step(level: Level, kind: Kind, u: &Unpacked, xb: &[u8], acc: &mut KAcc) {
 fn q2_k_row1(nb: usize, wrow: &[u8], x: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
     for b in 0..nb {
-        let wb = &wrow[b * block_bytes(Q2)..(b + 1) * block_bytes(Q2)];
+        let wb = &wrow[b * Kind::Q2.block_bytes()..(b + 1) * Kind::Q2.block_bytes()];
         let xb = &x[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
         // SAFETY: called only at the Dotprod level (a capability that proved SDOT).
         let (isum, summs) = unsafe { dotprod::q2_k_block(wb, xb) };
@@ -145,7 +143,7 @@ fn kq_row(level: Level, kind: Kind, nb: usize, wrow: &[u8], x: &[u8], n: usize, 
         let cnt = JC.min(n - jc);
         let mut acc = [KAcc::zero(); JC];
         for b in 0..nb {
-            kind.unpack(level, &wrow[b * wb..(b + 1) * wb], &mut u);
+            unpack_block(kind, level, &wrow[b * wb..(b + 1) * wb], &mut u);
             for (t, a) in acc.iter_mut().enumerate().take(cnt) {
                 let at = (jc + t) * xrow + b * Q8K_BYTES;
                 kq_step(level, kind, &u, &x[at..at + Q8K_BYTES], a);
@@ -168,7 +166,7 @@ fn f4(v: [f32; 4]) -> float32x4_t {
 /// two output rows (`2 * n`). Pairs of activation rows go through SMMLA tiles, an odd last one
 /// through the dotprod core.
 fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
-    const WB: usize = block_bytes(Q2);
+    const WB: usize = Kind::Q2.block_bytes();
     let xrow = nb * Q8K_BYTES;
     let mut u = [Unpacked::new(), Unpacked::new()];
     let mut pa = i8mm::PairA::new();
@@ -216,7 +214,7 @@ fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
             if cnt % 2 == 1 {
                 let at = (jc + cnt - 1) * xrow + b * Q8K_BYTES;
                 for (r, a) in single.iter_mut().enumerate() {
-                    kq_step(Level::Dotprod, Kind::Q2K, &u[r], &x[at..at + Q8K_BYTES], a);
+                    kq_step(Level::Dotprod, Kind::Q2, &u[r], &x[at..at + Q8K_BYTES], a);
                 }
             }
         }
@@ -232,8 +230,8 @@ fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
         }
         if cnt % 2 == 1 {
             let j = jc + cnt - 1;
-            out[j] = single[0].finish(Kind::Q2K);
-            out[n + j] = single[1].finish(Kind::Q2K);
+            out[j] = single[0].finish(Kind::Q2);
+            out[n + j] = single[1].finish(Kind::Q2);
         }
     }
 }

@@ -7,40 +7,21 @@ use core::arch::aarch64::*;
 
 use super::unpack::{self, Unpacked};
 use super::Level;
-use crate::formats::kquants::layout::{block_bytes, Q2, Q3, Q4, Q5, Q6};
 pub(crate) use crate::formats::kquants::layout::{Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 
-/// The K-quant weight types with an aarch64 path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Q2K,
-    Q3K,
-    Q4K,
-    Q5K,
-    Q6K,
-}
+/// The K-quant kinds (all five have an aarch64 path).
+pub(crate) use crate::formats::kquants::layout::KKind as Kind;
 
-impl Kind {
-    pub(crate) fn block_bytes(self) -> usize {
-        block_bytes(match self {
-            Kind::Q2K => Q2,
-            Kind::Q3K => Q3,
-            Kind::Q4K => Q4,
-            Kind::Q5K => Q5,
-            Kind::Q6K => Q6,
-        })
-    }
-
-    /// Unpacks for the cores of `level` (Q2_K's SDOT/SMMLA cores take the scales folded in).
-    pub(crate) fn unpack(self, level: Level, b: &[u8], u: &mut Unpacked) {
-        match self {
-            Kind::Q2K if level == Level::Neon => unpack::q2_k(b, u),
-            Kind::Q2K => unpack::q2_k_scaled(b, u),
-            Kind::Q3K => unpack::q3_k(b, u),
-            Kind::Q4K => unpack::q4_k(b, u),
-            Kind::Q5K => unpack::q5_k(b, u, false),
-            Kind::Q6K => unpack::q6_k(b, u),
-        }
+/// Unpacks a block of `kind` for the cores of `level` (Q2_K's SDOT/SMMLA cores take the scales
+/// folded in).
+pub(crate) fn unpack_block(kind: Kind, level: Level, b: &[u8], u: &mut Unpacked) {
+    match kind {
+        Kind::Q2 if level == Level::Neon => unpack::q2_k(b, u),
+        Kind::Q2 => unpack::q2_k_scaled(b, u),
+        Kind::Q3 => unpack::q3_k(b, u),
+        Kind::Q4 => unpack::q4_k(b, u),
+        Kind::Q5 => unpack::q5_k(b, u, false),
+        Kind::Q6 => unpack::q6_k(b, u),
     }
 }
 
@@ -74,9 +55,9 @@ impl KAcc {
             vst1q_f32(s.as_mut_ptr().add(4), self.hi);
         }
         let mut sumf = match kind {
-            Kind::Q2K => return self.sumf,
-            Kind::Q4K | Kind::Q5K => self.sumf,
-            Kind::Q3K | Kind::Q6K => 0.0,
+            Kind::Q2 => return self.sumf,
+            Kind::Q4 | Kind::Q5 => self.sumf,
+            Kind::Q3 | Kind::Q6 => 0.0,
         };
         for v in s {
             sumf += v;

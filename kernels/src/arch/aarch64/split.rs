@@ -56,10 +56,7 @@ fn perm32_block(xq: &[u8], dst: &mut [u8]) {
 pub(crate) fn handles(kind: Kind, level: Level) -> bool {
     matches!(
         (kind, level),
-        (
-            Kind::Q4K | Kind::Q5K | Kind::Q3K,
-            Level::Dotprod | Level::I8mm
-        )
+        (Kind::Q4 | Kind::Q5 | Kind::Q3, Level::Dotprod | Level::I8mm)
     )
 }
 
@@ -68,7 +65,7 @@ pub(crate) fn handles(kind: Kind, level: Level) -> bool {
 fn epilogue(kind: Kind, acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), u: &Unpacked, xb: &[u8]) {
     let yd = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
     add_lanes(acc, lanes, u.d * yd);
-    if matches!(kind, Kind::Q4K | Kind::Q5K) {
+    if matches!(kind, Kind::Q4 | Kind::Q5) {
         let sumi = neon::min_corr(&xb[Q8K_BSUMS..Q8K_BYTES], &u.mins);
         let dmin = u.dmin * yd;
         acc.sumf -= dmin * sumi as f32;
@@ -87,7 +84,7 @@ pub(crate) fn gemm(
     n: usize,
     out: &mut [f32],
 ) {
-    if kind == Kind::Q3K {
+    if kind == Kind::Q3 {
         return q3_k_gemm(level, nb, w, rows, x, n, out);
     }
     let wb = kind.block_bytes();
@@ -116,7 +113,7 @@ pub(crate) fn gemm(
                 for b in 0..nb {
                     let wblock = &w[r * wrow + b * wb..][..wb];
                     match kind {
-                        Kind::Q4K => unpack::q4_k_perm_folded(wblock, &mut u, &mut q2),
+                        Kind::Q4 => unpack::q4_k_perm_folded(wblock, &mut u, &mut q2),
                         _ => unpack::q5_k(wblock, &mut u, true),
                     }
                     for (t, a) in acc.iter_mut().enumerate().take(cnt) {
@@ -126,7 +123,7 @@ pub(crate) fn gemm(
                         // that proved SDOT.
                         let lanes = unsafe {
                             match kind {
-                                Kind::Q4K => dotprod::folded32(&u.q, &q2, pb),
+                                Kind::Q4 => dotprod::folded32(&u.q, &q2, pb),
                                 _ => dotprod::split32_perm(&u.q, pb, &u.scales),
                             }
                         };
@@ -227,7 +224,7 @@ fn q3_k_gemm(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
                         }
                     }
                     for (t, a) in acc.iter().enumerate().take(cnt) {
-                        out[r * n + jc + t] = a.finish(Kind::Q3K);
+                        out[r * n + jc + t] = a.finish(Kind::Q3);
                     }
                 }
                 continue;

@@ -62,14 +62,7 @@ capability_tier!(
 
 /// The K-quant kind code used by `kquant`, if `ty` has a path here.
 fn kquant_kind(ty: GgmlType) -> Option<u8> {
-    Some(match ty {
-        GgmlType::Q2_K => kblock::Q2,
-        GgmlType::Q3_K => kblock::Q3,
-        GgmlType::Q4_K => kblock::Q4,
-        GgmlType::Q5_K => kblock::Q5,
-        GgmlType::Q6_K => kblock::Q6,
-        _ => return None,
-    })
+    crate::formats::kquants::layout::KKind::of(ty).map(|k| k as u8)
 }
 
 /// Checks the lengths, then runs the tier's path. Only called with a `Level` whose capability
