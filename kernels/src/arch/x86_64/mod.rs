@@ -16,6 +16,7 @@
 mod avx2;
 mod avx512vnni;
 mod iq;
+mod iq512;
 mod kblock;
 mod klanes512;
 mod kquant;
@@ -86,6 +87,11 @@ fn gemm_block(
     out: &mut [f32],
 ) -> bool {
     if ty.is_iq() {
+        // SAFETY: the AVX-512 tier's capability means AVX-512 F/BW/VL + VNNI, AVX2 and F16C,
+        // and `vbmi_enabled` that the CPU has VBMI: all `iq512` needs.
+        if level == Level::Avx512 && vbmi_enabled() && unsafe { iq512::gemm(ty, k, w, rows, x, n, out) } {
+            return true;
+        }
         // SAFETY: `gemm_block` runs only for a level whose capability exists; both x86 tiers
         // require AVX2, all the i-quant path uses.
         return unsafe { iq::gemm(ty, k, w, rows, x, n, out) };

@@ -1,0 +1,546 @@
+//! The i-quants on the AVX-512-VNNI tier when the CPU also has AVX512-VBMI: each 256-element
+//! weight unit is decoded straight into four 64-byte registers (grid points fetched with
+//! `vpgather*`, sign bytes made by `vpmultishiftqb` + one `vpermi2b` of `KSIGNS_IQ2XS`, IQ4 nibbles
+//! by `vpermb` + `vpshufb`), together with the per-pair scale words, and then used against every
+//! activation row of the call (decode once, dot N rows).
+//!
+//! Exactness: the activations are packed once per call as `|x|` (unsigned bytes, so -128 is the
+//! exact 128) plus their sign bits as 64-bit masks; per activation row a weight register is
+//! negated where `x` is negative (masked `vpsubb`; no weight is -128), so `vpmaddubsw(|x|, w)`
+//! gives the exact pair products (at most 2 * 128 * 127, below 2^15) and `vpdpwssd` with the scale
+//! words adds them, scaled, into i32 lanes. Integer sums are exact in any order, so one
+//! horizontal sum gives the reference's integer `bsum` (IQ1_S: also `sumi1` from the activation
+//! `bsums`), and IQ4_XS/IQ4_NL get their eight 32-element sums; the float epilogue then repeats
+//! the scalar reference's operations in its order. Types without a path here (IQ1_M, IQ2_XS,
+//! IQ2_S, IQ3_S and the ternary types) return `false` and take the shared `iq` path.
+
+use core::arch::x86_64::*;
+
+use super::klanes512::V64;
+use crate::arch::iq_tile::{act_chunk_offset, unit_blocks, Iq1S, Iq2Xxs, Iq3Xxs, Iq4Nl, Iq4Xs, IqKind};
+use crate::formats::kquants::layout::Q8K_BSUMS;
+use crate::formats::{
+    Block, BlockIq1S, BlockIq2Xxs, BlockIq3Xxs, BlockIq4Nl, BlockIq4Xs, IQ1S_GRID, IQ2XXS_GRID,
+    IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
+};
+use core::mem::{offset_of, size_of};
+use crate::scalar::iq1::IQ1_DELTA;
+use crate::GgmlType;
+
+// Field offsets the decoders address, from the block structs.
+const IQ2XXS_QS: usize = offset_of!(BlockIq2Xxs, qs);
+const IQ3XXS_QS: usize = offset_of!(BlockIq3Xxs, qs);
+/// IQ3_XXS: the sign-and-scale words follow the 64 grid index bytes.
+const IQ3XXS_AUX: usize = IQ3XXS_QS + QK_K / 4;
+const IQ1S_QS: usize = offset_of!(BlockIq1S, qs);
+const IQ1S_QH: usize = offset_of!(BlockIq1S, qh);
+const IQ1S_BYTES: usize = size_of::<BlockIq1S>();
+const IQ4XS_QS: usize = offset_of!(BlockIq4Xs, qs);
+const IQ4NL_QS: usize = offset_of!(BlockIq4Nl, qs);
+const IQ4NL_BYTES: usize = size_of::<BlockIq4Nl>();
+
+/// Bytes of one packed activation unit: `|x|` (256), the four sign masks (32), padding to 64.
+const PACKED_UNIT: usize = 320;
+
+/// One decoded weight unit: signed weights, and the scale word of every `vpmaddubsw` pair.
+#[derive(Clone, Copy)]
+struct Dec {
+    w: [__m512i; 4],
+    sc: [__m512i; 4],
+    /// IQ1_S: the 16 words `ls * delta` by which `sumi1` weighs the activation `bsums`.
+    bw: __m256i,
+}
+
+/// How a kind's per-block integers are formed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// One scaled sum (`bsum`).
+    Scaled,
+    /// The scaled sum and `sum(bw * bsums)` (IQ1_S).
+    ScaledBsums,
+    /// Eight unscaled 32-element sums (IQ4_XS, IQ4_NL).
+    Groups,
+}
+
+/// An i-quant with a 64-byte decoder.
+trait Wide: IqKind {
+    const MODE: Mode;
+    /// Decodes the unit starting at `p` (its first block's first byte).
+    ///
+    /// # Safety
+    /// The CPU has the tier's features (see [`gemm`]); `p` is valid for `UNIT` blocks of `W`.
+    unsafe fn decode_regs(p: *const u8) -> Dec;
+    /// `sumf += ...` for one unit and activation unit, as the scalar reference does it, from
+    /// the integers of [`Mode`] (`v[0]`, `v[1]`, or `v[0..8]`).
+    fn epilogue_ints(w: &[Self::W], x: &[Self::X], v: &[i32; 8], sumf: &mut f32);
+}
+
+/// ggml's `ksigns_iq2xs`, as the two halves of one `vpermi2b` table.
+static KSIGNS_LO: V64 = V64(ksigns_half(0));
+static KSIGNS_HI: V64 = V64(ksigns_half(64));
+
+const fn ksigns_half(at: usize) -> [u8; 64] {
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        o[i] = KSIGNS_IQ2XS[at + i];
+        i += 1;
+    }
+    o
+}
+
+/// `vpmultishiftqb` control: the four 7-bit sign indices of each u32 of a qword.
+static SIGN_SHIFTS: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        o[i] = ((i % 8) / 4 * 32 + (i % 4) * 7) as u8;
+        i += 1;
+    }
+    o
+});
+
+/// Word index vectors: register `c`'s 32 scale words repeat word `a` (first 16) and word `b`.
+const fn word_pairs(a: usize, b: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut w = 0;
+    while w < 32 {
+        let src = if w < 16 { a } else { b };
+        o[2 * w] = src as u8;
+        w += 1;
+    }
+    V64(o)
+}
+
+/// Scale words of register `c` from one dword per 32-element group (group `g` = word `2g`).
+static DWORD_SCALES: [V64; 4] = [
+    word_pairs(0, 2),
+    word_pairs(4, 6),
+    word_pairs(8, 10),
+    word_pairs(12, 14),
+];
+
+/// Scale words of register `c` from one word per 32-element group (group `g` = word `g`).
+static WORD_SCALES: [V64; 4] = [
+    word_pairs(0, 1),
+    word_pairs(2, 3),
+    word_pairs(4, 5),
+    word_pairs(6, 7),
+];
+
+/// IQ2_XXS grid indices: dword `i` <- byte `8 (i / 4) + i % 4` of `qs` (+ 32 for `half` 1).
+const fn xxs_idx(half: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 16 {
+        o[4 * i] = (32 * half + 8 * (i / 4) + i % 4) as u8;
+        i += 1;
+    }
+    V64(o)
+}
+static IQ2XXS_IDX: [V64; 2] = [xxs_idx(0), xxs_idx(1)];
+
+/// IQ1_S index material: dword `i` (chunk `16 half + i`) = `qs` byte, then the group's `qh` word.
+const fn iq1s_idx(half: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 16 {
+        let chunk = 16 * half + i;
+        let qh = IQ1S_QH + 2 * (chunk / 4);
+        o[4 * i] = (IQ1S_QS + chunk) as u8;
+        o[4 * i + 1] = qh as u8;
+        o[4 * i + 2] = (qh + 1) as u8;
+        i += 1;
+    }
+    V64(o)
+}
+static IQ1S_IDX: [V64; 2] = [iq1s_idx(0), iq1s_idx(1)];
+
+/// IQ1_S: the eight `qh` words of a block to words 0..8.
+static IQ1S_QH_WORDS: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 16 {
+        o[i] = (IQ1S_QH + i) as u8;
+        i += 1;
+    }
+    o
+});
+
+/// Word `2g` and `2g + 1` <- word `g`.
+static BSUM_PAIRS: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut w = 0;
+    while w < 32 {
+        o[2 * w] = (w / 2 % 8) as u8;
+        w += 1;
+    }
+    o
+});
+
+/// IQ4: byte `p` of a register <- byte `16 (p / 32) + p % 16` of its 32 `qs` bytes (the low
+/// nibble for `p % 32 < 16`, the high one above).
+static IQ4_PERM: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut p = 0;
+    while p < 64 {
+        o[p] = (16 * (p / 32) + p % 16) as u8;
+        p += 1;
+    }
+    o
+});
+
+/// `KVALUES_IQ4NL` in every 16-byte lane (the `vpshufb` table).
+static IQ4_VALUES: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        o[i] = KVALUES_IQ4NL[i % 16] as u8;
+        i += 1;
+    }
+    o
+});
+
+/// The four 64-bit sign masks of 32 sign bytes (low 256 bits of `sb`).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn sign_masks(sb: __m512i) -> [u64; 4] {
+    let mut m = [0u64; 4];
+    // SAFETY: `m` is 32 writable bytes; unaligned store.
+    unsafe { _mm256_storeu_si256(m.as_mut_ptr() as *mut __m256i, _mm512_castsi512_si256(sb)) };
+    m
+}
+
+/// IQ2_XXS/IQ3_XXS: from the eight sign-and-scale words (dwords 0..8 of `aux`), the four sign
+/// masks and the scale words `2 * (aux >> 28) + 1`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn xxs_signs_scales(aux: __m512i) -> ([u64; 4], [__m512i; 4]) {
+    let idx = _mm512_multishift_epi64_epi8(SIGN_SHIFTS.get(), aux);
+    let sb = _mm512_permutex2var_epi8(KSIGNS_LO.get(), idx, KSIGNS_HI.get());
+    let odd = _mm512_or_si512(
+        _mm512_slli_epi32::<1>(_mm512_srli_epi32::<28>(aux)),
+        _mm512_set1_epi32(1),
+    );
+    let sc = core::array::from_fn(|c| _mm512_permutexvar_epi16(DWORD_SCALES[c].get(), odd));
+    (sign_masks(sb), sc)
+}
+
+/// `g` negated where `neg` has a bit.
+#[inline(always)]
+fn negate(g: __m512i, neg: u64) -> __m512i {
+    // SAFETY: only reached from this module's `#[target_feature]` functions, which run on a CPU
+    // with AVX512BW (the tier's capability).
+    unsafe { _mm512_mask_sub_epi8(g, _cvtu64_mask64(neg), _mm512_setzero_si512(), g) }
+}
+
+impl Wide for Iq2Xxs {
+    const MODE: Mode = Mode::Scaled;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block, whose `qs` are 64 bytes; the gathers read `IQ2XXS_GRID` at
+        // 8-bit indices (256 entries).
+        unsafe {
+            let q = _mm512_loadu_si512(p.add(IQ2XXS_QS) as *const __m512i);
+            let grid = IQ2XXS_GRID.as_ptr() as *const i64;
+            let mut g = [_mm512_setzero_si512(); 4];
+            for h in 0..2 {
+                let i = _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, IQ2XXS_IDX[h].get(), q);
+                g[2 * h] = _mm512_i32gather_epi64::<8>(_mm512_castsi512_si256(i), grid);
+                g[2 * h + 1] = _mm512_i32gather_epi64::<8>(_mm512_extracti64x4_epi64::<1>(i), grid);
+            }
+            let odd_dwords = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1);
+            let aux = _mm512_permutexvar_epi32(odd_dwords, q);
+            let (neg, sc) = xxs_signs_scales(aux);
+            Dec {
+                w: core::array::from_fn(|c| negate(g[c], neg[c])),
+                sc,
+                bw: _mm256_setzero_si256(),
+            }
+        }
+    }
+    fn epilogue_ints(w: &[Self::W], x: &[Self::X], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += w[0].d() * x[0].d() * v[0] as f32;
+    }
+}
+
+impl Wide for Iq3Xxs {
+    const MODE: Mode = Mode::Scaled;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block (64 index bytes, then 32 sign-and-scale bytes); the gathers
+        // read `IQ3XXS_GRID` at 8-bit indices (256 entries).
+        unsafe {
+            let grid = IQ3XXS_GRID.as_ptr() as *const i32;
+            let g: [__m512i; 4] = core::array::from_fn(|c| {
+                let i = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(IQ3XXS_QS + 16 * c) as *const __m128i));
+                _mm512_i32gather_epi32::<4>(i, grid)
+            });
+            let aux = _mm512_castsi256_si512(_mm256_loadu_si256(p.add(IQ3XXS_AUX) as *const __m256i));
+            let (neg, sc) = xxs_signs_scales(aux);
+            Dec {
+                w: core::array::from_fn(|c| negate(g[c], neg[c])),
+                sc,
+                bw: _mm256_setzero_si256(),
+            }
+        }
+    }
+    fn epilogue_ints(w: &[Self::W], x: &[Self::X], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += w[0].d() * x[0].d() * v[0] as f32;
+    }
+}
+
+impl Wide for Iq1S {
+    const MODE: Mode = Mode::ScaledBsums;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block (under 64 bytes): the masked load reads exactly its bytes;
+        // the gathers read `IQ1S_GRID` at 11-bit indices (2048 entries).
+        unsafe {
+            let b = _mm512_maskz_loadu_epi8((1u64 << IQ1S_BYTES) - 1, p as *const i8);
+            let grid = IQ1S_GRID.as_ptr() as *const i64;
+            // chunk l of a group takes qh bits 3l..3l+3 as index bits 8..11
+            let shifts = _mm512_set_epi32(9, 6, 3, 0, 9, 6, 3, 0, 9, 6, 3, 0, 9, 6, 3, 0);
+            let mut g = [_mm512_setzero_si512(); 4];
+            for h in 0..2 {
+                let m = _mm512_permutexvar_epi8(IQ1S_IDX[h].get(), b);
+                let hi = _mm512_and_si512(_mm512_srlv_epi32(m, shifts), _mm512_set1_epi32(0x700));
+                let i = _mm512_or_si512(_mm512_and_si512(m, _mm512_set1_epi32(0xff)), hi);
+                g[2 * h] = _mm512_i32gather_epi64::<8>(_mm512_castsi512_si256(i), grid);
+                g[2 * h + 1] = _mm512_i32gather_epi64::<8>(_mm512_extracti64x4_epi64::<1>(i), grid);
+            }
+            let qh = _mm512_permutexvar_epi8(IQ1S_QH_WORDS.get(), b);
+            let ls = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<11>(qh), _mm512_set1_epi16(0xe)),
+                _mm512_set1_epi16(1),
+            );
+            let lsd = _mm512_mask_sub_epi16(ls, _mm512_movepi16_mask(qh), _mm512_setzero_si512(), ls);
+            Dec {
+                w: g,
+                sc: core::array::from_fn(|c| _mm512_permutexvar_epi16(WORD_SCALES[c].get(), ls)),
+                bw: _mm512_castsi512_si256(_mm512_permutexvar_epi16(BSUM_PAIRS.get(), lsd)),
+            }
+        }
+    }
+    fn epilogue_ints(w: &[Self::W], x: &[Self::X], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += w[0].d() * x[0].d() * (v[0] as f32 + IQ1_DELTA * v[1] as f32);
+    }
+}
+
+/// The four weight registers of 32 IQ4 `qs` bytes per register.
+///
+/// # Safety
+/// The CPU has the tier's features; `chunk(c)` gives register `c`'s 32 bytes in its low half.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn iq4_decode(chunks: [__m512i; 4]) -> Dec {
+    let perm = IQ4_PERM.get();
+    let values = IQ4_VALUES.get();
+    let nib = _mm512_set1_epi8(0x0f);
+    let w = chunks.map(|q| {
+        let t = _mm512_permutexvar_epi8(perm, q);
+        let h = _mm512_srli_epi16::<4>(t);
+        let v = _mm512_mask_blend_epi8(0xffff_0000_ffff_0000, t, h);
+        _mm512_shuffle_epi8(values, _mm512_and_si512(v, nib))
+    });
+    Dec {
+        w,
+        sc: [_mm512_setzero_si512(); 4],
+        bw: _mm256_setzero_si256(),
+    }
+}
+
+impl Wide for Iq4Xs {
+    const MODE: Mode = Mode::Groups;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block, with 128 `qs` bytes.
+        let chunks = core::array::from_fn(|c| unsafe {
+            _mm512_castsi256_si512(_mm256_loadu_si256(p.add(IQ4XS_QS + 32 * c) as *const __m256i))
+        });
+        iq4_decode(chunks)
+    }
+    fn epilogue_ints(w: &[Self::W], x: &[Self::X], v: &[i32; 8], sumf: &mut f32) {
+        let (a, b) = (&w[0], &x[0]);
+        let d4d8 = a.d() * b.d();
+        for (g, &s) in v.iter().enumerate() {
+            let dl = d4d8 * (a.scale(g) as i32 - 32) as f32;
+            *sumf += dl * s as f32;
+        }
+    }
+}
+
+impl Wide for Iq4Nl {
+    const MODE: Mode = Mode::Groups;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is eight consecutive blocks, each with 16 `qs` bytes.
+        let chunks = core::array::from_fn(|c| unsafe {
+            let lo = _mm_loadu_si128(p.add(IQ4NL_BYTES * 2 * c + IQ4NL_QS) as *const __m128i);
+            let hi = _mm_loadu_si128(p.add(IQ4NL_BYTES * (2 * c + 1) + IQ4NL_QS) as *const __m128i);
+            _mm512_castsi256_si512(_mm256_set_m128i(hi, lo))
+        });
+        iq4_decode(chunks)
+    }
+    fn epilogue_ints(w: &[Self::W], x: &[Self::X], v: &[i32; 8], sumf: &mut f32) {
+        for ((a, b), &s) in w.iter().zip(x).zip(v) {
+            *sumf += b.d() * a.d() * s as f32;
+        }
+    }
+}
+
+/// Packs `units` activation units of type `act` at `x` into `dst` (`PACKED_UNIT` bytes each).
+///
+/// # Safety
+/// The CPU has the tier's features; `x` holds `units` whole units, `dst` `units * PACKED_UNIT`
+/// bytes.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn pack(act: GgmlType, x: *const u8, unit_bytes: usize, units: usize, dst: *mut u8) {
+    for u in 0..units {
+        // SAFETY: unit `u` and its packed slot are inside the buffers (caller's contract).
+        unsafe {
+            let (xu, du) = (x.add(u * unit_bytes), dst.add(u * PACKED_UNIT));
+            for c in 0..4 {
+                let lo = _mm256_loadu_si256(xu.add(act_chunk_offset(act, 2 * c)) as *const __m256i);
+                let hi = _mm256_loadu_si256(xu.add(act_chunk_offset(act, 2 * c + 1)) as *const __m256i);
+                let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                _mm512_storeu_si512(du.add(64 * c) as *mut __m512i, _mm512_abs_epi8(v));
+                let neg = _cvtmask64_u64(_mm512_movepi8_mask(v));
+                (du.add(256 + 8 * c) as *mut u64).write_unaligned(neg);
+            }
+        }
+    }
+}
+
+/// The sum of the eight dwords of `v`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn hsum256(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The eight 32-element sums of four registers whose dword lanes 0..8 / 8..16 are the partial
+/// sums of groups `2c` / `2c + 1`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn groups8(a: [__m512i; 4]) -> [i32; 8] {
+    // 128-bit lanes [G0 G1 G2 G3] and [G4 G5 G6 G7], each lane still four partials
+    let p = _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0b10_00_10_00>(a[0], a[1]),
+        _mm512_shuffle_i64x2::<0b11_01_11_01>(a[0], a[1]),
+    );
+    let r = _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0b10_00_10_00>(a[2], a[3]),
+        _mm512_shuffle_i64x2::<0b11_01_11_01>(a[2], a[3]),
+    );
+    let u = _mm512_add_epi32(_mm512_unpacklo_epi32(p, r), _mm512_unpackhi_epi32(p, r));
+    let t = _mm512_add_epi32(u, _mm512_shuffle_epi32::<0b01_00_11_10>(u));
+    let mut s = [0i32; 16];
+    // SAFETY: `s` is 64 writable bytes; unaligned store.
+    unsafe { _mm512_storeu_si512(s.as_mut_ptr() as *mut __m512i, t) };
+    [s[0], s[4], s[8], s[12], s[1], s[5], s[9], s[13]]
+}
+
+/// The integers of `K::MODE` for decoded unit `d` against the packed activation unit `px`
+/// (and the activation blocks at `xu`, for the `bsums`).
+///
+/// # Safety
+/// The CPU has the tier's features; `px` is one packed unit, `xu` one activation unit.
+#[inline(always)]
+unsafe fn dot<K: Wide>(d: &Dec, px: *const u8, xu: *const u8) -> [i32; 8] {
+    // SAFETY: the reads stay inside the packed unit and the activation unit (caller's contract);
+    // the features are the caller's.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let neg = |c: usize| (px.add(256 + 8 * c) as *const u64).read_unaligned();
+        let ax = |c: usize| _mm512_loadu_si512(px.add(64 * c) as *const __m512i);
+        let mut v = [0i32; 8];
+        if K::MODE == Mode::Groups {
+            let a = core::array::from_fn(|c| _mm512_dpbusd_epi32(zero, ax(c), negate(d.w[c], neg(c))));
+            return groups8(a);
+        }
+        let mut acc = zero;
+        for c in 0..4 {
+            let p = _mm512_maddubs_epi16(ax(c), negate(d.w[c], neg(c)));
+            acc = _mm512_dpwssd_epi32(acc, p, d.sc[c]);
+        }
+        v[0] = _mm512_reduce_add_epi32(acc);
+        if K::MODE == Mode::ScaledBsums {
+            let bsums = _mm256_loadu_si256(xu.add(Q8K_BSUMS) as *const __m256i);
+            v[1] = hsum256(_mm256_madd_epi16(bsums, d.bw));
+        }
+        v
+    }
+}
+
+/// `out[r * n + j] = W[r] . x[j]` for one kind: unit by unit, each decoded once and run against
+/// every activation row, each result accumulated in the reference's block order.
+///
+/// # Safety
+/// The CPU has the tier's features.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn gemm_wide<K: Wide>(k: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) -> bool {
+    let Some((wb, xb, per_row)) = unit_blocks::<K>(k, w, rows, x, n, out) else {
+        return false;
+    };
+    if n == 0 {
+        return true;
+    }
+    let act = <K::X as Block>::TYPE;
+    let units = per_row / K::UNIT;
+    let unit_bytes = K::UNIT * size_of::<K::X>();
+    super::PACKED.with(|cell| {
+        let mut packed = cell.borrow_mut();
+        packed.resize(n * units * PACKED_UNIT, 0);
+        // SAFETY: `x` holds `n * units` activation units (checked by `unit_blocks`) and `packed`
+        // was sized for them; the caller guarantees the features.
+        unsafe { pack(act, x.as_ptr(), unit_bytes, n * units, packed.as_mut_ptr()) };
+        out.fill(0.0);
+        for (wr, o) in wb.chunks_exact(per_row).zip(out.chunks_exact_mut(n)) {
+            for (u, wu) in wr.chunks_exact(K::UNIT).enumerate() {
+                // SAFETY: `wu` is one whole weight unit; features as above.
+                let d = unsafe { K::decode_regs(wu.as_ptr() as *const u8) };
+                for (j, acc) in o.iter_mut().enumerate() {
+                    let xu = &xb[(j * units + u) * K::UNIT..][..K::UNIT];
+                    // SAFETY: packed unit `j * units + u` and activation unit `xu` exist.
+                    let v = unsafe {
+                        dot::<K>(&d, packed.as_ptr().add((j * units + u) * PACKED_UNIT), xu.as_ptr() as *const u8)
+                    };
+                    K::epilogue_ints(wu, xu, &v, acc);
+                }
+            }
+            for acc in o.iter_mut() {
+                *acc = K::finish(*acc);
+            }
+        }
+    });
+    true
+}
+
+/// The 64-byte path for `ty`; false when it has none (or the lengths do not hold whole units).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL, VNNI and VBMI (plus AVX2 and F16C).
+pub(super) unsafe fn gemm(ty: GgmlType, k: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) -> bool {
+    // SAFETY: the caller guarantees the features every arm needs.
+    unsafe {
+        match ty {
+            GgmlType::IQ2_XXS => gemm_wide::<Iq2Xxs>(k, w, rows, x, n, out),
+            GgmlType::IQ3_XXS => gemm_wide::<Iq3Xxs>(k, w, rows, x, n, out),
+            GgmlType::IQ1_S => gemm_wide::<Iq1S>(k, w, rows, x, n, out),
+            GgmlType::IQ4_XS => gemm_wide::<Iq4Xs>(k, w, rows, x, n, out),
+            GgmlType::IQ4_NL => gemm_wide::<Iq4Nl>(k, w, rows, x, n, out),
+            _ => false,
+        }
+    }
+}
