@@ -20,7 +20,7 @@ use super::klanes512::V64;
 use crate::arch::iq_tile::{act_chunk_offset, unit_blocks, Iq1S, Iq2Xxs, Iq3Xxs, Iq4Nl, Iq4Xs, IqKind};
 use crate::formats::kquants::layout::Q8K_BSUMS;
 use crate::formats::{
-    Block, BlockIq1S, BlockIq2Xxs, BlockIq3Xxs, BlockIq4Nl, BlockIq4Xs, IQ1S_GRID, IQ2XXS_GRID,
+    Block, BlockIq1S, BlockIq2Xxs, BlockQ8_0, BlockQ8_K, BlockIq3Xxs, BlockIq4Nl, BlockIq4Xs, IQ1S_GRID, IQ2XXS_GRID,
     IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
 };
 use core::mem::{offset_of, size_of};
@@ -39,16 +39,41 @@ const IQ4XS_QS: usize = offset_of!(BlockIq4Xs, qs);
 const IQ4NL_QS: usize = offset_of!(BlockIq4Nl, qs);
 const IQ4NL_BYTES: usize = size_of::<BlockIq4Nl>();
 
-/// Bytes of one packed activation unit: `|x|` (256), the four sign masks (32), padding to 64.
+/// Bytes of one packed activation unit: `|x|` (256), the four sign masks (32), the blocks' `d`
+/// as f32 (up to 8: 32).
 const PACKED_UNIT: usize = 320;
+/// Where a packed unit's f32 scales start.
+const PACKED_D: usize = 288;
 
-/// One decoded weight unit: signed weights, and the scale word of every `vpmaddubsw` pair.
+/// One decoded weight unit: signed weights, the scale word of every `vpmaddubsw` pair, and the
+/// floats its epilogue needs (converted once per unit, not once per activation row).
 #[derive(Clone, Copy)]
 struct Dec {
     w: [__m512i; 4],
     sc: [__m512i; 4],
     /// IQ1_S: the 16 words `ls * delta` by which `sumi1` weighs the activation `bsums`.
     bw: __m256i,
+    /// The blocks' `d` (one per block of the unit).
+    d: [f32; 8],
+    /// IQ4_XS: the group scales `code - 32` as f32.
+    s: [f32; 8],
+}
+
+impl Dec {
+    /// A unit whose `d` is `d0` and whose other fields are zero.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    fn new(w: [__m512i; 4], sc: [__m512i; 4], d0: f32) -> Dec {
+        let mut d = [0f32; 8];
+        d[0] = d0;
+        Dec {
+            w,
+            sc,
+            bw: _mm256_setzero_si256(),
+            d,
+            s: [0f32; 8],
+        }
+    }
 }
 
 /// How a kind's per-block integers are formed.
@@ -71,8 +96,9 @@ trait Wide: IqKind {
     /// The CPU has the tier's features (see [`gemm`]); `p` is valid for `UNIT` blocks of `W`.
     unsafe fn decode_regs(p: *const u8) -> Dec;
     /// `sumf += ...` for one unit and activation unit, as the scalar reference does it, from
-    /// the integers of [`Mode`] (`v[0]`, `v[1]`, or `v[0..8]`).
-    fn epilogue_ints(w: &[Self::W], x: &[Self::X], v: &[i32; 8], sumf: &mut f32);
+    /// the integers of [`Mode`] (`v[0]`, `v[1]`, or `v[0..8]`) and the activation blocks'
+    /// scales `xd` (one per block).
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32);
 }
 
 /// ggml's `ksigns_iq2xs`, as the two halves of one `vpermi2b` table.
@@ -253,15 +279,13 @@ impl Wide for Iq2Xxs {
             let odd_dwords = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1);
             let aux = _mm512_permutexvar_epi32(odd_dwords, q);
             let (neg, sc) = xxs_signs_scales(aux);
-            Dec {
-                w: core::array::from_fn(|c| negate(g[c], neg[c])),
-                sc,
-                bw: _mm256_setzero_si256(),
-            }
+            let w = core::array::from_fn(|c| negate(g[c], neg[c]));
+            Dec::new(w, sc, (*(p as *const Self::W)).d())
         }
     }
-    fn epilogue_ints(w: &[Self::W], x: &[Self::X], v: &[i32; 8], sumf: &mut f32) {
-        *sumf += w[0].d() * x[0].d() * v[0] as f32;
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * v[0] as f32;
     }
 }
 
@@ -280,15 +304,13 @@ impl Wide for Iq3Xxs {
             });
             let aux = _mm512_castsi256_si512(_mm256_loadu_si256(p.add(IQ3XXS_AUX) as *const __m256i));
             let (neg, sc) = xxs_signs_scales(aux);
-            Dec {
-                w: core::array::from_fn(|c| negate(g[c], neg[c])),
-                sc,
-                bw: _mm256_setzero_si256(),
-            }
+            let w = core::array::from_fn(|c| negate(g[c], neg[c]));
+            Dec::new(w, sc, (*(p as *const Self::W)).d())
         }
     }
-    fn epilogue_ints(w: &[Self::W], x: &[Self::X], v: &[i32; 8], sumf: &mut f32) {
-        *sumf += w[0].d() * x[0].d() * v[0] as f32;
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * v[0] as f32;
     }
 }
 
@@ -318,15 +340,15 @@ impl Wide for Iq1S {
                 _mm512_set1_epi16(1),
             );
             let lsd = _mm512_mask_sub_epi16(ls, _mm512_movepi16_mask(qh), _mm512_setzero_si512(), ls);
-            Dec {
-                w: g,
-                sc: core::array::from_fn(|c| _mm512_permutexvar_epi16(WORD_SCALES[c].get(), ls)),
-                bw: _mm512_castsi512_si256(_mm512_permutexvar_epi16(BSUM_PAIRS.get(), lsd)),
-            }
+            let sc = core::array::from_fn(|c| _mm512_permutexvar_epi16(WORD_SCALES[c].get(), ls));
+            let mut d = Dec::new(g, sc, (*(p as *const Self::W)).d());
+            d.bw = _mm512_castsi512_si256(_mm512_permutexvar_epi16(BSUM_PAIRS.get(), lsd));
+            d
         }
     }
-    fn epilogue_ints(w: &[Self::W], x: &[Self::X], v: &[i32; 8], sumf: &mut f32) {
-        *sumf += w[0].d() * x[0].d() * (v[0] as f32 + IQ1_DELTA * v[1] as f32);
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * (v[0] as f32 + IQ1_DELTA * v[1] as f32);
     }
 }
 
@@ -346,11 +368,7 @@ fn iq4_decode(chunks: [__m512i; 4]) -> Dec {
         let v = _mm512_mask_blend_epi8(0xffff_0000_ffff_0000, t, h);
         _mm512_shuffle_epi8(values, _mm512_and_si512(v, nib))
     });
-    Dec {
-        w,
-        sc: [_mm512_setzero_si512(); 4],
-        bw: _mm256_setzero_si256(),
-    }
+    Dec::new(w, [_mm512_setzero_si512(); 4], 0.0)
 }
 
 impl Wide for Iq4Xs {
@@ -362,13 +380,18 @@ impl Wide for Iq4Xs {
         let chunks = core::array::from_fn(|c| unsafe {
             _mm512_castsi256_si512(_mm256_loadu_si256(p.add(IQ4XS_QS + 32 * c) as *const __m256i))
         });
-        iq4_decode(chunks)
+        let mut d = iq4_decode(chunks);
+        // SAFETY: `p` is one block (alignment 1).
+        let b = unsafe { &*(p as *const Self::W) };
+        d.d[0] = b.d();
+        d.s = core::array::from_fn(|g| (b.scale(g) as i32 - 32) as f32);
+        d
     }
-    fn epilogue_ints(w: &[Self::W], x: &[Self::X], v: &[i32; 8], sumf: &mut f32) {
-        let (a, b) = (&w[0], &x[0]);
-        let d4d8 = a.d() * b.d();
-        for (g, &s) in v.iter().enumerate() {
-            let dl = d4d8 * (a.scale(g) as i32 - 32) as f32;
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        let d4d8 = d.d[0] * xd[0];
+        for (&ls, &s) in d.s.iter().zip(v) {
+            let dl = d4d8 * ls;
             *sumf += dl * s as f32;
         }
     }
@@ -385,11 +408,16 @@ impl Wide for Iq4Nl {
             let hi = _mm_loadu_si128(p.add(IQ4NL_BYTES * (2 * c + 1) + IQ4NL_QS) as *const __m128i);
             _mm512_castsi256_si512(_mm256_set_m128i(hi, lo))
         });
-        iq4_decode(chunks)
+        let mut d = iq4_decode(chunks);
+        // SAFETY: `p` is eight blocks (alignment 1).
+        let b = unsafe { core::slice::from_raw_parts(p as *const Self::W, 8) };
+        d.d = core::array::from_fn(|g| b[g].d());
+        d
     }
-    fn epilogue_ints(w: &[Self::W], x: &[Self::X], v: &[i32; 8], sumf: &mut f32) {
-        for ((a, b), &s) in w.iter().zip(x).zip(v) {
-            *sumf += b.d() * a.d() * s as f32;
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        for ((&wd, &xd), &s) in d.d.iter().zip(xd).zip(v) {
+            *sumf += xd * wd * s as f32;
         }
     }
 }
@@ -414,6 +442,14 @@ unsafe fn pack(act: GgmlType, x: *const u8, unit_bytes: usize, units: usize, dst
                 let neg = _cvtmask64_u64(_mm512_movepi8_mask(v));
                 (du.add(256 + 8 * c) as *mut u64).write_unaligned(neg);
             }
+            let mut xd = [0f32; 8];
+            if act == GgmlType::Q8_0 {
+                let b = core::slice::from_raw_parts(xu as *const BlockQ8_0, 8);
+                xd = core::array::from_fn(|g| b[g].d());
+            } else {
+                xd[0] = (*(xu as *const BlockQ8_K)).d();
+            }
+            (du.add(PACKED_D) as *mut [f32; 8]).write_unaligned(xd);
         }
     }
 }
@@ -513,10 +549,12 @@ unsafe fn gemm_wide<K: Wide>(k: usize, w: &[u8], rows: usize, x: &[u8], n: usize
                 for (j, acc) in o.iter_mut().enumerate() {
                     let xu = &xb[(j * units + u) * K::UNIT..][..K::UNIT];
                     // SAFETY: packed unit `j * units + u` and activation unit `xu` exist.
-                    let v = unsafe {
-                        dot::<K>(&d, packed.as_ptr().add((j * units + u) * PACKED_UNIT), xu.as_ptr() as *const u8)
+                    let (v, xd) = unsafe {
+                        let pu = packed.as_ptr().add((j * units + u) * PACKED_UNIT);
+                        let xd = (pu.add(PACKED_D) as *const [f32; 8]).read_unaligned();
+                        (dot::<K>(&d, pu, xu.as_ptr() as *const u8), xd)
                     };
-                    K::epilogue_ints(wu, xu, &v, acc);
+                    K::epilogue_ints(&d, &xd, &v, acc);
                 }
             }
             for acc in o.iter_mut() {
