@@ -65,11 +65,11 @@ const fn expand4<const N: usize>(codes: &[u16; N], values: [u8; 8]) -> [u32; N] 
 }
 
 /// The magnitudes of the IQ2 grids (codes 0, 1, 2; 3 is unused).
-const IQ2_VALUES: [u8; 4] = [8, 25, 43, 0];
+pub(crate) const IQ2_VALUES: [u8; 4] = [8, 25, 43, 0];
 /// IQ1_S/IQ1_M grid values -1, 0, 1 as bytes (code 3 unused).
 const IQ1_VALUES: [u8; 4] = [0xff, 0, 1, 0];
 /// The magnitudes of `iq3xxs_grid`.
-const IQ3XXS_VALUES: [u8; 8] = [4, 12, 20, 28, 36, 44, 52, 62];
+pub(crate) const IQ3XXS_VALUES: [u8; 8] = [4, 12, 20, 28, 36, 44, 52, 62];
 /// The magnitudes of `iq3s_grid`: `2 * code + 1`.
 const IQ3S_VALUES: [u8; 8] = [1, 3, 5, 7, 9, 11, 13, 15];
 
@@ -88,7 +88,7 @@ pub static IQ3S_GRID: [u32; 512] = expand4(&IQ3S_CODES, IQ3S_VALUES);
 
 // ggml's kgrid_2bit_256, kgrid_2bit_512, kgrid_2bit_1024, kgrid_256, kgrid_512 and
 // kgrid_1bit_2048, in this order.
-const IQ2XXS_CODES: [u16; 256] = [
+pub(crate) const IQ2XXS_CODES: [u16; 256] = [
     0, 2, 5, 8, 10, 17, 20, 32, 34, 40, 42, 65, 68, 80, 88, 97, 100, 128, 130, 138, 162, 257, 260,
     272, 277, 320, 388, 408, 512, 514, 546, 642, 1025, 1028, 1040, 1057, 1060, 1088, 1090, 1096,
     1120, 1153, 1156, 1168, 1188, 1280, 1282, 1288, 1312, 1350, 1385, 1408, 1425, 1545, 1552, 1600,
@@ -222,7 +222,7 @@ const IQ2S_CODES: [u16; 1024] = [
     43656, 43690,
 ];
 
-const IQ3XXS_CODES: [u16; 256] = [
+pub(crate) const IQ3XXS_CODES: [u16; 256] = [
     0, 2, 4, 9, 11, 15, 16, 18, 25, 34, 59, 61, 65, 67, 72, 74, 81, 85, 88, 90, 97, 108, 120, 128,
     130, 132, 137, 144, 146, 153, 155, 159, 169, 175, 189, 193, 199, 200, 202, 213, 248, 267, 287,
     292, 303, 315, 317, 321, 327, 346, 362, 413, 436, 456, 460, 462, 483, 497, 513, 515, 520, 522,

@@ -17,15 +17,18 @@
 use core::arch::x86_64::*;
 
 use super::klanes512::V64;
-use crate::arch::iq_tile::{act_chunk_offset, unit_blocks, Iq1S, Iq2Xxs, Iq3Xxs, Iq4Nl, Iq4Xs, IqKind};
+use crate::arch::iq_tile::{
+    act_chunk_offset, unit_blocks, Iq1S, Iq2Xxs, Iq3Xxs, Iq4Nl, Iq4Xs, IqKind,
+};
+use crate::formats::iq_grids::{IQ2XXS_CODES, IQ2_VALUES, IQ3XXS_CODES, IQ3XXS_VALUES};
 use crate::formats::kquants::layout::Q8K_BSUMS;
 use crate::formats::{
-    Block, BlockIq1S, BlockIq2Xxs, BlockQ8_0, BlockQ8_K, BlockIq3Xxs, BlockIq4Nl, BlockIq4Xs, IQ1S_GRID, IQ2XXS_GRID,
-    IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
+    Block, BlockIq1S, BlockIq2Xxs, BlockIq3Xxs, BlockIq4Nl, BlockIq4Xs, BlockQ8_0, BlockQ8_K,
+    IQ1S_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
 };
-use core::mem::{offset_of, size_of};
 use crate::scalar::iq1::IQ1_DELTA;
 use crate::GgmlType;
+use core::mem::{offset_of, size_of};
 
 // Field offsets the decoders address, from the block structs.
 const IQ2XXS_QS: usize = offset_of!(BlockIq2Xxs, qs);
@@ -154,17 +157,92 @@ static WORD_SCALES: [V64; 4] = [
     word_pairs(6, 7),
 ];
 
-/// IQ2_XXS grid indices: dword `i` <- byte `8 (i / 4) + i % 4` of `qs` (+ 32 for `half` 1).
-const fn xxs_idx(half: usize) -> V64 {
+/// A grid of 256 points as its ggml codes (`iq_grids`), one u16 each, in eight registers:
+/// small enough to look up in registers instead of gathering the expanded grid from memory.
+#[repr(C, align(64))]
+struct Codes([u16; 256]);
+
+impl Codes {
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    fn get(&self, t: usize) -> __m512i {
+        // SAFETY: 64 readable bytes at entry `32 t` for `t < 8` (the index panics otherwise).
+        unsafe { _mm512_loadu_si512(self.0[32 * t..32 * t + 32].as_ptr() as *const __m512i) }
+    }
+
+    /// The codes of 32 indices (word lanes of `idx`, each 0..=255): four two-register word
+    /// permutes on index bits 0..6, then blends on bits 6 and 7.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    fn lookup(&self, idx: __m512i) -> __m512i {
+        let r: [__m512i; 4] = core::array::from_fn(|a| {
+            _mm512_permutex2var_epi16(self.get(2 * a), idx, self.get(2 * a + 1))
+        });
+        let m6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40));
+        let m7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x80));
+        let lo = _mm512_mask_blend_epi16(m6, r[0], r[1]);
+        let hi = _mm512_mask_blend_epi16(m6, r[2], r[3]);
+        _mm512_mask_blend_epi16(m7, lo, hi)
+    }
+}
+
+static IQ2XXS_CODE_TABLE: Codes = Codes(IQ2XXS_CODES);
+static IQ3XXS_CODE_TABLE: Codes = Codes(IQ3XXS_CODES);
+
+/// `vpermb` table of a code field: entry `e` = `values[e % len]` (the field is the low bits).
+const fn field_values<const N: usize>(values: [u8; N]) -> V64 {
+    let mut o = [0u8; 64];
+    let mut e = 0;
+    while e < 64 {
+        o[e] = values[e % N];
+        e += 1;
+    }
+    V64(o)
+}
+static IQ2_FIELD_VALUES: V64 = field_values(IQ2_VALUES);
+static IQ3XXS_FIELD_VALUES: V64 = field_values(IQ3XXS_VALUES);
+
+/// `vpmultishiftqb` control: byte `j` of a qword from bit `step * (j % per) + 32 * (j / per)`.
+const fn field_shifts(step: usize, per: usize) -> V64 {
     let mut o = [0u8; 64];
     let mut i = 0;
-    while i < 16 {
-        o[4 * i] = (32 * half + 8 * (i / 4) + i % 4) as u8;
+    while i < 64 {
+        let j = i % 8;
+        o[i] = (step * (j % per) + 32 * (j / per)) as u8;
         i += 1;
     }
     V64(o)
 }
-static IQ2XXS_IDX: [V64; 2] = [xxs_idx(0), xxs_idx(1)];
+/// IQ2: eight 2-bit fields of the code in each qword's low word.
+static IQ2_SHIFTS: V64 = field_shifts(2, 8);
+/// IQ3_XXS: four 3-bit fields of the code in each dword's low word.
+static IQ3_SHIFTS: V64 = field_shifts(3, 4);
+
+/// Word index vector: word `w` <- word `at + w / per` (`per` = words per grid point).
+const fn spread(at: usize, per: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut w = 0;
+    while w < 32 {
+        o[2 * w] = (at + w / per) as u8;
+        w += 1;
+    }
+    V64(o)
+}
+/// IQ2_XXS register `c`: qword `q` <- code `8 c + q`.
+static IQ2_SPREAD: [V64; 4] = [spread(0, 4), spread(8, 4), spread(16, 4), spread(24, 4)];
+/// IQ3_XXS register `c` (codes of half `c / 2`): dword `k` <- code `16 (c % 2) + k`.
+static IQ3_SPREAD: [V64; 2] = [spread(0, 2), spread(16, 2)];
+
+/// IQ2_XXS grid indices: word `i` <- byte `8 (i / 4) + i % 4` of `qs`.
+static IQ2XXS_IDX: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 32 {
+        o[2 * i] = (8 * (i / 4) + i % 4) as u8;
+        i += 1;
+    }
+    o
+});
 
 /// IQ1_S index material: dword `i` (chunk `16 half + i`) = `qs` byte, then the group's `qh` word.
 const fn iq1s_idx(half: usize) -> V64 {
@@ -265,17 +343,18 @@ impl Wide for Iq2Xxs {
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
-        // SAFETY: `p` is one block, whose `qs` are 64 bytes; the gathers read `IQ2XXS_GRID` at
-        // 8-bit indices (256 entries).
+        // SAFETY: `p` is one block, whose `qs` are 64 bytes.
         unsafe {
             let q = _mm512_loadu_si512(p.add(IQ2XXS_QS) as *const __m512i);
-            let grid = IQ2XXS_GRID.as_ptr() as *const i64;
-            let mut g = [_mm512_setzero_si512(); 4];
-            for h in 0..2 {
-                let i = _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, IQ2XXS_IDX[h].get(), q);
-                g[2 * h] = _mm512_i32gather_epi64::<8>(_mm512_castsi512_si256(i), grid);
-                g[2 * h + 1] = _mm512_i32gather_epi64::<8>(_mm512_extracti64x4_epi64::<1>(i), grid);
-            }
+            let idx = _mm512_maskz_permutexvar_epi8(0x5555_5555_5555_5555, IQ2XXS_IDX.get(), q);
+            let codes = IQ2XXS_CODE_TABLE.lookup(idx);
+            let g: [__m512i; 4] = core::array::from_fn(|c| {
+                let f = _mm512_multishift_epi64_epi8(
+                    IQ2_SHIFTS.get(),
+                    _mm512_permutexvar_epi16(IQ2_SPREAD[c].get(), codes),
+                );
+                _mm512_permutexvar_epi8(f, IQ2_FIELD_VALUES.get())
+            });
             let odd_dwords = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1);
             let aux = _mm512_permutexvar_epi32(odd_dwords, q);
             let (neg, sc) = xxs_signs_scales(aux);
@@ -294,15 +373,21 @@ impl Wide for Iq3Xxs {
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
-        // SAFETY: `p` is one block (64 index bytes, then 32 sign-and-scale bytes); the gathers
-        // read `IQ3XXS_GRID` at 8-bit indices (256 entries).
+        // SAFETY: `p` is one block (64 index bytes, then 32 sign-and-scale bytes).
         unsafe {
-            let grid = IQ3XXS_GRID.as_ptr() as *const i32;
-            let g: [__m512i; 4] = core::array::from_fn(|c| {
-                let i = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(IQ3XXS_QS + 16 * c) as *const __m128i));
-                _mm512_i32gather_epi32::<4>(i, grid)
+            let codes: [__m512i; 2] = core::array::from_fn(|h| {
+                let i = _mm256_loadu_si256(p.add(IQ3XXS_QS + 32 * h) as *const __m256i);
+                IQ3XXS_CODE_TABLE.lookup(_mm512_cvtepu8_epi16(i))
             });
-            let aux = _mm512_castsi256_si512(_mm256_loadu_si256(p.add(IQ3XXS_AUX) as *const __m256i));
+            let g: [__m512i; 4] = core::array::from_fn(|c| {
+                let f = _mm512_multishift_epi64_epi8(
+                    IQ3_SHIFTS.get(),
+                    _mm512_permutexvar_epi16(IQ3_SPREAD[c % 2].get(), codes[c / 2]),
+                );
+                _mm512_permutexvar_epi8(f, IQ3XXS_FIELD_VALUES.get())
+            });
+            let aux =
+                _mm512_castsi256_si512(_mm256_loadu_si256(p.add(IQ3XXS_AUX) as *const __m256i));
             let (neg, sc) = xxs_signs_scales(aux);
             let w = core::array::from_fn(|c| negate(g[c], neg[c]));
             Dec::new(w, sc, (*(p as *const Self::W)).d())
@@ -339,7 +424,8 @@ impl Wide for Iq1S {
                 _mm512_and_si512(_mm512_srli_epi16::<11>(qh), _mm512_set1_epi16(0xe)),
                 _mm512_set1_epi16(1),
             );
-            let lsd = _mm512_mask_sub_epi16(ls, _mm512_movepi16_mask(qh), _mm512_setzero_si512(), ls);
+            let lsd =
+                _mm512_mask_sub_epi16(ls, _mm512_movepi16_mask(qh), _mm512_setzero_si512(), ls);
             let sc = core::array::from_fn(|c| _mm512_permutexvar_epi16(WORD_SCALES[c].get(), ls));
             let mut d = Dec::new(g, sc, (*(p as *const Self::W)).d());
             d.bw = _mm512_castsi512_si256(_mm512_permutexvar_epi16(BSUM_PAIRS.get(), lsd));
@@ -378,7 +464,9 @@ impl Wide for Iq4Xs {
     unsafe fn decode_regs(p: *const u8) -> Dec {
         // SAFETY: `p` is one block, with 128 `qs` bytes.
         let chunks = core::array::from_fn(|c| unsafe {
-            _mm512_castsi256_si512(_mm256_loadu_si256(p.add(IQ4XS_QS + 32 * c) as *const __m256i))
+            _mm512_castsi256_si512(_mm256_loadu_si256(
+                p.add(IQ4XS_QS + 32 * c) as *const __m256i
+            ))
         });
         let mut d = iq4_decode(chunks);
         // SAFETY: `p` is one block (alignment 1).
@@ -436,7 +524,8 @@ unsafe fn pack(act: GgmlType, x: *const u8, unit_bytes: usize, units: usize, dst
             let (xu, du) = (x.add(u * unit_bytes), dst.add(u * PACKED_UNIT));
             for c in 0..4 {
                 let lo = _mm256_loadu_si256(xu.add(act_chunk_offset(act, 2 * c)) as *const __m256i);
-                let hi = _mm256_loadu_si256(xu.add(act_chunk_offset(act, 2 * c + 1)) as *const __m256i);
+                let hi =
+                    _mm256_loadu_si256(xu.add(act_chunk_offset(act, 2 * c + 1)) as *const __m256i);
                 let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
                 _mm512_storeu_si512(du.add(64 * c) as *mut __m512i, _mm512_abs_epi8(v));
                 let neg = _cvtmask64_u64(_mm512_movepi8_mask(v));
@@ -501,7 +590,8 @@ unsafe fn dot<K: Wide>(d: &Dec, px: *const u8, xu: *const u8) -> [i32; 8] {
         let ax = |c: usize| _mm512_loadu_si512(px.add(64 * c) as *const __m512i);
         let mut v = [0i32; 8];
         if K::MODE == Mode::Groups {
-            let a = core::array::from_fn(|c| _mm512_dpbusd_epi32(zero, ax(c), negate(d.w[c], neg(c))));
+            let a =
+                core::array::from_fn(|c| _mm512_dpbusd_epi32(zero, ax(c), negate(d.w[c], neg(c))));
             return groups8(a);
         }
         let mut acc = zero;
@@ -525,7 +615,14 @@ unsafe fn dot<K: Wide>(d: &Dec, px: *const u8, xu: *const u8) -> [i32; 8] {
 /// The CPU has the tier's features.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn gemm_wide<K: Wide>(k: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) -> bool {
+unsafe fn gemm_wide<K: Wide>(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) -> bool {
     let Some((wb, xb, per_row)) = unit_blocks::<K>(k, w, rows, x, n, out) else {
         return false;
     };
@@ -569,7 +666,15 @@ unsafe fn gemm_wide<K: Wide>(k: usize, w: &[u8], rows: usize, x: &[u8], n: usize
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI and VBMI (plus AVX2 and F16C).
-pub(super) unsafe fn gemm(ty: GgmlType, k: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) -> bool {
+pub(super) unsafe fn gemm(
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) -> bool {
     // SAFETY: the caller guarantees the features every arm needs.
     unsafe {
         match ty {

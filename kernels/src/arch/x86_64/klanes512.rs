@@ -48,10 +48,10 @@ use super::kblock::{perm32, rd_f32, Q3, Q5, Q6, Q8K_BYTES};
 mod ops;
 mod signed;
 mod tables;
-pub(super) use tables::V64;
 use super::kblock::prefetch_block;
 use ops::{add_masked, dpwssd, fold2, gf_affine, pair_idx};
 use signed::decode_signed;
+pub(super) use tables::V64;
 use tables::{
     chunks45, d_idx, has_mins, out_lane, slots, GF_NIB_HI, MIN_IDX, PAIR_PERM, Q5_SEL, SCALE_IDX,
 };

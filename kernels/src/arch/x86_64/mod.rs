@@ -89,7 +89,10 @@ fn gemm_block(
     if ty.is_iq() {
         // SAFETY: the AVX-512 tier's capability means AVX-512 F/BW/VL + VNNI, AVX2 and F16C,
         // and `vbmi_enabled` that the CPU has VBMI: all `iq512` needs.
-        if level == Level::Avx512 && vbmi_enabled() && unsafe { iq512::gemm(ty, k, w, rows, x, n, out) } {
+        if level == Level::Avx512
+            && vbmi_enabled()
+            && unsafe { iq512::gemm(ty, k, w, rows, x, n, out) }
+        {
             return true;
         }
         // SAFETY: `gemm_block` runs only for a level whose capability exists; both x86 tiers
