@@ -1,7 +1,7 @@
 //! Quick throughput check of the x86 tiers against the scalar reference (no criterion, so it
 //! builds fast): `cargo bench -p nightshift-kernels --bench x86_gemm [-- TYPE...]`. Prints, per
 //! type and batch size, nanoseconds per (weight row x activation row x 256 elements) and the
-//! speed-up over scalar. The benches crate compares against ggml itself.
+//! speed-up over scalar (k = 4096, 128 rows unless `X86_GEMM_K` / `X86_GEMM_ROWS` say otherwise). The benches crate compares against ggml itself.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -80,8 +80,15 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let k = 4096;
-    let rows = 128;
+    // `X86_GEMM_K` / `X86_GEMM_ROWS` change the shape (e.g. 7168 / 2048 for a Kimi K2 expert).
+    let env = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let k = env("X86_GEMM_K", 4096);
+    let rows = env("X86_GEMM_ROWS", 128);
     let types = [
         GgmlType::Q2_K,
         GgmlType::Q3_K,

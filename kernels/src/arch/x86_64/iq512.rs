@@ -42,6 +42,9 @@ const IQ4XS_QS: usize = offset_of!(BlockIq4Xs, qs);
 const IQ4NL_QS: usize = offset_of!(BlockIq4Nl, qs);
 const IQ4NL_BYTES: usize = size_of::<BlockIq4Nl>();
 
+/// Weight rows whose units are interleaved (see [`gemm_wide`]).
+const ROWS: usize = 4;
+
 /// Bytes of one packed activation unit: `|x|` (256), the four sign masks (32), the blocks' `d`
 /// as f32 (up to 8: 32).
 const PACKED_UNIT: usize = 320;
@@ -639,24 +642,29 @@ unsafe fn gemm_wide<K: Wide>(
         // was sized for them; the caller guarantees the features.
         unsafe { pack(act, x.as_ptr(), unit_bytes, n * units, packed.as_mut_ptr()) };
         out.fill(0.0);
-        for (wr, o) in wb.chunks_exact(per_row).zip(out.chunks_exact_mut(n)) {
-            for (u, wu) in wr.chunks_exact(K::UNIT).enumerate() {
-                // SAFETY: `wu` is one whole weight unit; features as above.
-                let d = unsafe { K::decode_regs(wu.as_ptr() as *const u8) };
-                for (j, acc) in o.iter_mut().enumerate() {
-                    let xu = &xb[(j * units + u) * K::UNIT..][..K::UNIT];
-                    // SAFETY: packed unit `j * units + u` and activation unit `xu` exist.
-                    let (v, xd) = unsafe {
-                        let pu = packed.as_ptr().add((j * units + u) * PACKED_UNIT);
-                        let xd = (pu.add(PACKED_D) as *const [f32; 8]).read_unaligned();
-                        (dot::<K>(&d, pu, xu.as_ptr() as *const u8), xd)
-                    };
-                    K::epilogue_ints(&d, &xd, &v, acc);
+        // Rows in tiles of ROWS, so that the float chains of several outputs (each unit's
+        // epilogue adds to its output in order) interleave instead of waiting on each other.
+        for (wt, ot) in wb.chunks(ROWS * per_row).zip(out.chunks_mut(ROWS * n)) {
+            for u in 0..units {
+                for (wr, o) in wt.chunks_exact(per_row).zip(ot.chunks_exact_mut(n)) {
+                    let wu = &wr[u * K::UNIT..][..K::UNIT];
+                    // SAFETY: `wu` is one whole weight unit; features as above.
+                    let d = unsafe { K::decode_regs(wu.as_ptr() as *const u8) };
+                    for (j, acc) in o.iter_mut().enumerate() {
+                        let xu = &xb[(j * units + u) * K::UNIT..][..K::UNIT];
+                        // SAFETY: packed unit `j * units + u` and activation unit `xu` exist.
+                        let (v, xd) = unsafe {
+                            let pu = packed.as_ptr().add((j * units + u) * PACKED_UNIT);
+                            let xd = (pu.add(PACKED_D) as *const [f32; 8]).read_unaligned();
+                            (dot::<K>(&d, pu, xu.as_ptr() as *const u8), xd)
+                        };
+                        K::epilogue_ints(&d, &xd, &v, acc);
+                    }
                 }
             }
-            for acc in o.iter_mut() {
-                *acc = K::finish(*acc);
-            }
+        }
+        for acc in out.iter_mut() {
+            *acc = K::finish(*acc);
         }
     });
     true
