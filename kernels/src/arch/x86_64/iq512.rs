@@ -16,15 +16,20 @@
 
 use core::arch::x86_64::*;
 
+use super::kblock::f16_to_f32;
 use super::klanes512::V64;
 use crate::arch::iq_tile::{
-    act_chunk_offset, unit_blocks, Iq1S, Iq2Xxs, Iq3Xxs, Iq4Nl, Iq4Xs, IqKind,
+    act_chunk_offset, unit_blocks, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Iq4Nl, Iq4Xs,
+    IqKind,
 };
-use crate::formats::iq_grids::{IQ2XXS_CODES, IQ2_VALUES, IQ3XXS_CODES, IQ3XXS_VALUES};
+use crate::formats::iq_grids::{
+    IQ2S_CODES, IQ2XS_CODES, IQ2XXS_CODES, IQ2_VALUES, IQ3S_CODES, IQ3S_VALUES, IQ3XXS_CODES,
+    IQ3XXS_VALUES,
+};
 use crate::formats::kquants::layout::Q8K_BSUMS;
 use crate::formats::{
-    Block, BlockIq1S, BlockIq2Xxs, BlockIq3Xxs, BlockIq4Nl, BlockIq4Xs, BlockQ8_0, BlockQ8_K,
-    IQ1S_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
+    Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
+    BlockIq4Nl, BlockIq4Xs, BlockQ8_0, BlockQ8_K, IQ1S_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
 };
 use crate::scalar::iq1::IQ1_DELTA;
 use crate::GgmlType;
@@ -39,6 +44,21 @@ const IQ1S_QS: usize = offset_of!(BlockIq1S, qs);
 const IQ1S_QH: usize = offset_of!(BlockIq1S, qh);
 const IQ1S_BYTES: usize = size_of::<BlockIq1S>();
 const IQ4XS_QS: usize = offset_of!(BlockIq4Xs, qs);
+const IQ2XS_QS: usize = offset_of!(BlockIq2Xs, qs);
+const IQ2XS_SCALES: usize = offset_of!(BlockIq2Xs, scales);
+const IQ2S_QS: usize = offset_of!(BlockIq2S, qs);
+const IQ2S_QH: usize = offset_of!(BlockIq2S, qh);
+const IQ2S_SCALES: usize = offset_of!(BlockIq2S, scales);
+/// IQ2_S: the explicit sign bytes are the second half of `qs`.
+const IQ2S_SIGNS: usize = IQ2S_QS + QK_K / 8;
+const IQ3S_QS: usize = offset_of!(BlockIq3S, qs);
+const IQ3S_QH: usize = offset_of!(BlockIq3S, qh);
+const IQ3S_SIGNS: usize = offset_of!(BlockIq3S, signs);
+const IQ3S_SCALES: usize = offset_of!(BlockIq3S, scales);
+const IQ1M_QS: usize = offset_of!(BlockIq1M, qs);
+const IQ1M_QH: usize = offset_of!(BlockIq1M, qh);
+const IQ1M_SCALES: usize = offset_of!(BlockIq1M, scales);
+const IQ1M_BYTES: usize = size_of::<BlockIq1M>();
 const IQ4NL_QS: usize = offset_of!(BlockIq4Nl, qs);
 const IQ4NL_BYTES: usize = size_of::<BlockIq4Nl>();
 
@@ -57,6 +77,8 @@ const PACKED_D: usize = 288;
 struct Dec {
     w: [__m512i; 4],
     sc: [__m512i; 4],
+    /// IQ1_M: the ±1 shift signs, weighed by the same scales.
+    w2: [__m512i; 4],
     /// IQ1_S: the 16 words `ls * delta` by which `sumi1` weighs the activation `bsums`.
     bw: __m256i,
     /// The blocks' `d` (one per block of the unit).
@@ -75,6 +97,7 @@ impl Dec {
         Dec {
             w,
             sc,
+            w2: [_mm512_setzero_si512(); 4],
             bw: _mm256_setzero_si256(),
             d,
             s: [0f32; 8],
@@ -89,6 +112,8 @@ enum Mode {
     Scaled,
     /// The scaled sum and `sum(bw * bsums)` (IQ1_S).
     ScaledBsums,
+    /// The scaled sums of `w` and of `w2` (IQ1_M).
+    ScaledTwo,
     /// Eight unscaled 32-element sums (IQ4_XS, IQ4_NL).
     Groups,
 }
@@ -160,37 +185,47 @@ static WORD_SCALES: [V64; 4] = [
     word_pairs(6, 7),
 ];
 
-/// A grid of 256 points as its ggml codes (`iq_grids`), one u16 each, in eight registers:
-/// small enough to look up in registers instead of gathering the expanded grid from memory.
+/// A grid of `N` points (256, 512 or 1024) as its ggml codes (`iq_grids`), one u16 each: 8 to
+/// 32 registers, looked up in registers instead of gathering the expanded grid from memory.
 #[repr(C, align(64))]
-struct Codes([u16; 256]);
+struct Codes<const N: usize>([u16; N]);
 
-impl Codes {
+impl<const N: usize> Codes<N> {
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     fn get(&self, t: usize) -> __m512i {
-        // SAFETY: 64 readable bytes at entry `32 t` for `t < 8` (the index panics otherwise).
+        // SAFETY: 64 readable bytes at entry `32 t` (the slice index panics past the table).
         unsafe { _mm512_loadu_si512(self.0[32 * t..32 * t + 32].as_ptr() as *const __m512i) }
     }
 
-    /// The codes of 32 indices (word lanes of `idx`, each 0..=255): four two-register word
-    /// permutes on index bits 0..6, then blends on bits 6 and 7.
+    /// The codes of 32 indices (word lanes of `idx`, each below `N`): one two-register word
+    /// permute per 64 entries on index bits 0..6, then a blend tree on bits 6, 7, ...
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     fn lookup(&self, idx: __m512i) -> __m512i {
-        let r: [__m512i; 4] = core::array::from_fn(|a| {
-            _mm512_permutex2var_epi16(self.get(2 * a), idx, self.get(2 * a + 1))
-        });
-        let m6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40));
-        let m7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x80));
-        let lo = _mm512_mask_blend_epi16(m6, r[0], r[1]);
-        let hi = _mm512_mask_blend_epi16(m6, r[2], r[3]);
-        _mm512_mask_blend_epi16(m7, lo, hi)
+        let mut r = [_mm512_setzero_si512(); 16];
+        let mut len = N / 64;
+        for (a, ra) in r.iter_mut().enumerate().take(len) {
+            *ra = _mm512_permutex2var_epi16(self.get(2 * a), idx, self.get(2 * a + 1));
+        }
+        let mut bit = 0x40;
+        while len > 1 {
+            let m = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(bit));
+            for a in 0..len / 2 {
+                r[a] = _mm512_mask_blend_epi16(m, r[2 * a], r[2 * a + 1]);
+            }
+            len /= 2;
+            bit <<= 1;
+        }
+        r[0]
     }
 }
 
-static IQ2XXS_CODE_TABLE: Codes = Codes(IQ2XXS_CODES);
-static IQ3XXS_CODE_TABLE: Codes = Codes(IQ3XXS_CODES);
+static IQ2XXS_CODE_TABLE: Codes<256> = Codes(IQ2XXS_CODES);
+static IQ3XXS_CODE_TABLE: Codes<256> = Codes(IQ3XXS_CODES);
+static IQ2XS_CODE_TABLE: Codes<512> = Codes(IQ2XS_CODES);
+static IQ2S_CODE_TABLE: Codes<1024> = Codes(IQ2S_CODES);
+static IQ3S_CODE_TABLE: Codes<512> = Codes(IQ3S_CODES);
 
 /// `vpermb` table of a code field: entry `e` = `values[e % len]` (the field is the low bits).
 const fn field_values<const N: usize>(values: [u8; N]) -> V64 {
@@ -362,7 +397,11 @@ impl Wide for Iq2Xxs {
             let aux = _mm512_permutexvar_epi32(odd_dwords, q);
             let (neg, sc) = xxs_signs_scales(aux);
             let w = core::array::from_fn(|c| negate(g[c], neg[c]));
-            Dec::new(w, sc, (*(p as *const Self::W)).d())
+            Dec::new(
+                w,
+                sc,
+                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
+            )
         }
     }
     #[inline(always)]
@@ -393,7 +432,11 @@ impl Wide for Iq3Xxs {
                 _mm512_castsi256_si512(_mm256_loadu_si256(p.add(IQ3XXS_AUX) as *const __m256i));
             let (neg, sc) = xxs_signs_scales(aux);
             let w = core::array::from_fn(|c| negate(g[c], neg[c]));
-            Dec::new(w, sc, (*(p as *const Self::W)).d())
+            Dec::new(
+                w,
+                sc,
+                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
+            )
         }
     }
     #[inline(always)]
@@ -430,8 +473,317 @@ impl Wide for Iq1S {
             let lsd =
                 _mm512_mask_sub_epi16(ls, _mm512_movepi16_mask(qh), _mm512_setzero_si512(), ls);
             let sc = core::array::from_fn(|c| _mm512_permutexvar_epi16(WORD_SCALES[c].get(), ls));
-            let mut d = Dec::new(g, sc, (*(p as *const Self::W)).d());
+            let mut d = Dec::new(
+                g,
+                sc,
+                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
+            );
             d.bw = _mm512_castsi512_si256(_mm512_permutexvar_epi16(BSUM_PAIRS.get(), lsd));
+            d
+        }
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * (v[0] as f32 + IQ1_DELTA * v[1] as f32);
+    }
+}
+
+/// The eight IQ2 magnitudes of register `c`'s grid points (codes `8 c .. 8 c + 8` of `codes`).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn expand_iq2(codes: __m512i, c: usize) -> __m512i {
+    let f = _mm512_multishift_epi64_epi8(
+        IQ2_SHIFTS.get(),
+        _mm512_permutexvar_epi16(IQ2_SPREAD[c].get(), codes),
+    );
+    _mm512_permutexvar_epi8(f, IQ2_FIELD_VALUES.get())
+}
+
+/// The sixteen IQ3 grid points of register `c` (codes `16 (c % 2) ..` of `codes`, the codes of
+/// its half of the block) through the magnitudes `values`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn expand_iq3(codes: __m512i, c: usize, values: &V64) -> __m512i {
+    let f = _mm512_multishift_epi64_epi8(
+        IQ3_SHIFTS.get(),
+        _mm512_permutexvar_epi16(IQ3_SPREAD[c % 2].get(), codes),
+    );
+    _mm512_permutexvar_epi8(f, values.get())
+}
+
+/// `vpmultishiftqb` control for sixteen 4-bit fields of a broadcast qword (bytes 0..16).
+static NIBBLES16: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        o[i] = (4 * (i % 8) + 32 * (i / 8 % 2)) as u8;
+        i += 1;
+    }
+    o
+});
+
+/// IQ1_M's sixteen 3-bit scales (16-element groups `h`): bit `16 (h / 4) + 6 (h / 2 % 2) + 3 (h %
+/// 2)` of the four scale words.
+static IQ1M_SCALE_SHIFTS: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        let h = i % 16;
+        o[i] = (16 * (h / 4) + 6 * (h / 2 % 2) + 3 * (h % 2)) as u8;
+        i += 1;
+    }
+    o
+});
+
+/// Scale words of register `c` from one byte per 16-element group (`per` = 8) or per
+/// 32-element group (`per` = 16): word `w` <- byte `c * 32 / per + w / per`, high byte zero.
+const fn byte_words(c: usize, per: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut w = 0;
+    while w < 32 {
+        o[2 * w] = (c * 32 / per + w / per) as u8;
+        w += 1;
+    }
+    V64(o)
+}
+static SCALES16: [V64; 4] = [
+    byte_words(0, 8),
+    byte_words(1, 8),
+    byte_words(2, 8),
+    byte_words(3, 8),
+];
+static SCALES32: [V64; 4] = [
+    byte_words(0, 16),
+    byte_words(1, 16),
+    byte_words(2, 16),
+    byte_words(3, 16),
+];
+
+/// The odd scales `2 f + 1` of the fields picked by `shifts` (width `mask`) from the qword
+/// `bits`, as the scale words of the four registers (`table`: which byte each word takes).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn odd_scales(bits: u64, shifts: &V64, mask: i8, table: &[V64; 4]) -> [__m512i; 4] {
+    let f = _mm512_and_si512(
+        _mm512_multishift_epi64_epi8(shifts.get(), _mm512_set1_epi64(bits as i64)),
+        _mm512_set1_epi8(mask),
+    );
+    let odd = _mm512_or_si512(_mm512_add_epi8(f, f), _mm512_set1_epi8(1));
+    core::array::from_fn(|c| {
+        _mm512_maskz_permutexvar_epi8(0x5555_5555_5555_5555, table[c].get(), odd)
+    })
+}
+
+/// Index words of 32 grid points from `qs` bytes and high bits in `qh` bytes: word `i` =
+/// `qs[at + i] | ((qh[(at + i) / per] >> shift(i)) & high)`, as `vpermi2b` (`qs` in the first
+/// 64 bytes, `qh` in the second) and a per-word shift; see the users' tables.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn split_indices(qs: __m512i, qh: __m512i, bytes: &V64, shifts: &V64, high: i16) -> __m512i {
+    let w = _mm512_permutex2var_epi8(qs, bytes.get(), qh);
+    let hi = _mm512_and_si512(_mm512_srlv_epi16(w, shifts.get()), _mm512_set1_epi16(high));
+    _mm512_or_si512(_mm512_and_si512(w, _mm512_set1_epi16(0xff)), hi)
+}
+
+/// `vpermi2b` index: word `i` = byte `at + i` of the first table, then byte `64 + (at + i) /
+/// per` (the high bits, from the second).
+const fn split_bytes(at: usize, per: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 32 {
+        o[2 * i] = (at + i) as u8;
+        o[2 * i + 1] = (64 + (at + i) / per) as u8;
+        i += 1;
+    }
+    V64(o)
+}
+
+/// Per-word right shifts `step * (i % per)`.
+const fn word_shifts(step: usize, per: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 32 {
+        o[2 * i] = (step * (i % per)) as u8;
+        i += 1;
+    }
+    V64(o)
+}
+/// IQ2_S: 4 points per `qh` byte, 2 high bits each.
+static IQ2S_BYTES: V64 = split_bytes(0, 4);
+static IQ2S_SHIFTS: V64 = word_shifts(2, 4);
+/// IQ3_S: 8 points per `qh` byte, 1 high bit each (64 points: two halves).
+static IQ3S_BYTES: [V64; 2] = [split_bytes(0, 8), split_bytes(32, 8)];
+static IQ3S_SHIFTS: V64 = word_shifts(1, 8);
+static IQ3S_FIELD_VALUES: V64 = field_values(IQ3S_VALUES);
+
+/// Four sign masks stored as bytes (IQ2_S, IQ3_S: one explicit byte per 8 weights).
+///
+/// # Safety
+/// `p` is valid for 32 bytes.
+#[inline(always)]
+unsafe fn stored_masks(p: *const u8) -> [u64; 4] {
+    // SAFETY: the caller's contract; unaligned read.
+    unsafe { (p as *const [u64; 4]).read_unaligned() }.map(u64::from_le)
+}
+
+impl Wide for Iq2Xs {
+    const MODE: Mode = Mode::Scaled;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block: 32 `qs` words and 8 scale bytes at their offsets.
+        unsafe {
+            let q = _mm512_loadu_si512(p.add(IQ2XS_QS) as *const __m512i);
+            let codes = IQ2XS_CODE_TABLE.lookup(_mm512_and_si512(q, _mm512_set1_epi16(511)));
+            let si = _mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16::<9>(q)));
+            let sb = _mm512_permutex2var_epi8(KSIGNS_LO.get(), si, KSIGNS_HI.get());
+            let neg = sign_masks(sb);
+            let w = core::array::from_fn(|c| negate(expand_iq2(codes, c), neg[c]));
+            let bits = (p.add(IQ2XS_SCALES) as *const u64).read_unaligned();
+            let sc = odd_scales(u64::from_le(bits), &NIBBLES16, 0x0f, &SCALES16);
+            Dec::new(
+                w,
+                sc,
+                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
+            )
+        }
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * v[0] as f32;
+    }
+}
+
+impl Wide for Iq2S {
+    const MODE: Mode = Mode::Scaled;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block: 64 `qs` bytes (indices, then signs), 8 `qh` and 8 scale
+        // bytes at their offsets.
+        unsafe {
+            let qs = _mm512_loadu_si512(p.add(IQ2S_QS) as *const __m512i);
+            let qh = _mm512_castsi128_si512(_mm_loadl_epi64(p.add(IQ2S_QH) as *const __m128i));
+            let idx = split_indices(qs, qh, &IQ2S_BYTES, &IQ2S_SHIFTS, 0x300);
+            let codes = IQ2S_CODE_TABLE.lookup(idx);
+            let neg = stored_masks(p.add(IQ2S_SIGNS));
+            let w = core::array::from_fn(|c| negate(expand_iq2(codes, c), neg[c]));
+            let bits = (p.add(IQ2S_SCALES) as *const u64).read_unaligned();
+            let sc = odd_scales(u64::from_le(bits), &NIBBLES16, 0x0f, &SCALES16);
+            Dec::new(
+                w,
+                sc,
+                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
+            )
+        }
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * v[0] as f32;
+    }
+}
+
+impl Wide for Iq3S {
+    const MODE: Mode = Mode::Scaled;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block: 64 `qs`, 8 `qh`, 32 sign and 4 scale bytes at their offsets.
+        unsafe {
+            let qs = _mm512_loadu_si512(p.add(IQ3S_QS) as *const __m512i);
+            let qh = _mm512_castsi128_si512(_mm_loadl_epi64(p.add(IQ3S_QH) as *const __m128i));
+            let codes: [__m512i; 2] = core::array::from_fn(|h| {
+                IQ3S_CODE_TABLE.lookup(split_indices(qs, qh, &IQ3S_BYTES[h], &IQ3S_SHIFTS, 0x100))
+            });
+            let neg = stored_masks(p.add(IQ3S_SIGNS));
+            let w = core::array::from_fn(|c| {
+                negate(expand_iq3(codes[c / 2], c, &IQ3S_FIELD_VALUES), neg[c])
+            });
+            let bits = (p.add(IQ3S_SCALES) as *const u32).read_unaligned();
+            let sc = odd_scales(u32::from_le(bits) as u64, &NIBBLES16, 0x0f, &SCALES32);
+            Dec::new(
+                w,
+                sc,
+                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
+            )
+        }
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * v[0] as f32;
+    }
+}
+
+/// IQ1_M index material: dword `i` (chunk `16 half + i`) = its `qs` byte, then its `qh` byte.
+const fn iq1m_idx(half: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 16 {
+        let chunk = 16 * half + i;
+        o[4 * i] = (IQ1M_QS + chunk) as u8;
+        o[4 * i + 1] = (IQ1M_QH + chunk / 2) as u8;
+        i += 1;
+    }
+    V64(o)
+}
+static IQ1M_IDX: [V64; 2] = [iq1m_idx(0), iq1m_idx(1)];
+
+/// IQ1_M shift signs of register `c`: byte `8 q + j` <- the `qh` byte of chunk `8 c + q`.
+const fn iq1m_shift_bytes(c: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        o[i] = (IQ1M_QH + (8 * c + i / 8) / 2) as u8;
+        i += 1;
+    }
+    V64(o)
+}
+static IQ1M_SHIFT_BYTES: [V64; 4] = [
+    iq1m_shift_bytes(0),
+    iq1m_shift_bytes(1),
+    iq1m_shift_bytes(2),
+    iq1m_shift_bytes(3),
+];
+/// The shift sign bit of each byte there: bit 3 for even chunks, bit 7 for odd ones.
+static IQ1M_SHIFT_BITS: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        o[i] = if (i / 8) % 2 == 0 { 0x08 } else { 0x80 };
+        i += 1;
+    }
+    o
+});
+
+impl Wide for Iq1M {
+    const MODE: Mode = Mode::ScaledTwo;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block (under 64 bytes): the masked load reads exactly its bytes;
+        // the gathers read `IQ1S_GRID` at 11-bit indices (2048 entries).
+        unsafe {
+            let b = _mm512_maskz_loadu_epi8((1u64 << IQ1M_BYTES) - 1, p as *const i8);
+            let grid = IQ1S_GRID.as_ptr() as *const i64;
+            // even chunks take qh bits 0..3 as index bits 8..11, odd chunks bits 4..7
+            let shifts = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+            let mut g = [_mm512_setzero_si512(); 4];
+            for h in 0..2 {
+                let m = _mm512_permutexvar_epi8(IQ1M_IDX[h].get(), b);
+                let hi = _mm512_and_si512(_mm512_srlv_epi32(m, shifts), _mm512_set1_epi32(0x700));
+                let i = _mm512_or_si512(_mm512_and_si512(m, _mm512_set1_epi32(0xff)), hi);
+                g[2 * h] = _mm512_i32gather_epi64::<8>(_mm512_castsi512_si256(i), grid);
+                g[2 * h + 1] = _mm512_i32gather_epi64::<8>(_mm512_extracti64x4_epi64::<1>(i), grid);
+            }
+            let blk = &*(p as *const BlockIq1M);
+            let bits = (p.add(IQ1M_SCALES) as *const u64).read_unaligned();
+            let sc = odd_scales(u64::from_le(bits), &IQ1M_SCALE_SHIFTS, 0x07, &SCALES16);
+            let mut d = Dec::new(g, sc, f16_to_f32(blk.d_bits()));
+            d.w2 = core::array::from_fn(|c| {
+                let sh = _mm512_permutexvar_epi8(IQ1M_SHIFT_BYTES[c].get(), b);
+                let m = _mm512_test_epi8_mask(sh, IQ1M_SHIFT_BITS.get());
+                _mm512_mask_blend_epi8(m, _mm512_set1_epi8(1), _mm512_set1_epi8(-1))
+            });
             d
         }
     }
@@ -474,7 +826,7 @@ impl Wide for Iq4Xs {
         let mut d = iq4_decode(chunks);
         // SAFETY: `p` is one block (alignment 1).
         let b = unsafe { &*(p as *const Self::W) };
-        d.d[0] = b.d();
+        d.d[0] = f16_to_f32(u16::from_le_bytes(b.d));
         d.s = core::array::from_fn(|g| (b.scale(g) as i32 - 32) as f32);
         d
     }
@@ -502,7 +854,7 @@ impl Wide for Iq4Nl {
         let mut d = iq4_decode(chunks);
         // SAFETY: `p` is eight blocks (alignment 1).
         let b = unsafe { core::slice::from_raw_parts(p as *const Self::W, 8) };
-        d.d = core::array::from_fn(|g| b[g].d());
+        d.d = core::array::from_fn(|g| f16_to_f32(u16::from_le_bytes(b[g].d)));
         d
     }
     #[inline(always)]
@@ -537,7 +889,7 @@ unsafe fn pack(act: GgmlType, x: *const u8, unit_bytes: usize, units: usize, dst
             let mut xd = [0f32; 8];
             if act == GgmlType::Q8_0 {
                 let b = core::slice::from_raw_parts(xu as *const BlockQ8_0, 8);
-                xd = core::array::from_fn(|g| b[g].d());
+                xd = core::array::from_fn(|g| f16_to_f32(u16::from_le_bytes(b[g].d)));
             } else {
                 xd[0] = (*(xu as *const BlockQ8_K)).d();
             }
@@ -598,11 +950,19 @@ unsafe fn dot<K: Wide>(d: &Dec, px: *const u8, xu: *const u8) -> [i32; 8] {
             return groups8(a);
         }
         let mut acc = zero;
+        let mut acc2 = zero;
         for c in 0..4 {
-            let p = _mm512_maddubs_epi16(ax(c), negate(d.w[c], neg(c)));
-            acc = _mm512_dpwssd_epi32(acc, p, d.sc[c]);
+            let (a, m) = (ax(c), neg(c));
+            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(a, negate(d.w[c], m)), d.sc[c]);
+            if K::MODE == Mode::ScaledTwo {
+                let p2 = _mm512_maddubs_epi16(a, negate(d.w2[c], m));
+                acc2 = _mm512_dpwssd_epi32(acc2, p2, d.sc[c]);
+            }
         }
         v[0] = _mm512_reduce_add_epi32(acc);
+        if K::MODE == Mode::ScaledTwo {
+            v[1] = _mm512_reduce_add_epi32(acc2);
+        }
         if K::MODE == Mode::ScaledBsums {
             let bsums = _mm256_loadu_si256(xu.add(Q8K_BSUMS) as *const __m256i);
             v[1] = hsum256(_mm256_madd_epi16(bsums, d.bw));
@@ -691,6 +1051,10 @@ pub(super) unsafe fn gemm(
             GgmlType::IQ1_S => gemm_wide::<Iq1S>(k, w, rows, x, n, out),
             GgmlType::IQ4_XS => gemm_wide::<Iq4Xs>(k, w, rows, x, n, out),
             GgmlType::IQ4_NL => gemm_wide::<Iq4Nl>(k, w, rows, x, n, out),
+            GgmlType::IQ2_XS => gemm_wide::<Iq2Xs>(k, w, rows, x, n, out),
+            GgmlType::IQ2_S => gemm_wide::<Iq2S>(k, w, rows, x, n, out),
+            GgmlType::IQ3_S => gemm_wide::<Iq3S>(k, w, rows, x, n, out),
+            GgmlType::IQ1_M => gemm_wide::<Iq1M>(k, w, rows, x, n, out),
             _ => false,
         }
     }
