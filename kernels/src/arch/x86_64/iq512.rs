@@ -832,11 +832,12 @@ impl Wide for Iq4Xs {
     }
     #[inline(always)]
     fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        // dl = d4d8 * (scale - 32) per group, then sumf += dl * sum, in group order
         let d4d8 = d.d[0] * xd[0];
-        for (&ls, &s) in d.s.iter().zip(v) {
-            let dl = d4d8 * ls;
-            *sumf += dl * s as f32;
-        }
+        // SAFETY: reached only from this module's `#[target_feature]` functions (AVX present);
+        // `d.s` is 32 readable bytes.
+        let dl = unsafe { _mm256_mul_ps(_mm256_set1_ps(d4d8), _mm256_loadu_ps(d.s.as_ptr())) };
+        add_products(dl, v, sumf);
     }
 }
 
@@ -859,9 +860,11 @@ impl Wide for Iq4Nl {
     }
     #[inline(always)]
     fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
-        for ((&wd, &xd), &s) in d.d.iter().zip(xd).zip(v) {
-            *sumf += xd * wd * s as f32;
-        }
+        // per block `x.d * w.d`, then sumf += that * sum, in block order
+        // SAFETY: reached only from this module's `#[target_feature]` functions (AVX present);
+        // `xd` and `d.d` are 32 readable bytes each.
+        let dd = unsafe { _mm256_mul_ps(_mm256_loadu_ps(xd.as_ptr()), _mm256_loadu_ps(d.d.as_ptr())) };
+        add_products(dd, v, sumf);
     }
 }
 
@@ -924,10 +927,29 @@ fn groups8(a: [__m512i; 4]) -> [i32; 8] {
     );
     let u = _mm512_add_epi32(_mm512_unpacklo_epi32(p, r), _mm512_unpackhi_epi32(p, r));
     let t = _mm512_add_epi32(u, _mm512_shuffle_epi32::<0b01_00_11_10>(u));
-    let mut s = [0i32; 16];
-    // SAFETY: `s` is 64 writable bytes; unaligned store.
-    unsafe { _mm512_storeu_si512(s.as_mut_ptr() as *mut __m512i, t) };
-    [s[0], s[4], s[8], s[12], s[1], s[5], s[9], s[13]]
+    // group L is dword 4L, group 4 + L dword 4L + 1
+    let order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 13, 9, 5, 1, 12, 8, 4, 0);
+    let mut s = [0i32; 8];
+    let g = _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t));
+    // SAFETY: `s` is 32 writable bytes; unaligned store.
+    unsafe { _mm256_storeu_si256(s.as_mut_ptr() as *mut __m256i, g) };
+    s
+}
+
+/// `sumf += d[g] * s[g] as f32` for g = 0..8 in order: the eight products in one register (each
+/// rounded once, as the reference rounds it), then the additions one by one.
+#[inline(always)]
+fn add_products(d: __m256, s: &[i32; 8], sumf: &mut f32) {
+    let mut p = [0f32; 8];
+    // SAFETY: only reached from this module's `#[target_feature]` functions (AVX2 present);
+    // `s` and `p` are 32 bytes each, unaligned accesses.
+    unsafe {
+        let sf = _mm256_cvtepi32_ps(_mm256_loadu_si256(s.as_ptr() as *const __m256i));
+        _mm256_storeu_ps(p.as_mut_ptr(), _mm256_mul_ps(d, sf));
+    }
+    for v in p {
+        *sumf += v;
+    }
 }
 
 /// The integers of `K::MODE` for decoded unit `d` against the packed activation unit `px`
