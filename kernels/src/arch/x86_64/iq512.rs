@@ -863,7 +863,8 @@ impl Wide for Iq4Nl {
         // per block `x.d * w.d`, then sumf += that * sum, in block order
         // SAFETY: reached only from this module's `#[target_feature]` functions (AVX present);
         // `xd` and `d.d` are 32 readable bytes each.
-        let dd = unsafe { _mm256_mul_ps(_mm256_loadu_ps(xd.as_ptr()), _mm256_loadu_ps(d.d.as_ptr())) };
+        let dd =
+            unsafe { _mm256_mul_ps(_mm256_loadu_ps(xd.as_ptr()), _mm256_loadu_ps(d.d.as_ptr())) };
         add_products(dd, v, sumf);
     }
 }
