@@ -11,7 +11,9 @@
 //! the CPU also has AVX512-VBMI (a capability of `dispatch`), Q3_K, Q4_K, Q5_K
 //! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Types
 //! without a path (legacy 4/5-bit, floats) return `false` and the caller falls back to the
-//! scalar reference. The i-quants and ternary types take `iq` (AVX2 on both tiers).
+//! scalar reference. The i-quants take `iq512` on the AVX-512 tier when the CPU has VBMI (grids
+//! decoded in registers, one decode per unit for all activation rows), otherwise `iq` (AVX2 on
+//! both tiers), as do the ternary types.
 
 mod avx2;
 mod avx512vnni;
