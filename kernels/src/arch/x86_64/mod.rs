@@ -89,13 +89,12 @@ fn gemm_block(
     out: &mut [f32],
 ) -> bool {
     if ty.is_iq() {
-        // SAFETY: the AVX-512 tier's capability means AVX-512 F/BW/VL + VNNI, AVX2 and F16C,
-        // and `vbmi_enabled` that the CPU has VBMI: all `iq512` needs.
-        if level == Level::Avx512
-            && vbmi_enabled()
-            && unsafe { iq512::gemm(ty, k, w, rows, x, n, out) }
-        {
-            return true;
+        if level == Level::Avx512 && vbmi_enabled() {
+            // SAFETY: the AVX-512 tier's capability means AVX-512 F/BW/VL + VNNI, AVX2 and
+            // F16C, and `vbmi_enabled` that the CPU has VBMI: all `iq512` needs.
+            if unsafe { iq512::gemm(ty, k, w, rows, x, n, out) } {
+                return true;
+            }
         }
         // SAFETY: `gemm_block` runs only for a level whose capability exists; both x86 tiers
         // require AVX2, all the i-quant path uses.
