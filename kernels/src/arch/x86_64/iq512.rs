@@ -32,7 +32,7 @@ use core::mem::size_of;
 mod decode;
 mod tables;
 
-use super::kblock::f16_to_f32;
+use super::kblock::{f16_to_f32, prefetch_span};
 use decode::negate;
 
 /// Weight rows whose units are interleaved (see [`gemm_wide`]).
@@ -254,6 +254,8 @@ unsafe fn gemm_wide<K: Wide>(
     let act = <K::X as Block>::TYPE;
     let units = per_row / K::UNIT;
     let unit_bytes = K::UNIT * size_of::<K::X>();
+    let unit_w_bytes = K::UNIT * size_of::<K::W>();
+    let row_bytes = per_row * size_of::<K::W>();
     super::PACKED.with(|cell| {
         let mut packed = cell.borrow_mut();
         packed.resize(n * units * PACKED_UNIT, 0);
@@ -267,8 +269,11 @@ unsafe fn gemm_wide<K: Wide>(
             for u in 0..units {
                 for (wr, o) in wt.chunks_exact(per_row).zip(ot.chunks_exact_mut(n)) {
                     let wu = &wr[u * K::UNIT..][..K::UNIT];
+                    let wp = wu.as_ptr() as *const u8;
+                    // the same unit of the next tile's rows, so the loads run ahead of the decode
+                    prefetch_span(wp.wrapping_add(ROWS * row_bytes), unit_w_bytes);
                     // SAFETY: `wu` is one whole weight unit; features as above.
-                    let d = unsafe { K::decode_regs(wu.as_ptr() as *const u8) };
+                    let d = unsafe { K::decode_regs(wp) };
                     for (j, acc) in o.iter_mut().enumerate() {
                         let xu = &xb[(j * units + u) * K::UNIT..][..K::UNIT];
                         // SAFETY: packed unit `j * units + u` and activation unit `xu` exist.
