@@ -407,7 +407,19 @@ impl Wide for Iq4Xs {
         // SAFETY: `p` is one block (alignment 1).
         let b = unsafe { &*(p as *const Self::W) };
         d.d[0] = f16_to_f32(u16::from_le_bytes(b.d));
-        d.s = core::array::from_fn(|g| (b.scale(g) as i32 - 32) as f32);
+        // the eight 6-bit codes (`BlockIq4Xs::scale`): low nibble `g` of `scales_l` (bit 16 + 4g
+        // below) and bits 2g..2g+2 of `scales_h`, as `code - 32` in f32
+        let bits =
+            u16::from_le_bytes(b.scales_h) as u64 | (u32::from_le_bytes(b.scales_l) as u64) << 16;
+        let v = _mm_set1_epi64x(bits as i64);
+        let lo_at = _mm_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 44, 40, 36, 32, 28, 24, 20, 16);
+        let hi_at = _mm_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 14, 12, 10, 8, 6, 4, 2, 0);
+        let lo = _mm_and_si128(_mm_multishift_epi64_epi8(lo_at, v), _mm_set1_epi8(0x0f));
+        let hi = _mm_and_si128(_mm_multishift_epi64_epi8(hi_at, v), _mm_set1_epi8(3));
+        let code = _mm256_cvtepu8_epi32(_mm_or_si128(lo, _mm_slli_epi16::<4>(hi)));
+        let ls = _mm256_cvtepi32_ps(_mm256_sub_epi32(code, _mm256_set1_epi32(32)));
+        // SAFETY: `d.s` is 32 writable bytes; unaligned store.
+        unsafe { _mm256_storeu_ps(d.s.as_mut_ptr(), ls) };
         d
     }
     #[inline(always)]
