@@ -5,7 +5,7 @@
 //! 256-, 512- and 1024-point grids (IQ2_XXS, IQ3_XXS, IQ2_XS, IQ3_S, IQ2_S) are 8 to 32 registers
 //! looked up with `vpermi2w` and a blend tree, their 2- or 3-bit fields expanded by
 //! `vpmultishiftqb` + `vpermb`; only the 2048-point IQ1 grid is read point by point (8-byte loads
-//! into registers, faster than `vpgatherdq` here). Sign
+//! inserted into registers, as ggml does; `vpgatherdq` was no faster in noisy runs here). Sign
 //! bytes are `vpmultishiftqb` + one `vpermi2b` of `KSIGNS_IQ2XS` (or the block's own sign bytes),
 //! IQ4 nibbles `vpermb` + `vpshufb`. The constant layouts live in `tables`.
 //!

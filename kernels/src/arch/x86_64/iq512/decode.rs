@@ -116,7 +116,7 @@ impl Wide for Iq3Xxs {
 
 /// The IQ1 grid points of 32 11-bit indices (dwords of `idx`), eight per register. The
 /// 2048-point grid does not fit in registers; plain 8-byte loads (each index read back from a
-/// store of the vectors) beat `vpgatherdq` on the AMD cores this was measured on.
+/// store of the vectors), as ggml does; `vpgatherdq` was no faster in (noisy) runs here.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn iq1_points(idx: [__m512i; 2]) -> [__m512i; 4] {
