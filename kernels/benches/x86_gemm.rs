@@ -1,7 +1,7 @@
 //! Quick throughput check of the x86 tiers against the scalar reference (no criterion, so it
 //! builds fast): `cargo bench -p nightshift-kernels --bench x86_gemm [-- TYPE...]`. Prints, per
 //! type and batch size, nanoseconds per (weight row x activation row x 256 elements) and the
-//! speed-up over scalar. The benches crate compares against ggml itself.
+//! speed-up over scalar (k = 4096, 128 rows unless `X86_GEMM_K` / `X86_GEMM_ROWS` say otherwise). The benches crate compares against ggml itself.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -10,11 +10,23 @@ use std::time::Instant;
 use nightshift_kernels::arch::x86_64::{Avx2, Avx512Vnni};
 use nightshift_kernels::{scalar, GgmlType};
 
-/// Realistic blocks: random floats through the reference quantizers.
+/// Realistic blocks: random floats through the reference quantizers; for the i-quants (no
+/// quantizer here) random valid blocks: random bytes with a finite scale.
 fn quantized(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
     let mut s = seed | 1;
     let rb = ty.row_bytes(k).expect("k fits");
     let mut out = vec![0u8; rb * rows];
+    if ty.is_iq() {
+        let mut r = nightshift_kernels::rng::SplitMix64::new(seed);
+        for b in out.iter_mut() {
+            *b = r.next_u64() as u8;
+        }
+        for (i, blk) in out.chunks_exact_mut(ty.block_bytes()).enumerate() {
+            let d = 0x2000 + (i as u16 % 0x1000);
+            nightshift_kernels::formats::set_iq_scale(ty, blk, d).expect("i-quant block");
+        }
+        return out;
+    }
     for r in 0..rows {
         let f: Vec<f32> = (0..k)
             .map(|_| {
@@ -68,8 +80,15 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let k = 4096;
-    let rows = 128;
+    // `X86_GEMM_K` / `X86_GEMM_ROWS` change the shape (e.g. 7168 / 2048 for a Kimi K2 expert).
+    let env = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let k = env("X86_GEMM_K", 4096);
+    let rows = env("X86_GEMM_ROWS", 128);
     let types = [
         GgmlType::Q2_K,
         GgmlType::Q3_K,
@@ -77,6 +96,15 @@ fn main() {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_0,
+        GgmlType::IQ1_S,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ4_XS,
+        GgmlType::IQ1_M,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ3_S,
+        GgmlType::IQ4_NL,
     ];
     println!("k={k} rows={rows}; ns per (row x act x 256 elements); speed-up vs scalar");
     for ty in types {

@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 use nightshift_benches::stream::read_bandwidth;
-use nightshift_benches::{quantize_rows, random_f32};
+use nightshift_benches::{quantize_rows, random_f32, random_iq_blocks};
 use nightshift_kernels::{dispatch, gemm, GgmlType, QMatrix};
 
 /// Out-of-cache GEMM throughput vs the read bandwidth ceiling.
@@ -88,8 +88,13 @@ fn main() -> anyhow::Result<()> {
         let wb = ty.row_bytes(a.k)?;
         let m = (a.mib << 20) / wb;
         // 64 distinct quantized rows repeated: the values do not change the speed, and quantizing
-        // hundreds of MiB would dominate the run.
-        let base = quantize_rows(ty, &random_f32(64 * a.k, 7), a.k)?;
+        // hundreds of MiB would dominate the run. The i-quants (no quantizer here) take random
+        // valid blocks.
+        let base = if ty.has_quantizer() {
+            quantize_rows(ty, &random_f32(64 * a.k, 7), a.k)?
+        } else {
+            random_iq_blocks(ty, 64 * a.k, 7)?
+        };
         let mut w = vec![0u8; m * wb];
         for c in w.chunks_mut(base.len()) {
             let l = c.len();

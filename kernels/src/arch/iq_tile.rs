@@ -460,23 +460,9 @@ pub(crate) unsafe fn gemm_units<K: IqKind, S: Sums>(
     n: usize,
     out: &mut [f32],
 ) -> bool {
-    if !k.is_multiple_of(QK_K) {
-        return false;
-    }
-    let (Ok(wb), Ok(xb)) = (
-        crate::formats::blocks::<K::W>(w),
-        crate::formats::blocks::<K::X>(x),
-    ) else {
+    let Some((wb, xb, per_row)) = unit_blocks::<K>(k, w, rows, x, n, out) else {
         return false;
     };
-    let per_row = k / QK_K * K::UNIT;
-    if per_row == 0
-        || Some(wb.len()) != rows.checked_mul(per_row)
-        || Some(xb.len()) != n.checked_mul(per_row)
-        || Some(out.len()) != rows.checked_mul(n)
-    {
-        return false;
-    }
     if n == 0 {
         return true;
     }
@@ -512,6 +498,30 @@ pub(crate) unsafe fn gemm_units<K: IqKind, S: Sums>(
         }
     }
     true
+}
+
+/// The weight and activation blocks of one GEMM call and the blocks per row, when the buffers
+/// hold whole 256-element units (`rows` weight rows, `n` activation rows, `rows * n` outputs).
+#[allow(clippy::type_complexity)]
+pub(crate) fn unit_blocks<'a, K: IqKind>(
+    k: usize,
+    w: &'a [u8],
+    rows: usize,
+    x: &'a [u8],
+    n: usize,
+    out: &[f32],
+) -> Option<(&'a [K::W], &'a [K::X], usize)> {
+    if !k.is_multiple_of(QK_K) {
+        return None;
+    }
+    let wb = crate::formats::blocks::<K::W>(w).ok()?;
+    let xb = crate::formats::blocks::<K::X>(x).ok()?;
+    let per_row = k / QK_K * K::UNIT;
+    let fits = per_row != 0
+        && Some(wb.len()) == rows.checked_mul(per_row)
+        && Some(xb.len()) == n.checked_mul(per_row)
+        && Some(out.len()) == rows.checked_mul(n);
+    fits.then_some((wb, xb, per_row))
 }
 
 /// [`gemm_units`] for a core with its own 2x2 tile: rows and activations in pairs (an odd last

@@ -225,14 +225,19 @@ impl BlockIq1M {
         u16::from_le_bytes([self.scales[2 * i], self.scales[2 * i + 1]])
     }
 
-    /// The super-block scale: the f16 assembled from the top nibble of each scale word.
+    /// The bits of the f16 super-block scale: the top nibble of each scale word.
     #[inline(always)]
-    pub fn d(&self) -> f32 {
-        let bits = (self.sc(0) >> 12)
+    pub fn d_bits(&self) -> u16 {
+        (self.sc(0) >> 12)
             | ((self.sc(1) >> 8) & 0x00f0)
             | ((self.sc(2) >> 4) & 0x0f00)
-            | (self.sc(3) & 0xf000);
-        super::f16_to_f32(bits)
+            | (self.sc(3) & 0xf000)
+    }
+
+    /// The super-block scale.
+    #[inline(always)]
+    pub fn d(&self) -> f32 {
+        super::f16_to_f32(self.d_bits())
     }
 }
 

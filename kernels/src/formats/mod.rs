@@ -8,7 +8,7 @@
 //! necessarily aligned). Multi-byte fields are little-endian and read through accessors.
 
 mod half;
-mod iq_grids;
+pub(crate) mod iq_grids;
 mod iquants;
 pub(crate) mod kquants;
 mod legacy;

@@ -51,6 +51,7 @@ mod tables;
 use super::kblock::prefetch_block;
 use ops::{add_masked, dpwssd, fold2, gf_affine, pair_idx};
 use signed::decode_signed;
+pub(super) use tables::V64;
 use tables::{
     chunks45, d_idx, has_mins, out_lane, slots, GF_NIB_HI, MIN_IDX, PAIR_PERM, Q5_SEL, SCALE_IDX,
 };

@@ -11,11 +11,14 @@
 //! the CPU also has AVX512-VBMI (a capability of `dispatch`), Q3_K, Q4_K, Q5_K
 //! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Types
 //! without a path (legacy 4/5-bit, floats) return `false` and the caller falls back to the
-//! scalar reference. The i-quants and ternary types take `iq` (AVX2 on both tiers).
+//! scalar reference. The i-quants take `iq512` on the AVX-512 tier when the CPU has VBMI (grids
+//! decoded in registers, one decode per unit for all activation rows), otherwise `iq` (AVX2 on
+//! both tiers), as do the ternary types.
 
 mod avx2;
 mod avx512vnni;
 mod iq;
+mod iq512;
 mod kblock;
 mod klanes512;
 mod kquant;
@@ -79,6 +82,13 @@ fn gemm_block(
     out: &mut [f32],
 ) -> bool {
     if ty.is_iq() {
+        if level == Level::Avx512 && vbmi_enabled() {
+            // SAFETY: the AVX-512 tier's capability means AVX-512 F/BW/VL + VNNI, AVX2 and
+            // F16C, and `vbmi_enabled` that the CPU has VBMI: all `iq512` needs.
+            if unsafe { iq512::gemm(ty, k, w, rows, x, n, out) } {
+                return true;
+            }
+        }
         // SAFETY: `gemm_block` runs only for a level whose capability exists; both x86 tiers
         // require AVX2, all the i-quant path uses.
         return unsafe { iq::gemm(ty, k, w, rows, x, n, out) };

@@ -12,12 +12,12 @@ pub(super) const fn has_mins(k: u8) -> bool {
 
 /// A 64-byte constant (vector index or mask), aligned for one load.
 #[repr(C, align(64))]
-pub(super) struct V64([u8; 64]);
+pub(in crate::arch::x86_64) struct V64(pub(in crate::arch::x86_64) [u8; 64]);
 
 impl V64 {
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(super) fn get(&self) -> __m512i {
+    pub(in crate::arch::x86_64) fn get(&self) -> __m512i {
         // SAFETY: 64 readable bytes (unaligned load; the alignment only helps).
         unsafe { _mm512_loadu_si512(self.0.as_ptr() as *const __m512i) }
     }

@@ -1,0 +1,326 @@
+//! The i-quants on the AVX-512-VNNI tier when the CPU also has AVX512-VBMI: each 256-element
+//! weight unit is decoded straight into four 64-byte registers (`decode`), together with the
+//! per-pair scale words, and then used against every activation row of the call (decode once,
+//! dot N rows). Grid points come from registers where the grid fits: ggml's u16 codes of the
+//! 256-, 512- and 1024-point grids (IQ2_XXS, IQ3_XXS, IQ2_XS, IQ3_S, IQ2_S) are 8 to 32 registers
+//! looked up with `vpermi2w` and a blend tree, their 2- or 3-bit fields expanded by
+//! `vpmultishiftqb` + `vpermb`; only the 2048-point IQ1 grid is read point by point (8-byte loads
+//! inserted into registers, as ggml does; `vpgatherdq` was no faster in noisy runs here). Sign
+//! bytes are `vpmultishiftqb` + one `vpermi2b` of `KSIGNS_IQ2XS` (or the block's own sign bytes),
+//! IQ4 nibbles `vpermb` + `vpshufb`. The constant layouts live in `tables`.
+//!
+//! Exactness: the activations are packed once per call as `|x|` (unsigned bytes, so -128 is the
+//! exact 128) plus their sign bits as 64-bit masks; per activation row a weight register is
+//! negated where `x` is negative (masked `vpsubb`; no weight is -128), so `vpmaddubsw(|x|, w)`
+//! gives the exact pair products (at most 2 * 128 * 127, below 2^15) and `vpdpwssd` with the scale
+//! words adds them, scaled, into i32 lanes. Integer sums are exact in any order, so one
+//! horizontal sum gives the reference's integer `bsum` (IQ1_S: also `sumi1` from the activation
+//! `bsums`; IQ1_M: the shift dot too), and IQ4_XS/IQ4_NL get their eight 32-element sums; the
+//! float epilogue then repeats the scalar reference's operations in its order. The ternary types
+//! return `false` and take the shared `iq` path.
+
+use core::arch::x86_64::*;
+
+use crate::arch::iq_tile::{
+    act_chunk_offset, unit_blocks, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Iq4Nl, Iq4Xs,
+    IqKind,
+};
+use crate::formats::kquants::layout::Q8K_BSUMS;
+use crate::formats::{Block, BlockQ8_0, BlockQ8_K};
+use crate::GgmlType;
+use core::mem::size_of;
+
+mod decode;
+mod tables;
+
+use super::kblock::{f16_to_f32, prefetch_span};
+use decode::negate;
+
+/// Weight rows whose units are interleaved (see [`gemm_wide`]).
+const ROWS: usize = 4;
+
+/// Bytes of one packed activation unit: `|x|` (256), the four sign masks (32), the blocks' `d`
+/// as f32 (up to 8: 32).
+const PACKED_UNIT: usize = 320;
+/// Where a packed unit's f32 scales start.
+const PACKED_D: usize = 288;
+
+/// One decoded weight unit: signed weights, the scale word of every `vpmaddubsw` pair, and the
+/// floats its epilogue needs (converted once per unit, not once per activation row).
+#[derive(Clone, Copy)]
+struct Dec {
+    w: [__m512i; 4],
+    sc: [__m512i; 4],
+    /// IQ1_M: the ±1 shift signs, weighed by the same scales.
+    w2: [__m512i; 4],
+    /// IQ1_S: the 16 words `ls * delta` by which `sumi1` weighs the activation `bsums`.
+    bw: __m256i,
+    /// The blocks' `d` (one per block of the unit).
+    d: [f32; 8],
+    /// IQ4_XS: the group scales `code - 32` as f32.
+    s: [f32; 8],
+}
+
+impl Dec {
+    /// A unit whose `d` is `d0` and whose other fields are zero.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    fn new(w: [__m512i; 4], sc: [__m512i; 4], d0: f32) -> Dec {
+        let mut d = [0f32; 8];
+        d[0] = d0;
+        Dec {
+            w,
+            sc,
+            w2: [_mm512_setzero_si512(); 4],
+            bw: _mm256_setzero_si256(),
+            d,
+            s: [0f32; 8],
+        }
+    }
+}
+
+/// How a kind's per-block integers are formed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// One scaled sum (`bsum`).
+    Scaled,
+    /// The scaled sum and `sum(bw * bsums)` (IQ1_S).
+    ScaledBsums,
+    /// The scaled sums of `w` and of `w2` (IQ1_M).
+    ScaledTwo,
+    /// Eight unscaled 32-element sums (IQ4_XS, IQ4_NL).
+    Groups,
+}
+
+/// An i-quant with a 64-byte decoder.
+trait Wide: IqKind {
+    const MODE: Mode;
+    /// Decodes the unit starting at `p` (its first block's first byte).
+    ///
+    /// # Safety
+    /// The CPU has the tier's features (see [`gemm`]); `p` is valid for `UNIT` blocks of `W`.
+    unsafe fn decode_regs(p: *const u8) -> Dec;
+    /// `sumf += ...` for one unit and activation unit, as the scalar reference does it, from
+    /// the integers of [`Mode`] (`v[0]`, `v[1]`, or `v[0..8]`) and the activation blocks'
+    /// scales `xd` (one per block).
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32);
+}
+
+/// Packs `units` activation units of type `act` at `x` into `dst` (`PACKED_UNIT` bytes each).
+///
+/// # Safety
+/// The CPU has the tier's features; `x` holds `units` whole units, `dst` `units * PACKED_UNIT`
+/// bytes.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn pack(act: GgmlType, x: *const u8, unit_bytes: usize, units: usize, dst: *mut u8) {
+    for u in 0..units {
+        // SAFETY: unit `u` and its packed slot are inside the buffers (caller's contract).
+        unsafe {
+            let (xu, du) = (x.add(u * unit_bytes), dst.add(u * PACKED_UNIT));
+            for c in 0..4 {
+                let lo = _mm256_loadu_si256(xu.add(act_chunk_offset(act, 2 * c)) as *const __m256i);
+                let hi =
+                    _mm256_loadu_si256(xu.add(act_chunk_offset(act, 2 * c + 1)) as *const __m256i);
+                let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                _mm512_storeu_si512(du.add(64 * c) as *mut __m512i, _mm512_abs_epi8(v));
+                let neg = _cvtmask64_u64(_mm512_movepi8_mask(v));
+                (du.add(256 + 8 * c) as *mut u64).write_unaligned(neg);
+            }
+            let mut xd = [0f32; 8];
+            if act == GgmlType::Q8_0 {
+                let b = core::slice::from_raw_parts(xu as *const BlockQ8_0, 8);
+                xd = core::array::from_fn(|g| f16_to_f32(u16::from_le_bytes(b[g].d)));
+            } else {
+                xd[0] = (*(xu as *const BlockQ8_K)).d();
+            }
+            (du.add(PACKED_D) as *mut [f32; 8]).write_unaligned(xd);
+        }
+    }
+}
+
+/// The sum of the eight dwords of `v`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn hsum256(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The eight 32-element sums of four registers whose dword lanes 0..8 / 8..16 are the partial
+/// sums of groups `2c` / `2c + 1`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn groups8(a: [__m512i; 4]) -> [i32; 8] {
+    // 128-bit lanes [G0 G1 G2 G3] and [G4 G5 G6 G7], each lane still four partials
+    let p = _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0b10_00_10_00>(a[0], a[1]),
+        _mm512_shuffle_i64x2::<0b11_01_11_01>(a[0], a[1]),
+    );
+    let r = _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0b10_00_10_00>(a[2], a[3]),
+        _mm512_shuffle_i64x2::<0b11_01_11_01>(a[2], a[3]),
+    );
+    let u = _mm512_add_epi32(_mm512_unpacklo_epi32(p, r), _mm512_unpackhi_epi32(p, r));
+    let t = _mm512_add_epi32(u, _mm512_shuffle_epi32::<0b01_00_11_10>(u));
+    // group L is dword 4L, group 4 + L dword 4L + 1
+    let order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 13, 9, 5, 1, 12, 8, 4, 0);
+    let mut s = [0i32; 8];
+    let g = _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t));
+    // SAFETY: `s` is 32 writable bytes; unaligned store.
+    unsafe { _mm256_storeu_si256(s.as_mut_ptr() as *mut __m256i, g) };
+    s
+}
+
+/// `sumf += d[g] * s[g] as f32` for g = 0..8 in order: the eight products in one register (each
+/// rounded once, as the reference rounds it), then the additions one by one.
+#[inline(always)]
+pub(super) fn add_products(d: __m256, s: &[i32; 8], sumf: &mut f32) {
+    let mut p = [0f32; 8];
+    // SAFETY: only reached from this module's `#[target_feature]` functions (AVX2 present);
+    // `s` and `p` are 32 bytes each, unaligned accesses.
+    unsafe {
+        let sf = _mm256_cvtepi32_ps(_mm256_loadu_si256(s.as_ptr() as *const __m256i));
+        _mm256_storeu_ps(p.as_mut_ptr(), _mm256_mul_ps(d, sf));
+    }
+    for v in p {
+        *sumf += v;
+    }
+}
+
+/// The integers of `K::MODE` for decoded unit `d` against the packed activation unit `px`
+/// (and the activation blocks at `xu`, for the `bsums`).
+///
+/// # Safety
+/// The CPU has the tier's features; `px` is one packed unit, `xu` one activation unit.
+#[inline(always)]
+unsafe fn dot<K: Wide>(d: &Dec, px: *const u8, xu: *const u8) -> [i32; 8] {
+    // SAFETY: the reads stay inside the packed unit and the activation unit (caller's contract);
+    // the features are the caller's.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let neg = |c: usize| (px.add(256 + 8 * c) as *const u64).read_unaligned();
+        let ax = |c: usize| _mm512_loadu_si512(px.add(64 * c) as *const __m512i);
+        let mut v = [0i32; 8];
+        if K::MODE == Mode::Groups {
+            let a =
+                core::array::from_fn(|c| _mm512_dpbusd_epi32(zero, ax(c), negate(d.w[c], neg(c))));
+            return groups8(a);
+        }
+        let mut acc = zero;
+        let mut acc2 = zero;
+        for c in 0..4 {
+            let (a, m) = (ax(c), neg(c));
+            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(a, negate(d.w[c], m)), d.sc[c]);
+            if K::MODE == Mode::ScaledTwo {
+                let p2 = _mm512_maddubs_epi16(a, negate(d.w2[c], m));
+                acc2 = _mm512_dpwssd_epi32(acc2, p2, d.sc[c]);
+            }
+        }
+        v[0] = _mm512_reduce_add_epi32(acc);
+        if K::MODE == Mode::ScaledTwo {
+            v[1] = _mm512_reduce_add_epi32(acc2);
+        }
+        if K::MODE == Mode::ScaledBsums {
+            let bsums = _mm256_loadu_si256(xu.add(Q8K_BSUMS) as *const __m256i);
+            v[1] = hsum256(_mm256_madd_epi16(bsums, d.bw));
+        }
+        v
+    }
+}
+
+/// `out[r * n + j] = W[r] . x[j]` for one kind: unit by unit, each decoded once and run against
+/// every activation row, each result accumulated in the reference's block order.
+///
+/// # Safety
+/// The CPU has the tier's features.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn gemm_wide<K: Wide>(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) -> bool {
+    let Some((wb, xb, per_row)) = unit_blocks::<K>(k, w, rows, x, n, out) else {
+        return false;
+    };
+    if n == 0 {
+        return true;
+    }
+    let act = <K::X as Block>::TYPE;
+    let units = per_row / K::UNIT;
+    let unit_bytes = K::UNIT * size_of::<K::X>();
+    let unit_w_bytes = K::UNIT * size_of::<K::W>();
+    let row_bytes = per_row * size_of::<K::W>();
+    super::PACKED.with(|cell| {
+        let mut packed = cell.borrow_mut();
+        packed.resize(n * units * PACKED_UNIT, 0);
+        // SAFETY: `x` holds `n * units` activation units (checked by `unit_blocks`) and `packed`
+        // was sized for them; the caller guarantees the features.
+        unsafe { pack(act, x.as_ptr(), unit_bytes, n * units, packed.as_mut_ptr()) };
+        out.fill(0.0);
+        // Rows in tiles of ROWS, so that the float chains of several outputs (each unit's
+        // epilogue adds to its output in order) interleave instead of waiting on each other.
+        for (wt, ot) in wb.chunks(ROWS * per_row).zip(out.chunks_mut(ROWS * n)) {
+            for u in 0..units {
+                for (wr, o) in wt.chunks_exact(per_row).zip(ot.chunks_exact_mut(n)) {
+                    let wu = &wr[u * K::UNIT..][..K::UNIT];
+                    let wp = wu.as_ptr() as *const u8;
+                    // the same unit of the next tile's rows, so the loads run ahead of the decode
+                    prefetch_span(wp.wrapping_add(ROWS * row_bytes), unit_w_bytes);
+                    // SAFETY: `wu` is one whole weight unit; features as above.
+                    let d = unsafe { K::decode_regs(wp) };
+                    for (j, acc) in o.iter_mut().enumerate() {
+                        let xu = &xb[(j * units + u) * K::UNIT..][..K::UNIT];
+                        // SAFETY: packed unit `j * units + u` and activation unit `xu` exist.
+                        let (v, xd) = unsafe {
+                            let pu = packed.as_ptr().add((j * units + u) * PACKED_UNIT);
+                            let xd = (pu.add(PACKED_D) as *const [f32; 8]).read_unaligned();
+                            (dot::<K>(&d, pu, xu.as_ptr() as *const u8), xd)
+                        };
+                        K::epilogue_ints(&d, &xd, &v, acc);
+                    }
+                }
+            }
+        }
+        for acc in out.iter_mut() {
+            *acc = K::finish(*acc);
+        }
+    });
+    true
+}
+
+/// The 64-byte path for `ty`; false when it has none (or the lengths do not hold whole units).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL, VNNI and VBMI (plus AVX2 and F16C).
+pub(super) unsafe fn gemm(
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) -> bool {
+    // SAFETY: the caller guarantees the features every arm needs.
+    unsafe {
+        match ty {
+            GgmlType::IQ2_XXS => gemm_wide::<Iq2Xxs>(k, w, rows, x, n, out),
+            GgmlType::IQ3_XXS => gemm_wide::<Iq3Xxs>(k, w, rows, x, n, out),
+            GgmlType::IQ1_S => gemm_wide::<Iq1S>(k, w, rows, x, n, out),
+            GgmlType::IQ4_XS => gemm_wide::<Iq4Xs>(k, w, rows, x, n, out),
+            GgmlType::IQ4_NL => gemm_wide::<Iq4Nl>(k, w, rows, x, n, out),
+            GgmlType::IQ2_XS => gemm_wide::<Iq2Xs>(k, w, rows, x, n, out),
+            GgmlType::IQ2_S => gemm_wide::<Iq2S>(k, w, rows, x, n, out),
+            GgmlType::IQ3_S => gemm_wide::<Iq3S>(k, w, rows, x, n, out),
+            GgmlType::IQ1_M => gemm_wide::<Iq1M>(k, w, rows, x, n, out),
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! The per-type 64-byte decoders of `iq512`: one weight unit into four registers of signed
+//! weights, the scale word of every `vpmaddubsw` pair and the unit's floats (see the parent
+//! module for the arithmetic), plus each type's float epilogue in the reference's order.
+
+use core::arch::x86_64::*;
+
+use super::super::kblock::f16_to_f32;
+use super::super::klanes512::V64;
+use super::tables::*;
+use super::{add_products, Dec, Mode, Wide};
+use crate::arch::iq_tile::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Iq4Nl, Iq4Xs};
+use crate::formats::{BlockIq1M, IQ1S_GRID};
+use crate::scalar::iq1::IQ1_DELTA;
+
+/// The four 64-bit sign masks of 32 sign bytes (low 256 bits of `sb`).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+pub(super) fn sign_masks(sb: __m512i) -> [u64; 4] {
+    let mut m = [0u64; 4];
+    // SAFETY: `m` is 32 writable bytes; unaligned store.
+    unsafe { _mm256_storeu_si256(m.as_mut_ptr() as *mut __m256i, _mm512_castsi512_si256(sb)) };
+    m
+}
+
+/// IQ2_XXS/IQ3_XXS: from the eight sign-and-scale words (dwords 0..8 of `aux`), the four sign
+/// masks and the scale words `2 * (aux >> 28) + 1`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+pub(super) fn xxs_signs_scales(aux: __m512i) -> ([u64; 4], [__m512i; 4]) {
+    let idx = _mm512_multishift_epi64_epi8(SIGN_SHIFTS.get(), aux);
+    let sb = _mm512_permutex2var_epi8(KSIGNS_LO.get(), idx, KSIGNS_HI.get());
+    let odd = _mm512_or_si512(
+        _mm512_slli_epi32::<1>(_mm512_srli_epi32::<28>(aux)),
+        _mm512_set1_epi32(1),
+    );
+    let sc = core::array::from_fn(|c| _mm512_permutexvar_epi16(DWORD_SCALES[c].get(), odd));
+    (sign_masks(sb), sc)
+}
+
+/// `g` negated where `neg` has a bit.
+#[inline(always)]
+pub(super) fn negate(g: __m512i, neg: u64) -> __m512i {
+    // SAFETY: only reached from this module's `#[target_feature]` functions, which run on a CPU
+    // with AVX512BW (the tier's capability).
+    unsafe { _mm512_mask_sub_epi8(g, _cvtu64_mask64(neg), _mm512_setzero_si512(), g) }
+}
+
+impl Wide for Iq2Xxs {
+    const MODE: Mode = Mode::Scaled;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block, whose `qs` are 64 bytes.
+        unsafe {
+            let q = _mm512_loadu_si512(p.add(IQ2XXS_QS) as *const __m512i);
+            let idx = _mm512_maskz_permutexvar_epi8(0x5555_5555_5555_5555, IQ2XXS_IDX.get(), q);
+            let codes = IQ2XXS_CODE_TABLE.lookup(idx);
+            let g: [__m512i; 4] = core::array::from_fn(|c| {
+                let f = _mm512_multishift_epi64_epi8(
+                    IQ2_SHIFTS.get(),
+                    _mm512_permutexvar_epi16(IQ2_SPREAD[c].get(), codes),
+                );
+                _mm512_permutexvar_epi8(f, IQ2_FIELD_VALUES.get())
+            });
+            let odd_dwords = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1);
+            let aux = _mm512_permutexvar_epi32(odd_dwords, q);
+            let (neg, sc) = xxs_signs_scales(aux);
+            let w = core::array::from_fn(|c| negate(g[c], neg[c]));
+            Dec::new(
+                w,
+                sc,
+                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
+            )
+        }
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * v[0] as f32;
+    }
+}
+
+impl Wide for Iq3Xxs {
+    const MODE: Mode = Mode::Scaled;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block (64 index bytes, then 32 sign-and-scale bytes).
+        unsafe {
+            let codes: [__m512i; 2] = core::array::from_fn(|h| {
+                let i = _mm256_loadu_si256(p.add(IQ3XXS_QS + 32 * h) as *const __m256i);
+                IQ3XXS_CODE_TABLE.lookup(_mm512_cvtepu8_epi16(i))
+            });
+            let g: [__m512i; 4] = core::array::from_fn(|c| {
+                let f = _mm512_multishift_epi64_epi8(
+                    IQ3_SHIFTS.get(),
+                    _mm512_permutexvar_epi16(IQ3_SPREAD[c % 2].get(), codes[c / 2]),
+                );
+                _mm512_permutexvar_epi8(f, IQ3XXS_FIELD_VALUES.get())
+            });
+            let aux =
+                _mm512_castsi256_si512(_mm256_loadu_si256(p.add(IQ3XXS_AUX) as *const __m256i));
+            let (neg, sc) = xxs_signs_scales(aux);
+            let w = core::array::from_fn(|c| negate(g[c], neg[c]));
+            Dec::new(
+                w,
+                sc,
+                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
+            )
+        }
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * v[0] as f32;
+    }
+}
+
+/// The IQ1 grid points of 32 11-bit indices (dwords of `idx`), eight per register. The
+/// 2048-point grid does not fit in registers; plain 8-byte loads (each index read back from a
+/// store of the vectors), as ggml does; `vpgatherdq` was no faster in (noisy) runs here.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn iq1_points(idx: [__m512i; 2]) -> [__m512i; 4] {
+    let mut i = [0u32; 32];
+    // SAFETY: `i` is 128 writable bytes; unaligned stores.
+    unsafe {
+        _mm512_storeu_si512(i.as_mut_ptr() as *mut __m512i, idx[0]);
+        _mm512_storeu_si512(i.as_mut_ptr().add(16) as *mut __m512i, idx[1]);
+    }
+    // indices are below 2048 by construction; the mask lets the bounds check go
+    let g = |k: usize| IQ1S_GRID[i[k] as usize & (IQ1S_GRID.len() - 1)] as i64;
+    core::array::from_fn(|c| {
+        let b = 8 * c;
+        _mm512_set_epi64(
+            g(b + 7),
+            g(b + 6),
+            g(b + 5),
+            g(b + 4),
+            g(b + 3),
+            g(b + 2),
+            g(b + 1),
+            g(b),
+        )
+    })
+}
+
+impl Wide for Iq1S {
+    const MODE: Mode = Mode::ScaledBsums;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block (under 64 bytes): the masked load reads exactly its bytes.
+        unsafe {
+            let b = _mm512_maskz_loadu_epi8((1u64 << IQ1S_BYTES) - 1, p as *const i8);
+            // chunk l of a group takes qh bits 3l..3l+3 as index bits 8..11
+            let shifts = _mm512_set_epi32(9, 6, 3, 0, 9, 6, 3, 0, 9, 6, 3, 0, 9, 6, 3, 0);
+            let mut idx = [_mm512_setzero_si512(); 2];
+            for h in 0..2 {
+                let m = _mm512_permutexvar_epi8(IQ1S_IDX[h].get(), b);
+                let hi = _mm512_and_si512(_mm512_srlv_epi32(m, shifts), _mm512_set1_epi32(0x700));
+                let i = _mm512_or_si512(_mm512_and_si512(m, _mm512_set1_epi32(0xff)), hi);
+                idx[h] = i;
+            }
+            let g = iq1_points(idx);
+            let qh = _mm512_permutexvar_epi8(IQ1S_QH_WORDS.get(), b);
+            let ls = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<11>(qh), _mm512_set1_epi16(0xe)),
+                _mm512_set1_epi16(1),
+            );
+            let lsd =
+                _mm512_mask_sub_epi16(ls, _mm512_movepi16_mask(qh), _mm512_setzero_si512(), ls);
+            let sc = core::array::from_fn(|c| _mm512_permutexvar_epi16(WORD_SCALES[c].get(), ls));
+            let mut d = Dec::new(
+                g,
+                sc,
+                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
+            );
+            d.bw = _mm512_castsi512_si256(_mm512_permutexvar_epi16(BSUM_PAIRS.get(), lsd));
+            d
+        }
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * (v[0] as f32 + IQ1_DELTA * v[1] as f32);
+    }
+}
+
+/// The eight IQ2 magnitudes of register `c`'s grid points (codes `8 c .. 8 c + 8` of `codes`).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+pub(super) fn expand_iq2(codes: __m512i, c: usize) -> __m512i {
+    let f = _mm512_multishift_epi64_epi8(
+        IQ2_SHIFTS.get(),
+        _mm512_permutexvar_epi16(IQ2_SPREAD[c].get(), codes),
+    );
+    _mm512_permutexvar_epi8(f, IQ2_FIELD_VALUES.get())
+}
+
+/// The sixteen IQ3 grid points of register `c` (codes `16 (c % 2) ..` of `codes`, the codes of
+/// its half of the block) through the magnitudes `values`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+pub(super) fn expand_iq3(codes: __m512i, c: usize, values: &V64) -> __m512i {
+    let f = _mm512_multishift_epi64_epi8(
+        IQ3_SHIFTS.get(),
+        _mm512_permutexvar_epi16(IQ3_SPREAD[c % 2].get(), codes),
+    );
+    _mm512_permutexvar_epi8(f, values.get())
+}
+
+/// The odd scales `2 f + 1` of the fields picked by `shifts` (width `mask`) from the qword
+/// `bits`, as the scale words of the four registers (`table`: which byte each word takes).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+pub(super) fn odd_scales(bits: u64, shifts: &V64, mask: i8, table: &[V64; 4]) -> [__m512i; 4] {
+    let f = _mm512_and_si512(
+        _mm512_multishift_epi64_epi8(shifts.get(), _mm512_set1_epi64(bits as i64)),
+        _mm512_set1_epi8(mask),
+    );
+    let odd = _mm512_or_si512(_mm512_add_epi8(f, f), _mm512_set1_epi8(1));
+    core::array::from_fn(|c| {
+        _mm512_maskz_permutexvar_epi8(0x5555_5555_5555_5555, table[c].get(), odd)
+    })
+}
+
+/// Index words of 32 grid points from `qs` bytes and high bits in `qh` bytes: word `i` =
+/// `qs[at + i] | ((qh[(at + i) / per] >> shift(i)) & high)`, as `vpermi2b` (`qs` in the first
+/// 64 bytes, `qh` in the second) and a per-word shift; see the users' tables.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+pub(super) fn split_indices(
+    qs: __m512i,
+    qh: __m512i,
+    bytes: &V64,
+    shifts: &V64,
+    high: i16,
+) -> __m512i {
+    let w = _mm512_permutex2var_epi8(qs, bytes.get(), qh);
+    let hi = _mm512_and_si512(_mm512_srlv_epi16(w, shifts.get()), _mm512_set1_epi16(high));
+    _mm512_or_si512(_mm512_and_si512(w, _mm512_set1_epi16(0xff)), hi)
+}
+
+/// Four sign masks stored as bytes (IQ2_S, IQ3_S: one explicit byte per 8 weights).
+///
+/// # Safety
+/// `p` is valid for 32 bytes.
+#[inline(always)]
+pub(super) unsafe fn stored_masks(p: *const u8) -> [u64; 4] {
+    // SAFETY: the caller's contract; unaligned read.
+    unsafe { (p as *const [u64; 4]).read_unaligned() }.map(u64::from_le)
+}
+
+impl Wide for Iq2Xs {
+    const MODE: Mode = Mode::Scaled;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block: 32 `qs` words and 8 scale bytes at their offsets.
+        unsafe {
+            let q = _mm512_loadu_si512(p.add(IQ2XS_QS) as *const __m512i);
+            let codes = IQ2XS_CODE_TABLE.lookup(_mm512_and_si512(q, _mm512_set1_epi16(511)));
+            let si = _mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16::<9>(q)));
+            let sb = _mm512_permutex2var_epi8(KSIGNS_LO.get(), si, KSIGNS_HI.get());
+            let neg = sign_masks(sb);
+            let w = core::array::from_fn(|c| negate(expand_iq2(codes, c), neg[c]));
+            let bits = (p.add(IQ2XS_SCALES) as *const u64).read_unaligned();
+            let sc = odd_scales(u64::from_le(bits), &NIBBLES16, 0x0f, &SCALES16);
+            Dec::new(
+                w,
+                sc,
+                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
+            )
+        }
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * v[0] as f32;
+    }
+}
+
+impl Wide for Iq2S {
+    const MODE: Mode = Mode::Scaled;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block: 64 `qs` bytes (indices, then signs), 8 `qh` and 8 scale
+        // bytes at their offsets.
+        unsafe {
+            let qs = _mm512_loadu_si512(p.add(IQ2S_QS) as *const __m512i);
+            let qh = _mm512_castsi128_si512(_mm_loadl_epi64(p.add(IQ2S_QH) as *const __m128i));
+            let idx = split_indices(qs, qh, &IQ2S_BYTES, &IQ2S_SHIFTS, 0x300);
+            let codes = IQ2S_CODE_TABLE.lookup(idx);
+            let neg = stored_masks(p.add(IQ2S_SIGNS));
+            let w = core::array::from_fn(|c| negate(expand_iq2(codes, c), neg[c]));
+            let bits = (p.add(IQ2S_SCALES) as *const u64).read_unaligned();
+            let sc = odd_scales(u64::from_le(bits), &NIBBLES16, 0x0f, &SCALES16);
+            Dec::new(
+                w,
+                sc,
+                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
+            )
+        }
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * v[0] as f32;
+    }
+}
+
+impl Wide for Iq3S {
+    const MODE: Mode = Mode::Scaled;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block: 64 `qs`, 8 `qh`, 32 sign and 4 scale bytes at their offsets.
+        unsafe {
+            let qs = _mm512_loadu_si512(p.add(IQ3S_QS) as *const __m512i);
+            let qh = _mm512_castsi128_si512(_mm_loadl_epi64(p.add(IQ3S_QH) as *const __m128i));
+            let codes: [__m512i; 2] = core::array::from_fn(|h| {
+                IQ3S_CODE_TABLE.lookup(split_indices(qs, qh, &IQ3S_BYTES[h], &IQ3S_SHIFTS, 0x100))
+            });
+            let neg = stored_masks(p.add(IQ3S_SIGNS));
+            let w = core::array::from_fn(|c| {
+                negate(expand_iq3(codes[c / 2], c, &IQ3S_FIELD_VALUES), neg[c])
+            });
+            let bits = (p.add(IQ3S_SCALES) as *const u32).read_unaligned();
+            let sc = odd_scales(u32::from_le(bits) as u64, &NIBBLES16, 0x0f, &SCALES32);
+            Dec::new(
+                w,
+                sc,
+                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
+            )
+        }
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * v[0] as f32;
+    }
+}
+
+impl Wide for Iq1M {
+    const MODE: Mode = Mode::ScaledTwo;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block (under 64 bytes): the masked load reads exactly its bytes.
+        unsafe {
+            let b = _mm512_maskz_loadu_epi8((1u64 << IQ1M_BYTES) - 1, p as *const i8);
+            // even chunks take qh bits 0..3 as index bits 8..11, odd chunks bits 4..7
+            let shifts = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+            let mut idx = [_mm512_setzero_si512(); 2];
+            for h in 0..2 {
+                let m = _mm512_permutexvar_epi8(IQ1M_IDX[h].get(), b);
+                let hi = _mm512_and_si512(_mm512_srlv_epi32(m, shifts), _mm512_set1_epi32(0x700));
+                let i = _mm512_or_si512(_mm512_and_si512(m, _mm512_set1_epi32(0xff)), hi);
+                idx[h] = i;
+            }
+            let g = iq1_points(idx);
+            let blk = &*(p as *const BlockIq1M);
+            let bits = (p.add(IQ1M_SCALES) as *const u64).read_unaligned();
+            let sc = odd_scales(u64::from_le(bits), &IQ1M_SCALE_SHIFTS, 0x07, &SCALES16);
+            let mut d = Dec::new(g, sc, f16_to_f32(blk.d_bits()));
+            d.w2 = core::array::from_fn(|c| {
+                let sh = _mm512_permutexvar_epi8(IQ1M_SHIFT_BYTES[c].get(), b);
+                let m = _mm512_test_epi8_mask(sh, IQ1M_SHIFT_BITS.get());
+                _mm512_mask_blend_epi8(m, _mm512_set1_epi8(1), _mm512_set1_epi8(-1))
+            });
+            d
+        }
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        *sumf += d.d[0] * xd[0] * (v[0] as f32 + IQ1_DELTA * v[1] as f32);
+    }
+}
+
+/// The four weight registers of 32 IQ4 `qs` bytes per register.
+///
+/// # Safety
+/// The CPU has the tier's features; `chunk(c)` gives register `c`'s 32 bytes in its low half.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+pub(super) fn iq4_decode(chunks: [__m512i; 4]) -> Dec {
+    let perm = IQ4_PERM.get();
+    let values = IQ4_VALUES.get();
+    let nib = _mm512_set1_epi8(0x0f);
+    let w = chunks.map(|q| {
+        let t = _mm512_permutexvar_epi8(perm, q);
+        let h = _mm512_srli_epi16::<4>(t);
+        let v = _mm512_mask_blend_epi8(0xffff_0000_ffff_0000, t, h);
+        _mm512_shuffle_epi8(values, _mm512_and_si512(v, nib))
+    });
+    Dec::new(w, [_mm512_setzero_si512(); 4], 0.0)
+}
+
+impl Wide for Iq4Xs {
+    const MODE: Mode = Mode::Groups;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block, with 128 `qs` bytes.
+        let chunks = core::array::from_fn(|c| unsafe {
+            _mm512_castsi256_si512(_mm256_loadu_si256(
+                p.add(IQ4XS_QS + 32 * c) as *const __m256i
+            ))
+        });
+        let mut d = iq4_decode(chunks);
+        // SAFETY: `p` is one block (alignment 1).
+        let b = unsafe { &*(p as *const Self::W) };
+        d.d[0] = f16_to_f32(u16::from_le_bytes(b.d));
+        // the eight 6-bit codes (`BlockIq4Xs::scale`): low nibble `g` of `scales_l` (bit 16 + 4g
+        // below) and bits 2g..2g+2 of `scales_h`, as `code - 32` in f32
+        let bits =
+            u16::from_le_bytes(b.scales_h) as u64 | (u32::from_le_bytes(b.scales_l) as u64) << 16;
+        let v = _mm_set1_epi64x(bits as i64);
+        let lo_at = _mm_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 44, 40, 36, 32, 28, 24, 20, 16);
+        let hi_at = _mm_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 14, 12, 10, 8, 6, 4, 2, 0);
+        let lo = _mm_and_si128(_mm_multishift_epi64_epi8(lo_at, v), _mm_set1_epi8(0x0f));
+        let hi = _mm_and_si128(_mm_multishift_epi64_epi8(hi_at, v), _mm_set1_epi8(3));
+        let code = _mm256_cvtepu8_epi32(_mm_or_si128(lo, _mm_slli_epi16::<4>(hi)));
+        let ls = _mm256_cvtepi32_ps(_mm256_sub_epi32(code, _mm256_set1_epi32(32)));
+        // SAFETY: `d.s` is 32 writable bytes; unaligned store.
+        unsafe { _mm256_storeu_ps(d.s.as_mut_ptr(), ls) };
+        d
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        // dl = d4d8 * (scale - 32) per group, then sumf += dl * sum, in group order
+        let d4d8 = d.d[0] * xd[0];
+        // SAFETY: reached only from this module's `#[target_feature]` functions (AVX present);
+        // `d.s` is 32 readable bytes.
+        let dl = unsafe { _mm256_mul_ps(_mm256_set1_ps(d4d8), _mm256_loadu_ps(d.s.as_ptr())) };
+        add_products(dl, v, sumf);
+    }
+}
+
+impl Wide for Iq4Nl {
+    const MODE: Mode = Mode::Groups;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is eight consecutive blocks, each with 16 `qs` bytes.
+        let chunks = core::array::from_fn(|c| unsafe {
+            let lo = _mm_loadu_si128(p.add(IQ4NL_BYTES * 2 * c + IQ4NL_QS) as *const __m128i);
+            let hi = _mm_loadu_si128(p.add(IQ4NL_BYTES * (2 * c + 1) + IQ4NL_QS) as *const __m128i);
+            _mm512_castsi256_si512(_mm256_set_m128i(hi, lo))
+        });
+        let mut d = iq4_decode(chunks);
+        // SAFETY: `p` is eight blocks (alignment 1).
+        let b = unsafe { core::slice::from_raw_parts(p as *const Self::W, 8) };
+        d.d = core::array::from_fn(|g| f16_to_f32(u16::from_le_bytes(b[g].d)));
+        d
+    }
+    #[inline(always)]
+    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
+        // per block `x.d * w.d`, then sumf += that * sum, in block order
+        // SAFETY: reached only from this module's `#[target_feature]` functions (AVX present);
+        // `xd` and `d.d` are 32 readable bytes each.
+        let dd =
+            unsafe { _mm256_mul_ps(_mm256_loadu_ps(xd.as_ptr()), _mm256_loadu_ps(d.d.as_ptr())) };
+        add_products(dd, v, sumf);
+    }
+}
