@@ -22,7 +22,7 @@ fn state() -> Arc<AppState> {
     let opts = SchedulerOptions {
         queue_capacity: 8,
         max_seqs: 2,
-        step_tokens: 64,
+        prefill_chunk: 64,
         n_ctx: 256,
     };
     let scheduler = Scheduler::spawn(MockEngine::new(2), text.clone(), opts).expect("scheduler");

@@ -8,7 +8,7 @@ use crate::arch::{StepCtx, Tok};
 use crate::error::ModelError;
 use crate::expert::ExpertBackend;
 use crate::hot::hot;
-use crate::kv::{KvCache, KvLayout, KvStats, KvType};
+use crate::kv::{Attached, DiskKey, DiskTier, KvCache, KvDiskOptions, KvLayout, KvStats, KvType};
 use crate::model::Model;
 use crate::moe::{dense_ffn, moe_combine, moe_route, RouteObserver, Routed};
 use crate::ops::{add_inplace, matmul, rms_norm};
@@ -87,6 +87,8 @@ pub struct Engine {
     next_id: u32,
     observer: Option<Arc<dyn RouteObserver>>,
     profile: StepProfile,
+    /// The prefix cache's disk tier, if any (kept to rebuild the cache with another type).
+    kv_disk: Option<KvDiskOptions>,
 }
 
 /// Wall time of the engine's steps by phase, summed since the engine started or since
@@ -133,7 +135,7 @@ impl Engine {
             opts.max_seq_len = model.config().n_ctx_train;
         }
         let rope = Rope::new(&model.config().rope);
-        let kv = new_cache(&model, &opts, KvType::F32);
+        let kv = new_cache(&model, &opts, KvType::F32, None)?;
         Ok(Engine {
             model,
             backend,
@@ -145,6 +147,7 @@ impl Engine {
             next_id: 0,
             observer: None,
             profile: StepProfile::default(),
+            kv_disk: None,
         })
     }
 
@@ -180,7 +183,22 @@ impl Engine {
                 "expected no live sequences when changing the kv type, found some".into(),
             ));
         }
-        self.kv = new_cache(&self.model, &self.opts, ty);
+        self.kv = new_cache(&self.model, &self.opts, ty, self.kv_disk.as_ref())?;
+        Ok(())
+    }
+
+    /// Gives the prefix cache a disk tier in `o.dir` (see `kv::disk`): full blocks are also
+    /// written there and read back on a hit, across restarts. Only before the first sequence
+    /// is added; the prefixes cached in memory are dropped.
+    pub fn set_kv_disk(&mut self, o: Option<KvDiskOptions>) -> Result<(), ModelError> {
+        if self.kv.live() > 0 {
+            return Err(ModelError::Batch(
+                "expected no live sequences when changing the kv disk tier, found some".into(),
+            ));
+        }
+        let kv = new_cache(&self.model, &self.opts, self.kv.kv_type(), o.as_ref())?;
+        self.kv = kv;
+        self.kv_disk = o;
         Ok(())
     }
 
@@ -246,6 +264,17 @@ impl Engine {
         }
         let (slot, cached) = self.kv.admit(prompt, max_len, reuse)?;
         Ok((self.issue(slot), cached))
+    }
+
+    /// Before feeding `s` the next chunk of its prompt: it takes the blocks of its prompt that
+    /// other sequences computed since it was admitted, and learns whether its next block is
+    /// still being computed by another sequence (then it should wait, computing nothing). See
+    /// `kv::share`. Feed it `prompt[len..]` afterwards.
+    pub fn attach(&mut self, s: SeqId) -> Result<Attached, ModelError> {
+        let slot = self
+            .slot_of(s)
+            .ok_or_else(|| ModelError::Batch(format!("unknown sequence {}", s.0)))?;
+        Ok(self.kv.attach(slot))
     }
 
     /// A new sequence continuing from everything `s` holds, sharing its blocks (the partly
@@ -599,17 +628,36 @@ impl Engine {
     }
 }
 
-/// The cache an engine with `opts` starts with: the budget in whole blocks (at least one).
-fn new_cache(model: &Model, opts: &EngineOptions, ty: KvType) -> KvCache {
+/// The cache an engine with `opts` starts with: the budget in whole blocks (at least one), and
+/// the disk tier `disk` (with the prefix cache on).
+fn new_cache(
+    model: &Model,
+    opts: &EngineOptions,
+    ty: KvType,
+    disk: Option<&KvDiskOptions>,
+) -> Result<KvCache, ModelError> {
     let layout = KvLayout::for_model(model.config());
     let blocks = layout.blocks_for(opts.kv_budget_tokens).max(1);
-    KvCache::new(
+    let mut kv = KvCache::new(
         layout,
         ty,
         blocks,
         model.gguf().fingerprint(),
         opts.prefix_cache,
-    )
+    );
+    if let Some(o) = disk.filter(|_| opts.prefix_cache) {
+        let key = DiskKey {
+            model: model.gguf().weights_fingerprint(),
+            ty,
+            layout,
+        };
+        let tier = DiskTier::open(o, key).map_err(|e| ModelError::KvDisk {
+            dir: o.dir.clone(),
+            source: e,
+        })?;
+        kv.set_disk(tier)?;
+    }
+    Ok(kv)
 }
 
 /// A MoE layer's shared expert: its input rows (run at the sum), or its output, computed while

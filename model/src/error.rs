@@ -34,6 +34,12 @@ pub enum ModelError {
     /// The KV budget or the context length would be exceeded.
     #[error("kv cache full: {0}")]
     KvFull(String),
+    /// The KV cache's disk tier directory could not be opened.
+    #[error("kv cache dir {}: {source}", dir.display())]
+    KvDisk {
+        dir: std::path::PathBuf,
+        source: std::io::Error,
+    },
     /// The thread pool could not be built.
     #[error("thread pool: {0}")]
     Pool(String),

@@ -34,7 +34,7 @@ pub use error::{ExpertError, ModelError};
 pub use expert::{
     expert_ffn, ActRows, ExpertBackend, ExpertPair, ExpertWeights, LocalExperts, PostedExperts,
 };
-pub use kv::{KvLayout, KvStats, KvType};
+pub use kv::{Attached, KvLayout, KvStats, KvType};
 pub use model::{LoadOptions, Model};
 pub use moe::RouteObserver;
 pub use sampler::{Sampler, SamplerParams};

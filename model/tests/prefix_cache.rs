@@ -1,7 +1,9 @@
 //! The paged KV cache and its prefix cache on the fixture models: a request that starts from
 //! cached blocks (another request's prompt, a running sequence's, a whole prompt's, a fork)
 //! gives the logits of the same request computed cold, bit for bit, with F32 and F16 caches on
-//! qwen3moe, deepseek2 and the dense qwen3 and llama; the budget is kept in blocks.
+//! qwen3moe, deepseek2 and the dense qwen3 and llama; the budget is kept in blocks. Prompts
+//! admitted together share the blocks the first of them computes (the others wait, then take
+//! them), with the same bits.
 
 use nightshift_model::{Engine, EngineOptions, KvType, LocalExperts, Model, ModelError, SeqId};
 use std::sync::Arc;
@@ -181,4 +183,76 @@ fn admission_waits_for_blocks_and_steps_never_run_out() {
     let st = e.kv_stats();
     assert_eq!(st.capacity_blocks, 4);
     assert_eq!(st.used_blocks, 1);
+}
+
+#[test]
+fn prompts_admitted_together_share_the_blocks_the_first_computes() {
+    for name in MODELS {
+        let m = model(name);
+        let vocab = m.config().n_vocab;
+        for ty in [KvType::F32, KvType::F16] {
+            let what = format!("{name} {ty:?}");
+            // 40 shared tokens (2 full blocks + 8), then each prompt's own
+            let shared = tokens(40, 21, vocab);
+            let mut pa = shared.clone();
+            pa.extend(tokens(7, 22, vocab));
+            let mut pb = shared.clone();
+            pb.extend(tokens(9, 23, vocab));
+            let want = cold(&m, ty, &pb);
+            let mut e = engine(&m, ty, true);
+            let (a, ca) = e.admit(&pa, pa.len() + 8, true).expect("admit a");
+            let (b, cb) = e.admit(&pb, pb.len() + 8, true).expect("admit b");
+            assert_eq!((ca, cb), (0, 0), "{what}: nothing is cached yet");
+            let reserved = e.kv_stats().reserved_blocks;
+            let at = e.attach(b).expect("attach");
+            assert_eq!((at.len, at.wait), (0, true), "{what}: a computes block 0");
+            assert!(!e.attach(a).expect("attach").wait, "{what}: a never waits");
+            e.prefill(a, &pa[..20]).expect("a's first chunk");
+            let at = e.attach(b).expect("attach");
+            assert_eq!(
+                (at.len, at.taken, at.wait),
+                (16, 16, true),
+                "{what}: block 0 taken"
+            );
+            e.prefill(a, &pa[20..]).expect("a's rest");
+            let at = e.attach(b).expect("attach");
+            assert_eq!(
+                (at.len, at.taken, at.wait),
+                (32, 16, false),
+                "{what}: block 1 taken, block 2 is b's own"
+            );
+            let st = e.kv_stats();
+            assert_eq!(st.attached_tokens, 32, "{what}: attached positions counted");
+            assert_eq!(
+                st.reserved_blocks,
+                reserved - 3 - 2,
+                "{what}: a took 3 of its promised blocks, b needs the 2 it shares no more"
+            );
+            same_bits(&finish(&mut e, b, &pb, 32), &want, &what);
+            // a claimant that leaves before computing: its waiters compute for themselves
+            let mut pc = shared.clone();
+            pc.extend(tokens(5, 24, vocab));
+            let fresh = tokens(40, 25, vocab);
+            let mut pd = fresh.clone();
+            pd.extend(tokens(3, 26, vocab));
+            let mut pe = fresh;
+            pe.extend(tokens(4, 27, vocab));
+            let (d, _) = e.admit(&pd, pd.len() + 8, true).expect("admit d");
+            let (f, _) = e.admit(&pe, pe.len() + 8, true).expect("admit e");
+            assert!(e.attach(f).expect("attach").wait, "{what}: d computes");
+            e.remove_sequence(d);
+            assert!(!e.attach(f).expect("attach").wait, "{what}: d left");
+            let (c, cc) = e.admit(&pc, pc.len() + 8, true).expect("admit c");
+            assert_eq!(cc, 32, "{what}: the shared blocks are cached now");
+            e.remove_sequence(c);
+            e.remove_sequence(f);
+            e.remove_sequence(a);
+            e.remove_sequence(b);
+            assert_eq!(
+                e.kv_stats().pending_blocks,
+                0,
+                "{what}: no claim outlives its sequence"
+            );
+        }
+    }
 }

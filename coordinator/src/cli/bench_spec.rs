@@ -85,6 +85,7 @@ impl Bench {
             max_seq_len: 0,
             kv_type: nightshift_model::KvType::F32,
             prefix_cache: false,
+            kv_disk: None,
         };
         let backend = Arc::new(nightshift_model::LocalExperts::new(
             self.model.clone(),
@@ -101,7 +102,7 @@ impl Bench {
         let opts = SchedulerOptions {
             queue_capacity: jobs.len().max(1),
             max_seqs: jobs.len().max(1),
-            step_tokens: 512,
+            prefill_chunk: 512,
             n_ctx,
         };
         let s = Scheduler::spawn_speculative(engine, self.text.clone(), opts, spec)?;

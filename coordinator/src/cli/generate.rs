@@ -93,6 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             nightshift_model::KvType::F32
         },
         prefix_cache: false,
+        kv_disk: None,
     };
     let spec = args.spec.build(Some(&model), Some(pool.clone()))?;
     let text: Arc<dyn TextModel> =
@@ -102,7 +103,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = SchedulerOptions {
         queue_capacity: 1,
         max_seqs: 1,
-        step_tokens: ids.len(),
+        prefill_chunk: ids.len(),
         n_ctx,
     };
     let scheduler = Scheduler::spawn_speculative(engine, text, opts, spec)

@@ -73,9 +73,21 @@ pub struct Args {
     /// Turn automatic prefix caching off (every prompt is computed from its first token).
     #[arg(long)]
     pub no_prefix_cache: bool,
-    /// Tokens per engine step (decode tokens + prefill chunks).
-    #[arg(long, default_value_t = 256)]
-    pub step_tokens: usize,
+    /// Keep the prefix cache's full blocks on disk in this directory too (written once in the
+    /// background, read back on a hit): prefixes evicted from memory, or cached before a
+    /// restart, are not computed again. Files are checked (model, cache type, layout,
+    /// checksum); bad ones are skipped with a warning.
+    #[arg(long)]
+    pub kv_cache_dir: Option<PathBuf>,
+    /// Most bytes of block files in --kv-cache-dir (`GiB`: 8, 8GiB, 512MiB); the least
+    /// recently used are deleted first.
+    #[arg(long, default_value = "8GiB", value_parser = parse_size)]
+    pub kv_cache_dir_max: u64,
+    /// Prompt tokens computed per engine step, over all prefilling sequences (decode tokens
+    /// ride on top): a long prompt is prefilled in chunks of this size, so running decodes
+    /// keep producing a token every step. `--step-tokens` is an alias.
+    #[arg(long, alias = "step-tokens", default_value_t = 256)]
+    pub prefill_chunk: usize,
     /// Non-streaming requests fail with 504 after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub request_timeout: u64,
@@ -135,6 +147,13 @@ fn parse_kv_memory(s: &str) -> Result<KvMemory, String> {
             Err(format!("expected a share between 0 and 100%, found {s:?}"))
         };
     }
+    parse_size(t).map(KvMemory::Bytes).map_err(|_| bad())
+}
+
+/// A size in bytes: `GiB` by default (`8`, `8GiB`, `1.5g`) or `MiB` (`512MiB`).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let bad = || format!("expected a size in GiB (8, 8GiB) or MiB (512MiB), found {s:?}");
     let lower = t.to_ascii_lowercase();
     let (num, unit) = match lower.find(|c: char| c.is_ascii_alphabetic()) {
         Some(i) => lower.split_at(i),
@@ -147,7 +166,7 @@ fn parse_kv_memory(s: &str) -> Result<KvMemory, String> {
     };
     let v: f64 = num.trim().parse().map_err(|_| bad())?;
     if v.is_finite() && v > 0.0 {
-        Ok(KvMemory::Bytes((v * scale) as u64))
+        Ok((v * scale) as u64)
     } else {
         Err(bad())
     }
@@ -184,7 +203,15 @@ fn kv_budget(args: &Args, layout: nightshift_model::KvLayout, n_ctx: usize) -> (
         blocks * layout.block,
         per_token,
         args.kv_type.name(),
-        if args.no_prefix_cache { "off" } else { "on" }
+        match (&args.kv_cache_dir, args.no_prefix_cache) {
+            (_, true) => "off".to_string(),
+            (None, false) => "on".to_string(),
+            (Some(d), false) => format!(
+                "on, disk tier {} (at most {:.2} GiB)",
+                d.display(),
+                args.kv_cache_dir_max as f64 / (1u64 << 30) as f64
+            ),
+        }
     );
     (tokens, line)
 }
@@ -296,6 +323,13 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
         max_seq_len: n_ctx,
         kv_type: args.kv_type,
         prefix_cache: !args.no_prefix_cache,
+        kv_disk: args
+            .kv_cache_dir
+            .as_ref()
+            .map(|dir| nightshift_model::kv::KvDiskOptions {
+                dir: dir.clone(),
+                max_bytes: args.kv_cache_dir_max,
+            }),
     };
     let fingerprint = format!("fp_{:016x}", model.gguf().fingerprint());
     let pool = nightshift_model::build_pool(limits.threads).context("building the thread pool")?;
@@ -391,8 +425,8 @@ fn load_text(
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<()> {
     init_tracing();
-    if args.max_seqs == 0 || args.ctx == 0 || args.queue == 0 || args.step_tokens == 0 {
-        bail!("--max-seqs, --ctx, --queue and --step-tokens must be at least 1");
+    if args.max_seqs == 0 || args.ctx == 0 || args.queue == 0 || args.prefill_chunk == 0 {
+        bail!("--max-seqs, --ctx, --queue and --prefill-chunk must be at least 1");
     }
     if args.header_timeout == 0 || args.max_connections == 0 {
         bail!("--header-timeout and --max-connections must be at least 1");
@@ -420,7 +454,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = SchedulerOptions {
         queue_capacity: args.queue,
         max_seqs: args.max_seqs,
-        step_tokens: args.step_tokens,
+        prefill_chunk: args.prefill_chunk,
         n_ctx: loaded.n_ctx,
     };
     // The recorder first: the engine thread registers its series as it starts.

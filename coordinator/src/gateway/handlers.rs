@@ -416,6 +416,16 @@ pub async fn admin_kv(State(st): State<Arc<AppState>>) -> Json<serde_json::Value
             "hit_tokens": kv.hit_tokens,
             "hit_rate": hit_rate,
             "evictions": kv.evictions,
+            "attached_tokens": kv.attached_tokens,
+            "pending_blocks": kv.pending_blocks,
+        },
+        "disk": {
+            "files": kv.disk.files,
+            "bytes": kv.disk.bytes,
+            "written_blocks": kv.disk.written,
+            "loaded_blocks": kv.disk.loaded,
+            "rejected_files": kv.disk.rejected,
+            "removed_files": kv.disk.removed,
         },
     }))
 }

@@ -83,7 +83,7 @@ async fn start(o: Opts) -> Server {
     let opts = SchedulerOptions {
         queue_capacity: o.queue,
         max_seqs: o.max_seqs,
-        step_tokens: 64,
+        prefill_chunk: 64,
         n_ctx: o.n_ctx,
     };
     let spec = o.spec.then(|| {

@@ -4,7 +4,7 @@
 //! the HTTP handlers). The adapters over `nightshift_model` live in `model_backend.rs`;
 //! `mock.rs` has a deterministic stand-in used by the tests.
 
-pub use nightshift_model::{BatchToken, KvStats, SeqId};
+pub use nightshift_model::{Attached, BatchToken, KvStats, SeqId};
 
 /// A sequence the engine admitted, and how much of its prompt it already holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +45,10 @@ pub trait StepEngine: Send + 'static {
         reuse: bool,
     ) -> Result<Admitted, AdmitError>;
     fn remove_sequence(&mut self, seq: SeqId);
+    /// Before a prefill chunk of `seq`: it takes the blocks of its prompt other sequences
+    /// computed since its admission, and `wait` says its next block is still being computed by
+    /// another sequence (feed it nothing this step).
+    fn attach(&mut self, seq: SeqId) -> Result<Attached, StepError>;
     /// One step; returns one row of logits per token with `want_logits`, in batch order.
     fn forward(&mut self, batch: &[BatchToken]) -> Result<Vec<Vec<f32>>, StepError>;
     /// A verification step: like `forward`, where the last `n` tokens of each `(seq, n)` of

@@ -41,8 +41,11 @@ struct Seq {
     n_prompt: usize,
     /// Tokens already in the KV cache.
     n_past: usize,
-    /// Prompt tokens found in the prefix cache at admission.
+    /// Prompt tokens found in the prefix cache (at admission, or computed by another sequence
+    /// while this one waited: `StepEngine::attach`).
     cached: usize,
+    /// Its next prompt block is being computed by another sequence: no prefill this step.
+    waits: bool,
     sampler: Sampler,
     /// The grammar the output follows, if any (taken out of the request).
     constraint: Option<SeqConstraint>,
@@ -196,6 +199,7 @@ impl<E: StepEngine> Loop<E> {
                         n_prompt,
                         n_past: cached,
                         cached,
+                        waits: false,
                         sampler,
                         constraint,
                         text,
@@ -241,11 +245,18 @@ impl<E: StepEngine> Loop<E> {
         metrics::counter!("nightshift_prefix_cache_lookup_tokens_total").absolute(kv.lookup_tokens);
         metrics::counter!("nightshift_prefix_cache_hit_tokens_total").absolute(kv.hit_tokens);
         metrics::counter!("nightshift_kv_evictions_total").absolute(kv.evictions);
+        metrics::counter!("nightshift_prefix_cache_attached_tokens_total")
+            .absolute(kv.attached_tokens);
+        metrics::counter!("nightshift_kv_disk_loaded_blocks_total").absolute(kv.disk.loaded);
+        metrics::counter!("nightshift_kv_disk_written_blocks_total").absolute(kv.disk.written);
+        metrics::counter!("nightshift_kv_disk_rejected_files_total").absolute(kv.disk.rejected);
+        metrics::gauge!("nightshift_kv_disk_bytes").set(kv.disk.bytes as f64);
         *self.stats.kv.lock().unwrap_or_else(|p| p.into_inner()) = kv;
     }
 
-    /// Builds one batch: a decode token per generating sequence, then prefill chunks (FIFO)
-    /// within the token budget. Returns the batch and, per row of logits, the sequence index.
+    /// Builds one batch: a decode token per generating sequence, then prefill chunks (FIFO,
+    /// skipping sequences that wait for a shared block) within the `prefill_chunk` budget.
+    /// Returns the batch and, per row of logits, the sequence index.
     /// `drafts[i]` are the draft tokens of running sequence `i`, rows right after its decode
     /// token, each with logits.
     fn build_batch(&self, drafts: &[Vec<u32>]) -> (Vec<BatchToken>, Vec<usize>, usize) {
@@ -269,17 +280,15 @@ impl<E: StepEngine> Loop<E> {
                 n_decode += 1;
             }
         }
-        let n_rows = batch.len();
-        let mut budget = self.opts.step_tokens.saturating_sub(n_rows);
+        let mut budget = self.opts.prefill_chunk.max(1);
         // Prefill in admission order (running is in admission order except after swap_remove;
         // ordering by enqueue time keeps FIFO).
         let mut pre: Vec<usize> = (0..self.running.len())
-            .filter(|&i| self.running[i].n_past < self.running[i].n_prompt)
+            .filter(|&i| {
+                self.running[i].n_past < self.running[i].n_prompt && !self.running[i].waits
+            })
             .collect();
         pre.sort_by_key(|&i| self.running[i].req.enqueued);
-        if n_rows == 0 && budget == 0 {
-            budget = 1;
-        }
         for i in pre {
             if budget == 0 {
                 break;
@@ -321,7 +330,7 @@ impl<E: StepEngine> Loop<E> {
             .iter()
             .map(|s| s.n_prompt.saturating_sub(s.n_past))
             .sum();
-        let base = decoding + pending.min(self.opts.step_tokens.saturating_sub(decoding));
+        let base = decoding + pending.min(self.opts.prefill_chunk);
         let mut asks: Vec<Ask> = Vec::new();
         for (index, s) in self.running.iter_mut().enumerate() {
             if s.n_past < s.n_prompt {
@@ -350,7 +359,47 @@ impl<E: StepEngine> Loop<E> {
         out
     }
 
+    /// Before building a batch: every sequence still prefilling takes the prompt blocks other
+    /// sequences computed since (never computing a shared block twice), and waits while its
+    /// next block is being computed by another one.
+    fn attach_shared(&mut self) {
+        for s in self.running.iter_mut() {
+            s.waits = false;
+            if s.n_past >= s.n_prompt || !s.req.cache_prompt {
+                continue;
+            }
+            match self.engine.attach(s.handle) {
+                Ok(a) => {
+                    if a.taken > 0 {
+                        tracing::debug!(request_id = %s.req.id, taken = a.taken, at = a.len, "took prompt blocks computed by another sequence");
+                    }
+                    // the engine never takes the last prompt position
+                    if a.len < s.n_prompt && a.len >= s.n_past {
+                        s.cached += a.len - s.n_past;
+                        s.n_past = a.len;
+                    }
+                    s.waits = a.wait;
+                }
+                Err(e) => {
+                    tracing::warn!(request_id = %s.req.id, message = %e.message, "could not look for shared prompt blocks");
+                }
+            }
+        }
+        // a wait always ends (the sequence computing the block runs), but never let a step
+        // go empty on it: with nothing else to run, the oldest waiter computes
+        let idle = self
+            .running
+            .iter()
+            .all(|s| s.n_past < s.n_prompt && s.waits);
+        if idle {
+            if let Some(s) = self.running.iter_mut().min_by_key(|s| s.req.enqueued) {
+                s.waits = false;
+            }
+        }
+    }
+
     fn step(&mut self) {
+        self.attach_shared();
         let drafts = self.plan_drafts();
         let (batch, owners, n_decode) = self.build_batch(&drafts);
         if batch.is_empty() {

@@ -9,7 +9,8 @@
 //! either way.
 
 use super::backend::{
-    AdmitError, Admitted, BatchToken, ChatPrompt, KvStats, SeqId, StepEngine, StepError, TextModel,
+    AdmitError, Admitted, Attached, BatchToken, ChatPrompt, KvStats, SeqId, StepEngine, StepError,
+    TextModel,
 };
 use nightshift_model::constrain::ConstraintVocab;
 use nightshift_model::toolcall::ToolFormat;
@@ -98,6 +99,9 @@ struct MockSeq {
     hash: u64,
     tokens: Vec<u32>,
     max_len: usize,
+    /// The prompt, and whether it may start from (and attach to) cached prefixes.
+    prompt: Vec<u32>,
+    reuse: bool,
 }
 
 pub struct MockEngine {
@@ -125,6 +129,8 @@ pub struct MockEngine {
     pub eos: bool,
     /// Truncations that dropped positions (rejected drafts; shared for tests).
     pub truncations: Arc<AtomicUsize>,
+    /// When set, every batch run is appended, in order (for tests: what each step computed).
+    pub batches: Option<Arc<std::sync::Mutex<Vec<Vec<BatchToken>>>>>,
 }
 
 impl MockEngine {
@@ -146,6 +152,7 @@ impl MockEngine {
             step_delay: std::time::Duration::ZERO,
             eos: true,
             truncations: Arc::new(AtomicUsize::new(0)),
+            batches: None,
         }
     }
 
@@ -191,6 +198,8 @@ impl StepEngine for MockEngine {
         }
         let mut seq = MockSeq {
             max_len,
+            prompt: prompt.to_vec(),
+            reuse: self.prefix && reuse,
             ..MockSeq::default()
         };
         if self.prefix && reuse {
@@ -221,8 +230,54 @@ impl StepEngine for MockEngine {
             self.live.fetch_sub(1, Ordering::SeqCst);
         }
     }
+    fn attach(&mut self, seq: SeqId) -> Result<Attached, StepError> {
+        let s = self.seqs.get(&seq).ok_or_else(|| StepError {
+            unavailable: false,
+            message: format!("unknown sequence {}", seq.0),
+        })?;
+        let start = s.tokens.len();
+        let mut len = start;
+        let mut wait = false;
+        if s.reuse && len % BLOCK == 0 && s.next_pos as usize == len {
+            // whole blocks, never the last prompt position
+            while len + BLOCK < s.prompt.len() {
+                let end = len + BLOCK;
+                if self.cache.contains_key(&s.prompt[..end]) {
+                    len = end;
+                    continue;
+                }
+                // an earlier sequence sharing the block that has not computed it yet
+                wait = self.seqs.iter().any(|(&id, o)| {
+                    id < seq
+                        && o.prompt.len() >= end
+                        && o.prompt[..end] == s.prompt[..end]
+                        && (o.next_pos as usize) < end
+                });
+                break;
+            }
+        }
+        if len > start {
+            let hash = self.cache[&self.seqs[&seq].prompt[..len]];
+            let s = self.seqs.get_mut(&seq).expect("looked up above");
+            s.hash = hash;
+            s.tokens = s.prompt[..len].to_vec();
+            s.next_pos = len as u32;
+            self.stats.hit_tokens += (len - start) as u64;
+            self.stats.attached_tokens += (len - start) as u64;
+        }
+        Ok(Attached {
+            len,
+            taken: len - start,
+            wait,
+        })
+    }
     fn forward(&mut self, batch: &[BatchToken]) -> Result<Vec<Vec<f32>>, StepError> {
         self.max_batch.fetch_max(batch.len(), Ordering::SeqCst);
+        if let Some(log) = &self.batches {
+            log.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(batch.to_vec());
+        }
         if !self.step_delay.is_zero() {
             std::thread::sleep(self.step_delay);
         }

@@ -1,7 +1,7 @@
 //! Continuous batching. One engine thread owns the `StepEngine`; HTTP handlers submit
 //! `GenRequest`s on a bounded channel (full = HTTP 429) and read `Event`s from their own
 //! unbounded channel. Every step the thread builds ONE batch holding the next decode token of
-//! every running sequence plus chunks of pending prefills (up to a token budget), runs
+//! every running sequence plus chunks of pending prefills (up to `prefill_chunk` prompt tokens), runs
 //! `forward` once, samples per sequence and streams the text. Admission is FIFO and bounded by
 //! `max_seqs` and the engine's KV blocks (a new sequence starts from its prompt's longest cached
 //! prefix and prefills only the rest); a dropped receiver cancels the sequence and frees its KV.
@@ -14,6 +14,8 @@ pub mod model_text;
 pub mod spec;
 #[cfg(test)]
 mod spec_tests;
+#[cfg(test)]
+mod step_tests;
 mod text;
 
 #[allow(unused_imports)] // the model adapter uses them
@@ -116,8 +118,9 @@ pub struct SchedulerOptions {
     pub queue_capacity: usize,
     /// Sequences running at once.
     pub max_seqs: usize,
-    /// Tokens per engine step (decode tokens + prefill chunks).
-    pub step_tokens: usize,
+    /// Prompt tokens per engine step (over all prefilling sequences; decode tokens and drafts
+    /// ride on top), so one long prompt is prefilled in chunks between running decodes.
+    pub prefill_chunk: usize,
     /// Context length of a sequence (prompt + generated).
     pub n_ctx: usize,
 }
@@ -127,7 +130,7 @@ impl Default for SchedulerOptions {
         SchedulerOptions {
             queue_capacity: 64,
             max_seqs: 8,
-            step_tokens: 256,
+            prefill_chunk: 256,
             n_ctx: 4096,
         }
     }

@@ -5,8 +5,8 @@
 
 use super::backend::{AdmitError, Admitted, StepEngine, StepError};
 use nightshift_model::{
-    BatchToken, Engine, EngineOptions, ExpertBackend, ExpertError, KvStats, KvType, Model,
-    ModelError, SeqId,
+    Attached, BatchToken, Engine, EngineOptions, ExpertBackend, ExpertError, KvStats, KvType,
+    Model, ModelError, SeqId,
 };
 use std::sync::Arc;
 
@@ -45,6 +45,10 @@ impl StepEngine for EngineStep {
 
     fn remove_sequence(&mut self, seq: SeqId) {
         self.engine.remove_sequence(seq);
+    }
+
+    fn attach(&mut self, seq: SeqId) -> Result<Attached, StepError> {
+        self.engine.attach(seq).map_err(step_error)
     }
 
     fn forward(&mut self, batch: &[BatchToken]) -> Result<Vec<Vec<f32>>, StepError> {
@@ -87,6 +91,8 @@ pub struct EngineLimits {
     pub max_seq_len: usize,
     pub kv_type: KvType,
     pub prefix_cache: bool,
+    /// The prefix cache's disk tier (`--kv-cache-dir`), if any.
+    pub kv_disk: Option<nightshift_model::kv::KvDiskOptions>,
 }
 
 /// Builds an engine over any expert backend (in process or remote nodes).
@@ -106,5 +112,6 @@ pub fn engine_with(
     };
     let mut engine = Engine::new(model, backend, opts)?;
     engine.set_kv_type(lim.kv_type)?;
+    engine.set_kv_disk(lim.kv_disk.clone())?;
     Ok(EngineStep::new(engine))
 }

@@ -96,7 +96,7 @@ fn run(reqs: &[Req], spec: Option<Speculator>, max_seqs: usize) -> (Vec<Out>, us
     let opts = SchedulerOptions {
         queue_capacity: 16,
         max_seqs,
-        step_tokens: 64,
+        prefill_chunk: 64,
         n_ctx: 512,
     };
     let s = Scheduler::spawn_speculative(engine, Arc::new(MockText), opts, spec).expect("spawn");

@@ -266,6 +266,25 @@ impl Gguf {
         self.fingerprint
     }
 
+    /// [`Gguf::fingerprint`] strengthened with the weights: every file's length and 16 pieces
+    /// of 4 KiB spread over its tensor data (a few pages read). Files kept across restarts (the
+    /// KV cache's disk tier) use it, so regenerated weights behind the same metadata are told
+    /// apart.
+    pub fn weights_fingerprint(&self) -> u64 {
+        let mut h = fnv1a(self.fingerprint, b"weights");
+        for s in &self.shards {
+            h = fnv1a(h, &(s.map.len() as u64).to_le_bytes());
+            let start = (s.data_start as usize).min(s.map.len());
+            let span = s.map.len() - start;
+            for i in 0..16 {
+                let at = start + span / 16 * i;
+                let end = (at + 4096).min(s.map.len());
+                h = fnv1a(h, &s.map[at..end]);
+            }
+        }
+        h
+    }
+
     /// Whether every file is still as long as when it was mapped: a file truncated (or
     /// rewritten in place) under the map faults on the next read of a lost page. Cheap (one
     /// fstat per file); servers poll it to stop cleanly before a request touches such a page.

@@ -15,14 +15,19 @@
 //! Admission reserves blocks: [`KvCache::admit`] promises a sequence every block it may need up
 //! to its maximum length, so a step of admitted sequences never runs out of blocks.
 
+pub mod disk;
 pub mod pool;
+mod share;
 
+pub use disk::{DiskCounters, DiskKey, DiskTier, KvDiskOptions};
 pub use pool::{BlockId, BlockPool, PoolCounters, Rows};
+pub use share::Attached;
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::gguf::fnv1a;
 use nightshift_kernels::formats::f16_to_f32;
+use std::collections::HashMap;
 
 /// Element type of the cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -116,6 +121,12 @@ pub struct SeqKv {
     /// Trailing positions written by the last step as drafts, not verified yet: the blocks
     /// holding them are not entered in the prefix index until [`KvCache::truncate`] settles them.
     unverified: usize,
+    /// The whole prompt while blocks of it may still be found computed by another sequence
+    /// ([`KvCache::attach`]); empty when the sequence does not reuse prefixes.
+    prompt: Vec<u32>,
+    /// Chain hashes of prompt blocks this sequence claimed as pending (it computes them; other
+    /// sequences wait for them instead of computing them again).
+    claims: Vec<u64>,
 }
 
 /// What the pool looks like now (for metrics and the admin endpoint).
@@ -147,6 +158,13 @@ pub struct KvStats {
     pub hit_tokens: u64,
     /// Cached blocks evicted to make room.
     pub evictions: u64,
+    /// Prompt positions a running sequence took from blocks another sequence computed after
+    /// it was admitted (in-flight prefix sharing; also counted in `hit_tokens`).
+    pub attached_tokens: u64,
+    /// Prompt blocks claimed by a live sequence and not computed yet.
+    pub pending_blocks: usize,
+    /// The disk tier (`--kv-cache-dir`), all zero without one.
+    pub disk: DiskCounters,
 }
 
 /// Blocks taken by one `prepare` for one sequence, so a failed step can give them back.
@@ -174,6 +192,11 @@ pub struct KvCache {
     lookups: u64,
     lookup_tokens: u64,
     hit_tokens: u64,
+    /// Pending prompt blocks: chain hash -> slot of the live sequence that will compute it.
+    pending: HashMap<u64, usize>,
+    attached_tokens: u64,
+    /// Where registered blocks are also written, and read back from on a miss.
+    disk: Option<DiskTier>,
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -210,6 +233,9 @@ impl KvCache {
             lookups: 0,
             lookup_tokens: 0,
             hit_tokens: 0,
+            pending: HashMap::new(),
+            attached_tokens: 0,
+            disk: None,
         }
     }
 
@@ -264,6 +290,9 @@ impl KvCache {
             lookup_tokens: self.lookup_tokens,
             hit_tokens: self.hit_tokens,
             evictions: self.pool.counters().evictions,
+            attached_tokens: self.attached_tokens,
+            pending_blocks: self.pending.len(),
+            disk: self.disk.as_ref().map(|d| d.counters()).unwrap_or_default(),
         }
     }
 
@@ -291,6 +320,8 @@ impl KvCache {
             reserved: 0,
             promised_total: 0,
             unverified: 0,
+            prompt: Vec::new(),
+            claims: Vec::new(),
         })
     }
 
@@ -309,6 +340,9 @@ impl KvCache {
         let mut hits = Vec::new();
         let mut chain = Vec::new();
         let lookup = self.prefix && reuse;
+        if lookup {
+            self.fetch_from_disk(prompt);
+        }
         if lookup && !prompt.is_empty() {
             let mut parent = self.root;
             for toks in prompt.chunks_exact(l.block) {
@@ -356,7 +390,12 @@ impl KvCache {
             reserved: need,
             promised_total,
             unverified: 0,
+            prompt: if lookup { prompt.to_vec() } else { Vec::new() },
+            claims: Vec::new(),
         });
+        if self.prefix {
+            self.claim(slot, prompt);
+        }
         Ok((slot, cached))
     }
 
@@ -372,6 +411,8 @@ impl KvCache {
             reserved: 0,
             promised_total: 0,
             unverified: s.unverified,
+            prompt: Vec::new(),
+            claims: Vec::new(),
         };
         for &b in &copy.blocks {
             self.pool.retain(b);
@@ -389,6 +430,7 @@ impl KvCache {
             self.pool.release(b);
         }
         self.promised = self.promised.saturating_sub(s.reserved);
+        self.unclaim(slot, &s.claims);
     }
 
     /// Makes every block that positions `len..end` of each `(slot, end)` fall in present and
@@ -546,8 +588,15 @@ impl KvCache {
             let parent = if i == 0 { self.root } else { s.chain[i - 1] };
             let toks = &s.tokens[i * l.block..(i + 1) * l.block];
             let h = block_hash(parent, toks);
-            self.pool.register(s.blocks[i], h, parent, toks);
+            if self.pool.register(s.blocks[i], h, parent, toks) {
+                if let Some(d) = self.disk.as_mut() {
+                    d.store(h, parent, toks, &self.pool.block_bytes(s.blocks[i]));
+                }
+            }
             s.chain.push(h);
+            if self.pending.get(&h) == Some(&slot) {
+                self.pending.remove(&h);
+            }
         }
     }
 

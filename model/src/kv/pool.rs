@@ -268,6 +268,50 @@ impl BlockPool {
         }
     }
 
+    /// Bytes of one block's storage (every layer's rows, as stored).
+    pub fn block_byte_len(&self) -> usize {
+        self.layout.block_bytes(self.ty)
+    }
+
+    /// A copy of block `b`'s storage as little-endian bytes (for the disk tier).
+    pub fn block_bytes(&self, b: BlockId) -> Vec<u8> {
+        let n = self.layout.block_floats();
+        let (c, off) = self.locate(b);
+        match &self.chunks[c] {
+            Chunk::F32(v) => v[off..off + n]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            Chunk::F16(v) => v[off..off + n]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+        }
+    }
+
+    /// Overwrites block `b`'s storage with `bytes` from [`BlockPool::block_bytes`]; false
+    /// (nothing written) when the length is not one block's.
+    pub fn set_block_bytes(&mut self, b: BlockId, bytes: &[u8]) -> bool {
+        if bytes.len() != self.block_byte_len() {
+            return false;
+        }
+        let n = self.layout.block_floats();
+        let (c, off) = self.locate(b);
+        match &mut self.chunks[c] {
+            Chunk::F32(v) => {
+                for (d, s) in v[off..off + n].iter_mut().zip(bytes.chunks_exact(4)) {
+                    *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                }
+            }
+            Chunk::F16(v) => {
+                for (d, s) in v[off..off + n].iter_mut().zip(bytes.chunks_exact(2)) {
+                    *d = u16::from_le_bytes([s[0], s[1]]);
+                }
+            }
+        }
+        true
+    }
+
     /// Chunk and element offset of block `b`.
     fn locate(&self, b: BlockId) -> (usize, usize) {
         let i = b.0 as usize;
