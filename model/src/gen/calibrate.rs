@@ -10,9 +10,12 @@
 //! the target: a shared topic acts as a static bias). So this pass runs the file's own engine
 //! over [`PROMPTS`] (chat-rendered, prefill then [`DECODE`] greedy tokens; a set apart from
 //! `atlas/prompts/routing.jsonl`, which measures the result) and captures every MoE layer's
-//! router input. Per layer it measures the topic channels' mean `mu` and covariance `Sigma`
-//! (Cholesky `L`), the token channels' RMS and channel 0's mean, and the whitened topic
-//! `w = L^-1 (T - mu)`'s autocorrelation `rho_j` between positions `j` apart in a sequence.
+//! router input. Per layer it measures the topic channels' mean `mu` and covariance `Sigma`,
+//! the token channels' RMS and channel 0's mean, and the whitened topic `w = L^-1 (T - mu)`'s
+//! autocorrelation `rho_j` between positions `j` apart in a sequence, where `L L^T = Sigma +
+//! ridge`: whitening alone weighs the small directions that flicker from token to token like the
+//! big persistent ones, so the least ridge (in steps of 10x) whose `rho_1` reaches the
+//! previous-token target is taken.
 //! [`skew_model::derive`] turns the targets and `rho_1` into shares (static, topic, token); the
 //! router row of expert `e` is then, with fresh seeded draws `g_s`, `g_t`, `g_x`,
 //!
@@ -87,6 +90,8 @@ pub struct LayerCalibration {
     pub rows: usize,
     /// autocorrelation of the whitened topic at lags 1..=8
     pub rho: [f64; LAGS],
+    /// ridge of the whitening, in units of the topic's mean variance
+    pub ridge: f64,
     /// share of the topic channels' energy common to all sequences (|mu|^2 / E|T|^2): what
     /// routers drawn without this pass would have taken as a static bias
     pub common: f64,
@@ -108,12 +113,13 @@ impl Calibration {
         for l in &self.layers {
             let d = &l.derived;
             s.push_str(&format!(
-                "  layer {:>3}: {:.3} / {:.3} / {:.3}  rho1 {:.2}  common {:.0}%  expected within-8 {:.1}%{}\n",
+                "  layer {:>3}: {:.3} / {:.3} / {:.3}  rho1 {:.2} (ridge {})  common {:.0}%  expected within-8 {:.1}%{}\n",
                 l.layer,
                 d.shares.static_,
                 d.shares.topic,
                 d.shares.token,
                 l.rho[0],
+                l.ridge,
                 100.0 * l.common,
                 100.0 * d.within8,
                 if d.feasible {
@@ -230,10 +236,62 @@ struct LayerStats {
     chol: Vec<f64>,
     rest_rms: f64,
     rho: [f64; LAGS],
+    /// mean square of a whitened topic channel (1 without a ridge, less with one)
+    wvar: f64,
+    /// the ridge taken, in units of the mean variance
+    ridge: f64,
     common: f64,
 }
 
-fn layer_stats(layer: usize, c: &Captured, m: usize) -> Result<LayerStats, GenError> {
+/// Ridges tried when whitening the topic (module doc), smallest first.
+const RIDGES: [f64; 6] = [1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0];
+
+/// Autocorrelation at lags 1..=8, within sequences, of the topic whitened by `chol` around `mu`.
+fn autocorrelation(c: &Captured, m: usize, mu: &[f64], chol: &[f64]) -> ([f64; LAGS], f64) {
+    let n = c.seq.len();
+    let w: Vec<Vec<f64>> = c
+        .topic
+        .chunks_exact(m)
+        .map(|row| {
+            let d: Vec<f64> = row.iter().zip(mu).map(|(x, u)| x - u).collect();
+            solve_lower(chol, &d)
+        })
+        .collect();
+    // normalised by the whitened variance (below 1 per direction once a ridge is added)
+    let var = w
+        .iter()
+        .map(|x| x.iter().map(|v| v * v).sum::<f64>())
+        .sum::<f64>()
+        / n.max(1) as f64;
+    let mut rho = [0.0; LAGS];
+    for (j, r) in rho.iter_mut().enumerate() {
+        let lag = j + 1;
+        let (mut s, mut k) = (0.0, 0usize);
+        for i in lag..n {
+            if c.seq[i] == c.seq[i - lag] {
+                s += w[i]
+                    .iter()
+                    .zip(&w[i - lag])
+                    .map(|(a, b)| a * b)
+                    .sum::<f64>();
+                k += 1;
+            }
+        }
+        *r = if k > 0 && var > 0.0 {
+            s / k as f64 / var
+        } else {
+            0.0
+        };
+    }
+    (rho, var / m as f64)
+}
+
+fn layer_stats(
+    layer: usize,
+    c: &Captured,
+    m: usize,
+    enough: &dyn Fn(f64, f64) -> bool,
+) -> Result<LayerStats, GenError> {
     let n = c.seq.len();
     let fail = |what: &str| GenError::Calibrate(format!("layer {layer}: {what}"));
     if n < 4 * m {
@@ -271,43 +329,34 @@ fn layer_stats(layer: usize, c: &Captured, m: usize) -> Result<LayerStats, GenEr
             cov[j * m + i] = cov[i * m + j];
         }
     }
-    // a small ridge keeps directions the prompts barely move from being blown up
     let trace: f64 = (0..m).map(|i| cov[i * m + i]).sum();
     if trace <= 0.0 || !trace.is_finite() {
         return Err(fail(
             "expected the topic channels to vary, found them constant",
         ));
     }
-    for i in 0..m {
-        cov[i * m + i] += 1e-3 * trace / m as f64;
-    }
-    let chol =
-        cholesky(&cov, m).ok_or_else(|| fail("topic covariance is not positive definite"))?;
-    let w: Vec<Vec<f64>> = c
-        .topic
-        .chunks_exact(m)
-        .map(|row| {
-            let d: Vec<f64> = row.iter().zip(&mu).map(|(x, u)| x - u).collect();
-            solve_lower(&chol, &d)
-        })
-        .collect();
-    let mut rho = [0.0; LAGS];
-    for (j, r) in rho.iter_mut().enumerate() {
-        let lag = j + 1;
-        let (mut s, mut k) = (0.0, 0usize);
-        for i in lag..n {
-            if c.seq[i] == c.seq[i - lag] {
-                s += w[i]
-                    .iter()
-                    .zip(&w[i - lag])
-                    .map(|(a, b)| a * b)
-                    .sum::<f64>()
-                    / m as f64;
-                k += 1;
-            }
+    // Whitening with a ridge of `alpha` x the mean variance: small alphas weigh every direction
+    // of the topic alike, including the small ones that flicker from token to token; large ones
+    // keep the big, persistent directions. The least ridge whose topic is persistent enough for
+    // the targets (`enough(rho_1, mean rho_1..8)`) is taken, else the most persistent.
+    let mut best: Option<(Vec<f64>, [f64; LAGS], f64, f64)> = None;
+    for alpha in RIDGES {
+        let mut reg = cov.clone();
+        for i in 0..m {
+            reg[i * m + i] += alpha * trace / m as f64;
         }
-        *r = if k > 0 { s / k as f64 } else { 0.0 };
+        let chol =
+            cholesky(&reg, m).ok_or_else(|| fail("topic covariance is not positive definite"))?;
+        let (rho, wvar) = autocorrelation(c, m, &mu, &chol);
+        let ok = enough(rho[0], rho.iter().sum::<f64>() / LAGS as f64);
+        if ok || best.as_ref().is_none_or(|b| rho[0] > b.1[0]) {
+            best = Some((chol, rho, wvar, alpha));
+        }
+        if ok {
+            break;
+        }
     }
+    let (chol, rho, wvar, ridge) = best.ok_or_else(|| fail("no ridge to try"))?;
     let rest_rms = (c.rest_sq / c.rest_n.max(1) as f64).sqrt();
     if rest_rms <= 0.0 || !rest_rms.is_finite() {
         return Err(fail("expected the token channels to vary, found them zero"));
@@ -320,6 +369,8 @@ fn layer_stats(layer: usize, c: &Captured, m: usize) -> Result<LayerStats, GenEr
         chol,
         rest_rms,
         rho,
+        wvar,
+        ridge,
         common,
     })
 }
@@ -405,7 +456,8 @@ pub fn calibrate(
     let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut layers = Vec::new();
     for (&layer, cap) in &captured {
-        let st = layer_stats(layer, cap, m)?;
+        let enough = |rho1: f64, rho8: f64| derive(&PUBLISHED, k, n, rho1, rho8).feasible;
+        let st = layer_stats(layer, cap, m, &enough)?;
         let rho8 = st.rho.iter().sum::<f64>() / LAGS as f64;
         let d = derive(&PUBLISHED, k, n, st.rho[0], rho8);
         let sh = d.shares;
@@ -437,7 +489,7 @@ pub fn calibrate(
             let g_s = f64::from(r.gaussian());
             let g_t: Vec<f64> = (0..m).map(|_| f64::from(r.gaussian())).collect();
             let topic = solve_upper_t(&st.chol, &g_t);
-            let gain_t = scale * sh.topic.sqrt() / (m as f64).sqrt();
+            let gain_t = scale * sh.topic.sqrt() / (m as f64 * st.wvar).sqrt();
             for (w, t) in row[1..=m].iter_mut().zip(&topic) {
                 *w = gain_t * t;
             }
@@ -464,6 +516,7 @@ pub fn calibrate(
             layer,
             rows: st.rows,
             rho: st.rho,
+            ridge: st.ridge,
             common: st.common,
             derived: d,
         });
@@ -527,7 +580,7 @@ mod tests {
                 c.rest_n += 2;
             }
         }
-        let st = layer_stats(1, &c, m).unwrap();
+        let st = layer_stats(1, &c, m, &|_, _| true).unwrap();
         // a topic constant within each sequence: autocorrelation ~1 at every lag
         assert!(st.rho.iter().all(|&x| x > 0.95), "{:?}", st.rho);
         assert!(st.common > 0.5, "common {}", st.common);
@@ -541,6 +594,9 @@ mod tests {
             rest_sq: 1.0,
             rest_n: 1,
         };
-        assert!(layer_stats(1, &short, m).is_err());
+        assert!(layer_stats(1, &short, m, &|_, _| true).is_err());
+        // a target no ridge reaches: the most persistent whitening is kept
+        let st2 = layer_stats(1, &c, m, &|_, _| false).unwrap();
+        assert!(st2.rho[0] >= st.rho[0] - 1e-12);
     }
 }
