@@ -76,8 +76,12 @@ pub const PROMPTS: [&str; 24] = [
     "Explain the difference between a virus and a bacterium.",
 ];
 
-/// Greedy tokens decoded after each calibration prompt (the measuring record decodes too).
-pub const DECODE: usize = 8;
+/// Greedy tokens decoded after each calibration prompt: as many as `nightshift-atlas record`
+/// decodes by default (`--max-tokens 32`), because generated tokens route differently from a
+/// prompt's (a random-weight model's greedy continuation repeats itself, so its topic is more
+/// persistent): calibrating on prompts and 8 tokens measured rho1 0.64 where the recording then
+/// showed a previous-token overlap of 54%.
+pub const DECODE: usize = 31;
 
 /// Lags of the topic autocorrelation measured (within-8 uses all of them).
 const LAGS: usize = 8;
