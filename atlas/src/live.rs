@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use nightshift_atlas::placement::{ModelShape, Placement};
 use nightshift_atlas::trace::{Recorder, RecorderConfig, TemporalTracker};
-use nightshift_model::chat::{ChatMessage, ChatTemplate};
+use nightshift_model::chat::{encode_conversation, ChatMessage, ChatTemplate};
 use nightshift_model::sampler::argmax;
 use nightshift_model::{Engine, EngineOptions, ExpertPair, LocalExperts, Model, RouteObserver};
 
@@ -124,11 +124,6 @@ pub fn record(model_path: &Path, prompts: &Path, max_tokens: usize, out: &Path) 
     });
     let tok = model.tokenizer();
     let template = ChatTemplate::from_gguf(model.gguf()).context("reading the chat template")?;
-    let piece = |id: Option<u32>| {
-        id.map(|i| String::from_utf8_lossy(tok.token_bytes(i)).into_owned())
-            .unwrap_or_default()
-    };
-    let (bos, eos) = (piece(tok.bos()), piece(tok.eos()));
     let pool = nightshift_model::build_pool(0)?;
     let backend = Arc::new(LocalExperts::new(model.clone(), Some(pool.clone())));
     let opts = EngineOptions {
@@ -147,22 +142,7 @@ pub fn record(model_path: &Path, prompts: &Path, max_tokens: usize, out: &Path) 
                     .iter()
                     .map(|m| ChatMessage::new(&m.role, &m.content))
                     .collect();
-                let msgs = &msgs;
-                let rendered = match &template {
-                    Some(t) => t.render(msgs, true, &bos, &eos)?,
-                    None => {
-                        let mut s = String::new();
-                        for m in msgs {
-                            s.push_str(&format!(
-                                "<|im_start|>{}\n{}<|im_end|>\n",
-                                m.role, m.content
-                            ));
-                        }
-                        s + "<|im_start|>assistant\n"
-                    }
-                };
-                let has_bos = !bos.is_empty() && rendered.starts_with(&bos);
-                tok.encode(&rendered, tok.add_bos() && !has_bos, true)
+                encode_conversation(tok, template.as_ref(), &msgs)?
             }
         };
         if ids.is_empty() {

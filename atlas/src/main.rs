@@ -84,6 +84,13 @@ enum Cmd {
         /// Use the rolling-window counts instead of all-time.
         #[arg(long)]
         window: bool,
+        /// The atlas's GGUF model: adds the byte bound on batching (bytes a decode step reads
+        /// with one and with --sequences sequences, from the tensor sizes and the atlas).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Sequences of the batching bound.
+        #[arg(long, default_value_t = 4)]
+        sequences: u32,
     },
     /// Plan a placement (replicate hot experts, balance load under memory) and write it.
     Plan {
@@ -188,7 +195,9 @@ fn run() -> Result<()> {
             placement,
             out,
             window,
-        } => report(atlas, placement, out, window),
+            model,
+            sequences,
+        } => report(atlas, placement, out, window, model, sequences),
         Cmd::Plan {
             atlas,
             nodes,
@@ -249,13 +258,48 @@ fn shape_of(layers: usize, experts: usize) -> Result<ModelShape> {
     })
 }
 
-fn report(atlas: PathBuf, placement: Option<PathBuf>, out: PathBuf, window: bool) -> Result<()> {
+fn report(
+    atlas: PathBuf,
+    placement: Option<PathBuf>,
+    out: PathBuf,
+    window: bool,
+    model: Option<PathBuf>,
+    sequences: u32,
+) -> Result<()> {
     let a = Atlas::load(&atlas)?;
     let p = placement.as_deref().map(Placement::load).transpose()?;
     let r =
         Report::new(&a, window, p.as_ref()).context("placement does not fit the atlas's model")?;
     print!("{}", r.to_table());
     let counts = if window { &a.window } else { &a.all_time };
+    if let Some(m) = model {
+        if sequences == 0 {
+            bail!("--sequences: expected at least 1, found 0");
+        }
+        let g = nightshift_model::gguf::Gguf::open(&m)
+            .with_context(|| format!("reading {}", m.display()))?;
+        let shape =
+            nightshift_model::shape::moe_shape(&g).context("the model has no routed experts")?;
+        if shape.moe_layers != a.shape.moe_layers || shape.n_experts != a.shape.n_experts {
+            bail!(
+                "--model {}: expected the atlas's model ({} MoE layers x {} experts), found {} x {}",
+                m.display(),
+                a.shape.moe_layers.len(),
+                a.shape.n_experts,
+                shape.moe_layers.len(),
+                shape.n_experts
+            );
+        }
+        let dense = nightshift_model::shape::dense_step_bytes(&g);
+        let b = nightshift_atlas::report::BatchBound::new(
+            counts,
+            a.top_k,
+            shape.expert_bytes,
+            dense,
+            sequences,
+        );
+        println!("\n{}", b.line());
+    }
     let written = nightshift_atlas::plots::write_all(&out, &a.shape.moe_layers, counts, &a.model)?;
     for w in written {
         println!("wrote {}", w.display());

@@ -16,11 +16,14 @@ pub const COVERAGE_POINTS: [f64; 4] = [0.10, 0.25, 0.50, 0.75];
 
 /// Published routing statistics of real MoE models (issue 22): the hottest 50% of a layer's
 /// experts take ~75% of its activations (Kimi K2, measured by the seed: 76.5%); on Qwen3-30B-A3B
-/// ~45% of a token's experts were also chosen by the previous token and ~80% within 8 tokens.
+/// ~45% of a token's experts were also chosen by the previous token and ~80% within 8 tokens;
+/// DeepSeek-V3 under expert parallelism (its decode deployment hosts one expert per GPU) sees a
+/// per-rank max/mean load of ~3.
 pub const TARGETS: Targets = Targets {
     coverage50: 0.75,
     lag1: 0.45,
     within8: 0.80,
+    ep_max_mean: 3.0,
 };
 
 /// Relative tolerance a recorded statistic is "on target" within.
@@ -31,6 +34,7 @@ pub struct Targets {
     pub coverage50: f64,
     pub lag1: f64,
     pub within8: f64,
+    pub ep_max_mean: f64,
 }
 
 /// `x` within [`TARGET_TOLERANCE`] of `target` (relative).
@@ -63,6 +67,7 @@ pub struct PlacementFigures {
 pub struct Report {
     pub model: String,
     pub tokens: u64,
+    pub n_experts: usize,
     pub span: &'static str,
     pub layers: Vec<LayerFigures>,
     /// Over all (layer, expert) pairs.
@@ -73,6 +78,73 @@ pub struct Report {
     /// Mean share of a layer's hottest-half experts (by id) that are also among the next MoE
     /// layer's hottest half (independent layers: ~50%).
     pub hot_overlap: Option<f64>,
+}
+
+/// What a decode step reads with one and with `n` sequences, and the speed-up those bytes allow
+/// (issue 22's batching bound): a step reads the dense weights once and every expert any of its
+/// tokens chose; tokens of different sequences choose independently, expert `e` of a layer with
+/// the atlas's rate `p_e` (activations / tokens), so a layer reads `sum_e 1 - (1 - p_e)^n`
+/// experts. `n x bytes(1) / bytes(n)` is the most `n` sessions can gain over one when a step's
+/// time is its bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchBound {
+    pub sequences: u32,
+    pub bytes_one: f64,
+    pub bytes_n: f64,
+    /// the same bound with every expert equally likely (uniform routing)
+    pub uniform: f64,
+}
+
+impl BatchBound {
+    pub fn new(
+        counts: &Counts,
+        top_k: usize,
+        expert_bytes: u64,
+        dense_bytes: u64,
+        n: u32,
+    ) -> BatchBound {
+        let tokens = counts.tokens.max(1) as f64;
+        let read = |n: u32, rates: &dyn Fn(&[u64]) -> Vec<f64>| -> f64 {
+            let experts: f64 = counts
+                .activations
+                .iter()
+                .map(|c| {
+                    rates(c)
+                        .iter()
+                        .map(|p| 1.0 - (1.0 - p.min(1.0)).powi(n as i32))
+                        .sum::<f64>()
+                })
+                .sum();
+            dense_bytes as f64 + experts * expert_bytes as f64
+        };
+        let recorded = |c: &[u64]| c.iter().map(|&x| x as f64 / tokens).collect::<Vec<_>>();
+        let uniform = |c: &[u64]| vec![top_k as f64 / c.len().max(1) as f64; c.len()];
+        let bound = |r: &dyn Fn(&[u64]) -> Vec<f64>| f64::from(n) * read(1, r) / read(n, r);
+        BatchBound {
+            sequences: n,
+            bytes_one: read(1, &recorded),
+            bytes_n: read(n, &recorded),
+            uniform: bound(&uniform),
+        }
+    }
+
+    /// `n x bytes(1) / bytes(n)`.
+    pub fn bound(&self) -> f64 {
+        f64::from(self.sequences) * self.bytes_one / self.bytes_n.max(1.0)
+    }
+
+    /// One line for the report.
+    pub fn line(&self) -> String {
+        format!(
+            "batching bound: a step reads {:.1} MiB with 1 sequence, {:.1} MiB with {}: {} sessions can reach at most {:.2}x the tok/s of one (uniform routing: {:.2}x)",
+            self.bytes_one / 1048576.0,
+            self.bytes_n / 1048576.0,
+            self.sequences,
+            self.sequences,
+            self.bound(),
+            self.uniform
+        )
+    }
 }
 
 /// The ids of the hottest half of `counts` (ties by id).
@@ -160,6 +232,7 @@ impl Report {
         Ok(Report {
             model: atlas.model.clone(),
             tokens: counts.tokens,
+            n_experts: atlas.shape.n_experts,
             span,
             layers,
             overall: LayerFigures {
@@ -177,6 +250,16 @@ impl Report {
                 .map(|n| (n.name.clone(), n.rows))
                 .collect(),
         })
+    }
+
+    /// Expert parallelism with one expert per rank (DeepSeek-V3's decode deployment): the
+    /// busiest rank's load over the mean, averaged over layers (`top1 x experts`).
+    pub fn ep_max_mean(&self) -> f64 {
+        self.layers
+            .iter()
+            .map(|l| l.top1 * self.n_experts as f64)
+            .sum::<f64>()
+            / self.layers.len().max(1) as f64
     }
 
     /// The plain-text table printed on stdout.
@@ -264,6 +347,19 @@ impl Report {
             "hottest 50% of a layer's experts take (mean)",
             per_layer50,
             TARGETS.coverage50,
+        );
+        let ep = self.ep_max_mean();
+        let _ = writeln!(
+            s,
+            "  {:<54} {:5.2}x   target {:5.2}x  {}",
+            "per-rank max/mean load, one expert per rank (mean)",
+            ep,
+            TARGETS.ep_max_mean,
+            if on_target(ep, TARGETS.ep_max_mean) {
+                "on target"
+            } else {
+                "off target"
+            }
         );
         match self.overall.locality {
             Some((a, b)) => {
@@ -362,6 +458,36 @@ mod tests {
         assert!(t.contains("temporal locality: not in this atlas"), "{t}");
         // layer 1's hot half {0, 1} vs layer 2's {0, 1} (ties by id)
         assert_eq!(r.hot_overlap, Some(1.0));
+        // one expert per rank: layer 1 max 8 / mean 2 = 4, layer 2 1 / 1 = 1 -> 2.5
+        assert!((r.ep_max_mean() - 2.5).abs() < 1e-12);
+        assert!(t.contains("one expert per rank (mean)"), "{t}");
+    }
+
+    #[test]
+    fn batch_bound_counts_distinct_experts() {
+        let shape = ModelShape {
+            moe_layers: vec![0],
+            n_experts: 4,
+            expert_bytes: 10,
+        };
+        let mut atlas = Atlas::empty("m", shape, 2, 0);
+        atlas.all_time.tokens = 100;
+        // uniform: every expert taken by half of the tokens (k = 2 of 4)
+        atlas.all_time.activations = vec![vec![50, 50, 50, 50]];
+        let b = BatchBound::new(&atlas.all_time, 2, 10, 0, 4);
+        assert!((b.bytes_one - 20.0).abs() < 1e-9);
+        // each expert is missed by 4 tokens with probability 1/16
+        assert!((b.bytes_n - 4.0 * 10.0 * (1.0 - 1.0 / 16.0)).abs() < 1e-9);
+        assert!((b.bound() - b.uniform).abs() < 1e-12);
+        // fully skewed: the same two experts always; 4 sequences read what one does
+        atlas.all_time.activations = vec![vec![100, 100, 0, 0]];
+        let b = BatchBound::new(&atlas.all_time, 2, 10, 5, 4);
+        assert!((b.bound() - 4.0).abs() < 1e-12);
+        assert!(
+            b.line().contains("4 sessions can reach at most 4.00x"),
+            "{}",
+            b.line()
+        );
     }
 
     #[test]

@@ -341,3 +341,33 @@ fn call_value(c: &ToolCall, q: Quirks) -> Value {
         ("function", function),
     ])
 }
+
+/// The token ids of a conversation under `template` (ChatML when the file has none) with the
+/// generation prompt appended, BOS added unless the rendering starts with it: how
+/// `nightshift-atlas record --model` and gen-model's router calibration feed prompts to the engine.
+pub fn encode_conversation(
+    tok: &crate::tokenizer::Tokenizer,
+    template: Option<&ChatTemplate>,
+    messages: &[ChatMessage],
+) -> Result<Vec<u32>, TemplateError> {
+    let piece = |id: Option<u32>| {
+        id.map(|i| String::from_utf8_lossy(tok.token_bytes(i)).into_owned())
+            .unwrap_or_default()
+    };
+    let (bos, eos) = (piece(tok.bos()), piece(tok.eos()));
+    let rendered = match template {
+        Some(t) => t.render(messages, true, &bos, &eos)?,
+        None => {
+            let mut s = String::new();
+            for m in messages {
+                s.push_str(&format!(
+                    "<|im_start|>{}\n{}<|im_end|>\n",
+                    m.role, m.content
+                ));
+            }
+            s + "<|im_start|>assistant\n"
+        }
+    };
+    let has_bos = !bos.is_empty() && rendered.starts_with(&bos);
+    Ok(tok.encode(&rendered, tok.add_bos() && !has_bos, true))
+}

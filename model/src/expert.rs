@@ -8,7 +8,7 @@ use crate::gguf::Gguf;
 use crate::model::Model;
 use crate::prefetch::Prefetcher;
 use crate::resident::ExpertResidency;
-use nightshift_kernels::{gemm, quantize_row, GgmlType, QMatrix};
+use nightshift_kernels::{dequantize_row, gemm, quantize_row, GgmlType, QMatrix};
 use rayon::prelude::*;
 use rayon::ThreadPool;
 use std::sync::Arc;
@@ -38,6 +38,30 @@ impl ActRows {
             quantize_row(ty, src, dst)?;
         }
         Ok(ActRows { ty, n_rows, data })
+    }
+
+    /// The rows back as `n_rows * n_embd` floats (dequantized unless they are F32).
+    pub fn to_f32(&self, n_embd: usize) -> Result<Vec<f32>, ExpertError> {
+        let rb = self.ty.row_bytes(n_embd)?;
+        if self.data.len() != rb * self.n_rows {
+            return Err(ExpertError::Shape(format!(
+                "expected {} bytes of {} activation rows, found {}",
+                rb * self.n_rows,
+                self.n_rows,
+                self.data.len()
+            )));
+        }
+        let mut h = vec![0.0f32; self.n_rows * n_embd];
+        for (src, dst) in self.data.chunks_exact(rb).zip(h.chunks_exact_mut(n_embd)) {
+            if self.ty == GgmlType::F32 {
+                for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                    *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                }
+            } else {
+                dequantize_row(self.ty, src, dst)?;
+            }
+        }
+        Ok(h)
     }
 }
 

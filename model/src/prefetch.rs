@@ -8,8 +8,10 @@
 //! their file pages `MADV_WILLNEED` (readahead into the page cache) while layer `l`'s experts and
 //! layer `l'`'s attention run. When layer `l'` is called, its actual experts are scored against
 //! the prediction: precision and recall over all experts, and the share of the cold experts it
-//! needs that were requested before it started (the target: >= 60%). Only calls of at
-//! most [`MAX_PREDICTED_ROWS`] rows (decode steps) predict.
+//! needs that were requested before it started (the target: >= 60%). Those requested
+//! are *in time* when all their pages are in the page cache as the layer starts (`mincore`),
+//! *late* when the readahead is still under way; requested experts the layer does not use are
+//! *wasted* reads. Only calls of at most [`MAX_PREDICTED_ROWS`] rows (decode steps) predict.
 //!
 //! Prefetching only moves pages into the cache earlier: **it never changes outputs** (the same
 //! bytes are read either way), and a wrong prediction costs only I/O.
@@ -18,8 +20,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
-
-use nightshift_kernels::{dequantize_row, GgmlType};
 
 use crate::error::ExpertError;
 use crate::expert::{ActRows, ExpertPair};
@@ -48,6 +48,14 @@ pub struct PrefetchStats {
     pub cold_requested: u64,
     /// expert ranges advised to the kernel by the I/O thread
     pub advised: u64,
+    /// cold experts requested from the I/O thread (predicted, not resident)
+    pub issued: u64,
+    /// of `cold_requested`, experts whose pages were all in the page cache when the layer started
+    pub in_time: u64,
+    /// of `cold_requested`, experts whose pages were still being read when the layer started
+    pub late: u64,
+    /// requested experts the layer then did not use
+    pub wasted: u64,
 }
 
 impl PrefetchStats {
@@ -66,15 +74,30 @@ impl PrefetchStats {
         (self.cold_needed > 0).then(|| self.cold_requested as f64 / self.cold_needed as f64)
     }
 
+    /// Share of the cold experts layers needed whose pages were already cached thanks to the
+    /// prefetch when the layer started.
+    pub fn in_time_rate(&self) -> Option<f64> {
+        (self.cold_needed > 0).then(|| self.in_time as f64 / self.cold_needed as f64)
+    }
+
+    /// Share of the requested cold experts that layers did not use.
+    pub fn wasted_rate(&self) -> Option<f64> {
+        (self.issued > 0).then(|| self.wasted as f64 / self.issued as f64)
+    }
+
     /// One line for logs and reports.
     pub fn summary(&self) -> String {
         let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
         format!(
-            "prefetch: precision {} recall {} (next-layer router on this layer's rows), cold experts requested before their layer {} of {}",
+            "prefetch: precision {} recall {} (next-layer router on this layer's rows), cold experts requested before their layer {} of {} (in time {}, late {}), {} requested of which {} wasted",
             pct(self.precision()),
             pct(self.recall()),
             pct(self.cold_hit_rate()),
-            self.cold_needed
+            self.cold_needed,
+            self.in_time,
+            self.late,
+            self.issued,
+            self.wasted
         )
     }
 }
@@ -87,6 +110,10 @@ struct Counters {
     cold_needed: AtomicU64,
     cold_requested: AtomicU64,
     advised: AtomicU64,
+    issued: AtomicU64,
+    in_time: AtomicU64,
+    late: AtomicU64,
+    wasted: AtomicU64,
 }
 
 /// A prediction waiting for its layer: all predicted experts, and the cold ones requested.
@@ -153,6 +180,10 @@ impl Prefetcher {
             cold_needed: g(&c.cold_needed),
             cold_requested: g(&c.cold_requested),
             advised: g(&c.advised),
+            issued: g(&c.issued),
+            in_time: g(&c.in_time),
+            late: g(&c.late),
+            wasted: g(&c.wasted),
         }
     }
 
@@ -180,6 +211,9 @@ impl Prefetcher {
             .filter(|&e| !resident(next, e))
             .collect();
         if !requested.is_empty() {
+            self.counters
+                .issued
+                .fetch_add(requested.len() as u64, Ordering::Relaxed);
             let tx = self.io.lock().unwrap_or_else(|p| p.into_inner());
             // the I/O thread only ends with the predictor: a send cannot fail before that
             let _ = tx.send((next, requested.clone()));
@@ -215,6 +249,18 @@ impl Prefetcher {
             .filter(|&e| !resident(layer, e))
             .collect();
         let cold_hit = cold.iter().filter(|e| p.requested.contains(e)).count() as u64;
+        let in_time = cold
+            .iter()
+            .filter(|e| p.requested.contains(e) && self.cached(layer, **e))
+            .count() as u64;
+        let wasted = p
+            .requested
+            .iter()
+            .filter(|e| used.binary_search(e).is_err())
+            .count() as u64;
+        c.in_time.fetch_add(in_time, Ordering::Relaxed);
+        c.late.fetch_add(cold_hit - in_time, Ordering::Relaxed);
+        c.wasted.fetch_add(wasted, Ordering::Relaxed);
         c.predicted
             .fetch_add(p.predicted.len() as u64, Ordering::Relaxed);
         c.predicted_used.fetch_add(hit, Ordering::Relaxed);
@@ -222,6 +268,18 @@ impl Prefetcher {
         c.cold_needed
             .fetch_add(cold.len() as u64, Ordering::Relaxed);
         c.cold_requested.fetch_add(cold_hit, Ordering::Relaxed);
+    }
+
+    /// Whether all pages of expert `e` of `layer` are in the page cache (false when it cannot
+    /// be told).
+    fn cached(&self, layer: usize, e: u32) -> bool {
+        let Ok(w) = self.model.expert_weights(layer, e) else {
+            return false;
+        };
+        let g = self.model.gguf();
+        [w.gate.bytes(), w.up.bytes(), w.down.bytes()]
+            .iter()
+            .all(|m| g.is_cached(m) == Some(true))
     }
 
     /// The distinct experts layer `next`'s router picks for the rows of `acts`.
@@ -232,17 +290,7 @@ impl Prefetcher {
             return Ok(Vec::new());
         };
         let n = acts.n_rows;
-        let rb = acts.ty.row_bytes(e)?;
-        let mut h = vec![0.0f32; n * e];
-        for (src, dst) in acts.data.chunks_exact(rb).zip(h.chunks_exact_mut(e)) {
-            if acts.ty == GgmlType::F32 {
-                for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
-                    *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-                }
-            } else {
-                dequantize_row(acts.ty, src, dst)?;
-            }
-        }
+        let h = acts.to_f32(e)?;
         let ne = c.n_expert;
         let mut logits = vec![0.0f32; n * ne];
         match &mw.gate_inp_packed {

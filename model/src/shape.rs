@@ -53,3 +53,17 @@ pub fn moe_shape(g: &Gguf) -> Option<MoeShape> {
         expert_bytes,
     })
 }
+
+/// Bytes one decode step reads besides the routed experts: every tensor but the `ffn_*_exps`
+/// and the token embedding (of which a step reads one row per token). With the routed experts'
+/// bytes it gives the byte bound on batching (`nightshift-atlas report --model`).
+pub fn dense_step_bytes(g: &Gguf) -> u64 {
+    g.tensors()
+        .filter(|t| {
+            t.name != "token_embd.weight"
+                && !t.name.ends_with("_exps.weight")
+                && !t.name.ends_with("_exps.bias")
+        })
+        .map(|t| t.size())
+        .sum()
+}

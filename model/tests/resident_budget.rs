@@ -139,6 +139,10 @@ fn check(name: &str) {
         "{name}: {st:?}"
     );
     assert!(st.cold_requested <= st.cold_needed, "{name}: {st:?}");
+    // every request is accounted for: in time or late when used, wasted when not
+    assert_eq!(st.in_time + st.late, st.cold_requested, "{name}: {st:?}");
+    assert!(st.wasted <= st.issued, "{name}: {st:?}");
+    assert!(st.issued >= st.cold_requested + st.wasted, "{name}: {st:?}");
     assert!(st.summary().contains("precision"), "{}", st.summary());
 
     // a set over the budget is refused and the old one stays

@@ -70,7 +70,9 @@ struct Run {
     prefill_tps: f64,
     decode_tps: f64,
     resident_mib: u64,
-    prefetch: Option<(f64, f64, f64)>,
+    /// precision, recall, cold experts requested before their layer, in time (cached when the
+    /// layer started), share of requests wasted
+    prefetch: Option<[f64; 5]>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -141,11 +143,13 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
     let decode = t.elapsed().as_secs_f64();
     let p = prefetch.map(|p| {
         let s = p.stats();
-        (
+        [
             s.precision().unwrap_or(0.0),
             s.recall().unwrap_or(0.0),
             s.cold_hit_rate().unwrap_or(0.0),
-        )
+            s.in_time_rate().unwrap_or(0.0),
+            s.wasted_rate().unwrap_or(0.0),
+        ]
     });
     println!(
         "{}",
@@ -153,7 +157,7 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
             "prefill_tps": a.prefill as f64 / prefill,
             "decode_tps": a.decode as f64 / decode,
             "resident_mib": resident >> 20,
-            "prefetch": p.map(|(a, b, c)| vec![a, b, c]),
+            "prefetch": p,
         })
     );
     Ok(())
@@ -272,11 +276,11 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                 resident_mib: f("resident_mib") as u64,
                 prefetch: v.get("prefetch").and_then(|p| {
                     let p = p.as_array()?;
-                    Some((
-                        p.first()?.as_f64()?,
-                        p.get(1)?.as_f64()?,
-                        p.get(2)?.as_f64()?,
-                    ))
+                    let mut out = [0.0; 5];
+                    for (o, x) in out.iter_mut().zip(p) {
+                        *o = x.as_f64()?;
+                    }
+                    (p.len() == out.len()).then_some(out)
                 }),
             };
             println!(
@@ -284,11 +288,13 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                 run.prefill_tps,
                 run.decode_tps,
                 run.resident_mib,
-                run.prefetch.map_or(String::new(), |(p, r, h)| format!(
-                    "  prefetch precision {:.0}% recall {:.0}% cold requested in time {:.0}%",
+                run.prefetch.map_or(String::new(), |[p, r, h, t, w]| format!(
+                    "  prefetch precision {:.0}% recall {:.0}% cold requested {:.0}% (cached in time {:.0}%) wasted {:.0}%",
                     100.0 * p,
                     100.0 * r,
-                    100.0 * h
+                    100.0 * h,
+                    100.0 * t,
+                    100.0 * w
                 ))
             );
             results[i].push(run);
@@ -326,11 +332,17 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                 );
             }
         }
-        let hits: Vec<f64> = p.iter().filter_map(|r| r.prefetch.map(|x| x.2)).collect();
-        if !hits.is_empty() {
+        let stats: Vec<[f64; 5]> = p.iter().filter_map(|r| r.prefetch).collect();
+        if !stats.is_empty() {
+            let avg =
+                |i: usize| 100.0 * stats.iter().map(|s| s[i]).sum::<f64>() / stats.len() as f64;
             println!(
-                "  prefetch: cold experts requested before their layer {:.0}% (target >= 60%)",
-                100.0 * hits.iter().sum::<f64>() / hits.len() as f64
+                "  prefetch: cold experts requested before their layer {:.0}% (target >= 60%), their pages all cached when it started {:.0}%; precision {:.0}%, recall {:.0}%, requests wasted {:.0}%",
+                avg(2),
+                avg(3),
+                avg(0),
+                avg(1),
+                avg(4)
             );
         }
     }

@@ -50,6 +50,14 @@ pub struct Args {
     /// Prompt (each request appends its number so prompts differ).
     #[arg(long, default_value = "Write a short story about a lighthouse keeper.")]
     pub prompt: String,
+    /// JSONL prompt set (`{"prompt": ...}` or `{"messages": [...]}` per line, as
+    /// `nightshift-atlas record` reads): request i sends line i (cycling) instead of --prompt,
+    /// so concurrent sessions talk about different things.
+    #[arg(long)]
+    pub prompts: Option<std::path::PathBuf>,
+    /// Internal: the lines of --prompts, read once.
+    #[arg(skip)]
+    pub prompt_lines: Vec<serde_json::Value>,
     /// Model id (default: the first of /v1/models).
     #[arg(long)]
     pub model: Option<String>,
@@ -140,6 +148,34 @@ async fn bench(a: Args) -> anyhow::Result<()> {
             "--endpoint: expected chat or completions, found {:?}",
             a.endpoint
         );
+    }
+    let mut a = a;
+    if let Some(p) = &a.prompts {
+        let text = std::fs::read_to_string(p)
+            .with_context(|| format!("--prompts: cannot read {}", p.display()))?;
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("--prompts line {}: not JSON", n + 1))?;
+            if !(v.get("prompt").is_some_and(|x| x.is_string())
+                || v.get("messages").is_some_and(|x| x.is_array()))
+            {
+                bail!(
+                    "--prompts line {}: expected {{\"prompt\": \"...\"}} or {{\"messages\": [...]}}",
+                    n + 1
+                );
+            }
+            a.prompt_lines.push(v);
+        }
+        if a.prompt_lines.is_empty() {
+            bail!(
+                "--prompts {}: expected at least one prompt, found none",
+                p.display()
+            );
+        }
     }
     let base = a.url.trim_end_matches('/').to_string();
     let client = reqwest::Client::builder()
@@ -361,11 +397,32 @@ async fn one(client: &reqwest::Client, a: &Args, base: &str, model: &str, i: usi
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    let prompt = format!("{} ({i})", a.prompt);
-    if a.endpoint == "chat" {
-        body["messages"] = serde_json::json!([{"role": "user", "content": prompt}]);
-    } else {
-        body["prompt"] = serde_json::json!(prompt);
+    let line = (!a.prompt_lines.is_empty()).then(|| &a.prompt_lines[i % a.prompt_lines.len()]);
+    // a line's text, or its user turns joined, for the completions endpoint
+    let text = |v: &serde_json::Value| -> String {
+        if let Some(p) = v.get("prompt").and_then(|p| p.as_str()) {
+            return p.to_string();
+        }
+        v.get("messages")
+            .and_then(|m| m.as_array())
+            .map(|m| {
+                m.iter()
+                    .filter_map(|x| x.get("content").and_then(|c| c.as_str()))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default()
+    };
+    let prompt = match line {
+        Some(v) => text(v),
+        None => format!("{} ({i})", a.prompt),
+    };
+    match (a.endpoint == "chat", line.and_then(|v| v.get("messages"))) {
+        (true, Some(m)) => body["messages"] = m.clone(),
+        (true, None) => {
+            body["messages"] = serde_json::json!([{"role": "user", "content": prompt}]);
+        }
+        (false, _) => body["prompt"] = serde_json::json!(prompt),
     }
     if a.ignore_eos {
         body["ignore_eos"] = serde_json::json!(true);

@@ -127,12 +127,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("progress bar template")?,
     );
     let start = Instant::now();
-    gen::generate(&spec, &out, &mut |p| {
+    let written = gen::generate(&spec, &out, &mut |p| {
         bar.set_position(p.bytes_done);
         bar.set_message(p.tensor.to_string());
     })
     .with_context(|| format!("generating {}", out.display()))?;
     bar.finish_and_clear();
+    if let Some(c) = &written.calibration {
+        eprint!("{}", c.summary());
+    }
     eprintln!(
         "wrote {} in {:.1} s",
         out.display(),

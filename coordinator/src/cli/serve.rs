@@ -11,6 +11,7 @@ use crate::scheduler::model_backend::{engine_with, EngineLimits};
 use crate::scheduler::spec::Speculator;
 use crate::scheduler::{Scheduler, SchedulerOptions, StepEngine, TextModel};
 use anyhow::{bail, Context};
+use nightshift_model::prefetch::PrefetchStats;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -385,6 +386,25 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
 
 /// Serving is possible while at least one expert node is up (replicas fail over); in process
 /// always.
+/// `/metrics` series of the one-layer-ahead prefetch under `--memory-budget`
+/// (`nightshift_model::prefetch`): requests, how they fared, and the prediction's quality.
+fn publish_prefetch(s: &PrefetchStats) {
+    metrics::counter!("nightshift_prefetch_issued_total").absolute(s.issued);
+    metrics::counter!("nightshift_prefetch_in_time_total").absolute(s.in_time);
+    metrics::counter!("nightshift_prefetch_late_total").absolute(s.late);
+    metrics::counter!("nightshift_prefetch_wasted_total").absolute(s.wasted);
+    metrics::counter!("nightshift_prefetch_cold_needed_total").absolute(s.cold_needed);
+    metrics::counter!("nightshift_prefetch_predicted_total").absolute(s.predicted);
+    metrics::counter!("nightshift_prefetch_predicted_used_total").absolute(s.predicted_used);
+    metrics::counter!("nightshift_prefetch_used_total").absolute(s.used);
+    if let Some(x) = s.precision() {
+        metrics::gauge!("nightshift_prefetch_precision").set(x);
+    }
+    if let Some(x) = s.recall() {
+        metrics::gauge!("nightshift_prefetch_recall").set(x);
+    }
+}
+
 fn nodes_check(experts: Option<&Experts>) -> NodesCheck {
     match experts.and_then(|e| e.remote()).cloned() {
         None => Arc::new(|| Ok(())),
@@ -487,7 +507,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("starting the tokio runtime")?;
     let experts = loaded.experts;
     let remote = experts.as_ref().and_then(|e| e.remote()).cloned();
+    let prefetch = experts.as_ref().and_then(|e| e.prefetch()).cloned();
     rt.block_on(async move {
+        if let Some(p) = prefetch {
+            // The cold-expert prefetch's counters, refreshed every 2 s.
+            tokio::spawn(async move {
+                loop {
+                    publish_prefetch(&p.stats());
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            });
+        }
         if let Some(remote) = remote {
             // Expert-node health as a gauge, refreshed every 5 s.
             tokio::spawn(async move {

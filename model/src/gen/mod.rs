@@ -11,15 +11,19 @@
 //!
 //! Submodules: `writer` (streaming GGUF v3), `layout` (presets, metadata, tensor list), `mix`
 //! (llama-quantize's per-tensor types), `iq_mix` (UD-IQ1_S / UD-IQ2_XXS), `bpe` + `tokenizer_kv`
-//! (tokenizer), `rng` (seeded streams), `skew` (routers drawn for realistically skewed, local
-//! routing instead of uniform).
+//! (tokenizer), `rng` (seeded streams), `skew` (the residual-stream construction for
+//! realistically skewed, local routing instead of uniform), `skew_model` (published statistics
+//! to a router logit's variance shares) and `calibrate` (the pass that measures the generated
+//! file and writes its routers with those shares).
 
 pub mod bpe;
+pub mod calibrate;
 pub mod iq_mix;
 pub mod layout;
 pub mod mix;
 pub mod rng;
 pub mod skew;
+pub mod skew_model;
 pub mod tokenizer_kv;
 pub mod writer;
 
@@ -55,6 +59,8 @@ pub enum GenError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("calibrating the skewed routers: {0}")]
+    Calibrate(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -297,6 +303,8 @@ pub struct Plan {
     pub tensors: Vec<(TensorDecl, Init)>,
     /// how the routers are drawn
     pub routing: RoutingSkew,
+    /// what the calibration pass of skewed routing measured and derived (after [`generate`])
+    pub calibration: Option<calibrate::Calibration>,
 }
 
 impl Plan {
@@ -367,6 +375,7 @@ pub fn plan(spec: &GenSpec) -> Result<Plan, GenError> {
         metadata,
         tensors,
         routing: spec.routing,
+        calibration: None,
     })
 }
 
@@ -382,14 +391,35 @@ pub struct GenProgress<'a> {
 const CHUNK_ELEMS: u64 = 1 << 23;
 
 /// Generates the model of `spec` into `path` (written to `path.partial` then renamed, so a
-/// half-written file never looks complete). Returns the plan that was written.
+/// half-written file never looks complete). Skewed routing writes `path.uncalibrated` first,
+/// calibrates its routers in place (`calibrate`) and then renames it. Returns the plan that was
+/// written.
 pub fn generate(
     spec: &GenSpec,
     path: &Path,
     progress: &mut dyn FnMut(&GenProgress<'_>),
 ) -> Result<Plan, GenError> {
-    let plan = plan(spec)?;
-    write_plan(&plan, spec.seed, path, progress)?;
+    let mut plan = plan(spec)?;
+    let Some(shaper) = skew::Shaper::new(&plan.dims, plan.routing)? else {
+        write_plan(&plan, spec.seed, path, progress)?;
+        return Ok(plan);
+    };
+    let mut first = path.as_os_str().to_owned();
+    first.push(".uncalibrated");
+    let first = PathBuf::from(first);
+    write_plan(&plan, spec.seed, &first, progress)?;
+    let cal = calibrate::calibrate(
+        &first,
+        plan.dims.arch,
+        shaper.topic_channels(),
+        shaper.params().scale,
+        spec.seed,
+    )?;
+    std::fs::rename(&first, path).map_err(|source| GenError::File {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    plan.calibration = Some(cal);
     Ok(plan)
 }
 

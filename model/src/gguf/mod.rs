@@ -339,6 +339,13 @@ impl Gguf {
         }
     }
 
+    /// Whether every page of `bytes` (a slice of this model's map) is in the page cache
+    /// (`mincore`); None for slices outside the map, on errors and off unix.
+    pub fn is_cached(&self, bytes: &[u8]) -> Option<bool> {
+        let (map, offset) = self.locate(bytes)?;
+        cached(map, offset, bytes.len())
+    }
+
     /// Drops the page-cache pages of `bytes` (a slice of this model's map whose content now lives
     /// elsewhere, e.g. resident expert copies), so a memory-limited process does not keep both.
     /// Affects every process reading the file; advisory: errors and foreign slices are ignored.
@@ -406,6 +413,36 @@ fn advise(map: &Mmap, offset: usize, len: usize, hint: AccessHint) {
 
 #[cfg(not(unix))]
 fn advise(_map: &Mmap, _offset: usize, _len: usize, _hint: AccessHint) {}
+
+/// Whether all pages covering `offset .. offset + len` of `map` are resident (`mincore`).
+#[cfg(unix)]
+fn cached(map: &Mmap, offset: usize, len: usize) -> Option<bool> {
+    if len == 0 || offset.checked_add(len).is_none_or(|end| end > map.len()) {
+        return None;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+    let base = map.as_ptr() as usize;
+    let first = (base + offset) / page * page;
+    let end = (base + offset + len).div_ceil(page) * page;
+    let mut vec = vec![0u8; (end - first) / page];
+    // SAFETY: the map starts on a page boundary, so `first .. end` (the pages holding the
+    // range, which lies inside the map) is mapped; `vec` has one byte per page of it, as mincore
+    // writes. mincore only reads the page tables and the page cache.
+    let r = unsafe {
+        libc::mincore(
+            first as *mut libc::c_void,
+            end - first,
+            vec.as_mut_ptr().cast(),
+        )
+    };
+    (r == 0).then(|| vec.iter().all(|b| b & 1 == 1))
+}
+
+#[cfg(not(unix))]
+fn cached(_map: &Mmap, _offset: usize, _len: usize) -> Option<bool> {
+    None
+}
 
 /// `madvise(MADV_DONTNEED)` on the whole pages inside `offset .. offset + len` of `map` (pages
 /// shared with bytes outside the range are kept). Returns the bytes released (0 on failure).
