@@ -7,6 +7,7 @@ use std::ffi::{c_char, c_void, CString};
 use std::path::Path;
 
 use llama_cpp_sys_2 as sys;
+use nightshift_model::KvType;
 
 /// Errors from llama.cpp.
 #[derive(thiserror::Error, Debug)]
@@ -42,6 +43,20 @@ impl Llama {
         threads: i32,
         verbose: bool,
     ) -> Result<Llama, LlamaError> {
+        Self::load_kv(path, n_ctx, n_batch, threads, verbose, KvType::F32)
+    }
+
+    /// [`Llama::load`] with the K and V cache in `kv` (`-ctk`/`-ctv`). A Q8_0 cache turns flash
+    /// attention on, as llama.cpp requires for a quantized V cache; F32 and F16 leave llama.cpp's
+    /// default.
+    pub fn load_kv(
+        path: &Path,
+        n_ctx: u32,
+        n_batch: u32,
+        threads: i32,
+        verbose: bool,
+        kv: KvType,
+    ) -> Result<Llama, LlamaError> {
         let shown = path.display().to_string();
         let c_path = CString::new(shown.clone()).map_err(|_| LlamaError::Path(shown.clone()))?;
         // SAFETY: the llama.cpp C API used as documented in llama.h: init once, default params
@@ -64,8 +79,17 @@ impl Llama {
             cp.n_ubatch = n_batch;
             cp.n_threads = threads;
             cp.n_threads_batch = threads;
-            cp.type_k = 0; // GGML_TYPE_F32
-            cp.type_v = 0;
+            // ggml_type ids: GGML_TYPE_F32 0, GGML_TYPE_F16 1, GGML_TYPE_Q8_0 8
+            let ty = match kv {
+                KvType::F32 => 0,
+                KvType::F16 => 1,
+                KvType::Q8_0 => 8,
+            };
+            cp.type_k = ty;
+            cp.type_v = ty;
+            if kv == KvType::Q8_0 {
+                cp.flash_attn_type = 1; // LLAMA_FLASH_ATTN_TYPE_ENABLED
+            }
             let ctx = sys::llama_init_from_model(model, cp);
             if ctx.is_null() {
                 sys::llama_model_free(model);

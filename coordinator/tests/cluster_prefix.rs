@@ -1,7 +1,7 @@
 //! The prefix cache with the experts on nodes (`--nodes 2`, real processes on loopback): only
 //! the coordinator's KV cache changes, so a request that starts from another request's cached
-//! blocks gives the logits of the same request computed cold in process, bit for bit, with F32
-//! and F16 caches, on qwen3moe and deepseek2.
+//! blocks gives the logits of the same request computed cold in process, bit for bit, with F32,
+//! F16 and Q8_0 caches, on qwen3moe and deepseek2.
 
 mod support;
 
@@ -72,7 +72,7 @@ fn check(file: &str) {
     let prompt = tokens(40, 17, vocab);
     let mut other = prompt[..35].to_vec();
     other.extend(tokens(5, 23, vocab));
-    for ty in [KvType::F32, KvType::F16] {
+    for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
         let local: Arc<dyn ExpertBackend> = Arc::new(LocalExperts::new(model.clone(), None));
         let (_, want) = serve_one(&mut engine(&model, local, ty), &prompt);
         let mut e = engine(&model, remote.clone(), ty);

@@ -3,4 +3,5 @@
 //! crate, [`nightshift_kernels::attn`]; the model crate holds no CPU-specific code and calls it
 //! through these names (`arch::attend_all` per kv head group, the attention bench per token).
 
+pub use nightshift_kernels::attn::q8::{attend_heads_q8, Q8Scratch};
 pub use nightshift_kernels::attn::{attend, attend_heads, Heads, KvView};

@@ -176,13 +176,16 @@ impl Engine {
     }
 
     /// Chooses the KV cache element type (default F32, the llama.cpp parity reference; F16 halves
-    /// the cache). Only before the first sequence is added; the cached prefixes are dropped.
+    /// the cache, Q8_0 takes 34/128 of it). Only before the first sequence is added; the cached
+    /// prefixes are dropped. `KvType` error when the model's heads do not fit the type.
     pub fn set_kv_type(&mut self, ty: KvType) -> Result<(), ModelError> {
         if self.kv.live() > 0 {
             return Err(ModelError::Batch(
                 "expected no live sequences when changing the kv type, found some".into(),
             ));
         }
+        let c = self.model.config();
+        ty.check(&KvLayout::for_model(c), c.head_k, c.head_v)?;
         self.kv = new_cache(&self.model, &self.opts, ty, self.kv_disk.as_ref())?;
         Ok(())
     }

@@ -31,6 +31,9 @@ pub enum ModelError {
     /// The batch handed to `Engine::forward` is inconsistent.
     #[error("bad batch: {0}")]
     Batch(String),
+    /// The KV cache type cannot hold this model's rows.
+    #[error("kv cache type: {0}")]
+    KvType(String),
     /// The KV budget or the context length would be exceeded.
     #[error("kv cache full: {0}")]
     KvFull(String),

@@ -120,7 +120,7 @@ fn a_restarted_engine_takes_its_prefixes_from_disk_with_cold_bits() {
     for name in MODELS {
         let m = model(name);
         let vocab = m.config().n_vocab;
-        for ty in [KvType::F32, KvType::F16] {
+        for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
             let what = format!("{name} {ty:?}");
             let prompt = tokens(41, 31, vocab);
             let mut c = engine(&m, ty, None);

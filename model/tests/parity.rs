@@ -1,7 +1,8 @@
 //! Parity with llama.cpp: for every tiny fixture model, evaluate each test prompt as one batch,
 //! then llama.cpp's greedy continuation one token at a time through the KV cache, and compare the
-//! logits of every row with llama.cpp's (F32 KV cache). Also checks that several sequences in one
-//! batch give bit-identical results to each sequence alone.
+//! logits of every row with llama.cpp's (F32 KV cache; a Q8_0 cache against llama.cpp run with
+//! `-ctk q8_0 -ctv q8_0`). Also checks that several sequences in one batch give bit-identical
+//! results to each sequence alone.
 
 use nightshift_model::{BatchToken, Engine, EngineOptions, KvType, LocalExperts, Model};
 use serde_json::Value;
@@ -17,12 +18,27 @@ struct Prompt {
 }
 
 fn load_fixture(name: &str) -> (Arc<Model>, Vec<Prompt>) {
+    load_fixture_kv(name, KvType::F32)
+}
+
+/// The model `name` and llama.cpp's expectations with a `kv` cache (`NAME.kv-TYPE.*` other than
+/// for F32, written by `llama-check --fixtures DIR --kv-type TYPE`).
+fn load_fixture_kv(name: &str, kv: KvType) -> (Arc<Model>, Vec<Prompt>) {
     let model = Model::load(&fixture_path(&format!("{name}.gguf"))).expect("model loads");
+    let stem = match kv {
+        KvType::F32 => name.to_string(),
+        _ => format!("{name}.kv-{}", kv.name()),
+    };
     let json: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture_path(&format!("{name}.expected.json"))).expect("json"),
+        &std::fs::read_to_string(fixture_path(&format!("{stem}.expected.json"))).expect("json"),
     )
     .expect("parse");
-    let bytes = std::fs::read(fixture_path(&format!("{name}.logits.bin"))).expect("logits");
+    assert_eq!(
+        json["kv_cache"],
+        kv.name(),
+        "{stem}: expectations of another cache"
+    );
+    let bytes = std::fs::read(fixture_path(&format!("{stem}.logits.bin"))).expect("logits");
     let all: Vec<f32> = bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -70,11 +86,8 @@ fn argmax(v: &[f32]) -> u32 {
     nightshift_model::sampler::argmax(v)
 }
 
-/// Runs prompt + teacher-forced greedy tokens; returns (max |delta|, argmax mismatches).
-fn run_prompt(model: &Arc<Model>, p: &Prompt) -> (f32, Vec<String>) {
-    run_prompt_kv(model, p, KvType::F32)
-}
-
+/// Runs prompt + teacher-forced greedy tokens with a `kv` cache; returns (max |delta|, argmax
+/// mismatches).
 fn run_prompt_kv(model: &Arc<Model>, p: &Prompt, kv: KvType) -> (f32, Vec<String>) {
     let nv = model.config().n_vocab;
     let mut e = engine(model);
@@ -130,10 +143,14 @@ fn run_prompt_kv(model: &Arc<Model>, p: &Prompt, kv: KvType) -> (f32, Vec<String
 }
 
 fn check(name: &str, tol: f32) {
-    let (model, prompts) = load_fixture(name);
+    check_kv(name, KvType::F32, tol)
+}
+
+fn check_kv(name: &str, kv: KvType, tol: f32) {
+    let (model, prompts) = load_fixture_kv(name, kv);
     let mut worst = 0.0f32;
     for (i, p) in prompts.iter().enumerate() {
-        let (max, bad) = run_prompt(&model, p);
+        let (max, bad) = run_prompt_kv(&model, p, kv);
         eprintln!("{name} prompt {i}: max |delta| = {max:.3e}");
         assert!(bad.is_empty(), "{name} prompt {i}: {bad:?}");
         worst = worst.max(max);
@@ -221,10 +238,39 @@ fn llama_q4_k_m() {
     check("tiny-llama-Q4_K_M", 5e-3);
 }
 
+/// A Q8_0 cache (llama.cpp's `-ctk q8_0 -ctv q8_0`, which runs ggml's flash attention: q
+/// quantized to Q8_0 for K.q, online softmax) against llama.cpp with the same cache, on a GQA
+/// and an MLA fixture; expectations by `llama-check --fixtures model/tests/data --kv-type q8_0`.
+#[test]
+fn qwen3moe_q4_k_m_q8_0_kv() {
+    check_kv("tiny-qwen3moe-Q4_K_M", KvType::Q8_0, 5e-3);
+}
+
+#[test]
+fn deepseek2_q4_k_m_q8_0_kv() {
+    check_kv("tiny-deepseek2-Q4_K_M", KvType::Q8_0, 5e-3);
+}
+
+/// The batch composition never changes a Q8_0 cache's bits either.
+#[test]
+fn multi_sequence_batch_is_bit_identical_q8_0_kv() {
+    check_multi_seq_kv("tiny-qwen3moe-Q4_K_M", KvType::Q8_0);
+    check_multi_seq_kv("tiny-deepseek2-Q4_K_M", KvType::Q8_0);
+}
+
 /// Two prompts interleaved in one batch (then decoded together) == each alone, bit for bit.
 fn check_multi_seq(name: &str) {
+    check_multi_seq_kv(name, KvType::F32)
+}
+
+fn check_multi_seq_kv(name: &str, kv: KvType) {
     let (model, prompts) = load_fixture(name);
     let (a, b) = (&prompts[0], &prompts[1]);
+    let engine = |model: &Arc<Model>| {
+        let mut e = engine(model);
+        e.set_kv_type(kv).expect("kv type");
+        e
+    };
     let alone = |p: &Prompt| {
         let mut e = engine(&model);
         let s = e.add_sequence().expect("seq");

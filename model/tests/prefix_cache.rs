@@ -1,9 +1,9 @@
 //! The paged KV cache and its prefix cache on the fixture models: a request that starts from
 //! cached blocks (another request's prompt, a running sequence's, a whole prompt's, a fork)
-//! gives the logits of the same request computed cold, bit for bit, with F32 and F16 caches on
-//! qwen3moe, deepseek2 and the dense qwen3 and llama; the budget is kept in blocks. Prompts
-//! admitted together share the blocks the first of them computes (the others wait, then take
-//! them), with the same bits.
+//! gives the logits of the same request computed cold, bit for bit, with F32, F16 and Q8_0
+//! caches on qwen3moe, deepseek2 and the dense qwen3 and llama; the budget is kept in blocks.
+//! Prompts admitted together share the blocks the first of them computes (the others wait, then
+//! take them), with the same bits.
 
 use nightshift_model::{Engine, EngineOptions, KvType, LocalExperts, Model, ModelError, SeqId};
 use std::sync::Arc;
@@ -74,7 +74,7 @@ fn cached_prefixes_give_the_bits_of_cold_computation() {
     for name in MODELS {
         let m = model(name);
         let vocab = m.config().n_vocab;
-        for ty in [KvType::F32, KvType::F16] {
+        for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
             let what = format!("{name} {ty:?}");
             let prompt = tokens(41, 3, vocab);
             let want = cold(&m, ty, &prompt);
@@ -105,7 +105,7 @@ fn a_whole_cached_prompt_and_a_running_sequences_blocks_give_cold_bits() {
     for name in MODELS {
         let m = model(name);
         let vocab = m.config().n_vocab;
-        for ty in [KvType::F32, KvType::F16] {
+        for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
             let what = format!("{name} {ty:?}");
             // exactly two blocks: the last position lies in a cached block and is recomputed
             // in a copy of it

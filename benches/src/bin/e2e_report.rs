@@ -2,7 +2,10 @@
 //! `ggml`) on a `gen-model` file shaped like Qwen3-30B-A3B with fewer layers (generated once into
 //! `--models-dir`), plus a STREAM triad bandwidth measurement and the decode roofline: bandwidth ÷
 //! weight bytes read per decoded token (attention, router, the `used/experts` share of the expert
-//! stacks, the output head, one embedding row). Prints markdown tables.
+//! stacks, the output head, one embedding row). `--depth 4096,16384` adds prefill at depth as
+//! `llama-bench -p N -d D` measures it: N prompt tokens in one batch on top of a cache already
+//! holding D positions, both engines in the same run with the same threads and cache type, with
+//! the attention share of our prefill step. Prints markdown tables.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,8 +17,8 @@ use nightshift_benches::argmax;
 use nightshift_benches::stream::triad_bandwidth;
 use nightshift_model::gen::{generate, Arch, GenSpec, Preset, QuantMix};
 use nightshift_model::gguf::Gguf;
-use nightshift_model::KvLayout;
 use nightshift_model::{build_pool, BatchToken, Engine, EngineOptions, LocalExperts, Model};
+use nightshift_model::{KvLayout, KvType};
 
 /// End-to-end tokens/s of nightshift vs llama.cpp, with bandwidth and roofline.
 #[derive(Parser)]
@@ -55,6 +58,21 @@ struct Args {
     skip_ours: bool,
     #[arg(long)]
     skip_llama: bool,
+    /// Cache depths of the prefill-at-depth table (none: no table).
+    #[arg(long, value_delimiter = ',')]
+    depth: Vec<usize>,
+    /// Prompt tokens prefilled on top of each depth (one batch).
+    #[arg(long, default_value_t = 512)]
+    depth_prefill: usize,
+    /// Runs of each engine per depth, alternating (the host drifts: ranges are printed).
+    #[arg(long, default_value_t = 2)]
+    depth_reps: usize,
+    /// K/V cache type of both engines in the depth table (f32, f16, q8_0).
+    #[arg(long, default_value = "f32", value_parser = KvType::parse)]
+    kv_type: KvType,
+    /// Only the depth table.
+    #[arg(long)]
+    depth_only: bool,
 }
 
 /// Tokens per wall-clock second and per CPU-second of the whole process (the latter barely moves
@@ -119,6 +137,12 @@ fn main() -> anyhow::Result<()> {
     if files.is_empty() {
         for q in &a.quant {
             files.push(ensure_model(&a.models_dir, q.parse()?, a.layers)?);
+        }
+    }
+    if !a.depth.is_empty() {
+        depth_table(&a, &files)?;
+        if a.depth_only {
+            return Ok(());
         }
     }
     println!("threads {}, load average before: {}", a.threads, loadavg());
@@ -405,4 +429,127 @@ fn memory_line(model: &Model) -> String {
         model.resident_bytes() as f64 / (1024.0 * 1024.0),
         mib(kib("RssFile:"))
     )
+}
+
+/// Positions a depth's cache is filled with per call (llama-bench's default ubatch).
+const FILL_CHUNK: usize = 512;
+
+/// The depth filler and the timed prompt: token ids spread over the trained vocabulary.
+fn depth_tokens(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| 40 + ((i + salt) * 7919) % 500)
+        .collect()
+}
+
+/// Prefill tok/s at each `--depth`: ours and llama.cpp's, alternating `--depth-reps` times, with
+/// the attention share of our timed prefill (the engine's `StepProfile`).
+fn depth_table(a: &Args, files: &[PathBuf]) -> anyhow::Result<()> {
+    println!(
+        "\nprefill of {} tokens on top of a cache of depth D (llama-bench -p {} -d D), {} threads, {} kv cache, {} runs each alternating",
+        a.depth_prefill,
+        a.depth_prefill,
+        a.threads,
+        a.kv_type.name(),
+        a.depth_reps
+    );
+    println!("| model | depth | nightshift tok/s | llama.cpp tok/s | ratio | nightshift attention share |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let range = |v: &[f64]| -> String {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::INFINITY, 0f64), |(l, h), &x| (l.min(x), h.max(x)));
+        if v.is_empty() {
+            "-".into()
+        } else if (hi - lo) < 0.005 * hi {
+            format!("{hi:.1}")
+        } else {
+            format!("{lo:.1}-{hi:.1}")
+        }
+    };
+    for f in files {
+        let name = f
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let model = Model::load(f)?;
+        for &d in &a.depth {
+            let (mut ours_v, mut share) = (Vec::new(), Vec::new());
+            // filled only with the `ggml` feature
+            #[allow(unused_mut)]
+            let mut theirs: Vec<f64> = Vec::new();
+            for _ in 0..a.depth_reps.max(1) {
+                if !a.skip_ours {
+                    let (tok_s, sh) = ours_at_depth(&model, d, a)?;
+                    ours_v.push(tok_s);
+                    share.push(100.0 * sh);
+                }
+                #[cfg(feature = "ggml")]
+                if !a.skip_llama {
+                    theirs.push(llama_at_depth(f, d, a)?);
+                }
+            }
+            let best = |v: &[f64]| v.iter().cloned().fold(0f64, f64::max);
+            let ratio = if theirs.is_empty() || ours_v.is_empty() {
+                "-".to_string()
+            } else {
+                let lo = ours_v.iter().cloned().fold(f64::INFINITY, f64::min) / best(&theirs);
+                let hi = best(&ours_v) / theirs.iter().cloned().fold(f64::INFINITY, f64::min);
+                format!("{lo:.2}-{hi:.2}x")
+            };
+            println!(
+                "| {name} | {d} | {} | {} | {ratio} | {}% |",
+                range(&ours_v),
+                range(&theirs),
+                range(&share)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Our prefill tok/s of `--depth-prefill` tokens at depth `d`, and the attention share of it.
+fn ours_at_depth(model: &Arc<Model>, d: usize, a: &Args) -> anyhow::Result<(f64, f64)> {
+    let pool = build_pool(a.threads)?;
+    let backend = Arc::new(LocalExperts::new(model.clone(), Some(pool.clone())));
+    let len = d + a.depth_prefill + 8;
+    let opts = EngineOptions {
+        threads: a.threads,
+        pool: Some(pool),
+        max_seqs: 1,
+        kv_budget_tokens: len.next_multiple_of(KvLayout::BLOCK),
+        max_seq_len: len,
+        prefix_cache: false,
+        ..Default::default()
+    };
+    let mut eng = Engine::new(model.clone(), backend, opts)?;
+    eng.set_kv_type(a.kv_type)?;
+    let seq = eng.add_sequence()?;
+    for chunk in depth_tokens(d, 0).chunks(FILL_CHUNK) {
+        eng.prefill(seq, chunk)?;
+    }
+    eng.reset_profile();
+    let t = Instant::now();
+    eng.prefill(seq, &depth_tokens(a.depth_prefill, 17))?;
+    let secs = t.elapsed().as_secs_f64();
+    let p = eng.profile();
+    Ok((
+        a.depth_prefill as f64 / secs,
+        p.attention / p.total.max(1e-12),
+    ))
+}
+
+/// llama.cpp's prefill tok/s of `--depth-prefill` tokens on top of `d` cached positions.
+#[cfg(feature = "ggml")]
+fn llama_at_depth(path: &Path, d: usize, a: &Args) -> anyhow::Result<f64> {
+    use nightshift_benches::llama::Llama;
+    let n_ctx = (d + a.depth_prefill + 8) as u32;
+    let n_batch = a.depth_prefill.max(FILL_CHUNK) as u32;
+    let mut l = Llama::load_kv(path, n_ctx, n_batch, a.threads as i32, false, a.kv_type)?;
+    let ids = |v: Vec<u32>| v.into_iter().map(|t| t as i32).collect::<Vec<i32>>();
+    for chunk in ids(depth_tokens(d, 0)).chunks(FILL_CHUNK) {
+        l.decode(chunk)?;
+    }
+    let prompt = ids(depth_tokens(a.depth_prefill, 17));
+    let t = Instant::now();
+    l.decode(&prompt)?;
+    Ok(a.depth_prefill as f64 / t.elapsed().as_secs_f64())
 }

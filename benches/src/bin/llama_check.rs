@@ -17,7 +17,9 @@ use clap::Parser;
 use nightshift_benches::argmax;
 use nightshift_benches::llama::Llama;
 use nightshift_model::gen::{generate, Arch, GenSpec, Preset, QuantMix};
-use nightshift_model::{build_pool, BatchToken, Engine, EngineOptions, LocalExperts, Model};
+use nightshift_model::{
+    build_pool, BatchToken, Engine, EngineOptions, KvType, LocalExperts, Model,
+};
 use serde_json::json;
 
 /// Load GGUF files in llama.cpp and compare its logits with ours.
@@ -38,6 +40,10 @@ struct Args {
     /// Write each file's llama.cpp expectations (NAME.expected.json, NAME.logits.bin) here.
     #[arg(long)]
     fixtures: Option<PathBuf>,
+    /// K and V cache type of both engines (f32, f16, q8_0: llama.cpp's -ctk/-ctv, with flash
+    /// attention for q8_0); other than f32 the fixtures are named NAME.kv-TYPE.*.
+    #[arg(long, default_value = "f32", value_parser = KvType::parse)]
+    kv_type: KvType,
 }
 
 /// make_models.py's TEST_STRINGS: tokenized with BOS and special tokens.
@@ -76,12 +82,12 @@ fn main() -> anyhow::Result<()> {
     if let Some(dir) = &args.fixtures {
         std::fs::create_dir_all(dir)?;
         for f in &args.files {
-            let (json, logits) = write_fixture(f, dir, args.verbose)?;
+            let (json, logits) = write_fixture(f, dir, args.verbose, args.kv_type)?;
             println!("wrote {} and {}", json.display(), logits.display());
         }
     }
     for f in &args.files {
-        let mut l = Llama::load(f, 256, 64, 2, args.verbose)
+        let mut l = Llama::load_kv(f, 256, 64, 2, args.verbose, args.kv_type)
             .with_context(|| format!("llama.cpp on {}", f.display()))?;
         let mut theirs = Vec::new();
         for &t in &ids {
@@ -95,7 +101,7 @@ fn main() -> anyhow::Result<()> {
             l.n_vocab(),
             greedy
         );
-        match ours(f, &ids) {
+        match ours(f, &ids, args.kv_type) {
             Ok(rows) => {
                 let mut worst = 0f32;
                 let mut agree = 0;
@@ -113,7 +119,7 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn ours(path: &PathBuf, ids: &[u32]) -> anyhow::Result<Vec<Vec<f32>>> {
+fn ours(path: &PathBuf, ids: &[u32], kv: KvType) -> anyhow::Result<Vec<Vec<f32>>> {
     let model = Model::load(path)?;
     let pool = build_pool(2)?;
     let backend = Arc::new(LocalExperts::new(model.clone(), Some(pool.clone())));
@@ -126,6 +132,7 @@ fn ours(path: &PathBuf, ids: &[u32]) -> anyhow::Result<Vec<Vec<f32>>> {
         ..Default::default()
     };
     let mut eng = Engine::new(model, backend, opts)?;
+    eng.set_kv_type(kv)?;
     let seq = eng.add_sequence()?;
     let mut rows = Vec::new();
     for (pos, &token) in ids.iter().enumerate() {
@@ -140,20 +147,30 @@ fn ours(path: &PathBuf, ids: &[u32]) -> anyhow::Result<Vec<Vec<f32>>> {
     Ok(rows)
 }
 
-/// Runs make_models.py's `expected` on `path` in llama.cpp and writes `dir/STEM.expected.json`
-/// and `dir/STEM.logits.bin` (rows of n_vocab little-endian f32, one per token of each prompt's
-/// ids + greedy, the prompts one after the other). Returns the two paths.
-fn write_fixture(path: &Path, dir: &Path, verbose: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
+/// Runs make_models.py's `expected` on `path` in llama.cpp with a `kv` cache and writes
+/// `dir/STEM.expected.json` and `dir/STEM.logits.bin` (rows of n_vocab little-endian f32, one per
+/// token of each prompt's ids + greedy, the prompts one after the other; STEM gains `.kv-TYPE`
+/// for a cache other than f32). Returns the two paths.
+fn write_fixture(
+    path: &Path,
+    dir: &Path,
+    verbose: bool,
+    kv: KvType,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
     let stem = path
         .file_stem()
         .and_then(|s| s.to_str())
         .context("expected a file name ending in .gguf")?;
+    let stem = match kv {
+        KvType::F32 => stem.to_string(),
+        _ => format!("{stem}.kv-{}", kv.name()),
+    };
     let name = path
         .file_name()
         .and_then(|s| s.to_str())
         .context("expected a file name")?;
-    // one thread and an F32 cache, as make_models.py runs llama.cpp
-    let mut l = Llama::load(path, 256, 256, 1, verbose)
+    // one thread (and an F32 cache unless told), as make_models.py runs llama.cpp
+    let mut l = Llama::load_kv(path, 256, 256, 1, verbose, kv)
         .with_context(|| format!("llama.cpp on {}", path.display()))?;
     let nv = l.n_vocab();
     let mut tokenize = Vec::new();
@@ -202,7 +219,7 @@ fn write_fixture(path: &Path, dir: &Path, verbose: bool) -> anyhow::Result<(Path
     let json_path = dir.join(format!("{stem}.expected.json"));
     let rec = json!({
         "model": name,
-        "kv_cache": "f32",
+        "kv_cache": kv.name(),
         "tokenize": tokenize,
         "prompts": prompts,
         "logits_file": format!("{stem}.logits.bin"),

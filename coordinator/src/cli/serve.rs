@@ -67,8 +67,8 @@ pub struct Args {
     /// Admission promises each request the blocks its prompt + max_tokens may need.
     #[arg(long, default_value = "25%", value_parser = parse_kv_memory)]
     pub kv_memory: KvMemory,
-    /// Element type of the KV cache: f32 (the llama.cpp parity reference) or f16 (half the
-    /// memory).
+    /// Element type of the KV cache: f32 (the llama.cpp parity reference), f16 (half the
+    /// memory) or q8_0 (34 bytes per 32 elements, llama.cpp's `-ctk q8_0 -ctv q8_0`).
     #[arg(long, default_value = "f32", value_parser = parse_kv_type)]
     pub kv_type: nightshift_model::KvType,
     /// Turn automatic prefix caching off (every prompt is computed from its first token).
@@ -174,11 +174,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn parse_kv_type(s: &str) -> Result<nightshift_model::KvType, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "f32" => Ok(nightshift_model::KvType::F32),
-        "f16" => Ok(nightshift_model::KvType::F16),
-        _ => Err(format!("expected f32 or f16, found {s:?}")),
-    }
+    nightshift_model::KvType::parse(s)
 }
 
 /// The KV cache's size: positions from `--kv-memory` (at least one context) and the line the

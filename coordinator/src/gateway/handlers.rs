@@ -395,6 +395,12 @@ pub async fn admin_kv(State(st): State<Arc<AppState>>) -> Json<serde_json::Value
     } else {
         0.0
     };
+    // what the pool's buffers hold per position, next to the layout's theoretical figure
+    let measured = if kv.allocated_blocks > 0 && kv.block > 0 {
+        kv.allocated_bytes as f64 / (kv.allocated_blocks * kv.block) as f64
+    } else {
+        0.0
+    };
     Json(serde_json::json!({
         "object": "kv_cache",
         "kv_type": kv.kv_type.name(),
@@ -403,6 +409,9 @@ pub async fn admin_kv(State(st): State<Arc<AppState>>) -> Json<serde_json::Value
         "bytes_per_block": kv.bytes_per_block,
         "capacity_blocks": kv.capacity_blocks,
         "capacity_bytes": kv.capacity_blocks * kv.bytes_per_block,
+        "allocated_blocks": kv.allocated_blocks,
+        "allocated_bytes": kv.allocated_bytes,
+        "measured_bytes_per_token": measured,
         "used_blocks": kv.used_blocks,
         "cached_blocks": kv.cached_blocks,
         "free_blocks": kv.free_blocks,

@@ -3,12 +3,16 @@
 //! the causal mask, `kqv = V^T.p`. GQA maps query head `h` to kv head `h / (n_head / n_head_kv)`;
 //! MLA is the special case of one kv head whose V is a prefix of K.
 //!
+//! A Q8_0 cache (llama.cpp's `-ctk q8_0 -ctv q8_0`, which runs ggml's flash-attention path with
+//! its online softmax) has its own kernel in [`q8`].
+//!
 //! The portable body here is what every CPU can run (aarch64 runs it as is); on x86-64 the
 //! [`crate::dispatch::float_level`] picks the same body compiled for AVX2, or the AVX-512 kernels
 //! of `x86_64`, which keep every operation and its order (Rust never fuses or reassociates
 //! float operations), so all of them give the same bits. The model crate calls [`attend_heads`]
 //! per kv head group; it holds no SIMD code of its own.
 
+pub mod q8;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 
@@ -17,11 +21,12 @@ use crate::formats::{f16_to_f32, f32_to_f16};
 
 /// Where one sequence's K and V rows live for one layer: in segments of `block` positions (the
 /// paged cache's blocks, or one segment for contiguous rows). Position `j` is row `j % block` of
-/// segment `j / block`; rows are `k_stride` (`v_stride`) floats apart inside a segment.
-pub struct KvView<'a> {
-    pub k: &'a [&'a [f32]],
+/// segment `j / block`; rows are `k_stride` (`v_stride`) elements apart inside a segment: floats
+/// for an F32 view, Q8_0 blocks of 32 for the quantized cache ([`q8`]).
+pub struct KvView<'a, T = f32> {
+    pub k: &'a [&'a [T]],
     pub k_stride: usize,
-    pub v: &'a [&'a [f32]],
+    pub v: &'a [&'a [T]],
     pub v_stride: usize,
     /// Positions per segment (at least 1).
     pub block: usize,
@@ -29,7 +34,7 @@ pub struct KvView<'a> {
     pub n_kv: usize,
 }
 
-impl KvView<'_> {
+impl<T> KvView<'_, T> {
     /// Segments holding visible positions.
     fn segments(&self) -> usize {
         self.n_kv.div_ceil(self.block.max(1))

@@ -123,6 +123,7 @@ fn q8_scale(xb: &[f32]) -> (f32, f32) {
     (d, if d != 0.0 { 1.0 / d } else { 0.0 })
 }
 
+#[inline]
 pub fn quantize_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
     for (xb, b) in x.chunks_exact(QK).zip(y.iter_mut()) {
         let (d, id) = q8_scale(xb);
@@ -201,6 +202,7 @@ pub fn dequantize_q5_1(x: &[BlockQ5_1], y: &mut [f32]) {
     }
 }
 
+#[inline]
 pub fn dequantize_q8_0(x: &[BlockQ8_0], y: &mut [f32]) {
     for (b, yb) in x.iter().zip(y.chunks_exact_mut(QK)) {
         let d = b.d();
@@ -304,6 +306,7 @@ pub fn vec_dot_q5_1(w: &[BlockQ5_1], x: &[BlockQ8_1]) -> f32 {
 }
 
 /// `ggml_vec_dot_q8_0_q8_0_generic`.
+#[inline]
 pub fn vec_dot_q8_0(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
     let mut sumf = 0.0f32;
     for (a, b) in w.iter().zip(x) {

@@ -2,7 +2,7 @@
 //! caches, thread pool) and the causal attention of every batch token over its own sequence's
 //! cache, run in parallel over tokens.
 
-use crate::attention::{attend_heads, Heads, KvView};
+use crate::attention::{attend_heads, attend_heads_q8, Heads, KvView, Q8Scratch};
 use crate::kv::{KvCache, KvType};
 use crate::model::Model;
 use crate::rope::Rope;
@@ -27,10 +27,37 @@ pub struct StepCtx<'a> {
     pub rope: &'a Rope,
 }
 
+/// Rows each sequence of the step needs: `(slot, positions up to its last batch token)`.
+fn slots_needed(toks: &[Tok]) -> Vec<(usize, usize)> {
+    let mut slots: Vec<(usize, usize)> = Vec::new();
+    for t in toks {
+        match slots.iter_mut().find(|s| s.0 == t.slot) {
+            Some(s) => s.1 = s.1.max(t.pos + 1),
+            None => slots.push((t.slot, t.pos + 1)),
+        }
+    }
+    slots
+}
+
+/// Query heads per attention task: one task per (token, group of query heads sharing a kv
+/// head), so each K/V row is read once per group. Groups are as large as the GQA ratio allows
+/// (at most 8 heads) while leaving at least 4 tasks per thread, so decode steps with few tokens
+/// still spread over the pool.
+fn group_size(ctx: &StepCtx<'_>, hd: Heads) -> usize {
+    let per_kv = hd.n_head / hd.n_head_kv;
+    let tasks_wanted = 4 * ctx.pool.current_num_threads();
+    let mut g = 1;
+    while g < 8 && per_kv % (2 * g) == 0 && ctx.toks.len() * hd.n_head / (2 * g) >= tasks_wanted {
+        g *= 2;
+    }
+    g
+}
+
 /// Causal attention of all batch tokens of layer `il`. `q`: n rows of `n_head*dk`; `out`: n rows
 /// of `n_head*dv`. With `mla`, V is the first `dv` floats of each K row. An F32 cache is read in
 /// place, block by block; an F16 cache is converted once per sequence and layer, and q and the
-/// probabilities are rounded to f16 before their dot products, as ggml's f16 mul_mat does.
+/// probabilities are rounded to f16 before their dot products, as ggml's f16 mul_mat does. A
+/// Q8_0 cache is read in place by ggml's flash-attention arithmetic ([`attend_all_q8`]).
 pub fn attend_all(
     ctx: &StepCtx<'_>,
     kv: &KvCache,
@@ -40,20 +67,17 @@ pub fn attend_all(
     mla: bool,
     out: &mut [f32],
 ) {
+    if kv.kv_type() == KvType::Q8_0 {
+        attend_all_q8(ctx, kv, il, q, hd, mla, out);
+        return;
+    }
     let qw = hd.n_head * hd.dk;
     let (k_stride, v_stride) = if mla {
         (hd.dk, hd.dk)
     } else {
         (hd.n_head_kv * hd.dk, hd.n_head_kv * hd.dv)
     };
-    // Rows each sequence needs this step (up to its last batch position).
-    let mut slots: Vec<(usize, usize)> = Vec::new();
-    for t in ctx.toks {
-        match slots.iter_mut().find(|s| s.0 == t.slot) {
-            Some(s) => s.1 = s.1.max(t.pos + 1),
-            None => slots.push((t.slot, t.pos + 1)),
-        }
-    }
+    let slots = slots_needed(ctx.toks);
     let f16 = kv.kv_type() == KvType::F16;
     let mut scratch: Vec<(Vec<f32>, Vec<f32>)> =
         slots.iter().map(|_| (Vec::new(), Vec::new())).collect();
@@ -86,15 +110,7 @@ pub fn attend_all(
         })
         .collect();
     let views = &views;
-    // One task per (token, group of query heads sharing a kv head): each K/V row is read once
-    // per group. Groups are as large as the GQA ratio allows (at most 8 heads) while leaving at
-    // least 4 tasks per thread, so decode steps with few tokens still spread over the pool.
-    let per_kv = hd.n_head / hd.n_head_kv;
-    let tasks_wanted = 4 * ctx.pool.current_num_threads();
-    let mut g = 1;
-    while g < 8 && per_kv % (2 * g) == 0 && ctx.toks.len() * hd.n_head / (2 * g) >= tasks_wanted {
-        g *= 2;
-    }
+    let g = group_size(ctx, hd);
     let groups = hd.n_head / g;
     ctx.pool.install(|| {
         out.par_chunks_mut(g * hd.dv).enumerate().for_each_init(
@@ -123,6 +139,67 @@ pub fn attend_all(
                 } else {
                     attend_heads(qg, h0, g, &view, hd, false, scores, og);
                 }
+            },
+        )
+    });
+}
+
+/// [`attend_all`] over a Q8_0 cache: every sequence's blocks read in place (strides in blocks
+/// of 32), each group of query heads through `attend_heads_q8` (q quantized to Q8_0, online
+/// softmax, as ggml's flash attention with `-ctk q8_0 -ctv q8_0`).
+fn attend_all_q8(
+    ctx: &StepCtx<'_>,
+    kv: &KvCache,
+    il: usize,
+    q: &[f32],
+    hd: Heads,
+    mla: bool,
+    out: &mut [f32],
+) {
+    let qk = nightshift_kernels::formats::QK;
+    let qw = hd.n_head * hd.dk;
+    let (k_stride, v_stride) = if mla {
+        (hd.dk / qk, hd.dk / qk)
+    } else {
+        (hd.n_head_kv * hd.dk / qk, hd.n_head_kv * hd.dv / qk)
+    };
+    let slots = slots_needed(ctx.toks);
+    let views: Vec<_> = slots
+        .iter()
+        .map(|&(slot, n)| {
+            let k = kv.segments_q8(slot, il, n, false);
+            let v = if mla {
+                k.clone()
+            } else {
+                kv.segments_q8(slot, il, n, true)
+            };
+            (slot, k, v)
+        })
+        .collect();
+    let views = &views;
+    let block = kv.layout().block;
+    let g = group_size(ctx, hd);
+    let groups = hd.n_head / g;
+    ctx.pool.install(|| {
+        out.par_chunks_mut(g * hd.dv).enumerate().for_each_init(
+            Q8Scratch::default,
+            |scratch, (i, og)| {
+                let (ti, h0) = (i / groups, (i % groups) * g);
+                let t = ctx.toks[ti];
+                let Some((_, k, v)) = views.iter().find(|v| v.0 == t.slot && !v.1.is_empty())
+                else {
+                    return;
+                };
+                let view = KvView {
+                    k,
+                    k_stride,
+                    v,
+                    v_stride,
+                    block,
+                    n_kv: t.pos + 1,
+                };
+                let qg = &q[ti * qw + h0 * hd.dk..ti * qw + (h0 + g) * hd.dk];
+                attend_heads_q8(qg, h0, g, &view, hd, scratch, og);
             },
         )
     });

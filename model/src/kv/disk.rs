@@ -51,6 +51,7 @@ fn type_code(ty: KvType) -> u32 {
     match ty {
         KvType::F32 => 0,
         KvType::F16 => 1,
+        KvType::Q8_0 => 2,
     }
 }
 

@@ -9,7 +9,7 @@
 //! size), and a new sequence starts from the longest chain of cached blocks matching its prompt
 //! (at most all but the last prompt position, whose logits must be computed). Blocks no sequence
 //! holds stay cached until the pool needs room (least recently used first). Rows are stored as
-//! f32 or f16 like llama.cpp's `type_k`/`type_v`; a cached row is exactly the row a cold
+//! f32, f16 or Q8_0 like llama.cpp's `type_k`/`type_v`; a cached row is exactly the row a cold
 //! computation writes, so results are bit-identical either way.
 //!
 //! Admission reserves blocks: [`KvCache::admit`] promises a sequence every block it may need up
@@ -26,7 +26,8 @@ pub use share::Attached;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::gguf::fnv1a;
-use nightshift_kernels::formats::f16_to_f32;
+use nightshift_kernels::formats::{f16_to_f32, BlockQ8_0, QK};
+use nightshift_kernels::scalar::legacy::dequantize_q8_0;
 use std::collections::HashMap;
 
 /// Element type of the cache.
@@ -35,14 +36,20 @@ pub enum KvType {
     #[default]
     F32,
     F16,
+    /// ggml's Q8_0 (blocks of 32 elements: an f16 scale and 32 i8, 34 bytes), llama.cpp's
+    /// `-ctk q8_0 -ctv q8_0`; attention then follows ggml's flash-attention path
+    /// (`nightshift_kernels::attn::q8`). Needs head sizes that are whole blocks.
+    Q8_0,
 }
 
 impl KvType {
-    /// Bytes per cached float.
-    pub fn elem_bytes(self) -> usize {
+    /// Bytes `n` cached elements take (whole blocks of 32 for Q8_0: `check` makes every row
+    /// whole blocks).
+    pub fn bytes(self, n: usize) -> usize {
         match self {
-            KvType::F32 => 4,
-            KvType::F16 => 2,
+            KvType::F32 => 4 * n,
+            KvType::F16 => 2 * n,
+            KvType::Q8_0 => n.div_ceil(QK) * std::mem::size_of::<BlockQ8_0>(),
         }
     }
 
@@ -50,7 +57,39 @@ impl KvType {
         match self {
             KvType::F32 => "f32",
             KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
         }
+    }
+
+    /// Parses a cache type name as `--kv-type` (and llama.cpp's `-ctk`) spells it.
+    pub fn parse(s: &str) -> Result<KvType, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            "q8_0" => Ok(KvType::Q8_0),
+            _ => Err(format!("expected f32, f16 or q8_0, found {s:?}")),
+        }
+    }
+
+    /// Whether a cache of this type can hold `layout`'s rows: Q8_0 needs every head's K and V
+    /// rows to be whole blocks of 32 (llama.cpp refuses the same models).
+    pub fn check(self, layout: &KvLayout, head_k: usize, head_v: usize) -> Result<(), ModelError> {
+        if self != KvType::Q8_0 {
+            return Ok(());
+        }
+        for (what, n) in [
+            ("k head size", head_k),
+            ("v head size", head_v),
+            ("k row", layout.k_width),
+            ("v row", layout.v_width),
+        ] {
+            if n % QK != 0 {
+                return Err(ModelError::KvType(format!(
+                    "expected a {what} that is a multiple of {QK} for a q8_0 kv cache, found {n}"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -90,12 +129,12 @@ impl KvLayout {
     }
 
     pub fn block_bytes(&self, ty: KvType) -> usize {
-        self.block_floats() * ty.elem_bytes()
+        ty.bytes(self.block_floats())
     }
 
     /// Bytes one position takes in every layer: the layout's theoretical cost per token.
     pub fn token_bytes(&self, ty: KvType) -> usize {
-        self.n_layer * (self.k_width + self.v_width) * ty.elem_bytes()
+        self.n_layer * ty.bytes(self.k_width + self.v_width)
     }
 
     /// Blocks covering `positions`.
@@ -140,6 +179,10 @@ pub struct KvStats {
     pub bytes_per_token: usize,
     /// Most blocks (the budget).
     pub capacity_blocks: usize,
+    /// Blocks whose storage is allocated, and the bytes that storage takes (measured: the pool's
+    /// buffers, to compare with `bytes_per_block`).
+    pub allocated_blocks: usize,
+    pub allocated_bytes: usize,
     /// Blocks held by live sequences.
     pub used_blocks: usize,
     /// Unreferenced blocks kept for their prefix (evictable).
@@ -279,6 +322,8 @@ impl KvCache {
             bytes_per_block: l.block_bytes(ty),
             bytes_per_token: l.token_bytes(ty),
             capacity_blocks: self.pool.capacity(),
+            allocated_blocks: self.pool.grown(),
+            allocated_bytes: self.pool.storage_bytes(),
             used_blocks: used,
             cached_blocks: cached,
             free_blocks: self.pool.capacity() - used - cached,
@@ -655,7 +700,7 @@ impl KvCache {
     }
 
     /// The F32 K (or V) rows of `layer` of the blocks covering positions `0..n` of `slot`, one
-    /// slice per block (the last may hold rows beyond `n`). Empty for an F16 pool.
+    /// slice per block (the last may hold rows beyond `n`). Empty for another pool type.
     pub fn segments(&self, slot: usize, layer: usize, n: usize, v: bool) -> Vec<&[f32]> {
         let l = self.layout();
         let Some(s) = self.seq(slot) else {
@@ -665,7 +710,23 @@ impl KvCache {
             .iter()
             .filter_map(|&b| match self.pool.rows(b, layer, v) {
                 Rows::F32(r) => Some(r),
-                Rows::F16(_) => None,
+                Rows::F16(_) | Rows::Q8_0(_) => None,
+            })
+            .collect()
+    }
+
+    /// [`KvCache::segments`] of a Q8_0 pool: the blocks of 32 of each cache block's K (or V)
+    /// rows. Empty for another pool type.
+    pub fn segments_q8(&self, slot: usize, layer: usize, n: usize, v: bool) -> Vec<&[BlockQ8_0]> {
+        let l = self.layout();
+        let Some(s) = self.seq(slot) else {
+            return Vec::new();
+        };
+        s.blocks[..l.blocks_for(n).min(s.blocks.len())]
+            .iter()
+            .filter_map(|&b| match self.pool.rows(b, layer, v) {
+                Rows::Q8_0(r) => Some(r),
+                Rows::F32(_) | Rows::F16(_) => None,
             })
             .collect()
     }
@@ -687,6 +748,11 @@ impl KvCache {
             match self.pool.rows(b, layer, v) {
                 Rows::F32(r) => out.extend_from_slice(&r[..rows]),
                 Rows::F16(r) => out.extend(r[..rows].iter().map(|&h| f16_to_f32(h))),
+                Rows::Q8_0(r) => {
+                    let at = out.len();
+                    out.resize(at + rows, 0.0);
+                    dequantize_q8_0(&r[..rows / QK], &mut out[at..]);
+                }
             }
         }
     }

@@ -5,7 +5,8 @@
 //! when the pool needs room. Knows nothing of sequences; `KvCache` (the parent module) does.
 
 use super::{KvLayout, KvType};
-use nightshift_kernels::formats::f32_to_f16;
+use nightshift_kernels::formats::{f32_to_f16, BlockQ8_0, QK};
+use nightshift_kernels::scalar::legacy::quantize_q8_0;
 use std::collections::{BTreeMap, HashMap};
 
 /// Index of a block in its pool.
@@ -16,10 +17,23 @@ pub struct BlockId(pub u32);
 /// commitment: memory is taken as the cache fills).
 const CHUNK_BLOCKS: usize = 32;
 
-/// Storage of some blocks, one element type.
+/// Storage of some blocks, one element type. Offsets are counted in floats; a Q8_0 chunk holds
+/// one block of 32 per 32 floats (every row is whole blocks: `KvType::check`).
 enum Chunk {
     F32(Vec<f32>),
     F16(Vec<u16>),
+    Q8_0(Vec<BlockQ8_0>),
+}
+
+impl Chunk {
+    /// Bytes of storage this chunk holds.
+    fn bytes(&self) -> usize {
+        match self {
+            Chunk::F32(v) => std::mem::size_of_val(&v[..]),
+            Chunk::F16(v) => std::mem::size_of_val(&v[..]),
+            Chunk::Q8_0(v) => std::mem::size_of_val(&v[..]),
+        }
+    }
 }
 
 /// The rows of one layer of one block, as stored.
@@ -27,7 +41,14 @@ enum Chunk {
 pub enum Rows<'a> {
     F32(&'a [f32]),
     F16(&'a [u16]),
+    Q8_0(&'a [BlockQ8_0]),
 }
+
+/// An all-zero Q8_0 block (storage not written yet).
+const Q8_ZERO: BlockQ8_0 = BlockQ8_0 {
+    d: [0; 2],
+    qs: [0; QK],
+};
 
 /// What a registered (cached) block holds: its hash, its parent's and its tokens, checked on
 /// every lookup so a hash collision can never hand out another prefix's rows.
@@ -168,6 +189,14 @@ impl BlockPool {
                 v.resize(floats, 0);
                 Chunk::F16(v)
             }
+            KvType::Q8_0 => {
+                let mut v: Vec<BlockQ8_0> = Vec::new();
+                if v.try_reserve_exact(floats / QK).is_err() {
+                    return false;
+                }
+                v.resize(floats / QK, Q8_ZERO);
+                Chunk::Q8_0(v)
+            }
         };
         self.chunks.push(chunk);
         let first = self.grown();
@@ -242,6 +271,12 @@ impl BlockPool {
         (c.parent == parent && *c.tokens == *tokens).then_some(b)
     }
 
+    /// Bytes of storage allocated so far (what the pool really holds, for the admin endpoint:
+    /// divided by the positions of the blocks grown, the measured cost per token).
+    pub fn storage_bytes(&self) -> usize {
+        self.chunks.iter().map(Chunk::bytes).sum()
+    }
+
     /// Copies every row of `src` into `dst` (copy-on-write).
     pub fn copy_block(&mut self, src: BlockId, dst: BlockId) {
         let n = self.layout.block_floats();
@@ -251,6 +286,7 @@ impl BlockPool {
             match &mut self.chunks[cs] {
                 Chunk::F32(v) => v.copy_within(os..os + n, od),
                 Chunk::F16(v) => v.copy_within(os..os + n, od),
+                Chunk::Q8_0(v) => v.copy_within(os / QK..(os + n) / QK, od / QK),
             }
             return;
         }
@@ -264,6 +300,9 @@ impl BlockPool {
         match (a, b) {
             (Chunk::F32(s), Chunk::F32(d)) => d[od..od + n].copy_from_slice(&s[os..os + n]),
             (Chunk::F16(s), Chunk::F16(d)) => d[od..od + n].copy_from_slice(&s[os..os + n]),
+            (Chunk::Q8_0(s), Chunk::Q8_0(d)) => {
+                d[od / QK..(od + n) / QK].copy_from_slice(&s[os / QK..(os + n) / QK])
+            }
             _ => unreachable!("one pool holds one element type"),
         }
     }
@@ -286,6 +325,10 @@ impl BlockPool {
                 .iter()
                 .flat_map(|x| x.to_le_bytes())
                 .collect(),
+            Chunk::Q8_0(v) => v[off / QK..(off + n) / QK]
+                .iter()
+                .flat_map(|b| b.d.into_iter().chain(b.qs.iter().map(|&q| q as u8)))
+                .collect(),
         }
     }
 
@@ -306,6 +349,18 @@ impl BlockPool {
             Chunk::F16(v) => {
                 for (d, s) in v[off..off + n].iter_mut().zip(bytes.chunks_exact(2)) {
                     *d = u16::from_le_bytes([s[0], s[1]]);
+                }
+            }
+            Chunk::Q8_0(v) => {
+                let each = std::mem::size_of::<BlockQ8_0>();
+                for (d, s) in v[off / QK..(off + n) / QK]
+                    .iter_mut()
+                    .zip(bytes.chunks_exact(each))
+                {
+                    d.d = [s[0], s[1]];
+                    for (q, &b) in d.qs.iter_mut().zip(&s[2..]) {
+                        *q = b as i8;
+                    }
                 }
             }
         }
@@ -335,7 +390,8 @@ impl BlockPool {
     }
 
     /// Stores `src` (`k_width` floats, or `v_width` with `v`) as row `row` of `layer` in `b`,
-    /// rounded to f16 for an F16 pool (like ggml_cpy).
+    /// rounded to f16 for an F16 pool (like ggml_cpy), quantized to Q8_0 blocks for a Q8_0 pool
+    /// (ggml_set_rows through the type's `from_float`: the reference quantizer's bits).
     pub fn write(&mut self, b: BlockId, layer: usize, row: usize, v: bool, src: &[f32]) {
         let (c, off) = self.row_offset(b, layer, row, v);
         match &mut self.chunks[c] {
@@ -345,6 +401,7 @@ impl BlockPool {
                     *d = f32_to_f16(s);
                 }
             }
+            Chunk::Q8_0(d) => quantize_q8_0(src, &mut d[off / QK..(off + src.len()) / QK]),
         }
     }
 
@@ -356,6 +413,7 @@ impl BlockPool {
         match &self.chunks[c] {
             Chunk::F32(d) => Rows::F32(&d[off..off + n]),
             Chunk::F16(d) => Rows::F16(&d[off..off + n]),
+            Chunk::Q8_0(d) => Rows::Q8_0(&d[off / QK..(off + n) / QK]),
         }
     }
 }
@@ -379,7 +437,7 @@ mod tests {
     fn f32_rows(p: &BlockPool, b: BlockId, layer: usize, v: bool) -> Vec<f32> {
         match p.rows(b, layer, v) {
             Rows::F32(r) => r.to_vec(),
-            Rows::F16(_) => panic!("expected f32 rows"),
+            Rows::F16(_) | Rows::Q8_0(_) => panic!("expected f32 rows"),
         }
     }
 
@@ -436,6 +494,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A Q8_0 pool stores each row as its quantized blocks, copies blocks whole across storage
+    /// chunks, and holds 34 bytes per 32 elements.
+    #[test]
+    fn q8_0_rows_are_quantized_blocks() {
+        let l = KvLayout {
+            n_layer: 2,
+            k_width: 64,
+            v_width: 32,
+            block: 4,
+        };
+        let mut p = BlockPool::new(l, KvType::Q8_0, 40);
+        let blocks: Vec<BlockId> = (0..40).map(|_| p.alloc().expect("room")).collect();
+        let (src, far) = (blocks[1], blocks[39]);
+        let k: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) * 0.37).collect();
+        p.write(src, 1, 2, false, &k);
+        p.write(src, 1, 3, true, &k[..32]);
+        let mut want = vec![Q8_ZERO; 2];
+        quantize_q8_0(&k, &mut want);
+        let Rows::Q8_0(rows) = p.rows(src, 1, false) else {
+            panic!("expected q8_0 rows");
+        };
+        assert_eq!(&rows[4..6], &want[..], "row 2 is blocks 4 and 5");
+        let Rows::Q8_0(rows) = p.rows(src, 1, true) else {
+            panic!("expected q8_0 rows");
+        };
+        assert_eq!(rows[3], want[0]);
+        p.copy_block(src, far);
+        for layer in 0..2 {
+            for v in [false, true] {
+                match (p.rows(src, layer, v), p.rows(far, layer, v)) {
+                    (Rows::Q8_0(a), Rows::Q8_0(b)) => assert_eq!(a, b),
+                    _ => panic!("expected q8_0 rows"),
+                }
+            }
+        }
+        assert_eq!(p.storage_bytes(), 40 * l.block_bytes(KvType::Q8_0));
+        assert_eq!(l.block_bytes(KvType::Q8_0), 2 * 4 * 96 / 32 * 34);
     }
 
     #[test]
