@@ -153,7 +153,7 @@ fn parse_kv_memory(s: &str) -> Result<KvMemory, String> {
     }
 }
 
-fn parse_kv_type(s: &str) -> Result<nightshift_model::KvType, String> {
+pub(crate) fn parse_kv_type(s: &str) -> Result<nightshift_model::KvType, String> {
     match s.to_ascii_lowercase().as_str() {
         "f32" => Ok(nightshift_model::KvType::F32),
         "f16" => Ok(nightshift_model::KvType::F16),
