@@ -57,7 +57,7 @@ fn script(e: &mut Engine, seqs: usize, n_vocab: u32) -> Vec<Vec<f32>> {
 fn micro_batches_over_streams_match_in_process() {
     for file in ["tiny-qwen3moe-Q2_K.gguf", "tiny-deepseek2-Q4_K_M.gguf"] {
         let path = fixture(file);
-        let model = Arc::new(Model::load(&path).expect("model"));
+        let model = Model::load(&path).expect("model");
         let n_vocab = model.config().n_vocab as u32;
         let shape = model_shape(&model).expect("shape");
         let cluster = launch(

@@ -78,6 +78,7 @@ fn bad_vm_tables_are_clear_errors() {
     );
     check(row("colour = 1\n", "4", all), "unknown field `colour`");
     check(String::new(), "missing field `vm`");
+    check(format!("{}x = \"a \"b\"\n", row("", "4", all)), "line 15:");
     let path = tmp("nope.toml");
     let e = VmTable::load(&path).expect_err("missing file").to_string();
     assert!(e.contains("cannot read it"), "{e}");
@@ -179,7 +180,7 @@ fn the_cost_model_moves_the_way_the_deployment_does() {
     let c = cal(&m);
     let r = Routing::uniform(m.n_expert, m.n_used);
     let t = VmTable::builtin().expect("table");
-    let vm = t.get("Standard_E64ps_v6").expect("vm");
+    let vm = t.get("Standard_E32ps_v6").expect("vm");
     let base = k2_scenario(&m, &r, &c, vm, 1, 100.0, true);
     assert!(base.nodes >= 2, "{} nodes", base.nodes);
     let p = base.predict();
@@ -245,7 +246,7 @@ fn routing_comes_from_an_atlas_of_the_same_model() {
         n_experts: 4,
         expert_bytes: 1,
     };
-    let mut a = Atlas::empty("t".into(), shape, 2, 64);
+    let mut a = Atlas::empty("t", shape, 2, 64);
     a.all_time = Counts {
         tokens: 10,
         activations: vec![vec![10, 10, 0, 0], vec![5, 5, 5, 5]],

@@ -81,7 +81,19 @@ impl VmTable {
             what: what.to_string(),
             msg,
         };
-        let file: File = toml::from_str(text).map_err(|e| bad(e.message().to_string()))?;
+        let file: File = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| {
+                text.as_bytes()[..s.start.min(text.len())]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count()
+                    + 1
+            });
+            bad(match line {
+                Some(l) => format!("line {l}: {}", e.message()),
+                None => e.message().to_string(),
+            })
+        })?;
         if file.vm.is_empty() {
             return Err(bad("expected at least one [[vm]], found none".into()));
         }
