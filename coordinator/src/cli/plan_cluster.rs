@@ -188,8 +188,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .map(|n| table.get(n))
         .transpose()?;
     println!(
-        "{:>18} | {:>5} | {:>9} | {:>9} | {:>8} | {:>7} | {:>7} | {:>7} | {:>9} | {:>8} | {:>8} | {:>8} | {:>9} | {}",
-        "node vm", "nodes", "node GiB", "coord GiB", "dec t/s", "coord", "nodes", "network", "pref t/s",
+        "{:>18} | {:>5} | {:>9} | {:>9} | {:>8} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>8} | {:>8} | {:>8} | {:>9} | {}",
+        "node vm", "nodes", "node GiB", "coord GiB", "dec t/s", "step", "coord", "nodes", "network", "hidden", "pref t/s",
         "MB/token", "$/hour", "$/Mtok", "$/review", "fits"
     );
     for vm in vms {
@@ -213,7 +213,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         };
         let p = s.predict();
         println!(
-            "{:>18} | {:>5} | {:>4.0}/{:<4.0} | {:>4.0}/{:<4.0} | {:>8.2} | {:>4.1} ms | {:>4.1} ms | {:>4.1} ms | {:>9.1} | {:>8.2} | {:>8.2} | {:>8.2} | {:>9.4} | {}",
+            "{:>18} | {:>5} | {:>4.0}/{:<4.0} | {:>4.0}/{:<4.0} | {:>8.2} | {:>6.1} ms | {:>6.1} ms | {:>6.1} ms | {:>6.1} ms | {:>6.1} ms | {:>9.1} | {:>8.2} | {:>8.2} | {:>8.2} | {:>9.4} | {}",
             vm.name,
             nodes,
             gib(p.node_bytes),
@@ -221,9 +221,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             gib(p.coordinator_bytes),
             coordinator.memory_gib,
             p.decode_tok_s,
+            1e3 * p.step,
             1e3 * p.step_coordinator,
             1e3 * p.step_nodes,
-            1e3 * (p.step_network - p.step_hidden),
+            1e3 * p.step_network,
+            1e3 * p.step_hidden,
             p.prefill_tok_s,
             p.bytes_per_token / 1e6,
             p.usd_per_hour,
@@ -232,6 +234,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             if p.fits { "yes" } else { "NO: memory" }
         );
     }
-    println!("(coord/nodes/network: the decode step's parts; network is net of what the overlap hides. VM figures: see the table's sources)");
+    println!("(step = coord + nodes + network - hidden: the decode step's parts and what the overlaps hide. VM figures: see the table's sources)");
     Ok(())
 }

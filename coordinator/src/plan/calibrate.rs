@@ -3,11 +3,12 @@
 //! when its weights come from memory (batch 1 over more expert copies than any cache holds),
 //! and the FFN's compute rate when the weights are cached (a 32-row batch over one expert),
 //! all on the model's own expert types and shape through `model::expert::expert_ffn`, the one
-//! FFN nodes run. The planner carries the kernel's *efficiency* (its bandwidth over the plain
+//! FFN nodes run. Times are the process's CPU time divided by its threads, not wall time, so a
+//! machine shared with other work (whose threads wait for a core) still measures what its cores
+//! do while they run. The planner carries the kernel's *efficiency* (its bandwidth over the plain
 //! read's) to a VM's memory bandwidth, and the compute rate per core to its cores.
 
 use std::path::Path;
-use std::time::Instant;
 
 use nightshift_kernels::{quantize_row, GgmlType, QMatrix};
 use nightshift_model::expert::{expert_ffn, ActRows, ExpertWeights};
@@ -108,14 +109,15 @@ impl Calibration {
         let acts = ActRows::quantize(act_ty, &x, e).map_err(|x| err(&x))?;
         let mut out = vec![0f32; 32 * e];
         // from memory: batch 1 over every copy in turn, best of 3 sweeps
+        let busy = |t0: f64| (cpu_seconds() - t0) / threads.max(1) as f64;
         let mut best = f64::INFINITY;
         for _ in 0..3 {
-            let t = Instant::now();
+            let t = cpu_seconds();
             for i in 0..copies {
                 expert_ffn(&weights(i)?, &acts, &[0], &mut out[..e], Some(&pool))
                     .map_err(|x| err(&x))?;
             }
-            best = best.min(t.elapsed().as_secs_f64());
+            best = best.min(busy(t));
         }
         let ffn_gbs = (one * copies) as f64 / best / 1e9;
         // cached: 32 rows over one copy, best of 5 after a warm-up
@@ -124,13 +126,13 @@ impl Calibration {
         expert_ffn(&w, &acts, &rows, &mut out, Some(&pool)).map_err(|x| err(&x))?;
         let mut best = f64::INFINITY;
         for _ in 0..5 {
-            let t = Instant::now();
+            let t = cpu_seconds();
             expert_ffn(&w, &acts, &rows, &mut out, Some(&pool)).map_err(|x| err(&x))?;
-            best = best.min(t.elapsed().as_secs_f64());
+            best = best.min(busy(t));
         }
         let ffn_byte_rows_per_core = (one * 32) as f64 / best / threads.max(1) as f64;
         drop(all);
-        let stream_gbs = stream_read_gbs(&pool, memory_mib.max(64));
+        let stream_gbs = stream_read_gbs(&pool, threads.max(1), memory_mib.max(64));
         Ok(Calibration {
             expert: Self::key(m),
             threads: threads.max(1),
@@ -178,21 +180,37 @@ fn matrix_bytes(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Result<Vec
     Ok(out)
 }
 
-/// A parallel sum over `mib` MiB of u64s on `pool`, best of 3, in GB/s.
-fn stream_read_gbs(pool: &rayon::ThreadPool, mib: usize) -> f64 {
+/// CPU seconds this process has used (all threads).
+fn cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call, and
+    // CLOCK_PROCESS_CPUTIME_ID is a clock every Linux kernel this runs on provides.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// A parallel sum over `mib` MiB of u64s on `pool` (`threads` threads), best of 3, in GB/s
+/// per CPU second of each thread.
+fn stream_read_gbs(pool: &rayon::ThreadPool, threads: usize, mib: usize) -> f64 {
     use rayon::prelude::*;
     let words: Vec<u64> = (0..(mib << 20) / 8).map(|i| i as u64).collect();
     let mut best = f64::INFINITY;
     let mut sink = 0u64;
     for _ in 0..3 {
-        let t = Instant::now();
+        let t = cpu_seconds();
         sink = sink.wrapping_add(pool.install(|| {
             words
                 .par_chunks(1 << 16)
                 .map(|c| c.iter().fold(0u64, |a, &w| a.wrapping_add(w)))
                 .reduce(|| 0, u64::wrapping_add)
         }));
-        best = best.min(t.elapsed().as_secs_f64());
+        best = best.min((cpu_seconds() - t) / threads as f64);
     }
     std::hint::black_box(sink);
     (words.len() * 8) as f64 / best / 1e9
