@@ -9,4 +9,5 @@ pub mod atlas_rec;
 pub mod cli;
 pub mod cluster;
 pub mod gateway;
+pub mod plan;
 pub mod scheduler;

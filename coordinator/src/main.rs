@@ -24,6 +24,8 @@ enum Command {
     GenModel(cli::gen_model::Args),
     /// Serve the OpenAI-compatible API (chat, completions, streaming) with continuous batching.
     Serve(cli::serve::Args),
+    /// Predict VMs, speed, network traffic, memory and cost of a cluster for a MoE model.
+    PlanCluster(cli::plan_cluster::Args),
     /// Benchmarks and load tools (`bench serve`).
     Bench(cli::bench_serve::BenchArgs),
 }
@@ -39,6 +41,7 @@ fn run() -> anyhow::Result<()> {
         Command::Logits(a) => cli::logits::run(a),
         Command::GenModel(a) => cli::gen_model::run(a),
         Command::Serve(a) => cli::serve::run(a),
+        Command::PlanCluster(a) => cli::plan_cluster::run(a),
         Command::Bench(a) => cli::bench_serve::run(a),
     }
 }

@@ -9,6 +9,7 @@ use crate::error::ModelError;
 use crate::expert::ExpertBackend;
 use crate::hot::hot;
 use crate::kv::{Attached, DiskKey, DiskTier, KvCache, KvDiskOptions, KvLayout, KvStats, KvType};
+use crate::lanes::{micro_batches, Lane};
 use crate::model::Model;
 use crate::moe::{dense_ffn, moe_combine, moe_route, RouteObserver, Routed};
 use crate::ops::{add_inplace, matmul, rms_norm};
@@ -509,84 +510,108 @@ impl Engine {
             )?;
         }
         let ropes: Vec<Vec<f32>> = toks.iter().map(|t| self.rope.cache(t.pos as u32)).collect();
-        let ctx = StepCtx {
-            model: &model,
-            pool: &pool,
-            toks,
-            ropes: &ropes,
-            rope: &self.rope,
-        };
-        let mut h = vec![0.0f32; n * e];
-        let mut y = vec![0.0f32; n * e];
         // Phase times of this step, added to the profile only if the step succeeds.
         let mut prof = StepProfile::default();
-        // A MoE layer whose experts ran: (routing, expert outputs, its normalised rows for the
-        // shared expert, layer), summed into `x` at the start of the next phase. Everything
-        // between two expert calls (the sum, the shared expert, the next attention block, its
-        // router) is one phase, so with `hot_phases` the pool's workers wake once per layer.
-        let mut pending: Option<(Routed, Vec<f32>, SharedRows, usize)> = None;
-        let kv = &mut self.kv;
         let observer = self.observer.as_deref();
+        // Experts elsewhere: each layer's call is posted and the engine computes meanwhile (the
+        // shared expert; with two micro-batches, the other half's layer too).
+        let overlap = self.backend.overlaps();
+        let split = overlap && self.backend.micro_batches();
+        let mut lanes: Vec<Lane> = match split.then(|| micro_batches(toks)).flatten() {
+            Some(halves) => halves
+                .into_iter()
+                .map(|rows| Lane::gather(rows, &x, toks, &ropes, e))
+                .collect(),
+            None => vec![Lane::whole(std::mem::take(&mut x), toks, ropes)],
+        };
+        let two = lanes.len() > 1;
+        let kv = &mut self.kv;
         for (il, lw) in w.layers.iter().enumerate() {
-            let mut routed = None;
-            phase(&mut || {
-                if let Some((r, eo, hm, jl)) = pending.take() {
-                    finish_moe(c, w, jl, &r, &eo, &hm, n, &mut y, &mut x, p, &mut prof)?;
-                }
-                let t_attn = Instant::now();
-                rms_norm(&x, &lw.attn_norm, c.rms_eps, &mut h);
-                c.arch.spec().attention(&ctx, kv, il, &h, &mut y)?;
-                add_inplace(&mut x, &y);
-                prof.attention += t_attn.elapsed().as_secs_f64();
-                let t_ffn = Instant::now();
-                rms_norm(&x, &lw.ffn_norm, c.rms_eps, &mut h);
-                match &lw.ffn {
-                    FfnWeights::Dense(d) => {
-                        dense_ffn(d, &h, n, &mut y, p)?;
-                        add_inplace(&mut x, &y);
-                        prof.ffn_other += t_ffn.elapsed().as_secs_f64();
+            for lane in lanes.iter_mut() {
+                lane.land(&*self.backend, e, &mut prof)?;
+                let Lane {
+                    toks: ltoks,
+                    ropes: lropes,
+                    x,
+                    h,
+                    y,
+                    pending,
+                    inflight,
+                    ..
+                } = lane;
+                let ln = ltoks.len();
+                let ctx = StepCtx {
+                    model: &model,
+                    pool: &pool,
+                    toks: ltoks,
+                    ropes: lropes,
+                    rope: &self.rope,
+                };
+                let mut routed = None;
+                // Everything between two expert calls (the sum, the shared expert, the next
+                // attention block, its router) is one phase, so with `hot_phases` the pool's
+                // workers wake once per layer.
+                phase(&mut || {
+                    if let Some((r, eo, hm, jl)) = pending.take() {
+                        finish_moe(c, w, jl, &r, &eo, &hm, ln, y, x, p, &mut prof)?;
                     }
-                    FfnWeights::Moe(m) => {
-                        let r = moe_route(c, il, m, &h, n, observer, p)?;
-                        prof.router += r.router.as_secs_f64();
-                        prof.ffn_other += (t_ffn.elapsed() - r.router).as_secs_f64();
-                        routed = Some(r);
+                    let t_attn = Instant::now();
+                    rms_norm(x, &lw.attn_norm, c.rms_eps, h);
+                    c.arch.spec().attention(&ctx, kv, il, h, y)?;
+                    add_inplace(x, y);
+                    prof.attention += t_attn.elapsed().as_secs_f64();
+                    let t_ffn = Instant::now();
+                    rms_norm(x, &lw.ffn_norm, c.rms_eps, h);
+                    match &lw.ffn {
+                        FfnWeights::Dense(d) => {
+                            dense_ffn(d, h, ln, y, p)?;
+                            add_inplace(x, y);
+                            prof.ffn_other += t_ffn.elapsed().as_secs_f64();
+                        }
+                        FfnWeights::Moe(m) => {
+                            let r = moe_route(c, il, m, h, ln, observer, p)?;
+                            prof.router += r.router.as_secs_f64();
+                            prof.ffn_other += (t_ffn.elapsed() - r.router).as_secs_f64();
+                            routed = Some(r);
+                        }
                     }
-                }
-                Ok(())
-            })?;
-            if let Some(r) = routed {
-                let mut eo = vec![0.0f32; r.pairs.len() * e];
-                let t_experts = Instant::now();
+                    Ok(())
+                })?;
+                let Some(r) = routed else { continue };
                 let shared = match &lw.ffn {
                     FfnWeights::Moe(m) => m.shared.as_ref(),
                     FfnWeights::Dense(_) => None,
                 };
-                let sh_rows = match shared {
-                    // Experts elsewhere: the shared expert runs while the routed ones are out.
-                    Some(sh) if self.backend.overlaps() => {
-                        let posted = self.backend.post_experts(il, &r.acts, &r.pairs)?;
-                        let t_shared = Instant::now();
-                        let mut s = vec![0.0f32; n * e];
-                        phase(&mut || dense_ffn(sh, &h, n, &mut s, p))?;
-                        let shared_secs = t_shared.elapsed().as_secs_f64();
-                        prof.ffn_other += shared_secs;
-                        self.backend.collect_experts(posted, &mut eo)?;
-                        prof.experts += t_experts.elapsed().as_secs_f64() - shared_secs;
-                        SharedRows::Done(s)
-                    }
-                    _ => {
-                        self.backend.run_experts(il, &r.acts, &r.pairs, &mut eo)?;
-                        prof.experts += t_experts.elapsed().as_secs_f64();
-                        // the normalised rows are needed again only by a shared expert
-                        match shared {
-                            Some(_) => SharedRows::Input(h.clone()),
-                            None => SharedRows::Input(Vec::new()),
+                let t_experts = Instant::now();
+                if overlap && (two || shared.is_some()) {
+                    let posted = self.backend.post_experts(il, &r.acts, &r.pairs)?;
+                    prof.experts += t_experts.elapsed().as_secs_f64();
+                    let sh_rows = match shared {
+                        Some(sh) => {
+                            let t_shared = Instant::now();
+                            let mut s = vec![0.0f32; ln * e];
+                            phase(&mut || dense_ffn(sh, h, ln, &mut s, p))?;
+                            prof.ffn_other += t_shared.elapsed().as_secs_f64();
+                            SharedRows::Done(s)
                         }
-                    }
-                };
-                pending = Some((r, eo, sh_rows, il));
+                        None => SharedRows::Input(Vec::new()),
+                    };
+                    *inflight = Some((r, posted, sh_rows, il));
+                } else {
+                    let mut eo = vec![0.0f32; r.pairs.len() * e];
+                    self.backend.run_experts(il, &r.acts, &r.pairs, &mut eo)?;
+                    prof.experts += t_experts.elapsed().as_secs_f64();
+                    // the normalised rows are needed again only by a shared expert
+                    let sh_rows = match shared {
+                        Some(_) => SharedRows::Input(h.clone()),
+                        None => SharedRows::Input(Vec::new()),
+                    };
+                    *pending = Some((r, eo, sh_rows, il));
+                }
             }
+        }
+        for lane in lanes.iter_mut() {
+            lane.land(&*self.backend, e, &mut prof)?;
         }
         let rows: Vec<usize> = batch
             .iter()
@@ -599,9 +624,25 @@ impl Engine {
         let mut t_out = Instant::now();
         // The last MoE layer's sum and the output head: one phase.
         phase(&mut || {
-            if let Some((r, eo, hm, jl)) = pending.take() {
-                finish_moe(c, w, jl, &r, &eo, &hm, n, &mut y, &mut x, p, &mut prof)?;
+            for lane in lanes.iter_mut() {
+                let ln = lane.toks.len();
+                if let Some((r, eo, hm, jl)) = lane.pending.take() {
+                    finish_moe(
+                        c,
+                        w,
+                        jl,
+                        &r,
+                        &eo,
+                        &hm,
+                        ln,
+                        &mut lane.y,
+                        &mut lane.x,
+                        p,
+                        &mut prof,
+                    )?;
+                }
             }
+            let x = Lane::scatter(&mut lanes, n, e);
             t_out = Instant::now();
             if rows.is_empty() {
                 return Ok(());
@@ -665,7 +706,7 @@ fn new_cache(
 
 /// A MoE layer's shared expert: its input rows (run at the sum), or its output, computed while
 /// the routed experts were out (`ExpertBackend::overlaps`). Either way the same bits.
-enum SharedRows {
+pub(crate) enum SharedRows {
     Input(Vec<f32>),
     Done(Vec<f32>),
 }

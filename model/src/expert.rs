@@ -100,6 +100,12 @@ pub trait ExpertBackend: Send + Sync {
         false
     }
 
+    /// Whether a step of several sequences should run as two micro-batches whose layer calls
+    /// alternate (`crate::lanes`; asked only of a backend that [`ExpertBackend::overlaps`]).
+    fn micro_batches(&self) -> bool {
+        false
+    }
+
     /// Starts a layer call and returns without waiting for its outputs. By default nothing
     /// starts: the call's inputs are kept and it runs whole in `collect_experts`.
     fn post_experts(

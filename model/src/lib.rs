@@ -15,6 +15,7 @@ pub mod gen;
 pub mod gguf;
 pub mod hot;
 pub mod kv;
+mod lanes;
 pub mod model;
 pub mod moe;
 pub mod ops;

@@ -37,6 +37,35 @@ fn real_presets_have_the_real_parameter_counts() {
     };
     check(Preset::Qwen3_30bA3b, Arch::Qwen3Moe, 30.3e9, 30.7e9);
     check(Preset::KimiK2, Arch::Deepseek2, 1.02e12, 1.04e12);
+    // DeepSeek-V3: 671 B without its multi-token-prediction module
+    check(Preset::DeepseekV3, Arch::Deepseek2, 0.665e12, 0.677e12);
+}
+
+#[test]
+fn deepseek_v3_and_ud_q2_k_xl() {
+    let mut s = spec(Preset::DeepseekV3, Arch::Deepseek2, QuantMix::UdQ2KXl);
+    s.layers = Some(4);
+    s.vocab = Some(4096);
+    let p = plan(&s).expect("plan");
+    assert_eq!(
+        (p.dims.n_dense_lead, p.dims.n_expert, p.dims.heads),
+        (3, 256, 128)
+    );
+    assert_eq!(p.dims.groups, Some((8, 4)));
+    assert_eq!(ty_of(&p, "blk.3.ffn_gate_exps.weight"), GgmlType::Q2_K);
+    assert_eq!(ty_of(&p, "blk.3.ffn_down_exps.weight"), GgmlType::Q3_K);
+    assert_eq!(ty_of(&p, "blk.3.ffn_down_shexp.weight"), GgmlType::Q6_K);
+    assert_eq!(ty_of(&p, "blk.0.attn_q_a.weight"), GgmlType::Q4_K);
+    assert_eq!(ty_of(&p, "blk.0.ffn_down.weight"), GgmlType::Q6_K);
+    assert!(p.tensors.iter().all(|t| !t.0.name.starts_with("blk.4.")));
+    assert_eq!(
+        "ud-q2_k_xl".parse::<QuantMix>().expect("parse"),
+        QuantMix::UdQ2KXl
+    );
+    assert_eq!(
+        "deepseek-v3".parse::<Preset>().expect("parse"),
+        Preset::DeepseekV3
+    );
 }
 
 #[test]

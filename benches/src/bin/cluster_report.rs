@@ -84,6 +84,8 @@ struct Args {
 
 #[path = "cluster_report/netns.rs"]
 mod netns;
+#[path = "cluster_report/predict.rs"]
+mod predict;
 
 struct Run {
     tok_s: f64,

@@ -18,7 +18,7 @@ pub struct Args {
     /// `tiny`).
     #[arg(long)]
     arch: Option<String>,
-    /// Shape preset: tiny, qwen3-30b-a3b, kimi-k2 or qwen3-0.6b.
+    /// Shape preset: tiny, qwen3-30b-a3b, kimi-k2, deepseek-v3 or qwen3-0.6b.
     #[arg(long, default_value = "tiny")]
     preset: String,
     /// Keep only the first N layers (deepseek2 keeps its leading dense layer).
@@ -33,8 +33,8 @@ pub struct Args {
     /// Seed of the random weights (same arguments and seed, same bytes).
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// Quant mix: llama.cpp's Q2_K, Q4_K_M, Q8_0 or F16, or Unsloth-shaped UD-IQ1_S or
-    /// UD-IQ2_XXS (i-quant experts as random valid blocks).
+    /// Quant mix: llama.cpp's Q2_K, Q4_K_M, Q8_0 or F16, or Unsloth-shaped UD-IQ1_S,
+    /// UD-IQ2_XXS (i-quant experts as random valid blocks) or UD-Q2_K_XL.
     #[arg(long, default_value = "Q4_K_M")]
     quant: String,
     /// Keep output.weight in F32 (llama-quantize --leave-output-tensor, as the fixtures do).

@@ -6,6 +6,7 @@ pub mod bench_spec;
 pub mod gen_model;
 pub mod generate;
 pub mod logits;
+pub mod plan_cluster;
 pub mod serve;
 pub mod spec_args;
 pub mod tokenize;

@@ -173,7 +173,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
     }
 }
 
-fn parse_kv_type(s: &str) -> Result<nightshift_model::KvType, String> {
+pub(crate) fn parse_kv_type(s: &str) -> Result<nightshift_model::KvType, String> {
     nightshift_model::KvType::parse(s)
 }
 

@@ -57,6 +57,10 @@ pub struct ClusterArgs {
     /// computing it while they are out on nodes reached over the network.
     #[arg(long)]
     pub no_overlap: bool,
+    /// Run every step as one batch instead of two micro-batches of sequences whose layer calls
+    /// alternate (one half's attention while the other half's experts are out; with the overlap).
+    #[arg(long)]
+    pub no_micro_batches: bool,
     /// Dial expert nodes over TLS, trusting node certificates signed by this PEM CA bundle.
     #[arg(long)]
     pub tls_ca: Option<PathBuf>,
@@ -455,6 +459,7 @@ pub fn build(
             ms => Duration::from_millis(ms),
         },
         overlap: !args.no_overlap,
+        micro_batches: !args.no_micro_batches,
         ..Default::default()
     };
     let remote = Arc::new(RemoteExperts::connect(

@@ -69,6 +69,9 @@ pub struct RemoteOptions {
     /// Let the engine compute a layer's shared expert while its routed experts are out on
     /// nodes reached over streams (`ExpertBackend::overlaps`).
     pub overlap: bool,
+    /// With `overlap`: run a step of several sequences as two micro-batches whose layer calls
+    /// alternate (`ExpertBackend::micro_batches`).
+    pub micro_batches: bool,
 }
 
 impl Default for RemoteOptions {
@@ -86,6 +89,7 @@ impl Default for RemoteOptions {
             stall_factor: 50.0,
             stall_min: Duration::from_secs(2),
             overlap: true,
+            micro_batches: true,
         }
     }
 }

@@ -117,7 +117,8 @@ pub(crate) mod layout {
             })
         }
 
-        /// Bytes per weight block.
+        /// Bytes per weight block (x86 uses the code's `block_bytes` in const contexts).
+        #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
         pub(crate) const fn block_bytes(self) -> usize {
             block_bytes(self as u8)
         }

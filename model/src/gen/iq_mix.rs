@@ -1,8 +1,9 @@
-//! Mixes shaped like Unsloth's dynamic i-quant GGUFs (`UD-IQ1_S`, `UD-IQ2_XXS` of DeepSeek-V3 /
-//! Kimi K2), and the writer of their i-quant tensors.
+//! Mixes shaped like Unsloth's dynamic GGUFs (`UD-IQ1_S`, `UD-IQ2_XXS`, `UD-Q2_K_XL` of
+//! DeepSeek-V3 / Kimi K2), and the writer of their i-quant tensors.
 //!
 //! The recipe (per tensor name, not llama-quantize's rules): routed experts' gate/up in the
-//! mix's type (IQ1_S or IQ2_XXS) and their `ffn_down` one step higher (IQ2_XXS or IQ3_XXS),
+//! mix's type (IQ1_S, IQ2_XXS or Q2_K) and their `ffn_down` one step higher (IQ2_XXS, IQ3_XXS or
+//! Q3_K),
 //! attention Q4_K with `attn_output` Q5_K and the value paths (`attn_v`, `attn_kv_b`, `attn_v_b`)
 //! Q6_K, dense FFNs Q4_K with `ffn_down` Q6_K, shared experts and the output head Q6_K,
 //! `token_embd` Q4_K, routers and norms F32. Rows that are not whole 256-element blocks fall back
@@ -27,6 +28,7 @@ pub fn expert_types(mix: QuantMix) -> Option<(GgmlType, GgmlType)> {
     match mix {
         QuantMix::UdIq1S => Some((GgmlType::IQ1_S, GgmlType::IQ2_XXS)),
         QuantMix::UdIq2Xxs => Some((GgmlType::IQ2_XXS, GgmlType::IQ3_XXS)),
+        QuantMix::UdQ2KXl => Some((GgmlType::Q2_K, GgmlType::Q3_K)),
         _ => None,
     }
 }

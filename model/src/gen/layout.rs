@@ -157,6 +157,29 @@ impl Dims {
                     ctx: 131_072,
                 })
             },
+            (Preset::DeepseekV3, Arch::Deepseek2) => Dims {
+                name: "nightshift-random-deepseek-v3".into(),
+                vocab: Some(129_280),
+                groups: Some((8, 4)),
+                n_dense_lead: 3,
+                weights_scale: 2.5,
+                yarn_factor: 40.0,
+                ..deepseek_base(DeepseekSizes {
+                    embd: 7168,
+                    n_layer: 61,
+                    heads: 128,
+                    q_lora: 1536,
+                    kv_lora: 512,
+                    nope: 128,
+                    rope: 64,
+                    v_head: 128,
+                    ff: 18_432,
+                    expert_ff: 2048,
+                    n_expert: 256,
+                    n_used: 8,
+                    ctx: 163_840,
+                })
+            },
             (p, a) => {
                 return Err(GenError::Spec(format!(
                     "preset `{}` is a {} model, found --arch {}",

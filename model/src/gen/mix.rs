@@ -50,7 +50,7 @@ fn base_type(mix: QuantMix) -> GgmlType {
         QuantMix::Q8_0 => GgmlType::Q8_0,
         QuantMix::F16 => GgmlType::F16,
         // i-quant mixes have their own rules (`iq_mix`); Q4_K is their dense type
-        QuantMix::UdIq1S | QuantMix::UdIq2Xxs => GgmlType::Q4_K,
+        QuantMix::UdIq1S | QuantMix::UdIq2Xxs | QuantMix::UdQ2KXl => GgmlType::Q4_K,
     }
 }
 

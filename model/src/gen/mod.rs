@@ -10,11 +10,11 @@
 //! at a time (rows quantized in parallel on rayon's pool), so multi-GB files need little RAM.
 //!
 //! Submodules: `writer` (streaming GGUF v3), `layout` (presets, metadata, tensor list), `mix`
-//! (llama-quantize's per-tensor types), `iq_mix` (UD-IQ1_S / UD-IQ2_XXS), `bpe` + `tokenizer_kv`
-//! (tokenizer), `rng` (seeded streams), `skew` (the residual-stream construction for
-//! realistically skewed, local routing instead of uniform), `skew_model` (published statistics
-//! to a router logit's variance shares) and `calibrate` (the pass that measures the generated
-//! file and writes its routers with those shares).
+//! (llama-quantize's per-tensor types), `iq_mix` (UD-IQ1_S / UD-IQ2_XXS / UD-Q2_K_XL), `bpe` +
+//! `tokenizer_kv` (tokenizer), `rng` (seeded streams), `skew` (the residual-stream construction
+//! for realistically skewed, local routing instead of uniform), `skew_model` (published
+//! statistics to a router logit's variance shares) and `calibrate` (the pass that measures the
+//! generated file and writes its routers with those shares).
 
 pub mod bpe;
 pub mod calibrate;
@@ -87,6 +87,9 @@ pub enum Preset {
     Qwen3_30bA3b,
     /// Kimi K2: embd 7168, 61 layers (1 dense), 384 experts (8 used), MLA, YaRN ×32.
     KimiK2,
+    /// DeepSeek-V3: Kimi K2's layer shapes with 128 heads, 3 dense layers, 256 experts (8 used)
+    /// in 8 groups (4 used), YaRN ×40, vocabulary 129,280.
+    DeepseekV3,
     /// Qwen3-0.6B (dense): embd 1024, 28 layers, heads 16/8 of 128, ff 3072, tied embeddings,
     /// Qwen3-30B-A3B's vocabulary (its draft model).
     Qwen3_0_6b,
@@ -98,6 +101,7 @@ impl Preset {
             Preset::Tiny => "tiny",
             Preset::Qwen3_30bA3b => "qwen3-30b-a3b",
             Preset::KimiK2 => "kimi-k2",
+            Preset::DeepseekV3 => "deepseek-v3",
             Preset::Qwen3_0_6b => "qwen3-0.6b",
         }
     }
@@ -107,7 +111,7 @@ impl Preset {
         match self {
             Preset::Tiny => None,
             Preset::Qwen3_30bA3b => Some(Arch::Qwen3Moe),
-            Preset::KimiK2 => Some(Arch::Deepseek2),
+            Preset::KimiK2 | Preset::DeepseekV3 => Some(Arch::Deepseek2),
             Preset::Qwen3_0_6b => Some(Arch::Qwen3),
         }
     }
@@ -120,9 +124,10 @@ impl FromStr for Preset {
             "tiny" => Ok(Preset::Tiny),
             "qwen3-30b-a3b" => Ok(Preset::Qwen3_30bA3b),
             "kimi-k2" => Ok(Preset::KimiK2),
+            "deepseek-v3" => Ok(Preset::DeepseekV3),
             "qwen3-0.6b" => Ok(Preset::Qwen3_0_6b),
             _ => Err(GenError::Spec(format!(
-                "expected preset tiny, qwen3-30b-a3b, kimi-k2 or qwen3-0.6b, found `{s}`"
+                "expected preset tiny, qwen3-30b-a3b, kimi-k2, deepseek-v3 or qwen3-0.6b, found `{s}`"
             ))),
         }
     }
@@ -139,6 +144,8 @@ pub enum QuantMix {
     UdIq1S,
     /// Unsloth-shaped `UD-IQ2_XXS` (see `iq_mix`)
     UdIq2Xxs,
+    /// Unsloth-shaped `UD-Q2_K_XL` (see `iq_mix`: its K-quant sibling)
+    UdQ2KXl,
 }
 
 impl QuantMix {
@@ -150,6 +157,7 @@ impl QuantMix {
             QuantMix::F16 => "F16",
             QuantMix::UdIq1S => "UD-IQ1_S",
             QuantMix::UdIq2Xxs => "UD-IQ2_XXS",
+            QuantMix::UdQ2KXl => "UD-Q2_K_XL",
         }
     }
 
@@ -162,6 +170,7 @@ impl QuantMix {
             QuantMix::F16 => 1,
             QuantMix::UdIq1S => 24,
             QuantMix::UdIq2Xxs => 19,
+            QuantMix::UdQ2KXl => 10,
         }
     }
 }
@@ -176,8 +185,9 @@ impl FromStr for QuantMix {
             "F16" => Ok(QuantMix::F16),
             "UD-IQ1_S" => Ok(QuantMix::UdIq1S),
             "UD-IQ2_XXS" => Ok(QuantMix::UdIq2Xxs),
+            "UD-Q2_K_XL" => Ok(QuantMix::UdQ2KXl),
             _ => Err(GenError::Spec(format!(
-                "expected quant Q2_K, Q4_K_M, Q8_0, F16, UD-IQ1_S or UD-IQ2_XXS, found `{s}`"
+                "expected quant Q2_K, Q4_K_M, Q8_0, F16, UD-IQ1_S, UD-IQ2_XXS or UD-Q2_K_XL, found `{s}`"
             ))),
         }
     }

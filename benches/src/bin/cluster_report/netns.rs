@@ -2,11 +2,13 @@
 //! the deployment's TCP + mutual TLS path with a `tc tbf` cap per node link (`--rate`, 10 Gbit/s)
 //! and a delay relay per link adding `--delays-us` one way, against in process on the same cores.
 //! Per node count and added delay one cluster is started (round-robin placement, every copy
-//! resident), then per batch size the in-process run, the cluster with the overlap (a layer's
-//! shared expert computed while its routed experts are out) and without it alternate
-//! `--repeats` times. Also run: the nodes dialled directly (no relay), so the relay's own cost at
+//! resident), then per batch size the in-process run, the cluster with both overlaps (a layer's
+//! shared expert computed while its routed experts are out, and two micro-batches whose layer
+//! calls alternate), with the shared-expert overlap only, and with none alternate `--repeats`
+//! times. Also run: the nodes dialled directly (no relay), so the relay's own cost at
 //! 0 us shows. The last table is the per-layer cost of each added microsecond: the growth of the
-//! decode step between the smallest and largest delay, per MoE layer and per added us one way.
+//! decode step between the smallest and largest delay, per MoE layer and per added us one way;
+//! then the capacity planner's prediction of every cell next to its measurement (`predict.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,13 +60,22 @@ fn certificates(dir: &std::path::Path, nodes: usize) -> anyhow::Result<(NodeTls,
     ))
 }
 
-/// One configuration's runs: (in process, with overlap, without overlap) per repeat.
-struct Cell {
-    nodes: usize,
+/// One repeat of a cell: in process, then the cluster with the shared expert overlapped and two
+/// micro-batches (`both`), with the shared-expert overlap only, and with no overlap.
+pub struct Runs {
+    pub base: Run,
+    pub both: Run,
+    pub shared: Run,
+    pub plain: Run,
+}
+
+/// One configuration's runs, one `Runs` per repeat.
+pub struct Cell {
+    pub nodes: usize,
     /// None: the nodes dialled directly (no relay).
-    delay_us: Option<u64>,
-    batch: usize,
-    runs: Vec<(Run, Run, Run)>,
+    pub delay_us: Option<u64>,
+    pub batch: usize,
+    pub runs: Vec<Runs>,
 }
 
 fn connect(
@@ -72,6 +83,7 @@ fn connect(
     c: &NetnsCluster,
     tls: &ClientTls,
     overlap: bool,
+    micro_batches: bool,
 ) -> anyhow::Result<Arc<RemoteExperts>> {
     let opts = RemoteOptions {
         auth_token: Some(c.auth_token().to_string()),
@@ -79,6 +91,7 @@ fn connect(
         shm_pairs: 0,
         deadline: Duration::from_secs(60),
         overlap,
+        micro_batches,
         ..Default::default()
     };
     let (placement, fp, n_embd) = (
@@ -120,13 +133,15 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     delays.extend(a.delays_us.iter().map(|&d| Some(d)));
     let mut cells = Vec::new();
     println!(
-        "{:>5} | {:>8} | {:>5} | {:>3} | {:>11} | {:>11} | {:>7} | {:>11} | {:>7} | {:>8}",
+        "{:>5} | {:>8} | {:>5} | {:>3} | {:>11} | {:>11} | {:>7} | {:>11} | {:>7} | {:>11} | {:>7} | {:>8}",
         "nodes",
         "added",
         "batch",
         "run",
         "in-proc t/s",
-        "overlap t/s",
+        "ovl+mb t/s",
+        "ratio",
+        "shared t/s",
         "ratio",
         "no-ovl t/s",
         "ratio",
@@ -150,28 +165,34 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 start_timeout: Duration::from_secs(120),
                 node_log: "error".into(),
             })?;
-            let with = connect(&model, &cluster, &client_tls, true)?;
-            let without = connect(&model, &cluster, &client_tls, false)?;
+            let both = connect(&model, &cluster, &client_tls, true, true)?;
+            let shared = connect(&model, &cluster, &client_tls, true, false)?;
+            let without = connect(&model, &cluster, &client_tls, false, false)?;
             for &batch in &a.batches {
                 let mut runs = Vec::new();
                 for rep in 0..a.repeats {
-                    let base = decode(&model, None, a.threads, batch, a)?;
-                    let ovl = decode(&model, Some(&with), a.threads, batch, a)?;
-                    let plain = decode(&model, Some(&without), a.threads, batch, a)?;
+                    let r = Runs {
+                        base: decode(&model, None, a.threads, batch, a)?,
+                        both: decode(&model, Some(&both), a.threads, batch, a)?,
+                        shared: decode(&model, Some(&shared), a.threads, batch, a)?,
+                        plain: decode(&model, Some(&without), a.threads, batch, a)?,
+                    };
                     println!(
-                        "{:>5} | {:>8} | {:>5} | {:>3} | {:>11.2} | {:>11.2} | {:>7.3} | {:>11.2} | {:>7.3} | {:>8}",
+                        "{:>5} | {:>8} | {:>5} | {:>3} | {:>11.2} | {:>11.2} | {:>7.3} | {:>11.2} | {:>7.3} | {:>11.2} | {:>7.3} | {:>8}",
                         nodes,
                         delay_us.map_or("direct".into(), |d| format!("{d} us")),
                         batch,
                         rep + 1,
-                        base.tok_s,
-                        ovl.tok_s,
-                        ovl.tok_s / base.tok_s,
-                        plain.tok_s,
-                        plain.tok_s / base.tok_s,
-                        super::us(ovl.p50_us)
+                        r.base.tok_s,
+                        r.both.tok_s,
+                        r.both.tok_s / r.base.tok_s,
+                        r.shared.tok_s,
+                        r.shared.tok_s / r.base.tok_s,
+                        r.plain.tok_s,
+                        r.plain.tok_s / r.base.tok_s,
+                        super::us(r.both.p50_us)
                     );
-                    runs.push((base, ovl, plain));
+                    runs.push(r);
                 }
                 cells.push(Cell {
                     nodes,
@@ -184,7 +205,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     summary(&cells, moe_layers, a);
-    Ok(())
+    super::predict::report(&cells, a)
 }
 
 fn step_ms(r: &Run) -> f64 {
@@ -194,35 +215,37 @@ fn step_ms(r: &Run) -> f64 {
 fn summary(cells: &[Cell], moe_layers: usize, a: &Args) {
     println!();
     println!(
-        "{:>5} | {:>8} | {:>5} | {:>13} | {:>13} | {:>13} | {:>13} | {:>9} | {:>9}",
+        "{:>5} | {:>8} | {:>5} | {:>19} | {:>19} | {:>19} | {:>9} | {:>9}",
         "nodes",
         "added",
         "batch",
-        "overlap ratio",
-        "min-max",
-        "no-ovl ratio",
-        "min-max",
-        "step ovl",
+        "ovl+mb ratio (range)",
+        "shared ratio (range)",
+        "no-ovl ratio (range)",
+        "step o+mb",
         "step in-p"
     );
+    let lo = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = |v: &[f64]| v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     for c in cells {
-        let ro: Vec<f64> = c.runs.iter().map(|(b, o, _)| o.tok_s / b.tok_s).collect();
-        let rp: Vec<f64> = c.runs.iter().map(|(b, _, p)| p.tok_s / b.tok_s).collect();
-        let lo = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = |v: &[f64]| v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let ratio = |pick: fn(&Runs) -> &Run| -> String {
+            let v: Vec<f64> = c
+                .runs
+                .iter()
+                .map(|r| pick(r).tok_s / r.base.tok_s)
+                .collect();
+            format!("{:.3} ({:.3}-{:.3})", median(&v), lo(&v), hi(&v))
+        };
         println!(
-            "{:>5} | {:>8} | {:>5} | {:>13.3} | {:>5.3}-{:<7.3} | {:>13.3} | {:>5.3}-{:<7.3} | {:>6.2} ms | {:>6.2} ms",
+            "{:>5} | {:>8} | {:>5} | {:>19} | {:>19} | {:>19} | {:>6.2} ms | {:>6.2} ms",
             c.nodes,
             c.delay_us.map_or("direct".into(), |d| format!("{d} us")),
             c.batch,
-            median(&ro),
-            lo(&ro),
-            hi(&ro),
-            median(&rp),
-            lo(&rp),
-            hi(&rp),
-            median(&c.runs.iter().map(|(_, o, _)| step_ms(o)).collect::<Vec<_>>()),
-            median(&c.runs.iter().map(|(b, _, _)| step_ms(b)).collect::<Vec<_>>()),
+            ratio(|r| &r.both),
+            ratio(|r| &r.shared),
+            ratio(|r| &r.plain),
+            median(&c.runs.iter().map(|r| step_ms(&r.both)).collect::<Vec<_>>()),
+            median(&c.runs.iter().map(|r| step_ms(&r.base)).collect::<Vec<_>>()),
         );
     }
     println!();
@@ -230,8 +253,8 @@ fn summary(cells: &[Cell], moe_layers: usize, a: &Args) {
         "cost of added latency: growth of the decode step per MoE layer and per us added one way"
     );
     println!(
-        "{:>5} | {:>5} | {:>12} | {:>12} | {:>14} | {:>14}",
-        "nodes", "batch", "from", "to", "overlap us/us", "no-ovl us/us"
+        "{:>5} | {:>5} | {:>12} | {:>12} | {:>14} | {:>14} | {:>14}",
+        "nodes", "batch", "from", "to", "ovl+mb us/us", "shared us/us", "no-ovl us/us"
     );
     let (Some(&d0), Some(&d1)) = (a.delays_us.iter().min(), a.delays_us.iter().max()) else {
         return;
@@ -249,19 +272,20 @@ fn summary(cells: &[Cell], moe_layers: usize, a: &Args) {
             let (Some(c0), Some(c1)) = (find(d0), find(d1)) else {
                 continue;
             };
-            let per = |pick: fn(&(Run, Run, Run)) -> &Run| {
+            let per = |pick: fn(&Runs) -> &Run| {
                 let s0 = median(&c0.runs.iter().map(|r| step_ms(pick(r))).collect::<Vec<_>>());
                 let s1 = median(&c1.runs.iter().map(|r| step_ms(pick(r))).collect::<Vec<_>>());
                 1e3 * (s1 - s0) / (moe_layers.max(1) as f64 * (d1 - d0) as f64)
             };
             println!(
-                "{:>5} | {:>5} | {:>9} us | {:>9} us | {:>14.2} | {:>14.2}",
+                "{:>5} | {:>5} | {:>9} us | {:>9} us | {:>14.2} | {:>14.2} | {:>14.2}",
                 nodes,
                 batch,
                 d0,
                 d1,
-                per(|r| &r.1),
-                per(|r| &r.2)
+                per(|r| &r.both),
+                per(|r| &r.shared),
+                per(|r| &r.plain)
             );
         }
     }

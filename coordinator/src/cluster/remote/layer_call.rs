@@ -295,6 +295,10 @@ impl ExpertBackend for RemoteExperts {
             })
     }
 
+    fn micro_batches(&self) -> bool {
+        self.shared.opts.micro_batches
+    }
+
     fn post_experts(
         &self,
         layer: usize,

@@ -1,0 +1,303 @@
+//! The capacity planner (`nightshift_coordinator::plan`): the shipped VM table is complete and
+//! bad tables, atlases, calibrations and presets are clear errors; a preset's sizes are the
+//! published ones and the same as the file `gen-model` writes for it; the cost model's terms
+//! move the way the deployment does (more round trip: slower; overlap: never slower; bytes per
+//! token: the wire format's). No timing is asserted: the calibration is given, not measured.
+
+use nightshift_atlas_core::placement::ModelShape;
+use nightshift_atlas_core::trace::{Atlas, Counts};
+use nightshift_coordinator::plan::{
+    Calibration, ModelCost, Routing, Scenario, VmTable, CALL_HEADER_BYTES, PAIR_BYTES,
+};
+use nightshift_model::gen::{self, Arch, GenSpec, Preset, QuantMix};
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("nightshift-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("tmp dir");
+    d.join(name)
+}
+
+fn cal(m: &ModelCost) -> Calibration {
+    Calibration {
+        expert: Calibration::key(m),
+        threads: 2,
+        stream_gbs: 20.0,
+        ffn_gbs: 15.0,
+        ffn_byte_rows_per_core: 40e9,
+    }
+}
+
+#[test]
+fn the_shipped_vm_table_has_cobalt_and_graviton4_sizes_with_sources() {
+    let t = VmTable::builtin().expect("built-in table");
+    for name in [
+        "Standard_D64ps_v6",
+        "Standard_E96ps_v6",
+        "Standard_E32ps_v6",
+        "r8g.24xlarge",
+    ] {
+        let v = t.get(name).expect(name);
+        assert!(v.sources.price.contains("http"), "{name}: {:?}", v.sources);
+        assert!(v.sources.mem_bw.contains("http"), "{name}: {:?}", v.sources);
+    }
+    assert!(t.get("Standard_D96ps_v6").expect("d96").cores == 96);
+    let e = t.get("m9x.huge").expect_err("unknown vm").to_string();
+    assert!(
+        e.contains("expected one of") && e.contains("m9x.huge"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_vm_tables_are_clear_errors() {
+    let row = |extra: &str, cores: &str, sources: &str| {
+        format!(
+            "[[vm]]\nname = \"a\"\nfamily = \"f\"\ncores = {cores}\nmemory_gib = 8.0\nmem_bw_gbs = 10.0\n\
+             net_gbps = 10.0\nusd_per_hour = 0.1\n{extra}[vm.sources]\n{sources}"
+        )
+    };
+    let all = "cores = \"u\"\nmemory = \"u\"\nmem_bw = \"u\"\nnet = \"u\"\nprice = \"u\"\n";
+    VmTable::parse(&row("", "4", all), "t").expect("a good row");
+    let check = |text: String, want: &str| {
+        let e = VmTable::parse(&text, "t").expect_err(want).to_string();
+        assert!(e.contains(want), "{e:?} should contain {want:?}");
+    };
+    check(row("", "4", "cores = \"u\"\n"), "missing field `memory`");
+    check(
+        row("", "4", &all.replace("price = \"u\"", "price = \" \"")),
+        "expected a source for price",
+    );
+    check(row("", "0", all), "expected cores to be a positive number");
+    check(
+        row("", "4", all).replace("mem_bw_gbs = 10.0", "mem_bw_gbs = -1.0"),
+        "expected mem_bw_gbs to be a positive number",
+    );
+    check(
+        format!("{}\n{}", row("", "4", all), row("", "4", all)),
+        "listed twice",
+    );
+    check(row("colour = 1\n", "4", all), "unknown field `colour`");
+    check(String::new(), "missing field `vm`");
+    check(format!("{}x = \"a \"b\"\n", row("", "4", all)), "line 15:");
+    let path = tmp("nope.toml");
+    let e = VmTable::load(&path).expect_err("missing file").to_string();
+    assert!(e.contains("cannot read it"), "{e}");
+}
+
+#[test]
+fn presets_have_the_published_sizes() {
+    // unsloth/Kimi-K2-Instruct-GGUF: UD-Q2_K_XL is 381 GB
+    // (https://docs.unsloth.ai/basics/kimi-k2-how-to-run-locally)
+    let k2 = ModelCost::from_preset("kimi-k2", "UD-Q2_K_XL").expect("k2");
+    let gb = k2.total_bytes() as f64 / 1e9;
+    assert!((362.0..400.0).contains(&gb), "K2 UD-Q2_K_XL: {gb} GB");
+    assert_eq!(
+        (k2.n_layer, k2.moe_layers, k2.n_expert, k2.n_used),
+        (61, 60, 384, 8)
+    );
+    let iq1 = ModelCost::from_preset("kimi-k2", "UD-IQ1_S").expect("k2 iq1");
+    assert!(iq1.expert_bytes < k2.expert_bytes && iq1.total_bytes() < k2.total_bytes());
+    let v3 = ModelCost::from_preset("deepseek-v3", "Q4_K_M").expect("v3");
+    assert_eq!((v3.n_layer, v3.moe_layers, v3.n_expert), (61, 58, 256));
+    let q = ModelCost::from_preset("qwen3-30b-a3b", "Q4_K_M").expect("qwen");
+    assert_eq!(
+        (q.moe_layers, q.n_expert, q.n_used, q.shared_bytes),
+        (48, 128, 8, 0)
+    );
+    for (preset, quant, want) in [
+        ("kimi-k3", "Q2_K", "expected preset"),
+        ("kimi-k2", "Q5_K", "expected quant"),
+        ("tiny", "Q2_K", "real model's shape"),
+        (
+            "qwen3-0.6b",
+            "Q4_K_M",
+            "expected a mixture-of-experts model",
+        ),
+    ] {
+        let e = ModelCost::from_preset(preset, quant)
+            .expect_err(want)
+            .to_string();
+        assert!(
+            e.contains(want),
+            "{preset} {quant}: {e:?} should contain {want:?}"
+        );
+    }
+}
+
+#[test]
+fn a_preset_costs_what_its_generated_file_costs() {
+    for arch in [Arch::Deepseek2, Arch::Qwen3Moe] {
+        let spec = GenSpec::new(Preset::Tiny, arch, QuantMix::Q4KM);
+        let path = tmp(&spec.file_name());
+        gen::generate(&spec, &path, &mut |_| {}).expect("generate");
+        let from_file = ModelCost::from_gguf(&path).expect("from file");
+        let from_spec = ModelCost::from_spec(&spec).expect("from spec");
+        assert_eq!(
+            ModelCost {
+                name: String::new(),
+                ..from_file
+            },
+            ModelCost {
+                name: String::new(),
+                ..from_spec
+            },
+            "{arch:?}"
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+fn k2_scenario<'a>(
+    m: &'a ModelCost,
+    r: &'a Routing,
+    c: &'a Calibration,
+    vm: &'a nightshift_coordinator::plan::Vm,
+    batch: usize,
+    rtt_us: f64,
+    overlap: bool,
+) -> Scenario<'a> {
+    Scenario {
+        model: m,
+        routing: r,
+        cal: c,
+        coordinator: vm,
+        node: vm,
+        nodes: Scenario::min_nodes(m, vm),
+        batch,
+        rtt: rtt_us * 1e-6,
+        call_overhead: 50e-6,
+        context: 4096,
+        kv_elem_bytes: 4,
+        prefill_chunk: 512,
+        overlap,
+        micro_batches: overlap,
+    }
+}
+
+#[test]
+fn the_cost_model_moves_the_way_the_deployment_does() {
+    let m = ModelCost::from_preset("kimi-k2", "UD-Q2_K_XL").expect("k2");
+    let c = cal(&m);
+    let r = Routing::uniform(m.n_expert, m.n_used);
+    let t = VmTable::builtin().expect("table");
+    let vm = t.get("Standard_E32ps_v6").expect("vm");
+    let base = k2_scenario(&m, &r, &c, vm, 1, 100.0, true);
+    assert!(base.nodes >= 2, "{} nodes", base.nodes);
+    let p = base.predict();
+    assert!(
+        p.fits && p.decode_tok_s > 0.0 && p.prefill_tok_s > 0.0,
+        "{p:?}"
+    );
+    let slow = k2_scenario(&m, &r, &c, vm, 1, 400.0, true).predict();
+    assert!(slow.decode_tok_s < p.decode_tok_s);
+    // 300 us more per round trip on each of 60 layers
+    assert!(
+        (slow.step - p.step - 60.0 * 300e-6).abs() < 1e-9,
+        "{} vs {}",
+        slow.step,
+        p.step
+    );
+    let plain = k2_scenario(&m, &r, &c, vm, 1, 100.0, false).predict();
+    assert!(plain.step >= p.step && p.step_hidden > 0.0 && plain.step_hidden.abs() < 1e-12);
+    let b8 = k2_scenario(&m, &r, &c, vm, 8, 100.0, true).predict();
+    assert!(
+        b8.decode_tok_s > p.decode_tok_s,
+        "batching amortises the weights and round trips"
+    );
+    let one_batch = Scenario {
+        micro_batches: false,
+        ..k2_scenario(&m, &r, &c, vm, 8, 100.0, true)
+    }
+    .predict();
+    assert!(
+        one_batch.step >= b8.step,
+        "micro-batches hide more: {one_batch:?} vs {b8:?}"
+    );
+    // batch 1: every pair returns one f32 row; each node touched gets the row once, its
+    // pairs' indices and a header
+    let mut want = 0.0;
+    for l in r.node_loads(0, base.nodes, 1) {
+        want +=
+            l.rows * m.act_row_bytes as f64 + l.pairs * PAIR_BYTES + l.called * CALL_HEADER_BYTES;
+    }
+    want += (m.n_used * m.n_embd * 4) as f64;
+    let per_token = want * m.moe_layers as f64;
+    assert!(
+        (p.bytes_per_token - per_token).abs() < 1e-6 * per_token,
+        "{} vs {per_token}",
+        p.bytes_per_token
+    );
+    // too few nodes: the experts do not fit
+    let tight = Scenario {
+        nodes: 1,
+        ..k2_scenario(&m, &r, &c, vm, 1, 100.0, true)
+    };
+    assert!(!tight.predict().fits);
+    // skew concentrates the load: the busiest node reads more, the step gets longer at batch 8
+    let z = Routing::zipf(m.n_expert, m.n_used, 1.2).expect("zipf");
+    let skewed = k2_scenario(&m, &z, &c, vm, 8, 100.0, true).predict();
+    assert!(skewed.step_nodes != b8.step_nodes);
+}
+
+#[test]
+fn routing_comes_from_an_atlas_of_the_same_model() {
+    let shape = ModelShape {
+        moe_layers: vec![1, 2],
+        n_experts: 4,
+        expert_bytes: 1,
+    };
+    let mut a = Atlas::empty("t", shape, 2, 64);
+    a.all_time = Counts {
+        tokens: 10,
+        activations: vec![vec![10, 10, 0, 0], vec![5, 5, 5, 5]],
+        weight_sums: vec![vec![1.0; 4]; 2],
+    };
+    let path = tmp("a.atlas");
+    a.save_atomic(&path).expect("save");
+    let r = Routing::from_atlas(&path, 4, 2).expect("atlas");
+    assert_eq!(r.q, vec![vec![1.0, 1.0, 0.0, 0.0], vec![0.5; 4]]);
+    // layer 0 only ever uses experts 0 and 1, one on each of 2 nodes: both always called
+    let l = r.node_loads(0, 2, 3);
+    assert!((l[0].experts - 1.0).abs() < 1e-12 && (l[0].rows - 3.0).abs() < 1e-12);
+    let e = Routing::from_atlas(&path, 8, 2)
+        .expect_err("wrong model")
+        .to_string();
+    assert!(
+        e.contains("expected an atlas of a model with 8 experts"),
+        "{e}"
+    );
+    std::fs::write(&path, "NSATLAS nope").expect("write");
+    assert!(Routing::from_atlas(&path, 4, 2).is_err());
+}
+
+#[test]
+fn a_saved_calibration_must_match_the_model() {
+    let k2 = ModelCost::from_preset("kimi-k2", "UD-Q2_K_XL").expect("k2");
+    let v3 = ModelCost::from_preset("deepseek-v3", "Q4_K_M").expect("v3");
+    let path = tmp("cal.toml");
+    cal(&k2).save(&path).expect("save");
+    assert_eq!(Calibration::load(&path, &k2).expect("load"), cal(&k2));
+    let e = Calibration::load(&path, &v3)
+        .expect_err("other experts")
+        .to_string();
+    assert!(e.contains("expected a calibration of Q4_K/Q6_K"), "{e}");
+    let text = std::fs::read_to_string(&path)
+        .expect("read")
+        .replace("stream_gbs = 20.0", "stream_gbs = 0.0");
+    std::fs::write(&path, text).expect("write");
+    let e = Calibration::load(&path, &k2).expect_err("zero").to_string();
+    assert!(e.contains("expected stream_gbs > 0"), "{e}");
+}
+
+#[test]
+fn a_measured_calibration_is_positive_and_names_its_experts() {
+    let spec = GenSpec::new(Preset::Tiny, Arch::Qwen3Moe, QuantMix::Q4KM);
+    let m = ModelCost::from_spec(&spec).expect("tiny");
+    let c = Calibration::measure(&m, 1, 8).expect("measure");
+    assert_eq!(c.expert, Calibration::key(&m));
+    assert!(
+        c.stream_gbs > 0.0 && c.ffn_gbs > 0.0 && c.ffn_byte_rows_per_core > 0.0,
+        "{c:?}"
+    );
+    assert!(c.efficiency() > 0.0 && c.efficiency() <= 1.0);
+}

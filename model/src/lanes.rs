@@ -1,0 +1,165 @@
+//! The rows of one engine step as they go through the layers: one lane holding the whole
+//! batch, or, when the experts are out on nodes (`ExpertBackend::overlaps` and
+//! `micro_batches`), two micro-batches of whole sequences whose layer calls alternate: while one
+//! half's experts are on the nodes the engine lands the other half's previous call, sums it, and
+//! runs that half's next attention block and router (the dual-micro-batch overlap of large
+//! expert-parallel deployments). A row's values never depend on its lane: attention reads only
+//! its own sequence's cache, every other op works row by row, and an expert's output row depends
+//! only on its expert and activation row (`expert::run_claimed`), so the logits are the same
+//! bits either way (`coordinator/tests/cluster_netns.rs`).
+
+use std::time::Instant;
+
+use crate::arch::Tok;
+use crate::engine::{SharedRows, StepProfile};
+use crate::error::ModelError;
+use crate::expert::{ExpertBackend, PostedExperts};
+use crate::moe::Routed;
+
+/// A MoE layer whose experts ran: (routing, expert outputs, its normalised rows for the shared
+/// expert, layer), summed into the lane's residual at the start of its next phase.
+pub(crate) type Finished = (Routed, Vec<f32>, SharedRows, usize);
+/// A MoE layer whose call is out on the nodes (`ExpertBackend::post_experts`).
+pub(crate) type InFlight = (Routed, PostedExperts, SharedRows, usize);
+
+/// Rows of a step that go through the layers together: the whole batch, or one of two
+/// micro-batches (whole sequences each) whose layer calls alternate, so one half's attention
+/// and routing run while the other half's experts are out. A row's values never depend on which
+/// lane it is in: attention reads only its own sequence, and every other op is row by row.
+pub(crate) struct Lane {
+    /// The batch rows of this lane, ascending.
+    pub(crate) rows: Vec<usize>,
+    pub(crate) toks: Vec<Tok>,
+    pub(crate) ropes: Vec<Vec<f32>>,
+    pub(crate) x: Vec<f32>,
+    pub(crate) h: Vec<f32>,
+    pub(crate) y: Vec<f32>,
+    pub(crate) pending: Option<Finished>,
+    pub(crate) inflight: Option<InFlight>,
+}
+
+impl Lane {
+    pub(crate) fn whole(x: Vec<f32>, toks: &[Tok], ropes: Vec<Vec<f32>>) -> Lane {
+        let len = x.len();
+        Lane {
+            rows: (0..toks.len()).collect(),
+            toks: toks.to_vec(),
+            ropes,
+            x,
+            h: vec![0.0; len],
+            y: vec![0.0; len],
+            pending: None,
+            inflight: None,
+        }
+    }
+
+    pub(crate) fn gather(
+        rows: Vec<usize>,
+        x: &[f32],
+        toks: &[Tok],
+        ropes: &[Vec<f32>],
+        e: usize,
+    ) -> Lane {
+        let mut lx = Vec::with_capacity(rows.len() * e);
+        for &r in &rows {
+            lx.extend_from_slice(&x[r * e..(r + 1) * e]);
+        }
+        Lane {
+            toks: rows.iter().map(|&r| toks[r]).collect(),
+            ropes: rows.iter().map(|&r| ropes[r].clone()).collect(),
+            x: lx,
+            h: vec![0.0; rows.len() * e],
+            y: vec![0.0; rows.len() * e],
+            rows,
+            pending: None,
+            inflight: None,
+        }
+    }
+
+    /// Lands the lane's call in flight (waits for its outputs): it becomes `pending`.
+    pub(crate) fn land(
+        &mut self,
+        backend: &dyn ExpertBackend,
+        e: usize,
+        prof: &mut StepProfile,
+    ) -> Result<(), ModelError> {
+        if let Some((r, posted, sh_rows, il)) = self.inflight.take() {
+            let t = Instant::now();
+            let mut eo = vec![0.0f32; r.pairs.len() * e];
+            backend.collect_experts(posted, &mut eo)?;
+            prof.experts += t.elapsed().as_secs_f64();
+            self.pending = Some((r, eo, sh_rows, il));
+        }
+        Ok(())
+    }
+
+    /// The batch's residual rows back in batch order.
+    pub(crate) fn scatter(lanes: &mut [Lane], n: usize, e: usize) -> Vec<f32> {
+        if let [one] = lanes {
+            return std::mem::take(&mut one.x);
+        }
+        let mut x = vec![0.0f32; n * e];
+        for l in lanes.iter() {
+            for (k, &r) in l.rows.iter().enumerate() {
+                x[r * e..(r + 1) * e].copy_from_slice(&l.x[k * e..(k + 1) * e]);
+            }
+        }
+        x
+    }
+}
+
+/// The rows of two micro-batches: the batch's sequences in order of first appearance, the first
+/// ones to the first half until it holds about half the rows; `None` with a single sequence.
+pub(crate) fn micro_batches(toks: &[Tok]) -> Option<Vec<Vec<usize>>> {
+    let mut seqs: Vec<(usize, usize)> = Vec::new();
+    for t in toks {
+        match seqs.iter_mut().find(|s| s.0 == t.slot) {
+            Some(s) => s.1 += 1,
+            None => seqs.push((t.slot, 1)),
+        }
+    }
+    if seqs.len() < 2 {
+        return None;
+    }
+    let mut first = Vec::new();
+    let mut rows = 0;
+    for &(slot, count) in &seqs[..seqs.len() - 1] {
+        if first.is_empty() || 2 * (rows + count) <= toks.len() {
+            first.push(slot);
+            rows += count;
+        }
+    }
+    let (a, b): (Vec<usize>, Vec<usize>) =
+        (0..toks.len()).partition(|&i| first.contains(&toks[i].slot));
+    Some(vec![a, b])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(slots: &[usize]) -> Vec<Tok> {
+        slots.iter().map(|&slot| Tok { slot, pos: 0 }).collect()
+    }
+
+    #[test]
+    fn halves_hold_whole_sequences_and_about_half_the_rows() {
+        assert_eq!(micro_batches(&toks(&[3])), None);
+        assert_eq!(micro_batches(&toks(&[3, 3, 3])), None);
+        assert_eq!(micro_batches(&toks(&[0, 1])), Some(vec![vec![0], vec![1]]));
+        assert_eq!(
+            micro_batches(&toks(&[0, 1, 2, 3, 4])),
+            Some(vec![vec![0, 1], vec![2, 3, 4]])
+        );
+        // a 5-row prefill chunk of sequence 0 among three decodes: 5 rows against 3
+        assert_eq!(
+            micro_batches(&toks(&[0, 0, 0, 0, 0, 1, 2, 3])),
+            Some(vec![vec![0, 1, 2, 3, 4], vec![5, 6, 7]])
+        );
+        // rows of a sequence need not be adjacent; its rows stay together
+        assert_eq!(
+            micro_batches(&toks(&[0, 1, 0, 2])),
+            Some(vec![vec![0, 2], vec![1, 3]])
+        );
+    }
+}
