@@ -167,7 +167,7 @@ fn k2_scenario<'a>(
         rtt: rtt_us * 1e-6,
         call_overhead: 50e-6,
         context: 4096,
-        kv_elem_bytes: 4,
+        kv_elem_bytes: 4.0,
         prefill_chunk: 512,
         overlap,
         micro_batches: overlap,

@@ -115,7 +115,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         )
         .into());
     }
-    let kv_elem_bytes = a.kv_type.elem_bytes();
+    // Q8_0: 34 bytes per 32 elements
+    let kv_elem_bytes = a.kv_type.bytes(1 << 10) as f64 / f64::from(1u32 << 10);
     let routing = match (&a.atlas, a.zipf) {
         (Some(p), _) => Routing::from_atlas(p, model.n_expert, model.n_used)?,
         (None, Some(s)) => Routing::zipf(model.n_expert, model.n_used, s)?,

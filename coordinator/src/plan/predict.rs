@@ -39,8 +39,8 @@ pub struct Scenario<'a> {
     pub call_overhead: f64,
     /// Context length the KV cache is read over (decode) and held for (memory).
     pub context: usize,
-    /// Bytes of one cached KV value (`serve --kv-type`: 4 for f32, 2 for f16).
-    pub kv_elem_bytes: usize,
+    /// Bytes of one cached KV value (`serve --kv-type`: 4 for f32, 2 for f16, 34/32 for q8_0).
+    pub kv_elem_bytes: f64,
     /// Rows per prefill chunk.
     pub prefill_chunk: usize,
     /// The layer's shared expert computed while its routed experts are out.
@@ -183,7 +183,7 @@ impl Scenario<'_> {
         let (b, l) = (self.batch.max(1), m.moe_layers.max(1));
         let c = self.coordinator;
         let dense = m.dense_bytes as f64;
-        let kv_pos = (m.kv_floats_per_pos * self.kv_elem_bytes as u64) as f64;
+        let kv_pos = m.kv_floats_per_pos as f64 * self.kv_elem_bytes;
         let kv_read = (b * self.context) as f64 * kv_pos;
         let coord = (dense / self.eff_bw(c)).max(b as f64 * dense / self.compute_rate(c))
             + kv_read / self.eff_bw(c);

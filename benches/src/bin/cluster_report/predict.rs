@@ -93,7 +93,7 @@ pub fn report(cells: &[Cell], a: &Args) -> anyhow::Result<()> {
             rtt,
             call_overhead: overhead,
             context: a.prompt + a.steps / 2,
-            kv_elem_bytes: 4,
+            kv_elem_bytes: 4.0,
             prefill_chunk: a.prompt.max(1),
             overlap,
             micro_batches: mb,
