@@ -3,13 +3,10 @@
 //! kq scale `attention.scale` when set, a SwiGLU FFN in every layer (llama.cpp's `llama` graph).
 
 use super::TokenizerFacts;
-use super::{dense_params, gen_dense_ffn, gqa, ArchParams, ArchSpec, PushTensor, StepCtx};
-use crate::config::{Hparams, ModelConfig};
+use super::{dense_params, gen_dense_ffn, gqa, ArchParams, ArchSpec, PushTensor};
+use crate::config::Hparams;
 use crate::error::ModelError;
 use crate::gen::{Dims, KvValue};
-use crate::gguf::Gguf;
-use crate::kv::KvCache;
-use crate::weights::AttnWeights;
 
 /// The llama spec.
 pub struct Llama;
@@ -32,24 +29,6 @@ impl ArchSpec for Llama {
             1.0 / (h.head_k as f32).sqrt()
         };
         dense_params(h, kq_scale)
-    }
-    fn attn_weights(
-        &self,
-        g: &Gguf,
-        c: &ModelConfig,
-        il: usize,
-    ) -> Result<AttnWeights, ModelError> {
-        gqa::weights(g, c, il, false)
-    }
-    fn attention(
-        &self,
-        ctx: &StepCtx<'_>,
-        kv: &mut KvCache,
-        il: usize,
-        h: &[f32],
-        out: &mut [f32],
-    ) -> Result<(), ModelError> {
-        gqa::attention(ctx, kv, il, h, out)
     }
     fn gen_metadata(&self, d: &Dims, k: &dyn Fn(&str) -> String) -> Vec<(String, KvValue)> {
         vec![

@@ -95,10 +95,22 @@ pub trait ArchSpec: Sync {
     }
     /// The arch-specific hyper-parameters (the shared ones are already in `h`).
     fn hparams(&self, h: &Hparams<'_>) -> Result<ArchParams, ModelError>;
-    /// The attention tensors of layer `il`, shape-checked against `c`.
-    fn attn_weights(&self, g: &Gguf, c: &ModelConfig, il: usize)
-        -> Result<AttnWeights, ModelError>;
-    /// The attention block of layer `il` on normalised rows `h` (n × n_embd) into `out`.
+    /// Whether grouped-query attention normalises each q and k head (RMSNorm: the qwen3 archs).
+    fn qk_norm(&self) -> bool {
+        false
+    }
+    /// The attention tensors of layer `il`, shape-checked against `c` (by default the GQA
+    /// projections).
+    fn attn_weights(
+        &self,
+        g: &Gguf,
+        c: &ModelConfig,
+        il: usize,
+    ) -> Result<AttnWeights, ModelError> {
+        gqa::weights(g, c, il, self.qk_norm())
+    }
+    /// The attention block of layer `il` on normalised rows `h` (n × n_embd) into `out` (by
+    /// default grouped-query attention).
     fn attention(
         &self,
         ctx: &StepCtx<'_>,
@@ -106,7 +118,9 @@ pub trait ArchSpec: Sync {
         il: usize,
         h: &[f32],
         out: &mut [f32],
-    ) -> Result<(), ModelError>;
+    ) -> Result<(), ModelError> {
+        gqa::attention(ctx, kv, il, h, out)
+    }
     /// `gen-model`: the arch's hyper-parameter keys after the shared ones, in the converter's
     /// order; `key` prefixes a name with the arch.
     fn gen_metadata(&self, d: &Dims, key: &dyn Fn(&str) -> String) -> Vec<(String, KvValue)>;

@@ -3,13 +3,10 @@
 
 use super::qwen3moe::{qwen_metadata, qwen_tokenizer};
 use super::TokenizerFacts;
-use super::{dense_params, gen_dense_ffn, gqa, ArchParams, ArchSpec, PushTensor, StepCtx};
-use crate::config::{Hparams, ModelConfig};
+use super::{dense_params, gen_dense_ffn, gqa, ArchParams, ArchSpec, PushTensor};
+use crate::config::Hparams;
 use crate::error::ModelError;
 use crate::gen::{Dims, KvValue};
-use crate::gguf::Gguf;
-use crate::kv::KvCache;
-use crate::weights::AttnWeights;
 
 /// The qwen3 spec.
 pub struct Qwen3;
@@ -24,23 +21,8 @@ impl ArchSpec for Qwen3 {
     fn hparams(&self, h: &Hparams<'_>) -> Result<ArchParams, ModelError> {
         dense_params(h, 1.0 / (h.head_k as f32).sqrt())
     }
-    fn attn_weights(
-        &self,
-        g: &Gguf,
-        c: &ModelConfig,
-        il: usize,
-    ) -> Result<AttnWeights, ModelError> {
-        gqa::weights(g, c, il, true)
-    }
-    fn attention(
-        &self,
-        ctx: &StepCtx<'_>,
-        kv: &mut KvCache,
-        il: usize,
-        h: &[f32],
-        out: &mut [f32],
-    ) -> Result<(), ModelError> {
-        gqa::attention(ctx, kv, il, h, out)
+    fn qk_norm(&self) -> bool {
+        true
     }
     fn gen_metadata(&self, d: &Dims, k: &dyn Fn(&str) -> String) -> Vec<(String, KvValue)> {
         qwen_metadata(d, k)

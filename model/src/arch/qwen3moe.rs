@@ -2,15 +2,10 @@
 //! q/k RMSNorm and NEOX rope, then routed experts with softmax gating over all experts and
 //! renormalised top-k weights, no shared expert (llama.cpp's `qwen3moe` graph).
 
-use super::{
-    gqa, moe_counts, ArchParams, ArchSpec, MoeParams, PushTensor, StepCtx, TokenizerFacts,
-};
-use crate::config::{Gating, Hparams, ModelConfig};
+use super::{gqa, moe_counts, ArchParams, ArchSpec, MoeParams, PushTensor, TokenizerFacts};
+use crate::config::{Gating, Hparams};
 use crate::error::ModelError;
 use crate::gen::{Dims, Init, KvValue};
-use crate::gguf::Gguf;
-use crate::kv::KvCache;
-use crate::weights::AttnWeights;
 
 /// The qwen3moe spec.
 pub struct Qwen3Moe;
@@ -70,23 +65,8 @@ impl ArchSpec for Qwen3Moe {
             }),
         })
     }
-    fn attn_weights(
-        &self,
-        g: &Gguf,
-        c: &ModelConfig,
-        il: usize,
-    ) -> Result<AttnWeights, ModelError> {
-        gqa::weights(g, c, il, true)
-    }
-    fn attention(
-        &self,
-        ctx: &StepCtx<'_>,
-        kv: &mut KvCache,
-        il: usize,
-        h: &[f32],
-        out: &mut [f32],
-    ) -> Result<(), ModelError> {
-        gqa::attention(ctx, kv, il, h, out)
+    fn qk_norm(&self) -> bool {
+        true
     }
     fn gen_metadata(&self, d: &Dims, k: &dyn Fn(&str) -> String) -> Vec<(String, KvValue)> {
         let u = |v: u64| KvValue::U32(v as u32);
