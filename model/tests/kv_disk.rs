@@ -4,24 +4,18 @@
 //! loaded (a block computed again replaces them), and the directory stays within its bound.
 
 use nightshift_model::kv::KvDiskOptions;
-use nightshift_model::{Engine, EngineOptions, KvType, LocalExperts, Model, SeqId};
+use nightshift_model::{Engine, KvType, Model, SeqId};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 mod fixture_util;
+use fixture_util::kv::{same_bits, tokens};
 use fixture_util::model;
 
 const MODELS: [&str; 2] = ["tiny-qwen3moe-Q4_K_M.gguf", "tiny-deepseek2-Q4_K_M.gguf"];
 
 fn engine(m: &Arc<Model>, ty: KvType, disk: Option<(&Path, u64)>) -> Engine {
-    let backend = Arc::new(LocalExperts::new(m.clone(), None));
-    let opts = EngineOptions {
-        threads: 2,
-        kv_budget_tokens: 512,
-        ..Default::default()
-    };
-    let mut e = Engine::new(m.clone(), backend, opts).expect("engine");
-    e.set_kv_type(ty).expect("kv type");
+    let mut e = fixture_util::kv::engine(m, ty, true);
     e.set_kv_disk(disk.map(|(dir, max_bytes)| KvDiskOptions {
         dir: dir.to_path_buf(),
         max_bytes,
@@ -30,32 +24,9 @@ fn engine(m: &Arc<Model>, ty: KvType, disk: Option<(&Path, u64)>) -> Engine {
     e
 }
 
-fn tokens(n: usize, seed: u32, vocab: usize) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (s >> 8) % (vocab as u32 - 1) + 1
-        })
-        .collect()
-}
-
 /// Prefills the rest of `prompt`, then greedy-decodes 2 tokens: the logits rows.
 fn finish(e: &mut Engine, seq: SeqId, prompt: &[u32], cached: usize) -> Vec<Vec<f32>> {
-    let mut rows = vec![e.prefill(seq, &prompt[cached..]).expect("prefill")];
-    for _ in 0..2 {
-        let next = nightshift_model::sampler::argmax(rows.last().expect("row"));
-        rows.push(e.prefill(seq, &[next]).expect("decode"));
-    }
-    rows
-}
-
-fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: row count");
-    for (r, (x, y)) in a.iter().zip(b).enumerate() {
-        let same = x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
-        assert!(same, "{what}: row {r} differs from the cold computation");
-    }
+    fixture_util::kv::finish(e, seq, prompt, cached, 2)
 }
 
 /// Runs `prompt` on an engine over `dir` (its full blocks are written there) and drops it.

@@ -9,7 +9,15 @@ use nightshift_model::{Engine, EngineOptions, KvType, LocalExperts, Model, Model
 use std::sync::Arc;
 
 mod fixture_util;
+use fixture_util::kv::{engine, same_bits, tokens};
 use fixture_util::model;
+
+/// Greedy tokens decoded after each prompt.
+const DECODE: usize = 3;
+
+fn finish(e: &mut Engine, seq: SeqId, prompt: &[u32], cached: usize) -> Vec<Vec<f32>> {
+    fixture_util::kv::finish(e, seq, prompt, cached, DECODE)
+}
 
 const MODELS: [&str; 4] = [
     "tiny-qwen3moe-Q4_K_M.gguf",
@@ -18,55 +26,12 @@ const MODELS: [&str; 4] = [
     "tiny-llama-Q4_K_M.gguf",
 ];
 
-fn engine(m: &Arc<Model>, ty: KvType, prefix: bool) -> Engine {
-    let backend = Arc::new(LocalExperts::new(m.clone(), None));
-    let opts = EngineOptions {
-        threads: 2,
-        kv_budget_tokens: 512,
-        prefix_cache: prefix,
-        ..Default::default()
-    };
-    let mut e = Engine::new(m.clone(), backend, opts).expect("engine");
-    e.set_kv_type(ty).expect("kv type");
-    e
-}
-
-/// `n` token ids below `vocab` from `seed`.
-fn tokens(n: usize, seed: u32, vocab: usize) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (s >> 8) % (vocab as u32 - 1) + 1
-        })
-        .collect()
-}
-
-/// Prefills what `seq` has not cached of `prompt`, then greedy-decodes 3 tokens: every logits
-/// row from the prompt's last position on.
-fn finish(e: &mut Engine, seq: SeqId, prompt: &[u32], cached: usize) -> Vec<Vec<f32>> {
-    let mut rows = vec![e.prefill(seq, &prompt[cached..]).expect("prefill")];
-    for _ in 0..3 {
-        let next = nightshift_model::sampler::argmax(rows.last().expect("row"));
-        rows.push(e.prefill(seq, &[next]).expect("decode"));
-    }
-    rows
-}
-
 /// The same rows from a fresh engine (nothing cached).
 fn cold(m: &Arc<Model>, ty: KvType, prompt: &[u32]) -> Vec<Vec<f32>> {
     let mut e = engine(m, ty, false);
     let (s, cached) = e.admit(prompt, prompt.len() + 8, true).expect("admit");
     assert_eq!(cached, 0);
     finish(&mut e, s, prompt, 0)
-}
-
-fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: row count");
-    for (r, (x, y)) in a.iter().zip(b).enumerate() {
-        let same = x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
-        assert!(same, "{what}: row {r} differs from the cold computation");
-    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Test-only: opens a fixture model by name, from wherever `locate.rs` finds it.
 #![allow(dead_code, unused_imports)]
 
+pub mod kv;
 mod locate;
 
 pub use locate::{fixture_dirs, fixture_path};
