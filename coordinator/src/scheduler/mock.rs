@@ -342,3 +342,42 @@ impl StepEngine for MockEngine {
         }
     }
 }
+
+/// Everything one request's event stream delivered (tests read a request to its end this way).
+#[cfg(test)]
+pub(crate) struct Drained {
+    pub text: String,
+    /// The logprob of each generated token that carried one.
+    pub logprobs: Vec<f32>,
+    pub finish: super::FinishReason,
+    pub usage: super::Usage,
+}
+
+/// Reads `rx` until the request is done; panics if it failed.
+#[cfg(test)]
+pub(crate) fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<super::Event>) -> Drained {
+    use super::Event;
+    let (mut text, mut logprobs) = (String::new(), Vec::new());
+    loop {
+        match rx.blocking_recv().expect("an event") {
+            Event::Token { text: t, logprob } => {
+                text.push_str(&t);
+                logprobs.extend(logprob.map(|l| l.logprob));
+            }
+            Event::Done {
+                text: t,
+                finish,
+                usage,
+            } => {
+                text.push_str(&t);
+                return Drained {
+                    text,
+                    logprobs,
+                    finish,
+                    usage,
+                };
+            }
+            Event::Failed(e) => panic!("request failed: {}", e.message),
+        }
+    }
+}

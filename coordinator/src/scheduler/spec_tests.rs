@@ -124,31 +124,14 @@ fn run(reqs: &[Req], spec: Option<Speculator>, max_seqs: usize) -> (Vec<Out>, us
     let outs = rxs
         .into_iter()
         .map(|mut rx| {
-            let mut text = String::new();
-            let mut logprobs = Vec::new();
-            loop {
-                match rx.blocking_recv().expect("an event") {
-                    Event::Token { text: t, logprob } => {
-                        text.push_str(&t);
-                        logprobs.extend(logprob.map(|l| l.logprob));
-                    }
-                    Event::Done {
-                        text: t,
-                        finish,
-                        usage,
-                    } => {
-                        text.push_str(&t);
-                        return Out {
-                            text,
-                            logprobs,
-                            finish,
-                            completion_tokens: usage.completion_tokens,
-                            accepted: usage.accepted_prediction_tokens,
-                            rejected: usage.rejected_prediction_tokens,
-                        };
-                    }
-                    Event::Failed(e) => panic!("request failed: {}", e.message),
-                }
+            let d = super::mock::drain(&mut rx);
+            Out {
+                text: d.text,
+                logprobs: d.logprobs,
+                finish: d.finish,
+                completion_tokens: d.usage.completion_tokens,
+                accepted: d.usage.accepted_prediction_tokens,
+                rejected: d.usage.rejected_prediction_tokens,
             }
         })
         .collect();

@@ -63,25 +63,12 @@ fn run(
     let outs = rxs
         .into_iter()
         .map(|mut rx| {
-            let mut text = String::new();
-            loop {
-                match rx.blocking_recv().expect("an event") {
-                    Event::Token { text: t, .. } => text.push_str(&t),
-                    Event::Done {
-                        text: t,
-                        finish,
-                        usage,
-                    } => {
-                        text.push_str(&t);
-                        return Out {
-                            text,
-                            finish,
-                            completion_tokens: usage.completion_tokens,
-                            cached_tokens: usage.cached_tokens,
-                        };
-                    }
-                    Event::Failed(e) => panic!("request failed: {}", e.message),
-                }
+            let d = super::mock::drain(&mut rx);
+            Out {
+                text: d.text,
+                finish: d.finish,
+                completion_tokens: d.usage.completion_tokens,
+                cached_tokens: d.usage.cached_tokens,
             }
         })
         .collect();
