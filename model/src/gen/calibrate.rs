@@ -16,7 +16,9 @@
 //! ridge`: whitening alone weighs the small directions that flicker from token to token like the
 //! big persistent ones, so the least ridge (in steps of 10x) whose `rho_1` reaches the
 //! previous-token target is taken.
-//! [`skew_model::derive`] turns the targets and `rho_1` into shares (static, topic, token); the
+//! [`skew_model::derive`] turns the targets and `rho_1` into shares (static, topic, token), and
+//! `skew_fit` corrects them by simulating top-k routing on the captured inputs themselves (the
+//! Gaussian model misses the previous-token overlap of a topic that moves in jumps); the
 //! router row of expert `e` is then, with fresh seeded draws `g_s`, `g_t`, `g_x`,
 //!
 //! `logit = S (sqrt(static) g_s + sqrt(topic) g_t . w / sqrt(m) + sqrt(token) g_x . x / (sqrt(n_x) rms_x))`
@@ -38,7 +40,8 @@ use std::sync::{Arc, Mutex};
 use rayon::ThreadPool;
 
 use super::rng::{row_rng, tensor_seed};
-use super::skew_model::{derive, Derived, PUBLISHED};
+use super::skew_fit::{fit, Parts, Simulated};
+use super::skew_model::{derive, Derived, Shares, PUBLISHED};
 use super::{Arch, GenError};
 use crate::chat::{encode_conversation, ChatMessage, ChatTemplate};
 use crate::engine::{build_pool, Engine, EngineOptions};
@@ -99,7 +102,12 @@ pub struct LayerCalibration {
     /// share of the topic channels' energy common to all sequences (|mu|^2 / E|T|^2): what
     /// routers drawn without this pass would have taken as a static bias
     pub common: f64,
+    /// the Gaussian model's answer (`skew_model`)
     pub derived: Derived,
+    /// the shares written: the model's, corrected on the captured inputs (`skew_fit`)
+    pub shares: Shares,
+    /// the written shares' routing on the captured inputs (`skew_fit`)
+    pub simulated: Simulated,
 }
 
 /// The calibration of a whole file.
@@ -115,21 +123,25 @@ impl Calibration {
             "routers calibrated (variance shares of a logit: static / topic / token; the topic's lag-1 autocorrelation; its part common to all prompts):\n",
         );
         for l in &self.layers {
-            let d = &l.derived;
+            let sh = &l.shares;
+            let off = (l.simulated.lag1 - PUBLISHED.lag1).abs() > 0.05
+                || (l.simulated.coverage50 - PUBLISHED.coverage50).abs() > 0.05;
             s.push_str(&format!(
-                "  layer {:>3}: {:.3} / {:.3} / {:.3}  rho1 {:.2} (ridge {})  common {:.0}%  expected within-8 {:.1}%{}\n",
+                "  layer {:>3}: {:.3} / {:.3} / {:.3}  rho1 {:.2} (ridge {})  common {:.0}%  simulated on these inputs: hottest half {:.1}%, previous token {:.1}%, within 8 {:.1}%{}\n",
                 l.layer,
-                d.shares.static_,
-                d.shares.topic,
-                d.shares.token,
+                sh.static_,
+                sh.topic,
+                sh.token,
                 l.rho[0],
                 l.ridge,
                 100.0 * l.common,
-                100.0 * d.within8,
-                if d.feasible {
-                    ""
+                100.0 * l.simulated.coverage50,
+                100.0 * l.simulated.lag1,
+                100.0 * l.simulated.within8,
+                if off {
+                    "  (no shares reach the targets on these inputs)"
                 } else {
-                    "  (topic too unstable for the previous-token target)"
+                    ""
                 }
             ));
         }
@@ -146,6 +158,8 @@ struct Captured {
     topic: Vec<f64>,
     rest_sq: f64,
     rest_n: u64,
+    /// rows x embd: the whole router inputs, for the empirical refinement (`refine`)
+    rows: Vec<f32>,
 }
 
 /// The file's own expert backend, capturing every MoE layer's router inputs on the way.
@@ -180,6 +194,7 @@ impl ExpertBackend for Capture {
                     .map(|&x| f64::from(x) * f64::from(x))
                     .sum::<f64>();
                 c.rest_n += (self.embd - self.m - 1) as u64;
+                c.rows.extend_from_slice(row);
             }
         }
         self.inner.run_experts(layer, acts, pairs, out)
@@ -444,6 +459,128 @@ fn f32_tensor(g: &Gguf, name: &str) -> Result<(u64, usize), GenError> {
     Ok((t.offset(), (t.size() / 4) as usize))
 }
 
+/// One layer's router drawn at unit variance shares (module doc): the expert rows of each part
+/// (static, topic, token), which the fitted shares then weigh (`combine`).
+struct UnitRouter {
+    n: usize,
+    embd: usize,
+    /// n x embd each
+    static_: Vec<f64>,
+    topic: Vec<f64>,
+    token: Vec<f64>,
+    /// deepseek2: the static part as a selection bias per expert (else zeros)
+    bias: Option<Vec<f64>>,
+}
+
+impl UnitRouter {
+    /// The three parts of layer `name`'s router for the measured `st`, drawn from `seed` (the
+    /// same draws whatever the shares: each part scales by the square root of its share).
+    #[allow(clippy::too_many_arguments)]
+    fn draw(
+        st: &LayerStats,
+        sigmoid_bias: bool,
+        n: usize,
+        embd: usize,
+        m: usize,
+        scale: f64,
+        seed: u64,
+        name: &str,
+    ) -> UnitRouter {
+        let rest = embd - m - 1;
+        let tseed = tensor_seed(seed, &format!("{name}#calibrated"));
+        let mut u = UnitRouter {
+            n,
+            embd,
+            static_: vec![0.0; n * embd],
+            topic: vec![0.0; n * embd],
+            token: vec![0.0; n * embd],
+            bias: sigmoid_bias.then(|| vec![0.0; n]),
+        };
+        let gain_t = scale / (m as f64 * st.wvar).sqrt();
+        let gain_x = scale / ((rest as f64).sqrt() * st.rest_rms);
+        for e in 0..n {
+            let mut r = row_rng(tseed, e as u64);
+            let g_s = f64::from(r.gaussian());
+            let g_t: Vec<f64> = (0..m).map(|_| f64::from(r.gaussian())).collect();
+            let row = e * embd..(e + 1) * embd;
+            let topic = &mut u.topic[row.clone()];
+            for (w, t) in topic[1..=m].iter_mut().zip(solve_upper_t(&st.chol, &g_t)) {
+                *w = gain_t * t;
+            }
+            // the topic common to all prompts cancelled on the constant channel
+            let common: f64 = topic[1..=m].iter().zip(&st.mu).map(|(w, u)| w * u).sum();
+            topic[0] = -common / st.c0;
+            for w in &mut u.token[row.start + m + 1..row.end] {
+                *w = gain_x * f64::from(r.gaussian());
+            }
+            match &mut u.bias {
+                // sigmoid'(0) = 1/4: the selection moves as a logit of 4x this would
+                Some(b) => b[e] = scale * g_s / 4.0,
+                None => u.static_[row.start] = scale * g_s / st.c0,
+            }
+        }
+        u
+    }
+
+    /// Each captured row's three logit parts for every expert (deepseek2's static part is its
+    /// bias, the same on every row).
+    fn parts(&self, cap: &Captured, k: usize, m: usize) -> Parts {
+        use rayon::prelude::*;
+        let (n, embd) = (self.n, self.embd);
+        let rows = cap.seq.len();
+        let mut p = Parts {
+            experts: n,
+            k,
+            seq: cap.seq.clone(),
+            static_: vec![0.0; rows * n],
+            topic: vec![0.0; rows * n],
+            token: vec![0.0; rows * n],
+            sigmoid_bias: self.bias.is_some(),
+        };
+        let dot =
+            |w: &[f64], h: &[f32]| -> f64 { w.iter().zip(h).map(|(a, &b)| a * f64::from(b)).sum() };
+        // each part lives on its own channels: static on channel 0, topic on 0..=m, token after
+        p.static_
+            .par_chunks_mut(n)
+            .zip(p.topic.par_chunks_mut(n))
+            .zip(p.token.par_chunks_mut(n))
+            .zip(cap.rows.par_chunks(embd))
+            .for_each(|(((ps, pt), px), h)| {
+                for e in 0..n {
+                    let w = e * embd;
+                    ps[e] = match &self.bias {
+                        Some(b) => b[e],
+                        None => self.static_[w] * f64::from(h[0]),
+                    };
+                    pt[e] = dot(&self.topic[w..w + m + 1], &h[..=m]);
+                    px[e] = dot(&self.token[w + m + 1..w + embd], &h[m + 1..]);
+                }
+            });
+        p
+    }
+
+    /// The router rows (n x embd) and deepseek2's bias for `shares`.
+    fn combine(&self, shares: &Shares) -> (Vec<f64>, Option<Vec<f64>>) {
+        let (s, t, x) = (
+            shares.static_.sqrt(),
+            shares.topic.sqrt(),
+            shares.token.sqrt(),
+        );
+        let rows = self
+            .static_
+            .iter()
+            .zip(&self.topic)
+            .zip(&self.token)
+            .map(|((a, b), c)| s * a + t * b + x * c)
+            .collect();
+        let bias = self
+            .bias
+            .as_ref()
+            .map(|b| b.iter().map(|v| s * v).collect());
+        (rows, bias)
+    }
+}
+
 /// Calibrates the routers of the generated file at `path` in place (module doc): `arch`, `m`
 /// topic channels, logits of total spread `scale`, draws from `seed`.
 pub fn calibrate(
@@ -463,8 +600,6 @@ pub fn calibrate(
         let enough = |rho1: f64, rho8: f64| derive(&PUBLISHED, k, n, rho1, rho8).feasible;
         let st = layer_stats(layer, cap, m, &enough)?;
         let rho8 = st.rho.iter().sum::<f64>() / LAGS as f64;
-        let d = derive(&PUBLISHED, k, n, st.rho[0], rho8);
-        let sh = d.shares;
         let name = format!("blk.{layer}.ffn_gate_inp.weight");
         let (off, len) = f32_tensor(model.gguf(), &name)?;
         if len != n * embd {
@@ -472,7 +607,7 @@ pub fn calibrate(
                 "expected {name} of {n} x {embd}, found {len} floats"
             )));
         }
-        let bias = match arch {
+        let bias_at = match arch {
             Arch::Deepseek2 => {
                 let b = format!("blk.{layer}.exp_probs_b.bias");
                 let (boff, blen) = f32_tensor(model.gguf(), &b)?;
@@ -481,39 +616,17 @@ pub fn calibrate(
                         "expected {b} of {n}, found {blen} floats"
                     )));
                 }
-                Some((boff, vec![0.0f64; n]))
+                Some(boff)
             }
             Arch::Qwen3Moe | Arch::Qwen3 | Arch::Llama => None,
         };
-        let mut bias = bias;
-        let tseed = tensor_seed(seed, &format!("{name}#calibrated"));
-        let mut rows = vec![0.0f64; n * embd];
-        for (e, row) in rows.chunks_exact_mut(embd).enumerate() {
-            let mut r = row_rng(tseed, e as u64);
-            let g_s = f64::from(r.gaussian());
-            let g_t: Vec<f64> = (0..m).map(|_| f64::from(r.gaussian())).collect();
-            let topic = solve_upper_t(&st.chol, &g_t);
-            let gain_t = scale * sh.topic.sqrt() / (m as f64 * st.wvar).sqrt();
-            for (w, t) in row[1..=m].iter_mut().zip(&topic) {
-                *w = gain_t * t;
-            }
-            let gain_x = scale * sh.token.sqrt() / ((rest as f64).sqrt() * st.rest_rms);
-            for w in &mut row[m + 1..] {
-                *w = gain_x * f64::from(r.gaussian());
-            }
-            let common: f64 = row[1..=m].iter().zip(&st.mu).map(|(w, u)| w * u).sum();
-            let stat = scale * sh.static_.sqrt() * g_s;
-            row[0] = match &mut bias {
-                Some((_, b)) => {
-                    // sigmoid'(0) = 1/4: the selection moves as a logit of 4x this would
-                    b[e] = stat / 4.0;
-                    -common / st.c0
-                }
-                None => (stat - common) / st.c0,
-            };
-        }
+        let unit = UnitRouter::draw(&st, bias_at.is_some(), n, embd, m, scale, seed, &name);
+        let parts = unit.parts(cap, k, m);
+        let d = derive(&PUBLISHED, k, n, st.rho[0], rho8);
+        let (shares, sim) = fit(&parts, &PUBLISHED, d.shares);
+        let (rows, bias) = unit.combine(&shares);
         writes.push((off, f32_bytes(&rows)));
-        if let Some((boff, b)) = bias {
+        if let (Some(boff), Some(b)) = (bias_at, bias) {
             writes.push((boff, f32_bytes(&b)));
         }
         layers.push(LayerCalibration {
@@ -523,6 +636,8 @@ pub fn calibrate(
             ridge: st.ridge,
             common: st.common,
             derived: d,
+            shares,
+            simulated: sim,
         });
     }
     if layers.is_empty() {
@@ -597,6 +712,7 @@ mod tests {
             topic: vec![0.0; 3 * m],
             rest_sq: 1.0,
             rest_n: 1,
+            rows: Vec::new(),
         };
         assert!(layer_stats(1, &short, m, &|_, _| true).is_err());
         // a target no ridge reaches: the most persistent whitening is kept

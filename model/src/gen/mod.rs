@@ -23,6 +23,7 @@ pub mod layout;
 pub mod mix;
 pub mod rng;
 pub mod skew;
+pub mod skew_fit;
 pub mod skew_model;
 pub mod tokenizer_kv;
 pub mod writer;

@@ -26,11 +26,12 @@
 //! direct simulation of top-k on these shares (the tests) hits the hottest-half share within
 //! 1-2 points but finds the previous-token overlap a few points under the model's as k/n
 //! shrinks: 45% at 8 of 128 experts, 40.7% at 8 of 384 (Kimi K2's ratio).
-//! On generated files the hottest-half share lands on target (75.3%, 76.1% on two seeds of the
-//! Qwen3 shape) but the previous-token overlap comes out ~54%: the topic state moves in jumps,
+//! On generated files the hottest-half share landed on target (75.3%, 76.1% on two seeds of the
+//! Qwen3 shape) but the previous-token overlap came out ~54%: the topic state moves in jumps,
 //! and the overlap averaged over near-identical and unrelated steps exceeds the model's overlap
-//! at their mean correlation; averaging the model over the measured per-step correlations is
-//! the next step.
+//! at their mean correlation. So the shares derived here are only the starting point:
+//! `skew_fit` simulates top-k routing on the captured router inputs and corrects the targets
+//! asked of [`derive`] until the simulation lands on the published statistics.
 
 /// Published routing statistics of real MoE models (issue 22): per layer the hottest 50% of
 /// experts take ~75% of activations (Kimi K2, measured by the seed: 76.5%); on Qwen3-30B-A3B
