@@ -13,7 +13,8 @@
 //! `NIGHTSHIFT_KERNEL=scalar|avx2|avx512vnni|neon|dotprod|i8mm` forces a tier (`auto` or unset
 //! picks the best) and caps the f32 kernels' build with it (`scalar`: the baseline build);
 //! forcing a tier the CPU lacks makes [`crate::gemm`] return an error. A tier whose
-//! `gemm_block` has no path for a type returns false and the scalar reference runs instead, so
+//! `gemm_block` has no path for a type returns false and the scalar reference runs instead (on
+//! the same [`Tile`]), so
 //! every type works on every tier, and every tier gives the scalar reference's bits.
 
 use std::cell::Cell;
@@ -21,7 +22,7 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use crate::{scalar, GgmlType, KernelError, QMatrix};
+use crate::{scalar, KernelError, QMatrix, Tile};
 
 /// A kernel tier: the scalar reference or one SIMD implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -297,41 +298,21 @@ pub fn describe() -> String {
     }
 }
 
-/// One tile of rows on `tier`, falling back to the scalar reference when the tier has no path.
-#[allow(clippy::too_many_arguments)]
-fn run_block(
-    tier: Tier,
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) -> Result<(), KernelError> {
+/// One tile on `tier`, falling back to the scalar reference when the tier has no path.
+fn run_block(tier: Tier, tile: &mut Tile<'_>) -> Result<(), KernelError> {
     let c = caps();
     let handled = match tier {
         Tier::Scalar => false,
         #[cfg(target_arch = "x86_64")]
-        Tier::Avx2 => c
-            .avx2
-            .is_some_and(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
+        Tier::Avx2 => c.avx2.is_some_and(|t| t.gemm_block(tile)),
         #[cfg(target_arch = "x86_64")]
-        Tier::Avx512Vnni => c
-            .avx512vnni
-            .is_some_and(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
+        Tier::Avx512Vnni => c.avx512vnni.is_some_and(|t| t.gemm_block(tile)),
         #[cfg(target_arch = "aarch64")]
-        Tier::Neon => c
-            .neon
-            .is_some_and(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
+        Tier::Neon => c.neon.is_some_and(|t| t.gemm_block(tile)),
         #[cfg(target_arch = "aarch64")]
-        Tier::Dotprod => c
-            .dotprod
-            .is_some_and(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
+        Tier::Dotprod => c.dotprod.is_some_and(|t| t.gemm_block(tile)),
         #[cfg(target_arch = "aarch64")]
-        Tier::I8mm => c
-            .i8mm
-            .is_some_and(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
+        Tier::I8mm => c.i8mm.is_some_and(|t| t.gemm_block(tile)),
         #[allow(unreachable_patterns)]
         _ => {
             let _ = c;
@@ -341,7 +322,7 @@ fn run_block(
     if handled {
         Ok(())
     } else {
-        scalar::gemm_block(ty, k, w, rows, x, n, out)
+        scalar::gemm_block(tile)
     }
 }
 
@@ -371,26 +352,14 @@ pub fn gemm_with(
     if !is_available(tier) {
         return Err(unavailable(tier));
     }
-    let (ty, k, m, wb) = (w.ty(), w.cols(), w.rows(), w.row_bytes());
-    let w = w.bytes();
+    let (ty, k, m) = (w.ty(), w.cols(), w.rows());
     if !ty.has_vec_dot() {
         return Err(KernelError::Unsupported {
             op: "gemm",
             ty: ty.name(),
         });
     }
-    let xb = ty.vec_dot_type().row_bytes(k)?;
-    let expected = xb.checked_mul(n).ok_or_else(|| KernelError::Overflow {
-        what: "gemm activation rows",
-        detail: format!("{n} rows of {xb}"),
-    })?;
-    if expected != x.len() {
-        return Err(KernelError::Length {
-            what: "gemm activation rows",
-            expected,
-            found: x.len(),
-        });
-    }
+    let x = QMatrix::activations(&w, x, n)?;
     let cells = m.checked_mul(n).ok_or_else(|| KernelError::Overflow {
         what: "gemm output",
         detail: format!("{m} x {n}"),
@@ -427,10 +396,9 @@ pub fn gemm_with(
         Some(p) => chunk_rows(m, p.current_num_threads()),
         None => m,
     };
-    let work = |(ci, tile): (usize, &mut [f32])| -> Result<(), KernelError> {
-        let r0 = ci * rows_per;
-        let rows = tile.len() / n;
-        run_block(tier, ty, k, &w[r0 * wb..(r0 + rows) * wb], rows, x, n, tile)
+    let work = |(ci, out): (usize, &mut [f32])| -> Result<(), KernelError> {
+        let rows = w.row_range(ci * rows_per, out.len() / n)?;
+        run_block(tier, &mut Tile::new(rows, x, out)?)
     };
     match pool {
         Some(p) if m > rows_per => p.install(|| {

@@ -36,6 +36,9 @@ pub enum KernelError {
     /// The operation exists in ggml for other types only.
     #[error("{op} is not supported for {ty}")]
     Unsupported { op: &'static str, ty: &'static str },
+    /// A GEMM's activation rows do not fit its weight rows (type or row length).
+    #[error("gemm operands: expected {expected}, found {found}")]
+    Operands { expected: String, found: String },
     /// A size computation overflowed `usize`.
     #[error("{what} overflows: {detail}")]
     Overflow { what: &'static str, detail: String },

@@ -18,7 +18,7 @@ pub mod scalar;
 
 pub use error::KernelError;
 pub use formats::GgmlType;
-pub use matrix::QMatrix;
+pub use matrix::{QMatrix, Tile};
 pub use packed_f32::PackedF32;
 
 /// Any type -> f32 (F32, F16, BF16, every quant). `src.len()` must be `ty.row_bytes(dst.len())`.

@@ -5,6 +5,9 @@
 
 use std::path::PathBuf;
 
+mod common;
+
+use common::tile::tile;
 use nightshift_kernels::arch::aarch64::{Dotprod, I8mm, Neon};
 use nightshift_kernels::GgmlType;
 
@@ -47,13 +50,13 @@ type Gemm = fn(GgmlType, usize, &[u8], usize, &[u8], usize, &mut [f32]) -> Optio
 fn tiers() -> [(&'static str, Gemm); 3] {
     [
         ("neon", |ty, k, w, r, x, n, o| {
-            Neon::new().map(|t| t.gemm_block(ty, k, w, r, x, n, o))
+            Neon::new().map(|t| t.gemm_block(&mut tile(ty, k, w, r, x, n, o)))
         }),
         ("dotprod", |ty, k, w, r, x, n, o| {
-            Dotprod::new().map(|t| t.gemm_block(ty, k, w, r, x, n, o))
+            Dotprod::new().map(|t| t.gemm_block(&mut tile(ty, k, w, r, x, n, o)))
         }),
         ("i8mm", |ty, k, w, r, x, n, o| {
-            I8mm::new().map(|t| t.gemm_block(ty, k, w, r, x, n, o))
+            I8mm::new().map(|t| t.gemm_block(&mut tile(ty, k, w, r, x, n, o)))
         }),
     ]
 }

@@ -6,6 +6,9 @@
 #![cfg(target_arch = "aarch64")]
 #![allow(clippy::too_many_arguments)]
 
+mod common;
+
+use common::tile::tile;
 use nightshift_kernels::arch::aarch64::{Dotprod, I8mm, Neon};
 use nightshift_kernels::rng::SplitMix64;
 use nightshift_kernels::{scalar, GgmlType};
@@ -46,9 +49,11 @@ fn run_tier(
     out: &mut [f32],
 ) -> Option<bool> {
     match tier {
-        TierName::Neon => Neon::new().map(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
-        TierName::Dotprod => Dotprod::new().map(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
-        TierName::I8mm => I8mm::new().map(|t| t.gemm_block(ty, k, w, rows, x, n, out)),
+        TierName::Neon => Neon::new().map(|t| t.gemm_block(&mut tile(ty, k, w, rows, x, n, out))),
+        TierName::Dotprod => {
+            Dotprod::new().map(|t| t.gemm_block(&mut tile(ty, k, w, rows, x, n, out)))
+        }
+        TierName::I8mm => I8mm::new().map(|t| t.gemm_block(&mut tile(ty, k, w, rows, x, n, out))),
     }
 }
 

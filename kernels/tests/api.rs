@@ -5,7 +5,7 @@
 use nightshift_kernels::dispatch::{self, FloatLevel, Tier};
 use nightshift_kernels::formats::{self, BlockQ4_K, BlockQ8_K};
 use nightshift_kernels::{
-    dequantize_row, gemm, quantize_row, vec_dot, GgmlType, KernelError, QMatrix,
+    dequantize_row, gemm, quantize_row, vec_dot, GgmlType, KernelError, QMatrix, Tile,
 };
 use proptest::prelude::*;
 
@@ -109,6 +109,24 @@ fn bad_lengths_are_errors() {
     let huge = QMatrix::new(GgmlType::F32, usize::MAX, 0, &[]).expect("empty rows");
     let r = gemm(huge, &[], 3, &mut out, None);
     assert!(matches!(r, Err(KernelError::Overflow { .. })), "{r:?}");
+    // a tier's tile: its parts are checked against each other when it is built (the tiers'
+    // unsafe code relies on that alone)
+    let xm = QMatrix::activations(&wm, &x, 3).expect("three Q8_K rows");
+    assert_eq!((xm.ty(), xm.rows(), xm.cols()), (GgmlType::Q8_K, 3, 256));
+    assert!(Tile::new(wm, xm, &mut out).is_ok());
+    length(QMatrix::activations(&wm, &x[..875], 3).map(drop));
+    length(QMatrix::activations(&wm, &x, 2).map(drop));
+    length(Tile::new(wm, xm, &mut out[..5]).map(drop));
+    let operands = |r: Result<Tile<'_>, KernelError>| {
+        assert!(matches!(r, Err(KernelError::Operands { .. })), "{r:?}");
+    };
+    let q8_0 = QMatrix::new(GgmlType::Q8_0, 1, 256, &x[..272]).expect("8 Q8_0 blocks");
+    operands(Tile::new(wm, q8_0, &mut out[..2]));
+    let long = QMatrix::new(GgmlType::Q8_K, 1, 512, &x[..584]).expect("a 512-element row");
+    operands(Tile::new(wm, long, &mut out[..2]));
+    let q8k = QMatrix::new(GgmlType::Q8_K, 1, 256, &x[..292]).expect("one Q8_K row");
+    let r = Tile::new(q8k, q8k, &mut out[..1]);
+    assert!(matches!(r, Err(KernelError::Unsupported { .. })), "{r:?}");
     // a row range is a matrix of its own, inside its parent
     assert_eq!(wm.row_range(1, 1).map(|r| r.bytes().len()), Ok(144));
     for (start, count) in [(1, 2), (3, 0), (usize::MAX, 2)] {

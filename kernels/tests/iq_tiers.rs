@@ -7,6 +7,9 @@
 //! this CPU lacks is skipped.
 #![allow(clippy::too_many_arguments)]
 
+mod common;
+
+use common::tile::tile;
 use nightshift_kernels::rng::SplitMix64;
 use nightshift_kernels::{scalar, GgmlType};
 use proptest::prelude::*;
@@ -40,7 +43,7 @@ fn tiers(
         ($name:expr, $cap:expr) => {
             if let Some(t) = $cap {
                 let mut o = vec![f32::NAN; rows * n];
-                let ok = t.gemm_block(ty, k, w, rows, x, n, &mut o);
+                let ok = t.gemm_block(&mut tile(ty, k, w, rows, x, n, &mut o));
                 v.push(($name, ok, o));
             }
         };
@@ -64,7 +67,7 @@ fn tiers(
 /// Every tier this CPU has; `Err` names the first output whose bits differ.
 fn check(ty: GgmlType, k: usize, w: &[u8], rows: usize, x: &[u8], n: usize) -> Result<(), String> {
     let mut expect = vec![0f32; rows * n];
-    scalar::gemm_block(ty, k, w, rows, x, n, &mut expect).map_err(|e| e.to_string())?;
+    scalar::gemm_block(&mut tile(ty, k, w, rows, x, n, &mut expect)).map_err(|e| e.to_string())?;
     for (name, ran, got) in tiers(ty, k, w, rows, x, n) {
         if !ran {
             // IQ4_NL rows that are not whole 256-element units go to the scalar reference

@@ -4,6 +4,9 @@
 //! any tile size. Activations come from the reference quantizer (as in production), including
 //! zero blocks and extreme magnitudes. (Tier owners add their own tests next to this one.)
 
+mod common;
+
+use common::tile::tile;
 use nightshift_kernels::dispatch::{self, Tier};
 use nightshift_kernels::rng::SplitMix64;
 use nightshift_kernels::{quantize_row, scalar, GgmlType, QMatrix};
@@ -120,8 +123,8 @@ fn check_case(ty: GgmlType, blocks256: usize, m: usize, n: usize, seed: u64) -> 
     let w = weights(ty, k, m, &mut rng);
     let x = activations(ty, k, n, &mut rng);
 
-    let mut tile = vec![0f32; m * n];
-    scalar::gemm_block(ty, k, &w, m, &x, n, &mut tile).map_err(|e| e.to_string())?;
+    let mut expect = vec![0f32; m * n];
+    scalar::gemm_block(&mut tile(ty, k, &w, m, &x, n, &mut expect)).map_err(|e| e.to_string())?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(3)
         .build()
@@ -134,7 +137,7 @@ fn check_case(ty: GgmlType, blocks256: usize, m: usize, n: usize, seed: u64) -> 
                 .map_err(|e| format!("{tier}: {e}"))?;
             for i in 0..m {
                 for j in 0..n {
-                    let (got, want) = (out[j * m + i], tile[i * n + j]);
+                    let (got, want) = (out[j * m + i], expect[i * n + j]);
                     if !same_bits(got, want) {
                         return Err(format!(
                             "{ty} on {tier} (pool: {}), k={k} m={m} n={n}: row {i} act {j}: got {got:e} ({:#010x}), scalar {want:e} ({:#010x})",

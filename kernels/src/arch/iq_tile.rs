@@ -16,7 +16,7 @@ use crate::formats::{
     IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
 };
 use crate::scalar::{iq1, iq2, iq3, ternary};
-use crate::GgmlType;
+use crate::{GgmlType, Tile};
 
 /// One decoded 256-element unit: signed weights, and for IQ1_M the ±1 shift sign per element.
 #[derive(Clone)]
@@ -609,17 +609,10 @@ unsafe fn gemm_tiles<K: IqKind, S: Sums>(
 /// # Safety
 /// As [`gemm_units`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm<S: Sums>(
-    core: &S,
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) -> bool {
+pub(crate) unsafe fn gemm<S: Sums>(core: &S, t: &mut Tile<'_>) -> bool {
+    let (ty, k, rows, n) = (t.ty(), t.k(), t.rows(), t.n());
+    let (w, x) = (t.w().bytes(), t.x().bytes());
+    let out = t.out();
     // SAFETY: every arm forwards the caller's contract (see `# Safety`) unchanged.
     unsafe {
         match ty {

@@ -3,10 +3,9 @@
 //! type (detection + the `gemm_block` entry point), so every tier has the same shape.
 
 /// Declares a capability type: `new()` returns it only when `$detect` holds on this CPU, and
-/// `gemm_block` computes `out[r * n + j] = W[r] . x[j]` for `rows` weight rows of `ty` (k elements
-/// each, contiguous) and `n` activation rows of `ty.vec_dot_type()` by calling
-/// `$run($level, ...)`; it returns false when the tier has no path for `ty` (the caller then uses
-/// the scalar reference).
+/// `gemm_block` computes a [`Tile`](crate::Tile) (`out[r * n + j] = W[r] . x[j]`) by calling
+/// `$run($level, tile)`; it returns false when the tier has no path for the tile's type (the
+/// caller then uses the scalar reference on the same tile).
 macro_rules! capability_tier {
     ($(#[$doc:meta])* $name:ident, detect: $detect:expr, run: $run:ident($level:expr)) => {
         $(#[$doc])*
@@ -21,20 +20,11 @@ macro_rules! capability_tier {
                 ($detect).then_some($name { _private: () })
             }
 
-            /// `out[r * n + j] = W[r] . x[j]`, bit-identical to the scalar reference; false when
-            /// this tier has no path for `ty`.
-            #[allow(clippy::too_many_arguments)]
-            pub fn gemm_block(
-                self,
-                ty: $crate::GgmlType,
-                k: usize,
-                w: &[u8],
-                rows: usize,
-                x: &[u8],
-                n: usize,
-                out: &mut [f32],
-            ) -> bool {
-                $run($level, ty, k, w, rows, x, n, out)
+            /// `out[r * n + j] = W[r] . x[j]` over `tile`, bit-identical to the scalar
+            /// reference; false (nothing promised about `out`) when this tier has no path for
+            /// the tile's type.
+            pub fn gemm_block(self, tile: &mut $crate::Tile<'_>) -> bool {
+                $run($level, tile)
             }
         }
     };

@@ -10,6 +10,7 @@
 use std::sync::OnceLock;
 
 use crate::formats::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use crate::Tile;
 
 /// f16 bits -> f32 for every pattern, built once.
 fn f16_table() -> &'static [f32; 65536] {
@@ -54,20 +55,12 @@ fn dot_chains<const R: usize>(
     acc.map(|a| a as f32)
 }
 
-/// `out[r * n + j] = W[r] . x[j]` for F32, F16 or BF16 rows of `k` elements (lengths already
-/// checked by the caller: `w` holds `rows` rows, `x` holds `n` rows).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_tile(
-    bytes: usize,
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-    load: impl Fn(&[u8], usize) -> f32 + Copy,
-) {
-    let rb = bytes * k;
+/// `out[r * n + j] = W[r] . x[j]` over a tile of F32, F16 or BF16 rows (weights and
+/// activations of the same type; `load(row, i)` reads element `i`).
+pub fn gemm_tile(tile: &mut Tile<'_>, load: impl Fn(&[u8], usize) -> f32 + Copy) {
+    let (k, rows, n) = (tile.k(), tile.rows(), tile.n());
+    let (w, x, rb) = (tile.w().bytes(), tile.x().bytes(), tile.w().row_bytes());
+    let out = tile.out();
     if rb == 0 {
         out.fill(0.0);
         return;
@@ -93,23 +86,19 @@ pub fn gemm_tile(
 }
 
 /// [`gemm_tile`] for F32 rows.
-pub fn gemm_f32(k: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
-    gemm_tile(4, k, w, rows, x, n, out, load_f32);
+pub fn gemm_f32(tile: &mut Tile<'_>) {
+    gemm_tile(tile, load_f32);
 }
 
 /// [`gemm_tile`] for F16 rows.
-pub fn gemm_f16(k: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+pub fn gemm_f16(tile: &mut Tile<'_>) {
     let t = f16_table();
-    gemm_tile(2, k, w, rows, x, n, out, |row: &[u8], i| {
-        t[load_u16(row, i) as usize]
-    });
+    gemm_tile(tile, |row: &[u8], i| t[load_u16(row, i) as usize]);
 }
 
 /// [`gemm_tile`] for BF16 rows.
-pub fn gemm_bf16(k: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
-    gemm_tile(2, k, w, rows, x, n, out, |row: &[u8], i| {
-        bf16_to_f32(load_u16(row, i))
-    });
+pub fn gemm_bf16(tile: &mut Tile<'_>) {
+    gemm_tile(tile, |row: &[u8], i| bf16_to_f32(load_u16(row, i)));
 }
 
 #[inline(always)]

@@ -22,7 +22,7 @@ pub mod search;
 pub mod ternary;
 
 use crate::formats::{blocks, blocks_mut};
-use crate::{GgmlType, KernelError};
+use crate::{GgmlType, KernelError, Tile};
 
 fn check_bytes(what: &'static str, expected: usize, found: usize) -> Result<(), KernelError> {
     if expected != found {
@@ -160,46 +160,25 @@ pub(crate) fn dot_row(ty: GgmlType, w: &[u8], x: &[u8]) -> Result<f32, KernelErr
     })
 }
 
-/// Scalar tile: `out[r * n + j] = W[r] . x[j]` for `rows` weight rows and `n` activation rows
-/// (the same contract as the SIMD tiers' `gemm_block`). Lengths are checked.
-pub fn gemm_block(
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) -> Result<(), KernelError> {
-    if !ty.has_vec_dot() {
-        return Err(KernelError::Unsupported {
-            op: "gemm",
-            ty: ty.name(),
-        });
-    }
-    let wb = ty.row_bytes(k)?;
-    let xb = ty.vec_dot_type().row_bytes(k)?;
-    check_bytes("gemm weight rows", wb.saturating_mul(rows), w.len())?;
-    check_bytes("gemm activation rows", xb.saturating_mul(n), x.len())?;
-    if out.len() != rows.saturating_mul(n) {
-        return Err(KernelError::Elements {
-            what: "gemm output",
-            expected: rows.saturating_mul(n),
-            found: out.len(),
-        });
-    }
-    if wb == 0 || xb == 0 {
-        out.fill(0.0);
-        return Ok(());
-    }
-    let float_tile = match ty {
-        GgmlType::F32 => Some(float::gemm_f32 as fn(usize, &[u8], usize, &[u8], usize, &mut [f32])),
+/// Scalar tile: `out[r * n + j] = W[r] . x[j]` over `tile` (the same contract as the SIMD
+/// tiers' `gemm_block`).
+pub fn gemm_block(tile: &mut Tile<'_>) -> Result<(), KernelError> {
+    let float_tile = match tile.ty() {
+        GgmlType::F32 => Some(float::gemm_f32 as fn(&mut Tile<'_>)),
         GgmlType::F16 => Some(float::gemm_f16 as _),
         GgmlType::BF16 => Some(float::gemm_bf16 as _),
         _ => None,
     };
-    if let Some(tile) = float_tile {
-        tile(k, w, rows, x, n, out);
+    if let Some(run) = float_tile {
+        run(tile);
+        return Ok(());
+    }
+    let (ty, n) = (tile.ty(), tile.n());
+    let (wm, xm) = (tile.w(), tile.x());
+    let (w, x, wb, xb) = (wm.bytes(), xm.bytes(), wm.row_bytes(), xm.row_bytes());
+    let out = tile.out();
+    if wb == 0 || xb == 0 {
+        out.fill(0.0);
         return Ok(());
     }
     for (w_row, o) in w.chunks_exact(wb).zip(out.chunks_exact_mut(n.max(1))) {

@@ -15,37 +15,31 @@ use super::kquant::{add_lanes, unpack_block, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q
 use super::legacy::{self, Legacy};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
-use crate::GgmlType;
+use crate::{GgmlType, Tile};
 
 /// Activation rows processed per unpacked weight block.
 const JC: usize = 4;
 
-pub(crate) fn gemm(
-    level: Level,
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) {
-    let kind = match ty {
-        GgmlType::Q8_0 => return legacy::gemm(level, Legacy::Q8_0, k / 32, w, rows, x, n, out),
-        GgmlType::Q4_0 => return legacy::gemm(level, Legacy::Q4_0, k / 32, w, rows, x, n, out),
-        GgmlType::Q5_0 => return legacy::gemm(level, Legacy::Q5_0, k / 32, w, rows, x, n, out),
-        GgmlType::Q4_1 => return legacy::gemm(level, Legacy::Q4_1, k / 32, w, rows, x, n, out),
-        GgmlType::Q5_1 => return legacy::gemm(level, Legacy::Q5_1, k / 32, w, rows, x, n, out),
-        _ => match Kind::of(ty) {
+/// `out[r * n + j] = W[r] . x[j]` over `t` (a type with an aarch64 path, `rows, n, k >= 1`).
+pub(crate) fn gemm(level: Level, t: &mut Tile<'_>) {
+    let kind = match t.ty() {
+        GgmlType::Q8_0 => return legacy::gemm(level, Legacy::Q8_0, t),
+        GgmlType::Q4_0 => return legacy::gemm(level, Legacy::Q4_0, t),
+        GgmlType::Q5_0 => return legacy::gemm(level, Legacy::Q5_0, t),
+        GgmlType::Q4_1 => return legacy::gemm(level, Legacy::Q4_1, t),
+        GgmlType::Q5_1 => return legacy::gemm(level, Legacy::Q5_1, t),
+        ty => match Kind::of(ty) {
             Some(kind) => kind,
             None => unreachable!("aarch64 driver called for {ty:?} without a path"),
         },
     };
-    let nb = k / 256;
-    let wrow = nb * kind.block_bytes();
     if super::split::handles(kind, level) {
-        return super::split::gemm(level, kind, nb, w, rows, x, n, out);
+        return super::split::gemm(level, kind, t);
     }
+    let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
+    let nb = t.k() / 256;
+    let out = t.out();
+    let wrow = nb * kind.block_bytes();
     let mut r = 0;
     if level == Level::I8mm && kind == Kind::Q2 && n >= 2 {
         while r + 2 <= rows {

@@ -13,7 +13,7 @@ use super::i8mm::smmla;
 use super::Level;
 use crate::arch::iq_tile::{self, act_chunk_offset, Sums};
 use crate::formats::{KVALUES_IQ4NL, QK_K};
-use crate::GgmlType;
+use crate::{GgmlType, Tile};
 
 /// Loads the 16 weights of group `g` and the matching activations of the unit at `xu`.
 ///
@@ -156,22 +156,13 @@ impl Sums for SmmlaSums {
 ///
 /// # Safety
 /// The CPU must have `level`'s features (the caller holds its capability).
-pub(super) unsafe fn gemm(
-    level: Level,
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) -> bool {
+pub(super) unsafe fn gemm(level: Level, t: &mut Tile<'_>) -> bool {
     // SAFETY: `level`'s capability exists: NEON always, SDOT for Dotprod and I8mm.
     unsafe {
         match level {
-            Level::Neon => iq_tile::gemm(&NeonSums, ty, k, w, rows, x, n, out),
-            Level::Dotprod => iq_tile::gemm(&SdotSums, ty, k, w, rows, x, n, out),
-            Level::I8mm => iq_tile::gemm(&SmmlaSums, ty, k, w, rows, x, n, out),
+            Level::Neon => iq_tile::gemm(&NeonSums, t),
+            Level::Dotprod => iq_tile::gemm(&SdotSums, t),
+            Level::I8mm => iq_tile::gemm(&SmmlaSums, t),
         }
     }
 }

@@ -10,6 +10,7 @@ use core::arch::aarch64::*;
 
 use super::neon::ld_s8;
 use super::{dotprod, i8mm, neon, Level};
+use crate::Tile;
 
 /// Activation rows per unpacked weight block.
 const JC: usize = 8;
@@ -172,17 +173,11 @@ fn dot(level: Level, wq: &[u8], xq: &[u8]) -> i32 {
     }
 }
 
-/// `ty` x Q8_0/Q8_1 for `rows` weight rows and `n` activation rows of `nb` blocks.
-pub(crate) fn gemm(
-    level: Level,
-    ty: Legacy,
-    nb: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) {
+/// `ty` x Q8_0/Q8_1 over `t` (weights of `ty`'s type, `rows, n, k >= 1`).
+pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
+    let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
+    let nb = t.k() / 32;
+    let out = t.out();
     let wbb = ty.block_bytes();
     let wrow = nb * wbb;
     let (xbb, xq) = (ty.act_bytes(), ty.act_qs());

@@ -47,7 +47,7 @@
 //! issue no prefetch hints.
 
 // Kernel signatures mirror the gemm contract; index loops over fixed-size groups read clearer.
-#![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#![allow(clippy::needless_range_loop)]
 
 mod dotprod;
 mod driver;
@@ -59,7 +59,7 @@ mod neon;
 mod split;
 mod unpack;
 
-use crate::GgmlType;
+use crate::{GgmlType, Tile};
 
 /// Which integer cores a `gemm_block` call uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,60 +86,20 @@ fn has_path(ty: GgmlType) -> bool {
     )
 }
 
-/// Checks the caller's lengths (a bug in the caller, not bad input, if they are wrong).
-fn check_lengths(ty: GgmlType, k: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &[f32]) {
-    let bl = ty.block_len();
-    assert!(
-        k % bl == 0,
-        "k = {k} is not a multiple of the {} block length {bl}",
-        ty.name()
-    );
-    let nb = k / bl;
-    let wrow = nb * ty.block_bytes();
-    let xrow = nb * ty.vec_dot_type().block_bytes();
-    assert!(
-        w.len() >= rows * wrow,
-        "weights: expected {} bytes, found {}",
-        rows * wrow,
-        w.len()
-    );
-    assert!(
-        x.len() >= n * xrow,
-        "activations: expected {} bytes, found {}",
-        n * xrow,
-        x.len()
-    );
-    assert!(
-        out.len() >= rows * n,
-        "out: expected {} elements, found {}",
-        rows * n,
-        out.len()
-    );
-}
-
-fn run(
-    level: Level,
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) -> bool {
-    if ty.is_iq() {
+/// Runs `level`'s path for `t`; false when it has none for the tile's type.
+fn run(level: Level, t: &mut Tile<'_>) -> bool {
+    if t.ty().is_iq() {
         // SAFETY: `run` is only reached through `level`'s capability value.
-        return unsafe { iq::gemm(level, ty, k, w, rows, x, n, out) };
+        return unsafe { iq::gemm(level, t) };
     }
-    if !has_path(ty) {
+    if !has_path(t.ty()) {
         return false;
     }
-    check_lengths(ty, k, w, rows, x, n, out);
-    if rows == 0 || n == 0 || k == 0 {
-        out[..rows * n].fill(0.0);
+    if t.rows() == 0 || t.n() == 0 || t.k() == 0 {
+        t.out().fill(0.0);
         return true;
     }
-    driver::gemm(level, ty, k, w, rows, x, n, out);
+    driver::gemm(level, t);
     true
 }
 

@@ -26,6 +26,7 @@ use super::kquant::{add_lanes, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
 use crate::formats::kquants::layout::{block_bytes, Q3};
+use crate::Tile;
 
 /// Activation rows prepared per chunk.
 const CH: usize = 8;
@@ -72,18 +73,11 @@ fn epilogue(kind: Kind, acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), u: &Unpac
     }
 }
 
-/// `kind` x Q8_K for `rows` weight rows and `n` activation rows; `handles(kind, level)` holds.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
-    level: Level,
-    kind: Kind,
-    nb: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) {
+/// `kind` x Q8_K over `t` (`rows, n, k >= 1`); `handles(kind, level)` holds.
+pub(crate) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
+    let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
+    let nb = t.k() / 256;
+    let out = t.out();
     if kind == Kind::Q3 {
         return q3_k_gemm(level, nb, w, rows, x, n, out);
     }

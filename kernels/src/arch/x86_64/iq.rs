@@ -10,7 +10,7 @@ use core::arch::x86_64::*;
 
 use crate::arch::iq_tile::{self, act_chunk_offset, Sums};
 use crate::formats::{KVALUES_IQ4NL, QK_K};
-use crate::GgmlType;
+use crate::{GgmlType, Tile};
 
 /// The sixteen 16-element group sums of `w` against the activation unit at `xu`.
 ///
@@ -87,15 +87,7 @@ impl Sums for Avx2Sums {
 /// # Safety
 /// The CPU must have AVX2 (true under either x86 tier's capability).
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn gemm(
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) -> bool {
+pub(super) unsafe fn gemm(t: &mut Tile<'_>) -> bool {
     // SAFETY: the caller guarantees AVX2, all `Avx2Sums` needs.
-    unsafe { iq_tile::gemm(&Avx2Sums, ty, k, w, rows, x, n, out) }
+    unsafe { iq_tile::gemm(&Avx2Sums, t) }
 }

@@ -27,7 +27,7 @@ use crate::arch::iq_tile::{
 };
 use crate::formats::kquants::layout::Q8K_BSUMS;
 use crate::formats::{Block, BlockQ8_0, BlockQ8_K};
-use crate::GgmlType;
+use crate::{GgmlType, Tile};
 use core::mem::size_of;
 
 mod decode;
@@ -299,15 +299,10 @@ unsafe fn gemm_wide<K: Wide>(
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI and VBMI (plus AVX2 and F16C).
-pub(super) unsafe fn gemm(
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) -> bool {
+pub(super) unsafe fn gemm(t: &mut Tile<'_>) -> bool {
+    let (ty, k, rows, n) = (t.ty(), t.k(), t.rows(), t.n());
+    let (w, x) = (t.w().bytes(), t.x().bytes());
+    let out = t.out();
     // SAFETY: the caller guarantees the features every arm needs.
     unsafe {
         match ty {

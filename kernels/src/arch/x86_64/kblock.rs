@@ -12,6 +12,21 @@ pub(super) use crate::formats::kquants::layout::{
     block_bytes, Q2, Q3, Q4, Q5, Q6, Q8K_BSUMS, Q8K_BYTES, Q8K_QS,
 };
 
+/// A K-quant GEMM call as the x86 kernels take it: raw pointers into a checked [`crate::Tile`]
+/// (`w` holds `rows` rows of `nb` blocks, `x` `n` raw Q8_K rows of `nb` blocks, `xp` their
+/// quants packed for the kernel (256 bytes per block), `out` `rows * n` floats, `out[r * n +
+/// j]`), and `rows, n, nb >= 1`.
+#[derive(Clone, Copy)]
+pub(super) struct KArgs {
+    pub nb: usize,
+    pub w: *const u8,
+    pub rows: usize,
+    pub x: *const u8,
+    pub xp: *const u8,
+    pub n: usize,
+    pub out: *mut f32,
+}
+
 /// True when kind `K` stores signed values (offset activations + weight-side correction).
 pub(super) const fn signed(kind: u8) -> bool {
     matches!(kind, Q3 | Q6)

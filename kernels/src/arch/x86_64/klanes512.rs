@@ -43,7 +43,7 @@
 
 use core::arch::x86_64::*;
 
-use super::kblock::{perm32, rd_f32, Q3, Q5, Q6, Q8K_BYTES};
+use super::kblock::{perm32, rd_f32, KArgs, Q3, Q5, Q6, Q8K_BYTES};
 
 mod ops;
 mod signed;
@@ -584,7 +584,6 @@ unsafe fn fused<const K: u8, const G: bool, const N: usize>(
 /// As [`gemm`], with `j0 + N <= n` and `acc` holding `N` states.
 #[inline(never)]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn fused_tile<const K: u8, const G: bool, const N: usize>(
     rp: &[*const u8; TILE],
     nb: usize,
@@ -609,29 +608,21 @@ unsafe fn fused_tile<const K: u8, const G: bool, const N: usize>(
     }
 }
 
-/// `out[r * n + j] = W[r] . x[j]` for kind `K` (Q3_K..Q6_K): `w` holds `rows` rows of `nb`
-/// blocks, `x` the raw Q8_K rows and `xp` their quants packed by [`pack`] for `K`.
+/// `out[r * n + j] = W[r] . x[j]` for kind `K` (Q3_K..Q6_K) over `a`, whose `xp` holds the
+/// quants packed by [`pack`] for `K`.
 ///
 /// # Safety
-/// All pointers must be valid for those sizes (`rows, n >= 1`); the CPU must have
+/// `a`'s pointers must be valid for the sizes it names; the CPU must have
 /// AVX-512F/BW/VL/VNNI/VBMI, AVX2 and F16C.
-pub(super) unsafe fn gemm<const K: u8>(
-    nb: usize,
-    w: *const u8,
-    rows: usize,
-    x: *const u8,
-    xp: *const u8,
-    n: usize,
-    out: *mut f32,
-) {
+pub(super) unsafe fn gemm<const K: u8>(a: KArgs) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
     // features it is compiled for, pointers valid for the sizes it names), which is what every
     // operation below relies on.
     unsafe {
         if gfni() {
-            gemm_impl::<K, true>(nb, w, rows, x, xp, n, out)
+            gemm_impl::<K, true>(a)
         } else {
-            gemm_impl::<K, false>(nb, w, rows, x, xp, n, out)
+            gemm_impl::<K, false>(a)
         }
     }
 }
@@ -647,19 +638,20 @@ fn gfni() -> bool {
 /// # Safety
 /// As [`gemm`], and the CPU must have GFNI when `G`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn gemm_impl<const K: u8, const G: bool>(
-    nb: usize,
-    w: *const u8,
-    rows: usize,
-    x: *const u8,
-    xp: *const u8,
-    n: usize,
-    out: *mut f32,
-) {
+unsafe fn gemm_impl<const K: u8, const G: bool>(a: KArgs) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
     // features it is compiled for, pointers valid for the sizes it names), which is what every
     // operation below relies on.
     unsafe {
+        let KArgs {
+            nb,
+            w,
+            rows,
+            x,
+            xp,
+            n,
+            out,
+        } = a;
         let bbytes = super::kblock::block_bytes(K);
         let row_bytes = nb * bbytes;
         // SAFETY: all-zero bytes are valid for SIMD vectors and f32.

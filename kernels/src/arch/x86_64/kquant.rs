@@ -200,47 +200,41 @@ impl<const R: usize> TileState<R> {
 /// __m256i)`.
 macro_rules! kquant_gemm {
     ($feat:literal, $dot:ident, $fused:ident) => {
-        /// `out[r * n + j] = W[r] . x[j]` for K-quant kind `K`: `w` holds `rows` rows of `nb`
-        /// blocks, `x` the raw Q8_K rows and `xp` the packed quants from
-        /// [`kquant::pack_q8k`](super::kquant::pack_q8k) (offset for signed kinds).
+        /// `out[r * n + j] = W[r] . x[j]` for K-quant kind `K` over `a`, whose `xp` holds the
+        /// quants packed by [`kquant::pack_q8k`](super::kquant::pack_q8k) (offset for signed
+        /// kinds).
         ///
         /// # Safety
-        /// All pointers must be valid for the sizes above; the CPU must have the tier's features.
+        /// `a`'s pointers must be valid for the sizes it names; the CPU must have the tier's
+        /// features.
         #[target_feature(enable = $feat)]
-        pub(super) unsafe fn gemm_k<const K: u8>(
-            nb: usize,
-            w: *const u8,
-            rows: usize,
-            x: *const u8,
-            xp: *const u8,
-            n: usize,
-            out: *mut f32,
-        ) {
+        pub(super) unsafe fn gemm_k<const K: u8>(a: super::kblock::KArgs) {
             // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
             // features it is compiled for, pointers valid for the sizes it names), which is what every
             // operation below relies on.
             unsafe {
                 use super::kquant::{TileState, ROWS};
+                let (rows, n) = (a.rows, a.n);
                 let full = rows / ROWS * ROWS;
                 if n == 1 {
                     for r0 in (0..full).step_by(ROWS) {
-                        row1_k::<K, ROWS>(nb, w, r0, x, xp, out);
+                        row1_k::<K, ROWS>(a, r0);
                     }
                     for r0 in full..rows {
-                        row1_k::<K, 1>(nb, w, r0, x, xp, out);
+                        row1_k::<K, 1>(a, r0);
                     }
                     return;
                 }
                 if full > 0 {
                     let mut st = TileState::<ROWS>::new();
                     for r0 in (0..full).step_by(ROWS) {
-                        tile_k::<K, ROWS>(nb, w, r0, x, xp, n, out, &mut st);
+                        tile_k::<K, ROWS>(a, r0, &mut st);
                     }
                 }
                 if rows > full {
                     let mut st = TileState::<1>::new();
                     for r0 in full..rows {
-                        tile_k::<K, 1>(nb, w, r0, x, xp, n, out, &mut st);
+                        tile_k::<K, 1>(a, r0, &mut st);
                     }
                 }
             }
@@ -250,21 +244,17 @@ macro_rules! kquant_gemm {
         /// no stored block.
         ///
         /// # Safety
-        /// As [`gemm_k`] with `n == 1`, and `r0 + R <= rows`.
+        /// As [`gemm_k`] with `a.n == 1`, and `r0 + R <= a.rows`.
         #[target_feature(enable = $feat)]
-        unsafe fn row1_k<const K: u8, const R: usize>(
-            nb: usize,
-            w: *const u8,
-            r0: usize,
-            x: *const u8,
-            xp: *const u8,
-            out: *mut f32,
-        ) {
+        unsafe fn row1_k<const K: u8, const R: usize>(a: super::kblock::KArgs, r0: usize) {
             // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
             // features it is compiled for, pointers valid for the sizes it names), which is what every
             // operation below relies on.
             unsafe {
                 use super::kblock::{block_bytes, Q8K_BYTES};
+                let super::kblock::KArgs {
+                    nb, w, x, xp, out, ..
+                } = a;
                 use super::kquant::{epilogue, finish, row_scales};
                 let wbytes = block_bytes(K);
                 let mut sums = [_mm256_setzero_ps(); R];
@@ -294,23 +284,26 @@ macro_rules! kquant_gemm {
         /// Rows `r0 .. r0 + R` of [`gemm_k`].
         ///
         /// # Safety
-        /// As [`gemm_k`], with `r0 + R <= rows`.
+        /// As [`gemm_k`], with `r0 + R <= a.rows`.
         #[target_feature(enable = $feat)]
-        #[allow(clippy::too_many_arguments)]
         unsafe fn tile_k<const K: u8, const R: usize>(
-            nb: usize,
-            w: *const u8,
+            a: super::kblock::KArgs,
             r0: usize,
-            x: *const u8,
-            xp: *const u8,
-            n: usize,
-            out: *mut f32,
             st: &mut super::kquant::TileState<R>,
         ) {
             // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
             // features it is compiled for, pointers valid for the sizes it names), which is what every
             // operation below relies on.
             unsafe {
+                let super::kblock::KArgs {
+                    nb,
+                    w,
+                    x,
+                    xp,
+                    n,
+                    out,
+                    ..
+                } = a;
                 use super::kblock::{block_bytes, signed, Q8K_BYTES};
                 use super::kquant::{epilogue, finish, row_scales, CHUNK};
                 use super::unpack::unpack;

@@ -28,7 +28,8 @@ mod unpack;
 
 use std::cell::RefCell;
 
-use crate::GgmlType;
+use crate::{GgmlType, Tile};
+use kblock::KArgs;
 
 thread_local! {
     /// Packed activations (K-quants) for the current call.
@@ -68,91 +69,72 @@ fn kquant_kind(ty: GgmlType) -> Option<u8> {
     crate::formats::kquants::layout::KKind::of(ty).map(|k| k as u8)
 }
 
-/// Checks the lengths, then runs the tier's path. Only called with a `Level` whose capability
-/// value exists (so the CPU has its features).
-#[allow(clippy::too_many_arguments)]
-fn gemm_block(
-    level: Level,
-    ty: GgmlType,
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) -> bool {
+/// Runs the tier's path for `t`. Only called with a `Level` whose capability value exists (so
+/// the CPU has its features); the raw-pointer kernels below read within the extents that
+/// `Tile` guarantees.
+fn gemm_block(level: Level, t: &mut Tile<'_>) -> bool {
+    let ty = t.ty();
     if ty.is_iq() {
         if level == Level::Avx512 && vbmi_enabled() {
             // SAFETY: the AVX-512 tier's capability means AVX-512 F/BW/VL + VNNI, AVX2 and
             // F16C, and `vbmi_enabled` that the CPU has VBMI: all `iq512` needs.
-            if unsafe { iq512::gemm(ty, k, w, rows, x, n, out) } {
+            if unsafe { iq512::gemm(t) } {
                 return true;
             }
         }
         // SAFETY: `gemm_block` runs only for a level whose capability exists; both x86 tiers
         // require AVX2, all the i-quant path uses.
-        return unsafe { iq::gemm(ty, k, w, rows, x, n, out) };
+        return unsafe { iq::gemm(t) };
     }
     let kind = kquant_kind(ty);
     if kind.is_none() && ty != GgmlType::Q8_0 {
         return false;
     }
-    let (Ok(wb), Ok(xb)) = (ty.row_bytes(k), ty.vec_dot_type().row_bytes(k)) else {
-        return false;
-    };
-    let fits = rows.checked_mul(wb) == Some(w.len())
-        && n.checked_mul(xb) == Some(x.len())
-        && rows.checked_mul(n) == Some(out.len());
-    if !fits {
-        return false;
-    }
+    let (rows, n) = (t.rows(), t.n());
     if rows == 0 || n == 0 {
         return true;
     }
-    let nb = k / ty.block_len();
+    let nb = t.k() / ty.block_len();
     if nb == 0 {
-        out.fill(0.0);
+        t.out().fill(0.0);
         return true;
     }
     match kind {
-        Some(kind) => gemm_kquant(level, kind, nb, w, rows, x, n, out),
-        None => gemm_q8_0(level, nb, w, rows, x, n, out),
+        Some(kind) => gemm_kquant(level, kind, nb, t),
+        None => gemm_q8_0(level, nb, t),
     }
     true
 }
 
-/// K-quants: pack the activations, then the tier's monomorphised driver.
-#[allow(clippy::too_many_arguments)]
-fn gemm_kquant(
-    level: Level,
-    kind: u8,
-    nb: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) {
+/// K-quants (`nb` blocks per row, `rows, n >= 1`): pack the activations, then the tier's
+/// monomorphised driver.
+fn gemm_kquant(level: Level, kind: u8, nb: usize, t: &mut Tile<'_>) {
+    let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
+    let out = t.out().as_mut_ptr();
     PACKED.with(|cell| {
         let mut packed = cell.borrow_mut();
         packed.resize(n * nb * 256, 0);
-        let (wp, xp, pp, op) = (
-            w.as_ptr(),
-            x.as_ptr(),
-            packed.as_mut_ptr(),
-            out.as_mut_ptr(),
-        );
+        let (x, pp, blocks) = (x.as_ptr(), packed.as_mut_ptr(), n * nb);
+        let a = KArgs {
+            nb,
+            w: w.as_ptr(),
+            rows,
+            x,
+            xp: pp,
+            n,
+            out,
+        };
         // SAFETY: the capability for `level` exists, so the CPU has AVX2 (and AVX-512 for
-        // `Level::Avx512`, plus VBMI where `vbmi_enabled` says so); `gemm_block` checked that `x` holds
-        // `n * nb` Q8_K blocks, `w` holds `rows * nb` blocks of `kind` and `out` holds `rows * n`
-        // floats; `packed` was sized for `n * nb` packed blocks.
+        // `Level::Avx512`, plus VBMI where `vbmi_enabled` says so); `a` describes a checked
+        // `Tile` (`x` holds `n * nb` Q8_K blocks, `w` `rows * nb` blocks of `kind`, `out`
+        // `rows * n` floats) and `packed` was sized for `n * nb` packed blocks.
         unsafe {
             if level == Level::Avx512 && kind == kblock::Q2 {
-                q2k512::pack(xp, n * nb, pp);
+                q2k512::pack(x, blocks, pp);
                 if vbmi_enabled() {
-                    q2k512::vbmi::gemm(nb, wp, rows, xp, pp, n, op);
+                    q2k512::vbmi::gemm(a);
                 } else {
-                    q2k512::base::gemm(nb, wp, rows, xp, pp, n, op);
+                    q2k512::base::gemm(a);
                 }
                 return;
             }
@@ -161,8 +143,8 @@ fn gemm_kquant(
             if level == Level::Avx512 && vbmi_enabled() {
                 macro_rules! lanes {
                     ($k:expr) => {{
-                        klanes512::pack::<{ $k }>(xp, n * nb, pp);
-                        klanes512::gemm::<{ $k }>(nb, wp, rows, xp, pp, n, op);
+                        klanes512::pack::<{ $k }>(x, blocks, pp);
+                        klanes512::gemm::<{ $k }>(a);
                     }};
                 }
                 match kind {
@@ -173,12 +155,12 @@ fn gemm_kquant(
                     _ => {}
                 }
             }
-            kquant::pack_q8k(xp, n * nb, kblock::signed(kind), pp);
+            kquant::pack_q8k(x, blocks, kblock::signed(kind), pp);
             macro_rules! run {
                 ($k:expr) => {
                     match level {
-                        Level::Avx2 => avx2::gemm_k::<{ $k }>(nb, wp, rows, xp, pp, n, op),
-                        Level::Avx512 => avx512vnni::gemm_k::<{ $k }>(nb, wp, rows, xp, pp, n, op),
+                        Level::Avx2 => avx2::gemm_k::<{ $k }>(a),
+                        Level::Avx512 => avx512vnni::gemm_k::<{ $k }>(a),
                     }
                 };
             }
@@ -193,14 +175,22 @@ fn gemm_kquant(
     });
 }
 
-/// Q8_0: convert the activation scales, then the tier's driver.
-fn gemm_q8_0(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+/// Q8_0 (`nb` blocks per row, `rows, n >= 1`): convert the activation scales, then the tier's
+/// driver.
+fn gemm_q8_0(level: Level, nb: usize, t: &mut Tile<'_>) {
+    let (rows, n, wp, xp) = (
+        t.rows(),
+        t.n(),
+        t.w().bytes().as_ptr(),
+        t.x().bytes().as_ptr(),
+    );
+    let op = t.out().as_mut_ptr();
     SCALES.with(|cell| {
         let mut yd = cell.borrow_mut();
-        let (wp, xp, op) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
-        // SAFETY: the capability for `level` exists (CPU features present); `gemm_block` checked
-        // that `w` holds `rows * nb` Q8_0 blocks, `x` `n * nb` blocks (n >= 1) and `out`
-        // `rows * n` floats; `act_scales` sizes `yd` for the padded activation count.
+        // SAFETY: the capability for `level` exists (CPU features present); the pointers come
+        // from a checked `Tile`: `w` holds `rows * nb` Q8_0 blocks, `x` `n * nb` blocks
+        // (n >= 1) and `out` `rows * n` floats; `act_scales` sizes `yd` for the padded
+        // activation count.
         unsafe {
             q8_0::act_scales(xp, n, nb, &mut yd);
             match level {

@@ -370,26 +370,27 @@ macro_rules! q2k_kernel {
             }
         }
 
-        /// `out[r * n + j] = W[r] . x[j]` for Q2_K: `w` holds `rows` rows of `nb` blocks, `x`
-        /// the raw Q8_K rows and `xp` their quants packed by `pack`.
+        /// `out[r * n + j] = W[r] . x[j]` for Q2_K over `a`, whose `xp` holds the quants
+        /// packed by `pack`.
         ///
         /// # Safety
-        /// All pointers must be valid for those sizes (`rows, n >= 1`); the CPU must have the
-        /// module's features.
+        /// `a`'s pointers must be valid for the sizes it names; the CPU must have the module's
+        /// features.
         #[target_feature(enable = $feat)]
-        pub(in super::super) unsafe fn gemm(
-            nb: usize,
-            w: *const u8,
-            rows: usize,
-            x: *const u8,
-            xp: *const u8,
-            n: usize,
-            out: *mut f32,
-        ) {
+        pub(in super::super) unsafe fn gemm(a: super::super::kblock::KArgs) {
             // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
             // features it is compiled for, pointers valid for the sizes it names), which is what every
             // operation below relies on.
             unsafe {
+                let super::super::kblock::KArgs {
+                    nb,
+                    w,
+                    rows,
+                    x,
+                    xp,
+                    n,
+                    out,
+                } = a;
                 let row_bytes = nb * BLOCK;
                 let ahead = TILE * row_bytes;
                 // SAFETY: all-zero bytes are valid for SIMD vectors.

@@ -100,7 +100,6 @@ macro_rules! q8_0_gemm {
         /// `w` must hold `rows * nb` blocks, `x` `n * nb` blocks, `yd` the padded table and `out`
         /// `rows * n` floats; the CPU must have the tier's features.
         #[target_feature(enable = $feat)]
-        #[allow(clippy::too_many_arguments)]
         pub(super) unsafe fn gemm_q8_0(
             nb: usize,
             w: *const u8,

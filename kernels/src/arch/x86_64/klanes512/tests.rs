@@ -38,15 +38,15 @@ fn direct<const K: u8, const G: bool>(
     // sizes `pack` and `gemm_impl` need.
     unsafe {
         super::pack::<K>(x.as_ptr(), n * nb, xp.as_mut_ptr());
-        super::gemm_impl::<K, G>(
+        super::gemm_impl::<K, G>(super::KArgs {
             nb,
-            w.as_ptr(),
-            m,
-            x.as_ptr(),
-            xp.as_ptr(),
+            w: w.as_ptr(),
+            rows: m,
+            x: x.as_ptr(),
+            xp: xp.as_ptr(),
             n,
-            out.as_mut_ptr(),
-        );
+            out: out.as_mut_ptr(),
+        });
     }
     (0..n * m).map(|i| out[(i % m) * n + i / m]).collect()
 }
