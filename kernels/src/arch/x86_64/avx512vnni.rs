@@ -1,13 +1,11 @@
 //! AVX-512-VNNI tier: K-quant block dots 64 bytes at a time (`maddubs` then `vpdpwssd` by the
-//! scale vector, folding the two 32-byte chunks' lanes at the end) and Q8_0 with `vpdpbusd`
-//! (one operand offset to u8 by `^ 0x80`, the correction `-128 * sum` seeded as the accumulator,
-//! so every byte value including -128 is exact). Shares the drivers of `kquant` and `q8_0`.
+//! scale vector, folding the two 32-byte chunks' lanes at the end), on the driver of `kquant`
+//! (Q8_0 has its own 16-row kernel on this tier, `q8_0_512`).
 
 use core::arch::x86_64::*;
 
 use super::kblock::signed;
 use super::kquant::kquant_gemm;
-use super::q8_0::q8_0_gemm;
 use super::unpack::{decode, BlockMeta, Unpacked};
 
 /// Same contract as the AVX2 `dot_k`: per weight block, the lane sums of `scale * w * q`.
@@ -96,46 +94,4 @@ kquant_gemm!(
     "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     dot_k,
     dot_fused
-);
-
-/// One Q8_0 block prepared as the s8 operand of `vpdpbusd`, with the accumulator seed
-/// `-128 * (sum of each 4 quants)` that undoes the other operand's `^ 0x80` offset.
-///
-/// # Safety
-/// `blk` must be valid for 34 bytes; the CPU must have AVX-512VL/VNNI.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn prep_q8_0(blk: *const u8) -> (__m256i, __m256i) {
-    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
-    // features it is compiled for, pointers valid for the sizes it names), which is what every
-    // operation below relies on.
-    unsafe {
-        let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-        let k128 = _mm256_set1_epi8(-128);
-        let corr = _mm256_dpbusd_epi32(_mm256_setzero_si256(), k128, q);
-        (q, _mm256_sub_epi32(_mm256_setzero_si256(), corr))
-    }
-}
-
-/// 8 i32 partial sums of the 32 products of a prepared block with the block at `blk`.
-///
-/// # Safety
-/// As [`prep_q8_0`].
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_q8_0(p: &(__m256i, __m256i), blk: *const u8) -> __m256i {
-    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
-    // features it is compiled for, pointers valid for the sizes it names), which is what every
-    // operation below relies on.
-    unsafe {
-        let other = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-        let offset = _mm256_xor_si256(other, _mm256_set1_epi8(-128));
-        _mm256_dpbusd_epi32(p.1, offset, p.0)
-    }
-}
-
-q8_0_gemm!(
-    "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    prep_q8_0,
-    dot_q8_0
 );

@@ -6,7 +6,8 @@
 //! once (into a thread-local scratch buffer that is reused, not reallocated, across calls), then
 //! unpacks every weight block once and runs it against all activation rows; see `kquant` and
 //! `q8_0` for how the integer work is arranged so that the float epilogue follows the reference
-//! exactly. The AVX-512-VNNI tier has its own 64-byte kernels with 8-row tiles for Q2_K
+//! exactly. The AVX-512-VNNI tier has its own Q8_0 kernel (`q8_0_512`: 16 rows transposed
+//! into one row per lane, no horizontal sums) and 64-byte kernels with 8-row tiles for Q2_K
 //! (`q2k512`, built twice: with AVX512-VBMI its scale table is one `vpermb` lookup) and, when
 //! the CPU also has AVX512-VBMI (a capability of `dispatch`), Q3_K, Q4_K, Q5_K
 //! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Types
@@ -24,6 +25,7 @@ mod klanes512;
 mod kquant;
 mod q2k512;
 mod q8_0;
+mod q8_0_512;
 mod unpack;
 
 use std::cell::RefCell;
@@ -36,6 +38,8 @@ thread_local! {
     static PACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// Q8_0 activation scales for the current call.
     static SCALES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Q8_0 activation scales and offset corrections for the current call (AVX-512 tier).
+    static ACT_TABLE: RefCell<Vec<(f32, i32)>> = const { RefCell::new(Vec::new()) };
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -175,8 +179,8 @@ fn gemm_kquant(level: Level, kind: u8, nb: usize, t: &mut Tile<'_>) {
     });
 }
 
-/// Q8_0 (`nb` blocks per row, `rows, n >= 1`): convert the activation scales, then the tier's
-/// driver.
+/// Q8_0 (`nb` blocks per row, `rows, n >= 1`): the activation tables, then the tier's driver
+/// (AVX-512: the 16-row kernel `q8_0_512`).
 fn gemm_q8_0(level: Level, nb: usize, t: &mut Tile<'_>) {
     let (rows, n, wp, xp) = (
         t.rows(),
@@ -185,6 +189,18 @@ fn gemm_q8_0(level: Level, nb: usize, t: &mut Tile<'_>) {
         t.x().bytes().as_ptr(),
     );
     let op = t.out().as_mut_ptr();
+    if level == Level::Avx512 {
+        return ACT_TABLE.with(|cell| {
+            let mut tab = cell.borrow_mut();
+            // SAFETY: the AVX-512 capability exists (CPU features present); the pointers come
+            // from a checked `Tile` (`w` `rows * nb` Q8_0 blocks, `x` `n * nb`, `out` `rows * n`
+            // floats) and `act_table` fills `tab` with `n * nb` entries.
+            unsafe {
+                q8_0_512::act_table(xp, n, nb, &mut tab);
+                q8_0_512::gemm(nb, wp, rows, xp, n, &tab, op);
+            }
+        });
+    }
     SCALES.with(|cell| {
         let mut yd = cell.borrow_mut();
         // SAFETY: the capability for `level` exists (CPU features present); the pointers come
@@ -193,10 +209,7 @@ fn gemm_q8_0(level: Level, nb: usize, t: &mut Tile<'_>) {
         // activation count.
         unsafe {
             q8_0::act_scales(xp, n, nb, &mut yd);
-            match level {
-                Level::Avx2 => avx2::gemm_q8_0(nb, wp, rows, xp, n, yd.as_ptr(), op),
-                Level::Avx512 => avx512vnni::gemm_q8_0(nb, wp, rows, xp, n, yd.as_ptr(), op),
-            }
+            avx2::gemm_q8_0(nb, wp, rows, xp, n, yd.as_ptr(), op);
         }
     });
 }

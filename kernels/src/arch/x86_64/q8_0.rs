@@ -1,5 +1,5 @@
-//! Q8_0 x Q8_0 building blocks shared by the x86 tiers: the per-call tables of block scales, the
-//! 8-way transposing integer reduction and the tile driver.
+//! Q8_0 x Q8_0 building blocks of the AVX2 tier (the AVX-512 tier has `q8_0_512`): the per-call
+//! tables of block scales, the 8-way transposing integer reduction and the tile driver.
 //!
 //! The reference (`ggml_vec_dot_q8_0_q8_0_generic`) does `sumf += (float)sumi * (dx * dy)` per
 //! 32-element block, so each (weight row, activation row) pair needs its block's integer sum as a
