@@ -4,19 +4,20 @@
 //! dot N rows). Grid points come from registers where the grid fits: ggml's u16 codes of the
 //! 256-, 512- and 1024-point grids (IQ2_XXS, IQ3_XXS, IQ2_XS, IQ3_S, IQ2_S) are 8 to 32 registers
 //! looked up with `vpermi2w` and a blend tree, their 2- or 3-bit fields expanded by
-//! `vpmultishiftqb` + `vpermb`; only the 2048-point IQ1 grid is read point by point (8-byte loads
-//! inserted into registers, as ggml does; `vpgatherdq` was no faster in noisy runs here). Sign
-//! bytes are `vpmultishiftqb` + one `vpermi2b` of `KSIGNS_IQ2XS` (or the block's own sign bytes),
-//! IQ4 nibbles `vpermb` + `vpshufb`. The constant layouts live in `tables`.
+//! `vpmultishiftqb` + `vpermb`; the 2048-point IQ1 grid's codes are gathered (`vpgatherdd`) and
+//! expanded the same way. Sign bytes are `vpmultishiftqb` + one `vpermi2b` of `KSIGNS_IQ2XS` (or
+//! the block's own sign bytes), IQ4 nibbles `vpermb` + `vpshufb`. The constant layouts live in `tables`.
 //!
 //! Exactness: the activations are packed once per call as `|x|` (unsigned bytes, so -128 is the
 //! exact 128) plus their sign bits as 64-bit masks; per activation row a weight register is
 //! negated where `x` is negative (masked `vpsubb`; no weight is -128), so `vpmaddubsw(|x|, w)`
 //! gives the exact pair products (at most 2 * 128 * 127, below 2^15) and `vpdpwssd` with the scale
 //! words adds them, scaled, into i32 lanes. Integer sums are exact in any order, so one
-//! horizontal sum gives the reference's integer `bsum` (IQ1_S: also `sumi1` from the activation
-//! `bsums`; IQ1_M: the shift dot too), and IQ4_XS/IQ4_NL get their eight 32-element sums; the
-//! float epilogue then repeats the scalar reference's operations in its order. The ternary types
+//! horizontal sum gives the reference's integer `bsum`, and IQ4_XS/IQ4_NL get their eight
+//! 32-element sums; the float epilogue then repeats the scalar reference's operations in its
+//! order. The IQ1 grids are decoded times 8 (IQ1_M adds its ±1 shift signs, IQ1_S adds the
+//! activation `bsums` weighed by its signed scales to the same sum), so one integer is `8 sumi +
+//! sumi1`, below 2^24, and the reference's `sumi + sumi1 / 8` is that integer over 8, exactly. The ternary types
 //! return `false` and take the shared `iq` path.
 
 use core::arch::x86_64::*;
@@ -51,30 +52,31 @@ const PACKED_D: usize = 288;
 struct Dec {
     w: [__m512i; 4],
     sc: [__m512i; 4],
-    /// IQ1_M: the ±1 shift signs, weighed by the same scales.
-    w2: [__m512i; 4],
+    /// The weights' sign bits still to apply (bit `i` of `neg[c]`: byte `i` of `w[c]`), merged
+    /// with the activation signs into one negation per register and activation row.
+    neg: [u64; 4],
     /// IQ1_S: the 16 words `ls * delta` by which `sumi1` weighs the activation `bsums`.
     bw: __m256i,
-    /// The blocks' `d` (one per block of the unit).
+    /// The blocks' `d` per 32-element group (one block's `d` eight times but for IQ4_NL).
     d: [f32; 8],
-    /// IQ4_XS: the group scales `code - 32` as f32.
+    /// Groups mode: the factor of `d * x.d` per group (IQ4_XS: its scale `code - 32`; 1.0
+    /// otherwise, which leaves the product's bits unchanged).
     s: [f32; 8],
 }
 
 impl Dec {
-    /// A unit whose `d` is `d0` and whose other fields are zero.
+    /// A unit whose blocks' `d` is `d0`, without signs, `bw` or group factors.
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     fn new(w: [__m512i; 4], sc: [__m512i; 4], d0: f32) -> Dec {
-        let mut d = [0f32; 8];
-        d[0] = d0;
+        let d = [d0; 8];
         Dec {
             w,
             sc,
-            w2: [_mm512_setzero_si512(); 4],
+            neg: [0; 4],
             bw: _mm256_setzero_si256(),
             d,
-            s: [0f32; 8],
+            s: [1.0; 8],
         }
     }
 }
@@ -82,12 +84,10 @@ impl Dec {
 /// How a kind's per-block integers are formed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// One scaled sum (`bsum`).
+    /// One scaled sum (`bsum`; IQ1_M: `8 sumi1 + sumi2`, its weights being `8 grid + shift`).
     Scaled,
-    /// The scaled sum and `sum(bw * bsums)` (IQ1_S).
+    /// The scaled sum plus `sum(bw * bsums)` (IQ1_S: `8 sumi + sumi1`).
     ScaledBsums,
-    /// The scaled sums of `w` and of `w2` (IQ1_M).
-    ScaledTwo,
     /// Eight unscaled 32-element sums (IQ4_XS, IQ4_NL).
     Groups,
 }
@@ -100,10 +100,86 @@ trait Wide: IqKind {
     /// # Safety
     /// The CPU has the tier's features (see [`gemm`]); `p` is valid for `UNIT` blocks of `W`.
     unsafe fn decode_regs(p: *const u8) -> Dec;
-    /// `sumf += ...` for one unit and activation unit, as the scalar reference does it, from
-    /// the integers of [`Mode`] (`v[0]`, `v[1]`, or `v[0..8]`) and the activation blocks'
-    /// scales `xd` (one per block).
-    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32);
+    /// The scaled modes' integer as the float that the reference multiplies by `d * x.d`
+    /// (`sumf += d * x.d * term`).
+    #[inline(always)]
+    fn term(v: i32) -> f32 {
+        v as f32
+    }
+}
+
+/// The sums of the dwords of each of four registers.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn reduce4(a: &[__m512i; 4]) -> [i32; 4] {
+    // 128-bit lanes: [a0+a2, a1+a3] of the first and second register, same for the other two
+    let ab = _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0b01_00_01_00>(a[0], a[1]),
+        _mm512_shuffle_i64x2::<0b11_10_11_10>(a[0], a[1]),
+    );
+    let cd = _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0b01_00_01_00>(a[2], a[3]),
+        _mm512_shuffle_i64x2::<0b11_10_11_10>(a[2], a[3]),
+    );
+    // lane r: register r's four partial dwords
+    let t = _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0b10_00_10_00>(ab, cd),
+        _mm512_shuffle_i64x2::<0b11_01_11_01>(ab, cd),
+    );
+    let t = _mm512_add_epi32(t, _mm512_shuffle_epi32::<0b01_00_11_10>(t));
+    let t = _mm512_add_epi32(t, _mm512_shuffle_epi32::<0b10_11_00_01>(t));
+    let order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
+    let mut s = [0i32; 4];
+    let r = _mm512_castsi512_si128(_mm512_permutexvar_epi32(order, t));
+    // SAFETY: `s` is 16 writable bytes; unaligned store.
+    unsafe { _mm_storeu_si128(s.as_mut_ptr() as *mut __m128i, r) };
+    s
+}
+
+/// Scaled-mode dot products whose horizontal sums are taken four at a time ([`reduce4`]), with
+/// what their epilogues need: the output index, the weight and the activation `d`. Flushed in
+/// the order they came, so each output still sees its units in the reference's order.
+struct Pending {
+    acc: [__m512i; 4],
+    at: [(usize, f32, f32); 4],
+    len: usize,
+}
+
+impl Pending {
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    fn new() -> Pending {
+        Pending {
+            acc: [_mm512_setzero_si512(); 4],
+            at: [(0, 0.0, 0.0); 4],
+            len: 0,
+        }
+    }
+
+    /// Queues `acc` for `out[i]`, flushing when four are queued.
+    #[inline(always)]
+    fn push<K: Wide>(&mut self, acc: __m512i, i: usize, dw: f32, dx: f32, out: &mut [f32]) {
+        self.acc[self.len] = acc;
+        self.at[self.len] = (i, dw, dx);
+        self.len += 1;
+        if self.len == 4 {
+            self.flush::<K>(out);
+        }
+    }
+
+    /// Runs the queued epilogues, in order.
+    #[inline(always)]
+    fn flush<K: Wide>(&mut self, out: &mut [f32]) {
+        if self.len == 0 {
+            return;
+        }
+        // SAFETY: only reached from `gemm_wide`, whose caller guarantees the tier's features.
+        let v = unsafe { reduce4(&self.acc) };
+        for (&(i, dw, dx), &v) in self.at[..self.len].iter().zip(&v) {
+            out[i] += dw * dx * K::term(v);
+        }
+        self.len = 0;
+    }
 }
 
 /// Packs `units` activation units of type `act` at `x` into `dst` (`PACKED_UNIT` bytes each).
@@ -127,33 +203,22 @@ unsafe fn pack(act: GgmlType, x: *const u8, unit_bytes: usize, units: usize, dst
                 let neg = _cvtmask64_u64(_mm512_movepi8_mask(v));
                 (du.add(256 + 8 * c) as *mut u64).write_unaligned(neg);
             }
-            let mut xd = [0f32; 8];
-            if act == GgmlType::Q8_0 {
+            let xd = if act == GgmlType::Q8_0 {
                 let b = core::slice::from_raw_parts(xu as *const BlockQ8_0, 8);
-                xd = core::array::from_fn(|g| f16_to_f32(u16::from_le_bytes(b[g].d)));
+                core::array::from_fn(|g| f16_to_f32(u16::from_le_bytes(b[g].d)))
             } else {
-                xd[0] = (*(xu as *const BlockQ8_K)).d();
-            }
+                [(*(xu as *const BlockQ8_K)).d(); 8]
+            };
             (du.add(PACKED_D) as *mut [f32; 8]).write_unaligned(xd);
         }
     }
-}
-
-/// The sum of the eight dwords of `v`.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn hsum256(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    _mm_cvtsi128_si32(s)
 }
 
 /// The eight 32-element sums of four registers whose dword lanes 0..8 / 8..16 are the partial
 /// sums of groups `2c` / `2c + 1`.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn groups8(a: [__m512i; 4]) -> [i32; 8] {
+fn groups8(a: [__m512i; 4]) -> __m256i {
     // 128-bit lanes [G0 G1 G2 G3] and [G4 G5 G6 G7], each lane still four partials
     let p = _mm512_add_epi32(
         _mm512_shuffle_i64x2::<0b10_00_10_00>(a[0], a[1]),
@@ -167,67 +232,62 @@ fn groups8(a: [__m512i; 4]) -> [i32; 8] {
     let t = _mm512_add_epi32(u, _mm512_shuffle_epi32::<0b01_00_11_10>(u));
     // group L is dword 4L, group 4 + L dword 4L + 1
     let order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 13, 9, 5, 1, 12, 8, 4, 0);
-    let mut s = [0i32; 8];
-    let g = _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t));
-    // SAFETY: `s` is 32 writable bytes; unaligned store.
-    unsafe { _mm256_storeu_si256(s.as_mut_ptr() as *mut __m256i, g) };
-    s
+    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t))
 }
 
-/// `sumf += d[g] * s[g] as f32` for g = 0..8 in order: the eight products in one register (each
+/// The groups mode's epilogue, `sumf += dl[g] * s[g] as f32` for g = 0..8 in order, where
+/// `dl = (d * x.d) * s` (IQ4_XS: `d4d8 * (scale - 32)`; IQ4_NL: `x.d * d` per block): the eight products in one register (each
 /// rounded once, as the reference rounds it), then the additions one by one.
 #[inline(always)]
-pub(super) fn add_products(d: __m256, s: &[i32; 8], sumf: &mut f32) {
+fn add_products(d: __m256, s: __m256i, sumf: &mut f32) {
     let mut p = [0f32; 8];
     // SAFETY: only reached from this module's `#[target_feature]` functions (AVX2 present);
-    // `s` and `p` are 32 bytes each, unaligned accesses.
-    unsafe {
-        let sf = _mm256_cvtepi32_ps(_mm256_loadu_si256(s.as_ptr() as *const __m256i));
-        _mm256_storeu_ps(p.as_mut_ptr(), _mm256_mul_ps(d, sf));
-    }
+    // `p` is 32 bytes, unaligned store.
+    unsafe { _mm256_storeu_ps(p.as_mut_ptr(), _mm256_mul_ps(d, _mm256_cvtepi32_ps(s))) };
     for v in p {
         *sumf += v;
     }
 }
 
-/// The integers of `K::MODE` for decoded unit `d` against the packed activation unit `px`
-/// (and the activation blocks at `xu`, for the `bsums`).
+/// The eight group sums (Groups mode) of decoded unit `d` against the packed activation unit
+/// `px`.
+///
+/// # Safety
+/// The CPU has the tier's features; `px` is one packed unit.
+#[inline(always)]
+unsafe fn dot_groups(d: &Dec, px: *const u8) -> __m256i {
+    // SAFETY: the reads stay inside the packed unit (caller's contract); features the caller's.
+    unsafe {
+        groups8(core::array::from_fn(|c| {
+            let neg = (px.add(256 + 8 * c) as *const u64).read_unaligned();
+            let ax = _mm512_loadu_si512(px.add(64 * c) as *const __m512i);
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, negate(d.w[c], d.neg[c] ^ neg))
+        }))
+    }
+}
+
+/// The scaled modes' dword partial sums of decoded unit `d` against the packed activation unit
+/// `px` (and, for `ScaledBsums`, the `bsums` of the activation block at `xu`).
 ///
 /// # Safety
 /// The CPU has the tier's features; `px` is one packed unit, `xu` one activation unit.
 #[inline(always)]
-unsafe fn dot<K: Wide>(d: &Dec, px: *const u8, xu: *const u8) -> [i32; 8] {
+unsafe fn dot_acc<K: Wide>(d: &Dec, px: *const u8, xu: *const u8) -> __m512i {
     // SAFETY: the reads stay inside the packed unit and the activation unit (caller's contract);
     // the features are the caller's.
     unsafe {
-        let zero = _mm512_setzero_si512();
-        let neg = |c: usize| (px.add(256 + 8 * c) as *const u64).read_unaligned();
-        let ax = |c: usize| _mm512_loadu_si512(px.add(64 * c) as *const __m512i);
-        let mut v = [0i32; 8];
-        if K::MODE == Mode::Groups {
-            let a =
-                core::array::from_fn(|c| _mm512_dpbusd_epi32(zero, ax(c), negate(d.w[c], neg(c))));
-            return groups8(a);
-        }
-        let mut acc = zero;
-        let mut acc2 = zero;
-        for c in 0..4 {
-            let (a, m) = (ax(c), neg(c));
-            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(a, negate(d.w[c], m)), d.sc[c]);
-            if K::MODE == Mode::ScaledTwo {
-                let p2 = _mm512_maddubs_epi16(a, negate(d.w2[c], m));
-                acc2 = _mm512_dpwssd_epi32(acc2, p2, d.sc[c]);
-            }
-        }
-        v[0] = _mm512_reduce_add_epi32(acc);
-        if K::MODE == Mode::ScaledTwo {
-            v[1] = _mm512_reduce_add_epi32(acc2);
-        }
+        let mut acc = _mm512_setzero_si512();
         if K::MODE == Mode::ScaledBsums {
             let bsums = _mm256_loadu_si256(xu.add(Q8K_BSUMS) as *const __m256i);
-            v[1] = hsum256(_mm256_madd_epi16(bsums, d.bw));
+            acc = _mm512_zextsi256_si512(_mm256_madd_epi16(bsums, d.bw));
         }
-        v
+        for c in 0..4 {
+            let neg = (px.add(256 + 8 * c) as *const u64).read_unaligned();
+            let ax = _mm512_loadu_si512(px.add(64 * c) as *const __m512i);
+            let p = _mm512_maddubs_epi16(ax, negate(d.w[c], d.neg[c] ^ neg));
+            acc = _mm512_dpwssd_epi32(acc, p, d.sc[c]);
+        }
+        acc
     }
 }
 
@@ -264,29 +324,45 @@ unsafe fn gemm_wide<K: Wide>(
         // was sized for them; the caller guarantees the features.
         unsafe { pack(act, x.as_ptr(), unit_bytes, n * units, packed.as_mut_ptr()) };
         out.fill(0.0);
+        let mut pending = Pending::new();
         // Rows in tiles of ROWS, so that the float chains of several outputs (each unit's
         // epilogue adds to its output in order) interleave instead of waiting on each other.
         for (wt, ot) in wb.chunks(ROWS * per_row).zip(out.chunks_mut(ROWS * n)) {
             for u in 0..units {
-                for (wr, o) in wt.chunks_exact(per_row).zip(ot.chunks_exact_mut(n)) {
+                for (r, wr) in wt.chunks_exact(per_row).enumerate() {
                     let wu = &wr[u * K::UNIT..][..K::UNIT];
                     let wp = wu.as_ptr() as *const u8;
                     // the same unit of the next tile's rows, so the loads run ahead of the decode
                     prefetch_span(wp.wrapping_add(ROWS * row_bytes), unit_w_bytes);
                     // SAFETY: `wu` is one whole weight unit; features as above.
                     let d = unsafe { K::decode_regs(wp) };
-                    for (j, acc) in o.iter_mut().enumerate() {
-                        let xu = &xb[(j * units + u) * K::UNIT..][..K::UNIT];
-                        // SAFETY: packed unit `j * units + u` and activation unit `xu` exist.
-                        let (v, xd) = unsafe {
-                            let pu = packed.as_ptr().add((j * units + u) * PACKED_UNIT);
-                            let xd = (pu.add(PACKED_D) as *const [f32; 8]).read_unaligned();
-                            (dot::<K>(&d, pu, xu.as_ptr() as *const u8), xd)
-                        };
-                        K::epilogue_ints(&d, &xd, &v, acc);
+                    for j in 0..n {
+                        let xu = xb[(j * units + u) * K::UNIT..][..K::UNIT].as_ptr() as *const u8;
+                        // SAFETY: packed unit `j * units + u` exists.
+                        let pu = unsafe { packed.as_ptr().add((j * units + u) * PACKED_UNIT) };
+                        // SAFETY: as above: `pu` is one packed unit, `xu` one activation unit.
+                        let xd = unsafe { (pu.add(PACKED_D) as *const [f32; 8]).read_unaligned() };
+                        if K::MODE == Mode::Groups {
+                            // SAFETY: as above.
+                            let v = unsafe { dot_groups(&d, pu) };
+                            // SAFETY: `Dec`'s and `xd`'s eight floats (AVX present).
+                            let dl = unsafe {
+                                let dd = _mm256_mul_ps(
+                                    _mm256_loadu_ps(d.d.as_ptr()),
+                                    _mm256_loadu_ps(xd.as_ptr()),
+                                );
+                                _mm256_mul_ps(dd, _mm256_loadu_ps(d.s.as_ptr()))
+                            };
+                            add_products(dl, v, &mut ot[r * n + j]);
+                        } else {
+                            // SAFETY: as above.
+                            let acc = unsafe { dot_acc::<K>(&d, pu, xu) };
+                            pending.push::<K>(acc, r * n + j, d.d[0], xd[0], ot);
+                        }
                     }
                 }
             }
+            pending.flush::<K>(ot);
         }
         for acc in out.iter_mut() {
             *acc = K::finish(*acc);

@@ -7,9 +7,9 @@ use core::arch::x86_64::*;
 use super::super::kblock::f16_to_f32;
 use super::super::klanes512::V64;
 use super::tables::*;
-use super::{add_products, Dec, Mode, Wide};
+use super::{Dec, Mode, Wide};
 use crate::arch::iq_tile::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Iq4Nl, Iq4Xs};
-use crate::formats::{BlockIq1M, IQ1S_GRID};
+use crate::formats::BlockIq1M;
 use crate::scalar::iq1::IQ1_DELTA;
 
 /// The four 64-bit sign masks of 32 sign bytes (low 256 bits of `sb`).
@@ -35,6 +35,17 @@ pub(super) fn xxs_signs_scales(aux: __m512i) -> ([u64; 4], [__m512i; 4]) {
     );
     let sc = core::array::from_fn(|c| _mm512_permutexvar_epi16(DWORD_SCALES[c].get(), odd));
     (sign_masks(sb), sc)
+}
+
+/// The block's `d` (an f16 in its first two bytes, as `tables` asserts for the kinds using it).
+///
+/// # Safety
+/// The CPU has the tier's features; `p` is valid for two bytes.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn lead_d(p: *const u8) -> f32 {
+    // SAFETY: the caller's contract.
+    f16_to_f32(u16::from_le_bytes(unsafe { [*p, *p.add(1)] }))
 }
 
 /// `g` negated where `neg` has a bit.
@@ -65,17 +76,11 @@ impl Wide for Iq2Xxs {
             let odd_dwords = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1);
             let aux = _mm512_permutexvar_epi32(odd_dwords, q);
             let (neg, sc) = xxs_signs_scales(aux);
-            let w = core::array::from_fn(|c| negate(g[c], neg[c]));
-            Dec::new(
-                w,
-                sc,
-                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
-            )
+            Dec {
+                neg,
+                ..Dec::new(g, sc, lead_d(p))
+            }
         }
-    }
-    #[inline(always)]
-    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
-        *sumf += d.d[0] * xd[0] * v[0] as f32;
     }
 }
 
@@ -100,46 +105,45 @@ impl Wide for Iq3Xxs {
             let aux =
                 _mm512_castsi256_si512(_mm256_loadu_si256(p.add(IQ3XXS_AUX) as *const __m256i));
             let (neg, sc) = xxs_signs_scales(aux);
-            let w = core::array::from_fn(|c| negate(g[c], neg[c]));
-            Dec::new(
-                w,
-                sc,
-                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
-            )
+            Dec {
+                neg,
+                ..Dec::new(g, sc, lead_d(p))
+            }
         }
-    }
-    #[inline(always)]
-    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
-        *sumf += d.d[0] * xd[0] * v[0] as f32;
     }
 }
 
-/// The IQ1 grid points of 32 11-bit indices (dwords of `idx`), eight per register. The
-/// 2048-point grid does not fit in registers; plain 8-byte loads (each index read back from a
-/// store of the vectors), as ggml does; `vpgatherdq` was no faster in (noisy) runs here.
+/// The IQ1 grid points of 32 11-bit indices (dwords of `idx`, eight points per register) as
+/// weights times 8 (see `IQ1_FIELD_VALUES8`). The 2048-point grid does not fit in registers: one
+/// `vpgatherdd` of its u16 codes per 16 points, whose 2-bit fields are then expanded like the
+/// IQ2 codes (in a standalone loop on Zen 5, 4.7 ns per 32 points against 5.7 for eight-byte loads of
+/// the expanded grid inserted one by one and 7.8 for `vpgatherdq` of them).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn iq1_points(idx: [__m512i; 2]) -> [__m512i; 4] {
-    let mut i = [0u32; 32];
-    // SAFETY: `i` is 128 writable bytes; unaligned stores.
-    unsafe {
-        _mm512_storeu_si512(i.as_mut_ptr() as *mut __m512i, idx[0]);
-        _mm512_storeu_si512(i.as_mut_ptr().add(16) as *mut __m512i, idx[1]);
-    }
-    // indices are below 2048 by construction; the mask lets the bounds check go
-    let g = |k: usize| IQ1S_GRID[i[k] as usize & (IQ1S_GRID.len() - 1)] as i64;
+fn iq1_points8(idx: [__m512i; 2]) -> [__m512i; 4] {
+    // SAFETY: every index is below 2048 by construction (8 + 3 bits), and the table has two
+    // padding entries, so each dword read (2 bytes per index step) stays inside it.
+    let codes =
+        idx.map(|i| unsafe { _mm512_i32gather_epi32::<2>(i, IQ1_CODES.0.as_ptr() as *const i32) });
     core::array::from_fn(|c| {
-        let b = 8 * c;
-        _mm512_set_epi64(
-            g(b + 7),
-            g(b + 6),
-            g(b + 5),
-            g(b + 4),
-            g(b + 3),
-            g(b + 2),
-            g(b + 1),
-            g(b),
-        )
+        let f = _mm512_multishift_epi64_epi8(
+            IQ2_SHIFTS.get(),
+            _mm512_permutexvar_epi16(IQ1_SPREAD[c % 2].get(), codes[c / 2]),
+        );
+        _mm512_permutexvar_epi8(f, IQ1_FIELD_VALUES8.get())
+    })
+}
+
+/// The 32 grid indices of an IQ1 block `b` (its bytes from 0): dword `i` of half `h` is built
+/// from `table[h]`'s bytes (`qs` byte, then the bytes holding its 3 high bits) as `qs | ((bits >>
+/// shift_i) & 0x700)`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn iq1_indices(b: __m512i, table: &[V64; 2], shifts: __m512i) -> [__m512i; 2] {
+    core::array::from_fn(|h| {
+        let m = _mm512_permutexvar_epi8(table[h].get(), b);
+        let hi = _mm512_and_si512(_mm512_srlv_epi32(m, shifts), _mm512_set1_epi32(0x700));
+        _mm512_or_si512(_mm512_and_si512(m, _mm512_set1_epi32(0xff)), hi)
     })
 }
 
@@ -153,14 +157,7 @@ impl Wide for Iq1S {
             let b = _mm512_maskz_loadu_epi8((1u64 << IQ1S_BYTES) - 1, p as *const i8);
             // chunk l of a group takes qh bits 3l..3l+3 as index bits 8..11
             let shifts = _mm512_set_epi32(9, 6, 3, 0, 9, 6, 3, 0, 9, 6, 3, 0, 9, 6, 3, 0);
-            let mut idx = [_mm512_setzero_si512(); 2];
-            for h in 0..2 {
-                let m = _mm512_permutexvar_epi8(IQ1S_IDX[h].get(), b);
-                let hi = _mm512_and_si512(_mm512_srlv_epi32(m, shifts), _mm512_set1_epi32(0x700));
-                let i = _mm512_or_si512(_mm512_and_si512(m, _mm512_set1_epi32(0xff)), hi);
-                idx[h] = i;
-            }
-            let g = iq1_points(idx);
+            let g = iq1_points8(iq1_indices(b, &IQ1S_IDX, shifts));
             let qh = _mm512_permutexvar_epi8(IQ1S_QH_WORDS.get(), b);
             let ls = _mm512_or_si512(
                 _mm512_and_si512(_mm512_srli_epi16::<11>(qh), _mm512_set1_epi16(0xe)),
@@ -169,18 +166,16 @@ impl Wide for Iq1S {
             let lsd =
                 _mm512_mask_sub_epi16(ls, _mm512_movepi16_mask(qh), _mm512_setzero_si512(), ls);
             let sc = core::array::from_fn(|c| _mm512_permutexvar_epi16(WORD_SCALES[c].get(), ls));
-            let mut d = Dec::new(
-                g,
-                sc,
-                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
-            );
+            let mut d = Dec::new(g, sc, lead_d(p));
             d.bw = _mm512_castsi512_si256(_mm512_permutexvar_epi16(BSUM_PAIRS.get(), lsd));
             d
         }
     }
+    /// The integer is `8 sumi + sumi1`: over 8 it is the reference's `sumi + IQ1_DELTA *
+    /// sumi1`, exactly (both are below 2^24 in magnitude).
     #[inline(always)]
-    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
-        *sumf += d.d[0] * xd[0] * (v[0] as f32 + IQ1_DELTA * v[1] as f32);
+    fn term(v: i32) -> f32 {
+        v as f32 * IQ1_DELTA
     }
 }
 
@@ -261,19 +256,14 @@ impl Wide for Iq2Xs {
             let si = _mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16::<9>(q)));
             let sb = _mm512_permutex2var_epi8(KSIGNS_LO.get(), si, KSIGNS_HI.get());
             let neg = sign_masks(sb);
-            let w = core::array::from_fn(|c| negate(expand_iq2(codes, c), neg[c]));
+            let w = core::array::from_fn(|c| expand_iq2(codes, c));
             let bits = (p.add(IQ2XS_SCALES) as *const u64).read_unaligned();
             let sc = odd_scales(u64::from_le(bits), &NIBBLES16, 0x0f, &SCALES16);
-            Dec::new(
-                w,
-                sc,
-                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
-            )
+            Dec {
+                neg,
+                ..Dec::new(w, sc, lead_d(p))
+            }
         }
-    }
-    #[inline(always)]
-    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
-        *sumf += d.d[0] * xd[0] * v[0] as f32;
     }
 }
 
@@ -290,19 +280,14 @@ impl Wide for Iq2S {
             let idx = split_indices(qs, qh, &IQ2S_BYTES, &IQ2S_SHIFTS, 0x300);
             let codes = IQ2S_CODE_TABLE.lookup(idx);
             let neg = stored_masks(p.add(IQ2S_SIGNS));
-            let w = core::array::from_fn(|c| negate(expand_iq2(codes, c), neg[c]));
+            let w = core::array::from_fn(|c| expand_iq2(codes, c));
             let bits = (p.add(IQ2S_SCALES) as *const u64).read_unaligned();
             let sc = odd_scales(u64::from_le(bits), &NIBBLES16, 0x0f, &SCALES16);
-            Dec::new(
-                w,
-                sc,
-                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
-            )
+            Dec {
+                neg,
+                ..Dec::new(w, sc, lead_d(p))
+            }
         }
-    }
-    #[inline(always)]
-    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
-        *sumf += d.d[0] * xd[0] * v[0] as f32;
     }
 }
 
@@ -319,26 +304,19 @@ impl Wide for Iq3S {
                 IQ3S_CODE_TABLE.lookup(split_indices(qs, qh, &IQ3S_BYTES[h], &IQ3S_SHIFTS, 0x100))
             });
             let neg = stored_masks(p.add(IQ3S_SIGNS));
-            let w = core::array::from_fn(|c| {
-                negate(expand_iq3(codes[c / 2], c, &IQ3S_FIELD_VALUES), neg[c])
-            });
+            let w = core::array::from_fn(|c| expand_iq3(codes[c / 2], c, &IQ3S_FIELD_VALUES));
             let bits = (p.add(IQ3S_SCALES) as *const u32).read_unaligned();
             let sc = odd_scales(u32::from_le(bits) as u64, &NIBBLES16, 0x0f, &SCALES32);
-            Dec::new(
-                w,
-                sc,
-                f16_to_f32(u16::from_le_bytes((*(p as *const Self::W)).d)),
-            )
+            Dec {
+                neg,
+                ..Dec::new(w, sc, lead_d(p))
+            }
         }
-    }
-    #[inline(always)]
-    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
-        *sumf += d.d[0] * xd[0] * v[0] as f32;
     }
 }
 
 impl Wide for Iq1M {
-    const MODE: Mode = Mode::ScaledTwo;
+    const MODE: Mode = Mode::Scaled;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -347,29 +325,25 @@ impl Wide for Iq1M {
             let b = _mm512_maskz_loadu_epi8((1u64 << IQ1M_BYTES) - 1, p as *const i8);
             // even chunks take qh bits 0..3 as index bits 8..11, odd chunks bits 4..7
             let shifts = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
-            let mut idx = [_mm512_setzero_si512(); 2];
-            for h in 0..2 {
-                let m = _mm512_permutexvar_epi8(IQ1M_IDX[h].get(), b);
-                let hi = _mm512_and_si512(_mm512_srlv_epi32(m, shifts), _mm512_set1_epi32(0x700));
-                let i = _mm512_or_si512(_mm512_and_si512(m, _mm512_set1_epi32(0xff)), hi);
-                idx[h] = i;
-            }
-            let g = iq1_points(idx);
+            let g = iq1_points8(iq1_indices(b, &IQ1M_IDX, shifts));
             let blk = &*(p as *const BlockIq1M);
             let bits = (p.add(IQ1M_SCALES) as *const u64).read_unaligned();
             let sc = odd_scales(u64::from_le(bits), &IQ1M_SCALE_SHIFTS, 0x07, &SCALES16);
-            let mut d = Dec::new(g, sc, f16_to_f32(blk.d_bits()));
-            d.w2 = core::array::from_fn(|c| {
+            // 8 * grid + shift sign: one integer sum gives `8 sumi1 + sumi2`
+            let one = _mm512_set1_epi8(1);
+            let w = core::array::from_fn(|c| {
                 let sh = _mm512_permutexvar_epi8(IQ1M_SHIFT_BYTES[c].get(), b);
                 let m = _mm512_test_epi8_mask(sh, IQ1M_SHIFT_BITS.get());
-                _mm512_mask_blend_epi8(m, _mm512_set1_epi8(1), _mm512_set1_epi8(-1))
+                _mm512_mask_sub_epi8(_mm512_add_epi8(g[c], one), m, g[c], one)
             });
-            d
+            Dec::new(w, sc, f16_to_f32(blk.d_bits()))
         }
     }
+    /// The integer is `8 sumi1 + sumi2`: over 8 it is the reference's `sumi1 + IQ1_DELTA *
+    /// sumi2`, exactly (both are below 2^24 in magnitude).
     #[inline(always)]
-    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
-        *sumf += d.d[0] * xd[0] * (v[0] as f32 + IQ1_DELTA * v[1] as f32);
+    fn term(v: i32) -> f32 {
+        v as f32 * IQ1_DELTA
     }
 }
 
@@ -406,7 +380,7 @@ impl Wide for Iq4Xs {
         let mut d = iq4_decode(chunks);
         // SAFETY: `p` is one block (alignment 1).
         let b = unsafe { &*(p as *const Self::W) };
-        d.d[0] = f16_to_f32(u16::from_le_bytes(b.d));
+        d.d = [f16_to_f32(u16::from_le_bytes(b.d)); 8];
         // the eight 6-bit codes (`BlockIq4Xs::scale`): low nibble `g` of `scales_l` (bit 16 + 4g
         // below) and bits 2g..2g+2 of `scales_h`, as `code - 32` in f32
         let bits =
@@ -421,15 +395,6 @@ impl Wide for Iq4Xs {
         // SAFETY: `d.s` is 32 writable bytes; unaligned store.
         unsafe { _mm256_storeu_ps(d.s.as_mut_ptr(), ls) };
         d
-    }
-    #[inline(always)]
-    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
-        // dl = d4d8 * (scale - 32) per group, then sumf += dl * sum, in group order
-        let d4d8 = d.d[0] * xd[0];
-        // SAFETY: reached only from this module's `#[target_feature]` functions (AVX present);
-        // `d.s` is 32 readable bytes.
-        let dl = unsafe { _mm256_mul_ps(_mm256_set1_ps(d4d8), _mm256_loadu_ps(d.s.as_ptr())) };
-        add_products(dl, v, sumf);
     }
 }
 
@@ -449,14 +414,5 @@ impl Wide for Iq4Nl {
         let b = unsafe { core::slice::from_raw_parts(p as *const Self::W, 8) };
         d.d = core::array::from_fn(|g| f16_to_f32(u16::from_le_bytes(b[g].d)));
         d
-    }
-    #[inline(always)]
-    fn epilogue_ints(d: &Dec, xd: &[f32; 8], v: &[i32; 8], sumf: &mut f32) {
-        // per block `x.d * w.d`, then sumf += that * sum, in block order
-        // SAFETY: reached only from this module's `#[target_feature]` functions (AVX present);
-        // `xd` and `d.d` are 32 readable bytes each.
-        let dd =
-            unsafe { _mm256_mul_ps(_mm256_loadu_ps(xd.as_ptr()), _mm256_loadu_ps(d.d.as_ptr())) };
-        add_products(dd, v, sumf);
     }
 }

@@ -6,8 +6,8 @@ use core::arch::x86_64::*;
 
 use super::super::klanes512::V64;
 use crate::formats::iq_grids::{
-    IQ2S_CODES, IQ2XS_CODES, IQ2XXS_CODES, IQ2_VALUES, IQ3S_CODES, IQ3S_VALUES, IQ3XXS_CODES,
-    IQ3XXS_VALUES,
+    IQ1S_CODES, IQ2S_CODES, IQ2XS_CODES, IQ2XXS_CODES, IQ2_VALUES, IQ3S_CODES, IQ3S_VALUES,
+    IQ3XXS_CODES, IQ3XXS_VALUES,
 };
 use crate::formats::{
     BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockIq4Nl,
@@ -41,6 +41,15 @@ pub(super) const IQ1M_SCALES: usize = offset_of!(BlockIq1M, scales);
 pub(super) const IQ1M_BYTES: usize = size_of::<BlockIq1M>();
 pub(super) const IQ4NL_QS: usize = offset_of!(BlockIq4Nl, qs);
 pub(super) const IQ4NL_BYTES: usize = size_of::<BlockIq4Nl>();
+// `decode::lead_d` reads these kinds' `d` from a block's first two bytes.
+const _: () = assert!(
+    offset_of!(BlockIq2Xxs, d) == 0
+        && offset_of!(BlockIq3Xxs, d) == 0
+        && offset_of!(BlockIq2Xs, d) == 0
+        && offset_of!(BlockIq2S, d) == 0
+        && offset_of!(BlockIq3S, d) == 0
+        && offset_of!(BlockIq1S, d) == 0
+);
 
 /// ggml's `ksigns_iq2xs`, as the two halves of one `vpermi2b` table.
 pub(super) static KSIGNS_LO: V64 = V64(ksigns_half(0));
@@ -207,6 +216,37 @@ pub(super) const fn iq1s_idx(half: usize) -> V64 {
     V64(o)
 }
 pub(super) static IQ1S_IDX: [V64; 2] = [iq1s_idx(0), iq1s_idx(1)];
+
+/// ggml's u16 codes of the 2048-point IQ1 grid (value = 2-bit field - 1), gathered as dwords
+/// (`vpgatherdd`, scale 2): the two padding entries keep the last index's dword in the table.
+#[repr(C, align(64))]
+pub(super) struct Iq1Codes(pub(super) [u16; 2048 + 2]);
+pub(super) static IQ1_CODES: Iq1Codes = Iq1Codes({
+    let mut o = [0u16; 2048 + 2];
+    let mut i = 0;
+    while i < 2048 {
+        o[i] = IQ1S_CODES[i];
+        i += 1;
+    }
+    o
+});
+
+/// The IQ1 grid values times 8 (fields 0, 1, 2 -> -8, 0, 8): the weights in units of the
+/// shift `IQ1_DELTA` = 1/8, so that one integer sum carries both the grid and the shift terms.
+pub(super) static IQ1_FIELD_VALUES8: V64 = field_values([0xf8, 0, 8, 0]);
+
+/// IQ1 register `c` from its half's gathered dwords (code `k` in the low word of dword `k`):
+/// qword `q` <- the word of code `8 (c % 2) + q`.
+pub(super) const fn iq1_spread(at: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut w = 0;
+    while w < 32 {
+        o[2 * w] = (2 * (at + w / 4)) as u8;
+        w += 1;
+    }
+    V64(o)
+}
+pub(super) static IQ1_SPREAD: [V64; 2] = [iq1_spread(0), iq1_spread(8)];
 
 /// IQ1_S: the eight `qh` words of a block to words 0..8.
 pub(super) static IQ1S_QH_WORDS: V64 = V64({
