@@ -121,25 +121,6 @@ pub(crate) fn min_corr_2x2(bsums: [&[u8]; 2], mins: [&[i16; 16]; 2]) -> int32x4_
     }
 }
 
-/// `neon::dot32` for the tile: two Q8_0 weight blocks' quants times two activation blocks'.
-///
-/// # Safety
-/// The CPU must implement FEAT_I8MM.
-#[inline(always)]
-pub(crate) unsafe fn dot32_2x2(wq: [&[u8]; 2], xq: [&[u8]; 2]) -> int32x4_t {
-    // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
-    unsafe {
-        let (a0, a1) = pair(ld_s8(wq[0], 0), ld_s8(wq[1], 0));
-        let (a2, a3) = pair(ld_s8(wq[0], 16), ld_s8(wq[1], 16));
-        let (b0, b1) = pair(ld_s8(xq[0], 0), ld_s8(xq[1], 0));
-        let (b2, b3) = pair(ld_s8(xq[0], 16), ld_s8(xq[1], 16));
-        let mut acc = smmla(vdupq_n_s32(0), a0, b0);
-        acc = smmla(acc, a1, b1);
-        acc = smmla(acc, a2, b2);
-        smmla(acc, a3, b3)
-    }
-}
-
 /// Q3_K's lanes for a 2x2 tile: two weight rows in the lane-grouped form
 /// (`unpack::q3_k_lanes`) as a [`PairA`], and two activation rows in the same layout,
 /// interleaved like a [`PairA`] (`bx`, 512 bytes). Each 8-byte slice is 8 elements of one
