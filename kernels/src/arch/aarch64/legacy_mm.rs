@@ -13,7 +13,8 @@
 //!
 //! Q4_0's quants are used as their unsigned nibbles (0..=15) and its `- 8` applied through the
 //! start value `-8 * sum(x)` of the accumulator: `sum((q - 8) * x) = sum(q * x) - 8 * sum(x)`
-//! exactly in int32, so the integer is the reference's `sumi`. The float epilogues are the
+//! exactly in int32, so the integer is the reference's `sumi`. The start value also carries
+//! [`MAGIC`]'s bits, which make the integer-to-float conversion one subtraction. The float epilogues are the
 //! reference's (see `legacy`), lane by lane, with no fused multiply-add.
 
 use core::arch::aarch64::*;
@@ -32,6 +33,15 @@ const PREP: usize = 112;
 const AT_D: usize = 64;
 const AT_INIT: usize = 80;
 const AT_S: usize = 96;
+
+/// 1.5 * 2^23: the float whose bits plus an integer `i` with `|i| < 2^22` are the bits of
+/// `MAGIC + i` (the addition stays inside the mantissa), so `f32::from_bits(MAGIC_BITS + i) -
+/// MAGIC` is `i as f32` exactly. Starting the SMMLA accumulator at `MAGIC_BITS` turns the
+/// integer-to-float conversion (SCVTF: two cycles on Neoverse N2's V0 pipe only) into one
+/// subtraction on either pipe. Every block's `sumi` is far inside the range: 32 products of at
+/// most 128 * 128 in magnitude (Q8_0) make at most 2^19.
+const MAGIC: f32 = 12_582_912.0;
+const MAGIC_BITS: i32 = 0x4B40_0000;
 
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -91,13 +101,13 @@ fn prep_pair(ty: Legacy, x0: &[u8], x1: &[u8], dst: &mut [u8]) {
         let init = if ty == Legacy::Q4_0 {
             let sum = |x: &[u8]| {
                 let (a, b) = (ld_s8(x, qs), ld_s8(x, qs + 16));
-                vaddlvq_s16(vaddq_s16(vpaddlq_s8(a), vpaddlq_s8(b))) * -8
+                MAGIC_BITS - 8 * vaddlvq_s16(vaddq_s16(vpaddlq_s8(a), vpaddlq_s8(b)))
             };
             let (s0, s1) = (sum(x0), sum(x1));
             let v = [s0, s1, s0, s1];
             vld1q_s32(v.as_ptr())
         } else {
-            vdupq_n_s32(0)
+            vdupq_n_s32(MAGIC_BITS)
         };
         put(dst, AT_INIT, vreinterpretq_u8_s32(init));
         let s = if matches!(ty, Legacy::Q4_1 | Legacy::Q5_1) {
@@ -157,7 +167,8 @@ fn epilogue(
 ) -> float32x4_t {
     // SAFETY: NEON register arithmetic only.
     unsafe {
-        let s = vcvtq_f32_s32(acc);
+        // `sumi as f32`: the accumulator started at MAGIC's bits (see there).
+        let s = vsubq_f32(vreinterpretq_f32_s32(acc), vdupq_n_f32(MAGIC));
         match ty {
             Legacy::Q4_0 => vaddq_f32(sum, vmulq_f32(vmulq_f32(s, dw), dx)),
             Legacy::Q5_0 | Legacy::Q8_0 => vaddq_f32(sum, vmulq_f32(s, vmulq_f32(dw, dx))),
