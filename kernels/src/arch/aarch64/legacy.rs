@@ -1,14 +1,15 @@
 //! The 32-element types: Q8_0, Q4_0, Q5_0 against Q8_0 activations and Q4_1, Q5_1 against
-//! Q8_1 on the NEON and SDOT cores (the i8mm tier runs `legacy_mm`'s SMMLA tiles). Their
-//! references keep one integer per block, so SDOT and SMMLA apply directly. Each weight block is
-//! unpacked to 32 signed bytes once per chunk of activation rows. Epilogues, as in ggml's generic dots: Q8_0 `sumf += sumi * (dw * dx)`, Q5_0
+//! Q8_1: the block decoding and reference epilogues, and the NEON tier's loop (the dotprod and
+//! i8mm tiers run `legacy_mm`'s SDOT quads and SMMLA tiles). Their references keep one integer
+//! per block, so SDOT and SMMLA apply directly. Each weight block is unpacked to 32 signed bytes
+//! once per chunk of activation rows. Epilogues, as in ggml's generic dots: Q8_0 `sumf += sumi * (dw * dx)`, Q5_0
 //! `sumf += (dw * dx) * sumi` (the same two products), Q4_0 `sumf += sumi * dw * dx` (left to
 //! right), Q4_1/Q5_1 `sumf += (dw * dx) * sumi + mw * sx`.
 
 use core::arch::aarch64::*;
 
 use super::neon::ld_s8;
-use super::{dotprod, neon, Level};
+use super::{neon, Level};
 use crate::Tile;
 
 /// Activation rows per unpacked weight block.
@@ -123,16 +124,6 @@ impl Legacy {
     }
 }
 
-/// Integer dot of one weight block's quants with one activation block's.
-#[inline(always)]
-fn dot(level: Level, wq: &[u8], xq: &[u8]) -> i32 {
-    match level {
-        Level::Neon => neon::dot32(wq, xq),
-        // SAFETY: Dotprod/I8mm levels are only built from a capability that proved SDOT.
-        Level::Dotprod | Level::I8mm => unsafe { dotprod::dot32(wq, xq) },
-    }
-}
-
 /// `ty` x Q8_0/Q8_1 over `t` (weights of `ty`'s type, `rows, n, k >= 1`).
 pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
     let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
@@ -142,8 +133,8 @@ pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
     let wrow = nb * wbb;
     let (xbb, xq) = (ty.act_bytes(), ty.act_qs());
     let xrow = nb * xbb;
-    if level == Level::I8mm {
-        return super::legacy_mm::gemm(ty, nb, w, rows, x, n, out);
+    if level != Level::Neon {
+        return super::legacy_mm::gemm(level, ty, nb, w, rows, x, n, out);
     }
     let mut r = 0;
     let mut buf = [0u8; 32];
@@ -157,7 +148,7 @@ pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
                 let wq = ty.quants(wb, &mut buf);
                 for (t, a) in acc.iter_mut().enumerate().take(cnt) {
                     let xb = &x[(jc + t) * xrow + b * xbb..][..xbb];
-                    *a = ty.step(*a, dot(level, wq, &xb[xq..]), wb, xb);
+                    *a = ty.step(*a, neon::dot32(wq, &xb[xq..]), wb, xb);
                 }
             }
             out[r * n + jc..r * n + jc + cnt].copy_from_slice(&acc[..cnt]);

@@ -21,9 +21,11 @@ use core::arch::aarch64::*;
 use core::arch::asm;
 use std::cell::RefCell;
 
+use super::dotprod::sdot;
 use super::i8mm::{pair, smmla};
 use super::legacy::Legacy;
 use super::neon::ld_s8;
+use super::Level;
 
 /// Activation row pairs prepared per chunk.
 const PAIRS: usize = 4;
@@ -190,10 +192,12 @@ const TYPES: [Legacy; 5] = [
     Legacy::Q5_1,
 ];
 
-/// `ty` x Q8_0/Q8_1 on SMMLA for `rows` weight rows and `n` activation rows of `nb` blocks.
+/// `ty` x Q8_0/Q8_1 for `rows` weight rows and `n` activation rows of `nb` blocks: SMMLA
+/// tiles on the i8mm tier when there are at least two activation rows, SDOT quads otherwise.
 ///
-/// The caller holds an `I8mm` capability.
+/// `level` is Dotprod or I8mm (the caller holds that capability).
 pub(crate) fn gemm(
+    level: Level,
     ty: Legacy,
     nb: usize,
     w: &[u8],
@@ -202,16 +206,22 @@ pub(crate) fn gemm(
     n: usize,
     out: &mut [f32],
 ) {
-    match ty {
-        Legacy::Q8_0 => gemm_t::<0>(nb, w, rows, x, n, out),
-        Legacy::Q4_0 => gemm_t::<1>(nb, w, rows, x, n, out),
-        Legacy::Q5_0 => gemm_t::<2>(nb, w, rows, x, n, out),
-        Legacy::Q4_1 => gemm_t::<3>(nb, w, rows, x, n, out),
-        Legacy::Q5_1 => gemm_t::<4>(nb, w, rows, x, n, out),
+    let smmla = level == Level::I8mm && n >= 2;
+    match (ty, smmla) {
+        (Legacy::Q8_0, true) => gemm_t::<0>(nb, w, rows, x, n, out),
+        (Legacy::Q4_0, true) => gemm_t::<1>(nb, w, rows, x, n, out),
+        (Legacy::Q5_0, true) => gemm_t::<2>(nb, w, rows, x, n, out),
+        (Legacy::Q4_1, true) => gemm_t::<3>(nb, w, rows, x, n, out),
+        (Legacy::Q5_1, true) => gemm_t::<4>(nb, w, rows, x, n, out),
+        (Legacy::Q8_0, false) => gemm_dot_t::<0>(nb, w, rows, x, n, out),
+        (Legacy::Q4_0, false) => gemm_dot_t::<1>(nb, w, rows, x, n, out),
+        (Legacy::Q5_0, false) => gemm_dot_t::<2>(nb, w, rows, x, n, out),
+        (Legacy::Q4_1, false) => gemm_dot_t::<3>(nb, w, rows, x, n, out),
+        (Legacy::Q5_1, false) => gemm_dot_t::<4>(nb, w, rows, x, n, out),
     }
 }
 
-/// [`gemm`] for the type `TYPES[T]`.
+/// [`gemm`]'s SMMLA tiles for the type `TYPES[T]`.
 fn gemm_t<const T: usize>(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
     let ty = TYPES[T];
     let xbb = ty.act_bytes();
@@ -325,6 +335,170 @@ fn quad<const P: usize, const T: usize>(
             out[ra * n + c1] = v[1];
             out[rb * n + c0] = v[2];
             out[rb * n + c1] = v[3];
+        }
+    }
+}
+
+/// Bytes of one prepared (block, activation row) for the SDOT quads: quants (32), start value
+/// (16: lane 0 as in [`PREP`]'s, the other lanes zero), scale (16, broadcast), Q8_1 sum (16,
+/// broadcast).
+const PREP1: usize = 80;
+/// Activation rows prepared per chunk for the SDOT quads.
+const ROWS1: usize = 8;
+
+/// The prepared record of one block of one activation row for the SDOT quads.
+fn prep_row(ty: Legacy, xb: &[u8], dst: &mut [u8]) {
+    let qs = ty.act_qs();
+    let dst = &mut dst[..PREP1];
+    put(dst, 0, get(xb, qs));
+    put(dst, 16, get(xb, qs + 16));
+    // SAFETY: NEON register arithmetic only; `v` is 4 readable i32.
+    unsafe {
+        let mut start = MAGIC_BITS;
+        if ty == Legacy::Q4_0 {
+            let (a, b) = (ld_s8(xb, qs), ld_s8(xb, qs + 16));
+            start -= 8 * vaddlvq_s16(vaddq_s16(vpaddlq_s8(a), vpaddlq_s8(b)));
+        }
+        let v = [start, 0, 0, 0];
+        put(dst, 32, vreinterpretq_u8_s32(vld1q_s32(v.as_ptr())));
+        let d = f16x4([xb, xb, xb, xb], 0);
+        put(dst, 48, vreinterpretq_u8_f32(d));
+        let s = if matches!(ty, Legacy::Q4_1 | Legacy::Q5_1) {
+            f16x4([xb, xb, xb, xb], 2)
+        } else {
+            vdupq_n_f32(0.0)
+        };
+        put(dst, 64, vreinterpretq_u8_f32(s));
+    }
+}
+
+/// One weight row's block as SDOT operands: elements 0..16 and 16..32 (Q4_0: unsigned
+/// nibbles, the `- 8` is in the start value).
+#[inline(always)]
+fn row_quants(ty: Legacy, wb: &[u8], buf: &mut [u8; 32]) -> [int8x16_t; 2] {
+    match ty {
+        Legacy::Q8_0 => [ld_s8(wb, 2), ld_s8(wb, 18)],
+        Legacy::Q4_0 => {
+            // SAFETY: NEON register arithmetic only.
+            unsafe {
+                let q = vreinterpretq_u8_s8(ld_s8(wb, 2));
+                [
+                    vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(15))),
+                    vreinterpretq_s8_u8(vshrq_n_u8::<4>(q)),
+                ]
+            }
+        }
+        _ => {
+            let q = ty.quants(wb, buf);
+            [ld_s8(q, 0), ld_s8(q, 16)]
+        }
+    }
+}
+
+/// [`gemm`]'s SDOT quads for the type `TYPES[T]`: four weight rows x up to eight activation
+/// rows per decoded weight block, the four rows' dots of one activation row in the lanes of
+/// one vector.
+fn gemm_dot_t<const T: usize>(
+    nb: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
+    let ty = TYPES[T];
+    let xbb = ty.act_bytes();
+    let xrow = nb * xbb;
+    SCRATCH.with(|s| {
+        let mut scratch = s.borrow_mut();
+        let need = ROWS1.min(n) * nb * PREP1;
+        if scratch.len() < need {
+            scratch.resize(need, 0);
+        }
+        for jc in (0..n).step_by(ROWS1) {
+            let cnt = ROWS1.min(n - jc);
+            for t in 0..cnt {
+                for b in 0..nb {
+                    let xb = &x[(jc + t) * xrow + b * xbb..][..xbb];
+                    prep_row(ty, xb, &mut scratch[(b * cnt + t) * PREP1..][..PREP1]);
+                }
+            }
+            let prep = &scratch[..nb * cnt * PREP1];
+            let mut r = 0;
+            while r < rows {
+                let rr: [usize; 4] = core::array::from_fn(|i| (r + i).min(rows - 1));
+                match cnt {
+                    1 => quad_dot::<1, { T }>(nb, w, rr, prep, jc, n, out),
+                    2 => quad_dot::<2, { T }>(nb, w, rr, prep, jc, n, out),
+                    3 => quad_dot::<3, { T }>(nb, w, rr, prep, jc, n, out),
+                    4 => quad_dot::<4, { T }>(nb, w, rr, prep, jc, n, out),
+                    5 => quad_dot::<5, { T }>(nb, w, rr, prep, jc, n, out),
+                    6 => quad_dot::<6, { T }>(nb, w, rr, prep, jc, n, out),
+                    7 => quad_dot::<7, { T }>(nb, w, rr, prep, jc, n, out),
+                    _ => quad_dot::<8, { T }>(nb, w, rr, prep, jc, n, out),
+                }
+                r += 4;
+            }
+        }
+    });
+}
+
+/// Weight rows `rr` x the `J` prepared activation rows `jc..jc + J` on SDOT.
+#[inline(always)]
+fn quad_dot<const J: usize, const T: usize>(
+    nb: usize,
+    w: &[u8],
+    rr: [usize; 4],
+    prep: &[u8],
+    jc: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let ty = TYPES[T];
+    let wbb = ty.block_bytes();
+    let wrow = nb * wbb;
+    let with_min = matches!(ty, Legacy::Q4_1 | Legacy::Q5_1);
+    let mut bufs = [[0u8; 32]; 4];
+    // SAFETY: NEON register arithmetic only.
+    let zero = unsafe { vdupq_n_f32(0.0) };
+    let mut sums = [zero; J];
+    for b in 0..nb {
+        let wb: [&[u8]; 4] = core::array::from_fn(|i| &w[rr[i] * wrow + b * wbb..][..wbb]);
+        let [b0, b1, b2, b3] = &mut bufs;
+        let q = [
+            row_quants(ty, wb[0], b0),
+            row_quants(ty, wb[1], b1),
+            row_quants(ty, wb[2], b2),
+            row_quants(ty, wb[3], b3),
+        ];
+        let dw = f16x4(wb, 0);
+        let mw = if with_min { f16x4(wb, 2) } else { zero };
+        let pb = &prep[b * J * PREP1..][..J * PREP1];
+        for (j, sum) in sums.iter_mut().enumerate() {
+            let rec = &pb[j * PREP1..][..PREP1];
+            let (x0, x1) = (get(rec, 0), get(rec, 16));
+            // SAFETY: the caller holds a Dotprod or I8mm capability (SDOT); the rest is NEON
+            // register arithmetic.
+            unsafe {
+                let (x0, x1) = (vreinterpretq_s8_u8(x0), vreinterpretq_s8_u8(x1));
+                let start = vreinterpretq_s32_u8(get(rec, 32));
+                let acc: [int32x4_t; 4] =
+                    core::array::from_fn(|i| sdot(sdot(start, q[i][0], x0), q[i][1], x1));
+                // Lane i: the four partial sums of weight row i (plus the start value).
+                let s = vpaddq_s32(vpaddq_s32(acc[0], acc[1]), vpaddq_s32(acc[2], acc[3]));
+                let dx = vreinterpretq_f32_u8(get(rec, 48));
+                let sx = vreinterpretq_f32_u8(get(rec, 64));
+                *sum = epilogue(ty, *sum, s, dw, dx, mw, sx);
+            }
+        }
+    }
+    for (j, sum) in sums.iter().enumerate() {
+        let mut v = [0.0f32; 4];
+        // SAFETY: `v` has room for 4 f32.
+        unsafe { vst1q_f32(v.as_mut_ptr(), *sum) };
+        // A clamped (repeated) row computes the same dot as its original.
+        for i in 0..4 {
+            out[rr[i] * n + jc + j] = v[i];
         }
     }
 }

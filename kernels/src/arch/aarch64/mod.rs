@@ -13,7 +13,8 @@
 //! - [`driver`]: the loops over weight rows, activation rows and blocks, and the epilogues;
 //! - [`kquant`]: what `driver` and `split` share (kinds, Q8_K layout, the float accumulator);
 //! - [`legacy`]: Q8_0/Q4_0/Q5_0 x Q8_0 and Q4_1/Q5_1 x Q8_1 (one integer per block of 32: SDOT/SMMLA apply as is);
-//!   [`legacy_mm`]: their i8mm tier, 4 weight rows x 8 activation rows of SMMLA tiles;
+//!   [`legacy_mm`]: their dotprod and i8mm tiers, 4 weight rows x 8 activation rows per decoded
+//!   block (SDOT quads; SMMLA tiles of two row pairs x four activation pairs);
 //! - [`split`]: Q3_K/Q4_K/Q5_K on SDOT (and Q3_K on SMMLA), with lane-grouped element orders so
 //!   that a multiply-sum instruction never mixes two reference lanes.
 //!
@@ -33,11 +34,11 @@
 //! | Q4_K  | SMULL/SMLAL | SDOT, PERM32, folded  | SDOT, PERM32, folded (as dotprod)     |
 //! | Q5_K  | SMULL/SMLAL | SDOT on PERM32        | SDOT on PERM32 (as dotprod)           |
 //! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL           | SMULL/SMLAL (as neon)                 |
-//! | Q8_0  | SMULL+SADALP| SDOT                  | SMMLA, 4 rows x 8 acts (odd: repeated)|
-//! | Q4_0  | SMULL+SADALP| SDOT                  | SMMLA, 4 rows x 8 acts (odd: repeated)|
-//! | Q5_0  | SMULL+SADALP| SDOT                  | SMMLA, 4 rows x 8 acts (odd: repeated)|
-//! | Q4_1  | SMULL+SADALP| SDOT                  | SMMLA, 4 rows x 8 acts (odd: repeated)|
-//! | Q5_1  | SMULL+SADALP| SDOT                  | SMMLA, 4 rows x 8 acts (odd: repeated)|
+//! | Q8_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
+//! | Q4_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
+//! | Q5_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
+//! | Q4_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
+//! | Q5_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | IQ*, TQ* | SMULL+SADDLP | SDOT              | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //!
 //! The i-quants and ternary types ([`iq`]) decode each block to signed bytes with the portable
