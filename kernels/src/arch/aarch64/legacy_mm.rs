@@ -281,8 +281,16 @@ fn quad<const P: usize, const T: usize>(
     // SAFETY: NEON register arithmetic only.
     let zero = unsafe { vdupq_n_f32(0.0) };
     let mut sums = [[zero; P]; 2];
+    let wr: [&[u8]; 4] = core::array::from_fn(|i| &w[rr[i] * wrow..][..wrow]);
+    let prep = &prep[..nb * P * PREP];
     for b in 0..nb {
-        let wb: [&[u8]; 4] = core::array::from_fn(|i| &w[rr[i] * wrow + b * wbb..][..wbb]);
+        // SAFETY: b < nb, so both ranges lie inside `wr[i]` (nb blocks) and `prep` (nb * P
+        // records), whose lengths were checked above: no per-block bounds checks.
+        let (wb, pb) = unsafe {
+            let wb: [&[u8]; 4] =
+                core::array::from_fn(|i| wr[i].get_unchecked(b * wbb..(b + 1) * wbb));
+            (wb, prep.get_unchecked(b * P * PREP..(b + 1) * P * PREP))
+        };
         let [b01, b23] = &mut bufs;
         let a = [
             pair_quants(ty, wb[0], wb[1], b01),
@@ -297,7 +305,6 @@ fn quad<const P: usize, const T: usize>(
                 [vzip1q_f32(m, m), vzip2q_f32(m, m)],
             )
         };
-        let pb = &prep[b * P * PREP..][..P * PREP];
         for p in 0..P {
             let rec = &pb[p * PREP..][..PREP];
             // SAFETY: the caller holds an I8mm capability (SMMLA); the rest is NEON register
@@ -462,8 +469,16 @@ fn quad_dot<const J: usize, const T: usize>(
     // SAFETY: NEON register arithmetic only.
     let zero = unsafe { vdupq_n_f32(0.0) };
     let mut sums = [zero; J];
+    let wr: [&[u8]; 4] = core::array::from_fn(|i| &w[rr[i] * wrow..][..wrow]);
+    let prep = &prep[..nb * J * PREP1];
     for b in 0..nb {
-        let wb: [&[u8]; 4] = core::array::from_fn(|i| &w[rr[i] * wrow + b * wbb..][..wbb]);
+        // SAFETY: b < nb, so both ranges lie inside `wr[i]` (nb blocks) and `prep` (nb * J
+        // records), whose lengths were checked above: no per-block bounds checks.
+        let (wb, pb) = unsafe {
+            let wb: [&[u8]; 4] =
+                core::array::from_fn(|i| wr[i].get_unchecked(b * wbb..(b + 1) * wbb));
+            (wb, prep.get_unchecked(b * J * PREP1..(b + 1) * J * PREP1))
+        };
         let [b0, b1, b2, b3] = &mut bufs;
         let q = [
             row_quants(ty, wb[0], b0),
@@ -473,7 +488,6 @@ fn quad_dot<const J: usize, const T: usize>(
         ];
         let dw = f16x4(wb, 0);
         let mw = if with_min { f16x4(wb, 2) } else { zero };
-        let pb = &prep[b * J * PREP1..][..J * PREP1];
         for (j, sum) in sums.iter_mut().enumerate() {
             let rec = &pb[j * PREP1..][..PREP1];
             let (x0, x1) = (get(rec, 0), get(rec, 16));
