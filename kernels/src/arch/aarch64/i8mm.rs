@@ -131,15 +131,49 @@ pub(crate) fn min_corr_2x2(bsums: [&[u8]; 2], mins: [&[i16; 16]; 2]) -> int32x4_
 /// The CPU must implement FEAT_I8MM.
 #[inline(always)]
 pub(crate) unsafe fn lanes8_2x2(a: &PairA, bx: &[u8]) -> [int32x4_t; 8] {
-    let bx = &bx[..512];
     // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
-    unsafe {
-        let mut acc = [vdupq_n_s32(0); 8];
-        for c in 0..16 {
-            let l = 2 * (c % 4);
-            acc[l] = smmla(acc[l], a.ld(32 * c), ld_s8(bx, 32 * c));
-            acc[l + 1] = smmla(acc[l + 1], a.ld(32 * c + 16), ld_s8(bx, 32 * c + 16));
-        }
-        acc.map(|v| vnegq_s32(v))
+    unsafe { lanes8_2x2_from(a, bx, [vdupq_n_s32(0); 8]).map(|v| vnegq_s32(v)) }
+}
+
+/// [`lanes8_2x2`]'s SMMLAs added to `acc` (no negation): `acc[l]` plus lane l of the tile's
+/// four dots.
+///
+/// # Safety
+/// The CPU must implement FEAT_I8MM.
+#[inline(always)]
+pub(crate) unsafe fn lanes8_2x2_from(
+    a: &PairA,
+    bx: &[u8],
+    mut acc: [int32x4_t; 8],
+) -> [int32x4_t; 8] {
+    let bx = &bx[..512];
+    // Written out chunk by chunk: as a loop, the compiler kept `acc` in memory (its index
+    // `2 * (c % 4)` was not resolved), a store and a load around every SMMLA.
+    macro_rules! chunk {
+        ($c:literal) => {
+            // SAFETY: the caller guarantees SMMLA.
+            unsafe {
+                let l = 2 * ($c % 4);
+                acc[l] = smmla(acc[l], a.ld(32 * $c), ld_s8(bx, 32 * $c));
+                acc[l + 1] = smmla(acc[l + 1], a.ld(32 * $c + 16), ld_s8(bx, 32 * $c + 16));
+            }
+        };
     }
+    chunk!(0);
+    chunk!(1);
+    chunk!(2);
+    chunk!(3);
+    chunk!(4);
+    chunk!(5);
+    chunk!(6);
+    chunk!(7);
+    chunk!(8);
+    chunk!(9);
+    chunk!(10);
+    chunk!(11);
+    chunk!(12);
+    chunk!(13);
+    chunk!(14);
+    chunk!(15);
+    acc
 }

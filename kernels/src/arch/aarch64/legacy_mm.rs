@@ -14,7 +14,7 @@
 //! Q4_0's quants are used as their unsigned nibbles (0..=15) and its `- 8` applied through the
 //! start value `-8 * sum(x)` of the accumulator: `sum((q - 8) * x) = sum(q * x) - 8 * sum(x)`
 //! exactly in int32, so the integer is the reference's `sumi`. The start value also carries
-//! [`MAGIC`]'s bits, which make the integer-to-float conversion one subtraction. The float epilogues are the
+//! `neon::MAGIC`'s bits, which make the integer-to-float conversion one subtraction. The float epilogues are the
 //! reference's (see `legacy`), lane by lane, with no fused multiply-add.
 
 use core::arch::aarch64::*;
@@ -24,7 +24,7 @@ use std::cell::RefCell;
 use super::dotprod::sdot;
 use super::i8mm::{pair, smmla};
 use super::legacy::Legacy;
-use super::neon::ld_s8;
+use super::neon::{from_magic, ld_s8, MAGIC_BITS};
 use super::Level;
 
 /// Activation row pairs prepared per chunk.
@@ -35,15 +35,6 @@ const PREP: usize = 112;
 const AT_D: usize = 64;
 const AT_INIT: usize = 80;
 const AT_S: usize = 96;
-
-/// 1.5 * 2^23: the float whose bits plus an integer `i` with `|i| < 2^22` are the bits of
-/// `MAGIC + i` (the addition stays inside the mantissa), so `f32::from_bits(MAGIC_BITS + i) -
-/// MAGIC` is `i as f32` exactly. Starting the SMMLA accumulator at `MAGIC_BITS` turns the
-/// integer-to-float conversion (SCVTF: two cycles on Neoverse N2's V0 pipe only) into one
-/// subtraction on either pipe. Every block's `sumi` is far inside the range: 32 products of at
-/// most 128 * 128 in magnitude (Q8_0) make at most 2^19.
-const MAGIC: f32 = 12_582_912.0;
-const MAGIC_BITS: i32 = 0x4B40_0000;
 
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -169,8 +160,8 @@ fn epilogue(
 ) -> float32x4_t {
     // SAFETY: NEON register arithmetic only.
     unsafe {
-        // `sumi as f32`: the accumulator started at MAGIC's bits (see there).
-        let s = vsubq_f32(vreinterpretq_f32_s32(acc), vdupq_n_f32(MAGIC));
+        // `sumi as f32`: the accumulator started at MAGIC_BITS.
+        let s = from_magic(acc);
         match ty {
             Legacy::Q4_0 => vaddq_f32(sum, vmulq_f32(vmulq_f32(s, dw), dx)),
             Legacy::Q5_0 | Legacy::Q8_0 => vaddq_f32(sum, vmulq_f32(s, vmulq_f32(dw, dx))),
