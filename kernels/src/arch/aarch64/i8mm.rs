@@ -177,3 +177,37 @@ pub(crate) unsafe fn lanes8_2x2_from(
     chunk!(15);
     acc
 }
+
+/// Half of [`lanes8_2x2_from`]: the lanes `4 * H .. 4 * H + 4` only (the chunks `c` with
+/// `(c % 4) / 2 == H`), so that a caller keeping eight float sums live needs four integer
+/// accumulators at a time, not eight.
+///
+/// # Safety
+/// The CPU must implement FEAT_I8MM.
+#[inline(always)]
+pub(crate) unsafe fn lanes4_2x2_from<const H: usize>(
+    a: &PairA,
+    bx: &[u8],
+    mut acc: [int32x4_t; 4],
+) -> [int32x4_t; 4] {
+    let bx = &bx[..512];
+    macro_rules! chunk {
+        ($k:literal, $i:literal) => {
+            // SAFETY: the caller guarantees SMMLA.
+            unsafe {
+                let c = 4 * $k + 2 * H + $i;
+                acc[2 * $i] = smmla(acc[2 * $i], a.ld(32 * c), ld_s8(bx, 32 * c));
+                acc[2 * $i + 1] = smmla(acc[2 * $i + 1], a.ld(32 * c + 16), ld_s8(bx, 32 * c + 16));
+            }
+        };
+    }
+    chunk!(0, 0);
+    chunk!(0, 1);
+    chunk!(1, 0);
+    chunk!(1, 1);
+    chunk!(2, 0);
+    chunk!(2, 1);
+    chunk!(3, 0);
+    chunk!(3, 1);
+    acc
+}

@@ -394,13 +394,19 @@ fn q4_k_mm(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]
                             // SAFETY: this path runs only under the I8mm capability (SMMLA);
                             // the rest is NEON register arithmetic on 4 readable f32.
                             unsafe {
-                                let start = [vdupq_n_s32(MAGIC_BITS / 8); 8];
-                                let hi = i8mm::lanes8_2x2_from(&blk.hi, bx, start);
-                                let lo_start = hi.map(|v| vshlq_n_s32::<3>(v));
-                                let lanes = i8mm::lanes8_2x2_from(&blk.lo, bx, lo_start);
                                 let yv = vld1q_f32(yv.as_ptr());
                                 let d = vmulq_f32(vld1q_f32(blk.d.as_ptr()), yv);
-                                for (sl, l) in sums.iter_mut().zip(lanes) {
+                                let start = [vdupq_n_s32(MAGIC_BITS / 8); 4];
+                                let hi = i8mm::lanes4_2x2_from::<0>(&blk.hi, bx, start);
+                                let lo_start = hi.map(|v| vshlq_n_s32::<3>(v));
+                                let lanes = i8mm::lanes4_2x2_from::<0>(&blk.lo, bx, lo_start);
+                                for (sl, l) in sums[..4].iter_mut().zip(lanes) {
+                                    *sl = vaddq_f32(*sl, vmulq_f32(d, from_magic(l)));
+                                }
+                                let hi = i8mm::lanes4_2x2_from::<1>(&blk.hi, bx, start);
+                                let lo_start = hi.map(|v| vshlq_n_s32::<3>(v));
+                                let lanes = i8mm::lanes4_2x2_from::<1>(&blk.lo, bx, lo_start);
+                                for (sl, l) in sums[4..].iter_mut().zip(lanes) {
                                     *sl = vaddq_f32(*sl, vmulq_f32(d, from_magic(l)));
                                 }
                                 let dmin = vmulq_f32(vld1q_f32(blk.dmin.as_ptr()), yv);
