@@ -5,8 +5,10 @@
 //! - Q5_K (dotprod and i8mm): `unpack::PERM32` (each 4-byte SDOT lane is 4 elements of one lane
 //!   within a group of 32), SDOT with a by-element multiply-add per group
 //!   (`dotprod::split32_perm`);
-//! - Q4_K (dotprod and i8mm): the same order with the scales folded into the weights in two
-//!   int8 streams (`unpack::q4_k_perm_folded`, `dotprod::folded32`): no per-group step;
+//! - Q4_K (dotprod, and i8mm for one activation row): the same order with the scales folded
+//!   into the weights in two int8 streams (`unpack::q4_k_perm_folded`, `dotprod::folded32`): no
+//!   per-group step; on i8mm with two or more activation rows, the two folded streams in Q3_K's
+//!   lane-grouped layout (`unpack::q4_k_lanes`) on 2x2 SMMLA tiles ([`q4_k_mm`]);
 //! - Q3_K (dotprod and i8mm): the scales folded into the weights (`unpack::q3_k_lanes`), so
 //!   that 8 elements of one lane share an 8-byte slice: plain SDOT, and unmasked 2x2 SMMLA tiles
 //!   ([`q3_k_gemm`]).
@@ -14,7 +16,7 @@
 //! Q6_K (quant times scale does not fit int8) stays on the NEON widening core on every tier:
 //! masked SMMLA operands (half of every product zero) and half-padded SDOTs both predicted
 //! slower than SMULL/SMLAL on Neoverse N2 and V2 (`benches/arm/REPORT.md`), as did masked
-//! SMMLA for Q4_K/Q5_K against SDOT; those cores are gone.
+//! SMMLA for Q4_K/Q5_K against SDOT; those cores are gone (Q4_K's SMMLA tiles are unmasked).
 //!
 //! The activation side is prepared once per chunk of activation rows in a per-thread scratch
 //! buffer that only grows; every weight row (pair) then streams past it.
