@@ -126,6 +126,9 @@ impl Legacy {
 
 /// `ty` x Q8_0/Q8_1 over `t` (weights of `ty`'s type, `rows, n, k >= 1`).
 pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
+    if level != Level::Neon {
+        return super::legacy_mm::gemm(level, ty, t);
+    }
     let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
     let nb = t.k() / 32;
     let out = t.out();
@@ -133,9 +136,6 @@ pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
     let wrow = nb * wbb;
     let (xbb, xq) = (ty.act_bytes(), ty.act_qs());
     let xrow = nb * xbb;
-    if level != Level::Neon {
-        return super::legacy_mm::gemm(level, ty, nb, w, rows, x, n, out);
-    }
     let mut r = 0;
     let mut buf = [0u8; 32];
     while r < rows {

@@ -26,6 +26,7 @@ use super::i8mm::{pair, smmla};
 use super::legacy::Legacy;
 use super::neon::{from_magic, ld_s8, MAGIC_BITS};
 use super::Level;
+use crate::Tile;
 
 /// Activation row pairs prepared per chunk.
 const PAIRS: usize = 4;
@@ -183,20 +184,14 @@ const TYPES: [Legacy; 5] = [
     Legacy::Q5_1,
 ];
 
-/// `ty` x Q8_0/Q8_1 for `rows` weight rows and `n` activation rows of `nb` blocks: SMMLA
+/// `ty` x Q8_0/Q8_1 over `t` (weights of `ty`'s type, `rows, n, k >= 1`): SMMLA
 /// tiles on the i8mm tier when there are at least two activation rows, SDOT quads otherwise.
 ///
 /// `level` is Dotprod or I8mm (the caller holds that capability).
-pub(crate) fn gemm(
-    level: Level,
-    ty: Legacy,
-    nb: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) {
+pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
+    let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
+    let nb = t.k() / 32;
+    let out = t.out();
     let smmla = level == Level::I8mm && n >= 2;
     match (ty, smmla) {
         (Legacy::Q8_0, true) => gemm_t::<0>(nb, w, rows, x, n, out),

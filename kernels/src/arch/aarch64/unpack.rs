@@ -467,8 +467,8 @@ pub(crate) fn q4_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     }
     let mut sb = [0u8; 16];
     sb[..8].copy_from_slice(&s);
-    // SAFETY (whole block): NEON register arithmetic only; `sb` is 16 readable bytes and every
-    // store writes 16 bytes inside `u.q` or `q2` (bounds-checked slices).
+    // SAFETY: NEON register arithmetic only; `sb` is 16 readable bytes and every store writes
+    // 16 bytes inside `u.q` or `q2` (bounds-checked slices).
     unsafe {
         let m15 = vdupq_n_u8(15);
         let sv = vld1q_u8(sb.as_ptr());
