@@ -53,19 +53,6 @@ pub(crate) unsafe fn dot256(q: &[i8; 256], xq: &[u8]) -> i32 {
     }
 }
 
-/// Same result as `neon::dot32`, with SDOT.
-///
-/// # Safety
-/// The CPU must implement FEAT_DotProd.
-#[inline(always)]
-pub(crate) unsafe fn dot32(wq: &[u8], xq: &[u8]) -> i32 {
-    // SAFETY: the caller guarantees SDOT; the rest is NEON register arithmetic.
-    unsafe {
-        let acc = sdot(vdupq_n_s32(0), ld_s8(wq, 0), ld_s8(xq, 0));
-        vaddvq_s32(sdot(acc, ld_s8(wq, 16), ld_s8(xq, 16)))
-    }
-}
-
 /// The eight reference lanes of one Q4_K block with SDOT: `q` and `xp` hold the weight and
 /// activation quants in `unpack::PERM32` order, so each SDOT lane sums exactly the four
 /// products of one reference lane within a group of 32; `scales` are per 16 (pairs equal).

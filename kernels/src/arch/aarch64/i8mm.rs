@@ -121,25 +121,6 @@ pub(crate) fn min_corr_2x2(bsums: [&[u8]; 2], mins: [&[i16; 16]; 2]) -> int32x4_
     }
 }
 
-/// `neon::dot32` for the tile: two Q8_0 weight blocks' quants times two activation blocks'.
-///
-/// # Safety
-/// The CPU must implement FEAT_I8MM.
-#[inline(always)]
-pub(crate) unsafe fn dot32_2x2(wq: [&[u8]; 2], xq: [&[u8]; 2]) -> int32x4_t {
-    // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
-    unsafe {
-        let (a0, a1) = pair(ld_s8(wq[0], 0), ld_s8(wq[1], 0));
-        let (a2, a3) = pair(ld_s8(wq[0], 16), ld_s8(wq[1], 16));
-        let (b0, b1) = pair(ld_s8(xq[0], 0), ld_s8(xq[1], 0));
-        let (b2, b3) = pair(ld_s8(xq[0], 16), ld_s8(xq[1], 16));
-        let mut acc = smmla(vdupq_n_s32(0), a0, b0);
-        acc = smmla(acc, a1, b1);
-        acc = smmla(acc, a2, b2);
-        smmla(acc, a3, b3)
-    }
-}
-
 /// Q3_K's lanes for a 2x2 tile: two weight rows in the lane-grouped form
 /// (`unpack::q3_k_lanes`) as a [`PairA`], and two activation rows in the same layout,
 /// interleaved like a [`PairA`] (`bx`, 512 bytes). Each 8-byte slice is 8 elements of one
@@ -150,15 +131,83 @@ pub(crate) unsafe fn dot32_2x2(wq: [&[u8]; 2], xq: [&[u8]; 2]) -> int32x4_t {
 /// The CPU must implement FEAT_I8MM.
 #[inline(always)]
 pub(crate) unsafe fn lanes8_2x2(a: &PairA, bx: &[u8]) -> [int32x4_t; 8] {
-    let bx = &bx[..512];
     // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
-    unsafe {
-        let mut acc = [vdupq_n_s32(0); 8];
-        for c in 0..16 {
-            let l = 2 * (c % 4);
-            acc[l] = smmla(acc[l], a.ld(32 * c), ld_s8(bx, 32 * c));
-            acc[l + 1] = smmla(acc[l + 1], a.ld(32 * c + 16), ld_s8(bx, 32 * c + 16));
-        }
-        acc.map(|v| vnegq_s32(v))
+    unsafe { lanes8_2x2_from(a, bx, [vdupq_n_s32(0); 8]).map(|v| vnegq_s32(v)) }
+}
+
+/// [`lanes8_2x2`]'s SMMLAs added to `acc` (no negation): `acc[l]` plus lane l of the tile's
+/// four dots.
+///
+/// # Safety
+/// The CPU must implement FEAT_I8MM.
+#[inline(always)]
+pub(crate) unsafe fn lanes8_2x2_from(
+    a: &PairA,
+    bx: &[u8],
+    mut acc: [int32x4_t; 8],
+) -> [int32x4_t; 8] {
+    let bx = &bx[..512];
+    // Written out chunk by chunk: as a loop, the compiler kept `acc` in memory (its index
+    // `2 * (c % 4)` was not resolved), a store and a load around every SMMLA.
+    macro_rules! chunk {
+        ($c:literal) => {
+            // SAFETY: the caller guarantees SMMLA.
+            unsafe {
+                let l = 2 * ($c % 4);
+                acc[l] = smmla(acc[l], a.ld(32 * $c), ld_s8(bx, 32 * $c));
+                acc[l + 1] = smmla(acc[l + 1], a.ld(32 * $c + 16), ld_s8(bx, 32 * $c + 16));
+            }
+        };
     }
+    chunk!(0);
+    chunk!(1);
+    chunk!(2);
+    chunk!(3);
+    chunk!(4);
+    chunk!(5);
+    chunk!(6);
+    chunk!(7);
+    chunk!(8);
+    chunk!(9);
+    chunk!(10);
+    chunk!(11);
+    chunk!(12);
+    chunk!(13);
+    chunk!(14);
+    chunk!(15);
+    acc
+}
+
+/// Half of [`lanes8_2x2_from`]: the lanes `4 * H .. 4 * H + 4` only (the chunks `c` with
+/// `(c % 4) / 2 == H`), so that a caller keeping eight float sums live needs four integer
+/// accumulators at a time, not eight.
+///
+/// # Safety
+/// The CPU must implement FEAT_I8MM.
+#[inline(always)]
+pub(crate) unsafe fn lanes4_2x2_from<const H: usize>(
+    a: &PairA,
+    bx: &[u8],
+    mut acc: [int32x4_t; 4],
+) -> [int32x4_t; 4] {
+    let bx = &bx[..512];
+    macro_rules! chunk {
+        ($k:literal, $i:literal) => {
+            // SAFETY: the caller guarantees SMMLA.
+            unsafe {
+                let c = 4 * $k + 2 * H + $i;
+                acc[2 * $i] = smmla(acc[2 * $i], a.ld(32 * c), ld_s8(bx, 32 * c));
+                acc[2 * $i + 1] = smmla(acc[2 * $i + 1], a.ld(32 * c + 16), ld_s8(bx, 32 * c + 16));
+            }
+        };
+    }
+    chunk!(0, 0);
+    chunk!(0, 1);
+    chunk!(1, 0);
+    chunk!(1, 1);
+    chunk!(2, 0);
+    chunk!(2, 1);
+    chunk!(3, 0);
+    chunk!(3, 1);
+    acc
 }

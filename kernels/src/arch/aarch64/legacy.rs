@@ -1,15 +1,15 @@
 //! The 32-element types: Q8_0, Q4_0, Q5_0 against Q8_0 activations and Q4_1, Q5_1 against
-//! Q8_1. Their references keep one integer per block, so SDOT and SMMLA apply directly (2x2
-//! tiles of weight rows x activation rows on i8mm; an odd last activation or weight row takes
-//! the SDOT core). Each weight block is unpacked to 32 signed bytes once per chunk of activation
-//! rows. Epilogues, as in ggml's generic dots: Q8_0 `sumf += sumi * (dw * dx)`, Q5_0
+//! Q8_1: the block decoding and reference epilogues, and the NEON tier's loop (the dotprod and
+//! i8mm tiers run `legacy_mm`'s SDOT quads and SMMLA tiles). Their references keep one integer
+//! per block, so SDOT and SMMLA apply directly. Each weight block is unpacked to 32 signed bytes
+//! once per chunk of activation rows. Epilogues, as in ggml's generic dots: Q8_0 `sumf += sumi * (dw * dx)`, Q5_0
 //! `sumf += (dw * dx) * sumi` (the same two products), Q4_0 `sumf += sumi * dw * dx` (left to
 //! right), Q4_1/Q5_1 `sumf += (dw * dx) * sumi + mw * sx`.
 
 use core::arch::aarch64::*;
 
 use super::neon::ld_s8;
-use super::{dotprod, i8mm, neon, Level};
+use super::{neon, Level};
 use crate::Tile;
 
 /// Activation rows per unpacked weight block.
@@ -28,13 +28,6 @@ pub(crate) enum Legacy {
 #[inline(always)]
 fn f16_le(b: &[u8]) -> f32 {
     super::unpack::f16_at(b, 0)
-}
-
-/// Four f32 in a vector.
-#[inline(always)]
-fn f4(v: [f32; 4]) -> float32x4_t {
-    // SAFETY: `v` is 4 readable f32.
-    unsafe { vld1q_f32(v.as_ptr()) }
 }
 
 /// Stores 16 bytes into `buf[at..at + 16]`.
@@ -69,7 +62,7 @@ impl Legacy {
     }
 
     /// Bytes of an activation block (Q8_0: d, qs; Q8_1: d, s, qs).
-    fn act_bytes(self) -> usize {
+    pub(super) fn act_bytes(self) -> usize {
         match self {
             Legacy::Q4_1 | Legacy::Q5_1 => 36,
             _ => 34,
@@ -77,13 +70,13 @@ impl Legacy {
     }
 
     /// Offset of the quants in an activation block.
-    fn act_qs(self) -> usize {
+    pub(super) fn act_qs(self) -> usize {
         self.act_bytes() - 32
     }
 
     /// The block's 32 quants as signed bytes in element order (in `buf` unless stored as such).
     #[inline(always)]
-    fn quants<'a>(self, wb: &'a [u8], buf: &'a mut [u8; 32]) -> &'a [u8] {
+    pub(super) fn quants<'a>(self, wb: &'a [u8], buf: &'a mut [u8; 32]) -> &'a [u8] {
         // Q4_0 (18 bytes: d, qs[16]): element j is (qs[j] & 15) - 8, element j + 16 is
         // (qs[j] >> 4) - 8; Q4_1 (20 bytes: d, m, qs[16]): the same without the - 8.
         // Q5_0 (22 bytes: d, qh u32, qs[16]): element j is ((qs[j] & 15) | bit j of qh << 4)
@@ -129,52 +122,13 @@ impl Legacy {
             }
         }
     }
-
-    /// [`Legacy::step`] for a 2x2 tile (lanes `[r0.j0, r0.j1, r1.j0, r1.j1]`).
-    #[inline(always)]
-    fn step4(
-        self,
-        sumf: float32x4_t,
-        sumi: int32x4_t,
-        wb: [&[u8]; 2],
-        xb: [&[u8]; 2],
-    ) -> float32x4_t {
-        let rows = |at: usize| {
-            let (a, b) = (f16_le(&wb[0][at..]), f16_le(&wb[1][at..]));
-            f4([a, a, b, b])
-        };
-        let acts = |at: usize| {
-            let (a, b) = (f16_le(&xb[0][at..]), f16_le(&xb[1][at..]));
-            f4([a, b, a, b])
-        };
-        let (dw, dx) = (rows(0), acts(0));
-        // SAFETY: NEON register arithmetic only.
-        unsafe {
-            let s = vcvtq_f32_s32(sumi);
-            match self {
-                Legacy::Q4_0 => vaddq_f32(sumf, vmulq_f32(vmulq_f32(s, dw), dx)),
-                Legacy::Q5_0 | Legacy::Q8_0 => vaddq_f32(sumf, vmulq_f32(s, vmulq_f32(dw, dx))),
-                Legacy::Q4_1 | Legacy::Q5_1 => {
-                    let t = vaddq_f32(vmulq_f32(vmulq_f32(dw, dx), s), vmulq_f32(rows(2), acts(2)));
-                    vaddq_f32(sumf, t)
-                }
-            }
-        }
-    }
-}
-
-/// Integer dot of one weight block's quants with one activation block's.
-#[inline(always)]
-fn dot(level: Level, wq: &[u8], xq: &[u8]) -> i32 {
-    match level {
-        Level::Neon => neon::dot32(wq, xq),
-        // SAFETY: Dotprod/I8mm levels are only built from a capability that proved SDOT.
-        Level::Dotprod | Level::I8mm => unsafe { dotprod::dot32(wq, xq) },
-    }
 }
 
 /// `ty` x Q8_0/Q8_1 over `t` (weights of `ty`'s type, `rows, n, k >= 1`).
 pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
+    if level != Level::Neon {
+        return super::legacy_mm::gemm(level, ty, t);
+    }
     let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
     let nb = t.k() / 32;
     let out = t.out();
@@ -183,19 +137,6 @@ pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
     let (xbb, xq) = (ty.act_bytes(), ty.act_qs());
     let xrow = nb * xbb;
     let mut r = 0;
-    if level == Level::I8mm {
-        while r + 2 <= rows {
-            rows2(
-                ty,
-                nb,
-                [&w[r * wrow..][..wrow], &w[(r + 1) * wrow..][..wrow]],
-                x,
-                n,
-                &mut out[r * n..(r + 2) * n],
-            );
-            r += 2;
-        }
-    }
     let mut buf = [0u8; 32];
     while r < rows {
         let wr = &w[r * wrow..][..wrow];
@@ -207,58 +148,11 @@ pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
                 let wq = ty.quants(wb, &mut buf);
                 for (t, a) in acc.iter_mut().enumerate().take(cnt) {
                     let xb = &x[(jc + t) * xrow + b * xbb..][..xbb];
-                    *a = ty.step(*a, dot(level, wq, &xb[xq..]), wb, xb);
+                    *a = ty.step(*a, neon::dot32(wq, &xb[xq..]), wb, xb);
                 }
             }
             out[r * n + jc..r * n + jc + cnt].copy_from_slice(&acc[..cnt]);
         }
         r += 1;
-    }
-}
-
-/// i8mm: two weight rows against all activation rows, pairs of activation rows through SMMLA
-/// 2x2 tiles, an odd last one through SDOT. `out` holds the two output rows (`2 * n`).
-fn rows2(ty: Legacy, nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
-    let wbb = ty.block_bytes();
-    let (xbb, xq) = (ty.act_bytes(), ty.act_qs());
-    let xrow = nb * xbb;
-    let (mut buf0, mut buf1) = ([0u8; 32], [0u8; 32]);
-    for jc in (0..n).step_by(JC) {
-        let cnt = JC.min(n - jc);
-        let pairs = cnt / 2;
-        // SAFETY: NEON register arithmetic only.
-        let mut tile = [unsafe { vdupq_n_f32(0.0) }; JC / 2];
-        let mut single = [0.0f32; 2];
-        for b in 0..nb {
-            let (wb0, wb1) = (&w[0][b * wbb..][..wbb], &w[1][b * wbb..][..wbb]);
-            let (q0, q1) = (ty.quants(wb0, &mut buf0), ty.quants(wb1, &mut buf1));
-            for (p, t) in tile.iter_mut().enumerate().take(pairs) {
-                let a0 = (jc + 2 * p) * xrow + b * xbb;
-                let (x0, x1) = (&x[a0..a0 + xbb], &x[a0 + xrow..a0 + xrow + xbb]);
-                // SAFETY: this path runs only under the I8mm capability (SMMLA present).
-                let sumi = unsafe { i8mm::dot32_2x2([q0, q1], [&x0[xq..], &x1[xq..]]) };
-                *t = ty.step4(*t, sumi, [wb0, wb1], [x0, x1]);
-            }
-            if cnt % 2 == 1 {
-                let xb = &x[(jc + cnt - 1) * xrow + b * xbb..][..xbb];
-                single[0] = ty.step(single[0], dot(Level::I8mm, q0, &xb[xq..]), wb0, xb);
-                single[1] = ty.step(single[1], dot(Level::I8mm, q1, &xb[xq..]), wb1, xb);
-            }
-        }
-        for (p, t) in tile.iter().enumerate().take(pairs) {
-            let mut v = [0.0f32; 4];
-            // SAFETY: `v` has room for 4 f32.
-            unsafe { vst1q_f32(v.as_mut_ptr(), *t) };
-            let j = jc + 2 * p;
-            out[j] = v[0];
-            out[j + 1] = v[1];
-            out[n + j] = v[2];
-            out[n + j + 1] = v[3];
-        }
-        if cnt % 2 == 1 {
-            let j = jc + cnt - 1;
-            out[j] = single[0];
-            out[n + j] = single[1];
-        }
     }
 }

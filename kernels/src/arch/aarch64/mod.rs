@@ -13,8 +13,14 @@
 //! - [`driver`]: the loops over weight rows, activation rows and blocks, and the epilogues;
 //! - [`kquant`]: what `driver` and `split` share (kinds, Q8_K layout, the float accumulator);
 //! - [`legacy`]: Q8_0/Q4_0/Q5_0 x Q8_0 and Q4_1/Q5_1 x Q8_1 (one integer per block of 32: SDOT/SMMLA apply as is);
-//! - [`split`]: Q3_K/Q4_K/Q5_K on SDOT (and Q3_K on SMMLA), with lane-grouped element orders so
-//!   that a multiply-sum instruction never mixes two reference lanes.
+//!   [`legacy_mm`]: their dotprod and i8mm tiers, 4 weight rows x 8 activation rows per decoded
+//!   block (SDOT quads; SMMLA tiles of two row pairs x four activation pairs);
+//! - [`split`]: Q3_K/Q4_K/Q5_K on SDOT (and Q3_K, Q4_K on SMMLA), with lane-grouped element
+//!   orders so that a multiply-sum instruction never mixes two reference lanes.
+//!
+//! Integer-to-float conversions of sums below 2^22 in magnitude use `neon::from_magic` (the
+//! accumulator starts at a float's bits, one subtraction converts it exactly) instead of SCVTF,
+//! which Neoverse N2 issues on one vector pipe only, at half rate.
 //!
 //! Where a quant times its group scale fits in int8 (Q2_K: 0..=45; Q3_K with the scale negated:
 //! -128..=124) the scales are folded into the unpacked weights, so the integer cores are plain
@@ -29,14 +35,14 @@
 //! |-------|-------------|-----------------------|---------------------------------------|
 //! | Q2_K  | SMULL/SMLAL | SDOT, scales folded   | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //! | Q3_K  | SMULL/SMLAL | SDOT, LANES8          | SMMLA 2x2 tiles, LANES8               |
-//! | Q4_K  | SMULL/SMLAL | SDOT, PERM32, folded  | SDOT, PERM32, folded (as dotprod)     |
+//! | Q4_K  | SMULL/SMLAL | SDOT, PERM32, folded  | SMMLA 2x2 tiles, LANES8, folded x2 (n = 1: SDOT) |
 //! | Q5_K  | SMULL/SMLAL | SDOT on PERM32        | SDOT on PERM32 (as dotprod)           |
 //! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL           | SMULL/SMLAL (as neon)                 |
-//! | Q8_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
-//! | Q4_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
-//! | Q5_0  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
-//! | Q4_1  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
-//! | Q5_1  | SMULL+SADALP| SDOT                  | SMMLA 2x2 tiles (odd act/row: SDOT)   |
+//! | Q8_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
+//! | Q4_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
+//! | Q5_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
+//! | Q4_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
+//! | Q5_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | IQ*, TQ* | SMULL+SADDLP | SDOT              | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //!
 //! The i-quants and ternary types ([`iq`]) decode each block to signed bytes with the portable
@@ -55,6 +61,7 @@ mod i8mm;
 mod iq;
 mod kquant;
 mod legacy;
+mod legacy_mm;
 mod neon;
 mod split;
 mod unpack;

@@ -5,8 +5,10 @@
 //! - Q5_K (dotprod and i8mm): `unpack::PERM32` (each 4-byte SDOT lane is 4 elements of one lane
 //!   within a group of 32), SDOT with a by-element multiply-add per group
 //!   (`dotprod::split32_perm`);
-//! - Q4_K (dotprod and i8mm): the same order with the scales folded into the weights in two
-//!   int8 streams (`unpack::q4_k_perm_folded`, `dotprod::folded32`): no per-group step;
+//! - Q4_K (dotprod, and i8mm for one activation row): the same order with the scales folded
+//!   into the weights in two int8 streams (`unpack::q4_k_perm_folded`, `dotprod::folded32`): no
+//!   per-group step; on i8mm with two or more activation rows, the two folded streams in Q3_K's
+//!   lane-grouped layout (`unpack::q4_k_lanes`) on 2x2 SMMLA tiles ([`q4_k_mm`]);
 //! - Q3_K (dotprod and i8mm): the scales folded into the weights (`unpack::q3_k_lanes`), so
 //!   that 8 elements of one lane share an 8-byte slice: plain SDOT, and unmasked 2x2 SMMLA tiles
 //!   ([`q3_k_gemm`]).
@@ -14,7 +16,7 @@
 //! Q6_K (quant times scale does not fit int8) stays on the NEON widening core on every tier:
 //! masked SMMLA operands (half of every product zero) and half-padded SDOTs both predicted
 //! slower than SMULL/SMLAL on Neoverse N2 and V2 (`benches/arm/REPORT.md`), as did masked
-//! SMMLA for Q4_K/Q5_K against SDOT; those cores are gone.
+//! SMMLA for Q4_K/Q5_K against SDOT; those cores are gone (Q4_K's SMMLA tiles are unmasked).
 //!
 //! The activation side is prepared once per chunk of activation rows in a per-thread scratch
 //! buffer that only grows; every weight row (pair) then streams past it.
@@ -23,9 +25,10 @@ use core::arch::aarch64::*;
 use std::cell::RefCell;
 
 use super::kquant::{add_lanes, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
+use super::neon::{from_magic, MAGIC_BITS};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
-use crate::formats::kquants::layout::{block_bytes, Q3};
+use crate::formats::kquants::layout::{block_bytes, Q3, Q4};
 use crate::Tile;
 
 /// Activation rows prepared per chunk.
@@ -80,6 +83,9 @@ pub(crate) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
     let out = t.out();
     if kind == Kind::Q3 {
         return q3_k_gemm(level, nb, w, rows, x, n, out);
+    }
+    if kind == Kind::Q4 && level == Level::I8mm && n >= 2 {
+        return q4_k_mm(nb, w, rows, x, n, out);
     }
     let wb = kind.block_bytes();
     let wrow = nb * wb;
@@ -283,5 +289,149 @@ fn q3_k_gemm(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
                 r = r1 + 1;
             }
         }
+    });
+}
+
+/// One block of a Q4_K weight row pair, ready for the SMMLA tiles: both quant streams as
+/// SMMLA `A` operands, the rows' mins and `[d0, d0, d1, d1]`, `[dmin0, dmin0, dmin1, dmin1]`.
+struct Q4Pair {
+    hi: i8mm::PairA,
+    lo: i8mm::PairA,
+    mins: [[i16; 16]; 2],
+    d: [f32; 4],
+    dmin: [f32; 4],
+}
+
+impl Q4Pair {
+    fn new() -> Q4Pair {
+        Q4Pair {
+            hi: i8mm::PairA::new(),
+            lo: i8mm::PairA::new(),
+            mins: [[0; 16]; 2],
+            d: [0.0; 4],
+            dmin: [0.0; 4],
+        }
+    }
+}
+
+thread_local! {
+    /// The decoded blocks of the current Q4_K weight row pair (`q4_k_mm`).
+    static Q4_PAIRS: RefCell<Vec<Q4Pair>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Q4_K x Q8_K on 2x2 SMMLA tiles (i8mm, at least two activation rows): the weights in the
+/// lane-grouped layout with the scale folded in two int8 streams (`unpack::q4_k_lanes`), so
+/// each reference lane of the four dots of a tile is `8 * hi + lo` of two unmasked SMMLA sums
+/// (`i8mm::lanes8_2x2_from`); the activations in the same layout, paired once per chunk. Each
+/// weight row pair is decoded once per chunk into a per-thread buffer ([`Q4Pair`] per block),
+/// then every activation pair runs over all its blocks with its nine float accumulators in
+/// registers. The `hi` sums start at `MAGIC_BITS / 8`, so that `hi << 3` plus the `lo` sums is
+/// `MAGIC_BITS + lane` and converts with one subtraction (`neon::from_magic`). An odd last
+/// weight or activation row is paired with itself. Float epilogue as the reference's, lane by
+/// lane: `sums[l] += (d * yd) * lane[l]`, `sumf -= (dmin * yd) * sumi(mins)`, then `sumf +
+/// sums[0] + ... + sums[7]`.
+fn q4_k_mm(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+    const WB: usize = block_bytes(Q4);
+    const PER: usize = 512;
+    let wrow = nb * WB;
+    let xrow = nb * Q8K_BYTES;
+    SCRATCH.with(|s| {
+        Q4_PAIRS.with(|wp| {
+            let mut scratch = s.borrow_mut();
+            let need = (CH / 2).min(n.div_ceil(2)) * nb * PER;
+            if scratch.len() < need {
+                scratch.resize(need, 0);
+            }
+            let mut wp = wp.borrow_mut();
+            if wp.len() < nb {
+                wp.resize_with(nb, Q4Pair::new);
+            }
+            let mut u = [Unpacked::new(), Unpacked::new()];
+            let mut q2 = [[0i8; 256]; 2];
+            let mut l8 = [[0u8; 256]; 2];
+            for jc in (0..n).step_by(CH) {
+                let cnt = CH.min(n - jc);
+                let pairs = cnt.div_ceil(2);
+                let cols = |p: usize| (2 * p, (2 * p + 1).min(cnt - 1));
+                let xb = |t: usize, b: usize| &x[(jc + t) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
+                for p in 0..pairs {
+                    let (t0, t1) = cols(p);
+                    for b in 0..nb {
+                        lanes8_block(&xb(t0, b)[Q8K_QS..Q8K_BSUMS], &mut l8[0]);
+                        lanes8_block(&xb(t1, b)[Q8K_QS..Q8K_BSUMS], &mut l8[1]);
+                        pair_block(&l8[0], &l8[1], &mut scratch[(p * nb + b) * PER..][..PER]);
+                    }
+                }
+                let mut r = 0;
+                while r < rows {
+                    let r1 = if r + 1 < rows { r + 1 } else { r };
+                    let i1 = usize::from(r1 != r);
+                    for (b, blk) in wp.iter_mut().enumerate().take(nb) {
+                        unpack::q4_k_lanes(&w[r * wrow + b * WB..][..WB], &mut u[0], &mut q2[0]);
+                        if i1 == 1 {
+                            let (u1, q21) = (&mut u[1], &mut q2[1]);
+                            unpack::q4_k_lanes(&w[r1 * wrow + b * WB..][..WB], u1, q21);
+                        }
+                        blk.hi.set(&u[0].q, &u[i1].q);
+                        blk.lo.set(&q2[0], &q2[i1]);
+                        blk.mins = [u[0].mins, u[i1].mins];
+                        blk.d = [u[0].d, u[0].d, u[i1].d, u[i1].d];
+                        blk.dmin = [u[0].dmin, u[0].dmin, u[i1].dmin, u[i1].dmin];
+                    }
+                    for p in 0..pairs {
+                        let (t0, t1) = cols(p);
+                        // SAFETY: NEON register arithmetic only.
+                        let zero = unsafe { vdupq_n_f32(0.0) };
+                        let mut sums = [zero; 8];
+                        let mut sumf = zero;
+                        for (b, blk) in wp.iter().enumerate().take(nb) {
+                            let (x0, x1) = (xb(t0, b), xb(t1, b));
+                            let yd = |x: &[u8]| f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                            let yv = [yd(x0), yd(x1), yd(x0), yd(x1)];
+                            let bx = &scratch[(p * nb + b) * PER..][..PER];
+                            let summs = i8mm::min_corr_2x2(
+                                [&x0[Q8K_BSUMS..Q8K_BYTES], &x1[Q8K_BSUMS..Q8K_BYTES]],
+                                [&blk.mins[0], &blk.mins[1]],
+                            );
+                            // SAFETY: this path runs only under the I8mm capability (SMMLA);
+                            // the rest is NEON register arithmetic on 4 readable f32.
+                            unsafe {
+                                let yv = vld1q_f32(yv.as_ptr());
+                                let d = vmulq_f32(vld1q_f32(blk.d.as_ptr()), yv);
+                                let start = [vdupq_n_s32(MAGIC_BITS / 8); 4];
+                                let hi = i8mm::lanes4_2x2_from::<0>(&blk.hi, bx, start);
+                                let lo_start = hi.map(|v| vshlq_n_s32::<3>(v));
+                                let lanes = i8mm::lanes4_2x2_from::<0>(&blk.lo, bx, lo_start);
+                                for (sl, l) in sums[..4].iter_mut().zip(lanes) {
+                                    *sl = vaddq_f32(*sl, vmulq_f32(d, from_magic(l)));
+                                }
+                                let hi = i8mm::lanes4_2x2_from::<1>(&blk.hi, bx, start);
+                                let lo_start = hi.map(|v| vshlq_n_s32::<3>(v));
+                                let lanes = i8mm::lanes4_2x2_from::<1>(&blk.lo, bx, lo_start);
+                                for (sl, l) in sums[4..].iter_mut().zip(lanes) {
+                                    *sl = vaddq_f32(*sl, vmulq_f32(d, from_magic(l)));
+                                }
+                                let dmin = vmulq_f32(vld1q_f32(blk.dmin.as_ptr()), yv);
+                                sumf = vsubq_f32(sumf, vmulq_f32(dmin, vcvtq_f32_s32(summs)));
+                            }
+                        }
+                        let mut v = [0.0f32; 4];
+                        // SAFETY: NEON register arithmetic; `v` has room for 4 f32.
+                        unsafe {
+                            let mut f = sumf;
+                            for sl in sums {
+                                f = vaddq_f32(f, sl);
+                            }
+                            vst1q_f32(v.as_mut_ptr(), f);
+                        }
+                        out[r * n + jc + t0] = v[0];
+                        out[r * n + jc + t1] = v[1];
+                        out[r1 * n + jc + t0] = v[2];
+                        out[r1 * n + jc + t1] = v[3];
+                    }
+                    r = r1 + 1;
+                }
+            }
+        })
     });
 }

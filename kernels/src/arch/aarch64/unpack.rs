@@ -450,6 +450,63 @@ pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     u.dmin = f16_at(b, 2);
 }
 
+/// Q4_K in [`q3_k_lanes`]' lane-grouped layout ([`lanes8_chunks`] over the pairs of groups of
+/// 32, here the low and high nibbles of one `qs[32j..32j + 32]`), with the per-32 scale folded
+/// in two streams as in [`q4_k_perm_folded`]: `u.q` holds `quant * (sc >> 3)` and `q2`
+/// `quant * (sc & 7)` (each at most 105), so every 8-byte slice is 8 elements of one reference
+/// lane and `8 * hi + lo` over a slice is that lane's `scale * quant` sum. `scales`, `mins`,
+/// `d`, `dmin` as in [`q4_k`].
+pub(crate) fn q4_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
+    let b = &b[..block_bytes(Q4)];
+    let mut sc = [0u8; 12];
+    sc.copy_from_slice(&b[4..16]);
+    let (s, m) = unpack_k4_scales(&sc);
+    for g in 0..16 {
+        u.scales[g] = i16::from(s[g / 2]);
+        u.mins[g] = i16::from(m[g / 2]);
+    }
+    let mut sb = [0u8; 16];
+    sb[..8].copy_from_slice(&s);
+    // SAFETY: NEON register arithmetic only; `sb` is 16 readable bytes and every store writes
+    // 16 bytes inside `u.q` or `q2` (bounds-checked slices).
+    unsafe {
+        let m15 = vdupq_n_u8(15);
+        let sv = vld1q_u8(sb.as_ptr());
+        let (shi, slo) = (vshrq_n_u8::<3>(sv), vandq_u8(sv, vdupq_n_u8(7)));
+        let st2 = |q2: &mut [i8; 256], at: usize, v: uint8x16_t| {
+            let d = &mut q2[at..at + 16];
+            vst1q_u8(d.as_mut_ptr().cast::<u8>(), v)
+        };
+        macro_rules! pair_of_groups {
+            ($j:literal) => {{
+                let (p0, p1) = perm32(load16(b, 16 + 32 * $j), load16(b, 32 + 32 * $j));
+                let low = [vandq_u8(p0, m15), vandq_u8(p1, m15)];
+                let high = [vshrq_n_u8::<4>(p0), vshrq_n_u8::<4>(p1)];
+                let scaled =
+                    |v: [uint8x16_t; 2], s: uint8x16_t| [vmulq_u8(v[0], s), vmulq_u8(v[1], s)];
+                let h = lanes8_chunks(
+                    scaled(low, vdupq_laneq_u8::<{ 2 * $j }>(shi)),
+                    scaled(high, vdupq_laneq_u8::<{ 2 * $j + 1 }>(shi)),
+                );
+                let l = lanes8_chunks(
+                    scaled(low, vdupq_laneq_u8::<{ 2 * $j }>(slo)),
+                    scaled(high, vdupq_laneq_u8::<{ 2 * $j + 1 }>(slo)),
+                );
+                for i in 0..4 {
+                    store16(u, 16 * (4 * $j + i), h[i]);
+                    st2(q2, 16 * (4 * $j + i), l[i]);
+                }
+            }};
+        }
+        pair_of_groups!(0);
+        pair_of_groups!(1);
+        pair_of_groups!(2);
+        pair_of_groups!(3);
+    }
+    u.d = f16_at(b, 0);
+    u.dmin = f16_at(b, 2);
+}
+
 /// Q5_K (176 bytes: d, dmin, scales[12], qh[32], qs[128]): like Q4_K plus a fifth bit,
 /// element `64j + l` is `(qs[32j + l] & 15) | (bit 2j of qh[l]) << 4`, element
 /// `64j + 32 + l` is `(qs[32j + l] >> 4) | (bit 2j + 1 of qh[l]) << 4` (0..=31). With
