@@ -28,6 +28,11 @@ fn nightshift(args: &[&str], model: &str) -> String {
 
 /// (model, prompt, llama.cpp's greedy ids) from the fixtures' expected.json.
 fn check_greedy(model: &str, prompt: &str, greedy: &[u32]) {
+    check_greedy_with(model, prompt, greedy, &[]);
+}
+
+/// [`check_greedy`] with more `generate` arguments (a cache type).
+fn check_greedy_with(model: &str, prompt: &str, greedy: &[u32], extra: &[&str]) {
     let g = Gguf::open(&fixture(model)).expect("gguf");
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
     let mut dec = StreamDecoder::new();
@@ -41,20 +46,19 @@ fn check_greedy(model: &str, prompt: &str, greedy: &[u32]) {
     want.push_str(&dec.flush());
     want.push('\n');
     let n = greedy.len().to_string();
-    let got = nightshift(
-        &[
-            "generate",
-            "--prompt",
-            prompt,
-            "-n",
-            &n,
-            "--temp",
-            "0",
-            "--threads",
-            "2",
-        ],
-        model,
-    );
+    let mut args = vec![
+        "generate",
+        "--prompt",
+        prompt,
+        "-n",
+        &n,
+        "--temp",
+        "0",
+        "--threads",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    let got = nightshift(&args, model);
     assert_eq!(
         got, want,
         "{model}: greedy text differs from llama.cpp's continuation"
@@ -76,6 +80,40 @@ fn greedy_generate_matches_llama_cpp() {
         &[
             583, 391, 57, 429, 188, 274, 64, 297, 331, 152, 417, 378, 345, 426, 45, 360,
         ],
+    );
+}
+
+#[test]
+fn greedy_generate_with_a_q8_0_cache_matches_llama_cpp() {
+    // llama.cpp's greedy ids with -ctk q8_0 -ctv q8_0 (NAME.kv-q8_0.expected.json)
+    check_greedy_with(
+        "tiny-qwen3moe-Q4_K_M.gguf",
+        "def main():\n    print(42)",
+        &[
+            321, 270, 573, 338, 167, 528, 201, 348, 427, 398, 110, 49, 63, 276, 92, 295,
+        ],
+        &["--kv-type", "q8_0"],
+    );
+}
+
+#[test]
+fn kv_f16_is_an_alias_that_conflicts_with_kv_type() {
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_nightshift"))
+            .args(["generate", "--model"])
+            .arg(fixture("tiny-qwen3moe-Q2_K.gguf"))
+            .args(["--prompt", "x", "-n", "4", "--temp", "0", "--threads", "2"])
+            .args(extra)
+            .output()
+            .expect("run nightshift")
+    };
+    let (alias, named) = (run(&["--kv-f16"]), run(&["--kv-type", "f16"]));
+    assert!(alias.status.success() && named.status.success());
+    assert_eq!(alias.stdout, named.stdout);
+    let both = run(&["--kv-f16", "--kv-type", "q8_0"]);
+    assert!(
+        !both.status.success(),
+        "--kv-f16 with --kv-type was accepted"
     );
 }
 

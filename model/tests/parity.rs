@@ -246,9 +246,31 @@ fn qwen3moe_q4_k_m_q8_0_kv() {
     check_kv("tiny-qwen3moe-Q4_K_M", KvType::Q8_0, 5e-3);
 }
 
+/// Tolerance of the MLA fixture's Q8_0 cache (ours is within 8.5e-5 of llama.cpp's, an F32 cache
+/// 2.5e-3 away).
+const DEEPSEEK2_Q8_0_KV_TOL: f32 = 5e-4;
+
 #[test]
 fn deepseek2_q4_k_m_q8_0_kv() {
-    check_kv("tiny-deepseek2-Q4_K_M", KvType::Q8_0, 5e-3);
+    check_kv("tiny-deepseek2-Q4_K_M", KvType::Q8_0, DEEPSEEK2_Q8_0_KV_TOL);
+}
+
+/// The Q8_0 expectations tell the cache types apart on the MLA fixture: an F32 cache misses them
+/// by more than `deepseek2_q4_k_m_q8_0_kv`'s tolerance, so that test fails if the cache type is
+/// ignored. (On the qwen3moe fixture they do not: an F32 cache is 1.2e-3 from them, our Q8_0 cache
+/// 1.6e-3, with ggml's reference Q8_0 rounding or its x86 one alike.)
+#[test]
+fn deepseek2_q8_0_kv_expectations_reject_an_f32_cache() {
+    let (model, prompts) = load_fixture_kv("tiny-deepseek2-Q4_K_M", KvType::Q8_0);
+    let worst = prompts
+        .iter()
+        .map(|p| run_prompt_kv(&model, p, KvType::F32).0)
+        .fold(0.0f32, f32::max);
+    eprintln!("an F32 cache against the q8_0 expectations: max |delta| = {worst:.3e}");
+    assert!(
+        worst > DEEPSEEK2_Q8_0_KV_TOL,
+        "an F32 cache is within {DEEPSEEK2_Q8_0_KV_TOL} of the q8_0 expectations ({worst})"
+    );
 }
 
 /// The batch composition never changes a Q8_0 cache's bits either.

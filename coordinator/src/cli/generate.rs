@@ -48,8 +48,12 @@ pub struct Args {
     /// Where the experts run (--nodes, --placement, --auth-token-file, ...); in process by default.
     #[command(flatten)]
     pub cluster: crate::cluster::ClusterArgs,
-    /// Keep the KV cache in f16 (half the memory; F32 is the llama.cpp parity reference).
-    #[arg(long)]
+    /// Element type of the KV cache, as `serve --kv-type`: f32 (the llama.cpp parity
+    /// reference), f16 (half the memory) or q8_0 (llama.cpp's `-ctk q8_0 -ctv q8_0`).
+    #[arg(long, default_value = "f32", value_parser = super::serve::parse_kv_type)]
+    pub kv_type: nightshift_model::KvType,
+    /// The same as `--kv-type f16` (kept for existing scripts).
+    #[arg(long, conflicts_with = "kv_type")]
     pub kv_f16: bool,
     /// Speculative decoding (--speculative, --draft-max, --draft-model).
     #[command(flatten)]
@@ -90,7 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         kv_type: if args.kv_f16 {
             nightshift_model::KvType::F16
         } else {
-            nightshift_model::KvType::F32
+            args.kv_type
         },
         prefix_cache: false,
         kv_disk: None,

@@ -223,6 +223,92 @@ fn attend_heads_on(
     attend_heads_body::<false>(q, h0, g, kv, hd, round_p, scores, out);
 }
 
+/// Query rows a prefill tile holds at most (rows of [`attend_tile`]'s `q` times heads per row):
+/// the tile's score rows (`TILE_ROWS * n_kv` floats) and its K/V chunk stay in the core's caches.
+pub const TILE_ROWS: usize = 32;
+
+/// Attention of several query rows of one sequence (a prefill chunk's positions) for the `g`
+/// query heads `h0..h0 + g` sharing one kv head: row `t` of `q` (`g * dk` floats at `t * g * dk`)
+/// sees positions `0..n_kv[t]` of `kv` (each `n_kv[t]` in `1..=kv.n_kv`), and its `g * dv`
+/// outputs go to `out[t * g * dv..]`. Every output has the bits [`attend_heads`] gives that row
+/// alone, in every build; the AVX-512 build walks the cache once per tile, a chunk of positions
+/// at a time, so each K and V row is read from memory once for all the tile's rows instead of
+/// once per row (a chunk of 512 queries over D cached keys is GEMM-shaped).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_tile(
+    q: &[f32],
+    n_kv: &[usize],
+    h0: usize,
+    g: usize,
+    kv: &KvView<'_>,
+    hd: Heads,
+    round_p: bool,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    attend_tile_on(
+        crate::dispatch::float_level(),
+        q,
+        n_kv,
+        h0,
+        g,
+        kv,
+        hd,
+        round_p,
+        scores,
+        out,
+    );
+}
+
+/// [`attend_tile`] in the build `level` names (at most the widest this CPU runs).
+#[allow(clippy::too_many_arguments)]
+fn attend_tile_on(
+    level: FloatLevel,
+    q: &[f32],
+    n_kv: &[usize],
+    h0: usize,
+    g: usize,
+    kv: &KvView<'_>,
+    hd: Heads,
+    round_p: bool,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let (qw, ow) = (g * hd.dk, g * hd.dv);
+    let shaped = q.len() >= n_kv.len() * qw
+        && out.len() >= n_kv.len() * ow
+        && n_kv.iter().all(|&n| n >= 1 && n <= kv.n_kv);
+    #[cfg(target_arch = "x86_64")]
+    if shaped
+        && level.min(crate::dispatch::float_level_available()) == FloatLevel::Avx512
+        && x86_64::avx512_fits(g, hd)
+        && hd.dv.is_multiple_of(64)
+        && kv.bounded(h0 / (hd.n_head / hd.n_head_kv), hd.dk, hd.dv)
+    {
+        // SAFETY: the level is at most the widest this CPU runs, so it has AVX-512 F and DQ; the
+        // shapes, the row counts and the view's bounds were checked just above.
+        unsafe { x86_64::attend_tile_avx512(q, n_kv, h0, g, kv, hd, round_p, scores, out) };
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = shaped;
+    // every other build (or shape): row by row, same bits, each row reading the cache on its own
+    for (t, &n) in n_kv.iter().enumerate() {
+        let view = KvView { n_kv: n, ..*kv };
+        attend_heads_on(
+            level,
+            &q[t * qw..(t + 1) * qw],
+            h0,
+            g,
+            &view,
+            hd,
+            round_p,
+            scores,
+            &mut out[t * ow..(t + 1) * ow],
+        );
+    }
+}
+
 /// Each row of `n` scores in `sc` becomes `softmax(row * scale)`, rounded through f16 when the V
 /// cache is F16 (`round_p`).
 fn probabilities(sc: &mut [f32], n: usize, scale: f32, round_p: bool) {

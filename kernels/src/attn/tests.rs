@@ -1,6 +1,7 @@
 //! Grouped heads, the 4-position chains, the portable body, each build the dispatch picks
 //! (baseline, AVX2, AVX-512) and paged views (rows in blocks) against the plain
-//! one-head-at-a-time computation over contiguous rows: every output bit must match.
+//! one-head-at-a-time computation over contiguous rows, and tiles of query rows against each row
+//! alone: every output bit must match.
 
 use super::*;
 
@@ -316,6 +317,106 @@ fn paged_views_give_the_bits_of_contiguous_rows() {
                             };
                         }
                         assert_eq!(bits(&avx2), bits(&want), "avx2, {what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn tiles_give_the_bits_of_each_row_alone() {
+    // Qwen3's GQA heads (dv 128: the AVX-512 tile), a 44-wide dv (row by row) and MLA; tiles of
+    // consecutive positions (the causal diagonal inside and across chunks) and of unrelated
+    // depths, over contiguous and paged rows
+    for &(n_head, n_head_kv, dk, dv, mla) in &[
+        (32, 4, 128, 128, false),
+        (4, 1, 72, 44, false),
+        (16, 1, 576, 512, true),
+    ] {
+        let n = 53;
+        let (kw, vw) = if mla {
+            (dk, dk)
+        } else {
+            (n_head_kv * dk, n_head_kv * dv)
+        };
+        let k = values(n * kw, 21);
+        let v = if mla { k.clone() } else { values(n * vw, 22) };
+        let hd = Heads {
+            n_head,
+            n_head_kv,
+            dk,
+            dv,
+            scale: 0.09,
+        };
+        let per = n_head / n_head_kv;
+        for n_kv in [
+            (37..=n).collect::<Vec<_>>(),
+            vec![1, 2, 3],
+            vec![9, 40, 1, 53, 17, 16],
+            vec![53],
+        ] {
+            let rows = n_kv.len();
+            let q = values(rows * n_head * dk, 23);
+            for &block in &[16, 5, n] {
+                let (kp, vp) = (paged(&k, kw, n, block), paged(&v, vw, n, block));
+                let kr: Vec<&[f32]> = kp.iter().map(|s| &s[..]).collect();
+                let vr: Vec<&[f32]> = vp.iter().map(|s| &s[..]).collect();
+                let view = KvView {
+                    k: &kr,
+                    k_stride: kw,
+                    v: &vr,
+                    v_stride: vw,
+                    block,
+                    n_kv: n,
+                };
+                for round_p in [false, true] {
+                    let mut scores = Vec::new();
+                    for g in [2, per.min(8)] {
+                        for h0 in (0..n_head).step_by(g) {
+                            // the tile's rows: each token's heads h0..h0 + g
+                            let qt: Vec<f32> = (0..rows)
+                                .flat_map(|t| {
+                                    let a = t * n_head * dk + h0 * dk;
+                                    q[a..a + g * dk].to_vec()
+                                })
+                                .collect();
+                            let mut want = vec![0f32; rows * g * dv];
+                            for (t, &nt) in n_kv.iter().enumerate() {
+                                let one = KvView { n_kv: nt, ..view };
+                                attend_heads(
+                                    &qt[t * g * dk..(t + 1) * g * dk],
+                                    h0,
+                                    g,
+                                    &one,
+                                    hd,
+                                    round_p,
+                                    &mut scores,
+                                    &mut want[t * g * dv..(t + 1) * g * dv],
+                                );
+                            }
+                            let what = format!(
+                                "heads {n_head}/{n_head_kv} dv {dv} block {block} n_kv {n_kv:?} group {g} h0 {h0} round {round_p}"
+                            );
+                            for level in
+                                [FloatLevel::Baseline, FloatLevel::Avx2, FloatLevel::Avx512]
+                            {
+                                let mut got = vec![f32::NAN; rows * g * dv];
+                                attend_tile_on(
+                                    level,
+                                    &qt,
+                                    &n_kv,
+                                    h0,
+                                    g,
+                                    &view,
+                                    hd,
+                                    round_p,
+                                    &mut scores,
+                                    &mut got,
+                                );
+                                assert_eq!(bits(&got), bits(&want), "{level:?}, {what}");
+                            }
+                        }
                     }
                 }
             }

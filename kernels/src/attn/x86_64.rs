@@ -1,6 +1,7 @@
 //! The x86-64 builds of the attention body: AVX2 (the portable body compiled for 8-lane vectors,
 //! with its dot products and V sums in intrinsics) and AVX-512 F/DQ (query heads in pairs per
-//! register, every K and V load serving several heads). Each keeps the portable body's
+//! register, every K and V load serving several heads; a prefill tile's query rows flattened into
+//! those register blocks, the cache walked once per tile). Each keeps the portable body's
 //! operations in its order, so all builds give the same bits; `super` picks one by
 //! [`crate::dispatch::float_level`].
 
@@ -159,6 +160,200 @@ pub(super) unsafe fn attend_heads_avx512(
             while t0 + 2 <= g {
                 weigh_v_heads::<2>(sc, t0, kv, hk * dv, e0, op, dv);
                 t0 += 2;
+            }
+        }
+    }
+}
+
+/// Positions a tile's chunk holds at most: its K rows (and then its V rows) are read by every
+/// query row of the tile while they sit in L1 (16 x 128 floats of one Qwen3 kv head: 8 KiB).
+const TILE_CHUNK: usize = 16;
+
+/// [`super::attend_tile`] with AVX-512: the tile's query rows flattened to `n_kv.len() * g` rows
+/// of one head each (row `t * g + h`), and [`attend_heads_avx512`]'s register blocks run over
+/// them instead of one token's heads. The cache is walked chunk by chunk (at most
+/// [`TILE_CHUNK`] positions, never across a segment); a chunk every row sees is scored for all
+/// rows in blocks of 4 pairs, the chunks on the causal diagonal row by row over the positions
+/// that row sees. V is weighed chunk by chunk too, the accumulators kept in `out` between chunks
+/// (an exact f32 store and load), so each output is the same sum in the same order as
+/// [`weigh_v_heads`] adds it: same bits as each row alone.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and DQ; `avx512_fits(g, hd)`, `hd.dv % 64 == 0` and
+/// `kv.bounded(hk, dk, dv)` must hold; `q` holds `n_kv.len() * g * dk` floats, `out`
+/// `n_kv.len() * g * dv`, and every `n_kv[t]` is in `1..=kv.n_kv`.
+#[target_feature(enable = "avx512f,avx512dq")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn attend_tile_avx512(
+    q: &[f32],
+    n_kv: &[usize],
+    h0: usize,
+    g: usize,
+    kv: &KvView<'_>,
+    hd: Heads,
+    round_p: bool,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, the shapes and bounds it names), which is what every
+    // operation below relies on.
+    unsafe {
+        let hk = h0 / (hd.n_head / hd.n_head_kv);
+        let n = kv.n_kv;
+        let (dk, dv) = (hd.dk, hd.dv);
+        let nc = dk / 8;
+        let rows = n_kv.len() * g;
+        let (np, pg) = (rows / 2, g / 2);
+        let min_n = n_kv.iter().copied().min().unwrap_or(0);
+        scores.clear();
+        scores.resize(rows * n + rows * dk, 0.0);
+        let (sc, qi) = scores.split_at_mut(rows * n);
+        for (pair, dst) in qi.chunks_exact_mut(2 * dk).enumerate() {
+            for (c, d) in dst.chunks_exact_mut(16).enumerate() {
+                let a = 2 * pair * dk + 8 * c;
+                d[..8].copy_from_slice(&q[a..a + 8]);
+                d[8..].copy_from_slice(&q[a + dk..a + dk + 8]);
+            }
+        }
+        // the chunks of the view: (segment, first row in it, rows, first position)
+        let chunks = (0..kv.segments()).flat_map(|s| {
+            let r = kv.rows(s);
+            (0..r)
+                .step_by(TILE_CHUNK)
+                .map(move |r0| (s, r0, TILE_CHUNK.min(r - r0), s * kv.block + r0))
+        });
+        // pair blocks of 4, then single pairs, over pairs p0..p1 at chunk rows `seg.rows`
+        let pairs = |p0: usize, p1: usize, kb: *const f32, seg: Seg, sc: &mut [f32]| {
+            let mut p = p0;
+            while p + 4 <= p1 {
+                qk_pairs::<4>(
+                    qi.as_ptr().add(p * nc * 16),
+                    p,
+                    nc,
+                    kb,
+                    kv.k_stride,
+                    seg,
+                    sc,
+                );
+                p += 4;
+            }
+            while p < p1 {
+                qk_pairs::<1>(
+                    qi.as_ptr().add(p * nc * 16),
+                    p,
+                    nc,
+                    kb,
+                    kv.k_stride,
+                    seg,
+                    sc,
+                );
+                p += 1;
+            }
+        };
+        for (s, r0, len, j0) in chunks.clone() {
+            let kb = kv.k[s].as_ptr().add(r0 * kv.k_stride + hk * dk);
+            if j0 + len <= min_n {
+                pairs(0, np, kb, Seg { rows: len, j0, n }, sc);
+                continue;
+            }
+            for (t, &nt) in n_kv.iter().enumerate() {
+                let seen = nt.min(j0 + len).saturating_sub(j0);
+                if seen > 0 {
+                    pairs(t * pg, (t + 1) * pg, kb, Seg { rows: seen, j0, n }, sc);
+                }
+            }
+        }
+        for (t, &nt) in n_kv.iter().enumerate() {
+            for h in 0..g {
+                let r = (t * g + h) * n;
+                probabilities(&mut sc[r..r + nt], nt, hd.scale, round_p);
+            }
+        }
+        let op = out.as_mut_ptr();
+        // row blocks of 4, then pairs, over rows f0..f1 for outputs e0..e0 + 64
+        let weigh = |f0: usize, f1: usize, vb: *const f32, seg: Seg, e0: usize| {
+            let mut f = f0;
+            while f + 4 <= f1 {
+                weigh_v_rows::<4>(sc.as_ptr(), f, vb, kv.v_stride, seg, op, dv, e0);
+                f += 4;
+            }
+            while f + 2 <= f1 {
+                weigh_v_rows::<2>(sc.as_ptr(), f, vb, kv.v_stride, seg, op, dv, e0);
+                f += 2;
+            }
+        };
+        for (s, r0, len, j0) in chunks {
+            let vb = kv.v[s].as_ptr().add(r0 * kv.v_stride + hk * dv);
+            for e0 in (0..dv).step_by(64) {
+                if j0 + len <= min_n {
+                    weigh(0, rows, vb, Seg { rows: len, j0, n }, e0);
+                    continue;
+                }
+                for (t, &nt) in n_kv.iter().enumerate() {
+                    let seen = nt.min(j0 + len).saturating_sub(j0);
+                    if seen > 0 {
+                        weigh(t * g, (t + 1) * g, vb, Seg { rows: seen, j0, n }, e0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Rows `f0 .. f0 + PH` of a tile, outputs `e0 .. e0 + 64`, over the `seg.rows` positions of
+/// one chunk from position `seg.j0` (V rows at `vb`, `stride` apart): the accumulators start at
+/// 0.0 on the first chunk (`seg.j0 == 0`) and at what `out` holds after the previous one
+/// otherwise, then add `v[j][e] * p[f][j]` in position order, as [`weigh_v_heads`] does.
+///
+/// # Safety
+/// AVX-512 F; rows `0..seg.rows` of `vb` hold `e0 + 64` floats; `out` holds `(f0 + PH) * dv`
+/// floats and `sc` `(f0 + PH) * seg.n`, with `seg.j0 + seg.rows <= seg.n`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn weigh_v_rows<const PH: usize>(
+    sc: *const f32,
+    f0: usize,
+    vb: *const f32,
+    stride: usize,
+    seg: Seg,
+    out: *mut f32,
+    dv: usize,
+    e0: usize,
+) {
+    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
+    // features it is compiled for, pointers valid for the sizes it names), which is what every
+    // operation below relies on.
+    unsafe {
+        use core::arch::x86_64::*;
+        let mut acc = [[_mm512_setzero_ps(); 4]; PH];
+        if seg.j0 > 0 {
+            for (h, a) in acc.iter_mut().enumerate() {
+                for (c, ac) in a.iter_mut().enumerate() {
+                    *ac = _mm512_loadu_ps(out.add((f0 + h) * dv + e0 + 16 * c));
+                }
+            }
+        }
+        let sp = sc.add(f0 * seg.n + seg.j0);
+        for jj in 0..seg.rows {
+            let row = vb.add(jj * stride + e0);
+            let v = [
+                _mm512_loadu_ps(row),
+                _mm512_loadu_ps(row.add(16)),
+                _mm512_loadu_ps(row.add(32)),
+                _mm512_loadu_ps(row.add(48)),
+            ];
+            for (h, a) in acc.iter_mut().enumerate() {
+                let p = _mm512_set1_ps(*sp.add(h * seg.n + jj));
+                for (ac, &vc) in a.iter_mut().zip(&v) {
+                    *ac = _mm512_add_ps(*ac, _mm512_mul_ps(vc, p));
+                }
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            for (c, &ac) in a.iter().enumerate() {
+                _mm512_storeu_ps(out.add((f0 + h) * dv + e0 + 16 * c), ac);
             }
         }
     }

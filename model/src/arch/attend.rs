@@ -2,7 +2,7 @@
 //! caches, thread pool) and the causal attention of every batch token over its own sequence's
 //! cache, run in parallel over tokens.
 
-use crate::attention::{attend_heads, attend_heads_q8, Heads, KvView, Q8Scratch};
+use crate::attention::{attend_heads_q8, attend_tile, Heads, KvView, Q8Scratch, TILE_ROWS};
 use crate::kv::{KvCache, KvType};
 use crate::model::Model;
 use crate::rope::Rope;
@@ -55,7 +55,8 @@ fn group_size(ctx: &StepCtx<'_>, hd: Heads) -> usize {
 
 /// Causal attention of all batch tokens of layer `il`. `q`: n rows of `n_head*dk`; `out`: n rows
 /// of `n_head*dv`. With `mla`, V is the first `dv` floats of each K row. An F32 cache is read in
-/// place, block by block; an F16 cache is converted once per sequence and layer, and q and the
+/// place, block by block, by tiles of a sequence's consecutive tokens (a prefill chunk reads
+/// each K/V row once per tile, not once per token: [`attend_tile`], same bits); an F16 cache is converted once per sequence and layer, and q and the
 /// probabilities are rounded to f16 before their dot products, as ggml's f16 mul_mat does. A
 /// Q8_0 cache is read in place by ggml's flash-attention arithmetic ([`attend_all_q8`]).
 pub fn attend_all(
@@ -112,36 +113,97 @@ pub fn attend_all(
     let views = &views;
     let g = group_size(ctx, hd);
     let groups = hd.n_head / g;
+    let tiles = tiles(ctx, hd, g);
+    let tiles = &tiles;
+    // each task one (tile, head group): the output chunks of the tile's tokens for that group
+    let mut tasks: Vec<Vec<&mut [f32]>> = (0..tiles.len() * groups).map(|_| Vec::new()).collect();
+    let mut tile_of = vec![0; ctx.toks.len()];
+    for (k, r) in tiles.iter().enumerate() {
+        tile_of[r.clone()].fill(k);
+    }
+    for (i, og) in out.chunks_mut(g * hd.dv).enumerate() {
+        tasks[tile_of[i / groups] * groups + i % groups].push(og);
+    }
     ctx.pool.install(|| {
-        out.par_chunks_mut(g * hd.dv).enumerate().for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(scores, qr), (i, og)| {
-                let (ti, h0) = (i / groups, (i % groups) * g);
-                let t = ctx.toks[ti];
-                let Some((_, k, v, block)) =
-                    views.iter().find(|v| v.0 == t.slot && !v.1.is_empty())
+        tasks.into_par_iter().enumerate().for_each_init(
+            TileScratch::default,
+            |w, (task, mut outs)| {
+                let (tile, h0) = (tiles[task / groups].clone(), (task % groups) * g);
+                let slot = ctx.toks[tile.start].slot;
+                let Some((_, k, v, block)) = views.iter().find(|v| v.0 == slot && !v.1.is_empty())
                 else {
                     return;
                 };
+                w.q.clear();
+                w.n_kv.clear();
+                for (ti, t) in tile.clone().zip(&ctx.toks[tile.clone()]) {
+                    let qg = &q[ti * qw + h0 * hd.dk..ti * qw + (h0 + g) * hd.dk];
+                    if f16 {
+                        w.q.extend(qg.iter().map(|&x| f16_to_f32(f32_to_f16(x))));
+                    } else {
+                        w.q.extend_from_slice(qg);
+                    }
+                    w.n_kv.push(t.pos + 1);
+                }
                 let view = KvView {
                     k,
                     k_stride,
                     v,
                     v_stride,
                     block: *block,
-                    n_kv: t.pos + 1,
+                    n_kv: w.n_kv.iter().copied().max().unwrap_or(0),
                 };
-                let qg = &q[ti * qw + h0 * hd.dk..ti * qw + (h0 + g) * hd.dk];
-                if f16 {
-                    qr.clear();
-                    qr.extend(qg.iter().map(|&x| f16_to_f32(f32_to_f16(x))));
-                    attend_heads(qr, h0, g, &view, hd, true, scores, og);
-                } else {
-                    attend_heads(qg, h0, g, &view, hd, false, scores, og);
+                w.out.resize(outs.len() * g * hd.dv, 0.0);
+                attend_tile(
+                    &w.q,
+                    &w.n_kv,
+                    h0,
+                    g,
+                    &view,
+                    hd,
+                    f16,
+                    &mut w.scores,
+                    &mut w.out,
+                );
+                for (o, r) in outs.iter_mut().zip(w.out.chunks_exact(g * hd.dv)) {
+                    o.copy_from_slice(r);
                 }
             },
         )
     });
+}
+
+/// What one attention task keeps between the tiles it computes.
+#[derive(Default)]
+struct TileScratch {
+    q: Vec<f32>,
+    n_kv: Vec<usize>,
+    scores: Vec<f32>,
+    out: Vec<f32>,
+}
+
+/// The step's tokens as tiles for [`attend_tile`]: runs of consecutive batch tokens of one
+/// sequence at consecutive positions (a prefill chunk), at most `TILE_ROWS / g` tokens each and
+/// small enough to leave 4 tasks per pool thread; a decode token is a tile of its own.
+fn tiles(ctx: &StepCtx<'_>, hd: Heads, g: usize) -> Vec<std::ops::Range<usize>> {
+    let tasks_wanted = 4 * ctx.pool.current_num_threads();
+    let groups = hd.n_head / g;
+    let by_tasks = (ctx.toks.len() * groups / tasks_wanted).max(1);
+    let most = (TILE_ROWS / g).clamp(1, by_tasks);
+    let mut tiles: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, t) in ctx.toks.iter().enumerate() {
+        match tiles.last_mut() {
+            Some(r)
+                if r.len() < most
+                    && ctx.toks[r.end - 1].slot == t.slot
+                    && ctx.toks[r.end - 1].pos + 1 == t.pos =>
+            {
+                r.end = i + 1
+            }
+            _ => tiles.push(i..i + 1),
+        }
+    }
+    tiles
 }
 
 /// [`attend_all`] over a Q8_0 cache: every sequence's blocks read in place (strides in blocks
