@@ -214,13 +214,6 @@ impl SeqConstraint {
         self.matcher.is_stopped()
     }
 
-    /// How many leading tokens of `draft` the grammar allows in a row (nothing is consumed):
-    /// a speculative draft is cut there before it costs rows.
-    pub fn allowed_prefix(&mut self, draft: &[u32]) -> usize {
-        // an error is the matcher's to report at the next mask; here it allows nothing
-        self.matcher.validate_tokens(draft).unwrap_or(0)
-    }
-
     /// The masks of a verification step's rows: the next token's, then, for each draft token
     /// in turn, the mask as if the drafts before it had been accepted. The walk stops after
     /// the mask of the first draft token the grammar refuses or that ends the sequence (`ends`):
@@ -382,15 +375,6 @@ mod tests {
                     c.accept(u32::from(b)).unwrap();
                 }
                 assert!(TokenMask(&c.mask().unwrap()).allows(256));
-                // the grammar's prefix check agrees with the walk
-                let mut c2 = v.compile(&g).unwrap();
-                for &b in &text[..start] {
-                    c2.accept(u32::from(b)).unwrap();
-                }
-                let walked = want.len() - 1;
-                if !draft.contains(&256) {
-                    assert_eq!(c2.allowed_prefix(&draft), walked, "{draft:?}");
-                }
             }
         }
     }

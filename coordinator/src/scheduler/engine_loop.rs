@@ -350,7 +350,6 @@ impl<E: StepEngine> Loop<E> {
                 spec,
                 tokens: &s.tokens,
                 room,
-                constraint: s.constraint.as_mut(),
             });
         }
         let got = sp.drafts(base, &mut asks);

@@ -5,7 +5,6 @@
 //! drafter in `/metrics`. The verification itself (sampling every row in order, stopping at the
 //! first token that differs from the draft, cutting the KV cache back) is in `engine_loop.rs`.
 
-use nightshift_model::constrain::SeqConstraint;
 use nightshift_model::spec::policy::{plan, Candidate};
 use nightshift_model::spec::{Acceptance, DraftKind, DraftRequest, Drafter, StepTimes};
 
@@ -30,8 +29,6 @@ pub struct Ask<'a> {
     pub tokens: &'a [u32],
     /// Most draft tokens this sequence may carry (remaining budget, context room).
     pub room: usize,
-    /// Its grammar, if constrained: drafts are cut where it refuses a token.
-    pub constraint: Option<&'a mut SeqConstraint>,
 }
 
 /// The drafter, the step-time table and the policy switches of one scheduler.
@@ -90,8 +87,8 @@ impl Speculator {
     }
 
     /// The draft tokens of each asked sequence for a step whose other rows number `base`
-    /// (indexed like `asks`; empty = no draft). A constrained sequence's draft is cut at the
-    /// first token its grammar refuses (it could not be accepted).
+    /// (indexed like `asks`; empty = no draft). A constrained sequence's drafts ride like any
+    /// other: a token its grammar refuses is rejected at verification (`engine_loop/masks.rs`).
     pub fn drafts(&mut self, base: usize, asks: &mut [Ask]) -> Vec<Vec<u32>> {
         let mut out: Vec<Vec<u32>> = vec![Vec::new(); asks.len()];
         // a model drafter costs a step per token: plan first, draft only what rides (all
@@ -138,7 +135,7 @@ impl Speculator {
     }
 
     /// Each ask's draft of at most `maxes[i]` tokens (none where it is 0), from one call of the
-    /// drafter for all of them; a constrained one's cut where its grammar refuses.
+    /// drafter for all of them.
     fn ask_all(&mut self, asks: &mut [Ask], maxes: &[usize]) -> Vec<Vec<u32>> {
         let who: Vec<usize> = (0..asks.len()).filter(|&i| maxes[i] > 0).collect();
         let reqs: Vec<DraftRequest> = who
@@ -158,12 +155,7 @@ impl Speculator {
         let mut out = vec![Vec::new(); asks.len()];
         for (&i, res) in who.iter().zip(got) {
             match res {
-                Ok(mut d) => {
-                    if let Some(c) = asks[i].constraint.as_mut() {
-                        d.truncate(c.allowed_prefix(&d));
-                    }
-                    out[i] = d;
-                }
+                Ok(d) => out[i] = d,
                 Err(e) => {
                     tracing::warn!(drafter = self.kind, error = %e, "drafting failed; no draft this step");
                 }
