@@ -213,6 +213,41 @@ impl SeqConstraint {
     pub fn is_stopped(&self) -> bool {
         self.matcher.is_stopped()
     }
+
+    /// The masks of a verification step's rows: the next token's, then, for each draft token
+    /// in turn, the mask as if the drafts before it had been accepted. The walk stops after
+    /// the mask of the first draft token the grammar refuses or that ends the sequence (`ends`):
+    /// a verification cannot get past it, so later rows get no mask. The matcher is rolled back
+    /// to where it started, so sampling then accepts the tokens actually drawn; the masks are
+    /// the ones decoding without drafts computes at the same positions. A matcher error (a
+    /// grammar engine limit; llguidance's errors are sticky) is the last row's entry.
+    pub fn masks_along(
+        &mut self,
+        draft: &[u32],
+        ends: impl Fn(u32) -> bool,
+    ) -> Vec<Result<Vec<u32>, ConstraintError>> {
+        let mut out = Vec::with_capacity(draft.len() + 1);
+        let mut consumed = 0;
+        for j in 0..=draft.len() {
+            let mask = self.mask();
+            let next = match (&mask, draft.get(j)) {
+                (Ok(m), Some(&t)) if !ends(t) && crate::sampler::TokenMask(m).allows(t) => Some(t),
+                _ => None,
+            };
+            out.push(mask);
+            let Some(t) = next else { break };
+            if let Err(e) = self.accept(t) {
+                out.push(Err(e));
+                break;
+            }
+            consumed += 1;
+        }
+        if let Err(e) = self.matcher.rollback(consumed) {
+            // the matcher is not where sampling expects it: the sequence fails at this step
+            return vec![Err(ConstraintError::Matcher(e.to_string()))];
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -282,6 +317,66 @@ mod tests {
         assert!(serde_json::from_str::<serde_json::Value>(&s)
             .unwrap()
             .is_object());
+    }
+
+    #[test]
+    fn masks_along_a_draft_are_the_masks_of_accepting_it_and_roll_back() {
+        let v = byte_vocab();
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 8}},
+            "required": ["city"], "additionalProperties": false});
+        let g = Grammar::JsonSchema(schema);
+        let text = b"{\"city\": \"Oslo\"}";
+        let ends = |t: u32| t == 256;
+        let mut r = SplitMix64::new(11);
+        for start in [0usize, 3, 10] {
+            for trial in 0..12 {
+                // the sequence so far: `start` bytes of a valid text
+                let mut c = v.compile(&g).unwrap();
+                for &b in &text[..start] {
+                    c.accept(u32::from(b)).unwrap();
+                }
+                // a draft that follows the text, then may go wrong or end
+                let len = 1 + r.below(6) as usize;
+                let mut draft: Vec<u32> = text[start..]
+                    .iter()
+                    .take(len)
+                    .map(|&b| u32::from(b))
+                    .collect();
+                let bad = trial % 3;
+                if bad > 0 && !draft.is_empty() {
+                    let j = r.below(draft.len() as u64) as usize;
+                    draft[j] = if bad == 1 { u32::from(b'#') } else { 256 };
+                }
+                let before = c.mask().unwrap();
+                let got = c.masks_along(&draft, ends);
+                // a fresh matcher fed the same tokens gives the same masks, row by row
+                let mut f = v.compile(&g).unwrap();
+                for &b in &text[..start] {
+                    f.accept(u32::from(b)).unwrap();
+                }
+                let mut want = Vec::new();
+                for j in 0..=draft.len() {
+                    let m = f.mask().unwrap();
+                    let goes_on = draft
+                        .get(j)
+                        .is_some_and(|&t| !ends(t) && TokenMask(&m).allows(t));
+                    want.push(m);
+                    if !goes_on {
+                        break;
+                    }
+                    f.accept(draft[j]).unwrap();
+                }
+                let got: Vec<Vec<u32>> = got.into_iter().map(Result::unwrap).collect();
+                assert_eq!(got, want, "start {start}, draft {draft:?}");
+                // rolled back: the next mask is the one before the walk, and it goes on
+                assert_eq!(c.mask().unwrap(), before);
+                for &b in &text[start..] {
+                    c.accept(u32::from(b)).unwrap();
+                }
+                assert!(TokenMask(&c.mask().unwrap()).allows(256));
+            }
+        }
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! token plus draft tokens as rows of one step) gives every row the bits of one-token decode
 //! steps; cutting rejected drafts off the cache ([`Engine::truncate`]) leaves the sequence
 //! exactly as if they had never been fed, and keeps them out of the prefix cache; the draft
-//! model drafts the target's greedy continuation when it is the target, and refuses a model
-//! with another vocabulary.
+//! model drafts the target's greedy continuation when it is the target (several sequences in
+//! shared draft steps too), and refuses a model with another vocabulary.
 
 use nightshift_model::sampler::argmax;
 use nightshift_model::spec::{DraftModel, DraftRequest, Drafter};
@@ -183,6 +183,79 @@ fn the_target_as_its_own_draft_model_drafts_its_greedy_continuation() {
             .expect("draft");
         assert_eq!(draft, cont[3..9], "{name} after a rollback");
         d.end(1, &seq);
+    }
+}
+
+#[test]
+fn sequences_draft_together_in_shared_draft_steps() {
+    for name in MODELS {
+        let m = model(name);
+        let vocab = m.config().n_vocab;
+        let prompts: Vec<Vec<u32>> = (0..3)
+            .map(|k| tokens(12 + 4 * k, 30 + k as u32, vocab))
+            .collect();
+        let conts: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&m, p, 10).0).collect();
+        let pool = nightshift_model::build_pool(2).expect("pool");
+        let mut d = DraftModel::new(m.clone(), &m, pool, 512).expect("draft model");
+        let maxes = [4usize, 6, 2];
+        let reqs: Vec<DraftRequest> = prompts
+            .iter()
+            .zip(maxes)
+            .enumerate()
+            .map(|(k, (p, max))| DraftRequest {
+                key: k as u64,
+                tokens: p,
+                extra: &[],
+                max,
+            })
+            .collect();
+        let before = d.engine().profile().steps;
+        let got = d.draft_many(&reqs);
+        for (k, g) in got.into_iter().enumerate() {
+            assert_eq!(
+                g.expect("draft"),
+                conts[k][..maxes[k]],
+                "{name} sequence {k}"
+            );
+        }
+        // one step feeds the prompts, then one per further token of the longest draft
+        assert_eq!(
+            d.engine().profile().steps - before,
+            6,
+            "{name}: shared steps"
+        );
+        // each sequence accepted some of its draft: all roll back and go on together
+        let seqs: Vec<Vec<u32>> = prompts
+            .iter()
+            .zip(&conts)
+            .zip([1usize, 5, 2])
+            .map(|((p, c), kept)| [&p[..], &c[..kept]].concat())
+            .collect();
+        let reqs: Vec<DraftRequest> = seqs
+            .iter()
+            .enumerate()
+            .map(|(k, s)| DraftRequest {
+                key: k as u64,
+                tokens: s,
+                extra: &[],
+                max: 3,
+            })
+            .collect();
+        for (k, (g, kept)) in d
+            .draft_many(&reqs)
+            .into_iter()
+            .zip([1usize, 5, 2])
+            .enumerate()
+        {
+            assert_eq!(
+                g.expect("draft"),
+                conts[k][kept..kept + 3],
+                "{name} {k} after rollback"
+            );
+        }
+        for (k, s) in seqs.iter().enumerate() {
+            d.end(k as u64, s);
+        }
     }
 }
 

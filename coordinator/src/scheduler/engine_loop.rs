@@ -1,8 +1,8 @@
 //! The engine thread: admission, batch building, one `forward` per step, sampling, stop
 //! handling and streaming. Only this thread touches the `StepEngine`. The token masks of
-//! constrained sequences are computed on a helper thread while `forward` runs (the mask
-//! depends only on the tokens already accepted); a step without constrained sequences spawns
-//! nothing. With a [`Speculator`], a decoding sequence's draft tokens ride as extra rows of its
+//! constrained sequences are computed on a helper thread while `forward` runs (`masks.rs`; a
+//! draft row's mask as if the drafts before it were accepted, so constrained sequences
+//! speculate too). With a [`Speculator`], a decoding sequence's draft tokens ride as extra rows of its
 //! step; its rows are sampled in order with its one sampler until a sampled token differs from
 //! the draft (that token is emitted too), and the KV cache is cut back to what was kept. The
 //! tokens emitted are the ones decoding without drafts emits (see `nightshift_model::spec`).
@@ -14,6 +14,8 @@ use super::spec::{Ask, SeqSpec, Speculator};
 use super::text::{Pushed, TextStream};
 use super::{Event, FinishReason, GenRequest, SchedulerOptions, TokenLogprob, Usage};
 use nightshift_model::constrain::SeqConstraint;
+
+mod masks;
 use nightshift_model::sampler::{logprobs, Sampler, TokenMask};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -184,9 +186,8 @@ impl<E: StepEngine> Loop<E> {
                     let text = TextStream::new(req.stop.clone());
                     let n_prompt = req.prompt.len();
                     let tokens = req.prompt.clone();
-                    // constrained sequences never speculate (their mask needs each token first)
                     let spec = match self.spec.as_mut() {
-                        Some(sp) if req.speculative && constraint.is_none() => {
+                        Some(sp) if req.speculative => {
                             Some(sp.begin(&req.prompt, std::mem::take(&mut req.prediction)))
                         }
                         _ => None,
@@ -413,7 +414,7 @@ impl<E: StepEngine> Loop<E> {
             .map(|(s, d)| (s.handle, d.len()))
             .collect();
         let t0 = Instant::now();
-        let (result, masks) = self.forward_with_masks(&batch, &owners, &spec_rows);
+        let (result, masks) = self.forward_with_masks(&batch, &owners, &drafts, &spec_rows);
         let dt = t0.elapsed().as_secs_f64();
         if result.is_ok() {
             if let Some(sp) = self.spec.as_mut() {
@@ -527,70 +528,6 @@ impl<E: StepEngine> Loop<E> {
                 false
             }
         }
-    }
-
-    /// Runs the step; meanwhile a helper thread computes the token mask of every constrained
-    /// sequence that gets logits (one entry per row of `owners`: None = unconstrained, Err =
-    /// the matcher failed).
-    #[allow(clippy::type_complexity)]
-    fn forward_with_masks(
-        &mut self,
-        batch: &[BatchToken],
-        owners: &[usize],
-        drafts: &[(SeqId, usize)],
-    ) -> (
-        Result<Vec<Vec<f32>>, StepError>,
-        Vec<Option<Result<Vec<u32>, String>>>,
-    ) {
-        let constrained = owners.iter().any(|&i| self.running[i].constraint.is_some());
-        if !constrained {
-            let res = if drafts.is_empty() {
-                self.engine.forward(batch)
-            } else {
-                self.engine.forward_drafts(batch, drafts)
-            };
-            return (res, vec![None; owners.len()]);
-        }
-        let Loop {
-            engine, running, ..
-        } = self;
-        let running: &mut Vec<Seq> = running;
-        // each owner appears once per step (one row of logits per sequence)
-        let mut slots: Vec<Option<&mut SeqConstraint>> =
-            running.iter_mut().map(|s| s.constraint.as_mut()).collect();
-        let mut jobs: Vec<(usize, &mut SeqConstraint)> = Vec::new();
-        for (row, &i) in owners.iter().enumerate() {
-            if let Some(c) = slots.get_mut(i).and_then(Option::take) {
-                jobs.push((row, c));
-            }
-        }
-        let rows: Vec<usize> = jobs.iter().map(|j| j.0).collect();
-        std::thread::scope(|scope| {
-            let helper = scope.spawn(move || {
-                jobs.into_iter()
-                    .map(|(row, c)| (row, c.mask().map_err(|e| e.to_string())))
-                    .collect::<Vec<_>>()
-            });
-            let result = if drafts.is_empty() {
-                engine.forward(batch)
-            } else {
-                engine.forward_drafts(batch, drafts)
-            };
-            let mut masks = vec![None; owners.len()];
-            match helper.join() {
-                Ok(done) => {
-                    for (row, m) in done {
-                        masks[row] = Some(m);
-                    }
-                }
-                Err(_) => {
-                    for row in rows {
-                        masks[row] = Some(Err("the mask thread panicked".to_string()));
-                    }
-                }
-            }
-            (result, masks)
-        })
     }
 
     /// Samples the next token of sequence `i`, streams it; returns it and whether the

@@ -87,20 +87,17 @@ impl Speculator {
     }
 
     /// The draft tokens of each asked sequence for a step whose other rows number `base`
-    /// (indexed like `asks`; empty = no draft).
+    /// (indexed like `asks`; empty = no draft). A constrained sequence's drafts ride like any
+    /// other: a token its grammar refuses is rejected at verification (`engine_loop/masks.rs`).
     pub fn drafts(&mut self, base: usize, asks: &mut [Ask]) -> Vec<Vec<u32>> {
         let mut out: Vec<Vec<u32>> = vec![Vec::new(); asks.len()];
-        // a model drafter costs a step per token: plan first, draft only what rides; lookups
-        // are cheap: draft first, plan over what they found
+        // a model drafter costs a step per token: plan first, draft only what rides (all
+        // sequences together); lookups are cheap: draft first, plan over what they found
         let model = self.drafter.kind() == DraftKind::Draft;
-        let mut found: Vec<Vec<u32>> = Vec::with_capacity(asks.len());
-        for a in asks.iter() {
-            let max = a.room.min(self.draft_max);
-            if model || max == 0 {
-                found.push(Vec::new());
-                continue;
-            }
-            found.push(self.ask(a, max));
+        let mut found: Vec<Vec<u32>> = vec![Vec::new(); asks.len()];
+        if !model {
+            let maxes: Vec<usize> = asks.iter().map(|a| a.room.min(self.draft_max)).collect();
+            found = self.ask_all(asks, &maxes);
         }
         let cands: Vec<Candidate> = asks
             .iter()
@@ -119,6 +116,9 @@ impl Speculator {
         } else {
             cands.iter().map(|c| c.available).collect()
         };
+        if model {
+            found = self.ask_all(asks, &take);
+        }
         for (i, a) in asks.iter_mut().enumerate() {
             let k = take[i];
             if k == 0 {
@@ -127,31 +127,41 @@ impl Speculator {
                 }
                 continue;
             }
-            let mut d = if model {
-                self.ask(a, k)
-            } else {
-                std::mem::take(&mut found[i])
-            };
+            let mut d = std::mem::take(&mut found[i]);
             d.truncate(k);
             out[i] = d;
         }
         out
     }
 
-    fn ask(&mut self, a: &Ask, max: usize) -> Vec<u32> {
-        let req = DraftRequest {
-            key: a.spec.key,
-            tokens: a.tokens,
-            extra: &a.spec.prediction,
-            max,
+    /// Each ask's draft of at most `maxes[i]` tokens (none where it is 0), from one call of the
+    /// drafter for all of them.
+    fn ask_all(&mut self, asks: &mut [Ask], maxes: &[usize]) -> Vec<Vec<u32>> {
+        let who: Vec<usize> = (0..asks.len()).filter(|&i| maxes[i] > 0).collect();
+        let reqs: Vec<DraftRequest> = who
+            .iter()
+            .map(|&i| DraftRequest {
+                key: asks[i].spec.key,
+                tokens: asks[i].tokens,
+                extra: &asks[i].spec.prediction,
+                max: maxes[i],
+            })
+            .collect();
+        let got = if reqs.is_empty() {
+            Vec::new()
+        } else {
+            self.drafter.draft_many(&reqs)
         };
-        match self.drafter.draft(&req) {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::warn!(drafter = self.kind, error = %e, "drafting failed; no draft this step");
-                Vec::new()
+        let mut out = vec![Vec::new(); asks.len()];
+        for (&i, res) in who.iter().zip(got) {
+            match res {
+                Ok(d) => out[i] = d,
+                Err(e) => {
+                    tracing::warn!(drafter = self.kind, error = %e, "drafting failed; no draft this step");
+                }
             }
         }
+        out
     }
 
     /// A step of `rows` rows took `secs`.

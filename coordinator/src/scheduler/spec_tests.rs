@@ -7,6 +7,7 @@
 use super::mock::{MockEngine, MockText, EOS};
 use super::spec::Speculator;
 use super::*;
+use nightshift_model::constrain::Grammar;
 use nightshift_model::spec::ngram::NgramRange;
 use nightshift_model::spec::{DraftKind, DraftRequest, Drafter, NgramDrafter};
 use nightshift_model::ModelError;
@@ -23,6 +24,8 @@ struct Req {
     speculative: bool,
     prediction: Vec<u32>,
     logprobs: Option<u32>,
+    /// The grammar the output follows (constrained decoding), if any.
+    grammar: Option<Grammar>,
 }
 
 fn req(prompt: &'static str, max_tokens: u32) -> Req {
@@ -34,6 +37,7 @@ fn req(prompt: &'static str, max_tokens: u32) -> Req {
         speculative: true,
         prediction: Vec::new(),
         logprobs: None,
+        grammar: None,
     }
 }
 
@@ -111,7 +115,10 @@ fn run(reqs: &[Req], spec: Option<Speculator>, max_seqs: usize) -> (Vec<Out>, us
             stop: r.stop.clone(),
             logprobs: r.logprobs,
             ignore_eos: false,
-            constraint: None,
+            constraint: r.grammar.as_ref().map(|g| {
+                let vocab = MockText.constraint_vocab().expect("the toy vocabulary");
+                vocab.compile(g).expect("the grammar compiles")
+            }),
             cache_prompt: true,
             speculative: r.speculative,
             prediction: r.prediction.clone(),
@@ -294,4 +301,57 @@ fn no_drafts_no_verification() {
     assert_eq!(got, base);
     assert_eq!(cuts, 0);
     assert!(calls.load(Ordering::SeqCst) > 0, "the drafter was asked");
+}
+
+/// Constrained requests (a JSON Schema, a Lark grammar) next to unconstrained ones.
+fn constrained_requests() -> Vec<Req> {
+    let schema = serde_json::json!({"type": "object", "properties": {
+        "n": {"type": "integer"}, "name": {"type": "string", "maxLength": 12}},
+        "required": ["n", "name"], "additionalProperties": false});
+    let mut json = req("<user>give me json", 60);
+    json.grammar = Some(Grammar::JsonSchema(schema));
+    let mut lark = req("<user>letters then digits", 40);
+    lark.grammar = Some(Grammar::Lark("start: /[a-w]{3,12}/ /[0-9]{2,6}/".into()));
+    let mut sampled = req("<user>a sampled constrained one", 40);
+    sampled.grammar = Some(Grammar::Lark("start: /[a-z ]{4,30}/".into()));
+    sampled.sampling = SamplingParams {
+        temperature: 0.9,
+        seed: 7,
+        ..SamplingParams::default()
+    };
+    vec![json, req("<user>hello there", 50), lark, sampled]
+}
+
+#[test]
+fn constrained_sequences_speculate_and_keep_the_output() {
+    let reqs = constrained_requests();
+    for max_seqs in [1, 4] {
+        let (base, _) = run(&reqs, None, max_seqs);
+        assert!(
+            base[0].text.starts_with("{\"n\": ") && base[0].finish == FinishReason::Stop,
+            "the schema holds: {:?}",
+            base[0]
+        );
+        // every 3rd draft token wrong: 'x'/'y' are refused inside the number and by the
+        // lark grammar's letters, allowed in the string (then rejected by sampling)
+        for wrong in [3, 4, 1000] {
+            let (got, cuts) = run(&reqs, Some(oracle_for(&reqs, &base, wrong)), max_seqs);
+            assert_eq!(
+                plain(&got),
+                base,
+                "max_seqs {max_seqs}, every {wrong}th draft wrong"
+            );
+            for i in [0, 2, 3] {
+                assert!(
+                    got[i].accepted > 3,
+                    "constrained request {i} speculated: {:?}",
+                    got[i]
+                );
+            }
+            if wrong < 1000 {
+                assert!(got.iter().any(|o| o.rejected > 0));
+                assert!(cuts > 0, "rejected drafts are cut from the cache");
+            }
+        }
+    }
 }

@@ -2,10 +2,12 @@
 //! vocabulary (checked token by token) drafts greedily with its own KV cache. Per sequence it
 //! keeps what its cache holds; each call cuts that back to the longest prefix shared with the
 //! sequence's verified tokens ([`Engine::truncate`], so rejected drafts are rolled back), feeds
-//! the rest in one step and then proposes one token per step.
+//! the rest in one step and then proposes one token per step. The sequences of one scheduler
+//! step draft together ([`Drafter::draft_many`]): every draft-engine step carries one row per
+//! sequence still drafting, so the draft model's weights are read once per step for all.
 
 use super::{DraftKind, DraftRequest, Drafter};
-use crate::engine::{Engine, EngineOptions, SeqId};
+use crate::engine::{BatchToken, Engine, EngineOptions, SeqId};
 use crate::error::ModelError;
 use crate::expert::LocalExperts;
 use crate::model::Model;
@@ -75,52 +77,103 @@ impl DraftModel {
         &self.engine
     }
 
-    fn draft_inner(&mut self, req: &DraftRequest) -> Result<Vec<u32>, ModelError> {
-        if req.max == 0 || req.tokens.is_empty() {
-            return Ok(Vec::new());
-        }
-        let ds = match self.seqs.remove(&req.key) {
-            Some(d) => d,
-            None => DraftSeq {
-                seq: self.engine.add_sequence()?,
-                held: Vec::new(),
-            },
-        };
-        let DraftSeq { seq, mut held } = ds;
-        // the key is re-inserted only on success; on error the sequence is dropped
-        let res = (|| {
-            let common = held
-                .iter()
-                .zip(req.tokens)
-                .take_while(|(a, b)| a == b)
-                .count();
-            // the last token is fed again when the cache holds it: its logits are needed
-            let keep = common.min(req.tokens.len() - 1);
-            self.engine.truncate(seq, keep)?;
-            held.truncate(keep);
-            let mut logits = self.engine.prefill(seq, &req.tokens[keep..])?;
-            held.extend_from_slice(&req.tokens[keep..]);
-            let mut out = Vec::with_capacity(req.max);
-            loop {
-                let next = argmax(&logits);
-                out.push(next);
-                if out.len() == req.max {
-                    break;
-                }
-                logits = self.engine.prefill(seq, &[next])?;
-                held.push(next);
-            }
-            Ok(out)
-        })();
+    /// Drafts for every request in the same draft-engine steps. On success each sequence's
+    /// state goes back to the table; on an error every sequence of the call is dropped (its
+    /// cache freed), to start afresh next time.
+    fn draft_batch(&mut self, reqs: &[DraftRequest]) -> Result<Vec<Vec<u32>>, ModelError> {
+        let mut live: Vec<(usize, DraftSeq)> = Vec::new();
+        let res = self.draft_into(reqs, &mut live);
         match res {
             Ok(out) => {
-                self.seqs.insert(req.key, DraftSeq { seq, held });
+                for (i, ds) in live {
+                    self.seqs.insert(reqs[i].key, ds);
+                }
                 Ok(out)
             }
             Err(e) => {
-                self.engine.remove_sequence(seq);
+                for (_, ds) in live {
+                    self.engine.remove_sequence(ds.seq);
+                }
                 Err(e)
             }
+        }
+    }
+
+    /// One step feeds every sequence what its cache lacks (cut back first to the longest
+    /// prefix shared with its verified tokens; the last token is fed again when the cache
+    /// holds it, its logits are needed), then each step proposes one more token for every
+    /// sequence still short of its `max`. `live` collects the sequences taken out of the table.
+    fn draft_into(
+        &mut self,
+        reqs: &[DraftRequest],
+        live: &mut Vec<(usize, DraftSeq)>,
+    ) -> Result<Vec<Vec<u32>>, ModelError> {
+        let mut out = vec![Vec::new(); reqs.len()];
+        for (i, r) in reqs.iter().enumerate() {
+            if r.max == 0 || r.tokens.is_empty() {
+                continue;
+            }
+            let ds = match self.seqs.remove(&r.key) {
+                Some(d) => d,
+                None => DraftSeq {
+                    seq: self.engine.add_sequence()?,
+                    held: Vec::new(),
+                },
+            };
+            live.push((i, ds));
+        }
+        if live.is_empty() {
+            return Ok(out);
+        }
+        let mut batch = Vec::new();
+        for (i, ds) in live.iter_mut() {
+            let tokens = reqs[*i].tokens;
+            let common = ds
+                .held
+                .iter()
+                .zip(tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let keep = common.min(tokens.len() - 1);
+            self.engine.truncate(ds.seq, keep)?;
+            ds.held.truncate(keep);
+            let n = tokens.len() - keep;
+            for (j, &token) in tokens[keep..].iter().enumerate() {
+                batch.push(BatchToken {
+                    seq: ds.seq,
+                    token,
+                    pos: (keep + j) as u32,
+                    want_logits: j + 1 == n,
+                });
+            }
+            ds.held.extend_from_slice(&tokens[keep..]);
+        }
+        // one row of logits per live sequence, in order
+        let mut logits = self.engine.forward(&batch)?;
+        let mut active: Vec<usize> = (0..live.len()).collect();
+        loop {
+            let mut batch = Vec::new();
+            let mut still = Vec::new();
+            for (&a, row) in active.iter().zip(&logits) {
+                let (i, ds) = &mut live[a];
+                let next = argmax(row);
+                out[*i].push(next);
+                if out[*i].len() < reqs[*i].max {
+                    batch.push(BatchToken {
+                        seq: ds.seq,
+                        token: next,
+                        pos: ds.held.len() as u32,
+                        want_logits: true,
+                    });
+                    ds.held.push(next);
+                    still.push(a);
+                }
+            }
+            if still.is_empty() {
+                return Ok(out);
+            }
+            logits = self.engine.forward(&batch)?;
+            active = still;
         }
     }
 }
@@ -131,7 +184,22 @@ impl Drafter for DraftModel {
     }
 
     fn draft(&mut self, req: &DraftRequest) -> Result<Vec<u32>, ModelError> {
-        self.draft_inner(req)
+        let mut out = self.draft_batch(std::slice::from_ref(req))?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// All the sequences of a step draft together: each draft-engine step carries one row per
+    /// sequence still drafting, so k tokens for n sequences cost k + 1 steps, not n (k + 1).
+    fn draft_many(&mut self, reqs: &[DraftRequest]) -> Vec<Result<Vec<u32>, ModelError>> {
+        match self.draft_batch(reqs) {
+            Ok(out) => out.into_iter().map(Ok).collect(),
+            Err(e) => {
+                let msg = e.to_string();
+                reqs.iter()
+                    .map(|_| Err(ModelError::Draft(msg.clone())))
+                    .collect()
+            }
+        }
     }
 
     fn end(&mut self, key: u64, _tokens: &[u32]) {

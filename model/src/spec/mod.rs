@@ -86,6 +86,11 @@ pub trait Drafter: Send {
     fn begin(&mut self, _key: u64, _prompt: &[u32]) {}
     /// Up to `req.max` tokens likely to follow `req.tokens` (possibly none).
     fn draft(&mut self, req: &DraftRequest) -> Result<Vec<u32>, ModelError>;
+    /// [`Drafter::draft`] for several sequences of one step (distinct keys), answers in order. A
+    /// drafter that runs a model overrides it to draft them all in the same steps.
+    fn draft_many(&mut self, reqs: &[DraftRequest]) -> Vec<Result<Vec<u32>, ModelError>> {
+        reqs.iter().map(|r| self.draft(r)).collect()
+    }
     /// The sequence ended holding `tokens` (prompt and output).
     fn end(&mut self, _key: u64, _tokens: &[u32]) {}
 }
