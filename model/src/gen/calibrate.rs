@@ -593,7 +593,6 @@ pub fn calibrate(
     let (model, captured) = measure(path, m)?;
     let c = model.config();
     let (embd, n, k) = (c.n_embd, c.n_expert, c.n_expert_used);
-    let rest = embd - m - 1;
     let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut layers = Vec::new();
     for (&layer, cap) in &captured {
