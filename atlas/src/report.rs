@@ -3,39 +3,21 @@
 //! placement, its expected per-node load and imbalance — rendered as a plain-text table. When the
 //! atlas has temporal locality counts, each layer also gets the share of a token's experts the
 //! previous token chose and the share chosen within the previous 8 tokens; the skew, locality and
-//! hot-set overlap between layers are printed next to the published targets ([`TARGETS`]).
+//! hot-set overlap between layers are printed next to the published targets (`skew_model::PUBLISHED`, the ones `gen-model` aims at).
 
 use std::fmt::Write as _;
 
 use crate::placement::{Placement, PlacementError};
 use crate::stats::{coverage_at, flatten, gini, LoadReport};
+use nightshift_model::gen::skew_model::PUBLISHED;
+
 use crate::trace::{Atlas, Counts};
 
 /// The expert fractions coverage is reported at.
 pub const COVERAGE_POINTS: [f64; 4] = [0.10, 0.25, 0.50, 0.75];
 
-/// Published routing statistics of real MoE models (issue 22): the hottest 50% of a layer's
-/// experts take ~75% of its activations (Kimi K2, measured by the seed: 76.5%); on Qwen3-30B-A3B
-/// ~45% of a token's experts were also chosen by the previous token and ~80% within 8 tokens;
-/// DeepSeek-V3 under expert parallelism (its decode deployment hosts one expert per GPU) sees a
-/// per-rank max/mean load of ~3.
-pub const TARGETS: Targets = Targets {
-    coverage50: 0.75,
-    lag1: 0.45,
-    within8: 0.80,
-    ep_max_mean: 3.0,
-};
-
 /// Relative tolerance a recorded statistic is "on target" within.
 pub const TARGET_TOLERANCE: f64 = 0.10;
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Targets {
-    pub coverage50: f64,
-    pub lag1: f64,
-    pub within8: f64,
-    pub ep_max_mean: f64,
-}
 
 /// `x` within [`TARGET_TOLERANCE`] of `target` (relative).
 pub fn on_target(x: f64, target: f64) -> bool {
@@ -346,7 +328,7 @@ impl Report {
             &mut s,
             "hottest 50% of a layer's experts take (mean)",
             per_layer50,
-            TARGETS.coverage50,
+            PUBLISHED.coverage50,
         );
         let ep = self.ep_max_mean();
         let _ = writeln!(
@@ -354,8 +336,8 @@ impl Report {
             "  {:<54} {:5.2}x   target {:5.2}x  {}",
             "per-rank max/mean load, one expert per rank (mean)",
             ep,
-            TARGETS.ep_max_mean,
-            if on_target(ep, TARGETS.ep_max_mean) {
+            PUBLISHED.ep_max_mean,
+            if on_target(ep, PUBLISHED.ep_max_mean) {
                 "on target"
             } else {
                 "off target"
@@ -367,13 +349,13 @@ impl Report {
                     &mut s,
                     "a token's experts also chosen by the previous token",
                     a,
-                    TARGETS.lag1,
+                    PUBLISHED.lag1,
                 );
                 line(
                     &mut s,
                     "a token's experts chosen within the previous 8 tokens",
                     b,
-                    TARGETS.within8,
+                    PUBLISHED.within8,
                 );
             }
             None => {
