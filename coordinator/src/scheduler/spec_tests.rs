@@ -55,12 +55,11 @@ struct Out {
 /// The outputs the oracle knows: prompt bytes -> output bytes (from a run without drafts).
 type Answers = Arc<Mutex<Vec<(Vec<u32>, Vec<u32>)>>>;
 
-/// Proposes the known continuation of a request, every `wrong`-th draft token replaced by
-/// another one, so that both acceptance and rejection happen.
+/// Proposes the known continuation of a request, the draft token at every `wrong`-th output
+/// position replaced by another one, so that both acceptance and rejection happen.
 struct Oracle {
     answers: Answers,
     wrong: usize,
-    calls: usize,
 }
 
 impl Drafter for Oracle {
@@ -68,7 +67,6 @@ impl Drafter for Oracle {
         DraftKind::Ngram
     }
     fn draft(&mut self, r: &DraftRequest) -> Result<Vec<u32>, ModelError> {
-        self.calls += 1;
         let answers = self.answers.lock().expect("answers");
         let Some((p, out)) = answers
             .iter()
@@ -78,8 +76,11 @@ impl Drafter for Oracle {
         };
         let done = r.tokens.len() - p.len();
         let mut d: Vec<u32> = out[done..].iter().take(r.max).copied().collect();
+        // wrong by output position, not by call count: how the sequences' calls interleave
+        // depends on when each was admitted, and a count shared by 4 sequences that draft
+        // every step can make one sequence's first draft token wrong at every step
         for (j, t) in d.iter_mut().enumerate() {
-            if (self.calls + j) % self.wrong == 0 {
+            if (done + j + 1) % self.wrong == 0 {
                 *t = if *t == b'x' as u32 {
                     b'y' as u32
                 } else {
@@ -170,7 +171,6 @@ fn oracle_for(reqs: &[Req], base: &[Out], wrong: usize) -> Speculator {
     let oracle = Oracle {
         answers: Arc::new(Mutex::new(answers)),
         wrong,
-        calls: 0,
     };
     // not gated: the toy model's steps take no time, every draft rides
     Speculator::new(Box::new(oracle), 6, false)
