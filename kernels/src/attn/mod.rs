@@ -278,8 +278,11 @@ fn attend_tile_on(
     let shaped = q.len() >= n_kv.len() * qw
         && out.len() >= n_kv.len() * ow
         && n_kv.iter().all(|&n| n >= 1 && n <= kv.n_kv);
+    // a tile of one row (a decode token) gains nothing from the chunked walk, which keeps its
+    // V sums in `out` between chunks: the single-row body holds them in registers throughout
     #[cfg(target_arch = "x86_64")]
     if shaped
+        && n_kv.len() > 1
         && level.min(crate::dispatch::float_level_available()) == FloatLevel::Avx512
         && x86_64::avx512_fits(g, hd)
         && hd.dv.is_multiple_of(64)
@@ -292,7 +295,7 @@ fn attend_tile_on(
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = shaped;
-    // every other build (or shape): row by row, same bits, each row reading the cache on its own
+    // one row, every other build or shape: row by row, same bits, each row reading the cache
     for (t, &n) in n_kv.iter().enumerate() {
         let view = KvView { n_kv: n, ..*kv };
         attend_heads_on(

@@ -291,3 +291,38 @@ fn a_mask_restricts_greedy_and_seeded_draws() {
     assert!(!TokenMask(&[u32::MAX]).allows(32));
     assert_eq!(TokenMask(&[0, 0, 1 << 5]).first(), Some(69));
 }
+
+/// The vectorized argmax against its definition (first index of the largest value, `>` order so
+/// that -0.0 ties 0.0, NaN never chosen unless every value is NaN, then the last index) on
+/// drawn rows with ties, infinities, signed zeros and NaNs, at lengths around the lane count.
+#[test]
+fn argmax_is_the_first_largest_and_skips_nan() {
+    fn definition(l: &[f32]) -> u32 {
+        let mut best = 0usize;
+        for (i, &x) in l.iter().enumerate() {
+            if x > l[best] || l[best].is_nan() {
+                best = i;
+            }
+        }
+        best as u32
+    }
+    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1.0, -1.0];
+    let mut rng = nightshift_kernels::rng::SplitMix64::new(11);
+    for len in (0..40).chain([151_936, 1000]) {
+        for round in 0..40 {
+            let row: Vec<f32> = (0..len)
+                .map(|_| {
+                    let r = rng.next_u64();
+                    match (r % 8, round % 4) {
+                        // some rows all NaN, some with many special values
+                        (_, 0) if round == 0 => f32::NAN,
+                        (0 | 1, _) => specials[(r >> 8) as usize % specials.len()],
+                        // a few distinct values, so ties are common
+                        _ => ((r >> 16) % 5) as f32 - 2.0,
+                    }
+                })
+                .collect();
+            assert_eq!(argmax(&row), definition(&row), "len {len} round {round}");
+        }
+    }
+}
