@@ -35,6 +35,9 @@ pub struct Ask<'a> {
 pub struct Speculator {
     drafter: Box<dyn Drafter>,
     times: StepTimes,
+    /// A draft model's time per drafted token by the sequences drafting together (its catch-up
+    /// on the tokens accepted since it last drafted included), for the policy.
+    draft_times: StepTimes,
     draft_max: usize,
     /// false: every available draft token (up to `draft_max`) rides, whatever it costs (tests,
     /// and the benchmark's forced curve).
@@ -54,6 +57,7 @@ impl Speculator {
         Speculator {
             drafter,
             times: StepTimes::new(),
+            draft_times: StepTimes::new(),
             draft_max,
             gated,
             next_key: 0,
@@ -112,12 +116,27 @@ impl Speculator {
             })
             .collect();
         let take = if self.gated {
-            plan(&self.times, base, &cands)
+            plan(
+                &self.times,
+                base,
+                &cands,
+                model.then_some(&self.draft_times),
+            )
         } else {
             cands.iter().map(|c| c.available).collect()
         };
         if model {
+            let started = std::time::Instant::now();
             found = self.ask_all(asks, &take);
+            // one draft-model step per token of the longest draft, as wide as those drafting
+            let (steps, width) = (
+                take.iter().copied().max().unwrap_or(0),
+                take.iter().filter(|&&k| k > 0).count(),
+            );
+            if steps > 0 {
+                let per_step = started.elapsed().as_secs_f64() / steps as f64;
+                self.draft_times.record(width, per_step);
+            }
         }
         for (i, a) in asks.iter_mut().enumerate() {
             let k = take[i];

@@ -306,7 +306,15 @@ fn argmax_is_the_first_largest_and_skips_nan() {
         }
         best as u32
     }
-    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1.0, -1.0];
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+    ];
     let mut rng = nightshift_kernels::rng::SplitMix64::new(11);
     for len in (0..40).chain([151_936, 1000]) {
         for round in 0..40 {

@@ -140,12 +140,30 @@ pub struct Candidate {
 /// (`base` counts one row per decoding sequence plus prefill rows; each is worth one token):
 /// draft tokens are added in order of their expected value (the j-th draft token of a sequence
 /// with acceptance a is emitted with probability a^j), and the number of them that maximises
-/// expected tokens over the estimated step time is taken; none when nothing beats the step
-/// without drafts (or no step has been measured yet).
-pub fn plan(times: &StepTimes, base: usize, cands: &[Candidate]) -> Vec<usize> {
+/// expected tokens over the estimated time is taken; none when nothing beats the step without
+/// drafts (or no step has been measured yet).
+///
+/// With `draft` (a draft model's own steps: [`StepTimes`] by the number of sequences drafting
+/// together, one drafted token each), the time of a choice is the target step plus drafting it:
+/// as many draft-model steps as the longest draft, each as wide as the sequences that draft.
+/// Before a draft step was measured it is counted as free, so drafting is tried and measured.
+pub fn plan(
+    times: &StepTimes,
+    base: usize,
+    cands: &[Candidate],
+    draft: Option<&StepTimes>,
+) -> Vec<usize> {
     let mut take = vec![0usize; cands.len()];
     let Some(t0) = times.estimate(base.max(1)) else {
         return take;
+    };
+    // (longest draft, sequences drafting) of the first n tokens of `gains`, as n grows
+    let mut shape = (0usize, 0usize);
+    let drafting = |shape: (usize, usize)| -> f64 {
+        match draft {
+            Some(d) if shape.0 > 0 => shape.0 as f64 * d.estimate(shape.1).unwrap_or(0.0),
+            _ => 0.0,
+        }
     };
     // every (candidate, j) with its value a^j; values fall with j, so a sort keeps each
     // candidate's tokens in order
@@ -160,16 +178,19 @@ pub fn plan(times: &StepTimes, base: usize, cands: &[Candidate]) -> Vec<usize> {
     gains.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let mut best = (base as f64 / t0, 0usize);
     let mut tokens = base as f64;
-    for (n, &(g, _)) in gains.iter().enumerate() {
+    for (n, &(g, i)) in gains.iter().enumerate() {
         tokens += g;
+        take[i] += 1;
+        shape = (shape.0.max(take[i]), shape.1 + usize::from(take[i] == 1));
         let Some(t) = times.estimate(base + n + 1) else {
             break;
         };
-        let rate = tokens / t;
+        let rate = tokens / (t + drafting(shape));
         if rate > best.0 * (1.0 + 1e-9) {
             best = (rate, n + 1);
         }
     }
+    take.fill(0);
     for &(_, i) in &gains[..best.1] {
         take[i] += 1;
     }
@@ -205,22 +226,61 @@ mod tests {
             rate: 0.95,
             available: 5,
         };
-        let k = plan(&t, 1, &[sure])[0];
+        let k = plan(&t, 1, &[sure], None)[0];
         assert!(k >= 3, "high acceptance drafts several tokens, took {k}");
         let poor = Candidate {
             rate: 0.3,
             available: 5,
         };
         assert_eq!(
-            plan(&t, 1, &[poor]),
+            plan(&t, 1, &[poor], None),
             vec![0],
             "a low acceptance rate drafts nothing"
         );
         // a flat curve (rows are free) makes even a modest rate worth drafting
         let flat = times(&[(1, 1.0), (2, 1.0), (3, 1.0), (4, 1.0)]);
-        assert!(plan(&flat, 1, &[poor])[0] > 0);
+        assert!(plan(&flat, 1, &[poor], None)[0] > 0);
         // nothing measured: no drafts
-        assert_eq!(plan(&StepTimes::new(), 1, &[sure]), vec![0]);
+        assert_eq!(plan(&StepTimes::new(), 1, &[sure], None), vec![0]);
+    }
+
+    #[test]
+    fn a_draft_models_own_steps_are_paid_for() {
+        // rows are nearly free on the target: high acceptance drafts the most it may
+        let t = times(&[
+            (1, 1.0),
+            (2, 1.05),
+            (3, 1.1),
+            (4, 1.15),
+            (5, 1.2),
+            (6, 1.25),
+        ]);
+        let sure = Candidate {
+            rate: 0.9,
+            available: 5,
+        };
+        assert_eq!(plan(&t, 1, &[sure], None), vec![5]);
+        // not measured yet: drafting is free until it is
+        assert_eq!(plan(&t, 1, &[sure], Some(&StepTimes::new())), vec![5]);
+        // at acceptance 0.7 the free draft takes all 5; a draft step a tenth of a target step
+        // is still worth paying for, but fewer tokens (3: 2.53 expected tokens in 1.45)
+        let likely = Candidate {
+            rate: 0.7,
+            available: 5,
+        };
+        assert_eq!(plan(&t, 1, &[likely], None), vec![5]);
+        let cheap = times(&[(1, 0.1)]);
+        assert_eq!(plan(&t, 1, &[likely], Some(&cheap)), vec![3]);
+        // a draft step as slow as the target's: nothing pays
+        let slow = times(&[(1, 1.0)]);
+        assert_eq!(plan(&t, 1, &[sure], Some(&slow)), vec![0]);
+        // two sequences drafting together share the draft model's steps
+        let wide = times(&[(1, 0.1), (2, 0.1)]);
+        let two = plan(&t, 2, &[likely, likely], Some(&wide));
+        assert!(
+            two.iter().all(|&k| k > 0),
+            "both draft in the same steps: {two:?}"
+        );
     }
 
     #[test]
