@@ -98,17 +98,7 @@ pub(super) unsafe fn attend_heads_avx512(
             attend_heads_body::<false>(q, h0, g, kv, hd, round_p, scores, out);
             return;
         }
-        scores.clear();
-        scores.resize(g * n + g * dk, 0.0);
-        let (sc, qi) = scores.split_at_mut(g * n);
-        // qi[(pair * nc + c) * 16 ..]: chunk c of head 2 * pair, then of head 2 * pair + 1
-        for (pair, dst) in qi.chunks_exact_mut(2 * dk).enumerate() {
-            for (c, d) in dst.chunks_exact_mut(16).enumerate() {
-                let a = 2 * pair * dk + 8 * c;
-                d[..8].copy_from_slice(&q[a..a + 8]);
-                d[8..].copy_from_slice(&q[a + dk..a + dk + 8]);
-            }
-        }
+        let (sc, qi) = score_rows(scores, q, g, n, dk);
         let np = g / 2;
         for s in 0..kv.segments() {
             let kb = kv.k[s].as_ptr().add(hk * dk);
@@ -165,6 +155,29 @@ pub(super) unsafe fn attend_heads_avx512(
     }
 }
 
+/// Splits `scores` into the score rows of `rows` query heads over `n` positions and the queries
+/// interleaved by head pairs: `qi[(pair * nc + c) * 16 ..]` holds chunk `c` of head `2 * pair`,
+/// then of head `2 * pair + 1` (the layout `qk_pairs` reads).
+fn score_rows<'s>(
+    scores: &'s mut Vec<f32>,
+    q: &[f32],
+    rows: usize,
+    n: usize,
+    dk: usize,
+) -> (&'s mut [f32], &'s mut [f32]) {
+    scores.clear();
+    scores.resize(rows * n + rows * dk, 0.0);
+    let (sc, qi) = scores.split_at_mut(rows * n);
+    for (pair, dst) in qi.chunks_exact_mut(2 * dk).enumerate() {
+        for (c, d) in dst.chunks_exact_mut(16).enumerate() {
+            let a = 2 * pair * dk + 8 * c;
+            d[..8].copy_from_slice(&q[a..a + 8]);
+            d[8..].copy_from_slice(&q[a + dk..a + dk + 8]);
+        }
+    }
+    (sc, qi)
+}
+
 /// Positions a tile's chunk holds at most: its K rows (and then its V rows) are read by every
 /// query row of the tile while they sit in L1 (16 x 128 floats of one Qwen3 kv head: 8 KiB).
 const TILE_CHUNK: usize = 16;
@@ -206,16 +219,7 @@ pub(super) unsafe fn attend_tile_avx512(
         let rows = n_kv.len() * g;
         let (np, pg) = (rows / 2, g / 2);
         let min_n = n_kv.iter().copied().min().unwrap_or(0);
-        scores.clear();
-        scores.resize(rows * n + rows * dk, 0.0);
-        let (sc, qi) = scores.split_at_mut(rows * n);
-        for (pair, dst) in qi.chunks_exact_mut(2 * dk).enumerate() {
-            for (c, d) in dst.chunks_exact_mut(16).enumerate() {
-                let a = 2 * pair * dk + 8 * c;
-                d[..8].copy_from_slice(&q[a..a + 8]);
-                d[8..].copy_from_slice(&q[a + dk..a + dk + 8]);
-            }
-        }
+        let (sc, qi) = score_rows(scores, q, rows, n, dk);
         // the chunks of the view: (segment, first row in it, rows, first position)
         let chunks = (0..kv.segments()).flat_map(|s| {
             let r = kv.rows(s);
