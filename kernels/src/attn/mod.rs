@@ -13,11 +13,13 @@
 //! per kv head group; it holds no SIMD code of its own.
 
 pub mod q8;
+mod softmax;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 
 use crate::dispatch::FloatLevel;
 use crate::formats::{f16_to_f32, f32_to_f16};
+pub use softmax::{exp, softmax};
 
 /// Where one sequence's K and V rows live for one layer: in segments of `block` positions (the
 /// paged cache's blocks, or one segment for contiguous rows). Position `j` is row `j % block` of
@@ -54,28 +56,6 @@ pub struct Heads {
     pub dk: usize,
     pub dv: usize,
     pub scale: f32,
-}
-
-/// ggml_soft_max_ext on one row: `x*scale`, max, exp, f64 sum, multiply by 1/sum (also the MoE
-/// router's softmax gating).
-pub fn softmax(x: &mut [f32], scale: f32) {
-    let mut max = f32::NEG_INFINITY;
-    for v in x.iter_mut() {
-        *v *= scale;
-        if *v > max {
-            max = *v;
-        }
-    }
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        let e = (*v - max).exp();
-        *v = e;
-        sum += e as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
 }
 
 #[inline(always)]
