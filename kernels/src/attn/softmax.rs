@@ -165,11 +165,11 @@ mod tests {
 
     #[test]
     fn exp_is_within_one_ulp_of_the_true_value_everywhere() {
-        // every 97th f32 from -110 to 100 (both signs of the bit patterns), plus the edges
+        // every 389th f32 bit pattern in -110..=100 (~5.8M values; the aarch64 run is under qemu)
         let mut worst = 0;
         let mut off = 0u64;
         let mut checked = 0u64;
-        for bits in (0..u32::MAX).step_by(97) {
+        for bits in (0..u32::MAX).step_by(389) {
             let x = f32::from_bits(bits);
             if !(LOW..=HIGH).contains(&x) {
                 continue;
@@ -184,7 +184,7 @@ mod tests {
             worst = worst.max(d);
             off += u64::from(d > 0);
         }
-        assert!(checked > 20_000_000, "{checked} values checked");
+        assert!(checked > 5_000_000, "{checked} values checked");
         assert!(worst <= 1, "worst error {worst} ulps");
         // correctly rounded but for values within ~2e-13 of a rounding boundary
         assert!(
