@@ -66,6 +66,7 @@ mod neon;
 mod split;
 mod unpack;
 
+use crate::formats::repack::Layout;
 use crate::{GgmlType, Tile};
 
 /// Which integer cores a `gemm_block` call uses.
@@ -93,13 +94,22 @@ fn has_path(ty: GgmlType) -> bool {
     )
 }
 
-/// Runs `level`'s path for `t`; false when it has none for the tile's type.
+/// Whether `level` has a path for `ty` weights repacked by `formats::repack` ([`Layout::Rows4`]:
+/// Q8_0 and Q4_0 on the SDOT and SMMLA tiers, `legacy_mm`).
+pub(crate) fn reads_repacked(level: Level, ty: GgmlType) -> bool {
+    level != Level::Neon && matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0)
+}
+
+/// Runs `level`'s path for `t`; false when it has none for the tile's type (or its layout).
 fn run(level: Level, t: &mut Tile<'_>) -> bool {
     if t.ty().is_iq() {
         // SAFETY: `run` is only reached through `level`'s capability value.
         return unsafe { iq::gemm(level, t) };
     }
     if !has_path(t.ty()) {
+        return false;
+    }
+    if t.w().layout() != Layout::Gguf && !reads_repacked(level, t.ty()) {
         return false;
     }
     if t.rows() == 0 || t.n() == 0 || t.k() == 0 {
