@@ -295,10 +295,15 @@ pub fn active_tier() -> Tier {
 /// `NIGHTSHIFT_REPACK=off` (for A/B runs). Read by the code that makes resident copies
 /// (`model::resident`); mapped weights always stay in file order.
 pub fn resident_layout(ty: GgmlType, rows: usize) -> Layout {
+    resident_layout_for(active_tier(), ty, rows)
+}
+
+/// [`resident_layout`] for weights that `tier` will read (benchmarks that force a tier).
+pub fn resident_layout_for(tier: Tier, ty: GgmlType, rows: usize) -> Layout {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     let enabled =
         *ENABLED.get_or_init(|| std::env::var("NIGHTSHIFT_REPACK").map_or(true, |v| v != "off"));
-    let reads = match active_tier() {
+    let reads = match tier {
         #[cfg(target_arch = "aarch64")]
         Tier::Dotprod => {
             crate::arch::aarch64::reads_repacked(crate::arch::aarch64::Level::Dotprod, ty)

@@ -45,6 +45,10 @@
 //! | Q5_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | IQ*, TQ* | SMULL+SADDLP | SDOT              | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //!
+//! Q8_0 and Q4_0 also have dotprod/i8mm paths for weights repacked at load
+//! (`formats::repack::Layout::Rows4`, see `legacy_mm`): the same tiles with their operands
+//! loaded, not interleaved per call. NEON declines repacked weights ([`reads_repacked`]).
+//!
 //! The i-quants and ternary types ([`iq`]) decode each block to signed bytes with the portable
 //! `arch::iq_tile` and need only 16-element group sums from a core.
 //!
