@@ -132,6 +132,7 @@ fn get(src: &[u8], at: usize) -> uint8x16_t {
 }
 
 /// The prepared record of one block of two activation rows (`x0`, `x1`: their blocks).
+#[inline(always)]
 fn prep_pair(ty: Legacy, x0: &[u8], x1: &[u8], dst: &mut [u8]) {
     let qs = ty.act_qs();
     let dst = &mut dst[..PREP];
@@ -156,12 +157,10 @@ fn prep_pair(ty: Legacy, x0: &[u8], x1: &[u8], dst: &mut [u8]) {
             vdupq_n_s32(MAGIC_BITS)
         };
         put(dst, AT_INIT, vreinterpretq_u8_s32(init));
-        let s = if matches!(ty, Legacy::Q4_1 | Legacy::Q5_1) {
-            f16x4([x0, x1, x0, x1], 2)
-        } else {
-            vdupq_n_f32(0.0)
-        };
-        put(dst, AT_S, vreinterpretq_u8_f32(s));
+        // read only by the types with a sum (`quad`'s `with_min`)
+        if matches!(ty, Legacy::Q4_1 | Legacy::Q5_1) {
+            put(dst, AT_S, vreinterpretq_u8_f32(f16x4([x0, x1, x0, x1], 2)));
+        }
     }
 }
 
@@ -269,6 +268,35 @@ pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
     }
 }
 
+/// The prepared records of `cnt` activation rows `x` (`nb` blocks each) in pairs, an odd last
+/// row paired with itself, at `dst[(b * pairs + p) * PREP..]`: one loop per type with
+/// [`prep_pair`] inlined, kept out of the tile loops so that their code is not disturbed.
+#[inline(never)]
+fn prep_pairs<const T: usize>(nb: usize, x: &[u8], cnt: usize, dst: &mut [u8]) {
+    let ty = TYPES[T];
+    let xbb = ty.act_bytes();
+    let xrow = nb * xbb;
+    let pairs = cnt.div_ceil(2);
+    let dst = &mut dst[..nb * pairs * PREP];
+    for p in 0..pairs {
+        let (j0, j1) = (2 * p, (2 * p + 1).min(cnt - 1));
+        let (r0, r1) = (&x[j0 * xrow..][..xrow], &x[j1 * xrow..][..xrow]);
+        for b in 0..nb {
+            // SAFETY: b < nb and p < pairs, so the blocks lie inside the rows (nb blocks of
+            // xbb bytes each) and the record inside `dst` (nb * pairs records), all sliced with
+            // checks above: no per-block bounds checks.
+            let (x0, x1, rec) = unsafe {
+                (
+                    r0.get_unchecked(b * xbb..(b + 1) * xbb),
+                    r1.get_unchecked(b * xbb..(b + 1) * xbb),
+                    dst.get_unchecked_mut((b * pairs + p) * PREP..(b * pairs + p + 1) * PREP),
+                )
+            };
+            prep_pair(ty, x0, x1, rec);
+        }
+    }
+}
+
 /// [`gemm`]'s SMMLA tiles for the type `TYPES[T]` (`R`: weights in [`Layout::Rows4`]).
 fn gemm_t<const T: usize, const R: bool>(
     nb: usize,
@@ -290,16 +318,7 @@ fn gemm_t<const T: usize, const R: bool>(
         for jc in (0..n).step_by(2 * PAIRS) {
             let cnt = (2 * PAIRS).min(n - jc);
             let pairs = cnt.div_ceil(2);
-            for p in 0..pairs {
-                let (j0, j1) = (jc + 2 * p, (jc + 2 * p + 1).min(jc + cnt - 1));
-                for b in 0..nb {
-                    let (x0, x1) = (
-                        &x[j0 * xrow + b * xbb..][..xbb],
-                        &x[j1 * xrow + b * xbb..][..xbb],
-                    );
-                    prep_pair(ty, x0, x1, &mut scratch[(b * pairs + p) * PREP..][..PREP]);
-                }
-            }
+            prep_pairs::<T>(nb, &x[jc * xrow..(jc + cnt) * xrow], cnt, &mut scratch);
             let prep = &scratch[..nb * pairs * PREP];
             let cols: [usize; 2 * PAIRS] = core::array::from_fn(|i| jc + i.min(cnt - 1));
             let mut r = 0;
@@ -437,6 +456,7 @@ const PREP1: usize = 80;
 const ROWS1: usize = 8;
 
 /// The prepared record of one block of one activation row for the SDOT quads.
+#[inline(always)]
 fn prep_row(ty: Legacy, xb: &[u8], dst: &mut [u8]) {
     let qs = ty.act_qs();
     let dst = &mut dst[..PREP1];
@@ -606,6 +626,7 @@ fn quad_dot<const J: usize, const T: usize>(
 const PREP1P: usize = 96;
 
 /// The prepared record of one block of one activation row for [`quad_dot_packed`].
+#[inline(always)]
 fn prep_row_packed(ty: Legacy, xb: &[u8], dst: &mut [u8]) {
     let qs = ty.act_qs();
     let dst = &mut dst[..PREP1P];
