@@ -54,6 +54,13 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
              "(`ggml_gemm_*_8x8`/`4x8` on groups of 4 activation rows, `ggml_gemv_*` on the "
              "rest), which ggml picks by default on a CPU with i8mm. \"ggml best\" is the "
              "fastest of those; ratio = ggml best / ours best (> 1: ours predicted faster).\n")
+    o.append("Weights are in the layout resident copies get for the traced tier "
+             "(`dispatch::resident_layout_for`): Q8_0 and Q4_0 on dotprod/i8mm are repacked "
+             "four rows at a time (`formats::repack`, `Layout::Rows4`), like ggml's `repack` "
+             "weights; every other cell reads the file's layout. ggml's `repack` traces start "
+             "from activations already interleaved (`ggml_quantize_mat_*` is outside them); "
+             "ours include their per-call activation preparation, a fixed cost per call that "
+             "32 rows amortize less than a real expert's hundreds.\n")
     for cpu, cpuname in cpus.items():
         f = ghz.get(cpu)
         o.append(f"\n## {cpuname} (llvm-mca `-mcpu={cpuname}`), cycles per 256 weights per "

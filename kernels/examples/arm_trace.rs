@@ -7,12 +7,15 @@
 //!
 //! The weights and activations are real quantized blocks (of a fixed pseudo-random signal) so
 //! that every value-dependent step takes its ordinary path. The GEMM runs once untraced first,
-//! so that per-thread scratch buffers are already grown when the traced call runs.
+//! so that per-thread scratch buffers are already grown when the traced call runs. The weights
+//! are in the layout resident copies get for the tier (`dispatch::resident_layout_for`), as
+//! the expert arenas hold them.
 
 use std::hint::black_box;
 use std::process::ExitCode;
 
-use nightshift_kernels::dispatch::{gemm_with, Tier};
+use nightshift_kernels::dispatch::{gemm_with, resident_layout_for, Tier};
+use nightshift_kernels::formats::repack::repack;
 use nightshift_kernels::{quantize_row, GgmlType, QMatrix};
 
 /// The trace starts after this function is executed.
@@ -63,6 +66,11 @@ fn run(args: &[String]) -> Result<(), String> {
     let x = quantized(ty.vec_dot_type(), batch, k, 0x7F4A_7C15)?;
     let mut out = vec![0f32; rows * batch];
     let wq = QMatrix::new(ty, rows, k, &w).map_err(|e| e.to_string())?;
+    // The weights as resident copies hold them for this tier (`NIGHTSHIFT_REPACK=off`: the
+    // file's order).
+    let mut packed = vec![0u8; w.len()];
+    let layout = resident_layout_for(tier, ty, rows);
+    let wq = repack(&wq, layout, &mut packed).map_err(|e| e.to_string())?;
     gemm_with(tier, wq, &x, batch, &mut out, None).map_err(|e| e.to_string())?;
     println!(
         "trace_begin={:#x} trace_end={:#x}",

@@ -22,7 +22,8 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use crate::{scalar, KernelError, QMatrix, Tile};
+use crate::formats::repack::Layout;
+use crate::{scalar, GgmlType, KernelError, QMatrix, Tile};
 
 /// A kernel tier: the scalar reference or one SIMD implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -286,6 +287,36 @@ pub fn configured_tier() -> Result<Tier, KernelError> {
 /// silently ignored).
 pub fn active_tier() -> Tier {
     configured_tier().unwrap_or(Tier::Scalar)
+}
+
+/// The layout resident weights of type `ty` (`rows` rows) should be repacked into for the
+/// tier [`crate::gemm`] uses ([`active_tier`]): [`Layout::Rows4`] for Q8_0 and Q4_0 on the
+/// aarch64 SDOT and SMMLA tiers (`formats::repack`), GGUF order otherwise or when
+/// `NIGHTSHIFT_REPACK=off` (for A/B runs). Read by the code that makes resident copies
+/// (`model::resident`); mapped weights always stay in file order.
+pub fn resident_layout(ty: GgmlType, rows: usize) -> Layout {
+    resident_layout_for(active_tier(), ty, rows)
+}
+
+/// [`resident_layout`] for weights that `tier` will read (benchmarks that force a tier).
+pub fn resident_layout_for(tier: Tier, ty: GgmlType, rows: usize) -> Layout {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    let enabled =
+        *ENABLED.get_or_init(|| std::env::var("NIGHTSHIFT_REPACK").map_or(true, |v| v != "off"));
+    let reads = match tier {
+        #[cfg(target_arch = "aarch64")]
+        Tier::Dotprod => {
+            crate::arch::aarch64::reads_repacked(crate::arch::aarch64::Level::Dotprod, ty)
+        }
+        #[cfg(target_arch = "aarch64")]
+        Tier::I8mm => crate::arch::aarch64::reads_repacked(crate::arch::aarch64::Level::I8mm, ty),
+        _ => false,
+    };
+    if enabled && reads && Layout::Rows4.fits(ty, rows) {
+        Layout::Rows4
+    } else {
+        Layout::Gguf
+    }
 }
 
 /// A one-line description for startup logs, e.g.

@@ -49,6 +49,13 @@ pub enum KernelError {
         end: usize,
         rows: usize,
     },
+    /// A weight matrix cannot have (or is not in) a repacked layout (`formats::repack`).
+    #[error("weight layout {layout}: expected {expected}, found {found}")]
+    Layout {
+        layout: &'static str,
+        expected: String,
+        found: String,
+    },
     /// The requested SIMD tier cannot run on this CPU (or this build's architecture).
     #[error("kernel tier {tier} is not available on this cpu (available: {available})")]
     TierUnavailable {

@@ -5,10 +5,12 @@
 //! (scalar, x86, aarch64): weight rows, the activation rows (a `QMatrix` of the weights'
 //! vec-dot type) and the output, checked against each other once when built.
 
+use crate::formats::repack::Layout;
 use crate::{GgmlType, KernelError};
 
-/// `rows` rows of `cols` elements of type `ty`, contiguous and row-major in `bytes` (exactly
-/// `rows * ty.row_bytes(cols)` bytes: checked by [`QMatrix::new`]).
+/// `rows` rows of `cols` elements of type `ty` in `bytes` (exactly `rows * ty.row_bytes(cols)`
+/// bytes: checked by [`QMatrix::new`]), row-major as in the file unless `layout` names a
+/// repacked order ([`Layout`], built by `formats::repack::repack`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QMatrix<'a> {
     ty: GgmlType,
@@ -16,6 +18,7 @@ pub struct QMatrix<'a> {
     cols: usize,
     row_bytes: usize,
     bytes: &'a [u8],
+    layout: Layout,
 }
 
 impl<'a> QMatrix<'a> {
@@ -74,6 +77,7 @@ impl<'a> QMatrix<'a> {
             cols,
             row_bytes,
             bytes,
+            layout: Layout::Gguf,
         })
     }
 
@@ -99,10 +103,22 @@ impl<'a> QMatrix<'a> {
         self.row_bytes
     }
 
-    /// The same matrix over other bytes (a copy of these elsewhere in memory); an error unless
-    /// `bytes` has this matrix's length.
+    /// How the blocks are ordered in [`QMatrix::bytes`].
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The same matrix over other bytes (a copy of these elsewhere in memory, in the same
+    /// layout); an error unless `bytes` has this matrix's length.
     pub fn with_bytes<'b>(&self, bytes: &'b [u8]) -> Result<QMatrix<'b>, KernelError> {
-        QMatrix::new(self.ty, self.rows, self.cols, bytes)
+        QMatrix::new(self.ty, self.rows, self.cols, bytes)?.in_layout(self.layout)
+    }
+
+    /// These bytes read as `layout` (they must have been written in it, by
+    /// `formats::repack::repack`); an error unless the layout fits the type and rows.
+    pub fn in_layout(self, layout: Layout) -> Result<QMatrix<'a>, KernelError> {
+        layout.check(self.ty, self.rows)?;
+        Ok(QMatrix { layout, ..self })
     }
 
     /// Rows `start .. start + count` as a matrix of their own; an error unless they are all
@@ -117,6 +133,14 @@ impl<'a> QMatrix<'a> {
                     end: start.saturating_add(count),
                     rows: self.rows,
                 })?;
+        let group = self.layout.row_group();
+        if start % group != 0 || count % group != 0 {
+            return Err(KernelError::Layout {
+                layout: self.layout.name(),
+                expected: format!("row ranges in whole groups of {group} rows"),
+                found: format!("rows {start}..{end}"),
+            });
+        }
         Ok(QMatrix {
             rows: count,
             bytes: &self.bytes[start * self.row_bytes..end * self.row_bytes],
@@ -131,7 +155,10 @@ impl<'a> QMatrix<'a> {
 /// **Architecture Invariant: a `Tile` is consistent by construction** (private fields, checked
 /// in [`Tile::new`]): `x` has the weights' vec-dot type and row length, `out` holds exactly
 /// `w.rows() * x.rows()` floats, and both matrices hold exactly their rows (as every
-/// `QMatrix`). The SIMD tiers' unsafe code reads through raw pointers on that guarantee alone.
+/// `QMatrix`); `x` is in GGUF order, `w` may be repacked (`w.layout()`: **a tier reads a
+/// repacked `w` only if it has a path for that layout**, others leave it to the scalar
+/// fallback, which restores GGUF order). The SIMD tiers' unsafe code reads through raw
+/// pointers on that guarantee alone.
 #[derive(Debug)]
 pub struct Tile<'a> {
     w: QMatrix<'a>,
@@ -152,6 +179,13 @@ impl<'a> Tile<'a> {
             return Err(KernelError::Unsupported {
                 op: "gemm",
                 ty: w.ty.name(),
+            });
+        }
+        if x.layout != Layout::Gguf {
+            return Err(KernelError::Layout {
+                layout: x.layout.name(),
+                expected: "gemm activation rows in gguf order".to_string(),
+                found: format!("activation rows in {} order", x.layout.name()),
             });
         }
         if x.ty != w.ty.vec_dot_type() || x.cols != w.cols {

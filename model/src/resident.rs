@@ -14,12 +14,17 @@
 //! copies, so the arenas alive never hold more than the budget (arenas are freed whole; the budget
 //! counts the experts' bytes, as placements do, and each matrix adds < 64 bytes of alignment). Lookups
 //! hold a read lock for one layer call, so a swap waits for the calls using the old copies.
-//! Copies are the same bytes as the file: **which experts are resident never changes outputs.**
+//! Copies are the file's blocks, in the order the active kernel tier reads fastest
+//! (`nightshift_kernels::dispatch::resident_layout`: on the aarch64 SDOT/SMMLA tiers Q8_0 and
+//! Q4_0 are repacked four rows at a time, same bytes, same length; elsewhere the file's order):
+//! **which experts are resident never changes outputs.**
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, RwLock};
 
+use nightshift_kernels::dispatch::resident_layout;
+use nightshift_kernels::formats::repack::{repack, Layout};
 use rayon::prelude::*;
 use rayon::ThreadPool;
 
@@ -46,6 +51,8 @@ pub struct ExpertCopy {
     gate: Range<usize>,
     up: Range<usize>,
     down: Range<usize>,
+    /// The order of gate, up and down in the arena.
+    layouts: [Layout; 3],
 }
 
 impl ExpertCopy {
@@ -62,9 +69,9 @@ impl ExpertCopy {
     ) -> Result<ExpertWeights<'a>, nightshift_kernels::KernelError> {
         let m = &self.arena.map;
         Ok(ExpertWeights {
-            gate: mapped.gate.with_bytes(&m[self.gate.clone()])?,
-            up: mapped.up.with_bytes(&m[self.up.clone()])?,
-            down: mapped.down.with_bytes(&m[self.down.clone()])?,
+            gate: (mapped.gate.with_bytes(&m[self.gate.clone()])?).in_layout(self.layouts[0])?,
+            up: (mapped.up.with_bytes(&m[self.up.clone()])?).in_layout(self.layouts[1])?,
+            down: (mapped.down.with_bytes(&m[self.down.clone()])?).in_layout(self.layouts[2])?,
         })
     }
 
@@ -98,7 +105,8 @@ pub fn copy_experts(
     evict: bool,
 ) -> Result<Vec<((u32, u32), ExpertCopy)>, CopyError> {
     let mut total = 0usize;
-    let mut plan: Vec<((u32, u32), [Range<usize>; 3])> = Vec::with_capacity(keys.len());
+    let mut plan: Vec<((u32, u32), [Range<usize>; 3], [Layout; 3])> =
+        Vec::with_capacity(keys.len());
     for &(layer, expert) in keys {
         let w = ExpertWeights::from_gguf(g, layer as usize, expert as usize)?;
         let mut at = |len: usize| {
@@ -113,6 +121,7 @@ pub fn copy_experts(
                 at(w.up.bytes().len()),
                 at(w.down.bytes().len()),
             ],
+            [w.gate, w.up, w.down].map(|m| resident_layout(m.ty(), m.rows())),
         ));
     }
     if plan.is_empty() {
@@ -126,26 +135,29 @@ pub fn copy_experts(
     {
         // disjoint destination slices, one per expert, in plan order
         let mut rest: &mut [u8] = &mut map[start..start + total];
-        let mut jobs: Vec<((u32, u32), &mut [u8])> = Vec::with_capacity(plan.len());
+        type Job<'d> = ((u32, u32), [Layout; 3], &'d mut [u8]);
+        let mut jobs: Vec<Job<'_>> = Vec::with_capacity(plan.len());
         let mut consumed = 0;
-        for (key, r) in &plan {
+        for (key, r, layouts) in &plan {
             let end = r[2].end;
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut(end - consumed);
             consumed = end;
             rest = tail;
-            jobs.push((*key, mine));
+            jobs.push((*key, *layouts, mine));
         }
-        let copy = |((layer, expert), dest): ((u32, u32), &mut [u8])| {
+        let copy = |((layer, expert), layouts, dest): Job<'_>| {
             let w = ExpertWeights::from_gguf(g, layer as usize, expert as usize)?;
             let mut at = 0;
-            for m in [w.gate.bytes(), w.up.bytes(), w.down.bytes()] {
-                dest[at..at + m.len()].copy_from_slice(m);
+            for (m, layout) in [w.gate, w.up, w.down].into_iter().zip(layouts) {
+                let len = m.bytes().len();
+                // the file's bytes, repacked for the active tier where it has a layout
+                repack(&m, layout, &mut dest[at..at + len])?;
                 // the copy serves from now on: stop counting the mapped pages too
-                g.release_mapped(m);
+                g.release_mapped(m.bytes());
                 if evict {
-                    g.evict_cached(m);
+                    g.evict_cached(m.bytes());
                 }
-                at += m.len().div_ceil(COPY_ALIGN) * COPY_ALIGN;
+                at += len.div_ceil(COPY_ALIGN) * COPY_ALIGN;
             }
             Ok::<(), ExpertError>(())
         };
@@ -162,7 +174,7 @@ pub fn copy_experts(
     let shift = |r: &Range<usize>| start + r.start..start + r.end;
     Ok(plan
         .iter()
-        .map(|(key, [g, u, d])| {
+        .map(|(key, [g, u, d], layouts)| {
             (
                 *key,
                 ExpertCopy {
@@ -170,6 +182,7 @@ pub fn copy_experts(
                     gate: shift(g),
                     up: shift(u),
                     down: shift(d),
+                    layouts: *layouts,
                 },
             )
         })

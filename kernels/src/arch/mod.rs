@@ -24,6 +24,12 @@ macro_rules! capability_tier {
             /// reference; false (nothing promised about `out`) when this tier has no path for
             /// the tile's type.
             pub fn gemm_block(self, tile: &mut $crate::Tile<'_>) -> bool {
+                // Repacked weights reach only the aarch64 tiers' own checks (`aarch64::run`).
+                if !cfg!(target_arch = "aarch64")
+                    && tile.w().layout() != $crate::formats::repack::Layout::Gguf
+                {
+                    return false;
+                }
                 $run($level, tile)
             }
         }

@@ -12,6 +12,7 @@ pub(crate) mod iq_grids;
 mod iquants;
 pub(crate) mod kquants;
 mod legacy;
+pub mod repack;
 
 pub use half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 pub use iq_grids::{

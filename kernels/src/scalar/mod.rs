@@ -163,6 +163,14 @@ pub(crate) fn dot_row(ty: GgmlType, w: &[u8], x: &[u8]) -> Result<f32, KernelErr
 /// Scalar tile: `out[r * n + j] = W[r] . x[j]` over `tile` (the same contract as the SIMD
 /// tiers' `gemm_block`).
 pub fn gemm_block(tile: &mut Tile<'_>) -> Result<(), KernelError> {
+    if tile.w().layout() != crate::formats::repack::Layout::Gguf {
+        // Repacked weights (`formats::repack`): the same blocks back in file order.
+        let w = tile.w();
+        let mut gguf = vec![0u8; w.bytes().len()];
+        let w = crate::formats::repack::to_gguf(&w, &mut gguf)?;
+        let x = tile.x();
+        return gemm_block(&mut Tile::new(w, x, tile.out())?);
+    }
     let float_tile = match tile.ty() {
         GgmlType::F32 => Some(float::gemm_f32 as fn(&mut Tile<'_>)),
         GgmlType::F16 => Some(float::gemm_f16 as _),

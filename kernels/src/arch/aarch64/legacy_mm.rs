@@ -16,6 +16,13 @@
 //! exactly in int32, so the integer is the reference's `sumi`. The start value also carries
 //! `neon::MAGIC`'s bits, which make the integer-to-float conversion one subtraction. The float epilogues are the
 //! reference's (see `legacy`), lane by lane, with no fused multiply-add.
+//!
+//! Q8_0 and Q4_0 weights repacked at load (`formats::repack`, [`Layout::Rows4`]: four rows'
+//! blocks together, each row pair's quants already in SMMLA `A` order, the four scales in one
+//! 8-byte run) skip the per-call interleave: the SMMLA tiles load their `A` operands as they are
+//! and the scales with one FCVTL; the SDOT quads multiply the same row-pair vectors by an
+//! activation record holding each 8-byte k-slice twice (`prep_row_packed`), so one pairwise add
+//! leaves the four rows' sums in row order. Same integers, same epilogue, same bits.
 
 use core::arch::aarch64::*;
 use core::arch::asm;
@@ -26,6 +33,7 @@ use super::i8mm::{pair, smmla};
 use super::legacy::Legacy;
 use super::neon::{from_magic, ld_s8, MAGIC_BITS};
 use super::Level;
+use crate::formats::repack::{Layout, ROWS4};
 use crate::Tile;
 
 /// Activation row pairs prepared per chunk.
@@ -63,6 +71,50 @@ fn f16x4(b: [&[u8]; 4], at: usize) -> float32x4_t {
     out
 }
 
+/// The four f16 at `b[at..at + 8]` (a [`Layout::Rows4`] group's scales) as f32, one FCVTL.
+#[inline(always)]
+fn f16x4_run(b: &[u8], at: usize) -> float32x4_t {
+    let h = &b[at..at + 8];
+    let out: float32x4_t;
+    // SAFETY: `h` is 8 readable bytes (bounds-checked; no alignment requirement); the rest is a
+    // register-only instruction of the aarch64 baseline.
+    unsafe {
+        let t = vld1_u8(h.as_ptr());
+        asm!(
+            "fcvtl {o:v}.4s, {t:v}.4h",
+            t = in(vreg) t,
+            o = out(vreg) out,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
+/// The `A` operands of a [`Layout::Rows4`] group's block (`blk`, `4 * block_bytes` bytes) for its
+/// two row pairs, as `pair_quants` builds them from GGUF blocks: loads only (Q4_0: and the
+/// nibble split).
+#[inline(always)]
+fn packed_quants(ty: Legacy, blk: &[u8]) -> [[int8x16_t; 4]; 2] {
+    core::array::from_fn(|p| match ty {
+        Legacy::Q4_0 => {
+            let (lo, hi) = (ld_s8(blk, 8 + 32 * p), ld_s8(blk, 8 + 32 * p + 16));
+            // SAFETY: NEON register arithmetic only.
+            unsafe {
+                let (lo, hi) = (vreinterpretq_u8_s8(lo), vreinterpretq_u8_s8(hi));
+                let m = vdupq_n_u8(15);
+                [
+                    vreinterpretq_s8_u8(vandq_u8(lo, m)),
+                    vreinterpretq_s8_u8(vandq_u8(hi, m)),
+                    vreinterpretq_s8_u8(vshrq_n_u8::<4>(lo)),
+                    vreinterpretq_s8_u8(vshrq_n_u8::<4>(hi)),
+                ]
+            }
+        }
+        // Q8_0 (the only other type `Layout::Rows4` holds)
+        _ => core::array::from_fn(|c| ld_s8(blk, 8 + 64 * p + 16 * c)),
+    })
+}
+
 /// Stores a vector's 16 bytes at `dst[at..at + 16]`.
 #[inline(always)]
 fn put(dst: &mut [u8], at: usize, v: uint8x16_t) {
@@ -80,6 +132,7 @@ fn get(src: &[u8], at: usize) -> uint8x16_t {
 }
 
 /// The prepared record of one block of two activation rows (`x0`, `x1`: their blocks).
+#[inline(always)]
 fn prep_pair(ty: Legacy, x0: &[u8], x1: &[u8], dst: &mut [u8]) {
     let qs = ty.act_qs();
     let dst = &mut dst[..PREP];
@@ -104,12 +157,10 @@ fn prep_pair(ty: Legacy, x0: &[u8], x1: &[u8], dst: &mut [u8]) {
             vdupq_n_s32(MAGIC_BITS)
         };
         put(dst, AT_INIT, vreinterpretq_u8_s32(init));
-        let s = if matches!(ty, Legacy::Q4_1 | Legacy::Q5_1) {
-            f16x4([x0, x1, x0, x1], 2)
-        } else {
-            vdupq_n_f32(0.0)
-        };
-        put(dst, AT_S, vreinterpretq_u8_f32(s));
+        // read only by the types with a sum (`quad`'s `with_min`)
+        if matches!(ty, Legacy::Q4_1 | Legacy::Q5_1) {
+            put(dst, AT_S, vreinterpretq_u8_f32(f16x4([x0, x1, x0, x1], 2)));
+        }
     }
 }
 
@@ -191,14 +242,24 @@ const TYPES: [Legacy; 5] = [
 pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
     let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
     let nb = t.k() / 32;
-    let out = t.out();
     let smmla = level == Level::I8mm && n >= 2;
+    if t.w().layout() == Layout::Rows4 {
+        // Q8_0 or Q4_0 in whole groups of four rows (`QMatrix::in_layout` checked it).
+        let out = t.out();
+        return match (ty, smmla) {
+            (Legacy::Q4_0, true) => gemm_t::<1, true>(nb, w, rows, x, n, out),
+            (_, true) => gemm_t::<0, true>(nb, w, rows, x, n, out),
+            (Legacy::Q4_0, false) => gemm_dot_packed::<1>(nb, w, rows, x, n, out),
+            (_, false) => gemm_dot_packed::<0>(nb, w, rows, x, n, out),
+        };
+    }
+    let out = t.out();
     match (ty, smmla) {
-        (Legacy::Q8_0, true) => gemm_t::<0>(nb, w, rows, x, n, out),
-        (Legacy::Q4_0, true) => gemm_t::<1>(nb, w, rows, x, n, out),
-        (Legacy::Q5_0, true) => gemm_t::<2>(nb, w, rows, x, n, out),
-        (Legacy::Q4_1, true) => gemm_t::<3>(nb, w, rows, x, n, out),
-        (Legacy::Q5_1, true) => gemm_t::<4>(nb, w, rows, x, n, out),
+        (Legacy::Q8_0, true) => gemm_t::<0, false>(nb, w, rows, x, n, out),
+        (Legacy::Q4_0, true) => gemm_t::<1, false>(nb, w, rows, x, n, out),
+        (Legacy::Q5_0, true) => gemm_t::<2, false>(nb, w, rows, x, n, out),
+        (Legacy::Q4_1, true) => gemm_t::<3, false>(nb, w, rows, x, n, out),
+        (Legacy::Q5_1, true) => gemm_t::<4, false>(nb, w, rows, x, n, out),
         (Legacy::Q8_0, false) => gemm_dot_t::<0>(nb, w, rows, x, n, out),
         (Legacy::Q4_0, false) => gemm_dot_t::<1>(nb, w, rows, x, n, out),
         (Legacy::Q5_0, false) => gemm_dot_t::<2>(nb, w, rows, x, n, out),
@@ -207,8 +268,44 @@ pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
     }
 }
 
-/// [`gemm`]'s SMMLA tiles for the type `TYPES[T]`.
-fn gemm_t<const T: usize>(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+/// The prepared records of `cnt` activation rows `x` (`nb` blocks each) in pairs, an odd last
+/// row paired with itself, at `dst[(b * pairs + p) * PREP..]`: one loop per type with
+/// [`prep_pair`] inlined, kept out of the tile loops so that their code is not disturbed.
+#[inline(never)]
+fn prep_pairs<const T: usize>(nb: usize, x: &[u8], cnt: usize, dst: &mut [u8]) {
+    let ty = TYPES[T];
+    let xbb = ty.act_bytes();
+    let xrow = nb * xbb;
+    let pairs = cnt.div_ceil(2);
+    let dst = &mut dst[..nb * pairs * PREP];
+    for p in 0..pairs {
+        let (j0, j1) = (2 * p, (2 * p + 1).min(cnt - 1));
+        let (r0, r1) = (&x[j0 * xrow..][..xrow], &x[j1 * xrow..][..xrow]);
+        for b in 0..nb {
+            // SAFETY: b < nb and p < pairs, so the blocks lie inside the rows (nb blocks of
+            // xbb bytes each) and the record inside `dst` (nb * pairs records), all sliced with
+            // checks above: no per-block bounds checks.
+            let (x0, x1, rec) = unsafe {
+                (
+                    r0.get_unchecked(b * xbb..(b + 1) * xbb),
+                    r1.get_unchecked(b * xbb..(b + 1) * xbb),
+                    dst.get_unchecked_mut((b * pairs + p) * PREP..(b * pairs + p + 1) * PREP),
+                )
+            };
+            prep_pair(ty, x0, x1, rec);
+        }
+    }
+}
+
+/// [`gemm`]'s SMMLA tiles for the type `TYPES[T]` (`R`: weights in [`Layout::Rows4`]).
+fn gemm_t<const T: usize, const R: bool>(
+    nb: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
     let ty = TYPES[T];
     let xbb = ty.act_bytes();
     let xrow = nb * xbb;
@@ -221,26 +318,17 @@ fn gemm_t<const T: usize>(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, 
         for jc in (0..n).step_by(2 * PAIRS) {
             let cnt = (2 * PAIRS).min(n - jc);
             let pairs = cnt.div_ceil(2);
-            for p in 0..pairs {
-                let (j0, j1) = (jc + 2 * p, (jc + 2 * p + 1).min(jc + cnt - 1));
-                for b in 0..nb {
-                    let (x0, x1) = (
-                        &x[j0 * xrow + b * xbb..][..xbb],
-                        &x[j1 * xrow + b * xbb..][..xbb],
-                    );
-                    prep_pair(ty, x0, x1, &mut scratch[(b * pairs + p) * PREP..][..PREP]);
-                }
-            }
+            prep_pairs::<T>(nb, &x[jc * xrow..(jc + cnt) * xrow], cnt, &mut scratch);
             let prep = &scratch[..nb * pairs * PREP];
             let cols: [usize; 2 * PAIRS] = core::array::from_fn(|i| jc + i.min(cnt - 1));
             let mut r = 0;
             while r < rows {
                 let rr: [usize; 4] = core::array::from_fn(|i| (r + i).min(rows - 1));
                 match pairs {
-                    1 => quad::<1, { T }>(nb, w, rr, prep, &cols, n, out),
-                    2 => quad::<2, { T }>(nb, w, rr, prep, &cols, n, out),
-                    3 => quad::<3, { T }>(nb, w, rr, prep, &cols, n, out),
-                    _ => quad::<4, { T }>(nb, w, rr, prep, &cols, n, out),
+                    1 => quad::<1, { T }, { R }>(nb, w, rr, prep, &cols, n, out),
+                    2 => quad::<2, { T }, { R }>(nb, w, rr, prep, &cols, n, out),
+                    3 => quad::<3, { T }, { R }>(nb, w, rr, prep, &cols, n, out),
+                    _ => quad::<4, { T }, { R }>(nb, w, rr, prep, &cols, n, out),
                 }
                 r += 4;
             }
@@ -248,9 +336,10 @@ fn gemm_t<const T: usize>(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, 
     });
 }
 
-/// Weight rows `rr` (two pairs) x the `P` prepared activation pairs (columns `cols`).
+/// Weight rows `rr` (two pairs) x the `P` prepared activation pairs (columns `cols`); with `R`
+/// the weights are in [`Layout::Rows4`] and `rr` is one whole group.
 #[inline(always)]
-fn quad<const P: usize, const T: usize>(
+fn quad<const P: usize, const T: usize, const R: bool>(
     nb: usize,
     w: &[u8],
     rr: [usize; 4],
@@ -267,30 +356,57 @@ fn quad<const P: usize, const T: usize>(
     // SAFETY: NEON register arithmetic only.
     let zero = unsafe { vdupq_n_f32(0.0) };
     let mut sums = [[zero; P]; 2];
-    let wr: [&[u8]; 4] = core::array::from_fn(|i| &w[rr[i] * wrow..][..wrow]);
+    let wr: [&[u8]; 4] = if R {
+        // the group's rows are contiguous: one slice of `ROWS4 * wrow` bytes, in `wr[0]`
+        core::array::from_fn(|_| &w[rr[0] * wrow..][..ROWS4 * wrow])
+    } else {
+        core::array::from_fn(|i| &w[rr[i] * wrow..][..wrow])
+    };
     let prep = &prep[..nb * P * PREP];
     for b in 0..nb {
-        // SAFETY: b < nb, so both ranges lie inside `wr[i]` (nb blocks) and `prep` (nb * P
-        // records), whose lengths were checked above: no per-block bounds checks.
-        let (wb, pb) = unsafe {
-            let wb: [&[u8]; 4] =
-                core::array::from_fn(|i| wr[i].get_unchecked(b * wbb..(b + 1) * wbb));
-            (wb, prep.get_unchecked(b * P * PREP..(b + 1) * P * PREP))
-        };
-        let [b01, b23] = &mut bufs;
-        let a = [
-            pair_quants(ty, wb[0], wb[1], b01),
-            pair_quants(ty, wb[2], wb[3], b23),
-        ];
-        // SAFETY: NEON register arithmetic only.
-        let (dw, mw) = unsafe {
-            let d = f16x4(wb, 0);
-            let m = if with_min { f16x4(wb, 2) } else { zero };
-            (
-                [vzip1q_f32(d, d), vzip2q_f32(d, d)],
-                [vzip1q_f32(m, m), vzip2q_f32(m, m)],
-            )
-        };
+        let a;
+        let (dw, mw);
+        let pb;
+        if R {
+            let gbb = ROWS4 * wbb;
+            // SAFETY: b < nb, so both ranges lie inside `wr[0]` (nb group blocks) and `prep`
+            // (nb * P records), whose lengths were checked above: no per-block bounds checks.
+            let (blk, p) = unsafe {
+                (
+                    wr[0].get_unchecked(b * gbb..(b + 1) * gbb),
+                    prep.get_unchecked(b * P * PREP..(b + 1) * P * PREP),
+                )
+            };
+            pb = p;
+            a = packed_quants(ty, blk);
+            let d = f16x4_run(blk, 0);
+            // SAFETY: NEON register arithmetic only.
+            dw = unsafe { [vzip1q_f32(d, d), vzip2q_f32(d, d)] };
+            mw = [zero; 2];
+        } else {
+            // SAFETY: b < nb, so both ranges lie inside `wr[i]` (nb blocks) and `prep` (nb * P
+            // records), whose lengths were checked above: no per-block bounds checks.
+            let (wb, p) = unsafe {
+                let wb: [&[u8]; 4] =
+                    core::array::from_fn(|i| wr[i].get_unchecked(b * wbb..(b + 1) * wbb));
+                (wb, prep.get_unchecked(b * P * PREP..(b + 1) * P * PREP))
+            };
+            pb = p;
+            let [b01, b23] = &mut bufs;
+            a = [
+                pair_quants(ty, wb[0], wb[1], b01),
+                pair_quants(ty, wb[2], wb[3], b23),
+            ];
+            // SAFETY: NEON register arithmetic only.
+            (dw, mw) = unsafe {
+                let d = f16x4(wb, 0);
+                let m = if with_min { f16x4(wb, 2) } else { zero };
+                (
+                    [vzip1q_f32(d, d), vzip2q_f32(d, d)],
+                    [vzip1q_f32(m, m), vzip2q_f32(m, m)],
+                )
+            };
+        }
         for p in 0..P {
             let rec = &pb[p * PREP..][..PREP];
             // SAFETY: the caller holds an I8mm capability (SMMLA); the rest is NEON register
@@ -340,6 +456,7 @@ const PREP1: usize = 80;
 const ROWS1: usize = 8;
 
 /// The prepared record of one block of one activation row for the SDOT quads.
+#[inline(always)]
 fn prep_row(ty: Legacy, xb: &[u8], dst: &mut [u8]) {
     let qs = ty.act_qs();
     let dst = &mut dst[..PREP1];
@@ -499,6 +616,144 @@ fn quad_dot<const J: usize, const T: usize>(
         // A clamped (repeated) row computes the same dot as its original.
         for i in 0..4 {
             out[rr[i] * n + jc + j] = v[i];
+        }
+    }
+}
+
+/// Bytes of one prepared (block, activation row) for the SDOT quads on [`Layout::Rows4`]
+/// weights: each 8-byte k-slice of the quants twice (64), the start value (16: lanes 0 and 2,
+/// one per row of a pair, as [`PREP1`]'s lane 0), the scale (16, broadcast).
+const PREP1P: usize = 96;
+
+/// The prepared record of one block of one activation row for [`quad_dot_packed`].
+#[inline(always)]
+fn prep_row_packed(ty: Legacy, xb: &[u8], dst: &mut [u8]) {
+    let qs = ty.act_qs();
+    let dst = &mut dst[..PREP1P];
+    for c in 0..4 {
+        let h = &xb[qs + 8 * c..qs + 8 * c + 8];
+        // SAFETY: `h` is 8 readable bytes (bounds-checked); NEON register arithmetic.
+        let v = unsafe {
+            let v = vld1_u8(h.as_ptr());
+            vcombine_u8(v, v)
+        };
+        put(dst, 16 * c, v);
+    }
+    // SAFETY: NEON register arithmetic only; `v` is 4 readable i32.
+    unsafe {
+        let mut start = MAGIC_BITS;
+        if ty == Legacy::Q4_0 {
+            let (a, b) = (ld_s8(xb, qs), ld_s8(xb, qs + 16));
+            start -= 8 * vaddlvq_s16(vaddq_s16(vpaddlq_s8(a), vpaddlq_s8(b)));
+        }
+        let v = [start, 0, start, 0];
+        put(dst, 64, vreinterpretq_u8_s32(vld1q_s32(v.as_ptr())));
+        put(dst, 80, vreinterpretq_u8_f32(f16x4([xb, xb, xb, xb], 0)));
+    }
+}
+
+/// [`gemm`]'s SDOT quads for `TYPES[T]` (Q8_0 or Q4_0) in [`Layout::Rows4`]: each group of four
+/// weight rows x up to eight activation rows per block.
+fn gemm_dot_packed<const T: usize>(
+    nb: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
+    let ty = TYPES[T];
+    let xbb = ty.act_bytes();
+    let xrow = nb * xbb;
+    SCRATCH.with(|s| {
+        let mut scratch = s.borrow_mut();
+        let need = ROWS1.min(n) * nb * PREP1P;
+        if scratch.len() < need {
+            scratch.resize(need, 0);
+        }
+        for jc in (0..n).step_by(ROWS1) {
+            let cnt = ROWS1.min(n - jc);
+            for t in 0..cnt {
+                for b in 0..nb {
+                    let xb = &x[(jc + t) * xrow + b * xbb..][..xbb];
+                    prep_row_packed(ty, xb, &mut scratch[(b * cnt + t) * PREP1P..][..PREP1P]);
+                }
+            }
+            let prep = &scratch[..nb * cnt * PREP1P];
+            for r in (0..rows).step_by(ROWS4) {
+                match cnt {
+                    1 => quad_dot_packed::<1, { T }>(nb, w, r, prep, jc, n, out),
+                    2 => quad_dot_packed::<2, { T }>(nb, w, r, prep, jc, n, out),
+                    3 => quad_dot_packed::<3, { T }>(nb, w, r, prep, jc, n, out),
+                    4 => quad_dot_packed::<4, { T }>(nb, w, r, prep, jc, n, out),
+                    5 => quad_dot_packed::<5, { T }>(nb, w, r, prep, jc, n, out),
+                    6 => quad_dot_packed::<6, { T }>(nb, w, r, prep, jc, n, out),
+                    7 => quad_dot_packed::<7, { T }>(nb, w, r, prep, jc, n, out),
+                    _ => quad_dot_packed::<8, { T }>(nb, w, r, prep, jc, n, out),
+                }
+            }
+        }
+    });
+}
+
+/// The group of weight rows `r..r + 4` ([`Layout::Rows4`]) x the `J` prepared activation rows
+/// `jc..jc + J` on SDOT: per row pair, four SDOTs of the pair's `A` vectors by the doubled
+/// k-slices leave `[ra, ra, rb, rb]` partial sums; one pairwise add of the two pairs gives the
+/// four rows' sums in row order.
+#[inline(always)]
+fn quad_dot_packed<const J: usize, const T: usize>(
+    nb: usize,
+    w: &[u8],
+    r: usize,
+    prep: &[u8],
+    jc: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let ty = TYPES[T];
+    let gbb = ROWS4 * ty.block_bytes();
+    let wg = &w[r / ROWS4 * nb * gbb..][..nb * gbb];
+    // SAFETY: NEON register arithmetic only.
+    let zero = unsafe { vdupq_n_f32(0.0) };
+    let mut sums = [zero; J];
+    let prep = &prep[..nb * J * PREP1P];
+    for b in 0..nb {
+        // SAFETY: b < nb, so both ranges lie inside `wg` (nb group blocks) and `prep` (nb * J
+        // records), whose lengths were checked above: no per-block bounds checks.
+        let (blk, pb) = unsafe {
+            (
+                wg.get_unchecked(b * gbb..(b + 1) * gbb),
+                prep.get_unchecked(b * J * PREP1P..(b + 1) * J * PREP1P),
+            )
+        };
+        let a = packed_quants(ty, blk);
+        let dw = f16x4_run(blk, 0);
+        for (j, sum) in sums.iter_mut().enumerate() {
+            let rec = &pb[j * PREP1P..][..PREP1P];
+            // SAFETY: the caller holds a Dotprod or I8mm capability (SDOT); the rest is NEON
+            // register arithmetic.
+            unsafe {
+                let xs: [int8x16_t; 4] =
+                    core::array::from_fn(|c| vreinterpretq_s8_u8(get(rec, 16 * c)));
+                let start = vreinterpretq_s32_u8(get(rec, 64));
+                let acc: [int32x4_t; 2] = core::array::from_fn(|p| {
+                    let mut acc = sdot(start, a[p][0], xs[0]);
+                    acc = sdot(acc, a[p][1], xs[1]);
+                    acc = sdot(acc, a[p][2], xs[2]);
+                    sdot(acc, a[p][3], xs[3])
+                });
+                let s = vpaddq_s32(acc[0], acc[1]);
+                let dx = vreinterpretq_f32_u8(get(rec, 80));
+                *sum = epilogue(ty, *sum, s, dw, dx, zero, zero);
+            }
+        }
+    }
+    for (j, sum) in sums.iter().enumerate() {
+        let mut v = [0.0f32; 4];
+        // SAFETY: `v` has room for 4 f32.
+        unsafe { vst1q_f32(v.as_mut_ptr(), *sum) };
+        for (i, &v) in v.iter().enumerate() {
+            out[(r + i) * n + jc + j] = v;
         }
     }
 }

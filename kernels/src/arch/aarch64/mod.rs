@@ -45,6 +45,10 @@
 //! | Q5_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | IQ*, TQ* | SMULL+SADDLP | SDOT              | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //!
+//! Q8_0 and Q4_0 also have dotprod/i8mm paths for weights repacked at load
+//! (`formats::repack::Layout::Rows4`, see `legacy_mm`): the same tiles with their operands
+//! loaded, not interleaved per call. NEON declines repacked weights ([`reads_repacked`]).
+//!
 //! The i-quants and ternary types ([`iq`]) decode each block to signed bytes with the portable
 //! `arch::iq_tile` and need only 16-element group sums from a core.
 //!
@@ -66,6 +70,7 @@ mod neon;
 mod split;
 mod unpack;
 
+use crate::formats::repack::Layout;
 use crate::{GgmlType, Tile};
 
 /// Which integer cores a `gemm_block` call uses.
@@ -93,13 +98,22 @@ fn has_path(ty: GgmlType) -> bool {
     )
 }
 
-/// Runs `level`'s path for `t`; false when it has none for the tile's type.
+/// Whether `level` has a path for `ty` weights repacked by `formats::repack` ([`Layout::Rows4`]:
+/// Q8_0 and Q4_0 on the SDOT and SMMLA tiers, `legacy_mm`).
+pub(crate) fn reads_repacked(level: Level, ty: GgmlType) -> bool {
+    level != Level::Neon && matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0)
+}
+
+/// Runs `level`'s path for `t`; false when it has none for the tile's type (or its layout).
 fn run(level: Level, t: &mut Tile<'_>) -> bool {
     if t.ty().is_iq() {
         // SAFETY: `run` is only reached through `level`'s capability value.
         return unsafe { iq::gemm(level, t) };
     }
     if !has_path(t.ty()) {
+        return false;
+    }
+    if t.w().layout() != Layout::Gguf && !reads_repacked(level, t.ty()) {
         return false;
     }
     if t.rows() == 0 || t.n() == 0 || t.k() == 0 {

@@ -1,0 +1,249 @@
+//! Repacked (interleaved) weight layouts: the same blocks as the GGUF file, reordered once when
+//! weights become resident so that a SIMD tier loads its operands instead of building them on
+//! every call. [`Layout`] names how a [`QMatrix`]'s bytes are ordered; [`repack`] and
+//! [`to_gguf`] convert between the GGUF order and a repacked one (exact inverses, same length:
+//! a repacked copy replaces the GGUF copy, it never adds to it).
+//!
+//! [`Layout::Rows4`] (Q8_0 and Q4_0, a multiple of 4 rows): the rows are taken four at a time,
+//! and for each group `g` and block `b` the four rows' blocks are stored together at
+//! `(g * nb + b) * 4 * block_bytes` (`nb` blocks per row) as
+//! - bytes `0..8`: the four rows' `d` (f16, little-endian), row order;
+//! - then, for each row pair `p` (rows `2p`, `2p + 1` of the group) and each 8-byte chunk `c` of
+//!   the block's quant bytes (`qs`: Q8_0 32 bytes, 4 chunks; Q4_0 16 bytes, 2 chunks), 16
+//!   bytes at `8 + p * 2 * Q + 16 * c` (`Q` = quant bytes per block): row `2p`'s `qs[8c..8c + 8]`
+//!   then row `2p + 1`'s.
+//!
+//! Each 16-byte run is an SMMLA `A` operand of the row pair as is (two rows' 8-byte k-slices,
+//! `arch::aarch64::i8mm::pair`'s order), and the four `d` load with one FCVTL. Q4_0's runs hold
+//! the packed nibbles: `& 15` gives elements `8c..8c + 8`, `>> 4` elements `16 + 8c..`, of
+//! both rows. The quant bytes and scales are the file's, so the integer sums and the float
+//! epilogue are exactly those of the GGUF path.
+//!
+//! Which layout resident weights get is [`crate::dispatch::resident_layout`]'s choice (the
+//! active tier's); tiers that do not read a layout get the matrix back in GGUF order
+//! (`scalar::gemm_block`, one temporary copy per tile), so every layout works on every tier.
+
+use crate::{GgmlType, KernelError, QMatrix};
+
+/// How a matrix's blocks are ordered in memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Row-major, each row its blocks in order: the file's layout.
+    #[default]
+    Gguf,
+    /// Four rows' blocks interleaved (see the module documentation): Q8_0 and Q4_0.
+    Rows4,
+}
+
+/// Rows per group of [`Layout::Rows4`].
+pub const ROWS4: usize = 4;
+
+impl Layout {
+    /// The name used in errors and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Gguf => "gguf",
+            Layout::Rows4 => "rows4",
+        }
+    }
+
+    /// Rows a row range of this layout must start at and hold a multiple of.
+    pub fn row_group(self) -> usize {
+        match self {
+            Layout::Gguf => 1,
+            Layout::Rows4 => ROWS4,
+        }
+    }
+
+    /// Whether a `rows`-row matrix of `ty` can have this layout.
+    pub fn fits(self, ty: GgmlType, rows: usize) -> bool {
+        match self {
+            Layout::Gguf => true,
+            Layout::Rows4 => quant_bytes(ty).is_some() && rows % ROWS4 == 0,
+        }
+    }
+
+    /// An error unless a `rows`-row matrix of `ty` can have this layout.
+    pub(crate) fn check(self, ty: GgmlType, rows: usize) -> Result<(), KernelError> {
+        if self.fits(ty, rows) {
+            return Ok(());
+        }
+        Err(KernelError::Layout {
+            layout: self.name(),
+            expected: "q8_0 or q4_0 weights in a multiple of 4 rows".to_string(),
+            found: format!("{} weights in {rows} rows", ty.name()),
+        })
+    }
+}
+
+/// Quant bytes per block (after the 2-byte `d`) of a type [`Layout::Rows4`] takes.
+fn quant_bytes(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q8_0 => Some(32),
+        GgmlType::Q4_0 => Some(16),
+        _ => None,
+    }
+}
+
+/// Where byte `i` of row `h` (0..4 in its group)'s block lands inside the group's block of
+/// [`Layout::Rows4`] (`i` counts the block's bytes: 0..2 is `d`, then the quants).
+fn rows4_at(q: usize, h: usize, i: usize) -> usize {
+    if i < 2 {
+        return 2 * h + i;
+    }
+    let (p, r) = (h / 2, h % 2);
+    let (c, e) = ((i - 2) / 8, (i - 2) % 8);
+    8 + p * 2 * q + 16 * c + 8 * r + e
+}
+
+/// `w` (GGUF order) in `layout`, written to `dst` (exactly `w.bytes().len()` bytes); returns the
+/// matrix over `dst`. An error when `w` is not in GGUF order, the layout does not fit it, or
+/// `dst` has another length.
+pub fn repack<'b>(
+    w: &QMatrix<'_>,
+    layout: Layout,
+    dst: &'b mut [u8],
+) -> Result<QMatrix<'b>, KernelError> {
+    convert(w, layout, dst, false)
+}
+
+/// `w` (any layout) in GGUF order, written to `dst` (exactly `w.bytes().len()` bytes); returns
+/// the matrix over `dst`.
+pub fn to_gguf<'b>(w: &QMatrix<'_>, dst: &'b mut [u8]) -> Result<QMatrix<'b>, KernelError> {
+    let layout = w.layout();
+    convert(w, layout, dst, true)
+}
+
+/// The one conversion between GGUF order and `layout` (`back`: from `layout` to GGUF).
+fn convert<'b>(
+    w: &QMatrix<'_>,
+    layout: Layout,
+    dst: &'b mut [u8],
+    back: bool,
+) -> Result<QMatrix<'b>, KernelError> {
+    let src = w.bytes();
+    if dst.len() != src.len() {
+        return Err(KernelError::Length {
+            what: "repacked weight matrix",
+            expected: src.len(),
+            found: dst.len(),
+        });
+    }
+    if !back && w.layout() != Layout::Gguf {
+        return Err(KernelError::Layout {
+            layout: w.layout().name(),
+            expected: "weights in gguf order to repack".to_string(),
+            found: format!("weights in {} order", w.layout().name()),
+        });
+    }
+    layout.check(w.ty(), w.rows())?;
+    match layout {
+        Layout::Gguf => dst.copy_from_slice(src),
+        Layout::Rows4 => {
+            let q = quant_bytes(w.ty()).unwrap_or(0);
+            let bb = 2 + q;
+            let nb = w.row_bytes() / bb;
+            for g in 0..w.rows() / ROWS4 {
+                for h in 0..ROWS4 {
+                    let row = (g * ROWS4 + h) * w.row_bytes();
+                    for b in 0..nb {
+                        let group = (g * nb + b) * ROWS4 * bb;
+                        for i in 0..bb {
+                            let (gguf, packed) = (row + b * bb + i, group + rows4_at(q, h, i));
+                            if back {
+                                dst[gguf] = src[packed];
+                            } else {
+                                dst[packed] = src[gguf];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let out = QMatrix::new(w.ty(), w.rows(), w.cols(), dst)?;
+    if back {
+        Ok(out)
+    } else {
+        out.in_layout(layout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix(ty: GgmlType, rows: usize, k: usize) -> Vec<u8> {
+        let len = rows * ty.row_bytes(k).expect("whole blocks");
+        (0..len).map(|i| (i * 131 + 7) as u8).collect()
+    }
+
+    #[test]
+    fn rows4_round_trips_and_moves_every_byte() {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+            let (rows, k) = (8, 96);
+            let src = matrix(ty, rows, k);
+            let w = QMatrix::new(ty, rows, k, &src).expect("matrix");
+            let mut packed = vec![0u8; src.len()];
+            let p = repack(&w, Layout::Rows4, &mut packed).expect("repack");
+            assert_eq!(p.layout(), Layout::Rows4);
+            let mut back = vec![0u8; src.len()];
+            let g = to_gguf(&p, &mut back).expect("back");
+            assert_eq!(g.layout(), Layout::Gguf);
+            assert_eq!(back, src, "{ty:?}");
+            assert_ne!(packed, src, "{ty:?}: the repack must reorder");
+            let (mut a, mut b) = (packed.clone(), src.clone());
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "{ty:?}: a permutation of the bytes");
+        }
+    }
+
+    #[test]
+    fn rows4_places_scales_then_row_pairs() {
+        let (rows, k) = (4, 32);
+        let ty = GgmlType::Q8_0;
+        let src = matrix(ty, rows, k);
+        let w = QMatrix::new(ty, rows, k, &src).expect("matrix");
+        let mut packed = vec![0u8; src.len()];
+        repack(&w, Layout::Rows4, &mut packed).expect("repack");
+        // d of row 2, then row 1's quants 8..16 in the second half of pair 0's chunk 1
+        assert_eq!(packed[4..6], src[2 * 34..2 * 34 + 2]);
+        assert_eq!(packed[8 + 16 + 8..8 + 32], src[34 + 2 + 8..34 + 2 + 16]);
+        // row 3's quants 24..32 end the group
+        assert_eq!(packed[128..136], src[3 * 34 + 26..4 * 34]);
+    }
+
+    #[test]
+    fn rows4_rejects_what_it_cannot_hold() {
+        let src = matrix(GgmlType::Q8_0, 6, 32);
+        let w = QMatrix::new(GgmlType::Q8_0, 6, 32, &src).expect("matrix");
+        let mut dst = vec![0u8; src.len()];
+        assert!(matches!(
+            repack(&w, Layout::Rows4, &mut dst),
+            Err(KernelError::Layout { .. })
+        ));
+        let src = matrix(GgmlType::Q4_K, 4, 256);
+        let w = QMatrix::new(GgmlType::Q4_K, 4, 256, &src).expect("matrix");
+        let mut dst = vec![0u8; src.len()];
+        assert!(repack(&w, Layout::Rows4, &mut dst).is_err());
+        let mut short = vec![0u8; 3];
+        assert!(matches!(
+            repack(&w, Layout::Gguf, &mut short),
+            Err(KernelError::Length { .. })
+        ));
+    }
+
+    #[test]
+    fn rows4_row_ranges_keep_whole_groups() {
+        let src = matrix(GgmlType::Q4_0, 8, 64);
+        let w = QMatrix::new(GgmlType::Q4_0, 8, 64, &src).expect("matrix");
+        let mut packed = vec![0u8; src.len()];
+        let p = repack(&w, Layout::Rows4, &mut packed).expect("repack");
+        let r = p.row_range(4, 4).expect("a whole group");
+        assert_eq!(r.layout(), Layout::Rows4);
+        assert!(std::ptr::eq(r.bytes(), &p.bytes()[src.len() / 2..]));
+        assert!(p.row_range(2, 4).is_err());
+        assert!(p.row_range(0, 2).is_err());
+    }
+}

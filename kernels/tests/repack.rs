@@ -1,0 +1,231 @@
+//! Repacked weights (`formats::repack`, `Layout::Rows4`: Q8_0 and Q4_0 four rows at a time)
+//! give the scalar reference's bits on every tier: the aarch64 SDOT and SMMLA tiers read the
+//! layout directly (checked here against the GGUF bytes' reference, at every activation count
+//! that meets their remainders), every other tier through the scalar fallback's restore. A
+//! repack with two rows' k-slices swapped must fail the comparison (so the tiers really read
+//! the layout, not a GGUF copy), and mapped-order matrices keep working beside repacked ones.
+#![allow(clippy::too_many_arguments)]
+
+use nightshift_kernels::dispatch::{available_tiers, gemm_with};
+use nightshift_kernels::formats::repack::{repack, Layout};
+use nightshift_kernels::rng::SplitMix64;
+use nightshift_kernels::{quantize_row, scalar, GgmlType, QMatrix};
+use proptest::prelude::*;
+
+const TYPES: [GgmlType; 2] = [GgmlType::Q8_0, GgmlType::Q4_0];
+
+/// `rows` rows of `k` random values (per-row magnitudes from 2^-8 to 2^4) quantized to `ty`.
+fn quantized(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+    let mut rng = SplitMix64::new(seed);
+    let wrow = ty.row_bytes(k).expect("whole blocks");
+    let mut out = vec![0u8; rows * wrow];
+    let mut vals = vec![0f32; k];
+    for r in 0..rows {
+        let scale = (2f32).powi(rng.below(13) as i32 - 8);
+        for v in &mut vals {
+            *v = rng.gaussian() * scale;
+        }
+        if rng.below(8) == 0 {
+            // a zero block now and then (d = 0)
+            vals[..32].fill(0.0);
+        }
+        quantize_row(ty, &vals, &mut out[r * wrow..][..wrow]).expect("quantize");
+    }
+    out
+}
+
+/// The reference on GGUF bytes: `out[r * n + j] = scalar::vec_dot(W[r], x[j])`.
+fn reference(ty: GgmlType, k: usize, w: &[u8], rows: usize, x: &[u8], n: usize) -> Vec<f32> {
+    let wrow = ty.row_bytes(k).expect("k fits");
+    let xrow = ty.vec_dot_type().row_bytes(k).expect("k fits");
+    let mut out = Vec::with_capacity(rows * n);
+    for r in 0..rows {
+        for j in 0..n {
+            let v = scalar::vec_dot(ty, k, &w[r * wrow..][..wrow], &x[j * xrow..][..xrow]);
+            out.push(v.expect("valid rows"));
+        }
+    }
+    out
+}
+
+/// Weights, their Rows4 repack and activations for one case.
+struct Case {
+    ty: GgmlType,
+    k: usize,
+    rows: usize,
+    n: usize,
+    w: Vec<u8>,
+    packed: Vec<u8>,
+    x: Vec<u8>,
+}
+
+fn case(ty: GgmlType, k: usize, rows: usize, n: usize, seed: u64) -> Case {
+    let w = quantized(ty, rows, k, seed);
+    let x = quantized(ty.vec_dot_type(), n, k, seed ^ 0x5eed);
+    let mut packed = vec![0u8; w.len()];
+    let m = QMatrix::new(ty, rows, k, &w).expect("weights");
+    repack(&m, Layout::Rows4, &mut packed).expect("rows4 fits");
+    Case {
+        ty,
+        k,
+        rows,
+        n,
+        w,
+        packed,
+        x,
+    }
+}
+
+impl Case {
+    fn matrix<'a>(&self, bytes: &'a [u8]) -> QMatrix<'a> {
+        let m = QMatrix::new(self.ty, self.rows, self.k, bytes).expect("weights");
+        m.in_layout(Layout::Rows4).expect("rows4 fits")
+    }
+
+    /// The reference, transposed to `gemm_with`'s `out[j * rows + r]`.
+    fn expected(&self) -> Vec<f32> {
+        let t = reference(self.ty, self.k, &self.w, self.rows, &self.x, self.n);
+        let mut out = vec![0f32; t.len()];
+        for r in 0..self.rows {
+            for j in 0..self.n {
+                out[j * self.rows + r] = t[r * self.n + j];
+            }
+        }
+        out
+    }
+
+    /// Every available tier on the repacked bytes `packed`; Err names the first tier and
+    /// output that differ from the reference.
+    fn check_all(&self, packed: &[u8]) -> Result<(), String> {
+        let expect = self.expected();
+        for tier in available_tiers() {
+            let mut got = vec![f32::NAN; expect.len()];
+            gemm_with(tier, self.matrix(packed), &self.x, self.n, &mut got, None)
+                .map_err(|e| format!("{tier}: {e}"))?;
+            if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != expect[i].to_bits()) {
+                return Err(format!(
+                    "{tier} {} k={} rows={} n={}: out[{i}] = {:e}, reference {:e}",
+                    self.ty.name(),
+                    self.k,
+                    self.rows,
+                    self.n,
+                    got[i],
+                    expect[i]
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+proptest! {
+    #[test]
+    fn repacked_weights_match_the_reference_on_every_tier(
+        t in 0usize..2,
+        blocks in 1usize..5,
+        groups in 1usize..4,
+        n in 1usize..12,
+        seed in any::<u64>(),
+    ) {
+        let c = case(TYPES[t], 32 * blocks, 4 * groups, n, seed);
+        prop_assert_eq!(c.check_all(&c.packed), Ok(()));
+    }
+}
+
+#[test]
+fn repacked_weights_match_at_every_remainder() {
+    for ty in TYPES {
+        for n in [1, 2, 3, 4, 7, 8, 9, 16, 17] {
+            let c = case(ty, 128, 12, n, n as u64 * 31 + 5);
+            assert_eq!(c.check_all(&c.packed), Ok(()));
+        }
+    }
+}
+
+#[test]
+fn a_repack_with_swapped_rows_fails() {
+    for ty in TYPES {
+        for n in [1, 4] {
+            let c = case(ty, 64, 8, n, 99);
+            let mut broken = c.packed.clone();
+            // first group, first block: swap rows 0 and 1's first quant k-slice (bytes 8..16 and
+            // 16..24 of the group's block)
+            let (a, b) = broken[8..24].split_at_mut(8);
+            a.swap_with_slice(b);
+            assert_ne!(broken, c.packed, "the swapped halves must differ");
+            let err = c
+                .check_all(&broken)
+                .expect_err("a broken repack must not match");
+            assert!(err.contains("out["), "{err}");
+        }
+    }
+}
+
+#[test]
+fn repacked_row_ranges_split_over_a_pool() {
+    // `gemm_with` hands each thread a row range: whole groups of four, same bits
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .expect("pool");
+    for ty in TYPES {
+        let c = case(ty, 96, 40, 5, 7);
+        let expect = c.expected();
+        for tier in available_tiers() {
+            let mut got = vec![f32::NAN; expect.len()];
+            gemm_with(tier, c.matrix(&c.packed), &c.x, c.n, &mut got, Some(&pool)).expect("gemm");
+            let same = got
+                .iter()
+                .zip(&expect)
+                .all(|(g, e)| g.to_bits() == e.to_bits());
+            assert!(same, "{tier} {}", ty.name());
+        }
+    }
+}
+
+/// The aarch64 tiers that read the layout take it directly (their `gemm_block` returns true,
+/// no scalar restore), and match the reference.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn aarch64_sdot_and_smmla_read_rows4() {
+    use nightshift_kernels::arch::aarch64::{Dotprod, I8mm, Neon};
+    use nightshift_kernels::Tile;
+    let expect_all = std::env::var_os("NIGHTSHIFT_EXPECT_ALL_ARM_TIERS").is_some();
+    for ty in TYPES {
+        for n in [1, 2, 5, 8] {
+            let c = case(ty, 96, 8, n, 3 + n as u64);
+            let expect = reference(ty, c.k, &c.w, c.rows, &c.x, n);
+            let run = |f: &dyn Fn(&mut Tile<'_>) -> bool| -> Option<Vec<f32>> {
+                let w = c.matrix(&c.packed);
+                let x = QMatrix::activations(&w, &c.x, n).expect("activations");
+                let mut out = vec![f32::NAN; c.rows * n];
+                let took = f(&mut Tile::new(w, x, &mut out).expect("tile"));
+                took.then_some(out)
+            };
+            let tiers: [(&str, Option<Option<Vec<f32>>>); 2] = [
+                (
+                    "dotprod",
+                    Dotprod::new().map(|t| run(&|tile| t.gemm_block(tile))),
+                ),
+                ("i8mm", I8mm::new().map(|t| run(&|tile| t.gemm_block(tile)))),
+            ];
+            for (name, res) in tiers {
+                match res {
+                    None => assert!(!expect_all, "{name} missing"),
+                    Some(None) => panic!("{name} did not take rows4 {}", ty.name()),
+                    Some(Some(got)) => {
+                        let same = got
+                            .iter()
+                            .zip(&expect)
+                            .all(|(g, e)| g.to_bits() == e.to_bits());
+                        assert!(same, "{name} {} n={n}", ty.name());
+                    }
+                }
+            }
+            // NEON has no rows4 path: it declines, and the scalar fallback restores the order
+            if let Some(t) = Neon::new() {
+                assert!(run(&|tile| t.gemm_block(tile)).is_none());
+            }
+        }
+    }
+}
