@@ -24,6 +24,7 @@ mod kblock;
 mod klanes512;
 mod kquant;
 mod q2k512;
+mod q2k_row_lanes;
 mod q8_0;
 mod q8_0_512;
 mod unpack;
@@ -134,6 +135,9 @@ fn gemm_kquant(level: Level, kind: u8, nb: usize, t: &mut Tile<'_>) {
         // `rows * n` floats) and `packed` was sized for `n * nb` packed blocks.
         unsafe {
             if level == Level::Avx512 && kind == kblock::Q2 {
+                if n >= Q2K_ROW_LANES_MIN && q2k_row_lanes::fits(nb) {
+                    return q2k_row_lanes::gemm(a);
+                }
                 q2k512::pack(x, blocks, pp);
                 if vbmi_enabled() {
                     q2k512::vbmi::gemm(a);
@@ -178,6 +182,10 @@ fn gemm_kquant(level: Level, kind: u8, nb: usize, t: &mut Tile<'_>) {
         }
     });
 }
+
+/// From this many activation rows on, Q2_K takes the one-row-per-lane kernel (`q2k_row_lanes`)
+/// on the AVX-512 tier; below it `q2k512`.
+const Q2K_ROW_LANES_MIN: usize = 2;
 
 /// Q8_0 (`nb` blocks per row, `rows, n >= 1`): the activation tables, then the tier's driver
 /// (AVX-512: the 16-row kernel `q8_0_512`).
