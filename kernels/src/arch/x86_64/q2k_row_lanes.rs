@@ -24,7 +24,10 @@
 //! Per tile and block the decode (transpose, masks, scale products, scales and mins) is paid
 //! once for up to [`GROUP`] activation rows; each activation row adds 64 `vpdpbusd`, 8
 //! `vpdpwssd` and ~8 float operations per 16 rows, against ~8 + 1 reduction and float
-//! operations per row in `q2k512`.
+//! operations per row in `q2k512`. With 1 or 2 activation rows (`POST`) the scale goes in after
+//! the multiply instead: the 4 dwords of a sub-block are summed by `vpdpbusd` on the masked
+//! values (at most 16 * 12 * 128 per lane: an i16), then one `vpdpwssd` by the scale word per
+//! sub-block and activation row (16 per 16 rows) replaces the 64 `vpmullw` of the decode.
 
 use core::arch::x86_64::*;
 
@@ -48,7 +51,7 @@ pub(super) fn fits(nb: usize) -> bool {
 }
 
 /// `vpshufb` control giving, in every dword, the bytes `(b0, 0, b1, 0)` of that dword (word
-/// pair `(byte b0, byte b1)`, zero-extended).
+/// pair `(byte b0, byte b1)`, zero-extended; `b1 = ZERO`: a zero high word).
 const fn pick(b0: u8, b1: u8) -> [u8; 64] {
     let mut o = [0u8; 64];
     let mut d = 0;
@@ -56,7 +59,7 @@ const fn pick(b0: u8, b1: u8) -> [u8; 64] {
         let base = 4 * (d % 4) as u8;
         o[4 * d] = base + b0;
         o[4 * d + 1] = 0x80;
-        o[4 * d + 2] = base + b1;
+        o[4 * d + 2] = if b1 == ZERO { ZERO } else { base + b1 };
         o[4 * d + 3] = 0x80;
         d += 1;
     }
@@ -82,6 +85,15 @@ static PICK: [V64; 4] = [
     V64(pick(1, 1)),
     V64(pick(2, 2)),
     V64(pick(3, 3)),
+];
+/// A `vpshufb` control byte that gives zero.
+const ZERO: u8 = 0x80;
+/// `PICK_LO[b]`: byte `b` of each dword as the dword's value (high word zero).
+static PICK_LO: [V64; 4] = [
+    V64(pick(0, ZERO)),
+    V64(pick(1, ZERO)),
+    V64(pick(2, ZERO)),
+    V64(pick(3, ZERO)),
 ];
 /// `PAIR[t]`: bytes `(2t, 2t + 1)` of each dword as a word pair.
 static PAIR: [V64; 2] = [V64(pick(0, 1)), V64(pick(2, 3))];
@@ -195,7 +207,7 @@ unsafe fn decode(rows: &[*const u8; TILE], ridx: __m512i, off: usize) -> Dec {
 /// Every `x[j]` must be valid for `Q8K_BYTES`; CPU features as [`decode`].
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn block<const N: usize, const C: usize>(
+unsafe fn block<const N: usize, const C: usize, const POST: bool>(
     dec: &Dec,
     x: [*const u8; N],
     sumf: &mut [__m512; N],
@@ -221,8 +233,12 @@ unsafe fn block<const N: usize, const C: usize>(
             let s: [__m512i; 4] = core::array::from_fn(|j| {
                 let (i, b) = (2 * h + j / 2, 2 * (j % 2) + part);
                 let src = if j % 2 == 0 { dec.lo4[i] } else { dec.lo[i] };
-                _mm512_shuffle_epi8(src, PICK[b].get())
+                let pick = if POST { &PICK_LO[b] } else { &PICK[b] };
+                _mm512_shuffle_epi8(src, pick.get())
             });
+            // POST: the sub-block's raw products (16 per lane, at most 16 * 12 * 128 in
+            // magnitude: i16) summed first, then one `vpdpwssd` by the scale.
+            let mut sub = [[z; 4]; N];
             for i in 0..4 {
                 let m = 4 * hp + i;
                 let q0 = dec.q[m];
@@ -230,11 +246,24 @@ unsafe fn block<const N: usize, const C: usize>(
                 for (j, sj) in s.iter().enumerate() {
                     let src = if j < 2 { q0 } else { q4 };
                     let t = _mm512_and_si512(src, if j % 2 == 0 { m03 } else { m0c });
-                    let w = _mm512_mullo_epi16(t, *sj);
                     let at = 128 * h + 32 * j + 4 * (m % 8);
-                    for (jj, a) in acc.iter_mut().enumerate() {
-                        let c = (4 * i + j) % C;
-                        a[c] = _mm512_dpbusd_epi32(a[c], w, act(jj, at));
+                    if POST {
+                        for (jj, u) in sub.iter_mut().enumerate() {
+                            u[j] = _mm512_dpbusd_epi32(u[j], t, act(jj, at));
+                        }
+                    } else {
+                        let w = _mm512_mullo_epi16(t, *sj);
+                        for (jj, a) in acc.iter_mut().enumerate() {
+                            let c = (4 * i + j) % C;
+                            a[c] = _mm512_dpbusd_epi32(a[c], w, act(jj, at));
+                        }
+                    }
+                }
+            }
+            if POST {
+                for (a, u) in acc.iter_mut().zip(&sub) {
+                    for (j, sj) in s.iter().enumerate() {
+                        a[j % C] = _mm512_dpwssd_epi32(a[j % C], u[j], *sj);
                     }
                 }
             }
@@ -271,7 +300,7 @@ unsafe fn block<const N: usize, const C: usize>(
 /// `j0 + N <= n`.
 #[inline(never)]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn group<const N: usize, const C: usize>(
+unsafe fn group<const N: usize, const C: usize, const POST: bool>(
     rows: &[*const u8; TILE],
     ridx: __m512i,
     nb: usize,
@@ -292,7 +321,7 @@ unsafe fn group<const N: usize, const C: usize>(
             }
             let dec = decode(rows, ridx, off);
             let xb = core::array::from_fn(|j| x.add(((j0 + j) * nb + b) * Q8K_BYTES));
-            block::<N, C>(&dec, xb, &mut sumf);
+            block::<N, C, POST>(&dec, xb, &mut sumf);
         }
         sumf
     }
@@ -342,14 +371,14 @@ pub(super) unsafe fn gemm(a: KArgs) {
                     }
                 };
                 match nj {
-                    1 => put(&group::<1, 8>(&rp, ridx, nb, ahead, x, j0)),
-                    2 => put(&group::<2, 4>(&rp, ridx, nb, ahead, x, j0)),
-                    3 => put(&group::<3, 2>(&rp, ridx, nb, ahead, x, j0)),
-                    4 => put(&group::<4, 2>(&rp, ridx, nb, ahead, x, j0)),
-                    5 => put(&group::<5, 1>(&rp, ridx, nb, ahead, x, j0)),
-                    6 => put(&group::<6, 1>(&rp, ridx, nb, ahead, x, j0)),
-                    7 => put(&group::<7, 1>(&rp, ridx, nb, ahead, x, j0)),
-                    _ => put(&group::<GROUP, 1>(&rp, ridx, nb, ahead, x, j0)),
+                    1 => put(&group::<1, 4, true>(&rp, ridx, nb, ahead, x, j0)),
+                    2 => put(&group::<2, 4, true>(&rp, ridx, nb, ahead, x, j0)),
+                    3 => put(&group::<3, 2, false>(&rp, ridx, nb, ahead, x, j0)),
+                    4 => put(&group::<4, 2, false>(&rp, ridx, nb, ahead, x, j0)),
+                    5 => put(&group::<5, 1, false>(&rp, ridx, nb, ahead, x, j0)),
+                    6 => put(&group::<6, 1, false>(&rp, ridx, nb, ahead, x, j0)),
+                    7 => put(&group::<7, 1, false>(&rp, ridx, nb, ahead, x, j0)),
+                    _ => put(&group::<GROUP, 1, false>(&rp, ridx, nb, ahead, x, j0)),
                 }
                 j0 += nj;
             }
