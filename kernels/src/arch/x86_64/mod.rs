@@ -9,7 +9,7 @@
 //! exactly. The AVX-512-VNNI tier has its own Q8_0 kernel (`q8_0_512`: 16 rows transposed
 //! into one row per lane, no horizontal sums) and 64-byte kernels with 8-row tiles for Q2_K
 //! (`q2k512`, built twice: with AVX512-VBMI its scale table is one `vpermb` lookup; from
-//! batch 2 Q2_K takes `q2k_row_lanes`, 16 rows transposed into one row per lane) and, when
+//! batch 3 Q2_K takes `q2k_row_lanes`, 16 rows transposed into one row per lane) and, when
 //! the CPU also has AVX512-VBMI (a capability of `dispatch`), Q3_K, Q4_K, Q5_K
 //! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Types
 //! without a path (legacy 4/5-bit, floats) return `false` and the caller falls back to the
@@ -185,11 +185,11 @@ fn gemm_kquant(level: Level, kind: u8, nb: usize, t: &mut Tile<'_>) {
 }
 
 /// From this many activation rows on, Q2_K takes the one-row-per-lane kernel (`q2k_row_lanes`)
-/// on the AVX-512 tier; below it `q2k512`. Measured on Zen 5 (`x86_gemm`, k = 7168, load 13,
-/// ns per row and block): at batch 1 the per-block transpose costs more than the reductions it
-/// saves (3.4-4.7 vs 2.9-3.8), at batch 2 the lane kernel is ahead by the medians (2.55 vs 2.76
-/// in cache, 2.44 vs 2.98 from DRAM, ranges overlapping), from 3 on clearly.
-const Q2K_ROW_LANES_MIN: usize = 2;
+/// on the AVX-512 tier; below it `q2k512`. Measured on Zen 5 (`x86_gemm`, k = 7168, load 10-13,
+/// interleaved, ns per row and block): at batch 1 the per-block transpose costs more than the
+/// reductions it saves (3.4-4.7 vs 2.9-3.8); at batch 2 neither wins (the medians went either
+/// way over four sets of runs, in cache and from DRAM); from 3 on the lane kernel is ahead.
+const Q2K_ROW_LANES_MIN: usize = 3;
 
 /// Q8_0 (`nb` blocks per row, `rows, n >= 1`): the activation tables, then the tier's driver
 /// (AVX-512: the 16-row kernel `q8_0_512`).

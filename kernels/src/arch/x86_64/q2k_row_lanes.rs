@@ -24,10 +24,11 @@
 //! Per tile and block the decode (transpose, masks, scale products, scales and mins) is paid
 //! once for up to [`GROUP`] activation rows; each activation row adds 64 `vpdpbusd`, 8
 //! `vpdpwssd` and ~8 float operations per 16 rows, against ~8 + 1 reduction and float
-//! operations per row in `q2k512`. With 1 or 2 activation rows (`POST`) the scale goes in after
-//! the multiply instead: the 4 dwords of a sub-block are summed by `vpdpbusd` on the masked
-//! values (at most 16 * 12 * 128 per lane: an i16), then one `vpdpwssd` by the scale word per
-//! sub-block and activation row (16 per 16 rows) replaces the 64 `vpmullw` of the decode.
+//! operations per row in `q2k512`. For a group of 1 or 2 activation rows (`POST`: the tail of a
+//! larger batch) the scale goes in after the multiply instead: the 4 dwords of a sub-block are
+//! summed by `vpdpbusd` on the masked values (at most 16 * 12 * 128 per lane: an i16), then one
+//! `vpdpwssd` by the scale word per sub-block and activation row (16 per 16 rows) replaces the
+//! 64 `vpmullw` of the decode.
 
 use core::arch::x86_64::*;
 
