@@ -133,7 +133,8 @@ fn gemm_kquant(level: Level, kind: u8, nb: usize, t: &mut Tile<'_>) {
         // SAFETY: the capability for `level` exists, so the CPU has AVX2 (and AVX-512 for
         // `Level::Avx512`, plus VBMI where `vbmi_enabled` says so); `a` describes a checked
         // `Tile` (`x` holds `n * nb` Q8_K blocks, `w` `rows * nb` blocks of `kind`, `out`
-        // `rows * n` floats) and `packed` was sized for `n * nb` packed blocks.
+        // `rows * n` floats) and `packed` was sized for `n * nb` packed blocks
+        // (`q2k_row_lanes` reads the raw activations and needs `fits(nb)`, checked before it).
         unsafe {
             if level == Level::Avx512 && kind == kblock::Q2 {
                 if n >= Q2K_ROW_LANES_MIN && q2k_row_lanes::fits(nb) {
