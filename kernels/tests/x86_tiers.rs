@@ -297,6 +297,35 @@ fn q8_0_minus_128_is_exact() {
     }
 }
 
+/// Q2_K at its bounds in every tier, at batches that take each AVX-512 path (1: `q2k512`, 2..:
+/// `q2k_row_lanes`): every 2-bit value 3 with scale and min 15 (the largest `4 * w * scale`
+/// byte the lane kernel builds), activations -128 and 127, bsums at the i16 extremes, 16 + 3 rows.
+#[test]
+fn q2_k_saturated() {
+    let (nb, rows) = (2, 19);
+    let mut w = vec![0xffu8; 84 * nb * rows];
+    for blk in w.chunks_exact_mut(84) {
+        blk[80..82].copy_from_slice(&0x3c00u16.to_le_bytes());
+        blk[82..84].copy_from_slice(&0x3800u16.to_le_bytes());
+    }
+    for n in [1usize, 2, 3, 4, 5] {
+        let mut x = vec![0u8; 292 * nb * n];
+        for (i, blk) in x.chunks_exact_mut(292).enumerate() {
+            blk[..4].copy_from_slice(&0.5f32.to_le_bytes());
+            let q = if i % 2 == 0 { 0x80u8 } else { 0x7f };
+            blk[4..260].fill(q);
+            for (j, b) in blk[260..].chunks_exact_mut(2).enumerate() {
+                let v: i16 = if (i + j) % 3 == 0 { i16::MIN } else { i16::MAX };
+                b.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        for tier in TIERS {
+            check(tier, GgmlType::Q2_K, 256 * nb, &w, rows, &x, n)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
 /// The golden vectors copied into the project (from ../shared/fixtures/kernels).
 fn golden_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
@@ -366,7 +395,7 @@ proptest! {
         ty in type_strategy(),
         seed in any::<u64>(),
         nb in 1usize..=3,
-        rows in prop::sample::select(vec![1usize, 2, 3, 5, 8, 9]),
+        rows in prop::sample::select(vec![1usize, 2, 3, 5, 8, 9, 16, 17]),
         n in prop::sample::select(vec![1usize, 2, 3, 4, 5, 8, 17]),
         extreme in any::<bool>(),
         zero_every in prop::sample::select(vec![0u64, 3]),

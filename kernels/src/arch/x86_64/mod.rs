@@ -8,7 +8,8 @@
 //! `q8_0` for how the integer work is arranged so that the float epilogue follows the reference
 //! exactly. The AVX-512-VNNI tier has its own Q8_0 kernel (`q8_0_512`: 16 rows transposed
 //! into one row per lane, no horizontal sums) and 64-byte kernels with 8-row tiles for Q2_K
-//! (`q2k512`, built twice: with AVX512-VBMI its scale table is one `vpermb` lookup) and, when
+//! (`q2k512`, built twice: with AVX512-VBMI its scale table is one `vpermb` lookup; from
+//! batch 3 Q2_K takes `q2k_row_lanes`, 16 rows transposed into one row per lane) and, when
 //! the CPU also has AVX512-VBMI (a capability of `dispatch`), Q3_K, Q4_K, Q5_K
 //! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Types
 //! without a path (legacy 4/5-bit, floats) return `false` and the caller falls back to the
@@ -24,6 +25,7 @@ mod kblock;
 mod klanes512;
 mod kquant;
 mod q2k512;
+mod q2k_row_lanes;
 mod q8_0;
 mod q8_0_512;
 mod unpack;
@@ -131,9 +133,13 @@ fn gemm_kquant(level: Level, kind: u8, nb: usize, t: &mut Tile<'_>) {
         // SAFETY: the capability for `level` exists, so the CPU has AVX2 (and AVX-512 for
         // `Level::Avx512`, plus VBMI where `vbmi_enabled` says so); `a` describes a checked
         // `Tile` (`x` holds `n * nb` Q8_K blocks, `w` `rows * nb` blocks of `kind`, `out`
-        // `rows * n` floats) and `packed` was sized for `n * nb` packed blocks.
+        // `rows * n` floats) and `packed` was sized for `n * nb` packed blocks
+        // (`q2k_row_lanes` reads the raw activations and needs `fits(nb)`, checked before it).
         unsafe {
             if level == Level::Avx512 && kind == kblock::Q2 {
+                if n >= Q2K_ROW_LANES_MIN && q2k_row_lanes::fits(nb) {
+                    return q2k_row_lanes::gemm(a);
+                }
                 q2k512::pack(x, blocks, pp);
                 if vbmi_enabled() {
                     q2k512::vbmi::gemm(a);
@@ -178,6 +184,13 @@ fn gemm_kquant(level: Level, kind: u8, nb: usize, t: &mut Tile<'_>) {
         }
     });
 }
+
+/// From this many activation rows on, Q2_K takes the one-row-per-lane kernel (`q2k_row_lanes`)
+/// on the AVX-512 tier; below it `q2k512`. Measured on Zen 5 (`x86_gemm`, k = 7168, load 10-13,
+/// interleaved, ns per row and block): at batch 1 the per-block transpose costs more than the
+/// reductions it saves (3.4-4.7 vs 2.9-3.8); at batch 2 neither wins (the medians went either
+/// way over four sets of runs, in cache and from DRAM); from 3 on the lane kernel is ahead.
+const Q2K_ROW_LANES_MIN: usize = 3;
 
 /// Q8_0 (`nb` blocks per row, `rows, n >= 1`): the activation tables, then the tier's driver
 /// (AVX-512: the 16-row kernel `q8_0_512`).
