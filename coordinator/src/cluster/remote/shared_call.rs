@@ -14,8 +14,8 @@
 //! bit-identical to any other split. A node that fails or dies leaves the groups it took
 //! unanswered: they come back as `missing`, and the ordinary rounds retry them on the other
 //! replicas with that node excluded. So does a node still silent at its hedge point (stopped,
-//! descheduled for long): the call stops waiting for it (`hedged`), it is marked suspect, and
-//! its region is left to a background waiter (`shm_link::linger`).
+//! descheduled for long) while another node answered: the call stops waiting for it (`hedged`),
+//! it is marked suspect, and its region is left to a background waiter (`shm_link::linger`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -117,6 +117,13 @@ pub(super) fn run(
         match shm_link::wait_until(p, out, at) {
             Ok(t) => landed.push(t),
             Err(p) => silent.push(p),
+        }
+    }
+    // Given up on only while another node answered: with none, the call waits for them all to
+    // their stall deadlines as before (a loaded machine, not a stopped node).
+    if !landed.iter().any(|((_, r), _)| r.is_ok()) {
+        for p in silent.drain(..) {
+            landed.push(shm_link::wait(p, out));
         }
     }
     board.finish();
