@@ -1,6 +1,7 @@
-//! Stalls (issue 23): an expert node stopped with SIGSTOP keeps its TCP connection, so without
-//! hedging its calls would wait for the whole deadline. With every expert on both nodes, the call
-//! stuck on the stopped node is hedged on the other one, the node is marked suspect and gets no
+//! Stalls (issue 23): an expert node stopped with SIGSTOP keeps its TCP connection (and its
+//! shared-memory region), so without hedging its calls would wait for the whole deadline. With
+//! every expert on both nodes, over the streams and over shared memory (shared calls and calls
+//! split in advance), the call stuck on the stopped node is hedged on the other one, the node is marked suspect and gets no
 //! new work, the generation runs on with logits bit-identical to in process and no failed call,
 //! and after SIGCONT the node's late answer clears the mark. With no replica, the call fails at
 //! the stall deadline (well before the deadline) naming the node, later calls fail at once while
@@ -42,8 +43,10 @@ fn wait_trusted(r: &RemoteExperts, node: &str, within: Duration) -> bool {
     false
 }
 
-#[test]
-fn stopped_node_is_hedged_on_its_replica() {
+/// Stops node0 of a two-node cluster holding every expert on both for six decode steps and
+/// checks the generation runs on through hedges with the same bits, then that node0 is trusted
+/// again after SIGCONT. `link` names the transport under test.
+fn stopped_node_is_hedged(opts: RemoteOptions, link: &str) {
     let path = fixture("tiny-qwen3moe-Q2_K.gguf");
     let model = Model::load(&path).expect("model");
     let shape = model_shape(&model).expect("shape");
@@ -55,10 +58,9 @@ fn stopped_node_is_hedged_on_its_replica() {
         &model,
         &cluster,
         RemoteOptions {
-            shm_pairs: 0,
             deadline: Duration::from_secs(60),
             stall_min: Duration::from_secs(30),
-            ..Default::default()
+            ..opts.clone()
         },
     );
     let mut e = engine(&model, r.clone());
@@ -78,30 +80,76 @@ fn stopped_node_is_hedged_on_its_replica() {
         last = now;
     })
     .expect("generation survives the stopped node");
-    assert_bits_equal(&got, &want, "with node0 stopped mid-generation");
+    assert_bits_equal(
+        &got,
+        &want,
+        &format!("{link}: node0 stopped mid-generation"),
+    );
     let st = r.take_stats();
-    assert!(st.hedges >= 1, "the stuck call was hedged: {st:?}");
-    assert_eq!(st.errors, 0, "no call failed: {st:?}");
+    assert!(st.hedges >= 1, "{link}: the stuck call was hedged: {st:?}");
+    assert_eq!(st.errors, 0, "{link}: no call failed: {st:?}");
     let worst = stopped_steps.iter().max().copied().unwrap_or_default();
     eprintln!(
-        "decode steps with node0 stopped: worst {worst:?}, hedges {}",
-        st.hedges
+        "{link}: decode steps with node0 stopped: worst {worst:?}, hedges {}, shared-memory calls {} of {}",
+        st.hedges, st.shm_calls, st.calls
     );
     assert!(
         worst < Duration::from_secs(10),
-        "a step waited {worst:?}: as long as the old 10 s deadline"
+        "{link}: a step waited {worst:?}: as long as the old 10 s deadline"
     );
     assert!(
         wait_trusted(&r, "node0", Duration::from_secs(20)),
-        "node0 trusted again after SIGCONT: {:?}",
+        "{link}: node0 trusted again after SIGCONT: {:?}",
         r.status()
     );
     let again = generate(&mut e, &PROMPT, 4, |_| {}).expect("after recovery");
-    assert_bits_equal(&again, &want[..again.len()], "after node0 recovered");
+    assert_bits_equal(
+        &again,
+        &want[..again.len()],
+        &format!("{link}: after node0 recovered"),
+    );
+    let st = r.take_stats();
+    if opts.shm_pairs > 0 {
+        assert!(
+            st.shm_calls > 0,
+            "{link}: calls went through shared memory again: {st:?}"
+        );
+    }
 }
 
 #[test]
-fn stopped_node_without_replica_fails_fast_then_recovers() {
+fn stopped_node_is_hedged_on_its_replica() {
+    stopped_node_is_hedged(
+        RemoteOptions {
+            shm_pairs: 0,
+            ..Default::default()
+        },
+        "streams",
+    );
+}
+
+/// Shared memory, each call split between the nodes as they go (claim board): the stopped node
+/// takes no group, and the call stops waiting for it at its hedge point.
+#[test]
+fn stopped_shm_node_is_hedged_in_shared_calls() {
+    stopped_node_is_hedged(RemoteOptions::default(), "shared memory, shared calls");
+}
+
+/// Shared memory, each call split in advance: the stopped node's share goes to the other node.
+#[test]
+fn stopped_shm_node_is_hedged_on_its_replica() {
+    stopped_node_is_hedged(
+        RemoteOptions {
+            share_work: false,
+            ..Default::default()
+        },
+        "shared memory, split in advance",
+    );
+}
+
+/// Stops node0 of a round-robin cluster (no replicas): requests fail at the stall deadline,
+/// naming it, later ones at once, and once it runs again the cluster serves the same bits.
+fn stopped_node_without_replica(opts: RemoteOptions, link: &str) {
     let path = fixture("tiny-qwen3moe-Q2_K.gguf");
     let model = Model::load(&path).expect("model");
     let shape = model_shape(&model).expect("shape");
@@ -114,9 +162,8 @@ fn stopped_node_without_replica_fails_fast_then_recovers() {
         &model,
         &cluster,
         RemoteOptions {
-            shm_pairs: 0,
             stall_min: Duration::from_secs(1),
-            ..Default::default()
+            ..opts
         },
     );
     let mut e = engine(&model, r.clone());
@@ -128,7 +175,7 @@ fn stopped_node_without_replica_fails_fast_then_recovers() {
     let started = Instant::now();
     let err = generate(&mut e, &PROMPT, 2, |_| {}).expect_err("node0 holds experts alone");
     let took = started.elapsed();
-    eprintln!("request with node0 stopped failed after {took:?}: {err}");
+    eprintln!("{link}: request with node0 stopped failed after {took:?}: {err}");
     assert!(err.contains("node0"), "the error names the node: {err}");
     assert!(
         took < Duration::from_secs(10),
@@ -136,7 +183,10 @@ fn stopped_node_without_replica_fails_fast_then_recovers() {
     );
     let started = Instant::now();
     let err = generate(&mut e, &PROMPT, 2, |_| {}).expect_err("still stopped");
-    eprintln!("next request failed after {:?}: {err}", started.elapsed());
+    eprintln!(
+        "{link}: next request failed after {:?}: {err}",
+        started.elapsed()
+    );
     assert!(err.contains("node0"), "{err}");
 
     signal(&cluster, "node0", libc::SIGCONT);
@@ -147,4 +197,20 @@ fn stopped_node_without_replica_fails_fast_then_recovers() {
     );
     let again = generate(&mut e, &PROMPT, 20, |_| {}).expect("after SIGCONT");
     assert_bits_equal(&again, &want, "after node0 runs again");
+}
+
+#[test]
+fn stopped_node_without_replica_fails_fast_then_recovers() {
+    stopped_node_without_replica(
+        RemoteOptions {
+            shm_pairs: 0,
+            ..Default::default()
+        },
+        "streams",
+    );
+}
+
+#[test]
+fn stopped_shm_node_without_replica_fails_fast_then_recovers() {
+    stopped_node_without_replica(RemoteOptions::default(), "shared memory");
 }

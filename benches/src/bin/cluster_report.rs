@@ -212,6 +212,33 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// ms per decode step of each engine phase (medians over `profiles`, one per run): step,
+/// attention, router, experts, ffn other, head, other, as table cells.
+fn phase_cells(profiles: &[StepProfile]) -> String {
+    let ms = |f: &dyn Fn(&StepProfile) -> f64| -> f64 {
+        median(
+            &profiles
+                .iter()
+                .map(|p| 1e3 * f(p) / p.steps.max(1) as f64)
+                .collect::<Vec<_>>(),
+        )
+    };
+    format!(
+        "{:>9.2} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2}",
+        ms(&|p| p.total),
+        ms(&|p| p.attention),
+        ms(&|p| p.router),
+        ms(&|p| p.experts),
+        ms(&|p| p.ffn_other),
+        ms(&|p| p.output),
+        ms(&|p| p.other())
+    )
+}
+
+/// The header of [`phase_cells`].
+const PHASE_HEADER: &str =
+    "     step | attention |    router |   experts | ffn other |      head |     other";
+
 fn us(v: Option<u32>) -> String {
     v.map_or("-".into(), |v| format!("{v} us"))
 }
@@ -352,41 +379,16 @@ fn main() -> anyhow::Result<()> {
         "ms per decode step by engine phase (median over the runs; experts: the backend call,"
     );
     println!("in process the expert FFNs, in the cluster the round trips to the nodes)");
-    println!(
-        "{:>5} | {:>10} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9}",
-        "batch", "run", "step", "attention", "router", "experts", "ffn other", "head", "other"
-    );
+    println!("{:>5} | {:>10} | {PHASE_HEADER}", "batch", "run");
     for (batch, runs) in &summary {
-        for (name, pick) in [
+        for (name, profiles) in [
             (
                 "in-proc",
-                (|r: &(Run, Run)| r.0.profile) as fn(&(Run, Run)) -> StepProfile,
+                runs.iter().map(|r| r.0.profile).collect::<Vec<_>>(),
             ),
-            ("cluster", |r: &(Run, Run)| r.1.profile),
+            ("cluster", runs.iter().map(|r| r.1.profile).collect()),
         ] {
-            let ms = |f: &dyn Fn(&StepProfile) -> f64| -> f64 {
-                median(
-                    &runs
-                        .iter()
-                        .map(|r| {
-                            let p = pick(r);
-                            1e3 * f(&p) / p.steps.max(1) as f64
-                        })
-                        .collect::<Vec<_>>(),
-                )
-            };
-            println!(
-                "{:>5} | {:>10} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2}",
-                batch,
-                name,
-                ms(&|p| p.total),
-                ms(&|p| p.attention),
-                ms(&|p| p.router),
-                ms(&|p| p.experts),
-                ms(&|p| p.ffn_other),
-                ms(&|p| p.output),
-                ms(&|p| p.other())
-            );
+            println!("{:>5} | {:>10} | {}", batch, name, phase_cells(&profiles));
         }
     }
     Ok(())

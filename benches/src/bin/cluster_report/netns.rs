@@ -250,6 +250,39 @@ fn summary(cells: &[Cell], moe_layers: usize, a: &Args) {
     }
     println!();
     println!(
+        "ms per decode step by engine phase (median over the repeats; experts: the time the engine"
+    );
+    println!(
+        "waited for the routed experts, in process their FFNs, in the cluster what the overlap left exposed)"
+    );
+    println!(
+        "{:>5} | {:>8} | {:>5} | {:>7} | {}",
+        "nodes",
+        "added",
+        "batch",
+        "run",
+        super::PHASE_HEADER
+    );
+    for c in cells {
+        for (name, pick) in [
+            ("in-proc", (|r: &Runs| &r.base) as fn(&Runs) -> &Run),
+            ("ovl+mb", |r: &Runs| &r.both),
+            ("shared", |r: &Runs| &r.shared),
+            ("no-ovl", |r: &Runs| &r.plain),
+        ] {
+            let profiles: Vec<_> = c.runs.iter().map(|r| pick(r).profile).collect();
+            println!(
+                "{:>5} | {:>8} | {:>5} | {:>7} | {}",
+                c.nodes,
+                c.delay_us.map_or("direct".into(), |d| format!("{d} us")),
+                c.batch,
+                name,
+                super::phase_cells(&profiles)
+            );
+        }
+    }
+    println!();
+    println!(
         "cost of added latency: growth of the decode step per MoE layer and per us added one way"
     );
     println!(

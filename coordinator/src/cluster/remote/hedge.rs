@@ -12,7 +12,11 @@
 //! `stall_factor` x expected (at least `stall_min`, at most the deadline), and then fails the
 //! call (HTTP 503 to its requests) and marks the node down, so later calls fail at once until the
 //! background reconnect finds it answering again. Outputs are the same bits whichever replica
-//! answers, so hedging never changes results.
+//! answers, so hedging never changes results. Nodes on this machine reached through shared memory
+//! follow the same rule (`layer_call`, `shared_call`): a share unanswered at its hedge point is
+//! left to a background waiter (`shm_link::linger`) and its pairs go to other replicas in the
+//! next round; in a shared call the other nodes have already taken every group the silent one
+//! did not, so only the groups it took are computed again.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -92,6 +96,27 @@ pub(super) fn set_suspect(s: &Shared, node: usize, suspect: bool, why: &str) {
     }
 }
 
+/// Marks node `node` suspect: its layer `layer` call is still unanswered `after` it was sent.
+pub(super) fn mark_slow(s: &Shared, node: usize, layer: usize, after: Duration) {
+    set_suspect(
+        s,
+        node,
+        true,
+        &format!(
+            "layer {layer} call unanswered after {} ms, {:.0}x its recent p99",
+            after.as_millis(),
+            s.opts.hedge_factor
+        ),
+    );
+}
+
+/// Counts a call of node `node` given up on at its hedge point and left to other replicas.
+pub(super) fn count_hedge(s: &Shared, node: usize) {
+    lock(&s.stats).hedges += 1;
+    metrics::counter!("nightshift_node_hedges_total", "node" => s.nodes[node].name.clone())
+        .increment(1);
+}
+
 /// A stream call of `share`, hedged on other replicas when its node is much slower than usual.
 pub(super) async fn hedged_call(
     s: Arc<Shared>,
@@ -118,24 +143,13 @@ pub(super) async fn hedged_call(
         r = &mut primary => return r,
         _ = tokio::time::sleep(after) => {}
     }
-    set_suspect(
-        &s,
-        node,
-        true,
-        &format!(
-            "layer {layer} call unanswered after {} ms, {:.0}x its recent p99",
-            after.as_millis(),
-            s.opts.hedge_factor
-        ),
-    );
+    mark_slow(&s, node, layer, after);
     let alternatives = alternatives(&s, &placement, layer, &pairs, &own, node);
     if alternatives.is_empty() {
         // No other replica: the call waits for its stall deadline.
         return primary.await;
     }
-    lock(&s.stats).hedges += 1;
-    metrics::counter!("nightshift_node_hedges_total", "node" => s.nodes[node].name.clone())
-        .increment(1);
+    count_hedge(&s, node);
     let mut alts =
         Box::pin(futures::future::join_all(alternatives.into_iter().map(
             |sh| call_node(s.clone(), layer, acts.clone(), pairs.clone(), sh),
@@ -169,7 +183,7 @@ pub(super) async fn hedged_call(
 
 /// Shares of the pairs `own` (indices into `pairs`) on live, not suspect replicas other than
 /// `slow`, balanced as usual; empty when some expert has no such replica.
-fn alternatives(
+pub(super) fn alternatives(
     s: &Shared,
     placement: &Placement,
     layer: usize,

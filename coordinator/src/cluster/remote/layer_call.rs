@@ -202,11 +202,46 @@ impl RemoteExperts {
                     ((share, placed), took)
                 })
                 .collect();
+            // A share still unanswered at its hedge point goes to another replica in the next
+            // round when one exists (its node suspect, its region left to `linger`), else it
+            // waits for its stall deadline.
+            let mut hedged = Vec::new();
             for p in posted {
-                landed.push(shm_link::wait(&self.shared, p, out));
+                let at = shm_link::hedge_point(&p);
+                match shm_link::wait_until(p, out, at) {
+                    Ok(t) => landed.push(t),
+                    Err(p) => {
+                        let node = p.share.node;
+                        hedge::mark_slow(&self.shared, node, layer, shm_link::waited(&p));
+                        let alternatives = hedge::alternatives(
+                            &self.shared,
+                            &placement,
+                            layer,
+                            pairs,
+                            &p.share.pair_idx,
+                            node,
+                        );
+                        if alternatives.is_empty() {
+                            landed.push(shm_link::wait(p, out));
+                        } else {
+                            hedge::count_hedge(&self.shared, node);
+                            hedged.push(p.share.clone());
+                            shm_link::linger(p);
+                        }
+                    }
+                }
             }
             record_spread(&self.shared, &landed);
             todo.clear();
+            for share in hedged {
+                for &pi in &share.pair_idx {
+                    exclude
+                        .entry(pairs[pi].expert)
+                        .or_default()
+                        .push(share.node);
+                }
+                todo.extend_from_slice(&share.pair_idx);
+            }
             for ((share, result), _) in landed {
                 if let Err(e) = result {
                     let name = &self.shared.nodes[share.node].name;
@@ -267,6 +302,11 @@ impl ExpertBackend for RemoteExperts {
                 let name = &self.shared.nodes[node].name;
                 tracing::warn!(node = %name, layer, "shared layer call failed, retrying its rest on other replicas: {e}");
                 last_errors.push(format!("{name}: {e}"));
+                for &pi in &round.missing {
+                    exclude.entry(pairs[pi].expert).or_default().push(node);
+                }
+            }
+            for node in round.hedged {
                 for &pi in &round.missing {
                     exclude.entry(pairs[pi].expert).or_default().push(node);
                 }

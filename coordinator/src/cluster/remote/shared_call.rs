@@ -13,17 +13,20 @@
 //! Outputs are still one row per pair, summed by the engine in top-k order, so results are
 //! bit-identical to any other split. A node that fails or dies leaves the groups it took
 //! unanswered: they come back as `missing`, and the ordinary rounds retry them on the other
-//! replicas with that node excluded.
+//! replicas with that node excluded. So does a node still silent at its hedge point (stopped,
+//! descheduled for long) while another node answered: the call stops waiting for it (`hedged`),
+//! it is marked suspect, and its region is left to a background waiter (`shm_link::linger`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use nightshift_atlas_core::placement::{NodeId, Placement};
 use nightshift_model::{ActRows, ExpertPair};
 
 use super::balance::expert_cost;
 use super::call::{record_spread, Share};
-use super::{lock, shm_link, LinkState, Shared};
+use super::{hedge, lock, shm_link, LinkState, Shared};
 
 /// What a shared call left to the ordinary rounds.
 pub(super) struct SharedRound {
@@ -31,6 +34,8 @@ pub(super) struct SharedRound {
     pub(super) missing: Vec<usize>,
     /// Nodes whose part failed, with the reason.
     pub(super) failed: Vec<(NodeId, String)>,
+    /// Nodes given up on at their hedge point (no answer yet; not failed).
+    pub(super) hedged: Vec<NodeId>,
 }
 
 /// Runs `todo` (indices into `pairs`) as a shared call and writes the answered outputs into
@@ -39,7 +44,7 @@ pub(super) struct SharedRound {
 /// call holds the board (one board, one call at a time: starting a call ends the claims of the
 /// one before).
 pub(super) fn run(
-    s: &Shared,
+    s: &Arc<Shared>,
     placement: &Placement,
     layer: usize,
     acts: &ActRows,
@@ -106,10 +111,30 @@ pub(super) fn run(
     }
     lock(&s.stats).shared_rounds += 1;
     let mut landed = Vec::with_capacity(posted.len());
+    let mut silent = Vec::new();
     for p in posted {
-        landed.push(shm_link::wait(s, p, out));
+        let at = shm_link::hedge_point(&p);
+        match shm_link::wait_until(p, out, at) {
+            Ok(t) => landed.push(t),
+            Err(p) => silent.push(p),
+        }
+    }
+    // Given up on only while another node answered: with none, the call waits for them all to
+    // their stall deadlines as before (a loaded machine, not a stopped node).
+    if !landed.iter().any(|((_, r), _)| r.is_ok()) {
+        for p in silent.drain(..) {
+            landed.push(shm_link::wait(p, out));
+        }
     }
     board.finish();
+    let mut hedged = Vec::with_capacity(silent.len());
+    for p in silent {
+        let node = p.share.node;
+        hedge::mark_slow(s, node, layer, shm_link::waited(&p));
+        hedge::count_hedge(s, node);
+        hedged.push(node);
+        shm_link::linger(p);
+    }
     record_spread(s, &landed);
     // Each node's share came back narrowed to the pairs it answered, already in `out`.
     let mut answered = vec![false; pairs.len()];
@@ -122,5 +147,9 @@ pub(super) fn run(
     }
     let mut missing: Vec<usize> = todo.iter().copied().filter(|&pi| !answered[pi]).collect();
     missing.sort_unstable();
-    Some(SharedRound { missing, failed })
+    Some(SharedRound {
+        missing,
+        failed,
+        hedged,
+    })
 }

@@ -4,14 +4,17 @@
 //! failure to attach just leaves the node on the stream; a call that cannot be posted (region
 //! busy with another caller's call, too large) goes over the stream too. Errors are worded and
 //! handled as the stream's: a node-reported error is retried elsewhere, a broken link takes the
-//! node out of rotation until it reconnects.
+//! node out of rotation until it reconnects. A share unanswered at its hedge point (`hedge`) can
+//! be given up on ([`wait_until`] hands it back): its region stays held by a background waiter
+//! ([`linger`]) until the node answers (clearing its suspect mark) or reaches its stall deadline
+//! (taken out of rotation), so no later call writes into a region the node may still answer in.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nightshift_model::{ActRows, ExpertPair};
-use nightshift_proto::shm::{ShmClient, ShmView};
+use nightshift_proto::shm::{ShmClient, ShmError, ShmView};
 use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
 use nightshift_proto::v1::AttachShmRequest;
 use tonic::transport::Channel;
@@ -59,18 +62,24 @@ pub(super) async fn attach(
 
 /// A share posted to a node's region, to be collected with [`wait`]. Dropping it (collected or
 /// not) frees the region for the next call and takes its work off the node's in-flight count.
-pub(super) struct Posted<'a> {
-    node: &'a NodeLink,
-    share: Share,
+pub(super) struct Posted {
+    s: Arc<Shared>,
+    pub(super) share: Share,
     link: Arc<ShmLink>,
     generation: u64,
     bytes_out: usize,
     started: Instant,
 }
 
-impl Drop for Posted<'_> {
+impl Posted {
+    fn node(&self) -> &NodeLink {
+        &self.s.nodes[self.share.node]
+    }
+}
+
+impl Drop for Posted {
     fn drop(&mut self) {
-        self.node
+        self.node()
             .outstanding
             .fetch_sub(self.share.cost, Ordering::Relaxed);
         self.link.busy.store(false, Ordering::Release);
@@ -80,14 +89,14 @@ impl Drop for Posted<'_> {
 /// Posts `share` through its node's region, or gives it back for the stream. `tag` (not 0)
 /// makes it a shared call of the claim board (`shared_call`): the node then computes only the
 /// expert groups it claims, and [`wait`] gives back the share narrowed to the pairs it answered.
-pub(super) fn post<'a>(
-    s: &'a Shared,
+pub(super) fn post(
+    s: &Arc<Shared>,
     layer: usize,
     acts: &ActRows,
     pairs: &[ExpertPair],
     share: Share,
     tag: u32,
-) -> Result<Posted<'a>, Share> {
+) -> Result<Posted, Share> {
     let node = &s.nodes[share.node];
     let (link, generation) = match &*lock(&node.state) {
         LinkState::Up(c) => match &c.shm {
@@ -96,12 +105,15 @@ pub(super) fn post<'a>(
         },
         LinkState::Down { .. } => return Err(share),
     };
+    // Taken before the client's lock: a share given up on (`linger`) holds that lock while it
+    // waits, and its busy flag turns later calls to the stream without blocking on it.
+    if link.busy.swap(true, Ordering::AcqRel) {
+        return Err(share);
+    }
     let row_bytes = acts.data.len() / acts.n_rows.max(1);
     let rows_needed = share.pair_idx.len(); // at most one row per pair
     if !lock(&link.client).fits(share.pair_idx.len(), rows_needed * row_bytes, s.n_embd) {
-        return Err(share);
-    }
-    if link.busy.swap(true, Ordering::AcqRel) {
+        link.busy.store(false, Ordering::Release);
         return Err(share);
     }
     let req = share_request(s, layer, acts, pairs, &share);
@@ -114,7 +126,7 @@ pub(super) fn post<'a>(
     }
     node.outstanding.fetch_add(share.cost, Ordering::Relaxed);
     Ok(Posted {
-        node,
+        s: s.clone(),
         share,
         link,
         generation,
@@ -127,15 +139,38 @@ pub(super) fn post<'a>(
 /// meantime fails the wait within milliseconds) and copies them from the region straight into
 /// their rows of `out`. The share comes back narrowed to the pairs answered (a shared call's
 /// node answers only the groups it took).
-pub(super) fn wait(s: &Shared, mut p: Posted<'_>, out: &mut [f32]) -> Timed<()> {
-    let node = p.node;
-    let deadline = p.started + super::hedge::stall_deadline(s, p.share.node, p.share.cost);
+pub(super) fn wait(mut p: Posted, out: &mut [f32]) -> Timed<()> {
+    // Without a hedge point `wait_until` runs to the stall deadline: it never hands back.
+    loop {
+        match wait_until(p, out, None) {
+            Ok(t) => return t,
+            Err(back) => p = back,
+        }
+    }
+}
+
+/// As [`wait`], but gives the share back unanswered when `hedge_at` passes first (before the
+/// stall deadline): the caller hedges it elsewhere and hands it to [`linger`].
+pub(super) fn wait_until(
+    mut p: Posted,
+    out: &mut [f32],
+    hedge_at: Option<Instant>,
+) -> Result<Timed<()>, Posted> {
+    let s = p.s.clone();
+    let s = &*s;
+    let stall = p.started + super::hedge::stall_deadline(s, p.share.node, p.share.cost);
+    let (deadline, early) = match hedge_at {
+        Some(h) if h < stall => (h, true),
+        _ => (stall, false),
+    };
     let generation = p.generation;
+    let node = &s.nodes[p.share.node];
     let mut alive =
         || matches!(&*lock(&node.state), LinkState::Up(c) if c.generation == generation);
     let n_embd = s.n_embd;
+    let link = p.link.clone();
     let received = {
-        let mut client = lock(&p.link.client);
+        let mut client = lock(&link.client);
         match client.wait_view(deadline, &mut alive) {
             Ok(ShmView::Rows { rows, answered }) => {
                 let js: Vec<usize> = match answered {
@@ -162,6 +197,8 @@ pub(super) fn wait(s: &Shared, mut p: Posted<'_>, out: &mut [f32]) -> Timed<()> 
                 }
             }
             Ok(ShmView::Error { message, .. }) => Err(format!("node error: {message}")),
+            // still outstanding: the region stays the node's until it answers
+            Err(ShmError::Deadline(_)) if early => return Err(p),
             Err(e) => Err(format!("shared memory: {e}")),
         }
     };
@@ -180,5 +217,35 @@ pub(super) fn wait(s: &Shared, mut p: Posted<'_>, out: &mut [f32]) -> Timed<()> 
         pair_idx: std::mem::take(&mut p.share.pair_idx),
         cost: p.share.cost,
     };
-    ((share, result), elapsed)
+    Ok(((share, result), elapsed))
+}
+
+/// The moment a share posted at `p`'s start should be hedged (None: its node has too little
+/// history to judge, so the share waits for its stall deadline).
+pub(super) fn hedge_point(p: &Posted) -> Option<Instant> {
+    super::hedge::hedge_after(&p.s, p.share.node, p.share.cost).map(|d| p.started + d)
+}
+
+/// Waits for a share given up on at its hedge point, off the caller's thread, until its node
+/// answers or its stall deadline passes, and then frees its region. The answer is dropped (the
+/// share was computed elsewhere); as every answer it is recorded, so a late one clears the
+/// node's suspect mark and a stall takes the node out of rotation until it reconnects.
+pub(super) fn linger(p: Posted) {
+    let n_embd = p.s.n_embd;
+    let rows = p.share.pair_idx.iter().max().map_or(0, |&m| m + 1);
+    let name = format!("shm-linger-{}", p.node().name);
+    let spawned = std::thread::Builder::new().name(name).spawn(move || {
+        let mut scratch = vec![0.0f32; rows * n_embd];
+        let _ = wait(p, &mut scratch);
+    });
+    if let Err(e) = spawned {
+        // No thread: the share is dropped here; its request stays outstanding in the region
+        // (`ShmClient` refuses a second post), so later calls to the node take the stream.
+        tracing::warn!("cannot wait for a stalled shared-memory call in the background: {e}");
+    }
+}
+
+/// How long after posting a share the caller gave up on it and hedged (for logs).
+pub(super) fn waited(p: &Posted) -> Duration {
+    p.started.elapsed()
 }

@@ -11,8 +11,8 @@ pub struct RpcStats {
     pub shm_calls: u64,
     /// Layer calls split between nodes as they went, through the claim board (`shared_call`).
     pub shared_rounds: u64,
-    /// Stream calls sent again to other replicas because their node was much slower than its
-    /// recent p99 (`hedge`).
+    /// Calls given up on because their node was much slower than its recent p99 (`hedge`): sent
+    /// again to other replicas (streams), or left to the nodes that answered (shared memory).
     pub hedges: u64,
     /// Request bytes sent (activations, pairs, framing estimate).
     pub bytes_out: u64,
