@@ -19,6 +19,16 @@ use support::cluster::{
 };
 use support::{engine, fixture};
 
+/// The tests of this file run one at a time: each stops a node and times how soon its calls
+/// move or fail, and the stall deadline is a multiple of the node's recent latency, which five
+/// clusters started side by side on a 2-core machine stretch toward the 10 s the test compares
+/// with.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn signal(cluster: &LocalCluster, node: &str, sig: i32) {
     let pid = cluster.pid(node).expect("node pid");
     // SAFETY: kill(2) on a child process of this test's cluster; no memory is touched.
@@ -47,6 +57,7 @@ fn wait_trusted(r: &RemoteExperts, node: &str, within: Duration) -> bool {
 /// checks the generation runs on through hedges with the same bits, then that node0 is trusted
 /// again after SIGCONT. `link` names the transport under test.
 fn stopped_node_is_hedged(opts: RemoteOptions, link: &str) {
+    let _serial = one_at_a_time();
     let path = fixture("tiny-qwen3moe-Q2_K.gguf");
     let model = Model::load(&path).expect("model");
     let shape = model_shape(&model).expect("shape");
@@ -150,6 +161,7 @@ fn stopped_shm_node_is_hedged_on_its_replica() {
 /// Stops node0 of a round-robin cluster (no replicas): requests fail at the stall deadline,
 /// naming it, later ones at once, and once it runs again the cluster serves the same bits.
 fn stopped_node_without_replica(opts: RemoteOptions, link: &str) {
+    let _serial = one_at_a_time();
     let path = fixture("tiny-qwen3moe-Q2_K.gguf");
     let model = Model::load(&path).expect("model");
     let shape = model_shape(&model).expect("shape");
