@@ -233,27 +233,22 @@ impl RemoteExperts {
             }
             record_spread(&self.shared, &landed);
             todo.clear();
-            for share in hedged {
-                for &pi in &share.pair_idx {
-                    exclude
-                        .entry(pairs[pi].expert)
-                        .or_default()
-                        .push(share.node);
+            // a hedged or failed share's pairs go again, never to its node
+            let mut again = |node: usize, pair_idx: &[usize]| {
+                for &pi in pair_idx {
+                    exclude.entry(pairs[pi].expert).or_default().push(node);
                 }
-                todo.extend_from_slice(&share.pair_idx);
+                todo.extend_from_slice(pair_idx);
+            };
+            for share in hedged {
+                again(share.node, &share.pair_idx);
             }
             for ((share, result), _) in landed {
                 if let Err(e) = result {
                     let name = &self.shared.nodes[share.node].name;
                     tracing::warn!(node = %name, layer, "layer call failed, retrying on another replica: {e}");
                     last_errors.push(format!("{name}: {e}"));
-                    for &pi in &share.pair_idx {
-                        exclude
-                            .entry(pairs[pi].expert)
-                            .or_default()
-                            .push(share.node);
-                    }
-                    todo.extend_from_slice(&share.pair_idx);
+                    again(share.node, &share.pair_idx);
                 }
             }
             todo.sort_unstable();
