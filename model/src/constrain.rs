@@ -214,6 +214,18 @@ impl SeqConstraint {
         self.matcher.is_stopped()
     }
 
+    /// How many leading tokens of `draft` the grammar allows in turn from here, without moving
+    /// the matcher: a draft is cut there before it becomes rows, since verification could never
+    /// accept a token past it. On a matcher error nothing is cut (the masks report it).
+    pub fn allowed_prefix(&mut self, draft: &[u32]) -> usize {
+        if draft.is_empty() || self.matcher.is_stopped() {
+            return 0;
+        }
+        self.matcher
+            .validate_tokens(draft)
+            .map_or(draft.len(), |n| n.min(draft.len()))
+    }
+
     /// The masks of a verification step's rows: the next token's, then, for each draft token
     /// in turn, the mask as if the drafts before it had been accepted. The walk stops after
     /// the mask of the first draft token the grammar refuses or that ends the sequence (`ends`):

@@ -4,7 +4,8 @@
 //! the range of decode tok/s ratios. Workloads, built honestly from the model's own output:
 //! `quoting` (a greedy continuation C of a prompt P is generated first; the prompt then quotes
 //! it: P C P), `predicted` (prompt P with OpenAI's `prediction` = C, what code editors send),
-//! `pred-70` (the same prediction with 30% of its tokens replaced), `no-overlap` (a prompt of
+//! `noisy N%` (the same prediction with N% of its tokens replaced, for each `--noise` level: the
+//! acceptance they give brackets the 70%-acceptance workload), `no-overlap` (a prompt of
 //! tokens that never repeat), and `4 sessions` (four quoting prompts at once). Also the engine's
 //! step time by rows of one sequence (the cost a draft token adds).
 
@@ -39,6 +40,9 @@ pub struct Args {
     /// Most rows of the step-time curve.
     #[arg(long, default_value_t = 12)]
     pub max_rows: usize,
+    /// Shares of a prediction's tokens replaced (percent), one `noisy N%` workload each.
+    #[arg(long, value_delimiter = ',', default_value = "10,20,30")]
+    pub noise: Vec<u32>,
     /// The drafter and its flags (as `serve`).
     #[command(flatten)]
     pub spec: super::spec_args::SpecArgs,
@@ -268,8 +272,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // the honest workloads: built from the model's own greedy output
     let mut quoting = Vec::new();
     let mut predicted = Vec::new();
-    let mut pred70 = Vec::new();
     let mut rng = SplitMix64::new(70);
+    let mut continuations = Vec::new();
     for k in 0..4u64 {
         let p = distinct_tokens(a.prompt_tokens, vocab, 100 + k);
         let c = b.continuation(&p, a.tokens + 1)?;
@@ -284,21 +288,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             prompt: p.clone(),
             prediction: c.clone(),
         });
-        let noisy: Vec<u32> = c
-            .iter()
-            .map(|&t| {
-                if rng.next_u64() % 10 < 3 {
-                    (t + 1 + (rng.next_u64() % 100) as u32) % vocab as u32
-                } else {
-                    t
-                }
-            })
-            .collect();
-        pred70.push(Job {
-            prompt: p,
-            prediction: noisy,
-        });
+        continuations.push((p, c));
     }
+    // one noisy prediction per level, each token replaced with the level's probability
+    let noisy: Vec<(String, Job)> = a
+        .noise
+        .iter()
+        .map(|&pct| {
+            let (p, c) = &continuations[0];
+            let prediction = c
+                .iter()
+                .map(|&t| {
+                    if rng.next_u64() % 100 < u64::from(pct) {
+                        (t + 1 + (rng.next_u64() % 100) as u32) % vocab as u32
+                    } else {
+                        t
+                    }
+                })
+                .collect();
+            let job = Job {
+                prompt: p.clone(),
+                prediction,
+            };
+            (format!("noisy {pct}%"), job)
+        })
+        .collect();
     let no_overlap = vec![Job {
         prompt: distinct_tokens(a.prompt_tokens * 2, vocab, 7),
         prediction: Vec::new(),
@@ -316,13 +330,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             prediction: v[0].prediction.clone(),
         }]
     };
-    let workloads: Vec<(&str, Vec<Job>)> = vec![
-        ("quoting", take1(&quoting)),
-        ("predicted", take1(&predicted)),
-        ("pred-70", take1(&pred70)),
-        ("no-overlap", no_overlap),
-        ("4 sessions", four),
+    let mut workloads: Vec<(String, Vec<Job>)> = vec![
+        ("quoting".into(), take1(&quoting)),
+        ("predicted".into(), take1(&predicted)),
     ];
+    workloads.extend(noisy.into_iter().map(|(name, job)| (name, vec![job])));
+    workloads.push(("no-overlap".into(), no_overlap));
+    workloads.push(("4 sessions".into(), four));
     println!(
         "{:<11} {:>10} {:>9} {:>12} {:>12} {:>15}",
         "workload", "accepted", "tok/step", "off tok/s", "spec tok/s", "ratio (range)"

@@ -357,6 +357,15 @@ impl<E: StepEngine> Loop<E> {
         for (a, d) in asks.iter().zip(got) {
             out[a.index] = d;
         }
+        drop(asks);
+        // a constrained sequence's draft ends before the first token its grammar refuses:
+        // verification could never accept past it, so those rows would be computed for nothing
+        for (s, d) in self.running.iter_mut().zip(out.iter_mut()) {
+            if let (Some(c), false) = (s.constraint.as_mut(), d.is_empty()) {
+                let allowed = c.allowed_prefix(d);
+                d.truncate(allowed);
+            }
+        }
         out
     }
 

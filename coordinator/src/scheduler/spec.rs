@@ -91,8 +91,9 @@ impl Speculator {
     }
 
     /// The draft tokens of each asked sequence for a step whose other rows number `base`
-    /// (indexed like `asks`; empty = no draft). A constrained sequence's drafts ride like any
-    /// other: a token its grammar refuses is rejected at verification (`engine_loop/masks.rs`).
+    /// (indexed like `asks`; empty = no draft). The engine loop then cuts a constrained
+    /// sequence's draft before the first token its grammar refuses (`plan_drafts`); each row
+    /// left is sampled under its own mask at verification (`engine_loop/masks.rs`).
     pub fn drafts(&mut self, base: usize, asks: &mut [Ask]) -> Vec<Vec<u32>> {
         let mut out: Vec<Vec<u32>> = vec![Vec::new(); asks.len()];
         // a model drafter costs a step per token: plan first, draft only what rides (all
