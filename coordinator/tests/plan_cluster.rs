@@ -171,6 +171,7 @@ fn k2_scenario<'a>(
         prefill_chunk: 512,
         overlap,
         micro_batches: overlap,
+        shared_cores: false,
     }
 }
 
@@ -300,4 +301,56 @@ fn a_measured_calibration_is_positive_and_names_its_experts() {
         "{c:?}"
     );
     assert!(c.efficiency() > 0.0 && c.efficiency() <= 1.0);
+}
+
+#[test]
+fn shared_cores_hide_only_the_time_nobody_computes() {
+    let m = ModelCost::from_preset("kimi-k2", "UD-Q2_K_XL").expect("k2");
+    let c = cal(&m);
+    let r = Routing::uniform(m.n_expert, m.n_used);
+    let t = VmTable::builtin().expect("table");
+    let vm = t.get("Standard_E32ps_v6").expect("vm");
+    let (own, shared_layer) = (0.02, 1e-3);
+    for rtt_us in [100.0, 20_000.0] {
+        let apart = k2_scenario(&m, &r, &c, vm, 8, rtt_us, true);
+        let together = Scenario {
+            shared_cores: true,
+            ..apart.clone()
+        };
+        let (a, s) = (
+            apart.step_time(own, shared_layer),
+            together.step_time(own, shared_layer),
+        );
+        // never faster; at least every core's work one after the other
+        assert!(s >= a, "{s} vs {a}");
+        let l = m.moe_layers;
+        let busy: f64 = (0..l)
+            .map(|i| together.node_time(i, 4) * 2.0 + together.call_overhead * 2.0)
+            .sum();
+        assert!(s >= own + busy - 1e-12, "{s} vs {}", own + busy);
+        if rtt_us > 1e4 {
+            // a 20 ms round trip outweighs all compute: both hide the same compute behind it
+            assert!((s - a).abs() < 1e-12, "{s} vs {a}");
+        } else {
+            assert!(
+                s > a,
+                "at 100 us the compute no longer overlaps: {s} vs {a}"
+            );
+        }
+        // without micro-batches the shared expert hides only the idle part of the call
+        let one = |shared_cores| Scenario {
+            micro_batches: false,
+            shared_cores,
+            ..apart.clone()
+        };
+        let big_shared = 1.0;
+        let (a1, s1) = (
+            one(false).step_time(own, big_shared),
+            one(true).step_time(own, big_shared),
+        );
+        let idle: f64 = (0..l).map(|i| one(true).idle_time(i, 8)).sum();
+        let remote: f64 = (0..l).map(|i| one(true).remote_time(i, 8)).sum();
+        assert!((a1 - own).abs() < 1e-9, "all hidden apart: {a1}");
+        assert!((s1 - (own + remote - idle)).abs() < 1e-9, "{s1}");
+    }
 }

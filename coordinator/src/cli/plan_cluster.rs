@@ -211,6 +211,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             prefill_chunk: a.prefill_chunk,
             overlap: !a.no_overlap,
             micro_batches: !a.no_micro_batches,
+            shared_cores: false,
         };
         let p = s.predict();
         println!(

@@ -47,6 +47,10 @@ pub struct Scenario<'a> {
     pub overlap: bool,
     /// With `overlap` and batch >= 2: two micro-batches whose layer calls alternate.
     pub micro_batches: bool,
+    /// The coordinator and the nodes compute on the same cores (nodes on the coordinator's
+    /// machine, the `--netns` harness): the overlaps then hide only the time nobody computes
+    /// (round trip and wire), never one side's compute behind the other's.
+    pub shared_cores: bool,
 }
 
 /// Network bytes of one layer call at batch B: (to the nodes, from the nodes), total and the
@@ -146,11 +150,21 @@ impl Scenario<'_> {
         self.node_time(layer, batch) + self.link_time(&self.layer_bytes(layer, batch))
     }
 
+    /// The part of a layer call's remote time in which no core of this deployment computes:
+    /// the round trip and the wire (the node's FFN and the per-call software cost run on
+    /// cores). What an overlap can hide when the cores are shared.
+    pub fn idle_time(&self, layer: usize, batch: usize) -> f64 {
+        self.link_time(&self.layer_bytes(layer, batch)) - self.call_overhead
+    }
+
     /// A decode step from the coordinator's own compute `own` (everything but the routed
     /// experts) and its shared expert's time per MoE layer: without overlap the two add up
     /// layer by layer; with it the shared expert hides up to the layer's remote time; with
     /// micro-batches each layer takes the longer of its compute and half its compute plus a
-    /// half batch's remote time (one half computes while the other's call is out).
+    /// half batch's remote time (one half computes while the other's call is out). With
+    /// `shared_cores` a layer also takes at least all the compute on those cores, one after
+    /// the other: the coordinator's, both halves' node FFN and call costs; and the shared expert
+    /// hides only the call's idle time ([`Scenario::idle_time`]).
     pub fn step_time(&self, own: f64, shared_layer: f64) -> f64 {
         let (b, l) = (self.batch.max(1), self.model.moe_layers);
         if l == 0 {
@@ -162,15 +176,25 @@ impl Scenario<'_> {
             return (0..l)
                 .map(|i| {
                     let r = self.remote_time(i, b1).max(self.remote_time(i, b2));
-                    c.max(c / 2.0 + r)
+                    let mut t = c.max(c / 2.0 + r);
+                    if self.shared_cores {
+                        let busy = |h| self.node_time(i, h) + self.call_overhead;
+                        t = t.max(c + busy(b1) + busy(b2));
+                    }
+                    t
                 })
                 .sum();
         }
         own + (0..l)
             .map(|i| {
                 let r = self.remote_time(i, b);
+                let hideable = if self.shared_cores {
+                    self.idle_time(i, b)
+                } else {
+                    r
+                };
                 r - if self.overlap {
-                    shared_layer.min(r)
+                    shared_layer.min(hideable)
                 } else {
                     0.0
                 }

@@ -97,6 +97,8 @@ pub fn report(cells: &[Cell], a: &Args) -> anyhow::Result<()> {
             prefill_chunk: a.prompt.max(1),
             overlap,
             micro_batches: mb,
+            // the nodes and the coordinator share this machine's cores
+            shared_cores: true,
         };
     let med = |c: &Cell, f: &dyn Fn(&Runs) -> f64| -> f64 {
         median(&c.runs.iter().map(f).collect::<Vec<_>>())
