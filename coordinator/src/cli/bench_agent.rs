@@ -57,6 +57,36 @@ pub struct Args {
     /// Give up on one request after this many seconds.
     #[arg(long, default_value_t = 3600)]
     pub timeout: u64,
+    /// The server's process id, when it runs on this machine: its anonymous resident memory
+    /// (`RssAnon`) is sampled beside `/v1/admin/kv` to measure what the KV cache really takes
+    /// per position against the layout's theoretical bytes.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+}
+
+/// The KV pool as `/v1/admin/kv` reports it, and the server's anonymous resident bytes.
+#[derive(Clone, Copy, Debug, Default)]
+struct KvSample {
+    positions: u64,
+    bytes_per_token: u64,
+    allocated_bytes: u64,
+    rss_anon: u64,
+}
+
+/// `RssAnon` of a process in bytes (Linux `/proc/PID/status`).
+fn rss_anon(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status (is --server-pid this machine's?)"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("RssAnon:"))
+        .with_context(|| format!("no RssAnon in /proc/{pid}/status"))?;
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("unreadable {line:?}"))?;
+    Ok(kib * 1024)
 }
 
 /// What one request measured.
@@ -174,6 +204,31 @@ impl Client {
             }
         }
         bail!("stream ended without [DONE]")
+    }
+}
+
+impl Client {
+    /// The pool's figures from `/v1/admin/kv` and the server's `RssAnon`.
+    async fn kv_sample(&self, pid: u32) -> anyhow::Result<KvSample> {
+        let mut r = self.http.get(format!("{}/v1/admin/kv", self.base));
+        if let Some(k) = &self.key {
+            r = r.bearer_auth(k);
+        }
+        let resp = r.send().await.context("GET /v1/admin/kv")?;
+        if !resp.status().is_success() {
+            bail!("GET /v1/admin/kv: HTTP {}", resp.status());
+        }
+        let v: serde_json::Value = resp.json().await.context("/v1/admin/kv body")?;
+        let field = |k: &str| {
+            v[k].as_u64()
+                .with_context(|| format!("/v1/admin/kv has no {k}"))
+        };
+        Ok(KvSample {
+            positions: field("allocated_blocks")? * field("block_tokens")?,
+            bytes_per_token: field("bytes_per_token")?,
+            allocated_bytes: field("allocated_bytes")?,
+            rss_anon: rss_anon(pid)?,
+        })
     }
 }
 
@@ -338,6 +393,15 @@ async fn bench(a: Args) -> anyhow::Result<()> {
         "bench agent: {base} model {model}; agent: {} sessions x {} turns of {} + {} tokens (to {depth}); reviews: {} x ({} shared + {} diff), {} at a time; {} round(s)",
         a.sessions, a.turns, a.turn_tokens, a.answer_tokens, a.reviews, a.shared_tokens, a.diff_tokens, a.review_concurrency, a.rounds
     );
+    let kv_start = match a.server_pid {
+        Some(pid) => {
+            // one short request first: the server's one-time allocations (engine buffers,
+            // worker arenas) are not the KV cache's
+            c.complete(&ids(16, 999, a.vocab), 2, false).await?;
+            Some(c.kv_sample(pid).await?)
+        }
+        None => None,
+    };
     let (mut ag_on, mut ag_off, mut rv_on, mut rv_off) = (vec![], vec![], vec![], vec![]);
     for round in 0..a.rounds {
         let order = if round % 2 == 0 {
@@ -416,6 +480,24 @@ async fn bench(a: Args) -> anyhow::Result<()> {
     print_summary("agent  ", &ag_on, &ag_off);
     if a.reviews > 0 {
         print_summary("reviews", &rv_on, &rv_off);
+    }
+    if let (Some(pid), Some(s0)) = (a.server_pid, kv_start) {
+        let s1 = c.kv_sample(pid).await?;
+        let grown = s1.positions.saturating_sub(s0.positions);
+        let rss = s1.rss_anon.saturating_sub(s0.rss_anon);
+        println!(
+            "KV memory: the pool grew by {grown} positions ({:.1} MiB allocated); the server's RssAnon by {:.1} MiB",
+            s1.allocated_bytes.saturating_sub(s0.allocated_bytes) as f64 / 1048576.0,
+            rss as f64 / 1048576.0
+        );
+        if grown > 0 {
+            let measured = rss as f64 / grown as f64;
+            println!(
+                "  per position: measured {measured:.0} B (RssAnon growth / positions), theoretical {} B (the layout's), measured/theoretical {:.3}",
+                s1.bytes_per_token,
+                measured / s1.bytes_per_token.max(1) as f64
+            );
+        }
     }
     Ok(())
 }
