@@ -6,8 +6,10 @@
 //! it: P C P), `predicted` (prompt P with OpenAI's `prediction` = C, what code editors send),
 //! `noisy N%` (the same prediction with N% of its tokens replaced, for each `--noise` level: the
 //! acceptance they give brackets the 70%-acceptance workload), `no-overlap` (a prompt of
-//! tokens that never repeat), and `4 sessions` (four quoting prompts at once). Also the engine's
-//! step time by rows of one sequence (the cost a draft token adds).
+//! tokens that never repeat), and `4 sessions` (four quoting prompts at once). Each mode runs
+//! on one scheduler for the whole run, as a server does (the policy's measured step times and
+//! the drafter's record carry over between requests). Also the engine's step time by rows of
+//! one sequence (the cost a draft token adds).
 
 use crate::scheduler::model_backend::{engine_with, EngineLimits};
 use crate::scheduler::model_text::ModelText;
@@ -78,14 +80,14 @@ struct Bench {
 }
 
 impl Bench {
-    /// Runs `jobs` at once through a fresh scheduler, speculating or not.
-    fn run(&self, jobs: &[Job], speculate: bool) -> anyhow::Result<Measured> {
-        let n_ctx =
-            jobs.iter().map(|j| j.prompt.len()).max().unwrap_or(0) + self.args.tokens as usize + 1;
+    /// A scheduler as `serve` runs one, speculating or not, for up to `seqs` sequences of
+    /// `n_ctx` positions. Each mode keeps one for the whole run, as a server does: the policy's
+    /// step times and the drafter's record carry over from request to request.
+    fn scheduler(&self, speculate: bool, n_ctx: usize, seqs: usize) -> anyhow::Result<Scheduler> {
         let limits = EngineLimits {
             threads: self.args.threads,
-            max_seqs: jobs.len().max(1),
-            kv_budget_tokens: n_ctx * jobs.len().max(1),
+            max_seqs: seqs.max(1),
+            kv_budget_tokens: n_ctx * seqs.max(1),
             max_seq_len: 0,
             kv_type: nightshift_model::KvType::F32,
             prefix_cache: false,
@@ -104,12 +106,21 @@ impl Bench {
             None
         };
         let opts = SchedulerOptions {
-            queue_capacity: jobs.len().max(1),
-            max_seqs: jobs.len().max(1),
+            queue_capacity: seqs.max(1),
+            max_seqs: seqs.max(1),
             prefill_chunk: 512,
             n_ctx,
         };
-        let s = Scheduler::spawn_speculative(engine, self.text.clone(), opts, spec)?;
+        Ok(Scheduler::spawn_speculative(
+            engine,
+            self.text.clone(),
+            opts,
+            spec,
+        )?)
+    }
+
+    /// Runs `jobs` at once through `s`.
+    fn run(&self, jobs: &[Job], s: &Scheduler) -> anyhow::Result<Measured> {
         let mut rxs = Vec::new();
         for (i, j) in jobs.iter().enumerate() {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -341,17 +352,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "{:<11} {:>10} {:>9} {:>12} {:>12} {:>15}",
         "workload", "accepted", "tok/step", "off tok/s", "spec tok/s", "ratio (range)"
     );
+    // one scheduler per mode for the whole run (a server's), sized for the largest workload
+    let n_ctx = workloads
+        .iter()
+        .flat_map(|(_, jobs)| jobs.iter().map(|j| j.prompt.len()))
+        .max()
+        .unwrap_or(0)
+        + a.tokens as usize
+        + 1;
+    let seqs = workloads.iter().map(|(_, j)| j.len()).max().unwrap_or(1);
+    let off_s = b.scheduler(false, n_ctx, seqs)?;
+    let on_s = b.scheduler(true, n_ctx, seqs)?;
     for (name, jobs) in &workloads {
         let mut ratios = Vec::new();
         let (mut off_sum, mut on_sum) = (Measured::default(), Measured::default());
         for round in 0..a.rounds {
             // alternate which runs first, so drift hits both alike
             let (off, on) = if round % 2 == 0 {
-                let off = b.run(jobs, false)?;
-                (off, b.run(jobs, true)?)
+                let off = b.run(jobs, &off_s)?;
+                (off, b.run(jobs, &on_s)?)
             } else {
-                let on = b.run(jobs, true)?;
-                (b.run(jobs, false)?, on)
+                let on = b.run(jobs, &on_s)?;
+                (b.run(jobs, &off_s)?, on)
             };
             ratios.push(on.tok_s() / off.tok_s().max(1e-9));
             for (sum, m) in [(&mut off_sum, off), (&mut on_sum, on)] {

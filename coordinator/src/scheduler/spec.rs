@@ -44,6 +44,9 @@ pub struct Speculator {
     gated: bool,
     next_key: u64,
     kind: &'static str,
+    /// The drafter's acceptance over every sequence's verifications: new sequences start from
+    /// it ([`Acceptance::seeded`]).
+    recent: Acceptance,
 }
 
 impl Speculator {
@@ -62,6 +65,7 @@ impl Speculator {
             gated,
             next_key: 0,
             kind,
+            recent: Acceptance::default(),
         }
     }
 
@@ -81,6 +85,7 @@ impl Speculator {
         SeqSpec {
             key: self.next_key,
             prediction,
+            acceptance: Acceptance::seeded(&self.recent),
             ..SeqSpec::default()
         }
     }
@@ -192,6 +197,7 @@ impl Speculator {
     /// A sequence's verification: `drafted` draft tokens, the first `accepted` accepted.
     pub fn verified(&mut self, spec: &mut SeqSpec, drafted: usize, accepted: usize) {
         spec.acceptance.update(drafted, accepted);
+        self.recent.update(drafted, accepted);
         metrics::counter!("nightshift_spec_drafted_tokens_total", "drafter" => self.kind)
             .increment(drafted as u64);
         metrics::counter!("nightshift_spec_accepted_tokens_total", "drafter" => self.kind)

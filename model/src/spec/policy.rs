@@ -99,6 +99,8 @@ impl Default for Acceptance {
 
 /// Decay of the counts per verification (recent steps weigh most).
 const DECAY: f64 = 0.7;
+/// Most tries a new sequence's seeded counts are worth ([`Acceptance::seeded`]).
+const PRIOR_TRIES: f64 = 3.0;
 
 impl Acceptance {
     /// The probability that the next draft token is accepted.
@@ -116,6 +118,24 @@ impl Acceptance {
         self.accepted = self.accepted * DECAY + accepted as f64;
         self.tried = self.tried * DECAY + tried as f64;
         self.idle = 0;
+    }
+
+    /// A new sequence's start from the drafter's recent record (`recent`, its verifications
+    /// over all sequences): the same rate evidence, worth at most [`PRIOR_TRIES`] tries, so a
+    /// drafter whose drafts were all rejected lately does not make every new request pay for
+    /// trying again, and one that is usually right drafts from the first step. The sequence's
+    /// own verifications soon outweigh it.
+    pub fn seeded(recent: &Acceptance) -> Acceptance {
+        let scale = if recent.tried > PRIOR_TRIES {
+            PRIOR_TRIES / recent.tried
+        } else {
+            1.0
+        };
+        Acceptance {
+            accepted: recent.accepted * scale,
+            tried: recent.tried * scale,
+            idle: 0,
+        }
     }
 
     /// A step in which the sequence had a draft but carried none: after a while the counts
@@ -300,5 +320,46 @@ mod tests {
             a.skipped();
         }
         assert!(a.rate() > low, "an idle sequence relaxes toward the prior");
+    }
+
+    #[test]
+    fn new_sequences_start_from_the_drafters_record() {
+        assert_eq!(Acceptance::seeded(&Acceptance::default()).rate(), 0.5);
+        let mut rejected = Acceptance::default();
+        for _ in 0..20 {
+            rejected.update(3, 0);
+        }
+        let cold = Acceptance::seeded(&rejected);
+        // worth 3 tries of which none accepted: 1 / 5
+        assert!((cold.rate() - 0.2).abs() < 1e-9, "{}", cold.rate());
+        // at the benchmark's measured step curve (2 rows cost 1.4x one) it drafts nothing
+        let t = times(&[(1, 1.0), (2, 1.4), (3, 1.96)]);
+        let c = Candidate {
+            rate: cold.rate(),
+            available: 4,
+        };
+        assert_eq!(plan(&t, 1, &[c], None), vec![0]);
+        let mut right = Acceptance::default();
+        for _ in 0..20 {
+            right.update(4, 4);
+        }
+        let warm = Acceptance::seeded(&right);
+        assert!((warm.rate() - 0.8).abs() < 1e-9, "{}", warm.rate());
+        assert!(
+            plan(
+                &t,
+                1,
+                &[Candidate {
+                    rate: warm.rate(),
+                    available: 4
+                }],
+                None
+            )[0] > 0
+        );
+        // its own rejections soon outweigh a good record
+        let mut a = warm;
+        a.update(4, 0);
+        a.update(4, 0);
+        assert!(a.rate() < 0.5, "{}", a.rate());
     }
 }
