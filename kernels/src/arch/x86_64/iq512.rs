@@ -6,15 +6,15 @@
 //! looked up with `vpermi2w` and a blend tree, their 2- or 3-bit fields expanded by
 //! `vpmultishiftqb` + `vpermb`; the 2048-point IQ1 grid's codes are gathered (`vpgatherdd`) and
 //! expanded the same way. Sign bytes are `vpmultishiftqb` + one `vpermi2b` of `KSIGNS_IQ2XS` (or
-//! the block's own sign bytes), IQ4 nibbles `vpermb` + `vpshufb`. The constant layouts live in `tables`.
+//! the block's own sign bytes). The constant layouts live in `tables`; IQ4_XS and IQ4_NL take
+//! their own path (`nl4`: biased weights, one row per lane for the float sums).
 //!
 //! Exactness: the activations are packed once per call as `|x|` (unsigned bytes, so -128 is the
 //! exact 128) plus their sign bits as 64-bit masks; per activation row a weight register is
 //! negated where `x` is negative (masked `vpsubb`; no weight is -128), so `vpmaddubsw(|x|, w)`
 //! gives the exact pair products (at most 2 * 128 * 127, below 2^15) and `vpdpwssd` with the scale
 //! words adds them, scaled, into i32 lanes. Integer sums are exact in any order, so one
-//! horizontal sum gives the reference's integer `bsum`, and IQ4_XS/IQ4_NL get their eight
-//! 32-element sums; the float epilogue then repeats the scalar reference's operations in its
+//! horizontal sum gives the reference's integer `bsum`; the float epilogue then repeats the scalar reference's operations in its
 //! order. The IQ1 grids are decoded times 8 (IQ1_M adds its ±1 shift signs, IQ1_S adds the
 //! activation `bsums` weighed by its signed scales to the same sum), so one integer is `8 sumi +
 //! sumi1`, below 2^24, and the reference's `sumi + sumi1 / 8` is that integer over 8, exactly. The ternary types
@@ -23,8 +23,7 @@
 use core::arch::x86_64::*;
 
 use crate::arch::iq_tile::{
-    act_chunk_offset, unit_blocks, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Iq4Nl, Iq4Xs,
-    IqKind,
+    act_chunk_offset, unit_blocks, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, IqKind,
 };
 use crate::formats::kquants::layout::Q8K_BSUMS;
 use crate::formats::{Block, BlockQ8_0, BlockQ8_K};
@@ -32,6 +31,7 @@ use crate::{GgmlType, Tile};
 use core::mem::size_of;
 
 mod decode;
+mod nl4;
 mod tables;
 
 use super::kblock::{f16_to_f32, prefetch_span};
@@ -57,26 +57,21 @@ struct Dec {
     neg: [u64; 4],
     /// IQ1_S: the 16 words `ls * delta` by which `sumi1` weighs the activation `bsums`.
     bw: __m256i,
-    /// The blocks' `d` per 32-element group (one block's `d` eight times but for IQ4_NL).
-    d: [f32; 8],
-    /// Groups mode: the factor of `d * x.d` per group (IQ4_XS: its scale `code - 32`; 1.0
-    /// otherwise, which leaves the product's bits unchanged).
-    s: [f32; 8],
+    /// The block's `d`.
+    d: f32,
 }
 
 impl Dec {
-    /// A unit whose blocks' `d` is `d0`, without signs, `bw` or group factors.
+    /// A unit whose block's `d` is `d0`, without signs or `bw`.
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     fn new(w: [__m512i; 4], sc: [__m512i; 4], d0: f32) -> Dec {
-        let d = [d0; 8];
         Dec {
             w,
             sc,
             neg: [0; 4],
             bw: _mm256_setzero_si256(),
-            d,
-            s: [1.0; 8],
+            d: d0,
         }
     }
 }
@@ -88,8 +83,6 @@ enum Mode {
     Scaled,
     /// The scaled sum plus `sum(bw * bsums)` (IQ1_S: `8 sumi + sumi1`).
     ScaledBsums,
-    /// Eight unscaled 32-element sums (IQ4_XS, IQ4_NL).
-    Groups,
 }
 
 /// An i-quant with a 64-byte decoder.
@@ -214,58 +207,6 @@ unsafe fn pack(act: GgmlType, x: *const u8, unit_bytes: usize, units: usize, dst
     }
 }
 
-/// The eight 32-element sums of four registers whose dword lanes 0..8 / 8..16 are the partial
-/// sums of groups `2c` / `2c + 1`.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn groups8(a: [__m512i; 4]) -> __m256i {
-    // 128-bit lanes [G0 G1 G2 G3] and [G4 G5 G6 G7], each lane still four partials
-    let p = _mm512_add_epi32(
-        _mm512_shuffle_i64x2::<0b10_00_10_00>(a[0], a[1]),
-        _mm512_shuffle_i64x2::<0b11_01_11_01>(a[0], a[1]),
-    );
-    let r = _mm512_add_epi32(
-        _mm512_shuffle_i64x2::<0b10_00_10_00>(a[2], a[3]),
-        _mm512_shuffle_i64x2::<0b11_01_11_01>(a[2], a[3]),
-    );
-    let u = _mm512_add_epi32(_mm512_unpacklo_epi32(p, r), _mm512_unpackhi_epi32(p, r));
-    let t = _mm512_add_epi32(u, _mm512_shuffle_epi32::<0b01_00_11_10>(u));
-    // group L is dword 4L, group 4 + L dword 4L + 1
-    let order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 13, 9, 5, 1, 12, 8, 4, 0);
-    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t))
-}
-
-/// The groups mode's epilogue, `sumf += dl[g] * s[g] as f32` for g = 0..8 in order, where
-/// `dl = (d * x.d) * s` (IQ4_XS: `d4d8 * (scale - 32)`; IQ4_NL: `x.d * d` per block): the eight products in one register (each
-/// rounded once, as the reference rounds it), then the additions one by one.
-#[inline(always)]
-fn add_products(d: __m256, s: __m256i, sumf: &mut f32) {
-    let mut p = [0f32; 8];
-    // SAFETY: only reached from this module's `#[target_feature]` functions (AVX2 present);
-    // `p` is 32 bytes, unaligned store.
-    unsafe { _mm256_storeu_ps(p.as_mut_ptr(), _mm256_mul_ps(d, _mm256_cvtepi32_ps(s))) };
-    for v in p {
-        *sumf += v;
-    }
-}
-
-/// The eight group sums (Groups mode) of decoded unit `d` against the packed activation unit
-/// `px`.
-///
-/// # Safety
-/// The CPU has the tier's features; `px` is one packed unit.
-#[inline(always)]
-unsafe fn dot_groups(d: &Dec, px: *const u8) -> __m256i {
-    // SAFETY: the reads stay inside the packed unit (caller's contract); features the caller's.
-    unsafe {
-        groups8(core::array::from_fn(|c| {
-            let neg = (px.add(256 + 8 * c) as *const u64).read_unaligned();
-            let ax = _mm512_loadu_si512(px.add(64 * c) as *const __m512i);
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, negate(d.w[c], d.neg[c] ^ neg))
-        }))
-    }
-}
-
 /// The scaled modes' dword partial sums of decoded unit `d` against the packed activation unit
 /// `px` (and, for `ScaledBsums`, the `bsums` of the activation block at `xu`).
 ///
@@ -342,23 +283,9 @@ unsafe fn gemm_wide<K: Wide>(
                         let pu = unsafe { packed.as_ptr().add((j * units + u) * PACKED_UNIT) };
                         // SAFETY: as above: `pu` is one packed unit, `xu` one activation unit.
                         let xd = unsafe { (pu.add(PACKED_D) as *const [f32; 8]).read_unaligned() };
-                        if K::MODE == Mode::Groups {
-                            // SAFETY: as above.
-                            let v = unsafe { dot_groups(&d, pu) };
-                            // SAFETY: `Dec`'s and `xd`'s eight floats (AVX present).
-                            let dl = unsafe {
-                                let dd = _mm256_mul_ps(
-                                    _mm256_loadu_ps(d.d.as_ptr()),
-                                    _mm256_loadu_ps(xd.as_ptr()),
-                                );
-                                _mm256_mul_ps(dd, _mm256_loadu_ps(d.s.as_ptr()))
-                            };
-                            add_products(dl, v, &mut ot[r * n + j]);
-                        } else {
-                            // SAFETY: as above.
-                            let acc = unsafe { dot_acc::<K>(&d, pu, xu) };
-                            pending.push::<K>(acc, r * n + j, d.d[0], xd[0], ot);
-                        }
+                        // SAFETY: as above.
+                        let acc = unsafe { dot_acc::<K>(&d, pu, xu) };
+                        pending.push::<K>(acc, r * n + j, d.d, xd[0], ot);
                     }
                 }
             }
@@ -385,8 +312,7 @@ pub(super) unsafe fn gemm(t: &mut Tile<'_>) -> bool {
             GgmlType::IQ2_XXS => gemm_wide::<Iq2Xxs>(k, w, rows, x, n, out),
             GgmlType::IQ3_XXS => gemm_wide::<Iq3Xxs>(k, w, rows, x, n, out),
             GgmlType::IQ1_S => gemm_wide::<Iq1S>(k, w, rows, x, n, out),
-            GgmlType::IQ4_XS => gemm_wide::<Iq4Xs>(k, w, rows, x, n, out),
-            GgmlType::IQ4_NL => gemm_wide::<Iq4Nl>(k, w, rows, x, n, out),
+            GgmlType::IQ4_XS | GgmlType::IQ4_NL => nl4::gemm(ty, k, w, rows, x, n, out),
             GgmlType::IQ2_XS => gemm_wide::<Iq2Xs>(k, w, rows, x, n, out),
             GgmlType::IQ2_S => gemm_wide::<Iq2S>(k, w, rows, x, n, out),
             GgmlType::IQ3_S => gemm_wide::<Iq3S>(k, w, rows, x, n, out),

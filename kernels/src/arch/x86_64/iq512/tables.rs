@@ -11,7 +11,7 @@ use crate::formats::iq_grids::{
 };
 use crate::formats::{
     BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockIq4Nl,
-    BlockIq4Xs, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
+    BlockIq4Xs, KSIGNS_IQ2XS, QK_K,
 };
 use core::mem::{offset_of, size_of};
 
@@ -266,29 +266,6 @@ pub(super) static BSUM_PAIRS: V64 = V64({
     while w < 32 {
         o[2 * w] = (w / 2 % 8) as u8;
         w += 1;
-    }
-    o
-});
-
-/// IQ4: byte `p` of a register <- byte `16 (p / 32) + p % 16` of its 32 `qs` bytes (the low
-/// nibble for `p % 32 < 16`, the high one above).
-pub(super) static IQ4_PERM: V64 = V64({
-    let mut o = [0u8; 64];
-    let mut p = 0;
-    while p < 64 {
-        o[p] = (16 * (p / 32) + p % 16) as u8;
-        p += 1;
-    }
-    o
-});
-
-/// `KVALUES_IQ4NL` in every 16-byte lane (the `vpshufb` table).
-pub(super) static IQ4_VALUES: V64 = V64({
-    let mut o = [0u8; 64];
-    let mut i = 0;
-    while i < 64 {
-        o[i] = KVALUES_IQ4NL[i % 16] as u8;
-        i += 1;
     }
     o
 });
