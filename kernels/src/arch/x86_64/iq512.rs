@@ -9,12 +9,16 @@
 //! the block's own sign bytes). The constant layouts live in `tables`; IQ4_XS and IQ4_NL take
 //! their own path (`nl4`: biased weights, one row per lane for the float sums).
 //!
-//! Exactness: the activations are packed once per call as `|x|` (unsigned bytes, so -128 is the
-//! exact 128) plus their sign bits as 64-bit masks; per activation row a weight register is
-//! negated where `x` is negative (masked `vpsubb`; no weight is -128), so `vpmaddubsw(|x|, w)`
-//! gives the exact pair products (at most 2 * 128 * 127, below 2^15) and `vpdpwssd` with the scale
-//! words adds them, scaled, into i32 lanes. Integer sums are exact in any order, so one
-//! horizontal sum gives the reference's integer `bsum`; the float epilogue then repeats the scalar reference's operations in its
+//! Exactness: per unit the weights get their signs and then a bias (`w + BIAS`, `BIAS` at
+//! least the kind's largest magnitude), so that they are unsigned bytes and `vpmaddubsw(w +
+//! BIAS, x)` takes the activation bytes as they are (no per-row sign work, no packed copy of
+//! the activations): each pair sum is at most 2 * 2 BIAS * 128 in magnitude (BIAS <= 63: below 2^15; IQ3_XXS's
+//! 62 is the largest), and
+//! `vpdpwssd` with the scale words adds them, scaled, into i32 lanes. The bias adds `BIAS` times
+//! each 16 elements' scale times their activation sum, which one `vpmaddwd` of those sums
+//! (computed once per call) with `-BIAS * scale` words takes out again, exactly. Integer sums are
+//! exact in any order, so one horizontal sum gives the reference's integer `bsum`; the float
+//! epilogue then repeats the scalar reference's operations in its
 //! order. The IQ1 grids are decoded times 8 (IQ1_M adds its ±1 shift signs, IQ1_S adds the
 //! activation `bsums` weighed by its signed scales to the same sum), so one integer is `8 sumi +
 //! sumi1`, below 2^24, and the reference's `sumi + sumi1 / 8` is that integer over 8, exactly. The ternary types
@@ -22,11 +26,9 @@
 
 use core::arch::x86_64::*;
 
-use crate::arch::iq_tile::{
-    act_chunk_offset, unit_blocks, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, IqKind,
-};
-use crate::formats::kquants::layout::Q8K_BSUMS;
-use crate::formats::{Block, BlockQ8_0, BlockQ8_K};
+use crate::arch::iq_tile::{unit_blocks, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, IqKind};
+use crate::formats::kquants::layout::{Q8K_BSUMS, Q8K_QS};
+use crate::formats::BlockQ8_K;
 use crate::{GgmlType, Tile};
 use core::mem::size_of;
 
@@ -34,17 +36,17 @@ mod decode;
 mod nl4;
 mod tables;
 
-use super::kblock::{f16_to_f32, prefetch_span};
+use super::kblock::prefetch_span;
 use decode::negate;
+use tables::{GROUP_HALVES, GROUP_WORDS};
+
+thread_local! {
+    /// The activations' 16-element sums for the current call (see [`bias`]).
+    static XSUMS: core::cell::RefCell<Vec<[i16; 16]>> = const { core::cell::RefCell::new(Vec::new()) };
+}
 
 /// Weight rows whose units are interleaved (see [`gemm_wide`]).
 const ROWS: usize = 4;
-
-/// Bytes of one packed activation unit: `|x|` (256), the four sign masks (32), the blocks' `d`
-/// as f32 (up to 8: 32).
-const PACKED_UNIT: usize = 320;
-/// Where a packed unit's f32 scales start.
-const PACKED_D: usize = 288;
 
 /// One decoded weight unit: signed weights, the scale word of every `vpmaddubsw` pair, and the
 /// floats its epilogue needs (converted once per unit, not once per activation row).
@@ -52,11 +54,13 @@ const PACKED_D: usize = 288;
 struct Dec {
     w: [__m512i; 4],
     sc: [__m512i; 4],
-    /// The weights' sign bits still to apply (bit `i` of `neg[c]`: byte `i` of `w[c]`), merged
-    /// with the activation signs into one negation per register and activation row.
+    /// The weights' sign bits still to apply (bit `i` of `neg[c]`: byte `i` of `w[c]`).
     neg: [u64; 4],
     /// IQ1_S: the 16 words `ls * delta` by which `sumi1` weighs the activation `bsums`.
     bw: __m256i,
+    /// Minus `BIAS` times each 16 elements' scale word (see [`bias`]), by which the sums of the
+    /// activations' 16-element groups are weighed into the sum.
+    bb: __m256i,
     /// The block's `d`.
     d: f32,
 }
@@ -71,23 +75,20 @@ impl Dec {
             sc,
             neg: [0; 4],
             bw: _mm256_setzero_si256(),
+            bb: _mm256_setzero_si256(),
             d: d0,
         }
     }
 }
 
-/// How a kind's per-block integers are formed.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// One scaled sum (`bsum`; IQ1_M: `8 sumi1 + sumi2`, its weights being `8 grid + shift`).
-    Scaled,
-    /// The scaled sum plus `sum(bw * bsums)` (IQ1_S: `8 sumi + sumi1`).
-    ScaledBsums,
-}
-
 /// An i-quant with a 64-byte decoder.
-trait Wide: IqKind {
-    const MODE: Mode;
+trait Wide: IqKind<X = BlockQ8_K> {
+    /// At least the largest weight magnitude the decoder gives (so `w + BIAS` is an unsigned
+    /// byte), and at most 63, so that a `vpmaddubsw` pair sum (up to `2 * 2 BIAS * 128` in
+    /// magnitude) stays below 2^15.
+    const BIAS: i8;
+    /// Whether the sum includes `sum(bw * bsums)` (IQ1_S: `8 sumi + sumi1`).
+    const BSUMS: bool = false;
     /// Decodes the unit starting at `p` (its first block's first byte).
     ///
     /// # Safety
@@ -175,58 +176,73 @@ impl Pending {
     }
 }
 
-/// Packs `units` activation units of type `act` at `x` into `dst` (`PACKED_UNIT` bytes each).
-///
-/// # Safety
-/// The CPU has the tier's features; `x` holds `units` whole units, `dst` `units * PACKED_UNIT`
-/// bytes.
+/// Applies `d`'s weight signs and adds `K::BIAS` to every weight (per unit, not per activation
+/// row), and sets `bb` to minus `BIAS` times each 16 elements' scale word: then `sum(sc (w +
+/// BIAS) x) + sum(bb xsums)` is `sum(sc w x)`, exactly (`xsums`: the activations' 16-element
+/// sums, computed here: a Q8_K block's `bsums` are not trusted to be them).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn pack(act: GgmlType, x: *const u8, unit_bytes: usize, units: usize, dst: *mut u8) {
-    for u in 0..units {
-        // SAFETY: unit `u` and its packed slot are inside the buffers (caller's contract).
-        unsafe {
-            let (xu, du) = (x.add(u * unit_bytes), dst.add(u * PACKED_UNIT));
-            for c in 0..4 {
-                let lo = _mm256_loadu_si256(xu.add(act_chunk_offset(act, 2 * c)) as *const __m256i);
-                let hi =
-                    _mm256_loadu_si256(xu.add(act_chunk_offset(act, 2 * c + 1)) as *const __m256i);
-                let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                _mm512_storeu_si512(du.add(64 * c) as *mut __m512i, _mm512_abs_epi8(v));
-                let neg = _cvtmask64_u64(_mm512_movepi8_mask(v));
-                (du.add(256 + 8 * c) as *mut u64).write_unaligned(neg);
+fn bias<K: Wide>(d: &mut Dec) {
+    let b = _mm512_set1_epi8(K::BIAS);
+    for (w, &neg) in d.w.iter_mut().zip(&d.neg) {
+        *w = _mm512_add_epi8(negate(*w, neg), b);
+    }
+    // word 8q of register c scales elements 16 (4c + q)..: words 0, 8, 16, 24 of each
+    let half = |a: __m512i, b: __m512i| _mm512_permutex2var_epi16(a, GROUP_WORDS.get(), b);
+    let s = _mm512_permutex2var_epi16(
+        half(d.sc[0], d.sc[1]),
+        GROUP_HALVES.get(),
+        half(d.sc[2], d.sc[3]),
+    );
+    let m = _mm256_mullo_epi16(_mm512_castsi512_si256(s), _mm256_set1_epi16(K::BIAS as i16));
+    d.bb = _mm256_sub_epi16(_mm256_setzero_si256(), m);
+}
+
+/// The sixteen 16-element sums of each of `blocks` Q8_K blocks at `x`, as words, into `dst`.
+///
+/// # Safety
+/// The CPU has the tier's features; `x` holds `blocks` blocks, `dst` `blocks` entries.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn xsums(x: &[BlockQ8_K], dst: &mut [[i16; 16]]) {
+    let flip = _mm512_set1_epi8(-128);
+    for (b, o) in x.iter().zip(dst) {
+        let p = b as *const BlockQ8_K as *const u8;
+        for c in 0..4 {
+            // SAFETY: 64 bytes of the block's `qs`; unaligned load.
+            let v = unsafe { _mm512_loadu_si512(p.add(Q8K_QS + 64 * c) as *const __m512i) };
+            // x + 128 as unsigned bytes, summed eight at a time
+            let s = _mm512_sad_epu8(_mm512_xor_si512(v, flip), _mm512_setzero_si512());
+            let mut q = [0u64; 8];
+            // SAFETY: `q` is 64 writable bytes; unaligned store.
+            unsafe { _mm512_storeu_si512(q.as_mut_ptr() as *mut __m512i, s) };
+            for g in 0..4 {
+                o[4 * c + g] = (q[2 * g] + q[2 * g + 1]) as i16 - 16 * 128;
             }
-            let xd = if act == GgmlType::Q8_0 {
-                let b = core::slice::from_raw_parts(xu as *const BlockQ8_0, 8);
-                core::array::from_fn(|g| f16_to_f32(u16::from_le_bytes(b[g].d)))
-            } else {
-                [(*(xu as *const BlockQ8_K)).d(); 8]
-            };
-            (du.add(PACKED_D) as *mut [f32; 8]).write_unaligned(xd);
         }
     }
 }
 
-/// The scaled modes' dword partial sums of decoded unit `d` against the packed activation unit
-/// `px` (and, for `ScaledBsums`, the `bsums` of the activation block at `xu`).
+/// The dword partial sums of biased unit `d` (see [`bias`]) against the Q8_K block at `xu`
+/// whose 16-element sums are `xs`.
 ///
 /// # Safety
-/// The CPU has the tier's features; `px` is one packed unit, `xu` one activation unit.
+/// The CPU has the tier's features; `xu` is one Q8_K block.
 #[inline(always)]
-unsafe fn dot_acc<K: Wide>(d: &Dec, px: *const u8, xu: *const u8) -> __m512i {
-    // SAFETY: the reads stay inside the packed unit and the activation unit (caller's contract);
-    // the features are the caller's.
+unsafe fn dot_acc<K: Wide>(d: &Dec, xu: *const u8, xs: &[i16; 16]) -> __m512i {
+    // SAFETY: the reads stay inside the activation block and `xs` (caller's contract); the
+    // features are the caller's.
     unsafe {
-        let mut acc = _mm512_setzero_si512();
-        if K::MODE == Mode::ScaledBsums {
+        let xs = _mm256_loadu_si256(xs.as_ptr() as *const __m256i);
+        let mut s = _mm256_madd_epi16(xs, d.bb);
+        if K::BSUMS {
             let bsums = _mm256_loadu_si256(xu.add(Q8K_BSUMS) as *const __m256i);
-            acc = _mm512_zextsi256_si512(_mm256_madd_epi16(bsums, d.bw));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(bsums, d.bw));
         }
+        let mut acc = _mm512_zextsi256_si512(s);
         for c in 0..4 {
-            let neg = (px.add(256 + 8 * c) as *const u64).read_unaligned();
-            let ax = _mm512_loadu_si512(px.add(64 * c) as *const __m512i);
-            let p = _mm512_maddubs_epi16(ax, negate(d.w[c], d.neg[c] ^ neg));
-            acc = _mm512_dpwssd_epi32(acc, p, d.sc[c]);
+            let x = _mm512_loadu_si512(xu.add(Q8K_QS + 64 * c) as *const __m512i);
+            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(d.w[c], x), d.sc[c]);
         }
         acc
     }
@@ -253,17 +269,14 @@ unsafe fn gemm_wide<K: Wide>(
     if n == 0 {
         return true;
     }
-    let act = <K::X as Block>::TYPE;
     let units = per_row / K::UNIT;
-    let unit_bytes = K::UNIT * size_of::<K::X>();
     let unit_w_bytes = K::UNIT * size_of::<K::W>();
     let row_bytes = per_row * size_of::<K::W>();
-    super::PACKED.with(|cell| {
-        let mut packed = cell.borrow_mut();
-        packed.resize(n * units * PACKED_UNIT, 0);
-        // SAFETY: `x` holds `n * units` activation units (checked by `unit_blocks`) and `packed`
-        // was sized for them; the caller guarantees the features.
-        unsafe { pack(act, x.as_ptr(), unit_bytes, n * units, packed.as_mut_ptr()) };
+    XSUMS.with(|cell| {
+        let mut xs = cell.borrow_mut();
+        xs.resize(xb.len(), [0; 16]);
+        // SAFETY: one entry per activation block; the caller guarantees the features.
+        unsafe { xsums(xb, &mut xs) };
         out.fill(0.0);
         let mut pending = Pending::new();
         // Rows in tiles of ROWS, so that the float chains of several outputs (each unit's
@@ -275,17 +288,18 @@ unsafe fn gemm_wide<K: Wide>(
                     let wp = wu.as_ptr() as *const u8;
                     // the same unit of the next tile's rows, so the loads run ahead of the decode
                     prefetch_span(wp.wrapping_add(ROWS * row_bytes), unit_w_bytes);
-                    // SAFETY: `wu` is one whole weight unit; features as above.
-                    let d = unsafe { K::decode_regs(wp) };
+                    // SAFETY: `wu` is one whole weight unit; the caller guarantees the features.
+                    let mut d = unsafe { K::decode_regs(wp) };
+                    bias::<K>(&mut d);
                     for j in 0..n {
-                        let xu = xb[(j * units + u) * K::UNIT..][..K::UNIT].as_ptr() as *const u8;
-                        // SAFETY: packed unit `j * units + u` exists.
-                        let pu = unsafe { packed.as_ptr().add((j * units + u) * PACKED_UNIT) };
-                        // SAFETY: as above: `pu` is one packed unit, `xu` one activation unit.
-                        let xd = unsafe { (pu.add(PACKED_D) as *const [f32; 8]).read_unaligned() };
-                        // SAFETY: as above.
-                        let acc = unsafe { dot_acc::<K>(&d, pu, xu) };
-                        pending.push::<K>(acc, r * n + j, d.d, xd[0], ot);
+                        let xu = &xb[(j * units + u) * K::UNIT..][..K::UNIT];
+                        // SAFETY: `xu` is one Q8_K block (`unit_blocks` checked the lengths).
+                        let acc = unsafe {
+                            dot_acc::<K>(&d, xu.as_ptr() as *const u8, &xs[j * units + u])
+                        };
+                        // SAFETY: as above (its first field is the f32 `d`).
+                        let xd = unsafe { (*(xu.as_ptr() as *const BlockQ8_K)).d() };
+                        pending.push::<K>(acc, r * n + j, d.d, xd, ot);
                     }
                 }
             }

@@ -7,10 +7,27 @@ use core::arch::x86_64::*;
 use super::super::kblock::f16_to_f32;
 use super::super::klanes512::V64;
 use super::tables::*;
-use super::{Dec, Mode, Wide};
+use super::{Dec, Wide};
 use crate::arch::iq_tile::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs};
+use crate::formats::iq_grids::{IQ2_VALUES, IQ3S_VALUES, IQ3XXS_VALUES};
 use crate::formats::BlockIq1M;
 use crate::scalar::iq1::IQ1_DELTA;
+
+/// The largest of a magnitude table, as the kinds' `Wide::BIAS` (at most 63, see there).
+const fn max_of(v: &[u8]) -> i8 {
+    let (mut m, mut i) = (0u8, 0);
+    while i < v.len() {
+        if v[i] > m {
+            m = v[i];
+        }
+        i += 1;
+    }
+    assert!(m <= 63);
+    m as i8
+}
+const IQ2_BIAS: i8 = max_of(&IQ2_VALUES);
+const IQ3XXS_BIAS: i8 = max_of(&IQ3XXS_VALUES);
+const IQ3S_BIAS: i8 = max_of(&IQ3S_VALUES);
 
 /// The four 64-bit sign masks of 32 sign bytes (low 256 bits of `sb`).
 #[inline]
@@ -57,7 +74,7 @@ pub(super) fn negate(g: __m512i, neg: u64) -> __m512i {
 }
 
 impl Wide for Iq2Xxs {
-    const MODE: Mode = Mode::Scaled;
+    const BIAS: i8 = IQ2_BIAS;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -85,7 +102,7 @@ impl Wide for Iq2Xxs {
 }
 
 impl Wide for Iq3Xxs {
-    const MODE: Mode = Mode::Scaled;
+    const BIAS: i8 = IQ3XXS_BIAS;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -148,7 +165,8 @@ fn iq1_indices(b: __m512i, table: &[V64; 2], shifts: __m512i) -> [__m512i; 2] {
 }
 
 impl Wide for Iq1S {
-    const MODE: Mode = Mode::ScaledBsums;
+    const BIAS: i8 = 8; // grid values 8 * {-1, 0, 1}
+    const BSUMS: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -245,7 +263,7 @@ pub(super) unsafe fn stored_masks(p: *const u8) -> [u64; 4] {
 }
 
 impl Wide for Iq2Xs {
-    const MODE: Mode = Mode::Scaled;
+    const BIAS: i8 = IQ2_BIAS;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -268,7 +286,7 @@ impl Wide for Iq2Xs {
 }
 
 impl Wide for Iq2S {
-    const MODE: Mode = Mode::Scaled;
+    const BIAS: i8 = IQ2_BIAS;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -292,7 +310,7 @@ impl Wide for Iq2S {
 }
 
 impl Wide for Iq3S {
-    const MODE: Mode = Mode::Scaled;
+    const BIAS: i8 = IQ3S_BIAS;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -316,7 +334,7 @@ impl Wide for Iq3S {
 }
 
 impl Wide for Iq1M {
-    const MODE: Mode = Mode::Scaled;
+    const BIAS: i8 = 9; // 8 * {-1, 0, 1} + shift {-1, 1}
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {

@@ -20,7 +20,6 @@ use core::mem::size_of;
 use super::super::kblock::{f16_to_f32, prefetch_span};
 use super::super::klanes512::V64;
 use super::tables::{IQ4NL_BYTES, IQ4NL_QS, IQ4XS_QS};
-use super::{PACKED_D, PACKED_UNIT};
 use crate::arch::iq_tile::{act_chunk_offset, unit_blocks, Iq4Nl, Iq4Xs, IqKind};
 use crate::formats::{Block, BlockQ8_0, BlockQ8_K, KVALUES_IQ4NL};
 use crate::GgmlType;
@@ -29,8 +28,13 @@ const LANES: usize = 16;
 /// Activation rows up to which a row tile decodes each unit straight into registers and keeps
 /// its sums there (`row_tile`); more take `wide_tile`, which decodes each unit once into a buffer.
 const CHUNK: usize = 4;
+/// Bytes of one packed activation unit: `x` (256), `128 sum(x)` per group (32), the blocks' `d`
+/// per group as f32 (32).
+const PACKED_UNIT: usize = 320;
 /// Where a packed unit's `128 sum(x)` per group start (after the 256 bytes of `x`).
 const PACKED_BIAS: usize = 256;
+/// Where a packed unit's f32 scales start.
+const PACKED_D: usize = 288;
 
 /// `KVALUES_IQ4NL + 128` in every 16-byte lane (the `vpshufb` table of the biased weights).
 static BIASED_VALUES: V64 = V64({

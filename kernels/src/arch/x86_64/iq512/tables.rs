@@ -270,6 +270,30 @@ pub(super) static BSUM_PAIRS: V64 = V64({
     o
 });
 
+/// `vpermt2w`: words 0, 8, 16, 24 of the first and of the second register (the scale words of
+/// their 16-element groups).
+pub(super) static GROUP_WORDS: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 8 {
+        let w = (i / 4) * 32 + 8 * (i % 4);
+        o[2 * i] = w as u8;
+        i += 1;
+    }
+    o
+});
+
+/// `vpermt2w`: words 0..8 of the first register, then words 0..8 of the second.
+pub(super) static GROUP_HALVES: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 16 {
+        o[2 * i] = if i < 8 { i } else { 32 + i - 8 } as u8;
+        i += 1;
+    }
+    o
+});
+
 /// `vpmultishiftqb` control for sixteen 4-bit fields of a broadcast qword (bytes 0..16).
 pub(super) static NIBBLES16: V64 = V64({
     let mut o = [0u8; 64];
