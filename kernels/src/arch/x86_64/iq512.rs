@@ -21,12 +21,14 @@
 //! epilogue then repeats the scalar reference's operations in its
 //! order. The IQ1 grids are decoded times 8 (IQ1_M adds its ±1 shift signs, IQ1_S adds the
 //! activation `bsums` weighed by its signed scales to the same sum), so one integer is `8 sumi +
-//! sumi1`, below 2^24, and the reference's `sumi + sumi1 / 8` is that integer over 8, exactly. The ternary types
-//! return `false` and take the shared `iq` path.
+//! sumi1`, below 2^24, and the reference's `sumi + sumi1 / 8` is that integer over 8, exactly. The
+//! ternary types TQ1_0/TQ2_0 are decoders of the same shape (`ternary`).
 
 use core::arch::x86_64::*;
 
-use crate::arch::iq_tile::{unit_blocks, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, IqKind};
+use crate::arch::iq_tile::{
+    unit_blocks, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, IqKind, Tq1_0, Tq2_0,
+};
 use crate::formats::kquants::layout::{Q8K_BSUMS, Q8K_QS};
 use crate::formats::BlockQ8_K;
 use crate::{GgmlType, Tile};
@@ -35,6 +37,7 @@ use core::mem::size_of;
 mod decode;
 mod nl4;
 mod tables;
+mod ternary;
 
 use super::kblock::prefetch_span;
 use decode::negate;
@@ -331,6 +334,8 @@ pub(super) unsafe fn gemm(t: &mut Tile<'_>) -> bool {
             GgmlType::IQ2_S => gemm_wide::<Iq2S>(k, w, rows, x, n, out),
             GgmlType::IQ3_S => gemm_wide::<Iq3S>(k, w, rows, x, n, out),
             GgmlType::IQ1_M => gemm_wide::<Iq1M>(k, w, rows, x, n, out),
+            GgmlType::TQ1_0 => gemm_wide::<Tq1_0>(k, w, rows, x, n, out),
+            GgmlType::TQ2_0 => gemm_wide::<Tq2_0>(k, w, rows, x, n, out),
             _ => false,
         }
     }
