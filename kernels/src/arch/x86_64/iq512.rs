@@ -97,12 +97,9 @@ trait Wide: IqKind<X = BlockQ8_K> {
     /// # Safety
     /// The CPU has the tier's features (see [`gemm`]); `p` is valid for `UNIT` blocks of `W`.
     unsafe fn decode_regs(p: *const u8) -> Dec;
-    /// The scaled modes' integer as the float that the reference multiplies by `d * x.d`
-    /// (`sumf += d * x.d * term`).
-    #[inline(always)]
-    fn term(v: i32) -> f32 {
-        v as f32
-    }
+    /// The factor taking the integer to the float that the reference multiplies by `d * x.d`
+    /// (`sumf += d * x.d * term`; 1, which leaves every value's bits, but for IQ1).
+    const TERM: f32 = 1.0;
 }
 
 /// The sums of the dwords of each of four registers.
@@ -173,7 +170,7 @@ impl Pending {
         // SAFETY: only reached from `gemm_wide`, whose caller guarantees the tier's features.
         let v = unsafe { reduce4(&self.acc) };
         for (&(i, dw, dx), &v) in self.at[..self.len].iter().zip(&v) {
-            out[i] += dw * dx * K::term(v);
+            out[i] += dw * dx * (v as f32 * K::TERM);
         }
         self.len = 0;
     }
@@ -251,6 +248,92 @@ unsafe fn dot_acc<K: Wide>(d: &Dec, xu: *const u8, xs: &[i16; 16]) -> __m512i {
     }
 }
 
+/// Weight rows whose float sums share one register's lanes ([`lane_tile`]).
+const LANES: usize = 16;
+/// Activation rows up to which whole 16-row tiles take [`lane_tile`].
+const LANE_N: usize = 4;
+
+/// The dword sums of 16 registers, register `r`'s in lane `r`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn reduce16(a: &[__m512i; LANES]) -> __m512i {
+    // pairs: per 128-bit lane [a0+a2, b0+b2, a1+a3, b1+b3]
+    let s1: [__m512i; 8] = core::array::from_fn(|i| {
+        let (a, b) = (a[2 * i], a[2 * i + 1]);
+        _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
+    });
+    // quads: per 128-bit lane the four registers' lane sums
+    let s2: [__m512i; 4] = core::array::from_fn(|i| {
+        let (a, b) = (s1[2 * i], s1[2 * i + 1]);
+        _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b))
+    });
+    let fold = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_i32x4::<0b11_01_11_01>(a, b),
+        )
+    };
+    fold(fold(s2[0], s2[1]), fold(s2[2], s2[3]))
+}
+
+/// 16 weight rows from `wt` against `J` activation rows (`out` their `16 n` outputs): per
+/// unit each row decoded once, its `J` integer sums taken across the rows into one register
+/// per activation row ([`reduce16`]), and `sum += (d * x.d) * term` on 16 rows at once, in the
+/// reference's order per output.
+///
+/// # Safety
+/// The CPU has the tier's features; `wt` is valid for 16 rows of `units` units (`row_bytes`
+/// apart); `xb` and `xs` hold `J` activation rows of `units` blocks.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn lane_tile<K: Wide, const J: usize>(
+    wt: *const u8,
+    row_bytes: usize,
+    units: usize,
+    xb: &[BlockQ8_K],
+    xs: &[[i16; 16]],
+    out: &mut [f32],
+) {
+    let unit_w_bytes = K::UNIT * size_of::<K::W>();
+    let mut sum = [_mm512_setzero_ps(); J];
+    for u in 0..units {
+        let mut acc = [[_mm512_setzero_si512(); LANES]; J];
+        let mut dw = [0f32; LANES];
+        for r in 0..LANES {
+            let p = wt.wrapping_add(r * row_bytes + u * unit_w_bytes);
+            // the same unit of the next tile's rows, so the loads run ahead of the decode
+            prefetch_span(p.wrapping_add(LANES * row_bytes), unit_w_bytes);
+            // SAFETY: row r of the tile holds unit u (caller's contract).
+            let mut d = unsafe { K::decode_regs(p) };
+            bias::<K>(&mut d);
+            dw[r] = d.d;
+            for (j, a) in acc.iter_mut().enumerate() {
+                let xu = &xb[j * units + u];
+                // SAFETY: `xu` is one Q8_K block.
+                a[r] = unsafe {
+                    dot_acc::<K>(&d, xu as *const BlockQ8_K as *const u8, &xs[j * units + u])
+                };
+            }
+        }
+        // SAFETY: `dw` is 64 readable bytes; unaligned load.
+        let dw = unsafe { _mm512_loadu_ps(dw.as_ptr()) };
+        for (j, (s, a)) in sum.iter_mut().zip(&acc).enumerate() {
+            let t = _mm512_mul_ps(_mm512_cvtepi32_ps(reduce16(a)), _mm512_set1_ps(K::TERM));
+            let dd = _mm512_mul_ps(dw, _mm512_set1_ps(xb[j * units + u].d()));
+            *s = _mm512_add_ps(*s, _mm512_mul_ps(dd, t));
+        }
+    }
+    let n = J;
+    for (j, s) in sum.iter().enumerate() {
+        let mut v = [0f32; LANES];
+        // SAFETY: `v` is 64 writable bytes; unaligned store.
+        unsafe { _mm512_storeu_ps(v.as_mut_ptr(), *s) };
+        for (r, &v) in v.iter().enumerate() {
+            out[r * n + j] = K::finish(v);
+        }
+    }
+}
+
 /// `out[r * n + j] = W[r] . x[j]` for one kind: unit by unit, each decoded once and run against
 /// every activation row, each result accumulated in the reference's block order.
 ///
@@ -280,6 +363,21 @@ unsafe fn gemm_wide<K: Wide>(
         xs.resize(xb.len(), [0; 16]);
         // SAFETY: one entry per activation block; the caller guarantees the features.
         unsafe { xsums(xb, &mut xs) };
+        // up to LANE_N activation rows: whole 16-row tiles one row per lane, the rest below
+        let whole = if n <= LANE_N { rows / LANES * LANES } else { 0 };
+        let (out_lanes, out) = out.split_at_mut(whole * n);
+        for (t, ot) in out_lanes.chunks_exact_mut(LANES * n).enumerate() {
+            let wt = wb[t * LANES * per_row..].as_ptr() as *const u8;
+            // SAFETY (all arms): the tile's 16 rows exist, `xb`/`xs` hold `n` activation rows;
+            // the caller guarantees the features.
+            match n {
+                1 => unsafe { lane_tile::<K, 1>(wt, row_bytes, units, xb, &xs, ot) },
+                2 => unsafe { lane_tile::<K, 2>(wt, row_bytes, units, xb, &xs, ot) },
+                3 => unsafe { lane_tile::<K, 3>(wt, row_bytes, units, xb, &xs, ot) },
+                _ => unsafe { lane_tile::<K, LANE_N>(wt, row_bytes, units, xb, &xs, ot) },
+            }
+        }
+        let wb = &wb[whole * per_row..];
         out.fill(0.0);
         let mut pending = Pending::new();
         // Rows in tiles of ROWS, so that the float chains of several outputs (each unit's

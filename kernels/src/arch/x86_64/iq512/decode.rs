@@ -191,10 +191,7 @@ impl Wide for Iq1S {
     }
     /// The integer is `8 sumi + sumi1`: over 8 it is the reference's `sumi + IQ1_DELTA *
     /// sumi1`, exactly (both are below 2^24 in magnitude).
-    #[inline(always)]
-    fn term(v: i32) -> f32 {
-        v as f32 * IQ1_DELTA
-    }
+    const TERM: f32 = IQ1_DELTA;
 }
 
 /// The eight IQ2 magnitudes of register `c`'s grid points (codes `8 c .. 8 c + 8` of `codes`).
@@ -359,8 +356,5 @@ impl Wide for Iq1M {
     }
     /// The integer is `8 sumi1 + sumi2`: over 8 it is the reference's `sumi1 + IQ1_DELTA *
     /// sumi2`, exactly (both are below 2^24 in magnitude).
-    #[inline(always)]
-    fn term(v: i32) -> f32 {
-        v as f32 * IQ1_DELTA
-    }
+    const TERM: f32 = IQ1_DELTA;
 }
