@@ -92,6 +92,10 @@ trait Wide: IqKind<X = BlockQ8_K> {
     const BIAS: i8;
     /// Whether the sum includes `sum(bw * bsums)` (IQ1_S: `8 sumi + sumi1`).
     const BSUMS: bool = false;
+    /// The ternary types: `decode_regs` gives the weights already biased (`t = w + 1`) and
+    /// every scale word is 1, so [`bias`] only sets `bb` and the dot is one `vpdpbusd` per
+    /// register.
+    const TERNARY: bool = false;
     /// Decodes the unit starting at `p` (its first block's first byte).
     ///
     /// # Safety
@@ -183,6 +187,10 @@ impl Pending {
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn bias<K: Wide>(d: &mut Dec) {
+    if K::TERNARY {
+        d.bb = _mm256_set1_epi16(-(K::BIAS as i16));
+        return;
+    }
     let b = _mm512_set1_epi8(K::BIAS);
     for (w, &neg) in d.w.iter_mut().zip(&d.neg) {
         *w = _mm512_add_epi8(negate(*w, neg), b);
@@ -242,7 +250,11 @@ unsafe fn dot_acc<K: Wide>(d: &Dec, xu: *const u8, xs: &[i16; 16]) -> __m512i {
         let mut acc = _mm512_zextsi256_si512(s);
         for c in 0..4 {
             let x = _mm512_loadu_si512(xu.add(Q8K_QS + 64 * c) as *const __m512i);
-            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(d.w[c], x), d.sc[c]);
+            acc = if K::TERNARY {
+                _mm512_dpbusd_epi32(acc, d.w[c], x)
+            } else {
+                _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(d.w[c], x), d.sc[c])
+            };
         }
         acc
     }

@@ -1,6 +1,6 @@
-//! The ternary types TQ1_0 and TQ2_0 as 64-byte decoders of `iq512` (weights `t - 1`, `t` in
-//! {0, 1, 2}, one scale per block, so every scale word is 1 and the parent's bias of 1 turns
-//! them back into `t`).
+//! The ternary types TQ1_0 and TQ2_0 as 64-byte decoders of `iq512`: weights `t - 1`, `t` in
+//! {0, 1, 2}, one scale per block, so the decoders give `t` itself, the parent's biased weights
+//! (`Wide::TERNARY`: bias 1, unit scales, one `vpdpbusd` per register).
 //!
 //! TQ2_0: each 32 `qs` bytes hold four 32-element runs in bit pairs 0..8; a register is one
 //! 32-byte run broadcast to both halves, each qword shifted by its half's pair (`vpsrlvq`) and
@@ -74,17 +74,16 @@ static TQ1_POW_ODD: [V64; 4] = [
 ];
 const _: () = assert!(TQ1_BYTES <= 64 && QK_K == 256);
 
-/// A ternary unit: weights `t - 1`, unit scale words, the block's `d`.
+/// A ternary unit: the biased weights `t`, unit scale words, the block's `d`.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn unit(t: [__m512i; 4], d: f32) -> Dec {
-    let one = _mm512_set1_epi8(1);
-    let w = t.map(|t| _mm512_sub_epi8(t, one));
-    Dec::new(w, [_mm512_set1_epi16(1); 4], d)
+    Dec::new(t, [_mm512_set1_epi16(1); 4], d)
 }
 
 impl Wide for Tq2_0 {
     const BIAS: i8 = 1;
+    const TERNARY: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -112,6 +111,7 @@ impl Wide for Tq2_0 {
 
 impl Wide for Tq1_0 {
     const BIAS: i8 = 1;
+    const TERNARY: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
