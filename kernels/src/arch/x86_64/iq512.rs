@@ -380,13 +380,15 @@ unsafe fn gemm_wide<K: Wide>(
         let (out_lanes, out) = out.split_at_mut(whole * n);
         for (t, ot) in out_lanes.chunks_exact_mut(LANES * n).enumerate() {
             let wt = wb[t * LANES * per_row..].as_ptr() as *const u8;
-            // SAFETY (all arms): the tile's 16 rows exist, `xb`/`xs` hold `n` activation rows;
-            // the caller guarantees the features.
-            match n {
-                1 => unsafe { lane_tile::<K, 1>(wt, row_bytes, units, xb, &xs, ot) },
-                2 => unsafe { lane_tile::<K, 2>(wt, row_bytes, units, xb, &xs, ot) },
-                3 => unsafe { lane_tile::<K, 3>(wt, row_bytes, units, xb, &xs, ot) },
-                _ => unsafe { lane_tile::<K, LANE_N>(wt, row_bytes, units, xb, &xs, ot) },
+            // SAFETY: the tile's 16 rows exist, `xb`/`xs` hold `n` activation rows; the caller
+            // guarantees the features.
+            unsafe {
+                match n {
+                    1 => lane_tile::<K, 1>(wt, row_bytes, units, xb, &xs, ot),
+                    2 => lane_tile::<K, 2>(wt, row_bytes, units, xb, &xs, ot),
+                    3 => lane_tile::<K, 3>(wt, row_bytes, units, xb, &xs, ot),
+                    _ => lane_tile::<K, LANE_N>(wt, row_bytes, units, xb, &xs, ot),
+                }
             }
         }
         let wb = &wb[whole * per_row..];
@@ -410,9 +412,7 @@ unsafe fn gemm_wide<K: Wide>(
                         let acc = unsafe {
                             dot_acc::<K>(&d, xu.as_ptr() as *const u8, &xs[j * units + u])
                         };
-                        // SAFETY: as above (its first field is the f32 `d`).
-                        let xd = unsafe { (*(xu.as_ptr() as *const BlockQ8_K)).d() };
-                        pending.push::<K>(acc, r * n + j, d.d, xd, ot);
+                        pending.push::<K>(acc, r * n + j, d.d, xu[0].d(), ot);
                     }
                 }
             }

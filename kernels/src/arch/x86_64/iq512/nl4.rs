@@ -405,17 +405,18 @@ unsafe fn gemm_nl4<K: Nl4>(
         let mut acc = Vec::new();
         for r0 in (0..whole).step_by(LANES) {
             let wt = wp.wrapping_add(r0 * row_bytes);
-            // SAFETY (all arms): rows r0..r0 + 16 exist; `px` gives packed units; features as
-            // above.
-            match n {
-                1 => unsafe { row_tile::<K, 1>(wt, &geo, px, &mut sums) },
-                2 => unsafe { row_tile::<K, 2>(wt, &geo, px, &mut sums) },
-                3 => unsafe { row_tile::<K, 3>(wt, &geo, px, &mut sums) },
-                CHUNK => unsafe { row_tile::<K, CHUNK>(wt, &geo, px, &mut sums) },
-                _ => {
-                    acc.clear();
-                    acc.resize(n, [0f32; LANES]);
-                    unsafe { wide_tile::<K>(wt, &geo, px, &mut acc) };
+            if n > CHUNK {
+                acc.clear();
+                acc.resize(n, [0f32; LANES]);
+            }
+            // SAFETY: rows r0..r0 + 16 exist; `px` gives packed units; features as above.
+            unsafe {
+                match n {
+                    1 => row_tile::<K, 1>(wt, &geo, px, &mut sums),
+                    2 => row_tile::<K, 2>(wt, &geo, px, &mut sums),
+                    3 => row_tile::<K, 3>(wt, &geo, px, &mut sums),
+                    CHUNK => row_tile::<K, CHUNK>(wt, &geo, px, &mut sums),
+                    _ => wide_tile::<K>(wt, &geo, px, &mut acc),
                 }
             }
             let tile = if n <= CHUNK { &sums[..n] } else { &acc[..] };
