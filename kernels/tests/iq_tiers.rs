@@ -174,7 +174,17 @@ fn edge_cases() {
     let mut failures = Vec::new();
     for (ci, ty) in TYPES.into_iter().enumerate() {
         let unit = if ty == GgmlType::IQ4_NL { 8 } else { 1 };
-        for (nb, rows, n) in [(1, 1, 1), (2, 3, 5), (3, 9, 17), (1, 2, 70)] {
+        for (nb, rows, n) in [
+            (1, 1, 1),
+            (2, 3, 5),
+            (3, 9, 17),
+            (1, 2, 70),
+            // whole 16-row tiles (one weight row per lane) and a remainder, with 1, 4 and
+            // more activation rows than a tile keeps in registers
+            (2, 16, 1),
+            (1, 33, 4),
+            (2, 17, 6),
+        ] {
             for (extreme, quant_x) in [(false, false), (true, false), (false, true)] {
                 let seed = 1000 * ci as u64 + 7 * nb as u64 + n as u64;
                 if let Err(e) = run_case(ty, seed, nb * unit, rows, n, extreme, quant_x) {
@@ -200,10 +210,10 @@ fn edge_cases() {
 /// Weights at the extremes of every sign and grid, activations all -128.
 #[test]
 fn minus_128_activations_are_exact() {
-    for ty in TYPES {
+    for (ty, rows) in TYPES.into_iter().flat_map(|t| [(t, 1), (t, 16)]) {
         let k = 256;
         let mut rng = SplitMix64::new(99);
-        let w = blocks(&mut rng, ty, k / ty.block_len(), false);
+        let w = blocks(&mut rng, ty, rows * k / ty.block_len(), false);
         let mut x = vec![0x80u8; ty.vec_dot_type().row_bytes(k).expect("k fits")];
         let at = ty.vec_dot_type();
         for blk in x.chunks_exact_mut(at.block_bytes()) {
@@ -216,7 +226,7 @@ fn minus_128_activations_are_exact() {
                 blk[..2].copy_from_slice(&0x3c00u16.to_le_bytes());
             }
         }
-        check(ty, k, &w, 1, &x, 1).unwrap_or_else(|e| panic!("{e}"));
+        check(ty, k, &w, rows, &x, 1).unwrap_or_else(|e| panic!("{e}"));
     }
 }
 
@@ -280,7 +290,7 @@ proptest! {
         ty in prop::sample::select(TYPES.to_vec()),
         seed in any::<u64>(),
         nb in 1usize..=3,
-        rows in prop::sample::select(vec![1usize, 2, 3, 5, 8]),
+        rows in prop::sample::select(vec![1usize, 2, 3, 5, 8, 16, 19]),
         n in prop::sample::select(vec![1usize, 2, 3, 4, 5, 9]),
         extreme in any::<bool>(),
         quant_x in any::<bool>(),

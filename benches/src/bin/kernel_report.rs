@@ -1,8 +1,8 @@
 //! `kernel-report`: our single-thread expert GEMM vs ggml's (feature `ggml`) — or vs our own
 //! scalar tier without it — at Kimi K2 expert shapes, Q2_K/Q4_K/Q6_K/Q8_0 plus Q3_K/Q5_K (llama.cpp's
 //! Q2_K mix puts every ffn_down in Q3_K, MoE mixes use Q5_K for attn_output), batch 1..16, and the
-//! i-quants (IQ1_S … IQ4_NL, random valid blocks) at batch 1 and 4. Prints one
-//! markdown table row per case: GFLOP/s of each side and the ratio. Also checks that both sides
+//! i-quants (IQ1_S … IQ4_NL) and ternary types (TQ1_0, TQ2_0), random valid blocks, at batch 1
+//! and 4. Prints one markdown table row per case: GFLOP/s of each side and the ratio. Also checks that both sides
 //! agree on the results (ggml's SIMD sums differ from the exact reference by ~1e-6 relative).
 
 use std::time::Duration;
@@ -86,9 +86,9 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The i-quants of Unsloth's dynamic quants (most used first), measured at batch 1 and 4 on
-/// random valid blocks (this crate has no i-quant quantizer).
-const IQ_TYPES: [GgmlType; 9] = [
+/// The i-quants of Unsloth's dynamic quants (most used first) and the ternary types (`UD-TQ1_0`),
+/// measured at batch 1 and 4 on random valid blocks (this crate has no i-quant quantizer).
+const IQ_TYPES: [GgmlType; 11] = [
     GgmlType::IQ1_S,
     GgmlType::IQ2_XXS,
     GgmlType::IQ4_XS,
@@ -98,6 +98,8 @@ const IQ_TYPES: [GgmlType; 9] = [
     GgmlType::IQ2_S,
     GgmlType::IQ3_S,
     GgmlType::IQ4_NL,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
 ];
 
 /// The shared Kimi K2 cases (`TYPES`) followed by the same shapes and batches for Q3_K and Q5_K,

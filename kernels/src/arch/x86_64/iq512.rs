@@ -6,45 +6,50 @@
 //! looked up with `vpermi2w` and a blend tree, their 2- or 3-bit fields expanded by
 //! `vpmultishiftqb` + `vpermb`; the 2048-point IQ1 grid's codes are gathered (`vpgatherdd`) and
 //! expanded the same way. Sign bytes are `vpmultishiftqb` + one `vpermi2b` of `KSIGNS_IQ2XS` (or
-//! the block's own sign bytes), IQ4 nibbles `vpermb` + `vpshufb`. The constant layouts live in `tables`.
+//! the block's own sign bytes). The constant layouts live in `tables`; IQ4_XS and IQ4_NL take
+//! their own path (`nl4`: biased weights, one row per lane for the float sums).
 //!
-//! Exactness: the activations are packed once per call as `|x|` (unsigned bytes, so -128 is the
-//! exact 128) plus their sign bits as 64-bit masks; per activation row a weight register is
-//! negated where `x` is negative (masked `vpsubb`; no weight is -128), so `vpmaddubsw(|x|, w)`
-//! gives the exact pair products (at most 2 * 128 * 127, below 2^15) and `vpdpwssd` with the scale
-//! words adds them, scaled, into i32 lanes. Integer sums are exact in any order, so one
-//! horizontal sum gives the reference's integer `bsum`, and IQ4_XS/IQ4_NL get their eight
-//! 32-element sums; the float epilogue then repeats the scalar reference's operations in its
+//! Exactness: per unit the weights get their signs and then a bias (`w + BIAS`, `BIAS` at
+//! least the kind's largest magnitude), so that they are unsigned bytes and `vpmaddubsw(w +
+//! BIAS, x)` takes the activation bytes as they are (no per-row sign work, no packed copy of
+//! the activations): each pair sum is at most 2 * 2 BIAS * 128 in magnitude (BIAS <= 63: below 2^15; IQ3_XXS's
+//! 62 is the largest), and
+//! `vpdpwssd` with the scale words adds them, scaled, into i32 lanes. The bias adds `BIAS` times
+//! each 16 elements' scale times their activation sum, which one `vpmaddwd` of those sums
+//! (computed once per call) with `-BIAS * scale` words takes out again, exactly. Integer sums are
+//! exact in any order, so one horizontal sum gives the reference's integer `bsum`; the float
+//! epilogue then repeats the scalar reference's operations in its
 //! order. The IQ1 grids are decoded times 8 (IQ1_M adds its ±1 shift signs, IQ1_S adds the
 //! activation `bsums` weighed by its signed scales to the same sum), so one integer is `8 sumi +
-//! sumi1`, below 2^24, and the reference's `sumi + sumi1 / 8` is that integer over 8, exactly. The ternary types
-//! return `false` and take the shared `iq` path.
+//! sumi1`, below 2^24, and the reference's `sumi + sumi1 / 8` is that integer over 8, exactly. The
+//! ternary types TQ1_0/TQ2_0 are decoders of the same shape (`ternary`).
 
 use core::arch::x86_64::*;
 
 use crate::arch::iq_tile::{
-    act_chunk_offset, unit_blocks, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Iq4Nl, Iq4Xs,
-    IqKind,
+    unit_blocks, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, IqKind, Tq1_0, Tq2_0,
 };
-use crate::formats::kquants::layout::Q8K_BSUMS;
-use crate::formats::{Block, BlockQ8_0, BlockQ8_K};
+use crate::formats::kquants::layout::{Q8K_BSUMS, Q8K_QS};
+use crate::formats::BlockQ8_K;
 use crate::{GgmlType, Tile};
 use core::mem::size_of;
 
 mod decode;
+mod nl4;
 mod tables;
+mod ternary;
 
-use super::kblock::{f16_to_f32, prefetch_span};
+use super::kblock::prefetch_span;
 use decode::negate;
+use tables::{GROUP_HALVES, GROUP_WORDS};
+
+thread_local! {
+    /// The activations' 16-element sums for the current call (see [`bias`]).
+    static XSUMS: core::cell::RefCell<Vec<[i16; 16]>> = const { core::cell::RefCell::new(Vec::new()) };
+}
 
 /// Weight rows whose units are interleaved (see [`gemm_wide`]).
 const ROWS: usize = 4;
-
-/// Bytes of one packed activation unit: `|x|` (256), the four sign masks (32), the blocks' `d`
-/// as f32 (up to 8: 32).
-const PACKED_UNIT: usize = 320;
-/// Where a packed unit's f32 scales start.
-const PACKED_D: usize = 288;
 
 /// One decoded weight unit: signed weights, the scale word of every `vpmaddubsw` pair, and the
 /// floats its epilogue needs (converted once per unit, not once per activation row).
@@ -52,60 +57,53 @@ const PACKED_D: usize = 288;
 struct Dec {
     w: [__m512i; 4],
     sc: [__m512i; 4],
-    /// The weights' sign bits still to apply (bit `i` of `neg[c]`: byte `i` of `w[c]`), merged
-    /// with the activation signs into one negation per register and activation row.
+    /// The weights' sign bits still to apply (bit `i` of `neg[c]`: byte `i` of `w[c]`).
     neg: [u64; 4],
     /// IQ1_S: the 16 words `ls * delta` by which `sumi1` weighs the activation `bsums`.
     bw: __m256i,
-    /// The blocks' `d` per 32-element group (one block's `d` eight times but for IQ4_NL).
-    d: [f32; 8],
-    /// Groups mode: the factor of `d * x.d` per group (IQ4_XS: its scale `code - 32`; 1.0
-    /// otherwise, which leaves the product's bits unchanged).
-    s: [f32; 8],
+    /// Minus `BIAS` times each 16 elements' scale word (see [`bias`]), by which the sums of the
+    /// activations' 16-element groups are weighed into the sum.
+    bb: __m256i,
+    /// The block's `d`.
+    d: f32,
 }
 
 impl Dec {
-    /// A unit whose blocks' `d` is `d0`, without signs, `bw` or group factors.
+    /// A unit whose block's `d` is `d0`, without signs or `bw`.
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     fn new(w: [__m512i; 4], sc: [__m512i; 4], d0: f32) -> Dec {
-        let d = [d0; 8];
         Dec {
             w,
             sc,
             neg: [0; 4],
             bw: _mm256_setzero_si256(),
-            d,
-            s: [1.0; 8],
+            bb: _mm256_setzero_si256(),
+            d: d0,
         }
     }
 }
 
-/// How a kind's per-block integers are formed.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// One scaled sum (`bsum`; IQ1_M: `8 sumi1 + sumi2`, its weights being `8 grid + shift`).
-    Scaled,
-    /// The scaled sum plus `sum(bw * bsums)` (IQ1_S: `8 sumi + sumi1`).
-    ScaledBsums,
-    /// Eight unscaled 32-element sums (IQ4_XS, IQ4_NL).
-    Groups,
-}
-
 /// An i-quant with a 64-byte decoder.
-trait Wide: IqKind {
-    const MODE: Mode;
+trait Wide: IqKind<X = BlockQ8_K> {
+    /// At least the largest weight magnitude the decoder gives (so `w + BIAS` is an unsigned
+    /// byte), and at most 63, so that a `vpmaddubsw` pair sum (up to `2 * 2 BIAS * 128` in
+    /// magnitude) stays below 2^15.
+    const BIAS: i8;
+    /// Whether the sum includes `sum(bw * bsums)` (IQ1_S: `8 sumi + sumi1`).
+    const BSUMS: bool = false;
+    /// The ternary types: `decode_regs` gives the weights already biased (`t = w + 1`) and
+    /// every scale word is 1, so [`bias`] only sets `bb` and the dot is one `vpdpbusd` per
+    /// register.
+    const TERNARY: bool = false;
     /// Decodes the unit starting at `p` (its first block's first byte).
     ///
     /// # Safety
     /// The CPU has the tier's features (see [`gemm`]); `p` is valid for `UNIT` blocks of `W`.
     unsafe fn decode_regs(p: *const u8) -> Dec;
-    /// The scaled modes' integer as the float that the reference multiplies by `d * x.d`
-    /// (`sumf += d * x.d * term`).
-    #[inline(always)]
-    fn term(v: i32) -> f32 {
-        v as f32
-    }
+    /// The factor taking the integer to the float that the reference multiplies by `d * x.d`
+    /// (`sumf += d * x.d * term`; 1, which leaves every value's bits, but for IQ1).
+    const TERM: f32 = 1.0;
 }
 
 /// The sums of the dwords of each of four registers.
@@ -176,118 +174,175 @@ impl Pending {
         // SAFETY: only reached from `gemm_wide`, whose caller guarantees the tier's features.
         let v = unsafe { reduce4(&self.acc) };
         for (&(i, dw, dx), &v) in self.at[..self.len].iter().zip(&v) {
-            out[i] += dw * dx * K::term(v);
+            out[i] += dw * dx * (v as f32 * K::TERM);
         }
         self.len = 0;
     }
 }
 
-/// Packs `units` activation units of type `act` at `x` into `dst` (`PACKED_UNIT` bytes each).
-///
-/// # Safety
-/// The CPU has the tier's features; `x` holds `units` whole units, `dst` `units * PACKED_UNIT`
-/// bytes.
+/// Applies `d`'s weight signs and adds `K::BIAS` to every weight (per unit, not per activation
+/// row), and sets `bb` to minus `BIAS` times each 16 elements' scale word: then `sum(sc (w +
+/// BIAS) x) + sum(bb xsums)` is `sum(sc w x)`, exactly (`xsums`: the activations' 16-element
+/// sums, computed here: a Q8_K block's `bsums` are not trusted to be them).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn pack(act: GgmlType, x: *const u8, unit_bytes: usize, units: usize, dst: *mut u8) {
-    for u in 0..units {
-        // SAFETY: unit `u` and its packed slot are inside the buffers (caller's contract).
-        unsafe {
-            let (xu, du) = (x.add(u * unit_bytes), dst.add(u * PACKED_UNIT));
-            for c in 0..4 {
-                let lo = _mm256_loadu_si256(xu.add(act_chunk_offset(act, 2 * c)) as *const __m256i);
-                let hi =
-                    _mm256_loadu_si256(xu.add(act_chunk_offset(act, 2 * c + 1)) as *const __m256i);
-                let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                _mm512_storeu_si512(du.add(64 * c) as *mut __m512i, _mm512_abs_epi8(v));
-                let neg = _cvtmask64_u64(_mm512_movepi8_mask(v));
-                (du.add(256 + 8 * c) as *mut u64).write_unaligned(neg);
-            }
-            let xd = if act == GgmlType::Q8_0 {
-                let b = core::slice::from_raw_parts(xu as *const BlockQ8_0, 8);
-                core::array::from_fn(|g| f16_to_f32(u16::from_le_bytes(b[g].d)))
-            } else {
-                [(*(xu as *const BlockQ8_K)).d(); 8]
-            };
-            (du.add(PACKED_D) as *mut [f32; 8]).write_unaligned(xd);
-        }
+fn bias<K: Wide>(d: &mut Dec) {
+    if K::TERNARY {
+        d.bb = _mm256_set1_epi16(-(K::BIAS as i16));
+        return;
     }
+    let b = _mm512_set1_epi8(K::BIAS);
+    for (w, &neg) in d.w.iter_mut().zip(&d.neg) {
+        *w = _mm512_add_epi8(negate(*w, neg), b);
+    }
+    // word 8q of register c scales elements 16 (4c + q)..: words 0, 8, 16, 24 of each
+    let half = |a: __m512i, b: __m512i| _mm512_permutex2var_epi16(a, GROUP_WORDS.get(), b);
+    let s = _mm512_permutex2var_epi16(
+        half(d.sc[0], d.sc[1]),
+        GROUP_HALVES.get(),
+        half(d.sc[2], d.sc[3]),
+    );
+    let m = _mm256_mullo_epi16(_mm512_castsi512_si256(s), _mm256_set1_epi16(K::BIAS as i16));
+    d.bb = _mm256_sub_epi16(_mm256_setzero_si256(), m);
 }
 
-/// The eight 32-element sums of four registers whose dword lanes 0..8 / 8..16 are the partial
-/// sums of groups `2c` / `2c + 1`.
+/// The sixteen 16-element sums of each of `blocks` Q8_K blocks at `x`, as words, into `dst`.
+///
+/// # Safety
+/// The CPU has the tier's features; `x` holds `blocks` blocks, `dst` `blocks` entries.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn groups8(a: [__m512i; 4]) -> __m256i {
-    // 128-bit lanes [G0 G1 G2 G3] and [G4 G5 G6 G7], each lane still four partials
-    let p = _mm512_add_epi32(
-        _mm512_shuffle_i64x2::<0b10_00_10_00>(a[0], a[1]),
-        _mm512_shuffle_i64x2::<0b11_01_11_01>(a[0], a[1]),
-    );
-    let r = _mm512_add_epi32(
-        _mm512_shuffle_i64x2::<0b10_00_10_00>(a[2], a[3]),
-        _mm512_shuffle_i64x2::<0b11_01_11_01>(a[2], a[3]),
-    );
-    let u = _mm512_add_epi32(_mm512_unpacklo_epi32(p, r), _mm512_unpackhi_epi32(p, r));
-    let t = _mm512_add_epi32(u, _mm512_shuffle_epi32::<0b01_00_11_10>(u));
-    // group L is dword 4L, group 4 + L dword 4L + 1
-    let order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 13, 9, 5, 1, 12, 8, 4, 0);
-    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t))
-}
-
-/// The groups mode's epilogue, `sumf += dl[g] * s[g] as f32` for g = 0..8 in order, where
-/// `dl = (d * x.d) * s` (IQ4_XS: `d4d8 * (scale - 32)`; IQ4_NL: `x.d * d` per block): the eight products in one register (each
-/// rounded once, as the reference rounds it), then the additions one by one.
-#[inline(always)]
-fn add_products(d: __m256, s: __m256i, sumf: &mut f32) {
-    let mut p = [0f32; 8];
-    // SAFETY: only reached from this module's `#[target_feature]` functions (AVX2 present);
-    // `p` is 32 bytes, unaligned store.
-    unsafe { _mm256_storeu_ps(p.as_mut_ptr(), _mm256_mul_ps(d, _mm256_cvtepi32_ps(s))) };
-    for v in p {
-        *sumf += v;
-    }
-}
-
-/// The eight group sums (Groups mode) of decoded unit `d` against the packed activation unit
-/// `px`.
-///
-/// # Safety
-/// The CPU has the tier's features; `px` is one packed unit.
-#[inline(always)]
-unsafe fn dot_groups(d: &Dec, px: *const u8) -> __m256i {
-    // SAFETY: the reads stay inside the packed unit (caller's contract); features the caller's.
-    unsafe {
-        groups8(core::array::from_fn(|c| {
-            let neg = (px.add(256 + 8 * c) as *const u64).read_unaligned();
-            let ax = _mm512_loadu_si512(px.add(64 * c) as *const __m512i);
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, negate(d.w[c], d.neg[c] ^ neg))
-        }))
-    }
-}
-
-/// The scaled modes' dword partial sums of decoded unit `d` against the packed activation unit
-/// `px` (and, for `ScaledBsums`, the `bsums` of the activation block at `xu`).
-///
-/// # Safety
-/// The CPU has the tier's features; `px` is one packed unit, `xu` one activation unit.
-#[inline(always)]
-unsafe fn dot_acc<K: Wide>(d: &Dec, px: *const u8, xu: *const u8) -> __m512i {
-    // SAFETY: the reads stay inside the packed unit and the activation unit (caller's contract);
-    // the features are the caller's.
-    unsafe {
-        let mut acc = _mm512_setzero_si512();
-        if K::MODE == Mode::ScaledBsums {
-            let bsums = _mm256_loadu_si256(xu.add(Q8K_BSUMS) as *const __m256i);
-            acc = _mm512_zextsi256_si512(_mm256_madd_epi16(bsums, d.bw));
-        }
+unsafe fn xsums(x: &[BlockQ8_K], dst: &mut [[i16; 16]]) {
+    let flip = _mm512_set1_epi8(-128);
+    for (b, o) in x.iter().zip(dst) {
+        let p = b as *const BlockQ8_K as *const u8;
         for c in 0..4 {
-            let neg = (px.add(256 + 8 * c) as *const u64).read_unaligned();
-            let ax = _mm512_loadu_si512(px.add(64 * c) as *const __m512i);
-            let p = _mm512_maddubs_epi16(ax, negate(d.w[c], d.neg[c] ^ neg));
-            acc = _mm512_dpwssd_epi32(acc, p, d.sc[c]);
+            // SAFETY: 64 bytes of the block's `qs`; unaligned load.
+            let v = unsafe { _mm512_loadu_si512(p.add(Q8K_QS + 64 * c) as *const __m512i) };
+            // x + 128 as unsigned bytes, summed eight at a time
+            let s = _mm512_sad_epu8(_mm512_xor_si512(v, flip), _mm512_setzero_si512());
+            let mut q = [0u64; 8];
+            // SAFETY: `q` is 64 writable bytes; unaligned store.
+            unsafe { _mm512_storeu_si512(q.as_mut_ptr() as *mut __m512i, s) };
+            for g in 0..4 {
+                o[4 * c + g] = (q[2 * g] + q[2 * g + 1]) as i16 - 16 * 128;
+            }
+        }
+    }
+}
+
+/// The dword partial sums of biased unit `d` (see [`bias`]) against the Q8_K block at `xu`
+/// whose 16-element sums are `xs`.
+///
+/// # Safety
+/// The CPU has the tier's features; `xu` is one Q8_K block.
+#[inline(always)]
+unsafe fn dot_acc<K: Wide>(d: &Dec, xu: *const u8, xs: &[i16; 16]) -> __m512i {
+    // SAFETY: the reads stay inside the activation block and `xs` (caller's contract); the
+    // features are the caller's.
+    unsafe {
+        let xs = _mm256_loadu_si256(xs.as_ptr() as *const __m256i);
+        let mut s = _mm256_madd_epi16(xs, d.bb);
+        if K::BSUMS {
+            let bsums = _mm256_loadu_si256(xu.add(Q8K_BSUMS) as *const __m256i);
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(bsums, d.bw));
+        }
+        let mut acc = _mm512_zextsi256_si512(s);
+        for c in 0..4 {
+            let x = _mm512_loadu_si512(xu.add(Q8K_QS + 64 * c) as *const __m512i);
+            acc = if K::TERNARY {
+                _mm512_dpbusd_epi32(acc, d.w[c], x)
+            } else {
+                _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(d.w[c], x), d.sc[c])
+            };
         }
         acc
+    }
+}
+
+/// Weight rows whose float sums share one register's lanes ([`lane_tile`]).
+const LANES: usize = 16;
+/// Activation rows up to which whole 16-row tiles take [`lane_tile`].
+const LANE_N: usize = 4;
+
+/// The dword sums of 16 registers, register `r`'s in lane `r`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn reduce16(a: &[__m512i; LANES]) -> __m512i {
+    // pairs: per 128-bit lane [a0+a2, b0+b2, a1+a3, b1+b3]
+    let s1: [__m512i; 8] = core::array::from_fn(|i| {
+        let (a, b) = (a[2 * i], a[2 * i + 1]);
+        _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
+    });
+    // quads: per 128-bit lane the four registers' lane sums
+    let s2: [__m512i; 4] = core::array::from_fn(|i| {
+        let (a, b) = (s1[2 * i], s1[2 * i + 1]);
+        _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b))
+    });
+    let fold = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_i32x4::<0b11_01_11_01>(a, b),
+        )
+    };
+    fold(fold(s2[0], s2[1]), fold(s2[2], s2[3]))
+}
+
+/// 16 weight rows from `wt` against `J` activation rows (`out` their `16 n` outputs): per
+/// unit each row decoded once, its `J` integer sums taken across the rows into one register
+/// per activation row ([`reduce16`]), and `sum += (d * x.d) * term` on 16 rows at once, in the
+/// reference's order per output.
+///
+/// # Safety
+/// The CPU has the tier's features; `wt` is valid for 16 rows of `units` units (`row_bytes`
+/// apart); `xb` and `xs` hold `J` activation rows of `units` blocks.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn lane_tile<K: Wide, const J: usize>(
+    wt: *const u8,
+    row_bytes: usize,
+    units: usize,
+    xb: &[BlockQ8_K],
+    xs: &[[i16; 16]],
+    out: &mut [f32],
+) {
+    let unit_w_bytes = K::UNIT * size_of::<K::W>();
+    let mut sum = [_mm512_setzero_ps(); J];
+    for u in 0..units {
+        let mut acc = [[_mm512_setzero_si512(); LANES]; J];
+        let mut dw = [0f32; LANES];
+        for r in 0..LANES {
+            let p = wt.wrapping_add(r * row_bytes + u * unit_w_bytes);
+            // the same unit of the next tile's rows, so the loads run ahead of the decode
+            prefetch_span(p.wrapping_add(LANES * row_bytes), unit_w_bytes);
+            // SAFETY: row r of the tile holds unit u (caller's contract).
+            let mut d = unsafe { K::decode_regs(p) };
+            bias::<K>(&mut d);
+            dw[r] = d.d;
+            for (j, a) in acc.iter_mut().enumerate() {
+                let xu = &xb[j * units + u];
+                // SAFETY: `xu` is one Q8_K block.
+                a[r] = unsafe {
+                    dot_acc::<K>(&d, xu as *const BlockQ8_K as *const u8, &xs[j * units + u])
+                };
+            }
+        }
+        // SAFETY: `dw` is 64 readable bytes; unaligned load.
+        let dw = unsafe { _mm512_loadu_ps(dw.as_ptr()) };
+        for (j, (s, a)) in sum.iter_mut().zip(&acc).enumerate() {
+            let t = _mm512_mul_ps(_mm512_cvtepi32_ps(reduce16(a)), _mm512_set1_ps(K::TERM));
+            let dd = _mm512_mul_ps(dw, _mm512_set1_ps(xb[j * units + u].d()));
+            *s = _mm512_add_ps(*s, _mm512_mul_ps(dd, t));
+        }
+    }
+    let n = J;
+    for (j, s) in sum.iter().enumerate() {
+        let mut v = [0f32; LANES];
+        // SAFETY: `v` is 64 writable bytes; unaligned store.
+        unsafe { _mm512_storeu_ps(v.as_mut_ptr(), *s) };
+        for (r, &v) in v.iter().enumerate() {
+            out[r * n + j] = K::finish(v);
+        }
     }
 }
 
@@ -312,17 +367,31 @@ unsafe fn gemm_wide<K: Wide>(
     if n == 0 {
         return true;
     }
-    let act = <K::X as Block>::TYPE;
     let units = per_row / K::UNIT;
-    let unit_bytes = K::UNIT * size_of::<K::X>();
     let unit_w_bytes = K::UNIT * size_of::<K::W>();
     let row_bytes = per_row * size_of::<K::W>();
-    super::PACKED.with(|cell| {
-        let mut packed = cell.borrow_mut();
-        packed.resize(n * units * PACKED_UNIT, 0);
-        // SAFETY: `x` holds `n * units` activation units (checked by `unit_blocks`) and `packed`
-        // was sized for them; the caller guarantees the features.
-        unsafe { pack(act, x.as_ptr(), unit_bytes, n * units, packed.as_mut_ptr()) };
+    XSUMS.with(|cell| {
+        let mut xs = cell.borrow_mut();
+        xs.resize(xb.len(), [0; 16]);
+        // SAFETY: one entry per activation block; the caller guarantees the features.
+        unsafe { xsums(xb, &mut xs) };
+        // up to LANE_N activation rows: whole 16-row tiles one row per lane, the rest below
+        let whole = if n <= LANE_N { rows / LANES * LANES } else { 0 };
+        let (out_lanes, out) = out.split_at_mut(whole * n);
+        for (t, ot) in out_lanes.chunks_exact_mut(LANES * n).enumerate() {
+            let wt = wb[t * LANES * per_row..].as_ptr() as *const u8;
+            // SAFETY: the tile's 16 rows exist, `xb`/`xs` hold `n` activation rows; the caller
+            // guarantees the features.
+            unsafe {
+                match n {
+                    1 => lane_tile::<K, 1>(wt, row_bytes, units, xb, &xs, ot),
+                    2 => lane_tile::<K, 2>(wt, row_bytes, units, xb, &xs, ot),
+                    3 => lane_tile::<K, 3>(wt, row_bytes, units, xb, &xs, ot),
+                    _ => lane_tile::<K, LANE_N>(wt, row_bytes, units, xb, &xs, ot),
+                }
+            }
+        }
+        let wb = &wb[whole * per_row..];
         out.fill(0.0);
         let mut pending = Pending::new();
         // Rows in tiles of ROWS, so that the float chains of several outputs (each unit's
@@ -334,31 +403,16 @@ unsafe fn gemm_wide<K: Wide>(
                     let wp = wu.as_ptr() as *const u8;
                     // the same unit of the next tile's rows, so the loads run ahead of the decode
                     prefetch_span(wp.wrapping_add(ROWS * row_bytes), unit_w_bytes);
-                    // SAFETY: `wu` is one whole weight unit; features as above.
-                    let d = unsafe { K::decode_regs(wp) };
+                    // SAFETY: `wu` is one whole weight unit; the caller guarantees the features.
+                    let mut d = unsafe { K::decode_regs(wp) };
+                    bias::<K>(&mut d);
                     for j in 0..n {
-                        let xu = xb[(j * units + u) * K::UNIT..][..K::UNIT].as_ptr() as *const u8;
-                        // SAFETY: packed unit `j * units + u` exists.
-                        let pu = unsafe { packed.as_ptr().add((j * units + u) * PACKED_UNIT) };
-                        // SAFETY: as above: `pu` is one packed unit, `xu` one activation unit.
-                        let xd = unsafe { (pu.add(PACKED_D) as *const [f32; 8]).read_unaligned() };
-                        if K::MODE == Mode::Groups {
-                            // SAFETY: as above.
-                            let v = unsafe { dot_groups(&d, pu) };
-                            // SAFETY: `Dec`'s and `xd`'s eight floats (AVX present).
-                            let dl = unsafe {
-                                let dd = _mm256_mul_ps(
-                                    _mm256_loadu_ps(d.d.as_ptr()),
-                                    _mm256_loadu_ps(xd.as_ptr()),
-                                );
-                                _mm256_mul_ps(dd, _mm256_loadu_ps(d.s.as_ptr()))
-                            };
-                            add_products(dl, v, &mut ot[r * n + j]);
-                        } else {
-                            // SAFETY: as above.
-                            let acc = unsafe { dot_acc::<K>(&d, pu, xu) };
-                            pending.push::<K>(acc, r * n + j, d.d[0], xd[0], ot);
-                        }
+                        let xu = &xb[(j * units + u) * K::UNIT..][..K::UNIT];
+                        // SAFETY: `xu` is one Q8_K block (`unit_blocks` checked the lengths).
+                        let acc = unsafe {
+                            dot_acc::<K>(&d, xu.as_ptr() as *const u8, &xs[j * units + u])
+                        };
+                        pending.push::<K>(acc, r * n + j, d.d, xu[0].d(), ot);
                     }
                 }
             }
@@ -385,12 +439,13 @@ pub(super) unsafe fn gemm(t: &mut Tile<'_>) -> bool {
             GgmlType::IQ2_XXS => gemm_wide::<Iq2Xxs>(k, w, rows, x, n, out),
             GgmlType::IQ3_XXS => gemm_wide::<Iq3Xxs>(k, w, rows, x, n, out),
             GgmlType::IQ1_S => gemm_wide::<Iq1S>(k, w, rows, x, n, out),
-            GgmlType::IQ4_XS => gemm_wide::<Iq4Xs>(k, w, rows, x, n, out),
-            GgmlType::IQ4_NL => gemm_wide::<Iq4Nl>(k, w, rows, x, n, out),
+            GgmlType::IQ4_XS | GgmlType::IQ4_NL => nl4::gemm(ty, k, w, rows, x, n, out),
             GgmlType::IQ2_XS => gemm_wide::<Iq2Xs>(k, w, rows, x, n, out),
             GgmlType::IQ2_S => gemm_wide::<Iq2S>(k, w, rows, x, n, out),
             GgmlType::IQ3_S => gemm_wide::<Iq3S>(k, w, rows, x, n, out),
             GgmlType::IQ1_M => gemm_wide::<Iq1M>(k, w, rows, x, n, out),
+            GgmlType::TQ1_0 => gemm_wide::<Tq1_0>(k, w, rows, x, n, out),
+            GgmlType::TQ2_0 => gemm_wide::<Tq2_0>(k, w, rows, x, n, out),
             _ => false,
         }
     }

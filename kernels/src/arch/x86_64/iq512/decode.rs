@@ -7,10 +7,27 @@ use core::arch::x86_64::*;
 use super::super::kblock::f16_to_f32;
 use super::super::klanes512::V64;
 use super::tables::*;
-use super::{Dec, Mode, Wide};
-use crate::arch::iq_tile::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, Iq4Nl, Iq4Xs};
+use super::{Dec, Wide};
+use crate::arch::iq_tile::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs};
+use crate::formats::iq_grids::{IQ2_VALUES, IQ3S_VALUES, IQ3XXS_VALUES};
 use crate::formats::BlockIq1M;
 use crate::scalar::iq1::IQ1_DELTA;
+
+/// The largest of a magnitude table, as the kinds' `Wide::BIAS` (at most 63, see there).
+const fn max_of(v: &[u8]) -> i8 {
+    let (mut m, mut i) = (0u8, 0);
+    while i < v.len() {
+        if v[i] > m {
+            m = v[i];
+        }
+        i += 1;
+    }
+    assert!(m <= 63);
+    m as i8
+}
+const IQ2_BIAS: i8 = max_of(&IQ2_VALUES);
+const IQ3XXS_BIAS: i8 = max_of(&IQ3XXS_VALUES);
+const IQ3S_BIAS: i8 = max_of(&IQ3S_VALUES);
 
 /// The four 64-bit sign masks of 32 sign bytes (low 256 bits of `sb`).
 #[inline]
@@ -57,7 +74,7 @@ pub(super) fn negate(g: __m512i, neg: u64) -> __m512i {
 }
 
 impl Wide for Iq2Xxs {
-    const MODE: Mode = Mode::Scaled;
+    const BIAS: i8 = IQ2_BIAS;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -85,7 +102,7 @@ impl Wide for Iq2Xxs {
 }
 
 impl Wide for Iq3Xxs {
-    const MODE: Mode = Mode::Scaled;
+    const BIAS: i8 = IQ3XXS_BIAS;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -148,7 +165,8 @@ fn iq1_indices(b: __m512i, table: &[V64; 2], shifts: __m512i) -> [__m512i; 2] {
 }
 
 impl Wide for Iq1S {
-    const MODE: Mode = Mode::ScaledBsums;
+    const BIAS: i8 = 8; // grid values 8 * {-1, 0, 1}
+    const BSUMS: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -173,10 +191,7 @@ impl Wide for Iq1S {
     }
     /// The integer is `8 sumi + sumi1`: over 8 it is the reference's `sumi + IQ1_DELTA *
     /// sumi1`, exactly (both are below 2^24 in magnitude).
-    #[inline(always)]
-    fn term(v: i32) -> f32 {
-        v as f32 * IQ1_DELTA
-    }
+    const TERM: f32 = IQ1_DELTA;
 }
 
 /// The eight IQ2 magnitudes of register `c`'s grid points (codes `8 c .. 8 c + 8` of `codes`).
@@ -245,7 +260,7 @@ pub(super) unsafe fn stored_masks(p: *const u8) -> [u64; 4] {
 }
 
 impl Wide for Iq2Xs {
-    const MODE: Mode = Mode::Scaled;
+    const BIAS: i8 = IQ2_BIAS;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -268,7 +283,7 @@ impl Wide for Iq2Xs {
 }
 
 impl Wide for Iq2S {
-    const MODE: Mode = Mode::Scaled;
+    const BIAS: i8 = IQ2_BIAS;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -292,7 +307,7 @@ impl Wide for Iq2S {
 }
 
 impl Wide for Iq3S {
-    const MODE: Mode = Mode::Scaled;
+    const BIAS: i8 = IQ3S_BIAS;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -316,7 +331,7 @@ impl Wide for Iq3S {
 }
 
 impl Wide for Iq1M {
-    const MODE: Mode = Mode::Scaled;
+    const BIAS: i8 = 9; // 8 * {-1, 0, 1} + shift {-1, 1}
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -341,78 +356,5 @@ impl Wide for Iq1M {
     }
     /// The integer is `8 sumi1 + sumi2`: over 8 it is the reference's `sumi1 + IQ1_DELTA *
     /// sumi2`, exactly (both are below 2^24 in magnitude).
-    #[inline(always)]
-    fn term(v: i32) -> f32 {
-        v as f32 * IQ1_DELTA
-    }
-}
-
-/// The four weight registers of 32 IQ4 `qs` bytes per register.
-///
-/// # Safety
-/// The CPU has the tier's features; `chunk(c)` gives register `c`'s 32 bytes in its low half.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub(super) fn iq4_decode(chunks: [__m512i; 4]) -> Dec {
-    let perm = IQ4_PERM.get();
-    let values = IQ4_VALUES.get();
-    let nib = _mm512_set1_epi8(0x0f);
-    let w = chunks.map(|q| {
-        let t = _mm512_permutexvar_epi8(perm, q);
-        let h = _mm512_srli_epi16::<4>(t);
-        let v = _mm512_mask_blend_epi8(0xffff_0000_ffff_0000, t, h);
-        _mm512_shuffle_epi8(values, _mm512_and_si512(v, nib))
-    });
-    Dec::new(w, [_mm512_setzero_si512(); 4], 0.0)
-}
-
-impl Wide for Iq4Xs {
-    const MODE: Mode = Mode::Groups;
-    #[inline]
-    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-    unsafe fn decode_regs(p: *const u8) -> Dec {
-        // SAFETY: `p` is one block, with 128 `qs` bytes.
-        let chunks = core::array::from_fn(|c| unsafe {
-            _mm512_castsi256_si512(_mm256_loadu_si256(
-                p.add(IQ4XS_QS + 32 * c) as *const __m256i
-            ))
-        });
-        let mut d = iq4_decode(chunks);
-        // SAFETY: `p` is one block (alignment 1).
-        let b = unsafe { &*(p as *const Self::W) };
-        d.d = [f16_to_f32(u16::from_le_bytes(b.d)); 8];
-        // the eight 6-bit codes (`BlockIq4Xs::scale`): low nibble `g` of `scales_l` (bit 16 + 4g
-        // below) and bits 2g..2g+2 of `scales_h`, as `code - 32` in f32
-        let bits =
-            u16::from_le_bytes(b.scales_h) as u64 | (u32::from_le_bytes(b.scales_l) as u64) << 16;
-        let v = _mm_set1_epi64x(bits as i64);
-        let lo_at = _mm_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 44, 40, 36, 32, 28, 24, 20, 16);
-        let hi_at = _mm_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 14, 12, 10, 8, 6, 4, 2, 0);
-        let lo = _mm_and_si128(_mm_multishift_epi64_epi8(lo_at, v), _mm_set1_epi8(0x0f));
-        let hi = _mm_and_si128(_mm_multishift_epi64_epi8(hi_at, v), _mm_set1_epi8(3));
-        let code = _mm256_cvtepu8_epi32(_mm_or_si128(lo, _mm_slli_epi16::<4>(hi)));
-        let ls = _mm256_cvtepi32_ps(_mm256_sub_epi32(code, _mm256_set1_epi32(32)));
-        // SAFETY: `d.s` is 32 writable bytes; unaligned store.
-        unsafe { _mm256_storeu_ps(d.s.as_mut_ptr(), ls) };
-        d
-    }
-}
-
-impl Wide for Iq4Nl {
-    const MODE: Mode = Mode::Groups;
-    #[inline]
-    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-    unsafe fn decode_regs(p: *const u8) -> Dec {
-        // SAFETY: `p` is eight consecutive blocks, each with 16 `qs` bytes.
-        let chunks = core::array::from_fn(|c| unsafe {
-            let lo = _mm_loadu_si128(p.add(IQ4NL_BYTES * 2 * c + IQ4NL_QS) as *const __m128i);
-            let hi = _mm_loadu_si128(p.add(IQ4NL_BYTES * (2 * c + 1) + IQ4NL_QS) as *const __m128i);
-            _mm512_castsi256_si512(_mm256_set_m128i(hi, lo))
-        });
-        let mut d = iq4_decode(chunks);
-        // SAFETY: `p` is eight blocks (alignment 1).
-        let b = unsafe { core::slice::from_raw_parts(p as *const Self::W, 8) };
-        d.d = core::array::from_fn(|g| f16_to_f32(u16::from_le_bytes(b[g].d)));
-        d
-    }
+    const TERM: f32 = IQ1_DELTA;
 }

@@ -11,7 +11,7 @@ use crate::formats::iq_grids::{
 };
 use crate::formats::{
     BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockIq4Nl,
-    BlockIq4Xs, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
+    BlockIq4Xs, KSIGNS_IQ2XS, QK_K,
 };
 use core::mem::{offset_of, size_of};
 
@@ -270,24 +270,25 @@ pub(super) static BSUM_PAIRS: V64 = V64({
     o
 });
 
-/// IQ4: byte `p` of a register <- byte `16 (p / 32) + p % 16` of its 32 `qs` bytes (the low
-/// nibble for `p % 32 < 16`, the high one above).
-pub(super) static IQ4_PERM: V64 = V64({
+/// `vpermt2w`: words 0, 8, 16, 24 of the first and of the second register (the scale words of
+/// their 16-element groups).
+pub(super) static GROUP_WORDS: V64 = V64({
     let mut o = [0u8; 64];
-    let mut p = 0;
-    while p < 64 {
-        o[p] = (16 * (p / 32) + p % 16) as u8;
-        p += 1;
+    let mut i = 0;
+    while i < 8 {
+        let w = (i / 4) * 32 + 8 * (i % 4);
+        o[2 * i] = w as u8;
+        i += 1;
     }
     o
 });
 
-/// `KVALUES_IQ4NL` in every 16-byte lane (the `vpshufb` table).
-pub(super) static IQ4_VALUES: V64 = V64({
+/// `vpermt2w`: words 0..8 of the first register, then words 0..8 of the second.
+pub(super) static GROUP_HALVES: V64 = V64({
     let mut o = [0u8; 64];
     let mut i = 0;
-    while i < 64 {
-        o[i] = KVALUES_IQ4NL[i % 16] as u8;
+    while i < 16 {
+        o[2 * i] = if i < 8 { i } else { 32 + i - 8 } as u8;
         i += 1;
     }
     o

@@ -1,0 +1,139 @@
+//! The ternary types TQ1_0 and TQ2_0 as 64-byte decoders of `iq512`: weights `t - 1`, `t` in
+//! {0, 1, 2}, one scale per block, so the decoders give `t` itself, the parent's biased weights
+//! (`Wide::TERNARY`: bias 1, unit scales, one `vpdpbusd` per register).
+//!
+//! TQ2_0: each 32 `qs` bytes hold four 32-element runs in bit pairs 0..8; a register is one
+//! 32-byte run broadcast to both halves, each qword shifted by its half's pair (`vpsrlvq`) and
+//! masked to 2 bits. TQ1_0: base-3 digit `n` of a byte `q` is `((q 3^n mod 256) * 3) >> 8`, i.e.
+//! 0, 1 or 2 as `q 3^n mod 256` is below 86, below 171 or above; each register gathers its
+//! elements' source bytes with one `vpermb` of the block, multiplies even and odd bytes by
+//! their `3^n` in 16-bit lanes (the low byte of a product depends only on the low bytes) and
+//! compares twice.
+
+use core::arch::x86_64::*;
+use core::mem::{offset_of, size_of};
+
+use super::super::kblock::f16_to_f32;
+use super::super::klanes512::V64;
+use super::{Dec, Wide};
+use crate::arch::iq_tile::{Tq1_0, Tq2_0};
+use crate::formats::{BlockTq1_0, BlockTq2_0, QK_K};
+
+const TQ1_BYTES: usize = size_of::<BlockTq1_0>();
+const TQ1_D: usize = offset_of!(BlockTq1_0, d);
+const TQ1_QH: usize = offset_of!(BlockTq1_0, qh);
+const TQ2_D: usize = offset_of!(BlockTq2_0, d);
+const _: () = assert!(offset_of!(BlockTq2_0, qs) == 0 && offset_of!(BlockTq1_0, qs) == 0);
+
+/// TQ1_0 element `e`'s source byte in the block and its base-3 digit (see `ternary::tq1_values`:
+/// 32 `qs` bytes x 5 digits, 16 bytes x 5 digits, then the 4 `qh` bytes x 4 digits).
+const fn tq1_source(e: usize) -> (usize, u32) {
+    if e < 160 {
+        (e % 32, (e / 32) as u32)
+    } else if e < 240 {
+        (32 + (e - 160) % 16, ((e - 160) / 16) as u32)
+    } else {
+        (TQ1_QH + (e - 240) % 4, ((e - 240) / 4) as u32)
+    }
+}
+
+/// Register `c`'s `vpermb` indices: byte `i` <- the block byte of element `64 c + i`.
+const fn tq1_bytes(c: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        o[i] = tq1_source(64 * c + i).0 as u8;
+        i += 1;
+    }
+    V64(o)
+}
+
+/// Register `c`'s multipliers `3^n` as words, of its even (`odd == 0`) or odd bytes.
+const fn tq1_powers(c: usize, odd: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut w = 0;
+    while w < 32 {
+        o[2 * w] = 3u8.pow(tq1_source(64 * c + 2 * w + odd).1);
+        w += 1;
+    }
+    V64(o)
+}
+
+static TQ1_BYTE_IDX: [V64; 4] = [tq1_bytes(0), tq1_bytes(1), tq1_bytes(2), tq1_bytes(3)];
+static TQ1_POW_EVEN: [V64; 4] = [
+    tq1_powers(0, 0),
+    tq1_powers(1, 0),
+    tq1_powers(2, 0),
+    tq1_powers(3, 0),
+];
+static TQ1_POW_ODD: [V64; 4] = [
+    tq1_powers(0, 1),
+    tq1_powers(1, 1),
+    tq1_powers(2, 1),
+    tq1_powers(3, 1),
+];
+const _: () = assert!(TQ1_BYTES <= 64 && QK_K == 256);
+
+/// A ternary unit: the biased weights `t`, unit scale words, the block's `d`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn unit(t: [__m512i; 4], d: f32) -> Dec {
+    Dec::new(t, [_mm512_set1_epi16(1); 4], d)
+}
+
+impl Wide for Tq2_0 {
+    const BIAS: i8 = 1;
+    const TERNARY: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block: 64 `qs` bytes, then `d`.
+        unsafe {
+            let q: [__m512i; 2] = core::array::from_fn(|j| {
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(32 * j) as *const __m256i))
+            });
+            // register c: run j = c / 2, bit pairs 2 (c % 2) (low half) and 2 (c % 2) + 1 (high)
+            let shifts = [
+                _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0),
+                _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4),
+            ];
+            let three = _mm512_set1_epi8(3);
+            let t = core::array::from_fn(|c| {
+                _mm512_and_si512(_mm512_srlv_epi64(q[c / 2], shifts[c % 2]), three)
+            });
+            unit(
+                t,
+                f16_to_f32(u16::from_le_bytes([*p.add(TQ2_D), *p.add(TQ2_D + 1)])),
+            )
+        }
+    }
+}
+
+impl Wide for Tq1_0 {
+    const BIAS: i8 = 1;
+    const TERNARY: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block (under 64 bytes): the masked load reads exactly its bytes.
+        unsafe {
+            let b = _mm512_maskz_loadu_epi8((1u64 << TQ1_BYTES) - 1, p as *const i8);
+            let high = _mm512_set1_epi16(0xff00u16 as i16);
+            let (lo86, lo171) = (_mm512_set1_epi8(86), _mm512_set1_epi8(171u8 as i8));
+            let one = _mm512_set1_epi8(1);
+            let t = core::array::from_fn(|c| {
+                let q = _mm512_permutexvar_epi8(TQ1_BYTE_IDX[c].get(), b);
+                let even = _mm512_mullo_epi16(q, TQ1_POW_EVEN[c].get());
+                let odd = _mm512_mullo_epi16(_mm512_and_si512(q, high), TQ1_POW_ODD[c].get());
+                // q 3^n mod 256 per byte
+                let v = _mm512_mask_blend_epi8(0xaaaa_aaaa_aaaa_aaaa, even, odd);
+                let d1 = _mm512_maskz_mov_epi8(_mm512_cmpge_epu8_mask(v, lo86), one);
+                _mm512_mask_add_epi8(d1, _mm512_cmpge_epu8_mask(v, lo171), d1, one)
+            });
+            unit(
+                t,
+                f16_to_f32(u16::from_le_bytes([*p.add(TQ1_D), *p.add(TQ1_D + 1)])),
+            )
+        }
+    }
+}
