@@ -423,3 +423,110 @@ fn tiles_give_the_bits_of_each_row_alone() {
         }
     }
 }
+
+/// One random tile: head shape `(n_head_kv, heads per kv head, dk, dv)`, cache positions and
+/// block size, group size (index into the even divisors), the rows' visible positions (a
+/// prefill chunk's consecutive ones or arbitrary), f16 probabilities, data seed.
+type TileCase = (
+    (usize, usize, usize, usize),
+    usize,
+    usize,
+    usize,
+    Vec<usize>,
+    bool,
+    bool,
+    u32,
+);
+
+fn tile_case() -> impl proptest::strategy::Strategy<Value = TileCase> {
+    use proptest::prelude::*;
+    (
+        prop::sample::select(vec![
+            (2, 8, 128, 128),
+            (1, 4, 72, 44),
+            (2, 2, 64, 64),
+            (1, 8, 16, 192),
+            (1, 2, 8, 64),
+        ]),
+        1usize..400,
+        1usize..40,
+        0usize..4,
+        prop::collection::vec(1usize..400, 1..7),
+        any::<bool>(),
+        any::<bool>(),
+        any::<u32>(),
+    )
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+    /// Every build's tile (and the dispatched single row) against the portable body run on each
+    /// row alone, over random depths, block sizes, group sizes, row counts and causal patterns.
+    #[test]
+    fn random_tiles_give_the_portable_bits_of_each_row(
+        (shape, n, block, gi, rows_kv, diag, round_p, seed) in tile_case()
+    ) {
+        let (n_head_kv, per, dk, dv) = shape;
+        let n_head = n_head_kv * per;
+        let hd = Heads { n_head, n_head_kv, dk, dv, scale: 0.11 };
+        let (kw, vw) = (n_head_kv * dk, n_head_kv * dv);
+        let (k, v) = (values(n * kw, seed), values(n * vw, seed ^ 0x5555));
+        let n_kv: Vec<usize> = if diag {
+            let rows = rows_kv.len().min(n);
+            (n + 1 - rows..=n).collect()
+        } else {
+            rows_kv.iter().map(|&x| x.min(n)).collect()
+        };
+        let (kp, vp) = (paged(&k, kw, n, block), paged(&v, vw, n, block));
+        let kr: Vec<&[f32]> = kp.iter().map(|s| &s[..]).collect();
+        let vr: Vec<&[f32]> = vp.iter().map(|s| &s[..]).collect();
+        let view = KvView { k: &kr, k_stride: kw, v: &vr, v_stride: vw, block, n_kv: n };
+        let gs: Vec<usize> = [1, 2, 4, 8].into_iter().filter(|g| per % g == 0).collect();
+        let g = gs[gi % gs.len()];
+        let rows = n_kv.len();
+        let h0 = (seed as usize % (n_head / g)) * g;
+        let q = values(rows * g * dk, seed.wrapping_add(3));
+        let mut scores = Vec::new();
+        let mut want = vec![0f32; rows * g * dv];
+        for (t, &nt) in n_kv.iter().enumerate() {
+            let one = KvView { n_kv: nt, ..view };
+            attend_heads_body::<false>(
+                &q[t * g * dk..(t + 1) * g * dk],
+                h0,
+                g,
+                &one,
+                hd,
+                round_p,
+                &mut scores,
+                &mut want[t * g * dv..(t + 1) * g * dv],
+            );
+        }
+        for level in [FloatLevel::Baseline, FloatLevel::Avx2, FloatLevel::Avx512] {
+            let mut got = vec![f32::NAN; rows * g * dv];
+            attend_tile_on(level, &q, &n_kv, h0, g, &view, hd, round_p, &mut scores, &mut got);
+            proptest::prop_assert_eq!(bits(&got), bits(&want), "{:?} tile, g {}", level, g);
+            let mut one_row = vec![f32::NAN; g * dv];
+            let last = rows - 1;
+            let one = KvView { n_kv: n_kv[last], ..view };
+            attend_heads_on(
+                level,
+                &q[last * g * dk..],
+                h0,
+                g,
+                &one,
+                hd,
+                round_p,
+                &mut scores,
+                &mut one_row,
+            );
+            proptest::prop_assert_eq!(
+                bits(&one_row),
+                bits(&want[last * g * dv..]),
+                "{:?} one row, g {}",
+                level,
+                g
+            );
+        }
+    }
+}

@@ -1,9 +1,9 @@
 //! The x86-64 builds of the attention body: AVX2 (the portable body compiled for 8-lane vectors,
 //! with its dot products and V sums in intrinsics) and AVX-512 F/DQ (query heads in pairs per
 //! register, every K and V load serving several heads; a prefill tile's query rows flattened into
-//! those register blocks, the cache walked once per tile). Each keeps the portable body's
-//! operations in its order, so all builds give the same bits; `super` picks one by
-//! [`crate::dispatch::float_level`].
+//! those register blocks, the cache walked once per tile; a decode row is a tile of one row).
+//! Each keeps the portable body's operations in its order, so all builds give the same bits;
+//! `super` picks one by [`crate::dispatch::float_level`].
 
 use super::{attend_heads_body, finish_dot, probabilities, Heads, KvView};
 
@@ -61,15 +61,9 @@ pub(super) fn avx512_fits(g: usize, hd: Heads) -> bool {
     g.is_multiple_of(2) && hd.dk.is_multiple_of(8) && hd.dk > 0
 }
 
-/// [`super::attend_heads`] with AVX-512, same bits as [`attend_heads_body`].
-///
-/// K.q: each dot keeps `dot`'s eight partial sums, as one 256-bit half of a zmm register: the
-/// low half for query head `2i`, the high half for head `2i + 1` (the queries interleaved once per
-/// call), against the K chunk broadcast to both halves, so every K load serves two heads and
-/// up to 4 positions x 4 head pairs run as 16 independent chains. The halves are then folded in
-/// `finish_dot`'s order. V: up to 4 heads x 64 outputs in 16 registers across all positions,
-/// each V load serving every head of the block; per output the same products added in the same
-/// order as the portable loop.
+/// [`super::attend_heads`] with AVX-512, same bits as [`attend_heads_body`]: the one-row case
+/// of [`attend_tile_avx512`] when `dv` is a multiple of 64 (every model we serve), else the K.q
+/// part of the tile body per segment and V weighed by [`weigh_v_avx2`].
 ///
 /// # Safety
 /// The CPU must have AVX-512 F and DQ; `avx512_fits(g, hd)` must hold.
@@ -92,82 +86,60 @@ pub(super) unsafe fn attend_heads_avx512(
         let hk = h0 / (hd.n_head / hd.n_head_kv);
         let n = kv.n_kv;
         let (dk, dv) = (hd.dk, hd.dv);
-        let nc = dk / 8;
         if n == 0 || q.len() < g * dk || out.len() < g * dv || !kv.bounded(hk, dk, dv) {
             // nothing to read, or a view the fast path cannot bound: the checked portable code
             attend_heads_body::<false>(q, h0, g, kv, hd, round_p, scores, out);
             return;
         }
-        let (sc, qi) = score_rows(scores, q, g, n, dk);
-        let np = g / 2;
+        if dv.is_multiple_of(64) {
+            attend_tile_avx512(q, &[n], h0, g, kv, hd, round_p, scores, out);
+            return;
+        }
+        let nc = dk / 8;
+        let (sc, qi, stride) = score_rows(scores, q, g, n, dk);
         for s in 0..kv.segments() {
             let kb = kv.k[s].as_ptr().add(hk * dk);
             let seg = Seg {
                 rows: kv.rows(s),
                 j0: s * kv.block,
-                n,
+                stride,
             };
-            let mut p0 = 0;
-            while p0 + 4 <= np {
-                qk_pairs::<4>(
-                    qi.as_ptr().add(p0 * nc * 16),
-                    p0,
-                    nc,
-                    kb,
-                    kv.k_stride,
-                    seg,
-                    sc,
-                );
-                p0 += 4;
-            }
-            while p0 < np {
-                qk_pairs::<1>(
-                    qi.as_ptr().add(p0 * nc * 16),
-                    p0,
-                    nc,
-                    kb,
-                    kv.k_stride,
-                    seg,
-                    sc,
-                );
-                p0 += 1;
-            }
+            qk_pairs(qi, 0, g / 2, nc, kb, kv.k_stride, seg, sc);
         }
-        probabilities(sc, n, hd.scale, round_p);
-        if !dv.is_multiple_of(64) {
-            for (t, oh) in out[..g * dv].chunks_exact_mut(dv).enumerate() {
-                weigh_v_avx2(&sc[t * n..(t + 1) * n], kv, hk * dv, oh);
-            }
-            return;
-        }
-        let op = out.as_mut_ptr();
-        for e0 in (0..dv).step_by(64) {
-            let mut t0 = 0;
-            while t0 + 4 <= g {
-                weigh_v_heads::<4>(sc, t0, kv, hk * dv, e0, op, dv);
-                t0 += 4;
-            }
-            while t0 + 2 <= g {
-                weigh_v_heads::<2>(sc, t0, kv, hk * dv, e0, op, dv);
-                t0 += 2;
-            }
+        for (t, oh) in out[..g * dv].chunks_exact_mut(dv).enumerate() {
+            let p = &mut sc[t * stride..t * stride + n];
+            probabilities(p, n, hd.scale, round_p);
+            weigh_v_avx2(p, kv, hk * dv, oh);
         }
     }
 }
 
-/// Splits `scores` into the score rows of `rows` query heads over `n` positions and the queries
-/// interleaved by head pairs: `qi[(pair * nc + c) * 16 ..]` holds chunk `c` of head `2 * pair`,
-/// then of head `2 * pair + 1` (the layout `qk_pairs` reads).
+/// Row stride of a score block over `n` positions: whole 64-byte lines, an odd number of them,
+/// so the rows of a tile never share a cache set (at 16,384 positions unpadded rows are 64 KiB
+/// apart, the L2's way size: a tile's 32 rows fought over one 16-way set).
+fn score_stride(n: usize) -> usize {
+    16 * (n.div_ceil(16) | 1)
+}
+
+/// Splits `scores` into the score rows of `rows` query heads over `n` positions (row `r` at
+/// `r * stride`, 64-byte aligned; returned with the stride) and the queries interleaved by head
+/// pairs: `qi[(pair * nc + c) * 16 ..]` holds chunk `c` of head `2 * pair`, then of head
+/// `2 * pair + 1` (the layout `qk_pairs` reads). The scores are not cleared: every one read
+/// later is written first.
 fn score_rows<'s>(
     scores: &'s mut Vec<f32>,
     q: &[f32],
     rows: usize,
     n: usize,
     dk: usize,
-) -> (&'s mut [f32], &'s mut [f32]) {
-    scores.clear();
-    scores.resize(rows * n + rows * dk, 0.0);
-    let (sc, qi) = scores.split_at_mut(rows * n);
+) -> (&'s mut [f32], &'s [f32], usize) {
+    let stride = score_stride(n);
+    let need = rows * stride + rows * dk;
+    if scores.len() < need + 16 {
+        scores.resize(need + 16, 0.0);
+    }
+    let off = scores.as_ptr().align_offset(64).min(16);
+    let (sc, qi) = scores[off..off + need].split_at_mut(rows * stride);
     for (pair, dst) in qi.chunks_exact_mut(2 * dk).enumerate() {
         for (c, d) in dst.chunks_exact_mut(16).enumerate() {
             let a = 2 * pair * dk + 8 * c;
@@ -175,21 +147,60 @@ fn score_rows<'s>(
             d[8..].copy_from_slice(&q[a + dk..a + dk + 8]);
         }
     }
-    (sc, qi)
+    (sc, qi, stride)
 }
 
-/// Positions a tile's chunk holds at most: its K rows (and then its V rows) are read by every
-/// query row of the tile while they sit in L1 (16 x 128 floats of one Qwen3 kv head: 8 KiB).
-const TILE_CHUNK: usize = 16;
+/// Positions a tile's V chunk holds at most: the chunk's V rows of one kv head (32 KiB for
+/// Qwen3's 128-wide heads) stay in L1 while every row block of the tile weighs them, and the
+/// accumulators go through `out` once per chunk.
+const V_CHUNK: usize = 64;
+
+/// A run of consecutive positions inside one segment: `rows` rows from row `r0` of segment
+/// `s`, the first at position `j0`.
+#[derive(Clone, Copy)]
+struct Piece {
+    s: usize,
+    r0: usize,
+    rows: usize,
+    j0: usize,
+}
+
+/// The view's positions as pieces of at most `most` positions (never across a segment), in
+/// order, and the ends of the chunks grouping them: whole pieces of at most `most` positions
+/// each (`ends[c]` is one past the last piece of chunk `c`).
+fn pieces(kv: &KvView<'_>, most: usize) -> (Vec<Piece>, Vec<usize>) {
+    let (mut ps, mut ends) = (Vec::new(), Vec::new());
+    let mut in_chunk = 0;
+    for s in 0..kv.segments() {
+        let r = kv.rows(s);
+        for r0 in (0..r).step_by(most) {
+            let rows = most.min(r - r0);
+            if in_chunk + rows > most {
+                ends.push(ps.len());
+                in_chunk = 0;
+            }
+            ps.push(Piece {
+                s,
+                r0,
+                rows,
+                j0: s * kv.block + r0,
+            });
+            in_chunk += rows;
+        }
+    }
+    if !ps.is_empty() {
+        ends.push(ps.len());
+    }
+    (ps, ends)
+}
 
 /// [`super::attend_tile`] with AVX-512: the tile's query rows flattened to `n_kv.len() * g` rows
-/// of one head each (row `t * g + h`), and [`attend_heads_avx512`]'s register blocks run over
-/// them instead of one token's heads. The cache is walked chunk by chunk (at most
-/// [`TILE_CHUNK`] positions, never across a segment); a chunk every row sees is scored for all
-/// rows in blocks of 4 pairs, the chunks on the causal diagonal row by row over the positions
-/// that row sees. V is weighed chunk by chunk too, the accumulators kept in `out` between chunks
-/// (an exact f32 store and load), so each output is the same sum in the same order as
-/// [`weigh_v_heads`] adds it: same bits as each row alone.
+/// of one head each (row `t * g + h`), scored by [`qk_pairs`]'s register blocks piece by piece
+/// of the cache (a piece every row sees for all rows, a piece on the causal diagonal row by row
+/// over the positions that row sees), each row's softmax, then V weighed chunk by chunk of
+/// [`V_CHUNK`] positions, the accumulators kept in `out` between chunks (an exact f32 store and
+/// load), so each output is the same sum in the same order as the portable loop adds it: same
+/// bits as each row alone. Each K and V row is read once per tile.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F and DQ; `avx512_fits(g, hd)`, `hd.dv % 64 == 0` and
@@ -219,85 +230,97 @@ pub(super) unsafe fn attend_tile_avx512(
         let rows = n_kv.len() * g;
         let (np, pg) = (rows / 2, g / 2);
         let min_n = n_kv.iter().copied().min().unwrap_or(0);
-        let (sc, qi) = score_rows(scores, q, rows, n, dk);
-        // the chunks of the view: (segment, first row in it, rows, first position)
-        let chunks = (0..kv.segments()).flat_map(|s| {
-            let r = kv.rows(s);
-            (0..r)
-                .step_by(TILE_CHUNK)
-                .map(move |r0| (s, r0, TILE_CHUNK.min(r - r0), s * kv.block + r0))
-        });
-        // pair blocks of 4, then single pairs, over pairs p0..p1 at chunk rows `seg.rows`
-        let pairs = |p0: usize, p1: usize, kb: *const f32, seg: Seg, sc: &mut [f32]| {
-            let mut p = p0;
-            while p + 4 <= p1 {
-                qk_pairs::<4>(
-                    qi.as_ptr().add(p * nc * 16),
-                    p,
-                    nc,
-                    kb,
+        let (sc, qi, stride) = score_rows(scores, q, rows, n, dk);
+        let (ps, ends) = pieces(kv, V_CHUNK);
+        let krows = |p: &Piece| kv.k[p.s].as_ptr().add(p.r0 * kv.k_stride + hk * dk);
+        for (i, p) in ps.iter().enumerate() {
+            let kb = krows(p);
+            if let Some(next) = ps.get(i + 1) {
+                prefetch_rows::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                    krows(next),
+                    next.rows,
                     kv.k_stride,
-                    seg,
-                    sc,
+                    dk,
                 );
-                p += 4;
             }
-            while p < p1 {
-                qk_pairs::<1>(
-                    qi.as_ptr().add(p * nc * 16),
-                    p,
-                    nc,
-                    kb,
-                    kv.k_stride,
-                    seg,
-                    sc,
-                );
-                p += 1;
-            }
-        };
-        for (s, r0, len, j0) in chunks.clone() {
-            let kb = kv.k[s].as_ptr().add(r0 * kv.k_stride + hk * dk);
+            let (j0, len) = (p.j0, p.rows);
             if j0 + len <= min_n {
-                pairs(0, np, kb, Seg { rows: len, j0, n }, sc);
+                qk_pairs(
+                    qi,
+                    0,
+                    np,
+                    nc,
+                    kb,
+                    kv.k_stride,
+                    Seg {
+                        rows: len,
+                        j0,
+                        stride,
+                    },
+                    sc,
+                );
                 continue;
             }
             for (t, &nt) in n_kv.iter().enumerate() {
                 let seen = nt.min(j0 + len).saturating_sub(j0);
                 if seen > 0 {
-                    pairs(t * pg, (t + 1) * pg, kb, Seg { rows: seen, j0, n }, sc);
+                    let seg = Seg {
+                        rows: seen,
+                        j0,
+                        stride,
+                    };
+                    qk_pairs(qi, t * pg, (t + 1) * pg, nc, kb, kv.k_stride, seg, sc);
                 }
             }
         }
         for (t, &nt) in n_kv.iter().enumerate() {
             for h in 0..g {
-                let r = (t * g + h) * n;
+                let r = (t * g + h) * stride;
                 probabilities(&mut sc[r..r + nt], nt, hd.scale, round_p);
             }
         }
         let op = out.as_mut_ptr();
-        // row blocks of 4, then pairs, over rows f0..f1 for outputs e0..e0 + 64
-        let weigh = |f0: usize, f1: usize, vb: *const f32, seg: Seg, e0: usize| {
-            let mut f = f0;
-            while f + 4 <= f1 {
-                weigh_v_rows::<4>(sc.as_ptr(), f, vb, kv.v_stride, seg, op, dv, e0);
-                f += 4;
+        let sp = sc.as_ptr();
+        // the V rows of each piece, and a chunk's pieces cut at what one row sees
+        let vrows: Vec<VRows> = ps
+            .iter()
+            .map(|p| VRows {
+                v: kv.v[p.s].as_ptr().add(p.r0 * kv.v_stride + hk * dv),
+                rows: p.rows,
+                j0: p.j0,
+            })
+            .collect();
+        let mut cut: Vec<VRows> = Vec::new();
+        let mut first = 0;
+        for (ci, &end) in ends.iter().enumerate() {
+            let chunk = &vrows[first..end];
+            first = end;
+            let after = ends.get(ci + 1).copied().unwrap_or(end);
+            for c in &vrows[end..after] {
+                prefetch_rows::<{ core::arch::x86_64::_MM_HINT_T1 }>(c.v, c.rows, kv.v_stride, dv);
             }
-            while f + 2 <= f1 {
-                weigh_v_rows::<2>(sc.as_ptr(), f, vb, kv.v_stride, seg, op, dv, e0);
-                f += 2;
-            }
-        };
-        for (s, r0, len, j0) in chunks {
-            let vb = kv.v[s].as_ptr().add(r0 * kv.v_stride + hk * dv);
+            let last = chunk.last().map_or(0, |c| c.j0 + c.rows);
             for e0 in (0..dv).step_by(64) {
-                if j0 + len <= min_n {
-                    weigh(0, rows, vb, Seg { rows: len, j0, n }, e0);
+                let ctx = VCtx {
+                    sc: sp,
+                    stride,
+                    vstride: kv.v_stride,
+                    out: op,
+                    dv,
+                    e0,
+                };
+                if last <= min_n {
+                    weigh_rows(ctx, 0, rows, chunk);
                     continue;
                 }
                 for (t, &nt) in n_kv.iter().enumerate() {
-                    let seen = nt.min(j0 + len).saturating_sub(j0);
-                    if seen > 0 {
-                        weigh(t * g, (t + 1) * g, vb, Seg { rows: seen, j0, n }, e0);
+                    cut.clear();
+                    cut.extend(chunk.iter().filter(|c| c.j0 < nt).map(|c| VRows {
+                        rows: c.rows.min(nt - c.j0),
+                        ..*c
+                    }));
+                    if !cut.is_empty() {
+                        weigh_rows(ctx, t * g, (t + 1) * g, &cut);
                     }
                 }
             }
@@ -305,53 +328,112 @@ pub(super) unsafe fn attend_tile_avx512(
     }
 }
 
-/// Rows `f0 .. f0 + PH` of a tile, outputs `e0 .. e0 + 64`, over the `seg.rows` positions of
-/// one chunk from position `seg.j0` (V rows at `vb`, `stride` apart): the accumulators start at
-/// 0.0 on the first chunk (`seg.j0 == 0`) and at what `out` holds after the previous one
-/// otherwise, then add `v[j][e] * p[f][j]` in position order, as [`weigh_v_heads`] does.
-///
-/// # Safety
-/// AVX-512 F; rows `0..seg.rows` of `vb` hold `e0 + 64` floats; `out` holds `(f0 + PH) * dv`
-/// floats and `sc` `(f0 + PH) * seg.n`, with `seg.j0 + seg.rows <= seg.n`.
+/// Asks for `rows` rows of `floats` floats from `p` (`stride` apart) to be brought into the
+/// cache level `HINT` names while the current piece is computed: a paged cache's next block is
+/// another allocation, which the hardware prefetchers do not foresee. The addresses are only
+/// computed (`wrapping_add`), never dereferenced.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn weigh_v_rows<const PH: usize>(
+fn prefetch_rows<const HINT: i32>(p: *const f32, rows: usize, stride: usize, floats: usize) {
+    use core::arch::x86_64::_mm_prefetch;
+    for r in 0..rows {
+        let row = p.wrapping_add(r * stride);
+        for e in (0..floats).step_by(16) {
+            _mm_prefetch::<HINT>(row.wrapping_add(e) as *const i8);
+        }
+    }
+}
+
+/// V rows of one piece: `rows` rows from `v` (one kv head's first output), from position `j0`.
+#[derive(Clone, Copy)]
+struct VRows {
+    v: *const f32,
+    rows: usize,
+    j0: usize,
+}
+
+/// What [`weigh_v_rows`] reads and writes besides its rows: the score rows (`stride` apart),
+/// the V row stride, the outputs (`dv` per row) and the first of the 64 outputs it computes.
+#[derive(Clone, Copy)]
+struct VCtx {
     sc: *const f32,
-    f0: usize,
-    vb: *const f32,
     stride: usize,
-    seg: Seg,
+    vstride: usize,
     out: *mut f32,
     dv: usize,
     e0: usize,
-) {
+}
+
+/// [`weigh_v_rows`] over rows `f0..f1` in blocks of 4, then pairs.
+///
+/// # Safety
+/// As [`weigh_v_rows`] for every block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn weigh_rows(ctx: VCtx, f0: usize, f1: usize, chunk: &[VRows]) {
+    // SAFETY: the caller upholds this function's contract, which is what the calls rely on.
+    unsafe {
+        let mut f = f0;
+        while f + 4 <= f1 {
+            weigh_v_rows::<4>(ctx, f, chunk);
+            f += 4;
+        }
+        while f + 2 <= f1 {
+            weigh_v_rows::<2>(ctx, f, chunk);
+            f += 2;
+        }
+    }
+}
+
+/// Rows `f0 .. f0 + PH` of a tile, outputs `e0 .. e0 + 64`, over the positions of one chunk's
+/// pieces in order: the accumulators start at 0.0 on the view's first position and at what
+/// `out` holds after the previous chunk otherwise, then add `v[j][e] * p[f][j]` in position
+/// order, as the portable loop does.
+///
+/// # Safety
+/// AVX-512 F; every piece's rows hold `e0 + 64` floats from `v`, `vstride` apart; `out` holds
+/// `(f0 + PH) * dv` floats and `sc` `(f0 + PH) * stride`, with every piece's positions inside
+/// its row; the pieces are consecutive positions.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn weigh_v_rows<const PH: usize>(ctx: VCtx, f0: usize, chunk: &[VRows]) {
     // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
     // features it is compiled for, pointers valid for the sizes it names), which is what every
     // operation below relies on.
     unsafe {
         use core::arch::x86_64::*;
+        let VCtx {
+            sc,
+            stride,
+            vstride,
+            out,
+            dv,
+            e0,
+        } = ctx;
         let mut acc = [[_mm512_setzero_ps(); 4]; PH];
-        if seg.j0 > 0 {
+        if chunk.first().is_some_and(|c| c.j0 > 0) {
             for (h, a) in acc.iter_mut().enumerate() {
                 for (c, ac) in a.iter_mut().enumerate() {
                     *ac = _mm512_loadu_ps(out.add((f0 + h) * dv + e0 + 16 * c));
                 }
             }
         }
-        let sp = sc.add(f0 * seg.n + seg.j0);
-        for jj in 0..seg.rows {
-            let row = vb.add(jj * stride + e0);
-            let v = [
-                _mm512_loadu_ps(row),
-                _mm512_loadu_ps(row.add(16)),
-                _mm512_loadu_ps(row.add(32)),
-                _mm512_loadu_ps(row.add(48)),
-            ];
-            for (h, a) in acc.iter_mut().enumerate() {
-                let p = _mm512_set1_ps(*sp.add(h * seg.n + jj));
-                for (ac, &vc) in a.iter_mut().zip(&v) {
-                    *ac = _mm512_add_ps(*ac, _mm512_mul_ps(vc, p));
+        for piece in chunk {
+            let sp = sc.add(f0 * stride + piece.j0);
+            let vb = piece.v.add(e0);
+            for jj in 0..piece.rows {
+                let row = vb.add(jj * vstride);
+                let v = [
+                    _mm512_loadu_ps(row),
+                    _mm512_loadu_ps(row.add(16)),
+                    _mm512_loadu_ps(row.add(32)),
+                    _mm512_loadu_ps(row.add(48)),
+                ];
+                for (h, a) in acc.iter_mut().enumerate() {
+                    let p = _mm512_set1_ps(*sp.add(h * stride + jj));
+                    for (ac, &vc) in a.iter_mut().zip(&v) {
+                        *ac = _mm512_add_ps(*ac, _mm512_mul_ps(vc, p));
+                    }
                 }
             }
         }
@@ -363,27 +445,29 @@ unsafe fn weigh_v_rows<const PH: usize>(
     }
 }
 
-/// The positions of one segment of a view: `rows` of them from position `j0`, of `n` in all
-/// (the scores of head `h` at position `j` are `sc[h * n + j]`).
+/// The positions of one piece: `rows` of them from position `j0`; the scores of head `h` at
+/// position `j` are `sc[h * stride + j]`.
 #[derive(Clone, Copy)]
 struct Seg {
     rows: usize,
     j0: usize,
-    n: usize,
+    stride: usize,
 }
 
-/// Scores of head pairs `p0 .. p0 + PC` (heads `2 * p0 ..`) at the positions of one segment
-/// into `sc` (`sc[h * n + j]`).
+/// Scores of head pairs `p0 .. p1` (heads `2 * p0 ..`) at the positions of one piece into
+/// `sc`: blocks of 4 pairs, then single pairs.
 ///
 /// # Safety
-/// AVX-512 F/DQ; `qi` holds `PC` interleaved pairs of `nc` chunks; rows `0..seg.rows` of `kb`
-/// (stride `stride`) hold `8 * nc` floats each; `sc` holds `2 * (p0 + PC) * seg.n` floats and
-/// `seg.j0 + seg.rows <= seg.n`.
+/// AVX-512 F/DQ; `qi` holds the interleaved pairs up to `p1`, `nc` chunks each; rows
+/// `0..seg.rows` of `kb` (`stride` apart) hold `8 * nc` floats each; `sc` holds
+/// `2 * p1 * seg.stride` floats and `seg.j0 + seg.rows <= seg.stride`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-unsafe fn qk_pairs<const PC: usize>(
-    qi: *const f32,
+#[allow(clippy::too_many_arguments)]
+unsafe fn qk_pairs(
+    qi: &[f32],
     p0: usize,
+    p1: usize,
     nc: usize,
     kb: *const f32,
     stride: usize,
@@ -393,6 +477,36 @@ unsafe fn qk_pairs<const PC: usize>(
     // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
     // features it is compiled for, pointers valid for the sizes it names), which is what every
     // operation below relies on.
+    unsafe {
+        let qp = |p: usize| qi.as_ptr().add(p * nc * 16);
+        let mut p = p0;
+        while p + 4 <= p1 {
+            qk_rows::<4>(qp(p), p, nc, kb, stride, seg, sc);
+            p += 4;
+        }
+        while p < p1 {
+            qk_rows::<1>(qp(p), p, nc, kb, stride, seg, sc);
+            p += 1;
+        }
+    }
+}
+
+/// Scores of head pairs `p0 .. p0 + PC` at the positions of one piece, 4 positions at a time.
+///
+/// # Safety
+/// As [`qk_pairs`] with `p1 = p0 + PC`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn qk_rows<const PC: usize>(
+    qi: *const f32,
+    p0: usize,
+    nc: usize,
+    kb: *const f32,
+    stride: usize,
+    seg: Seg,
+    sc: &mut [f32],
+) {
+    // SAFETY: the caller upholds this function's contract, which is what the calls rely on.
     unsafe {
         let mut j = 0;
         while j + 4 <= seg.rows {
@@ -406,7 +520,12 @@ unsafe fn qk_pairs<const PC: usize>(
     }
 }
 
-/// [`qk_pairs`] for rows `j .. j + PN` of the segment.
+/// [`qk_rows`] for rows `j .. j + PN` of the piece. K.q: each dot keeps `dot`'s eight partial
+/// sums, as one 256-bit half of a zmm register: the low half for query head `2i`, the high half
+/// for head `2i + 1`, against the K chunk broadcast to both halves, so every K load serves two
+/// heads and up to 4 positions x 4 head pairs run as 16 independent chains. The halves are then
+/// folded in `finish_dot`'s order: for a full block by [`fold4`], four registers at a time,
+/// otherwise one register at a time.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
 #[allow(clippy::too_many_arguments)]
@@ -425,7 +544,7 @@ unsafe fn qk_block<const PC: usize, const PN: usize>(
     // operation below relies on.
     unsafe {
         use core::arch::x86_64::*;
-        let n = seg.n;
+        let ss = seg.stride;
         let mut acc = [[_mm512_setzero_ps(); PN]; PC];
         for c in 0..nc {
             let mut k = [_mm512_setzero_ps(); PN];
@@ -440,6 +559,19 @@ unsafe fn qk_block<const PC: usize, const PN: usize>(
             }
         }
         let jg = seg.j0 + j;
+        if PN == 4 && PC % 2 == 0 {
+            debug_assert!(2 * (p0 + PC) * ss <= sc.len() && jg + 4 <= ss);
+            let d = sc.as_mut_ptr();
+            for pc in (0..PC).step_by(2) {
+                let f = fold4(&acc[pc], &acc[pc + 1]);
+                let at = |k: usize| d.add((2 * (p0 + pc) + k) * ss + jg);
+                _mm_storeu_ps(at(0), _mm512_extractf32x4_ps::<0>(f));
+                _mm_storeu_ps(at(1), _mm512_extractf32x4_ps::<1>(f));
+                _mm_storeu_ps(at(2), _mm512_extractf32x4_ps::<2>(f));
+                _mm_storeu_ps(at(3), _mm512_extractf32x4_ps::<3>(f));
+            }
+            return;
+        }
         for (pc, row) in acc.iter().enumerate() {
             let h = 2 * (p0 + pc);
             for (p, &a) in row.iter().enumerate() {
@@ -447,63 +579,43 @@ unsafe fn qk_block<const PC: usize, const PN: usize>(
                 let s = _mm512_add_ps(a, _mm512_shuffle_f32x4::<0b10_11_00_01>(a, a));
                 let t = _mm512_add_ps(s, _mm512_permute_ps::<0b10_11_00_01>(s));
                 let u = _mm512_add_ps(t, _mm512_permute_ps::<0b01_00_11_10>(t));
-                sc[h * n + jg + p] = _mm512_cvtss_f32(u);
-                sc[(h + 1) * n + jg + p] = _mm512_cvtss_f32(_mm512_shuffle_f32x4::<2>(u, u));
+                sc[h * ss + jg + p] = _mm512_cvtss_f32(u);
+                sc[(h + 1) * ss + jg + p] = _mm512_cvtss_f32(_mm512_shuffle_f32x4::<2>(u, u));
             }
         }
     }
 }
 
-/// Outputs `e0 .. e0 + 64` of heads `t0 .. t0 + PH`: `out[t * dv + e] = sum over j (in order,
-/// from 0.0, segment after segment) of v[j][base + e] * p[t][j]`.
-///
-/// # Safety
-/// AVX-512 F; `kv.bounded` holds for rows of `e0 + 64 <= dv` floats from `base`; `out` holds
-/// `(t0 + PH) * dv` floats; `sc` holds `(t0 + PH) * kv.n_kv`.
+/// `finish_dot`'s fold of 16 dots at once: `x[p]` and `y[p]` hold the eight partial sums of
+/// two heads each (one per 256-bit half) at position `p` of 4; the result holds, per 128-bit
+/// block, one head's 4 dots in position order (blocks: the heads of `x`, then those of `y`).
+/// The same additions as `finish_dot`, each with the same operands in the same order, done
+/// for 4 registers per instruction by transposing as it folds: `a[i] + a[i + 4]`, then
+/// `(a0 + a4) + (a1 + a5)` and `(a2 + a6) + (a3 + a7)`, then their sum.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-unsafe fn weigh_v_heads<const PH: usize>(
-    sc: &[f32],
-    t0: usize,
-    kv: &KvView<'_>,
-    base: usize,
-    e0: usize,
-    out: *mut f32,
-    dv: usize,
-) {
-    // SAFETY: the caller upholds this function's contract (its `# Safety` section: the CPU
-    // features it is compiled for, pointers valid for the sizes it names), which is what every
-    // operation below relies on.
-    unsafe {
-        use core::arch::x86_64::*;
-        let n = kv.n_kv;
-        let mut acc = [[_mm512_setzero_ps(); 4]; PH];
-        let sp = sc.as_ptr().add(t0 * n);
-        for s in 0..kv.segments() {
-            let vb = kv.v[s].as_ptr().add(base + e0);
-            let j0 = s * kv.block;
-            for jj in 0..kv.rows(s) {
-                let row = vb.add(jj * kv.v_stride);
-                let v = [
-                    _mm512_loadu_ps(row),
-                    _mm512_loadu_ps(row.add(16)),
-                    _mm512_loadu_ps(row.add(32)),
-                    _mm512_loadu_ps(row.add(48)),
-                ];
-                for (h, a) in acc.iter_mut().enumerate() {
-                    let p = _mm512_set1_ps(*sp.add(h * n + j0 + jj));
-                    for (ac, &vc) in a.iter_mut().zip(&v) {
-                        *ac = _mm512_add_ps(*ac, _mm512_mul_ps(vc, p));
-                    }
-                }
-            }
-        }
-        for (h, a) in acc.iter().enumerate() {
-            for (c, &ac) in a.iter().enumerate() {
-                _mm512_storeu_ps(out.add((t0 + h) * dv + e0 + 16 * c), ac);
-            }
-        }
-    }
+fn fold4(
+    x: &[core::arch::x86_64::__m512],
+    y: &[core::arch::x86_64::__m512],
+) -> core::arch::x86_64::__m512 {
+    use core::arch::x86_64::*;
+    // per position: [x head 0 a0..a3, x head 1 a0..a3, y head 0 a0..a3, y head 1 a0..a3] plus
+    // the same blocks' a4..a7
+    let s: [__m512; 4] = core::array::from_fn(|p| {
+        let lo = _mm512_shuffle_f32x4::<0b10_00_10_00>(x[p], y[p]);
+        let hi = _mm512_shuffle_f32x4::<0b11_01_11_01>(x[p], y[p]);
+        _mm512_add_ps(lo, hi)
+    });
+    // per block: [s0 + s1, s2 + s3] of position p, then of position p + 1
+    let w: [__m512; 2] = core::array::from_fn(|i| {
+        let (a, b) = (s[2 * i], s[2 * i + 1]);
+        let even = _mm512_shuffle_ps::<0b10_00_10_00>(a, b);
+        let odd = _mm512_shuffle_ps::<0b11_01_11_01>(a, b);
+        _mm512_add_ps(even, odd)
+    });
+    let even = _mm512_shuffle_ps::<0b10_00_10_00>(w[0], w[1]);
+    let odd = _mm512_shuffle_ps::<0b11_01_11_01>(w[0], w[1]);
+    _mm512_add_ps(even, odd)
 }
 
 /// [`super::attend_heads`] compiled for AVX2.
