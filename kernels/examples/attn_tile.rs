@@ -1,5 +1,5 @@
-//! Kernel-level timing of the attention at depth: one prefill tile ([`attend_tile`]: 4 tokens x
-//! the 8 query heads of one Qwen3-30B-A3B kv head, 32 rows) and one decode row ([`attend_heads`],
+//! Kernel-level timing of the attention at depth: one prefill tile ([`attend_tile`]: T tokens x
+//! the 8 query heads of one Qwen3-30B-A3B kv head) and one decode row ([`attend_heads`],
 //! the 8 heads of one token) over D cached positions in the paged cache's layout (blocks of 16
 //! positions, each its own allocation, the 4 kv heads of a position side by side). Each call
 //! takes the next kv head's group (as a layer's tasks do) and is timed in this thread's CPU
@@ -10,13 +10,13 @@
 //!     cargo run --release -p nightshift-kernels --example attn_tile -- [DEPTH...]
 //!
 //! (default depths 4096 and 16384; `ATTN_ITERS` calls per case, default 12; `ATTN_TOKENS` tokens
-//! per tile, default 4: `TILE_ROWS / 8`, what the model runs). A before/after
-//! comparison runs two builds of this example alternately.
+//! per tile, default `tile_rows(depth) / 8`, what the model runs; `ATTN_SAME_HEAD=1` keeps
+//! kv head 1). A before/after comparison runs two builds of this example alternately.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use nightshift_kernels::attn::{attend_heads, attend_tile, Heads, KvView};
+use nightshift_kernels::attn::{attend_heads, attend_tile, tile_rows, Heads, KvView};
 
 /// Nanoseconds this thread has run (`CLOCK_THREAD_CPUTIME_ID`), or `None` if the clock fails.
 fn thread_ns() -> Option<u64> {
@@ -75,11 +75,9 @@ fn main() {
         dv: d,
         scale: 1.0 / (d as f32).sqrt(),
     };
-    let tokens: usize = std::env::var("ATTN_TOKENS")
+    let tokens_env: Option<usize> = std::env::var("ATTN_TOKENS")
         .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4)
-        .max(1);
+        .and_then(|v| v.parse().ok());
     let (g, block) = (n_head / n_head_kv, 16);
     let width = n_head_kv * d;
     println!(
@@ -88,6 +86,7 @@ fn main() {
     println!("| case | depth | best ms | median ms | GFLOP/s (best) |");
     println!("|---|---:|---:|---:|---:|");
     for depth in depths {
+        let tokens = tokens_env.unwrap_or(tile_rows(depth) / g).max(1);
         let n = depth + tokens;
         let segs = n.div_ceil(block);
         let k: Vec<Vec<f32>> = (0..segs)

@@ -5,4 +5,4 @@
 //! token).
 
 pub use nightshift_kernels::attn::q8::{attend_heads_q8, Q8Scratch};
-pub use nightshift_kernels::attn::{attend, attend_heads, attend_tile, Heads, KvView, TILE_ROWS};
+pub use nightshift_kernels::attn::{attend, attend_heads, attend_tile, tile_rows, Heads, KvView};

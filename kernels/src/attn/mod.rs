@@ -203,9 +203,20 @@ fn attend_heads_on(
     attend_heads_body::<false>(q, h0, g, kv, hd, round_p, scores, out);
 }
 
-/// Query rows a prefill tile holds at most (rows of [`attend_tile`]'s `q` times heads per row):
-/// the tile's score rows (`TILE_ROWS * n_kv` floats) and its K/V chunk stay in the core's caches.
-pub const TILE_ROWS: usize = 32;
+/// Query rows a prefill tile holds at most (rows of [`attend_tile`]'s `q` times heads per row).
+pub const TILE_ROWS: usize = 128;
+
+/// Bytes of scores a prefill tile holds at most (per worker thread, while it runs).
+const TILE_SCORE_BYTES: usize = 8 << 20;
+
+/// Query rows a prefill tile over `n_kv` cached positions should hold: each K and V row is read
+/// from memory once per tile, so the more rows the less traffic per row (at depth 16k one kv
+/// head's K and V are 16 MiB, a layer's four more than the L3), up to [`TILE_ROWS`] and as
+/// long as the tile's scores (`rows * n_kv` floats) fit [`TILE_SCORE_BYTES`]; at least 8 (one
+/// token's group of heads).
+pub fn tile_rows(n_kv: usize) -> usize {
+    (TILE_SCORE_BYTES / 4 / n_kv.max(1)).clamp(8, TILE_ROWS)
+}
 
 /// Attention of several query rows of one sequence (a prefill chunk's positions) for the `g`
 /// query heads `h0..h0 + g` sharing one kv head: row `t` of `q` (`g * dk` floats at `t * g * dk`)

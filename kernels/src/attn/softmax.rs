@@ -91,14 +91,20 @@ pub fn softmax(x: &mut [f32], scale: f32) {
     softmax_body(x, scale);
 }
 
-/// [`softmax_body`] compiled for AVX-512 (same operations, wider registers).
+/// [`softmax_body`] compiled for AVX-512, its exponentials 32 at a time by [`exp_blocks_avx512`]
+/// (same operations, same order of the sums, same bits).
 ///
 /// # Safety
 /// The CPU must have AVX-512 F and DQ.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq")]
 unsafe fn softmax_avx512(x: &mut [f32], scale: f32) {
-    softmax_body(x, scale);
+    let max = scaled_max(x, scale);
+    let done = x.len() / 32 * 32;
+    // SAFETY: the caller guarantees AVX-512 F and DQ.
+    let sums = unsafe { exp_blocks_avx512(&mut x[..done], max) };
+    let sum = exp_sum_from(&mut x[done..], max, sums);
+    normalize(x, sum);
 }
 
 /// [`softmax_body`] compiled for AVX2.
@@ -114,6 +120,14 @@ unsafe fn softmax_avx2(x: &mut [f32], scale: f32) {
 /// The portable body of [`softmax`].
 #[inline(always)]
 fn softmax_body(x: &mut [f32], scale: f32) {
+    let max = scaled_max(x, scale);
+    let sum = exp_sum_from(x, max, [0.0; LANES]);
+    normalize(x, sum);
+}
+
+/// `x *= scale` and the maximum, over [`LANES`] lanes then the tail.
+#[inline(always)]
+fn scaled_max(x: &mut [f32], scale: f32) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut chunks = x.chunks_exact_mut(LANES);
     for c in &mut chunks {
@@ -129,7 +143,14 @@ fn softmax_body(x: &mut [f32], scale: f32) {
         *v *= scale;
         max = if *v > max { *v } else { max };
     }
-    let mut sums = [0.0f64; LANES];
+    max
+}
+
+/// `x = exp(x - max)` and the f64 sum: lane `i` of `sums` (the lanes of the elements before
+/// `x`, which starts at a multiple of [`LANES`]) adds elements `i, i + 8, ...` in order, the
+/// lanes are folded pairwise, then the tail is added.
+#[inline(always)]
+fn exp_sum_from(x: &mut [f32], max: f32, mut sums: [f64; LANES]) -> f64 {
     let mut chunks = x.chunks_exact_mut(LANES);
     for c in &mut chunks {
         for (s, v) in sums.iter_mut().zip(c.iter_mut()) {
@@ -143,10 +164,74 @@ fn softmax_body(x: &mut [f32], scale: f32) {
         *v = exp(*v - max);
         sum += *v as f64;
     }
+    sum
+}
+
+/// `x *= 1 / sum` (the reciprocal rounded to f32 once).
+#[inline(always)]
+fn normalize(x: &mut [f32], sum: f64) {
     let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
         *v *= inv;
     }
+}
+
+/// [`exp_sum_from`]'s lane loop over `x` (a multiple of 32 floats) from zero sums, with
+/// intrinsics: four 8-lane chunks per step, their [`exp`] polynomials side by side (one chunk's
+/// is a chain of ~25 dependent f64 operations; the compiled lane loop ran one chain at a time
+/// and left the float units waiting). Every value goes through [`exp`]'s operations (clamp,
+/// f64 conversion, the same multiplies and adds unfused, 2^k from exponent bits, one rounding
+/// to f32, NaN passed through), and each lane adds its chunks in order: same bits.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and DQ.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn exp_blocks_avx512(x: &mut [f32], max: f32) -> [f64; LANES] {
+    use core::arch::x86_64::*;
+    let vmax = _mm256_set1_ps(max);
+    let (low, high) = (_mm256_set1_ps(LOW), _mm256_set1_ps(HIGH));
+    let (log2e, ln2) = (_mm512_set1_pd(LOG2E), _mm512_set1_pd(LN2));
+    let round = _mm512_set1_pd(ROUND);
+    let round_bits = _mm512_set1_epi64(ROUND.to_bits() as i64);
+    let bias = _mm512_set1_epi64(1023);
+    let mut sums = _mm512_setzero_pd();
+    for blk in x.chunks_exact_mut(32) {
+        let p0 = blk.as_mut_ptr();
+        // SAFETY: `blk` holds 32 floats: four unaligned 8-float loads.
+        let xs: [__m256; 4] = core::array::from_fn(|c| {
+            _mm256_sub_ps(unsafe { _mm256_loadu_ps(p0.add(8 * c)) }, vmax)
+        });
+        let z: [__m512d; 4] = core::array::from_fn(|c| {
+            let cl = _mm256_min_ps(_mm256_max_ps(xs[c], low), high);
+            _mm512_mul_pd(_mm512_cvtps_pd(cl), log2e)
+        });
+        let r: [__m512d; 4] = core::array::from_fn(|c| _mm512_add_pd(z[c], round));
+        let t: [__m512d; 4] = core::array::from_fn(|c| {
+            _mm512_mul_pd(_mm512_sub_pd(z[c], _mm512_sub_pd(r[c], round)), ln2)
+        });
+        let mut p = [_mm512_set1_pd(INV_FACT[10]); 4];
+        for &a in INV_FACT[..10].iter().rev() {
+            let a = _mm512_set1_pd(a);
+            for (p, &t) in p.iter_mut().zip(&t) {
+                *p = _mm512_add_pd(_mm512_mul_pd(*p, t), a);
+            }
+        }
+        for c in 0..4 {
+            let ki = _mm512_sub_epi64(_mm512_castpd_si512(r[c]), round_bits);
+            let two_k = _mm512_castsi512_pd(_mm512_slli_epi64::<52>(_mm512_add_epi64(ki, bias)));
+            let e = _mm512_cvtpd_ps(_mm512_mul_pd(p[c], two_k));
+            let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(xs[c], xs[c]);
+            let e = _mm256_blendv_ps(e, xs[c], nan);
+            // SAFETY: as the loads above.
+            unsafe { _mm256_storeu_ps(p0.add(8 * c), e) };
+            sums = _mm512_add_pd(sums, _mm512_cvtps_pd(e));
+        }
+    }
+    let mut out = [0.0f64; LANES];
+    // SAFETY: `out` is 8 writable f64s.
+    unsafe { _mm512_storeu_pd(out.as_mut_ptr(), sums) };
+    out
 }
 
 #[cfg(test)]
@@ -206,6 +291,36 @@ mod tests {
         // the subnormal range rounds like the reference
         for x in [-87.5f32, -90.0, -95.0, -100.0, -103.0] {
             assert_eq!(exp(x), reference(x), "x = {x}");
+        }
+    }
+
+    #[test]
+    fn special_values_give_the_same_bits_in_every_build() {
+        // masked (-inf), overflowing, underflowing and NaN scores inside and after the 32-wide
+        // blocks of the AVX-512 exponentials
+        let specials = [
+            f32::NEG_INFINITY,
+            1e30,
+            -1e30,
+            200.0,
+            -200.0,
+            f32::NAN,
+            0.0,
+            -0.0,
+        ];
+        let mut rng = crate::rng::SplitMix64::new(9);
+        for n in [33usize, 70, 96] {
+            for (i, &sp) in specials.iter().enumerate() {
+                let mut row: Vec<f32> = (0..n).map(|_| rng.gaussian() * 4.0).collect();
+                row[(7 * i + 3) % n] = sp;
+                row[n - 1 - i % 3] = specials[(i + 1) % specials.len()];
+                let mut portable = row.clone();
+                softmax_body(&mut portable, 0.5);
+                let mut dispatched = row.clone();
+                softmax(&mut dispatched, 0.5);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&dispatched), bits(&portable), "n {n}, special {sp}");
+            }
         }
     }
 

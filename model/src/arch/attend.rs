@@ -2,7 +2,7 @@
 //! caches, thread pool) and the causal attention of every batch token over its own sequence's
 //! cache, run in parallel over tokens.
 
-use crate::attention::{attend_heads_q8, attend_tile, Heads, KvView, Q8Scratch, TILE_ROWS};
+use crate::attention::{attend_heads_q8, attend_tile, tile_rows, Heads, KvView, Q8Scratch};
 use crate::kv::{KvCache, KvType};
 use crate::model::Model;
 use crate::rope::Rope;
@@ -115,20 +115,23 @@ pub fn attend_all(
     let groups = hd.n_head / g;
     let tiles = tiles(ctx, hd, g);
     let tiles = &tiles;
-    // each task one (tile, head group): the output chunks of the tile's tokens for that group
-    let mut tasks: Vec<Vec<&mut [f32]>> = (0..tiles.len() * groups).map(|_| Vec::new()).collect();
+    // each task one (head group, tile): the output chunks of the tile's tokens for that group,
+    // group-major, so a thread's consecutive tasks read one kv head's K/V rows (at depth 16k a
+    // layer's four kv heads are 64 MiB, more than the L3; one is 16 MiB)
+    let nt = tiles.len();
+    let mut tasks: Vec<Vec<&mut [f32]>> = (0..nt * groups).map(|_| Vec::new()).collect();
     let mut tile_of = vec![0; ctx.toks.len()];
     for (k, r) in tiles.iter().enumerate() {
         tile_of[r.clone()].fill(k);
     }
     for (i, og) in out.chunks_mut(g * hd.dv).enumerate() {
-        tasks[tile_of[i / groups] * groups + i % groups].push(og);
+        tasks[(i % groups) * nt + tile_of[i / groups]].push(og);
     }
     ctx.pool.install(|| {
         tasks.into_par_iter().enumerate().for_each_init(
             TileScratch::default,
             |w, (task, mut outs)| {
-                let (tile, h0) = (tiles[task / groups].clone(), (task % groups) * g);
+                let (tile, h0) = (tiles[task % nt].clone(), (task / nt) * g);
                 let slot = ctx.toks[tile.start].slot;
                 let Some((_, k, v, block)) = views.iter().find(|v| v.0 == slot && !v.1.is_empty())
                 else {
@@ -183,18 +186,19 @@ struct TileScratch {
 }
 
 /// The step's tokens as tiles for [`attend_tile`]: runs of consecutive batch tokens of one
-/// sequence at consecutive positions (a prefill chunk), at most `TILE_ROWS / g` tokens each and
-/// small enough to leave 4 tasks per pool thread; a decode token is a tile of its own.
+/// sequence at consecutive positions (a prefill chunk), at most `tile_rows(depth) / g` tokens
+/// each (fewer the deeper the cache) and small enough to leave 4 tasks per pool thread; a
+/// decode token is a tile of its own.
 fn tiles(ctx: &StepCtx<'_>, hd: Heads, g: usize) -> Vec<std::ops::Range<usize>> {
     let tasks_wanted = 4 * ctx.pool.current_num_threads();
     let groups = hd.n_head / g;
     let by_tasks = (ctx.toks.len() * groups / tasks_wanted).max(1);
-    let most = (TILE_ROWS / g).clamp(1, by_tasks);
+    let most = |t: &Tok| (tile_rows(t.pos + 1) / g).clamp(1, by_tasks);
     let mut tiles: Vec<std::ops::Range<usize>> = Vec::new();
     for (i, t) in ctx.toks.iter().enumerate() {
         match tiles.last_mut() {
             Some(r)
-                if r.len() < most
+                if r.len() < most(t)
                     && ctx.toks[r.end - 1].slot == t.slot
                     && ctx.toks[r.end - 1].pos + 1 == t.pos =>
             {
