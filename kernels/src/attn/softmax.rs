@@ -198,9 +198,10 @@ unsafe fn exp_blocks_avx512(x: &mut [f32], max: f32) -> [f64; LANES] {
     let mut sums = _mm512_setzero_pd();
     for blk in x.chunks_exact_mut(32) {
         let p0 = blk.as_mut_ptr();
-        // SAFETY: `blk` holds 32 floats: four unaligned 8-float loads.
         let xs: [__m256; 4] = core::array::from_fn(|c| {
-            _mm256_sub_ps(unsafe { _mm256_loadu_ps(p0.add(8 * c)) }, vmax)
+            // SAFETY: `blk` holds 32 floats: four unaligned 8-float loads.
+            let v = unsafe { _mm256_loadu_ps(p0.add(8 * c)) };
+            _mm256_sub_ps(v, vmax)
         });
         let z: [__m512d; 4] = core::array::from_fn(|c| {
             let cl = _mm256_min_ps(_mm256_max_ps(xs[c], low), high);

@@ -559,7 +559,7 @@ unsafe fn qk_block<const PC: usize, const PN: usize>(
             }
         }
         let jg = seg.j0 + j;
-        if PN == 4 && PC % 2 == 0 {
+        if PN == 4 && PC.is_multiple_of(2) {
             debug_assert!(2 * (p0 + PC) * ss <= sc.len() && jg + 4 <= ss);
             let d = sc.as_mut_ptr();
             for pc in (0..PC).step_by(2) {
