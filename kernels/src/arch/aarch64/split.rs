@@ -8,7 +8,10 @@
 //! - Q4_K (dotprod, and i8mm for one activation row): the same order with the scales folded
 //!   into the weights in two int8 streams (`unpack::q4_k_perm_folded`, `dotprod::folded32`): no
 //!   per-group step; on i8mm with two or more activation rows, the two folded streams in Q3_K's
-//!   lane-grouped layout (`unpack::q4_k_lanes`) on 2x2 SMMLA tiles ([`q4_k_mm`]);
+//!   lane-grouped layout (`unpack::q4_k_lanes`) on 2x2 SMMLA tiles ([`q4_k_mm`]). Weights
+//!   repacked at load (`formats::repack::Layout::Rows4`) reach both forms with zips instead of
+//!   table lookups (`Q4Pair::set_rows4`, `unpack::q4_k_perm_folded_rows4`), and on i8mm take
+//!   the SMMLA tiles for one activation row too (paired with itself);
 //! - Q3_K (dotprod and i8mm): the scales folded into the weights (`unpack::q3_k_lanes`), so
 //!   that 8 elements of one lane share an 8-byte slice: plain SDOT, and unmasked 2x2 SMMLA tiles
 //!   ([`q3_k_gemm`]).
@@ -29,6 +32,8 @@ use super::neon::{from_magic, MAGIC_BITS};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
 use crate::formats::kquants::layout::{block_bytes, Q3, Q4};
+use crate::formats::repack::Layout;
+use crate::formats::unpack_k4_scales;
 use crate::Tile;
 
 /// Activation rows prepared per chunk.
@@ -79,13 +84,15 @@ fn epilogue(kind: Kind, acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), u: &Unpac
 /// `kind` x Q8_K over `t` (`rows, n, k >= 1`); `handles(kind, level)` holds.
 pub(crate) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
     let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
+    let layout = t.w().layout();
     let nb = t.k() / 256;
     let out = t.out();
     if kind == Kind::Q3 {
         return q3_k_gemm(level, nb, w, rows, x, n, out);
     }
-    if kind == Kind::Q4 && level == Level::I8mm && n >= 2 {
-        return q4_k_mm(nb, w, rows, x, n, out);
+    let rows4 = layout == Layout::Rows4;
+    if kind == Kind::Q4 && level == Level::I8mm && (n >= 2 || rows4) {
+        return q4_k_mm(rows4, nb, w, rows, x, n, out);
     }
     let wb = kind.block_bytes();
     let wrow = nb * wb;
@@ -111,10 +118,17 @@ pub(crate) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
             for r in 0..rows {
                 let mut acc = [KAcc::zero(); CH];
                 for b in 0..nb {
-                    let wblock = &w[r * wrow + b * wb..][..wb];
                     match kind {
-                        Kind::Q4 => unpack::q4_k_perm_folded(wblock, &mut u, &mut q2),
-                        _ => unpack::q5_k(wblock, &mut u, true),
+                        Kind::Q4 if rows4 => {
+                            // Whole groups of four rows (`QMatrix::in_layout` checked it).
+                            let g = &w[(r / 4) * 4 * wrow + b * 4 * wb..][..4 * wb];
+                            unpack::q4_k_perm_folded_rows4(g, r % 4, &mut u, &mut q2)
+                        }
+                        Kind::Q4 => {
+                            let wblock = &w[r * wrow + b * wb..][..wb];
+                            unpack::q4_k_perm_folded(wblock, &mut u, &mut q2)
+                        }
+                        _ => unpack::q5_k(&w[r * wrow + b * wb..][..wb], &mut u, true),
                     }
                     for (t, a) in acc.iter_mut().enumerate().take(cnt) {
                         let xb = &x[(jc + t) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
@@ -314,6 +328,62 @@ impl Q4Pair {
     }
 }
 
+impl Q4Pair {
+    /// The block of the row pair `p` (0 or 1) of a [`Layout::Rows4`] group block `g` (576
+    /// bytes, `formats::repack`): each 16-byte run `v` gives the `A` operands of two lanes as
+    /// `zip1/zip2.4s(v & 15, v >> 4)`, times the two folded scale streams (`scale >> 3`,
+    /// `scale & 7`) of the run's groups `[2j, 2j + 1]` of both rows, picked by one table lookup
+    /// per run and stream. Bit for bit what [`unpack::q4_k_lanes`] and `PairA::set` make from
+    /// the file's bytes.
+    fn set_rows4(&mut self, g: &[u8], p: usize) {
+        let g = &g[..4 * block_bytes(Q4)];
+        let mut sb = [0u8; 16];
+        for r in 0..2 {
+            let h = 2 * p + r;
+            let mut sc = [0u8; 12];
+            sc.copy_from_slice(&g[16 + 12 * h..][..12]);
+            let (s, m) = unpack_k4_scales(&sc);
+            sb[8 * r..8 * r + 8].copy_from_slice(&s);
+            for k in 0..16 {
+                self.mins[r][k] = i16::from(m[k / 2]);
+            }
+        }
+        let (d0, d1) = (unpack::f16_at(g, 4 * p), unpack::f16_at(g, 4 * p + 2));
+        let (m0, m1) = (unpack::f16_at(g, 8 + 4 * p), unpack::f16_at(g, 10 + 4 * p));
+        self.d = [d0, d0, d1, d1];
+        self.dmin = [m0, m0, m1, m1];
+        // Lanes 0..4 / 4..8 / 8..12 / 12..16 of an operand: row 0 group 2j, row 0 group 2j + 1,
+        // row 1 group 2j, row 1 group 2j + 1 (scale bytes 2j, 2j + 1, 8 + 2j, 9 + 2j).
+        const PICK: [u8; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 8, 8, 8, 8, 9, 9, 9, 9];
+        // SAFETY: NEON register arithmetic on `sb`/`PICK` (16 readable bytes each) and loads of
+        // 16 bytes inside `g` (bounds-checked by `neon::ld_s8`).
+        unsafe {
+            let sv = vld1q_u8(sb.as_ptr());
+            let (shi, slo) = (vshrq_n_u8::<3>(sv), vandq_u8(sv, vdupq_n_u8(7)));
+            let pick = vld1q_u8(PICK.as_ptr());
+            let m15 = vdupq_n_u8(15);
+            for j in 0..4 {
+                let at = vaddq_u8(pick, vdupq_n_u8(2 * j as u8));
+                let (sh, sl) = (vqtbl1q_u8(shi, at), vqtbl1q_u8(slo, at));
+                for i in 0..4 {
+                    let v = vreinterpretq_u8_s8(neon::ld_s8(g, 64 + 256 * p + 64 * j + 16 * i));
+                    let (lo, hi) = (
+                        vreinterpretq_u32_u8(vandq_u8(v, m15)),
+                        vreinterpretq_u32_u8(vshrq_n_u8::<4>(v)),
+                    );
+                    let a0 = vreinterpretq_u8_u32(vzip1q_u32(lo, hi));
+                    let a1 = vreinterpretq_u8_u32(vzip2q_u32(lo, hi));
+                    let c = 32 * (4 * j + i);
+                    self.hi.st(c, vmulq_u8(a0, sh));
+                    self.hi.st(c + 16, vmulq_u8(a1, sh));
+                    self.lo.st(c, vmulq_u8(a0, sl));
+                    self.lo.st(c + 16, vmulq_u8(a1, sl));
+                }
+            }
+        }
+    }
+}
+
 thread_local! {
     /// The decoded blocks of the current Q4_K weight row pair (`q4_k_mm`).
     static Q4_PAIRS: RefCell<Vec<Q4Pair>> = const { RefCell::new(Vec::new()) };
@@ -330,7 +400,7 @@ thread_local! {
 /// weight or activation row is paired with itself. Float epilogue as the reference's, lane by
 /// lane: `sums[l] += (d * yd) * lane[l]`, `sumf -= (dmin * yd) * sumi(mins)`, then `sumf +
 /// sums[0] + ... + sums[7]`.
-fn q4_k_mm(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+fn q4_k_mm(rows4: bool, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
     const WB: usize = block_bytes(Q4);
     const PER: usize = 512;
     let wrow = nb * WB;
@@ -367,6 +437,12 @@ fn q4_k_mm(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]
                     let r1 = if r + 1 < rows { r + 1 } else { r };
                     let i1 = usize::from(r1 != r);
                     for (b, blk) in wp.iter_mut().enumerate().take(nb) {
+                        if rows4 {
+                            // Whole groups of four rows (`QMatrix::in_layout` checked it).
+                            let g = &w[(r / 4) * 4 * wrow + b * 4 * WB..][..4 * WB];
+                            blk.set_rows4(g, (r % 4) / 2);
+                            continue;
+                        }
                         unpack::q4_k_lanes(&w[r * wrow + b * WB..][..WB], &mut u[0], &mut q2[0]);
                         if i1 == 1 {
                             let (u1, q21) = (&mut u[1], &mut q2[1]);

@@ -400,7 +400,49 @@ pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     let b = &b[..block_bytes(Q4)];
     let mut sc = [0u8; 12];
     sc.copy_from_slice(&b[4..16]);
-    let (s, m) = unpack_k4_scales(&sc);
+    fold_perm32(&sc, u, q2, |j| {
+        perm32(load16(b, 16 + 32 * j), load16(b, 32 + 32 * j))
+    });
+    u.d = f16_at(b, 0);
+    u.dmin = f16_at(b, 2);
+}
+
+/// [`q4_k_perm_folded`] for row `h` (0..4) of a `formats::repack::Layout::Rows4` group block
+/// `g` (four rows' blocks, 576 bytes): the row's bytes of each 32-byte run in [`PERM32`]
+/// order are `uzp1.4s` (even rows of a pair) or `uzp2.4s` (odd rows) of the run's 16-byte
+/// lane-pair runs, with no table lookups.
+pub(crate) fn q4_k_perm_folded_rows4(g: &[u8], h: usize, u: &mut Unpacked, q2: &mut [i8; 256]) {
+    let g = &g[..4 * block_bytes(Q4)];
+    let (p, odd) = (h / 2, h % 2 == 1);
+    let mut sc = [0u8; 12];
+    sc.copy_from_slice(&g[16 + 12 * h..][..12]);
+    fold_perm32(&sc, u, q2, |j| {
+        let at = 64 + 256 * p + 64 * j;
+        // SAFETY: NEON register arithmetic only.
+        unsafe {
+            let v = [0, 1, 2, 3].map(|i| vreinterpretq_u32_u8(load16(g, at + 16 * i)));
+            let (a, b) = if odd {
+                (vuzp2q_u32(v[0], v[1]), vuzp2q_u32(v[2], v[3]))
+            } else {
+                (vuzp1q_u32(v[0], v[1]), vuzp1q_u32(v[2], v[3]))
+            };
+            (vreinterpretq_u8_u32(a), vreinterpretq_u8_u32(b))
+        }
+    });
+    u.d = f16_at(g, 2 * h);
+    u.dmin = f16_at(g, 8 + 2 * h);
+}
+
+/// The folded streams of [`q4_k_perm_folded`] from the packed scale bytes `sc` and the quant
+/// bytes of each 32-byte run `j` in [`PERM32`] order (`run(j)`, two vectors).
+#[inline(always)]
+fn fold_perm32(
+    sc: &[u8; 12],
+    u: &mut Unpacked,
+    q2: &mut [i8; 256],
+    run: impl Fn(usize) -> (uint8x16_t, uint8x16_t),
+) {
+    let (s, m) = unpack_k4_scales(sc);
     for g in 0..16 {
         u.scales[g] = i16::from(s[g / 2]);
         u.mins[g] = i16::from(m[g / 2]);
@@ -420,7 +462,7 @@ pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
         };
         macro_rules! group {
             ($j:literal) => {{
-                let (p0, p1) = perm32(load16(b, 16 + 32 * $j), load16(b, 32 + 32 * $j));
+                let (p0, p1) = run($j);
                 let (l0, l1) = (vandq_u8(p0, m15), vandq_u8(p1, m15));
                 let (h0, h1) = (vshrq_n_u8::<4>(p0), vshrq_n_u8::<4>(p1));
                 let (a, c) = (
@@ -446,8 +488,6 @@ pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
         group!(2);
         group!(3);
     }
-    u.d = f16_at(b, 0);
-    u.dmin = f16_at(b, 2);
 }
 
 /// Q4_K in [`q3_k_lanes`]' lane-grouped layout ([`lanes8_chunks`] over the pairs of groups of
