@@ -29,6 +29,11 @@
 //!   `qs[32j + 2i + 8m]` (m = 0..4) of row `2p`, the same of row `2p + 1`, then the four bytes
 //!   `qs[32j + 2i + 1 + 8m]` of row `2p`, of row `2p + 1`.
 //!
+//! Q5_K likewise (4 x 176 bytes): `d`, `dmin`, scales as Q4_K's, then at `64 + 64p` row pair
+//! `p`'s 32 `qh` bytes in the same lane-pair order as one quant run (`qh[t]` holds the fifth
+//! bits of the elements whose low bits are in `qs[32j + t]`), then the quant runs at
+//! `192 + 256p + 64j + 16i`.
+//!
 //! Each 4-byte run is one reference lane (`e % 8`) of a group pair: `zip1/zip2.4s(v & 15,
 //! v >> 4)` of a 16-byte run are the SMMLA `A` operands of lanes `2i` and `2i + 1` (8 elements
 //! of one lane per row, 4 from each group: the lane-grouped order of
@@ -47,7 +52,7 @@ pub enum Layout {
     /// Row-major, each row its blocks in order: the file's layout.
     #[default]
     Gguf,
-    /// Four rows' blocks interleaved (see the module documentation): Q8_0, Q4_0 and Q4_K.
+    /// Four rows' blocks interleaved (see the module documentation): Q8_0, Q4_0, Q4_K, Q5_K.
     Rows4,
 }
 
@@ -86,7 +91,7 @@ impl Layout {
         }
         Err(KernelError::Layout {
             layout: self.name(),
-            expected: "q8_0, q4_0 or q4_k weights in a multiple of 4 rows".to_string(),
+            expected: "q8_0, q4_0, q4_k or q5_k weights in a multiple of 4 rows".to_string(),
             found: format!("{} weights in {rows} rows", ty.name()),
         })
     }
@@ -97,29 +102,38 @@ fn rows4_block(ty: GgmlType) -> Option<usize> {
     match ty {
         GgmlType::Q8_0 => Some(34),
         GgmlType::Q4_0 => Some(18),
-        GgmlType::Q4_K => Some(Q4K_BYTES),
+        GgmlType::Q4_K => Some(144),
+        GgmlType::Q5_K => Some(176),
         _ => None,
     }
 }
 
-/// Bytes of a Q4_K block (d, dmin, 12 scale bytes, 128 quant bytes).
-const Q4K_BYTES: usize = 144;
+/// [`rows4_at`] for Q4_K (`qh`: false) and Q5_K (`qh`: true): d, dmin, scales, then Q5_K's
+/// 32 `qh` bytes, then the 128 quant bytes, each run of 32 in lane-pair order (see the module
+/// documentation).
+fn rows4_k_at(qh: bool, h: usize, i: usize) -> usize {
+    let (p, r) = (h / 2, h % 2);
+    // Byte `t` of a 32-byte run: its lane-pair slot within the row pair's 64 bytes.
+    let slot = |t: usize| 16 * ((t % 8) / 2) + 8 * (t % 2) + 4 * r + t / 8;
+    let qs_base = if qh { 192 } else { 64 };
+    match i {
+        0..=3 => 8 * (i / 2) + 2 * h + i % 2,
+        4..=15 => 16 + 12 * h + (i - 4),
+        16..=47 if qh => 64 + 64 * p + slot(i - 16),
+        _ => {
+            let q = i - if qh { 48 } else { 16 };
+            qs_base + 256 * p + 64 * (q / 32) + slot(q % 32)
+        }
+    }
+}
 
 /// Where byte `i` of row `h` (0..4 in its group)'s block lands inside the group's block of
 /// [`Layout::Rows4`] (`i` counts the block's bytes as in the file; `bb`: bytes per block).
 fn rows4_at(ty: GgmlType, bb: usize, h: usize, i: usize) -> usize {
-    let (p, r) = (h / 2, h % 2);
-    if ty == GgmlType::Q4_K {
-        return match i {
-            0..=3 => 8 * (i / 2) + 2 * h + i % 2,
-            4..=15 => 16 + 12 * h + (i - 4),
-            _ => {
-                let (j, t) = ((i - 16) / 32, (i - 16) % 32);
-                let (lane, m) = (t % 8, t / 8);
-                64 + 256 * p + 64 * j + 16 * (lane / 2) + 8 * (lane % 2) + 4 * r + m
-            }
-        };
+    if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
+        return rows4_k_at(ty == GgmlType::Q5_K, h, i);
     }
+    let (p, r) = (h / 2, h % 2);
     if i < 2 {
         return 2 * h + i;
     }
@@ -211,8 +225,13 @@ mod tests {
 
     #[test]
     fn rows4_round_trips_and_moves_every_byte() {
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K] {
-            let (rows, k) = (8, if ty == GgmlType::Q4_K { 512 } else { 96 });
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+        ] {
+            let (rows, k) = (8, 2 * ty.block_len());
             let src = matrix(ty, rows, k);
             let w = QMatrix::new(ty, rows, k, &src).expect("matrix");
             let mut packed = vec![0u8; src.len()];

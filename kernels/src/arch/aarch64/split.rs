@@ -8,10 +8,11 @@
 //! - Q4_K (dotprod, and i8mm for one activation row): the same order with the scales folded
 //!   into the weights in two int8 streams (`unpack::q4_k_perm_folded`, `dotprod::folded32`): no
 //!   per-group step; on i8mm with two or more activation rows, the two folded streams in Q3_K's
-//!   lane-grouped layout (`unpack::q4_k_lanes`) on 2x2 SMMLA tiles ([`q4_k_mm`]). Weights
+//!   lane-grouped layout (`unpack::q4_k_lanes`) on 2x2 SMMLA tiles ([`k4_mm`]). Weights
 //!   repacked at load (`formats::repack::Layout::Rows4`) reach both forms with zips instead of
-//!   table lookups (`Q4Pair::set_rows4`, `unpack::q4_k_perm_folded_rows4`), and on i8mm take
-//!   the SMMLA tiles for one activation row too (paired with itself);
+//!   table lookups (`KPair::set_rows4`, `unpack::q4_k_perm_folded_rows4`), and on i8mm take
+//!   the SMMLA tiles for one activation row too (paired with itself); so does repacked Q5_K
+//!   on i8mm (its folded streams reach 217: USMMLA, unsigned weights);
 //! - Q3_K (dotprod and i8mm): the scales folded into the weights (`unpack::q3_k_lanes`), so
 //!   that 8 elements of one lane share an 8-byte slice: plain SDOT, and unmasked 2x2 SMMLA tiles
 //!   ([`q3_k_gemm`]).
@@ -91,8 +92,12 @@ pub(crate) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
         return q3_k_gemm(level, nb, w, rows, x, n, out);
     }
     let rows4 = layout == Layout::Rows4;
-    if kind == Kind::Q4 && level == Level::I8mm && (n >= 2 || rows4) {
-        return q4_k_mm(rows4, nb, w, rows, x, n, out);
+    if level == Level::I8mm && (rows4 || (kind == Kind::Q4 && n >= 2)) {
+        // Q4_K's lanes stay below 2^22 (`neon::MAGIC`), Q5_K's (up to 32 * 1953 * 128) do not.
+        return match kind {
+            Kind::Q4 => k4_mm::<true>(kind, rows4, nb, w, rows, x, n, out),
+            _ => k4_mm::<false>(kind, rows4, nb, w, rows, x, n, out),
+        };
     }
     let wb = kind.block_bytes();
     let wrow = nb * wb;
@@ -306,9 +311,9 @@ fn q3_k_gemm(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
     });
 }
 
-/// One block of a Q4_K weight row pair, ready for the SMMLA tiles: both quant streams as
+/// One block of a Q4_K or Q5_K weight row pair, ready for the SMMLA tiles: both quant streams as
 /// SMMLA `A` operands, the rows' mins and `[d0, d0, d1, d1]`, `[dmin0, dmin0, dmin1, dmin1]`.
-struct Q4Pair {
+struct KPair {
     hi: i8mm::PairA,
     lo: i8mm::PairA,
     mins: [[i16; 16]; 2],
@@ -316,9 +321,9 @@ struct Q4Pair {
     dmin: [f32; 4],
 }
 
-impl Q4Pair {
-    fn new() -> Q4Pair {
-        Q4Pair {
+impl KPair {
+    fn new() -> KPair {
+        KPair {
             hi: i8mm::PairA::new(),
             lo: i8mm::PairA::new(),
             mins: [[0; 16]; 2],
@@ -328,15 +333,16 @@ impl Q4Pair {
     }
 }
 
-impl Q4Pair {
-    /// The block of the row pair `p` (0 or 1) of a [`Layout::Rows4`] group block `g` (576
-    /// bytes, `formats::repack`): each 16-byte run `v` gives the `A` operands of two lanes as
-    /// `zip1/zip2.4s(v & 15, v >> 4)`, times the two folded scale streams (`scale >> 3`,
-    /// `scale & 7`) of the run's groups `[2j, 2j + 1]` of both rows, picked by one table lookup
-    /// per run and stream. Bit for bit what [`unpack::q4_k_lanes`] and `PairA::set` make from
-    /// the file's bytes.
-    fn set_rows4(&mut self, g: &[u8], p: usize) {
-        let g = &g[..4 * block_bytes(Q4)];
+impl KPair {
+    /// The block of the row pair `p` (0 or 1) of a [`Layout::Rows4`] group block `g` of `kind`
+    /// (Q4_K or Q5_K: four rows' blocks, `formats::repack`): each 16-byte quant run `v` gives
+    /// the `A` operands of two lanes as `zip1/zip2.4s(v & 15, v >> 4)` (Q5_K: with the fifth
+    /// bits of the matching `qh` run or-ed in), times the two folded scale streams
+    /// (`scale >> 3`, `scale & 7`) of the run's groups `[2j, 2j + 1]` of both rows, picked by
+    /// one table lookup per run and stream. For Q4_K bit for bit what [`unpack::q4_k_lanes`]
+    /// and `PairA::set` make from the file's bytes.
+    fn set_rows4(&mut self, kind: Kind, g: &[u8], p: usize) {
+        let g = &g[..4 * kind.block_bytes()];
         let mut sb = [0u8; 16];
         for r in 0..2 {
             let h = 2 * p + r;
@@ -352,25 +358,34 @@ impl Q4Pair {
         let (m0, m1) = (unpack::f16_at(g, 8 + 4 * p), unpack::f16_at(g, 10 + 4 * p));
         self.d = [d0, d0, d1, d1];
         self.dmin = [m0, m0, m1, m1];
+        // The pair's quant runs, and Q5_K's fifth-bit runs (64 bytes before them per pair).
+        let q5 = kind == Kind::Q5;
+        let qs = &g[if q5 { 192 } else { 64 } + 256 * p..][..256];
+        let qh = &g[64 + 64 * p..][..64];
         // Lanes 0..4 / 4..8 / 8..12 / 12..16 of an operand: row 0 group 2j, row 0 group 2j + 1,
         // row 1 group 2j, row 1 group 2j + 1 (scale bytes 2j, 2j + 1, 8 + 2j, 9 + 2j).
         const PICK: [u8; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 8, 8, 8, 8, 9, 9, 9, 9];
         // SAFETY: NEON register arithmetic on `sb`/`PICK` (16 readable bytes each) and loads of
-        // 16 bytes inside `g` (bounds-checked by `neon::ld_s8`).
+        // 16 bytes inside `qs`/`qh` (bounds-checked by `neon::ld_s8`).
         unsafe {
             let sv = vld1q_u8(sb.as_ptr());
             let (shi, slo) = (vshrq_n_u8::<3>(sv), vandq_u8(sv, vdupq_n_u8(7)));
             let pick = vld1q_u8(PICK.as_ptr());
-            let m15 = vdupq_n_u8(15);
+            let (m15, sixteen) = (vdupq_n_u8(15), vdupq_n_u8(16));
+            let ld = |b: &[u8], at: usize| vreinterpretq_u8_s8(neon::ld_s8(b, at));
             for j in 0..4 {
                 let at = vaddq_u8(pick, vdupq_n_u8(2 * j as u8));
                 let (sh, sl) = (vqtbl1q_u8(shi, at), vqtbl1q_u8(slo, at));
+                let (bit_lo, bit_hi) = (vdupq_n_u8(1 << (2 * j)), vdupq_n_u8(2 << (2 * j)));
                 for i in 0..4 {
-                    let v = vreinterpretq_u8_s8(neon::ld_s8(g, 64 + 256 * p + 64 * j + 16 * i));
-                    let (lo, hi) = (
-                        vreinterpretq_u32_u8(vandq_u8(v, m15)),
-                        vreinterpretq_u32_u8(vshrq_n_u8::<4>(v)),
-                    );
+                    let v = ld(qs, 64 * j + 16 * i);
+                    let (mut lo, mut hi) = (vandq_u8(v, m15), vshrq_n_u8::<4>(v));
+                    if q5 {
+                        let h = ld(qh, 16 * i);
+                        lo = vorrq_u8(lo, vandq_u8(vtstq_u8(h, bit_lo), sixteen));
+                        hi = vorrq_u8(hi, vandq_u8(vtstq_u8(h, bit_hi), sixteen));
+                    }
+                    let (lo, hi) = (vreinterpretq_u32_u8(lo), vreinterpretq_u32_u8(hi));
                     let a0 = vreinterpretq_u8_u32(vzip1q_u32(lo, hi));
                     let a1 = vreinterpretq_u8_u32(vzip2q_u32(lo, hi));
                     let c = 32 * (4 * j + i);
@@ -385,28 +400,40 @@ impl Q4Pair {
 }
 
 thread_local! {
-    /// The decoded blocks of the current Q4_K weight row pair (`q4_k_mm`).
-    static Q4_PAIRS: RefCell<Vec<Q4Pair>> = const { RefCell::new(Vec::new()) };
+    /// The decoded blocks of the current Q4_K/Q5_K weight row pair (`k4_mm`).
+    static K_PAIRS: RefCell<Vec<KPair>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Q4_K x Q8_K on 2x2 SMMLA tiles (i8mm, at least two activation rows): the weights in the
-/// lane-grouped layout with the scale folded in two int8 streams (`unpack::q4_k_lanes`), so
-/// each reference lane of the four dots of a tile is `8 * hi + lo` of two unmasked SMMLA sums
-/// (`i8mm::lanes8_2x2_from`); the activations in the same layout, paired once per chunk. Each
-/// weight row pair is decoded once per chunk into a per-thread buffer ([`Q4Pair`] per block),
+/// Q4_K (and Q5_K repacked) x Q8_K on 2x2 SMMLA tiles (i8mm; GGUF-order Q4_K at two or more
+/// activation rows, [`Layout::Rows4`] at any): the weights in the lane-grouped layout with the
+/// scale folded in two unsigned streams (`unpack::q4_k_lanes`, [`KPair::set_rows4`]; Q5_K's
+/// 0..=31 quants times `scale >> 3` or `scale & 7` reach 217, hence USMMLA), so each reference
+/// lane of the four dots of a tile is `8 * hi + lo` of two unmasked USMMLA sums
+/// (`i8mm::lanes4_2x2_from`); the activations in the same layout, paired once per chunk. Each
+/// weight row pair is decoded once per chunk into a per-thread buffer ([`KPair`] per block),
 /// then every activation pair runs over all its blocks with its nine float accumulators in
-/// registers. The `hi` sums start at `MAGIC_BITS / 8`, so that `hi << 3` plus the `lo` sums is
-/// `MAGIC_BITS + lane` and converts with one subtraction (`neon::from_magic`). An odd last
+/// registers. With `MAGIC` (Q4_K) the `hi` sums start at `MAGIC_BITS / 8`, so that `hi << 3`
+/// plus the `lo` sums is `MAGIC_BITS + lane` and converts with one subtraction
+/// (`neon::from_magic`); without (Q5_K), SCVTF. An odd last
 /// weight or activation row is paired with itself. Float epilogue as the reference's, lane by
 /// lane: `sums[l] += (d * yd) * lane[l]`, `sumf -= (dmin * yd) * sumi(mins)`, then `sumf +
 /// sums[0] + ... + sums[7]`.
-fn q4_k_mm(rows4: bool, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
-    const WB: usize = block_bytes(Q4);
+fn k4_mm<const MAGIC: bool>(
+    kind: Kind,
+    rows4: bool,
+    nb: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
     const PER: usize = 512;
-    let wrow = nb * WB;
+    let wb = kind.block_bytes();
+    let wrow = nb * wb;
     let xrow = nb * Q8K_BYTES;
     SCRATCH.with(|s| {
-        Q4_PAIRS.with(|wp| {
+        K_PAIRS.with(|wp| {
             let mut scratch = s.borrow_mut();
             let need = (CH / 2).min(n.div_ceil(2)) * nb * PER;
             if scratch.len() < need {
@@ -414,7 +441,7 @@ fn q4_k_mm(rows4: bool, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, ou
             }
             let mut wp = wp.borrow_mut();
             if wp.len() < nb {
-                wp.resize_with(nb, Q4Pair::new);
+                wp.resize_with(nb, KPair::new);
             }
             let mut u = [Unpacked::new(), Unpacked::new()];
             let mut q2 = [[0i8; 256]; 2];
@@ -439,10 +466,12 @@ fn q4_k_mm(rows4: bool, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, ou
                     for (b, blk) in wp.iter_mut().enumerate().take(nb) {
                         if rows4 {
                             // Whole groups of four rows (`QMatrix::in_layout` checked it).
-                            let g = &w[(r / 4) * 4 * wrow + b * 4 * WB..][..4 * WB];
-                            blk.set_rows4(g, (r % 4) / 2);
+                            let g = &w[(r / 4) * 4 * wrow + b * 4 * wb..][..4 * wb];
+                            blk.set_rows4(kind, g, (r % 4) / 2);
                             continue;
                         }
+                        // GGUF order: Q4_K only (`gemm` routes nothing else here).
+                        const WB: usize = block_bytes(Q4);
                         unpack::q4_k_lanes(&w[r * wrow + b * WB..][..WB], &mut u[0], &mut q2[0]);
                         if i1 == 1 {
                             let (u1, q21) = (&mut u[1], &mut q2[1]);
@@ -474,18 +503,26 @@ fn q4_k_mm(rows4: bool, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, ou
                             unsafe {
                                 let yv = vld1q_f32(yv.as_ptr());
                                 let d = vmulq_f32(vld1q_f32(blk.d.as_ptr()), yv);
-                                let start = [vdupq_n_s32(MAGIC_BITS / 8); 4];
+                                let start =
+                                    [vdupq_n_s32(if MAGIC { MAGIC_BITS / 8 } else { 0 }); 4];
+                                let cvt = |l: int32x4_t| {
+                                    if MAGIC {
+                                        from_magic(l)
+                                    } else {
+                                        vcvtq_f32_s32(l)
+                                    }
+                                };
                                 let hi = i8mm::lanes4_2x2_from::<0>(&blk.hi, bx, start);
                                 let lo_start = hi.map(|v| vshlq_n_s32::<3>(v));
                                 let lanes = i8mm::lanes4_2x2_from::<0>(&blk.lo, bx, lo_start);
                                 for (sl, l) in sums[..4].iter_mut().zip(lanes) {
-                                    *sl = vaddq_f32(*sl, vmulq_f32(d, from_magic(l)));
+                                    *sl = vaddq_f32(*sl, vmulq_f32(d, cvt(l)));
                                 }
                                 let hi = i8mm::lanes4_2x2_from::<1>(&blk.hi, bx, start);
                                 let lo_start = hi.map(|v| vshlq_n_s32::<3>(v));
                                 let lanes = i8mm::lanes4_2x2_from::<1>(&blk.lo, bx, lo_start);
                                 for (sl, l) in sums[4..].iter_mut().zip(lanes) {
-                                    *sl = vaddq_f32(*sl, vmulq_f32(d, from_magic(l)));
+                                    *sl = vaddq_f32(*sl, vmulq_f32(d, cvt(l)));
                                 }
                                 let dmin = vmulq_f32(vld1q_f32(blk.dmin.as_ptr()), yv);
                                 sumf = vsubq_f32(sumf, vmulq_f32(dmin, vcvtq_f32_s32(summs)));

@@ -416,19 +416,39 @@ pub(crate) fn q4_k_perm_folded_rows4(g: &[u8], h: usize, u: &mut Unpacked, q2: &
     let (p, odd) = (h / 2, h % 2 == 1);
     let mut sc = [0u8; 12];
     sc.copy_from_slice(&g[16 + 12 * h..][..12]);
-    fold_perm32(&sc, u, q2, |j| {
-        let at = 64 + 256 * p + 64 * j;
-        // SAFETY: NEON register arithmetic only.
-        unsafe {
-            let v = [0, 1, 2, 3].map(|i| vreinterpretq_u32_u8(load16(g, at + 16 * i)));
-            let (a, b) = if odd {
-                (vuzp2q_u32(v[0], v[1]), vuzp2q_u32(v[2], v[3]))
-            } else {
-                (vuzp1q_u32(v[0], v[1]), vuzp1q_u32(v[2], v[3]))
-            };
-            (vreinterpretq_u8_u32(a), vreinterpretq_u8_u32(b))
-        }
-    });
+    // The row pair's 256 quant bytes: constant offsets below (no bounds checks in the loop).
+    let pq = &g[64 + 256 * p..][..256];
+    let ld = |at: usize| {
+        // SAFETY: NEON register reinterpretation only.
+        unsafe { vreinterpretq_u32_u8(load16(pq, at)) }
+    };
+    let out = |a: uint32x4_t, b: uint32x4_t| {
+        // SAFETY: NEON register reinterpretations only.
+        unsafe { (vreinterpretq_u8_u32(a), vreinterpretq_u8_u32(b)) }
+    };
+    if odd {
+        fold_perm32(&sc, u, q2, |j| {
+            let (v0, v1, v2, v3) = (
+                ld(64 * j),
+                ld(64 * j + 16),
+                ld(64 * j + 32),
+                ld(64 * j + 48),
+            );
+            // SAFETY: NEON register arithmetic only.
+            unsafe { out(vuzp2q_u32(v0, v1), vuzp2q_u32(v2, v3)) }
+        });
+    } else {
+        fold_perm32(&sc, u, q2, |j| {
+            let (v0, v1, v2, v3) = (
+                ld(64 * j),
+                ld(64 * j + 16),
+                ld(64 * j + 32),
+                ld(64 * j + 48),
+            );
+            // SAFETY: NEON register arithmetic only.
+            unsafe { out(vuzp1q_u32(v0, v1), vuzp1q_u32(v2, v3)) }
+        });
+    }
     u.d = f16_at(g, 2 * h);
     u.dmin = f16_at(g, 8 + 2 * h);
 }
