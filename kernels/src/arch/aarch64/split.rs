@@ -34,7 +34,6 @@ use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
 use crate::formats::kquants::layout::{block_bytes, Q3, Q4};
 use crate::formats::repack::Layout;
-use crate::formats::unpack_k4_scales;
 use crate::Tile;
 
 /// Activation rows prepared per chunk.
@@ -95,8 +94,8 @@ pub(crate) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
     if level == Level::I8mm && (rows4 || (kind == Kind::Q4 && n >= 2)) {
         // Q4_K's lanes stay below 2^22 (`neon::MAGIC`), Q5_K's (up to 32 * 1953 * 128) do not.
         return match kind {
-            Kind::Q4 => k4_mm::<true>(kind, rows4, nb, w, rows, x, n, out),
-            _ => k4_mm::<false>(kind, rows4, nb, w, rows, x, n, out),
+            Kind::Q4 => k4_mm::<false>(rows4, nb, w, rows, x, n, out),
+            _ => k4_mm::<true>(rows4, nb, w, rows, x, n, out),
         };
     }
     let wb = kind.block_bytes();
@@ -341,17 +340,21 @@ impl KPair {
     /// (`scale >> 3`, `scale & 7`) of the run's groups `[2j, 2j + 1]` of both rows, picked by
     /// one table lookup per run and stream. For Q4_K bit for bit what [`unpack::q4_k_lanes`]
     /// and `PairA::set` make from the file's bytes.
-    fn set_rows4(&mut self, kind: Kind, g: &[u8], p: usize) {
+    fn set_rows4<const Q5: bool>(&mut self, g: &[u8], p: usize) {
+        let kind = if Q5 { Kind::Q5 } else { Kind::Q4 };
         let g = &g[..4 * kind.block_bytes()];
-        let mut sb = [0u8; 16];
-        for r in 0..2 {
-            let h = 2 * p + r;
-            let mut sc = [0u8; 12];
-            sc.copy_from_slice(&g[16 + 12 * h..][..12]);
-            let (s, m) = unpack_k4_scales(&sc);
-            sb[8 * r..8 * r + 8].copy_from_slice(&s);
-            for k in 0..16 {
-                self.mins[r][k] = i16::from(m[k / 2]);
+        let (sv, mv) = k4_scales_pair(g, p);
+        // SAFETY: NEON register arithmetic; each store writes 8 i16 inside `self.mins[r]`.
+        unsafe {
+            // Per 16 elements (each per-32 min twice), widened: `i8mm::min_corr_2x2`'s form.
+            for (r, m) in [vzip1q_u8(mv, mv), vzip2q_u8(mv, mv)]
+                .into_iter()
+                .enumerate()
+            {
+                let lo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m)));
+                let hi = vreinterpretq_s16_u16(vmovl_high_u8(m));
+                vst1q_s16(self.mins[r].as_mut_ptr(), lo);
+                vst1q_s16(self.mins[r].as_mut_ptr().add(8), hi);
             }
         }
         let (d0, d1) = (unpack::f16_at(g, 4 * p), unpack::f16_at(g, 4 * p + 2));
@@ -359,16 +362,14 @@ impl KPair {
         self.d = [d0, d0, d1, d1];
         self.dmin = [m0, m0, m1, m1];
         // The pair's quant runs, and Q5_K's fifth-bit runs (64 bytes before them per pair).
-        let q5 = kind == Kind::Q5;
-        let qs = &g[if q5 { 192 } else { 64 } + 256 * p..][..256];
+        let qs = &g[if Q5 { 192 } else { 64 } + 256 * p..][..256];
         let qh = &g[64 + 64 * p..][..64];
         // Lanes 0..4 / 4..8 / 8..12 / 12..16 of an operand: row 0 group 2j, row 0 group 2j + 1,
         // row 1 group 2j, row 1 group 2j + 1 (scale bytes 2j, 2j + 1, 8 + 2j, 9 + 2j).
         const PICK: [u8; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 8, 8, 8, 8, 9, 9, 9, 9];
-        // SAFETY: NEON register arithmetic on `sb`/`PICK` (16 readable bytes each) and loads of
-        // 16 bytes inside `qs`/`qh` (bounds-checked by `neon::ld_s8`).
+        // SAFETY: NEON register arithmetic on `PICK` (16 readable bytes) and loads of 16 bytes
+        // inside `qs`/`qh` (bounds-checked by `neon::ld_s8`).
         unsafe {
-            let sv = vld1q_u8(sb.as_ptr());
             let (shi, slo) = (vshrq_n_u8::<3>(sv), vandq_u8(sv, vdupq_n_u8(7)));
             let pick = vld1q_u8(PICK.as_ptr());
             let (m15, sixteen) = (vdupq_n_u8(15), vdupq_n_u8(16));
@@ -380,7 +381,7 @@ impl KPair {
                 for i in 0..4 {
                     let v = ld(qs, 64 * j + 16 * i);
                     let (mut lo, mut hi) = (vandq_u8(v, m15), vshrq_n_u8::<4>(v));
-                    if q5 {
+                    if Q5 {
                         let h = ld(qh, 16 * i);
                         lo = vorrq_u8(lo, vandq_u8(vtstq_u8(h, bit_lo), sixteen));
                         hi = vorrq_u8(hi, vandq_u8(vtstq_u8(h, bit_hi), sixteen));
@@ -399,6 +400,39 @@ impl KPair {
     }
 }
 
+/// The 6-bit scales and mins of the row pair `p` of a [`Layout::Rows4`] Q4_K/Q5_K group block
+/// `g` (`formats::unpack_k4_scales` for both rows at once, with table lookups):
+/// `([row 2p's 8 scales, row 2p + 1's], [row 2p's 8 mins, row 2p + 1's])`. Scale `j < 4` is
+/// `b[j] & 63`, `j >= 4` is `b[j + 4] & 15 | (b[j - 4] >> 6) << 4`; min `j < 4` is `b[j + 4] &
+/// 63`, `j >= 4` is `b[j + 4] >> 4 | (b[j] >> 6) << 4` (`b`: the row's 12 scale bytes).
+#[inline(always)]
+fn k4_scales_pair(g: &[u8], p: usize) -> (uint8x16_t, uint8x16_t) {
+    const X: u8 = 0xff; // out of range: TBL gives 0
+    const SC_LO: [u8; 16] = [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27];
+    const SC_MASK: [u8; 16] = [
+        63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15,
+    ];
+    const SC_HI: [u8; 16] = [X, X, X, X, 0, 1, 2, 3, X, X, X, X, 16, 17, 18, 19];
+    const M_LO: [u8; 16] = [4, 5, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23, 24, 25, 26, 27];
+    const M_SHIFT: [i8; 16] = [0, 0, 0, 0, -4, -4, -4, -4, 0, 0, 0, 0, -4, -4, -4, -4];
+    const M_HI: [u8; 16] = [X, X, X, X, 4, 5, 6, 7, X, X, X, X, 20, 21, 22, 23];
+    // Rows 2p and 2p + 1's scale bytes at 16 + 12h: 16 bytes from each stay inside the block.
+    let (r0, r1) = (neon::ld_s8(g, 16 + 24 * p), neon::ld_s8(g, 28 + 24 * p));
+    // SAFETY: the constants are 16 readable bytes each; the rest is NEON register arithmetic.
+    unsafe {
+        let t = uint8x16x2_t(vreinterpretq_u8_s8(r0), vreinterpretq_u8_s8(r1));
+        let ld = |c: &[u8; 16]| vld1q_u8(c.as_ptr());
+        let top = |idx: &[u8; 16]| vshlq_n_u8::<4>(vshrq_n_u8::<6>(vqtbl2q_u8(t, ld(idx))));
+        let sc = vorrq_u8(
+            vandq_u8(vqtbl2q_u8(t, ld(&SC_LO)), ld(&SC_MASK)),
+            top(&SC_HI),
+        );
+        let m_lo = vshlq_u8(vqtbl2q_u8(t, ld(&M_LO)), vld1q_s8(M_SHIFT.as_ptr()));
+        let m = vorrq_u8(vandq_u8(m_lo, vdupq_n_u8(63)), top(&M_HI));
+        (sc, m)
+    }
+}
+
 thread_local! {
     /// The decoded blocks of the current Q4_K/Q5_K weight row pair (`k4_mm`).
     static K_PAIRS: RefCell<Vec<KPair>> = const { RefCell::new(Vec::new()) };
@@ -412,14 +446,13 @@ thread_local! {
 /// (`i8mm::lanes4_2x2_from`); the activations in the same layout, paired once per chunk. Each
 /// weight row pair is decoded once per chunk into a per-thread buffer ([`KPair`] per block),
 /// then every activation pair runs over all its blocks with its nine float accumulators in
-/// registers. With `MAGIC` (Q4_K) the `hi` sums start at `MAGIC_BITS / 8`, so that `hi << 3`
+/// registers. For Q4_K (`Q5` false) the `hi` sums start at `MAGIC_BITS / 8`, so that `hi << 3`
 /// plus the `lo` sums is `MAGIC_BITS + lane` and converts with one subtraction
-/// (`neon::from_magic`); without (Q5_K), SCVTF. An odd last
+/// (`neon::from_magic`); for Q5_K, SCVTF. An odd last
 /// weight or activation row is paired with itself. Float epilogue as the reference's, lane by
 /// lane: `sums[l] += (d * yd) * lane[l]`, `sumf -= (dmin * yd) * sumi(mins)`, then `sumf +
 /// sums[0] + ... + sums[7]`.
-fn k4_mm<const MAGIC: bool>(
-    kind: Kind,
+fn k4_mm<const Q5: bool>(
     rows4: bool,
     nb: usize,
     w: &[u8],
@@ -429,7 +462,7 @@ fn k4_mm<const MAGIC: bool>(
     out: &mut [f32],
 ) {
     const PER: usize = 512;
-    let wb = kind.block_bytes();
+    let wb = if Q5 { Kind::Q5 } else { Kind::Q4 }.block_bytes();
     let wrow = nb * wb;
     let xrow = nb * Q8K_BYTES;
     SCRATCH.with(|s| {
@@ -467,7 +500,7 @@ fn k4_mm<const MAGIC: bool>(
                         if rows4 {
                             // Whole groups of four rows (`QMatrix::in_layout` checked it).
                             let g = &w[(r / 4) * 4 * wrow + b * 4 * wb..][..4 * wb];
-                            blk.set_rows4(kind, g, (r % 4) / 2);
+                            blk.set_rows4::<Q5>(g, (r % 4) / 2);
                             continue;
                         }
                         // GGUF order: Q4_K only (`gemm` routes nothing else here).
@@ -503,13 +536,12 @@ fn k4_mm<const MAGIC: bool>(
                             unsafe {
                                 let yv = vld1q_f32(yv.as_ptr());
                                 let d = vmulq_f32(vld1q_f32(blk.d.as_ptr()), yv);
-                                let start =
-                                    [vdupq_n_s32(if MAGIC { MAGIC_BITS / 8 } else { 0 }); 4];
+                                let start = [vdupq_n_s32(if Q5 { 0 } else { MAGIC_BITS / 8 }); 4];
                                 let cvt = |l: int32x4_t| {
-                                    if MAGIC {
-                                        from_magic(l)
-                                    } else {
+                                    if Q5 {
                                         vcvtq_f32_s32(l)
+                                    } else {
+                                        from_magic(l)
                                     }
                                 };
                                 let hi = i8mm::lanes4_2x2_from::<0>(&blk.hi, bx, start);
