@@ -207,7 +207,7 @@ fn repacked_row_ranges_split_over_a_pool() {
 }
 
 /// The aarch64 tiers that read the layout take it directly (their `gemm_block` returns true,
-/// no scalar restore), and match the reference; the others decline it.
+/// no scalar restore), and match the reference.
 #[cfg(target_arch = "aarch64")]
 #[test]
 fn aarch64_sdot_and_smmla_read_rows4() {
@@ -233,12 +233,8 @@ fn aarch64_sdot_and_smmla_read_rows4() {
                 ("i8mm", I8mm::new().map(|t| run(&|tile| t.gemm_block(tile)))),
             ];
             for (name, res) in tiers {
-                // Repacked Q5_K has an SMMLA path only: SDOT declines it (scalar restore).
-                let reads = !(name == "dotprod" && ty == GgmlType::Q5_K);
                 match res {
                     None => assert!(!expect_all, "{name} missing"),
-                    Some(None) if !reads => {}
-                    Some(Some(_)) if !reads => panic!("{name} took rows4 {}", ty.name()),
                     Some(None) => panic!("{name} did not take rows4 {}", ty.name()),
                     Some(Some(got)) => {
                         let same = got

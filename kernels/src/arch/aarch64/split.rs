@@ -12,7 +12,8 @@
 //!   repacked at load (`formats::repack::Layout::Rows4`) reach both forms with zips instead of
 //!   table lookups (`KPair::set_rows4`, `unpack::q4_k_perm_folded_rows4`), and on i8mm take
 //!   the SMMLA tiles for one activation row too (paired with itself); so does repacked Q5_K
-//!   on i8mm (its folded streams reach 217: USMMLA, unsigned weights);
+//!   on i8mm from two activation rows (its folded streams reach 217: USMMLA, unsigned
+//!   weights), its SDOT path reading the repack with zips (`unpack::q5_k_rows4`);
 //! - Q3_K (dotprod and i8mm): the scales folded into the weights (`unpack::q3_k_lanes`), so
 //!   that 8 elements of one lane share an 8-byte slice: plain SDOT, and unmasked 2x2 SMMLA tiles
 //!   ([`q3_k_gemm`]).
@@ -91,7 +92,12 @@ pub(crate) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
         return q3_k_gemm(level, nb, w, rows, x, n, out);
     }
     let rows4 = layout == Layout::Rows4;
-    if level == Level::I8mm && (rows4 || (kind == Kind::Q4 && n >= 2)) {
+    // Repacked Q5_K with one activation row: SDOT (a tile paired with itself is slower).
+    let tiles = match kind {
+        Kind::Q4 => rows4 || n >= 2,
+        _ => rows4 && n >= 2,
+    };
+    if level == Level::I8mm && tiles {
         // Q4_K's lanes stay below 2^22 (`neon::MAGIC`), Q5_K's (up to 32 * 1953 * 128) do not.
         return match kind {
             Kind::Q4 => k4_mm::<false>(rows4, nb, w, rows, x, n, out),
@@ -131,6 +137,10 @@ pub(crate) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
                         Kind::Q4 => {
                             let wblock = &w[r * wrow + b * wb..][..wb];
                             unpack::q4_k_perm_folded(wblock, &mut u, &mut q2)
+                        }
+                        _ if rows4 => {
+                            let g = &w[(r / 4) * 4 * wrow + b * 4 * wb..][..4 * wb];
+                            unpack::q5_k_rows4(g, r % 4, &mut u)
                         }
                         _ => unpack::q5_k(&w[r * wrow + b * wb..][..wb], &mut u, true),
                     }

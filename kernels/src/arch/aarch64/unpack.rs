@@ -413,44 +413,35 @@ pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
 /// lane-pair runs, with no table lookups.
 pub(crate) fn q4_k_perm_folded_rows4(g: &[u8], h: usize, u: &mut Unpacked, q2: &mut [i8; 256]) {
     let g = &g[..4 * block_bytes(Q4)];
-    let (p, odd) = (h / 2, h % 2 == 1);
     let mut sc = [0u8; 12];
     sc.copy_from_slice(&g[16 + 12 * h..][..12]);
-    // The row pair's 256 quant bytes: constant offsets below (no bounds checks in the loop).
-    let pq = &g[64 + 256 * p..][..256];
-    let ld = |at: usize| {
-        // SAFETY: NEON register reinterpretation only.
-        unsafe { vreinterpretq_u32_u8(load16(pq, at)) }
-    };
-    let out = |a: uint32x4_t, b: uint32x4_t| {
-        // SAFETY: NEON register reinterpretations only.
-        unsafe { (vreinterpretq_u8_u32(a), vreinterpretq_u8_u32(b)) }
-    };
-    if odd {
-        fold_perm32(&sc, u, q2, |j| {
-            let (v0, v1, v2, v3) = (
-                ld(64 * j),
-                ld(64 * j + 16),
-                ld(64 * j + 32),
-                ld(64 * j + 48),
-            );
-            // SAFETY: NEON register arithmetic only.
-            unsafe { out(vuzp2q_u32(v0, v1), vuzp2q_u32(v2, v3)) }
-        });
+    let pq = &g[64 + 256 * (h / 2)..][..256];
+    if h % 2 == 1 {
+        fold_perm32(&sc, u, q2, |j| rows4_run::<true>(pq, 64 * j));
     } else {
-        fold_perm32(&sc, u, q2, |j| {
-            let (v0, v1, v2, v3) = (
-                ld(64 * j),
-                ld(64 * j + 16),
-                ld(64 * j + 32),
-                ld(64 * j + 48),
-            );
-            // SAFETY: NEON register arithmetic only.
-            unsafe { out(vuzp1q_u32(v0, v1), vuzp1q_u32(v2, v3)) }
-        });
+        fold_perm32(&sc, u, q2, |j| rows4_run::<false>(pq, 64 * j));
     }
     u.d = f16_at(g, 2 * h);
     u.dmin = f16_at(g, 8 + 2 * h);
+}
+
+/// One row's 32 bytes of a `Layout::Rows4` lane-pair run (the 64 bytes at `b[at..]`: four
+/// 16-byte runs, each two lanes of both rows of a pair) in [`PERM32`] order: `uzp1.4s` (even
+/// row of the pair) or `uzp2.4s` (`ODD` row) of runs 0, 1 and of runs 2, 3.
+#[inline(always)]
+fn rows4_run<const ODD: bool>(b: &[u8], at: usize) -> (uint8x16_t, uint8x16_t) {
+    let b = &b[at..at + 64];
+    // SAFETY: NEON register arithmetic only (the loads are bounds-checked by `load16`).
+    unsafe {
+        let ld = |i: usize| vreinterpretq_u32_u8(load16(b, 16 * i));
+        let (v0, v1, v2, v3) = (ld(0), ld(1), ld(2), ld(3));
+        let (x, y) = if ODD {
+            (vuzp2q_u32(v0, v1), vuzp2q_u32(v2, v3))
+        } else {
+            (vuzp1q_u32(v0, v1), vuzp1q_u32(v2, v3))
+        };
+        (vreinterpretq_u8_u32(x), vreinterpretq_u8_u32(y))
+    }
 }
 
 /// The folded streams of [`q4_k_perm_folded`] from the packed scale bytes `sc` and the quant
@@ -573,18 +564,56 @@ pub(crate) fn q4_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
 /// `perm`, groups of 32 are stored in [`PERM32`] order (qs and qh share positions `l`).
 pub(crate) fn q5_k(b: &[u8], u: &mut Unpacked, perm: bool) {
     let b = &b[..block_bytes(Q5)];
+    let mut sc = [0u8; 12];
+    sc.copy_from_slice(&b[4..16]);
+    let order = |v: (uint8x16_t, uint8x16_t)| if perm { perm32(v.0, v.1) } else { v };
+    let h = order((load16(b, 16), load16(b, 32)));
+    q5_k_fill(u, &sc, h, |j| {
+        order((load16(b, 48 + 32 * j), load16(b, 64 + 32 * j)))
+    });
+    u.d = f16_at(b, 0);
+    u.dmin = f16_at(b, 2);
+}
+
+/// [`q5_k`] (`perm`: [`PERM32`] order) for row `h` (0..4) of a `formats::repack::Layout::Rows4`
+/// group block `g` (four rows' blocks, 704 bytes): the row's `qh` and quant runs come out of
+/// the lane-pair runs with `uzp1/uzp2.4s` ([`rows4_run`]).
+pub(crate) fn q5_k_rows4(g: &[u8], h: usize, u: &mut Unpacked) {
+    let g = &g[..4 * block_bytes(Q5)];
+    let p = h / 2;
+    let mut sc = [0u8; 12];
+    sc.copy_from_slice(&g[16 + 12 * h..][..12]);
+    let (hb, qb) = (&g[64 + 64 * p..][..64], &g[192 + 256 * p..][..256]);
+    if h % 2 == 1 {
+        let run = |j: usize| rows4_run::<true>(qb, 64 * j);
+        q5_k_fill(u, &sc, rows4_run::<true>(hb, 0), run);
+    } else {
+        let run = |j: usize| rows4_run::<false>(qb, 64 * j);
+        q5_k_fill(u, &sc, rows4_run::<false>(hb, 0), run);
+    }
+    u.d = f16_at(g, 2 * h);
+    u.dmin = f16_at(g, 8 + 2 * h);
+}
+
+/// The quants, scales and mins of a Q5_K block into `u` from its packed scale bytes `sc`, its
+/// 32 `qh` bytes `h` and the quant bytes of each run `j` (`run(j)`), `h` and the runs in the
+/// same order (file or [`PERM32`]).
+#[inline(always)]
+fn q5_k_fill(
+    u: &mut Unpacked,
+    sc: &[u8; 12],
+    h: (uint8x16_t, uint8x16_t),
+    run: impl Fn(usize) -> (uint8x16_t, uint8x16_t),
+) {
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
         let m15 = vdupq_n_u8(15);
         let sixteen = vdupq_n_u8(16);
-        let (h0, h1) = (load16(b, 16), load16(b, 32));
-        let (h0, h1) = if perm { perm32(h0, h1) } else { (h0, h1) };
         for j in 0..4 {
-            let (q0, q1) = (load16(b, 48 + 32 * j), load16(b, 48 + 32 * j + 16));
-            let (q0, q1) = if perm { perm32(q0, q1) } else { (q0, q1) };
+            let (q0, q1) = run(j);
             let lo_bit = vdupq_n_u8(1u8 << (2 * j));
             let hi_bit = vdupq_n_u8(2u8 << (2 * j));
-            for (half, (q, h)) in [(q0, h0), (q1, h1)].into_iter().enumerate() {
+            for (half, (q, h)) in [(q0, h.0), (q1, h.1)].into_iter().enumerate() {
                 let hl = vandq_u8(vtstq_u8(h, lo_bit), sixteen);
                 let hh = vandq_u8(vtstq_u8(h, hi_bit), sixteen);
                 store16(u, 64 * j + 16 * half, vorrq_u8(vandq_u8(q, m15), hl));
@@ -592,13 +621,9 @@ pub(crate) fn q5_k(b: &[u8], u: &mut Unpacked, perm: bool) {
             }
         }
     }
-    let mut sc = [0u8; 12];
-    sc.copy_from_slice(&b[4..16]);
-    let (s, m) = unpack_k4_scales(&sc);
+    let (s, m) = unpack_k4_scales(sc);
     for g in 0..16 {
         u.scales[g] = i16::from(s[g / 2]);
         u.mins[g] = i16::from(m[g / 2]);
     }
-    u.d = f16_at(b, 0);
-    u.dmin = f16_at(b, 2);
 }
