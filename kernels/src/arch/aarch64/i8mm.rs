@@ -209,14 +209,15 @@ pub(crate) unsafe fn lanes8_2x2_from(
 }
 
 /// Half of [`lanes8_2x2_from`] with unsigned weights (USMMLA: the folded Q4_K/Q5_K streams,
-/// 0..=217): the lanes `4 * H .. 4 * H + 4` only (the chunks `c` with `(c % 4) / 2 == H`), so
+/// 0..=217, and Q6_K's low stream) or, with `SIGNED`, signed ones (SMMLA: Q6_K's high
+/// stream): the lanes `4 * H .. 4 * H + 4` only (the chunks `c` with `(c % 4) / 2 == H`), so
 /// that a caller keeping eight float sums live needs four integer accumulators at a time, not
 /// eight.
 ///
 /// # Safety
 /// The CPU must implement FEAT_I8MM.
 #[inline(always)]
-pub(crate) unsafe fn lanes4_2x2_from<const H: usize>(
+pub(crate) unsafe fn lanes4_2x2_from<const H: usize, const SIGNED: bool>(
     a: &PairA,
     bx: &[u8],
     mut acc: [int32x4_t; 4],
@@ -227,9 +228,9 @@ pub(crate) unsafe fn lanes4_2x2_from<const H: usize>(
             // SAFETY: the caller guarantees SMMLA.
             unsafe {
                 let c = 4 * $k + 2 * H + $i;
-                acc[2 * $i] = usmmla(acc[2 * $i], a.ld(32 * c), ld_s8(bx, 32 * c));
-                acc[2 * $i + 1] =
-                    usmmla(acc[2 * $i + 1], a.ld(32 * c + 16), ld_s8(bx, 32 * c + 16));
+                let mm = if SIGNED { smmla } else { usmmla };
+                acc[2 * $i] = mm(acc[2 * $i], a.ld(32 * c), ld_s8(bx, 32 * c));
+                acc[2 * $i + 1] = mm(acc[2 * $i + 1], a.ld(32 * c + 16), ld_s8(bx, 32 * c + 16));
             }
         };
     }

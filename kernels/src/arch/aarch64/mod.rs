@@ -37,7 +37,7 @@
 //! | Q3_K  | SMULL/SMLAL | SDOT, LANES8          | SMMLA 2x2 tiles, LANES8               |
 //! | Q4_K  | SMULL/SMLAL | SDOT, PERM32, folded  | USMMLA 2x2 tiles, LANES8, folded x2 (n = 1: SDOT; repacked: tiles) |
 //! | Q5_K  | SMULL/SMLAL | SDOT on PERM32        | SDOT on PERM32 (repacked, n >= 2: USMMLA 2x2 tiles, LANES8, folded x2) |
-//! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL           | SMULL/SMLAL (as neon)                 |
+//! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL           | SMULL/SMLAL; n >= 5: SMMLA+USMMLA 2x2 tiles, LANES8, products split x2 |
 //! | Q8_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | Q4_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | Q5_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |

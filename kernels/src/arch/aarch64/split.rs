@@ -18,10 +18,13 @@
 //!   that 8 elements of one lane share an 8-byte slice: plain SDOT, and unmasked 2x2 SMMLA tiles
 //!   ([`q3_k_gemm`]).
 //!
-//! Q6_K (quant times scale does not fit int8) stays on the NEON widening core on every tier:
-//! masked SMMLA operands (half of every product zero) and half-padded SDOTs both predicted
-//! slower than SMULL/SMLAL on Neoverse N2 and V2 (`benches/arm/REPORT.md`), as did masked
-//! SMMLA for Q4_K/Q5_K against SDOT; those cores are gone (Q4_K's SMMLA tiles are unmasked).
+//! Q6_K (quant times scale, up to 4096, does not fit int8) stays on the NEON widening core,
+//! except on i8mm from [`Q6_TILES_FROM`] activation rows: there the products are split as
+//! `64 * hi + lo` into two int8 streams in the lane-grouped layout (`unpack::q6_k_lanes`) and
+//! run on [`k4_mm`]'s tiles. Masked SMMLA operands (half of every product zero) and half-padded
+//! SDOTs both predicted slower than SMULL/SMLAL on Neoverse N2 and V2
+//! (`benches/arm/REPORT.md`), as did masked SMMLA for Q4_K/Q5_K against SDOT; those cores are
+//! gone (the SMMLA tiles are unmasked).
 //!
 //! The activation side is prepared once per chunk of activation rows in a per-thread scratch
 //! buffer that only grows; every weight row (pair) then streams past it.
@@ -33,7 +36,7 @@ use super::kquant::{add_lanes, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::neon::{from_magic, MAGIC_BITS};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
-use crate::formats::kquants::layout::{block_bytes, Q3, Q4};
+use crate::formats::kquants::layout::{block_bytes, Q3, Q4, Q5, Q6};
 use crate::formats::repack::Layout;
 use crate::Tile;
 
@@ -100,8 +103,8 @@ pub(crate) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
     if level == Level::I8mm && tiles {
         // Q4_K's lanes stay below 2^22 (`neon::MAGIC`), Q5_K's (up to 32 * 1953 * 128) do not.
         return match kind {
-            Kind::Q4 => k4_mm::<false>(rows4, nb, w, rows, x, n, out),
-            _ => k4_mm::<true>(rows4, nb, w, rows, x, n, out),
+            Kind::Q4 => k4_mm::<Q4>(rows4, nb, w, rows, x, n, out),
+            _ => k4_mm::<Q5>(rows4, nb, w, rows, x, n, out),
         };
     }
     let wb = kind.block_bytes();
@@ -320,6 +323,21 @@ fn q3_k_gemm(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
     });
 }
 
+/// Activation rows from which Q6_K on i8mm takes [`q6_k_gemm`]: its per-call decode of the
+/// folded streams costs about as much as the NEON widening core saves at 4 rows
+/// (`benches/arm/REPORT.md`: N2 89 vs 84 cycles per 256 weights per row at batch 4, 54 vs 82
+/// at batch 8).
+pub(crate) const Q6_TILES_FROM: usize = 5;
+
+/// Q6_K x Q8_K on i8mm with [`Q6_TILES_FROM`] or more activation rows: [`k4_mm`]'s tiles, the
+/// weights' scale folded in by `unpack::q6_k_lanes` (a signed high stream of weight 64 on
+/// SMMLA, an unsigned low stream on USMMLA).
+pub(crate) fn q6_k_gemm(t: &mut Tile<'_>) {
+    let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
+    let nb = t.k() / 256;
+    k4_mm::<Q6>(false, nb, w, rows, x, n, t.out());
+}
+
 /// One block of a Q4_K or Q5_K weight row pair, ready for the SMMLA tiles: both quant streams as
 /// SMMLA `A` operands, the rows' mins and `[d0, d0, d1, d1]`, `[dmin0, dmin0, dmin1, dmin1]`.
 struct KPair {
@@ -462,7 +480,7 @@ thread_local! {
 /// weight or activation row is paired with itself. Float epilogue as the reference's, lane by
 /// lane: `sums[l] += (d * yd) * lane[l]`, `sumf -= (dmin * yd) * sumi(mins)`, then `sumf +
 /// sums[0] + ... + sums[7]`.
-fn k4_mm<const Q5: bool>(
+fn k4_mm<const K: u8>(
     rows4: bool,
     nb: usize,
     w: &[u8],
@@ -472,7 +490,7 @@ fn k4_mm<const Q5: bool>(
     out: &mut [f32],
 ) {
     const PER: usize = 512;
-    let wb = if Q5 { Kind::Q5 } else { Kind::Q4 }.block_bytes();
+    let wb = block_bytes(K);
     let wrow = nb * wb;
     let xrow = nb * Q8K_BYTES;
     SCRATCH.with(|s| {
@@ -510,15 +528,23 @@ fn k4_mm<const Q5: bool>(
                         if rows4 {
                             // Whole groups of four rows (`QMatrix::in_layout` checked it).
                             let g = &w[(r / 4) * 4 * wrow + b * 4 * wb..][..4 * wb];
-                            blk.set_rows4::<Q5>(g, (r % 4) / 2);
+                            if K == Q5 {
+                                blk.set_rows4::<true>(g, (r % 4) / 2);
+                            } else {
+                                blk.set_rows4::<false>(g, (r % 4) / 2);
+                            }
                             continue;
                         }
-                        // GGUF order: Q4_K only (`gemm` routes nothing else here).
-                        const WB: usize = block_bytes(Q4);
-                        unpack::q4_k_lanes(&w[r * wrow + b * WB..][..WB], &mut u[0], &mut q2[0]);
+                        // GGUF order: Q4_K or Q6_K (`gemm` routes no other here).
+                        let lanes = if K == Q6 {
+                            unpack::q6_k_lanes
+                        } else {
+                            unpack::q4_k_lanes
+                        };
+                        lanes(&w[r * wrow + b * wb..][..wb], &mut u[0], &mut q2[0]);
                         if i1 == 1 {
                             let (u1, q21) = (&mut u[1], &mut q2[1]);
-                            unpack::q4_k_lanes(&w[r1 * wrow + b * WB..][..WB], u1, q21);
+                            lanes(&w[r1 * wrow + b * wb..][..wb], u1, q21);
                         }
                         blk.hi.set(&u[0].q, &u[i1].q);
                         blk.lo.set(&q2[0], &q2[i1]);
@@ -537,6 +563,7 @@ fn k4_mm<const Q5: bool>(
                             let yd = |x: &[u8]| f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
                             let yv = [yd(x0), yd(x1), yd(x0), yd(x1)];
                             let bx = &scratch[(p * nb + b) * PER..][..PER];
+                            // Q6_K has no min term (its `sumf` stays the reference's 0).
                             let summs = i8mm::min_corr_2x2(
                                 [&x0[Q8K_BSUMS..Q8K_BYTES], &x1[Q8K_BSUMS..Q8K_BYTES]],
                                 [&blk.mins[0], &blk.mins[1]],
@@ -546,28 +573,49 @@ fn k4_mm<const Q5: bool>(
                             unsafe {
                                 let yv = vld1q_f32(yv.as_ptr());
                                 let d = vmulq_f32(vld1q_f32(blk.d.as_ptr()), yv);
-                                let start = [vdupq_n_s32(if Q5 { 0 } else { MAGIC_BITS / 8 }); 4];
-                                let cvt = |l: int32x4_t| {
-                                    if Q5 {
-                                        vcvtq_f32_s32(l)
+                                let start =
+                                    [vdupq_n_s32(if K == Q4 { MAGIC_BITS / 8 } else { 0 }); 4];
+                                // The high stream's weight: 8 (Q4_K, Q5_K) or 64 (Q6_K).
+                                let shift = |v: int32x4_t| {
+                                    if K == Q6 {
+                                        vshlq_n_s32::<6>(v)
                                     } else {
-                                        from_magic(l)
+                                        vshlq_n_s32::<3>(v)
                                     }
                                 };
-                                let hi = i8mm::lanes4_2x2_from::<0>(&blk.hi, bx, start);
-                                let lo_start = hi.map(|v| vshlq_n_s32::<3>(v));
-                                let lanes = i8mm::lanes4_2x2_from::<0>(&blk.lo, bx, lo_start);
+                                let cvt = |l: int32x4_t| {
+                                    if K == Q4 {
+                                        from_magic(l)
+                                    } else {
+                                        vcvtq_f32_s32(l)
+                                    }
+                                };
+                                let hi = if K == Q6 {
+                                    i8mm::lanes4_2x2_from::<0, true>(&blk.hi, bx, start)
+                                } else {
+                                    i8mm::lanes4_2x2_from::<0, false>(&blk.hi, bx, start)
+                                };
+                                let lo_start = hi.map(|v| shift(v));
+                                let lanes =
+                                    i8mm::lanes4_2x2_from::<0, false>(&blk.lo, bx, lo_start);
                                 for (sl, l) in sums[..4].iter_mut().zip(lanes) {
                                     *sl = vaddq_f32(*sl, vmulq_f32(d, cvt(l)));
                                 }
-                                let hi = i8mm::lanes4_2x2_from::<1>(&blk.hi, bx, start);
-                                let lo_start = hi.map(|v| vshlq_n_s32::<3>(v));
-                                let lanes = i8mm::lanes4_2x2_from::<1>(&blk.lo, bx, lo_start);
+                                let hi = if K == Q6 {
+                                    i8mm::lanes4_2x2_from::<1, true>(&blk.hi, bx, start)
+                                } else {
+                                    i8mm::lanes4_2x2_from::<1, false>(&blk.hi, bx, start)
+                                };
+                                let lo_start = hi.map(|v| shift(v));
+                                let lanes =
+                                    i8mm::lanes4_2x2_from::<1, false>(&blk.lo, bx, lo_start);
                                 for (sl, l) in sums[4..].iter_mut().zip(lanes) {
                                     *sl = vaddq_f32(*sl, vmulq_f32(d, cvt(l)));
                                 }
-                                let dmin = vmulq_f32(vld1q_f32(blk.dmin.as_ptr()), yv);
-                                sumf = vsubq_f32(sumf, vmulq_f32(dmin, vcvtq_f32_s32(summs)));
+                                if K != Q6 {
+                                    let dmin = vmulq_f32(vld1q_f32(blk.dmin.as_ptr()), yv);
+                                    sumf = vsubq_f32(sumf, vmulq_f32(dmin, vcvtq_f32_s32(summs)));
+                                }
                             }
                         }
                         let mut v = [0.0f32; 4];

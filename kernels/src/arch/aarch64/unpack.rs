@@ -558,6 +558,66 @@ pub(crate) fn q4_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     u.dmin = f16_at(b, 2);
 }
 
+/// Q6_K in [`q4_k_lanes`]' lane-grouped layout (each pair of groups of 32 through
+/// [`lanes8_chunks`]), each quant times its group's scale (int8, per 16 elements) split in two
+/// int8 streams: the product `p = q * sc` (|p| <= 4096, exact in int16) is `64 * hi + lo` with
+/// `u.q = hi = p >> 6` (-64..=64, signed) and `q2 = lo = p & 63` (0..=63), so every 8-byte
+/// slice is 8 elements of one reference lane and `64 * hi + lo` over a slice is that lane's
+/// `scale * quant` sum: the reference's `aux32` lanes with no per-group step. `scales` and `d`
+/// as in [`q6_k`].
+pub(crate) fn q6_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
+    q6_k(b, u);
+    let b = &b[..block_bytes(Q6)];
+    // SAFETY (whole block): NEON register arithmetic only; loads and stores are 16 bytes
+    // inside `b`, `u.q` and `q2` (bounds-checked slices).
+    unsafe {
+        let sv = vld1q_s8(b[192..208].as_ptr().cast::<i8>());
+        let m63 = vdupq_n_u8(63);
+        let st2 = |q2: &mut [i8; 256], at: usize, v: uint8x16_t| {
+            let d = &mut q2[at..at + 16];
+            vst1q_u8(d.as_mut_ptr().cast::<u8>(), v)
+        };
+        // The 16 products of the quants `q` with scale `s` as (hi, lo).
+        let split = |q: int8x16_t, s: int8x16_t| {
+            let p0 = vmull_s8(vget_low_s8(q), vget_low_s8(s));
+            let p1 = vmull_high_s8(q, s);
+            let hi = vshrn_high_n_s16::<6>(vshrn_n_s16::<6>(p0), p1);
+            let lo = vmovn_high_s16(vmovn_s16(p0), p1);
+            (
+                vreinterpretq_u8_s8(hi),
+                vandq_u8(vreinterpretq_u8_s8(lo), m63),
+            )
+        };
+        macro_rules! pair_of_groups {
+            ($j:literal) => {{
+                let q = |at: usize| vld1q_s8(u.q[at..at + 16].as_ptr());
+                let (q0, q1, q2v, q3) = (
+                    q(64 * $j),
+                    q(64 * $j + 16),
+                    q(64 * $j + 32),
+                    q(64 * $j + 48),
+                );
+                let (h0, l0) = split(q0, vdupq_laneq_s8::<{ 4 * $j }>(sv));
+                let (h1, l1) = split(q1, vdupq_laneq_s8::<{ 4 * $j + 1 }>(sv));
+                let (h2, l2) = split(q2v, vdupq_laneq_s8::<{ 4 * $j + 2 }>(sv));
+                let (h3, l3) = split(q3, vdupq_laneq_s8::<{ 4 * $j + 3 }>(sv));
+                let (ha, hb) = (perm32(h0, h1), perm32(h2, h3));
+                let (la, lb) = (perm32(l0, l1), perm32(l2, l3));
+                let h = lanes8_chunks([ha.0, ha.1], [hb.0, hb.1]);
+                let l = lanes8_chunks([la.0, la.1], [lb.0, lb.1]);
+                for i in 0..4 {
+                    store16(u, 16 * (4 * $j + i), h[i]);
+                    st2(q2, 16 * (4 * $j + i), l[i]);
+                }
+            }};
+        }
+        pair_of_groups!(0);
+        pair_of_groups!(1);
+        pair_of_groups!(2);
+        pair_of_groups!(3);
+    }
+}
+
 /// Q5_K (176 bytes: d, dmin, scales[12], qh[32], qs[128]): like Q4_K plus a fifth bit,
 /// element `64j + l` is `(qs[32j + l] & 15) | (bit 2j of qh[l]) << 4`, element
 /// `64j + 32 + l` is `(qs[32j + l] >> 4) | (bit 2j + 1 of qh[l]) << 4` (0..=31). With
