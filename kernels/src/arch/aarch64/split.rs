@@ -324,9 +324,9 @@ fn q3_k_gemm(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
 }
 
 /// Activation rows from which Q6_K on i8mm takes [`q6_k_gemm`]: its per-call decode of the
-/// folded streams costs about as much as the NEON widening core saves at 4 rows
-/// (`benches/arm/REPORT.md`: N2 89 vs 84 cycles per 256 weights per row at batch 4, 54 vs 82
-/// at batch 8).
+/// split streams costs about as much as the NEON widening core saves at 4 rows (`arm_trace`
+/// under llvm-mca's N2 model with the tiles at every batch: 159 / 89 / 54 cycles per 256
+/// weights per row at batch 2 / 4 / 8, against the widening core's 110 / 84 / 82).
 pub(crate) const Q6_TILES_FROM: usize = 5;
 
 /// Q6_K x Q8_K on i8mm with [`Q6_TILES_FROM`] or more activation rows: [`k4_mm`]'s tiles, the
