@@ -1,4 +1,4 @@
-//! Repacked weights (`formats::repack`, `Layout::Rows4`: Q8_0 and Q4_0 four rows at a time)
+//! Repacked weights (`formats::repack`, `Layout::Rows4`: Q8_0, Q4_0, Q4_K and Q5_K four rows at a time)
 //! give the scalar reference's bits on every tier: the aarch64 SDOT and SMMLA tiers read the
 //! layout directly (checked here against the GGUF bytes' reference, at every activation count
 //! that meets their remainders), every other tier through the scalar fallback's restore. A
@@ -12,7 +12,30 @@ use nightshift_kernels::rng::SplitMix64;
 use nightshift_kernels::{quantize_row, scalar, GgmlType, QMatrix};
 use proptest::prelude::*;
 
-const TYPES: [GgmlType; 2] = [GgmlType::Q8_0, GgmlType::Q4_0];
+const TYPES: [GgmlType; 4] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+];
+
+/// `blocks` weight blocks of `ty` in elements (a row length).
+fn k_of(ty: GgmlType, blocks: usize) -> usize {
+    ty.block_len() * blocks
+}
+
+/// Where two rows' first quant k-slices sit in a repacked group's first block: the byte ranges
+/// of row 0's and row 1's (swapping them must break the result).
+fn first_slices(ty: GgmlType) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+    match ty {
+        // lane 0 of run 0: row 0's four bytes, then row 1's
+        GgmlType::Q4_K => (64..68, 68..72),
+        // after the fifth-bit runs
+        GgmlType::Q5_K => (192..196, 196..200),
+        // the scales take bytes 0..8, then row 0's and row 1's 8-byte k-slices
+        _ => (8..16, 16..24),
+    }
+}
 
 /// `rows` rows of `k` random values (per-row magnitudes from 2^-8 to 2^4) quantized to `ty`.
 fn quantized(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
@@ -121,13 +144,13 @@ impl Case {
 proptest! {
     #[test]
     fn repacked_weights_match_the_reference_on_every_tier(
-        t in 0usize..2,
+        t in 0usize..4,
         blocks in 1usize..5,
         groups in 1usize..4,
         n in 1usize..12,
         seed in any::<u64>(),
     ) {
-        let c = case(TYPES[t], 32 * blocks, 4 * groups, n, seed);
+        let c = case(TYPES[t], k_of(TYPES[t], blocks), 4 * groups, n, seed);
         prop_assert_eq!(c.check_all(&c.packed), Ok(()));
     }
 }
@@ -136,7 +159,7 @@ proptest! {
 fn repacked_weights_match_at_every_remainder() {
     for ty in TYPES {
         for n in [1, 2, 3, 4, 7, 8, 9, 16, 17] {
-            let c = case(ty, 128, 12, n, n as u64 * 31 + 5);
+            let c = case(ty, k_of(ty, 4), 12, n, n as u64 * 31 + 5);
             assert_eq!(c.check_all(&c.packed), Ok(()));
         }
     }
@@ -146,11 +169,11 @@ fn repacked_weights_match_at_every_remainder() {
 fn a_repack_with_swapped_rows_fails() {
     for ty in TYPES {
         for n in [1, 4] {
-            let c = case(ty, 64, 8, n, 99);
+            let c = case(ty, k_of(ty, 2), 8, n, 99);
             let mut broken = c.packed.clone();
-            // first group, first block: swap rows 0 and 1's first quant k-slice (bytes 8..16 and
-            // 16..24 of the group's block)
-            let (a, b) = broken[8..24].split_at_mut(8);
+            // first group, first block: swap rows 0 and 1's first quant k-slices
+            let (r0, r1) = first_slices(ty);
+            let (a, b) = broken[r0.start..r1.end].split_at_mut(r0.len());
             a.swap_with_slice(b);
             assert_ne!(broken, c.packed, "the swapped halves must differ");
             let err = c
@@ -169,7 +192,7 @@ fn repacked_row_ranges_split_over_a_pool() {
         .build()
         .expect("pool");
     for ty in TYPES {
-        let c = case(ty, 96, 40, 5, 7);
+        let c = case(ty, k_of(ty, 3), 40, 5, 7);
         let expect = c.expected();
         for tier in available_tiers() {
             let mut got = vec![f32::NAN; expect.len()];
@@ -193,7 +216,7 @@ fn aarch64_sdot_and_smmla_read_rows4() {
     let expect_all = std::env::var_os("NIGHTSHIFT_EXPECT_ALL_ARM_TIERS").is_some();
     for ty in TYPES {
         for n in [1, 2, 5, 8] {
-            let c = case(ty, 96, 8, n, 3 + n as u64);
+            let c = case(ty, k_of(ty, 3), 8, n, 3 + n as u64);
             let expect = reference(ty, c.k, &c.w, c.rows, &c.x, n);
             let run = |f: &dyn Fn(&mut Tile<'_>) -> bool| -> Option<Vec<f32>> {
                 let w = c.matrix(&c.packed);

@@ -19,6 +19,27 @@
 //! both rows. The quant bytes and scales are the file's, so the integer sums and the float
 //! epilogue are exactly those of the GGUF path.
 //!
+//! Q4_K in [`Layout::Rows4`] (a multiple of 4 rows): the four rows' blocks `b` are stored
+//! together at `(g * nb + b) * 4 * 144` as
+//! - bytes `0..8`: the four rows' `d` (f16), row order; `8..16`: their `dmin`;
+//! - `16..64`: the four rows' 12 packed scale bytes, row order (as in the file);
+//! - `64..576`: for each row pair `p`, each 32-byte run `j` of the quants (`qs[32j..32j + 32]`:
+//!   low nibbles are group `2j` of 32 elements, high nibbles group `2j + 1`) and each lane pair
+//!   `i` (reference lanes `2i`, `2i + 1`), 16 bytes at `64 + 256p + 64j + 16i`: the four bytes
+//!   `qs[32j + 2i + 8m]` (m = 0..4) of row `2p`, the same of row `2p + 1`, then the four bytes
+//!   `qs[32j + 2i + 1 + 8m]` of row `2p`, of row `2p + 1`.
+//!
+//! Q5_K likewise (4 x 176 bytes): `d`, `dmin`, scales as Q4_K's, then at `64 + 64p` row pair
+//! `p`'s 32 `qh` bytes in the same lane-pair order as one quant run (`qh[t]` holds the fifth
+//! bits of the elements whose low bits are in `qs[32j + t]`), then the quant runs at
+//! `192 + 256p + 64j + 16i`.
+//!
+//! Each 4-byte run is one reference lane (`e % 8`) of a group pair: `zip1/zip2.4s(v & 15,
+//! v >> 4)` of a 16-byte run are the SMMLA `A` operands of lanes `2i` and `2i + 1` (8 elements
+//! of one lane per row, 4 from each group: the lane-grouped order of
+//! `arch::aarch64::unpack::lanes8_chunks`), and `uzp1/uzp2.4s` of two runs give one row's
+//! bytes in `unpack::PERM32` order for SDOT, with no table lookups.
+//!
 //! Which layout resident weights get is [`crate::dispatch::resident_layout`]'s choice (the
 //! active tier's); tiers that do not read a layout get the matrix back in GGUF order
 //! (`scalar::gemm_block`, one temporary copy per tile), so every layout works on every tier.
@@ -31,7 +52,7 @@ pub enum Layout {
     /// Row-major, each row its blocks in order: the file's layout.
     #[default]
     Gguf,
-    /// Four rows' blocks interleaved (see the module documentation): Q8_0 and Q4_0.
+    /// Four rows' blocks interleaved (see the module documentation): Q8_0, Q4_0, Q4_K, Q5_K.
     Rows4,
 }
 
@@ -59,7 +80,7 @@ impl Layout {
     pub fn fits(self, ty: GgmlType, rows: usize) -> bool {
         match self {
             Layout::Gguf => true,
-            Layout::Rows4 => quant_bytes(ty).is_some() && rows % ROWS4 == 0,
+            Layout::Rows4 => rows4_block(ty).is_some() && rows % ROWS4 == 0,
         }
     }
 
@@ -70,28 +91,53 @@ impl Layout {
         }
         Err(KernelError::Layout {
             layout: self.name(),
-            expected: "q8_0 or q4_0 weights in a multiple of 4 rows".to_string(),
+            expected: "q8_0, q4_0, q4_k or q5_k weights in a multiple of 4 rows".to_string(),
             found: format!("{} weights in {rows} rows", ty.name()),
         })
     }
 }
 
-/// Quant bytes per block (after the 2-byte `d`) of a type [`Layout::Rows4`] takes.
-fn quant_bytes(ty: GgmlType) -> Option<usize> {
+/// Bytes per block of a type [`Layout::Rows4`] takes.
+fn rows4_block(ty: GgmlType) -> Option<usize> {
     match ty {
-        GgmlType::Q8_0 => Some(32),
-        GgmlType::Q4_0 => Some(16),
+        GgmlType::Q8_0 => Some(34),
+        GgmlType::Q4_0 => Some(18),
+        GgmlType::Q4_K => Some(144),
+        GgmlType::Q5_K => Some(176),
         _ => None,
     }
 }
 
+/// [`rows4_at`] for Q4_K (`qh`: false) and Q5_K (`qh`: true): d, dmin, scales, then Q5_K's
+/// 32 `qh` bytes, then the 128 quant bytes, each run of 32 in lane-pair order (see the module
+/// documentation).
+fn rows4_k_at(qh: bool, h: usize, i: usize) -> usize {
+    let (p, r) = (h / 2, h % 2);
+    // Byte `t` of a 32-byte run: its lane-pair slot within the row pair's 64 bytes.
+    let slot = |t: usize| 16 * ((t % 8) / 2) + 8 * (t % 2) + 4 * r + t / 8;
+    let qs_base = if qh { 192 } else { 64 };
+    match i {
+        0..=3 => 8 * (i / 2) + 2 * h + i % 2,
+        4..=15 => 16 + 12 * h + (i - 4),
+        16..=47 if qh => 64 + 64 * p + slot(i - 16),
+        _ => {
+            let q = i - if qh { 48 } else { 16 };
+            qs_base + 256 * p + 64 * (q / 32) + slot(q % 32)
+        }
+    }
+}
+
 /// Where byte `i` of row `h` (0..4 in its group)'s block lands inside the group's block of
-/// [`Layout::Rows4`] (`i` counts the block's bytes: 0..2 is `d`, then the quants).
-fn rows4_at(q: usize, h: usize, i: usize) -> usize {
+/// [`Layout::Rows4`] (`i` counts the block's bytes as in the file; `bb`: bytes per block).
+fn rows4_at(ty: GgmlType, bb: usize, h: usize, i: usize) -> usize {
+    if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
+        return rows4_k_at(ty == GgmlType::Q5_K, h, i);
+    }
+    let (p, r) = (h / 2, h % 2);
     if i < 2 {
         return 2 * h + i;
     }
-    let (p, r) = (h / 2, h % 2);
+    let q = bb - 2;
     let (c, e) = ((i - 2) / 8, (i - 2) % 8);
     8 + p * 2 * q + 16 * c + 8 * r + e
 }
@@ -140,8 +186,7 @@ fn convert<'b>(
     match layout {
         Layout::Gguf => dst.copy_from_slice(src),
         Layout::Rows4 => {
-            let q = quant_bytes(w.ty()).unwrap_or(0);
-            let bb = 2 + q;
+            let (ty, bb) = (w.ty(), rows4_block(w.ty()).unwrap_or(1));
             let nb = w.row_bytes() / bb;
             for g in 0..w.rows() / ROWS4 {
                 for h in 0..ROWS4 {
@@ -149,7 +194,7 @@ fn convert<'b>(
                     for b in 0..nb {
                         let group = (g * nb + b) * ROWS4 * bb;
                         for i in 0..bb {
-                            let (gguf, packed) = (row + b * bb + i, group + rows4_at(q, h, i));
+                            let (gguf, packed) = (row + b * bb + i, group + rows4_at(ty, bb, h, i));
                             if back {
                                 dst[gguf] = src[packed];
                             } else {
@@ -180,8 +225,13 @@ mod tests {
 
     #[test]
     fn rows4_round_trips_and_moves_every_byte() {
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
-            let (rows, k) = (8, 96);
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+        ] {
+            let (rows, k) = (8, 2 * ty.block_len());
             let src = matrix(ty, rows, k);
             let w = QMatrix::new(ty, rows, k, &src).expect("matrix");
             let mut packed = vec![0u8; src.len()];
@@ -215,6 +265,29 @@ mod tests {
     }
 
     #[test]
+    fn rows4_places_q4_k_lanes_by_row_pair() {
+        let (rows, k) = (4, 256);
+        let ty = GgmlType::Q4_K;
+        let src = matrix(ty, rows, k);
+        let w = QMatrix::new(ty, rows, k, &src).expect("matrix");
+        let mut packed = vec![0u8; src.len()];
+        repack(&w, Layout::Rows4, &mut packed).expect("repack");
+        let qs = |row: usize, at: usize| src[row * 144 + 16 + at];
+        // dmin of row 3, the scale bytes of row 1
+        assert_eq!(packed[14..16], src[3 * 144 + 2..3 * 144 + 4]);
+        assert_eq!(packed[28..40], src[144 + 4..144 + 16]);
+        // pair 0, run 0, lanes 0/1: row 0's qs[0, 8, 16, 24], row 1's, row 0's qs[1, 9, ..]
+        let run: Vec<u8> = [(0, 0), (1, 0), (0, 1), (1, 1)]
+            .iter()
+            .flat_map(|&(r, l)| (0..4).map(move |m| qs(r, l + 8 * m)))
+            .collect();
+        assert_eq!(packed[64..80], run[..]);
+        // pair 1 (rows 2, 3), run 3, lanes 6/7: row 3's qs[96 + 7 + 8m] end the group
+        let tail: Vec<u8> = (0..4).map(|m| qs(3, 96 + 7 + 8 * m)).collect();
+        assert_eq!(packed[572..576], tail[..]);
+    }
+
+    #[test]
     fn rows4_rejects_what_it_cannot_hold() {
         let src = matrix(GgmlType::Q8_0, 6, 32);
         let w = QMatrix::new(GgmlType::Q8_0, 6, 32, &src).expect("matrix");
@@ -223,8 +296,8 @@ mod tests {
             repack(&w, Layout::Rows4, &mut dst),
             Err(KernelError::Layout { .. })
         ));
-        let src = matrix(GgmlType::Q4_K, 4, 256);
-        let w = QMatrix::new(GgmlType::Q4_K, 4, 256, &src).expect("matrix");
+        let src = matrix(GgmlType::Q6_K, 4, 256);
+        let w = QMatrix::new(GgmlType::Q6_K, 4, 256, &src).expect("matrix");
         let mut dst = vec![0u8; src.len()];
         assert!(repack(&w, Layout::Rows4, &mut dst).is_err());
         let mut short = vec![0u8; 3];

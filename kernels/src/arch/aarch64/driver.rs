@@ -33,6 +33,9 @@ pub(crate) fn gemm(level: Level, t: &mut Tile<'_>) {
             None => unreachable!("aarch64 driver called for {ty:?} without a path"),
         },
     };
+    if kind == Kind::Q6 && level == Level::I8mm && t.n() >= super::split::Q6_TILES_FROM {
+        return super::split::q6_k_gemm(t);
+    }
     if super::split::handles(kind, level) {
         return super::split::gemm(level, kind, t);
     }

@@ -31,6 +31,28 @@ pub(crate) unsafe fn smmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x
     acc
 }
 
+/// [`smmla`] with `a` read as unsigned bytes (USMMLA, also FEAT_I8MM): `acc += A (2x8, u8) *
+/// B^T (8x2, i8)`, same lane order.
+///
+/// # Safety
+/// The CPU must implement FEAT_I8MM (the caller holds an `I8mm` capability).
+#[inline(always)]
+pub(crate) unsafe fn usmmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: register-only instruction; the caller guarantees the CPU has USMMLA.
+    unsafe {
+        asm!(
+            ".arch_extension i8mm",
+            "usmmla {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
 /// `[a.lo64 | b.lo64]` and `[a.hi64 | b.hi64]`: two 8-byte k-slices of two rows.
 #[inline(always)]
 pub(crate) fn pair(a: int8x16_t, b: int8x16_t) -> (int8x16_t, int8x16_t) {
@@ -68,6 +90,14 @@ impl PairA {
                 vst1q_s8(d.as_mut_ptr().add(16), hi);
             }
         }
+    }
+
+    /// Stores one 16-byte operand at `at` (a multiple of 16 below 512).
+    #[inline(always)]
+    pub(crate) fn st(&mut self, at: usize, v: uint8x16_t) {
+        let d = &mut self.a[at..at + 16];
+        // SAFETY: `d` is 16 writable bytes (bounds-checked); i8 and u8 share layout.
+        unsafe { vst1q_u8(d.as_mut_ptr().cast::<u8>(), v) }
     }
 
     #[inline(always)]
@@ -178,14 +208,16 @@ pub(crate) unsafe fn lanes8_2x2_from(
     acc
 }
 
-/// Half of [`lanes8_2x2_from`]: the lanes `4 * H .. 4 * H + 4` only (the chunks `c` with
-/// `(c % 4) / 2 == H`), so that a caller keeping eight float sums live needs four integer
-/// accumulators at a time, not eight.
+/// Half of [`lanes8_2x2_from`] with unsigned weights (USMMLA: the folded Q4_K/Q5_K streams,
+/// 0..=217, and Q6_K's low stream) or, with `SIGNED`, signed ones (SMMLA: Q6_K's high
+/// stream): the lanes `4 * H .. 4 * H + 4` only (the chunks `c` with `(c % 4) / 2 == H`), so
+/// that a caller keeping eight float sums live needs four integer accumulators at a time, not
+/// eight.
 ///
 /// # Safety
 /// The CPU must implement FEAT_I8MM.
 #[inline(always)]
-pub(crate) unsafe fn lanes4_2x2_from<const H: usize>(
+pub(crate) unsafe fn lanes4_2x2_from<const H: usize, const SIGNED: bool>(
     a: &PairA,
     bx: &[u8],
     mut acc: [int32x4_t; 4],
@@ -196,8 +228,9 @@ pub(crate) unsafe fn lanes4_2x2_from<const H: usize>(
             // SAFETY: the caller guarantees SMMLA.
             unsafe {
                 let c = 4 * $k + 2 * H + $i;
-                acc[2 * $i] = smmla(acc[2 * $i], a.ld(32 * c), ld_s8(bx, 32 * c));
-                acc[2 * $i + 1] = smmla(acc[2 * $i + 1], a.ld(32 * c + 16), ld_s8(bx, 32 * c + 16));
+                let mm = if SIGNED { smmla } else { usmmla };
+                acc[2 * $i] = mm(acc[2 * $i], a.ld(32 * c), ld_s8(bx, 32 * c));
+                acc[2 * $i + 1] = mm(acc[2 * $i + 1], a.ld(32 * c + 16), ld_s8(bx, 32 * c + 16));
             }
         };
     }

@@ -110,7 +110,7 @@ fn packed_quants(ty: Legacy, blk: &[u8]) -> [[int8x16_t; 4]; 2] {
                 ]
             }
         }
-        // Q8_0 (the only other type `Layout::Rows4` holds)
+        // Q8_0 (the only other legacy type `Layout::Rows4` holds)
         _ => core::array::from_fn(|c| ld_s8(blk, 8 + 64 * p + 16 * c)),
     })
 }

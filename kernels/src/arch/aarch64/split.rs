@@ -8,15 +8,23 @@
 //! - Q4_K (dotprod, and i8mm for one activation row): the same order with the scales folded
 //!   into the weights in two int8 streams (`unpack::q4_k_perm_folded`, `dotprod::folded32`): no
 //!   per-group step; on i8mm with two or more activation rows, the two folded streams in Q3_K's
-//!   lane-grouped layout (`unpack::q4_k_lanes`) on 2x2 SMMLA tiles ([`q4_k_mm`]);
+//!   lane-grouped layout (`unpack::q4_k_lanes`) on 2x2 SMMLA tiles ([`k4_mm`]). Weights
+//!   repacked at load (`formats::repack::Layout::Rows4`) reach both forms with zips instead of
+//!   table lookups (`KPair::set_rows4`, `unpack::q4_k_perm_folded_rows4`), and on i8mm take
+//!   the SMMLA tiles for one activation row too (paired with itself); so does repacked Q5_K
+//!   on i8mm from two activation rows (its folded streams reach 217: USMMLA, unsigned
+//!   weights), its SDOT path reading the repack with zips (`unpack::q5_k_rows4`);
 //! - Q3_K (dotprod and i8mm): the scales folded into the weights (`unpack::q3_k_lanes`), so
 //!   that 8 elements of one lane share an 8-byte slice: plain SDOT, and unmasked 2x2 SMMLA tiles
 //!   ([`q3_k_gemm`]).
 //!
-//! Q6_K (quant times scale does not fit int8) stays on the NEON widening core on every tier:
-//! masked SMMLA operands (half of every product zero) and half-padded SDOTs both predicted
-//! slower than SMULL/SMLAL on Neoverse N2 and V2 (`benches/arm/REPORT.md`), as did masked
-//! SMMLA for Q4_K/Q5_K against SDOT; those cores are gone (Q4_K's SMMLA tiles are unmasked).
+//! Q6_K (quant times scale, up to 4096, does not fit int8) stays on the NEON widening core,
+//! except on i8mm from [`Q6_TILES_FROM`] activation rows: there the products are split as
+//! `64 * hi + lo` into two int8 streams in the lane-grouped layout (`unpack::q6_k_lanes`) and
+//! run on [`k4_mm`]'s tiles. Masked SMMLA operands (half of every product zero) and half-padded
+//! SDOTs both predicted slower than SMULL/SMLAL on Neoverse N2 and V2
+//! (`benches/arm/REPORT.md`), as did masked SMMLA for Q4_K/Q5_K against SDOT; those cores are
+//! gone (the SMMLA tiles are unmasked).
 //!
 //! The activation side is prepared once per chunk of activation rows in a per-thread scratch
 //! buffer that only grows; every weight row (pair) then streams past it.
@@ -28,7 +36,8 @@ use super::kquant::{add_lanes, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::neon::{from_magic, MAGIC_BITS};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
-use crate::formats::kquants::layout::{block_bytes, Q3, Q4};
+use crate::formats::kquants::layout::{block_bytes, Q3, Q4, Q5, Q6};
+use crate::formats::repack::Layout;
 use crate::Tile;
 
 /// Activation rows prepared per chunk.
@@ -79,13 +88,24 @@ fn epilogue(kind: Kind, acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), u: &Unpac
 /// `kind` x Q8_K over `t` (`rows, n, k >= 1`); `handles(kind, level)` holds.
 pub(crate) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
     let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
+    let layout = t.w().layout();
     let nb = t.k() / 256;
     let out = t.out();
     if kind == Kind::Q3 {
         return q3_k_gemm(level, nb, w, rows, x, n, out);
     }
-    if kind == Kind::Q4 && level == Level::I8mm && n >= 2 {
-        return q4_k_mm(nb, w, rows, x, n, out);
+    let rows4 = layout == Layout::Rows4;
+    // Repacked Q5_K with one activation row: SDOT (a tile paired with itself is slower).
+    let tiles = match kind {
+        Kind::Q4 => rows4 || n >= 2,
+        _ => rows4 && n >= 2,
+    };
+    if level == Level::I8mm && tiles {
+        // Q4_K's lanes stay below 2^22 (`neon::MAGIC`), Q5_K's (up to 32 * 1953 * 128) do not.
+        return match kind {
+            Kind::Q4 => k4_mm::<Q4>(rows4, nb, w, rows, x, n, out),
+            _ => k4_mm::<Q5>(rows4, nb, w, rows, x, n, out),
+        };
     }
     let wb = kind.block_bytes();
     let wrow = nb * wb;
@@ -111,10 +131,21 @@ pub(crate) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
             for r in 0..rows {
                 let mut acc = [KAcc::zero(); CH];
                 for b in 0..nb {
-                    let wblock = &w[r * wrow + b * wb..][..wb];
                     match kind {
-                        Kind::Q4 => unpack::q4_k_perm_folded(wblock, &mut u, &mut q2),
-                        _ => unpack::q5_k(wblock, &mut u, true),
+                        Kind::Q4 if rows4 => {
+                            // Whole groups of four rows (`QMatrix::in_layout` checked it).
+                            let g = &w[(r / 4) * 4 * wrow + b * 4 * wb..][..4 * wb];
+                            unpack::q4_k_perm_folded_rows4(g, r % 4, &mut u, &mut q2)
+                        }
+                        Kind::Q4 => {
+                            let wblock = &w[r * wrow + b * wb..][..wb];
+                            unpack::q4_k_perm_folded(wblock, &mut u, &mut q2)
+                        }
+                        _ if rows4 => {
+                            let g = &w[(r / 4) * 4 * wrow + b * 4 * wb..][..4 * wb];
+                            unpack::q5_k_rows4(g, r % 4, &mut u)
+                        }
+                        _ => unpack::q5_k(&w[r * wrow + b * wb..][..wb], &mut u, true),
                     }
                     for (t, a) in acc.iter_mut().enumerate().take(cnt) {
                         let xb = &x[(jc + t) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
@@ -292,9 +323,24 @@ fn q3_k_gemm(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
     });
 }
 
-/// One block of a Q4_K weight row pair, ready for the SMMLA tiles: both quant streams as
+/// Activation rows from which Q6_K on i8mm takes [`q6_k_gemm`]: its per-call decode of the
+/// split streams costs about as much as the NEON widening core saves at 4 rows (`arm_trace`
+/// under llvm-mca's N2 model with the tiles at every batch: 159 / 89 / 54 cycles per 256
+/// weights per row at batch 2 / 4 / 8, against the widening core's 110 / 84 / 82).
+pub(crate) const Q6_TILES_FROM: usize = 5;
+
+/// Q6_K x Q8_K on i8mm with [`Q6_TILES_FROM`] or more activation rows: [`k4_mm`]'s tiles, the
+/// weights' scale folded in by `unpack::q6_k_lanes` (a signed high stream of weight 64 on
+/// SMMLA, an unsigned low stream on USMMLA).
+pub(crate) fn q6_k_gemm(t: &mut Tile<'_>) {
+    let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
+    let nb = t.k() / 256;
+    k4_mm::<Q6>(false, nb, w, rows, x, n, t.out());
+}
+
+/// One block of a Q4_K or Q5_K weight row pair, ready for the SMMLA tiles: both quant streams as
 /// SMMLA `A` operands, the rows' mins and `[d0, d0, d1, d1]`, `[dmin0, dmin0, dmin1, dmin1]`.
-struct Q4Pair {
+struct KPair {
     hi: i8mm::PairA,
     lo: i8mm::PairA,
     mins: [[i16; 16]; 2],
@@ -302,9 +348,9 @@ struct Q4Pair {
     dmin: [f32; 4],
 }
 
-impl Q4Pair {
-    fn new() -> Q4Pair {
-        Q4Pair {
+impl KPair {
+    fn new() -> KPair {
+        KPair {
             hi: i8mm::PairA::new(),
             lo: i8mm::PairA::new(),
             mins: [[0; 16]; 2],
@@ -314,29 +360,141 @@ impl Q4Pair {
     }
 }
 
-thread_local! {
-    /// The decoded blocks of the current Q4_K weight row pair (`q4_k_mm`).
-    static Q4_PAIRS: RefCell<Vec<Q4Pair>> = const { RefCell::new(Vec::new()) };
+impl KPair {
+    /// The block of the row pair `p` (0 or 1) of a [`Layout::Rows4`] group block `g` of `kind`
+    /// (Q4_K or Q5_K: four rows' blocks, `formats::repack`): each 16-byte quant run `v` gives
+    /// the `A` operands of two lanes as `zip1/zip2.4s(v & 15, v >> 4)` (Q5_K: with the fifth
+    /// bits of the matching `qh` run or-ed in), times the two folded scale streams
+    /// (`scale >> 3`, `scale & 7`) of the run's groups `[2j, 2j + 1]` of both rows, picked by
+    /// one table lookup per run and stream. For Q4_K bit for bit what [`unpack::q4_k_lanes`]
+    /// and `PairA::set` make from the file's bytes.
+    fn set_rows4<const Q5: bool>(&mut self, g: &[u8], p: usize) {
+        let kind = if Q5 { Kind::Q5 } else { Kind::Q4 };
+        let g = &g[..4 * kind.block_bytes()];
+        let (sv, mv) = k4_scales_pair(g, p);
+        // SAFETY: NEON register arithmetic; each store writes 8 i16 inside `self.mins[r]`.
+        unsafe {
+            // Per 16 elements (each per-32 min twice), widened: `i8mm::min_corr_2x2`'s form.
+            for (r, m) in [vzip1q_u8(mv, mv), vzip2q_u8(mv, mv)]
+                .into_iter()
+                .enumerate()
+            {
+                let lo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m)));
+                let hi = vreinterpretq_s16_u16(vmovl_high_u8(m));
+                vst1q_s16(self.mins[r].as_mut_ptr(), lo);
+                vst1q_s16(self.mins[r].as_mut_ptr().add(8), hi);
+            }
+        }
+        let (d0, d1) = (unpack::f16_at(g, 4 * p), unpack::f16_at(g, 4 * p + 2));
+        let (m0, m1) = (unpack::f16_at(g, 8 + 4 * p), unpack::f16_at(g, 10 + 4 * p));
+        self.d = [d0, d0, d1, d1];
+        self.dmin = [m0, m0, m1, m1];
+        // The pair's quant runs, and Q5_K's fifth-bit runs (64 bytes before them per pair).
+        let qs = &g[if Q5 { 192 } else { 64 } + 256 * p..][..256];
+        let qh = &g[64 + 64 * p..][..64];
+        // Lanes 0..4 / 4..8 / 8..12 / 12..16 of an operand: row 0 group 2j, row 0 group 2j + 1,
+        // row 1 group 2j, row 1 group 2j + 1 (scale bytes 2j, 2j + 1, 8 + 2j, 9 + 2j).
+        const PICK: [u8; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 8, 8, 8, 8, 9, 9, 9, 9];
+        // SAFETY: NEON register arithmetic on `PICK` (16 readable bytes) and loads of 16 bytes
+        // inside `qs`/`qh` (bounds-checked by `neon::ld_s8`).
+        unsafe {
+            let (shi, slo) = (vshrq_n_u8::<3>(sv), vandq_u8(sv, vdupq_n_u8(7)));
+            let pick = vld1q_u8(PICK.as_ptr());
+            let (m15, sixteen) = (vdupq_n_u8(15), vdupq_n_u8(16));
+            let ld = |b: &[u8], at: usize| vreinterpretq_u8_s8(neon::ld_s8(b, at));
+            for j in 0..4 {
+                let at = vaddq_u8(pick, vdupq_n_u8(2 * j as u8));
+                let (sh, sl) = (vqtbl1q_u8(shi, at), vqtbl1q_u8(slo, at));
+                let (bit_lo, bit_hi) = (vdupq_n_u8(1 << (2 * j)), vdupq_n_u8(2 << (2 * j)));
+                for i in 0..4 {
+                    let v = ld(qs, 64 * j + 16 * i);
+                    let (mut lo, mut hi) = (vandq_u8(v, m15), vshrq_n_u8::<4>(v));
+                    if Q5 {
+                        let h = ld(qh, 16 * i);
+                        lo = vorrq_u8(lo, vandq_u8(vtstq_u8(h, bit_lo), sixteen));
+                        hi = vorrq_u8(hi, vandq_u8(vtstq_u8(h, bit_hi), sixteen));
+                    }
+                    let (lo, hi) = (vreinterpretq_u32_u8(lo), vreinterpretq_u32_u8(hi));
+                    let a0 = vreinterpretq_u8_u32(vzip1q_u32(lo, hi));
+                    let a1 = vreinterpretq_u8_u32(vzip2q_u32(lo, hi));
+                    let c = 32 * (4 * j + i);
+                    self.hi.st(c, vmulq_u8(a0, sh));
+                    self.hi.st(c + 16, vmulq_u8(a1, sh));
+                    self.lo.st(c, vmulq_u8(a0, sl));
+                    self.lo.st(c + 16, vmulq_u8(a1, sl));
+                }
+            }
+        }
+    }
 }
 
-/// Q4_K x Q8_K on 2x2 SMMLA tiles (i8mm, at least two activation rows): the weights in the
-/// lane-grouped layout with the scale folded in two int8 streams (`unpack::q4_k_lanes`), so
-/// each reference lane of the four dots of a tile is `8 * hi + lo` of two unmasked SMMLA sums
-/// (`i8mm::lanes8_2x2_from`); the activations in the same layout, paired once per chunk. Each
-/// weight row pair is decoded once per chunk into a per-thread buffer ([`Q4Pair`] per block),
+/// The 6-bit scales and mins of the row pair `p` of a [`Layout::Rows4`] Q4_K/Q5_K group block
+/// `g` (`formats::unpack_k4_scales` for both rows at once, with table lookups):
+/// `([row 2p's 8 scales, row 2p + 1's], [row 2p's 8 mins, row 2p + 1's])`. Scale `j < 4` is
+/// `b[j] & 63`, `j >= 4` is `b[j + 4] & 15 | (b[j - 4] >> 6) << 4`; min `j < 4` is `b[j + 4] &
+/// 63`, `j >= 4` is `b[j + 4] >> 4 | (b[j] >> 6) << 4` (`b`: the row's 12 scale bytes).
+#[inline(always)]
+fn k4_scales_pair(g: &[u8], p: usize) -> (uint8x16_t, uint8x16_t) {
+    const X: u8 = 0xff; // out of range: TBL gives 0
+    const SC_LO: [u8; 16] = [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27];
+    const SC_MASK: [u8; 16] = [
+        63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15,
+    ];
+    const SC_HI: [u8; 16] = [X, X, X, X, 0, 1, 2, 3, X, X, X, X, 16, 17, 18, 19];
+    const M_LO: [u8; 16] = [4, 5, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23, 24, 25, 26, 27];
+    const M_SHIFT: [i8; 16] = [0, 0, 0, 0, -4, -4, -4, -4, 0, 0, 0, 0, -4, -4, -4, -4];
+    const M_HI: [u8; 16] = [X, X, X, X, 4, 5, 6, 7, X, X, X, X, 20, 21, 22, 23];
+    // Rows 2p and 2p + 1's scale bytes at 16 + 12h: 16 bytes from each stay inside the block.
+    let (r0, r1) = (neon::ld_s8(g, 16 + 24 * p), neon::ld_s8(g, 28 + 24 * p));
+    // SAFETY: the constants are 16 readable bytes each; the rest is NEON register arithmetic.
+    unsafe {
+        let t = uint8x16x2_t(vreinterpretq_u8_s8(r0), vreinterpretq_u8_s8(r1));
+        let ld = |c: &[u8; 16]| vld1q_u8(c.as_ptr());
+        let top = |idx: &[u8; 16]| vshlq_n_u8::<4>(vshrq_n_u8::<6>(vqtbl2q_u8(t, ld(idx))));
+        let sc = vorrq_u8(
+            vandq_u8(vqtbl2q_u8(t, ld(&SC_LO)), ld(&SC_MASK)),
+            top(&SC_HI),
+        );
+        let m_lo = vshlq_u8(vqtbl2q_u8(t, ld(&M_LO)), vld1q_s8(M_SHIFT.as_ptr()));
+        let m = vorrq_u8(vandq_u8(m_lo, vdupq_n_u8(63)), top(&M_HI));
+        (sc, m)
+    }
+}
+
+thread_local! {
+    /// The decoded blocks of the current Q4_K/Q5_K weight row pair (`k4_mm`).
+    static K_PAIRS: RefCell<Vec<KPair>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Q4_K (and Q5_K repacked) x Q8_K on 2x2 SMMLA tiles (i8mm; GGUF-order Q4_K at two or more
+/// activation rows, [`Layout::Rows4`] at any): the weights in the lane-grouped layout with the
+/// scale folded in two unsigned streams (`unpack::q4_k_lanes`, [`KPair::set_rows4`]; Q5_K's
+/// 0..=31 quants times `scale >> 3` or `scale & 7` reach 217, hence USMMLA), so each reference
+/// lane of the four dots of a tile is `8 * hi + lo` of two unmasked USMMLA sums
+/// (`i8mm::lanes4_2x2_from`); the activations in the same layout, paired once per chunk. Each
+/// weight row pair is decoded once per chunk into a per-thread buffer ([`KPair`] per block),
 /// then every activation pair runs over all its blocks with its nine float accumulators in
-/// registers. The `hi` sums start at `MAGIC_BITS / 8`, so that `hi << 3` plus the `lo` sums is
-/// `MAGIC_BITS + lane` and converts with one subtraction (`neon::from_magic`). An odd last
+/// registers. For Q4_K (`Q5` false) the `hi` sums start at `MAGIC_BITS / 8`, so that `hi << 3`
+/// plus the `lo` sums is `MAGIC_BITS + lane` and converts with one subtraction
+/// (`neon::from_magic`); for Q5_K, SCVTF. An odd last
 /// weight or activation row is paired with itself. Float epilogue as the reference's, lane by
 /// lane: `sums[l] += (d * yd) * lane[l]`, `sumf -= (dmin * yd) * sumi(mins)`, then `sumf +
 /// sums[0] + ... + sums[7]`.
-fn q4_k_mm(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
-    const WB: usize = block_bytes(Q4);
+fn k4_mm<const K: u8>(
+    rows4: bool,
+    nb: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
     const PER: usize = 512;
-    let wrow = nb * WB;
+    let wb = block_bytes(K);
+    let wrow = nb * wb;
     let xrow = nb * Q8K_BYTES;
     SCRATCH.with(|s| {
-        Q4_PAIRS.with(|wp| {
+        K_PAIRS.with(|wp| {
             let mut scratch = s.borrow_mut();
             let need = (CH / 2).min(n.div_ceil(2)) * nb * PER;
             if scratch.len() < need {
@@ -344,7 +502,7 @@ fn q4_k_mm(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]
             }
             let mut wp = wp.borrow_mut();
             if wp.len() < nb {
-                wp.resize_with(nb, Q4Pair::new);
+                wp.resize_with(nb, KPair::new);
             }
             let mut u = [Unpacked::new(), Unpacked::new()];
             let mut q2 = [[0i8; 256]; 2];
@@ -367,10 +525,26 @@ fn q4_k_mm(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]
                     let r1 = if r + 1 < rows { r + 1 } else { r };
                     let i1 = usize::from(r1 != r);
                     for (b, blk) in wp.iter_mut().enumerate().take(nb) {
-                        unpack::q4_k_lanes(&w[r * wrow + b * WB..][..WB], &mut u[0], &mut q2[0]);
+                        if rows4 {
+                            // Whole groups of four rows (`QMatrix::in_layout` checked it).
+                            let g = &w[(r / 4) * 4 * wrow + b * 4 * wb..][..4 * wb];
+                            if K == Q5 {
+                                blk.set_rows4::<true>(g, (r % 4) / 2);
+                            } else {
+                                blk.set_rows4::<false>(g, (r % 4) / 2);
+                            }
+                            continue;
+                        }
+                        // GGUF order: Q4_K or Q6_K (`gemm` routes no other here).
+                        let lanes = if K == Q6 {
+                            unpack::q6_k_lanes
+                        } else {
+                            unpack::q4_k_lanes
+                        };
+                        lanes(&w[r * wrow + b * wb..][..wb], &mut u[0], &mut q2[0]);
                         if i1 == 1 {
                             let (u1, q21) = (&mut u[1], &mut q2[1]);
-                            unpack::q4_k_lanes(&w[r1 * wrow + b * WB..][..WB], u1, q21);
+                            lanes(&w[r1 * wrow + b * wb..][..wb], u1, q21);
                         }
                         blk.hi.set(&u[0].q, &u[i1].q);
                         blk.lo.set(&q2[0], &q2[i1]);
@@ -389,6 +563,7 @@ fn q4_k_mm(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]
                             let yd = |x: &[u8]| f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
                             let yv = [yd(x0), yd(x1), yd(x0), yd(x1)];
                             let bx = &scratch[(p * nb + b) * PER..][..PER];
+                            // Q6_K has no min term (its `sumf` stays the reference's 0).
                             let summs = i8mm::min_corr_2x2(
                                 [&x0[Q8K_BSUMS..Q8K_BYTES], &x1[Q8K_BSUMS..Q8K_BYTES]],
                                 [&blk.mins[0], &blk.mins[1]],
@@ -398,21 +573,49 @@ fn q4_k_mm(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]
                             unsafe {
                                 let yv = vld1q_f32(yv.as_ptr());
                                 let d = vmulq_f32(vld1q_f32(blk.d.as_ptr()), yv);
-                                let start = [vdupq_n_s32(MAGIC_BITS / 8); 4];
-                                let hi = i8mm::lanes4_2x2_from::<0>(&blk.hi, bx, start);
-                                let lo_start = hi.map(|v| vshlq_n_s32::<3>(v));
-                                let lanes = i8mm::lanes4_2x2_from::<0>(&blk.lo, bx, lo_start);
+                                let start =
+                                    [vdupq_n_s32(if K == Q4 { MAGIC_BITS / 8 } else { 0 }); 4];
+                                // The high stream's weight: 8 (Q4_K, Q5_K) or 64 (Q6_K).
+                                let shift = |v: int32x4_t| {
+                                    if K == Q6 {
+                                        vshlq_n_s32::<6>(v)
+                                    } else {
+                                        vshlq_n_s32::<3>(v)
+                                    }
+                                };
+                                let cvt = |l: int32x4_t| {
+                                    if K == Q4 {
+                                        from_magic(l)
+                                    } else {
+                                        vcvtq_f32_s32(l)
+                                    }
+                                };
+                                let hi = if K == Q6 {
+                                    i8mm::lanes4_2x2_from::<0, true>(&blk.hi, bx, start)
+                                } else {
+                                    i8mm::lanes4_2x2_from::<0, false>(&blk.hi, bx, start)
+                                };
+                                let lo_start = hi.map(|v| shift(v));
+                                let lanes =
+                                    i8mm::lanes4_2x2_from::<0, false>(&blk.lo, bx, lo_start);
                                 for (sl, l) in sums[..4].iter_mut().zip(lanes) {
-                                    *sl = vaddq_f32(*sl, vmulq_f32(d, from_magic(l)));
+                                    *sl = vaddq_f32(*sl, vmulq_f32(d, cvt(l)));
                                 }
-                                let hi = i8mm::lanes4_2x2_from::<1>(&blk.hi, bx, start);
-                                let lo_start = hi.map(|v| vshlq_n_s32::<3>(v));
-                                let lanes = i8mm::lanes4_2x2_from::<1>(&blk.lo, bx, lo_start);
+                                let hi = if K == Q6 {
+                                    i8mm::lanes4_2x2_from::<1, true>(&blk.hi, bx, start)
+                                } else {
+                                    i8mm::lanes4_2x2_from::<1, false>(&blk.hi, bx, start)
+                                };
+                                let lo_start = hi.map(|v| shift(v));
+                                let lanes =
+                                    i8mm::lanes4_2x2_from::<1, false>(&blk.lo, bx, lo_start);
                                 for (sl, l) in sums[4..].iter_mut().zip(lanes) {
-                                    *sl = vaddq_f32(*sl, vmulq_f32(d, from_magic(l)));
+                                    *sl = vaddq_f32(*sl, vmulq_f32(d, cvt(l)));
                                 }
-                                let dmin = vmulq_f32(vld1q_f32(blk.dmin.as_ptr()), yv);
-                                sumf = vsubq_f32(sumf, vmulq_f32(dmin, vcvtq_f32_s32(summs)));
+                                if K != Q6 {
+                                    let dmin = vmulq_f32(vld1q_f32(blk.dmin.as_ptr()), yv);
+                                    sumf = vsubq_f32(sumf, vmulq_f32(dmin, vcvtq_f32_s32(summs)));
+                                }
                             }
                         }
                         let mut v = [0.0f32; 4];

@@ -400,7 +400,60 @@ pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     let b = &b[..block_bytes(Q4)];
     let mut sc = [0u8; 12];
     sc.copy_from_slice(&b[4..16]);
-    let (s, m) = unpack_k4_scales(&sc);
+    fold_perm32(&sc, u, q2, |j| {
+        perm32(load16(b, 16 + 32 * j), load16(b, 32 + 32 * j))
+    });
+    u.d = f16_at(b, 0);
+    u.dmin = f16_at(b, 2);
+}
+
+/// [`q4_k_perm_folded`] for row `h` (0..4) of a `formats::repack::Layout::Rows4` group block
+/// `g` (four rows' blocks, 576 bytes): the row's bytes of each 32-byte run in [`PERM32`]
+/// order are `uzp1.4s` (even rows of a pair) or `uzp2.4s` (odd rows) of the run's 16-byte
+/// lane-pair runs, with no table lookups.
+pub(crate) fn q4_k_perm_folded_rows4(g: &[u8], h: usize, u: &mut Unpacked, q2: &mut [i8; 256]) {
+    let g = &g[..4 * block_bytes(Q4)];
+    let mut sc = [0u8; 12];
+    sc.copy_from_slice(&g[16 + 12 * h..][..12]);
+    let pq = &g[64 + 256 * (h / 2)..][..256];
+    if h % 2 == 1 {
+        fold_perm32(&sc, u, q2, |j| rows4_run::<true>(pq, 64 * j));
+    } else {
+        fold_perm32(&sc, u, q2, |j| rows4_run::<false>(pq, 64 * j));
+    }
+    u.d = f16_at(g, 2 * h);
+    u.dmin = f16_at(g, 8 + 2 * h);
+}
+
+/// One row's 32 bytes of a `Layout::Rows4` lane-pair run (the 64 bytes at `b[at..]`: four
+/// 16-byte runs, each two lanes of both rows of a pair) in [`PERM32`] order: `uzp1.4s` (even
+/// row of the pair) or `uzp2.4s` (`ODD` row) of runs 0, 1 and of runs 2, 3.
+#[inline(always)]
+fn rows4_run<const ODD: bool>(b: &[u8], at: usize) -> (uint8x16_t, uint8x16_t) {
+    let b = &b[at..at + 64];
+    // SAFETY: NEON register arithmetic only (the loads are bounds-checked by `load16`).
+    unsafe {
+        let ld = |i: usize| vreinterpretq_u32_u8(load16(b, 16 * i));
+        let (v0, v1, v2, v3) = (ld(0), ld(1), ld(2), ld(3));
+        let (x, y) = if ODD {
+            (vuzp2q_u32(v0, v1), vuzp2q_u32(v2, v3))
+        } else {
+            (vuzp1q_u32(v0, v1), vuzp1q_u32(v2, v3))
+        };
+        (vreinterpretq_u8_u32(x), vreinterpretq_u8_u32(y))
+    }
+}
+
+/// The folded streams of [`q4_k_perm_folded`] from the packed scale bytes `sc` and the quant
+/// bytes of each 32-byte run `j` in [`PERM32`] order (`run(j)`, two vectors).
+#[inline(always)]
+fn fold_perm32(
+    sc: &[u8; 12],
+    u: &mut Unpacked,
+    q2: &mut [i8; 256],
+    run: impl Fn(usize) -> (uint8x16_t, uint8x16_t),
+) {
+    let (s, m) = unpack_k4_scales(sc);
     for g in 0..16 {
         u.scales[g] = i16::from(s[g / 2]);
         u.mins[g] = i16::from(m[g / 2]);
@@ -420,7 +473,7 @@ pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
         };
         macro_rules! group {
             ($j:literal) => {{
-                let (p0, p1) = perm32(load16(b, 16 + 32 * $j), load16(b, 32 + 32 * $j));
+                let (p0, p1) = run($j);
                 let (l0, l1) = (vandq_u8(p0, m15), vandq_u8(p1, m15));
                 let (h0, h1) = (vshrq_n_u8::<4>(p0), vshrq_n_u8::<4>(p1));
                 let (a, c) = (
@@ -446,8 +499,6 @@ pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
         group!(2);
         group!(3);
     }
-    u.d = f16_at(b, 0);
-    u.dmin = f16_at(b, 2);
 }
 
 /// Q4_K in [`q3_k_lanes`]' lane-grouped layout ([`lanes8_chunks`] over the pairs of groups of
@@ -507,24 +558,122 @@ pub(crate) fn q4_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     u.dmin = f16_at(b, 2);
 }
 
+/// Q6_K in [`q4_k_lanes`]' lane-grouped layout (each pair of groups of 32 through
+/// [`lanes8_chunks`]), each quant times its group's scale (int8, per 16 elements) split in two
+/// int8 streams: the product `p = q * sc` (|p| <= 4096, exact in int16) is `64 * hi + lo` with
+/// `u.q = hi = p >> 6` (-64..=64, signed) and `q2 = lo = p & 63` (0..=63), so every 8-byte
+/// slice is 8 elements of one reference lane and `64 * hi + lo` over a slice is that lane's
+/// `scale * quant` sum: the reference's `aux32` lanes with no per-group step. `scales` and `d`
+/// as in [`q6_k`].
+pub(crate) fn q6_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
+    q6_k(b, u);
+    let b = &b[..block_bytes(Q6)];
+    // SAFETY (whole block): NEON register arithmetic only; loads and stores are 16 bytes
+    // inside `b`, `u.q` and `q2` (bounds-checked slices).
+    unsafe {
+        let sv = vld1q_s8(b[192..208].as_ptr().cast::<i8>());
+        let m63 = vdupq_n_u8(63);
+        let st2 = |q2: &mut [i8; 256], at: usize, v: uint8x16_t| {
+            let d = &mut q2[at..at + 16];
+            vst1q_u8(d.as_mut_ptr().cast::<u8>(), v)
+        };
+        // The 16 products of the quants `q` with scale `s` as (hi, lo).
+        let split = |q: int8x16_t, s: int8x16_t| {
+            let p0 = vmull_s8(vget_low_s8(q), vget_low_s8(s));
+            let p1 = vmull_high_s8(q, s);
+            let hi = vshrn_high_n_s16::<6>(vshrn_n_s16::<6>(p0), p1);
+            let lo = vmovn_high_s16(vmovn_s16(p0), p1);
+            (
+                vreinterpretq_u8_s8(hi),
+                vandq_u8(vreinterpretq_u8_s8(lo), m63),
+            )
+        };
+        macro_rules! pair_of_groups {
+            ($j:literal) => {{
+                let q = |at: usize| vld1q_s8(u.q[at..at + 16].as_ptr());
+                let (q0, q1, q2v, q3) = (
+                    q(64 * $j),
+                    q(64 * $j + 16),
+                    q(64 * $j + 32),
+                    q(64 * $j + 48),
+                );
+                let (h0, l0) = split(q0, vdupq_laneq_s8::<{ 4 * $j }>(sv));
+                let (h1, l1) = split(q1, vdupq_laneq_s8::<{ 4 * $j + 1 }>(sv));
+                let (h2, l2) = split(q2v, vdupq_laneq_s8::<{ 4 * $j + 2 }>(sv));
+                let (h3, l3) = split(q3, vdupq_laneq_s8::<{ 4 * $j + 3 }>(sv));
+                let (ha, hb) = (perm32(h0, h1), perm32(h2, h3));
+                let (la, lb) = (perm32(l0, l1), perm32(l2, l3));
+                let h = lanes8_chunks([ha.0, ha.1], [hb.0, hb.1]);
+                let l = lanes8_chunks([la.0, la.1], [lb.0, lb.1]);
+                for i in 0..4 {
+                    store16(u, 16 * (4 * $j + i), h[i]);
+                    st2(q2, 16 * (4 * $j + i), l[i]);
+                }
+            }};
+        }
+        pair_of_groups!(0);
+        pair_of_groups!(1);
+        pair_of_groups!(2);
+        pair_of_groups!(3);
+    }
+}
+
 /// Q5_K (176 bytes: d, dmin, scales[12], qh[32], qs[128]): like Q4_K plus a fifth bit,
 /// element `64j + l` is `(qs[32j + l] & 15) | (bit 2j of qh[l]) << 4`, element
 /// `64j + 32 + l` is `(qs[32j + l] >> 4) | (bit 2j + 1 of qh[l]) << 4` (0..=31). With
 /// `perm`, groups of 32 are stored in [`PERM32`] order (qs and qh share positions `l`).
 pub(crate) fn q5_k(b: &[u8], u: &mut Unpacked, perm: bool) {
     let b = &b[..block_bytes(Q5)];
+    let mut sc = [0u8; 12];
+    sc.copy_from_slice(&b[4..16]);
+    let order = |v: (uint8x16_t, uint8x16_t)| if perm { perm32(v.0, v.1) } else { v };
+    let h = order((load16(b, 16), load16(b, 32)));
+    q5_k_fill(u, &sc, h, |j| {
+        order((load16(b, 48 + 32 * j), load16(b, 64 + 32 * j)))
+    });
+    u.d = f16_at(b, 0);
+    u.dmin = f16_at(b, 2);
+}
+
+/// [`q5_k`] (`perm`: [`PERM32`] order) for row `h` (0..4) of a `formats::repack::Layout::Rows4`
+/// group block `g` (four rows' blocks, 704 bytes): the row's `qh` and quant runs come out of
+/// the lane-pair runs with `uzp1/uzp2.4s` ([`rows4_run`]).
+pub(crate) fn q5_k_rows4(g: &[u8], h: usize, u: &mut Unpacked) {
+    let g = &g[..4 * block_bytes(Q5)];
+    let p = h / 2;
+    let mut sc = [0u8; 12];
+    sc.copy_from_slice(&g[16 + 12 * h..][..12]);
+    let (hb, qb) = (&g[64 + 64 * p..][..64], &g[192 + 256 * p..][..256]);
+    if h % 2 == 1 {
+        let run = |j: usize| rows4_run::<true>(qb, 64 * j);
+        q5_k_fill(u, &sc, rows4_run::<true>(hb, 0), run);
+    } else {
+        let run = |j: usize| rows4_run::<false>(qb, 64 * j);
+        q5_k_fill(u, &sc, rows4_run::<false>(hb, 0), run);
+    }
+    u.d = f16_at(g, 2 * h);
+    u.dmin = f16_at(g, 8 + 2 * h);
+}
+
+/// The quants, scales and mins of a Q5_K block into `u` from its packed scale bytes `sc`, its
+/// 32 `qh` bytes `h` and the quant bytes of each run `j` (`run(j)`), `h` and the runs in the
+/// same order (file or [`PERM32`]).
+#[inline(always)]
+fn q5_k_fill(
+    u: &mut Unpacked,
+    sc: &[u8; 12],
+    h: (uint8x16_t, uint8x16_t),
+    run: impl Fn(usize) -> (uint8x16_t, uint8x16_t),
+) {
     // SAFETY (whole block): NEON register arithmetic only.
     unsafe {
         let m15 = vdupq_n_u8(15);
         let sixteen = vdupq_n_u8(16);
-        let (h0, h1) = (load16(b, 16), load16(b, 32));
-        let (h0, h1) = if perm { perm32(h0, h1) } else { (h0, h1) };
         for j in 0..4 {
-            let (q0, q1) = (load16(b, 48 + 32 * j), load16(b, 48 + 32 * j + 16));
-            let (q0, q1) = if perm { perm32(q0, q1) } else { (q0, q1) };
+            let (q0, q1) = run(j);
             let lo_bit = vdupq_n_u8(1u8 << (2 * j));
             let hi_bit = vdupq_n_u8(2u8 << (2 * j));
-            for (half, (q, h)) in [(q0, h0), (q1, h1)].into_iter().enumerate() {
+            for (half, (q, h)) in [(q0, h.0), (q1, h.1)].into_iter().enumerate() {
                 let hl = vandq_u8(vtstq_u8(h, lo_bit), sixteen);
                 let hh = vandq_u8(vtstq_u8(h, hi_bit), sixteen);
                 store16(u, 64 * j + 16 * half, vorrq_u8(vandq_u8(q, m15), hl));
@@ -532,13 +681,9 @@ pub(crate) fn q5_k(b: &[u8], u: &mut Unpacked, perm: bool) {
             }
         }
     }
-    let mut sc = [0u8; 12];
-    sc.copy_from_slice(&b[4..16]);
-    let (s, m) = unpack_k4_scales(&sc);
+    let (s, m) = unpack_k4_scales(sc);
     for g in 0..16 {
         u.scales[g] = i16::from(s[g / 2]);
         u.mins[g] = i16::from(m[g / 2]);
     }
-    u.d = f16_at(b, 0);
-    u.dmin = f16_at(b, 2);
 }
