@@ -395,9 +395,11 @@ async fn bench(a: Args) -> anyhow::Result<()> {
     );
     let kv_start = match a.server_pid {
         Some(pid) => {
-            // one short request first: the server's one-time allocations (engine buffers,
-            // worker arenas) are not the KV cache's
-            c.complete(&ids(16, 999, a.vocab), 2, false).await?;
+            // one request first, longer than a prefill chunk: the server's one-time
+            // allocations (step buffers at full chunk size, worker arenas) are not the KV
+            // cache's; its blocks go back to the pool uncached (cache off)
+            c.complete(&ids(a.turn_tokens.max(1024), 999, a.vocab), 2, false)
+                .await?;
             Some(c.kv_sample(pid).await?)
         }
         None => None,
