@@ -24,8 +24,8 @@ pub enum BenchCommand {
     Serve(Args),
     /// Replay multi-turn agent sessions and a PR-review batch with the prefix cache on and off.
     Agent(super::bench_agent::Args),
-    /// Speculative decoding against none, in process, A/B interleaved (quoting, no overlap,
-    /// ~70% acceptance, 4 sessions) and the step-time curve by rows.
+    /// Speculative decoding against none, in process, A/B interleaved (quoting, predicted,
+    /// noisy predictions, no overlap, 4 sessions) and the step-time curve by rows.
     Spec(super::bench_spec::Args),
 }
 
