@@ -249,8 +249,8 @@ pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
         return match (ty, smmla) {
             (Legacy::Q4_0, true) => gemm_t::<1, true>(nb, w, rows, x, n, out),
             (_, true) => gemm_t::<0, true>(nb, w, rows, x, n, out),
-            (Legacy::Q4_0, false) => gemm_dot_packed::<1>(nb, w, rows, x, n, out),
-            (_, false) => gemm_dot_packed::<0>(nb, w, rows, x, n, out),
+            (Legacy::Q4_0, false) => gemm_dot_t::<1, true>(nb, w, rows, x, n, out),
+            (_, false) => gemm_dot_t::<0, true>(nb, w, rows, x, n, out),
         };
     }
     let out = t.out();
@@ -260,11 +260,11 @@ pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
         (Legacy::Q5_0, true) => gemm_t::<2, false>(nb, w, rows, x, n, out),
         (Legacy::Q4_1, true) => gemm_t::<3, false>(nb, w, rows, x, n, out),
         (Legacy::Q5_1, true) => gemm_t::<4, false>(nb, w, rows, x, n, out),
-        (Legacy::Q8_0, false) => gemm_dot_t::<0>(nb, w, rows, x, n, out),
-        (Legacy::Q4_0, false) => gemm_dot_t::<1>(nb, w, rows, x, n, out),
-        (Legacy::Q5_0, false) => gemm_dot_t::<2>(nb, w, rows, x, n, out),
-        (Legacy::Q4_1, false) => gemm_dot_t::<3>(nb, w, rows, x, n, out),
-        (Legacy::Q5_1, false) => gemm_dot_t::<4>(nb, w, rows, x, n, out),
+        (Legacy::Q8_0, false) => gemm_dot_t::<0, false>(nb, w, rows, x, n, out),
+        (Legacy::Q4_0, false) => gemm_dot_t::<1, false>(nb, w, rows, x, n, out),
+        (Legacy::Q5_0, false) => gemm_dot_t::<2, false>(nb, w, rows, x, n, out),
+        (Legacy::Q4_1, false) => gemm_dot_t::<3, false>(nb, w, rows, x, n, out),
+        (Legacy::Q5_1, false) => gemm_dot_t::<4, false>(nb, w, rows, x, n, out),
     }
 }
 
@@ -505,10 +505,10 @@ fn row_quants(ty: Legacy, wb: &[u8], buf: &mut [u8; 32]) -> [int8x16_t; 2] {
     }
 }
 
-/// [`gemm`]'s SDOT quads for the type `TYPES[T]`: four weight rows x up to eight activation
-/// rows per decoded weight block, the four rows' dots of one activation row in the lanes of
-/// one vector.
-fn gemm_dot_t<const T: usize>(
+/// [`gemm`]'s SDOT quads for the type `TYPES[T]` (`R`: Q8_0 or Q4_0 in [`Layout::Rows4`]): four
+/// weight rows x up to eight activation rows per decoded weight block, the four rows' dots of
+/// one activation row in the lanes of one vector.
+fn gemm_dot_t<const T: usize, const R: bool>(
     nb: usize,
     w: &[u8],
     rows: usize,
@@ -519,9 +519,14 @@ fn gemm_dot_t<const T: usize>(
     let ty = TYPES[T];
     let xbb = ty.act_bytes();
     let xrow = nb * xbb;
+    let (rec, prep_one): (usize, fn(Legacy, &[u8], &mut [u8])) = if R {
+        (PREP1P, prep_row_packed)
+    } else {
+        (PREP1, prep_row)
+    };
     SCRATCH.with(|s| {
         let mut scratch = s.borrow_mut();
-        let need = ROWS1.min(n) * nb * PREP1;
+        let need = ROWS1.min(n) * nb * rec;
         if scratch.len() < need {
             scratch.resize(need, 0);
         }
@@ -530,27 +535,47 @@ fn gemm_dot_t<const T: usize>(
             for t in 0..cnt {
                 for b in 0..nb {
                     let xb = &x[(jc + t) * xrow + b * xbb..][..xbb];
-                    prep_row(ty, xb, &mut scratch[(b * cnt + t) * PREP1..][..PREP1]);
+                    prep_one(ty, xb, &mut scratch[(b * cnt + t) * rec..][..rec]);
                 }
             }
-            let prep = &scratch[..nb * cnt * PREP1];
-            let mut r = 0;
-            while r < rows {
-                let rr: [usize; 4] = core::array::from_fn(|i| (r + i).min(rows - 1));
+            let prep = &scratch[..nb * cnt * rec];
+            for r in (0..rows).step_by(ROWS4) {
                 match cnt {
-                    1 => quad_dot::<1, { T }>(nb, w, rr, prep, jc, n, out),
-                    2 => quad_dot::<2, { T }>(nb, w, rr, prep, jc, n, out),
-                    3 => quad_dot::<3, { T }>(nb, w, rr, prep, jc, n, out),
-                    4 => quad_dot::<4, { T }>(nb, w, rr, prep, jc, n, out),
-                    5 => quad_dot::<5, { T }>(nb, w, rr, prep, jc, n, out),
-                    6 => quad_dot::<6, { T }>(nb, w, rr, prep, jc, n, out),
-                    7 => quad_dot::<7, { T }>(nb, w, rr, prep, jc, n, out),
-                    _ => quad_dot::<8, { T }>(nb, w, rr, prep, jc, n, out),
+                    1 => quad_dot_at::<1, { T }, { R }>(nb, w, r, rows, prep, jc, n, out),
+                    2 => quad_dot_at::<2, { T }, { R }>(nb, w, r, rows, prep, jc, n, out),
+                    3 => quad_dot_at::<3, { T }, { R }>(nb, w, r, rows, prep, jc, n, out),
+                    4 => quad_dot_at::<4, { T }, { R }>(nb, w, r, rows, prep, jc, n, out),
+                    5 => quad_dot_at::<5, { T }, { R }>(nb, w, r, rows, prep, jc, n, out),
+                    6 => quad_dot_at::<6, { T }, { R }>(nb, w, r, rows, prep, jc, n, out),
+                    7 => quad_dot_at::<7, { T }, { R }>(nb, w, r, rows, prep, jc, n, out),
+                    _ => quad_dot_at::<8, { T }, { R }>(nb, w, r, rows, prep, jc, n, out),
                 }
-                r += 4;
             }
         }
     });
+}
+
+/// The SDOT quad of weight rows `r..r + 4` x the `J` prepared activation rows `jc..jc + J`:
+/// one whole group in [`Layout::Rows4`] (`R`), else four rows of the file's layout, the last
+/// clamped to `rows - 1` (a repeated row computes and stores its original's dot again).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn quad_dot_at<const J: usize, const T: usize, const R: bool>(
+    nb: usize,
+    w: &[u8],
+    r: usize,
+    rows: usize,
+    prep: &[u8],
+    jc: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    if R {
+        quad_dot_packed::<J, T>(nb, w, r, prep, jc, n, out)
+    } else {
+        let rr: [usize; 4] = core::array::from_fn(|i| (r + i).min(rows - 1));
+        quad_dot::<J, T>(nb, w, rr, prep, jc, n, out)
+    }
 }
 
 /// Weight rows `rr` x the `J` prepared activation rows `jc..jc + J` on SDOT.
@@ -650,50 +675,6 @@ fn prep_row_packed(ty: Legacy, xb: &[u8], dst: &mut [u8]) {
         put(dst, 64, vreinterpretq_u8_s32(vld1q_s32(v.as_ptr())));
         put(dst, 80, vreinterpretq_u8_f32(f16x4([xb, xb, xb, xb], 0)));
     }
-}
-
-/// [`gemm`]'s SDOT quads for `TYPES[T]` (Q8_0 or Q4_0) in [`Layout::Rows4`]: each group of four
-/// weight rows x up to eight activation rows per block.
-fn gemm_dot_packed<const T: usize>(
-    nb: usize,
-    w: &[u8],
-    rows: usize,
-    x: &[u8],
-    n: usize,
-    out: &mut [f32],
-) {
-    let ty = TYPES[T];
-    let xbb = ty.act_bytes();
-    let xrow = nb * xbb;
-    SCRATCH.with(|s| {
-        let mut scratch = s.borrow_mut();
-        let need = ROWS1.min(n) * nb * PREP1P;
-        if scratch.len() < need {
-            scratch.resize(need, 0);
-        }
-        for jc in (0..n).step_by(ROWS1) {
-            let cnt = ROWS1.min(n - jc);
-            for t in 0..cnt {
-                for b in 0..nb {
-                    let xb = &x[(jc + t) * xrow + b * xbb..][..xbb];
-                    prep_row_packed(ty, xb, &mut scratch[(b * cnt + t) * PREP1P..][..PREP1P]);
-                }
-            }
-            let prep = &scratch[..nb * cnt * PREP1P];
-            for r in (0..rows).step_by(ROWS4) {
-                match cnt {
-                    1 => quad_dot_packed::<1, { T }>(nb, w, r, prep, jc, n, out),
-                    2 => quad_dot_packed::<2, { T }>(nb, w, r, prep, jc, n, out),
-                    3 => quad_dot_packed::<3, { T }>(nb, w, r, prep, jc, n, out),
-                    4 => quad_dot_packed::<4, { T }>(nb, w, r, prep, jc, n, out),
-                    5 => quad_dot_packed::<5, { T }>(nb, w, r, prep, jc, n, out),
-                    6 => quad_dot_packed::<6, { T }>(nb, w, r, prep, jc, n, out),
-                    7 => quad_dot_packed::<7, { T }>(nb, w, r, prep, jc, n, out),
-                    _ => quad_dot_packed::<8, { T }>(nb, w, r, prep, jc, n, out),
-                }
-            }
-        }
-    });
 }
 
 /// The group of weight rows `r..r + 4` ([`Layout::Rows4`]) x the `J` prepared activation rows
