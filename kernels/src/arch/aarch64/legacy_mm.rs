@@ -505,6 +505,10 @@ fn row_quants(ty: Legacy, wb: &[u8], buf: &mut [u8; 32]) -> [int8x16_t; 2] {
     }
 }
 
+/// What prepares one block of one activation row for the SDOT quads ([`prep_row`],
+/// [`prep_row_packed`]).
+type PrepRow = fn(Legacy, &[u8], &mut [u8]);
+
 /// [`gemm`]'s SDOT quads for the type `TYPES[T]` (`R`: Q8_0 or Q4_0 in [`Layout::Rows4`]): four
 /// weight rows x up to eight activation rows per decoded weight block, the four rows' dots of
 /// one activation row in the lanes of one vector.
@@ -519,7 +523,7 @@ fn gemm_dot_t<const T: usize, const R: bool>(
     let ty = TYPES[T];
     let xbb = ty.act_bytes();
     let xrow = nb * xbb;
-    let (rec, prep_one): (usize, fn(Legacy, &[u8], &mut [u8])) = if R {
+    let (rec, prep_one): (usize, PrepRow) = if R {
         (PREP1P, prep_row_packed)
     } else {
         (PREP1, prep_row)
