@@ -3,7 +3,9 @@
 //! is held here before any work starts, and all failures become `tonic::Status` in one place
 //! (`status_of`). Work runs on the node's pinned rayon pool (spawned straight onto a worker, the
 //! result sent back on a oneshot), one request at a time per stream, with `expert_ffn` — the same
-//! function the coordinator runs in process.
+//! function the coordinator runs in process. Every answer carries the node's timestamps (request
+//! decoded, compute started and ended, answer handed to the stream) so the coordinator can tell
+//! where a round trip went.
 //!
 //! A coordinator on the same machine may also hand over a shared-memory region (`AttachShm`,
 //! `nightshift_proto::shm`): a link thread, pinned like the workers, then takes that
@@ -368,6 +370,7 @@ impl ExpertService for NodeService {
                         break;
                     }
                 };
+                let received_ns = nightshift_proto::monotonic_ns();
                 requests.fetch_add(1, Ordering::Relaxed);
                 in_flight.fetch_add(1, Ordering::Relaxed);
                 let request_id = msg.request_id;
@@ -379,11 +382,13 @@ impl ExpertService for NodeService {
                 worker_pool.spawn(move || {
                     // A panic must not abort the node (rayon aborts on a panicking spawn): it
                     // becomes this request's error status.
-                    let _ = done_tx.send(NodeService::handle(&store, Some(&pool), n_embd, msg));
+                    let started_ns = nightshift_proto::monotonic_ns();
+                    let r = NodeService::handle(&store, Some(&pool), n_embd, msg);
+                    let _ = done_tx.send((r, started_ns, nightshift_proto::monotonic_ns()));
                 });
-                let result = done_rx
+                let (result, started_ns, ended_ns) = done_rx
                     .await
-                    .unwrap_or_else(|_| Err(Status::internal("worker failed: no result")));
+                    .unwrap_or_else(|_| (Err(Status::internal("worker failed: no result")), 0, 0));
                 in_flight.fetch_sub(1, Ordering::Relaxed);
                 let result = match result {
                     Ok(bytes) => compute_response::Result::Outputs(bytes),
@@ -403,6 +408,10 @@ impl ExpertService for NodeService {
                     .send(Ok(ComputeResponse {
                         request_id,
                         result: Some(result),
+                        received_ns,
+                        started_ns,
+                        ended_ns,
+                        replied_ns: nightshift_proto::monotonic_ns(),
                     }))
                     .await
                     .is_err()

@@ -22,6 +22,24 @@ pub const FINGERPRINT_HEADER: &str = "x-nightshift-fingerprint";
 /// Metadata key carrying the optional shared auth token (`Bearer <token>` in `authorization`).
 pub const AUTH_HEADER: &str = "authorization";
 
+/// This machine's CLOCK_MONOTONIC in nanoseconds: the clock of the timing fields of
+/// `ComputeResponse`, the same in every process (and network namespace) of one machine, so the
+/// coordinator can split a round trip on one machine into its legs; 0 if the clock cannot be read.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid, exclusively borrowed pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
 /// The wire form of expert outputs: little-endian f32 (a plain copy on little-endian machines).
 pub fn f32s_to_le_bytes(v: &[f32]) -> Vec<u8> {
     #[cfg(target_endian = "little")]

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
-use nightshift_coordinator::cluster::{self, ClusterArgs, RemoteExperts};
+use nightshift_coordinator::cluster::{self, ClusterArgs, LegsSummary, RemoteExperts};
 use nightshift_model::{
     BatchToken, Engine, EngineOptions, ExpertBackend, LocalExperts, Model, StepProfile,
 };
@@ -100,6 +100,8 @@ struct Run {
     shared_per_step: Option<f64>,
     /// The engine's phase times over the timed steps.
     profile: StepProfile,
+    /// Where a stream call's round trip went (medians), when the nodes report their stamps.
+    legs: Option<LegsSummary>,
 }
 
 /// Decode `a.steps` steps at `batch` with the experts on `remote`'s nodes, or in process (None).
@@ -166,7 +168,10 @@ fn decode(
         shm_share: stats
             .as_ref()
             .map(|s| s.shm_calls as f64 / s.calls.max(1) as f64),
-        shared_per_step: stats.map(|s| s.shared_rounds as f64 / a.steps.max(1) as f64),
+        shared_per_step: stats
+            .as_ref()
+            .map(|s| s.shared_rounds as f64 / a.steps.max(1) as f64),
+        legs: stats.and_then(|s| s.legs_p50()),
         profile: e.profile(),
     })
 }
@@ -238,6 +243,33 @@ fn phase_cells(profiles: &[StepProfile]) -> String {
 /// The header of [`phase_cells`].
 const PHASE_HEADER: &str =
     "     step | attention |    router |   experts | ffn other |      head |     other";
+
+/// The header of [`legs_cells`].
+const LEGS_HEADER: &str =
+    "calls |  total |    out | node wait | compute | node reply |   back |   wake |   land";
+
+/// One stream call's round trip by leg, medians in us (`RpcStats::legs_p50`): out (request
+/// handed to the stream -> decoded on the node), the node's wait for a worker, compute and reply,
+/// back (node -> the coordinator's reader), wake (reader -> the waiting call), land (last answer
+/// of a round -> the engine's thread). "-": not measured (legs across the link need one clock).
+fn legs_cells(l: Option<&LegsSummary>) -> String {
+    let Some(l) = l else {
+        return "(no stream calls reported their timestamps)".into();
+    };
+    let o = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+    format!(
+        "{:>5} | {:>6} | {:>6} | {:>9} | {:>7} | {:>10} | {:>6} | {:>6} | {:>6}",
+        l.calls,
+        l.total_us,
+        o(l.out_us),
+        l.node_wait_us,
+        l.compute_us,
+        l.node_reply_us,
+        o(l.back_us),
+        l.wake_us,
+        o(l.land_us)
+    )
+}
 
 fn us(v: Option<u32>) -> String {
     v.map_or("-".into(), |v| format!("{v} us"))
@@ -389,6 +421,19 @@ fn main() -> anyhow::Result<()> {
             ("cluster", runs.iter().map(|r| r.1.profile).collect()),
         ] {
             println!("{:>5} | {:>10} | {}", batch, name, phase_cells(&profiles));
+        }
+    }
+    println!();
+    println!("one stream call's round trip by leg (us, medians over its calls; see legs_cells)");
+    println!("{:>5} | {:>3} | {LEGS_HEADER}", "batch", "run");
+    for (batch, runs) in &summary {
+        for (rep, (_, d)) in runs.iter().enumerate() {
+            println!(
+                "{:>5} | {:>3} | {}",
+                batch,
+                rep + 1,
+                legs_cells(d.legs.as_ref())
+            );
         }
     }
     Ok(())

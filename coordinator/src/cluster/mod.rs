@@ -21,7 +21,7 @@ use nightshift_model::{ExpertBackend, ExpertMemory, LoadOptions, LocalExperts, M
 use rayon::ThreadPool;
 
 pub use launcher::{LaunchError, LaunchOptions, LocalCluster, NodeTls};
-pub use remote::{NodeStatus, RemoteExperts, RemoteOptions, RpcStats};
+pub use remote::{CallLegs, LegsSummary, NodeStatus, RemoteExperts, RemoteOptions, RpcStats};
 pub use tls::ClientTls;
 
 /// Cluster flags shared by `serve`, `generate` and `logits`.

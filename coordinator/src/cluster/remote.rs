@@ -33,7 +33,7 @@ mod shared_call;
 mod shm_link;
 mod stats;
 
-pub use stats::RpcStats;
+pub use stats::{CallLegs, LegsSummary, RpcStats};
 
 use errors::{error_chain, link_hint, status_chain};
 
@@ -94,7 +94,7 @@ impl Default for RemoteOptions {
     }
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>, String>>>>>;
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<call::Answer, String>>>>>;
 
 /// A live compute stream to a node.
 pub(super) struct Conn {
@@ -539,10 +539,16 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, LinkFailure> {
         let reason = loop {
             match inbound.next().await {
                 Some(Ok(resp)) => {
+                    let arrived_ns = nightshift_proto::monotonic_ns();
                     let waiter = lock(&p).remove(&resp.request_id);
                     if let Some(w) = waiter {
+                        let stamps = call::NodeStamps::of(&resp);
                         let r = match resp.result {
-                            Some(compute_response::Result::Outputs(b)) => Ok(b),
+                            Some(compute_response::Result::Outputs(outputs)) => Ok(call::Answer {
+                                outputs,
+                                stamps,
+                                arrived_ns,
+                            }),
                             Some(compute_response::Result::Error(e)) => {
                                 Err(format!("node error: {}", e.message))
                             }

@@ -283,6 +283,31 @@ fn summary(cells: &[Cell], moe_layers: usize, a: &Args) {
     }
     println!();
     println!(
+        "one stream call's round trip by leg with the overlap and micro-batches (us, medians; the"
+    );
+    println!("relay's hold and its own cost are in out and back)");
+    println!(
+        "{:>5} | {:>8} | {:>5} | {:>3} | {}",
+        "nodes",
+        "added",
+        "batch",
+        "run",
+        super::LEGS_HEADER
+    );
+    for c in cells {
+        for (rep, r) in c.runs.iter().enumerate() {
+            println!(
+                "{:>5} | {:>8} | {:>5} | {:>3} | {}",
+                c.nodes,
+                c.delay_us.map_or("direct".into(), |d| format!("{d} us")),
+                c.batch,
+                rep + 1,
+                super::legs_cells(r.both.legs.as_ref())
+            );
+        }
+    }
+    println!();
+    println!(
         "cost of added latency: growth of the decode step per MoE layer and per us added one way"
     );
     println!(

@@ -8,14 +8,73 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nightshift_model::{ActRows, ExpertPair};
-use nightshift_proto::v1::ComputeRequest;
+use nightshift_proto::v1::{ComputeRequest, ComputeResponse};
 use tokio::sync::oneshot;
 
+use super::stats::CallLegs;
 use super::{lock, mark_down, LinkState, Shared};
 
 /// A share's outcome (the output bytes over a stream, `()` once written in place from shared
 /// memory) and how long after it was sent the answer was in hand.
 pub(super) type Timed<T> = ((Share, Result<T, String>), Duration);
+
+/// The timestamps a node put on its answer (`ComputeResponse`, its `monotonic_ns`): all zero
+/// from a node that does not report them.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct NodeStamps {
+    received: u64,
+    started: u64,
+    ended: u64,
+    replied: u64,
+}
+
+impl NodeStamps {
+    pub(super) fn of(r: &ComputeResponse) -> NodeStamps {
+        NodeStamps {
+            received: r.received_ns,
+            started: r.started_ns,
+            ended: r.ended_ns,
+            replied: r.replied_ns,
+        }
+    }
+}
+
+/// A node's answer as the stream reader hands it to the waiting call: the outputs, the node's
+/// timestamps and when the reader had it (`monotonic_ns`).
+pub(super) struct Answer {
+    pub(super) outputs: Vec<u8>,
+    pub(super) stamps: NodeStamps,
+    pub(super) arrived_ns: u64,
+}
+
+/// Where one answered stream call's time went (`CallLegs`), from the coordinator's stamps
+/// (`posted_ns` before the request went to the stream, `woke_ns` when the call had the answer)
+/// and the node's; None when the node reported no stamps or they are out of order.
+pub(super) fn legs(posted_ns: u64, a: &Answer, woke_ns: u64) -> Option<CallLegs> {
+    let n = a.stamps;
+    let ordered = n.received > 0
+        && n.received <= n.started
+        && n.started <= n.ended
+        && n.ended <= n.replied
+        && a.arrived_ns <= woke_ns
+        && posted_ns <= woke_ns;
+    if !ordered {
+        return None;
+    }
+    let us = |ns: u64| (ns / 1000).min(u32::MAX as u64) as u32;
+    // The legs across the link compare two processes' clocks: meaningful on one machine only,
+    // where they are the same CLOCK_MONOTONIC (and then each is non-negative).
+    let same_clock = posted_ns <= n.received && n.replied <= a.arrived_ns;
+    Some(CallLegs {
+        total_us: us(woke_ns - posted_ns),
+        out_us: same_clock.then(|| us(n.received - posted_ns)),
+        node_wait_us: us(n.started - n.received),
+        compute_us: us(n.ended - n.started),
+        node_reply_us: us(n.replied - n.ended),
+        back_us: same_clock.then(|| us(a.arrived_ns - n.replied)),
+        wake_us: us(woke_ns - a.arrived_ns),
+    })
+}
 
 /// One node's share of a layer call.
 #[derive(Clone)]
@@ -142,6 +201,7 @@ pub(super) async fn call_node(
     let request_id = req.request_id;
     let bytes_out = req.acts.len() + 8 * req.experts.len() + 32;
     let started = Instant::now();
+    let posted_ns = nightshift_proto::monotonic_ns();
     let (wtx, wrx) = oneshot::channel();
     lock(&pending).insert(request_id, wtx);
     node.outstanding.fetch_add(share.cost, Ordering::Relaxed);
@@ -161,6 +221,15 @@ pub(super) async fn call_node(
         }
     }
     .await;
+    let result = result.map(|answer| {
+        if let Some(l) = legs(posted_ns, &answer, nightshift_proto::monotonic_ns()) {
+            let mut st = lock(&s.stats);
+            if st.legs.len() < 1 << 20 {
+                st.legs.push(l);
+            }
+        }
+        answer.outputs
+    });
     node.outstanding.fetch_sub(share.cost, Ordering::Relaxed);
     lock(&pending).remove(&request_id);
     let received = result.as_ref().map(Vec::len).map_err(Clone::clone);
@@ -181,5 +250,61 @@ pub(super) fn record_spread<T>(s: &Shared, timed: &[Timed<T>]) {
         if st.spreads_us.len() < 1 << 20 {
             st.spreads_us.push((hi - lo).as_micros() as u32);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(stamps: [u64; 4], arrived_ns: u64) -> Answer {
+        Answer {
+            outputs: Vec::new(),
+            stamps: NodeStamps {
+                received: stamps[0],
+                started: stamps[1],
+                ended: stamps[2],
+                replied: stamps[3],
+            },
+            arrived_ns,
+        }
+    }
+
+    #[test]
+    fn legs_split_a_round_trip_on_one_clock() {
+        let a = answer([110_000, 130_000, 530_000, 545_000], 600_000);
+        let l = legs(100_000, &a, 640_000).expect("ordered stamps");
+        assert_eq!(
+            l,
+            CallLegs {
+                total_us: 540,
+                out_us: Some(10),
+                node_wait_us: 20,
+                compute_us: 400,
+                node_reply_us: 15,
+                back_us: Some(55),
+                wake_us: 40,
+            }
+        );
+    }
+
+    #[test]
+    fn another_machines_clock_keeps_only_the_legs_of_each_end() {
+        // the node's clock is far ahead of the coordinator's
+        let a = answer([9_000_000, 9_020_000, 9_420_000, 9_435_000], 600_000);
+        let l = legs(100_000, &a, 640_000).expect("each end's stamps are ordered");
+        assert_eq!((l.out_us, l.back_us), (None, None));
+        assert_eq!(
+            (l.node_wait_us, l.compute_us, l.node_reply_us),
+            (20, 400, 15)
+        );
+        assert_eq!((l.total_us, l.wake_us), (540, 40));
+    }
+
+    #[test]
+    fn missing_or_disordered_stamps_give_no_legs() {
+        assert!(legs(100_000, &answer([0; 4], 600_000), 640_000).is_none());
+        let swapped = answer([110_000, 530_000, 130_000, 545_000], 600_000);
+        assert!(legs(100_000, &swapped, 640_000).is_none());
     }
 }

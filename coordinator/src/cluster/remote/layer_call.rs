@@ -21,7 +21,20 @@ use super::{balance, hedge, lock, shared_call, shm_link, LinkState, RemoteExpert
 struct InFlight {
     acts: Arc<ActRows>,
     pairs: Arc<Vec<ExpertPair>>,
-    calls: tokio::task::JoinHandle<Vec<Timed<Vec<u8>>>>,
+    calls: tokio::task::JoinHandle<Round>,
+}
+
+/// A round of stream calls as answered: each share's outcome and time, and when the last one
+/// was in (`monotonic_ns`).
+type Round = (Vec<Timed<Vec<u8>>>, u64);
+
+/// Records how long a round took from its last answer to the engine's thread (`lands_us`).
+fn record_land(s: &Shared, done_ns: u64) {
+    let us = nightshift_proto::monotonic_ns().saturating_sub(done_ns) / 1000;
+    let mut st = lock(&s.stats);
+    if st.lands_us.len() < 1 << 20 {
+        st.lands_us.push(us.min(u32::MAX as u64) as u32);
+    }
 }
 
 /// The stream calls of one round, side by side, each with the time its answer took.
@@ -32,7 +45,7 @@ async fn stream_round(
     acts: Arc<ActRows>,
     pairs: Arc<Vec<ExpertPair>>,
     shares: Vec<Share>,
-) -> Vec<Timed<Vec<u8>>> {
+) -> Round {
     let calls = shares.into_iter().map(|sh| {
         let call = hedge::hedged_call(
             s.clone(),
@@ -48,7 +61,8 @@ async fn stream_round(
             (r, started.elapsed())
         }
     });
-    futures::future::join_all(calls).await
+    let timed = futures::future::join_all(calls).await;
+    (timed, nightshift_proto::monotonic_ns())
 }
 
 impl RemoteExperts {
@@ -175,14 +189,16 @@ impl RemoteExperts {
                     let timed = if streamed.is_empty() {
                         Vec::new()
                     } else {
-                        self.drive(stream_round(
+                        let (timed, done_ns) = self.drive(stream_round(
                             self.shared.clone(),
                             placement.clone(),
                             layer,
                             acts.clone(),
                             pairs.clone(),
                             streamed,
-                        ))?
+                        ))?;
+                        record_land(&self.shared, done_ns);
+                        timed
                     };
                     (timed, posted)
                 }
@@ -366,9 +382,10 @@ impl ExpertBackend for RemoteExperts {
         };
         let InFlight { acts, pairs, calls } = *call;
         self.check_out(pairs.len(), out)?;
-        let first = self
+        let (first, done_ns) = self
             .drive(calls)?
             .map_err(|e| ExpertError::Backend(format!("expert client task failed: {e}")))?;
+        record_land(&self.shared, done_ns);
         self.rounds(
             posted.layer,
             &acts,

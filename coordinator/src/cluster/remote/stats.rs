@@ -23,6 +23,47 @@ pub struct RpcStats {
     /// Per layer-call round sent to several nodes that all answered: slowest minus fastest
     /// node's round trip, in microseconds (how uneven the shares were).
     pub spreads_us: Vec<u32>,
+    /// Where each answered stream call's time went (nodes that report their timestamps).
+    pub legs: Vec<CallLegs>,
+    /// Per round of stream calls: from the last call having its answer to the engine's thread
+    /// having the round (the hand-over out of the client runtime), in microseconds.
+    pub lands_us: Vec<u32>,
+}
+
+/// One stream call's round trip split at the timestamps of both ends, in microseconds. The legs
+/// across the link (`out_us`, `back_us`) compare the two ends' clocks, so they are known only
+/// when the node runs on the coordinator's machine (network namespaces included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallLegs {
+    /// Coordinator: request handed to the stream -> the answer in the waiting call's hands.
+    pub total_us: u32,
+    /// Request handed to the stream -> decoded on the node (encode, TLS, h2, TCP, relay, decode).
+    pub out_us: Option<u32>,
+    /// Node: decoded -> its compute started on a worker (the hand-off to the pool).
+    pub node_wait_us: u32,
+    /// Node: validation and the expert FFNs.
+    pub compute_us: u32,
+    /// Node: compute ended -> the answer handed to its stream (the hand-back).
+    pub node_reply_us: u32,
+    /// Node's answer handed to its stream -> read by the coordinator's stream reader.
+    pub back_us: Option<u32>,
+    /// Coordinator: the reader had the answer -> the waiting call resumed with it.
+    pub wake_us: u32,
+}
+
+/// The median of every leg over a set of calls (`RpcStats::legs_p50`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LegsSummary {
+    pub calls: usize,
+    pub total_us: u32,
+    pub out_us: Option<u32>,
+    pub node_wait_us: u32,
+    pub compute_us: u32,
+    pub node_reply_us: u32,
+    pub back_us: Option<u32>,
+    pub wake_us: u32,
+    /// Median of `RpcStats::lands_us`.
+    pub land_us: Option<u32>,
 }
 
 impl RpcStats {
@@ -34,6 +75,27 @@ impl RpcStats {
     /// The `q`-quantile (0..=1) of the per-round node spreads (`spreads_us`), in microseconds.
     pub fn spread_quantile_us(&self, q: f64) -> Option<u32> {
         quantile(&self.spreads_us, q)
+    }
+
+    /// The median of each leg over the calls that reported theirs (each leg on its own: they
+    /// need not add up to the median total), None when no call did.
+    pub fn legs_p50(&self) -> Option<LegsSummary> {
+        let l = &self.legs;
+        let med = |f: fn(&CallLegs) -> u32| quantile(&l.iter().map(f).collect::<Vec<_>>(), 0.5);
+        let med_opt = |f: fn(&CallLegs) -> Option<u32>| {
+            quantile(&l.iter().filter_map(f).collect::<Vec<_>>(), 0.5)
+        };
+        Some(LegsSummary {
+            calls: l.len(),
+            total_us: med(|c| c.total_us)?,
+            out_us: med_opt(|c| c.out_us),
+            node_wait_us: med(|c| c.node_wait_us)?,
+            compute_us: med(|c| c.compute_us)?,
+            node_reply_us: med(|c| c.node_reply_us)?,
+            back_us: med_opt(|c| c.back_us),
+            wake_us: med(|c| c.wake_us)?,
+            land_us: quantile(&self.lands_us, 0.5),
+        })
     }
 }
 
