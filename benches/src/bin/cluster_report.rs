@@ -100,7 +100,7 @@ struct Run {
     shared_per_step: Option<f64>,
     /// The engine's phase times over the timed steps.
     profile: StepProfile,
-    /// Where a stream call's round trip went (medians), when the nodes report their stamps.
+    /// Where a stream call's round trip went (means), when the nodes report their stamps.
     legs: Option<LegsSummary>,
 }
 
@@ -171,7 +171,7 @@ fn decode(
         shared_per_step: stats
             .as_ref()
             .map(|s| s.shared_rounds as f64 / a.steps.max(1) as f64),
-        legs: stats.and_then(|s| s.legs_p50()),
+        legs: stats.and_then(|s| s.legs_mean()),
         profile: e.profile(),
     })
 }
@@ -248,7 +248,7 @@ const PHASE_HEADER: &str =
 const LEGS_HEADER: &str =
     "calls |  total |    out | node wait | compute | node reply |   back |   wake |   land";
 
-/// One stream call's round trip by leg, medians in us (`RpcStats::legs_p50`): out (request
+/// One stream call's round trip by leg, means in us (`RpcStats::legs_mean`; they add up to total): out (request
 /// handed to the stream -> decoded on the node), the node's wait for a worker, compute and reply,
 /// back (node -> the coordinator's reader), wake (reader -> the waiting call), land (last answer
 /// of a round -> the engine's thread). "-": not measured (legs across the link need one clock).
@@ -424,7 +424,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     println!();
-    println!("one stream call's round trip by leg (us, medians over its calls; see legs_cells)");
+    println!("one stream call's round trip by leg (us, means over its calls, adding up to total; see legs_cells)");
     println!("{:>5} | {:>3} | {LEGS_HEADER}", "batch", "run");
     for (batch, runs) in &summary {
         for (rep, (_, d)) in runs.iter().enumerate() {

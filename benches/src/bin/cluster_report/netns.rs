@@ -283,7 +283,7 @@ fn summary(cells: &[Cell], moe_layers: usize, a: &Args) {
     }
     println!();
     println!(
-        "one stream call's round trip by leg with the overlap and micro-batches (us, medians; the"
+        "one stream call's round trip by leg with the overlap and micro-batches (us, means; the"
     );
     println!("relay's hold and its own cost are in out and back)");
     println!(

@@ -51,7 +51,7 @@ pub struct CallLegs {
     pub wake_us: u32,
 }
 
-/// The median of every leg over a set of calls (`RpcStats::legs_p50`).
+/// The mean of every leg over a set of calls (`RpcStats::legs_mean`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LegsSummary {
     pub calls: usize,
@@ -62,7 +62,7 @@ pub struct LegsSummary {
     pub node_reply_us: u32,
     pub back_us: Option<u32>,
     pub wake_us: u32,
-    /// Median of `RpcStats::lands_us`.
+    /// Mean of `RpcStats::lands_us`.
     pub land_us: Option<u32>,
 }
 
@@ -77,24 +77,31 @@ impl RpcStats {
         quantile(&self.spreads_us, q)
     }
 
-    /// The median of each leg over the calls that reported theirs (each leg on its own: they
-    /// need not add up to the median total), None when no call did.
-    pub fn legs_p50(&self) -> Option<LegsSummary> {
+    /// The mean of every leg over the calls that reported theirs, None when none did. Means,
+    /// not medians: on one clock the legs of a call add up to its total, and so do their means.
+    pub fn legs_mean(&self) -> Option<LegsSummary> {
         let l = &self.legs;
-        let med = |f: fn(&CallLegs) -> u32| quantile(&l.iter().map(f).collect::<Vec<_>>(), 0.5);
-        let med_opt = |f: fn(&CallLegs) -> Option<u32>| {
-            quantile(&l.iter().filter_map(f).collect::<Vec<_>>(), 0.5)
+        if l.is_empty() {
+            return None;
+        }
+        let mean = |v: Vec<u32>| {
+            (!v.is_empty())
+                .then(|| (v.iter().map(|&x| x as u64).sum::<u64>() / v.len() as u64) as u32)
         };
+        let all = |f: fn(&CallLegs) -> u32| mean(l.iter().map(f).collect()).unwrap_or(0);
+        // the legs across the link only over the calls that have them (all or none, on one
+        // machine or not), so they still add up with the others
+        let some = |f: fn(&CallLegs) -> Option<u32>| mean(l.iter().filter_map(f).collect());
         Some(LegsSummary {
             calls: l.len(),
-            total_us: med(|c| c.total_us)?,
-            out_us: med_opt(|c| c.out_us),
-            node_wait_us: med(|c| c.node_wait_us)?,
-            compute_us: med(|c| c.compute_us)?,
-            node_reply_us: med(|c| c.node_reply_us)?,
-            back_us: med_opt(|c| c.back_us),
-            wake_us: med(|c| c.wake_us)?,
-            land_us: quantile(&self.lands_us, 0.5),
+            total_us: all(|c| c.total_us),
+            out_us: some(|c| c.out_us),
+            node_wait_us: all(|c| c.node_wait_us),
+            compute_us: all(|c| c.compute_us),
+            node_reply_us: all(|c| c.node_reply_us),
+            back_us: some(|c| c.back_us),
+            wake_us: all(|c| c.wake_us),
+            land_us: mean(self.lands_us.clone()),
         })
     }
 }
