@@ -92,7 +92,10 @@ fn check_transport(r: &RemoteExperts, transport: Transport) {
                 let across = l.out_us.unwrap_or(0) + node + l.back_us.unwrap_or(0) + l.wake_us;
                 // the legs cover the round trip exactly (up to rounding each to a us)
                 assert!(node <= l.total_us, "{l:?}");
-                assert!(across <= l.total_us + 1 && across + 6 >= l.total_us, "{l:?}");
+                assert!(
+                    across <= l.total_us + 1 && across + 6 >= l.total_us,
+                    "{l:?}"
+                );
             }
             assert!(!st.lands_us.is_empty(), "no round landed: {st:?}");
         }
