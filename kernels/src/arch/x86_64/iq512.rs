@@ -96,6 +96,9 @@ trait Wide: IqKind<X = BlockQ8_K> {
     /// every scale word is 1, so [`bias`] only sets `bb` and the dot is one `vpdpbusd` per
     /// register.
     const TERNARY: bool = false;
+    /// `decode_regs` gives the weights with their signs and `BIAS` already applied (the IQ1
+    /// kinds, from a biased grid table), so [`bias`] only sets `bb`.
+    const BIASED: bool = false;
     /// Decodes the unit starting at `p` (its first block's first byte).
     ///
     /// # Safety
@@ -191,9 +194,11 @@ fn bias<K: Wide>(d: &mut Dec) {
         d.bb = _mm256_set1_epi16(-(K::BIAS as i16));
         return;
     }
-    let b = _mm512_set1_epi8(K::BIAS);
-    for (w, &neg) in d.w.iter_mut().zip(&d.neg) {
-        *w = _mm512_add_epi8(negate(*w, neg), b);
+    if !K::BIASED {
+        let b = _mm512_set1_epi8(K::BIAS);
+        for (w, &neg) in d.w.iter_mut().zip(&d.neg) {
+            *w = _mm512_add_epi8(negate(*w, neg), b);
+        }
     }
     // word 8q of register c scales elements 16 (4c + q)..: words 0, 8, 16, 24 of each
     let half = |a: __m512i, b: __m512i| _mm512_permutex2var_epi16(a, GROUP_WORDS.get(), b);

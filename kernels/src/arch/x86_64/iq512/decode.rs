@@ -131,13 +131,16 @@ impl Wide for Iq3Xxs {
 }
 
 /// The IQ1 grid points of 32 11-bit indices (dwords of `idx`, eight points per register) as
-/// weights times 8 (see `IQ1_FIELD_VALUES8`). The 2048-point grid does not fit in registers: one
+/// biased weights `8 * value + 8` (see `IQ1_FIELD_BIASED`): the kinds' `BIAS` is in the value
+/// table, so no add per register follows. The 2048-point grid does not fit in registers: one
 /// `vpgatherdd` of its u16 codes per 16 points, whose 2-bit fields are then expanded like the
 /// IQ2 codes (in a standalone loop on Zen 5, 4.7 ns per 32 points against 5.7 for eight-byte loads of
-/// the expanded grid inserted one by one and 7.8 for `vpgatherdq` of them).
+/// the expanded grid inserted one by one and 7.8 for `vpgatherdq` of them; in this kernel, at
+/// batch 1, the eight-byte loads of a pre-biased grid through a stack buffer of indices were
+/// 0-30% slower than the gathers, 2026-12-02).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn iq1_points8(idx: [__m512i; 2]) -> [__m512i; 4] {
+fn iq1_points_biased(idx: [__m512i; 2]) -> [__m512i; 4] {
     // SAFETY: every index is below 2048 by construction (8 + 3 bits), and the table has two
     // padding entries, so each dword read (2 bytes per index step) stays inside it.
     let codes =
@@ -147,7 +150,7 @@ fn iq1_points8(idx: [__m512i; 2]) -> [__m512i; 4] {
             IQ2_SHIFTS.get(),
             _mm512_permutexvar_epi16(IQ1_SPREAD[c % 2].get(), codes[c / 2]),
         );
-        _mm512_permutexvar_epi8(f, IQ1_FIELD_VALUES8.get())
+        _mm512_permutexvar_epi8(f, IQ1_FIELD_BIASED.get())
     })
 }
 
@@ -167,6 +170,7 @@ fn iq1_indices(b: __m512i, table: &[V64; 2], shifts: __m512i) -> [__m512i; 2] {
 impl Wide for Iq1S {
     const BIAS: i8 = 8; // grid values 8 * {-1, 0, 1}
     const BSUMS: bool = true;
+    const BIASED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -175,7 +179,7 @@ impl Wide for Iq1S {
             let b = _mm512_maskz_loadu_epi8((1u64 << IQ1S_BYTES) - 1, p as *const i8);
             // chunk l of a group takes qh bits 3l..3l+3 as index bits 8..11
             let shifts = _mm512_set_epi32(9, 6, 3, 0, 9, 6, 3, 0, 9, 6, 3, 0, 9, 6, 3, 0);
-            let g = iq1_points8(iq1_indices(b, &IQ1S_IDX, shifts));
+            let g = iq1_points_biased(iq1_indices(b, &IQ1S_IDX, shifts));
             let qh = _mm512_permutexvar_epi8(IQ1S_QH_WORDS.get(), b);
             let ls = _mm512_or_si512(
                 _mm512_and_si512(_mm512_srli_epi16::<11>(qh), _mm512_set1_epi16(0xe)),
@@ -332,6 +336,7 @@ impl Wide for Iq3S {
 
 impl Wide for Iq1M {
     const BIAS: i8 = 9; // 8 * {-1, 0, 1} + shift {-1, 1}
+    const BIASED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -340,16 +345,17 @@ impl Wide for Iq1M {
             let b = _mm512_maskz_loadu_epi8((1u64 << IQ1M_BYTES) - 1, p as *const i8);
             // even chunks take qh bits 0..3 as index bits 8..11, odd chunks bits 4..7
             let shifts = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
-            let g = iq1_points8(iq1_indices(b, &IQ1M_IDX, shifts));
+            let g = iq1_points_biased(iq1_indices(b, &IQ1M_IDX, shifts));
             let blk = &*(p as *const BlockIq1M);
             let bits = (p.add(IQ1M_SCALES) as *const u64).read_unaligned();
             let sc = odd_scales(u64::from_le(bits), &IQ1M_SCALE_SHIFTS, 0x07, &SCALES16);
-            // 8 * grid + shift sign: one integer sum gives `8 sumi1 + sumi2`
-            let one = _mm512_set1_epi8(1);
+            // 8 * grid + shift sign + 9: one integer sum gives `8 sumi1 + sumi2` (plus the
+            // bias); `g` is `8 * grid + 8`, so a shift of +1 adds 2 and one of -1 nothing
+            let two = _mm512_set1_epi8(2);
             let w = core::array::from_fn(|c| {
                 let sh = _mm512_permutexvar_epi8(IQ1M_SHIFT_BYTES[c].get(), b);
-                let m = _mm512_test_epi8_mask(sh, IQ1M_SHIFT_BITS.get());
-                _mm512_mask_sub_epi8(_mm512_add_epi8(g[c], one), m, g[c], one)
+                let plus = _mm512_testn_epi8_mask(sh, IQ1M_SHIFT_BITS.get());
+                _mm512_mask_add_epi8(g[c], plus, g[c], two)
             });
             Dec::new(w, sc, f16_to_f32(blk.d_bits()))
         }

@@ -231,9 +231,10 @@ pub(super) static IQ1_CODES: Iq1Codes = Iq1Codes({
     o
 });
 
-/// The IQ1 grid values times 8 (fields 0, 1, 2 -> -8, 0, 8): the weights in units of the
-/// shift `IQ1_DELTA` = 1/8, so that one integer sum carries both the grid and the shift terms.
-pub(super) static IQ1_FIELD_VALUES8: V64 = field_values([0xf8, 0, 8, 0]);
+/// The IQ1 grid values times 8, plus 8 (fields 0, 1, 2 -> 0, 8, 16): the weights in units of
+/// the shift `IQ1_DELTA` = 1/8, so that one integer sum carries both the grid and the shift
+/// terms, already biased to unsigned bytes (8 is IQ1_S's `BIAS`; IQ1_M adds its shift on top).
+pub(super) static IQ1_FIELD_BIASED: V64 = field_values([0, 8, 16, 0]);
 
 /// IQ1 register `c` from its half's gathered dwords (code `k` in the low word of dword `k`):
 /// qword `q` <- the word of code `8 (c % 2) + q`.
