@@ -96,6 +96,10 @@ trait Wide: IqKind<X = BlockQ8_K> {
     /// every scale word is 1, so [`bias`] only sets `bb` and the dot is one `vpdpbusd` per
     /// register.
     const TERNARY: bool = false;
+    /// `decode_regs` gives the weights with their signs and `BIAS` already applied (the IQ1
+    /// kinds, from a biased value table) and sets `bb` itself (see [`bias_words`]), so
+    /// [`bias`] has nothing left to do.
+    const BIASED: bool = false;
     /// Decodes the unit starting at `p` (its first block's first byte).
     ///
     /// # Safety
@@ -191,19 +195,25 @@ fn bias<K: Wide>(d: &mut Dec) {
         d.bb = _mm256_set1_epi16(-(K::BIAS as i16));
         return;
     }
+    if K::BIASED {
+        return;
+    }
     let b = _mm512_set1_epi8(K::BIAS);
     for (w, &neg) in d.w.iter_mut().zip(&d.neg) {
         *w = _mm512_add_epi8(negate(*w, neg), b);
     }
+    d.bb = bias_words(&d.sc, K::BIAS);
+}
+
+/// Minus `bias` times each 16 elements' scale word of `sc` (the `bb` of [`Dec`]).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+fn bias_words(sc: &[__m512i; 4], bias: i8) -> __m256i {
     // word 8q of register c scales elements 16 (4c + q)..: words 0, 8, 16, 24 of each
     let half = |a: __m512i, b: __m512i| _mm512_permutex2var_epi16(a, GROUP_WORDS.get(), b);
-    let s = _mm512_permutex2var_epi16(
-        half(d.sc[0], d.sc[1]),
-        GROUP_HALVES.get(),
-        half(d.sc[2], d.sc[3]),
-    );
-    let m = _mm256_mullo_epi16(_mm512_castsi512_si256(s), _mm256_set1_epi16(K::BIAS as i16));
-    d.bb = _mm256_sub_epi16(_mm256_setzero_si256(), m);
+    let s = _mm512_permutex2var_epi16(half(sc[0], sc[1]), GROUP_HALVES.get(), half(sc[2], sc[3]));
+    let m = _mm256_mullo_epi16(_mm512_castsi512_si256(s), _mm256_set1_epi16(bias as i16));
+    _mm256_sub_epi16(_mm256_setzero_si256(), m)
 }
 
 /// The sixteen 16-element sums of each of `blocks` Q8_K blocks at `x`, as words, into `dst`.

@@ -131,23 +131,26 @@ impl Wide for Iq3Xxs {
 }
 
 /// The IQ1 grid points of 32 11-bit indices (dwords of `idx`, eight points per register) as
-/// weights times 8 (see `IQ1_FIELD_VALUES8`). The 2048-point grid does not fit in registers: one
+/// biased weights `8 * value + 8` (see `IQ1_SHIFTS8`: one mask, no value lookup): the kinds'
+/// `BIAS` is in the values, so no add per register follows. The 2048-point grid does not fit in registers: one
 /// `vpgatherdd` of its u16 codes per 16 points, whose 2-bit fields are then expanded like the
 /// IQ2 codes (in a standalone loop on Zen 5, 4.7 ns per 32 points against 5.7 for eight-byte loads of
-/// the expanded grid inserted one by one and 7.8 for `vpgatherdq` of them).
+/// the expanded grid inserted one by one and 7.8 for `vpgatherdq` of them; in this kernel, at
+/// batch 1, the eight-byte loads of a pre-biased grid through a stack buffer of indices were
+/// 0-30% slower than the gathers, 2026-12-02).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn iq1_points8(idx: [__m512i; 2]) -> [__m512i; 4] {
+fn iq1_points_biased(idx: [__m512i; 2]) -> [__m512i; 4] {
     // SAFETY: every index is below 2048 by construction (8 + 3 bits), and the table has two
     // padding entries, so each dword read (2 bytes per index step) stays inside it.
     let codes =
         idx.map(|i| unsafe { _mm512_i32gather_epi32::<2>(i, IQ1_CODES.0.as_ptr() as *const i32) });
     core::array::from_fn(|c| {
         let f = _mm512_multishift_epi64_epi8(
-            IQ2_SHIFTS.get(),
+            IQ1_SHIFTS8.get(),
             _mm512_permutexvar_epi16(IQ1_SPREAD[c % 2].get(), codes[c / 2]),
         );
-        _mm512_permutexvar_epi8(f, IQ1_FIELD_VALUES8.get())
+        _mm512_and_si512(f, _mm512_set1_epi8(0x18))
     })
 }
 
@@ -167,6 +170,7 @@ fn iq1_indices(b: __m512i, table: &[V64; 2], shifts: __m512i) -> [__m512i; 2] {
 impl Wide for Iq1S {
     const BIAS: i8 = 8; // grid values 8 * {-1, 0, 1}
     const BSUMS: bool = true;
+    const BIASED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -175,7 +179,7 @@ impl Wide for Iq1S {
             let b = _mm512_maskz_loadu_epi8((1u64 << IQ1S_BYTES) - 1, p as *const i8);
             // chunk l of a group takes qh bits 3l..3l+3 as index bits 8..11
             let shifts = _mm512_set_epi32(9, 6, 3, 0, 9, 6, 3, 0, 9, 6, 3, 0, 9, 6, 3, 0);
-            let g = iq1_points8(iq1_indices(b, &IQ1S_IDX, shifts));
+            let g = iq1_points_biased(iq1_indices(b, &IQ1S_IDX, shifts));
             let qh = _mm512_permutexvar_epi8(IQ1S_QH_WORDS.get(), b);
             let ls = _mm512_or_si512(
                 _mm512_and_si512(_mm512_srli_epi16::<11>(qh), _mm512_set1_epi16(0xe)),
@@ -186,6 +190,9 @@ impl Wide for Iq1S {
             let sc = core::array::from_fn(|c| _mm512_permutexvar_epi16(WORD_SCALES[c].get(), ls));
             let mut d = Dec::new(g, sc, lead_d(p));
             d.bw = _mm512_castsi512_si256(_mm512_permutexvar_epi16(BSUM_PAIRS.get(), lsd));
+            // `bias_words` of these scale words: group g (16 elements) has scale ls[g / 2]
+            let ls8 = _mm512_mullo_epi16(ls, _mm512_set1_epi16(-(Self::BIAS as i16)));
+            d.bb = _mm512_castsi512_si256(_mm512_permutexvar_epi16(BSUM_PAIRS.get(), ls8));
             d
         }
     }
@@ -218,18 +225,32 @@ pub(super) fn expand_iq3(codes: __m512i, c: usize, values: &V64) -> __m512i {
 }
 
 /// The odd scales `2 f + 1` of the fields picked by `shifts` (width `mask`) from the qword
-/// `bits`, as the scale words of the four registers (`table`: which byte each word takes).
+/// `bits`, one byte each (byte `i` of `shifts` picks byte `i`'s field).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub(super) fn odd_scales(bits: u64, shifts: &V64, mask: i8, table: &[V64; 4]) -> [__m512i; 4] {
+pub(super) fn odd_bytes(bits: u64, shifts: &V64, mask: i8) -> __m512i {
     let f = _mm512_and_si512(
         _mm512_multishift_epi64_epi8(shifts.get(), _mm512_set1_epi64(bits as i64)),
         _mm512_set1_epi8(mask),
     );
-    let odd = _mm512_or_si512(_mm512_add_epi8(f, f), _mm512_set1_epi8(1));
+    _mm512_or_si512(_mm512_add_epi8(f, f), _mm512_set1_epi8(1))
+}
+
+/// The scale words of the four registers from one odd scale byte each ([`odd_bytes`];
+/// `table`: which byte each word takes).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+pub(super) fn byte_scales(odd: __m512i, table: &[V64; 4]) -> [__m512i; 4] {
     core::array::from_fn(|c| {
         _mm512_maskz_permutexvar_epi8(0x5555_5555_5555_5555, table[c].get(), odd)
     })
+}
+
+/// [`byte_scales`] of [`odd_bytes`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+pub(super) fn odd_scales(bits: u64, shifts: &V64, mask: i8, table: &[V64; 4]) -> [__m512i; 4] {
+    byte_scales(odd_bytes(bits, shifts, mask), table)
 }
 
 /// Index words of 32 grid points from `qs` bytes and high bits in `qh` bytes: word `i` =
@@ -332,6 +353,7 @@ impl Wide for Iq3S {
 
 impl Wide for Iq1M {
     const BIAS: i8 = 9; // 8 * {-1, 0, 1} + shift {-1, 1}
+    const BIASED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
@@ -340,18 +362,28 @@ impl Wide for Iq1M {
             let b = _mm512_maskz_loadu_epi8((1u64 << IQ1M_BYTES) - 1, p as *const i8);
             // even chunks take qh bits 0..3 as index bits 8..11, odd chunks bits 4..7
             let shifts = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
-            let g = iq1_points8(iq1_indices(b, &IQ1M_IDX, shifts));
+            let g = iq1_points_biased(iq1_indices(b, &IQ1M_IDX, shifts));
             let blk = &*(p as *const BlockIq1M);
             let bits = (p.add(IQ1M_SCALES) as *const u64).read_unaligned();
-            let sc = odd_scales(u64::from_le(bits), &IQ1M_SCALE_SHIFTS, 0x07, &SCALES16);
-            // 8 * grid + shift sign: one integer sum gives `8 sumi1 + sumi2`
-            let one = _mm512_set1_epi8(1);
+            // byte h (h < 16) of `odd`: the scale of 16-element group h
+            let odd = odd_bytes(u64::from_le(bits), &IQ1M_SCALE_SHIFTS, 0x07);
+            let sc = byte_scales(odd, &SCALES16);
+            // 8 * grid + shift sign + 9: one integer sum gives `8 sumi1 + sumi2` (plus the
+            // bias); `g` is `8 * grid + 8`, so a shift of +1 adds 2 and one of -1 nothing
+            let two = _mm512_set1_epi8(2);
             let w = core::array::from_fn(|c| {
                 let sh = _mm512_permutexvar_epi8(IQ1M_SHIFT_BYTES[c].get(), b);
-                let m = _mm512_test_epi8_mask(sh, IQ1M_SHIFT_BITS.get());
-                _mm512_mask_sub_epi8(_mm512_add_epi8(g[c], one), m, g[c], one)
+                let plus = _mm512_testn_epi8_mask(sh, IQ1M_SHIFT_BITS.get());
+                _mm512_mask_add_epi8(g[c], plus, g[c], two)
             });
-            Dec::new(w, sc, f16_to_f32(blk.d_bits()))
+            Dec {
+                // `bias_words` of these scale words, from the bytes
+                bb: _mm256_mullo_epi16(
+                    _mm256_cvtepu8_epi16(_mm512_castsi512_si128(odd)),
+                    _mm256_set1_epi16(-(Self::BIAS as i16)),
+                ),
+                ..Dec::new(w, sc, f16_to_f32(blk.d_bits()))
+            }
         }
     }
     /// The integer is `8 sumi1 + sumi2`: over 8 it is the reference's `sumi1 + IQ1_DELTA *

@@ -231,9 +231,21 @@ pub(super) static IQ1_CODES: Iq1Codes = Iq1Codes({
     o
 });
 
-/// The IQ1 grid values times 8 (fields 0, 1, 2 -> -8, 0, 8): the weights in units of the
-/// shift `IQ1_DELTA` = 1/8, so that one integer sum carries both the grid and the shift terms.
-pub(super) static IQ1_FIELD_VALUES8: V64 = field_values([0xf8, 0, 8, 0]);
+/// `vpmultishiftqb` control taking the IQ1 grid values times 8, plus 8, straight out of a
+/// code (fields 0, 1, 2 -> 0, 8, 16 once masked with `0x18`): byte `j` of a qword starts 3 bits
+/// below field `j` (bit `2 j - 3`, wrapping to the qword's top for `j = 0`, where the spread code
+/// repeats), so the field lands in bits 3..5. These are the weights in units of the shift
+/// `IQ1_DELTA` = 1/8, so that one integer sum carries both the grid and the shift terms, already
+/// biased to unsigned bytes (8 is IQ1_S's `BIAS`; IQ1_M adds its shift on top).
+pub(super) static IQ1_SHIFTS8: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        o[i] = ((2 * (i % 8) + 61) % 64) as u8;
+        i += 1;
+    }
+    o
+});
 
 /// IQ1 register `c` from its half's gathered dwords (code `k` in the low word of dword `k`):
 /// qword `q` <- the word of code `8 (c % 2) + q`.
