@@ -8,7 +8,8 @@
 /// Step wall time by rows, a running mean per row count (exponentially weighted, so drift is
 /// followed). Rows never measured are interpolated between measured neighbours; past the
 /// largest measured count the cost of a row is extrapolated optimistically, so a step with
-/// more rows gets tried and measured.
+/// more rows gets tried and measured; below the smallest, in proportion to the rows, so the
+/// step without drafts is measured before drafts are judged against it.
 #[derive(Clone, Debug, Default)]
 pub struct StepTimes {
     /// Index = rows; (mean seconds, samples).
@@ -60,8 +61,10 @@ impl StepTimes {
                 Some(ta + (tb - ta) * (rows - a) as f64 / (b - a) as f64)
             }
             (Some((a, ta)), None) => Some(ta + EXPLORE_ROW * ta / a as f64 * (rows - a) as f64),
-            // below the smallest measured count a step costs at most as much
-            (None, Some((_, tb))) => Some(tb),
+            // below the smallest measured count (usually a prefill chunk): in proportion to
+            // the rows, the most a step can save by having fewer, so drafts look dear until
+            // a step without them was measured (the measured curve then decides)
+            (None, Some((b, tb))) => Some(tb * rows as f64 / b as f64),
             (None, None) => None,
         }
     }
@@ -289,6 +292,14 @@ mod tests {
         assert_eq!(t.estimate(3), Some(2.0));
         assert_eq!(t.estimate(9), Some(3.0 + 0.25 * 3.0 / 5.0 * 4.0));
         assert_eq!(StepTimes::new().estimate(2), None);
+        // only a prefill chunk measured: fewer rows cost proportionally less, so no draft
+        // rides before the one-row step is measured
+        let prefill = times(&[(16, 8.0)]);
+        assert_eq!(prefill.estimate(1), Some(0.5));
+        assert_eq!(
+            plan(&prefill, 1, &[Candidate::geometric(0.9, 4)], None),
+            vec![0]
+        );
     }
 
     #[test]
