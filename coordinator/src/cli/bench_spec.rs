@@ -37,8 +37,8 @@ pub struct Args {
     /// Prompt tokens (before quoting).
     #[arg(long, default_value_t = 48)]
     pub prompt_tokens: usize,
-    /// A/B rounds per workload.
-    #[arg(long, default_value_t = 3)]
+    /// A/B rounds per workload (each mode runs first in half of them when even).
+    #[arg(long, default_value_t = 4)]
     pub rounds: usize,
     /// Most rows of the step-time curve.
     #[arg(long, default_value_t = 12)]

@@ -297,14 +297,17 @@ fn the_policy_drafts_only_while_the_measured_rows_pay() {
     // one request, drafted by an oracle wrong at every 5th position (about 80% accepted),
     // the policy on, on a toy engine whose steps cost time by rows
     let reqs = vec![req("<user>hello there", 60)];
-    let (base, _) = run(&reqs, None, 1);
-    let gated = |base: &[Out]| Speculator::new(oracle(&reqs, base, 5), 6, true);
     let engine = |step_ms: u64, row_ms: u64| {
         let mut e = MockEngine::new(8);
+        // only max_tokens ends the answer
+        e.eos = false;
         e.step_delay = std::time::Duration::from_millis(step_ms);
         e.row_delay = std::time::Duration::from_millis(row_ms);
         e
     };
+    let (base, _) = run_on(engine(0, 0), &reqs, None, 1);
+    assert_eq!(base[0].completion_tokens, 60);
+    let gated = |base: &[Out]| Speculator::new(oracle(&reqs, base, 5), 6, true);
     let drafted = |o: &Out| o.accepted + o.rejected;
     // a row costs as much as a whole step: one draft token is worth at most 0.8 tokens and
     // costs a step, so nothing is drafted (the step without drafts is measured first)
