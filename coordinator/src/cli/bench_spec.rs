@@ -8,8 +8,10 @@
 //! acceptance they give brackets the 70%-acceptance workload), `no-overlap` (a prompt of
 //! tokens that never repeat), and `4 sessions` (four quoting prompts at once). Each mode runs
 //! on one scheduler for the whole run, as a server does (the policy's measured step times and
-//! the drafter's record carry over between requests). Also the engine's step time by rows of
-//! one sequence (the cost a draft token adds).
+//! the drafter's record carry over between requests). Then where each workload's time went,
+//! from the scheduler's step tally (steps with drafts, draft rows and accepted drafts per such
+//! step, drafting time, plain decode steps' and whole steps' time on both sides), and the
+//! engine's step time by rows of one sequence (the cost a draft token adds).
 
 use crate::scheduler::model_backend::{engine_with, EngineLimits};
 use crate::scheduler::model_text::ModelText;
