@@ -8,11 +8,14 @@
 //! acceptance they give brackets the issue's 70%-acceptance workload), `no-overlap` (a prompt of
 //! tokens that never repeat), and `4 sessions` (four quoting prompts at once). Each mode runs
 //! on one scheduler for the whole run, as a server does (the policy's measured step times and
-//! the drafter's record carry over between requests). Also the engine's step time by rows of
-//! one sequence (the cost a draft token adds).
+//! the drafter's record carry over between requests). Then where each workload's time went,
+//! from the scheduler's step tally (steps with drafts, draft rows and accepted drafts per such
+//! step, drafting time, plain decode steps' and whole steps' time on both sides), and the
+//! engine's step time by rows of one sequence (the cost a draft token adds).
 
 use crate::scheduler::model_backend::{engine_with, EngineLimits};
 use crate::scheduler::model_text::ModelText;
+use crate::scheduler::spec::Counts;
 use crate::scheduler::{Event, GenRequest, Scheduler, SchedulerOptions, TextModel};
 use anyhow::Context;
 use nightshift_kernels::rng::SplitMix64;
@@ -36,8 +39,8 @@ pub struct Args {
     /// Prompt tokens (before quoting).
     #[arg(long, default_value_t = 48)]
     pub prompt_tokens: usize,
-    /// A/B rounds per workload.
-    #[arg(long, default_value_t = 3)]
+    /// A/B rounds per workload (each mode runs first in half of them when even).
+    #[arg(long, default_value_t = 4)]
     pub rounds: usize,
     /// Most rows of the step-time curve.
     #[arg(long, default_value_t = 12)]
@@ -45,6 +48,9 @@ pub struct Args {
     /// Shares of a prediction's tokens replaced (percent), one `noisy N%` workload each.
     #[arg(long, value_delimiter = ',', default_value = "10,20,30")]
     pub noise: Vec<u32>,
+    /// Run only the workloads whose names start with one of these (e.g. `no-overlap,noisy`).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
     /// The drafter and its flags (as `serve`).
     #[command(flatten)]
     pub spec: super::spec_args::SpecArgs,
@@ -64,6 +70,8 @@ struct Measured {
     secs: f64,
     accepted: u64,
     drafted: u64,
+    /// The scheduler's step counts over the run.
+    steps: Counts,
 }
 
 impl Measured {
@@ -121,6 +129,7 @@ impl Bench {
 
     /// Runs `jobs` at once through `s`.
     fn run(&self, jobs: &[Job], s: &Scheduler) -> anyhow::Result<Measured> {
+        let before = s.step_counts();
         let mut rxs = Vec::new();
         for (i, j) in jobs.iter().enumerate() {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -172,6 +181,12 @@ impl Bench {
         m.secs = last_all
             .duration_since(first_all.unwrap_or(last_all))
             .as_secs_f64();
+        // the engine thread counts a step's end before its finished sequences leave
+        let waited = Instant::now();
+        while s.in_flight() > 0 && waited.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        m.steps = s.step_counts().since(&before);
         Ok(m)
     }
 
@@ -348,6 +363,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     workloads.extend(noisy.into_iter().map(|(name, job)| (name, vec![job])));
     workloads.push(("no-overlap".into(), no_overlap));
     workloads.push(("4 sessions".into(), four));
+    if !a.only.is_empty() {
+        workloads.retain(|(name, _)| a.only.iter().any(|o| name.starts_with(o.as_str())));
+        anyhow::ensure!(
+            !workloads.is_empty(),
+            "--only: expected workload names (quoting, predicted, noisy, no-overlap, 4 sessions), found {:?}",
+            a.only
+        );
+    }
     println!(
         "{:<11} {:>10} {:>9} {:>12} {:>12} {:>15}",
         "workload", "accepted", "tok/step", "off tok/s", "spec tok/s", "ratio (range)"
@@ -363,6 +386,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let seqs = workloads.iter().map(|(_, j)| j.len()).max().unwrap_or(1);
     let off_s = b.scheduler(false, n_ctx, seqs)?;
     let on_s = b.scheduler(true, n_ctx, seqs)?;
+    let mut spent = Vec::new();
     for (name, jobs) in &workloads {
         let mut ratios = Vec::new();
         let (mut off_sum, mut on_sum) = (Measured::default(), Measured::default());
@@ -381,6 +405,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 sum.secs += m.secs;
                 sum.accepted += m.accepted;
                 sum.drafted += m.drafted;
+                sum.steps.add(&m.steps);
             }
         }
         ratios.sort_by(f64::total_cmp);
@@ -409,7 +434,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ratios[0],
             ratios[ratios.len() - 1]
         );
+        spent.push((name.clone(), off_sum, on_sum));
     }
+    println!("where the time went (engine steps over all rounds, off -> spec; per step):");
+    println!(
+        "{:<11} {:>11} {:>6} {:>6} {:>6} {:>9} {:>13} {:>13} {:>13}",
+        "workload",
+        "steps",
+        "draft",
+        "rows",
+        "kept",
+        "draft us",
+        "plain ms",
+        "forward ms",
+        "rest ms"
+    );
+    for (name, off, on) in &spent {
+        let (o, n) = (off.steps, on.steps);
+        let per = |x: u64, steps: u64| x as f64 / steps.max(1) as f64;
+        let ms = |x: u64, steps: u64| per(x, steps) / 1e6;
+        println!(
+            "{:<11} {:>5}->{:<5} {:>6} {:>6.2} {:>6.2} {:>9.1} {:>6.2}->{:<6.2} {:>6.2}->{:<6.2} {:>6.3}->{:<6.3}",
+            name,
+            o.steps,
+            n.steps,
+            n.draft_steps,
+            per(n.draft_rows, n.draft_steps),
+            per(n.accepted, n.draft_steps),
+            per(n.drafting_nanos, n.steps) / 1e3,
+            ms(o.plain_nanos, o.plain_steps),
+            ms(n.plain_nanos, n.plain_steps),
+            ms(o.forward_nanos, o.steps),
+            ms(n.forward_nanos, n.steps),
+            ms(o.step_nanos - o.forward_nanos.min(o.step_nanos), o.steps),
+            ms(n.step_nanos - n.forward_nanos.min(n.step_nanos), n.steps),
+        );
+    }
+    println!(
+        "  (draft: steps with drafts; rows, kept: draft rows and accepted drafts per such step; \
+         plain: decode steps without drafts or prefill; rest: a step's time outside forward)"
+    );
     println!("step time by rows of one sequence (median of 5):");
     let curve = b.step_curve(&quoting[0].prompt)?;
     let t1 = curve.first().map_or(1.0, |c| c.1);

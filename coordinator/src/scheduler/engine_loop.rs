@@ -10,7 +10,7 @@
 use super::backend::{
     AdmitError, Admitted, BatchToken, KvStats, SeqId, StepEngine, StepError, TextModel,
 };
-use super::spec::{Ask, SeqSpec, Speculator};
+use super::spec::{Ask, SeqSpec, Speculator, StepShape, Tally};
 use super::text::{Pushed, TextStream};
 use super::{Event, FinishReason, GenRequest, SchedulerOptions, TokenLogprob, Usage};
 use nightshift_model::constrain::SeqConstraint;
@@ -32,6 +32,8 @@ pub struct Stats {
     pub running: AtomicUsize,
     /// The KV cache as of the last step (for `/v1/admin/kv`).
     pub kv: Mutex<KvStats>,
+    /// Steps, rows, drafts and where a step's time went (for `bench spec`).
+    pub tally: Tally,
 }
 
 /// One admitted sequence.
@@ -410,7 +412,9 @@ impl<E: StepEngine> Loop<E> {
 
     fn step(&mut self) {
         self.attach_shared();
+        let began = Instant::now();
         let drafts = self.plan_drafts();
+        let drafting = began.elapsed();
         let (batch, owners, n_decode) = self.build_batch(&drafts);
         if batch.is_empty() {
             return;
@@ -424,13 +428,21 @@ impl<E: StepEngine> Loop<E> {
             .collect();
         let t0 = Instant::now();
         let (result, masks) = self.forward_with_masks(&batch, &owners, &drafts, &spec_rows);
-        let dt = t0.elapsed().as_secs_f64();
+        let elapsed = t0.elapsed();
+        let dt = elapsed.as_secs_f64();
+        let n_drafted: usize = spec_rows.iter().map(|d| d.1).sum();
         if result.is_ok() {
             if let Some(sp) = self.spec.as_mut() {
                 sp.record_step(batch.len(), dt);
             }
+            self.stats.tally.step(&StepShape {
+                rows: batch.len(),
+                decode_rows: n_decode,
+                draft_rows: n_drafted,
+                forward: elapsed,
+                drafting,
+            });
         }
-        let n_drafted: usize = spec_rows.iter().map(|d| d.1).sum();
         metrics::histogram!("nightshift_step_seconds").record(dt);
         metrics::counter!("nightshift_prefill_tokens_total")
             .increment((batch.len() - n_decode - n_drafted) as u64);
@@ -486,6 +498,7 @@ impl<E: StepEngine> Loop<E> {
                 let spec = self.running[i].spec.as_mut();
                 if j < k && token == draft[j] {
                     accepted += 1;
+                    self.stats.tally.accepted(1);
                     if let Some(ss) = spec {
                         ss.accepted += 1;
                     }
@@ -513,6 +526,9 @@ impl<E: StepEngine> Loop<E> {
         if dt > 0.0 && emitted > 0 {
             metrics::gauge!("nightshift_decode_tokens_per_second").set(emitted as f64 / dt);
         }
+        // before the finished sequences leave `running` (a caller that saw them leave sees
+        // the whole step counted)
+        self.stats.tally.step_ended(began.elapsed());
         done.sort_unstable_by(|a, b| b.cmp(a));
         for i in done {
             let s = self.running.swap_remove(i);

@@ -125,6 +125,9 @@ pub struct MockEngine {
     pub peak_live: Arc<AtomicUsize>,
     /// Sleep per step, to make concurrency observable.
     pub step_delay: std::time::Duration,
+    /// Sleep per row on top of `step_delay` (a step's cost grows with its rows, as the
+    /// engine's does: what the speculation policy measures).
+    pub row_delay: std::time::Duration,
     /// Whether EOS can win (off: sequences end only by length or stop strings).
     pub eos: bool,
     /// Truncations that dropped positions (rejected drafts; shared for tests).
@@ -150,6 +153,7 @@ impl MockEngine {
             live: Arc::new(AtomicUsize::new(0)),
             peak_live: Arc::new(AtomicUsize::new(0)),
             step_delay: std::time::Duration::ZERO,
+            row_delay: std::time::Duration::ZERO,
             eos: true,
             truncations: Arc::new(AtomicUsize::new(0)),
             batches: None,
@@ -278,8 +282,9 @@ impl StepEngine for MockEngine {
                 .unwrap_or_else(|p| p.into_inner())
                 .push(batch.to_vec());
         }
-        if !self.step_delay.is_zero() {
-            std::thread::sleep(self.step_delay);
+        let delay = self.step_delay + self.row_delay * batch.len() as u32;
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
         }
         let mut out = Vec::new();
         for t in batch {

@@ -215,6 +215,11 @@ impl Scheduler {
         *self.stats.kv.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The engine thread's step counts so far (steps, rows, drafts, forward and drafting time).
+    pub fn step_counts(&self) -> spec::Counts {
+        self.stats.tally.counts()
+    }
+
     /// Requests queued or running right now.
     pub fn in_flight(&self) -> usize {
         use std::sync::atomic::Ordering::Relaxed;

@@ -7,6 +7,136 @@
 
 use nightshift_model::spec::policy::{plan, Candidate};
 use nightshift_model::spec::{Acceptance, DraftKind, DraftRequest, Drafter, StepTimes};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Running totals of the engine thread's steps, shared with the `Scheduler` handle so a
+/// benchmark can say where a workload's time went: how many steps carried drafts, how many
+/// rows they had, and the time spent in `forward` against the time spent drafting and
+/// planning (the part of a step speculation adds even when it drafts nothing).
+#[derive(Debug, Default)]
+pub struct Tally {
+    steps: AtomicU64,
+    rows: AtomicU64,
+    /// Steps with at least one draft row, and the draft rows.
+    draft_steps: AtomicU64,
+    draft_rows: AtomicU64,
+    /// Draft tokens accepted (by verification).
+    accepted: AtomicU64,
+    forward_nanos: AtomicU64,
+    /// Plain decode steps (one row per decoding sequence, no prefill, no drafts) and their
+    /// `forward` time: the same steps with and without speculation.
+    plain_steps: AtomicU64,
+    plain_nanos: AtomicU64,
+    /// Drafting and the policy (`Speculator::drafts` and the grammar cut), per step.
+    drafting_nanos: AtomicU64,
+    /// Whole steps (drafting, forward, sampling and verification, cache cuts).
+    step_nanos: AtomicU64,
+}
+
+/// A copy of a [`Tally`] at one moment; [`Counts::since`] gives a run's share.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub steps: u64,
+    pub rows: u64,
+    pub draft_steps: u64,
+    pub draft_rows: u64,
+    pub accepted: u64,
+    pub forward_nanos: u64,
+    pub plain_steps: u64,
+    pub plain_nanos: u64,
+    pub drafting_nanos: u64,
+    pub step_nanos: u64,
+}
+
+impl Counts {
+    fn fields(&mut self) -> [&mut u64; 10] {
+        [
+            &mut self.steps,
+            &mut self.rows,
+            &mut self.draft_steps,
+            &mut self.draft_rows,
+            &mut self.accepted,
+            &mut self.forward_nanos,
+            &mut self.plain_steps,
+            &mut self.plain_nanos,
+            &mut self.drafting_nanos,
+            &mut self.step_nanos,
+        ]
+    }
+
+    /// What was counted after `earlier`.
+    pub fn since(&self, earlier: &Counts) -> Counts {
+        let mut out = *self;
+        let mut earlier = *earlier;
+        for (x, e) in out.fields().into_iter().zip(earlier.fields()) {
+            *x = x.saturating_sub(*e);
+        }
+        out
+    }
+
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &Counts) {
+        let mut other = *other;
+        for (x, o) in self.fields().into_iter().zip(other.fields()) {
+            *x += *o;
+        }
+    }
+}
+
+/// What one engine step was, for [`Tally::step`].
+pub struct StepShape {
+    pub rows: usize,
+    /// Rows that are one decoding sequence's next token (the rest are drafts and prefill).
+    pub decode_rows: usize,
+    pub draft_rows: usize,
+    pub forward: std::time::Duration,
+    pub drafting: std::time::Duration,
+}
+
+impl Tally {
+    /// A step computed (its `forward` succeeded).
+    pub fn step(&self, s: &StepShape) {
+        let nanos = |d: std::time::Duration| d.as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.steps.fetch_add(1, Relaxed);
+        self.rows.fetch_add(s.rows as u64, Relaxed);
+        if s.draft_rows > 0 {
+            self.draft_steps.fetch_add(1, Relaxed);
+            self.draft_rows.fetch_add(s.draft_rows as u64, Relaxed);
+        }
+        if s.draft_rows == 0 && s.rows == s.decode_rows {
+            self.plain_steps.fetch_add(1, Relaxed);
+            self.plain_nanos.fetch_add(nanos(s.forward), Relaxed);
+        }
+        self.forward_nanos.fetch_add(nanos(s.forward), Relaxed);
+        self.drafting_nanos.fetch_add(nanos(s.drafting), Relaxed);
+    }
+
+    /// A step ended, `whole` after it began (drafting, forward, verification).
+    pub fn step_ended(&self, whole: std::time::Duration) {
+        let nanos = whole.as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.step_nanos.fetch_add(nanos, Relaxed);
+    }
+
+    /// `n` draft tokens were accepted.
+    pub fn accepted(&self, n: usize) {
+        self.accepted.fetch_add(n as u64, Relaxed);
+    }
+
+    pub fn counts(&self) -> Counts {
+        Counts {
+            steps: self.steps.load(Relaxed),
+            rows: self.rows.load(Relaxed),
+            draft_steps: self.draft_steps.load(Relaxed),
+            draft_rows: self.draft_rows.load(Relaxed),
+            accepted: self.accepted.load(Relaxed),
+            forward_nanos: self.forward_nanos.load(Relaxed),
+            plain_steps: self.plain_steps.load(Relaxed),
+            plain_nanos: self.plain_nanos.load(Relaxed),
+            drafting_nanos: self.drafting_nanos.load(Relaxed),
+            step_nanos: self.step_nanos.load(Relaxed),
+        }
+    }
+}
 
 /// A sequence's speculation state.
 #[derive(Debug, Default)]
@@ -112,13 +242,13 @@ impl Speculator {
         let cands: Vec<Candidate> = asks
             .iter()
             .zip(&found)
-            .map(|(a, f)| Candidate {
-                rate: a.spec.acceptance.rate(),
-                available: if model {
+            .map(|(a, f)| {
+                let available = if model {
                     a.room.min(self.draft_max)
                 } else {
                     f.len()
-                },
+                };
+                Candidate::of(&a.spec.acceptance, available)
             })
             .collect();
         let take = if self.gated {
@@ -129,7 +259,7 @@ impl Speculator {
                 model.then_some(&self.draft_times),
             )
         } else {
-            cands.iter().map(|c| c.available).collect()
+            cands.iter().map(Candidate::available).collect()
         };
         if model {
             let started = std::time::Instant::now();
@@ -147,7 +277,7 @@ impl Speculator {
         for (i, a) in asks.iter_mut().enumerate() {
             let k = take[i];
             if k == 0 {
-                if cands[i].available > 0 {
+                if cands[i].available() > 0 {
                     a.spec.acceptance.skipped();
                 }
                 continue;

@@ -97,6 +97,16 @@ impl Drafter for Oracle {
 fn run(reqs: &[Req], spec: Option<Speculator>, max_seqs: usize) -> (Vec<Out>, usize) {
     let mut engine = MockEngine::new(8);
     engine.prefix = true;
+    run_on(engine, reqs, spec, max_seqs)
+}
+
+/// [`run`] on a given toy engine.
+fn run_on(
+    engine: MockEngine,
+    reqs: &[Req],
+    spec: Option<Speculator>,
+    max_seqs: usize,
+) -> (Vec<Out>, usize) {
     let truncations = engine.truncations.clone();
     let opts = SchedulerOptions {
         queue_capacity: 16,
@@ -158,6 +168,12 @@ fn plain(outs: &[Out]) -> Vec<Out> {
 }
 
 fn oracle_for(reqs: &[Req], base: &[Out], wrong: usize) -> Speculator {
+    // not gated: the toy model's steps take no time, every draft rides
+    Speculator::new(oracle(reqs, base, wrong), 6, false)
+}
+
+/// An [`Oracle`] knowing the answers `base` to `reqs`, wrong at every `wrong`-th position.
+fn oracle(reqs: &[Req], base: &[Out], wrong: usize) -> Box<dyn Drafter> {
     let answers: Vec<(Vec<u32>, Vec<u32>)> = reqs
         .iter()
         .zip(base)
@@ -168,12 +184,10 @@ fn oracle_for(reqs: &[Req], base: &[Out], wrong: usize) -> Speculator {
             )
         })
         .collect();
-    let oracle = Oracle {
+    Box::new(Oracle {
         answers: Arc::new(Mutex::new(answers)),
         wrong,
-    };
-    // not gated: the toy model's steps take no time, every draft rides
-    Speculator::new(Box::new(oracle), 6, false)
+    })
 }
 
 fn requests() -> Vec<Req> {
@@ -276,6 +290,37 @@ fn the_policy_gates_drafts_by_measured_step_times() {
     );
     let (got, _) = run(&reqs, Some(gated), 2);
     assert_eq!(plain(&got), base);
+}
+
+#[test]
+fn the_policy_drafts_only_while_the_measured_rows_pay() {
+    // one request, drafted by an oracle wrong at every 5th position (about 80% accepted),
+    // the policy on, on a toy engine whose steps cost time by rows. The costs are tens of
+    // milliseconds so that a loaded machine's scheduling delays (added to every step alike,
+    // which makes rows look cheaper) stay well short of tipping the decision.
+    let reqs = vec![req("<user>hello there", 24)];
+    let engine = |step_ms: u64, row_ms: u64| {
+        let mut e = MockEngine::new(8);
+        // only max_tokens ends the answer
+        e.eos = false;
+        e.step_delay = std::time::Duration::from_millis(step_ms);
+        e.row_delay = std::time::Duration::from_millis(row_ms);
+        e
+    };
+    let (base, _) = run_on(engine(0, 0), &reqs, None, 1);
+    assert_eq!(base[0].completion_tokens, 24);
+    let gated = |base: &[Out]| Speculator::new(oracle(&reqs, base, 5), 6, true);
+    let drafted = |o: &Out| o.accepted + o.rejected;
+    // a row costs as much as a whole step: a first draft token is worth 0.5 tokens (the prior)
+    // and costs a step, so nothing is drafted (the step without drafts is measured first;
+    // it would take 60 ms of delay on every step to make a 2-row step look cheap enough)
+    let (got, _) = run_on(engine(0, 60), &reqs, Some(gated(&base)), 1);
+    assert_eq!(plain(&got), base);
+    assert_eq!(drafted(&got[0]), 0, "{:?}", got[0]);
+    // a row costs a twentieth of a step: drafting pays, most of the output comes from drafts
+    let (got, _) = run_on(engine(60, 3), &reqs, Some(gated(&base)), 1);
+    assert_eq!(plain(&got), base);
+    assert!(got[0].accepted >= 10, "{:?}", got[0]);
 }
 
 /// Counts the drafter's calls (a drafter that never drafts).

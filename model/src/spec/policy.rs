@@ -8,7 +8,8 @@
 /// Step wall time by rows, a running mean per row count (exponentially weighted, so drift is
 /// followed). Rows never measured are interpolated between measured neighbours; past the
 /// largest measured count the cost of a row is extrapolated optimistically, so a step with
-/// more rows gets tried and measured.
+/// more rows gets tried and measured; below the smallest, in proportion to the rows, so the
+/// step without drafts is measured before drafts are judged against it.
 #[derive(Clone, Debug, Default)]
 pub struct StepTimes {
     /// Index = rows; (mean seconds, samples).
@@ -60,8 +61,10 @@ impl StepTimes {
                 Some(ta + (tb - ta) * (rows - a) as f64 / (b - a) as f64)
             }
             (Some((a, ta)), None) => Some(ta + EXPLORE_ROW * ta / a as f64 * (rows - a) as f64),
-            // below the smallest measured count a step costs at most as much
-            (None, Some((_, tb))) => Some(tb),
+            // below the smallest measured count (usually a prefill chunk): in proportion to
+            // the rows, the most a step can save by having fewer, so drafts look dear until
+            // a step without them was measured (the measured curve then decides)
+            (None, Some((b, tb))) => Some(tb * rows as f64 / b as f64),
             (None, None) => None,
         }
     }
@@ -77,35 +80,54 @@ impl StepTimes {
     }
 }
 
-/// A sequence's recent acceptance: the chance that its next draft token is accepted, from
-/// decayed counts of draft tokens accepted and tried (a prior of one each way: 0.5 at first).
-#[derive(Clone, Copy, Debug)]
+/// A sequence's recent acceptance, by draft position: for each position j, the chance that
+/// the j-th draft token is accepted once the ones before it were, from decayed counts of the
+/// verifications that reached it. Acceptance is not independent of the position (a drafter
+/// that copies a span is right until the span ends, a noisy prediction breaks runs at random),
+/// so the chance of emitting a long draft is the product of what each position measured, not
+/// one rate raised to a power. A position with few tries leans on the sequence's overall rate
+/// (all positions pooled, a prior of one each way: 0.5 at first).
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Acceptance {
+    /// All positions pooled: decayed (accepted, tried).
     accepted: f64,
     tried: f64,
+    /// By position (the last one also counts every position past it): decayed (accepted,
+    /// tried) of the verifications that reached it.
+    by_pos: [(f64, f64); POSITIONS],
     /// Steps since it last drafted (its estimate relaxes toward the prior so it is retried).
     idle: u32,
 }
 
-impl Default for Acceptance {
-    fn default() -> Self {
-        Acceptance {
-            accepted: 0.0,
-            tried: 0.0,
-            idle: 0,
-        }
-    }
-}
-
+/// Draft positions with their own counts; later ones share the last.
+pub const POSITIONS: usize = 16;
 /// Decay of the counts per verification (recent steps weigh most).
 const DECAY: f64 = 0.7;
 /// Most tries a new sequence's seeded counts are worth ([`Acceptance::seeded`]).
 const PRIOR_TRIES: f64 = 3.0;
+/// How many tries of the pooled rate a position's own counts are blended with.
+const POOL_WEIGHT: f64 = 2.0;
 
 impl Acceptance {
-    /// The probability that the next draft token is accepted.
+    /// The probability that a draft token is accepted, all positions pooled.
     pub fn rate(&self) -> f64 {
         (self.accepted + 1.0) / (self.tried + 2.0)
+    }
+
+    /// The probability that draft token `j` (0-based) is accepted given that the ones before
+    /// it were: its position's counts blended with [`POOL_WEIGHT`] tries at the pooled rate.
+    pub fn chance(&self, j: usize) -> f64 {
+        let (a, t) = self.by_pos[j.min(POSITIONS - 1)];
+        (a + POOL_WEIGHT * self.rate()) / (t + POOL_WEIGHT)
+    }
+
+    /// The probabilities that draft tokens 0..n are emitted (each the product of the chances
+    /// up to it): what each of them is worth in expected tokens.
+    pub fn emitted(&self, n: usize) -> impl Iterator<Item = f64> + '_ {
+        (0..n).scan(1.0, |p, j| {
+            *p *= self.chance(j).clamp(0.0, 1.0);
+            Some(*p)
+        })
     }
 
     /// After a verification of `drafted` tokens of which the first `accepted` were accepted.
@@ -117,23 +139,35 @@ impl Acceptance {
         let tried = accepted + usize::from(accepted < drafted);
         self.accepted = self.accepted * DECAY + accepted as f64;
         self.tried = self.tried * DECAY + tried as f64;
+        // each position reached decays and counts this try (the ones never reached keep
+        // their counts: this verification says nothing about them)
+        for j in 0..tried {
+            let e = &mut self.by_pos[j.min(POSITIONS - 1)];
+            e.0 = e.0 * DECAY + f64::from(u8::from(j < accepted));
+            e.1 = e.1 * DECAY + 1.0;
+        }
         self.idle = 0;
     }
 
     /// A new sequence's start from the drafter's recent record (`recent`, its verifications
-    /// over all sequences): the same rate evidence, worth at most [`PRIOR_TRIES`] tries, so a
-    /// drafter whose drafts were all rejected lately does not make every new request pay for
-    /// trying again, and one that is usually right drafts from the first step. The sequence's
-    /// own verifications soon outweigh it.
+    /// over all sequences): the same rates, pooled and by position, each worth at most
+    /// [`PRIOR_TRIES`] tries, so a drafter whose drafts were all rejected lately does not make
+    /// every new request pay for trying again, and one that is usually right drafts from the
+    /// first step. The sequence's own verifications soon outweigh it.
     pub fn seeded(recent: &Acceptance) -> Acceptance {
-        let scale = if recent.tried > PRIOR_TRIES {
-            PRIOR_TRIES / recent.tried
-        } else {
-            1.0
+        let scaled = |(a, t): (f64, f64)| {
+            let s = if t > PRIOR_TRIES {
+                PRIOR_TRIES / t
+            } else {
+                1.0
+            };
+            (a * s, t * s)
         };
+        let (accepted, tried) = scaled((recent.accepted, recent.tried));
         Acceptance {
-            accepted: recent.accepted * scale,
-            tried: recent.tried * scale,
+            accepted,
+            tried,
+            by_pos: recent.by_pos.map(scaled),
             idle: 0,
         }
     }
@@ -145,23 +179,48 @@ impl Acceptance {
         if self.idle.is_multiple_of(8) {
             self.accepted *= 0.5;
             self.tried *= 0.5;
+            for e in &mut self.by_pos {
+                e.0 *= 0.5;
+                e.1 *= 0.5;
+            }
         }
     }
 }
 
-/// One sequence's candidate draft: its acceptance rate and the draft tokens available.
-#[derive(Clone, Copy, Debug)]
+/// One sequence's candidate draft: what each of its available draft tokens is worth, the
+/// probability that it is emitted (non-increasing: token j is emitted only if the ones before
+/// it were accepted). Its length is the number of draft tokens available.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Candidate {
-    pub rate: f64,
-    pub available: usize,
+    pub worth: Vec<f64>,
+}
+
+impl Candidate {
+    /// `available` draft tokens of a sequence with acceptance `a` ([`Acceptance::emitted`]).
+    pub fn of(a: &Acceptance, available: usize) -> Candidate {
+        Candidate {
+            worth: a.emitted(available).collect(),
+        }
+    }
+
+    /// `available` draft tokens each accepted with probability `rate`, independently.
+    pub fn geometric(rate: f64, available: usize) -> Candidate {
+        let r = rate.clamp(0.0, 1.0);
+        Candidate {
+            worth: (1..=available as i32).map(|j| r.powi(j)).collect(),
+        }
+    }
+
+    pub fn available(&self) -> usize {
+        self.worth.len()
+    }
 }
 
 /// How many draft tokens each candidate carries in a step whose other rows number `base`
 /// (`base` counts one row per decoding sequence plus prefill rows; each is worth one token):
-/// draft tokens are added in order of their expected value (the j-th draft token of a sequence
-/// with acceptance a is emitted with probability a^j), and the number of them that maximises
-/// expected tokens over the estimated time is taken; none when nothing beats the step without
-/// drafts (or no step has been measured yet).
+/// draft tokens are added in order of their worth (the probability that they are emitted),
+/// and the number of them that maximises expected tokens over the estimated time is taken;
+/// none when nothing beats the step without drafts (or no step has been measured yet).
 ///
 /// With `draft` (a draft model's own steps: [`StepTimes`] by the number of sequences drafting
 /// together, one drafted token each), the time of a choice is the target step plus drafting it:
@@ -185,16 +244,13 @@ pub fn plan(
             _ => 0.0,
         }
     };
-    // every (candidate, j) with its value a^j; values fall with j, so a sort keeps each
+    // every (candidate, j) with its worth; worth falls with j, so a stable sort keeps each
     // candidate's tokens in order
-    let mut gains: Vec<(f64, usize)> = Vec::new();
-    for (i, c) in cands.iter().enumerate() {
-        let mut g = 1.0;
-        for _ in 0..c.available {
-            g *= c.rate.clamp(0.0, 1.0);
-            gains.push((g, i));
-        }
-    }
+    let mut gains: Vec<(f64, usize)> = cands
+        .iter()
+        .enumerate()
+        .flat_map(|(i, c)| c.worth.iter().map(move |&g| (g.clamp(0.0, 1.0), i)))
+        .collect();
     gains.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let mut best = (base as f64 / t0, 0usize);
     let mut tokens = base as f64;
@@ -236,32 +292,34 @@ mod tests {
         assert_eq!(t.estimate(3), Some(2.0));
         assert_eq!(t.estimate(9), Some(3.0 + 0.25 * 3.0 / 5.0 * 4.0));
         assert_eq!(StepTimes::new().estimate(2), None);
+        // only a prefill chunk measured: fewer rows cost proportionally less, so no draft
+        // rides before the one-row step is measured
+        let prefill = times(&[(16, 8.0)]);
+        assert_eq!(prefill.estimate(1), Some(0.5));
+        assert_eq!(
+            plan(&prefill, 1, &[Candidate::geometric(0.9, 4)], None),
+            vec![0]
+        );
     }
 
     #[test]
     fn drafts_are_taken_only_while_they_pay() {
         // a row costs half a one-row step
         let t = times(&[(1, 1.0), (2, 1.5), (3, 2.0), (4, 2.5), (5, 3.0), (6, 3.5)]);
-        let sure = Candidate {
-            rate: 0.95,
-            available: 5,
-        };
-        let k = plan(&t, 1, &[sure], None)[0];
+        let sure = Candidate::geometric(0.95, 5);
+        let k = plan(&t, 1, &[sure.clone()], None)[0];
         assert!(k >= 3, "high acceptance drafts several tokens, took {k}");
-        let poor = Candidate {
-            rate: 0.3,
-            available: 5,
-        };
+        let poor = Candidate::geometric(0.3, 5);
         assert_eq!(
-            plan(&t, 1, &[poor], None),
+            plan(&t, 1, &[poor.clone()], None),
             vec![0],
             "a low acceptance rate drafts nothing"
         );
         // a flat curve (rows are free) makes even a modest rate worth drafting
         let flat = times(&[(1, 1.0), (2, 1.0), (3, 1.0), (4, 1.0)]);
-        assert!(plan(&flat, 1, &[poor], None)[0] > 0);
+        assert!(plan(&flat, 1, &[poor.clone()], None)[0] > 0);
         // nothing measured: no drafts
-        assert_eq!(plan(&StepTimes::new(), 1, &[sure], None), vec![0]);
+        assert_eq!(plan(&StepTimes::new(), 1, &[sure.clone()], None), vec![0]);
     }
 
     #[test]
@@ -275,28 +333,25 @@ mod tests {
             (5, 1.2),
             (6, 1.25),
         ]);
-        let sure = Candidate {
-            rate: 0.9,
-            available: 5,
-        };
-        assert_eq!(plan(&t, 1, &[sure], None), vec![5]);
+        let sure = Candidate::geometric(0.9, 5);
+        assert_eq!(plan(&t, 1, &[sure.clone()], None), vec![5]);
         // not measured yet: drafting is free until it is
-        assert_eq!(plan(&t, 1, &[sure], Some(&StepTimes::new())), vec![5]);
+        assert_eq!(
+            plan(&t, 1, &[sure.clone()], Some(&StepTimes::new())),
+            vec![5]
+        );
         // at acceptance 0.7 the free draft takes all 5; a draft step a tenth of a target step
         // is still worth paying for, but fewer tokens (3: 2.53 expected tokens in 1.45)
-        let likely = Candidate {
-            rate: 0.7,
-            available: 5,
-        };
-        assert_eq!(plan(&t, 1, &[likely], None), vec![5]);
+        let likely = Candidate::geometric(0.7, 5);
+        assert_eq!(plan(&t, 1, &[likely.clone()], None), vec![5]);
         let cheap = times(&[(1, 0.1)]);
-        assert_eq!(plan(&t, 1, &[likely], Some(&cheap)), vec![3]);
+        assert_eq!(plan(&t, 1, &[likely.clone()], Some(&cheap)), vec![3]);
         // a draft step as slow as the target's: nothing pays
         let slow = times(&[(1, 1.0)]);
-        assert_eq!(plan(&t, 1, &[sure], Some(&slow)), vec![0]);
+        assert_eq!(plan(&t, 1, &[sure.clone()], Some(&slow)), vec![0]);
         // two sequences drafting together share the draft model's steps
         let wide = times(&[(1, 0.1), (2, 0.1)]);
-        let two = plan(&t, 2, &[likely, likely], Some(&wide));
+        let two = plan(&t, 2, &[likely.clone(), likely], Some(&wide));
         assert!(
             two.iter().all(|&k| k > 0),
             "both draft in the same steps: {two:?}"
@@ -334,32 +389,104 @@ mod tests {
         assert!((cold.rate() - 0.2).abs() < 1e-9, "{}", cold.rate());
         // at the benchmark's measured step curve (2 rows cost 1.4x one) it drafts nothing
         let t = times(&[(1, 1.0), (2, 1.4), (3, 1.96)]);
-        let c = Candidate {
-            rate: cold.rate(),
-            available: 4,
-        };
-        assert_eq!(plan(&t, 1, &[c], None), vec![0]);
+        assert_eq!(plan(&t, 1, &[Candidate::of(&cold, 4)], None), vec![0]);
         let mut right = Acceptance::default();
         for _ in 0..20 {
             right.update(4, 4);
         }
         let warm = Acceptance::seeded(&right);
         assert!((warm.rate() - 0.8).abs() < 1e-9, "{}", warm.rate());
-        assert!(
-            plan(
-                &t,
-                1,
-                &[Candidate {
-                    rate: warm.rate(),
-                    available: 4
-                }],
-                None
-            )[0] > 0
-        );
+        assert!(plan(&t, 1, &[Candidate::of(&warm, 4)], None)[0] > 0);
         // its own rejections soon outweigh a good record
         let mut a = warm;
         a.update(4, 0);
         a.update(4, 0);
         assert!(a.rate() < 0.5, "{}", a.rate());
+    }
+
+    /// Expected tokens per second of `k` draft tokens of `c` in a one-sequence step.
+    fn speed(t: &StepTimes, c: &Candidate, k: usize) -> f64 {
+        (1.0 + c.worth[..k].iter().sum::<f64>()) / t.estimate(1 + k).expect("measured")
+    }
+
+    #[test]
+    fn the_chosen_length_maximises_expected_tokens_per_second() {
+        // random step-time curves (not always convex or even monotone, as measured ones are
+        // not) and random acceptance by position: the plan for one sequence is the length
+        // with the most expected tokens per second, none unless some length beats no draft
+        let mut rng = nightshift_kernels::rng::SplitMix64::new(20);
+        let mut drafted = 0;
+        for case in 0..2000 {
+            let mut t = StepTimes::new();
+            let mut at = 1.0;
+            t.record(1, at);
+            for rows in 2..=9 {
+                at += rng.next_f64() * 1.2 - 0.1;
+                t.record(rows, at.max(0.5));
+            }
+            let mut a = Acceptance::default();
+            for _ in 0..rng.below(12) {
+                let drafted = 1 + rng.below(8) as usize;
+                a.update(drafted, rng.below(drafted as u64 + 1) as usize);
+            }
+            let c = Candidate::of(&a, rng.below(9) as usize);
+            let k = plan(&t, 1, std::slice::from_ref(&c), None)[0];
+            let best = (0..=c.available())
+                .map(|k| speed(&t, &c, k))
+                .fold(f64::MIN, f64::max);
+            assert!(
+                speed(&t, &c, k) >= best * (1.0 - 1e-9),
+                "case {case}: took {k} at {} but {best} was possible ({c:?}, {t:?})",
+                speed(&t, &c, k)
+            );
+            if k > 0 {
+                assert!(speed(&t, &c, k) > speed(&t, &c, 0), "case {case}");
+                drafted += 1;
+            }
+        }
+        assert!(drafted > 100, "the cases draft sometimes: {drafted}");
+    }
+
+    #[test]
+    fn drafting_stops_when_its_rows_cost_more_than_they_return() {
+        // a row costs a whole step: no acceptance short of certainty pays for one
+        let linear = times(&[(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]);
+        let mut a = Acceptance::default();
+        for _ in 0..20 {
+            a.update(3, 3);
+        }
+        assert!(a.chance(0) > 0.9);
+        assert_eq!(plan(&linear, 1, &[Candidate::of(&a, 3)], None), vec![0]);
+        // the measured curve of the uniformly routed 30B shape (release, 2 threads): 2 rows
+        // cost 1.33x one, 3 rows 2x: at a 30% chance nothing pays, at 90% one token does
+        // (1.9 / 1.33) and more do not (2.71 / 2)
+        let q4 = times(&[(1, 1.0), (2, 1.33), (3, 2.0), (4, 2.64)]);
+        assert_eq!(plan(&q4, 1, &[Candidate::geometric(0.3, 3)], None), vec![0]);
+        assert_eq!(plan(&q4, 1, &[Candidate::geometric(0.9, 3)], None), vec![1]);
+    }
+
+    #[test]
+    fn acceptance_by_position_stops_where_drafts_stop_being_right() {
+        // drafts are right for two tokens, then wrong (a copied span that ends): the pooled
+        // rate is 2/3, but the third position has never been accepted
+        let mut a = Acceptance::default();
+        for _ in 0..12 {
+            a.update(5, 2);
+        }
+        assert!(a.chance(0) > 0.85 && a.chance(1) > 0.85, "{a:?}");
+        assert!(a.chance(2) < 0.3, "{a:?}");
+        let worth: Vec<f64> = a.emitted(5).collect();
+        assert!(worth[1] > 0.7 && worth[2] < 0.2, "{worth:?}");
+        // rows are cheap (a tenth of a step each): a geometric 0.64 would take three or more,
+        // the positions' own record takes the two that are right
+        let cheap = times(&[(1, 1.0), (2, 1.1), (3, 1.2), (4, 1.3), (5, 1.4), (6, 1.5)]);
+        assert!(plan(&cheap, 1, &[Candidate::geometric(a.rate(), 5)], None)[0] >= 3);
+        assert_eq!(plan(&cheap, 1, &[Candidate::of(&a, 5)], None), vec![2]);
+        // positions never reached lean on the pooled rate
+        let mut b = Acceptance::default();
+        for _ in 0..12 {
+            b.update(1, 1);
+        }
+        assert!((b.chance(6) - b.rate()).abs() < 1e-12);
     }
 }
