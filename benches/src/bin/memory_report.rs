@@ -87,14 +87,16 @@ struct Run {
     /// precision, recall, cold experts requested before their layer, in time (cached when the
     /// layer started), share of requests wasted
     prefetch: Option<[f64; 5]>,
-    /// per decode token: MiB read from disk, major faults, expert hit rate
+    /// per decode token: MiB read from disk, major and minor faults, expert hit rate
     disk_mib: f64,
     majflt: f64,
+    minflt: f64,
     hit: f64,
 }
 
-/// This process's bytes read from storage (`/proc/self/io`, all threads) and major faults.
-fn io_counters() -> (u64, u64) {
+/// This process's bytes read from storage (`/proc/self/io`, all threads), major and minor
+/// page faults.
+fn io_counters() -> (u64, u64, u64) {
     let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
     let read = io
         .lines()
@@ -105,7 +107,7 @@ fn io_counters() -> (u64, u64) {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: a valid pointer to a rusage struct.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    (read, ru.ru_majflt as u64)
+    (read, ru.ru_majflt as u64, ru.ru_minflt as u64)
 }
 
 /// The arm's expert backend, counting for each layer call the distinct experts used and those
@@ -114,6 +116,8 @@ struct Observed {
     inner: LocalExperts,
     model: Arc<Model>,
     residency: Option<Arc<ExpertResidency>>,
+    /// every expert was copied at load (the `all` arm)
+    all_resident: bool,
     counting: AtomicBool,
     used: AtomicU64,
     hits: AtomicU64,
@@ -134,10 +138,11 @@ impl ExpertBackend for Observed {
             let g = self.model.gguf();
             let mut hits = 0;
             for &e in &used {
-                let resident = self
-                    .residency
-                    .as_ref()
-                    .is_some_and(|r| r.is_resident(layer, e));
+                let resident = self.all_resident
+                    || self
+                        .residency
+                        .as_ref()
+                        .is_some_and(|r| r.is_resident(layer, e));
                 let w = self.model.expert_weights(layer, e)?;
                 if resident
                     || [w.gate.bytes(), w.up.bytes(), w.down.bytes()]
@@ -211,6 +216,7 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
         inner: local,
         model: model.clone(),
         residency,
+        all_resident: arm == "all",
         counting: AtomicBool::new(false),
         used: AtomicU64::new(0),
         hits: AtomicU64::new(0),
@@ -236,14 +242,14 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
     let mut logits = eng.prefill(seq, &ids)?;
     let prefill = t.elapsed().as_secs_f64();
     observed.counting.store(true, Ordering::Relaxed);
-    let (read0, flt0) = io_counters();
+    let (read0, flt0, min0) = io_counters();
     let t = Instant::now();
     for _ in 0..a.decode {
         let next = argmax(&logits) as u32;
         logits = eng.prefill(seq, &[next])?;
     }
     let decode = t.elapsed().as_secs_f64();
-    let (read1, flt1) = io_counters();
+    let (read1, flt1, min1) = io_counters();
     let n = a.decode.max(1) as f64;
     let used = observed.used.load(Ordering::Relaxed).max(1) as f64;
     let p = prefetch.map(|p| {
@@ -265,6 +271,7 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
             "prefetch": p,
             "disk_mib": (read1 - read0) as f64 / n / (1u64 << 20) as f64,
             "majflt": (flt1 - flt0) as f64 / n,
+            "minflt": (min1 - min0) as f64 / n,
             "hit": observed.hits.load(Ordering::Relaxed) as f64 / used,
         })
     );
@@ -392,15 +399,17 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                 }),
                 disk_mib: f("disk_mib"),
                 majflt: f("majflt"),
+                minflt: f("minflt"),
                 hit: f("hit"),
             };
             println!(
-                "round {round} {arm:<10} prefill {:7.2} tok/s  decode {:6.2} tok/s  resident {} MiB  per decode token: read {:.1} MiB, {:.0} major faults, experts in memory {:.1}%{}",
+                "round {round} {arm:<10} prefill {:7.2} tok/s  decode {:6.2} tok/s  resident {} MiB  per decode token: read {:.1} MiB, {:.0} major / {:.0} minor faults, experts in memory {:.1}%{}",
                 run.prefill_tps,
                 run.decode_tps,
                 run.resident_mib,
                 run.disk_mib,
                 run.majflt,
+                run.minflt,
                 100.0 * run.hit,
                 run.prefetch.map_or(String::new(), |[p, r, h, t, w]| format!(
                     "  prefetch precision {:.0}% recall {:.0}% cold requested {:.0}% (cached in time {:.0}%) wasted {:.0}%",
