@@ -249,7 +249,7 @@ mod tests {
     fn refit_on_the_second_pass_corrects_the_carried_fit() {
         for sigmoid_bias in [false, true] {
             let first = jumpy_every(sigmoid_bias, 10, 11);
-            let second = jumpy_every(sigmoid_bias, 20, 12);
+            let second = jumpy_every(sigmoid_bias, 40, 12);
             let model = derive(&PUBLISHED, first.k, first.experts, 0.9, 0.55);
             let (shares, fitted) = fit(&first, &PUBLISHED, model.shares);
             assert!((fitted.lag1 - PUBLISHED.lag1).abs() < 0.03, "{fitted:?}");
