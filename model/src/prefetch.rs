@@ -112,7 +112,7 @@ impl PrefetchStats {
     pub fn summary(&self) -> String {
         let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
         format!(
-            "prefetch: precision {} recall {} (next-layer router on this layer's rows), cold experts requested before their layer {} of {} (in time {}, late {}), {} requested of which {} wasted, {} missed ones read as their layer started",
+            "prefetch: precision {} recall {} (next-layer router on this layer's rows), cold experts requested before their layer {} of {} (in time {}, late {}), {} requested of which {} wasted, {} cold experts the prediction missed advised as their layer started",
             pct(self.precision()),
             pct(self.recall()),
             pct(self.cold_hit_rate()),
