@@ -593,7 +593,13 @@ impl ExpertBackend for LocalExperts {
                 let w = self.model.expert_weights(layer, e)?;
                 Ok::<_, ExpertError>(match copy(e) {
                     Some(c) => c.weights(w)?,
-                    None => w,
+                    None => {
+                        // cold: read whole, not fault by fault (`prefetch::ColdReads`)
+                        if let Some(p) = &self.prefetch {
+                            p.read_now(layer, e);
+                        }
+                        w
+                    }
                 })
             };
             run_grouped(weights, acts, pairs, n_embd, out, pool)

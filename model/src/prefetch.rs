@@ -13,6 +13,15 @@
 //! *late* when the readahead is still under way; requested experts the layer does not use are
 //! *wasted* reads. Only calls of at most [`MAX_PREDICTED_ROWS`] rows (decode steps) predict.
 //!
+//! How a cold expert comes in ([`ColdReads`]): by default the cold path reads whole experts
+//! itself. The expert tensors are advised `MADV_RANDOM`, so a fault reads its page and not the
+//! kernel's read-around window (`read_ahead_kb` around the faulting page: 8 MiB on this VM's
+//! disk, i.e. mostly neighbouring experts' bytes, which under a memory limit evict pages that
+//! were needed). Every cold expert a decode step's layer uses that the prediction did not
+//! request is advised `MADV_WILLNEED` as the layer starts (the kernel reads all of them at
+//! once, in large requests), and each cold expert again just before it is computed (prefill
+//! chunks, which are not predicted: one request per matrix instead of page faults).
+//!
 //! Prefetching only moves pages into the cache earlier: **it never changes outputs** (the same
 //! bytes are read either way), and a wrong prediction costs only I/O.
 
@@ -32,6 +41,17 @@ use crate::weights::FfnWeights;
 /// Calls of more rows (prefill chunks) are not predicted: they use nearly every expert of a
 /// layer, and reading all of them ahead would evict what the page cache holds under a limit.
 pub const MAX_PREDICTED_ROWS: usize = 8;
+
+/// How the cold path reads experts that are not in the page cache (module doc).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ColdReads {
+    /// Whole experts, advised `MADV_WILLNEED` when a layer needs them (the expert tensors are
+    /// `MADV_RANDOM`: no read-around on a fault).
+    #[default]
+    WholeExperts,
+    /// Page faults and the kernel's read-around window (what a plain mapping does).
+    ReadAround,
+}
 
 /// Counters of the predictions made and how they fared (all since start).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -56,6 +76,9 @@ pub struct PrefetchStats {
     pub late: u64,
     /// requested experts the layer then did not use
     pub wasted: u64,
+    /// cold experts a decode step's layer used that the prediction had not requested, advised
+    /// as the layer started ([`ColdReads::WholeExperts`])
+    pub demand: u64,
 }
 
 impl PrefetchStats {
@@ -89,7 +112,7 @@ impl PrefetchStats {
     pub fn summary(&self) -> String {
         let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
         format!(
-            "prefetch: precision {} recall {} (next-layer router on this layer's rows), cold experts requested before their layer {} of {} (in time {}, late {}), {} requested of which {} wasted",
+            "prefetch: precision {} recall {} (next-layer router on this layer's rows), cold experts requested before their layer {} of {} (in time {}, late {}), {} requested of which {} wasted, {} cold experts the prediction missed advised as their layer started",
             pct(self.precision()),
             pct(self.recall()),
             pct(self.cold_hit_rate()),
@@ -97,7 +120,8 @@ impl PrefetchStats {
             self.in_time,
             self.late,
             self.issued,
-            self.wasted
+            self.wasted,
+            self.demand
         )
     }
 }
@@ -114,6 +138,7 @@ struct Counters {
     in_time: AtomicU64,
     late: AtomicU64,
     wasted: AtomicU64,
+    demand: AtomicU64,
 }
 
 /// A prediction waiting for its layer: all predicted experts, and the cold ones requested.
@@ -130,13 +155,33 @@ pub struct Prefetcher {
     pending: Mutex<HashMap<usize, Pending>>,
     io: Mutex<Sender<(usize, Vec<u32>)>>,
     counters: Arc<Counters>,
+    cold_reads: ColdReads,
 }
 
 impl Prefetcher {
     /// A predictor over `model`'s MoE layers with its I/O thread (which ends with the
-    /// predictor).
+    /// predictor), reading cold experts whole ([`ColdReads::WholeExperts`]).
     pub fn new(model: Arc<Model>) -> std::io::Result<Prefetcher> {
+        Prefetcher::with_cold_reads(model, ColdReads::default())
+    }
+
+    /// [`Prefetcher::new`] with the cold path's read mode. `WholeExperts` advises the mapped
+    /// expert tensors `MADV_RANDOM` (this process's mapping only; resident copies are not
+    /// affected).
+    pub fn with_cold_reads(
+        model: Arc<Model>,
+        cold_reads: ColdReads,
+    ) -> std::io::Result<Prefetcher> {
         let c = model.config();
+        if cold_reads == ColdReads::WholeExperts {
+            for l in &model.weights().layers {
+                if let FfnWeights::Moe(m) = &l.ffn {
+                    for w in [&m.gate_exps, &m.up_exps, &m.down_exps] {
+                        model.gguf().advise_bytes(w.data(), AccessHint::Random);
+                    }
+                }
+            }
+        }
         let moe: Vec<usize> = (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).collect();
         let mut next_moe = vec![None; c.n_layer];
         for w in moe.windows(2) {
@@ -167,7 +212,28 @@ impl Prefetcher {
             pending: Mutex::new(HashMap::new()),
             io: Mutex::new(tx),
             counters,
+            cold_reads,
         })
+    }
+
+    pub fn cold_reads(&self) -> ColdReads {
+        self.cold_reads
+    }
+
+    /// Asks the kernel for expert `e` of `layer` now (`MADV_WILLNEED` on its three matrices:
+    /// large reads instead of faults; nothing for pages already cached) under
+    /// [`ColdReads::WholeExperts`]; nothing under `ReadAround`. Called for a cold expert just
+    /// before it is computed.
+    pub fn read_now(&self, layer: usize, e: u32) {
+        if self.cold_reads != ColdReads::WholeExperts {
+            return;
+        }
+        if let Ok(w) = self.model.expert_weights(layer, e) {
+            let g = self.model.gguf();
+            for m in [w.gate.bytes(), w.up.bytes(), w.down.bytes()] {
+                g.advise_bytes(m, AccessHint::WillNeed);
+            }
+        }
     }
 
     pub fn stats(&self) -> PrefetchStats {
@@ -184,6 +250,7 @@ impl Prefetcher {
             in_time: g(&c.in_time),
             late: g(&c.late),
             wasted: g(&c.wasted),
+            demand: g(&c.demand),
         }
     }
 
@@ -197,7 +264,24 @@ impl Prefetcher {
         pairs: &[ExpertPair],
         resident: &dyn Fn(usize, u32) -> bool,
     ) -> Result<(), ExpertError> {
-        self.score(layer, pairs, resident);
+        let requested = self.score(layer, pairs, resident);
+        if self.cold_reads == ColdReads::WholeExperts && acts.n_rows <= MAX_PREDICTED_ROWS {
+            // the cold experts the prediction missed: all of them asked for at once, before the
+            // first is computed
+            let mut missed: Vec<u32> = pairs
+                .iter()
+                .map(|p| p.expert)
+                .filter(|&e| !resident(layer, e) && !requested.contains(&e))
+                .collect();
+            missed.sort_unstable();
+            missed.dedup();
+            for &e in &missed {
+                self.read_now(layer, e);
+            }
+            self.counters
+                .demand
+                .fetch_add(missed.len() as u64, Ordering::Relaxed);
+        }
         let Some(next) = self.next_moe.get(layer).copied().flatten() else {
             return Ok(());
         };
@@ -229,14 +313,21 @@ impl Prefetcher {
         Ok(())
     }
 
-    fn score(&self, layer: usize, pairs: &[ExpertPair], resident: &dyn Fn(usize, u32) -> bool) {
+    /// Scores the prediction made for `layer` against the experts of `pairs`; returns the cold
+    /// experts it had requested (empty without a prediction).
+    fn score(
+        &self,
+        layer: usize,
+        pairs: &[ExpertPair],
+        resident: &dyn Fn(usize, u32) -> bool,
+    ) -> Vec<u32> {
         let Some(p) = self
             .pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&layer)
         else {
-            return;
+            return Vec::new();
         };
         let mut used: Vec<u32> = pairs.iter().map(|p| p.expert).collect();
         used.sort_unstable();
@@ -268,6 +359,7 @@ impl Prefetcher {
         c.cold_needed
             .fetch_add(cold.len() as u64, Ordering::Relaxed);
         c.cold_requested.fetch_add(cold_hit, Ordering::Relaxed);
+        p.requested
     }
 
     /// Whether all pages of expert `e` of `layer` are in the page cache (false when it cannot

@@ -25,13 +25,14 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, RwLock};
 
 use nightshift_kernels::dispatch::resident_layout;
+
 use nightshift_kernels::formats::repack::{repack, Layout};
 use rayon::prelude::*;
 use rayon::ThreadPool;
 
 use crate::error::ExpertError;
 use crate::expert::ExpertWeights;
-use crate::gguf::Gguf;
+use crate::gguf::{AccessHint, Gguf};
 
 /// Alignment of each copy in an arena (a cache line).
 const COPY_ALIGN: usize = 64;
@@ -148,6 +149,11 @@ pub fn copy_experts(
         }
         let copy = |((layer, expert), layouts, dest): Job<'_>| {
             let w = ExpertWeights::from_gguf(g, layer as usize, expert as usize)?;
+            // the three matrices read ahead in large requests (the mapping may be advised
+            // `MADV_RANDOM` by the cold path, and faults would then read one page at a time)
+            for m in [&w.gate, &w.up, &w.down] {
+                g.advise_bytes(m.bytes(), AccessHint::WillNeed);
+            }
             let mut at = 0;
             for (m, layout) in [w.gate, w.up, w.down].into_iter().zip(layouts) {
                 let len = m.bytes().len();

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use nightshift_model::prefetch::Prefetcher;
+use nightshift_model::prefetch::{ColdReads, Prefetcher};
 use nightshift_model::resident::{ExpertResidency, ResidencyError};
 use nightshift_model::sampler::argmax;
 use nightshift_model::{
@@ -144,6 +144,14 @@ fn check(name: &str) {
     assert!(st.wasted <= st.issued, "{name}: {st:?}");
     assert!(st.issued >= st.cold_requested + st.wasted, "{name}: {st:?}");
     assert!(st.summary().contains("precision"), "{}", st.summary());
+    // the cold path reads whole experts: each cold expert a decode step's layer used was
+    // requested by the prediction or read as the layer started (the first MoE layer, never
+    // predicted, only the latter)
+    assert_eq!(prefetch.cold_reads(), ColdReads::WholeExperts);
+    assert!(
+        st.demand + st.cold_requested >= st.cold_needed && st.demand > 0,
+        "{name}: {st:?}"
+    );
 
     // a set over the budget is refused and the old one stays
     let before = residency.experts();

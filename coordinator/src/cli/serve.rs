@@ -389,6 +389,7 @@ fn publish_prefetch(s: &PrefetchStats) {
     metrics::counter!("nightshift_prefetch_in_time_total").absolute(s.in_time);
     metrics::counter!("nightshift_prefetch_late_total").absolute(s.late);
     metrics::counter!("nightshift_prefetch_wasted_total").absolute(s.wasted);
+    metrics::counter!("nightshift_prefetch_demand_total").absolute(s.demand);
     metrics::counter!("nightshift_prefetch_cold_needed_total").absolute(s.cold_needed);
     metrics::counter!("nightshift_prefetch_predicted_total").absolute(s.predicted);
     metrics::counter!("nightshift_prefetch_predicted_used_total").absolute(s.predicted_used);

@@ -8,7 +8,7 @@
 //! vocabulary is mostly single bytes, so every prompt holds nearly the same tokens and a large
 //! part of the topic is common to all sequences (routers drawn against it were skewed far past
 //! the target: a shared topic acts as a static bias). So this pass runs the file's own engine
-//! over [`PROMPTS`] (chat-rendered, prefill then [`DECODE`] greedy tokens; a set apart from
+//! over [`PROMPTS`](super::calib_prompts::PROMPTS) (chat-rendered, prefill then [`DECODE`] greedy tokens; a set apart from
 //! `atlas/prompts/routing.jsonl`, which measures the result) and captures every MoE layer's
 //! router input. Per layer it measures the topic channels' mean `mu` and covariance `Sigma`,
 //! the token channels' RMS and channel 0's mean, and the whitened topic `w = L^-1 (T - mu)`'s
@@ -27,8 +27,15 @@
 //! the rest, and on channel 0 the static part minus the topic weights' product with `mu` (the
 //! common topic cancelled), divided by channel 0's mean. deepseek2 selects on
 //! `sigmoid(logit) + exp_probs_b`: its static part goes to `exp_probs_b` times the sigmoid's
-//! slope at 0 (1/4) instead. Only routers change, and routing never feeds back into the router
-//! inputs of layer 0's topic state, so one measuring pass suffices.
+//! slope at 0 (1/4) instead. Routing never feeds back into layer 0's topic state, but it does
+//! change the tokens a random-weight model then decodes (greedy continuations loop, and the
+//! loops depend on the routers): fitted on the first pass's inputs (the uncalibrated routers'
+//! tokens), the written routers recorded a previous-token overlap 4-7 points above the target
+//! on unseen prompts. So a second pass reruns the calibrated file on
+//! [`CHECK_PROMPTS`](super::calib_prompts::CHECK_PROMPTS) (new prompts, the routers' own
+//! tokens), measures what the written shares do there (`checked`) and fits the shares again on
+//! those inputs, starting from the first fit (the same router draws, re-weighted: the routers
+//! move less the second time, so their tokens do too).
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -39,6 +46,7 @@ use std::sync::{Arc, Mutex};
 
 use rayon::ThreadPool;
 
+use super::calib_prompts::{CHECK_PROMPTS, PROMPTS};
 use super::rng::{row_rng, tensor_seed};
 use super::skew_fit::{fit, Parts, Simulated};
 use super::skew_model::{derive, Derived, Shares, PUBLISHED};
@@ -50,34 +58,6 @@ use crate::expert::{ActRows, ExpertBackend, ExpertPair, LocalExperts};
 use crate::gguf::Gguf;
 use crate::model::Model;
 use crate::sampler::argmax;
-
-/// The calibration prompts: everyday requests of many kinds (none of them in the measuring set).
-pub const PROMPTS: [&str; 24] = [
-    "How do I keep basil alive on a windowsill through the winter?",
-    "Write a limerick about a cat who learned to use a laptop.",
-    "What is the difference between weather and climate? Keep it short.",
-    "List five questions to ask when interviewing for a nursing job.",
-    "Explain recursion to a ten year old, with one example in Python.",
-    "Summarise the plot of Moby Dick in three sentences.",
-    "Which muscles does rowing train, and how often should a beginner row?",
-    "Draft a polite email asking my landlord to repair a leaking tap.",
-    "Why is the sky blue during the day and red at sunset?",
-    "Convert 72 degrees Fahrenheit to Celsius and show the steps.",
-    "Give me three ideas for a birthday party on a small budget.",
-    "What does a SQL LEFT JOIN return when the right table has no match?",
-    "Describe the water cycle for a primary school science class.",
-    "Suggest a week of simple lunches for someone who cannot eat gluten.",
-    "How did the printing press change Europe in the fifteenth century?",
-    "Write a haiku about the first snow in a quiet city.",
-    "What are the rules of chess castling, and when is it not allowed?",
-    "Compare renting and buying a flat for a young couple in a big city.",
-    "Explain what inflation is and why central banks raise interest rates.",
-    "Help me plan a three day hiking trip in the mountains in October.",
-    "What is a closure in JavaScript? Show a counter as the example.",
-    "Tell me a short bedtime story about a brave little tugboat.",
-    "How can I improve my sleep when I work night shifts?",
-    "Explain the difference between a virus and a bacterium.",
-];
 
 /// Greedy tokens decoded after each calibration prompt: as many as `nightshift-atlas record`
 /// decodes by default (`--max-tokens 32`), because generated tokens route differently from a
@@ -104,9 +84,13 @@ pub struct LayerCalibration {
     pub common: f64,
     /// the Gaussian model's answer (`skew_model`)
     pub derived: Derived,
-    /// the shares written: the model's, corrected on the captured inputs (`skew_fit`)
+    /// the first pass's fit (`skew_fit`): its shares and their routing on its inputs
+    pub first: (Shares, Simulated),
+    /// the first fit's routers on the second pass's inputs (new prompts, their own tokens)
+    pub checked: Simulated,
+    /// the shares written: fitted again on the second pass's inputs
     pub shares: Shares,
-    /// the written shares' routing on the captured inputs (`skew_fit`)
+    /// the written shares' routing on the second pass's inputs
     pub simulated: Simulated,
 }
 
@@ -120,14 +104,14 @@ impl Calibration {
     /// One line per layer, for `gen-model`'s output.
     pub fn summary(&self) -> String {
         let mut s = String::from(
-            "routers calibrated (variance shares of a logit: static / topic / token; the topic's lag-1 autocorrelation; its part common to all prompts):\n",
+            "routers calibrated in two passes (variance shares of a logit written: static / topic / token; the topic's lag-1 autocorrelation; its part common to all prompts; the first pass's fit, its routers on the second pass's new prompts, and the refit there):\n",
         );
         for l in &self.layers {
             let sh = &l.shares;
             let off = (l.simulated.lag1 - PUBLISHED.lag1).abs() > 0.05
                 || (l.simulated.coverage50 - PUBLISHED.coverage50).abs() > 0.05;
             s.push_str(&format!(
-                "  layer {:>3}: {:.3} / {:.3} / {:.3}  rho1 {:.2} (ridge {})  common {:.0}%  simulated on these inputs: hottest half {:.1}%, previous token {:.1}%, within 8 {:.1}%{}\n",
+                "  layer {:>3}: {:.3} / {:.3} / {:.3}  rho1 {:.2} (ridge {})  common {:.0}%  first fit: previous token {:.1}%, on new prompts {:.1}% (hottest half {:.1}% -> {:.1}%); refitted there: hottest half {:.1}%, previous token {:.1}%, within 8 {:.1}%{}\n",
                 l.layer,
                 sh.static_,
                 sh.topic,
@@ -135,6 +119,10 @@ impl Calibration {
                 l.rho[0],
                 l.ridge,
                 100.0 * l.common,
+                100.0 * l.first.1.lag1,
+                100.0 * l.checked.lag1,
+                100.0 * l.first.1.coverage50,
+                100.0 * l.checked.coverage50,
                 100.0 * l.simulated.coverage50,
                 100.0 * l.simulated.lag1,
                 100.0 * l.simulated.within8,
@@ -394,8 +382,12 @@ fn layer_stats(
     })
 }
 
-/// Runs [`PROMPTS`] through the file's engine and returns the captured router inputs.
-fn measure(path: &Path, m: usize) -> Result<(Arc<Model>, BTreeMap<usize, Captured>), GenError> {
+/// Runs `prompts` through the file's engine and returns the captured router inputs.
+fn measure(
+    path: &Path,
+    m: usize,
+    prompts: &[&str],
+) -> Result<(Arc<Model>, BTreeMap<usize, Captured>), GenError> {
     let err = |what: &str, e: &dyn std::fmt::Display| GenError::Calibrate(format!("{what}: {e}"));
     let model = Model::load(path).map_err(|e| err("loading the generated file", &e))?;
     let pool = build_pool(0).map_err(|e| err("thread pool", &e))?;
@@ -416,7 +408,7 @@ fn measure(path: &Path, m: usize) -> Result<(Arc<Model>, BTreeMap<usize, Capture
     let tok = model.tokenizer();
     let template =
         ChatTemplate::from_gguf(model.gguf()).map_err(|e| err("reading the chat template", &e))?;
-    for (i, p) in PROMPTS.iter().enumerate() {
+    for (i, p) in prompts.iter().enumerate() {
         capture.seq.store(i as u32, Ordering::Relaxed);
         let ids = encode_conversation(tok, template.as_ref(), &[ChatMessage::new("user", *p)])
             .map_err(|e| err("rendering a prompt", &e))?;
@@ -581,8 +573,50 @@ impl UnitRouter {
     }
 }
 
+/// Writes `writes` (offset, bytes) into the file at `path` and syncs it.
+fn write_at(path: &Path, writes: &[(u64, Vec<u8>)]) -> Result<(), GenError> {
+    let file_err = |source| GenError::File {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(file_err)?;
+    for (off, bytes) in writes {
+        f.seek(SeekFrom::Start(*off)).map_err(file_err)?;
+        f.write_all(bytes).map_err(file_err)?;
+    }
+    f.sync_all().map_err(file_err)
+}
+
+/// One layer's router between the passes: where it is written, its unit draws, the first fit.
+struct Pending {
+    layer: usize,
+    router_at: u64,
+    bias_at: Option<u64>,
+    unit: UnitRouter,
+    st: LayerStats,
+    derived: Derived,
+    first: (Shares, Simulated),
+}
+
+impl Pending {
+    /// The router (and bias) bytes for `shares`, as (offset, bytes) writes.
+    fn writes(&self, shares: &Shares) -> Vec<(u64, Vec<u8>)> {
+        let (rows, bias) = self.unit.combine(shares);
+        let mut w = vec![(self.router_at, f32_bytes(&rows))];
+        if let (Some(boff), Some(b)) = (self.bias_at, bias) {
+            w.push((boff, f32_bytes(&b)));
+        }
+        w
+    }
+}
+
 /// Calibrates the routers of the generated file at `path` in place (module doc): `arch`, `m`
-/// topic channels, logits of total spread `scale`, draws from `seed`.
+/// topic channels, logits of total spread `scale`, draws from `seed`. Two measuring passes:
+/// the first fits the shares on [`PROMPTS`] and writes them, the second reruns the file on
+/// [`CHECK_PROMPTS`] and fits again on what those routers do there.
 pub fn calibrate(
     path: &Path,
     arch: Arch,
@@ -590,17 +624,16 @@ pub fn calibrate(
     scale: f64,
     seed: u64,
 ) -> Result<Calibration, GenError> {
-    let (model, captured) = measure(path, m)?;
+    let (model, captured) = measure(path, m, &PROMPTS)?;
     let c = model.config();
     let (embd, n, k) = (c.n_embd, c.n_expert, c.n_expert_used);
-    let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
-    let mut layers = Vec::new();
+    let mut pending = Vec::new();
     for (&layer, cap) in &captured {
         let enough = |rho1: f64, rho8: f64| derive(&PUBLISHED, k, n, rho1, rho8).feasible;
         let st = layer_stats(layer, cap, m, &enough)?;
         let rho8 = st.rho.iter().sum::<f64>() / LAGS as f64;
         let name = format!("blk.{layer}.ffn_gate_inp.weight");
-        let (off, len) = f32_tensor(model.gguf(), &name)?;
+        let (router_at, len) = f32_tensor(model.gguf(), &name)?;
         if len != n * embd {
             return Err(GenError::Calibrate(format!(
                 "expected {name} of {n} x {embd}, found {len} floats"
@@ -621,43 +654,58 @@ pub fn calibrate(
         };
         let unit = UnitRouter::draw(&st, bias_at.is_some(), n, embd, m, scale, seed, &name);
         let parts = unit.parts(cap, k, m);
-        let d = derive(&PUBLISHED, k, n, st.rho[0], rho8);
-        let (shares, sim) = fit(&parts, &PUBLISHED, d.shares);
-        let (rows, bias) = unit.combine(&shares);
-        writes.push((off, f32_bytes(&rows)));
-        if let (Some(boff), Some(b)) = (bias_at, bias) {
-            writes.push((boff, f32_bytes(&b)));
-        }
-        layers.push(LayerCalibration {
+        let derived = derive(&PUBLISHED, k, n, st.rho[0], rho8);
+        let first = fit(&parts, &PUBLISHED, derived.shares);
+        pending.push(Pending {
             layer,
-            rows: st.rows,
-            rho: st.rho,
-            ridge: st.ridge,
-            common: st.common,
-            derived: d,
-            shares,
-            simulated: sim,
+            router_at,
+            bias_at,
+            unit,
+            st,
+            derived,
+            first,
         });
     }
-    if layers.is_empty() {
+    if pending.is_empty() {
         return Err(GenError::Calibrate(
             "expected MoE layers to calibrate, found no expert calls".into(),
         ));
     }
+    drop(captured);
     drop(model);
-    let file_err = |source| GenError::File {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut f = OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(file_err)?;
-    for (off, bytes) in writes {
-        f.seek(SeekFrom::Start(off)).map_err(file_err)?;
-        f.write_all(&bytes).map_err(file_err)?;
+    let writes: Vec<_> = pending.iter().flat_map(|p| p.writes(&p.first.0)).collect();
+    write_at(path, &writes)?;
+    // the second pass: the calibrated routers on new prompts, with the tokens they decode
+    let (model, captured) = measure(path, m, &CHECK_PROMPTS)?;
+    drop(model);
+    let mut layers = Vec::new();
+    let mut writes = Vec::new();
+    for p in pending {
+        let cap = captured.get(&p.layer).ok_or_else(|| {
+            GenError::Calibrate(format!(
+                "layer {}: expected router inputs in the second pass, found none",
+                p.layer
+            ))
+        })?;
+        let parts = p.unit.parts(cap, k, m);
+        let f = &p.first.0;
+        let checked = parts.simulate((f.static_, f.topic, f.token));
+        let (shares, simulated) = fit(&parts, &PUBLISHED, p.first.0);
+        writes.extend(p.writes(&shares));
+        layers.push(LayerCalibration {
+            layer: p.layer,
+            rows: p.st.rows,
+            rho: p.st.rho,
+            ridge: p.st.ridge,
+            common: p.st.common,
+            derived: p.derived,
+            first: p.first,
+            checked,
+            shares,
+            simulated,
+        });
     }
-    f.sync_all().map_err(file_err)?;
+    write_at(path, &writes)?;
     Ok(Calibration { layers })
 }
 

@@ -13,10 +13,12 @@
 //! (llama-quantize's per-tensor types), `iq_mix` (UD-IQ1_S / UD-IQ2_XXS / UD-Q2_K_XL), `bpe` +
 //! `tokenizer_kv` (tokenizer), `rng` (seeded streams), `skew` (the residual-stream construction
 //! for realistically skewed, local routing instead of uniform), `skew_model` (published
-//! statistics to a router logit's variance shares) and `calibrate` (the pass that measures the
-//! generated file and writes its routers with those shares).
+//! statistics to a router logit's variance shares), `skew_fit` (those shares corrected by
+//! simulating top-k routing on captured router inputs) and `calibrate` (the two passes that
+//! measure the generated file, on `calib_prompts`, and write its routers with those shares).
 
 pub mod bpe;
+pub mod calib_prompts;
 pub mod calibrate;
 pub mod iq_mix;
 pub mod layout;

@@ -1,0 +1,61 @@
+//! The prompts `calibrate` runs generated files on, kept apart from `atlas/prompts/routing.jsonl`
+//! (which measures the result, so it must not be fitted on): [`PROMPTS`] for the first pass,
+//! which measures the router inputs and fits the shares, and [`CHECK_PROMPTS`] for the second,
+//! which reruns the file with its calibrated routers (their own decoded tokens) on prompts the
+//! first fit has not seen and fits again on what it captures. Everyday requests of many kinds.
+
+/// The first pass's prompts.
+pub const PROMPTS: [&str; 24] = [
+    "How do I keep basil alive on a windowsill through the winter?",
+    "Write a limerick about a cat who learned to use a laptop.",
+    "What is the difference between weather and climate? Keep it short.",
+    "List five questions to ask when interviewing for a nursing job.",
+    "Explain recursion to a ten year old, with one example in Python.",
+    "Summarise the plot of Moby Dick in three sentences.",
+    "Which muscles does rowing train, and how often should a beginner row?",
+    "Draft a polite email asking my landlord to repair a leaking tap.",
+    "Why is the sky blue during the day and red at sunset?",
+    "Convert 72 degrees Fahrenheit to Celsius and show the steps.",
+    "Give me three ideas for a birthday party on a small budget.",
+    "What does a SQL LEFT JOIN return when the right table has no match?",
+    "Describe the water cycle for a primary school science class.",
+    "Suggest a week of simple lunches for someone who cannot eat gluten.",
+    "How did the printing press change Europe in the fifteenth century?",
+    "Write a haiku about the first snow in a quiet city.",
+    "What are the rules of chess castling, and when is it not allowed?",
+    "Compare renting and buying a flat for a young couple in a big city.",
+    "Explain what inflation is and why central banks raise interest rates.",
+    "Help me plan a three day hiking trip in the mountains in October.",
+    "What is a closure in JavaScript? Show a counter as the example.",
+    "Tell me a short bedtime story about a brave little tugboat.",
+    "How can I improve my sleep when I work night shifts?",
+    "Explain the difference between a virus and a bacterium.",
+];
+
+/// The second pass's prompts (none of them in [`PROMPTS`] or the measuring set).
+pub const CHECK_PROMPTS: [&str; 24] = [
+    "What should I pack for a week of camping by a lake in late spring?",
+    "Write four lines of rhyming verse about a grumpy old lighthouse cat.",
+    "Explain how a refrigerator moves heat out of its inside.",
+    "Give me a checklist for selling a used car privately.",
+    "What is the difference between a list and a tuple in Python?",
+    "Summarise the story of the Odyssey for a twelve year old.",
+    "How many minutes should I boil an egg for a soft yolk, and why?",
+    "Write a short thank you note to a neighbour who watered my plants.",
+    "Why do leaves change colour in the autumn?",
+    "How do I calculate the area of a circle with a diameter of 9 cm?",
+    "Suggest a name and a motto for a small community garden.",
+    "What does an index do in a database, and when does it slow writes down?",
+    "Describe how bees make honey, step by step.",
+    "Plan three dinners that use one roast chicken.",
+    "What changed in daily life when railways spread in the nineteenth century?",
+    "Write a two sentence horror story set in a library.",
+    "How does the offside rule work in football?",
+    "Should a beginner learn the piano or the guitar first? Give reasons.",
+    "Explain what a mortgage is and how the interest is paid back.",
+    "Help me organise a small office move over one weekend.",
+    "What is a race condition? Give an example with two threads.",
+    "Tell me a fable about a fox and a patient tortoise.",
+    "How can I stay focused when studying at home?",
+    "Explain how the moon causes the tides.",
+];
