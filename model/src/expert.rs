@@ -596,7 +596,7 @@ impl ExpertBackend for LocalExperts {
                     None => {
                         // cold: read whole, not fault by fault (`prefetch::ColdReads`)
                         if let Some(p) = &self.prefetch {
-                            p.read_now(layer, e);
+                            p.before_compute(layer, e, acts.n_rows);
                         }
                         w
                     }

@@ -19,8 +19,8 @@
 //! disk, i.e. mostly neighbouring experts' bytes, which under a memory limit evict pages that
 //! were needed). Every cold expert a decode step's layer uses that the prediction did not
 //! request is advised `MADV_WILLNEED` as the layer starts (the kernel reads all of them at
-//! once, in large requests), and each cold expert again just before it is computed (prefill
-//! chunks, which are not predicted: one request per matrix instead of page faults).
+//! once, in large requests); in prefill chunks, which are not predicted, each cold expert is
+//! advised just before it is computed (one request per matrix instead of page faults).
 //!
 //! Prefetching only moves pages into the cache earlier: **it never changes outputs** (the same
 //! bytes are read either way), and a wrong prediction costs only I/O.
@@ -233,6 +233,17 @@ impl Prefetcher {
             for m in [w.gate.bytes(), w.up.bytes(), w.down.bytes()] {
                 g.advise_bytes(m, AccessHint::WillNeed);
             }
+        }
+    }
+
+    /// A cold expert about to be computed for a call of `rows` rows: [`Prefetcher::read_now`]
+    /// for calls [`Prefetcher::on_layer`] did not already cover (more than
+    /// [`MAX_PREDICTED_ROWS`] rows: prefill chunks). A decode step's cold experts were all
+    /// requested by the prediction or advised as its layer started, so asking again would
+    /// only add three system calls per expert and layer.
+    pub fn before_compute(&self, layer: usize, e: u32, rows: usize) {
+        if rows > MAX_PREDICTED_ROWS {
+            self.read_now(layer, e);
         }
     }
 

@@ -25,7 +25,6 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, RwLock};
 
 use nightshift_kernels::dispatch::resident_layout;
-
 use nightshift_kernels::formats::repack::{repack, Layout};
 use rayon::prelude::*;
 use rayon::ThreadPool;
