@@ -257,9 +257,10 @@ fn legs_cells(l: Option<&LegsSummary>) -> String {
         return "(no stream calls reported their timestamps)".into();
     };
     let o = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+    let (calls, land_us, l) = (l.calls, l.land_us, &l.mean);
     format!(
         "{:>5} | {:>6} | {:>6} | {:>9} | {:>7} | {:>10} | {:>6} | {:>6} | {:>6}",
-        l.calls,
+        calls,
         l.total_us,
         o(l.out_us),
         l.node_wait_us,
@@ -267,7 +268,7 @@ fn legs_cells(l: Option<&LegsSummary>) -> String {
         l.node_reply_us,
         o(l.back_us),
         l.wake_us,
-        o(l.land_us)
+        o(land_us)
     )
 }
 

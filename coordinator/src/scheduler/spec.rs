@@ -7,44 +7,32 @@
 
 use nightshift_model::spec::policy::{plan, Candidate};
 use nightshift_model::spec::{Acceptance, DraftKind, DraftRequest, Drafter, StepTimes};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Running totals of the engine thread's steps, shared with the `Scheduler` handle so a
 /// benchmark can say where a workload's time went: how many steps carried drafts, how many
 /// rows they had, and the time spent in `forward` against the time spent drafting and
 /// planning (the part of a step speculation adds even when it drafts nothing).
 #[derive(Debug, Default)]
-pub struct Tally {
-    steps: AtomicU64,
-    rows: AtomicU64,
-    /// Steps with at least one draft row, and the draft rows.
-    draft_steps: AtomicU64,
-    draft_rows: AtomicU64,
-    /// Draft tokens accepted (by verification).
-    accepted: AtomicU64,
-    forward_nanos: AtomicU64,
-    /// Plain decode steps (one row per decoding sequence, no prefill, no drafts) and their
-    /// `forward` time: the same steps with and without speculation.
-    plain_steps: AtomicU64,
-    plain_nanos: AtomicU64,
-    /// Drafting and the policy (`Speculator::drafts` and the grammar cut), per step.
-    drafting_nanos: AtomicU64,
-    /// Whole steps (drafting, forward, sampling and verification, cache cuts).
-    step_nanos: AtomicU64,
-}
+pub struct Tally(std::sync::Mutex<Counts>);
 
-/// A copy of a [`Tally`] at one moment; [`Counts::since`] gives a run's share.
+/// A [`Tally`]'s totals at one moment; [`Counts::since`] gives a run's share.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
     pub steps: u64,
     pub rows: u64,
+    /// Steps with at least one draft row, and the draft rows.
     pub draft_steps: u64,
     pub draft_rows: u64,
+    /// Draft tokens accepted (by verification).
     pub accepted: u64,
     pub forward_nanos: u64,
+    /// Plain decode steps (one row per decoding sequence, no prefill, no drafts) and their
+    /// `forward` time: the same steps with and without speculation.
     pub plain_steps: u64,
     pub plain_nanos: u64,
+    /// Drafting and the policy (`Speculator::drafts` and the grammar cut), per step.
     pub drafting_nanos: u64,
+    /// Whole steps (drafting, forward, sampling and verification, cache cuts).
     pub step_nanos: u64,
 }
 
@@ -93,48 +81,45 @@ pub struct StepShape {
     pub drafting: std::time::Duration,
 }
 
+fn nanos(d: std::time::Duration) -> u64 {
+    d.as_nanos().min(u128::from(u64::MAX)) as u64
+}
+
 impl Tally {
+    fn with(&self, f: impl FnOnce(&mut Counts)) {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// A step computed (its `forward` succeeded).
     pub fn step(&self, s: &StepShape) {
-        let nanos = |d: std::time::Duration| d.as_nanos().min(u128::from(u64::MAX)) as u64;
-        self.steps.fetch_add(1, Relaxed);
-        self.rows.fetch_add(s.rows as u64, Relaxed);
-        if s.draft_rows > 0 {
-            self.draft_steps.fetch_add(1, Relaxed);
-            self.draft_rows.fetch_add(s.draft_rows as u64, Relaxed);
-        }
-        if s.draft_rows == 0 && s.rows == s.decode_rows {
-            self.plain_steps.fetch_add(1, Relaxed);
-            self.plain_nanos.fetch_add(nanos(s.forward), Relaxed);
-        }
-        self.forward_nanos.fetch_add(nanos(s.forward), Relaxed);
-        self.drafting_nanos.fetch_add(nanos(s.drafting), Relaxed);
+        self.with(|c| {
+            c.steps += 1;
+            c.rows += s.rows as u64;
+            if s.draft_rows > 0 {
+                c.draft_steps += 1;
+                c.draft_rows += s.draft_rows as u64;
+            }
+            if s.draft_rows == 0 && s.rows == s.decode_rows {
+                c.plain_steps += 1;
+                c.plain_nanos += nanos(s.forward);
+            }
+            c.forward_nanos += nanos(s.forward);
+            c.drafting_nanos += nanos(s.drafting);
+        })
     }
 
     /// A step ended, `whole` after it began (drafting, forward, verification).
     pub fn step_ended(&self, whole: std::time::Duration) {
-        let nanos = whole.as_nanos().min(u128::from(u64::MAX)) as u64;
-        self.step_nanos.fetch_add(nanos, Relaxed);
+        self.with(|c| c.step_nanos += nanos(whole))
     }
 
     /// `n` draft tokens were accepted.
     pub fn accepted(&self, n: usize) {
-        self.accepted.fetch_add(n as u64, Relaxed);
+        self.with(|c| c.accepted += n as u64)
     }
 
     pub fn counts(&self) -> Counts {
-        Counts {
-            steps: self.steps.load(Relaxed),
-            rows: self.rows.load(Relaxed),
-            draft_steps: self.draft_steps.load(Relaxed),
-            draft_rows: self.draft_rows.load(Relaxed),
-            accepted: self.accepted.load(Relaxed),
-            forward_nanos: self.forward_nanos.load(Relaxed),
-            plain_steps: self.plain_steps.load(Relaxed),
-            plain_nanos: self.plain_nanos.load(Relaxed),
-            drafting_nanos: self.drafting_nanos.load(Relaxed),
-            step_nanos: self.step_nanos.load(Relaxed),
-        }
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

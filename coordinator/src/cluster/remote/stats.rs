@@ -55,13 +55,8 @@ pub struct CallLegs {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LegsSummary {
     pub calls: usize,
-    pub total_us: u32,
-    pub out_us: Option<u32>,
-    pub node_wait_us: u32,
-    pub compute_us: u32,
-    pub node_reply_us: u32,
-    pub back_us: Option<u32>,
-    pub wake_us: u32,
+    /// Each leg's mean (a link leg over the calls that have it).
+    pub mean: CallLegs,
     /// Mean of `RpcStats::lands_us`.
     pub land_us: Option<u32>,
 }
@@ -94,13 +89,15 @@ impl RpcStats {
         let some = |f: fn(&CallLegs) -> Option<u32>| mean(l.iter().filter_map(f).collect());
         Some(LegsSummary {
             calls: l.len(),
-            total_us: all(|c| c.total_us),
-            out_us: some(|c| c.out_us),
-            node_wait_us: all(|c| c.node_wait_us),
-            compute_us: all(|c| c.compute_us),
-            node_reply_us: all(|c| c.node_reply_us),
-            back_us: some(|c| c.back_us),
-            wake_us: all(|c| c.wake_us),
+            mean: CallLegs {
+                total_us: all(|c| c.total_us),
+                out_us: some(|c| c.out_us),
+                node_wait_us: all(|c| c.node_wait_us),
+                compute_us: all(|c| c.compute_us),
+                node_reply_us: all(|c| c.node_reply_us),
+                back_us: some(|c| c.back_us),
+                wake_us: all(|c| c.wake_us),
+            },
             land_us: mean(self.lands_us.clone()),
         })
     }
