@@ -54,7 +54,7 @@ struct Job {
     responses(
         (status = 200, description = "The completion; with `stream`, server-sent events of `ChatChunk`s ending in `[DONE]`", content(
             (ChatCompletion = "application/json"),
-            (String = "text/event-stream"),
+            (StreamEvent = "text/event-stream"),
         )),
         BodyErrors,
         GenerationErrors,
@@ -183,7 +183,7 @@ pub async fn apply_template(
     responses(
         (status = 200, description = "The completion; with `stream`, server-sent events of `Completion` chunks ending in `[DONE]`", content(
             (Completion = "application/json"),
-            (String = "text/event-stream"),
+            (StreamEvent = "text/event-stream"),
         )),
         BodyErrors,
         GenerationErrors,

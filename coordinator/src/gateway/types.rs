@@ -373,6 +373,21 @@ pub struct ChatChunk {
     pub usage: Option<Option<Usage>>,
 }
 
+/// One server-sent event of a streamed answer, in the shape OpenAPI 3.2 gives a
+/// `text/event-stream` item (and schemathesis checks each event against): `data` holds one
+/// JSON chunk (`ChatChunk` or `Completion`), or `[DONE]` last. The server writes no `event`,
+/// `id` or `retry` field, so a reader sees `event` as its default, `message`.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub struct StreamEvent {
+    /// One chunk as JSON, or `[DONE]`.
+    pub data: String,
+    /// The event type (`message`).
+    pub event: Option<String>,
+    pub id: Option<String>,
+    pub retry: Option<u64>,
+}
+
 // ---- legacy completion responses ----
 
 #[derive(Serialize, Debug, Clone, Default, ToSchema)]

@@ -49,6 +49,12 @@ def test_document_covers_the_api():
     for name in ["ChatCompletion", "ChatChunk", "Completion", "ErrorBody", "ToolCallOut"]:
         assert name in schemas, name
     assert doc["components"]["securitySchemes"]["api_key"]["scheme"] == "bearer"
+    # a streamed answer is documented event by event (OpenAPI 3.2's reading of an event stream)
+    for p in ["/v1/chat/completions", "/v1/completions"]:
+        sse = paths[p]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+        assert sse == {"$ref": "#/components/schemas/StreamEvent"}, sse
+    event = schemas["StreamEvent"]
+    assert event["required"] == ["data"] and event["properties"]["data"]["type"] == "string", event
 
 
 def test_schemathesis_finds_no_server_error_or_schema_violation():
