@@ -263,7 +263,7 @@ impl Speculator {
             let k = take[i];
             if k == 0 {
                 if cands[i].available() > 0 {
-                    a.spec.acceptance.skipped();
+                    a.spec.acceptance.skipped(&self.recent);
                 }
                 continue;
             }

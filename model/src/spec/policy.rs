@@ -172,16 +172,22 @@ impl Acceptance {
         }
     }
 
-    /// A step in which the sequence had a draft but carried none: after a while the counts
-    /// decay, so a sequence whose text starts repeating itself is tried again.
-    pub fn skipped(&mut self) {
+    /// A step in which the sequence had a draft but carried none. Every 8 such steps its
+    /// counts move halfway toward the drafter's recent record (`recent`, as a new sequence is
+    /// [`seeded`](Acceptance::seeded) from it), not toward an empty prior: a sequence whose
+    /// drafts were rejected for a while is tried again when the drafter is doing well
+    /// elsewhere (or was, before its last rejections), and stays off while it is not. An empty
+    /// prior (0.5) would leave it off for good wherever a draft token needs better odds than
+    /// a coin to pay for its row.
+    pub fn skipped(&mut self, recent: &Acceptance) {
         self.idle += 1;
         if self.idle.is_multiple_of(8) {
-            self.accepted *= 0.5;
-            self.tried *= 0.5;
-            for e in &mut self.by_pos {
-                e.0 *= 0.5;
-                e.1 *= 0.5;
+            let toward = Acceptance::seeded(recent);
+            let mid = |a: f64, b: f64| 0.5 * (a + b);
+            self.accepted = mid(self.accepted, toward.accepted);
+            self.tried = mid(self.tried, toward.tried);
+            for (e, t) in self.by_pos.iter_mut().zip(&toward.by_pos) {
+                *e = (mid(e.0, t.0), mid(e.1, t.1));
             }
         }
     }
@@ -371,10 +377,32 @@ mod tests {
         }
         assert!(a.rate() < 0.3);
         let low = a.rate();
+        let mut b = a;
         for _ in 0..16 {
-            a.skipped();
+            a.skipped(&Acceptance::default());
         }
         assert!(a.rate() > low, "an idle sequence relaxes toward the prior");
+        // toward the drafter's record, not a coin: with the drafter right elsewhere it drafts
+        // again at a step curve where a coin's odds do not pay, and stays off while the
+        // drafter is wrong everywhere
+        let t = times(&[(1, 1.0), (2, 1.55), (3, 2.1), (5, 3.0), (9, 5.0)]);
+        assert_eq!(plan(&t, 1, &[Candidate::geometric(0.5, 8)], None), vec![0]);
+        assert_eq!(plan(&t, 1, &[Candidate::of(&b, 8)], None), vec![0]);
+        let mut right = Acceptance::default();
+        for _ in 0..20 {
+            right.update(8, 8);
+        }
+        let mut c = b;
+        for _ in 0..16 {
+            b.skipped(&right);
+            c.skipped(&a);
+        }
+        assert!(
+            plan(&t, 1, &[Candidate::of(&b, 8)], None)[0] > 0,
+            "{}",
+            b.rate()
+        );
+        assert_eq!(plan(&t, 1, &[Candidate::of(&c, 8)], None), vec![0]);
     }
 
     #[test]
