@@ -3,11 +3,13 @@
 //! per-pair scale words, and then used against every activation row of the call (decode once,
 //! dot N rows). Grid points are gathered from the expanded grids (`iq_grids`; IQ1's expanded
 //! and biased in `tables`): one `vpgatherdq` per 8 points of the 8-element grids (IQ2_XXS,
-//! IQ2_XS, IQ2_S, IQ1_S, IQ1_M), one `vpgatherdd` per 16 points of the 4-element ones (IQ3_XXS,
-//! IQ3_S). On the 2026-12-02 Xeon that beats looking ggml's u16 codes up in registers (the
-//! previous scheme: `vpermi2w` per 64 grid points and a blend tree, then the fields expanded
-//! by `vpermw` + `vpmultishiftqb` + `vpermb`): a two-register word permute costs two cycles of
-//! its one shuffle port, while the gathers run on the load ports. Sign bytes are
+//! IQ2_XS, IQ2_S, IQ1_S, IQ1_M), one `vpgatherdd` per 16 points of the 4-element ones (IQ3_S,
+//! and half of IQ3_XXS's). On the 2026-12-02 Xeon that beats looking ggml's u16 codes up in
+//! registers (`vpermi2w` per 64 grid points and a blend tree, then the fields expanded by
+//! `vpermw` + `vpmultishiftqb` + `vpermb`): a two-register word permute costs two cycles of its
+//! one shuffle port, while the gathers run on the load ports. IQ3_XXS (256 points, 64 per
+//! block) takes its first 32 points from the codes in registers and gathers the rest, so that
+//! both kinds of port work. Sign bytes are
 //! `vpmultishiftqb` + one `vpermi2b` of `KSIGNS_IQ2XS` (or the block's own sign bytes). The
 //! constant layouts live in `tables`; IQ4_XS and IQ4_NL take their own path (`nl4`: biased
 //! weights, one row per lane for the float sums).

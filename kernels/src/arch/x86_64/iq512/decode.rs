@@ -114,6 +114,17 @@ unsafe fn gather_points4(idx: [__m512i; 4], grid: &[u32]) -> [__m512i; 4] {
     idx.map(|i| unsafe { _mm512_i32gather_epi32::<4>(i, grid.as_ptr() as *const i32) })
 }
 
+/// [`gather_points4`] for two registers.
+///
+/// # Safety
+/// As [`gather_points4`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn gather_points2(idx: [__m512i; 2], grid: &[u32]) -> [__m512i; 2] {
+    // SAFETY: every index is inside `grid` (caller's contract).
+    idx.map(|i| unsafe { _mm512_i32gather_epi32::<4>(i, grid.as_ptr() as *const i32) })
+}
+
 impl Wide for Iq2Xxs {
     const BIAS: i8 = IQ2_BIAS;
     #[inline]
@@ -144,15 +155,28 @@ impl Wide for Iq3Xxs {
     unsafe fn decode_regs(p: *const u8) -> Dec {
         // SAFETY: `p` is one block (64 index bytes, then 32 sign-and-scale bytes).
         unsafe {
+            // the first 32 points from the codes in registers (shuffle port), the other 32
+            // gathered (load ports): either alone would leave the other's ports idle
+            let i = _mm256_loadu_si256(p.add(IQ3XXS_QS) as *const __m256i);
+            let codes = IQ3XXS_CODE_TABLE.lookup(_mm512_cvtepu8_epi16(i));
             // SAFETY: byte indices, below the grid's 256 points.
-            let g = gather_points4(
+            let hi = gather_points2(
                 core::array::from_fn(|c| {
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                        p.add(IQ3XXS_QS + 16 * c) as *const __m128i
-                    ))
+                    let at = IQ3XXS_QS + 32 + 16 * c;
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(at) as *const __m128i))
                 }),
                 &IQ3XXS_GRID,
             );
+            let g: [__m512i; 4] = core::array::from_fn(|c| {
+                if c >= 2 {
+                    return hi[c - 2];
+                }
+                let f = _mm512_multishift_epi64_epi8(
+                    IQ3_SHIFTS.get(),
+                    _mm512_permutexvar_epi16(IQ3_SPREAD[c].get(), codes),
+                );
+                _mm512_permutexvar_epi8(f, IQ3XXS_FIELD_VALUES.get())
+            });
             let aux =
                 _mm512_castsi256_si512(_mm256_loadu_si256(p.add(IQ3XXS_AUX) as *const __m256i));
             let (neg, sc, gs) = xxs_signs_scales(aux);

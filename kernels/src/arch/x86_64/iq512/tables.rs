@@ -3,7 +3,9 @@
 //! vectors and shift controls of the decoders' permutes, built at compile time.
 
 use super::super::klanes512::V64;
-use crate::formats::iq_grids::IQ1S_CODES;
+use core::arch::x86_64::*;
+
+use crate::formats::iq_grids::{IQ1S_CODES, IQ3XXS_CODES, IQ3XXS_VALUES};
 use crate::formats::{
     BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockIq4Nl,
     BlockIq4Xs, KSIGNS_IQ2XS, QK_K,
@@ -110,6 +112,84 @@ pub(super) static WORD_SCALES: [V64; 4] = [
     word_pairs(4, 5),
     word_pairs(6, 7),
 ];
+
+/// A grid of `N` points as its ggml codes (`iq_grids`), one u16 each (`N / 32` registers),
+/// looked up in registers instead of gathering the expanded grid from memory (IQ3_XXS: half of
+/// each block's points, so that the shuffle port and the gathers' load ports share the work).
+#[repr(C, align(64))]
+pub(super) struct Codes<const N: usize>([u16; N]);
+
+impl<const N: usize> Codes<N> {
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    pub(super) fn get(&self, t: usize) -> __m512i {
+        // SAFETY: 64 readable bytes at entry `32 t` (the slice index panics past the table).
+        unsafe { _mm512_loadu_si512(self.0[32 * t..32 * t + 32].as_ptr() as *const __m512i) }
+    }
+
+    /// The codes of 32 indices (word lanes of `idx`, each below `N`): one two-register word
+    /// permute per 64 entries on index bits 0..6, then a blend tree on bits 6, 7, ...
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    pub(super) fn lookup(&self, idx: __m512i) -> __m512i {
+        let mut r = [_mm512_setzero_si512(); 16];
+        let mut len = N / 64;
+        for (a, ra) in r.iter_mut().enumerate().take(len) {
+            *ra = _mm512_permutex2var_epi16(self.get(2 * a), idx, self.get(2 * a + 1));
+        }
+        let mut bit = 0x40;
+        while len > 1 {
+            let m = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(bit));
+            for a in 0..len / 2 {
+                r[a] = _mm512_mask_blend_epi16(m, r[2 * a], r[2 * a + 1]);
+            }
+            len /= 2;
+            bit <<= 1;
+        }
+        r[0]
+    }
+}
+
+pub(super) static IQ3XXS_CODE_TABLE: Codes<256> = Codes(IQ3XXS_CODES);
+
+/// `vpermb` table of a code field: entry `e` = `values[e % len]` (the field is the low bits).
+pub(super) const fn field_values<const N: usize>(values: [u8; N]) -> V64 {
+    let mut o = [0u8; 64];
+    let mut e = 0;
+    while e < 64 {
+        o[e] = values[e % N];
+        e += 1;
+    }
+    V64(o)
+}
+pub(super) static IQ3XXS_FIELD_VALUES: V64 = field_values(IQ3XXS_VALUES);
+
+/// `vpmultishiftqb` control: byte `j` of a qword from bit `step * (j % per) + 32 * (j / per)`.
+pub(super) const fn field_shifts(step: usize, per: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        let j = i % 8;
+        o[i] = (step * (j % per) + 32 * (j / per)) as u8;
+        i += 1;
+    }
+    V64(o)
+}
+/// IQ3_XXS: four 3-bit fields of the code in each dword's low word.
+pub(super) static IQ3_SHIFTS: V64 = field_shifts(3, 4);
+
+/// Word index vector: word `w` <- word `at + w / per` (`per` = words per grid point).
+pub(super) const fn spread(at: usize, per: usize) -> V64 {
+    let mut o = [0u8; 64];
+    let mut w = 0;
+    while w < 32 {
+        o[2 * w] = (at + w / per) as u8;
+        w += 1;
+    }
+    V64(o)
+}
+/// IQ3_XXS register `c` (codes of half `c / 2`): dword `k` <- code `16 (c % 2) + k`.
+pub(super) static IQ3_SPREAD: [V64; 2] = [spread(0, 2), spread(16, 2)];
 
 /// IQ2_XXS grid indices: word `i` <- byte `8 (i / 4) + i % 4` of `qs`.
 pub(super) static IQ2XXS_IDX: V64 = V64({
