@@ -471,7 +471,8 @@ pub(super) unsafe fn gemm(t: &mut Tile<'_>) -> bool {
     let (ty, k, rows, n) = (t.ty(), t.k(), t.rows(), t.n());
     let (w, x) = (t.w().bytes(), t.x().bytes());
     let out = t.out();
-    // SAFETY: the caller guarantees the features every arm needs.
+    // SAFETY: the caller guarantees the features every arm needs; the GFNI arm runs only when
+    // `gfni()` says the CPU has it.
     unsafe {
         match ty {
             GgmlType::IQ2_XXS => gemm_wide::<Iq2Xxs, false>(k, w, rows, x, n, out),
