@@ -121,6 +121,8 @@ fn main() {
         GgmlType::IQ2_S,
         GgmlType::IQ3_S,
         GgmlType::IQ4_NL,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
     ];
     println!("k={k} rows={rows}; ns per (row x act x 256 elements); speed-up vs scalar");
     for ty in types {

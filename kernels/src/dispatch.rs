@@ -89,7 +89,7 @@ pub struct X86Features {
     pub avx512vnni: bool,
     /// AVX512-VBMI (`vpermb`): the AVX-512 tier's 64-byte Q3_K..Q6_K kernels and Q2_K's table.
     pub avx512vbmi: bool,
-    /// GFNI (`vgf2p8affineqb`): byte decoding in the 64-byte K-quant kernels.
+    /// GFNI (`vgf2p8affineqb`): byte decoding in the 64-byte K-quant kernels and TQ2_0 (`iq512`).
     pub gfni: bool,
 }
 

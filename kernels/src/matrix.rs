@@ -134,7 +134,7 @@ impl<'a> QMatrix<'a> {
                     rows: self.rows,
                 })?;
         let group = self.layout.row_group();
-        if start % group != 0 || count % group != 0 {
+        if !start.is_multiple_of(group) || !count.is_multiple_of(group) {
             return Err(KernelError::Layout {
                 layout: self.layout.name(),
                 expected: format!("row ranges in whole groups of {group} rows"),

@@ -256,7 +256,7 @@ impl GgmlType {
     /// Bytes of one row of `k` elements; an error unless `k` is a multiple of the block length.
     pub fn row_bytes(self, k: usize) -> Result<usize, KernelError> {
         let bl = self.block_len();
-        if k % bl != 0 {
+        if !k.is_multiple_of(bl) {
             return Err(KernelError::KNotMultiple {
                 ty: self.name(),
                 k,
@@ -344,7 +344,7 @@ pub unsafe trait Block: Copy + 'static {
 
 fn check_len<B: Block>(len: usize) -> Result<usize, KernelError> {
     let size = std::mem::size_of::<B>();
-    if len % size != 0 {
+    if !len.is_multiple_of(size) {
         return Err(KernelError::Ragged {
             what: B::TYPE.name(),
             block_bytes: size,

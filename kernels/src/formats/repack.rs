@@ -80,7 +80,7 @@ impl Layout {
     pub fn fits(self, ty: GgmlType, rows: usize) -> bool {
         match self {
             Layout::Gguf => true,
-            Layout::Rows4 => rows4_block(ty).is_some() && rows % ROWS4 == 0,
+            Layout::Rows4 => rows4_block(ty).is_some() && rows.is_multiple_of(ROWS4),
         }
     }
 

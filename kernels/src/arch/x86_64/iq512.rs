@@ -1,13 +1,18 @@
 //! The i-quants on the AVX-512-VNNI tier when the CPU also has AVX512-VBMI: each 256-element
 //! weight unit is decoded straight into four 64-byte registers (`decode`), together with the
 //! per-pair scale words, and then used against every activation row of the call (decode once,
-//! dot N rows). Grid points come from registers where the grid fits: ggml's u16 codes of the
-//! 256-, 512- and 1024-point grids (IQ2_XXS, IQ3_XXS, IQ2_XS, IQ3_S, IQ2_S) are 8 to 32 registers
-//! looked up with `vpermi2w` and a blend tree, their 2- or 3-bit fields expanded by
-//! `vpmultishiftqb` + `vpermb`; the 2048-point IQ1 grid's codes are gathered (`vpgatherdd`) and
-//! expanded the same way. Sign bytes are `vpmultishiftqb` + one `vpermi2b` of `KSIGNS_IQ2XS` (or
-//! the block's own sign bytes). The constant layouts live in `tables`; IQ4_XS and IQ4_NL take
-//! their own path (`nl4`: biased weights, one row per lane for the float sums).
+//! dot N rows). Grid points are gathered from the expanded grids (`iq_grids`; IQ1's expanded
+//! and biased in `tables`): one `vpgatherdq` per 8 points of the 8-element grids (IQ2_XXS,
+//! IQ2_XS, IQ2_S, IQ1_S, IQ1_M), one `vpgatherdd` per 16 points of the 4-element ones (IQ3_S,
+//! and half of IQ3_XXS's). On the 2026-12-02 Xeon that beats looking ggml's u16 codes up in
+//! registers (`vpermi2w` per 64 grid points and a blend tree, then the fields expanded by
+//! `vpermw` + `vpmultishiftqb` + `vpermb`): a two-register word permute costs two cycles of its
+//! one shuffle port, while the gathers run on the load ports. IQ3_XXS (256 points, 64 per
+//! block) takes its first 32 points from the codes in registers and gathers the rest, so that
+//! both kinds of port work. Sign bytes are
+//! `vpmultishiftqb` + one `vpermi2b` of `KSIGNS_IQ2XS` (or the block's own sign bytes). The
+//! constant layouts live in `tables`; IQ4_XS and IQ4_NL take their own path (`nl4`: biased
+//! weights, one row per lane for the float sums).
 //!
 //! Exactness: per unit the weights get their signs and then a bias (`w + BIAS`, `BIAS` at
 //! least the kind's largest magnitude), so that they are unsigned bytes and `vpmaddubsw(w +
@@ -40,8 +45,8 @@ mod tables;
 mod ternary;
 
 use super::kblock::prefetch_span;
+use super::klanes512::gfni;
 use decode::negate;
-use tables::{GROUP_HALVES, GROUP_WORDS};
 
 thread_local! {
     /// The activations' 16-element sums for the current call (see [`bias`]).
@@ -64,6 +69,9 @@ struct Dec {
     /// Minus `BIAS` times each 16 elements' scale word (see [`bias`]), by which the sums of the
     /// activations' 16-element groups are weighed into the sum.
     bb: __m256i,
+    /// The scale word of each 16 elements (what [`bias`] takes `bb` from; the kinds that set
+    /// `bb` themselves leave it zero).
+    gs: __m256i,
     /// The block's `d`.
     d: f32,
 }
@@ -79,6 +87,7 @@ impl Dec {
             neg: [0; 4],
             bw: _mm256_setzero_si256(),
             bb: _mm256_setzero_si256(),
+            gs: _mm256_setzero_si256(),
             d: d0,
         }
     }
@@ -97,7 +106,7 @@ trait Wide: IqKind<X = BlockQ8_K> {
     /// register.
     const TERNARY: bool = false;
     /// `decode_regs` gives the weights with their signs and `BIAS` already applied (the IQ1
-    /// kinds, from a biased value table) and sets `bb` itself (see [`bias_words`]), so
+    /// kinds, from a biased value table) and sets `bb` itself (see [`bias`]), so
     /// [`bias`] has nothing left to do.
     const BIASED: bool = false;
     /// Decodes the unit starting at `p` (its first block's first byte).
@@ -105,6 +114,16 @@ trait Wide: IqKind<X = BlockQ8_K> {
     /// # Safety
     /// The CPU has the tier's features (see [`gemm`]); `p` is valid for `UNIT` blocks of `W`.
     unsafe fn decode_regs(p: *const u8) -> Dec;
+    /// [`Wide::decode_regs`] with GFNI's affine byte transforms (the same weights): the kinds
+    /// without such a decoder keep theirs.
+    ///
+    /// # Safety
+    /// As [`Wide::decode_regs`], and the CPU has GFNI.
+    #[inline(always)]
+    unsafe fn decode_regs_gf(p: *const u8) -> Dec {
+        // SAFETY: the caller's contract.
+        unsafe { Self::decode_regs(p) }
+    }
     /// The factor taking the integer to the float that the reference multiplies by `d * x.d`
     /// (`sumf += d * x.d * term`; 1, which leaves every value's bits, but for IQ1).
     const TERM: f32 = 1.0;
@@ -185,9 +204,9 @@ impl Pending {
 }
 
 /// Applies `d`'s weight signs and adds `K::BIAS` to every weight (per unit, not per activation
-/// row), and sets `bb` to minus `BIAS` times each 16 elements' scale word: then `sum(sc (w +
-/// BIAS) x) + sum(bb xsums)` is `sum(sc w x)`, exactly (`xsums`: the activations' 16-element
-/// sums, computed here: a Q8_K block's `bsums` are not trusted to be them).
+/// row), and sets `bb` to minus `BIAS` times each 16 elements' scale word (`gs`): then `sum(sc
+/// (w + BIAS) x) + sum(bb xsums)` is `sum(sc w x)`, exactly (`xsums`: the activations'
+/// 16-element sums, computed here: a Q8_K block's `bsums` are not trusted to be them).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn bias<K: Wide>(d: &mut Dec) {
@@ -202,18 +221,7 @@ fn bias<K: Wide>(d: &mut Dec) {
     for (w, &neg) in d.w.iter_mut().zip(&d.neg) {
         *w = _mm512_add_epi8(negate(*w, neg), b);
     }
-    d.bb = bias_words(&d.sc, K::BIAS);
-}
-
-/// Minus `bias` times each 16 elements' scale word of `sc` (the `bb` of [`Dec`]).
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn bias_words(sc: &[__m512i; 4], bias: i8) -> __m256i {
-    // word 8q of register c scales elements 16 (4c + q)..: words 0, 8, 16, 24 of each
-    let half = |a: __m512i, b: __m512i| _mm512_permutex2var_epi16(a, GROUP_WORDS.get(), b);
-    let s = _mm512_permutex2var_epi16(half(sc[0], sc[1]), GROUP_HALVES.get(), half(sc[2], sc[3]));
-    let m = _mm256_mullo_epi16(_mm512_castsi512_si256(s), _mm256_set1_epi16(bias as i16));
-    _mm256_sub_epi16(_mm256_setzero_si256(), m)
+    d.bb = _mm256_mullo_epi16(d.gs, _mm256_set1_epi16(-(K::BIAS as i16)));
 }
 
 /// The sixteen 16-element sums of each of `blocks` Q8_K blocks at `x`, as words, into `dst`.
@@ -308,7 +316,7 @@ fn reduce16(a: &[__m512i; LANES]) -> __m512i {
 /// apart); `xb` and `xs` hold `J` activation rows of `units` blocks.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn lane_tile<K: Wide, const J: usize>(
+unsafe fn lane_tile<K: Wide, const J: usize, const G: bool>(
     wt: *const u8,
     row_bytes: usize,
     units: usize,
@@ -318,15 +326,18 @@ unsafe fn lane_tile<K: Wide, const J: usize>(
 ) {
     let unit_w_bytes = K::UNIT * size_of::<K::W>();
     let mut sum = [_mm512_setzero_ps(); J];
+    // every unit writes all of `acc` before reading it: zeroed once per tile, not per unit
+    // (when its J x 16 registers spill, zeroing them is a `memset`: 12-14% of a batch-4 TQ2_0
+    // call)
+    let mut acc = [[_mm512_setzero_si512(); LANES]; J];
     for u in 0..units {
-        let mut acc = [[_mm512_setzero_si512(); LANES]; J];
         let mut dw = [0f32; LANES];
         for r in 0..LANES {
             let p = wt.wrapping_add(r * row_bytes + u * unit_w_bytes);
             // the same unit of the next tile's rows, so the loads run ahead of the decode
             prefetch_span(p.wrapping_add(LANES * row_bytes), unit_w_bytes);
-            // SAFETY: row r of the tile holds unit u (caller's contract).
-            let mut d = unsafe { K::decode_regs(p) };
+            // SAFETY: row r of the tile holds unit u (caller's contract; GFNI when `G`).
+            let mut d = unsafe { decode::<K, G>(p) };
             bias::<K>(&mut d);
             dw[r] = d.d;
             for (j, a) in acc.iter_mut().enumerate() {
@@ -356,14 +367,31 @@ unsafe fn lane_tile<K: Wide, const J: usize>(
     }
 }
 
-/// `out[r * n + j] = W[r] . x[j]` for one kind: unit by unit, each decoded once and run against
-/// every activation row, each result accumulated in the reference's block order.
+/// The unit at `p` through [`Wide::decode_regs_gf`] when `G`, else [`Wide::decode_regs`].
 ///
 /// # Safety
-/// The CPU has the tier's features.
+/// As [`Wide::decode_regs`]; the CPU has GFNI when `G`.
+#[inline(always)]
+unsafe fn decode<K: Wide, const G: bool>(p: *const u8) -> Dec {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if G {
+            K::decode_regs_gf(p)
+        } else {
+            K::decode_regs(p)
+        }
+    }
+}
+
+/// `out[r * n + j] = W[r] . x[j]` for one kind: unit by unit, each decoded once and run against
+/// every activation row, each result accumulated in the reference's block order (with GFNI's
+/// decoders when `G`).
+///
+/// # Safety
+/// The CPU has the tier's features, and GFNI when `G`.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn gemm_wide<K: Wide>(
+unsafe fn gemm_wide<K: Wide, const G: bool>(
     k: usize,
     w: &[u8],
     rows: usize,
@@ -394,10 +422,10 @@ unsafe fn gemm_wide<K: Wide>(
             // guarantees the features.
             unsafe {
                 match n {
-                    1 => lane_tile::<K, 1>(wt, row_bytes, units, xb, &xs, ot),
-                    2 => lane_tile::<K, 2>(wt, row_bytes, units, xb, &xs, ot),
-                    3 => lane_tile::<K, 3>(wt, row_bytes, units, xb, &xs, ot),
-                    _ => lane_tile::<K, LANE_N>(wt, row_bytes, units, xb, &xs, ot),
+                    1 => lane_tile::<K, 1, G>(wt, row_bytes, units, xb, &xs, ot),
+                    2 => lane_tile::<K, 2, G>(wt, row_bytes, units, xb, &xs, ot),
+                    3 => lane_tile::<K, 3, G>(wt, row_bytes, units, xb, &xs, ot),
+                    _ => lane_tile::<K, LANE_N, G>(wt, row_bytes, units, xb, &xs, ot),
                 }
             }
         }
@@ -414,7 +442,7 @@ unsafe fn gemm_wide<K: Wide>(
                     // the same unit of the next tile's rows, so the loads run ahead of the decode
                     prefetch_span(wp.wrapping_add(ROWS * row_bytes), unit_w_bytes);
                     // SAFETY: `wu` is one whole weight unit; the caller guarantees the features.
-                    let mut d = unsafe { K::decode_regs(wp) };
+                    let mut d = unsafe { decode::<K, G>(wp) };
                     bias::<K>(&mut d);
                     for j in 0..n {
                         let xu = &xb[(j * units + u) * K::UNIT..][..K::UNIT];
@@ -443,19 +471,22 @@ pub(super) unsafe fn gemm(t: &mut Tile<'_>) -> bool {
     let (ty, k, rows, n) = (t.ty(), t.k(), t.rows(), t.n());
     let (w, x) = (t.w().bytes(), t.x().bytes());
     let out = t.out();
-    // SAFETY: the caller guarantees the features every arm needs.
+    // SAFETY: the caller guarantees the features every arm needs; the GFNI arm runs only when
+    // `gfni()` says the CPU has it.
     unsafe {
         match ty {
-            GgmlType::IQ2_XXS => gemm_wide::<Iq2Xxs>(k, w, rows, x, n, out),
-            GgmlType::IQ3_XXS => gemm_wide::<Iq3Xxs>(k, w, rows, x, n, out),
-            GgmlType::IQ1_S => gemm_wide::<Iq1S>(k, w, rows, x, n, out),
+            GgmlType::IQ2_XXS => gemm_wide::<Iq2Xxs, false>(k, w, rows, x, n, out),
+            GgmlType::IQ3_XXS => gemm_wide::<Iq3Xxs, false>(k, w, rows, x, n, out),
+            GgmlType::IQ1_S => gemm_wide::<Iq1S, false>(k, w, rows, x, n, out),
             GgmlType::IQ4_XS | GgmlType::IQ4_NL => nl4::gemm(ty, k, w, rows, x, n, out),
-            GgmlType::IQ2_XS => gemm_wide::<Iq2Xs>(k, w, rows, x, n, out),
-            GgmlType::IQ2_S => gemm_wide::<Iq2S>(k, w, rows, x, n, out),
-            GgmlType::IQ3_S => gemm_wide::<Iq3S>(k, w, rows, x, n, out),
-            GgmlType::IQ1_M => gemm_wide::<Iq1M>(k, w, rows, x, n, out),
-            GgmlType::TQ1_0 => gemm_wide::<Tq1_0>(k, w, rows, x, n, out),
-            GgmlType::TQ2_0 => gemm_wide::<Tq2_0>(k, w, rows, x, n, out),
+            GgmlType::IQ2_XS => gemm_wide::<Iq2Xs, false>(k, w, rows, x, n, out),
+            GgmlType::IQ2_S => gemm_wide::<Iq2S, false>(k, w, rows, x, n, out),
+            GgmlType::IQ3_S => gemm_wide::<Iq3S, false>(k, w, rows, x, n, out),
+            GgmlType::IQ1_M => gemm_wide::<Iq1M, false>(k, w, rows, x, n, out),
+            GgmlType::TQ1_0 => gemm_wide::<Tq1_0, false>(k, w, rows, x, n, out),
+            // GFNI: one affine byte transform per register instead of a shift and a mask
+            GgmlType::TQ2_0 if gfni() => gemm_wide::<Tq2_0, true>(k, w, rows, x, n, out),
+            GgmlType::TQ2_0 => gemm_wide::<Tq2_0, false>(k, w, rows, x, n, out),
             _ => false,
         }
     }

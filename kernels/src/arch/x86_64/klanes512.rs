@@ -49,12 +49,13 @@ mod ops;
 mod signed;
 mod tables;
 use super::kblock::prefetch_block;
-use ops::{add_masked, dpwssd, fold2, gf_affine, pair_idx};
+pub(super) use ops::gf_affine;
+use ops::{add_masked, dpwssd, fold2, pair_idx};
 use signed::decode_signed;
-pub(super) use tables::V64;
 use tables::{
     chunks45, d_idx, has_mins, out_lane, slots, GF_NIB_HI, MIN_IDX, PAIR_PERM, Q5_SEL, SCALE_IDX,
 };
+pub(super) use tables::{gf_halves, NONE as GF_NONE, V64};
 
 /// Weight rows per tile.
 const TILE: usize = 8;
@@ -629,7 +630,7 @@ pub(super) unsafe fn gemm<const K: u8>(a: KArgs) {
 
 /// Whether this CPU has GFNI (`vgf2p8affineqb`), unless `NIGHTSHIFT_X86_GFNI=off` withholds it
 /// (see [`crate::dispatch::X86Features`]).
-fn gfni() -> bool {
+pub(super) fn gfni() -> bool {
     crate::dispatch::x86_features().gfni
 }
 

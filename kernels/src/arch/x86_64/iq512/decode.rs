@@ -10,7 +10,7 @@ use super::tables::*;
 use super::{Dec, Wide};
 use crate::arch::iq_tile::{Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs};
 use crate::formats::iq_grids::{IQ2_VALUES, IQ3S_VALUES, IQ3XXS_VALUES};
-use crate::formats::BlockIq1M;
+use crate::formats::{BlockIq1M, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use crate::scalar::iq1::IQ1_DELTA;
 
 /// The largest of a magnitude table, as the kinds' `Wide::BIAS` (at most 63, see there).
@@ -40,10 +40,10 @@ pub(super) fn sign_masks(sb: __m512i) -> [u64; 4] {
 }
 
 /// IQ2_XXS/IQ3_XXS: from the eight sign-and-scale words (dwords 0..8 of `aux`), the four sign
-/// masks and the scale words `2 * (aux >> 28) + 1`.
+/// masks, the scale words `2 * (aux >> 28) + 1` and each 16 elements' scale word (`Dec::gs`).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub(super) fn xxs_signs_scales(aux: __m512i) -> ([u64; 4], [__m512i; 4]) {
+pub(super) fn xxs_signs_scales(aux: __m512i) -> ([u64; 4], [__m512i; 4], __m256i) {
     let idx = _mm512_multishift_epi64_epi8(SIGN_SHIFTS.get(), aux);
     let sb = _mm512_permutex2var_epi8(KSIGNS_LO.get(), idx, KSIGNS_HI.get());
     let odd = _mm512_or_si512(
@@ -51,7 +51,8 @@ pub(super) fn xxs_signs_scales(aux: __m512i) -> ([u64; 4], [__m512i; 4]) {
         _mm512_set1_epi32(1),
     );
     let sc = core::array::from_fn(|c| _mm512_permutexvar_epi16(DWORD_SCALES[c].get(), odd));
-    (sign_masks(sb), sc)
+    let gs = _mm512_castsi512_si256(_mm512_permutexvar_epi16(DWORD_GROUPS.get(), odd));
+    (sign_masks(sb), sc, gs)
 }
 
 /// The block's `d` (an f16 in its first two bytes, as `tables` asserts for the kinds using it).
@@ -73,6 +74,57 @@ pub(super) fn negate(g: __m512i, neg: u64) -> __m512i {
     unsafe { _mm512_mask_sub_epi8(g, _cvtu64_mask64(neg), _mm512_setzero_si512(), g) }
 }
 
+/// The grid points of 32 indices (words of `idx`, each below `grid.len()`) from an expanded
+/// 8-byte grid (`iq_grids`), eight points per register: one `vpgatherdq` per 8 points. On the
+/// 2026-12-02 Xeon a two-register word permute costs two cycles of the one shuffle port, so
+/// the 256- to 1024-point grids' permute-and-blend lookups (4 to 16 `vpermt2w` per 32 points)
+/// and the fields' expansion (a `vpermw`, `vpmultishiftqb` and `vpermb` per register) cost
+/// more than the gathers, which run on the load ports (4 of them per 32 points in 4.6 ns).
+///
+/// # Safety
+/// The CPU has the tier's features; every word of `idx` is below `grid.len()`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+pub(super) unsafe fn gather_points(idx: __m512i, grid: &[u64]) -> [__m512i; 4] {
+    let half = [
+        _mm512_cvtepu16_epi32(_mm512_castsi512_si256(idx)),
+        _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(idx)),
+    ];
+    core::array::from_fn(|c| {
+        let i = if c % 2 == 0 {
+            _mm512_castsi512_si256(half[c / 2])
+        } else {
+            _mm512_extracti64x4_epi64::<1>(half[c / 2])
+        };
+        // SAFETY: every index is inside `grid` (caller's contract).
+        unsafe { _mm512_i32gather_epi64::<8>(i, grid.as_ptr() as *const i64) }
+    })
+}
+
+/// The 16 four-byte grid points of each register `c` from an expanded 4-byte grid
+/// (`iq_grids`), their indices (below `grid.len()`) the dwords of `idx[c]`: one `vpgatherdd`
+/// per register (see [`gather_points`]).
+///
+/// # Safety
+/// The CPU has the tier's features; every index is below `grid.len()`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn gather_points4(idx: [__m512i; 4], grid: &[u32]) -> [__m512i; 4] {
+    // SAFETY: every index is inside `grid` (caller's contract).
+    idx.map(|i| unsafe { _mm512_i32gather_epi32::<4>(i, grid.as_ptr() as *const i32) })
+}
+
+/// [`gather_points4`] for two registers.
+///
+/// # Safety
+/// As [`gather_points4`].
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn gather_points2(idx: [__m512i; 2], grid: &[u32]) -> [__m512i; 2] {
+    // SAFETY: every index is inside `grid` (caller's contract).
+    idx.map(|i| unsafe { _mm512_i32gather_epi32::<4>(i, grid.as_ptr() as *const i32) })
+}
+
 impl Wide for Iq2Xxs {
     const BIAS: i8 = IQ2_BIAS;
     #[inline]
@@ -82,19 +134,14 @@ impl Wide for Iq2Xxs {
         unsafe {
             let q = _mm512_loadu_si512(p.add(IQ2XXS_QS) as *const __m512i);
             let idx = _mm512_maskz_permutexvar_epi8(0x5555_5555_5555_5555, IQ2XXS_IDX.get(), q);
-            let codes = IQ2XXS_CODE_TABLE.lookup(idx);
-            let g: [__m512i; 4] = core::array::from_fn(|c| {
-                let f = _mm512_multishift_epi64_epi8(
-                    IQ2_SHIFTS.get(),
-                    _mm512_permutexvar_epi16(IQ2_SPREAD[c].get(), codes),
-                );
-                _mm512_permutexvar_epi8(f, IQ2_FIELD_VALUES.get())
-            });
+            // SAFETY: byte indices, below the grid's 256 points.
+            let g = gather_points(idx, &IQ2XXS_GRID);
             let odd_dwords = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1);
             let aux = _mm512_permutexvar_epi32(odd_dwords, q);
-            let (neg, sc) = xxs_signs_scales(aux);
+            let (neg, sc, gs) = xxs_signs_scales(aux);
             Dec {
                 neg,
+                gs,
                 ..Dec::new(g, sc, lead_d(p))
             }
         }
@@ -108,22 +155,34 @@ impl Wide for Iq3Xxs {
     unsafe fn decode_regs(p: *const u8) -> Dec {
         // SAFETY: `p` is one block (64 index bytes, then 32 sign-and-scale bytes).
         unsafe {
-            let codes: [__m512i; 2] = core::array::from_fn(|h| {
-                let i = _mm256_loadu_si256(p.add(IQ3XXS_QS + 32 * h) as *const __m256i);
-                IQ3XXS_CODE_TABLE.lookup(_mm512_cvtepu8_epi16(i))
-            });
+            // the first 32 points from the codes in registers (shuffle port), the other 32
+            // gathered (load ports): either alone would leave the other's ports idle
+            let i = _mm256_loadu_si256(p.add(IQ3XXS_QS) as *const __m256i);
+            let codes = IQ3XXS_CODE_TABLE.lookup(_mm512_cvtepu8_epi16(i));
+            // SAFETY: byte indices, below the grid's 256 points.
+            let hi = gather_points2(
+                core::array::from_fn(|c| {
+                    let at = IQ3XXS_QS + 32 + 16 * c;
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(at) as *const __m128i))
+                }),
+                &IQ3XXS_GRID,
+            );
             let g: [__m512i; 4] = core::array::from_fn(|c| {
+                if c >= 2 {
+                    return hi[c - 2];
+                }
                 let f = _mm512_multishift_epi64_epi8(
                     IQ3_SHIFTS.get(),
-                    _mm512_permutexvar_epi16(IQ3_SPREAD[c % 2].get(), codes[c / 2]),
+                    _mm512_permutexvar_epi16(IQ3_SPREAD[c].get(), codes),
                 );
                 _mm512_permutexvar_epi8(f, IQ3XXS_FIELD_VALUES.get())
             });
             let aux =
                 _mm512_castsi256_si512(_mm256_loadu_si256(p.add(IQ3XXS_AUX) as *const __m256i));
-            let (neg, sc) = xxs_signs_scales(aux);
+            let (neg, sc, gs) = xxs_signs_scales(aux);
             Dec {
                 neg,
+                gs,
                 ..Dec::new(g, sc, lead_d(p))
             }
         }
@@ -131,26 +190,22 @@ impl Wide for Iq3Xxs {
 }
 
 /// The IQ1 grid points of 32 11-bit indices (dwords of `idx`, eight points per register) as
-/// biased weights `8 * value + 8` (see `IQ1_SHIFTS8`: one mask, no value lookup): the kinds'
-/// `BIAS` is in the values, so no add per register follows. The 2048-point grid does not fit in registers: one
-/// `vpgatherdd` of its u16 codes per 16 points, whose 2-bit fields are then expanded like the
-/// IQ2 codes (in a standalone loop on Zen 5, 4.7 ns per 32 points against 5.7 for eight-byte loads of
-/// the expanded grid inserted one by one and 7.8 for `vpgatherdq` of them; in this kernel, at
-/// batch 1, the eight-byte loads of a pre-biased grid through a stack buffer of indices were
-/// 0-30% slower than the gathers, 2026-12-02).
+/// biased weights `8 * value + 8` (`IQ1_BIASED`): the kinds' `BIAS` is in the values, so no add
+/// per register follows. The 2048-point grid does not fit in registers: one `vpgatherdq` of the
+/// expanded grid per 8 points (on the 2026-12-02 Xeon, four of them per 32 points take the time
+/// of two `vpgatherdd` of the u16 codes, 4.6 ns, and leave no fields to expand: on Zen 5 the
+/// codes gathered were faster, 4.7 against 7.8 ns).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 fn iq1_points_biased(idx: [__m512i; 2]) -> [__m512i; 4] {
-    // SAFETY: every index is below 2048 by construction (8 + 3 bits), and the table has two
-    // padding entries, so each dword read (2 bytes per index step) stays inside it.
-    let codes =
-        idx.map(|i| unsafe { _mm512_i32gather_epi32::<2>(i, IQ1_CODES.0.as_ptr() as *const i32) });
     core::array::from_fn(|c| {
-        let f = _mm512_multishift_epi64_epi8(
-            IQ1_SHIFTS8.get(),
-            _mm512_permutexvar_epi16(IQ1_SPREAD[c % 2].get(), codes[c / 2]),
-        );
-        _mm512_and_si512(f, _mm512_set1_epi8(0x18))
+        let i = if c % 2 == 0 {
+            _mm512_castsi512_si256(idx[c / 2])
+        } else {
+            _mm512_extracti64x4_epi64::<1>(idx[c / 2])
+        };
+        // SAFETY: every index is below 2048 by construction (8 + 3 bits), the table's length.
+        unsafe { _mm512_i32gather_epi64::<8>(i, IQ1_BIASED.0.as_ptr() as *const i64) }
     })
 }
 
@@ -190,7 +245,7 @@ impl Wide for Iq1S {
             let sc = core::array::from_fn(|c| _mm512_permutexvar_epi16(WORD_SCALES[c].get(), ls));
             let mut d = Dec::new(g, sc, lead_d(p));
             d.bw = _mm512_castsi512_si256(_mm512_permutexvar_epi16(BSUM_PAIRS.get(), lsd));
-            // `bias_words` of these scale words: group g (16 elements) has scale ls[g / 2]
+            // minus `BIAS` times the scale words: group g (16 elements) has scale ls[g / 2]
             let ls8 = _mm512_mullo_epi16(ls, _mm512_set1_epi16(-(Self::BIAS as i16)));
             d.bb = _mm512_castsi512_si256(_mm512_permutexvar_epi16(BSUM_PAIRS.get(), ls8));
             d
@@ -199,29 +254,6 @@ impl Wide for Iq1S {
     /// The integer is `8 sumi + sumi1`: over 8 it is the reference's `sumi + IQ1_DELTA *
     /// sumi1`, exactly (both are below 2^24 in magnitude).
     const TERM: f32 = IQ1_DELTA;
-}
-
-/// The eight IQ2 magnitudes of register `c`'s grid points (codes `8 c .. 8 c + 8` of `codes`).
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub(super) fn expand_iq2(codes: __m512i, c: usize) -> __m512i {
-    let f = _mm512_multishift_epi64_epi8(
-        IQ2_SHIFTS.get(),
-        _mm512_permutexvar_epi16(IQ2_SPREAD[c].get(), codes),
-    );
-    _mm512_permutexvar_epi8(f, IQ2_FIELD_VALUES.get())
-}
-
-/// The sixteen IQ3 grid points of register `c` (codes `16 (c % 2) ..` of `codes`, the codes of
-/// its half of the block) through the magnitudes `values`.
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub(super) fn expand_iq3(codes: __m512i, c: usize, values: &V64) -> __m512i {
-    let f = _mm512_multishift_epi64_epi8(
-        IQ3_SHIFTS.get(),
-        _mm512_permutexvar_epi16(IQ3_SPREAD[c % 2].get(), codes),
-    );
-    _mm512_permutexvar_epi8(f, values.get())
 }
 
 /// The odd scales `2 f + 1` of the fields picked by `shifts` (width `mask`) from the qword
@@ -244,13 +276,6 @@ pub(super) fn byte_scales(odd: __m512i, table: &[V64; 4]) -> [__m512i; 4] {
     core::array::from_fn(|c| {
         _mm512_maskz_permutexvar_epi8(0x5555_5555_5555_5555, table[c].get(), odd)
     })
-}
-
-/// [`byte_scales`] of [`odd_bytes`].
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub(super) fn odd_scales(bits: u64, shifts: &V64, mask: i8, table: &[V64; 4]) -> [__m512i; 4] {
-    byte_scales(odd_bytes(bits, shifts, mask), table)
 }
 
 /// Index words of 32 grid points from `qs` bytes and high bits in `qh` bytes: word `i` =
@@ -288,16 +313,18 @@ impl Wide for Iq2Xs {
         // SAFETY: `p` is one block: 32 `qs` words and 8 scale bytes at their offsets.
         unsafe {
             let q = _mm512_loadu_si512(p.add(IQ2XS_QS) as *const __m512i);
-            let codes = IQ2XS_CODE_TABLE.lookup(_mm512_and_si512(q, _mm512_set1_epi16(511)));
+            // SAFETY: 9-bit indices, below the grid's 512 points.
+            let w = gather_points(_mm512_and_si512(q, _mm512_set1_epi16(511)), &IQ2XS_GRID);
             let si = _mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16::<9>(q)));
             let sb = _mm512_permutex2var_epi8(KSIGNS_LO.get(), si, KSIGNS_HI.get());
             let neg = sign_masks(sb);
-            let w = core::array::from_fn(|c| expand_iq2(codes, c));
             let bits = (p.add(IQ2XS_SCALES) as *const u64).read_unaligned();
-            let sc = odd_scales(u64::from_le(bits), &NIBBLES16, 0x0f, &SCALES16);
+            let odd = odd_bytes(u64::from_le(bits), &NIBBLES16, 0x0f);
             Dec {
                 neg,
-                ..Dec::new(w, sc, lead_d(p))
+                // byte h (h < 16) of `odd`: the scale of 16-element group h
+                gs: _mm256_cvtepu8_epi16(_mm512_castsi512_si128(odd)),
+                ..Dec::new(w, byte_scales(odd, &SCALES16), lead_d(p))
             }
         }
     }
@@ -314,14 +341,16 @@ impl Wide for Iq2S {
             let qs = _mm512_loadu_si512(p.add(IQ2S_QS) as *const __m512i);
             let qh = _mm512_castsi128_si512(_mm_loadl_epi64(p.add(IQ2S_QH) as *const __m128i));
             let idx = split_indices(qs, qh, &IQ2S_BYTES, &IQ2S_SHIFTS, 0x300);
-            let codes = IQ2S_CODE_TABLE.lookup(idx);
+            // SAFETY: 10-bit indices (8 + 2 bits), below the grid's 1024 points.
+            let w = gather_points(idx, &IQ2S_GRID);
             let neg = stored_masks(p.add(IQ2S_SIGNS));
-            let w = core::array::from_fn(|c| expand_iq2(codes, c));
             let bits = (p.add(IQ2S_SCALES) as *const u64).read_unaligned();
-            let sc = odd_scales(u64::from_le(bits), &NIBBLES16, 0x0f, &SCALES16);
+            let odd = odd_bytes(u64::from_le(bits), &NIBBLES16, 0x0f);
             Dec {
                 neg,
-                ..Dec::new(w, sc, lead_d(p))
+                // byte h (h < 16) of `odd`: the scale of 16-element group h
+                gs: _mm256_cvtepu8_epi16(_mm512_castsi512_si128(odd)),
+                ..Dec::new(w, byte_scales(odd, &SCALES16), lead_d(p))
             }
         }
     }
@@ -336,16 +365,33 @@ impl Wide for Iq3S {
         unsafe {
             let qs = _mm512_loadu_si512(p.add(IQ3S_QS) as *const __m512i);
             let qh = _mm512_castsi128_si512(_mm_loadl_epi64(p.add(IQ3S_QH) as *const __m128i));
-            let codes: [__m512i; 2] = core::array::from_fn(|h| {
-                IQ3S_CODE_TABLE.lookup(split_indices(qs, qh, &IQ3S_BYTES[h], &IQ3S_SHIFTS, 0x100))
+            let idx: [__m512i; 2] = core::array::from_fn(|h| {
+                split_indices(qs, qh, &IQ3S_BYTES[h], &IQ3S_SHIFTS, 0x100)
             });
+            // SAFETY: 9-bit indices (8 + 1 bits), below the grid's 512 points.
+            let w = gather_points4(
+                core::array::from_fn(|c| {
+                    let i = idx[c / 2];
+                    _mm512_cvtepu16_epi32(if c % 2 == 0 {
+                        _mm512_castsi512_si256(i)
+                    } else {
+                        _mm512_extracti64x4_epi64::<1>(i)
+                    })
+                }),
+                &IQ3S_GRID,
+            );
             let neg = stored_masks(p.add(IQ3S_SIGNS));
-            let w = core::array::from_fn(|c| expand_iq3(codes[c / 2], c, &IQ3S_FIELD_VALUES));
             let bits = (p.add(IQ3S_SCALES) as *const u32).read_unaligned();
-            let sc = odd_scales(u32::from_le(bits) as u64, &NIBBLES16, 0x0f, &SCALES32);
+            let odd = odd_bytes(u32::from_le(bits) as u64, &NIBBLES16, 0x0f);
             Dec {
                 neg,
-                ..Dec::new(w, sc, lead_d(p))
+                // byte g (g < 8) of `odd`: the scale of 32-element group g
+                gs: _mm512_castsi512_si256(_mm512_maskz_permutexvar_epi8(
+                    0x5555_5555_5555_5555,
+                    GROUP_BYTES32.get(),
+                    odd,
+                )),
+                ..Dec::new(w, byte_scales(odd, &SCALES32), lead_d(p))
             }
         }
     }
@@ -377,7 +423,7 @@ impl Wide for Iq1M {
                 _mm512_mask_add_epi8(g[c], plus, g[c], two)
             });
             Dec {
-                // `bias_words` of these scale words, from the bytes
+                // minus `BIAS` times the scale words, from the bytes
                 bb: _mm256_mullo_epi16(
                     _mm256_cvtepu8_epi16(_mm512_castsi512_si128(odd)),
                     _mm256_set1_epi16(-(Self::BIAS as i16)),

@@ -1,14 +1,11 @@
 //! Constant layouts of the AVX-512 i-quant decoders (`iq512::decode`): block field offsets (from
-//! the block structs), the grids as registers of ggml's u16 codes, and the byte and word index
-//! vectors, shift controls and value tables of the decoders' permutes, built at compile time.
-
-use core::arch::x86_64::*;
+//! the block structs), the IQ1 grid expanded and biased for gathers, and the byte and word index
+//! vectors and shift controls of the decoders' permutes, built at compile time.
 
 use super::super::klanes512::V64;
-use crate::formats::iq_grids::{
-    IQ1S_CODES, IQ2S_CODES, IQ2XS_CODES, IQ2XXS_CODES, IQ2_VALUES, IQ3S_CODES, IQ3S_VALUES,
-    IQ3XXS_CODES, IQ3XXS_VALUES,
-};
+use core::arch::x86_64::*;
+
+use crate::formats::iq_grids::{IQ1S_CODES, IQ3XXS_CODES, IQ3XXS_VALUES};
 use crate::formats::{
     BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockIq4Nl,
     BlockIq4Xs, KSIGNS_IQ2XS, QK_K,
@@ -96,6 +93,18 @@ pub(super) static DWORD_SCALES: [V64; 4] = [
     word_pairs(12, 14),
 ];
 
+/// Each 16 elements' scale word from one dword per 32-element group (`Dec::gs`): word `w` <-
+/// word `2 (w / 2)`.
+pub(super) static DWORD_GROUPS: V64 = V64({
+    let mut o = [0u8; 64];
+    let mut w = 0;
+    while w < 16 {
+        o[2 * w] = (2 * (w / 2)) as u8;
+        w += 1;
+    }
+    o
+});
+
 /// Scale words of register `c` from one word per 32-element group (group `g` = word `g`).
 pub(super) static WORD_SCALES: [V64; 4] = [
     word_pairs(0, 1),
@@ -104,8 +113,9 @@ pub(super) static WORD_SCALES: [V64; 4] = [
     word_pairs(6, 7),
 ];
 
-/// A grid of `N` points (256, 512 or 1024) as its ggml codes (`iq_grids`), one u16 each: 8 to
-/// 32 registers, looked up in registers instead of gathering the expanded grid from memory.
+/// A grid of `N` points as its ggml codes (`iq_grids`), one u16 each (`N / 32` registers),
+/// looked up in registers instead of gathering the expanded grid from memory (IQ3_XXS: half of
+/// each block's points, so that the shuffle port and the gathers' load ports share the work).
 #[repr(C, align(64))]
 pub(super) struct Codes<const N: usize>([u16; N]);
 
@@ -140,11 +150,7 @@ impl<const N: usize> Codes<N> {
     }
 }
 
-pub(super) static IQ2XXS_CODE_TABLE: Codes<256> = Codes(IQ2XXS_CODES);
 pub(super) static IQ3XXS_CODE_TABLE: Codes<256> = Codes(IQ3XXS_CODES);
-pub(super) static IQ2XS_CODE_TABLE: Codes<512> = Codes(IQ2XS_CODES);
-pub(super) static IQ2S_CODE_TABLE: Codes<1024> = Codes(IQ2S_CODES);
-pub(super) static IQ3S_CODE_TABLE: Codes<512> = Codes(IQ3S_CODES);
 
 /// `vpermb` table of a code field: entry `e` = `values[e % len]` (the field is the low bits).
 pub(super) const fn field_values<const N: usize>(values: [u8; N]) -> V64 {
@@ -156,7 +162,6 @@ pub(super) const fn field_values<const N: usize>(values: [u8; N]) -> V64 {
     }
     V64(o)
 }
-pub(super) static IQ2_FIELD_VALUES: V64 = field_values(IQ2_VALUES);
 pub(super) static IQ3XXS_FIELD_VALUES: V64 = field_values(IQ3XXS_VALUES);
 
 /// `vpmultishiftqb` control: byte `j` of a qword from bit `step * (j % per) + 32 * (j / per)`.
@@ -170,8 +175,6 @@ pub(super) const fn field_shifts(step: usize, per: usize) -> V64 {
     }
     V64(o)
 }
-/// IQ2: eight 2-bit fields of the code in each qword's low word.
-pub(super) static IQ2_SHIFTS: V64 = field_shifts(2, 8);
 /// IQ3_XXS: four 3-bit fields of the code in each dword's low word.
 pub(super) static IQ3_SHIFTS: V64 = field_shifts(3, 4);
 
@@ -185,8 +188,6 @@ pub(super) const fn spread(at: usize, per: usize) -> V64 {
     }
     V64(o)
 }
-/// IQ2_XXS register `c`: qword `q` <- code `8 c + q`.
-pub(super) static IQ2_SPREAD: [V64; 4] = [spread(0, 4), spread(8, 4), spread(16, 4), spread(24, 4)];
 /// IQ3_XXS register `c` (codes of half `c / 2`): dword `k` <- code `16 (c % 2) + k`.
 pub(super) static IQ3_SPREAD: [V64; 2] = [spread(0, 2), spread(16, 2)];
 
@@ -217,48 +218,27 @@ pub(super) const fn iq1s_idx(half: usize) -> V64 {
 }
 pub(super) static IQ1S_IDX: [V64; 2] = [iq1s_idx(0), iq1s_idx(1)];
 
-/// ggml's u16 codes of the 2048-point IQ1 grid (value = 2-bit field - 1), gathered as dwords
-/// (`vpgatherdd`, scale 2): the two padding entries keep the last index's dword in the table.
+/// The 2048-point IQ1 grid expanded to bytes as the biased weights `8 * value + 8` (0, 8 or
+/// 16 for -1, 0, 1: the code's 2-bit field times 8), eight per entry, gathered as qwords
+/// (`vpgatherdq`): in units of the shift `IQ1_DELTA` = 1/8, so that one integer sum carries both
+/// the grid and the shift terms, already biased to unsigned bytes (8 is IQ1_S's `BIAS`; IQ1_M
+/// adds its shift on top).
 #[repr(C, align(64))]
-pub(super) struct Iq1Codes(pub(super) [u16; 2048 + 2]);
-pub(super) static IQ1_CODES: Iq1Codes = Iq1Codes({
-    let mut o = [0u16; 2048 + 2];
+pub(super) struct Iq1Biased(pub(super) [u64; 2048]);
+pub(super) static IQ1_BIASED: Iq1Biased = Iq1Biased({
+    let mut o = [0u64; 2048];
     let mut i = 0;
     while i < 2048 {
-        o[i] = IQ1S_CODES[i];
+        let mut j = 0;
+        while j < 8 {
+            let field = (IQ1S_CODES[i] >> (2 * j)) & 3;
+            o[i] |= ((8 * field) as u64) << (8 * j);
+            j += 1;
+        }
         i += 1;
     }
     o
 });
-
-/// `vpmultishiftqb` control taking the IQ1 grid values times 8, plus 8, straight out of a
-/// code (fields 0, 1, 2 -> 0, 8, 16 once masked with `0x18`): byte `j` of a qword starts 3 bits
-/// below field `j` (bit `2 j - 3`, wrapping to the qword's top for `j = 0`, where the spread code
-/// repeats), so the field lands in bits 3..5. These are the weights in units of the shift
-/// `IQ1_DELTA` = 1/8, so that one integer sum carries both the grid and the shift terms, already
-/// biased to unsigned bytes (8 is IQ1_S's `BIAS`; IQ1_M adds its shift on top).
-pub(super) static IQ1_SHIFTS8: V64 = V64({
-    let mut o = [0u8; 64];
-    let mut i = 0;
-    while i < 64 {
-        o[i] = ((2 * (i % 8) + 61) % 64) as u8;
-        i += 1;
-    }
-    o
-});
-
-/// IQ1 register `c` from its half's gathered dwords (code `k` in the low word of dword `k`):
-/// qword `q` <- the word of code `8 (c % 2) + q`.
-pub(super) const fn iq1_spread(at: usize) -> V64 {
-    let mut o = [0u8; 64];
-    let mut w = 0;
-    while w < 32 {
-        o[2 * w] = (2 * (at + w / 4)) as u8;
-        w += 1;
-    }
-    V64(o)
-}
-pub(super) static IQ1_SPREAD: [V64; 2] = [iq1_spread(0), iq1_spread(8)];
 
 /// IQ1_S: the eight `qh` words of a block to words 0..8.
 pub(super) static IQ1S_QH_WORDS: V64 = V64({
@@ -278,30 +258,6 @@ pub(super) static BSUM_PAIRS: V64 = V64({
     while w < 32 {
         o[2 * w] = (w / 2 % 8) as u8;
         w += 1;
-    }
-    o
-});
-
-/// `vpermt2w`: words 0, 8, 16, 24 of the first and of the second register (the scale words of
-/// their 16-element groups).
-pub(super) static GROUP_WORDS: V64 = V64({
-    let mut o = [0u8; 64];
-    let mut i = 0;
-    while i < 8 {
-        let w = (i / 4) * 32 + 8 * (i % 4);
-        o[2 * i] = w as u8;
-        i += 1;
-    }
-    o
-});
-
-/// `vpermt2w`: words 0..8 of the first register, then words 0..8 of the second.
-pub(super) static GROUP_HALVES: V64 = V64({
-    let mut o = [0u8; 64];
-    let mut i = 0;
-    while i < 16 {
-        o[2 * i] = if i < 8 { i } else { 32 + i - 8 } as u8;
-        i += 1;
     }
     o
 });
@@ -347,6 +303,8 @@ pub(super) static SCALES16: [V64; 4] = [
     byte_words(2, 8),
     byte_words(3, 8),
 ];
+/// Each 16 elements' scale word from one byte per 32-element group (`Dec::gs`).
+pub(super) static GROUP_BYTES32: V64 = byte_words(0, 2);
 pub(super) static SCALES32: [V64; 4] = [
     byte_words(0, 16),
     byte_words(1, 16),
@@ -383,7 +341,6 @@ pub(super) static IQ2S_SHIFTS: V64 = word_shifts(2, 4);
 /// IQ3_S: 8 points per `qh` byte, 1 high bit each (64 points: two halves).
 pub(super) static IQ3S_BYTES: [V64; 2] = [split_bytes(0, 8), split_bytes(32, 8)];
 pub(super) static IQ3S_SHIFTS: V64 = word_shifts(1, 8);
-pub(super) static IQ3S_FIELD_VALUES: V64 = field_values(IQ3S_VALUES);
 
 /// IQ1_M index material: dword `i` (chunk `16 half + i`) = its `qs` byte, then its `qh` byte.
 pub(super) const fn iq1m_idx(half: usize) -> V64 {

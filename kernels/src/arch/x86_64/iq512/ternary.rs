@@ -4,17 +4,18 @@
 //!
 //! TQ2_0: each 32 `qs` bytes hold four 32-element runs in bit pairs 0..8; a register is one
 //! 32-byte run broadcast to both halves, each qword shifted by its half's pair (`vpsrlvq`) and
-//! masked to 2 bits. TQ1_0: base-3 digit `n` of a byte `q` is `((q 3^n mod 256) * 3) >> 8`, i.e.
-//! 0, 1 or 2 as `q 3^n mod 256` is below 86, below 171 or above; each register gathers its
-//! elements' source bytes with one `vpermb` of the block, multiplies even and odd bytes by
-//! their `3^n` in 16-bit lanes (the low byte of a product depends only on the low bytes) and
-//! compares twice.
+//! masked to 2 bits (with GFNI: one affine byte transform). TQ1_0: base-3 digit `n` of a byte
+//! `q` is `((q 3^n mod 256) * 3) >> 8`; each register gathers its elements' source bytes with
+//! one `vpermb` of the block, and takes the digits in 16-bit lanes by two multiplies per byte
+//! parity: `(q << 8) 3^n mod 2^16` is `(q 3^n mod 256) << 8` (the word's other byte shifted out
+//! for even bytes, masked off for odd ones), and the high half of that times 3 (even) or the
+//! product by `3 << 8` masked to its high byte (odd) is the digit, in the byte it belongs to.
 
 use core::arch::x86_64::*;
 use core::mem::{offset_of, size_of};
 
 use super::super::kblock::f16_to_f32;
-use super::super::klanes512::V64;
+use super::super::klanes512::{gf_affine, gf_halves, GF_NONE, V64};
 use super::{Dec, Wide};
 use crate::arch::iq_tile::{Tq1_0, Tq2_0};
 use crate::formats::{BlockTq1_0, BlockTq2_0, QK_K};
@@ -48,12 +49,19 @@ const fn tq1_bytes(c: usize) -> V64 {
     V64(o)
 }
 
-/// Register `c`'s multipliers `3^n` as words, of its even (`odd == 0`) or odd bytes.
+/// Register `c`'s multipliers as words: `3^n << 8` for its even bytes (`odd == 0`, multiplying
+/// the whole word: the odd byte's product leaves the word), `3^n` for its odd bytes (the word
+/// masked to its high byte).
 const fn tq1_powers(c: usize, odd: usize) -> V64 {
     let mut o = [0u8; 64];
     let mut w = 0;
     while w < 32 {
-        o[2 * w] = 3u8.pow(tq1_source(64 * c + 2 * w + odd).1);
+        let p = 3u8.pow(tq1_source(64 * c + 2 * w + odd).1);
+        if odd == 0 {
+            o[2 * w + 1] = p;
+        } else {
+            o[2 * w] = p;
+        }
         w += 1;
     }
     V64(o)
@@ -81,17 +89,58 @@ fn unit(t: [__m512i; 4], d: f32) -> Dec {
     Dec::new(t, [_mm512_set1_epi16(1); 4], d)
 }
 
+/// TQ2_0 with GFNI: register `c`'s bit pairs `2 (c % 2)` (low half) and `2 (c % 2) + 1` (high
+/// half) moved to bits 0-1 of each byte, the others cleared, by one affine byte transform.
+static TQ2_GF: [V64; 2] = [
+    gf_halves(
+        [0, 1, GF_NONE, GF_NONE, GF_NONE, GF_NONE, GF_NONE, GF_NONE],
+        [2, 3, GF_NONE, GF_NONE, GF_NONE, GF_NONE, GF_NONE, GF_NONE],
+    ),
+    gf_halves(
+        [4, 5, GF_NONE, GF_NONE, GF_NONE, GF_NONE, GF_NONE, GF_NONE],
+        [6, 7, GF_NONE, GF_NONE, GF_NONE, GF_NONE, GF_NONE, GF_NONE],
+    ),
+];
+
+/// TQ2_0's two 32-byte runs of bit pairs, each broadcast to both halves of a register, and
+/// the block's `d`.
+///
+/// # Safety
+/// The CPU has the tier's features; `p` is one block.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn tq2_runs(p: *const u8) -> ([__m512i; 2], f32) {
+    // SAFETY: `p` is one block: 64 `qs` bytes, then `d`.
+    unsafe {
+        let q = core::array::from_fn(|j| {
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(32 * j) as *const __m256i))
+        });
+        (
+            q,
+            f16_to_f32(u16::from_le_bytes([*p.add(TQ2_D), *p.add(TQ2_D + 1)])),
+        )
+    }
+}
+
 impl Wide for Tq2_0 {
     const BIAS: i8 = 1;
     const TERNARY: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode_regs_gf(p: *const u8) -> Dec {
+        // SAFETY: `p` is one block (caller's contract), and the CPU has GFNI.
+        let (q, d) = unsafe { tq2_runs(p) };
+        unit(
+            core::array::from_fn(|c| gf_affine::<0>(q[c / 2], TQ2_GF[c % 2].get())),
+            d,
+        )
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
-        // SAFETY: `p` is one block: 64 `qs` bytes, then `d`.
+        // SAFETY: `p` is one block (caller's contract).
         unsafe {
-            let q: [__m512i; 2] = core::array::from_fn(|j| {
-                _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(32 * j) as *const __m256i))
-            });
+            let (q, d) = tq2_runs(p);
             // register c: run j = c / 2, bit pairs 2 (c % 2) (low half) and 2 (c % 2) + 1 (high)
             let shifts = [
                 _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0),
@@ -101,10 +150,7 @@ impl Wide for Tq2_0 {
             let t = core::array::from_fn(|c| {
                 _mm512_and_si512(_mm512_srlv_epi64(q[c / 2], shifts[c % 2]), three)
             });
-            unit(
-                t,
-                f16_to_f32(u16::from_le_bytes([*p.add(TQ2_D), *p.add(TQ2_D + 1)])),
-            )
+            unit(t, d)
         }
     }
 }
@@ -119,16 +165,16 @@ impl Wide for Tq1_0 {
         unsafe {
             let b = _mm512_maskz_loadu_epi8((1u64 << TQ1_BYTES) - 1, p as *const i8);
             let high = _mm512_set1_epi16(0xff00u16 as i16);
-            let (lo86, lo171) = (_mm512_set1_epi8(86), _mm512_set1_epi8(171u8 as i8));
-            let one = _mm512_set1_epi8(1);
             let t = core::array::from_fn(|c| {
                 let q = _mm512_permutexvar_epi8(TQ1_BYTE_IDX[c].get(), b);
+                // (q 3^n mod 256) << 8 per word, of the even and of the odd byte
                 let even = _mm512_mullo_epi16(q, TQ1_POW_EVEN[c].get());
                 let odd = _mm512_mullo_epi16(_mm512_and_si512(q, high), TQ1_POW_ODD[c].get());
-                // q 3^n mod 256 per byte
-                let v = _mm512_mask_blend_epi8(0xaaaa_aaaa_aaaa_aaaa, even, odd);
-                let d1 = _mm512_maskz_mov_epi8(_mm512_cmpge_epu8_mask(v, lo86), one);
-                _mm512_mask_add_epi8(d1, _mm512_cmpge_epu8_mask(v, lo171), d1, one)
+                // the digit (3 v) >> 8: in the low byte (its high byte zero), in the high byte
+                let de = _mm512_mulhi_epu16(even, _mm512_set1_epi16(3));
+                let dod = _mm512_mulhi_epu16(odd, _mm512_set1_epi16(3 << 8));
+                // de | (dod & 0xff00)
+                _mm512_ternarylogic_epi32::<0xf8>(de, dod, high)
             });
             unit(
                 t,

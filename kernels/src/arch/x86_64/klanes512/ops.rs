@@ -113,7 +113,7 @@ pub(super) fn permd(idx: __m512i, v: __m512i) -> __m512i {
 /// enabled for LLVM's own code generation.
 #[inline]
 #[target_feature(enable = "avx512f")]
-pub(super) fn gf_affine<const C: u8>(x: __m512i, m: __m512i) -> __m512i {
+pub(in crate::arch::x86_64) fn gf_affine<const C: u8>(x: __m512i, m: __m512i) -> __m512i {
     let r: __m512i;
     // SAFETY: a register-only instruction; callers run it only on CPUs with GFNI (`G`).
     unsafe {

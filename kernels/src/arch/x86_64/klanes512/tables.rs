@@ -160,7 +160,7 @@ const fn gf(src: [i8; 8]) -> u64 {
 }
 
 /// A vector of matrices: `lo` for the low 32 bytes (qwords 0..4), `hi` for the high ones.
-const fn gf_halves(lo: [i8; 8], hi: [i8; 8]) -> V64 {
+pub(in crate::arch::x86_64) const fn gf_halves(lo: [i8; 8], hi: [i8; 8]) -> V64 {
     let (a, b) = (gf(lo).to_le_bytes(), gf(hi).to_le_bytes());
     let mut o = [0u8; 64];
     let mut i = 0;
@@ -171,7 +171,8 @@ const fn gf_halves(lo: [i8; 8], hi: [i8; 8]) -> V64 {
     V64(o)
 }
 
-const NONE: i8 = -1;
+/// No source bit (see [`gf`]).
+pub(in crate::arch::x86_64) const NONE: i8 = -1;
 /// Bits 4..8 to 0..4 (a byte's high nibble).
 pub(super) static GF_NIB_HI: V64 = gf_halves(
     [4, 5, 6, 7, NONE, NONE, NONE, NONE],
