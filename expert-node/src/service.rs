@@ -2,8 +2,9 @@
 //! untrusted: `validate` checks row counts, byte lengths, activation types and that every expert
 //! is held here before any work starts, and all failures become `tonic::Status` in one place
 //! (`status_of`). Work runs on the node's pinned rayon pool (spawned straight onto a worker, the
-//! result sent back on a oneshot), one request at a time per stream, with `expert_ffn` — the same
-//! function the coordinator runs in process. Every answer carries the node's timestamps (request
+//! result sent back on a oneshot), with `expert_ffn` — the same function the coordinator runs in
+//! process. A stream's requests are handed to the pool as they arrive (at most `STREAM_PIPELINE`
+//! ahead) and answered in request order. Every answer carries the node's timestamps (request
 //! decoded, compute started and ended, answer handed to the stream) so the coordinator can tell
 //! where a round trip went.
 //!
@@ -309,6 +310,10 @@ fn status_of_expert(e: ExpertError) -> Status {
     }
 }
 
+/// Requests of one compute stream handed to the pool ahead of their answers, at most (more wait
+/// unread in the stream, which pushes back on the coordinator through HTTP/2 flow control).
+const STREAM_PIPELINE: usize = 8;
+
 type ComputeStream = Pin<Box<dyn Stream<Item = Result<ComputeResponse, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
@@ -361,7 +366,16 @@ impl ExpertService for NodeService {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<ComputeResponse, Status>>(16);
         let (store, pool, n_embd) = (self.store.clone(), self.pool.clone(), self.n_embd);
         let (in_flight, requests) = (self.in_flight.clone(), self.requests.clone());
-        tokio::spawn(async move {
+        // Requests go to the pool as they are decoded and answers go back in request order: a
+        // request that comes in while the one before it computes (the second micro-batch's)
+        // waits in the pool's queue, not unread in the stream, and the worker takes it up as
+        // soon as it is free instead of after the answer before it is sent and it is read.
+        type Done = (Result<Vec<u8>, Status>, u64, u64);
+        let (queued_tx, mut queued_rx) =
+            tokio::sync::mpsc::channel::<(u64, u64, tokio::sync::oneshot::Receiver<Done>)>(
+                STREAM_PIPELINE,
+            );
+        let intake = async move {
             while let Some(msg) = inbound.next().await {
                 let msg = match msg {
                     Ok(m) => m,
@@ -386,6 +400,19 @@ impl ExpertService for NodeService {
                     let r = NodeService::handle(&store, Some(&pool), n_embd, msg);
                     let _ = done_tx.send((r, started_ns, nightshift_proto::monotonic_ns()));
                 });
+                if queued_tx
+                    .send((request_id, received_ns, done_rx))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            // Dropping `queued_tx` ends the replies once the queued ones are sent.
+        };
+        let in_flight = self.in_flight.clone();
+        let replies = async move {
+            while let Some((request_id, received_ns, done_rx)) = queued_rx.recv().await {
                 let (result, started_ns, ended_ns) = done_rx
                     .await
                     .unwrap_or_else(|_| (Err(Status::internal("worker failed: no result")), 0, 0));
@@ -419,6 +446,10 @@ impl ExpertService for NodeService {
                     break;
                 }
             }
+            // Dropping `queued_rx` (the client went away) ends the intake at its next request.
+        };
+        tokio::spawn(async move {
+            tokio::join!(intake, replies);
         });
         let out = tokio_stream::wrappers::ReceiverStream::new(rx);
         Ok(Response::new(Box::pin(out)))
