@@ -134,6 +134,9 @@ pub struct MockEngine {
     pub truncations: Arc<AtomicUsize>,
     /// When set, every batch run is appended, in order (for tests: what each step computed).
     pub batches: Option<Arc<std::sync::Mutex<Vec<Vec<BatchToken>>>>>,
+    /// When set, the first step waits until something is sent (or the sender dropped): tests
+    /// submit several requests before any of them runs, whatever the threads' timing.
+    pub hold: Option<std::sync::mpsc::Receiver<()>>,
 }
 
 impl MockEngine {
@@ -157,6 +160,7 @@ impl MockEngine {
             eos: true,
             truncations: Arc::new(AtomicUsize::new(0)),
             batches: None,
+            hold: None,
         }
     }
 
@@ -276,6 +280,10 @@ impl StepEngine for MockEngine {
         })
     }
     fn forward(&mut self, batch: &[BatchToken]) -> Result<Vec<Vec<f32>>, StepError> {
+        if let Some(hold) = self.hold.take() {
+            // a message or a dropped sender both mean: go
+            let _ = hold.recv();
+        }
         self.max_batch.fetch_max(batch.len(), Ordering::SeqCst);
         if let Some(log) = &self.batches {
             log.lock()

@@ -20,8 +20,9 @@ struct Out {
 type Batches = Arc<Mutex<Vec<Vec<BatchTokenLog>>>>;
 type BatchTokenLog = nightshift_model::BatchToken;
 
-/// Runs `prompts` (submitted together, in order) through a scheduler over the toy model;
-/// returns each output and every batch the engine ran.
+/// Runs `prompts` (submitted together, in order: the engine's first step waits until all are
+/// submitted, so a loaded machine cannot let the first finish before the next arrives) through a
+/// scheduler over the toy model; returns each output and every batch the engine ran.
 fn run(
     prompts: &[(Vec<u32>, u32)],
     prefix: bool,
@@ -32,6 +33,8 @@ fn run(
     engine.eos = false;
     let log: Batches = Arc::default();
     engine.batches = Some(log.clone());
+    let (go, hold) = std::sync::mpsc::channel();
+    engine.hold = Some(hold);
     let opts = SchedulerOptions {
         queue_capacity: 16,
         max_seqs: 8,
@@ -60,6 +63,7 @@ fn run(
         .expect("submit");
         rxs.push(rx);
     }
+    go.send(()).expect("the engine waits for the go");
     let outs = rxs
         .into_iter()
         .map(|mut rx| {
