@@ -32,11 +32,8 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 fn signal(cluster: &LocalCluster, node: &str, sig: i32) {
     let pid = cluster.pid(node).expect("node pid");
     // SAFETY: kill(2) on a child process of this test's cluster; no memory is touched.
-    assert_eq!(
-        unsafe { libc::kill(pid as libc::pid_t, sig) },
-        0,
-        "signal {sig}"
-    );
+    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "signal {sig}");
 }
 
 fn wait_trusted(r: &RemoteExperts, node: &str, within: Duration) -> bool {
