@@ -260,11 +260,15 @@ impl Speculator {
             }
         }
         for (i, a) in asks.iter_mut().enumerate() {
-            let k = take[i];
-            if k == 0 {
-                if cands[i].available() > 0 {
-                    a.spec.acceptance.skipped(&self.recent);
+            let mut k = take[i];
+            if k == 0 && cands[i].available() > 0 {
+                // a lookup's draft is already found: a due probe rides one token of it
+                // (a draft model's was not drafted, and would cost its own steps)
+                if a.spec.acceptance.skipped(&self.recent) && !model {
+                    k = 1;
                 }
+            }
+            if k == 0 {
                 continue;
             }
             let mut d = std::mem::take(&mut found[i]);

@@ -107,6 +107,8 @@ const DECAY: f64 = 0.7;
 const PRIOR_TRIES: f64 = 3.0;
 /// How many tries of the pooled rate a position's own counts are blended with.
 const POOL_WEIGHT: f64 = 2.0;
+/// Steps with a draft available but none carried between probes ([`Acceptance::skipped`]).
+pub const PROBE_EVERY: u32 = 32;
 
 impl Acceptance {
     /// The probability that a draft token is accepted, all positions pooled.
@@ -179,7 +181,12 @@ impl Acceptance {
     /// elsewhere (or was, before its last rejections), and stays off while it is not. An empty
     /// prior (0.5) would leave it off for good wherever a draft token needs better odds than
     /// a coin to pay for its row.
-    pub fn skipped(&mut self, recent: &Acceptance) {
+    ///
+    /// Returns true every [`PROBE_EVERY`] such steps: the caller then lets one draft token ride
+    /// anyway (a probe). Without probes a drafter whose first tries were unlucky, or made before
+    /// the step curve was known, stays below the bar for good, every sequence seeded from its
+    /// record with it; a probe costs at most one row in [`PROBE_EVERY`] steps.
+    pub fn skipped(&mut self, recent: &Acceptance) -> bool {
         self.idle += 1;
         if self.idle.is_multiple_of(8) {
             let toward = Acceptance::seeded(recent);
@@ -190,6 +197,7 @@ impl Acceptance {
                 *e = (mid(e.0, t.0), mid(e.1, t.1));
             }
         }
+        self.idle.is_multiple_of(PROBE_EVERY)
     }
 }
 
@@ -379,7 +387,7 @@ mod tests {
         let low = a.rate();
         let mut b = a;
         for _ in 0..16 {
-            a.skipped(&Acceptance::default());
+            let _ = a.skipped(&Acceptance::default());
         }
         assert!(a.rate() > low, "an idle sequence relaxes toward the prior");
         // toward the drafter's record, not a coin: with the drafter right elsewhere it drafts
@@ -394,8 +402,8 @@ mod tests {
         }
         let mut c = b;
         for _ in 0..16 {
-            b.skipped(&right);
-            c.skipped(&a);
+            let _ = b.skipped(&right);
+            let _ = c.skipped(&a);
         }
         assert!(
             plan(&t, 1, &[Candidate::of(&b, 8)], None)[0] > 0,
@@ -403,6 +411,19 @@ mod tests {
             b.rate()
         );
         assert_eq!(plan(&t, 1, &[Candidate::of(&c, 8)], None), vec![0]);
+        // while it stays off, a probe is due every PROBE_EVERY idle steps, and a verification
+        // starts the count again
+        let probes = |a: &mut Acceptance, steps: u32| {
+            (0..steps)
+                .filter(|_| a.skipped(&Acceptance::default()))
+                .count()
+        };
+        let mut d = Acceptance::default();
+        assert_eq!(probes(&mut d, 3 * PROBE_EVERY), 3);
+        assert_eq!(probes(&mut d, PROBE_EVERY - 1), 0);
+        d.update(1, 0);
+        assert_eq!(probes(&mut d, PROBE_EVERY - 1), 0);
+        assert_eq!(probes(&mut d, 1), 1);
     }
 
     #[test]
