@@ -128,6 +128,16 @@ impl Acts {
     }
 }
 
+/// The `p` quantile of `v` (0..=1), the sample nearest to rank `p (n - 1)`; sorts `v`. NaN when
+/// `v` is empty.
+pub fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p.clamp(0.0, 1.0)).round() as usize]
+}
+
 /// Runs `f` repeatedly for about `budget` (at least `min_iters` times) and returns the best
 /// seconds per call (the least disturbed run on a shared machine). Each call is timed in this
 /// thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), so time spent waiting for a core that other
@@ -165,4 +175,21 @@ fn thread_cpu_seconds() -> Option<f64> {
 /// Index of the largest value (greedy sampling in the end-to-end comparisons): the sampler's.
 pub fn argmax(v: &[f32]) -> usize {
     nightshift_model::sampler::argmax(v) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn percentile_is_the_nearest_rank_sample() {
+        let mut v = vec![5.0, 1.0, 4.0, 2.0, 3.0];
+        assert_eq!(percentile(&mut v, 0.5), 3.0);
+        assert_eq!(percentile(&mut v, 0.0), 1.0);
+        assert_eq!(percentile(&mut v, 1.0), 5.0);
+        // ranks 0.1 * 4 = 0.4 and 0.9 * 4 = 3.6 round to the ends
+        assert_eq!(percentile(&mut v, 0.9), 5.0);
+        assert_eq!(percentile(&mut v, 0.1), 1.0);
+        assert!(percentile(&mut [], 0.5).is_nan());
+    }
 }

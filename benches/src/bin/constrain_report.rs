@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
+use nightshift_benches::percentile;
 use nightshift_kernels::rng::SplitMix64;
 use nightshift_model::constrain::{ConstraintVocab, Grammar, SeqConstraint};
 use nightshift_model::gen::{generate, Arch, GenSpec, Preset, QuantMix};
@@ -126,11 +127,6 @@ fn choice_grammar(vocab: &ConstraintVocab, choice: &CallChoice) -> anyhow::Resul
     let g = tool_grammar(ToolFormat::Hermes, &tools, choice, true, vocab)
         .map_err(anyhow::Error::msg)?;
     Ok(Grammar::Lark(g))
-}
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 /// Masks of a constrained sequence walked with random allowed tokens; µs per mask.

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
+use nightshift_benches::percentile;
 use nightshift_coordinator::cluster::netns::Relay;
 
 #[derive(Parser)]
@@ -101,11 +102,6 @@ fn ping(addr: SocketAddr, a: &Args, chunks: usize) -> anyhow::Result<Vec<f64>> {
     Ok(out)
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     anyhow::ensure!(
@@ -148,7 +144,7 @@ fn main() -> anyhow::Result<()> {
     let mut direct_p50 = 0.0;
     for (k, &(c, via)) in cases.iter().enumerate() {
         let v = &mut samples[k];
-        let (p10, p50, p90) = (pct(v, 0.1), pct(v, 0.5), pct(v, 0.9));
+        let (p10, p50, p90) = (percentile(v, 0.1), percentile(v, 0.5), percentile(v, 0.9));
         let (path, own) = match via {
             None => {
                 direct_p50 = p50;
