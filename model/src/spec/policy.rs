@@ -107,6 +107,9 @@ const DECAY: f64 = 0.7;
 const PRIOR_TRIES: f64 = 3.0;
 /// How many tries of the pooled rate a position's own counts are blended with.
 const POOL_WEIGHT: f64 = 2.0;
+/// Steps with a draft available but none carried between moves toward the drafter's record
+/// ([`Acceptance::skipped`]).
+const RELAX_EVERY: u32 = 8;
 /// Steps with a draft available but none carried between probes ([`Acceptance::skipped`]).
 pub const PROBE_EVERY: u32 = 32;
 
@@ -174,7 +177,7 @@ impl Acceptance {
         }
     }
 
-    /// A step in which the sequence had a draft but carried none. Every 8 such steps its
+    /// A step in which the sequence had a draft but carried none. Every [`RELAX_EVERY`] such steps its
     /// counts move halfway toward the drafter's recent record (`recent`, as a new sequence is
     /// [`seeded`](Acceptance::seeded) from it), not toward an empty prior: a sequence whose
     /// drafts were rejected for a while is tried again when the drafter is doing well
@@ -188,7 +191,7 @@ impl Acceptance {
     /// record with it; a probe costs at most one row in [`PROBE_EVERY`] steps.
     pub fn skipped(&mut self, recent: &Acceptance) -> bool {
         self.idle += 1;
-        if self.idle.is_multiple_of(8) {
+        if self.idle.is_multiple_of(RELAX_EVERY) {
             let toward = Acceptance::seeded(recent);
             let mid = |a: f64, b: f64| 0.5 * (a + b);
             self.accepted = mid(self.accepted, toward.accepted);
