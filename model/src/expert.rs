@@ -3,11 +3,12 @@
 //! placement changes where an expert runs, never what it computes. Activations arrive quantized
 //! once (`ActRows`) to the type the gate/up dot products consume, as ggml's `mul_mat_id` would.
 
+use crate::cold::{ColdCache, ColdCopy};
 use crate::error::ExpertError;
 use crate::gguf::Gguf;
 use crate::model::Model;
 use crate::prefetch::Prefetcher;
-use crate::resident::ExpertResidency;
+use crate::resident::{ExpertCopy, ExpertResidency};
 use nightshift_kernels::{dequantize_row, gemm, quantize_row, GgmlType, QMatrix};
 use rayon::prelude::*;
 use rayon::ThreadPool;
@@ -342,6 +343,7 @@ pub struct LocalExperts {
     pool: Option<Arc<ThreadPool>>,
     residency: Option<Arc<ExpertResidency>>,
     prefetch: Option<Arc<Prefetcher>>,
+    cold: Option<Arc<ColdCache>>,
 }
 
 impl LocalExperts {
@@ -352,7 +354,19 @@ impl LocalExperts {
             pool,
             residency: None,
             prefetch: None,
+            cold: None,
         }
+    }
+
+    /// Reads experts outside the resident set whole into `cold` (the staging cache) instead of
+    /// through the mapped file (only with a residency: without one every expert is mapped).
+    pub fn with_cold_cache(mut self, cold: Arc<ColdCache>) -> LocalExperts {
+        self.cold = Some(cold);
+        self
+    }
+
+    pub fn cold_cache(&self) -> Option<&Arc<ColdCache>> {
+        self.cold.as_ref()
     }
 
     /// Predicts each next MoE layer's experts and reads the cold ones ahead (`prefetch`).
@@ -562,6 +576,170 @@ fn scatter(rows: &[f32], idx: &[u32], n_embd: usize, out: &mut [f32]) {
     }
 }
 
+impl LocalExperts {
+    /// [`ExpertBackend::run_experts`] when the experts `cold` (distinct, in first-use order) are
+    /// not resident and come through the staging cache: their reads are asked for first, the
+    /// resident experts' pairs are computed while they run, then the cold experts' pairs chunk
+    /// by chunk as their copies arrive ([`ColdWindow`]). Each pair's row depends only on its
+    /// expert and activation row, so the split does not change any bit.
+    #[allow(clippy::too_many_arguments)]
+    fn run_staged<'c>(
+        &self,
+        layer: usize,
+        cache: &ColdCache,
+        cold: &[u32],
+        copy: &'c dyn Fn(u32) -> Option<&'c ExpertCopy>,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+        out: &mut [f32],
+    ) -> Result<(), ExpertError> {
+        let n_embd = self.model.config().n_embd;
+        check_out_len(out.len(), pairs.len(), n_embd)?;
+        let pool = self.pool.as_deref();
+        let mut window = ColdWindow::new(cache, layer, cold);
+        window.fill()?;
+        let resident: Vec<usize> = (0..pairs.len())
+            .filter(|&i| !cold.contains(&pairs[i].expert))
+            .collect();
+        if !resident.is_empty() {
+            let weights = |e: u32| {
+                let w = self.model.expert_weights(layer, e)?;
+                match copy(e) {
+                    Some(c) => Ok(c.weights(w)?),
+                    None => Err(ExpertError::UnknownExpert { layer, expert: e }),
+                }
+            };
+            run_subset(weights, acts, pairs, &resident, n_embd, out, pool)?;
+        }
+        while let Some(chunk) = window.next_chunk()? {
+            let idx: Vec<usize> = (0..pairs.len())
+                .filter(|&i| chunk.iter().any(|(e, _)| *e == pairs[i].expert))
+                .collect();
+            let weights = |e: u32| {
+                let w = self.model.expert_weights(layer, e)?;
+                match chunk.iter().find(|(x, _)| *x == e) {
+                    Some((_, c)) => Ok(c.weights(w)?),
+                    None => Err(ExpertError::UnknownExpert { layer, expert: e }),
+                }
+            };
+            run_subset(weights, acts, pairs, &idx, n_embd, out, pool)?;
+            let bytes: u64 = chunk.iter().map(|(_, c)| c.footprint()).sum();
+            drop(chunk);
+            window.release(bytes)?;
+        }
+        Ok(())
+    }
+}
+
+/// The cold experts of one call going through the staging cache: at most half the cache's
+/// capacity (at least one expert) demanded and not yet computed at a time, so a call needing
+/// more than fits streams through the cache instead of evicting its own next experts.
+struct ColdWindow<'a> {
+    cache: &'a ColdCache,
+    layer: usize,
+    cold: &'a [u32],
+    /// next expert of `cold` to demand
+    demanded: usize,
+    /// next expert of `cold` to take
+    taken: usize,
+    /// footprints demanded and not yet released
+    outstanding: u64,
+}
+
+impl<'a> ColdWindow<'a> {
+    fn new(cache: &'a ColdCache, layer: usize, cold: &'a [u32]) -> ColdWindow<'a> {
+        ColdWindow {
+            cache,
+            layer,
+            cold,
+            demanded: 0,
+            taken: 0,
+            outstanding: 0,
+        }
+    }
+
+    /// Demands experts while the window has room.
+    fn fill(&mut self) -> Result<(), ExpertError> {
+        let limit = self.cache.capacity() / 2;
+        while let Some(&e) = self.cold.get(self.demanded) {
+            let size = self.cache.footprint(self.layer, e)?;
+            if self.outstanding > 0 && self.outstanding + size > limit {
+                break;
+            }
+            self.cache.demand(self.layer, e)?;
+            self.outstanding += size;
+            self.demanded += 1;
+        }
+        Ok(())
+    }
+
+    /// The next expert (waiting for its read) and every demanded one after it already in
+    /// memory; None when all were taken.
+    #[allow(clippy::type_complexity)]
+    fn next_chunk(&mut self) -> Result<Option<Vec<(u32, Arc<ColdCopy>)>>, ExpertError> {
+        if self.taken == self.cold.len() {
+            return Ok(None);
+        }
+        if self.taken == self.demanded {
+            self.fill()?;
+        }
+        let e = self.cold[self.taken];
+        let Some(first) = self.cache.take(self.layer, e, true)? else {
+            return Err(ExpertError::Backend(
+                "cold cache: no copy after waiting".into(),
+            ));
+        };
+        self.taken += 1;
+        let mut chunk = vec![(e, first)];
+        while self.taken < self.demanded {
+            let e = self.cold[self.taken];
+            match self.cache.take(self.layer, e, false)? {
+                Some(c) => {
+                    chunk.push((e, c));
+                    self.taken += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(Some(chunk))
+    }
+
+    /// A chunk of `bytes` was computed and dropped: room for more demands.
+    fn release(&mut self, bytes: u64) -> Result<(), ExpertError> {
+        self.outstanding = self.outstanding.saturating_sub(bytes);
+        self.cache.released();
+        self.fill()
+    }
+}
+
+impl Drop for ColdWindow<'_> {
+    fn drop(&mut self) {
+        // demands of a call that failed half way are given up
+        for &e in &self.cold[self.taken..self.demanded] {
+            self.cache.forget(self.layer, e);
+        }
+    }
+}
+
+/// [`run_grouped`] over the pairs `idx` of `pairs`, their rows written to their places in `out`.
+fn run_subset<'a>(
+    weights: impl Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>,
+    acts: &ActRows,
+    pairs: &[ExpertPair],
+    idx: &[usize],
+    n_embd: usize,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), ExpertError> {
+    let sub: Vec<ExpertPair> = idx.iter().map(|&i| pairs[i]).collect();
+    let mut tmp = vec![0.0f32; sub.len() * n_embd];
+    run_grouped(weights, acts, &sub, n_embd, &mut tmp, pool)?;
+    for (j, &i) in idx.iter().enumerate() {
+        out[i * n_embd..(i + 1) * n_embd].copy_from_slice(&tmp[j * n_embd..(j + 1) * n_embd]);
+    }
+    Ok(())
+}
+
 impl ExpertBackend for LocalExperts {
     fn run_experts(
         &self,
@@ -589,6 +767,17 @@ impl ExpertBackend for LocalExperts {
             );
         };
         r.with_layer(layer, |copy| {
+            if let Some(cache) = &self.cold {
+                let mut cold: Vec<u32> = Vec::new();
+                for p in pairs {
+                    if copy(p.expert).is_none() && !cold.contains(&p.expert) {
+                        cold.push(p.expert);
+                    }
+                }
+                if !cold.is_empty() {
+                    return self.run_staged(layer, cache, &cold, copy, acts, pairs, out);
+                }
+            }
             let weights = |e: u32| {
                 let w = self.model.expert_weights(layer, e)?;
                 Ok::<_, ExpertError>(match copy(e) {

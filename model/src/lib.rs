@@ -6,6 +6,7 @@
 pub mod arch;
 pub mod attention;
 pub mod chat;
+pub mod cold;
 pub mod config;
 pub mod constrain;
 pub mod engine;

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 
+use crate::cold::ColdCache;
 use crate::error::ExpertError;
 use crate::expert::{ActRows, ExpertPair};
 use crate::gguf::{AccessHint, Gguf};
@@ -156,6 +157,8 @@ pub struct Prefetcher {
     io: Mutex<Sender<(usize, Vec<u32>)>>,
     counters: Arc<Counters>,
     cold_reads: ColdReads,
+    /// the staging cache predictions are read into (None: the page cache)
+    cold: Option<Arc<ColdCache>>,
 }
 
 impl Prefetcher {
@@ -213,7 +216,16 @@ impl Prefetcher {
             io: Mutex::new(tx),
             counters,
             cold_reads,
+            cold: None,
         })
+    }
+
+    /// Reads predicted cold experts into `cold` (the staging cache, [`crate::cold`]) instead of
+    /// advising the page cache; cold experts a layer needs are then read by the caller
+    /// ([`crate::expert::LocalExperts`] with the same cache).
+    pub fn with_cold_cache(mut self, cold: Arc<ColdCache>) -> Prefetcher {
+        self.cold = Some(cold);
+        self
     }
 
     pub fn cold_reads(&self) -> ColdReads {
@@ -225,7 +237,7 @@ impl Prefetcher {
     /// [`ColdReads::WholeExperts`]; nothing under `ReadAround`. Called for a cold expert just
     /// before it is computed.
     pub fn read_now(&self, layer: usize, e: u32) {
-        if self.cold_reads != ColdReads::WholeExperts {
+        if self.cold_reads != ColdReads::WholeExperts || self.cold.is_some() {
             return;
         }
         if let Ok(w) = self.model.expert_weights(layer, e) {
@@ -276,7 +288,10 @@ impl Prefetcher {
         resident: &dyn Fn(usize, u32) -> bool,
     ) -> Result<(), ExpertError> {
         let requested = self.score(layer, pairs, resident);
-        if self.cold_reads == ColdReads::WholeExperts && acts.n_rows <= MAX_PREDICTED_ROWS {
+        if self.cold_reads == ColdReads::WholeExperts
+            && self.cold.is_none()
+            && acts.n_rows <= MAX_PREDICTED_ROWS
+        {
             // the cold experts the prediction missed: all of them asked for at once, before the
             // first is computed
             let mut missed: Vec<u32> = pairs
@@ -309,9 +324,16 @@ impl Prefetcher {
             self.counters
                 .issued
                 .fetch_add(requested.len() as u64, Ordering::Relaxed);
-            let tx = self.io.lock().unwrap_or_else(|p| p.into_inner());
-            // the I/O thread only ends with the predictor: a send cannot fail before that
-            let _ = tx.send((next, requested.clone()));
+            if let Some(cold) = &self.cold {
+                cold.prefetch(next, &requested)?;
+                self.counters
+                    .advised
+                    .fetch_add(requested.len() as u64, Ordering::Relaxed);
+            } else {
+                let tx = self.io.lock().unwrap_or_else(|p| p.into_inner());
+                // the I/O thread only ends with the predictor: a send cannot fail before that
+                let _ = tx.send((next, requested.clone()));
+            }
         }
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         p.insert(
@@ -376,6 +398,9 @@ impl Prefetcher {
     /// Whether all pages of expert `e` of `layer` are in the page cache (false when it cannot
     /// be told).
     fn cached(&self, layer: usize, e: u32) -> bool {
+        if let Some(cold) = &self.cold {
+            return cold.is_ready(layer, e);
+        }
         let Ok(w) = self.model.expert_weights(layer, e) else {
             return false;
         };

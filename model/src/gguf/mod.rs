@@ -377,6 +377,18 @@ impl Gguf {
         let _ = shard;
     }
 
+    /// Where `bytes` (a slice of this model's map) are in the files: the index of the file in
+    /// [`Gguf::paths`]' order and the byte offset in it (None for slices outside the map).
+    pub fn file_span(&self, bytes: &[u8]) -> Option<(usize, u64)> {
+        let start = bytes.as_ptr() as usize;
+        let i = self.shards.iter().position(|s| {
+            let base = s.map.as_ptr() as usize;
+            start >= base && start + bytes.len() <= base + s.map.len()
+        })?;
+        // each map covers its whole file from offset 0
+        Some((i, (start - self.shards[i].map.as_ptr() as usize) as u64))
+    }
+
     /// The shard map holding `bytes` and their offset in it.
     fn locate(&self, bytes: &[u8]) -> Option<(&Mmap, usize)> {
         let start = bytes.as_ptr() as usize;

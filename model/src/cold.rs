@@ -1,0 +1,629 @@
+//! The cold-expert staging cache (`--cold-cache`): experts outside the resident set read whole
+//! from the model file into this process's memory, kept least-recently-used, instead of being
+//! read through the page cache.
+//!
+//! Why: under a memory limit the page cache holding cold experts is the slack left after the
+//! resident set, and when an expert's pages are evicted between the readahead and the layer that
+//! uses them, the layer waits for them fault by fault (`MADV_RANDOM`: one page per fault). A
+//! staging cache makes every miss one large read of the whole expert (`O_DIRECT` where the file
+//! system takes it, so nothing is held twice in the page cache; otherwise a buffered read whose
+//! page-cache pages are dropped after the copy), and what is in memory is exactly what the cache
+//! holds: never more than `capacity` bytes plus the experts a call is computing.
+//!
+//! Reads run on one I/O thread, demand reads (a layer is waiting) before prefetch reads (the
+//! one-layer-ahead prediction, [`crate::prefetch`]). A prefetch that finds no room without
+//! evicting something a call still needs is dropped; a demand read waits for room. Callers
+//! ([`crate::expert::LocalExperts`]) demand a window of at most half the capacity at a time and
+//! compute each expert as it arrives, so a prefill chunk that needs more cold experts than fit
+//! streams through the cache.
+//!
+//! The bytes are the file's bytes in the file's layout, read from the same offsets the map shows:
+//! **where a cold expert is read from never changes outputs.**
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::error::ExpertError;
+use crate::expert::ExpertWeights;
+use crate::model::Model;
+
+/// File offsets and buffer positions are aligned to this (`O_DIRECT` needs the logical block
+/// size; 4 KiB covers every common disk).
+const ALIGN: u64 = 4096;
+
+/// (layer, expert)
+type Key = (u32, u32);
+
+/// One cold expert read into memory: its three matrices in one page-aligned buffer.
+pub struct ColdCopy {
+    buf: memmap2::MmapMut,
+    ranges: [Range<usize>; 3],
+}
+
+impl std::fmt::Debug for ColdCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ColdCopy")
+            .field("footprint", &self.buf.len())
+            .field("ranges", &self.ranges)
+            .finish()
+    }
+}
+
+impl ColdCopy {
+    /// Bytes of memory the copy takes (its aligned buffer).
+    pub fn footprint(&self) -> u64 {
+        self.buf.len() as u64
+    }
+
+    /// `mapped` (the expert's views into the file) pointed at this copy instead.
+    pub fn weights<'a>(
+        &'a self,
+        mapped: ExpertWeights<'a>,
+    ) -> Result<ExpertWeights<'a>, nightshift_kernels::KernelError> {
+        let b = &self.buf;
+        Ok(ExpertWeights {
+            gate: mapped.gate.with_bytes(&b[self.ranges[0].clone()])?,
+            up: mapped.up.with_bytes(&b[self.ranges[1].clone()])?,
+            down: mapped.down.with_bytes(&b[self.ranges[2].clone()])?,
+        })
+    }
+}
+
+/// Counters of the cache (all since start).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ColdStats {
+    /// experts a call asked for that were in memory (or already being read)
+    pub hits: u64,
+    /// experts a call asked for that had to be read for it
+    pub misses: u64,
+    /// experts read ahead on a prediction
+    pub prefetched: u64,
+    /// predictions dropped for want of room
+    pub dropped: u64,
+    /// experts evicted
+    pub evicted: u64,
+    /// bytes read from the file
+    pub bytes_read: u64,
+    /// time calls waited for an expert, in microseconds
+    pub wait_us: u64,
+}
+
+impl ColdStats {
+    /// Share of the cold experts calls needed that were in memory or on their way.
+    pub fn hit_rate(&self) -> Option<f64> {
+        let n = self.hits + self.misses;
+        (n > 0).then(|| self.hits as f64 / n as f64)
+    }
+
+    /// One line for logs and reports.
+    pub fn summary(&self) -> String {
+        format!(
+            "cold cache: {} hits, {} misses ({}), {} read ahead, {} predictions dropped, {} evicted, {:.1} MiB read, {:.1} ms waited",
+            self.hits,
+            self.misses,
+            self.hit_rate()
+                .map_or("-".into(), |h| format!("{:.1}% hits", 100.0 * h)),
+            self.prefetched,
+            self.dropped,
+            self.evicted,
+            self.bytes_read as f64 / (1u64 << 20) as f64,
+            self.wait_us as f64 / 1000.0
+        )
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    prefetched: AtomicU64,
+    dropped: AtomicU64,
+    evicted: AtomicU64,
+    bytes_read: AtomicU64,
+    wait_us: AtomicU64,
+}
+
+enum Slot {
+    /// waiting for the I/O thread (holds no memory yet)
+    Queued,
+    /// being read (its footprint is reserved)
+    Loading,
+    Ready(Arc<ColdCopy>),
+    Failed(String),
+}
+
+struct Entry {
+    slot: Slot,
+    /// footprint (aligned bytes) of the expert
+    size: u64,
+    /// LRU clock of the last use
+    last: u64,
+    /// calls that demanded it and have not taken it yet: not evictable while > 0
+    wanted: u32,
+}
+
+#[derive(Default)]
+struct State {
+    entries: HashMap<Key, Entry>,
+    /// footprints of Loading and Ready entries
+    bytes: u64,
+    tick: u64,
+    demand: VecDeque<Key>,
+    prefetch: VecDeque<Key>,
+    closed: bool,
+}
+
+struct Shared {
+    model: Arc<Model>,
+    files: Vec<Mutex<ReadFile>>,
+    capacity: u64,
+    state: Mutex<State>,
+    changed: Condvar,
+    counters: Counters,
+}
+
+struct ReadFile {
+    file: File,
+    direct: bool,
+}
+
+/// The staging cache and its I/O thread (module doc). The thread ends with the cache.
+pub struct ColdCache {
+    shared: Arc<Shared>,
+}
+
+impl Drop for ColdCache {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.changed.notify_all();
+    }
+}
+
+/// Opens `path` for reading with `O_DIRECT` where the file system takes it.
+fn open_direct(path: &std::path::Path) -> std::io::Result<ReadFile> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Ok(file) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
+            return Ok(ReadFile { file, direct: true });
+        }
+    }
+    Ok(ReadFile {
+        file: File::open(path)?,
+        direct: false,
+    })
+}
+
+/// One matrix of an expert: (file index, aligned file offset, aligned length, offset of the
+/// matrix in the aligned span, matrix length).
+type Span = (usize, u64, u64, usize, usize);
+
+impl ColdCache {
+    /// A cache of at most `capacity` bytes of cold experts of `model` (the experts a call is
+    /// computing may add to it), with its I/O thread.
+    pub fn new(model: Arc<Model>, capacity: u64) -> std::io::Result<ColdCache> {
+        let files = model
+            .gguf()
+            .paths()
+            .map(|p| open_direct(p).map(Mutex::new))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let shared = Arc::new(Shared {
+            model,
+            files,
+            capacity,
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            counters: Counters::default(),
+        });
+        let io = shared.clone();
+        std::thread::Builder::new()
+            .name("nightshift-cold-io".into())
+            .spawn(move || io.serve())?;
+        Ok(ColdCache { shared })
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.shared.capacity
+    }
+
+    /// Footprint of expert `e` of `layer` in the cache.
+    pub fn footprint(&self, layer: usize, e: u32) -> Result<u64, ExpertError> {
+        Ok(self
+            .shared
+            .spans(layer, e)?
+            .iter()
+            .map(|s| s.2)
+            .sum::<u64>())
+    }
+
+    /// Bytes held or being read now.
+    pub fn held_bytes(&self) -> u64 {
+        self.shared.lock().bytes
+    }
+
+    /// Whether expert `e` of `layer` is in memory now.
+    pub fn is_ready(&self, layer: usize, e: u32) -> bool {
+        matches!(
+            self.shared.lock().entries.get(&(layer as u32, e)),
+            Some(Entry {
+                slot: Slot::Ready(_),
+                ..
+            })
+        )
+    }
+
+    pub fn stats(&self) -> ColdStats {
+        let c = &self.shared.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ColdStats {
+            hits: g(&c.hits),
+            misses: g(&c.misses),
+            prefetched: g(&c.prefetched),
+            dropped: g(&c.dropped),
+            evicted: g(&c.evicted),
+            bytes_read: g(&c.bytes_read),
+            wait_us: g(&c.wait_us),
+        }
+    }
+
+    /// Reads the experts of `layer` in `experts` ahead, where room can be made without evicting
+    /// what a call still needs (a prediction: dropped otherwise).
+    pub fn prefetch(&self, layer: usize, experts: &[u32]) -> Result<(), ExpertError> {
+        let mut queued = 0;
+        let sizes: Vec<u64> = experts
+            .iter()
+            .map(|&e| self.footprint(layer, e))
+            .collect::<Result<_, _>>()?;
+        let mut st = self.shared.lock();
+        for (&e, size) in experts.iter().zip(sizes) {
+            let key = (layer as u32, e);
+            if st.entries.contains_key(&key) {
+                continue;
+            }
+            st.entries.insert(
+                key,
+                Entry {
+                    slot: Slot::Queued,
+                    size,
+                    last: 0,
+                    wanted: 0,
+                },
+            );
+            st.prefetch.push_back(key);
+            queued += 1;
+        }
+        drop(st);
+        if queued > 0 {
+            self.shared.changed.notify_all();
+        }
+        Ok(())
+    }
+
+    /// Asks for expert `e` of `layer` for a call: it is kept (not evicted) until [`take`]n, and
+    /// read first if it is not in memory.
+    ///
+    /// [`take`]: ColdCache::take
+    pub fn demand(&self, layer: usize, e: u32) -> Result<(), ExpertError> {
+        let size = self.footprint(layer, e)?;
+        let key = (layer as u32, e);
+        let mut st = self.shared.lock();
+        let c = &self.shared.counters;
+        match st.entries.get_mut(&key) {
+            Some(en) if !matches!(en.slot, Slot::Failed(_)) => {
+                en.wanted += 1;
+                c.hits.fetch_add(1, Ordering::Relaxed);
+                if matches!(en.slot, Slot::Queued) {
+                    // a queued prediction is now needed: read it before other predictions
+                    st.prefetch.retain(|k| *k != key);
+                    st.demand.push_back(key);
+                }
+            }
+            _ => {
+                st.entries.insert(
+                    key,
+                    Entry {
+                        slot: Slot::Queued,
+                        size,
+                        last: 0,
+                        wanted: 1,
+                    },
+                );
+                st.demand.push_back(key);
+                c.misses.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        drop(st);
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    /// The copy of an expert [`demand`]ed before, waiting for its read; `Ok(None)` unless
+    /// `wait` when it is not in memory yet.
+    ///
+    /// [`demand`]: ColdCache::demand
+    pub fn take(
+        &self,
+        layer: usize,
+        e: u32,
+        wait: bool,
+    ) -> Result<Option<Arc<ColdCopy>>, ExpertError> {
+        let key = (layer as u32, e);
+        let t = Instant::now();
+        let mut st = self.shared.lock();
+        loop {
+            let tick = st.tick + 1;
+            let Some(en) = st.entries.get_mut(&key) else {
+                return Err(ExpertError::Backend(format!(
+                    "cold cache: layer {layer} expert {e} was taken without being demanded"
+                )));
+            };
+            match &en.slot {
+                Slot::Ready(c) => {
+                    let c = c.clone();
+                    en.wanted = en.wanted.saturating_sub(1);
+                    en.last = tick;
+                    st.tick = tick;
+                    self.shared
+                        .counters
+                        .wait_us
+                        .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    return Ok(Some(c));
+                }
+                Slot::Failed(msg) => {
+                    let msg = msg.clone();
+                    en.wanted = en.wanted.saturating_sub(1);
+                    if en.wanted == 0 {
+                        st.entries.remove(&key);
+                    }
+                    return Err(ExpertError::Backend(format!(
+                        "cold expert (layer {layer} expert {e}): {msg}"
+                    )));
+                }
+                Slot::Queued | Slot::Loading if !wait => return Ok(None),
+                Slot::Queued | Slot::Loading => {
+                    st = self
+                        .shared
+                        .changed
+                        .wait(st)
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+            }
+        }
+    }
+
+    /// Gives up a [`demand`] that will not be taken (a call that failed half way).
+    ///
+    /// [`demand`]: ColdCache::demand
+    pub fn forget(&self, layer: usize, e: u32) {
+        let mut st = self.shared.lock();
+        if let Some(en) = st.entries.get_mut(&(layer as u32, e)) {
+            en.wanted = en.wanted.saturating_sub(1);
+        }
+        drop(st);
+        self.shared.changed.notify_all();
+    }
+
+    /// Tells the I/O thread that copies taken have been dropped (room may be free).
+    pub fn released(&self) {
+        self.shared.changed.notify_all();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where expert `e` of `layer`'s three matrices are in the files, aligned.
+    fn spans(&self, layer: usize, e: u32) -> Result<[Span; 3], ExpertError> {
+        let w = self.model.expert_weights(layer, e)?;
+        let g = self.model.gguf();
+        let span = |m: &[u8]| -> Result<Span, ExpertError> {
+            let (file, off) = g.file_span(m).ok_or_else(|| {
+                ExpertError::Backend(format!(
+                    "cold cache: layer {layer} expert {e} is not in the model's files"
+                ))
+            })?;
+            let start = off / ALIGN * ALIGN;
+            let end = (off + m.len() as u64).div_ceil(ALIGN) * ALIGN;
+            Ok((file, start, end - start, (off - start) as usize, m.len()))
+        };
+        Ok([
+            span(w.gate.bytes())?,
+            span(w.up.bytes())?,
+            span(w.down.bytes())?,
+        ])
+    }
+
+    /// The I/O thread: demand reads first, then predictions.
+    fn serve(&self) {
+        let mut st = self.lock();
+        loop {
+            if st.closed {
+                return;
+            }
+            let (key, demanded) = if let Some(k) = st.demand.pop_front() {
+                (k, true)
+            } else if let Some(k) = st.prefetch.pop_front() {
+                (k, false)
+            } else {
+                st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                continue;
+            };
+            let Some(size) = st
+                .entries
+                .get(&key)
+                .filter(|en| matches!(en.slot, Slot::Queued))
+                .map(|en| en.size)
+            else {
+                continue;
+            };
+            // make room: evict the least recently used copies no call holds or still needs
+            let mut ok = false;
+            loop {
+                if st.closed {
+                    return;
+                }
+                if st.bytes + size <= self.capacity {
+                    ok = true;
+                    break;
+                }
+                let victim = st
+                    .entries
+                    .iter()
+                    .filter(|(_, en)| {
+                        en.wanted == 0
+                            && matches!(&en.slot, Slot::Ready(c) if Arc::strong_count(c) == 1)
+                    })
+                    .min_by_key(|(_, en)| en.last)
+                    .map(|(k, _)| *k);
+                if let Some(v) = victim {
+                    if let Some(en) = st.entries.remove(&v) {
+                        st.bytes -= en.size;
+                        self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    continue;
+                }
+                let wanted = st.entries.get(&key).is_some_and(|en| en.wanted > 0);
+                if !wanted && !demanded {
+                    break;
+                }
+                // nothing to evict: wait for calls to drop copies or reads to finish, unless
+                // nothing would ever free room (every byte held is wanted by calls that wait
+                // for this read): then go over the capacity rather than stall
+                let busy = st.entries.values().any(|en| {
+                    matches!(en.slot, Slot::Loading)
+                        || matches!(&en.slot, Slot::Ready(c) if Arc::strong_count(c) > 1)
+                });
+                if !busy {
+                    ok = true;
+                    break;
+                }
+                st = self
+                    .changed
+                    .wait_timeout(st, Duration::from_millis(5))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            if !ok {
+                // a prediction with no room: not read
+                st.entries.remove(&key);
+                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if let Some(en) = st.entries.get_mut(&key) {
+                en.slot = Slot::Loading;
+            }
+            st.bytes += size;
+            drop(st);
+            let read = self.read(key);
+            st = self.lock();
+            let Some(en) = st.entries.get_mut(&key) else {
+                // cannot happen (Loading entries are not removed); keep the count right
+                st.bytes -= size;
+                continue;
+            };
+            match read {
+                Ok(copy) => {
+                    en.slot = Slot::Ready(Arc::new(copy));
+                    if !demanded {
+                        self.counters.prefetched.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Err(e) => {
+                    en.slot = Slot::Failed(e.to_string());
+                    st.bytes -= size;
+                }
+            }
+            self.changed.notify_all();
+        }
+    }
+
+    /// Reads expert `key` whole into a fresh page-aligned buffer.
+    fn read(&self, (layer, e): Key) -> Result<ColdCopy, ExpertError> {
+        let spans = self.spans(layer as usize, e)?;
+        let total: u64 = spans.iter().map(|s| s.2).sum();
+        let mut buf = memmap2::MmapMut::map_anon(total as usize)
+            .map_err(|err| ExpertError::Backend(format!("cold cache: allocating: {err}")))?;
+        let mut at = 0usize;
+        let mut ranges: [Range<usize>; 3] = [0..0, 0..0, 0..0];
+        for (i, &(file, start, len, skip, mlen)) in spans.iter().enumerate() {
+            let dst = &mut buf[at..at + len as usize];
+            let got = self.read_at(file, start, dst)?;
+            if got < skip + mlen {
+                return Err(ExpertError::Backend(format!(
+                    "cold cache: short read of layer {layer} expert {e} ({got} of {} bytes): the model file changed",
+                    skip + mlen
+                )));
+            }
+            ranges[i] = at + skip..at + skip + mlen;
+            at += len as usize;
+        }
+        self.counters.bytes_read.fetch_add(total, Ordering::Relaxed);
+        Ok(ColdCopy { buf, ranges })
+    }
+
+    /// Reads from file `file` at `offset` into `dst` until it is full or the file ends; the
+    /// bytes read.
+    fn read_at(&self, file: usize, offset: u64, dst: &mut [u8]) -> Result<usize, ExpertError> {
+        use std::os::unix::fs::FileExt;
+        let Some(f) = self.files.get(file) else {
+            return Err(ExpertError::Backend(format!("cold cache: no file {file}")));
+        };
+        let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+        let mut got = 0usize;
+        while got < dst.len() {
+            match f.file.read_at(&mut dst[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if f.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                    // this file system refuses O_DIRECT for this read: buffered from now on
+                    let path: Vec<&std::path::Path> = self.model.gguf().paths().collect();
+                    let p = path.get(file).copied().ok_or_else(|| {
+                        ExpertError::Backend(format!("cold cache: no file {file}"))
+                    })?;
+                    f.file = File::open(p)
+                        .map_err(|e| ExpertError::Backend(format!("cold cache: {e}")))?;
+                    f.direct = false;
+                }
+                Err(e) => {
+                    return Err(ExpertError::Backend(format!(
+                        "cold cache: reading the model file: {e}"
+                    )))
+                }
+            }
+        }
+        if !f.direct {
+            drop_cached(&f.file, offset, got);
+        }
+        Ok(got)
+    }
+}
+
+/// Drops the page-cache pages of a buffered read whose bytes now live in the cache.
+fn drop_cached(file: &File, offset: u64, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid open descriptor; fadvise only drops clean cached pages.
+        let _ = unsafe {
+            libc::posix_fadvise(
+                file.as_raw_fd(),
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
+}

@@ -1,0 +1,174 @@
+//! The cold-expert staging cache (`nightshift_model::cold`): an engine whose non-resident
+//! experts are read whole into the cache gives the same logits bit for bit as the plain engine
+//! (both architectures), whether the cache holds one expert (every call streams its cold
+//! experts through it, evicting as it goes) or many (decode steps hit), with and without the
+//! one-layer-ahead prediction reading into it; the cache stays within its capacity between
+//! calls, holds the file's bytes, and refuses misuse with an error.
+
+use std::sync::Arc;
+
+use nightshift_model::cold::ColdCache;
+use nightshift_model::prefetch::Prefetcher;
+use nightshift_model::resident::ExpertResidency;
+use nightshift_model::sampler::argmax;
+use nightshift_model::{
+    Engine, EngineOptions, ExpertBackend, ExpertMemory, LoadOptions, LocalExperts, Model,
+};
+
+mod fixture_util;
+use fixture_util::fixture_path;
+
+const PROMPT: [u32; 11] = [407, 550, 566, 544, 543, 570, 407, 12, 99, 566, 31];
+
+fn mapped(name: &str) -> Arc<Model> {
+    Model::load_with(
+        &fixture_path(name),
+        LoadOptions {
+            experts: ExpertMemory::Mapped,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("model loads")
+}
+
+/// Prefill, then `n` greedy steps, on a pool of `threads`; the bits of every logits row.
+fn run(model: &Arc<Model>, backend: Arc<dyn ExpertBackend>, n: usize) -> Vec<Vec<u32>> {
+    let threads = 2;
+    let pool = nightshift_model::build_pool(threads).expect("pool");
+    let mut e = Engine::new(
+        model.clone(),
+        backend,
+        EngineOptions {
+            pool: Some(pool),
+            threads,
+            ..Default::default()
+        },
+    )
+    .expect("engine");
+    let seq = e.add_sequence().expect("seq");
+    let mut rows = e.prefill_all(seq, &PROMPT).expect("prefill");
+    for _ in 0..n {
+        let tok = argmax(rows.last().expect("row"));
+        rows.push(e.prefill(seq, &[tok]).expect("step"));
+    }
+    rows.iter()
+        .map(|r| r.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+fn moe_experts(model: &Model) -> Vec<(u32, u32)> {
+    let c = model.config();
+    (0..c.n_layer)
+        .filter(|&l| c.is_moe_layer(l))
+        .flat_map(|l| (0..c.n_expert as u32).map(move |e| (l as u32, e)))
+        .collect()
+}
+
+fn check(name: &str) {
+    let model = mapped(name);
+    let pool = nightshift_model::build_pool(2).expect("pool");
+    let want = run(
+        &model,
+        Arc::new(LocalExperts::new(model.clone(), Some(pool.clone()))),
+        6,
+    );
+    let all = moe_experts(&model);
+    let cache_probe = ColdCache::new(model.clone(), 0).expect("cache");
+    let largest = all
+        .iter()
+        .map(|&(l, e)| cache_probe.footprint(l as usize, e).expect("footprint"))
+        .max()
+        .expect("experts");
+    drop(cache_probe);
+    // every fourth expert resident, the rest cold
+    let resident: Vec<(u32, u32)> = all.iter().copied().step_by(4).collect();
+    for (experts_held, predict) in [(1u64, false), (1, true), (12, true), (12, false)] {
+        let residency = Arc::new(ExpertResidency::new(u64::MAX));
+        residency
+            .set(model.gguf(), &resident, None)
+            .expect("resident set");
+        let capacity = experts_held * largest;
+        let cache = Arc::new(ColdCache::new(model.clone(), capacity).expect("cache"));
+        let mut local = LocalExperts::new(model.clone(), Some(pool.clone()))
+            .with_residency(residency)
+            .with_cold_cache(cache.clone());
+        let mut prefetch = None;
+        if predict {
+            let p = Arc::new(
+                Prefetcher::new(model.clone())
+                    .expect("prefetch thread")
+                    .with_cold_cache(cache.clone()),
+            );
+            local = local.with_prefetch(p.clone());
+            prefetch = Some(p);
+        }
+        let got = run(&model, Arc::new(local), 6);
+        let what = format!("{name}, cache of {experts_held} experts, prediction {predict}");
+        assert_eq!(got, want, "{what}: the staged cold path changed the logits");
+        let st = cache.stats();
+        assert!(st.misses > 0 && st.bytes_read > 0, "{what}: {st:?}");
+        assert!(
+            cache.held_bytes() <= capacity,
+            "{what}: {} bytes held over a capacity of {capacity}",
+            cache.held_bytes()
+        );
+        if experts_held == 1 {
+            // one expert at a time: every call beyond the first expert evicts
+            assert!(st.evicted > 0, "{what}: {st:?}");
+        } else {
+            // decode steps reuse what the prompt brought in
+            assert!(st.hits > 0, "{what}: {st:?}");
+        }
+        if let Some(p) = prefetch {
+            let ps = p.stats();
+            assert!(ps.issued > 0, "{what}: {ps:?}");
+            assert_eq!(ps.in_time + ps.late, ps.cold_requested, "{what}: {ps:?}");
+            if experts_held > 1 {
+                assert!(st.prefetched > 0, "{what}: {st:?}");
+            }
+        }
+        assert!(st.summary().contains("cold cache"), "{}", st.summary());
+    }
+}
+
+#[test]
+fn staged_cold_experts_give_identical_logits_qwen3moe() {
+    check("tiny-qwen3moe-Q4_K_M.gguf");
+}
+
+#[test]
+fn staged_cold_experts_give_identical_logits_deepseek2() {
+    check("tiny-deepseek2-Q2_K.gguf");
+}
+
+#[test]
+fn the_cache_holds_the_files_bytes_and_refuses_misuse() {
+    let model = mapped("tiny-qwen3moe-Q4_K_M.gguf");
+    let all = moe_experts(&model);
+    let cache = ColdCache::new(model.clone(), 1 << 30).expect("cache");
+    for &(l, e) in all.iter().take(9) {
+        cache.demand(l as usize, e).expect("demand");
+    }
+    for &(l, e) in all.iter().take(9) {
+        let c = cache
+            .take(l as usize, e, true)
+            .expect("read")
+            .expect("a copy after waiting");
+        let w = model.expert_weights(l as usize, e).expect("expert");
+        let got = c.weights(w.clone()).expect("views");
+        assert_eq!(got.gate.bytes(), w.gate.bytes(), "layer {l} expert {e} gate");
+        assert_eq!(got.up.bytes(), w.up.bytes(), "layer {l} expert {e} up");
+        assert_eq!(got.down.bytes(), w.down.bytes(), "layer {l} expert {e} down");
+        assert!(c.footprint() >= (w.gate.bytes().len() * 3) as u64);
+        assert!(cache.is_ready(l as usize, e));
+    }
+    // taking what was never demanded, and unknown experts, are errors
+    let (l, e) = all[20];
+    assert!(!cache.is_ready(l as usize, e));
+    let err = cache.take(l as usize, e, true).expect_err("not demanded");
+    assert!(err.to_string().contains("without being demanded"), "{err}");
+    assert!(cache.demand(l as usize, 99_999).is_err());
+    assert!(cache.prefetch(l as usize, &[99_999]).is_err());
+    let st = cache.stats();
+    assert_eq!((st.misses, st.hits), (9, 0), "{st:?}");
+}
