@@ -38,16 +38,40 @@ const ALIGN: u64 = 4096;
 /// (layer, expert)
 type Key = (u32, u32);
 
+/// Memory for one expert: an anonymous mapping on huge pages where the kernel gives them (a
+/// fresh 4 KiB-page buffer would cost a page fault per 4 KiB on every read), from `start` for
+/// `cap` bytes. Buffers of evicted copies are read into again.
+struct Buffer {
+    map: memmap2::MmapMut,
+    start: usize,
+    cap: u64,
+}
+
+impl Buffer {
+    fn new(cap: u64) -> std::io::Result<Buffer> {
+        let (map, start) = crate::weights::huge_page_map(cap as usize)?;
+        Ok(Buffer { map, start, cap })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.map[self.start..self.start + self.cap as usize]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.map[self.start..self.start + self.cap as usize]
+    }
+}
+
 /// One cold expert read into memory: its three matrices in one page-aligned buffer.
 pub struct ColdCopy {
-    buf: memmap2::MmapMut,
+    buf: Buffer,
     ranges: [Range<usize>; 3],
 }
 
 impl std::fmt::Debug for ColdCopy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ColdCopy")
-            .field("footprint", &self.buf.len())
+            .field("footprint", &self.buf.cap)
             .field("ranges", &self.ranges)
             .finish()
     }
@@ -56,7 +80,7 @@ impl std::fmt::Debug for ColdCopy {
 impl ColdCopy {
     /// Bytes of memory the copy takes (its aligned buffer).
     pub fn footprint(&self) -> u64 {
-        self.buf.len() as u64
+        self.buf.cap
     }
 
     /// `mapped` (the expert's views into the file) pointed at this copy instead.
@@ -64,7 +88,7 @@ impl ColdCopy {
         &'a self,
         mapped: ExpertWeights<'a>,
     ) -> Result<ExpertWeights<'a>, nightshift_kernels::KernelError> {
-        let b = &self.buf;
+        let b = self.buf.bytes();
         Ok(ExpertWeights {
             gate: mapped.gate.with_bytes(&b[self.ranges[0].clone()])?,
             up: mapped.up.with_bytes(&b[self.ranges[1].clone()])?,
@@ -138,7 +162,7 @@ enum Slot {
 
 struct Entry {
     slot: Slot,
-    /// footprint (aligned bytes) of the expert
+    /// footprint (aligned bytes) of the expert; once read, of its buffer
     size: u64,
     /// LRU clock of the last use
     last: u64,
@@ -149,8 +173,10 @@ struct Entry {
 #[derive(Default)]
 struct State {
     entries: HashMap<Key, Entry>,
-    /// footprints of Loading and Ready entries
+    /// footprints of Loading and Ready entries, and spare buffers
     bytes: u64,
+    /// buffers of evicted copies, to read into again
+    spare: Vec<Buffer>,
     tick: u64,
     demand: VecDeque<Key>,
     prefetch: VecDeque<Key>,
@@ -228,6 +254,25 @@ impl ColdCache {
             .name("nightshift-cold-io".into())
             .spawn(move || io.serve())?;
         Ok(ColdCache { shared })
+    }
+
+    /// The default capacity for `model`: the experts two MoE layers of a one-row decode step
+    /// use (this layer's and the next one's, read ahead), at the largest expert's footprint.
+    pub fn default_capacity(model: &Model) -> u64 {
+        let c = model.config();
+        let mut largest = 0u64;
+        for l in (0..c.n_layer).filter(|&l| c.is_moe_layer(l)) {
+            for e in 0..c.n_expert as u32 {
+                if let Ok(w) = model.expert_weights(l, e) {
+                    let f: u64 = [w.gate.bytes(), w.up.bytes(), w.down.bytes()]
+                        .iter()
+                        .map(|m| (m.len() as u64).div_ceil(ALIGN) * ALIGN + ALIGN)
+                        .sum();
+                    largest = largest.max(f);
+                }
+            }
+        }
+        2 * c.n_expert_used.max(1) as u64 * largest
     }
 
     pub fn capacity(&self) -> u64 {
@@ -466,15 +511,23 @@ impl Shared {
             else {
                 continue;
             };
-            // make room: evict the least recently used copies no call holds or still needs
-            let mut ok = false;
+            // make room: reuse a spare buffer, or evict the least recently used copies no
+            // call holds or still needs
+            let mut buffer = None;
             loop {
                 if st.closed {
                     return;
                 }
-                if st.bytes + size <= self.capacity {
-                    ok = true;
+                if let Some(i) = st.spare.iter().position(|b| b.cap >= size) {
+                    buffer = Some(st.spare.swap_remove(i));
                     break;
+                }
+                if st.bytes + size <= self.capacity {
+                    break;
+                }
+                if let Some(b) = st.spare.pop() {
+                    st.bytes -= b.cap;
+                    continue;
                 }
                 let victim = st
                     .entries
@@ -487,13 +540,22 @@ impl Shared {
                     .map(|(k, _)| *k);
                 if let Some(v) = victim {
                     if let Some(en) = st.entries.remove(&v) {
-                        st.bytes -= en.size;
                         self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+                        match en.slot {
+                            Slot::Ready(c) => match Arc::try_unwrap(c) {
+                                Ok(copy) => st.spare.push(copy.buf),
+                                Err(_) => st.bytes -= en.size,
+                            },
+                            _ => st.bytes -= en.size,
+                        }
                     }
                     continue;
                 }
                 let wanted = st.entries.get(&key).is_some_and(|en| en.wanted > 0);
                 if !wanted && !demanded {
+                    // a prediction with no room: not read
+                    st.entries.remove(&key);
+                    self.counters.dropped.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
                 // nothing to evict: wait for calls to drop copies or reads to finish, unless
@@ -504,7 +566,6 @@ impl Shared {
                         || matches!(&en.slot, Slot::Ready(c) if Arc::strong_count(c) > 1)
                 });
                 if !busy {
-                    ok = true;
                     break;
                 }
                 st = self
@@ -513,18 +574,23 @@ impl Shared {
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
             }
-            if !ok {
-                // a prediction with no room: not read
-                st.entries.remove(&key);
-                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            let Some(en) = st.entries.get_mut(&key) else {
+                // the prediction dropped above
                 continue;
-            }
+            };
+            en.slot = Slot::Loading;
+            let size = match &buffer {
+                Some(b) => b.cap,
+                None => {
+                    st.bytes += size;
+                    size
+                }
+            };
             if let Some(en) = st.entries.get_mut(&key) {
-                en.slot = Slot::Loading;
+                en.size = size;
             }
-            st.bytes += size;
             drop(st);
-            let read = self.read(key);
+            let read = self.read(key, buffer);
             st = self.lock();
             let Some(en) = st.entries.get_mut(&key) else {
                 // cannot happen (Loading entries are not removed); keep the count right
@@ -547,16 +613,19 @@ impl Shared {
         }
     }
 
-    /// Reads expert `key` whole into a fresh page-aligned buffer.
-    fn read(&self, (layer, e): Key) -> Result<ColdCopy, ExpertError> {
+    /// Reads expert `key` whole into `buffer` (None: a fresh one).
+    fn read(&self, (layer, e): Key, buffer: Option<Buffer>) -> Result<ColdCopy, ExpertError> {
         let spans = self.spans(layer as usize, e)?;
         let total: u64 = spans.iter().map(|s| s.2).sum();
-        let mut buf = memmap2::MmapMut::map_anon(total as usize)
-            .map_err(|err| ExpertError::Backend(format!("cold cache: allocating: {err}")))?;
+        let mut buf = match buffer {
+            Some(b) if b.cap >= total => b,
+            _ => Buffer::new(total)
+                .map_err(|err| ExpertError::Backend(format!("cold cache: allocating: {err}")))?,
+        };
         let mut at = 0usize;
         let mut ranges: [Range<usize>; 3] = [0..0, 0..0, 0..0];
         for (i, &(file, start, len, skip, mlen)) in spans.iter().enumerate() {
-            let dst = &mut buf[at..at + len as usize];
+            let dst = &mut buf.bytes_mut()[at..at + len as usize];
             let got = self.read_at(file, start, dst)?;
             if got < skip + mlen {
                 return Err(ExpertError::Backend(format!(

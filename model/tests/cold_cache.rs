@@ -156,9 +156,17 @@ fn the_cache_holds_the_files_bytes_and_refuses_misuse() {
             .expect("a copy after waiting");
         let w = model.expert_weights(l as usize, e).expect("expert");
         let got = c.weights(w.clone()).expect("views");
-        assert_eq!(got.gate.bytes(), w.gate.bytes(), "layer {l} expert {e} gate");
+        assert_eq!(
+            got.gate.bytes(),
+            w.gate.bytes(),
+            "layer {l} expert {e} gate"
+        );
         assert_eq!(got.up.bytes(), w.up.bytes(), "layer {l} expert {e} up");
-        assert_eq!(got.down.bytes(), w.down.bytes(), "layer {l} expert {e} down");
+        assert_eq!(
+            got.down.bytes(),
+            w.down.bytes(),
+            "layer {l} expert {e} down"
+        );
         assert!(c.footprint() >= (w.gate.bytes().len() * 3) as u64);
         assert!(cache.is_ready(l as usize, e));
     }

@@ -1,11 +1,11 @@
 //! `memory-report`: decode and prefill speed of a model bigger than its memory, in process, for
 //! four arms run interleaved in the same invocation: every expert resident (`all`), an
-//! atlas-planned resident set under the budget (`planned`, with the one-layer-ahead prefetch), a
-//! seeded random resident set under the same budget (`random`, with prefetch), and no resident
-//! set at all (`pagecache`: the kernel's page cache decides). Each arm runs in a child process
-//! inside a cgroup v1 memory cgroup whose limit is the same for the three budget arms (budget +
-//! the dense weights' resident copy + `--slack`), so the page cache cannot hold what the budget
-//! does not; the page cache is dropped before each arm (`echo 1 > /proc/sys/vm/drop_caches`:
+//! atlas-planned resident set under the budget (`planned`, with the one-layer-ahead prefetch and
+//! the cold-expert staging cache, `--cold-cache`), a seeded random resident set under the same
+//! budget (`random`, the same cold path), and no resident set at all (`pagecache`: the kernel's
+//! page cache decides). Each arm runs in a child process inside a cgroup v1 memory cgroup whose
+//! limit is the same for the budget arms (budget + the dense weights' resident copy + the cold
+//! cache + `--slack`), so the page cache cannot hold what the budget does not; the page cache is dropped before each arm (`echo 1 > /proc/sys/vm/drop_caches`:
 //! needs root). Prints each arm's range over the rounds, the ratios the issue targets, the
 //! prefetch's precision/recall/cold hit rate, and the disk's read bandwidth measured the same way
 //! (sequential over the model file, and expert-sized reads at random experts), since the cold
@@ -15,9 +15,10 @@
 //! bytes this process caused to be read from disk (`/proc/self/io` `read_bytes`, prefetch
 //! thread included), its major page faults (`getrusage`), and the expert hit rate: the share of
 //! the experts a layer used that were resident or had all their pages in the page cache when
-//! the layer started (`mincore`). The optional arm `planned-ra` is `planned` with the cold path
-//! reading by page faults and the kernel's read-around (`prefetch::ColdReads::ReadAround`, what
-//! the cold path did before it read whole experts).
+//! the layer started (`mincore`), or were in the staging cache. The optional arms are `planned`
+//! with other cold paths, for A/B in one run: `planned-wn`, whole experts advised
+//! `MADV_WILLNEED` into the page cache (no staging cache: the cold path before it), and
+//! `planned-ra`, page faults and the kernel's read-around (`prefetch::ColdReads::ReadAround`).
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -29,8 +30,9 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Parser;
 use nightshift_benches::argmax;
-use nightshift_coordinator::cluster::budget::build_residency;
+use nightshift_coordinator::cluster::budget::{build_cold_cache, build_residency};
 use nightshift_kernels::rng::SplitMix64;
+use nightshift_model::cold::ColdCache;
 use nightshift_model::prefetch::{ColdReads, Prefetcher};
 use nightshift_model::resident::ExpertResidency;
 use nightshift_model::{
@@ -39,7 +41,14 @@ use nightshift_model::{
 };
 use rayon::ThreadPool;
 
-const ARMS: [&str; 5] = ["all", "planned", "random", "pagecache", "planned-ra"];
+const ARMS: [&str; 6] = [
+    "all",
+    "planned",
+    "random",
+    "pagecache",
+    "planned-wn",
+    "planned-ra",
+];
 /// The arms run when `--arms` is not given.
 const DEFAULT_ARMS: [&str; 4] = ["all", "planned", "random", "pagecache"];
 const CGROUP_ROOT: &str = "/sys/fs/cgroup/memory";
@@ -59,6 +68,10 @@ struct Args {
     /// cache, KV cache, the process).
     #[arg(long, default_value = "768MiB")]
     slack: String,
+    /// The planned and random arms' staging cache of cold experts (as `serve --cold-cache`:
+    /// `auto`, a size, or 0 for none); added to the budget arms' cgroup limit.
+    #[arg(long, default_value = "auto")]
+    cold_cache: String,
     #[arg(long, default_value_t = 2)]
     rounds: usize,
     #[arg(long, default_value_t = 64)]
@@ -92,6 +105,8 @@ struct Run {
     majflt: f64,
     minflt: f64,
     hit: f64,
+    /// the staging cache's counters
+    cold: Option<String>,
 }
 
 /// This process's bytes read from storage (`/proc/self/io`, all threads), major and minor
@@ -116,6 +131,7 @@ struct Observed {
     inner: LocalExperts,
     model: Arc<Model>,
     residency: Option<Arc<ExpertResidency>>,
+    cold: Option<Arc<ColdCache>>,
     /// every expert was copied at load (the `all` arm)
     all_resident: bool,
     counting: AtomicBool,
@@ -145,6 +161,7 @@ impl ExpertBackend for Observed {
                         .is_some_and(|r| r.is_resident(layer, e));
                 let w = self.model.expert_weights(layer, e)?;
                 if resident
+                    || self.cold.as_ref().is_some_and(|c| c.is_ready(layer, e))
                     || [w.gate.bytes(), w.up.bytes(), w.down.bytes()]
                         .iter()
                         .all(|m| g.is_cached(m) == Some(true))
@@ -196,6 +213,7 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
     let mut local = LocalExperts::new(model.clone(), Some(pool.clone()));
     let mut prefetch = None;
     let mut residency = None;
+    let mut cold = None;
     let mut resident = 0u64;
     if arm.starts_with("planned") || arm == "random" {
         let set = arm.starts_with("planned").then_some(a.plan.as_path());
@@ -205,8 +223,17 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
             "planned-ra" => ColdReads::ReadAround,
             _ => ColdReads::WholeExperts,
         };
-        let p = Arc::new(Prefetcher::with_cold_reads(model.clone(), reads)?);
-        local = local.with_residency(r.clone()).with_prefetch(p.clone());
+        let mut p = Prefetcher::with_cold_reads(model.clone(), reads)?;
+        local = local.with_residency(r.clone());
+        if arm == "planned" || arm == "random" {
+            cold = build_cold_cache(&model, &a.cold_cache)?;
+        }
+        if let Some(c) = &cold {
+            p = p.with_cold_cache(c.clone());
+            local = local.with_cold_cache(c.clone());
+        }
+        let p = Arc::new(p);
+        local = local.with_prefetch(p.clone());
         prefetch = Some(p);
         residency = Some(r);
     } else if arm == "all" {
@@ -216,6 +243,7 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
         inner: local,
         model: model.clone(),
         residency,
+        cold: cold.clone(),
         all_resident: arm == "all",
         counting: AtomicBool::new(false),
         used: AtomicU64::new(0),
@@ -273,6 +301,7 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
             "majflt": (flt1 - flt0) as f64 / n,
             "minflt": (min1 - min0) as f64 / n,
             "hit": observed.hits.load(Ordering::Relaxed) as f64 / used,
+            "cold": cold.map(|c| c.stats().summary()),
         })
     );
     Ok(())
@@ -341,17 +370,22 @@ fn parent(a: &Args) -> anyhow::Result<()> {
     let c = model.config();
     let one = all
         / (c.n_expert as u64 * (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).count() as u64).max(1);
+    let cold = match a.cold_cache.trim() {
+        x if x.eq_ignore_ascii_case("auto") => ColdCache::default_capacity(&model),
+        x => nightshift_atlas_core::size::parse_size(x, full)?,
+    };
     drop(model);
-    let limit = budget + dense + slack;
+    let limit = budget + dense + cold + slack;
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
-        "model {}: experts {:.2} GiB ({:.1} MiB each), dense {:.2} GiB; budget {:.2} GiB ({:.0}% of the experts); budget arms' cgroup limit {:.2} GiB",
+        "model {}: experts {:.2} GiB ({:.1} MiB each), dense {:.2} GiB; budget {:.2} GiB ({:.0}% of the experts); cold cache {:.0} MiB; budget arms' cgroup limit {:.2} GiB",
         a.model.display(),
         gib(all),
         one as f64 / (1 << 20) as f64,
         gib(dense),
         gib(budget),
         100.0 * budget as f64 / all as f64,
+        cold as f64 / (1u64 << 20) as f64,
         gib(limit)
     );
     let (seq_bw, rnd_bw) = disk_bandwidth(&a.model, one as usize, 64)?;
@@ -369,6 +403,7 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                 .args(["--model", &a.model.display().to_string()])
                 .args(["--plan", &a.plan.display().to_string()])
                 .args(["--budget", &budget.to_string()])
+                .args(["--cold-cache", &cold.to_string()])
                 .args(["--prefill", &a.prefill.to_string()])
                 .args(["--decode", &a.decode.to_string()])
                 .args(["--threads", &a.threads.to_string()])
@@ -401,6 +436,7 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                 majflt: f("majflt"),
                 minflt: f("minflt"),
                 hit: f("hit"),
+                cold: v.get("cold").and_then(|c| c.as_str()).map(str::to_string),
             };
             println!(
                 "round {round} {arm:<10} prefill {:7.2} tok/s  decode {:6.2} tok/s  resident {} MiB  per decode token: read {:.1} MiB, {:.0} major / {:.0} minor faults, experts in memory {:.1}%{}",
@@ -420,6 +456,9 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                     100.0 * w
                 ))
             );
+            if let Some(c) = &run.cold {
+                println!("    {c}");
+            }
             results[i].push(run);
         }
     }
@@ -446,7 +485,9 @@ fn parent(a: &Args) -> anyhow::Result<()> {
             ("pagecache", Some(1.5)),
             ("random", Some(1.3)),
             ("all", Some(0.5)),
-            // whole-expert cold reads vs page faults with the kernel's read-around
+            // the staging cache vs whole experts through the page cache, and vs page faults
+            // with the kernel's read-around
+            ("planned-wn", None),
             ("planned-ra", None),
         ];
         for (other, target) in targets {

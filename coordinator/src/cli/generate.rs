@@ -181,6 +181,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(p) = experts.prefetch() {
         eprintln!("{}", p.stats().summary());
     }
+    if let Some(c) = experts.cold_cache() {
+        eprintln!(
+            "{} (capacity {} MiB)",
+            c.stats().summary(),
+            c.capacity() >> 20
+        );
+    }
     let drafted = usage.accepted_prediction_tokens + usage.rejected_prediction_tokens;
     eprintln!(
         "speculative ({}): {} of {drafted} draft tokens accepted ({:.1}%)",

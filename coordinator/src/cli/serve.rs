@@ -11,6 +11,7 @@ use crate::scheduler::model_backend::{engine_with, EngineLimits};
 use crate::scheduler::spec::Speculator;
 use crate::scheduler::{Scheduler, SchedulerOptions, StepEngine, TextModel};
 use anyhow::{bail, Context};
+use nightshift_model::cold::ColdStats;
 use nightshift_model::prefetch::PrefetchStats;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -382,6 +383,18 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
 
 /// Serving is possible while at least one expert node is up (replicas fail over); in process
 /// always.
+/// `/metrics` series of the cold-expert staging cache (`--cold-cache`).
+fn publish_cold_cache(s: &ColdStats, held: u64) {
+    metrics::counter!("nightshift_cold_cache_hits_total").absolute(s.hits);
+    metrics::counter!("nightshift_cold_cache_misses_total").absolute(s.misses);
+    metrics::counter!("nightshift_cold_cache_prefetched_total").absolute(s.prefetched);
+    metrics::counter!("nightshift_cold_cache_dropped_total").absolute(s.dropped);
+    metrics::counter!("nightshift_cold_cache_evicted_total").absolute(s.evicted);
+    metrics::counter!("nightshift_cold_cache_read_bytes_total").absolute(s.bytes_read);
+    metrics::counter!("nightshift_cold_cache_wait_microseconds_total").absolute(s.wait_us);
+    metrics::gauge!("nightshift_cold_cache_bytes").set(held as f64);
+}
+
 /// `/metrics` series of the one-layer-ahead prefetch under `--memory-budget`
 /// (`nightshift_model::prefetch`): requests, how they fared, and the prediction's quality.
 fn publish_prefetch(s: &PrefetchStats) {
@@ -505,12 +518,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let experts = loaded.experts;
     let remote = experts.as_ref().and_then(|e| e.remote()).cloned();
     let prefetch = experts.as_ref().and_then(|e| e.prefetch()).cloned();
+    let cold = experts.as_ref().and_then(|e| e.cold_cache()).cloned();
     rt.block_on(async move {
-        if let Some(p) = prefetch {
-            // The cold-expert prefetch's counters, refreshed every 2 s.
+        if prefetch.is_some() || cold.is_some() {
+            // The cold path's counters, refreshed every 2 s.
             tokio::spawn(async move {
                 loop {
-                    publish_prefetch(&p.stats());
+                    if let Some(p) = &prefetch {
+                        publish_prefetch(&p.stats());
+                    }
+                    if let Some(c) = &cold {
+                        publish_cold_cache(&c.stats(), c.held_bytes());
+                    }
                     tokio::time::sleep(Duration::from_secs(2)).await;
                 }
             });

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use nightshift_atlas_core::placement::{ModelShape, Placement};
 use nightshift_atlas_core::size::parse_size;
 use nightshift_kernels::rng::SplitMix64;
+use nightshift_model::cold::ColdCache;
 use nightshift_model::resident::{ExpertResidency, ResidencyError};
 use nightshift_model::Model;
 use rayon::ThreadPool;
@@ -23,6 +24,8 @@ use super::{model_shape, ClusterError};
 pub enum BudgetError {
     #[error("--memory-budget: {0}")]
     Size(#[from] nightshift_atlas_core::size::SizeError),
+    #[error("--cold-cache: {0} (or `auto`)")]
+    ColdSize(nightshift_atlas_core::size::SizeError),
     #[error("--resident-set {path}: {source}")]
     Placement {
         path: String,
@@ -79,6 +82,30 @@ pub fn random_set(shape: &ModelShape, budget: u64, per_expert: u64, seed: u64) -
         keys.extend(ids[..n].iter().map(|&e| (layer as u32, e)));
     }
     keys
+}
+
+/// The staging cache `--cold-cache` asks for (`auto`: [`ColdCache::default_capacity`]; `0`:
+/// none, cold experts through the page cache), its I/O thread started.
+pub fn build_cold_cache(
+    model: &Arc<Model>,
+    size: &str,
+) -> Result<Option<Arc<ColdCache>>, ClusterError> {
+    let capacity = if size.trim().eq_ignore_ascii_case("auto") {
+        ColdCache::default_capacity(model)
+    } else {
+        let shape = model_shape(model)?;
+        let all = shape.expert_bytes * (shape.moe_layers.len() * shape.n_experts) as u64;
+        parse_size(size, all).map_err(BudgetError::ColdSize)?
+    };
+    if capacity == 0 {
+        return Ok(None);
+    }
+    let cache = ColdCache::new(model.clone(), capacity).map_err(BudgetError::Thread)?;
+    tracing::info!(
+        cold_cache_mib = capacity >> 20,
+        "cold experts are read whole into a staging cache"
+    );
+    Ok(Some(Arc::new(cache)))
 }
 
 /// The residency `--memory-budget` (and `--resident-set`) ask for, filled.

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_atlas_core::placement::{LayerPlacement, ModelShape, NodeSpec, Placement};
+use nightshift_model::cold::ColdCache;
 use nightshift_model::prefetch::Prefetcher;
 use nightshift_model::resident::ExpertResidency;
 use nightshift_model::{ExpertBackend, ExpertMemory, LoadOptions, LocalExperts, Model, ModelError};
@@ -108,6 +109,12 @@ pub struct ClusterArgs {
     /// ahead (outputs are the same either way).
     #[arg(long, requires = "memory_budget")]
     pub no_prefetch: bool,
+    /// With --memory-budget: memory for experts outside the resident set, read whole from the
+    /// file into a least-recently-used staging cache (`auto`: two MoE layers' experts of a
+    /// decode step; a size as for --memory-budget; `0`: read them through the page cache
+    /// instead). Taken on top of the budget.
+    #[arg(long, requires = "memory_budget", default_value = "auto")]
+    pub cold_cache: String,
 }
 
 /// `--expert-memory`.
@@ -181,6 +188,8 @@ pub struct Experts {
     residency: Option<Arc<ExpertResidency>>,
     /// Its one-layer-ahead prefetch of cold experts.
     prefetch: Option<Arc<Prefetcher>>,
+    /// Its staging cache of cold experts (`--cold-cache`).
+    cold: Option<Arc<ColdCache>>,
 }
 
 impl Drop for Experts {
@@ -211,6 +220,11 @@ impl Experts {
     /// The cold-expert prefetch of in-process experts under `--memory-budget`.
     pub fn prefetch(&self) -> Option<&Arc<Prefetcher>> {
         self.prefetch.as_ref()
+    }
+
+    /// The staging cache of cold in-process experts under `--memory-budget`.
+    pub fn cold_cache(&self) -> Option<&Arc<ColdCache>> {
+        self.cold.as_ref()
     }
 
     /// The local cluster, when this process spawned the nodes.
@@ -347,15 +361,26 @@ pub fn build(
             )?),
             None => None,
         };
+        let cold = match &residency {
+            Some(_) => budget::build_cold_cache(model, &args.cold_cache)?,
+            None => None,
+        };
         let prefetch = match residency.is_some() && !args.no_prefetch {
-            true => Some(Arc::new(
-                Prefetcher::new(model.clone()).map_err(budget::BudgetError::Thread)?,
-            )),
+            true => {
+                let mut p = Prefetcher::new(model.clone()).map_err(budget::BudgetError::Thread)?;
+                if let Some(c) = &cold {
+                    p = p.with_cold_cache(c.clone());
+                }
+                Some(Arc::new(p))
+            }
             false => None,
         };
         let mut local = LocalExperts::new(model.clone(), pool);
         if let Some(r) = &residency {
             local = local.with_residency(r.clone());
+        }
+        if let Some(c) = &cold {
+            local = local.with_cold_cache(c.clone());
         }
         if let Some(p) = &prefetch {
             local = local.with_prefetch(p.clone());
@@ -366,6 +391,7 @@ pub fn build(
             cluster: None,
             residency,
             prefetch,
+            cold,
         });
     }
     let shape = model_shape(model)?;
@@ -490,6 +516,7 @@ pub fn build(
         cluster,
         residency: None,
         prefetch: None,
+        cold: None,
     })
 }
 
