@@ -97,6 +97,52 @@ fn greedy_generate_with_a_q8_0_cache_matches_llama_cpp() {
 }
 
 #[test]
+fn greedy_generate_under_a_memory_budget_matches_llama_cpp() {
+    // a third of the experts resident, the others read whole into a staging cache of 40 KiB
+    // (one or two of these experts: calls stream through it), the default cache, or through
+    // the page cache (`0`)
+    let greedy = [
+        443, 188, 535, 116, 258, 545, 467, 371, 226, 88, 449, 581, 511, 21, 161, 542,
+    ];
+    for cold in ["40KiB", "auto", "0"] {
+        check_greedy_with(
+            "tiny-qwen3moe-Q4_K_M.gguf",
+            "The coordinator runs attention and routing",
+            &greedy,
+            &["--memory-budget", "33%", "--cold-cache", cold],
+        );
+    }
+    // the cache reports itself, and a size it cannot read is a clear error
+    let out = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .args(["generate", "--model"])
+        .arg(fixture("tiny-qwen3moe-Q4_K_M.gguf"))
+        .args(["--prompt", "hi", "-n", "4", "--temp", "0"])
+        .args(["--memory-budget", "33%", "--cold-cache", "40KiB"])
+        .output()
+        .expect("run nightshift");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("cold cache:") && err.contains("evicted"),
+        "{err}"
+    );
+    assert!(
+        !err.contains(" 0 evicted"),
+        "a 40 KiB cache evicted nothing: {err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .args(["generate", "--model"])
+        .arg(fixture("tiny-qwen3moe-Q4_K_M.gguf"))
+        .args(["--prompt", "hi", "-n", "4"])
+        .args(["--memory-budget", "33%", "--cold-cache", "lots"])
+        .output()
+        .expect("run nightshift");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a bad --cold-cache was accepted");
+    assert!(err.contains("--cold-cache"), "{err}");
+}
+
+#[test]
 fn kv_f16_is_an_alias_that_conflicts_with_kv_type() {
     let run = |extra: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_nightshift"))
