@@ -197,3 +197,68 @@ fn node_under_a_cgroup_limit_below_the_model_serves_with_a_memory_budget() {
     }
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// The `capacity N MiB` that `nightshift generate` prints for its cold-expert staging cache.
+fn cold_capacity_mib(stderr: &str) -> f64 {
+    let at = stderr
+        .find("(capacity ")
+        .unwrap_or_else(|| panic!("no cold cache line in: {stderr}"));
+    stderr[at + "(capacity ".len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("unreadable capacity in: {stderr}"))
+}
+
+#[test]
+fn generate_sizes_its_cold_cache_by_the_cgroup_limit_it_runs_under() {
+    let name = format!("nightshift-test-cold-{}", std::process::id());
+    let cg = match Cgroup::create(&name) {
+        Ok(c) => c,
+        Err(why) => {
+            eprintln!("SKIPPED: the cgroup v1 memory controller is not writable here ({why}); run as root on a machine with {CGROUP_ROOT} to test the cold cache's size under a limit");
+            return;
+        }
+    };
+    let limit = 256 * MIB;
+    cg.write("memory.limit_in_bytes", &limit.to_string())
+        .expect("limit");
+    let model = support::fixture("tiny-qwen3moe-Q4_K_M.gguf");
+    let args = format!(
+        "generate --model {} --prompt hi -n 4 --temp 0 --memory-budget 33%",
+        model.display()
+    );
+    let run = |inside: bool| -> String {
+        let enter = if inside {
+            format!("echo $$ > {}/cgroup.procs || exit 70; ", cg.0.display())
+        } else {
+            String::new()
+        };
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{enter}exec {} {args}",
+                env!("CARGO_BIN_EXE_nightshift")
+            ))
+            .output()
+            .expect("run nightshift");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "inside {inside}: {err}");
+        err
+    };
+    // a quarter of what the process may still take: under 256 MiB, at most 64 MiB
+    let inside = cold_capacity_mib(&run(true));
+    assert!(
+        inside > 0.0 && inside <= 64.0,
+        "a cache of {inside} MiB under a {} MiB limit",
+        limit / MIB
+    );
+    let host = nightshift_model::weights::mem_available().expect("meminfo") / MIB;
+    let outside = cold_capacity_mib(&run(false));
+    if host > 1024 {
+        assert!(
+            outside > 64.0,
+            "outside the cgroup ({host} MiB available) the cache took only {outside} MiB"
+        );
+    }
+}

@@ -256,9 +256,18 @@ impl ColdCache {
         Ok(ColdCache { shared })
     }
 
-    /// The default capacity for `model`: the experts two MoE layers of a one-row decode step
-    /// use (this layer's and the next one's, read ahead), at the largest expert's footprint.
+    /// The default capacity for `model` (`--cold-cache auto`): a quarter of the memory this
+    /// process can still take ([`crate::weights::mem_available`], cgroup limits included), and
+    /// at least [`ColdCache::decode_capacity`]. The KV cache's default takes another quarter;
+    /// the rest stays for the page cache and the process.
     pub fn default_capacity(model: &Model) -> u64 {
+        let share = crate::weights::mem_available().unwrap_or(0) / 4;
+        share.max(ColdCache::decode_capacity(model))
+    }
+
+    /// What a one-row decode step needs: the experts two MoE layers use (this layer's and the
+    /// next one's, read ahead), at the largest expert's footprint.
+    pub fn decode_capacity(model: &Model) -> u64 {
         let c = model.config();
         let mut largest = 0u64;
         for l in (0..c.n_layer).filter(|&l| c.is_moe_layer(l)) {

@@ -348,12 +348,67 @@ pub enum ExpertMemory {
     Auto,
 }
 
-/// `MemAvailable` of `/proc/meminfo`, in bytes (None where it cannot be read).
+/// Memory this process can still take, in bytes: `MemAvailable` of `/proc/meminfo`, or less
+/// when the process's memory cgroup (v1 or v2) has a limit closer than that (None where
+/// neither can be read).
 pub fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib.saturating_mul(1024))
+    let host = (|| {
+        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib.saturating_mul(1024))
+    })();
+    match (host, cgroup_headroom()) {
+        (Some(h), Some(c)) => Some(h.min(c)),
+        (h, c) => h.or(c),
+    }
+}
+
+/// What the memory cgroup of this process still allows: its limit less what it holds, page
+/// cache excepted (the kernel reclaims it before the limit bites); None without a limit.
+fn cgroup_headroom() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read_u64 = |p: &std::path::Path| -> Option<u64> {
+        std::fs::read_to_string(p).ok()?.trim().parse().ok()
+    };
+    let stat = |p: &std::path::Path, key: &str| -> u64 {
+        std::fs::read_to_string(p)
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    };
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let rel = path.trim_start_matches('/');
+        let (limit, used, cache) = if ctrl.split(',').any(|c| c == "memory") {
+            let dir = std::path::Path::new("/sys/fs/cgroup/memory").join(rel);
+            (
+                read_u64(&dir.join("memory.limit_in_bytes")),
+                read_u64(&dir.join("memory.usage_in_bytes")),
+                stat(&dir.join("memory.stat"), "total_cache "),
+            )
+        } else if ctrl.is_empty() {
+            let dir = std::path::Path::new("/sys/fs/cgroup").join(rel);
+            (
+                read_u64(&dir.join("memory.max")),
+                read_u64(&dir.join("memory.current")),
+                stat(&dir.join("memory.stat"), "file "),
+            )
+        } else {
+            continue;
+        };
+        // v1 reports "no limit" as a number near 2^63, v2 as "max" (not a number)
+        if let (Some(limit), Some(used)) = (limit, used) {
+            if limit < 1 << 60 {
+                return Some(limit.saturating_sub(used.saturating_sub(cache)));
+            }
+        }
+    }
+    None
 }
 
 /// Whether `bytes` more of anonymous memory take at most half of what is available now.

@@ -68,8 +68,8 @@ struct Args {
     /// cache, KV cache, the process).
     #[arg(long, default_value = "768MiB")]
     slack: String,
-    /// The planned and random arms' staging cache of cold experts (as `serve --cold-cache`:
-    /// `auto`, a size, or 0 for none); added to the budget arms' cgroup limit.
+    /// The planned and random arms' staging cache of cold experts (`auto`: what two MoE layers
+    /// of a decode step use; a size; 0 for none); added to the budget arms' cgroup limit.
     #[arg(long, default_value = "auto")]
     cold_cache: String,
     #[arg(long, default_value_t = 2)]
@@ -371,7 +371,8 @@ fn parent(a: &Args) -> anyhow::Result<()> {
     let one = all
         / (c.n_expert as u64 * (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).count() as u64).max(1);
     let cold = match a.cold_cache.trim() {
-        x if x.eq_ignore_ascii_case("auto") => ColdCache::default_capacity(&model),
+        // this process's available memory is not the arms': the decode minimum
+        x if x.eq_ignore_ascii_case("auto") => ColdCache::decode_capacity(&model),
         x => nightshift_atlas_core::size::parse_size(x, full)?,
     };
     drop(model);
