@@ -170,6 +170,18 @@ struct Entry {
     wanted: u32,
 }
 
+impl Entry {
+    /// An expert waiting for the I/O thread, demanded by `wanted` calls.
+    fn queued(size: u64, wanted: u32) -> Entry {
+        Entry {
+            slot: Slot::Queued,
+            size,
+            last: 0,
+            wanted,
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     entries: HashMap<Key, Entry>,
@@ -342,15 +354,7 @@ impl ColdCache {
             if st.entries.contains_key(&key) {
                 continue;
             }
-            st.entries.insert(
-                key,
-                Entry {
-                    slot: Slot::Queued,
-                    size,
-                    last: 0,
-                    wanted: 0,
-                },
-            );
+            st.entries.insert(key, Entry::queued(size, 0));
             st.prefetch.push_back(key);
             queued += 1;
         }
@@ -381,15 +385,7 @@ impl ColdCache {
                 }
             }
             _ => {
-                st.entries.insert(
-                    key,
-                    Entry {
-                        slot: Slot::Queued,
-                        size,
-                        last: 0,
-                        wanted: 1,
-                    },
-                );
+                st.entries.insert(key, Entry::queued(size, 1));
                 st.demand.push_back(key);
                 c.misses.fetch_add(1, Ordering::Relaxed);
             }

@@ -11,25 +11,12 @@ use nightshift_model::cold::ColdCache;
 use nightshift_model::prefetch::Prefetcher;
 use nightshift_model::resident::ExpertResidency;
 use nightshift_model::sampler::argmax;
-use nightshift_model::{
-    Engine, EngineOptions, ExpertBackend, ExpertMemory, LoadOptions, LocalExperts, Model,
-};
+use nightshift_model::{Engine, EngineOptions, ExpertBackend, LocalExperts, Model};
 
 mod fixture_util;
-use fixture_util::fixture_path;
+use fixture_util::{all_experts, mapped};
 
 const PROMPT: [u32; 11] = [407, 550, 566, 544, 543, 570, 407, 12, 99, 566, 31];
-
-fn mapped(name: &str) -> Arc<Model> {
-    Model::load_with(
-        &fixture_path(name),
-        LoadOptions {
-            experts: ExpertMemory::Mapped,
-            ..LoadOptions::default()
-        },
-    )
-    .expect("model loads")
-}
 
 /// Prefill, then `n` greedy steps, on a pool of `threads`; the bits of every logits row.
 fn run(model: &Arc<Model>, backend: Arc<dyn ExpertBackend>, n: usize) -> Vec<Vec<u32>> {
@@ -56,14 +43,6 @@ fn run(model: &Arc<Model>, backend: Arc<dyn ExpertBackend>, n: usize) -> Vec<Vec
         .collect()
 }
 
-fn moe_experts(model: &Model) -> Vec<(u32, u32)> {
-    let c = model.config();
-    (0..c.n_layer)
-        .filter(|&l| c.is_moe_layer(l))
-        .flat_map(|l| (0..c.n_expert as u32).map(move |e| (l as u32, e)))
-        .collect()
-}
-
 fn check(name: &str) {
     let model = mapped(name);
     let pool = nightshift_model::build_pool(2).expect("pool");
@@ -72,7 +51,7 @@ fn check(name: &str) {
         Arc::new(LocalExperts::new(model.clone(), Some(pool.clone()))),
         6,
     );
-    let all = moe_experts(&model);
+    let all = all_experts(&model);
     let cache_probe = ColdCache::new(model.clone(), 0).expect("cache");
     let largest = all
         .iter()
@@ -144,7 +123,7 @@ fn staged_cold_experts_give_identical_logits_deepseek2() {
 #[test]
 fn the_cache_holds_the_files_bytes_and_refuses_misuse() {
     let model = mapped("tiny-qwen3moe-Q4_K_M.gguf");
-    let all = moe_experts(&model);
+    let all = all_experts(&model);
     let cache = ColdCache::new(model.clone(), 1 << 30).expect("cache");
     for &(l, e) in all.iter().take(9) {
         cache.demand(l as usize, e).expect("demand");

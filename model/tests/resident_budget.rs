@@ -9,25 +9,12 @@ use std::sync::Arc;
 use nightshift_model::prefetch::{ColdReads, Prefetcher};
 use nightshift_model::resident::{ExpertResidency, ResidencyError};
 use nightshift_model::sampler::argmax;
-use nightshift_model::{
-    Engine, EngineOptions, ExpertBackend, ExpertMemory, LoadOptions, LocalExperts, Model,
-};
+use nightshift_model::{Engine, EngineOptions, ExpertBackend, LocalExperts, Model};
 
 mod fixture_util;
-use fixture_util::fixture_path;
+use fixture_util::{all_experts, mapped};
 
 const PROMPT: [u32; 6] = [407, 550, 566, 544, 543, 570];
-
-fn mapped(name: &str) -> Arc<Model> {
-    Model::load_with(
-        &fixture_path(name),
-        LoadOptions {
-            experts: ExpertMemory::Mapped,
-            ..LoadOptions::default()
-        },
-    )
-    .expect("model loads")
-}
 
 /// Prefill, then `n` greedy steps; `between(i)` runs before step i. Every logits row.
 fn run(
@@ -59,15 +46,6 @@ fn run(
 fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
     rows.iter()
         .map(|r| r.iter().map(|x| x.to_bits()).collect())
-        .collect()
-}
-
-/// Every expert of every MoE layer, as (layer, expert).
-fn all_experts(model: &Model) -> Vec<(u32, u32)> {
-    let c = model.config();
-    (0..c.n_layer)
-        .filter(|&l| c.is_moe_layer(l))
-        .flat_map(|l| (0..c.n_expert as u32).map(move |e| (l as u32, e)))
         .collect()
 }
 
