@@ -106,7 +106,7 @@ pub struct ColdStats {
     pub misses: u64,
     /// experts read ahead on a prediction
     pub prefetched: u64,
-    /// predictions dropped for want of room
+    /// predictions dropped for want of room, or still queued when their layer started
     pub dropped: u64,
     /// experts evicted
     pub evicted: u64,
@@ -447,6 +447,37 @@ impl ColdCache {
                 }
             }
         }
+    }
+
+    /// Drops the predictions for `layer` not yet being read: the layer has started and
+    /// [`demand`]ed what it uses, so the rest would only take the disk from reads it waits
+    /// for. Returns how many were dropped.
+    ///
+    /// [`demand`]: ColdCache::demand
+    pub fn settle(&self, layer: usize) -> usize {
+        let l = layer as u32;
+        let mut st = self.shared.lock();
+        let stale: Vec<Key> = st
+            .prefetch
+            .iter()
+            .copied()
+            .filter(|k| {
+                k.0 == l
+                    && st
+                        .entries
+                        .get(k)
+                        .is_some_and(|en| en.wanted == 0 && matches!(en.slot, Slot::Queued))
+            })
+            .collect();
+        for k in &stale {
+            st.entries.remove(k);
+        }
+        st.prefetch.retain(|k| !stale.contains(k));
+        self.shared
+            .counters
+            .dropped
+            .fetch_add(stale.len() as u64, Ordering::Relaxed);
+        stale.len()
     }
 
     /// Gives up a [`demand`] that will not be taken (a call that failed half way).

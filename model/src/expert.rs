@@ -598,6 +598,7 @@ impl LocalExperts {
         let pool = self.pool.as_deref();
         let mut window = ColdWindow::new(cache, layer, cold);
         window.fill()?;
+        cache.settle(layer);
         let resident: Vec<usize> = (0..pairs.len())
             .filter(|&i| !cold.contains(&pairs[i].expert))
             .collect();
@@ -777,6 +778,7 @@ impl ExpertBackend for LocalExperts {
                 if !cold.is_empty() {
                     return self.run_staged(layer, cache, &cold, copy, acts, pairs, out);
                 }
+                cache.settle(layer);
             }
             let weights = |e: u32| {
                 let w = self.model.expert_weights(layer, e)?;

@@ -158,4 +158,31 @@ fn the_cache_holds_the_files_bytes_and_refuses_misuse() {
     assert!(cache.prefetch(l as usize, &[99_999]).is_err());
     let st = cache.stats();
     assert_eq!((st.misses, st.hits), (9, 0), "{st:?}");
+
+    // predictions still queued when their layer starts are dropped, the others read; either
+    // way the layer's demands are served with the file's bytes
+    let layer = all[0].0;
+    let later: Vec<u32> = all
+        .iter()
+        .filter(|k| k.0 == layer)
+        .map(|k| k.1)
+        .skip(9)
+        .collect();
+    assert!(!later.is_empty());
+    cache.prefetch(layer as usize, &later).expect("prefetch");
+    let dropped = cache.settle(layer as usize);
+    assert!(dropped <= later.len());
+    assert_eq!(cache.stats().dropped, dropped as u64);
+    for &e in &later {
+        cache.demand(layer as usize, e).expect("demand");
+        let c = cache
+            .take(layer as usize, e, true)
+            .expect("read")
+            .expect("a copy after waiting");
+        let w = model.expert_weights(layer as usize, e).expect("expert");
+        assert_eq!(
+            c.weights(w.clone()).expect("views").down.bytes(),
+            w.down.bytes()
+        );
+    }
 }
