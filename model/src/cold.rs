@@ -193,6 +193,8 @@ struct State {
     demand: VecDeque<Key>,
     prefetch: VecDeque<Key>,
     closed: bool,
+    /// the I/O thread has ended (a cache whose reads can never finish must not be waited on)
+    io_gone: bool,
 }
 
 struct Shared {
@@ -410,6 +412,7 @@ impl ColdCache {
         let mut st = self.shared.lock();
         loop {
             let tick = st.tick + 1;
+            let io_gone = st.io_gone;
             let Some(en) = st.entries.get_mut(&key) else {
                 return Err(ExpertError::Backend(format!(
                     "cold cache: layer {layer} expert {e} was taken without being demanded"
@@ -438,12 +441,18 @@ impl ColdCache {
                     )));
                 }
                 Slot::Queued | Slot::Loading if !wait => return Ok(None),
+                Slot::Queued | Slot::Loading if io_gone => {
+                    return Err(ExpertError::Backend(
+                        "cold cache: its I/O thread has stopped".into(),
+                    ));
+                }
                 Slot::Queued | Slot::Loading => {
                     st = self
                         .shared
                         .changed
-                        .wait(st)
-                        .unwrap_or_else(|p| p.into_inner());
+                        .wait_timeout(st, Duration::from_secs(1))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
                 }
             }
         }
@@ -526,6 +535,15 @@ impl Shared {
 
     /// The I/O thread: demand reads first, then predictions.
     fn serve(&self) {
+        /// Marks the thread gone however it ends, and wakes the calls waiting for it.
+        struct Gone<'a>(&'a Shared);
+        impl Drop for Gone<'_> {
+            fn drop(&mut self) {
+                self.0.lock().io_gone = true;
+                self.0.changed.notify_all();
+            }
+        }
+        let _gone = Gone(self);
         let mut st = self.lock();
         loop {
             if st.closed {
@@ -562,7 +580,7 @@ impl Shared {
                     break;
                 }
                 if let Some(b) = st.spare.pop() {
-                    st.bytes -= b.cap;
+                    st.bytes = st.bytes.saturating_sub(b.cap);
                     continue;
                 }
                 let victim = st
@@ -580,9 +598,9 @@ impl Shared {
                         match en.slot {
                             Slot::Ready(c) => match Arc::try_unwrap(c) {
                                 Ok(copy) => st.spare.push(copy.buf),
-                                Err(_) => st.bytes -= en.size,
+                                Err(_) => st.bytes = st.bytes.saturating_sub(en.size),
                             },
-                            _ => st.bytes -= en.size,
+                            _ => st.bytes = st.bytes.saturating_sub(en.size),
                         }
                     }
                     continue;
@@ -630,7 +648,7 @@ impl Shared {
             st = self.lock();
             let Some(en) = st.entries.get_mut(&key) else {
                 // cannot happen (Loading entries are not removed); keep the count right
-                st.bytes -= size;
+                st.bytes = st.bytes.saturating_sub(size);
                 continue;
             };
             match read {
@@ -642,7 +660,7 @@ impl Shared {
                 }
                 Err(e) => {
                     en.slot = Slot::Failed(e.to_string());
-                    st.bytes -= size;
+                    st.bytes = st.bytes.saturating_sub(size);
                 }
             }
             self.changed.notify_all();
