@@ -825,23 +825,22 @@ fn rows4_pairs<const FIFTH: bool, const NP: usize>(
 }
 
 thread_local! {
-    /// The decoded blocks of the current Q4_K/Q5_K weight row pair (`k4_mm`).
+    /// The decoded blocks of the current Q4_K/Q6_K weight row pair (`k4_mm`).
     static K_PAIRS: RefCell<Vec<KPair>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Q4_K (and Q5_K repacked) x Q8_K on 2x2 SMMLA tiles (i8mm; GGUF-order Q4_K at two or more
-/// activation rows, [`Layout::Rows4`] at any): the weights in the lane-grouped layout with the
-/// scale folded in two unsigned streams (`unpack::q4_k_lanes`, [`KPair::set_rows4`]; Q5_K's
-/// 0..=31 quants times `scale >> 3` or `scale & 7` reach 217, hence USMMLA), so each reference
-/// lane of the four dots of a tile is `8 * hi + lo` of two unmasked USMMLA sums
-/// (`i8mm::lanes4_2x2_from`); the activations in the same layout, paired once per chunk. Each
-/// weight row pair is decoded once per chunk into a per-thread buffer ([`KPair`] per block),
-/// then every activation pair runs over all its blocks with its nine float accumulators in
-/// registers. For Q4_K (`Q5` false) the `hi` sums start at `MAGIC_BITS / 8`, so that `hi << 3`
-/// plus the `lo` sums is `MAGIC_BITS + lane` and converts with one subtraction
-/// (`neon::from_magic`); for Q5_K, SCVTF. An odd last
-/// weight or activation row is paired with itself. Float epilogue as the reference's, lane by
-/// lane: `sums[l] += (d * yd) * lane[l]`, `sumf -= (dmin * yd) * sumi(mins)`, then `sumf +
+/// File-order Q4_K x Q8_K (two or more activation rows) and Q6_K x Q8_K ([`q6_k_gemm`]) on 2x2
+/// SMMLA tiles (i8mm): the weights in the lane-grouped layout with the scale folded in two
+/// streams (`unpack::q4_k_lanes`: unsigned, USMMLA; `unpack::q6_k_lanes`: a signed high stream
+/// of weight 64 on SMMLA), so each reference lane of the four dots of a tile is `8 * hi + lo`
+/// (Q6_K: `64 * hi + lo`) of two unmasked sums (`i8mm::lanes4_2x2_from`); the activations in
+/// the same layout, paired once per chunk. Each weight row pair is decoded once per chunk into
+/// a per-thread buffer ([`KPair`] per block), then every activation pair runs over all its
+/// blocks with its nine float accumulators in registers. For Q4_K the `hi` sums start at
+/// `MAGIC_BITS / 8`, so that `hi << 3` plus the `lo` sums is `MAGIC_BITS + lane` and converts
+/// with one subtraction (`neon::from_magic`); for Q6_K, SCVTF. An odd last weight or
+/// activation row is paired with itself. Float epilogue as the reference's, lane by lane:
+/// `sums[l] += (d * yd) * lane[l]`, `sumf -= (dmin * yd) * sumi(mins)` (Q4_K), then `sumf +
 /// sums[0] + ... + sums[7]`.
 fn k4_mm<const K: u8>(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
     const PER: usize = 512;
