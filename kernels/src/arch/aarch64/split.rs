@@ -385,6 +385,21 @@ fn k4_scales_pair(g: &[u8], p: usize) -> (uint8x16_t, uint8x16_t) {
     }
 }
 
+/// Q5_K's two vectors of 5-bit quants from a 16-byte quant run `v` (low nibbles: group `2j`,
+/// high nibbles: group `2j + 1`) and the matching `qh` bytes `h` (fifth bits `2j`, `2j + 1`):
+/// `(v & 15) | bit_2j << 4` by shift-left-and-insert, `(v >> 4) | bit_2j+1 << 4` by
+/// shift-right-and-insert.
+#[inline(always)]
+fn q5_nibbles(v: uint8x16_t, h: uint8x16_t, j: usize) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: NEON register arithmetic only.
+    unsafe {
+        let t = vshlq_u8(h, vdupq_n_s8(-2 * j as i8));
+        let lo = vsliq_n_u8::<4>(v, vandq_u8(t, vdupq_n_u8(1)));
+        let hi = vsriq_n_u8::<4>(vandq_u8(vshlq_n_u8::<3>(t), vdupq_n_u8(16)), v);
+        (lo, hi)
+    }
+}
+
 /// Activation rows from which repacked Q4_K/Q5_K on i8mm take [`rows4_mm`]'s tiles (below:
 /// [`rows4_sdot`]).
 const R4_TILES_FROM: usize = 2;
@@ -530,14 +545,11 @@ fn rows4_sdot_row<const FIFTH: bool, const ODD: bool, const NA: usize>(
                     let mut ops = [[vdupq_n_s8(0); 2]; 2];
                     for (hf, o) in ops.iter_mut().enumerate() {
                         let v = row(qs, 64 * $j + 32 * hf);
-                        let (mut l, mut hg) = (vandq_u8(v, m15), vshrq_n_u8::<4>(v));
-                        if FIFTH {
-                            let hb = row(qh, 32 * hf);
-                            let sixteen = vdupq_n_u8(16);
-                            let (bl, bh) = (vdupq_n_u8(1 << (2 * $j)), vdupq_n_u8(2 << (2 * $j)));
-                            l = vorrq_u8(l, vandq_u8(vtstq_u8(hb, bl), sixteen));
-                            hg = vorrq_u8(hg, vandq_u8(vtstq_u8(hb, bh), sixteen));
-                        }
+                        let (l, hg) = if FIFTH {
+                            q5_nibbles(v, row(qh, 32 * hf), $j)
+                        } else {
+                            (vandq_u8(v, m15), vshrq_n_u8::<4>(v))
+                        };
                         *o = [vreinterpretq_s8_u8(l), vreinterpretq_s8_u8(hg)];
                     }
                     for (x, (c, a)) in xs.iter().zip(cs.iter_mut().zip(acc.iter_mut())) {
@@ -742,7 +754,7 @@ fn rows4_pairs<const FIFTH: bool, const NP: usize>(
                 }
                 let (shi, slo) = (vshrq_n_u8::<3>(sv), vandq_u8(sv, vdupq_n_u8(7)));
                 let pick = vld1q_u8(PICK.as_ptr());
-                let (m15, sixteen) = (vdupq_n_u8(15), vdupq_n_u8(16));
+                let m15 = vdupq_n_u8(15);
                 let ld = |b: &[u8], at: usize| vreinterpretq_u8_s8(neon::ld_s8(b, at));
                 // Q4_K: the high sums start at MAGIC_BITS / 8, so the lanes are MAGIC_BITS +
                 // lane (see `neon::from_magic`).
@@ -758,13 +770,11 @@ fn rows4_pairs<const FIFTH: bool, const NP: usize>(
                         let at = vaddq_u8(pick, vdupq_n_u8(2 * j as u8));
                         let (sh, sl) = (vqtbl1q_u8(shi, at), vqtbl1q_u8(slo, at));
                         let v = ld(qs, 64 * j + 16 * i);
-                        let (mut lo, mut hi) = (vandq_u8(v, m15), vshrq_n_u8::<4>(v));
-                        if FIFTH {
-                            let (bit_lo, bit_hi) =
-                                (vdupq_n_u8(1 << (2 * j)), vdupq_n_u8(2 << (2 * j)));
-                            lo = vorrq_u8(lo, vandq_u8(vtstq_u8(h, bit_lo), sixteen));
-                            hi = vorrq_u8(hi, vandq_u8(vtstq_u8(h, bit_hi), sixteen));
-                        }
+                        let (lo, hi) = if FIFTH {
+                            q5_nibbles(v, h, j)
+                        } else {
+                            (vandq_u8(v, m15), vshrq_n_u8::<4>(v))
+                        };
                         let (lo, hi) = (vreinterpretq_u32_u8(lo), vreinterpretq_u32_u8(hi));
                         let a0 = vreinterpretq_u8_u32(vzip1q_u32(lo, hi));
                         let a1 = vreinterpretq_u8_u32(vzip2q_u32(lo, hi));
