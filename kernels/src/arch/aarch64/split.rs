@@ -423,6 +423,7 @@ const S4_PER: usize = 256 + 16;
 /// activation rows run against each decoded operand. Float epilogue as the reference's:
 /// `sums[l] += (d * yd) * lane[l]`, `sumf -= (dmin * yd) * sumi(mins)`, then `sumf + sums[0] +
 /// ... + sums[7]`.
+#[inline(never)]
 fn rows4_sdot<const FIFTH: bool>(
     nb: usize,
     w: &[u8],
@@ -623,6 +624,7 @@ const R4_BSUMS: usize = 528;
 /// block). Float epilogue as the reference's, lane by lane: `sums[l] += (d * yd) * lane[l]`,
 /// `sumf -= (dmin * yd) * sumi(mins)`, then `sumf + sums[0] + ... + sums[7]`. An odd last
 /// activation row is paired with itself; the row count is a multiple of 4 (the layout's).
+#[inline(never)]
 fn rows4_mm<const FIFTH: bool>(
     nb: usize,
     w: &[u8],

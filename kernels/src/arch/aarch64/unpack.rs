@@ -109,6 +109,7 @@ pub(crate) fn q2_k(b: &[u8], u: &mut Unpacked) {
 /// in int8) and `scales` all 1. The block's integer total `sum(scale[g] * q[e] * x[e])` is then
 /// a plain dot product of `q` and `x`, which SDOT/SMMLA accumulate with no per-group step
 /// (integer sums are exact in any order; |total| < 2^31). Everything stays in vector registers.
+#[inline(always)]
 pub(crate) fn q2_k_scaled(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q2)];
     // SAFETY (whole block): NEON register arithmetic only; `u.mins` is 16 writable i16.
