@@ -55,12 +55,14 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
              "rest), which ggml picks by default on a CPU with i8mm. \"ggml best\" is the "
              "fastest of those; ratio = ggml best / ours best (> 1: ours predicted faster).\n")
     o.append("Weights are in the layout resident copies get for the traced tier "
-             "(`dispatch::resident_layout_for`): Q8_0 and Q4_0 on dotprod/i8mm are repacked "
-             "four rows at a time (`formats::repack`, `Layout::Rows4`), like ggml's `repack` "
-             "weights; every other cell reads the file's layout. ggml's `repack` traces start "
-             "from activations already interleaved (`ggml_quantize_mat_*` is outside them); "
-             "ours include their per-call activation preparation, a fixed cost per call that "
-             "32 rows amortize less than a real expert's hundreds.\n")
+             "(`dispatch::resident_layout_for`): Q8_0, Q4_0, Q4_K and Q5_K on dotprod/i8mm are "
+             "repacked four rows at a time (`formats::repack`, `Layout::Rows4`), like ggml's "
+             "`repack` weights; every other cell reads the file's layout. ggml's `repack` traces "
+             "start from activations already interleaved (`ggml_quantize_mat_*` is outside "
+             "them); ours include their per-call activation preparation, a fixed cost per call "
+             "that 32 rows amortize less than a real expert's hundreds, and the K-quants' final "
+             "per-output reduction (8 ordered float additions), which K = 512 (two blocks) "
+             "amortizes less than an expert's K of 2048-7168.\n")
     for cpu, cpuname in cpus.items():
         f = ghz.get(cpu)
         o.append(f"\n## {cpuname} (llvm-mca `-mcpu={cpuname}`), cycles per 256 weights per "

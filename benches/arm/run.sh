@@ -60,7 +60,7 @@ done
 echo "--- building nightshift-kernels' arm_trace example (aarch64, release)"
 cargo build --locked -p nightshift-kernels --target aarch64-unknown-linux-gnu --release \
   --example arm_trace
-ours="$root/target/aarch64-unknown-linux-gnu/release/examples/arm_trace"
+ours="${CARGO_TARGET_DIR:-$root/target}/aarch64-unknown-linux-gnu/release/examples/arm_trace"
 
 meta="nightshift $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- kernels || echo '+dirty'),"
 meta+=" ggml from llama-cpp-sys-2 $ver, $(rustc --version | cut -d' ' -f1-2),"

@@ -290,8 +290,8 @@ pub fn active_tier() -> Tier {
 }
 
 /// The layout resident weights of type `ty` (`rows` rows) should be repacked into for the
-/// tier [`crate::gemm`] uses ([`active_tier`]): [`Layout::Rows4`] for Q8_0 and Q4_0 on the
-/// aarch64 SDOT and SMMLA tiers and for Q4_K and Q5_K on SMMLA (`formats::repack`), GGUF order otherwise or when
+/// tier [`crate::gemm`] uses ([`active_tier`]): [`Layout::Rows4`] for Q8_0, Q4_0, Q4_K and
+/// Q5_K on the aarch64 SDOT and SMMLA tiers (`formats::repack`), GGUF order otherwise or when
 /// `NIGHTSHIFT_REPACK=off` (for A/B runs). Read by the code that makes resident copies
 /// (`model::resident`); mapped weights always stay in file order.
 pub fn resident_layout(ty: GgmlType, rows: usize) -> Layout {
@@ -306,10 +306,10 @@ pub fn resident_layout_for(tier: Tier, ty: GgmlType, rows: usize) -> Layout {
     let reads = match tier {
         #[cfg(target_arch = "aarch64")]
         Tier::Dotprod => {
-            crate::arch::aarch64::repack_pays(crate::arch::aarch64::Level::Dotprod, ty)
+            crate::arch::aarch64::reads_repacked(crate::arch::aarch64::Level::Dotprod, ty)
         }
         #[cfg(target_arch = "aarch64")]
-        Tier::I8mm => crate::arch::aarch64::repack_pays(crate::arch::aarch64::Level::I8mm, ty),
+        Tier::I8mm => crate::arch::aarch64::reads_repacked(crate::arch::aarch64::Level::I8mm, ty),
         _ => false,
     };
     if enabled && reads && Layout::Rows4.fits(ty, rows) {

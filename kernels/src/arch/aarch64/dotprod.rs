@@ -32,6 +32,37 @@ pub(crate) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4
     acc
 }
 
+/// `c += SDOT(a, b)`, then `acc += c * ds[L]` (by element): one step of a cumulative SDOT
+/// chain whose partial sums are scaled as they go. One asm statement, so the chain's register
+/// is updated in place (no copy kept for the multiply).
+///
+/// # Safety
+/// The CPU must implement FEAT_DotProd (the caller holds a `Dotprod` or `I8mm` capability).
+#[inline(always)]
+pub(crate) unsafe fn sdot_mla<const L: usize>(
+    c: &mut int32x4_t,
+    acc: &mut int32x4_t,
+    a: int8x16_t,
+    b: int8x16_t,
+    ds: int32x4_t,
+) {
+    // SAFETY: register-only instructions; the caller guarantees the CPU has SDOT.
+    unsafe {
+        asm!(
+            ".arch_extension dotprod",
+            "sdot {c:v}.4s, {a:v}.16b, {b:v}.16b",
+            "mla {acc:v}.4s, {c:v}.4s, {ds:v}.s[{l}]",
+            c = inout(vreg) *c,
+            acc = inout(vreg) *acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            ds = in(vreg) ds,
+            l = const L,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+}
+
 /// `sum(q[e] * x[e])` over a block of 256 (Q2_K with scales folded in, see
 /// `unpack::q2_k_scaled`): four independent SDOT chains, so the sum is not latency-bound.
 ///

@@ -92,14 +92,6 @@ impl PairA {
         }
     }
 
-    /// Stores one 16-byte operand at `at` (a multiple of 16 below 512).
-    #[inline(always)]
-    pub(crate) fn st(&mut self, at: usize, v: uint8x16_t) {
-        let d = &mut self.a[at..at + 16];
-        // SAFETY: `d` is 16 writable bytes (bounds-checked); i8 and u8 share layout.
-        unsafe { vst1q_u8(d.as_mut_ptr().cast::<u8>(), v) }
-    }
-
     #[inline(always)]
     fn ld(&self, at: usize) -> int8x16_t {
         let s = &self.a[at..at + 16];

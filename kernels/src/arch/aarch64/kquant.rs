@@ -46,6 +46,11 @@ impl KAcc {
         }
     }
 
+    /// The accumulator with lanes `sums[0..4]`, `sums[4..8]` and `sumf`.
+    pub(crate) fn from_parts(lo: float32x4_t, hi: float32x4_t, sumf: f32) -> KAcc {
+        KAcc { lo, hi, sumf }
+    }
+
     /// The reference's final reduction.
     pub(crate) fn finish(self, kind: Kind) -> f32 {
         let mut s = [0.0f32; 8];

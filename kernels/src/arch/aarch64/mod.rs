@@ -15,7 +15,7 @@
 //! - [`legacy`]: Q8_0/Q4_0/Q5_0 x Q8_0 and Q4_1/Q5_1 x Q8_1 (one integer per block of 32: SDOT/SMMLA apply as is);
 //!   [`legacy_mm`]: their dotprod and i8mm tiers, 4 weight rows x 8 activation rows per decoded
 //!   block (SDOT quads; SMMLA tiles of two row pairs x four activation pairs);
-//! - [`split`]: Q3_K/Q4_K/Q5_K on SDOT (and Q3_K, Q4_K on SMMLA), with lane-grouped element
+//! - [`split`]: Q3_K/Q4_K/Q5_K on SDOT (and Q3_K, Q4_K, Q5_K, Q6_K on SMMLA), with lane-grouped element
 //!   orders so that a multiply-sum instruction never mixes two reference lanes.
 //!
 //! Integer-to-float conversions of sums below 2^22 in magnitude use `neon::from_magic` (the
@@ -35,7 +35,7 @@
 //! |-------|-------------|-----------------------|---------------------------------------|
 //! | Q2_K  | SMULL/SMLAL | SDOT, scales folded   | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //! | Q3_K  | SMULL/SMLAL | SDOT, LANES8          | SMMLA 2x2 tiles, LANES8               |
-//! | Q4_K  | SMULL/SMLAL | SDOT, PERM32, folded  | USMMLA 2x2 tiles, LANES8, folded x2 (n = 1: SDOT; repacked: tiles) |
+//! | Q4_K  | SMULL/SMLAL | SDOT, PERM32, folded (repacked: SDOT on PERM32, scaled sums) | USMMLA 2x2 tiles, LANES8, folded x2 (n = 1: SDOT; repacked, n = 1: SDOT on PERM32, scaled sums) |
 //! | Q5_K  | SMULL/SMLAL | SDOT on PERM32        | SDOT on PERM32 (repacked, n >= 2: USMMLA 2x2 tiles, LANES8, folded x2) |
 //! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL           | SMULL/SMLAL; n >= 5: SMMLA+USMMLA 2x2 tiles, LANES8, products split x2 |
 //! | Q8_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
@@ -45,11 +45,13 @@
 //! | Q5_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | IQ*, TQ* | SMULL+SADDLP | SDOT              | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //!
-//! Q8_0, Q4_0 and Q4_K also have dotprod/i8mm paths for weights repacked at load
+//! Q8_0, Q4_0, Q4_K and Q5_K also have dotprod/i8mm paths for weights repacked at load
 //! (`formats::repack::Layout::Rows4`, see `legacy_mm` and `split`): the same tiles with their
-//! operands loaded (Q4_K: unpacked with zips, no table lookups), not interleaved per call; on
-//! i8mm, repacked Q4_K (and Q5_K from two activation rows) take the SMMLA tiles (USMMLA). NEON
-//! declines repacked weights ([`reads_repacked`]).
+//! operands loaded (Q4_K/Q5_K: unpacked with zips and de-interleaving loads, no table lookups),
+//! not interleaved per call; repacked Q4_K/Q5_K take SDOT with the group scales applied to
+//! the integer sums (one activation row on i8mm, every count on dotprod) and USMMLA tiles from
+//! two activation rows on i8mm, each decoded operand used for several activation rows
+//! straight from its register. NEON declines repacked weights ([`reads_repacked`]).
 //!
 //! The i-quants and ternary types ([`iq`]) decode each block to signed bytes with the portable
 //! `arch::iq_tile` and need only 16-element group sums from a core.
@@ -101,21 +103,15 @@ fn has_path(ty: GgmlType) -> bool {
 }
 
 /// Whether `level` has a path for `ty` weights repacked by `formats::repack` ([`Layout::Rows4`]:
-/// Q8_0 and Q4_0 on the SDOT and SMMLA tiers, `legacy_mm`; Q4_K and Q5_K on both, `split`).
+/// Q8_0 and Q4_0 on the SDOT and SMMLA tiers, `legacy_mm`; Q4_K and Q5_K on both, `split`), so
+/// that resident copies for `level` are repacked (`dispatch::resident_layout_for`): every such
+/// path is predicted faster than the file order's (`benches/arm/REPORT.md`).
 pub(crate) fn reads_repacked(level: Level, ty: GgmlType) -> bool {
     level != Level::Neon
         && matches!(
             ty,
             GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q5_K
         )
-}
-
-/// Whether resident `ty` weights for `level` should be repacked ([`reads_repacked`], and its
-/// path there predicted faster than the file order's in `benches/arm/REPORT.md`: Q4_K and
-/// Q5_K on SDOT alone read it at the file order's speed, so their copies stay in file order).
-pub(crate) fn repack_pays(level: Level, ty: GgmlType) -> bool {
-    reads_repacked(level, ty)
-        && !(level == Level::Dotprod && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K))
 }
 
 /// Runs `level`'s path for `t`; false when it has none for the tile's type (or its layout).

@@ -109,6 +109,7 @@ pub(crate) fn q2_k(b: &[u8], u: &mut Unpacked) {
 /// in int8) and `scales` all 1. The block's integer total `sum(scale[g] * q[e] * x[e])` is then
 /// a plain dot product of `q` and `x`, which SDOT/SMMLA accumulate with no per-group step
 /// (integer sums are exact in any order; |total| < 2^31). Everything stays in vector registers.
+#[inline(always)]
 pub(crate) fn q2_k_scaled(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q2)];
     // SAFETY (whole block): NEON register arithmetic only; `u.mins` is 16 writable i16.
@@ -407,43 +408,6 @@ pub(crate) fn q4_k_perm_folded(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     u.dmin = f16_at(b, 2);
 }
 
-/// [`q4_k_perm_folded`] for row `h` (0..4) of a `formats::repack::Layout::Rows4` group block
-/// `g` (four rows' blocks, 576 bytes): the row's bytes of each 32-byte run in [`PERM32`]
-/// order are `uzp1.4s` (even rows of a pair) or `uzp2.4s` (odd rows) of the run's 16-byte
-/// lane-pair runs, with no table lookups.
-pub(crate) fn q4_k_perm_folded_rows4(g: &[u8], h: usize, u: &mut Unpacked, q2: &mut [i8; 256]) {
-    let g = &g[..4 * block_bytes(Q4)];
-    let mut sc = [0u8; 12];
-    sc.copy_from_slice(&g[16 + 12 * h..][..12]);
-    let pq = &g[64 + 256 * (h / 2)..][..256];
-    if h % 2 == 1 {
-        fold_perm32(&sc, u, q2, |j| rows4_run::<true>(pq, 64 * j));
-    } else {
-        fold_perm32(&sc, u, q2, |j| rows4_run::<false>(pq, 64 * j));
-    }
-    u.d = f16_at(g, 2 * h);
-    u.dmin = f16_at(g, 8 + 2 * h);
-}
-
-/// One row's 32 bytes of a `Layout::Rows4` lane-pair run (the 64 bytes at `b[at..]`: four
-/// 16-byte runs, each two lanes of both rows of a pair) in [`PERM32`] order: `uzp1.4s` (even
-/// row of the pair) or `uzp2.4s` (`ODD` row) of runs 0, 1 and of runs 2, 3.
-#[inline(always)]
-fn rows4_run<const ODD: bool>(b: &[u8], at: usize) -> (uint8x16_t, uint8x16_t) {
-    let b = &b[at..at + 64];
-    // SAFETY: NEON register arithmetic only (the loads are bounds-checked by `load16`).
-    unsafe {
-        let ld = |i: usize| vreinterpretq_u32_u8(load16(b, 16 * i));
-        let (v0, v1, v2, v3) = (ld(0), ld(1), ld(2), ld(3));
-        let (x, y) = if ODD {
-            (vuzp2q_u32(v0, v1), vuzp2q_u32(v2, v3))
-        } else {
-            (vuzp1q_u32(v0, v1), vuzp1q_u32(v2, v3))
-        };
-        (vreinterpretq_u8_u32(x), vreinterpretq_u8_u32(y))
-    }
-}
-
 /// The folded streams of [`q4_k_perm_folded`] from the packed scale bytes `sc` and the quant
 /// bytes of each 32-byte run `j` in [`PERM32`] order (`run(j)`, two vectors).
 #[inline(always)]
@@ -633,26 +597,6 @@ pub(crate) fn q5_k(b: &[u8], u: &mut Unpacked, perm: bool) {
     });
     u.d = f16_at(b, 0);
     u.dmin = f16_at(b, 2);
-}
-
-/// [`q5_k`] (`perm`: [`PERM32`] order) for row `h` (0..4) of a `formats::repack::Layout::Rows4`
-/// group block `g` (four rows' blocks, 704 bytes): the row's `qh` and quant runs come out of
-/// the lane-pair runs with `uzp1/uzp2.4s` ([`rows4_run`]).
-pub(crate) fn q5_k_rows4(g: &[u8], h: usize, u: &mut Unpacked) {
-    let g = &g[..4 * block_bytes(Q5)];
-    let p = h / 2;
-    let mut sc = [0u8; 12];
-    sc.copy_from_slice(&g[16 + 12 * h..][..12]);
-    let (hb, qb) = (&g[64 + 64 * p..][..64], &g[192 + 256 * p..][..256]);
-    if h % 2 == 1 {
-        let run = |j: usize| rows4_run::<true>(qb, 64 * j);
-        q5_k_fill(u, &sc, rows4_run::<true>(hb, 0), run);
-    } else {
-        let run = |j: usize| rows4_run::<false>(qb, 64 * j);
-        q5_k_fill(u, &sc, rows4_run::<false>(hb, 0), run);
-    }
-    u.d = f16_at(g, 2 * h);
-    u.dmin = f16_at(g, 8 + 2 * h);
 }
 
 /// The quants, scales and mins of a Q5_K block into `u` from its packed scale bytes `sc`, its
