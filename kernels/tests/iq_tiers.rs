@@ -184,6 +184,11 @@ fn edge_cases() {
             (2, 16, 1),
             (1, 33, 4),
             (2, 17, 6),
+            // more than 4 activation rows: 16 per lane, a last group of at most 8 (24) or
+            // more (25), and several passes over the activations (3 units: 32 rows a pass)
+            (2, 3, 24),
+            (1, 3, 25),
+            (3, 5, 70),
         ] {
             for (extreme, quant_x) in [(false, false), (true, false), (false, true)] {
                 let seed = 1000 * ci as u64 + 7 * nb as u64 + n as u64;
