@@ -185,7 +185,7 @@ fn edge_cases() {
             (1, 33, 4),
             (2, 17, 6),
             // more than 4 activation rows: 16 per lane, a last group of at most 8 (24) or
-            // more (25), and several passes over the activations (3 units: 32 rows a pass)
+            // more (25), and two passes over the activations (64 rows a pass, then 6)
             (2, 3, 24),
             (1, 3, 25),
             (3, 5, 70),

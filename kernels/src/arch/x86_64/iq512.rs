@@ -44,7 +44,7 @@ use crate::arch::iq_tile::{
     unit_blocks, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, IqKind, Tq1_0, Tq2_0,
 };
 use crate::formats::kquants::layout::{Q8K_BSUMS, Q8K_QS};
-use crate::formats::BlockQ8_K;
+use crate::formats::{BlockQ8_K, QK_K};
 use crate::{GgmlType, Tile};
 use core::mem::size_of;
 
@@ -287,22 +287,22 @@ unsafe fn dot_acc<K: Wide>(d: &Dec, xu: *const u8, xs: &[i16; 16]) -> __m512i {
     }
 }
 
-/// One activation block as [`act_tile`] reads it: the quants on a cache line boundary (a Q8_K
-/// block's start 4 bytes into one), their 16-element sums (see [`bias`]) and the block's
-/// `bsums`, copied once per call.
+/// One activation block as [`act_tile`] reads it, copied once per call: the quants on cache
+/// line boundaries (in a Q8_K block they start 4 bytes in, so each 64-byte load spans two
+/// lines), their 16-element sums (see [`bias`]) and the block's `bsums`.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct ActBlock {
-    qs: [i8; 256],
-    xs: [i16; 16],
-    bsums: [[u8; 2]; 16],
+    qs: [i8; QK_K],
+    xs: [i16; QK_K / 16],
+    bsums: [[u8; 2]; QK_K / 16],
 }
 
 impl ActBlock {
     const ZERO: ActBlock = ActBlock {
-        qs: [0; 256],
-        xs: [0; 16],
-        bsums: [[0; 2]; 16],
+        qs: [0; QK_K],
+        xs: [0; QK_K / 16],
+        bsums: [[0; 2]; QK_K / 16],
     };
 }
 
@@ -436,19 +436,17 @@ unsafe fn lane_tile<K: Wide, const J: usize, const G: bool>(
 
 /// Activation rows whose float sums share one register's lanes ([`act_tile`]).
 const ACTS: usize = 16;
-/// Activation bytes one [`act_tile`] pass runs over: about the L1 data cache, so that every
-/// weight row of the pass finds them there.
-const ACT_BUDGET: usize = 40 * 1024;
-/// At most this many 16-row activation chunks per [`act_tile`] pass.
-const MAX_CHUNKS: usize = 8;
+/// 16-row activation chunks per [`act_tile`] pass: one unit of them (20 KiB of [`ActBlock`]s)
+/// stays in the L1 data cache while every weight row's unit runs against it.
+const PASS_CHUNKS: usize = 4;
 
 /// Weight rows `wt` (`rows` of them, `row_bytes` apart) against activation rows `j0 .. j0 +
-/// jn` (`jn` at most `ACTS * MAX_CHUNKS`; `out` holds all `n` outputs of each row): per row
-/// and unit the unit is decoded once and dotted with every activation row of the pass, each 16
-/// activation rows' integer sums are reduced into one register, lane `j` = activation row `j`
-/// ([`reduce16`]), and `sum += (d * x.d) * term` runs on 16 outputs at once, in the
-/// reference's order per output. Unit `u` of activation row `j` is `acts[u * stride + j]`,
-/// its `d` `xd[u * stride + j]` (0 past the last row).
+/// jn` (`jn` at most `ACTS * PASS_CHUNKS`; `out` holds all `n` outputs of each row), unit by
+/// unit: each row's unit decoded once and dotted with every activation row of the pass, each
+/// 16 activation rows' integer sums reduced into one register, lane `j` = activation row `j`
+/// ([`reduce16`]), and `sum += (d * x.d) * term` run on 16 outputs at once (`sums`, one
+/// register per row and chunk), in the reference's order per output. Unit `u` of activation
+/// row `j` is `acts[u * stride + j]`, its `d` `xd[u * stride + j]` (0 past the last row).
 ///
 /// # Safety
 /// The CPU has the tier's features (GFNI when `G`); `wt` is valid for `rows` rows of `units`
@@ -462,17 +460,17 @@ unsafe fn act_tile<K: Wide, const G: bool>(
     rows: usize,
     row_bytes: usize,
     units: usize,
-    acts: &[ActBlock],
-    xd: &[f32],
-    stride: usize,
+    (acts, xd, stride): (&[ActBlock], &[f32], usize),
     (j0, jn, n): (usize, usize, usize),
+    sums: &mut Vec<__m512>,
     out: &mut [f32],
 ) {
     let unit_w_bytes = K::UNIT * size_of::<K::W>();
     let chunks = jn.div_ceil(ACTS);
-    for r in 0..rows {
-        let mut sum = [_mm512_setzero_ps(); MAX_CHUNKS];
-        for u in 0..units {
+    sums.clear();
+    sums.resize(rows * chunks, _mm512_setzero_ps());
+    for u in 0..units {
+        for (r, sr) in sums.chunks_exact_mut(chunks).enumerate() {
             let p = wt.wrapping_add(r * row_bytes + u * unit_w_bytes);
             // the same unit of the next row, so the loads run ahead of the decode
             prefetch_span(p.wrapping_add(row_bytes), unit_w_bytes);
@@ -480,7 +478,7 @@ unsafe fn act_tile<K: Wide, const G: bool>(
             let mut d = unsafe { decode::<K, G>(p) };
             bias::<K>(&mut d);
             let dw = _mm512_set1_ps(d.d);
-            for (c, s) in sum[..chunks].iter_mut().enumerate() {
+            for (c, s) in sr.iter_mut().enumerate() {
                 let at = u * stride + j0 + c * ACTS;
                 let a = &acts[at..at + ACTS];
                 // a last chunk of up to 8 rows skips the 8 padding rows' dots
@@ -499,7 +497,9 @@ unsafe fn act_tile<K: Wide, const G: bool>(
                 *s = _mm512_add_ps(*s, _mm512_mul_ps(dd, t));
             }
         }
-        for (c, s) in sum[..chunks].iter().enumerate() {
+    }
+    for (r, sr) in sums.chunks_exact(chunks).enumerate() {
+        for (c, s) in sr.iter().enumerate() {
             let jc = j0 + c * ACTS;
             let m = (jn - c * ACTS).min(ACTS);
             let mut v = [0f32; ACTS];
@@ -529,14 +529,16 @@ unsafe fn decode<K: Wide, const G: bool>(p: *const u8) -> Dec {
 }
 
 thread_local! {
-    /// The activations of the current call as [`act_tile`] reads them, and their `d`s.
-    static ACTS_BUF: core::cell::RefCell<(Vec<ActBlock>, Vec<f32>)> =
-        const { core::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// The activations of the current call as [`act_tile`] reads them, their `d`s, and the
+    /// float sums of a pass.
+    #[allow(clippy::type_complexity)]
+    static ACTS_BUF: core::cell::RefCell<(Vec<ActBlock>, Vec<f32>, Vec<__m512>)> =
+        const { core::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// More than [`LANE_N`] activation rows: the activations copied unit-major into [`ActBlock`]s
-/// (16-row groups, the last padded with zeros), then [`act_tile`] passes over as many
-/// activation rows as keep to [`ACT_BUDGET`], every weight row in each.
+/// (16-row groups, the last padded with zeros), then [`act_tile`] passes over
+/// [`PASS_CHUNKS`] of those groups at a time, every weight row in each.
 ///
 /// # Safety
 /// The CPU has the tier's features (GFNI when `G`); `wb` holds `rows` rows of `units` units
@@ -554,10 +556,9 @@ unsafe fn gemm_acts<K: Wide, const G: bool>(
     out: &mut [f32],
 ) {
     let stride = n.div_ceil(ACTS) * ACTS;
-    let per_chunk = ACTS * units * size_of::<ActBlock>();
-    let pass = (ACT_BUDGET / per_chunk).clamp(1, MAX_CHUNKS) * ACTS;
+    let pass = PASS_CHUNKS * ACTS;
     ACTS_BUF.with(|cell| {
-        let (acts, xd) = &mut *cell.borrow_mut();
+        let (acts, xd, sums) = &mut *cell.borrow_mut();
         acts.clear();
         acts.resize(units * stride, ActBlock::ZERO);
         xd.clear();
@@ -582,10 +583,9 @@ unsafe fn gemm_acts<K: Wide, const G: bool>(
                     rows,
                     row_bytes,
                     units,
-                    acts,
-                    xd,
-                    stride,
+                    (acts, xd, stride),
                     (j0, jn, n),
+                    sums,
                     out,
                 )
             };
