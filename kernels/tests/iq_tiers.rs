@@ -189,6 +189,8 @@ fn edge_cases() {
             (2, 3, 24),
             (1, 3, 25),
             (3, 5, 70),
+            // weight rows in blocks of 64 (64, 64, then 2)
+            (1, 130, 9),
         ] {
             for (extreme, quant_x) in [(false, false), (true, false), (false, true)] {
                 let seed = 1000 * ci as u64 + 7 * nb as u64 + n as u64;

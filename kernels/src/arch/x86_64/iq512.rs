@@ -437,6 +437,9 @@ unsafe fn lane_tile<K: Wide, const J: usize, const G: bool>(
 
 /// Activation rows whose float sums share one register's lanes ([`act_tile`]).
 const ACTS: usize = 16;
+/// Weight rows [`act_tile`] runs unit by unit at a time: their units (and float sums) stay in
+/// L2 across the units, whatever the call's row count.
+const ROW_BLOCK: usize = 64;
 /// 16-row activation chunks per [`act_tile`] pass: one unit of them (20 KiB of [`ActBlock`]s)
 /// stays in the L1 data cache while every weight row's unit runs against it.
 const PASS_CHUNKS: usize = 4;
@@ -538,18 +541,17 @@ thread_local! {
 }
 
 /// More than [`LANE_N`] activation rows: the activations copied unit-major into [`ActBlock`]s
-/// (16-row groups, the last padded with zeros), then [`act_tile`] passes over
-/// [`PASS_CHUNKS`] of those groups at a time, every weight row in each.
+/// (16-row groups, the last padded with zeros), then per [`ROW_BLOCK`] weight rows
+/// [`act_tile`] passes over [`PASS_CHUNKS`] of those groups at a time.
 ///
 /// # Safety
-/// The CPU has the tier's features (GFNI when `G`); `wb` holds `rows` rows of `units` units
-/// (`row_bytes` each), `xb` `n` activation rows of `units` blocks, `out` `rows * n` outputs.
+/// The CPU has the tier's features (GFNI when `G`); `wb` holds `out.len() / n` rows of `units`
+/// units (`row_bytes` each), `xb` `n` activation rows of `units` blocks.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_acts<K: Wide, const G: bool>(
     wb: &[K::W],
-    rows: usize,
     row_bytes: usize,
     units: usize,
     xb: &[BlockQ8_K],
@@ -574,22 +576,26 @@ unsafe fn gemm_acts<K: Wide, const G: bool>(
                 xd[u * stride + j] = b.d();
             }
         }
-        let wt = wb.as_ptr() as *const u8;
-        for j0 in (0..n).step_by(pass) {
-            let jn = (n - j0).min(pass);
-            // SAFETY: the caller's contract; `acts` and `xd` hold `units` runs of `stride`.
-            unsafe {
-                act_tile::<K, G>(
-                    wt,
-                    rows,
-                    row_bytes,
-                    units,
-                    (acts, xd, stride),
-                    (j0, jn, n),
-                    sums,
-                    out,
-                )
-            };
+        // rows in blocks whose units stay cached while each of them runs, passes inside
+        for (b, ob) in out.chunks_mut(ROW_BLOCK * n).enumerate() {
+            let wt = wb[b * ROW_BLOCK * units * K::UNIT..].as_ptr() as *const u8;
+            for j0 in (0..n).step_by(pass) {
+                let jn = (n - j0).min(pass);
+                // SAFETY: the caller's contract (the block's `ob.len() / n` rows from `wt`);
+                // `acts` and `xd` hold `units` runs of `stride`.
+                unsafe {
+                    act_tile::<K, G>(
+                        wt,
+                        ob.len() / n,
+                        row_bytes,
+                        units,
+                        (acts, xd, stride),
+                        (j0, jn, n),
+                        sums,
+                        ob,
+                    )
+                };
+            }
         }
     });
 }
@@ -621,7 +627,7 @@ unsafe fn gemm_wide<K: Wide, const G: bool>(
     let row_bytes = per_row * size_of::<K::W>();
     if n > LANE_N {
         // SAFETY: `unit_blocks` checked the lengths; the caller guarantees the features.
-        unsafe { gemm_acts::<K, G>(wb, rows, row_bytes, units, xb, n, out) };
+        unsafe { gemm_acts::<K, G>(wb, row_bytes, units, xb, n, out) };
         return true;
     }
     XSUMS.with(|cell| {
