@@ -476,8 +476,10 @@ unsafe fn act_tile<K: Wide, const G: bool>(
     for u in 0..units {
         for (r, sr) in sums.chunks_exact_mut(chunks).enumerate() {
             let p = wt.wrapping_add(r * row_bytes + u * unit_w_bytes);
-            // the same unit of the next row, so the loads run ahead of the decode
-            prefetch_span(p.wrapping_add(row_bytes), unit_w_bytes);
+            // the same unit of the next block's row: a unit pass touches one line or two of
+            // each row (no stream for the hardware prefetcher), so the next block is fetched
+            // a whole block ahead
+            prefetch_span(p.wrapping_add(ROW_BLOCK * row_bytes), unit_w_bytes);
             // SAFETY: row r holds unit u (caller's contract; GFNI when `G`).
             let mut d = unsafe { decode::<K, G>(p) };
             bias::<K>(&mut d);
