@@ -444,12 +444,53 @@ pub fn gemm_with(
             .try_for_each(work)?,
     }
     if n != 1 {
-        for (i, row) in scratch.chunks_exact(n).enumerate() {
-            for (j, &v) in row.iter().enumerate() {
-                out[j * m + i] = v;
+        // output rows (activations) in tasks of whole 16-row blocks, like the GEMM's, once
+        // there is enough to share
+        let per = match pool {
+            Some(p) if cells >= TRANSPOSE_SPLIT => n.div_ceil(p.current_num_threads() * 2),
+            _ => n,
+        }
+        .div_ceil(TRANSPOSE_BLOCK)
+            * TRANSPOSE_BLOCK;
+        let task = |(t, dst): (usize, &mut [f32])| transpose_cols(&scratch, m, n, t * per, dst);
+        match pool {
+            Some(p) if n > per => {
+                p.install(|| out.par_chunks_mut(per * m).enumerate().for_each(task))
             }
+            _ => out.chunks_mut(per * m).enumerate().for_each(task),
         }
         SCRATCH.with(|c| c.set(scratch));
     }
     Ok(())
+}
+
+/// Side of the square blocks [`transpose_cols`] moves: 16 floats are one cache line, so each
+/// block reads 16 whole source lines and writes 16 whole destination lines (a plain column
+/// walk writes `n` lines `4 m` bytes apart per source row: with `m` a multiple of 1024 they
+/// all fall into one L1 set).
+const TRANSPOSE_BLOCK: usize = 16;
+/// Output cells from which the transpose is shared across the pool.
+const TRANSPOSE_SPLIT: usize = 1 << 16;
+
+/// Columns `j0 ..` of the row-major `m x n` matrix `src`, transposed: `dst[jj * m + i] =
+/// src[i * n + j0 + jj]` for the `dst.len() / m` columns from `j0`, in square blocks.
+fn transpose_cols(src: &[f32], m: usize, n: usize, j0: usize, dst: &mut [f32]) {
+    const B: usize = TRANSPOSE_BLOCK;
+    let cols = dst.len() / m;
+    for jb in (0..cols).step_by(B) {
+        let jw = (cols - jb).min(B);
+        for ib in (0..m).step_by(B) {
+            let iw = (m - ib).min(B);
+            let mut tile = [[0f32; B]; B];
+            for (ii, t) in tile[..iw].iter_mut().enumerate() {
+                t[..jw].copy_from_slice(&src[(ib + ii) * n + j0 + jb..][..jw]);
+            }
+            for jj in 0..jw {
+                let d = &mut dst[(jb + jj) * m + ib..][..iw];
+                for (ii, o) in d.iter_mut().enumerate() {
+                    *o = tile[ii][jj];
+                }
+            }
+        }
+    }
 }

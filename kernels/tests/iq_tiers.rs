@@ -184,6 +184,13 @@ fn edge_cases() {
             (2, 16, 1),
             (1, 33, 4),
             (2, 17, 6),
+            // more than 4 activation rows: 16 per lane, a last group of at most 8 (24) or
+            // more (25), and two passes over the activations (64 rows a pass, then 6)
+            (2, 3, 24),
+            (1, 3, 25),
+            (3, 5, 70),
+            // weight rows in blocks of 64 (64, 64, then 2)
+            (1, 130, 9),
         ] {
             for (extreme, quant_x) in [(false, false), (true, false), (false, true)] {
                 let seed = 1000 * ci as u64 + 7 * nb as u64 + n as u64;

@@ -192,6 +192,17 @@ fn every_type_and_batch_size() {
     }
 }
 
+/// Outputs large enough that the pool shares the transpose into the output layout (64Ki cells
+/// and more), with neither side a multiple of its 16-cell blocks.
+#[test]
+fn large_outputs_are_transposed_exactly() {
+    for (ty, m, n) in [(GgmlType::Q8_0, 290, 230), (GgmlType::Q4_K, 1043, 67)] {
+        if let Err(e) = check_case(ty, 1, m, n, 5) {
+            panic!("{e}");
+        }
+    }
+}
+
 #[test]
 fn tier_names_round_trip() {
     for t in Tier::ALL {

@@ -28,6 +28,16 @@
 //! activation `bsums` weighed by its signed scales to the same sum), so one integer is `8 sumi +
 //! sumi1`, below 2^24, and the reference's `sumi + sumi1 / 8` is that integer over 8, exactly. The
 //! ternary types TQ1_0/TQ2_0 are decoders of the same shape (`ternary`).
+//!
+//! Tiles: up to [`LANE_N`] activation rows, 16 weight rows share a register's lanes
+//! ([`lane_tile`]; rows past the last whole 16 in tiles of [`ROWS`]). Above it (prefill),
+//! 16 activation rows do ([`act_tile`]): the activations are copied once per call into
+//! cache-line-aligned blocks, unit-major, with their 16-element sums ([`ActBlock`]), and each
+//! weight unit is decoded once per pass and dotted with every activation row of the pass at
+//! fixed offsets, one [`reduce16`] per 16 dots. There `vpdpwssd` is written as asm
+//! (`klanes512`'s `dpwssd`): LLVM otherwise splits it into `vpmaddwd` + `vpaddd`, one more uop
+//! on the multiply ports those dots are bound by (the batch-1 lane tile is faster with LLVM's
+//! split: IQ3_S 14.4-15.2 vs 17.2-18.1 ns per 256 weights with the asm).
 
 use core::arch::x86_64::*;
 
@@ -35,7 +45,7 @@ use crate::arch::iq_tile::{
     unit_blocks, Iq1M, Iq1S, Iq2S, Iq2Xs, Iq2Xxs, Iq3S, Iq3Xxs, IqKind, Tq1_0, Tq2_0,
 };
 use crate::formats::kquants::layout::{Q8K_BSUMS, Q8K_QS};
-use crate::formats::BlockQ8_K;
+use crate::formats::{BlockQ8_K, QK_K};
 use crate::{GgmlType, Tile};
 use core::mem::size_of;
 
@@ -45,7 +55,7 @@ mod tables;
 mod ternary;
 
 use super::kblock::prefetch_span;
-use super::klanes512::gfni;
+use super::klanes512::{dpwssd, gfni};
 use decode::negate;
 
 thread_local! {
@@ -278,6 +288,64 @@ unsafe fn dot_acc<K: Wide>(d: &Dec, xu: *const u8, xs: &[i16; 16]) -> __m512i {
     }
 }
 
+/// One activation block as [`act_tile`] reads it, copied once per call: the quants on cache
+/// line boundaries (in a Q8_K block they start 4 bytes in, so each 64-byte load spans two
+/// lines), their 16-element sums (see [`bias`]) and the block's `bsums`.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct ActBlock {
+    qs: [i8; QK_K],
+    xs: [i16; QK_K / 16],
+    bsums: [[u8; 2]; QK_K / 16],
+}
+
+impl ActBlock {
+    const ZERO: ActBlock = ActBlock {
+        qs: [0; QK_K],
+        xs: [0; QK_K / 16],
+        bsums: [[0; 2]; QK_K / 16],
+    };
+}
+
+/// [`dot_acc`] of unit `d` against the `M` activation blocks from `a` (the other sums of the
+/// 16 zero), register chunk by register chunk (the sums' dependency chains interleave, every
+/// address a fixed offset).
+///
+/// # Safety
+/// The CPU has the tier's features; `a` is valid for `M <= 16` blocks.
+#[inline(always)]
+unsafe fn dot_acts<K: Wide, const M: usize>(d: &Dec, a: *const ActBlock) -> [__m512i; ACTS] {
+    // SAFETY: the reads stay inside the 16 blocks (caller's contract); the features are the
+    // caller's.
+    unsafe {
+        let mut acc: [__m512i; ACTS] = core::array::from_fn(|j| {
+            if j >= M {
+                return _mm512_setzero_si512();
+            }
+            let b = &*a.add(j);
+            let v = _mm256_load_si256(b.xs.as_ptr() as *const __m256i);
+            let mut s = _mm256_madd_epi16(v, d.bb);
+            if K::BSUMS {
+                let bsums = _mm256_load_si256(b.bsums.as_ptr() as *const __m256i);
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(bsums, d.bw));
+            }
+            _mm512_zextsi256_si512(s)
+        });
+        for c in 0..4 {
+            for (j, acc) in acc[..M].iter_mut().enumerate() {
+                let p = (*a.add(j)).qs.as_ptr().add(64 * c);
+                let x = _mm512_load_si512(p as *const __m512i);
+                *acc = if K::TERNARY {
+                    _mm512_dpbusd_epi32(*acc, d.w[c], x)
+                } else {
+                    dpwssd(*acc, _mm512_maddubs_epi16(d.w[c], x), d.sc[c])
+                };
+            }
+        }
+        acc
+    }
+}
+
 /// Weight rows whose float sums share one register's lanes ([`lane_tile`]).
 const LANES: usize = 16;
 /// Activation rows up to which whole 16-row tiles take [`lane_tile`].
@@ -367,6 +435,89 @@ unsafe fn lane_tile<K: Wide, const J: usize, const G: bool>(
     }
 }
 
+/// Activation rows whose float sums share one register's lanes ([`act_tile`]).
+const ACTS: usize = 16;
+/// Weight rows [`act_tile`] runs unit by unit at a time: their units (and float sums) stay in
+/// L2 across the units, whatever the call's row count.
+const ROW_BLOCK: usize = 64;
+/// 16-row activation chunks per [`act_tile`] pass: one unit of them (20 KiB of [`ActBlock`]s)
+/// stays in the L1 data cache while every weight row's unit runs against it.
+const PASS_CHUNKS: usize = 4;
+
+/// Weight rows `wt` (`rows` of them, `row_bytes` apart) against activation rows `j0 .. j0 +
+/// jn` (`jn` at most `ACTS * PASS_CHUNKS`; `out` holds all `n` outputs of each row), unit by
+/// unit: each row's unit decoded once and dotted with every activation row of the pass, each
+/// 16 activation rows' integer sums reduced into one register, lane `j` = activation row `j`
+/// ([`reduce16`]), and `sum += (d * x.d) * term` run on 16 outputs at once (`sums`, one
+/// register per row and chunk), in the reference's order per output. Unit `u` of activation
+/// row `j` is `acts[u * stride + j]`, its `d` `xd[u * stride + j]` (0 past the last row).
+///
+/// # Safety
+/// The CPU has the tier's features (GFNI when `G`); `wt` is valid for `rows` rows of `units`
+/// units; `j0` is a multiple of 16, `j0 + jn <= n` and `stride >= j0 + 16 * jn.div_ceil(16)`;
+/// `acts` and `xd` hold `units * stride` entries.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn act_tile<K: Wide, const G: bool>(
+    wt: *const u8,
+    rows: usize,
+    row_bytes: usize,
+    units: usize,
+    (acts, xd, stride): (&[ActBlock], &[f32], usize),
+    (j0, jn, n): (usize, usize, usize),
+    sums: &mut Vec<__m512>,
+    out: &mut [f32],
+) {
+    let unit_w_bytes = K::UNIT * size_of::<K::W>();
+    let chunks = jn.div_ceil(ACTS);
+    sums.clear();
+    sums.resize(rows * chunks, _mm512_setzero_ps());
+    for u in 0..units {
+        for (r, sr) in sums.chunks_exact_mut(chunks).enumerate() {
+            let p = wt.wrapping_add(r * row_bytes + u * unit_w_bytes);
+            // the same unit of the next block's row: a unit pass touches one line or two of
+            // each row (no stream for the hardware prefetcher), so the next block is fetched
+            // a whole block ahead
+            prefetch_span(p.wrapping_add(ROW_BLOCK * row_bytes), unit_w_bytes);
+            // SAFETY: row r holds unit u (caller's contract; GFNI when `G`).
+            let mut d = unsafe { decode::<K, G>(p) };
+            bias::<K>(&mut d);
+            let dw = _mm512_set1_ps(d.d);
+            for (c, s) in sr.iter_mut().enumerate() {
+                let at = u * stride + j0 + c * ACTS;
+                let a = &acts[at..at + ACTS];
+                // a last chunk of up to 8 rows skips the 8 padding rows' dots
+                // SAFETY: `a` is 16 blocks.
+                let acc = unsafe {
+                    if jn - c * ACTS <= ACTS / 2 {
+                        dot_acts::<K, { ACTS / 2 }>(&d, a.as_ptr())
+                    } else {
+                        dot_acts::<K, ACTS>(&d, a.as_ptr())
+                    }
+                };
+                let t = _mm512_mul_ps(_mm512_cvtepi32_ps(reduce16(&acc)), _mm512_set1_ps(K::TERM));
+                let xdv = &xd[at..at + ACTS];
+                // SAFETY: `xdv` is 64 readable bytes; unaligned load.
+                let dd = _mm512_mul_ps(dw, unsafe { _mm512_loadu_ps(xdv.as_ptr()) });
+                *s = _mm512_add_ps(*s, _mm512_mul_ps(dd, t));
+            }
+        }
+    }
+    for (r, sr) in sums.chunks_exact(chunks).enumerate() {
+        for (c, s) in sr.iter().enumerate() {
+            let jc = j0 + c * ACTS;
+            let m = (jn - c * ACTS).min(ACTS);
+            let mut v = [0f32; ACTS];
+            // SAFETY: `v` is 64 writable bytes; unaligned store.
+            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), *s) };
+            for (o, &v) in out[r * n + jc..][..m].iter_mut().zip(&v) {
+                *o = K::finish(v);
+            }
+        }
+    }
+}
+
 /// The unit at `p` through [`Wide::decode_regs_gf`] when `G`, else [`Wide::decode_regs`].
 ///
 /// # Safety
@@ -381,6 +532,74 @@ unsafe fn decode<K: Wide, const G: bool>(p: *const u8) -> Dec {
             K::decode_regs(p)
         }
     }
+}
+
+thread_local! {
+    /// The activations of the current call as [`act_tile`] reads them, their `d`s, and the
+    /// float sums of a pass.
+    #[allow(clippy::type_complexity)]
+    static ACTS_BUF: core::cell::RefCell<(Vec<ActBlock>, Vec<f32>, Vec<__m512>)> =
+        const { core::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
+/// More than [`LANE_N`] activation rows: the activations copied unit-major into [`ActBlock`]s
+/// (16-row groups, the last padded with zeros), then per [`ROW_BLOCK`] weight rows
+/// [`act_tile`] passes over [`PASS_CHUNKS`] of those groups at a time.
+///
+/// # Safety
+/// The CPU has the tier's features (GFNI when `G`); `wb` holds `out.len() / n` rows of `units`
+/// units (`row_bytes` each), `xb` `n` activation rows of `units` blocks.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_acts<K: Wide, const G: bool>(
+    wb: &[K::W],
+    row_bytes: usize,
+    units: usize,
+    xb: &[BlockQ8_K],
+    n: usize,
+    out: &mut [f32],
+) {
+    let stride = n.div_ceil(ACTS) * ACTS;
+    let pass = PASS_CHUNKS * ACTS;
+    ACTS_BUF.with(|cell| {
+        let (acts, xd, sums) = &mut *cell.borrow_mut();
+        acts.clear();
+        acts.resize(units * stride, ActBlock::ZERO);
+        xd.clear();
+        xd.resize(units * stride, 0.0);
+        for (j, row) in xb.chunks_exact(units).enumerate() {
+            for (u, b) in row.iter().enumerate() {
+                let e = &mut acts[u * stride + j];
+                e.qs = b.qs;
+                e.bsums = b.bsums;
+                // SAFETY: one block and one entry; the caller guarantees the features.
+                unsafe { xsums(core::slice::from_ref(b), core::slice::from_mut(&mut e.xs)) };
+                xd[u * stride + j] = b.d();
+            }
+        }
+        // rows in blocks whose units stay cached while each of them runs, passes inside
+        for (b, ob) in out.chunks_mut(ROW_BLOCK * n).enumerate() {
+            let wt = wb[b * ROW_BLOCK * units * K::UNIT..].as_ptr() as *const u8;
+            for j0 in (0..n).step_by(pass) {
+                let jn = (n - j0).min(pass);
+                // SAFETY: the caller's contract (the block's `ob.len() / n` rows from `wt`);
+                // `acts` and `xd` hold `units` runs of `stride`.
+                unsafe {
+                    act_tile::<K, G>(
+                        wt,
+                        ob.len() / n,
+                        row_bytes,
+                        units,
+                        (acts, xd, stride),
+                        (j0, jn, n),
+                        sums,
+                        ob,
+                    )
+                };
+            }
+        }
+    });
 }
 
 /// `out[r * n + j] = W[r] . x[j]` for one kind: unit by unit, each decoded once and run against
@@ -408,13 +627,18 @@ unsafe fn gemm_wide<K: Wide, const G: bool>(
     let units = per_row / K::UNIT;
     let unit_w_bytes = K::UNIT * size_of::<K::W>();
     let row_bytes = per_row * size_of::<K::W>();
+    if n > LANE_N {
+        // SAFETY: `unit_blocks` checked the lengths; the caller guarantees the features.
+        unsafe { gemm_acts::<K, G>(wb, row_bytes, units, xb, n, out) };
+        return true;
+    }
     XSUMS.with(|cell| {
         let mut xs = cell.borrow_mut();
         xs.resize(xb.len(), [0; 16]);
         // SAFETY: one entry per activation block; the caller guarantees the features.
         unsafe { xsums(xb, &mut xs) };
-        // up to LANE_N activation rows: whole 16-row tiles one row per lane, the rest below
-        let whole = if n <= LANE_N { rows / LANES * LANES } else { 0 };
+        // whole 16-row tiles one row per lane, the rest below
+        let whole = rows / LANES * LANES;
         let (out_lanes, out) = out.split_at_mut(whole * n);
         for (t, ot) in out_lanes.chunks_exact_mut(LANES * n).enumerate() {
             let wt = wb[t * LANES * per_row..].as_ptr() as *const u8;

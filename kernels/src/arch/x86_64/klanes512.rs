@@ -49,8 +49,8 @@ mod ops;
 mod signed;
 mod tables;
 use super::kblock::prefetch_block;
-pub(super) use ops::gf_affine;
-use ops::{add_masked, dpwssd, fold2, pair_idx};
+use ops::{add_masked, fold2, pair_idx};
+pub(super) use ops::{dpwssd, gf_affine};
 use signed::decode_signed;
 use tables::{
     chunks45, d_idx, has_mins, out_lane, slots, GF_NIB_HI, MIN_IDX, PAIR_PERM, Q5_SEL, SCALE_IDX,

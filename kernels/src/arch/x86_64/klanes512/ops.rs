@@ -54,7 +54,7 @@ pub(super) fn fold2(a: __m512i, b: __m512i) -> __m512i {
 /// (shorter latency, one more uop on the ports these kernels saturate).
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-pub(super) fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+pub(crate) fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     let mut r = acc;
     // SAFETY: a register-only AVX-512-VNNI instruction, and this function requires that feature.
     unsafe {
