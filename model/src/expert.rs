@@ -599,6 +599,25 @@ impl LocalExperts {
         let mut window = ColdWindow::new(cache, layer, cold);
         window.fill()?;
         cache.settle(layer);
+        let early = window.ready()?;
+        if early.len() == cold.len() {
+            // every cold expert is in memory already (decode steps mostly): one call, as if
+            // they were all resident
+            let weights = |e: u32| {
+                let w = self.model.expert_weights(layer, e)?;
+                if let Some(c) = copy(e) {
+                    return Ok(c.weights(w)?);
+                }
+                match early.iter().find(|(x, _)| *x == e) {
+                    Some((_, c)) => Ok(c.weights(w)?),
+                    None => Err(ExpertError::UnknownExpert { layer, expert: e }),
+                }
+            };
+            run_grouped(weights, acts, pairs, n_embd, out, pool)?;
+            drop(early);
+            cache.released();
+            return Ok(());
+        }
         let resident: Vec<usize> = (0..pairs.len())
             .filter(|&i| !cold.contains(&pairs[i].expert))
             .collect();
@@ -612,7 +631,15 @@ impl LocalExperts {
             };
             run_subset(weights, acts, pairs, &resident, n_embd, out, pool)?;
         }
-        while let Some(chunk) = window.next_chunk()? {
+        let mut pending = (!early.is_empty()).then_some(early);
+        loop {
+            let chunk = match pending.take() {
+                Some(c) => c,
+                None => match window.next_chunk()? {
+                    Some(c) => c,
+                    None => break,
+                },
+            };
             let idx: Vec<usize> = (0..pairs.len())
                 .filter(|&i| chunk.iter().any(|(e, _)| *e == pairs[i].expert))
                 .collect();
@@ -692,6 +719,15 @@ impl<'a> ColdWindow<'a> {
         };
         self.taken += 1;
         let mut chunk = vec![(e, first)];
+        chunk.extend(self.ready()?);
+        Ok(Some(chunk))
+    }
+
+    /// The demanded experts, in order from the next one, already in memory (taken without
+    /// waiting; possibly none).
+    #[allow(clippy::type_complexity)]
+    fn ready(&mut self) -> Result<Vec<(u32, Arc<ColdCopy>)>, ExpertError> {
+        let mut chunk = Vec::new();
         while self.taken < self.demanded {
             let e = self.cold[self.taken];
             match self.cache.take(self.layer, e, false)? {
@@ -702,7 +738,7 @@ impl<'a> ColdWindow<'a> {
                 None => break,
             }
         }
-        Ok(Some(chunk))
+        Ok(chunk)
     }
 
     /// A chunk of `bytes` was computed and dropped: room for more demands.
