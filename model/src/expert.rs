@@ -3,7 +3,7 @@
 //! placement changes where an expert runs, never what it computes. Activations arrive quantized
 //! once (`ActRows`) to the type the gate/up dot products consume, as ggml's `mul_mat_id` would.
 
-use crate::cold::{ColdCache, ColdCopy};
+use crate::cold::{ColdCache, ColdCopy, ColdWindow};
 use crate::error::ExpertError;
 use crate::gguf::Gguf;
 use crate::model::Model;
@@ -603,33 +603,31 @@ impl LocalExperts {
         if early.len() == cold.len() {
             // every cold expert is in memory already (decode steps mostly): one call, as if
             // they were all resident
-            let weights = |e: u32| {
-                let w = self.model.expert_weights(layer, e)?;
-                if let Some(c) = copy(e) {
-                    return Ok(c.weights(w)?);
-                }
-                match early.iter().find(|(x, _)| *x == e) {
-                    Some((_, c)) => Ok(c.weights(w)?),
-                    None => Err(ExpertError::UnknownExpert { layer, expert: e }),
-                }
-            };
-            run_grouped(weights, acts, pairs, n_embd, out, pool)?;
+            run_grouped(
+                |e| staged_weights(&self.model, layer, copy, &early, e),
+                acts,
+                pairs,
+                n_embd,
+                out,
+                pool,
+            )?;
             drop(early);
             cache.released();
             return Ok(());
         }
-        let resident: Vec<usize> = (0..pairs.len())
-            .filter(|&i| !cold.contains(&pairs[i].expert))
+        let resident: Vec<u32> = (0..pairs.len() as u32)
+            .filter(|&i| !cold.contains(&pairs[i as usize].expert))
             .collect();
         if !resident.is_empty() {
-            let weights = |e: u32| {
-                let w = self.model.expert_weights(layer, e)?;
-                match copy(e) {
-                    Some(c) => Ok(c.weights(w)?),
-                    None => Err(ExpertError::UnknownExpert { layer, expert: e }),
-                }
-            };
-            run_subset(weights, acts, pairs, &resident, n_embd, out, pool)?;
+            run_subset(
+                |e| staged_weights(&self.model, layer, copy, &[], e),
+                acts,
+                pairs,
+                &resident,
+                n_embd,
+                out,
+                pool,
+            )?;
         }
         let mut pending = (!early.is_empty()).then_some(early);
         loop {
@@ -640,17 +638,18 @@ impl LocalExperts {
                     None => break,
                 },
             };
-            let idx: Vec<usize> = (0..pairs.len())
-                .filter(|&i| chunk.iter().any(|(e, _)| *e == pairs[i].expert))
+            let idx: Vec<u32> = (0..pairs.len() as u32)
+                .filter(|&i| chunk.iter().any(|(e, _)| *e == pairs[i as usize].expert))
                 .collect();
-            let weights = |e: u32| {
-                let w = self.model.expert_weights(layer, e)?;
-                match chunk.iter().find(|(x, _)| *x == e) {
-                    Some((_, c)) => Ok(c.weights(w)?),
-                    None => Err(ExpertError::UnknownExpert { layer, expert: e }),
-                }
-            };
-            run_subset(weights, acts, pairs, &idx, n_embd, out, pool)?;
+            run_subset(
+                |e| staged_weights(&self.model, layer, copy, &chunk, e),
+                acts,
+                pairs,
+                &idx,
+                n_embd,
+                out,
+                pool,
+            )?;
             let bytes: u64 = chunk.iter().map(|(_, c)| c.footprint()).sum();
             drop(chunk);
             window.release(bytes)?;
@@ -659,102 +658,22 @@ impl LocalExperts {
     }
 }
 
-/// The cold experts of one call going through the staging cache: at most half the cache's
-/// capacity (at least one expert) demanded and not yet computed at a time, so a call needing
-/// more than fits streams through the cache instead of evicting its own next experts.
-struct ColdWindow<'a> {
-    cache: &'a ColdCache,
+/// The weights of expert `e` of `layer`: its resident copy (`copy`), else its copy among `cold`
+/// (the staging cache's).
+fn staged_weights<'a, 'c: 'a>(
+    model: &'a Model,
     layer: usize,
-    cold: &'a [u32],
-    /// next expert of `cold` to demand
-    demanded: usize,
-    /// next expert of `cold` to take
-    taken: usize,
-    /// footprints demanded and not yet released
-    outstanding: u64,
-}
-
-impl<'a> ColdWindow<'a> {
-    fn new(cache: &'a ColdCache, layer: usize, cold: &'a [u32]) -> ColdWindow<'a> {
-        ColdWindow {
-            cache,
-            layer,
-            cold,
-            demanded: 0,
-            taken: 0,
-            outstanding: 0,
-        }
+    copy: &dyn Fn(u32) -> Option<&'c ExpertCopy>,
+    cold: &'a [(u32, Arc<ColdCopy>)],
+    e: u32,
+) -> Result<ExpertWeights<'a>, ExpertError> {
+    let w = model.expert_weights(layer, e)?;
+    if let Some(c) = copy(e) {
+        return Ok(c.weights(w)?);
     }
-
-    /// Demands experts while the window has room.
-    fn fill(&mut self) -> Result<(), ExpertError> {
-        let limit = self.cache.capacity() / 2;
-        while let Some(&e) = self.cold.get(self.demanded) {
-            let size = self.cache.footprint(self.layer, e)?;
-            if self.outstanding > 0 && self.outstanding + size > limit {
-                break;
-            }
-            self.cache.demand(self.layer, e)?;
-            self.outstanding += size;
-            self.demanded += 1;
-        }
-        Ok(())
-    }
-
-    /// The next expert (waiting for its read) and every demanded one after it already in
-    /// memory; None when all were taken.
-    #[allow(clippy::type_complexity)]
-    fn next_chunk(&mut self) -> Result<Option<Vec<(u32, Arc<ColdCopy>)>>, ExpertError> {
-        if self.taken == self.cold.len() {
-            return Ok(None);
-        }
-        if self.taken == self.demanded {
-            self.fill()?;
-        }
-        let e = self.cold[self.taken];
-        let Some(first) = self.cache.take(self.layer, e, true)? else {
-            return Err(ExpertError::Backend(
-                "cold cache: no copy after waiting".into(),
-            ));
-        };
-        self.taken += 1;
-        let mut chunk = vec![(e, first)];
-        chunk.extend(self.ready()?);
-        Ok(Some(chunk))
-    }
-
-    /// The demanded experts, in order from the next one, already in memory (taken without
-    /// waiting; possibly none).
-    #[allow(clippy::type_complexity)]
-    fn ready(&mut self) -> Result<Vec<(u32, Arc<ColdCopy>)>, ExpertError> {
-        let mut chunk = Vec::new();
-        while self.taken < self.demanded {
-            let e = self.cold[self.taken];
-            match self.cache.take(self.layer, e, false)? {
-                Some(c) => {
-                    chunk.push((e, c));
-                    self.taken += 1;
-                }
-                None => break,
-            }
-        }
-        Ok(chunk)
-    }
-
-    /// A chunk of `bytes` was computed and dropped: room for more demands.
-    fn release(&mut self, bytes: u64) -> Result<(), ExpertError> {
-        self.outstanding = self.outstanding.saturating_sub(bytes);
-        self.cache.released();
-        self.fill()
-    }
-}
-
-impl Drop for ColdWindow<'_> {
-    fn drop(&mut self) {
-        // demands of a call that failed half way are given up
-        for &e in &self.cold[self.taken..self.demanded] {
-            self.cache.forget(self.layer, e);
-        }
+    match cold.iter().find(|(x, _)| *x == e) {
+        Some((_, c)) => Ok(c.weights(w)?),
+        None => Err(ExpertError::UnknownExpert { layer, expert: e }),
     }
 }
 
@@ -763,17 +682,15 @@ fn run_subset<'a>(
     weights: impl Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>,
     acts: &ActRows,
     pairs: &[ExpertPair],
-    idx: &[usize],
+    idx: &[u32],
     n_embd: usize,
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), ExpertError> {
-    let sub: Vec<ExpertPair> = idx.iter().map(|&i| pairs[i]).collect();
+    let sub: Vec<ExpertPair> = idx.iter().map(|&i| pairs[i as usize]).collect();
     let mut tmp = vec![0.0f32; sub.len() * n_embd];
     run_grouped(weights, acts, &sub, n_embd, &mut tmp, pool)?;
-    for (j, &i) in idx.iter().enumerate() {
-        out[i * n_embd..(i + 1) * n_embd].copy_from_slice(&tmp[j * n_embd..(j + 1) * n_embd]);
-    }
+    scatter(&tmp, idx, n_embd, out);
     Ok(())
 }
 

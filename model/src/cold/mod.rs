@@ -31,6 +31,9 @@ use crate::error::ExpertError;
 use crate::expert::ExpertWeights;
 use crate::model::Model;
 
+mod window;
+pub(crate) use window::ColdWindow;
+
 /// File offsets and buffer positions are aligned to this (`O_DIRECT` needs the logical block
 /// size; 4 KiB covers every common disk).
 const ALIGN: u64 = 4096;
@@ -286,11 +289,7 @@ impl ColdCache {
         let mut largest = 0u64;
         for l in (0..c.n_layer).filter(|&l| c.is_moe_layer(l)) {
             for e in 0..c.n_expert as u32 {
-                if let Ok(w) = model.expert_weights(l, e) {
-                    let f: u64 = [w.gate.bytes(), w.up.bytes(), w.down.bytes()]
-                        .iter()
-                        .map(|m| (m.len() as u64).div_ceil(ALIGN) * ALIGN + ALIGN)
-                        .sum();
+                if let Ok(f) = footprint(model, l, e) {
                     largest = largest.max(f);
                 }
             }
@@ -304,12 +303,7 @@ impl ColdCache {
 
     /// Footprint of expert `e` of `layer` in the cache.
     pub fn footprint(&self, layer: usize, e: u32) -> Result<u64, ExpertError> {
-        Ok(self
-            .shared
-            .spans(layer, e)?
-            .iter()
-            .map(|s| s.2)
-            .sum::<u64>())
+        footprint(&self.shared.model, layer, e)
     }
 
     /// Bytes held or being read now.
@@ -512,27 +506,6 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Where expert `e` of `layer`'s three matrices are in the files, aligned.
-    fn spans(&self, layer: usize, e: u32) -> Result<[Span; 3], ExpertError> {
-        let w = self.model.expert_weights(layer, e)?;
-        let g = self.model.gguf();
-        let span = |m: &[u8]| -> Result<Span, ExpertError> {
-            let (file, off) = g.file_span(m).ok_or_else(|| {
-                ExpertError::Backend(format!(
-                    "cold cache: layer {layer} expert {e} is not in the model's files"
-                ))
-            })?;
-            let start = off / ALIGN * ALIGN;
-            let end = (off + m.len() as u64).div_ceil(ALIGN) * ALIGN;
-            Ok((file, start, end - start, (off - start) as usize, m.len()))
-        };
-        Ok([
-            span(w.gate.bytes())?,
-            span(w.up.bytes())?,
-            span(w.down.bytes())?,
-        ])
-    }
-
     /// The I/O thread: demand reads first, then predictions.
     fn serve(&self) {
         /// Marks the thread gone however it ends, and wakes the calls waiting for it.
@@ -669,7 +642,7 @@ impl Shared {
 
     /// Reads expert `key` whole into `buffer` (None: a fresh one).
     fn read(&self, (layer, e): Key, buffer: Option<Buffer>) -> Result<ColdCopy, ExpertError> {
-        let spans = self.spans(layer as usize, e)?;
+        let spans = expert_spans(&self.model, layer as usize, e)?;
         let total: u64 = spans.iter().map(|s| s.2).sum();
         let mut buf = match buffer {
             Some(b) if b.cap >= total => b,
@@ -730,6 +703,32 @@ impl Shared {
         }
         Ok(got)
     }
+}
+
+/// Where expert `e` of `layer`'s three matrices are in `model`'s files, aligned.
+fn expert_spans(model: &Model, layer: usize, e: u32) -> Result<[Span; 3], ExpertError> {
+    let w = model.expert_weights(layer, e)?;
+    let g = model.gguf();
+    let span = |m: &[u8]| -> Result<Span, ExpertError> {
+        let (file, off) = g.file_span(m).ok_or_else(|| {
+            ExpertError::Backend(format!(
+                "cold cache: layer {layer} expert {e} is not in the model's files"
+            ))
+        })?;
+        let start = off / ALIGN * ALIGN;
+        let end = (off + m.len() as u64).div_ceil(ALIGN) * ALIGN;
+        Ok((file, start, end - start, (off - start) as usize, m.len()))
+    };
+    Ok([
+        span(w.gate.bytes())?,
+        span(w.up.bytes())?,
+        span(w.down.bytes())?,
+    ])
+}
+
+/// Bytes expert `e` of `layer` takes in the cache (its aligned spans).
+fn footprint(model: &Model, layer: usize, e: u32) -> Result<u64, ExpertError> {
+    Ok(expert_spans(model, layer, e)?.iter().map(|s| s.2).sum())
 }
 
 /// Drops the page-cache pages of a buffered read whose bytes now live in the cache.
