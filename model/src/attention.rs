@@ -5,4 +5,5 @@
 //! token).
 
 pub use nightshift_kernels::attn::q8::{attend_heads_q8, Q8Scratch};
+pub use nightshift_kernels::attn::rotate::hadamard_chunks;
 pub use nightshift_kernels::attn::{attend, attend_heads, attend_tile, tile_rows, Heads, KvView};

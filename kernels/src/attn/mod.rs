@@ -4,7 +4,8 @@
 //! MLA is the special case of one kv head whose V is a prefix of K.
 //!
 //! A Q8_0 cache (llama.cpp's `-ctk q8_0 -ctv q8_0`, which runs ggml's flash-attention path with
-//! its online softmax) has its own kernel in [`q8`].
+//! its online softmax) has its own kernel in [`q8`]; [`rotate`] is the Hadamard rotation llama.cpp
+//! applies around it on grouped-query models.
 //!
 //! The portable body here is what every CPU can run (aarch64 runs it as is); on x86-64 the
 //! [`crate::dispatch::float_level`] picks the same body compiled for AVX2, or the AVX-512 kernels
@@ -13,6 +14,7 @@
 //! per kv head group; it holds no SIMD code of its own.
 
 pub mod q8;
+pub mod rotate;
 mod softmax;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;

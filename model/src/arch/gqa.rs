@@ -1,10 +1,11 @@
 //! Grouped-query attention of qwen3moe, qwen3 and llama: q/k/v projections, per-head RMSNorm of
 //! q and k (the qwen3 archs), rope (NEOX for qwen3, NORM with frequency factors for llama), GQA
 //! over the cache with the config's kq scale, output projection (llama.cpp's `qwen3moe`, `qwen3`
-//! and `llama` graphs).
+//! and `llama` graphs). With a quantized cache, q, k, v and the attention output are rotated as
+//! llama.cpp rotates them (`KvType::rotation`).
 
 use super::{attend_all, PushTensor, StepCtx};
-use crate::attention::Heads;
+use crate::attention::{hadamard_chunks, Heads};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::gen::{Dims, Init};
@@ -96,14 +97,24 @@ pub fn attention(
     if let Some(w) = k_norm {
         rms_norm_inplace(&mut kr, w, c.rms_eps);
     }
-    for (t, tok) in ctx.toks.iter().enumerate() {
-        let rc = &ctx.ropes[t];
+    for (t, rc) in ctx.ropes.iter().enumerate().take(n) {
         for head in qr[t * qw..(t + 1) * qw].chunks_exact_mut(hd) {
             ctx.rope.apply(rc, head);
         }
         for head in kr[t * kw..(t + 1) * kw].chunks_exact_mut(hd) {
             ctx.rope.apply(rc, head);
         }
+    }
+    // a quantized cache holds rotated rows, as llama.cpp's does (`attn::rotate`)
+    let (rot_k, rot_v) = kv.kv_type().rotation(c);
+    if rot_k > 0 {
+        hadamard_chunks(&mut qr, rot_k);
+        hadamard_chunks(&mut kr, rot_k);
+    }
+    if rot_v > 0 {
+        hadamard_chunks(&mut vr, rot_v);
+    }
+    for (t, tok) in ctx.toks.iter().enumerate() {
         let (k, v) = (&kr[t * kw..(t + 1) * kw], &vr[t * kw..(t + 1) * kw]);
         kv.write(tok.slot, tok.pos, il, k, Some(v));
     }
@@ -116,5 +127,8 @@ pub fn attention(
     };
     let mut att = vec![0.0f32; n * qw];
     attend_all(ctx, kv, il, &qr, heads, false, &mut att);
+    if rot_v > 0 {
+        hadamard_chunks(&mut att, rot_v);
+    }
     matmul(o, 0, &att, n, out, pool)
 }

@@ -51,7 +51,9 @@ fn type_code(ty: KvType) -> u32 {
     match ty {
         KvType::F32 => 0,
         KvType::F16 => 1,
-        KvType::Q8_0 => 2,
+        // 2 was Q8_0 before grouped-query rows were stored rotated (`KvType::rotation`): such
+        // files are foreign now
+        KvType::Q8_0 => 3,
     }
 }
 

@@ -71,6 +71,18 @@ impl KvType {
         }
     }
 
+    /// The chunks llama.cpp rotates a grouped-query model's rows by in a cache of this type
+    /// (`nightshift_kernels::attn::rotate`): (K and q, V and the attention output), 0 for none.
+    /// Only quantized caches are rotated, and never MLA's latent rows (llama.cpp's MLA attention
+    /// does not apply the rotation it builds).
+    pub fn rotation(self, c: &ModelConfig) -> (usize, usize) {
+        use nightshift_kernels::attn::rotate::{k_chunk, v_chunk};
+        if self != KvType::Q8_0 || !c.arch.is_gqa() {
+            return (0, 0);
+        }
+        (k_chunk(c.head_k), v_chunk(c.head_v))
+    }
+
     /// Whether a cache of this type can hold `layout`'s rows: Q8_0 needs every head's K and V
     /// rows to be whole blocks of 32 (llama.cpp refuses the same models).
     pub fn check(self, layout: &KvLayout, head_k: usize, head_v: usize) -> Result<(), ModelError> {
