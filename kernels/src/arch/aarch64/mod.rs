@@ -16,7 +16,8 @@
 //!   [`legacy_mm`]: their dotprod and i8mm tiers, 4 weight rows x 8 activation rows per decoded
 //!   block (SDOT quads; SMMLA tiles of two row pairs x four activation pairs);
 //! - [`split`]: Q3_K/Q4_K/Q5_K on SDOT (and Q3_K, Q4_K, Q5_K, Q6_K on SMMLA), with lane-grouped element
-//!   orders so that a multiply-sum instruction never mixes two reference lanes.
+//!   orders so that a multiply-sum instruction never mixes two reference lanes;
+//!   [`rows4`]: the same for Q4_K/Q5_K weights repacked at load.
 //!
 //! Integer-to-float conversions of sums below 2^22 in magnitude use `neon::from_magic` (the
 //! accumulator starts at a float's bits, one subtraction converts it exactly) instead of SCVTF,
@@ -46,7 +47,7 @@
 //! | IQ*, TQ* | SMULL+SADDLP | SDOT              | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //!
 //! Q8_0, Q4_0, Q4_K and Q5_K also have dotprod/i8mm paths for weights repacked at load
-//! (`formats::repack::Layout::Rows4`, see `legacy_mm` and `split`): the same tiles with their
+//! (`formats::repack::Layout::Rows4`, see `legacy_mm` and `rows4`): the same tiles with their
 //! operands loaded (Q4_K/Q5_K: unpacked with zips and de-interleaving loads, no table lookups),
 //! not interleaved per call; repacked Q4_K/Q5_K take SDOT with the group scales applied to
 //! the integer sums (one activation row on i8mm, every count on dotprod) and USMMLA tiles from
@@ -71,6 +72,7 @@ mod kquant;
 mod legacy;
 mod legacy_mm;
 mod neon;
+mod rows4;
 mod split;
 mod unpack;
 
@@ -103,7 +105,7 @@ fn has_path(ty: GgmlType) -> bool {
 }
 
 /// Whether `level` has a path for `ty` weights repacked by `formats::repack` ([`Layout::Rows4`]:
-/// Q8_0 and Q4_0 on the SDOT and SMMLA tiers, `legacy_mm`; Q4_K and Q5_K on both, `split`), so
+/// Q8_0 and Q4_0 on the SDOT and SMMLA tiers, `legacy_mm`; Q4_K and Q5_K on both, `rows4`), so
 /// that resident copies for `level` are repacked (`dispatch::resident_layout_for`): every such
 /// path is predicted faster than the file order's (`benches/arm/REPORT.md`).
 pub(crate) fn reads_repacked(level: Level, ty: GgmlType) -> bool {
