@@ -16,8 +16,9 @@
 //!   that 8 elements of one lane share an 8-byte slice: plain SDOT, and unmasked 2x2 SMMLA tiles
 //!   ([`q3_k_gemm`]).
 //!
-//! Q6_K (quant times scale, up to 4096, does not fit int8) stays on the NEON widening core,
-//! except on i8mm from [`Q6_TILES_FROM`] activation rows: there the products are split as
+//! File-order Q6_K (quant times scale, up to 4096, does not fit int8) stays on the NEON
+//! widening core, except on i8mm from [`Q6_TILES_FROM`] activation rows (repacked Q6_K:
+//! `rows4_q6`): there the products are split as
 //! `64 * hi + lo` into two int8 streams in the lane-grouped layout (`unpack::q6_k_lanes`) and
 //! run on [`k4_mm`]'s tiles. Masked SMMLA operands (half of every product zero) and half-padded
 //! SDOTs both predicted slower than SMULL/SMLAL on Neoverse N2 and V2
@@ -35,7 +36,6 @@ use super::neon::{from_magic, MAGIC_BITS};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
 use crate::formats::kquants::layout::{block_bytes, Q3, Q4, Q6};
-use crate::formats::repack::Layout;
 use crate::Tile;
 
 /// Activation rows prepared per chunk.
@@ -85,9 +85,6 @@ fn epilogue(kind: Kind, acc: &mut KAcc, lanes: (int32x4_t, int32x4_t), u: &Unpac
 
 /// `kind` x Q8_K over `t` (`rows, n, k >= 1`); `handles(kind, level)` holds.
 pub(crate) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
-    if t.w().layout() == Layout::Rows4 {
-        return super::rows4::gemm(level, kind, t);
-    }
     let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
     let nb = t.k() / 256;
     let out = t.out();
