@@ -126,10 +126,12 @@ fn rows4_sdot<const FIFTH: bool>(
         }
         for jc in (0..n).step_by(S4_ROWS) {
             let cnt = S4_ROWS.min(n - jc);
-            for t in 0..S4_ROWS {
+            // Only the chunk's rows: the slots past `cnt` (read by the 4-row kernel at 3 rows,
+            // and by the 4-lane load of the `yd`s) keep earlier bytes, whose results are never
+            // stored (every lane is independent).
+            for t in 0..cnt {
                 for b in 0..nb {
-                    // Rows past `cnt` repeat the last one (their results are not stored).
-                    let xb = &x[(jc + t.min(cnt - 1)) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
+                    let xb = &x[(jc + t) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
                     let dst = &mut scratch[(t * nb + b) * S4_PER..][..S4_PER];
                     perm32_block(&xb[Q8K_QS..Q8K_BSUMS], &mut dst[..256]);
                     let bs = &xb[Q8K_BSUMS..Q8K_BYTES];

@@ -53,10 +53,11 @@ pub(super) fn q6_sdot(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out:
         let mut p32 = [0u8; 256];
         for jc in (0..n).step_by(ROWS) {
             let cnt = ROWS.min(n - jc);
-            for t in 0..ROWS {
+            // Only the chunk's rows: the `yd` slots past `cnt` (in the 4-lane load) keep
+            // earlier bytes, whose results are never stored (every lane is independent).
+            for t in 0..cnt {
                 for b in 0..nb {
-                    // Rows past `cnt` repeat the last one (their results are not stored).
-                    let xb = &x[(jc + t.min(cnt - 1)) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
+                    let xb = &x[(jc + t) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
                     perm32_block(&xb[Q8K_QS..Q8K_BSUMS], &mut p32);
                     let dst = &mut scratch[(t * nb + b) * PER..][..PER];
                     masked_block(&p32, dst);
