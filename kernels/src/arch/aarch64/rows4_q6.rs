@@ -36,12 +36,25 @@ const PER: usize = 512;
 const SCALES: usize = 8;
 const QUANTS: usize = 72;
 
+/// Activation rows from which [`gemm`] takes [`q6_fold`] (below: [`q6_sdot`]).
+const FOLD_FROM: usize = 5;
+
+/// Repacked Q6_K x Q8_K (`rows` a multiple of 4, `n, nb >= 1`) on SDOT: the masked,
+/// scaled-sum kernel for few activation rows, the folded one from [`FOLD_FROM`].
+pub(super) fn gemm(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+    if n >= FOLD_FROM {
+        q6_fold(nb, w, rows, x, n, out)
+    } else {
+        q6_sdot(nb, w, rows, x, n, out)
+    }
+}
+
 /// Repacked Q6_K x Q8_K (`rows` a multiple of 4, `n, nb >= 1`): up to [`ROWS`] activation
 /// rows prepared per chunk, then every weight row decoded once per block and run against all
 /// of them. Float epilogue as the reference's: `sums[l] += (d * yd) * lane[l]`, then `0 +
 /// sums[0] + ... + sums[7]`.
 #[inline(never)]
-pub(super) fn q6_sdot(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+fn q6_sdot(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
     let xrow = nb * Q8K_BYTES;
     SCRATCH.with(|s| {
         let mut scratch = s.borrow_mut();
@@ -78,6 +91,28 @@ pub(super) fn q6_sdot(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out:
             }
         }
     });
+}
+
+/// The quants minus 32 of a 16-byte `ql` vector `v` of run `H2` (0: `ql[64k..]`, 1: `ql[64k +
+/// 32..]`) and its `qh` vector with each field's top bit flipped (`fqh = qh ^ 0xAA`): `(low
+/// nibbles', high nibbles')`, in `v`'s byte order.
+#[inline(always)]
+fn quants<const H2: usize>(v: uint8x16_t, fqh: uint8x16_t) -> (int8x16_t, int8x16_t) {
+    // SAFETY: NEON register arithmetic only.
+    unsafe {
+        let f = vreinterpretq_s8_u8(fqh);
+        // Field H2 (low nibbles) and 2 + H2 (high nibbles) moved to bits 6-7.
+        let (fl, fh) = if H2 == 0 {
+            (vshlq_n_s8::<6>(f), vshlq_n_s8::<2>(f))
+        } else {
+            (vshlq_n_s8::<4>(f), f)
+        };
+        // Sign-extended back: `hi - 2` in the low bits (SLI keeps four of them) or in bits
+        // 4-7 (SRI keeps those).
+        let lo = vsliq_n_u8::<4>(v, vreinterpretq_u8_s8(vshrq_n_s8::<6>(fl)));
+        let hi = vsriq_n_u8::<4>(vreinterpretq_u8_s8(vshrq_n_s8::<2>(fh)), v);
+        (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi))
+    }
 }
 
 /// The 256 PERM32-ordered quants `p32` as [`PER`] bytes of masked copies.
@@ -154,12 +189,7 @@ fn q6_row<const NA: usize>(nb: usize, w: &[u8], r: usize, prep: &[u8]) -> [KAcc;
                     let (rl, rh) = (64 * (4 * $k + $h2), 64 * (4 * $k + 2 + $h2));
                     for i in 0..2 {
                         let v = ld(q, 96 * $k + 32 + 32 * $h2 + 16 * i);
-                        let f = vreinterpretq_s8_u8($qh[i]);
-                        let lo6 = vshrq_n_s8::<6>(vshlq_n_s8::<{ 6 - 2 * $h2 }>(f));
-                        let wl = vsliq_n_u8::<4>(v, vreinterpretq_u8_s8(lo6));
-                        let hi6 = vshrq_n_s8::<2>(vshlq_n_s8::<{ 2 - 2 * $h2 }>(f));
-                        let wh = vsriq_n_u8::<4>(vreinterpretq_u8_s8(hi6), v);
-                        let (wl, wh) = (vreinterpretq_s8_u8(wl), vreinterpretq_s8_u8(wh));
+                        let (wl, wh) = quants::<$h2>(v, $qh[i]);
                         for (x, (c, a)) in xs.iter().zip(cs.iter_mut().zip(acc.iter_mut())) {
                             let (c, a) = (&mut c[i], &mut a[i]);
                             let xv = |at: usize| vreinterpretq_s8_u8(ld(x, at + 32 * i));
@@ -194,6 +224,154 @@ fn q6_row<const NA: usize>(nb: usize, w: &[u8], r: usize, prep: &[u8]) -> [KAcc;
     core::array::from_fn(|t| {
         if t < NA {
             KAcc::from_parts(lo[t], hi[t], 0.0)
+        } else {
+            KAcc::zero()
+        }
+    })
+}
+
+/// Activation rows [`q6_fold`] runs against each decoded weight row at once.
+const FOLD_ROWS: usize = 8;
+
+/// Repacked Q6_K x Q8_K with each quant times its scale folded into the weights per call and
+/// split as `64 * hi + lo` into two int8 streams (`unpack::split64`): both streams' SDOT lanes
+/// are sums of one reference lane over any groups, so no per-group step and no masked copies:
+/// two SDOTs per decoded 16-byte vector and activation row (against the activations in plain
+/// `unpack::PERM32` order) where [`q6_sdot`] needs four and four multiply-adds, for a fold of
+/// six instructions per vector and row that up to [`FOLD_ROWS`] activation rows share. The
+/// lane halves run one after the other (two integer accumulators per activation row), and each
+/// lane is `64 * hi + lo` of its two sums, exact in int32. Float epilogue as [`q6_sdot`]'s.
+#[inline(never)]
+fn q6_fold(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+    let xrow = nb * Q8K_BYTES;
+    SCRATCH.with(|s| {
+        let mut scratch = s.borrow_mut();
+        // The prepared rows (256 bytes per block), then each block's eight `yd`.
+        let yds = FOLD_ROWS * nb * 256;
+        if scratch.len() < yds + nb * 32 {
+            scratch.resize(yds + nb * 32, 0);
+        }
+        for jc in (0..n).step_by(FOLD_ROWS) {
+            let cnt = FOLD_ROWS.min(n - jc);
+            // Only the chunk's rows: the `yd` slots past `cnt` (in the 4-lane loads) keep
+            // earlier bytes, whose results are never stored (every lane is independent).
+            for t in 0..cnt {
+                for b in 0..nb {
+                    let xb = &x[(jc + t) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
+                    perm32_block(&xb[Q8K_QS..Q8K_BSUMS], &mut scratch[(t * nb + b) * 256..]);
+                    scratch[yds + 32 * b + 4 * t..][..4].copy_from_slice(&xb[..4]);
+                }
+            }
+            let prep = &scratch[..yds + nb * 32];
+            for r in 0..rows {
+                let acc = match cnt {
+                    1 => fold_row::<1>(nb, w, r, prep),
+                    2 => fold_row::<2>(nb, w, r, prep),
+                    3 => fold_row::<3>(nb, w, r, prep),
+                    4 => fold_row::<4>(nb, w, r, prep),
+                    5 => fold_row::<5>(nb, w, r, prep),
+                    6 => fold_row::<6>(nb, w, r, prep),
+                    7 => fold_row::<7>(nb, w, r, prep),
+                    _ => fold_row::<FOLD_ROWS>(nb, w, r, prep),
+                };
+                for (t, a) in acc.into_iter().enumerate().take(cnt) {
+                    out[r * n + jc + t] = a.finish(Kind::Q6);
+                }
+            }
+        }
+    });
+}
+
+/// [`q6_fold`]'s accumulators of weight row `r` against the first `NA` of the [`FOLD_ROWS`]
+/// prepared activation rows `prep` (the rest are zero).
+#[inline(always)]
+fn fold_row<const NA: usize>(nb: usize, w: &[u8], r: usize, prep: &[u8]) -> [KAcc; FOLD_ROWS] {
+    // Bytes 4l + m of a vector (lane l's elements l + 8m): scale `2j` for m = 0, 1 and `2j +
+    // 1` for m = 2, 3 of the chain-ordered scales, `j` added per run.
+    const PICK: [u8; 16] = [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1];
+    let wb = block_bytes(Q6);
+    let wrow = nb * wb;
+    let yds = FOLD_ROWS * nb * 256;
+    let h = r % 4;
+    // SAFETY: NEON register arithmetic only.
+    let zero = unsafe { vdupq_n_f32(0.0) };
+    let mut sums = [[zero; 2]; NA];
+    for b in 0..nb {
+        // Whole groups of four rows (`QMatrix::in_layout` checked it).
+        let g = &w[(r / 4) * 4 * wrow + b * 4 * wb..][..4 * wb];
+        let d = unpack::f16_at(g, 2 * h);
+        let sc = &g[SCALES + 16 * h..][..16];
+        let q = &g[QUANTS + 192 * h..][..192];
+        let xs: [&[u8]; NA] = core::array::from_fn(|t| &prep[(t * nb + b) * 256..][..256]);
+        // SAFETY: this path runs only under a Dotprod or I8mm capability (SDOT); the rest is
+        // NEON register arithmetic and 16-byte loads inside `sc`, `q`, `xs`, `PICK` (bounds-
+        // checked by the slices above and `ld`) and `prep` (`yd`: 16 bytes at `yds + 32b` and
+        // `yds + 32b + 16`).
+        unsafe {
+            let ld = |v: &[u8], at: usize| vld1q_u8(v[at..at + 16].as_ptr());
+            let s8 = vreinterpretq_s8_u8(ld(sc, 0));
+            let pick = vld1q_u8(PICK.as_ptr());
+            // The scales of chain steps `2j`, `2j + 1` in each lane's bytes 0-1, 2-3.
+            let scales = |j: u8| vqtbl1q_s8(s8, vaddq_u8(pick, vdupq_n_u8(2 * j)));
+            let flip = vdupq_n_u8(0xaa);
+            let yd = &prep[yds + 32 * b..][..32];
+            let dy = [
+                vmulq_n_f32(vld1q_f32(yd.as_ptr().cast::<f32>()), d),
+                vmulq_n_f32(vld1q_f32(yd[16..].as_ptr().cast::<f32>()), d),
+            ];
+            for i in 0..2 {
+                let mut hi = [vdupq_n_s32(0); NA];
+                let mut lo = [vdupq_n_s32(0); NA];
+                macro_rules! run {
+                    ($k:literal, $h2:literal, $fqh:ident) => {{
+                        let v = ld(q, 96 * $k + 32 + 32 * $h2 + 16 * i);
+                        let (wl, wh) = quants::<$h2>(v, $fqh);
+                        // Chain steps 8k + 4h2 + (0, 1) (low nibbles), + (2, 3) (high).
+                        let (hl, ll) = unpack::split64(wl, scales(4 * $k + 2 * $h2));
+                        let (hh, lh) = unpack::split64(wh, scales(4 * $k + 2 * $h2 + 1));
+                        let s8 = |v: uint8x16_t| vreinterpretq_s8_u8(v);
+                        let (hl, ll, hh, lh) = (s8(hl), s8(ll), s8(hh), s8(lh));
+                        // PERM32 runs of 32 elements: 4k + h2 (low nibbles), 4k + 2 + h2.
+                        let (rl, rh) = (
+                            32 * (4 * $k + $h2) + 16 * i,
+                            32 * (4 * $k + 2 + $h2) + 16 * i,
+                        );
+                        for (x, (h, l)) in xs.iter().zip(hi.iter_mut().zip(lo.iter_mut())) {
+                            let (xl, xh) = (s8(ld(x, rl)), s8(ld(x, rh)));
+                            *h = dotprod::sdot(*h, hl, xl);
+                            *l = dotprod::sdot(*l, ll, xl);
+                            *h = dotprod::sdot(*h, hh, xh);
+                            *l = dotprod::sdot(*l, lh, xh);
+                        }
+                    }};
+                }
+                for k in 0..2 {
+                    let fqh = veorq_u8(ld(q, 96 * k + 16 * i), flip);
+                    if k == 0 {
+                        run!(0, 0, fqh);
+                        run!(0, 1, fqh);
+                    } else {
+                        run!(1, 0, fqh);
+                        run!(1, 1, fqh);
+                    }
+                }
+                for (t, (h, l)) in hi.iter().zip(&lo).enumerate() {
+                    // The reference's lane: 64 * hi + lo, then `sums[l] += (d * yd) * lane`.
+                    let lane = vcvtq_f32_s32(vmlaq_n_s32(*l, *h, 64));
+                    let dyt = vdupq_laneq_f32::<0>(match t % 4 {
+                        0 => dy[t / 4],
+                        1 => vextq_f32::<1>(dy[t / 4], dy[t / 4]),
+                        2 => vextq_f32::<2>(dy[t / 4], dy[t / 4]),
+                        _ => vextq_f32::<3>(dy[t / 4], dy[t / 4]),
+                    });
+                    sums[t][i] = vaddq_f32(sums[t][i], vmulq_f32(lane, dyt));
+                }
+            }
+        }
+    }
+    core::array::from_fn(|t| {
+        if t < NA {
+            KAcc::from_parts(sums[t][0], sums[t][1], 0.0)
         } else {
             KAcc::zero()
         }
