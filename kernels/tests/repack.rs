@@ -1,4 +1,4 @@
-//! Repacked weights (`formats::repack`, `Layout::Rows4`: Q8_0, Q4_0, Q4_K, Q5_K and Q6_K four rows at a time)
+//! Repacked weights (`formats::repack`, `Layout::Rows4`: Q8_0, Q4_0, Q3_K, Q4_K, Q5_K and Q6_K four rows at a time)
 //! give the scalar reference's bits on every tier: the aarch64 SDOT and SMMLA tiers read the
 //! layout directly (checked here against the GGUF bytes' reference, at every activation count
 //! that meets their remainders), every other tier through the scalar fallback's restore. A
@@ -12,9 +12,10 @@ use nightshift_kernels::rng::SplitMix64;
 use nightshift_kernels::{quantize_row, scalar, GgmlType, QMatrix};
 use proptest::prelude::*;
 
-const TYPES: [GgmlType; 5] = [
+const TYPES: [GgmlType; 6] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
+    GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
@@ -35,6 +36,8 @@ fn first_slices(ty: GgmlType) -> (std::ops::Range<usize>, std::ops::Range<usize>
         GgmlType::Q5_K => (192..196, 196..200),
         // after the scales: row 0's 192 quant bytes, then row 1's
         GgmlType::Q6_K => (72..264, 264..456),
+        // after the scales: row 0's 96 quant bytes, then row 1's
+        GgmlType::Q3_K => (56..152, 152..248),
         // the scales take bytes 0..8, then row 0's and row 1's 8-byte k-slices
         _ => (8..16, 16..24),
     }
@@ -147,7 +150,7 @@ impl Case {
 proptest! {
     #[test]
     fn repacked_weights_match_the_reference_on_every_tier(
-        t in 0usize..5,
+        t in 0usize..6,
         blocks in 1usize..5,
         groups in 1usize..4,
         n in 1usize..12,

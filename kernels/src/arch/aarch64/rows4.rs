@@ -31,8 +31,9 @@ pub(super) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
         (Kind::Q5, true) => rows4_mm::<true>(nb, w, rows, x, n, out),
         (Kind::Q5, false) => rows4_sdot::<true>(nb, w, rows, x, n, out),
         (Kind::Q6, _) => super::rows4_q6::gemm(nb, w, rows, x, n, out),
+        (Kind::Q3, _) => super::rows4_q3::gemm(nb, w, rows, x, n, out),
         // `reads_repacked` admits no other K-quant.
-        (Kind::Q2 | Kind::Q3, _) => unreachable!("no repacked {kind:?} path"),
+        (Kind::Q2, _) => unreachable!("no repacked {kind:?} path"),
     }
 }
 

@@ -16,6 +16,11 @@
 //! 2-bit two's-complement `hi - 2`; shifting a field to the top and arithmetically back gives
 //! it sign-extended, which SLI (low nibbles) or SRI (high nibbles) joins to the nibble:
 //! `16 * (hi - 2) + nibble = q - 32`.
+//!
+//! From [`FOLD_FROM`] activation rows, [`q6_fold`] instead folds each quant times its scale
+//! into the decoded weights (two int8 streams, `64 * hi + lo`) and runs plain SDOT against up
+//! to [`FOLD_ROWS`] activation rows per decoded vector; its chunked activation preparation
+//! ([`Chunks`]) also serves `rows4_q3`.
 
 use core::arch::aarch64::*;
 
@@ -230,8 +235,8 @@ fn q6_row<const NA: usize>(nb: usize, w: &[u8], r: usize, prep: &[u8]) -> [KAcc;
     })
 }
 
-/// Activation rows [`q6_fold`] runs against each decoded weight row at once.
-const FOLD_ROWS: usize = 8;
+/// Activation rows [`q6_fold`] (and `rows4_q3`) run against each decoded weight row at once.
+pub(super) const FOLD_ROWS: usize = 8;
 
 /// Repacked Q6_K x Q8_K with each quant times its scale folded into the weights per call and
 /// split as `64 * hi + lo` into two int8 streams (`unpack::split64`): both streams' SDOT lanes
@@ -243,43 +248,72 @@ const FOLD_ROWS: usize = 8;
 /// lane is `64 * hi + lo` of its two sums, exact in int32. Float epilogue as [`q6_sdot`]'s.
 #[inline(never)]
 fn q6_fold(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
-    let xrow = nb * Q8K_BYTES;
-    SCRATCH.with(|s| {
-        let mut scratch = s.borrow_mut();
-        // The prepared rows (256 bytes per block), then each block's eight `yd`.
-        let yds = FOLD_ROWS * nb * 256;
-        if scratch.len() < yds + nb * 32 {
-            scratch.resize(yds + nb * 32, 0);
-        }
-        for jc in (0..n).step_by(FOLD_ROWS) {
-            let cnt = FOLD_ROWS.min(n - jc);
-            // Only the chunk's rows: the `yd` slots past `cnt` (in the 4-lane loads) keep
-            // earlier bytes, whose results are never stored (every lane is independent).
-            for t in 0..cnt {
-                for b in 0..nb {
-                    let xb = &x[(jc + t) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
-                    perm32_block(&xb[Q8K_QS..Q8K_BSUMS], &mut scratch[(t * nb + b) * 256..]);
-                    scratch[yds + 32 * b + 4 * t..][..4].copy_from_slice(&xb[..4]);
-                }
-            }
-            let prep = &scratch[..yds + nb * 32];
-            for r in 0..rows {
-                let acc = match cnt {
-                    1 => fold_row::<1>(nb, w, r, prep),
-                    2 => fold_row::<2>(nb, w, r, prep),
-                    3 => fold_row::<3>(nb, w, r, prep),
-                    4 => fold_row::<4>(nb, w, r, prep),
-                    5 => fold_row::<5>(nb, w, r, prep),
-                    6 => fold_row::<6>(nb, w, r, prep),
-                    7 => fold_row::<7>(nb, w, r, prep),
-                    _ => fold_row::<FOLD_ROWS>(nb, w, r, prep),
-                };
-                for (t, a) in acc.into_iter().enumerate().take(cnt) {
-                    out[r * n + jc + t] = a.finish(Kind::Q6);
-                }
-            }
-        }
+    let t = Chunks { nb, w, rows, x, n };
+    t.run(Kind::Q6, out, |nb, w, r, prep, cnt| match cnt {
+        1 => fold_row::<1>(nb, w, r, prep),
+        2 => fold_row::<2>(nb, w, r, prep),
+        3 => fold_row::<3>(nb, w, r, prep),
+        4 => fold_row::<4>(nb, w, r, prep),
+        5 => fold_row::<5>(nb, w, r, prep),
+        6 => fold_row::<6>(nb, w, r, prep),
+        7 => fold_row::<7>(nb, w, r, prep),
+        _ => fold_row::<FOLD_ROWS>(nb, w, r, prep),
     });
+}
+
+/// A repacked K-quant GEMM over chunks of up to [`FOLD_ROWS`] activation rows, each prepared
+/// once per chunk in `unpack::PERM32` order ([`perm_yds`]).
+pub(super) struct Chunks<'a> {
+    pub(super) nb: usize,
+    pub(super) w: &'a [u8],
+    pub(super) rows: usize,
+    pub(super) x: &'a [u8],
+    pub(super) n: usize,
+}
+
+/// Where the `yd`s start in a chunk's prepared activations (`nb` blocks): after the rows'
+/// 256-byte PERM32 blocks (row-major), eight `yd` (f32) per block at `perm_yds(nb) + 32b`.
+pub(super) const fn perm_yds(nb: usize) -> usize {
+    FOLD_ROWS * nb * 256
+}
+
+impl Chunks<'_> {
+    /// `out[r * n + j]` for every weight row `r`: `row(nb, w, r, prep, cnt)` gives the
+    /// accumulators of row `r` against the chunk's `cnt` prepared rows.
+    pub(super) fn run(
+        &self,
+        kind: Kind,
+        out: &mut [f32],
+        row: impl Fn(usize, &[u8], usize, &[u8], usize) -> [KAcc; FOLD_ROWS],
+    ) {
+        let Chunks { nb, w, rows, x, n } = *self;
+        let xrow = nb * Q8K_BYTES;
+        SCRATCH.with(|s| {
+            let mut scratch = s.borrow_mut();
+            let yds = perm_yds(nb);
+            if scratch.len() < yds + nb * 32 {
+                scratch.resize(yds + nb * 32, 0);
+            }
+            for jc in (0..n).step_by(FOLD_ROWS) {
+                let cnt = FOLD_ROWS.min(n - jc);
+                // Only the chunk's rows: the `yd` slots past `cnt` (in the 4-lane loads) keep
+                // earlier bytes, whose results are never stored (every lane is independent).
+                for t in 0..cnt {
+                    for b in 0..nb {
+                        let xb = &x[(jc + t) * xrow + b * Q8K_BYTES..][..Q8K_BYTES];
+                        perm32_block(&xb[Q8K_QS..Q8K_BSUMS], &mut scratch[(t * nb + b) * 256..]);
+                        scratch[yds + 32 * b + 4 * t..][..4].copy_from_slice(&xb[..4]);
+                    }
+                }
+                let prep = &scratch[..yds + nb * 32];
+                for r in 0..rows {
+                    for (t, a) in row(nb, w, r, prep, cnt).into_iter().enumerate().take(cnt) {
+                        out[r * n + jc + t] = a.finish(kind);
+                    }
+                }
+            }
+        });
+    }
 }
 
 /// [`q6_fold`]'s accumulators of weight row `r` against the first `NA` of the [`FOLD_ROWS`]
@@ -291,7 +325,7 @@ fn fold_row<const NA: usize>(nb: usize, w: &[u8], r: usize, prep: &[u8]) -> [KAc
     const PICK: [u8; 16] = [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1];
     let wb = block_bytes(Q6);
     let wrow = nb * wb;
-    let yds = FOLD_ROWS * nb * 256;
+    let yds = perm_yds(nb);
     let h = r % 4;
     // SAFETY: NEON register arithmetic only.
     let zero = unsafe { vdupq_n_f32(0.0) };
@@ -358,13 +392,7 @@ fn fold_row<const NA: usize>(nb: usize, w: &[u8], r: usize, prep: &[u8]) -> [KAc
                 for (t, (h, l)) in hi.iter().zip(&lo).enumerate() {
                     // The reference's lane: 64 * hi + lo, then `sums[l] += (d * yd) * lane`.
                     let lane = vcvtq_f32_s32(vmlaq_n_s32(*l, *h, 64));
-                    let dyt = vdupq_laneq_f32::<0>(match t % 4 {
-                        0 => dy[t / 4],
-                        1 => vextq_f32::<1>(dy[t / 4], dy[t / 4]),
-                        2 => vextq_f32::<2>(dy[t / 4], dy[t / 4]),
-                        _ => vextq_f32::<3>(dy[t / 4], dy[t / 4]),
-                    });
-                    sums[t][i] = vaddq_f32(sums[t][i], vmulq_f32(lane, dyt));
+                    sums[t][i] = vaddq_f32(sums[t][i], vmulq_f32(lane, lane_of(&dy, t)));
                 }
             }
         }
@@ -376,4 +404,19 @@ fn fold_row<const NA: usize>(nb: usize, w: &[u8], r: usize, prep: &[u8]) -> [KAc
             KAcc::zero()
         }
     })
+}
+
+/// Lane `t` of the eight values `v` (two vectors) in every lane of a vector.
+#[inline(always)]
+pub(super) fn lane_of(v: &[float32x4_t; 2], t: usize) -> float32x4_t {
+    // SAFETY: NEON register arithmetic only.
+    unsafe {
+        let h = v[t / 4];
+        match t % 4 {
+            0 => vdupq_laneq_f32::<0>(h),
+            1 => vdupq_laneq_f32::<1>(h),
+            2 => vdupq_laneq_f32::<2>(h),
+            _ => vdupq_laneq_f32::<3>(h),
+        }
+    }
 }

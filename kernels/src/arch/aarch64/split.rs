@@ -12,7 +12,7 @@
 //! - Q4_K and Q5_K repacked at load (`formats::repack::Layout::Rows4`): the `rows4` module
 //!   (SDOT on PERM32 with scaled cumulative sums, USMMLA tiles), which shares this module's
 //!   activation preparation;
-//! - Q3_K (dotprod and i8mm): the scales folded into the weights (`unpack::q3_k_lanes`), so
+//! - file-order Q3_K (dotprod and i8mm; repacked: `rows4_q3`): the scales folded into the weights (`unpack::q3_k_lanes`), so
 //!   that 8 elements of one lane share an 8-byte slice: plain SDOT, and unmasked 2x2 SMMLA tiles
 //!   ([`q3_k_gemm`]).
 //!

@@ -80,7 +80,7 @@ fn store16(u: &mut Unpacked, at: usize, v: uint8x16_t) {
 /// `(qs[32k + l] >> 2j) & 3`; group g has scale `sc[g] & 15` and min `sc[g] >> 4`.
 pub(crate) fn q2_k(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q2)];
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         let m3 = vdupq_n_u8(3);
         for k in 0..2 {
@@ -112,7 +112,7 @@ pub(crate) fn q2_k(b: &[u8], u: &mut Unpacked) {
 #[inline(always)]
 pub(crate) fn q2_k_scaled(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q2)];
-    // SAFETY (whole block): NEON register arithmetic only; `u.mins` is 16 writable i16.
+    // SAFETY: (whole block) NEON register arithmetic only; `u.mins` is 16 writable i16.
     unsafe {
         let m3 = vdupq_n_u8(3);
         let sm = load16(b, 0);
@@ -156,7 +156,7 @@ pub(crate) fn q2_k_scaled(b: &[u8], u: &mut Unpacked) {
 /// `((qs[32k + l] >> 2j) & 3) - (hmask[l] has bit 4k + j ? 0 : 4)`; scales are 6-bit minus 32.
 pub(crate) fn q3_k(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q3)];
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         let m3 = vdupq_n_u8(3);
         let four = vdupq_n_u8(4);
@@ -223,6 +223,12 @@ pub(crate) fn lanes8_chunks(v0: [uint8x16_t; 2], v1: [uint8x16_t; 2]) -> [uint8x
 #[inline(always)]
 fn q3_k_scales(b: &[u8]) -> uint8x16_t {
     // The 16 bytes ending with the block: the 12 scale bytes (96..108) sit at lanes 2..14.
+    q3_k_scales16(load16(&b[..block_bytes(Q3)], block_bytes(Q3) - 16))
+}
+
+/// [`q3_k_scales`] from 16 bytes `v` holding the 12 scale bytes at lanes 2..14.
+#[inline(always)]
+pub(crate) fn q3_k_scales16(v: uint8x16_t) -> uint8x16_t {
     const LOW_AT: [u8; 16] = [2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9];
     const LOW_SHIFT: [i8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, -4, -4, -4, -4, -4, -4, -4, -4];
     const HIGH_AT: [u8; 16] = [
@@ -231,7 +237,6 @@ fn q3_k_scales(b: &[u8]) -> uint8x16_t {
     const HIGH_SHIFT: [i8; 16] = [0, 0, 0, 0, -2, -2, -2, -2, -4, -4, -4, -4, -6, -6, -6, -6];
     // SAFETY: the constants are 16 readable bytes each; the rest is NEON register arithmetic.
     unsafe {
-        let v = load16(&b[..block_bytes(Q3)], block_bytes(Q3) - 16);
         let low = vshlq_u8(
             vqtbl1q_u8(v, vld1q_u8(LOW_AT.as_ptr())),
             vld1q_s8(LOW_SHIFT.as_ptr()),
@@ -254,7 +259,7 @@ fn q3_k_scales(b: &[u8]) -> uint8x16_t {
 /// exactly. `scales`/`mins` are not used by the cores of this layout and are set to zero.
 pub(crate) fn q3_k_lanes(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q3)];
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         let m3 = vdupq_n_u8(3);
         let four = vdupq_n_u8(4);
@@ -300,7 +305,7 @@ pub(crate) fn q3_k_lanes(b: &[u8], u: &mut Unpacked) {
 /// element `64j + 32 + l` is `qs[32j + l] >> 4`; 6-bit scale and min per 32 elements.
 pub(crate) fn q4_k(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q4)];
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         let m15 = vdupq_n_u8(15);
         for j in 0..4 {
@@ -327,7 +332,7 @@ pub(crate) fn q4_k(b: &[u8], u: &mut Unpacked) {
 /// and bits 0-1, 2-3, 4-5, 6-7 of `qh[32k + l]`, minus 32.
 pub(crate) fn q6_k(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q6)];
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         let m15 = vdupq_n_u8(15);
         let m48 = vdupq_n_u8(0x30);
@@ -425,7 +430,7 @@ fn fold_perm32(
     // Group 2j (low nibbles) and 2j + 1 (high nibbles) of 32 per j: byte 2j + h of `sv`.
     let mut sb = [0u8; 16];
     sb[..8].copy_from_slice(&s);
-    // SAFETY (whole block): NEON register arithmetic only; `sb` is 16 readable bytes and every
+    // SAFETY: (whole block) NEON register arithmetic only; `sb` is 16 readable bytes and every
     // store writes 16 bytes inside `u.q` or `q2` (bounds-checked slices).
     unsafe {
         let m15 = vdupq_n_u8(15);
@@ -557,7 +562,7 @@ pub(crate) fn split64(q: int8x16_t, s: int8x16_t) -> (uint8x16_t, uint8x16_t) {
 pub(crate) fn q6_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     q6_k(b, u);
     let b = &b[..block_bytes(Q6)];
-    // SAFETY (whole block): NEON register arithmetic only; loads and stores are 16 bytes
+    // SAFETY: (whole block) NEON register arithmetic only; loads and stores are 16 bytes
     // inside `b`, `u.q` and `q2` (bounds-checked slices).
     unsafe {
         let sv = vld1q_s8(b[192..208].as_ptr().cast::<i8>());
@@ -622,7 +627,7 @@ fn q5_k_fill(
     h: (uint8x16_t, uint8x16_t),
     run: impl Fn(usize) -> (uint8x16_t, uint8x16_t),
 ) {
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         let m15 = vdupq_n_u8(15);
         let sixteen = vdupq_n_u8(16);
