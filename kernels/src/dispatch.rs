@@ -290,8 +290,8 @@ pub fn active_tier() -> Tier {
 }
 
 /// The layout resident weights of type `ty` (`rows` rows) should be repacked into for the
-/// tier [`crate::gemm`] uses ([`active_tier`]): [`Layout::Rows4`] for Q8_0, Q4_0, Q4_K and
-/// Q5_K on the aarch64 SDOT and SMMLA tiers (`formats::repack`), GGUF order otherwise or when
+/// tier [`crate::gemm`] uses ([`active_tier`]): [`Layout::Rows4`] for Q8_0, Q4_0, Q3_K,
+/// Q4_K, Q5_K and Q6_K on the aarch64 SDOT and SMMLA tiers (`formats::repack`), GGUF order otherwise or when
 /// `NIGHTSHIFT_REPACK=off` (for A/B runs). Read by the code that makes resident copies
 /// (`model::resident`); mapped weights always stay in file order.
 pub fn resident_layout(ty: GgmlType, rows: usize) -> Layout {

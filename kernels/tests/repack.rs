@@ -1,4 +1,4 @@
-//! Repacked weights (`formats::repack`, `Layout::Rows4`: Q8_0, Q4_0, Q4_K and Q5_K four rows at a time)
+//! Repacked weights (`formats::repack`, `Layout::Rows4`: Q8_0, Q4_0, Q3_K, Q4_K, Q5_K and Q6_K four rows at a time)
 //! give the scalar reference's bits on every tier: the aarch64 SDOT and SMMLA tiers read the
 //! layout directly (checked here against the GGUF bytes' reference, at every activation count
 //! that meets their remainders), every other tier through the scalar fallback's restore. A
@@ -12,11 +12,13 @@ use nightshift_kernels::rng::SplitMix64;
 use nightshift_kernels::{quantize_row, scalar, GgmlType, QMatrix};
 use proptest::prelude::*;
 
-const TYPES: [GgmlType; 4] = [
+const TYPES: [GgmlType; 6] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
+    GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
+    GgmlType::Q6_K,
 ];
 
 /// `blocks` weight blocks of `ty` in elements (a row length).
@@ -32,6 +34,10 @@ fn first_slices(ty: GgmlType) -> (std::ops::Range<usize>, std::ops::Range<usize>
         GgmlType::Q4_K => (64..68, 68..72),
         // after the fifth-bit runs
         GgmlType::Q5_K => (192..196, 196..200),
+        // after the scales: row 0's 192 quant bytes, then row 1's
+        GgmlType::Q6_K => (72..264, 264..456),
+        // after the scales: row 0's 96 quant bytes, then row 1's
+        GgmlType::Q3_K => (56..152, 152..248),
         // the scales take bytes 0..8, then row 0's and row 1's 8-byte k-slices
         _ => (8..16, 16..24),
     }
@@ -144,7 +150,7 @@ impl Case {
 proptest! {
     #[test]
     fn repacked_weights_match_the_reference_on_every_tier(
-        t in 0usize..4,
+        t in 0usize..6,
         blocks in 1usize..5,
         groups in 1usize..4,
         n in 1usize..12,
@@ -158,9 +164,63 @@ proptest! {
 #[test]
 fn repacked_weights_match_at_every_remainder() {
     for ty in TYPES {
-        for n in [1, 2, 3, 4, 7, 8, 9, 16, 17] {
+        for n in [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17] {
             let c = case(ty, k_of(ty, 4), 12, n, n as u64 * 31 + 5);
             assert_eq!(c.check_all(&c.packed), Ok(()));
+        }
+    }
+}
+
+/// Every quant and scale byte at or near an extreme (the f16 fields stay those of quantized
+/// rows; activation quants of -128 and 127, Q8_K's group sums consistent with them): the largest integer sums and scale differences the
+/// repacked kernels meet, at batches that reach each of their activation-row counts.
+#[test]
+fn repacked_saturated_quants_match() {
+    let fills: [(&[u8], &[u8]); 4] = [
+        (&[0x00], &[0x80]),
+        (&[0xff], &[0x7f]),
+        (&[0x80], &[0x80]),
+        (&[0x00, 0xff, 0x80, 0x7f], &[0x80, 0x7f, 0x81]),
+    ];
+    for (fi, (wb, xb)) in fills.into_iter().enumerate() {
+        for ty in TYPES {
+            for n in [1, 2, 3, 4, 5, 9] {
+                let mut c = case(ty, k_of(ty, 2), 8, n, 40 + fi as u64);
+                let mut rng = SplitMix64::new(fi as u64);
+                let keep = ty.f16_fields();
+                for blk in c.w.chunks_exact_mut(ty.block_bytes()) {
+                    for (i, v) in blk.iter_mut().enumerate() {
+                        if !keep.iter().any(|&at| i == at || i == at + 1) {
+                            *v = wb[rng.below(wb.len() as u64) as usize];
+                        }
+                    }
+                }
+                let act = ty.vec_dot_type();
+                for blk in c.x.chunks_exact_mut(act.block_bytes()) {
+                    if act == GgmlType::Q8_0 {
+                        for v in &mut blk[2..] {
+                            *v = xb[rng.below(xb.len() as u64) as usize];
+                        }
+                        continue;
+                    }
+                    // Q8_K: d (f32), 256 quants, then the 16 group sums, kept consistent
+                    // (activations are always quantized in process).
+                    for v in &mut blk[4..260] {
+                        *v = xb[rng.below(xb.len() as u64) as usize];
+                    }
+                    for g in 0..16 {
+                        let sum: i16 = blk[4 + 16 * g..][..16]
+                            .iter()
+                            .map(|&q| q as i8 as i16)
+                            .sum();
+                        blk[260 + 2 * g..][..2].copy_from_slice(&sum.to_le_bytes());
+                    }
+                }
+                let m = QMatrix::new(ty, c.rows, c.k, &c.w).expect("weights");
+                let mut packed = vec![0u8; c.w.len()];
+                repack(&m, Layout::Rows4, &mut packed).expect("rows4 fits");
+                assert_eq!(c.check_all(&packed), Ok(()), "fill {fi}");
+            }
         }
     }
 }

@@ -16,7 +16,7 @@
 //! hold a read lock for one layer call, so a swap waits for the calls using the old copies.
 //! Copies are the file's blocks, in the order the active kernel tier reads fastest
 //! (`nightshift_kernels::dispatch::resident_layout`: on the aarch64 SDOT/SMMLA tiers Q8_0,
-//! Q4_0, Q4_K and Q5_K are repacked four rows at a time, same bytes, same length; elsewhere
+//! Q4_0, Q3_K, Q4_K, Q5_K and Q6_K are repacked four rows at a time, same bytes, same length; elsewhere
 //! the file's order):
 //! **which experts are resident never changes outputs.**
 

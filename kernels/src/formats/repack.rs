@@ -34,7 +34,31 @@
 //! bits of the elements whose low bits are in `qs[32j + t]`), then the quant runs at
 //! `192 + 256p + 64j + 16i`.
 //!
-//! Each 4-byte run is one reference lane (`e % 8`) of a group pair: `zip1/zip2.4s(v & 15,
+//! Q6_K in [`Layout::Rows4`] (4 x 210 bytes; a multiple of 4 rows), each row's bytes together
+//! (no row pairs: only SDOT reads it):
+//! - bytes `0..8`: the four rows' `d` (f16), row order;
+//! - `8..72`: each row `h`'s 16 scales at `8 + 16h`, in the order [`Q6_CHAIN`] (position `j`
+//!   holds scale `Q6_CHAIN[j]`), the order the SDOT kernel walks the groups of 16;
+//! - `72 + 192h`: row `h`'s quants, for each half `k` of the block (elements `128k..128k +
+//!   128`) 96 bytes at `72 + 192h + 96k`: the two 16-byte vectors of `qh[32k..32k + 32]`, then
+//!   those of `ql[64k..64k + 32]` and of `ql[64k + 32..64k + 64]`; vector `i` of a 32-byte run
+//!   `v` holds `v[4i + l + 8m]` at byte `4l + m` (l, m = 0..4).
+//!
+//! So each 4-byte lane of a `ql` vector is one reference lane (`e % 8`): its low nibbles are
+//! 2 + 2 elements of two consecutive groups of 16, its high nibbles the same of the groups 64
+//! elements on, and the `qh` vector at the same place holds the top two bits of all four
+//! (bits `2f..2f + 2`: field `f` = low nibbles of `ql[64k..]`, of `ql[64k + 32..]`, high
+//! nibbles of each).
+//!
+//! Q3_K in [`Layout::Rows4`] (4 x 110 bytes; a multiple of 4 rows), each row's bytes together:
+//! bytes `0..8` the four rows' `d`, `8..56` each row `h`'s 12 scale bytes at `8 + 12h` (as in
+//! the file), then row `h`'s quants at `56 + 96h`: the two 16-byte vectors of `hmask[0..32]`,
+//! then those of `qs[32k..32k + 32]` for `k` = 0, 1, each vector in Q6_K's lane order (byte
+//! `4l + m` of vector `i` is `v[4i + l + 8m]`). Byte `t` of a `qs` run holds elements `128k +
+//! 32j + t` (j = 0..4, all of lane `t % 8`) and `hmask[t]` their high bits, so each 4-byte lane
+//! of a decoded field is one reference lane: 2 + 2 elements of groups `8k + 2j`, `8k + 2j + 1`.
+//!
+//! Each 4-byte run of Q4_K/Q5_K is one reference lane (`e % 8`) of a group pair: `zip1/zip2.4s(v & 15,
 //! v >> 4)` of a 16-byte run are the SMMLA `A` operands of lanes `2i` and `2i + 1` (8 elements
 //! of one lane per row, 4 from each group: the lane-grouped order of
 //! `arch::aarch64::unpack::lanes8_chunks`), and `uzp1/uzp2.4s` of two runs give one row's
@@ -52,7 +76,8 @@ pub enum Layout {
     /// Row-major, each row its blocks in order: the file's layout.
     #[default]
     Gguf,
-    /// Four rows' blocks interleaved (see the module documentation): Q8_0, Q4_0, Q4_K, Q5_K.
+    /// Four rows' blocks interleaved (see the module documentation): Q8_0, Q4_0, Q3_K, Q4_K,
+    /// Q5_K, Q6_K.
     Rows4,
 }
 
@@ -91,7 +116,8 @@ impl Layout {
         }
         Err(KernelError::Layout {
             layout: self.name(),
-            expected: "q8_0, q4_0, q4_k or q5_k weights in a multiple of 4 rows".to_string(),
+            expected: "q8_0, q4_0, q3_k, q4_k, q5_k or q6_k weights in a multiple of 4 rows"
+                .to_string(),
             found: format!("{} weights in {rows} rows", ty.name()),
         })
     }
@@ -104,6 +130,8 @@ fn rows4_block(ty: GgmlType) -> Option<usize> {
         GgmlType::Q4_0 => Some(18),
         GgmlType::Q4_K => Some(144),
         GgmlType::Q5_K => Some(176),
+        GgmlType::Q3_K => Some(110),
+        GgmlType::Q6_K => Some(210),
         _ => None,
     }
 }
@@ -127,11 +155,50 @@ fn rows4_k_at(qh: bool, h: usize, i: usize) -> usize {
     }
 }
 
+/// The order of Q6_K's 16 scale groups in [`Layout::Rows4`] (position `j` holds group
+/// `Q6_CHAIN[j]`): per half of the block, the groups of `ql[64k..]`'s low nibbles, of its high
+/// nibbles, then the same for `ql[64k + 32..]`. Its own inverse.
+pub const Q6_CHAIN: [usize; 16] = [0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15];
+
+/// Where byte `t` of a 32-byte run lands in its two 16-byte vectors of Q3_K's and Q6_K's
+/// [`Layout::Rows4`]: vector `(t % 8) / 4`, byte `4 (t % 4) + t / 8` of it.
+fn lane_slot(t: usize) -> usize {
+    16 * ((t % 8) / 4) + 4 * (t % 4) + t / 8
+}
+
+/// [`rows4_at`] for Q3_K (see the module documentation).
+fn rows4_q3_at(h: usize, i: usize) -> usize {
+    let row = 56 + 96 * h;
+    match i {
+        0..=95 => row + 32 * (i / 32) + lane_slot(i % 32),
+        96..=107 => 8 + 12 * h + (i - 96),
+        _ => 2 * h + (i - 108),
+    }
+}
+
+/// [`rows4_at`] for Q6_K (see the module documentation).
+fn rows4_q6_at(h: usize, i: usize) -> usize {
+    let slot = lane_slot;
+    let row = 72 + 192 * h;
+    match i {
+        0..=127 => row + 96 * (i / 64) + 32 + 32 * ((i % 64) / 32) + slot(i % 32),
+        128..=191 => row + 96 * ((i - 128) / 32) + slot((i - 128) % 32),
+        192..=207 => 8 + 16 * h + Q6_CHAIN[i - 192],
+        _ => 2 * h + (i - 208),
+    }
+}
+
 /// Where byte `i` of row `h` (0..4 in its group)'s block lands inside the group's block of
 /// [`Layout::Rows4`] (`i` counts the block's bytes as in the file; `bb`: bytes per block).
 fn rows4_at(ty: GgmlType, bb: usize, h: usize, i: usize) -> usize {
     if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
         return rows4_k_at(ty == GgmlType::Q5_K, h, i);
+    }
+    if ty == GgmlType::Q6_K {
+        return rows4_q6_at(h, i);
+    }
+    if ty == GgmlType::Q3_K {
+        return rows4_q3_at(h, i);
     }
     let (p, r) = (h / 2, h % 2);
     if i < 2 {
@@ -230,6 +297,8 @@ mod tests {
             GgmlType::Q4_0,
             GgmlType::Q4_K,
             GgmlType::Q5_K,
+            GgmlType::Q3_K,
+            GgmlType::Q6_K,
         ] {
             let (rows, k) = (8, 2 * ty.block_len());
             let src = matrix(ty, rows, k);
@@ -288,6 +357,54 @@ mod tests {
     }
 
     #[test]
+    fn rows4_places_q6_k_lanes_row_by_row() {
+        let (rows, k) = (4, 256);
+        let ty = GgmlType::Q6_K;
+        let src = matrix(ty, rows, k);
+        let w = QMatrix::new(ty, rows, k, &src).expect("matrix");
+        let mut packed = vec![0u8; src.len()];
+        repack(&w, Layout::Rows4, &mut packed).expect("repack");
+        let blk = |row: usize, at: usize| src[row * 210 + at];
+        // d of row 3; row 1's scales in chain order (groups 0, 1, 4, 5, 2, ...)
+        assert_eq!(packed[6..8], src[3 * 210 + 208..4 * 210]);
+        let chain: Vec<u8> = Q6_CHAIN.iter().map(|&g| blk(1, 192 + g)).collect();
+        assert_eq!(packed[24..40], chain[..]);
+        // row 0, half 0: qh vector 0 holds qh[l + 8m] for lanes 0..4 at 4l + m
+        let qh0: Vec<u8> = (0..16).map(|b| blk(0, 128 + b / 4 + 8 * (b % 4))).collect();
+        assert_eq!(packed[72..88], qh0[..]);
+        // row 2, half 1, ql[96..128] (the second ql run of the half), vector 1: lanes 4..8
+        let v: Vec<u8> = (0..16)
+            .map(|b| blk(2, 96 + 4 + b / 4 + 8 * (b % 4)))
+            .collect();
+        let at = 72 + 192 * 2 + 96 + 64 + 16;
+        assert_eq!(packed[at..at + 16], v[..]);
+        // the last row's last vector ends the group block
+        assert_eq!(at + 192 + 16, 4 * 210);
+    }
+
+    #[test]
+    fn rows4_places_q3_k_lanes_row_by_row() {
+        let (rows, k) = (4, 256);
+        let ty = GgmlType::Q3_K;
+        let src = matrix(ty, rows, k);
+        let w = QMatrix::new(ty, rows, k, &src).expect("matrix");
+        let mut packed = vec![0u8; src.len()];
+        repack(&w, Layout::Rows4, &mut packed).expect("repack");
+        let blk = |row: usize, at: usize| src[row * 110 + at];
+        // d of row 2, row 3's scale bytes
+        assert_eq!(packed[4..6], src[2 * 110 + 108..3 * 110]);
+        assert_eq!(packed[44..56], src[3 * 110 + 96..3 * 110 + 108]);
+        // row 1's hmask vector 1: hmask[4 + l + 8m] at 4l + m
+        let hm: Vec<u8> = (0..16).map(|b| blk(1, 4 + b / 4 + 8 * (b % 4))).collect();
+        assert_eq!(packed[56 + 96 + 16..56 + 96 + 32], hm[..]);
+        // row 3's qs[32..64] vector 1 ends the group block
+        let qs: Vec<u8> = (0..16)
+            .map(|b| blk(3, 32 + 32 + 4 + b / 4 + 8 * (b % 4)))
+            .collect();
+        assert_eq!(packed[440 - 16..440], qs[..]);
+    }
+
+    #[test]
     fn rows4_rejects_what_it_cannot_hold() {
         let src = matrix(GgmlType::Q8_0, 6, 32);
         let w = QMatrix::new(GgmlType::Q8_0, 6, 32, &src).expect("matrix");
@@ -296,8 +413,8 @@ mod tests {
             repack(&w, Layout::Rows4, &mut dst),
             Err(KernelError::Layout { .. })
         ));
-        let src = matrix(GgmlType::Q6_K, 4, 256);
-        let w = QMatrix::new(GgmlType::Q6_K, 4, 256, &src).expect("matrix");
+        let src = matrix(GgmlType::Q2_K, 4, 256);
+        let w = QMatrix::new(GgmlType::Q2_K, 4, 256, &src).expect("matrix");
         let mut dst = vec![0u8; src.len()];
         assert!(repack(&w, Layout::Rows4, &mut dst).is_err());
         let mut short = vec![0u8; 3];

@@ -15,6 +15,7 @@ use super::kquant::{add_lanes, unpack_block, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q
 use super::legacy::{self, Legacy};
 use super::unpack::{self, Unpacked};
 use super::{dotprod, i8mm, neon, Level};
+use crate::formats::repack::Layout;
 use crate::{GgmlType, Tile};
 
 /// Activation rows processed per unpacked weight block.
@@ -33,6 +34,10 @@ pub(crate) fn gemm(level: Level, t: &mut Tile<'_>) {
             None => unreachable!("aarch64 driver called for {ty:?} without a path"),
         },
     };
+    if t.w().layout() == Layout::Rows4 {
+        // Repacked K-quants (`reads_repacked`): Q4_K, Q5_K, Q6_K.
+        return super::rows4::gemm(level, kind, t);
+    }
     if kind == Kind::Q6 && level == Level::I8mm && t.n() >= super::split::Q6_TILES_FROM {
         return super::split::q6_k_gemm(t);
     }

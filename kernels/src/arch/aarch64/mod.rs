@@ -16,7 +16,9 @@
 //!   [`legacy_mm`]: their dotprod and i8mm tiers, 4 weight rows x 8 activation rows per decoded
 //!   block (SDOT quads; SMMLA tiles of two row pairs x four activation pairs);
 //! - [`split`]: Q3_K/Q4_K/Q5_K on SDOT (and Q3_K, Q4_K, Q5_K, Q6_K on SMMLA), with lane-grouped element
-//!   orders so that a multiply-sum instruction never mixes two reference lanes.
+//!   orders so that a multiply-sum instruction never mixes two reference lanes;
+//!   [`rows4`], [`rows4_q3`], [`rows4_q6`]: the same for Q4_K/Q5_K, Q3_K and Q6_K weights
+//!   repacked at load.
 //!
 //! Integer-to-float conversions of sums below 2^22 in magnitude use `neon::from_magic` (the
 //! accumulator starts at a float's bits, one subtraction converts it exactly) instead of SCVTF,
@@ -34,10 +36,10 @@
 //! | type  | neon        | dotprod               | i8mm                                  |
 //! |-------|-------------|-----------------------|---------------------------------------|
 //! | Q2_K  | SMULL/SMLAL | SDOT, scales folded   | SMMLA 2x2 tiles (odd act/row: SDOT)   |
-//! | Q3_K  | SMULL/SMLAL | SDOT, LANES8          | SMMLA 2x2 tiles, LANES8               |
+//! | Q3_K  | SMULL/SMLAL | SDOT, LANES8 (repacked: SDOT, scales folded, 8 acts per decode) | SMMLA 2x2 tiles, LANES8 (repacked: SDOT as dotprod) |
 //! | Q4_K  | SMULL/SMLAL | SDOT, PERM32, folded (repacked: SDOT on PERM32, scaled sums) | USMMLA 2x2 tiles, LANES8, folded x2 (n = 1: SDOT; repacked, n = 1: SDOT on PERM32, scaled sums) |
 //! | Q5_K  | SMULL/SMLAL | SDOT on PERM32        | SDOT on PERM32 (repacked, n >= 2: USMMLA 2x2 tiles, LANES8, folded x2) |
-//! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL           | SMULL/SMLAL; n >= 5: SMMLA+USMMLA 2x2 tiles, LANES8, products split x2 |
+//! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL (repacked: SDOT, masked activations, scaled sums; n >= 5: SDOT, products split x2) | SMULL/SMLAL; n >= 5: SMMLA+USMMLA 2x2 tiles, LANES8, products split x2 (repacked: SDOT as dotprod) |
 //! | Q8_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | Q4_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | Q5_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
@@ -45,13 +47,17 @@
 //! | Q5_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | IQ*, TQ* | SMULL+SADDLP | SDOT              | SMMLA 2x2 tiles (odd act/row: SDOT)   |
 //!
-//! Q8_0, Q4_0, Q4_K and Q5_K also have dotprod/i8mm paths for weights repacked at load
-//! (`formats::repack::Layout::Rows4`, see `legacy_mm` and `split`): the same tiles with their
+//! Q8_0, Q4_0, Q3_K, Q4_K, Q5_K and Q6_K also have dotprod/i8mm paths for weights repacked at load
+//! (`formats::repack::Layout::Rows4`, see `legacy_mm` and `rows4`): the same tiles with their
 //! operands loaded (Q4_K/Q5_K: unpacked with zips and de-interleaving loads, no table lookups),
 //! not interleaved per call; repacked Q4_K/Q5_K take SDOT with the group scales applied to
 //! the integer sums (one activation row on i8mm, every count on dotprod) and USMMLA tiles from
 //! two activation rows on i8mm, each decoded operand used for several activation rows
-//! straight from its register. NEON declines repacked weights ([`reads_repacked`]).
+//! straight from its register; repacked Q3_K and Q6_K take SDOT on both tiers at every count
+//! ([`rows4_q3`]: the scales folded as decoded, each decoded vector against up to 8 activation
+//! rows; [`rows4_q6`]: below 5 activation rows two SDOTs per decoded operand against masked
+//! activation copies, one group each, from 5 the products folded and split in two streams).
+//! NEON declines repacked weights ([`reads_repacked`]).
 //!
 //! The i-quants and ternary types ([`iq`]) decode each block to signed bytes with the portable
 //! `arch::iq_tile` and need only 16-element group sums from a core.
@@ -71,6 +77,9 @@ mod kquant;
 mod legacy;
 mod legacy_mm;
 mod neon;
+mod rows4;
+mod rows4_q3;
+mod rows4_q6;
 mod split;
 mod unpack;
 
@@ -103,14 +112,20 @@ fn has_path(ty: GgmlType) -> bool {
 }
 
 /// Whether `level` has a path for `ty` weights repacked by `formats::repack` ([`Layout::Rows4`]:
-/// Q8_0 and Q4_0 on the SDOT and SMMLA tiers, `legacy_mm`; Q4_K and Q5_K on both, `split`), so
+/// Q8_0 and Q4_0 on the SDOT and SMMLA tiers, `legacy_mm`; Q3_K, Q4_K, Q5_K and Q6_K on both,
+/// `rows4`, `rows4_q3` and `rows4_q6`), so
 /// that resident copies for `level` are repacked (`dispatch::resident_layout_for`): every such
 /// path is predicted faster than the file order's (`benches/arm/REPORT.md`).
 pub(crate) fn reads_repacked(level: Level, ty: GgmlType) -> bool {
     level != Level::Neon
         && matches!(
             ty,
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q5_K
+            GgmlType::Q8_0
+                | GgmlType::Q4_0
+                | GgmlType::Q3_K
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::Q6_K
         )
 }
 

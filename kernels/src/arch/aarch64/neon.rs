@@ -65,7 +65,7 @@ pub(crate) fn ld_i16(v: &[i16; 16], at: usize) -> int16x8_t {
 #[inline(always)]
 pub(crate) fn split16(q: &[i8; 256], xq: &[u8], scales: &[i16; 16]) -> (int32x4_t, int32x4_t) {
     let xq = &xq[..256];
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         // The scales stay in two vectors and are applied by element (no general-register ->
         // vector moves); even and odd groups accumulate separately (shorter chains).

@@ -80,7 +80,7 @@ fn store16(u: &mut Unpacked, at: usize, v: uint8x16_t) {
 /// `(qs[32k + l] >> 2j) & 3`; group g has scale `sc[g] & 15` and min `sc[g] >> 4`.
 pub(crate) fn q2_k(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q2)];
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         let m3 = vdupq_n_u8(3);
         for k in 0..2 {
@@ -112,7 +112,7 @@ pub(crate) fn q2_k(b: &[u8], u: &mut Unpacked) {
 #[inline(always)]
 pub(crate) fn q2_k_scaled(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q2)];
-    // SAFETY (whole block): NEON register arithmetic only; `u.mins` is 16 writable i16.
+    // SAFETY: (whole block) NEON register arithmetic only; `u.mins` is 16 writable i16.
     unsafe {
         let m3 = vdupq_n_u8(3);
         let sm = load16(b, 0);
@@ -156,7 +156,7 @@ pub(crate) fn q2_k_scaled(b: &[u8], u: &mut Unpacked) {
 /// `((qs[32k + l] >> 2j) & 3) - (hmask[l] has bit 4k + j ? 0 : 4)`; scales are 6-bit minus 32.
 pub(crate) fn q3_k(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q3)];
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         let m3 = vdupq_n_u8(3);
         let four = vdupq_n_u8(4);
@@ -223,6 +223,12 @@ pub(crate) fn lanes8_chunks(v0: [uint8x16_t; 2], v1: [uint8x16_t; 2]) -> [uint8x
 #[inline(always)]
 fn q3_k_scales(b: &[u8]) -> uint8x16_t {
     // The 16 bytes ending with the block: the 12 scale bytes (96..108) sit at lanes 2..14.
+    q3_k_scales16(load16(&b[..block_bytes(Q3)], block_bytes(Q3) - 16))
+}
+
+/// [`q3_k_scales`] from 16 bytes `v` holding the 12 scale bytes at lanes 2..14.
+#[inline(always)]
+pub(crate) fn q3_k_scales16(v: uint8x16_t) -> uint8x16_t {
     const LOW_AT: [u8; 16] = [2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9];
     const LOW_SHIFT: [i8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, -4, -4, -4, -4, -4, -4, -4, -4];
     const HIGH_AT: [u8; 16] = [
@@ -231,7 +237,6 @@ fn q3_k_scales(b: &[u8]) -> uint8x16_t {
     const HIGH_SHIFT: [i8; 16] = [0, 0, 0, 0, -2, -2, -2, -2, -4, -4, -4, -4, -6, -6, -6, -6];
     // SAFETY: the constants are 16 readable bytes each; the rest is NEON register arithmetic.
     unsafe {
-        let v = load16(&b[..block_bytes(Q3)], block_bytes(Q3) - 16);
         let low = vshlq_u8(
             vqtbl1q_u8(v, vld1q_u8(LOW_AT.as_ptr())),
             vld1q_s8(LOW_SHIFT.as_ptr()),
@@ -254,7 +259,7 @@ fn q3_k_scales(b: &[u8]) -> uint8x16_t {
 /// exactly. `scales`/`mins` are not used by the cores of this layout and are set to zero.
 pub(crate) fn q3_k_lanes(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q3)];
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         let m3 = vdupq_n_u8(3);
         let four = vdupq_n_u8(4);
@@ -300,7 +305,7 @@ pub(crate) fn q3_k_lanes(b: &[u8], u: &mut Unpacked) {
 /// element `64j + 32 + l` is `qs[32j + l] >> 4`; 6-bit scale and min per 32 elements.
 pub(crate) fn q4_k(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q4)];
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         let m15 = vdupq_n_u8(15);
         for j in 0..4 {
@@ -327,7 +332,7 @@ pub(crate) fn q4_k(b: &[u8], u: &mut Unpacked) {
 /// and bits 0-1, 2-3, 4-5, 6-7 of `qh[32k + l]`, minus 32.
 pub(crate) fn q6_k(b: &[u8], u: &mut Unpacked) {
     let b = &b[..block_bytes(Q6)];
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         let m15 = vdupq_n_u8(15);
         let m48 = vdupq_n_u8(0x30);
@@ -425,7 +430,7 @@ fn fold_perm32(
     // Group 2j (low nibbles) and 2j + 1 (high nibbles) of 32 per j: byte 2j + h of `sv`.
     let mut sb = [0u8; 16];
     sb[..8].copy_from_slice(&s);
-    // SAFETY (whole block): NEON register arithmetic only; `sb` is 16 readable bytes and every
+    // SAFETY: (whole block) NEON register arithmetic only; `sb` is 16 readable bytes and every
     // store writes 16 bytes inside `u.q` or `q2` (bounds-checked slices).
     unsafe {
         let m15 = vdupq_n_u8(15);
@@ -522,6 +527,31 @@ pub(crate) fn q4_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     u.dmin = f16_at(b, 2);
 }
 
+/// The 16 products `p = q * s` (Q6_K's quants times their int8 scales, |p| <= 4096) split as
+/// `64 * hi + lo`: `(hi, lo)` with `hi = p >> 6` (-64..=64) and `lo = p & 63` (0..=63).
+#[inline(always)]
+pub(crate) fn split64(q: int8x16_t, s: int8x16_t) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: NEON register arithmetic only (SMULL2 is base Advanced SIMD).
+    unsafe {
+        let p0 = vmull_s8(vget_low_s8(q), vget_low_s8(s));
+        // `vmull_high_s8` in asm: LLVM lowers the intrinsic to two EXTs and an SMULL here.
+        let p1: int16x8_t;
+        core::arch::asm!(
+            "smull2 {p:v}.8h, {q:v}.16b, {s:v}.16b",
+            p = out(vreg) p1,
+            q = in(vreg) q,
+            s = in(vreg) s,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        let hi = vshrn_high_n_s16::<6>(vshrn_n_s16::<6>(p0), p1);
+        let lo = vmovn_high_s16(vmovn_s16(p0), p1);
+        (
+            vreinterpretq_u8_s8(hi),
+            vandq_u8(vreinterpretq_u8_s8(lo), vdupq_n_u8(63)),
+        )
+    }
+}
+
 /// Q6_K in [`q4_k_lanes`]' lane-grouped layout (each pair of groups of 32 through
 /// [`lanes8_chunks`]), each quant times its group's scale (int8, per 16 elements) split in two
 /// int8 streams: the product `p = q * sc` (|p| <= 4096, exact in int16) is `64 * hi + lo` with
@@ -532,25 +562,13 @@ pub(crate) fn q4_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
 pub(crate) fn q6_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     q6_k(b, u);
     let b = &b[..block_bytes(Q6)];
-    // SAFETY (whole block): NEON register arithmetic only; loads and stores are 16 bytes
+    // SAFETY: (whole block) NEON register arithmetic only; loads and stores are 16 bytes
     // inside `b`, `u.q` and `q2` (bounds-checked slices).
     unsafe {
         let sv = vld1q_s8(b[192..208].as_ptr().cast::<i8>());
-        let m63 = vdupq_n_u8(63);
         let st2 = |q2: &mut [i8; 256], at: usize, v: uint8x16_t| {
             let d = &mut q2[at..at + 16];
             vst1q_u8(d.as_mut_ptr().cast::<u8>(), v)
-        };
-        // The 16 products of the quants `q` with scale `s` as (hi, lo).
-        let split = |q: int8x16_t, s: int8x16_t| {
-            let p0 = vmull_s8(vget_low_s8(q), vget_low_s8(s));
-            let p1 = vmull_high_s8(q, s);
-            let hi = vshrn_high_n_s16::<6>(vshrn_n_s16::<6>(p0), p1);
-            let lo = vmovn_high_s16(vmovn_s16(p0), p1);
-            (
-                vreinterpretq_u8_s8(hi),
-                vandq_u8(vreinterpretq_u8_s8(lo), m63),
-            )
         };
         macro_rules! pair_of_groups {
             ($j:literal) => {{
@@ -561,10 +579,10 @@ pub(crate) fn q6_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
                     q(64 * $j + 32),
                     q(64 * $j + 48),
                 );
-                let (h0, l0) = split(q0, vdupq_laneq_s8::<{ 4 * $j }>(sv));
-                let (h1, l1) = split(q1, vdupq_laneq_s8::<{ 4 * $j + 1 }>(sv));
-                let (h2, l2) = split(q2v, vdupq_laneq_s8::<{ 4 * $j + 2 }>(sv));
-                let (h3, l3) = split(q3, vdupq_laneq_s8::<{ 4 * $j + 3 }>(sv));
+                let (h0, l0) = split64(q0, vdupq_laneq_s8::<{ 4 * $j }>(sv));
+                let (h1, l1) = split64(q1, vdupq_laneq_s8::<{ 4 * $j + 1 }>(sv));
+                let (h2, l2) = split64(q2v, vdupq_laneq_s8::<{ 4 * $j + 2 }>(sv));
+                let (h3, l3) = split64(q3, vdupq_laneq_s8::<{ 4 * $j + 3 }>(sv));
                 let (ha, hb) = (perm32(h0, h1), perm32(h2, h3));
                 let (la, lb) = (perm32(l0, l1), perm32(l2, l3));
                 let h = lanes8_chunks([ha.0, ha.1], [hb.0, hb.1]);
@@ -609,7 +627,7 @@ fn q5_k_fill(
     h: (uint8x16_t, uint8x16_t),
     run: impl Fn(usize) -> (uint8x16_t, uint8x16_t),
 ) {
-    // SAFETY (whole block): NEON register arithmetic only.
+    // SAFETY: (whole block) NEON register arithmetic only.
     unsafe {
         let m15 = vdupq_n_u8(15);
         let sixteen = vdupq_n_u8(16);
