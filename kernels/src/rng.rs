@@ -34,6 +34,13 @@ impl SplitMix64 {
         self.next_u64() % n
     }
 
+    /// `len` values uniform in [-1, 1) (test and bench inputs).
+    pub fn signed_units(&mut self, len: usize) -> Vec<f32> {
+        (0..len)
+            .map(|_| (self.next_f64() * 2.0 - 1.0) as f32)
+            .collect()
+    }
+
     /// A sample with mean 0 and variance 1, bounded by ±2·√3 (Irwin–Hall: the sum of the four
     /// 16-bit uniforms of one draw, rescaled).
     #[inline]

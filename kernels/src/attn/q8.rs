@@ -189,10 +189,7 @@ mod tests {
     use crate::formats::BlockQ8_0;
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut r = crate::rng::SplitMix64::new(seed);
-        (0..len)
-            .map(|_| (r.next_f64() * 2.0 - 1.0) as f32)
-            .collect()
+        crate::rng::SplitMix64::new(seed).signed_units(len)
     }
 
     fn quantized(x: &[f32]) -> Vec<BlockQ8_0> {

@@ -67,10 +67,7 @@ mod tests {
     use super::*;
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut r = crate::rng::SplitMix64::new(seed);
-        (0..len)
-            .map(|_| (r.next_f64() * 2.0 - 1.0) as f32)
-            .collect()
+        crate::rng::SplitMix64::new(seed).signed_units(len)
     }
 
     /// ggml_gen_hadamard's matrix: H[0][0] = 1/sqrt(n), doubled block by block.
