@@ -208,6 +208,7 @@ impl Dims {
             }
             d.n_expert = n;
             d.n_used = d.n_used.min(n);
+            d.groups = d.groups.map(|g| fit_groups(g, n, d.n_used));
         }
         if spec.vocab.is_some() {
             d.vocab = spec.vocab;
@@ -430,9 +431,39 @@ pub fn tensor_list(d: &Dims, n_vocab: u64, n_live: u64) -> Vec<(String, Vec<u64>
     t
 }
 
+/// The preset's expert groups `(groups, used)` for `n` experts of which `n_used` are routed, as
+/// llama.cpp accepts them: fewer groups than experts, dividing them, fewer used than groups, and
+/// the used groups holding at least `n_used` experts. The preset's grouping when it still fits,
+/// otherwise the most groups below it that do, otherwise none (one group).
+fn fit_groups((groups, used): (u32, u32), n: usize, n_used: usize) -> (u32, u32) {
+    (2..=groups as usize)
+        .rev()
+        .find_map(|g| {
+            let u = (used as usize).min(g - 1);
+            (g < n && n.is_multiple_of(g) && u * (n / g) >= n_used).then_some((g as u32, u as u32))
+        })
+        .unwrap_or((1, 1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fewer_experts_keep_groups_llama_cpp_loads() {
+        // DeepSeek-V3: 8 groups (4 used) of 256 experts, 8 routed
+        assert_eq!(fit_groups((8, 4), 256, 8), (8, 4));
+        assert_eq!(fit_groups((8, 4), 64, 8), (8, 4));
+        // 16 experts: 8 groups of 2, 4 used hold exactly 8
+        assert_eq!(fit_groups((8, 4), 16, 8), (8, 4));
+        // 12 experts: 8 does not divide them; 6 groups of 2 with 4 used hold 8
+        assert_eq!(fit_groups((8, 4), 12, 8), (6, 4));
+        // 8 experts all routed: no grouping leaves 8 selectable
+        assert_eq!(fit_groups((8, 4), 8, 8), (1, 1));
+        // 8 experts, 2 routed: 4 groups of 2 (llama.cpp needs fewer groups than experts)
+        assert_eq!(fit_groups((8, 4), 8, 2), (4, 3));
+        assert_eq!(fit_groups((1, 1), 8, 2), (1, 1));
+    }
 
     #[test]
     fn llama3_rope_factors_run_from_one_to_factor() {
