@@ -198,12 +198,7 @@ impl ArchSpec for Deepseek2 {
         };
         let groups = h.opt_u32("expert_group_count", 1)?.max(1);
         let used = h.opt_u32("expert_group_used_count", 1)?.max(1);
-        if n_expert % groups != 0 || used > groups {
-            return Err(h.bad(
-                "expert_group_count",
-                format!("expected groups dividing {n_expert} experts and used <= groups, found {groups} groups, {used} used"),
-            ));
-        }
+        check_groups(n_expert, groups, used).map_err(|m| h.bad("expert_group_count", m))?;
         Ok(ArchParams {
             kq_scale,
             mla: Some(mla),
@@ -372,5 +367,34 @@ impl ArchSpec for Deepseek2 {
             pad: "[EOS]",
             add_bos: true,
         }
+    }
+}
+
+/// llama.cpp's loader checks of expert groups (it aborts on anything else): with more than one
+/// group, fewer groups than experts, dividing them, and fewer used than groups.
+fn check_groups(n_expert: usize, groups: usize, used: usize) -> Result<(), String> {
+    if groups > 1 && (n_expert % groups != 0 || groups >= n_expert || used >= groups) {
+        return Err(format!(
+            "expected fewer groups than the {n_expert} experts, dividing them, and fewer used \
+             than groups, found {groups} groups, {used} used"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod group_tests {
+    use super::check_groups;
+
+    #[test]
+    fn expert_groups_follow_llama_cpps_checks() {
+        assert!(check_groups(256, 8, 4).is_ok());
+        assert!(check_groups(16, 1, 1).is_ok());
+        assert!(check_groups(8, 8, 4).is_err(), "as many groups as experts");
+        assert!(
+            check_groups(12, 8, 4).is_err(),
+            "groups not dividing the experts"
+        );
+        assert!(check_groups(256, 8, 8).is_err(), "every group used");
     }
 }
