@@ -48,7 +48,9 @@ impl Llama {
 
     /// [`Llama::load`] with the K and V cache in `kv` (`-ctk`/`-ctv`). A Q8_0 cache turns flash
     /// attention on, as llama.cpp requires for a quantized V cache; F32 and F16 leave llama.cpp's
-    /// default.
+    /// default (`auto`, which turns it on on CPUs: K and V then go through F16 inside ggml's
+    /// flash attention, even from an F32 cache) — what a user of llama.cpp gets, for speed
+    /// comparisons.
     pub fn load_kv(
         path: &Path,
         n_ctx: u32,
@@ -56,6 +58,32 @@ impl Llama {
         threads: i32,
         verbose: bool,
         kv: KvType,
+    ) -> Result<Llama, LlamaError> {
+        Self::load_with(path, n_ctx, n_batch, threads, verbose, kv, false)
+    }
+
+    /// [`Llama::load_kv`] for comparing logits: an F32 or F16 cache with flash attention off
+    /// (`-fa off`), the arithmetic our F32 and F16 caches reproduce and the parity fixtures were
+    /// made with; a Q8_0 cache as in `load_kv`.
+    pub fn load_exact(
+        path: &Path,
+        n_ctx: u32,
+        n_batch: u32,
+        threads: i32,
+        verbose: bool,
+        kv: KvType,
+    ) -> Result<Llama, LlamaError> {
+        Self::load_with(path, n_ctx, n_batch, threads, verbose, kv, true)
+    }
+
+    fn load_with(
+        path: &Path,
+        n_ctx: u32,
+        n_batch: u32,
+        threads: i32,
+        verbose: bool,
+        kv: KvType,
+        exact: bool,
     ) -> Result<Llama, LlamaError> {
         let shown = path.display().to_string();
         let c_path = CString::new(shown.clone()).map_err(|_| LlamaError::Path(shown.clone()))?;
@@ -89,6 +117,8 @@ impl Llama {
             cp.type_v = ty;
             if kv == KvType::Q8_0 {
                 cp.flash_attn_type = 1; // LLAMA_FLASH_ATTN_TYPE_ENABLED
+            } else if exact {
+                cp.flash_attn_type = 0; // LLAMA_FLASH_ATTN_TYPE_DISABLED
             }
             let ctx = sys::llama_init_from_model(model, cp);
             if ctx.is_null() {
