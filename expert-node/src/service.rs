@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_kernels::GgmlType;
-use nightshift_model::expert::{run_claimed, run_grouped};
+use nightshift_model::expert::run_claimed;
 use nightshift_model::{ActRows, ExpertError, ExpertPair};
 use nightshift_proto::shm::board::ClaimBoard;
 use nightshift_proto::shm::{Incoming, ShmReply, ShmServer};
@@ -230,11 +230,8 @@ impl NodeService {
         out: &mut [f32],
     ) -> Result<(), Status> {
         store
-            .with_layer(work.layer, |weights| {
-                run_grouped(weights, &work.acts, &work.pairs, n_embd, out, pool)
-            })
-            .map_err(status_of_store)?
-            .map_err(status_of_expert)
+            .run(work.layer, &work.acts, &work.pairs, n_embd, out, pool)
+            .map_err(status_of_store)
     }
 
     /// Runs the expert groups of validated work that `board` hands this node under `tag` into

@@ -4,15 +4,22 @@
 //! and dropped while serving (live rebalance); computing holds a read lock, so a drop waits for
 //! the layer calls that use the expert to finish. Copies are made by the model's `resident`
 //! module (one arena per load, huge-page advised, freed with the last expert copied into it).
+//!
+//! With a staging cache (`--cold-cache`, the model's `cold` module) a layer call reads the held
+//! experts that are not resident whole into the cache instead of faulting them in from the map,
+//! through the engine's own [`run_cached`]: the call's cold experts are asked for first and
+//! its resident experts computed while they load. A shared call (the claim board) still reads
+//! its cold experts through the map.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use nightshift_atlas_core::placement::ModelShape;
-use nightshift_model::expert::ExpertWeights;
+use nightshift_model::cold::{run_cached, ColdCache};
+use nightshift_model::expert::{run_grouped, ExpertWeights};
 use nightshift_model::gguf::Gguf;
 use nightshift_model::resident::{copy_experts, CopyError, ExpertCopy};
-use nightshift_model::ExpertError;
+use nightshift_model::{ActRows, ExpertError, ExpertPair};
 
 /// Errors of the store (wrapped into `tonic::Status` by the service).
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +74,8 @@ pub struct ExpertStore {
     capacity: u64,
     /// Serialises loads, so the capacity check and the insert see the same store.
     loading: std::sync::Mutex<()>,
+    /// The staging cache non-resident experts are read through (`--cold-cache`).
+    cold: Option<Arc<ColdCache>>,
 }
 
 impl ExpertStore {
@@ -78,7 +87,20 @@ impl ExpertStore {
             mlock,
             capacity: 0,
             loading: std::sync::Mutex::new(()),
+            cold: None,
         }
+    }
+
+    /// Reads held experts that are not resident whole through `cache` (a cache over this
+    /// store's model) in [`ExpertStore::run`], instead of from the map.
+    pub fn with_cold_cache(mut self, cache: Arc<ColdCache>) -> ExpertStore {
+        self.cold = Some(cache);
+        self
+    }
+
+    /// The staging cache of cold experts, if any.
+    pub fn cold_cache(&self) -> Option<&Arc<ColdCache>> {
+        self.cold.as_ref()
     }
 
     /// Limits resident copies to `bytes` (0: unlimited): a load that would exceed it fails
@@ -244,6 +266,36 @@ impl ExpertStore {
             .collect();
         v.sort_by_key(|h| (h.layer, h.expert));
         v
+    }
+
+    /// Computes the layer call `pairs` of `layer` into `out` (one `n_embd` row per pair), as
+    /// `run_grouped` over [`ExpertStore::with_layer`]'s weights; with a cold cache the experts
+    /// that are not resident come through it. The store cannot change while it runs.
+    pub fn run(
+        &self,
+        layer: u32,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+        n_embd: usize,
+        out: &mut [f32],
+        pool: Option<&rayon::ThreadPool>,
+    ) -> Result<(), StoreError> {
+        let Some(cache) = &self.cold else {
+            return self
+                .with_layer(layer, |w| run_grouped(w, acts, pairs, n_embd, out, pool))?
+                .map_err(StoreError::from);
+        };
+        let held = self.held.read().map_err(|_| StoreError::Poisoned)?;
+        let l = layer as usize;
+        let mapped = |expert: u32| -> Result<ExpertWeights<'_>, ExpertError> {
+            if !held.contains_key(&(layer, expert)) {
+                return Err(ExpertError::UnknownExpert { layer: l, expert });
+            }
+            ExpertWeights::from_gguf(&self.gguf, l, expert as usize)
+        };
+        let copy = |expert: u32| held.get(&(layer, expert)).and_then(|h| h.resident.as_ref());
+        run_cached(cache, l, &mapped, &copy, acts, pairs, n_embd, out, pool)?;
+        Ok(())
     }
 
     /// Runs `f` with a function giving the weights of held experts of `layer`; the store cannot

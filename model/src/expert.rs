@@ -3,12 +3,12 @@
 //! placement changes where an expert runs, never what it computes. Activations arrive quantized
 //! once (`ActRows`) to the type the gate/up dot products consume, as ggml's `mul_mat_id` would.
 
-use crate::cold::{ColdCache, ColdCopy, ColdWindow};
+use crate::cold::{run_cached, ColdCache};
 use crate::error::ExpertError;
 use crate::gguf::Gguf;
 use crate::model::Model;
 use crate::prefetch::Prefetcher;
-use crate::resident::{ExpertCopy, ExpertResidency};
+use crate::resident::ExpertResidency;
 use nightshift_kernels::{dequantize_row, gemm, quantize_row, GgmlType, QMatrix};
 use rayon::prelude::*;
 use rayon::ThreadPool;
@@ -447,7 +447,7 @@ pub fn run_grouped<'a>(
 }
 
 /// `out` must hold one `n_embd` row per pair.
-fn check_out_len(out: usize, pairs: usize, n_embd: usize) -> Result<(), ExpertError> {
+pub(crate) fn check_out_len(out: usize, pairs: usize, n_embd: usize) -> Result<(), ExpertError> {
     if out != pairs * n_embd {
         return Err(ExpertError::Shape(format!(
             "expected an output of {} floats, found {out}",
@@ -569,129 +569,11 @@ pub fn run_claimed<'a>(
 }
 
 /// Copies row `j` of `rows` to row `idx[j]` of `out`.
-fn scatter(rows: &[f32], idx: &[u32], n_embd: usize, out: &mut [f32]) {
+pub(crate) fn scatter(rows: &[f32], idx: &[u32], n_embd: usize, out: &mut [f32]) {
     for (j, &i) in idx.iter().enumerate() {
         let i = i as usize;
         out[i * n_embd..(i + 1) * n_embd].copy_from_slice(&rows[j * n_embd..(j + 1) * n_embd]);
     }
-}
-
-impl LocalExperts {
-    /// [`ExpertBackend::run_experts`] when the experts `cold` (distinct, in first-use order) are
-    /// not resident and come through the staging cache: their reads are asked for first, the
-    /// resident experts' pairs are computed while they run, then the cold experts' pairs chunk
-    /// by chunk as their copies arrive ([`ColdWindow`]). Each pair's row depends only on its
-    /// expert and activation row, so the split does not change any bit.
-    #[allow(clippy::too_many_arguments)]
-    fn run_staged<'c>(
-        &self,
-        layer: usize,
-        cache: &ColdCache,
-        cold: &[u32],
-        copy: &'c dyn Fn(u32) -> Option<&'c ExpertCopy>,
-        acts: &ActRows,
-        pairs: &[ExpertPair],
-        out: &mut [f32],
-    ) -> Result<(), ExpertError> {
-        let n_embd = self.model.config().n_embd;
-        check_out_len(out.len(), pairs.len(), n_embd)?;
-        let pool = self.pool.as_deref();
-        let mut window = ColdWindow::new(cache, layer, cold);
-        window.fill()?;
-        cache.settle(layer);
-        let early = window.ready()?;
-        if early.len() == cold.len() {
-            // every cold expert is in memory already (decode steps mostly): one call, as if
-            // they were all resident
-            run_grouped(
-                |e| staged_weights(&self.model, layer, copy, &early, e),
-                acts,
-                pairs,
-                n_embd,
-                out,
-                pool,
-            )?;
-            drop(early);
-            cache.released();
-            return Ok(());
-        }
-        let resident: Vec<u32> = (0..pairs.len() as u32)
-            .filter(|&i| !cold.contains(&pairs[i as usize].expert))
-            .collect();
-        if !resident.is_empty() {
-            run_subset(
-                |e| staged_weights(&self.model, layer, copy, &[], e),
-                acts,
-                pairs,
-                &resident,
-                n_embd,
-                out,
-                pool,
-            )?;
-        }
-        let mut pending = (!early.is_empty()).then_some(early);
-        loop {
-            let chunk = match pending.take() {
-                Some(c) => c,
-                None => match window.next_chunk()? {
-                    Some(c) => c,
-                    None => break,
-                },
-            };
-            let idx: Vec<u32> = (0..pairs.len() as u32)
-                .filter(|&i| chunk.iter().any(|(e, _)| *e == pairs[i as usize].expert))
-                .collect();
-            run_subset(
-                |e| staged_weights(&self.model, layer, copy, &chunk, e),
-                acts,
-                pairs,
-                &idx,
-                n_embd,
-                out,
-                pool,
-            )?;
-            let bytes: u64 = chunk.iter().map(|(_, c)| c.footprint()).sum();
-            drop(chunk);
-            window.release(bytes)?;
-        }
-        Ok(())
-    }
-}
-
-/// The weights of expert `e` of `layer`: its resident copy (`copy`), else its copy among `cold`
-/// (the staging cache's).
-fn staged_weights<'a, 'c: 'a>(
-    model: &'a Model,
-    layer: usize,
-    copy: &dyn Fn(u32) -> Option<&'c ExpertCopy>,
-    cold: &'a [(u32, Arc<ColdCopy>)],
-    e: u32,
-) -> Result<ExpertWeights<'a>, ExpertError> {
-    let w = model.expert_weights(layer, e)?;
-    if let Some(c) = copy(e) {
-        return Ok(c.weights(w)?);
-    }
-    match cold.iter().find(|(x, _)| *x == e) {
-        Some((_, c)) => Ok(c.weights(w)?),
-        None => Err(ExpertError::UnknownExpert { layer, expert: e }),
-    }
-}
-
-/// [`run_grouped`] over the pairs `idx` of `pairs`, their rows written to their places in `out`.
-fn run_subset<'a>(
-    weights: impl Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>,
-    acts: &ActRows,
-    pairs: &[ExpertPair],
-    idx: &[u32],
-    n_embd: usize,
-    out: &mut [f32],
-    pool: Option<&ThreadPool>,
-) -> Result<(), ExpertError> {
-    let sub: Vec<ExpertPair> = idx.iter().map(|&i| pairs[i as usize]).collect();
-    let mut tmp = vec![0.0f32; sub.len() * n_embd];
-    run_grouped(weights, acts, &sub, n_embd, &mut tmp, pool)?;
-    scatter(&tmp, idx, n_embd, out);
-    Ok(())
 }
 
 impl ExpertBackend for LocalExperts {
@@ -722,16 +604,8 @@ impl ExpertBackend for LocalExperts {
         };
         r.with_layer(layer, |copy| {
             if let Some(cache) = &self.cold {
-                let mut cold: Vec<u32> = Vec::new();
-                for p in pairs {
-                    if copy(p.expert).is_none() && !cold.contains(&p.expert) {
-                        cold.push(p.expert);
-                    }
-                }
-                if !cold.is_empty() {
-                    return self.run_staged(layer, cache, &cold, copy, acts, pairs, out);
-                }
-                cache.settle(layer);
+                let mapped = |e: u32| self.model.expert_weights(layer, e);
+                return run_cached(cache, layer, &mapped, copy, acts, pairs, n_embd, out, pool);
             }
             let weights = |e: u32| {
                 let w = self.model.expert_weights(layer, e)?;
