@@ -1,12 +1,13 @@
 //! An expert node under a cgroup v1 memory limit below the size of the model's experts: with
 //! `--memory-budget` it keeps that much resident and serves the rest either from the mapped file
 //! (`--cold-cache 0`: page cache, which the kernel reclaims under the limit instead of killing)
-//! or read whole into its staging cache (`--cold-cache auto`, sized by the limit); either way it
-//! is not killed and its outputs are bit-identical to the in-process engine. Each arm's major
-//! page faults per token from a dropped page cache are printed (the cache's reads are O_DIRECT:
-//! it takes none for experts). Without a budget the same node copies every expert and
-//! the limit kills it, which shows the limit bites. Skipped, saying so, when the
-//! cgroup v1 memory controller is not mounted writable (CI runs as root, where it is).
+//! or read whole into its staging cache (`--cold-cache auto`, its default with a budget, sized
+//! by the limit); either way it is not killed and its outputs are bit-identical to the
+//! in-process engine. Each arm's major page faults per token from a dropped page cache are
+//! printed (the cache's reads are O_DIRECT: it takes none for experts). Without a budget the
+//! same node copies every expert and the limit kills it, which shows the limit bites. Skipped,
+//! saying so, when the cgroup v1 memory controller is not mounted writable (CI runs as root,
+//! where it is).
 
 mod support;
 
@@ -202,6 +203,7 @@ fn node_under_a_cgroup_limit_below_the_model_serves_with_a_memory_budget() {
     // with a budget, cold experts through the page cache or the staging cache: alive and
     // bit-identical
     let mut faults = Vec::new();
+    // `--cold-cache 0`, then no flag: `auto` is the default with a budget
     for cold in ["0", "auto"] {
         evict(&path);
         cg.write("memory.max_usage_in_bytes", "0")
@@ -211,7 +213,10 @@ fn node_under_a_cgroup_limit_below_the_model_serves_with_a_memory_budget() {
         let exe = cg.wrapper(
             &work,
             &format!("node-budget-{cold}.sh"),
-            &format!("--memory-budget {BUDGET} --cold-cache {cold}"),
+            &match cold {
+                "0" => format!("--memory-budget {BUDGET} --cold-cache 0"),
+                _ => format!("--memory-budget {BUDGET}"),
+            },
             Some(&log),
         );
         let mut cluster =
