@@ -8,7 +8,8 @@
 //! staging cache makes every miss one large read of the whole expert (`O_DIRECT` where the file
 //! system takes it, so nothing is held twice in the page cache; otherwise a buffered read whose
 //! page-cache pages are dropped after the copy), and what is in memory is exactly what the cache
-//! holds: never more than `capacity` bytes plus the experts a call is computing.
+//! holds: never more than `capacity` bytes plus the experts calls are computing and those they
+//! wait for when the calls holding the rest do not let go within 100 ms.
 //!
 //! Reads run on one I/O thread, demand reads (a layer is waiting) before prefetch reads (the
 //! one-layer-ahead prediction, [`crate::prefetch`]). A prefetch that finds no room without
@@ -91,6 +92,10 @@ const ALIGN: u64 = 4096;
 
 /// (layer, expert)
 type Key = (u32, u32);
+
+/// How long a demanded read waits for room while calls hold copies before it goes over the
+/// capacity.
+const ROOM_WAIT: Duration = Duration::from_millis(100);
 
 /// Memory for one expert: an anonymous mapping on huge pages where the kernel gives them (a
 /// fresh 4 KiB-page buffer would cost a page fault per 4 KiB on every read), from `start` for
@@ -619,6 +624,7 @@ impl Shared {
             // make room: reuse a spare buffer, or evict the least recently used copies no
             // call holds or still needs
             let mut buffer = None;
+            let waiting = Instant::now();
             loop {
                 if st.closed {
                     return;
@@ -665,12 +671,14 @@ impl Shared {
                 }
                 // nothing to evict: wait for calls to drop copies or reads to finish, unless
                 // nothing would ever free room (every byte held is wanted by calls that wait
-                // for this read): then go over the capacity rather than stall
+                // for this read), or not within ROOM_WAIT (the call holding copies may be
+                // waiting for this read further up its own thread: a pool worker that took up
+                // another call while it joined): then go over the capacity rather than stall
                 let busy = st.entries.values().any(|en| {
                     matches!(en.slot, Slot::Loading)
                         || matches!(&en.slot, Slot::Ready(c) if Arc::strong_count(c) > 1)
                 });
-                if !busy {
+                if !busy || waiting.elapsed() >= ROOM_WAIT {
                     break;
                 }
                 st = self
