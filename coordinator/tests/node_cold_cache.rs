@@ -1,9 +1,11 @@
 //! Expert nodes with a staging cache of cold experts (`nightshift-expert-node --cold-cache`):
 //! real node processes over real sockets, keeping a quarter of their experts resident
 //! (`--memory-budget 25%`) and reading the rest whole through a cache that holds one expert, so
-//! nearly every layer call evicts. Over shared memory and over gRPC streams their outputs are
-//! bit-identical to the in-process engine, and each node's log shows the cache was read through
-//! and evicted from (the summary it logs at exit) and its size (the ready line).
+//! nearly every layer call evicts. Two nodes splitting the experts, over shared memory and over
+//! gRPC streams, give outputs bit-identical to the in-process engine, and so do three nodes
+//! holding every expert that share each call through the claim board (each reading the cold
+//! experts of the groups it takes); each node's log shows the cache was read through and
+//! evicted from (the summary it logs at exit) and its size (the ready line).
 
 mod support;
 
@@ -17,7 +19,9 @@ use nightshift_coordinator::cluster::{model_shape, LaunchOptions, LocalCluster, 
 use nightshift_model::cold::ColdCache;
 use nightshift_model::{ExpertMemory, LoadOptions, Model};
 use support::cluster::PROMPT;
-use support::cluster::{assert_bits_equal, connect, generate, in_process, node_binary, nodes};
+use support::cluster::{
+    assert_bits_equal, connect, explicit, generate, in_process, node_binary, nodes,
+};
 
 /// A script running the node with `extra` arguments after its own, its stderr appended to `log`.
 fn wrapper(dir: &Path, extra: &str, log: &Path) -> PathBuf {
@@ -89,16 +93,22 @@ fn nodes_reading_cold_experts_through_a_one_expert_cache_match_in_process() {
 
     let work = std::env::temp_dir().join(format!("nightshift-node-cold-{}", std::process::id()));
     std::fs::create_dir_all(&work).expect("work dir");
-    for (arm, opts) in [
-        ("shared memory", RemoteOptions::default()),
+    let split = Placement::round_robin(nodes(2), &shape.moe_layers, shape.n_experts);
+    // every expert on each of three nodes: calls are shared through the claim board
+    let everywhere = explicit(&shape, 3, |_| (0..3).collect());
+    for (arm, placement, opts) in [
+        ("shared memory", split.clone(), RemoteOptions::default()),
         (
             "grpc",
+            split,
             RemoteOptions {
                 shm_pairs: 0,
                 ..RemoteOptions::default()
             },
         ),
+        ("shared calls", everywhere, RemoteOptions::default()),
     ] {
+        let n = placement.nodes.len();
         let log = work.join(format!("nodes-{}.log", arm.replace(' ', "-")));
         let _ = std::fs::remove_file(&log);
         let exe = wrapper(
@@ -108,7 +118,7 @@ fn nodes_reading_cold_experts_through_a_one_expert_cache_match_in_process() {
         );
         let mut cluster = LocalCluster::start(LaunchOptions {
             model: model_path.clone(),
-            placement: Placement::round_robin(nodes(2), &shape.moe_layers, shape.n_experts),
+            placement,
             threads_per_node: Some(1),
             numa: Vec::new(),
             auth_token_file: None,
@@ -132,11 +142,17 @@ fn nodes_reading_cold_experts_through_a_one_expert_cache_match_in_process() {
             &want,
             &format!("{arm}: nodes with a one-expert cold cache"),
         );
+        let st = remote.take_stats();
+        assert_eq!(
+            st.shared_rounds > 0,
+            arm == "shared calls",
+            "{arm}: shared calls {st:?}"
+        );
         drop(remote);
         cluster.stop();
         let text = plain(&std::fs::read_to_string(&log).expect("node log"));
         let ready: Vec<&str> = text.lines().filter(|l| l.contains("node ready")).collect();
-        assert_eq!(ready.len(), 2, "{arm}: two ready lines in {text}");
+        assert_eq!(ready.len(), n, "{arm}: a ready line per node in {text}");
         for l in &ready {
             assert!(l.contains("cold_cache_kib="), "{arm}: {l}");
         }
@@ -144,15 +160,16 @@ fn nodes_reading_cold_experts_through_a_one_expert_cache_match_in_process() {
             .lines()
             .filter(|l| l.contains("cold cache: "))
             .collect();
-        assert_eq!(summaries.len(), 2, "{arm}: a summary per node in {text}");
-        for s in summaries {
-            assert!(counter(s, "misses") > 0, "{arm}: {s}");
-            assert!(counter(s, "evicted") > 0, "{arm}: {s}");
-            assert_eq!(
-                counter(s, "read ahead"),
-                0,
-                "{arm}: no predictions reach a node: {s}"
-            );
+        assert_eq!(summaries.len(), n, "{arm}: a summary per node in {text}");
+        let total = |what: &str| -> u64 { summaries.iter().map(|s| counter(s, what)).sum() };
+        assert!(total("misses") > 0, "{arm}: {summaries:?}");
+        assert!(total("evicted") > 0, "{arm}: {summaries:?}");
+        assert_eq!(total("read ahead"), 0, "{arm}: no predictions reach a node");
+        if arm != "shared calls" {
+            // each node computes every call of its experts: each reads through its cache
+            for s in &summaries {
+                assert!(counter(s, "misses") > 0, "{arm}: {s}");
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&work);

@@ -3,7 +3,7 @@
 //! placement changes where an expert runs, never what it computes. Activations arrive quantized
 //! once (`ActRows`) to the type the gate/up dot products consume, as ggml's `mul_mat_id` would.
 
-use crate::cold::{run_cached, ColdCache};
+use crate::cold::{run_cached, ClaimedCold, ColdCache};
 use crate::error::ExpertError;
 use crate::gguf::Gguf;
 use crate::model::Model;
@@ -494,7 +494,10 @@ pub fn expert_groups(pairs: &[ExpertPair]) -> Vec<(u32, Vec<u32>)> {
 /// GEMM, on `pool`'s threads taking groups side by side (or on this thread), into `out` (one
 /// `n_embd` row per pair; rows of groups not taken are left as they were). Returns the pairs
 /// computed (indices into `pairs`, group after group). Every row is what [`run_grouped`] gives
-/// for that pair: a pair's row depends only on its expert and activation row.
+/// for that pair: a pair's row depends only on its expert and activation row. The experts of
+/// `cold` (their `weights` the mapped views) are read through its staging cache as their groups
+/// are taken, so a caller reads only the cold experts it computes.
+#[allow(clippy::too_many_arguments)]
 pub fn run_claimed<'a>(
     weights: impl Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>,
     acts: &ActRows,
@@ -503,6 +506,7 @@ pub fn run_claimed<'a>(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
     claim: &(dyn Fn(usize) -> Option<usize> + Sync),
+    cold: Option<&ClaimedCold<'_>>,
 ) -> Result<Vec<u32>, ExpertError> {
     check_out_len(out.len(), pairs.len(), n_embd)?;
     let groups = expert_groups(pairs);
@@ -511,10 +515,14 @@ pub fn run_claimed<'a>(
     let mut resolved = Vec::with_capacity(groups.len());
     for (e, idx) in &groups {
         let w = weights_of(&weights, *e, n_embd)?;
-        resolved.push((w, idx));
+        resolved.push((*e, w, idx));
     }
     let rows_of =
         |idx: &[u32]| -> Vec<u32> { idx.iter().map(|&i| pairs[i as usize].row).collect() };
+    let ffn = |e: u32, w: &ExpertWeights<'a>, rows: &[u32], dst: &mut [f32]| match cold {
+        Some(c) => c.ffn(e, w, acts, rows, dst),
+        None => expert_ffn(w, acts, rows, dst, None),
+    };
     let mut done = Vec::new();
     match pool {
         Some(p) if p.current_num_threads() > 1 => {
@@ -523,18 +531,18 @@ pub fn run_claimed<'a>(
             let parts = p.broadcast(|_| -> Result<Vec<(usize, Vec<f32>)>, ExpertError> {
                 let mut mine = Vec::new();
                 while let Some(g) = claim(resolved.len()) {
-                    let Some((w, idx)) = resolved.get(g) else {
+                    let Some((e, w, idx)) = resolved.get(g) else {
                         break;
                     };
                     let mut tmp = vec![0.0f32; idx.len() * n_embd];
-                    expert_ffn(w, acts, &rows_of(idx), &mut tmp, None)?;
+                    ffn(*e, w, &rows_of(idx), &mut tmp)?;
                     mine.push((g, tmp));
                 }
                 Ok(mine)
             });
             for part in parts {
                 for (g, tmp) in part? {
-                    let idx = resolved[g].1;
+                    let idx = resolved[g].2;
                     scatter(&tmp, idx, n_embd, out);
                     done.extend_from_slice(idx);
                 }
@@ -542,23 +550,17 @@ pub fn run_claimed<'a>(
         }
         _ => {
             while let Some(g) = claim(resolved.len()) {
-                let Some((w, idx)) = resolved.get(g) else {
+                let Some((e, w, idx)) = resolved.get(g) else {
                     break;
                 };
                 let rows = rows_of(idx);
                 let (first, last) = (idx[0] as usize, idx[idx.len() - 1] as usize);
                 if last + 1 - first == idx.len() {
                     // consecutive pairs (a request built group by group): straight into place
-                    expert_ffn(
-                        w,
-                        acts,
-                        &rows,
-                        &mut out[first * n_embd..(last + 1) * n_embd],
-                        None,
-                    )?;
+                    ffn(*e, w, &rows, &mut out[first * n_embd..(last + 1) * n_embd])?;
                 } else {
                     let mut tmp = vec![0.0f32; idx.len() * n_embd];
-                    expert_ffn(w, acts, &rows, &mut tmp, None)?;
+                    ffn(*e, w, &rows, &mut tmp)?;
                     scatter(&tmp, idx, n_embd, out);
                 }
                 done.extend_from_slice(idx);

@@ -40,7 +40,7 @@ use crate::model::Model;
 
 mod staged;
 mod window;
-pub use staged::run_cached;
+pub use staged::{run_cached, ClaimedCold};
 pub(crate) use window::ColdWindow;
 
 /// Where the cache reads cold experts from: a mapped model whose experts' matrices are views

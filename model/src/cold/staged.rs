@@ -1,6 +1,7 @@
 //! A layer call over resident copies and cold experts coming through the staging cache
 //! ([`run_cached`]): the one code path of the in-process engine (`LocalExperts` under
-//! `--memory-budget`) and of an expert node with `--cold-cache`.
+//! `--memory-budget`) and of an expert node with `--cold-cache`; and the cold experts of a
+//! shared call, read as the claim board hands out their groups ([`ClaimedCold`]).
 
 use std::sync::Arc;
 
@@ -8,7 +9,9 @@ use rayon::ThreadPool;
 
 use super::{ColdCache, ColdCopy, ColdWindow};
 use crate::error::ExpertError;
-use crate::expert::{check_out_len, run_grouped, scatter, ActRows, ExpertPair, ExpertWeights};
+use crate::expert::{
+    check_out_len, expert_ffn, run_grouped, scatter, ActRows, ExpertPair, ExpertWeights,
+};
 use crate::resident::ExpertCopy;
 
 /// Computes the layer call `pairs` of MoE layer `layer` (as [`run_grouped`] would) when the
@@ -146,4 +149,40 @@ fn run_subset<'a>(
     run_grouped(weights, acts, &sub, n_embd, &mut tmp, pool)?;
     scatter(&tmp, idx, n_embd, out);
     Ok(())
+}
+
+/// The cold experts of a shared call ([`crate::expert::run_claimed`]): `experts` of layer
+/// `layer`, each read through `cache` when a group of it is taken (demanded, waited for,
+/// computed, let go), so a node reads only the cold experts it computes.
+pub struct ClaimedCold<'c> {
+    pub cache: &'c ColdCache,
+    pub layer: usize,
+    pub experts: &'c [u32],
+}
+
+impl ClaimedCold<'_> {
+    /// [`expert_ffn`] of expert `e`'s rows `rows` on this thread, `w` its mapped views: from
+    /// its copy in the cache when it is one of the cold experts.
+    pub(crate) fn ffn(
+        &self,
+        e: u32,
+        w: &ExpertWeights<'_>,
+        acts: &ActRows,
+        rows: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), ExpertError> {
+        if !self.experts.contains(&e) {
+            return expert_ffn(w, acts, rows, out, None);
+        }
+        self.cache.demand(self.layer, e)?;
+        let Some(copy) = self.cache.take(self.layer, e, true)? else {
+            return Err(ExpertError::Backend(
+                "cold cache: no copy after waiting".into(),
+            ));
+        };
+        let r = expert_ffn(&copy.weights(*w)?, acts, rows, out, None);
+        drop(copy);
+        self.cache.released();
+        r
+    }
 }
