@@ -119,7 +119,8 @@ fn nodes_reading_cold_experts_through_a_one_expert_cache_match_in_process() {
         let mut cluster = LocalCluster::start(LaunchOptions {
             model: model_path.clone(),
             placement,
-            threads_per_node: Some(1),
+            // one worker over shared memory, two (groups taken side by side) otherwise
+            threads_per_node: Some(if arm == "shared memory" { 1 } else { 2 }),
             numa: Vec::new(),
             auth_token_file: None,
             tls: None,
