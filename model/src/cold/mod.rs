@@ -19,9 +19,10 @@
 //! streams through the cache.
 //!
 //! The cache reads through [`ExpertFiles`]: where an expert's three matrices are in a mapped
-//! model's files. The in-process [`Model`] and an expert node's mapped [`Gguf`] both give it, so
-//! the engine and `nightshift-expert-node` share this one cache; [`run_cached`] is the one layer
-//! call over resident copies and cold experts coming through it.
+//! model's files. The in-process [`Model`](crate::model::Model) and an expert node's mapped
+//! [`Gguf`](crate::gguf::Gguf) both give it, so the engine and `nightshift-expert-node` share
+//! this one cache; [`run_cached`] is the one layer call over resident copies and cold experts
+//! coming through it.
 //!
 //! The bytes are the file's bytes in the file's layout, read from the same offsets the map shows:
 //! **where a cold expert is read from never changes outputs.**
@@ -35,56 +36,14 @@ use std::time::{Duration, Instant};
 
 use crate::error::ExpertError;
 use crate::expert::ExpertWeights;
-use crate::gguf::Gguf;
-use crate::model::Model;
 
+mod files;
 mod staged;
 mod window;
+pub use files::ExpertFiles;
+use files::{expert_spans, footprint};
 pub use staged::{run_cached, ClaimedCold};
 pub(crate) use window::ColdWindow;
-
-/// Where the cache reads cold experts from: a mapped model whose experts' matrices are views
-/// into its files ([`Gguf::file_span`] finds them there).
-pub trait ExpertFiles: Send + Sync {
-    /// The mapped model.
-    fn gguf(&self) -> &Gguf;
-    /// The mapped views of expert `e` of layer `layer`.
-    fn expert_weights(&self, layer: usize, e: u32) -> Result<ExpertWeights<'_>, ExpertError>;
-    /// Experts each token is routed to in a MoE layer (`expert_used_count`).
-    fn n_expert_used(&self) -> usize;
-}
-
-impl ExpertFiles for Model {
-    fn gguf(&self) -> &Gguf {
-        Model::gguf(self)
-    }
-
-    fn expert_weights(&self, layer: usize, e: u32) -> Result<ExpertWeights<'_>, ExpertError> {
-        Model::expert_weights(self, layer, e)
-    }
-
-    fn n_expert_used(&self) -> usize {
-        self.config().n_expert_used
-    }
-}
-
-/// An expert node's model: experts straight from the map ([`ExpertWeights::from_gguf`]).
-impl ExpertFiles for Gguf {
-    fn gguf(&self) -> &Gguf {
-        self
-    }
-
-    fn expert_weights(&self, layer: usize, e: u32) -> Result<ExpertWeights<'_>, ExpertError> {
-        ExpertWeights::from_gguf(self, layer, e as usize)
-    }
-
-    fn n_expert_used(&self) -> usize {
-        let key = self.arch().map(|a| format!("{a}.expert_used_count"));
-        key.ok()
-            .and_then(|k| self.metadata().get_u32(&k).ok().flatten())
-            .map_or(0, |n| n as usize)
-    }
-}
 
 /// File offsets and buffer positions are aligned to this (`O_DIRECT` needs the logical block
 /// size; 4 KiB covers every common disk).
@@ -311,10 +270,6 @@ fn open_direct(path: &std::path::Path) -> std::io::Result<ReadFile> {
         direct: false,
     })
 }
-
-/// One matrix of an expert: (file index, aligned file offset, aligned length, offset of the
-/// matrix in the aligned span, matrix length).
-type Span = (usize, u64, u64, usize, usize);
 
 impl ColdCache {
     /// A cache of at most `capacity` bytes of cold experts of `files` (the experts a call is
@@ -789,32 +744,6 @@ impl Shared {
         }
         Ok(got)
     }
-}
-
-/// Where expert `e` of `layer`'s three matrices are in the model's files, aligned.
-fn expert_spans(files: &dyn ExpertFiles, layer: usize, e: u32) -> Result<[Span; 3], ExpertError> {
-    let w = files.expert_weights(layer, e)?;
-    let g = files.gguf();
-    let span = |m: &[u8]| -> Result<Span, ExpertError> {
-        let (file, off) = g.file_span(m).ok_or_else(|| {
-            ExpertError::Backend(format!(
-                "cold cache: layer {layer} expert {e} is not in the model's files"
-            ))
-        })?;
-        let start = off / ALIGN * ALIGN;
-        let end = (off + m.len() as u64).div_ceil(ALIGN) * ALIGN;
-        Ok((file, start, end - start, (off - start) as usize, m.len()))
-    };
-    Ok([
-        span(w.gate.bytes())?,
-        span(w.up.bytes())?,
-        span(w.down.bytes())?,
-    ])
-}
-
-/// Bytes expert `e` of `layer` takes in the cache (its aligned spans).
-fn footprint(files: &dyn ExpertFiles, layer: usize, e: u32) -> Result<u64, ExpertError> {
-    Ok(expert_spans(files, layer, e)?.iter().map(|s| s.2).sum())
 }
 
 /// Drops the page-cache pages of a buffered read whose bytes now live in the cache.

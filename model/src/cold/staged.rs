@@ -21,7 +21,7 @@ use crate::resident::ExpertCopy;
 /// The cold experts' reads are asked for first (distinct, in first-use order). When they are
 /// all in memory already (decode steps mostly) the call is one [`run_grouped`], as if they were
 /// resident; otherwise the resident experts' pairs are computed while the reads run, then the
-/// cold experts' pairs chunk by chunk as their copies arrive ([`ColdWindow`]: at most half the
+/// cold experts' pairs chunk by chunk as their copies arrive (`ColdWindow`: at most half the
 /// cache demanded at a time). Each pair's row depends only on its expert and activation row, so
 /// the split does not change any bit. An expert `mapped` does not give fails the call before any
 /// read is asked for.
