@@ -45,6 +45,18 @@ pub fn parse_size(s: &str, full: u64) -> Result<u64, SizeError> {
     Ok((n * mult as f64) as u64)
 }
 
+/// Parses `s` as [`parse_size`] does, or `auto` (any case): `None`, a size the caller works out
+/// (`--cold-cache` on the coordinator and on expert nodes).
+pub fn parse_size_or_auto(s: &str, full: u64) -> Result<Option<u64>, SizeError> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(None);
+    }
+    parse_size(s, full).map(Some).map_err(|e| SizeError {
+        what: "a size or auto",
+        found: e.found,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,5 +72,17 @@ mod tests {
         }
         let e = parse_size("10Q", 0).unwrap_err().to_string();
         assert!(e.contains("a unit among") && e.contains("\"10Q\""), "{e}");
+    }
+
+    #[test]
+    fn auto_or_a_size() {
+        assert_eq!(parse_size_or_auto(" Auto ", 1000), Ok(None));
+        assert_eq!(parse_size_or_auto("10%", 1000), Ok(Some(100)));
+        assert_eq!(parse_size_or_auto("0", 1000), Ok(Some(0)));
+        let e = parse_size_or_auto("lots", 1000).unwrap_err().to_string();
+        assert!(
+            e.contains("a size or auto") && e.contains("\"lots\""),
+            "{e}"
+        );
     }
 }

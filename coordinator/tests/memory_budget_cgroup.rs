@@ -1,9 +1,13 @@
 //! An expert node under a cgroup v1 memory limit below the size of the model's experts: with
-//! `--memory-budget` it keeps that much resident, serves the rest from the mapped file (page
-//! cache, which the kernel reclaims under the limit instead of killing), is not killed, and its
-//! outputs are bit-identical to the in-process engine. Without a budget the same node copies every
-//! expert and the limit kills it, which shows the limit bites. Skipped, saying so, when the
-//! cgroup v1 memory controller is not mounted writable (CI runs as root, where it is).
+//! `--memory-budget` it keeps that much resident and serves the rest either from the mapped file
+//! (`--cold-cache 0`: page cache, which the kernel reclaims under the limit instead of killing)
+//! or read whole into its staging cache (`--cold-cache auto`, its default with a budget, sized
+//! by the limit); either way it is not killed and its outputs are bit-identical to the
+//! in-process engine. Each arm's major page faults per token from a dropped page cache are
+//! printed (the cache's reads are O_DIRECT: it takes none for experts). Without a budget the
+//! same node copies every expert and the limit kills it, which shows the limit bites. Skipped,
+//! saying so, when the cgroup v1 memory controller is not mounted writable (CI runs as root,
+//! where it is).
 
 mod support;
 
@@ -55,13 +59,15 @@ impl Cgroup {
             .unwrap_or(0)
     }
 
-    /// A script that enters this cgroup and runs the node with `extra` arguments after its own.
-    fn wrapper(&self, dir: &Path, name: &str, extra: &str) -> PathBuf {
+    /// A script that enters this cgroup and runs the node with `extra` arguments after its own
+    /// (and its stderr appended to `log`, if given).
+    fn wrapper(&self, dir: &Path, name: &str, extra: &str, log: Option<&Path>) -> PathBuf {
         let path = dir.join(name);
         let mut f = std::fs::File::create(&path).expect("wrapper");
+        let redirect = log.map_or(String::new(), |l| format!(" 2>>{}", l.display()));
         writeln!(
             f,
-            "#!/bin/sh\necho $$ > {}/cgroup.procs || exit 70\nexec {} \"$@\" {extra}",
+            "#!/bin/sh\necho $$ > {}/cgroup.procs || exit 70\nexec {} \"$@\" {extra}{redirect}",
             self.0.display(),
             node_binary().display()
         )
@@ -99,6 +105,35 @@ fn evict(path: &Path) {
     assert_eq!(rc, 0, "posix_fadvise");
 }
 
+/// `text` without its ANSI colour sequences (the node's log is coloured).
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Major page faults of process `pid` so far (`/proc/<pid>/stat` field 12).
+fn major_faults(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // fields after the command name, which is in parentheses: state is field 3
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    rest.split_whitespace()
+        .nth(12 - 3)
+        .and_then(|f| f.parse().ok())
+        .expect("majflt")
+}
+
 fn launch(model: &Path, exe: PathBuf, work: &Path) -> Result<LocalCluster, String> {
     let m = Model::load_with(
         model,
@@ -119,7 +154,7 @@ fn launch(model: &Path, exe: PathBuf, work: &Path) -> Result<LocalCluster, Strin
         exe: Some(exe),
         work_dir: work.to_path_buf(),
         start_timeout: Duration::from_secs(120),
-        node_log: "error".into(),
+        node_log: "info".into(),
     })
     .map_err(|e| e.to_string())
 }
@@ -141,56 +176,112 @@ fn node_under_a_cgroup_limit_below_the_model_serves_with_a_memory_budget() {
     spec.experts = Some(512);
     let path = work.join("big.gguf");
     generate(&spec, &path, &mut |_| {}).expect("generate");
-    let model = Model::load_with(
-        &path,
-        LoadOptions {
-            experts: ExpertMemory::Mapped,
-            ..LoadOptions::default()
-        },
-    )
-    .expect("model");
+    let load = || {
+        Model::load_with(
+            &path,
+            LoadOptions {
+                experts: ExpertMemory::Mapped,
+                ..LoadOptions::default()
+            },
+        )
+        .expect("model")
+    };
+    let want = {
+        let model = load();
+        let local: Arc<dyn ExpertBackend> = Arc::new(LocalExperts::new(model.clone(), None));
+        run(&mut engine(&model, local), &PROMPT, 8, |_| {}).expect("in process")
+    };
+    // a fresh map whose experts this process never touches: the file's pages can be dropped
+    // (pages mapped here would stay cached, and the node would fault them in without a read)
+    let model = load();
     let experts = model.weights().expert_bytes();
     assert!(
         experts > 3 * LIMIT / 2,
         "the experts ({experts} bytes) must exceed the limit ({LIMIT})"
     );
-    let local: Arc<dyn ExpertBackend> = Arc::new(LocalExperts::new(model.clone(), None));
-    let want = run(&mut engine(&model, local), &PROMPT, 8, |_| {}).expect("in process");
 
-    // with a budget: alive and bit-identical
-    evict(&path);
-    let exe = cg.wrapper(
-        &work,
-        "node-budget.sh",
-        &format!("--memory-budget {BUDGET}"),
-    );
-    let cluster = launch(&path, exe, &work).expect("a node with a budget starts under the limit");
-    let remote = connect(&model, &cluster, RemoteOptions::default());
-    let got = run(&mut engine(&model, remote.clone()), &PROMPT, 8, |_| {}).expect("node");
-    assert_bits_equal(&got, &want, "node under a cgroup limit");
+    // with a budget, cold experts through the page cache or the staging cache: alive and
+    // bit-identical
+    let mut faults = Vec::new();
+    // `--cold-cache 0`, then no flag: `auto` is the default with a budget
+    for cold in ["0", "auto"] {
+        evict(&path);
+        cg.write("memory.max_usage_in_bytes", "0")
+            .expect("reset the peak");
+        let log = work.join(format!("node-cold-{cold}.log"));
+        let _ = std::fs::remove_file(&log);
+        let exe = cg.wrapper(
+            &work,
+            &format!("node-budget-{cold}.sh"),
+            &match cold {
+                "0" => format!("--memory-budget {BUDGET} --cold-cache 0"),
+                _ => format!("--memory-budget {BUDGET}"),
+            },
+            Some(&log),
+        );
+        let mut cluster =
+            launch(&path, exe, &work).expect("a node with a budget starts under the limit");
+        let remote = connect(&model, &cluster, RemoteOptions::default());
+        // the node's major faults per token over a generation from a dropped page cache
+        let pid = cluster.pid("node0").expect("node pid");
+        let before = major_faults(pid);
+        let got = run(&mut engine(&model, remote.clone()), &PROMPT, 8, |_| {}).expect("node");
+        let per_token = (major_faults(pid) - before) as f64 / (PROMPT.len() + 8) as f64;
+        assert_bits_equal(
+            &got,
+            &want,
+            &format!("node under a cgroup limit, --cold-cache {cold}"),
+        );
+        assert!(
+            remote.status().iter().all(|s| s.up),
+            "the node stays up: {:?}",
+            remote.status()
+        );
+        let peak = cg.read("memory.max_usage_in_bytes");
+        assert!(
+            peak <= LIMIT,
+            "cgroup peak {peak} bytes over the limit {LIMIT}"
+        );
+        drop(remote);
+        cluster.stop();
+        let text = plain(&std::fs::read_to_string(&log).expect("node log"));
+        let summary = text.lines().find(|l| l.contains("cold cache: "));
+        let ready = text
+            .lines()
+            .find(|l| l.contains("node ready"))
+            .unwrap_or_else(|| panic!("no ready line in {text}"));
+        if cold == "0" {
+            assert!(ready.contains("cold_cache_kib=0"), "{ready}");
+            assert!(summary.is_none(), "no cache, yet: {text}");
+        } else {
+            assert!(!ready.contains("cold_cache_kib=0"), "{ready}");
+            let summary = summary.unwrap_or_else(|| panic!("no cache summary in {text}"));
+            assert!(
+                !summary.contains(" 0 misses"),
+                "the cache was not read through: {summary}"
+            );
+            eprintln!("--cold-cache auto: {summary}");
+        }
+        eprintln!(
+            "--cold-cache {cold}: experts {} MiB, limit {} MiB, budget {} MiB, cgroup peak {} MiB \
+             (page cache included), {per_token:.1} major faults per token",
+            experts / MIB,
+            LIMIT / MIB,
+            BUDGET / MIB,
+            peak / MIB
+        );
+        faults.push(per_token);
+    }
     assert!(
-        remote.status().iter().all(|s| s.up),
-        "the node stays up: {:?}",
-        remote.status()
+        faults[1] <= faults[0],
+        "the staging cache took more major faults per token ({:.1}) than the page cache ({:.1})",
+        faults[1],
+        faults[0]
     );
-    let peak = cg.read("memory.max_usage_in_bytes");
-    assert!(
-        peak <= LIMIT,
-        "cgroup peak {peak} bytes over the limit {LIMIT}"
-    );
-    eprintln!(
-        "experts {} MiB, limit {} MiB, budget {} MiB, cgroup peak {} MiB (page cache included)",
-        experts / MIB,
-        LIMIT / MIB,
-        BUDGET / MIB,
-        peak / MIB
-    );
-    drop(remote);
-    drop(cluster);
 
     // without a budget every expert is copied and the limit kills the node
     evict(&path);
-    let exe = cg.wrapper(&work, "node-all.sh", "");
+    let exe = cg.wrapper(&work, "node-all.sh", "", None);
     match launch(&path, exe, &work) {
         Ok(_) => panic!("a node copying every expert under the limit should have been killed"),
         Err(e) => assert!(e.contains("signal"), "killed by the limit, found: {e}"),

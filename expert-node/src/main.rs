@@ -1,6 +1,7 @@
 //! `nightshift-expert-node`: maps a GGUF, loads the experts the placement gives this node (hot
-//! ones copied into node-local memory by pinned threads, cold ones left mapped), and serves them
-//! over gRPC until SIGINT/SIGTERM, then drains in-flight work (bounded) and exits.
+//! ones copied into node-local memory by pinned threads, cold ones left mapped and, with
+//! `--cold-cache`, read whole into a staging cache when a call needs them), and serves them over
+//! gRPC until SIGINT/SIGTERM, then drains in-flight work (bounded) and exits.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,10 +11,11 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Parser;
 use nightshift_atlas_core::placement::Placement;
-use nightshift_atlas_core::size::parse_size;
+use nightshift_atlas_core::size::{parse_size, parse_size_or_auto};
 use nightshift_expert_node::service::{NodeIdentity, NodeService};
 use nightshift_expert_node::store::{model_shape, ExpertStore};
 use nightshift_expert_node::{auth, numa, tls};
+use nightshift_model::cold::ColdCache;
 use nightshift_model::gguf::Gguf;
 use nightshift_proto::v1::expert_service_server::ExpertServiceServer;
 
@@ -48,6 +50,13 @@ struct Args {
     /// served from the mapped file, as its cold ones are.
     #[arg(long)]
     memory_budget: Option<String>,
+    /// Read the experts this node does not keep resident whole into a staging cache of this size
+    /// (O_DIRECT, least recently used; `auto`: a quarter of the memory the process may still
+    /// take, cgroup limits included, at least two MoE layers' experts of a decode step; a size
+    /// as for --memory-budget; `0`: fault them in from the mapped file through the page cache).
+    /// Taken on top of the budget. Default: `auto` with --memory-budget, else `0`.
+    #[arg(long)]
+    cold_cache: Option<String>,
     /// File holding a shared token the coordinator must present (Bearer). Required unless
     /// --insecure-no-auth is given.
     #[arg(long)]
@@ -129,10 +138,11 @@ fn run() -> anyhow::Result<()> {
     if slots.is_empty() {
         tracing::warn!(node = %args.node, "the placement gives this node no experts");
     }
+    let slots_bytes = shape.expert_bytes * slots.len() as u64;
     // The node's memory_bytes (or --memory-budget) bounds its resident experts, now and in
     // every later live load.
     let capacity = match &args.memory_budget {
-        Some(b) => parse_size(b, shape.expert_bytes * slots.len() as u64)
+        Some(b) => parse_size(b, slots_bytes)
             .context("--memory-budget")?
             .max(1),
         None => placement
@@ -141,7 +151,16 @@ fn run() -> anyhow::Result<()> {
             .find(|n| n.name == args.node)
             .map_or(0, |n| n.memory_bytes),
     };
-    let store = Arc::new(ExpertStore::new(gguf.clone(), args.mlock).with_capacity(capacity));
+    // `--cold-cache` as N% is of the experts the placement gives this node, as --memory-budget.
+    let cold_arg = args
+        .cold_cache
+        .as_deref()
+        .unwrap_or(match args.memory_budget {
+            Some(_) => "auto",
+            None => "0",
+        });
+    let cold_size = parse_size_or_auto(cold_arg, slots_bytes).context("--cold-cache")?;
+    let store = ExpertStore::new(gguf.clone(), args.mlock).with_capacity(capacity);
     let mut hot: Vec<(u32, u32)> = slots
         .iter()
         .filter(|s| s.resident)
@@ -166,6 +185,14 @@ fn run() -> anyhow::Result<()> {
     }
     store.load(&hot, true, &pool)?;
     store.load(&cold, false, &pool)?;
+    // Sized after the resident copies are made: `auto` is a share of what is left.
+    let cold_cache = ColdCache::start(gguf.clone(), cold_size)
+        .context("starting the cold cache's I/O thread")?
+        .map(Arc::new);
+    let store = Arc::new(match &cold_cache {
+        Some(c) => store.with_cold_cache(c.clone()),
+        None => store,
+    });
     let inv = store.inventory();
     let resident: u64 = inv.iter().filter(|h| h.resident).map(|h| h.bytes).sum();
     let mapped: u64 = inv.iter().filter(|h| !h.resident).map(|h| h.bytes).sum();
@@ -208,11 +235,15 @@ fn run() -> anyhow::Result<()> {
         _ => None,
     };
 
+    if let Some(c) = &cold_cache {
+        spawn_cold_cache_log(c.clone())?;
+    }
+    let cold_at_exit = cold_cache.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let served = rt.block_on(async move {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
             shutdown_signal().await;
@@ -235,6 +266,7 @@ fn run() -> anyhow::Result<()> {
             .with_context(|| format!("binding {}", args.listen))?;
         tracing::info!(
             node = %args.node, experts = inv.len(), resident_mib = resident >> 20, mapped_mib = mapped >> 20,
+            cold_cache_kib = cold_cache.as_ref().map_or(0, |c| c.capacity() >> 10),
             threads = plan.threads, numa = ?plan.numa_node, tls = args.tls_cert.is_some(), mtls = args.tls_client_ca.is_some(), tier = ?nightshift_kernels::dispatch::active_tier(),
             "expert node ready on {}", args.listen
         );
@@ -253,7 +285,30 @@ fn run() -> anyhow::Result<()> {
             }
         }
         anyhow::Ok(())
-    })
+    });
+    if let Some(c) = cold_at_exit {
+        tracing::info!("{}", c.stats().summary());
+    }
+    served
+}
+
+/// Logs the cold cache's counters (`ColdStats::summary`) every minute in which they changed.
+fn spawn_cold_cache_log(cache: Arc<ColdCache>) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("cold-cache-log".into())
+        .spawn(move || {
+            let mut last = cache.stats();
+            loop {
+                std::thread::sleep(Duration::from_secs(60));
+                let now = cache.stats();
+                if now != last {
+                    tracing::info!(held_mib = cache.held_bytes() >> 20, "{}", now.summary());
+                    last = now;
+                }
+            }
+        })
+        .context("starting the cold cache's log thread")?;
+    Ok(())
 }
 
 async fn shutdown_signal() {

@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_kernels::GgmlType;
-use nightshift_model::expert::{run_claimed, run_grouped};
 use nightshift_model::{ActRows, ExpertError, ExpertPair};
 use nightshift_proto::shm::board::ClaimBoard;
 use nightshift_proto::shm::{Incoming, ShmReply, ShmServer};
@@ -230,11 +229,8 @@ impl NodeService {
         out: &mut [f32],
     ) -> Result<(), Status> {
         store
-            .with_layer(work.layer, |weights| {
-                run_grouped(weights, &work.acts, &work.pairs, n_embd, out, pool)
-            })
-            .map_err(status_of_store)?
-            .map_err(status_of_expert)
+            .run(work.layer, &work.acts, &work.pairs, n_embd, out, pool)
+            .map_err(status_of_store)
     }
 
     /// Runs the expert groups of validated work that `board` hands this node under `tag` into
@@ -250,11 +246,16 @@ impl NodeService {
     ) -> Result<Vec<u32>, Status> {
         let claim = |groups: usize| board.claim(tag, groups as u32).map(|g| g as usize);
         store
-            .with_layer(work.layer, |weights| {
-                run_claimed(weights, &work.acts, &work.pairs, n_embd, out, pool, &claim)
-            })
-            .map_err(status_of_store)?
-            .map_err(status_of_expert)
+            .run_claimed(
+                work.layer,
+                &work.acts,
+                &work.pairs,
+                n_embd,
+                out,
+                pool,
+                &claim,
+            )
+            .map_err(status_of_store)
     }
 
     fn check_handshake<T>(&self, req: &Request<T>) -> Result<(), Status> {

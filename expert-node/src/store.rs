@@ -4,15 +4,22 @@
 //! and dropped while serving (live rebalance); computing holds a read lock, so a drop waits for
 //! the layer calls that use the expert to finish. Copies are made by the model's `resident`
 //! module (one arena per load, huge-page advised, freed with the last expert copied into it).
+//!
+//! With a staging cache (`--cold-cache`, the model's `cold` module) a layer call reads the held
+//! experts that are not resident whole into the cache instead of faulting them in from the map,
+//! through the engine's own [`run_cached`]: the call's cold experts are asked for first and
+//! its resident experts computed while they load; a shared call (the claim board) reads each
+//! cold expert it takes a group of ([`ClaimedCold`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use nightshift_atlas_core::placement::ModelShape;
-use nightshift_model::expert::ExpertWeights;
+use nightshift_model::cold::{run_cached, ClaimedCold, ColdCache};
+use nightshift_model::expert::{run_claimed, run_grouped, ExpertWeights};
 use nightshift_model::gguf::Gguf;
 use nightshift_model::resident::{copy_experts, CopyError, ExpertCopy};
-use nightshift_model::ExpertError;
+use nightshift_model::{ActRows, ExpertError, ExpertPair};
 
 /// Errors of the store (wrapped into `tonic::Status` by the service).
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +74,8 @@ pub struct ExpertStore {
     capacity: u64,
     /// Serialises loads, so the capacity check and the insert see the same store.
     loading: std::sync::Mutex<()>,
+    /// The staging cache non-resident experts are read through (`--cold-cache`).
+    cold: Option<Arc<ColdCache>>,
 }
 
 impl ExpertStore {
@@ -78,7 +87,20 @@ impl ExpertStore {
             mlock,
             capacity: 0,
             loading: std::sync::Mutex::new(()),
+            cold: None,
         }
+    }
+
+    /// Reads held experts that are not resident whole through `cache` (a cache over this
+    /// store's model) in [`ExpertStore::run`], instead of from the map.
+    pub fn with_cold_cache(mut self, cache: Arc<ColdCache>) -> ExpertStore {
+        self.cold = Some(cache);
+        self
+    }
+
+    /// The staging cache of cold experts, if any.
+    pub fn cold_cache(&self) -> Option<&Arc<ColdCache>> {
+        self.cold.as_ref()
     }
 
     /// Limits resident copies to `bytes` (0: unlimited): a load that would exceed it fails
@@ -246,6 +268,101 @@ impl ExpertStore {
         v
     }
 
+    /// Computes the layer call `pairs` of `layer` into `out` (one `n_embd` row per pair), as
+    /// `run_grouped` over [`ExpertStore::with_layer`]'s weights; with a cold cache the experts
+    /// that are not resident come through it. The store cannot change while it runs.
+    pub fn run(
+        &self,
+        layer: u32,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+        n_embd: usize,
+        out: &mut [f32],
+        pool: Option<&rayon::ThreadPool>,
+    ) -> Result<(), StoreError> {
+        let Some(cache) = &self.cold else {
+            return self
+                .with_layer(layer, |w| run_grouped(w, acts, pairs, n_embd, out, pool))?
+                .map_err(StoreError::from);
+        };
+        let held = self.held.read().map_err(|_| StoreError::Poisoned)?;
+        let l = layer as usize;
+        let mapped = |expert: u32| -> Result<ExpertWeights<'_>, ExpertError> {
+            if !held.contains_key(&(layer, expert)) {
+                return Err(ExpertError::UnknownExpert { layer: l, expert });
+            }
+            ExpertWeights::from_gguf(&self.gguf, l, expert as usize)
+        };
+        let copy = |expert: u32| held.get(&(layer, expert)).and_then(|h| h.resident.as_ref());
+        run_cached(cache, l, &mapped, &copy, acts, pairs, n_embd, out, pool)?;
+        Ok(())
+    }
+
+    /// Computes the expert groups of the layer call `pairs` of `layer` that `claim` hands out
+    /// (a shared call, `run_claimed`) into `out`; returns the pairs computed. With a cold cache
+    /// the non-resident experts of the groups taken come through it. The store cannot change
+    /// while it runs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_claimed(
+        &self,
+        layer: u32,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+        n_embd: usize,
+        out: &mut [f32],
+        pool: Option<&rayon::ThreadPool>,
+        claim: &(dyn Fn(usize) -> Option<usize> + Sync),
+    ) -> Result<Vec<u32>, StoreError> {
+        let held = self.held.read().map_err(|_| StoreError::Poisoned)?;
+        let mut cold: Vec<u32> = Vec::new();
+        if self.cold.is_some() {
+            for p in pairs {
+                let resident = held
+                    .get(&(layer, p.expert))
+                    .is_some_and(|h| h.resident.is_some());
+                if !resident && !cold.contains(&p.expert) {
+                    cold.push(p.expert);
+                }
+            }
+        }
+        let cached = self.cold.as_deref().map(|cache| ClaimedCold {
+            cache,
+            layer: layer as usize,
+            experts: &cold,
+        });
+        let weights = |expert: u32| self.weights(&held, layer, expert);
+        Ok(run_claimed(
+            weights,
+            acts,
+            pairs,
+            n_embd,
+            out,
+            pool,
+            claim,
+            cached.as_ref(),
+        )?)
+    }
+
+    /// The weights of held expert `expert` of `layer`: its resident copy, else its mapped views.
+    fn weights<'a>(
+        &'a self,
+        held: &'a HashMap<(u32, u32), Held>,
+        layer: u32,
+        expert: u32,
+    ) -> Result<ExpertWeights<'a>, ExpertError> {
+        let h = held
+            .get(&(layer, expert))
+            .ok_or(ExpertError::UnknownExpert {
+                layer: layer as usize,
+                expert,
+            })?;
+        let w = ExpertWeights::from_gguf(&self.gguf, layer as usize, expert as usize)?;
+        Ok(match &h.resident {
+            Some(c) => c.weights(w)?,
+            None => w,
+        })
+    }
+
     /// Runs `f` with a function giving the weights of held experts of `layer`; the store cannot
     /// change while `f` runs.
     pub fn with_layer<R>(
@@ -254,20 +371,7 @@ impl ExpertStore {
         f: impl for<'a> FnOnce(&'a dyn Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>) -> R,
     ) -> Result<R, StoreError> {
         let held = self.held.read().map_err(|_| StoreError::Poisoned)?;
-        let gguf = &self.gguf;
-        let lookup = |expert: u32| -> Result<ExpertWeights<'_>, ExpertError> {
-            let h = held
-                .get(&(layer, expert))
-                .ok_or(ExpertError::UnknownExpert {
-                    layer: layer as usize,
-                    expert,
-                })?;
-            let w = ExpertWeights::from_gguf(gguf, layer as usize, expert as usize)?;
-            Ok(match &h.resident {
-                Some(c) => c.weights(w)?,
-                None => w,
-            })
-        };
+        let lookup = |expert: u32| self.weights(&held, layer, expert);
         Ok(f(&lookup))
     }
 }

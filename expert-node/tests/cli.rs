@@ -1,7 +1,8 @@
 //! The node's command line. It authenticates by default: without `--auth-token-file` it refuses
 //! to start (before loading anything, saying what to pass) unless `--insecure-no-auth` says the
 //! network is trusted; an empty token file is refused too; with a token it starts and listens.
-//! It logs "ready" only once it listens: a port already taken fails it without that line.
+//! It logs "ready" only once it listens: a port already taken fails it without that line. A
+//! `--cold-cache` that is neither a size nor `auto` is refused with what it expected.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -129,4 +130,34 @@ fn ready_is_logged_only_once_the_port_is_bound() {
         !err.contains("Stack backtrace") && !err.contains("panicked"),
         "{err}"
     );
+}
+
+#[test]
+fn cold_cache_sizes_are_checked_before_anything_is_served() {
+    let d = dir();
+    for bad in ["lots", "12Q", "-3", "50%%", ""] {
+        let arg = format!("--cold-cache={bad}");
+        let err = refused(&d, &["--insecure-no-auth", &arg]);
+        assert!(
+            err.contains("--cold-cache") && err.contains("a size or auto"),
+            "{bad:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{bad:?}: {err}");
+    }
+    for good in ["auto", "0", "64KiB", "10%"] {
+        assert!(
+            listens(&d, &["--insecure-no-auth", "--cold-cache", good]),
+            "--cold-cache {good}"
+        );
+    }
+    assert!(listens(
+        &d,
+        &[
+            "--insecure-no-auth",
+            "--memory-budget",
+            "50%",
+            "--cold-cache",
+            "1MiB"
+        ]
+    ));
 }

@@ -3,12 +3,12 @@
 //! placement changes where an expert runs, never what it computes. Activations arrive quantized
 //! once (`ActRows`) to the type the gate/up dot products consume, as ggml's `mul_mat_id` would.
 
-use crate::cold::{ColdCache, ColdCopy, ColdWindow};
+use crate::cold::{run_cached, ClaimedCold, ColdCache};
 use crate::error::ExpertError;
 use crate::gguf::Gguf;
 use crate::model::Model;
 use crate::prefetch::Prefetcher;
-use crate::resident::{ExpertCopy, ExpertResidency};
+use crate::resident::ExpertResidency;
 use nightshift_kernels::{dequantize_row, gemm, quantize_row, GgmlType, QMatrix};
 use rayon::prelude::*;
 use rayon::ThreadPool;
@@ -447,7 +447,7 @@ pub fn run_grouped<'a>(
 }
 
 /// `out` must hold one `n_embd` row per pair.
-fn check_out_len(out: usize, pairs: usize, n_embd: usize) -> Result<(), ExpertError> {
+pub(crate) fn check_out_len(out: usize, pairs: usize, n_embd: usize) -> Result<(), ExpertError> {
     if out != pairs * n_embd {
         return Err(ExpertError::Shape(format!(
             "expected an output of {} floats, found {out}",
@@ -494,7 +494,10 @@ pub fn expert_groups(pairs: &[ExpertPair]) -> Vec<(u32, Vec<u32>)> {
 /// GEMM, on `pool`'s threads taking groups side by side (or on this thread), into `out` (one
 /// `n_embd` row per pair; rows of groups not taken are left as they were). Returns the pairs
 /// computed (indices into `pairs`, group after group). Every row is what [`run_grouped`] gives
-/// for that pair: a pair's row depends only on its expert and activation row.
+/// for that pair: a pair's row depends only on its expert and activation row. The experts of
+/// `cold` (their `weights` the mapped views) are read through its staging cache as their groups
+/// are taken, so a caller reads only the cold experts it computes.
+#[allow(clippy::too_many_arguments)]
 pub fn run_claimed<'a>(
     weights: impl Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>,
     acts: &ActRows,
@@ -503,6 +506,7 @@ pub fn run_claimed<'a>(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
     claim: &(dyn Fn(usize) -> Option<usize> + Sync),
+    cold: Option<&ClaimedCold<'_>>,
 ) -> Result<Vec<u32>, ExpertError> {
     check_out_len(out.len(), pairs.len(), n_embd)?;
     let groups = expert_groups(pairs);
@@ -511,10 +515,14 @@ pub fn run_claimed<'a>(
     let mut resolved = Vec::with_capacity(groups.len());
     for (e, idx) in &groups {
         let w = weights_of(&weights, *e, n_embd)?;
-        resolved.push((w, idx));
+        resolved.push((*e, w, idx));
     }
     let rows_of =
         |idx: &[u32]| -> Vec<u32> { idx.iter().map(|&i| pairs[i as usize].row).collect() };
+    let ffn = |e: u32, w: &ExpertWeights<'a>, rows: &[u32], dst: &mut [f32]| match cold {
+        Some(c) => c.ffn(e, w, acts, rows, dst),
+        None => expert_ffn(w, acts, rows, dst, None),
+    };
     let mut done = Vec::new();
     match pool {
         Some(p) if p.current_num_threads() > 1 => {
@@ -523,18 +531,18 @@ pub fn run_claimed<'a>(
             let parts = p.broadcast(|_| -> Result<Vec<(usize, Vec<f32>)>, ExpertError> {
                 let mut mine = Vec::new();
                 while let Some(g) = claim(resolved.len()) {
-                    let Some((w, idx)) = resolved.get(g) else {
+                    let Some((e, w, idx)) = resolved.get(g) else {
                         break;
                     };
                     let mut tmp = vec![0.0f32; idx.len() * n_embd];
-                    expert_ffn(w, acts, &rows_of(idx), &mut tmp, None)?;
+                    ffn(*e, w, &rows_of(idx), &mut tmp)?;
                     mine.push((g, tmp));
                 }
                 Ok(mine)
             });
             for part in parts {
                 for (g, tmp) in part? {
-                    let idx = resolved[g].1;
+                    let idx = resolved[g].2;
                     scatter(&tmp, idx, n_embd, out);
                     done.extend_from_slice(idx);
                 }
@@ -542,23 +550,17 @@ pub fn run_claimed<'a>(
         }
         _ => {
             while let Some(g) = claim(resolved.len()) {
-                let Some((w, idx)) = resolved.get(g) else {
+                let Some((e, w, idx)) = resolved.get(g) else {
                     break;
                 };
                 let rows = rows_of(idx);
                 let (first, last) = (idx[0] as usize, idx[idx.len() - 1] as usize);
                 if last + 1 - first == idx.len() {
                     // consecutive pairs (a request built group by group): straight into place
-                    expert_ffn(
-                        w,
-                        acts,
-                        &rows,
-                        &mut out[first * n_embd..(last + 1) * n_embd],
-                        None,
-                    )?;
+                    ffn(*e, w, &rows, &mut out[first * n_embd..(last + 1) * n_embd])?;
                 } else {
                     let mut tmp = vec![0.0f32; idx.len() * n_embd];
-                    expert_ffn(w, acts, &rows, &mut tmp, None)?;
+                    ffn(*e, w, &rows, &mut tmp)?;
                     scatter(&tmp, idx, n_embd, out);
                 }
                 done.extend_from_slice(idx);
@@ -569,129 +571,11 @@ pub fn run_claimed<'a>(
 }
 
 /// Copies row `j` of `rows` to row `idx[j]` of `out`.
-fn scatter(rows: &[f32], idx: &[u32], n_embd: usize, out: &mut [f32]) {
+pub(crate) fn scatter(rows: &[f32], idx: &[u32], n_embd: usize, out: &mut [f32]) {
     for (j, &i) in idx.iter().enumerate() {
         let i = i as usize;
         out[i * n_embd..(i + 1) * n_embd].copy_from_slice(&rows[j * n_embd..(j + 1) * n_embd]);
     }
-}
-
-impl LocalExperts {
-    /// [`ExpertBackend::run_experts`] when the experts `cold` (distinct, in first-use order) are
-    /// not resident and come through the staging cache: their reads are asked for first, the
-    /// resident experts' pairs are computed while they run, then the cold experts' pairs chunk
-    /// by chunk as their copies arrive ([`ColdWindow`]). Each pair's row depends only on its
-    /// expert and activation row, so the split does not change any bit.
-    #[allow(clippy::too_many_arguments)]
-    fn run_staged<'c>(
-        &self,
-        layer: usize,
-        cache: &ColdCache,
-        cold: &[u32],
-        copy: &'c dyn Fn(u32) -> Option<&'c ExpertCopy>,
-        acts: &ActRows,
-        pairs: &[ExpertPair],
-        out: &mut [f32],
-    ) -> Result<(), ExpertError> {
-        let n_embd = self.model.config().n_embd;
-        check_out_len(out.len(), pairs.len(), n_embd)?;
-        let pool = self.pool.as_deref();
-        let mut window = ColdWindow::new(cache, layer, cold);
-        window.fill()?;
-        cache.settle(layer);
-        let early = window.ready()?;
-        if early.len() == cold.len() {
-            // every cold expert is in memory already (decode steps mostly): one call, as if
-            // they were all resident
-            run_grouped(
-                |e| staged_weights(&self.model, layer, copy, &early, e),
-                acts,
-                pairs,
-                n_embd,
-                out,
-                pool,
-            )?;
-            drop(early);
-            cache.released();
-            return Ok(());
-        }
-        let resident: Vec<u32> = (0..pairs.len() as u32)
-            .filter(|&i| !cold.contains(&pairs[i as usize].expert))
-            .collect();
-        if !resident.is_empty() {
-            run_subset(
-                |e| staged_weights(&self.model, layer, copy, &[], e),
-                acts,
-                pairs,
-                &resident,
-                n_embd,
-                out,
-                pool,
-            )?;
-        }
-        let mut pending = (!early.is_empty()).then_some(early);
-        loop {
-            let chunk = match pending.take() {
-                Some(c) => c,
-                None => match window.next_chunk()? {
-                    Some(c) => c,
-                    None => break,
-                },
-            };
-            let idx: Vec<u32> = (0..pairs.len() as u32)
-                .filter(|&i| chunk.iter().any(|(e, _)| *e == pairs[i as usize].expert))
-                .collect();
-            run_subset(
-                |e| staged_weights(&self.model, layer, copy, &chunk, e),
-                acts,
-                pairs,
-                &idx,
-                n_embd,
-                out,
-                pool,
-            )?;
-            let bytes: u64 = chunk.iter().map(|(_, c)| c.footprint()).sum();
-            drop(chunk);
-            window.release(bytes)?;
-        }
-        Ok(())
-    }
-}
-
-/// The weights of expert `e` of `layer`: its resident copy (`copy`), else its copy among `cold`
-/// (the staging cache's).
-fn staged_weights<'a, 'c: 'a>(
-    model: &'a Model,
-    layer: usize,
-    copy: &dyn Fn(u32) -> Option<&'c ExpertCopy>,
-    cold: &'a [(u32, Arc<ColdCopy>)],
-    e: u32,
-) -> Result<ExpertWeights<'a>, ExpertError> {
-    let w = model.expert_weights(layer, e)?;
-    if let Some(c) = copy(e) {
-        return Ok(c.weights(w)?);
-    }
-    match cold.iter().find(|(x, _)| *x == e) {
-        Some((_, c)) => Ok(c.weights(w)?),
-        None => Err(ExpertError::UnknownExpert { layer, expert: e }),
-    }
-}
-
-/// [`run_grouped`] over the pairs `idx` of `pairs`, their rows written to their places in `out`.
-fn run_subset<'a>(
-    weights: impl Fn(u32) -> Result<ExpertWeights<'a>, ExpertError>,
-    acts: &ActRows,
-    pairs: &[ExpertPair],
-    idx: &[u32],
-    n_embd: usize,
-    out: &mut [f32],
-    pool: Option<&ThreadPool>,
-) -> Result<(), ExpertError> {
-    let sub: Vec<ExpertPair> = idx.iter().map(|&i| pairs[i as usize]).collect();
-    let mut tmp = vec![0.0f32; sub.len() * n_embd];
-    run_grouped(weights, acts, &sub, n_embd, &mut tmp, pool)?;
-    scatter(&tmp, idx, n_embd, out);
-    Ok(())
 }
 
 impl ExpertBackend for LocalExperts {
@@ -722,16 +606,8 @@ impl ExpertBackend for LocalExperts {
         };
         r.with_layer(layer, |copy| {
             if let Some(cache) = &self.cold {
-                let mut cold: Vec<u32> = Vec::new();
-                for p in pairs {
-                    if copy(p.expert).is_none() && !cold.contains(&p.expert) {
-                        cold.push(p.expert);
-                    }
-                }
-                if !cold.is_empty() {
-                    return self.run_staged(layer, cache, &cold, copy, acts, pairs, out);
-                }
-                cache.settle(layer);
+                let mapped = |e: u32| self.model.expert_weights(layer, e);
+                return run_cached(cache, layer, &mapped, copy, acts, pairs, n_embd, out, pool);
             }
             let weights = |e: u32| {
                 let w = self.model.expert_weights(layer, e)?;

@@ -310,7 +310,7 @@ impl Resident {
 
 /// Alignment of each copy (a cache line: the kernels' blocks are read from any offset anyway).
 const RESIDENT_ALIGN: usize = 64;
-const HUGE_PAGE: usize = 2 << 20;
+pub(crate) const HUGE_PAGE: usize = 2 << 20;
 
 /// Whether weight copies go on transparent huge pages (`NIGHTSHIFT_HUGE_PAGES=off` or `0`: no).
 pub fn huge_pages_enabled() -> bool {

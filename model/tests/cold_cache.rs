@@ -3,7 +3,8 @@
 //! (both architectures), whether the cache holds one expert (every call streams its cold
 //! experts through it, evicting as it goes) or many (decode steps hit), with and without the
 //! one-layer-ahead prediction reading into it; the cache stays within its capacity between
-//! calls, holds the file's bytes, and refuses misuse with an error.
+//! calls, holds the file's bytes, and refuses misuse with an error; a read a call waits for while
+//! the same thread holds the full cache's only copy is served over the capacity, not deadlocked.
 
 use std::sync::Arc;
 
@@ -185,4 +186,44 @@ fn the_cache_holds_the_files_bytes_and_refuses_misuse() {
             w.down.bytes()
         );
     }
+}
+
+/// A call holding the one copy a full cache has, then demanding another on the same thread (an
+/// expert node's pool worker that took up a second call while it joined) is served: the read
+/// goes over the capacity after a bounded wait instead of waiting forever for the copy held.
+#[test]
+fn a_read_waited_for_under_a_held_copy_goes_over_the_capacity() {
+    let model = mapped("tiny-qwen3moe-Q4_K_M.gguf");
+    let all = all_experts(&model);
+    let probe = ColdCache::new(model.clone(), 0).expect("probe");
+    let one = all
+        .iter()
+        .map(|&(l, e)| probe.footprint(l as usize, e).expect("footprint"))
+        .max()
+        .expect("experts");
+    drop(probe);
+    let cache = Arc::new(ColdCache::new(model.clone(), one).expect("cache"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = cache.clone();
+    let (a, b) = (all[0], all[1]);
+    std::thread::spawn(move || {
+        let r = (|| {
+            c.demand(a.0 as usize, a.1)?;
+            let held = c.take(a.0 as usize, a.1, true)?.expect("first copy");
+            c.demand(b.0 as usize, b.1)?;
+            let second = c.take(b.0 as usize, b.1, true)?.expect("second copy");
+            Ok::<_, nightshift_model::ExpertError>(held.footprint() + second.footprint())
+        })();
+        let _ = tx.send(r);
+    });
+    let both = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the second read was served within 20 s")
+        .expect("reads");
+    assert!(
+        both > one,
+        "two copies ({both} bytes) held over a capacity of {one}"
+    );
+    assert!(cache.held_bytes() > one);
+    assert_eq!(cache.stats().misses, 2);
 }

@@ -155,6 +155,7 @@ fn claimed_groups_are_answered_once_with_the_same_bits() {
                 out,
                 pool,
                 &claim,
+                None,
             )
         };
         // NaN marks rows nobody wrote.
@@ -208,7 +209,8 @@ fn claimed_groups_are_answered_once_with_the_same_bits() {
         e,
         &mut out,
         None,
-        &claim
+        &claim,
+        None
     )
     .is_err());
     assert_eq!(taken.load(Ordering::Acquire), 0);

@@ -372,7 +372,7 @@ fn parent(a: &Args) -> anyhow::Result<()> {
         / (c.n_expert as u64 * (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).count() as u64).max(1);
     let cold = match a.cold_cache.trim() {
         // this process's available memory is not the arms': the decode minimum
-        x if x.eq_ignore_ascii_case("auto") => ColdCache::decode_capacity(&model),
+        x if x.eq_ignore_ascii_case("auto") => ColdCache::decode_capacity(&*model),
         x => nightshift_atlas_core::size::parse_size(x, full)?,
     };
     drop(model);

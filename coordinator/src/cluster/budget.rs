@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use nightshift_atlas_core::placement::{ModelShape, Placement};
-use nightshift_atlas_core::size::parse_size;
+use nightshift_atlas_core::size::{parse_size, parse_size_or_auto};
 use nightshift_kernels::rng::SplitMix64;
 use nightshift_model::cold::ColdCache;
 use nightshift_model::resident::{ExpertResidency, ResidencyError};
@@ -24,7 +24,7 @@ use super::{model_shape, ClusterError};
 pub enum BudgetError {
     #[error("--memory-budget: {0}")]
     Size(#[from] nightshift_atlas_core::size::SizeError),
-    #[error("--cold-cache: {0} (or `auto`)")]
+    #[error("--cold-cache: {0}")]
     ColdSize(nightshift_atlas_core::size::SizeError),
     #[error("--resident-set {path}: {source}")]
     Placement {
@@ -90,19 +90,15 @@ pub fn build_cold_cache(
     model: &Arc<Model>,
     size: &str,
 ) -> Result<Option<Arc<ColdCache>>, ClusterError> {
-    let capacity = if size.trim().eq_ignore_ascii_case("auto") {
-        ColdCache::default_capacity(model)
-    } else {
-        let shape = model_shape(model)?;
-        let all = shape.expert_bytes * (shape.moe_layers.len() * shape.n_experts) as u64;
-        parse_size(size, all).map_err(BudgetError::ColdSize)?
-    };
-    if capacity == 0 {
+    let shape = model_shape(model)?;
+    let all = shape.expert_bytes * (shape.moe_layers.len() * shape.n_experts) as u64;
+    let capacity = parse_size_or_auto(size, all).map_err(BudgetError::ColdSize)?;
+    let Some(cache) = ColdCache::start(model.clone(), capacity).map_err(BudgetError::Thread)?
+    else {
         return Ok(None);
-    }
-    let cache = ColdCache::new(model.clone(), capacity).map_err(BudgetError::Thread)?;
+    };
     tracing::info!(
-        cold_cache_mib = capacity >> 20,
+        cold_cache_mib = cache.capacity() >> 20,
         "cold experts are read whole into a staging cache"
     );
     Ok(Some(Arc::new(cache)))

@@ -8,7 +8,8 @@
 //! staging cache makes every miss one large read of the whole expert (`O_DIRECT` where the file
 //! system takes it, so nothing is held twice in the page cache; otherwise a buffered read whose
 //! page-cache pages are dropped after the copy), and what is in memory is exactly what the cache
-//! holds: never more than `capacity` bytes plus the experts a call is computing.
+//! holds: never more than `capacity` bytes plus the experts calls are computing and those they
+//! wait for when the calls holding the rest do not let go within 100 ms.
 //!
 //! Reads run on one I/O thread, demand reads (a layer is waiting) before prefetch reads (the
 //! one-layer-ahead prediction, [`crate::prefetch`]). A prefetch that finds no room without
@@ -16,6 +17,12 @@
 //! ([`crate::expert::LocalExperts`]) demand a window of at most half the capacity at a time and
 //! compute each expert as it arrives, so a prefill chunk that needs more cold experts than fit
 //! streams through the cache.
+//!
+//! The cache reads through [`ExpertFiles`]: where an expert's three matrices are in a mapped
+//! model's files. The in-process [`Model`](crate::model::Model) and an expert node's mapped
+//! [`Gguf`](crate::gguf::Gguf) both give it, so the engine and `nightshift-expert-node` share
+//! this one cache; [`run_cached`] is the one layer call over resident copies and cold experts
+//! coming through it.
 //!
 //! The bytes are the file's bytes in the file's layout, read from the same offsets the map shows:
 //! **where a cold expert is read from never changes outputs.**
@@ -29,9 +36,13 @@ use std::time::{Duration, Instant};
 
 use crate::error::ExpertError;
 use crate::expert::ExpertWeights;
-use crate::model::Model;
 
+mod files;
+mod staged;
 mod window;
+pub use files::ExpertFiles;
+use files::{expert_spans, footprint};
+pub use staged::{run_cached, ClaimedCold};
 pub(crate) use window::ColdWindow;
 
 /// File offsets and buffer positions are aligned to this (`O_DIRECT` needs the logical block
@@ -40,6 +51,10 @@ const ALIGN: u64 = 4096;
 
 /// (layer, expert)
 type Key = (u32, u32);
+
+/// How long a demanded read waits for room while calls hold copies before it goes over the
+/// capacity.
+const ROOM_WAIT: Duration = Duration::from_millis(100);
 
 /// Memory for one expert: an anonymous mapping on huge pages where the kernel gives them (a
 /// fresh 4 KiB-page buffer would cost a page fault per 4 KiB on every read), from `start` for
@@ -52,7 +67,18 @@ struct Buffer {
 
 impl Buffer {
     fn new(cap: u64) -> std::io::Result<Buffer> {
+        use crate::weights::HUGE_PAGE;
         let (map, start) = crate::weights::huge_page_map(cap as usize)?;
+        // Only the huge pages the buffer fills whole may be huge: one its tail (or a buffer
+        // smaller than a huge page) fills in part would take up to 2 MiB of memory the cache
+        // does not count (with THP `always`, on first touch).
+        let whole = cap as usize / HUGE_PAGE * HUGE_PAGE;
+        #[cfg(target_os = "linux")]
+        map.advise_range(
+            memmap2::Advice::NoHugePage,
+            start + whole,
+            map.len() - start - whole,
+        )?;
         Ok(Buffer { map, start, cap })
     }
 
@@ -201,8 +227,8 @@ struct State {
 }
 
 struct Shared {
-    model: Arc<Model>,
-    files: Vec<Mutex<ReadFile>>,
+    files: Arc<dyn ExpertFiles>,
+    readers: Vec<Mutex<ReadFile>>,
     capacity: u64,
     state: Mutex<State>,
     changed: Condvar,
@@ -245,22 +271,18 @@ fn open_direct(path: &std::path::Path) -> std::io::Result<ReadFile> {
     })
 }
 
-/// One matrix of an expert: (file index, aligned file offset, aligned length, offset of the
-/// matrix in the aligned span, matrix length).
-type Span = (usize, u64, u64, usize, usize);
-
 impl ColdCache {
-    /// A cache of at most `capacity` bytes of cold experts of `model` (the experts a call is
+    /// A cache of at most `capacity` bytes of cold experts of `files` (the experts a call is
     /// computing may add to it), with its I/O thread.
-    pub fn new(model: Arc<Model>, capacity: u64) -> std::io::Result<ColdCache> {
-        let files = model
+    pub fn new(files: Arc<dyn ExpertFiles>, capacity: u64) -> std::io::Result<ColdCache> {
+        let readers = files
             .gguf()
             .paths()
             .map(|p| open_direct(p).map(Mutex::new))
             .collect::<std::io::Result<Vec<_>>>()?;
         let shared = Arc::new(Shared {
-            model,
             files,
+            readers,
             capacity,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
@@ -273,28 +295,44 @@ impl ColdCache {
         Ok(ColdCache { shared })
     }
 
-    /// The default capacity for `model` (`--cold-cache auto`): a quarter of the memory this
+    /// The cache `--cold-cache` asks for (on `serve`/`generate` and on expert nodes), its I/O
+    /// thread started: `capacity` None (`auto`) is [`ColdCache::default_capacity`]; 0 is no
+    /// cache (cold experts are read through the page cache).
+    pub fn start(
+        files: Arc<dyn ExpertFiles>,
+        capacity: Option<u64>,
+    ) -> std::io::Result<Option<ColdCache>> {
+        let capacity = capacity.unwrap_or_else(|| ColdCache::default_capacity(&*files));
+        if capacity == 0 {
+            return Ok(None);
+        }
+        ColdCache::new(files, capacity).map(Some)
+    }
+
+    /// The default capacity for `files` (`--cold-cache auto`): a quarter of the memory this
     /// process can still take ([`crate::weights::mem_available`], cgroup limits included), and
     /// at least [`ColdCache::decode_capacity`]. The KV cache's default takes another quarter;
     /// the rest stays for the page cache and the process.
-    pub fn default_capacity(model: &Model) -> u64 {
+    pub fn default_capacity(files: &dyn ExpertFiles) -> u64 {
         let share = crate::weights::mem_available().unwrap_or(0) / 4;
-        share.max(ColdCache::decode_capacity(model))
+        share.max(ColdCache::decode_capacity(files))
     }
 
     /// What a one-row decode step needs: the experts two MoE layers use (this layer's and the
     /// next one's, read ahead), at the largest expert's footprint.
-    pub fn decode_capacity(model: &Model) -> u64 {
-        let c = model.config();
+    pub fn decode_capacity(files: &dyn ExpertFiles) -> u64 {
+        let Some(shape) = crate::shape::moe_shape(files.gguf()) else {
+            return 0;
+        };
         let mut largest = 0u64;
-        for l in (0..c.n_layer).filter(|&l| c.is_moe_layer(l)) {
-            for e in 0..c.n_expert as u32 {
-                if let Ok(f) = footprint(model, l, e) {
+        for &l in &shape.moe_layers {
+            for e in 0..shape.n_experts as u32 {
+                if let Ok(f) = footprint(files, l, e) {
                     largest = largest.max(f);
                 }
             }
         }
-        2 * c.n_expert_used.max(1) as u64 * largest
+        2 * files.n_expert_used().max(1) as u64 * largest
     }
 
     pub fn capacity(&self) -> u64 {
@@ -303,7 +341,7 @@ impl ColdCache {
 
     /// Footprint of expert `e` of `layer` in the cache.
     pub fn footprint(&self, layer: usize, e: u32) -> Result<u64, ExpertError> {
-        footprint(&self.shared.model, layer, e)
+        footprint(&*self.shared.files, layer, e)
     }
 
     /// Bytes held or being read now.
@@ -541,6 +579,7 @@ impl Shared {
             // make room: reuse a spare buffer, or evict the least recently used copies no
             // call holds or still needs
             let mut buffer = None;
+            let waiting = Instant::now();
             loop {
                 if st.closed {
                     return;
@@ -587,12 +626,14 @@ impl Shared {
                 }
                 // nothing to evict: wait for calls to drop copies or reads to finish, unless
                 // nothing would ever free room (every byte held is wanted by calls that wait
-                // for this read): then go over the capacity rather than stall
+                // for this read), or not within ROOM_WAIT (the call holding copies may be
+                // waiting for this read further up its own thread: a pool worker that took up
+                // another call while it joined): then go over the capacity rather than stall
                 let busy = st.entries.values().any(|en| {
                     matches!(en.slot, Slot::Loading)
                         || matches!(&en.slot, Slot::Ready(c) if Arc::strong_count(c) > 1)
                 });
-                if !busy {
+                if !busy || waiting.elapsed() >= ROOM_WAIT {
                     break;
                 }
                 st = self
@@ -642,7 +683,7 @@ impl Shared {
 
     /// Reads expert `key` whole into `buffer` (None: a fresh one).
     fn read(&self, (layer, e): Key, buffer: Option<Buffer>) -> Result<ColdCopy, ExpertError> {
-        let spans = expert_spans(&self.model, layer as usize, e)?;
+        let spans = expert_spans(&*self.files, layer as usize, e)?;
         let total: u64 = spans.iter().map(|s| s.2).sum();
         let mut buf = match buffer {
             Some(b) if b.cap >= total => b,
@@ -671,7 +712,7 @@ impl Shared {
     /// bytes read.
     fn read_at(&self, file: usize, offset: u64, dst: &mut [u8]) -> Result<usize, ExpertError> {
         use std::os::unix::fs::FileExt;
-        let Some(f) = self.files.get(file) else {
+        let Some(f) = self.readers.get(file) else {
             return Err(ExpertError::Backend(format!("cold cache: no file {file}")));
         };
         let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
@@ -683,7 +724,7 @@ impl Shared {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) if f.direct && e.raw_os_error() == Some(libc::EINVAL) => {
                     // this file system refuses O_DIRECT for this read: buffered from now on
-                    let path: Vec<&std::path::Path> = self.model.gguf().paths().collect();
+                    let path: Vec<&std::path::Path> = self.files.gguf().paths().collect();
                     let p = path.get(file).copied().ok_or_else(|| {
                         ExpertError::Backend(format!("cold cache: no file {file}"))
                     })?;
@@ -703,32 +744,6 @@ impl Shared {
         }
         Ok(got)
     }
-}
-
-/// Where expert `e` of `layer`'s three matrices are in `model`'s files, aligned.
-fn expert_spans(model: &Model, layer: usize, e: u32) -> Result<[Span; 3], ExpertError> {
-    let w = model.expert_weights(layer, e)?;
-    let g = model.gguf();
-    let span = |m: &[u8]| -> Result<Span, ExpertError> {
-        let (file, off) = g.file_span(m).ok_or_else(|| {
-            ExpertError::Backend(format!(
-                "cold cache: layer {layer} expert {e} is not in the model's files"
-            ))
-        })?;
-        let start = off / ALIGN * ALIGN;
-        let end = (off + m.len() as u64).div_ceil(ALIGN) * ALIGN;
-        Ok((file, start, end - start, (off - start) as usize, m.len()))
-    };
-    Ok([
-        span(w.gate.bytes())?,
-        span(w.up.bytes())?,
-        span(w.down.bytes())?,
-    ])
-}
-
-/// Bytes expert `e` of `layer` takes in the cache (its aligned spans).
-fn footprint(model: &Model, layer: usize, e: u32) -> Result<u64, ExpertError> {
-    Ok(expert_spans(model, layer, e)?.iter().map(|s| s.2).sum())
 }
 
 /// Drops the page-cache pages of a buffered read whose bytes now live in the cache.
