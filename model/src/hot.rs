@@ -77,7 +77,8 @@ mod tests {
                                     x.wrapping_mul(6364136223846793005).wrapping_add(1),
                                 );
                             }
-                            (i + (x & 0), rayon::current_thread_index().unwrap())
+                            std::hint::black_box(x);
+                            (i, rayon::current_thread_index().unwrap())
                         })
                         .collect();
                     sum += part.iter().map(|p| p.0).sum::<u64>();

@@ -373,7 +373,7 @@ impl ArchSpec for Deepseek2 {
 /// llama.cpp's loader checks of expert groups (it aborts on anything else): with more than one
 /// group, fewer groups than experts, dividing them, and fewer used than groups.
 fn check_groups(n_expert: usize, groups: usize, used: usize) -> Result<(), String> {
-    if groups > 1 && (n_expert % groups != 0 || groups >= n_expert || used >= groups) {
+    if groups > 1 && (!n_expert.is_multiple_of(groups) || groups >= n_expert || used >= groups) {
         return Err(format!(
             "expected fewer groups than the {n_expert} experts, dividing them, and fewer used \
              than groups, found {groups} groups, {used} used"
