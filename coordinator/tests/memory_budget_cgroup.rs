@@ -105,24 +105,6 @@ fn evict(path: &Path) {
     assert_eq!(rc, 0, "posix_fadvise");
 }
 
-/// `text` without its ANSI colour sequences (the node's log is coloured).
-fn plain(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// Major page faults of process `pid` so far (`/proc/<pid>/stat` field 12).
 fn major_faults(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
@@ -244,7 +226,7 @@ fn node_under_a_cgroup_limit_below_the_model_serves_with_a_memory_budget() {
         );
         drop(remote);
         cluster.stop();
-        let text = plain(&std::fs::read_to_string(&log).expect("node log"));
+        let text = support::plain(&std::fs::read_to_string(&log).expect("node log"));
         let summary = text.lines().find(|l| l.contains("cold cache: "));
         let ready = text
             .lines()

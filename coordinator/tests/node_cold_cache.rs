@@ -39,24 +39,6 @@ fn wrapper(dir: &Path, extra: &str, log: &Path) -> PathBuf {
     path
 }
 
-/// `text` without its ANSI colour sequences (the node's log is coloured).
-fn plain(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// The counter called `what` in the cold cache summary line `line` (`ColdStats::summary`).
 fn counter(line: &str, what: &str) -> u64 {
     let tail = &line[line.find("cold cache: ").expect("summary") + "cold cache: ".len()..];
@@ -151,7 +133,7 @@ fn nodes_reading_cold_experts_through_a_one_expert_cache_match_in_process() {
         );
         drop(remote);
         cluster.stop();
-        let text = plain(&std::fs::read_to_string(&log).expect("node log"));
+        let text = support::plain(&std::fs::read_to_string(&log).expect("node log"));
         let ready: Vec<&str> = text.lines().filter(|l| l.contains("node ready")).collect();
         assert_eq!(ready.len(), n, "{arm}: a ready line per node in {text}");
         for l in &ready {

@@ -230,3 +230,21 @@ pub async fn get_ok(url: &str, path: &str, key: &str) -> String {
     assert_eq!(status, 200, "GET {path}: {body}");
     body
 }
+
+/// `text` without its ANSI colour sequences (the node's log is coloured).
+pub fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
