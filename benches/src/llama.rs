@@ -33,6 +33,15 @@ pub struct Llama {
     n_vocab: usize,
 }
 
+/// Flash attention for an F32 or F16 cache ([`Llama::load_kv`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlashAttn {
+    /// llama.cpp's default (`auto`).
+    Default,
+    /// `-fa off`.
+    Off,
+}
+
 impl Llama {
     /// Loads `path` (mmap, CPU) with a context of `n_ctx` positions, batches of `n_batch`,
     /// `threads` threads and an F32 KV cache (as our engine and the parity fixtures use).
@@ -43,14 +52,24 @@ impl Llama {
         threads: i32,
         verbose: bool,
     ) -> Result<Llama, LlamaError> {
-        Self::load_kv(path, n_ctx, n_batch, threads, verbose, KvType::F32)
+        Self::load_kv(
+            path,
+            n_ctx,
+            n_batch,
+            threads,
+            verbose,
+            KvType::F32,
+            FlashAttn::Default,
+        )
     }
 
     /// [`Llama::load`] with the K and V cache in `kv` (`-ctk`/`-ctv`). A Q8_0 cache turns flash
-    /// attention on, as llama.cpp requires for a quantized V cache; F32 and F16 leave llama.cpp's
-    /// default (`auto`, which turns it on on CPUs: K and V then go through F16 inside ggml's
-    /// flash attention, even from an F32 cache) — what a user of llama.cpp gets, for speed
-    /// comparisons.
+    /// attention on, as llama.cpp requires for a quantized V cache. For F32 and F16, `attn`
+    /// chooses: [`FlashAttn::Default`] leaves llama.cpp's `auto` (on on CPUs: K and V then go
+    /// through F16 inside ggml's flash attention, even from an F32 cache) — what a user of
+    /// llama.cpp gets, for speed comparisons; [`FlashAttn::Off`] (`-fa off`) is the arithmetic
+    /// our F32 and F16 caches reproduce and the parity fixtures were made with, for comparing
+    /// logits.
     pub fn load_kv(
         path: &Path,
         n_ctx: u32,
@@ -58,32 +77,7 @@ impl Llama {
         threads: i32,
         verbose: bool,
         kv: KvType,
-    ) -> Result<Llama, LlamaError> {
-        Self::load_with(path, n_ctx, n_batch, threads, verbose, kv, false)
-    }
-
-    /// [`Llama::load_kv`] for comparing logits: an F32 or F16 cache with flash attention off
-    /// (`-fa off`), the arithmetic our F32 and F16 caches reproduce and the parity fixtures were
-    /// made with; a Q8_0 cache as in `load_kv`.
-    pub fn load_exact(
-        path: &Path,
-        n_ctx: u32,
-        n_batch: u32,
-        threads: i32,
-        verbose: bool,
-        kv: KvType,
-    ) -> Result<Llama, LlamaError> {
-        Self::load_with(path, n_ctx, n_batch, threads, verbose, kv, true)
-    }
-
-    fn load_with(
-        path: &Path,
-        n_ctx: u32,
-        n_batch: u32,
-        threads: i32,
-        verbose: bool,
-        kv: KvType,
-        exact: bool,
+        attn: FlashAttn,
     ) -> Result<Llama, LlamaError> {
         let shown = path.display().to_string();
         let c_path = CString::new(shown.clone()).map_err(|_| LlamaError::Path(shown.clone()))?;
@@ -117,7 +111,7 @@ impl Llama {
             cp.type_v = ty;
             if kv == KvType::Q8_0 {
                 cp.flash_attn_type = 1; // LLAMA_FLASH_ATTN_TYPE_ENABLED
-            } else if exact {
+            } else if attn == FlashAttn::Off {
                 cp.flash_attn_type = 0; // LLAMA_FLASH_ATTN_TYPE_DISABLED
             }
             let ctx = sys::llama_init_from_model(model, cp);

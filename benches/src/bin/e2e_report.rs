@@ -540,10 +540,18 @@ fn ours_at_depth(model: &Arc<Model>, d: usize, a: &Args) -> anyhow::Result<(f64,
 /// llama.cpp's prefill tok/s of `--depth-prefill` tokens on top of `d` cached positions.
 #[cfg(feature = "ggml")]
 fn llama_at_depth(path: &Path, d: usize, a: &Args) -> anyhow::Result<f64> {
-    use nightshift_benches::llama::Llama;
+    use nightshift_benches::llama::{FlashAttn, Llama};
     let n_ctx = (d + a.depth_prefill + 8) as u32;
     let n_batch = a.depth_prefill.max(FILL_CHUNK) as u32;
-    let mut l = Llama::load_kv(path, n_ctx, n_batch, a.threads as i32, false, a.kv_type)?;
+    let mut l = Llama::load_kv(
+        path,
+        n_ctx,
+        n_batch,
+        a.threads as i32,
+        false,
+        a.kv_type,
+        FlashAttn::Default,
+    )?;
     let ids = |v: Vec<u32>| v.into_iter().map(|t| t as i32).collect::<Vec<i32>>();
     for chunk in ids(depth_tokens(d, 0)).chunks(FILL_CHUNK) {
         l.decode(chunk)?;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use nightshift_benches::argmax;
-use nightshift_benches::llama::Llama;
+use nightshift_benches::llama::{FlashAttn, Llama};
 use nightshift_model::gen::{generate, Arch, GenSpec, Preset, QuantMix};
 use nightshift_model::{
     build_pool, BatchToken, Engine, EngineOptions, KvType, LocalExperts, Model,
@@ -87,7 +87,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     for f in &args.files {
-        let mut l = Llama::load_exact(f, 256, 64, 2, args.verbose, args.kv_type)
+        let mut l = Llama::load_kv(f, 256, 64, 2, args.verbose, args.kv_type, FlashAttn::Off)
             .with_context(|| format!("llama.cpp on {}", f.display()))?;
         let mut theirs = Vec::new();
         for &t in &ids {
@@ -170,7 +170,7 @@ fn write_fixture(
         .and_then(|s| s.to_str())
         .context("expected a file name")?;
     // one thread (and an F32 cache unless told), as make_models.py runs llama.cpp
-    let mut l = Llama::load_exact(path, 256, 256, 1, verbose, kv)
+    let mut l = Llama::load_kv(path, 256, 256, 1, verbose, kv, FlashAttn::Off)
         .with_context(|| format!("llama.cpp on {}", path.display()))?;
     let nv = l.n_vocab();
     let mut tokenize = Vec::new();
