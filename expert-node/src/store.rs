@@ -286,15 +286,19 @@ impl ExpertStore {
                 .map_err(StoreError::from);
         };
         let held = self.held.read().map_err(|_| StoreError::Poisoned)?;
-        let l = layer as usize;
-        let mapped = |expert: u32| -> Result<ExpertWeights<'_>, ExpertError> {
-            if !held.contains_key(&(layer, expert)) {
-                return Err(ExpertError::UnknownExpert { layer: l, expert });
-            }
-            ExpertWeights::from_gguf(&self.gguf, l, expert as usize)
-        };
+        let mapped = |expert: u32| self.held_views(&held, layer, expert).map(|(_, w)| w);
         let copy = |expert: u32| held.get(&(layer, expert)).and_then(|h| h.resident.as_ref());
-        run_cached(cache, l, &mapped, &copy, acts, pairs, n_embd, out, pool)?;
+        run_cached(
+            cache,
+            layer as usize,
+            &mapped,
+            &copy,
+            acts,
+            pairs,
+            n_embd,
+            out,
+            pool,
+        )?;
         Ok(())
     }
 
@@ -343,6 +347,25 @@ impl ExpertStore {
         )?)
     }
 
+    /// Held expert `expert` of `layer` and its mapped views (an error for one not held).
+    fn held_views<'a>(
+        &'a self,
+        held: &'a HashMap<(u32, u32), Held>,
+        layer: u32,
+        expert: u32,
+    ) -> Result<(&'a Held, ExpertWeights<'a>), ExpertError> {
+        let h = held
+            .get(&(layer, expert))
+            .ok_or(ExpertError::UnknownExpert {
+                layer: layer as usize,
+                expert,
+            })?;
+        Ok((
+            h,
+            ExpertWeights::from_gguf(&self.gguf, layer as usize, expert as usize)?,
+        ))
+    }
+
     /// The weights of held expert `expert` of `layer`: its resident copy, else its mapped views.
     fn weights<'a>(
         &'a self,
@@ -350,13 +373,7 @@ impl ExpertStore {
         layer: u32,
         expert: u32,
     ) -> Result<ExpertWeights<'a>, ExpertError> {
-        let h = held
-            .get(&(layer, expert))
-            .ok_or(ExpertError::UnknownExpert {
-                layer: layer as usize,
-                expert,
-            })?;
-        let w = ExpertWeights::from_gguf(&self.gguf, layer as usize, expert as usize)?;
+        let (h, w) = self.held_views(held, layer, expert)?;
         Ok(match &h.resident {
             Some(c) => c.weights(w)?,
             None => w,

@@ -14,8 +14,6 @@ pub trait ExpertFiles: Send + Sync {
     fn gguf(&self) -> &Gguf;
     /// The mapped views of expert `e` of layer `layer`.
     fn expert_weights(&self, layer: usize, e: u32) -> Result<ExpertWeights<'_>, ExpertError>;
-    /// Experts each token is routed to in a MoE layer (`expert_used_count`).
-    fn n_expert_used(&self) -> usize;
 }
 
 impl ExpertFiles for Model {
@@ -25,10 +23,6 @@ impl ExpertFiles for Model {
 
     fn expert_weights(&self, layer: usize, e: u32) -> Result<ExpertWeights<'_>, ExpertError> {
         Model::expert_weights(self, layer, e)
-    }
-
-    fn n_expert_used(&self) -> usize {
-        self.config().n_expert_used
     }
 }
 
@@ -40,13 +34,6 @@ impl ExpertFiles for Gguf {
 
     fn expert_weights(&self, layer: usize, e: u32) -> Result<ExpertWeights<'_>, ExpertError> {
         ExpertWeights::from_gguf(self, layer, e as usize)
-    }
-
-    fn n_expert_used(&self) -> usize {
-        let key = self.arch().map(|a| format!("{a}.expert_used_count"));
-        key.ok()
-            .and_then(|k| self.metadata().get_u32(&k).ok().flatten())
-            .map_or(0, |n| n as usize)
     }
 }
 
@@ -77,6 +64,14 @@ pub(super) fn expert_spans(
         span(w.up.bytes())?,
         span(w.down.bytes())?,
     ])
+}
+
+/// Experts each token is routed to in a MoE layer (`<arch>.expert_used_count`; 0 when absent).
+pub(super) fn n_expert_used(g: &Gguf) -> usize {
+    let key = g.arch().map(|a| format!("{a}.expert_used_count"));
+    key.ok()
+        .and_then(|k| g.metadata().get_u32(&k).ok().flatten())
+        .map_or(0, |n| n as usize)
 }
 
 /// Bytes expert `e` of `layer` takes in the cache (its aligned spans).

@@ -41,7 +41,7 @@ mod files;
 mod staged;
 mod window;
 pub use files::ExpertFiles;
-use files::{expert_spans, footprint};
+use files::{expert_spans, footprint, n_expert_used};
 pub use staged::{run_cached, ClaimedCold};
 pub(crate) use window::ColdWindow;
 
@@ -332,7 +332,7 @@ impl ColdCache {
                 }
             }
         }
-        2 * files.n_expert_used().max(1) as u64 * largest
+        2 * n_expert_used(files.gguf()).max(1) as u64 * largest
     }
 
     pub fn capacity(&self) -> u64 {
