@@ -3,8 +3,10 @@
 //! (do the files `nightshift gen-model` writes load and run in llama.cpp, do we compute the same,
 //! and the expected-logits fixtures of the parity tests).
 
-use std::ffi::{c_char, c_void, CString};
-use std::path::Path;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use llama_cpp_sys_2 as sys;
 use nightshift_model::KvType;
@@ -25,6 +27,62 @@ pub enum LlamaError {
 }
 
 unsafe extern "C" fn quiet(_level: sys::ggml_log_level, _text: *const c_char, _user: *mut c_void) {}
+
+/// Where [`dump_tensors`] writes, and which graph tensors.
+struct Dump {
+    dir: PathBuf,
+    names: Vec<String>,
+    seq: AtomicUsize,
+}
+
+static DUMP: OnceLock<Dump> = OnceLock::new();
+
+/// From now on, contexts made by [`Llama::load_kv`] write every computed graph tensor whose
+/// name is in `names` (ggml's names, e.g. `kv_cmpr-2`, `kqv-2`, `result_output`) to `dir` as
+/// raw bytes: `NNNN-NAME.tTYPE.NE0xNE1xNE2xNE3.bin` (`NNNN` counts evaluations, `TYPE` is the
+/// ggml type id; a view's bytes span its strides). For tracing a parity gap to the op that makes
+/// it. Set once per process; a second call is ignored.
+pub fn dump_tensors(dir: &Path, names: Vec<String>) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let _ = DUMP.set(Dump {
+        dir: dir.to_path_buf(),
+        names,
+        seq: AtomicUsize::new(0),
+    });
+    Ok(())
+}
+
+/// ggml's eval callback for [`dump_tensors`]: asks for the named tensors, then writes each as it
+/// is computed. Always returns true (go on computing).
+unsafe extern "C" fn dump_one(t: *mut sys::ggml_tensor, ask: bool, _user: *mut c_void) -> bool {
+    let Some(d) = DUMP.get() else { return true };
+    // SAFETY: ggml hands a live tensor whose name is a NUL-terminated array; its bytes are read
+    // with ggml_backend_tensor_get into a buffer of ggml_nbytes, as ggml.h documents.
+    unsafe {
+        let name = CStr::from_ptr((*t).name.as_ptr()).to_string_lossy();
+        let hit = d.names.iter().any(|n| *n == name);
+        if ask || !hit {
+            return if ask { hit } else { true };
+        }
+        let n = sys::ggml_nbytes(t);
+        let mut buf = vec![0u8; n];
+        sys::ggml_backend_tensor_get(t, buf.as_mut_ptr().cast(), 0, n);
+        let ne = (*t).ne;
+        let k = d.seq.fetch_add(1, Ordering::Relaxed);
+        let file = format!(
+            "{k:04}-{name}.t{}.{}x{}x{}x{}.bin",
+            (*t).type_,
+            ne[0],
+            ne[1],
+            ne[2],
+            ne[3]
+        );
+        if let Err(e) = std::fs::write(d.dir.join(&file), &buf) {
+            eprintln!("llama-check: cannot write {file}: {e}");
+        }
+    }
+    true
+}
 
 /// A loaded model with one context (one sequence).
 pub struct Llama {
@@ -113,6 +171,9 @@ impl Llama {
                 cp.flash_attn_type = 1; // LLAMA_FLASH_ATTN_TYPE_ENABLED
             } else if attn == FlashAttn::Off {
                 cp.flash_attn_type = 0; // LLAMA_FLASH_ATTN_TYPE_DISABLED
+            }
+            if DUMP.get().is_some() {
+                cp.cb_eval = Some(dump_one);
             }
             let ctx = sys::llama_init_from_model(model, cp);
             if ctx.is_null() {

@@ -284,10 +284,12 @@ fn q8_0_kv_expectations_reject_an_f32_cache() {
 /// (`f16_kv_expectations_reject_an_f32_cache`): ours is 5.6e-5 from llama.cpp on qwen3moe,
 /// every row within 2.6e-6 but three (sporadic, as f16 roundings flipped by last-bit differences
 /// upstream would be).
-/// On deepseek2 3.5e-4, against 7e-5 with F32 caches on both sides, and systematic: row 0 of
-/// both prompts (the BOS, attending only to itself) and more than half the rows differ by
-/// 1e-4-3.5e-4, so the MLA path with an F16 cache still differs from llama.cpp's somewhere (not
-/// found yet).
+/// On deepseek2 3.5e-4, against 7e-5 with F32 caches on both sides, from row 0 on: one f16
+/// rounding flip, not a formula difference. At layer 2 the BOS row's latent element 75 is
+/// -2.2744143 in llama.cpp and -2.2744138 in ours, either side of the f16 tie -2.2744140625
+/// (ggml's SIMD sums of `kv_a_mqa` differ from the reference's in the last bits), and every
+/// later row attends to that row; with llama.cpp's latent rows written into our cache (its
+/// tensors dumped through the eval callback) every row is within 1.4e-6.
 const F16_KV_TOL: [(&str, f32); 2] = [
     ("tiny-qwen3moe-Q4_K_M", 1.5e-4),
     ("tiny-deepseek2-Q4_K_M", 5e-4),

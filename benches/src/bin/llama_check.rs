@@ -44,6 +44,12 @@ struct Args {
     /// attention for q8_0); other than f32 the fixtures are named NAME.kv-TYPE.*.
     #[arg(long, default_value = "f32", value_parser = KvType::parse)]
     kv_type: KvType,
+    /// Write llama.cpp's graph tensors named in `--dump-names` (comma-separated ggml names,
+    /// e.g. `kv_cmpr-2,kqv-2`) to this folder as they are computed (`llama::dump_tensors`).
+    #[arg(long, requires = "dump_names")]
+    dump_dir: Option<PathBuf>,
+    #[arg(long, value_delimiter = ',', requires = "dump_dir")]
+    dump_names: Vec<String>,
 }
 
 /// make_models.py's TEST_STRINGS: tokenized with BOS and special tokens.
@@ -66,6 +72,10 @@ const GREEDY: usize = 16;
 
 fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
+    if let Some(dir) = &args.dump_dir {
+        nightshift_benches::llama::dump_tensors(dir, args.dump_names.clone())
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
     if let Some(dir) = &args.gen_tiny {
         std::fs::create_dir_all(dir)?;
         for arch in Arch::ALL {
