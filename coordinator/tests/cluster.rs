@@ -355,6 +355,7 @@ mod malformed {
             acts: acts.data,
             experts: vec![0],
             rows: vec![0],
+            prefetch: None,
         }
     }
 

@@ -660,6 +660,10 @@ impl Shared {
             drop(st);
             let read = self.read(key, buffer);
             st = self.lock();
+            // a copy just read is the most recently used: a prediction read ahead is not the
+            // first thing the next read evicts before its layer takes it
+            let tick = st.tick + 1;
+            st.tick = tick;
             let Some(en) = st.entries.get_mut(&key) else {
                 // cannot happen (Loading entries are not removed); keep the count right
                 st.bytes = st.bytes.saturating_sub(size);
@@ -668,6 +672,7 @@ impl Shared {
             match read {
                 Ok(copy) => {
                     en.slot = Slot::Ready(Arc::new(copy));
+                    en.last = tick;
                     if !demanded {
                         self.counters.prefetched.fetch_add(1, Ordering::Relaxed);
                     }
