@@ -8,11 +8,11 @@
 //! the call or not, and then in time or late by whether it was in memory as the call started).
 //! A layer may be called more than once per engine step (two micro-batches, or a node's share
 //! of each), and a node may receive two predictions for one layer (one per micro-batch) before
-//! either call: they merge into one round while none of its calls has started. A round is
-//! closed (its requested experts no call used counted *wasted*, its predicted experts counted)
-//! by the next prediction for its layer once a call of it has started, or by a call of the
-//! layer before it (the next engine step has begun); calls of a layer with no open round
-//! (prefill chunks, which are not predicted) are not scored.
+//! either call: they merge into one round while none of its calls has started (its predicted
+//! experts are counted when the first one does). A round is closed (its requested experts no
+//! call used counted *wasted*) by the next prediction for its layer once a call of it has
+//! started, or by a call of the layer before it (the next engine step has begun); calls of a
+//! layer with no open round (prefill chunks, which are not predicted) are not scored.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,13 +77,10 @@ impl PrefetchLedger {
         self.rounds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Counts a round's predicted experts, and its requested ones no call used as wasted.
+    /// Counts a round's requested experts no call used as wasted.
     fn close(&self, r: Round) {
-        let c = &self.counters;
         let wasted = r.requested.iter().filter(|e| !r.used.contains(e)).count() as u64;
-        c.wasted.fetch_add(wasted, Ordering::Relaxed);
-        c.predicted
-            .fetch_add(r.predicted.len() as u64, Ordering::Relaxed);
+        self.counters.wasted.fetch_add(wasted, Ordering::Relaxed);
     }
 
     /// A prediction for `layer`: the experts `predicted` (any order, repeats allowed), of which
@@ -133,8 +130,13 @@ impl PrefetchLedger {
         let Some(r) = rounds.get_mut(&layer) else {
             return Vec::new();
         };
-        r.started = true;
         let c = &self.counters;
+        if !r.started {
+            // no prediction merges into a started round: its predicted set is final
+            r.started = true;
+            c.predicted
+                .fetch_add(r.predicted.len() as u64, Ordering::Relaxed);
+        }
         let mut fresh: Vec<u32> = experts
             .iter()
             .copied()
@@ -239,7 +241,7 @@ mod tests {
         let s = l.stats();
         assert_eq!((s.used, s.cold_needed, s.cold_requested), (3, 3, 2));
         assert_eq!((s.in_time, s.late, s.predicted_used), (1, 1, 2));
-        assert_eq!((s.wasted, s.predicted), (0, 0), "the round is still open");
+        assert_eq!((s.wasted, s.predicted), (0, 3), "the round is still open");
         // the next step's call of layer 1 closes layer 2's round: 8 was wasted
         l.call(1, &[0], &cold, &ready);
         let s = l.stats();
