@@ -267,12 +267,19 @@ fn prefetch_hints_read_the_next_layers_cold_experts_ahead_on_small_cache_nodes()
     }
     drop(probe);
     let split = Placement::round_robin(nodes(2), &shape.moe_layers, shape.n_experts);
+    // every expert on each of three nodes: calls shared through the claim board, every node
+    // hinted every predicted expert
+    let everywhere = explicit(&shape, 3, |_| (0..3).collect());
+    let shm = RemoteOptions::default().shm_pairs;
     // (hints, reads that went to the disk on demand) per transport
     let mut misses: Vec<(&str, bool, u64)> = Vec::new();
-    for (arm, shm_pairs) in [
-        ("shared memory", RemoteOptions::default().shm_pairs),
-        ("grpc", 0),
-    ] {
+    let arms = [
+        ("shared memory", shm, &split),
+        ("grpc", 0, &split),
+        ("shared calls", shm, &everywhere),
+    ];
+    for (arm, shm_pairs, placement) in arms {
+        let n = placement.nodes.len();
         for hints in [false, true] {
             let what = format!("{arm}, hints {}", if hints { "on" } else { "off" });
             let log = work.join(format!("nodes-{}-{hints}.log", arm.replace(' ', "-")));
@@ -285,7 +292,7 @@ fn prefetch_hints_read_the_next_layers_cold_experts_ahead_on_small_cache_nodes()
             );
             let mut cluster = LocalCluster::start(LaunchOptions {
                 model: model_path.clone(),
-                placement: split.clone(),
+                placement: placement.clone(),
                 threads_per_node: Some(1),
                 numa: Vec::new(),
                 auth_token_file: None,
@@ -322,6 +329,11 @@ fn prefetch_hints_read_the_next_layers_cold_experts_ahead_on_small_cache_nodes()
             let st = remote.take_stats();
             assert_eq!(st.hints > 0, hints, "{what}: {st:?}");
             assert_eq!(st.shm_calls > 0, shm_pairs > 0, "{what}: {st:?}");
+            assert_eq!(
+                st.shared_rounds > 0,
+                arm == "shared calls",
+                "{what}: {st:?}"
+            );
             drop(remote);
             cluster.stop();
             let text = support::plain(&std::fs::read_to_string(&log).expect("node log"));
@@ -333,7 +345,7 @@ fn prefetch_hints_read_the_next_layers_cold_experts_ahead_on_small_cache_nodes()
                 .lines()
                 .filter(|l| l.contains("prefetch hints: "))
                 .collect();
-            assert_eq!((caches.len(), hinted.len()), (2, 2), "{what}: {text}");
+            assert_eq!((caches.len(), hinted.len()), (n, n), "{what}: {text}");
             let sum = |lines: &[&str], f: &dyn Fn(&str) -> u64| -> u64 {
                 lines.iter().map(|l| f(l)).sum()
             };
@@ -361,7 +373,7 @@ fn prefetch_hints_read_the_next_layers_cold_experts_ahead_on_small_cache_nodes()
             misses.push((arm, hints, sum(&caches, &|l| counter(l, "misses"))));
         }
     }
-    for arm in ["shared memory", "grpc"] {
+    for (arm, _, _) in arms {
         let of = |h: bool| {
             misses
                 .iter()

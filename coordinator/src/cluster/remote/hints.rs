@@ -70,8 +70,8 @@ impl Hints {
         })
     }
 
-    /// Takes node `node`'s hint (once).
-    fn take(&mut self, s: &Shared, node: usize) -> Option<PrefetchHint> {
+    /// Takes node `node`'s hint (once), to ride with its request.
+    pub(super) fn take(&mut self, s: &Shared, node: usize) -> Option<PrefetchHint> {
         let experts = self.per_node.get_mut(node)?.take()?;
         let mut st = lock(&s.stats);
         st.hints += 1;

@@ -99,16 +99,12 @@ pub(super) fn run(
     board.start(tag);
     let mut posted = Vec::with_capacity(takers.len());
     for &node in &takers {
-        let mut share = [Share {
+        let share = Share {
             node,
             pair_idx: pair_idx.clone(),
             cost: cost / takers.len(),
-            hint: None,
-        }];
-        if let Some(h) = hints.as_deref_mut() {
-            h.attach(s, &mut share);
-        }
-        let [share] = share;
+            hint: hints.as_deref_mut().and_then(|h| h.take(s, node)),
+        };
         match shm_link::post(s, layer, acts, pairs, share, tag) {
             Ok(p) => posted.push(p),
             Err(mut back) => {
