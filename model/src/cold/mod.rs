@@ -13,7 +13,9 @@
 //!
 //! Reads run on one I/O thread, demand reads (a layer is waiting) before prefetch reads (the
 //! one-layer-ahead prediction, [`crate::prefetch`]). A prefetch that finds no room without
-//! evicting something a call still needs is dropped; a demand read waits for room. Callers
+//! evicting something a call still needs is dropped; a demand read waits for room. A copy
+//! counts as used when it is read, so a prediction read ahead is not the first copy the next
+//! read evicts before its layer takes it. Callers
 //! ([`crate::expert::LocalExperts`]) demand a window of at most half the capacity at a time and
 //! compute each expert as it arrives, so a prefill chunk that needs more cold experts than fit
 //! streams through the cache.
