@@ -45,6 +45,7 @@ pub(super) struct SharedRound {
 /// of its experts, it has fewer than two experts, the board is off, or another caller's shared
 /// call holds the board (one board, one call at a time: starting a call ends the claims of the
 /// one before).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     s: &Arc<Shared>,
     placement: &Placement,
