@@ -308,7 +308,7 @@ mod malformed {
     use super::*;
     use nightshift_proto::shm::{ShmClient, ShmReply};
     use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
-    use nightshift_proto::v1::{compute_response, AttachShmRequest, ComputeRequest};
+    use nightshift_proto::v1::{compute_response, AttachShmRequest, ComputeRequest, PrefetchHint};
     use nightshift_proto::{FINGERPRINT_HEADER, PROTOCOL_HEADER};
     use tonic::service::interceptor::InterceptedService;
     use tonic::transport::Channel;
@@ -355,6 +355,7 @@ mod malformed {
             acts: acts.data,
             experts: vec![0],
             rows: vec![0],
+            prefetch: None,
         }
     }
 
@@ -500,11 +501,43 @@ mod malformed {
             }
             tx.send(good(&model, layer)).await.expect("send");
             let resp = inbound.message().await.expect("response").expect("open");
-            match resp.result {
+            let plain = match resp.result {
                 Some(compute_response::Result::Outputs(b)) => {
-                    assert_eq!(b.len(), model.config().n_embd * 4)
+                    assert_eq!(b.len(), model.config().n_embd * 4);
+                    b
                 }
                 other => panic!("good request failed after bad ones: {other:?}"),
+            };
+            // Prefetch hints naming experts the node does not hold (another layer, ids out of
+            // range) are ignored: alone, a hint gets no answer; with a request, it changes
+            // nothing in the answer.
+            let bogus = PrefetchHint {
+                layer: 999,
+                experts: vec![u32::MAX, 1],
+            };
+            let alone = ComputeRequest {
+                request_id: 200,
+                n_rows: 0,
+                acts: Vec::new(),
+                experts: Vec::new(),
+                rows: Vec::new(),
+                prefetch: Some(bogus.clone()),
+                ..good(&model, layer)
+            };
+            let riding = ComputeRequest {
+                request_id: 201,
+                prefetch: Some(PrefetchHint { layer, ..bogus }),
+                ..good(&model, layer)
+            };
+            tx.send(alone).await.expect("send");
+            tx.send(riding).await.expect("send");
+            let resp = inbound.message().await.expect("response").expect("open");
+            assert_eq!(resp.request_id, 201, "a hint alone is not answered");
+            match resp.result {
+                Some(compute_response::Result::Outputs(b)) => {
+                    assert_eq!(b, plain, "a hint changed the answer")
+                }
+                other => panic!("a request with a bad hint failed: {other:?}"),
             }
         });
     }

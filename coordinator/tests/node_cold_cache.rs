@@ -6,18 +6,28 @@
 //! holding every expert that share each call through the claim board (each reading the cold
 //! experts of the groups it takes); each node's log shows the cache was read through and
 //! evicted from (the summary it logs at exit) and its size (the ready line).
+//!
+//! With the coordinator's prefetch hints (`RemoteExperts::send_hints`) on a deeper model, a
+//! node with a small cache reads the next layer's predicted cold experts ahead: outputs stay
+//! bit-identical, experts arrive in time, and a decode run waits for fewer reads.
 
 mod support;
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nightshift_atlas_core::placement::Placement;
 use nightshift_coordinator::cluster::{model_shape, LaunchOptions, LocalCluster, RemoteOptions};
 use nightshift_model::cold::ColdCache;
-use nightshift_model::{ExpertMemory, LoadOptions, Model};
+use nightshift_model::gen::{generate as gen_model, Arch, GenSpec, Preset, QuantMix};
+use nightshift_model::prefetch::NextLayer;
+use nightshift_model::{
+    ActRows, ExpertBackend, ExpertError, ExpertMemory, ExpertPair, LoadOptions, Model,
+    PostedExperts,
+};
 use support::cluster::PROMPT;
 use support::cluster::{
     assert_bits_equal, connect, explicit, generate, in_process, node_binary, nodes,
@@ -147,13 +157,236 @@ fn nodes_reading_cold_experts_through_a_one_expert_cache_match_in_process() {
         let total = |what: &str| -> u64 { summaries.iter().map(|s| counter(s, what)).sum() };
         assert!(total("misses") > 0, "{arm}: {summaries:?}");
         assert!(total("evicted") > 0, "{arm}: {summaries:?}");
-        assert_eq!(total("read ahead"), 0, "{arm}: no predictions reach a node");
+        assert_eq!(
+            total("read ahead"),
+            0,
+            "{arm}: without a predictor no hints reach a node"
+        );
         if arm != "shared calls" {
             // each node computes every call of its experts: each reads through its cache
             for s in &summaries {
                 assert!(counter(s, "misses") > 0, "{arm}: {s}");
             }
         }
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+/// The counter called `what` in the node's hint summary line (`HintStats::summary`): the number
+/// before `what`, or after it ("in time N").
+fn hint_counter(line: &str, what: &str) -> u64 {
+    let tail =
+        &line[line.find("prefetch hints: ").expect("hint summary") + "prefetch hints: ".len()..];
+    let words: Vec<&str> = tail
+        .split(|c: char| [',', '(', ')', ':'].contains(&c))
+        .map(str::trim)
+        .collect();
+    words
+        .iter()
+        .find_map(|w| {
+            if let Some(n) = w.strip_prefix(what).map(str::trim) {
+                return n.parse().ok();
+            }
+            let (n, rest) = w.split_once(' ')?;
+            rest.starts_with(what).then(|| n.parse().ok()).flatten()
+        })
+        .unwrap_or_else(|| panic!("no {what} in {line}"))
+}
+
+/// `inner` with `gap` after every layer call: the time a layer's attention and shared expert
+/// take on a real model (the tiny model's take microseconds), in which a node reads ahead.
+struct Gap {
+    inner: Arc<dyn ExpertBackend>,
+    gap: Duration,
+}
+
+impl ExpertBackend for Gap {
+    fn run_experts(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+        out: &mut [f32],
+    ) -> Result<(), ExpertError> {
+        self.inner.run_experts(layer, acts, pairs, out)?;
+        std::thread::sleep(self.gap);
+        Ok(())
+    }
+
+    fn overlaps(&self) -> bool {
+        self.inner.overlaps()
+    }
+
+    fn micro_batches(&self) -> bool {
+        self.inner.micro_batches()
+    }
+
+    fn post_experts(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+    ) -> Result<PostedExperts, ExpertError> {
+        self.inner.post_experts(layer, acts, pairs)
+    }
+
+    fn collect_experts(&self, posted: PostedExperts, out: &mut [f32]) -> Result<(), ExpertError> {
+        self.inner.collect_experts(posted, out)?;
+        std::thread::sleep(self.gap);
+        Ok(())
+    }
+}
+
+#[test]
+fn prefetch_hints_read_the_next_layers_cold_experts_ahead_on_small_cache_nodes() {
+    let work = std::env::temp_dir().join(format!("nightshift-node-hints-{}", std::process::id()));
+    std::fs::create_dir_all(&work).expect("work dir");
+    // eight MoE layers: a small cache cannot keep a layer's experts from one step to the next,
+    // so what is in memory as a layer starts is what was read ahead for it
+    let mut spec = GenSpec::new(Preset::Tiny, Arch::Qwen3Moe, QuantMix::Q4KM);
+    spec.layers = Some(8);
+    let model_path = work.join("deep.gguf");
+    gen_model(&spec, &model_path, &mut |_| {}).expect("generate the model");
+    let model = Model::load_with(
+        &model_path,
+        LoadOptions {
+            experts: ExpertMemory::Mapped,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("model");
+    const TOKENS: usize = 24;
+    let want = in_process(&model, TOKENS);
+    let shape = model_shape(&model).expect("shape");
+    let probe = ColdCache::new(model.clone(), 0).expect("probe");
+    let mut largest = 0;
+    for &l in &shape.moe_layers {
+        for e in 0..shape.n_experts as u32 {
+            largest = largest.max(probe.footprint(l, e).expect("footprint"));
+        }
+    }
+    drop(probe);
+    let split = Placement::round_robin(nodes(2), &shape.moe_layers, shape.n_experts);
+    // every expert on each of three nodes: calls shared through the claim board, every node
+    // hinted every predicted expert
+    let everywhere = explicit(&shape, 3, |_| (0..3).collect());
+    let shm = RemoteOptions::default().shm_pairs;
+    // (hints, reads that went to the disk on demand) per transport
+    let mut misses: Vec<(&str, bool, u64)> = Vec::new();
+    let arms = [
+        ("shared memory", shm, &split),
+        ("grpc", 0, &split),
+        ("shared calls", shm, &everywhere),
+    ];
+    for (arm, shm_pairs, placement) in arms {
+        let n = placement.nodes.len();
+        for hints in [false, true] {
+            let what = format!("{arm}, hints {}", if hints { "on" } else { "off" });
+            let log = work.join(format!("nodes-{}-{hints}.log", arm.replace(' ', "-")));
+            let _ = std::fs::remove_file(&log);
+            // six experts: this layer's cold ones and the next one's read ahead, little more
+            let exe = wrapper(
+                &work,
+                &format!("--memory-budget 25% --cold-cache {}", 6 * largest),
+                &log,
+            );
+            let mut cluster = LocalCluster::start(LaunchOptions {
+                model: model_path.clone(),
+                placement: placement.clone(),
+                threads_per_node: Some(1),
+                numa: Vec::new(),
+                auth_token_file: None,
+                tls: None,
+                exe: Some(exe),
+                work_dir: work.clone(),
+                start_timeout: Duration::from_secs(60),
+                node_log: "info".into(),
+            })
+            .expect("cluster starts");
+            let remote = connect(
+                &model,
+                &cluster,
+                RemoteOptions {
+                    shm_pairs,
+                    ..RemoteOptions::default()
+                },
+            );
+            if hints {
+                remote.send_hints(Arc::new(NextLayer::new(model.clone())));
+            }
+            let backend = Arc::new(Gap {
+                inner: remote.clone(),
+                gap: Duration::from_millis(2),
+            });
+            let got = generate(
+                &mut support::engine(&model, backend),
+                &PROMPT,
+                TOKENS,
+                |_| {},
+            )
+            .expect("cluster generates");
+            assert_bits_equal(&got, &want, &what);
+            let st = remote.take_stats();
+            assert_eq!(st.hints > 0, hints, "{what}: {st:?}");
+            assert_eq!(st.shm_calls > 0, shm_pairs > 0, "{what}: {st:?}");
+            assert_eq!(
+                st.shared_rounds > 0,
+                arm == "shared calls",
+                "{what}: {st:?}"
+            );
+            drop(remote);
+            cluster.stop();
+            let text = support::plain(&std::fs::read_to_string(&log).expect("node log"));
+            let caches: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("cold cache: "))
+                .collect();
+            let hinted: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("prefetch hints: "))
+                .collect();
+            assert_eq!((caches.len(), hinted.len()), (n, n), "{what}: {text}");
+            let sum = |lines: &[&str], f: &dyn Fn(&str) -> u64| -> u64 {
+                lines.iter().map(|l| f(l)).sum()
+            };
+            let read_ahead = sum(&caches, &|l| counter(l, "read ahead"));
+            let received = sum(&hinted, &|l| hint_counter(l, "received"));
+            let in_time = sum(&hinted, &|l| hint_counter(l, "in time"));
+            let ignored = sum(&hinted, &|l| hint_counter(l, "experts ignored"));
+            let cold_needed = sum(&hinted, &|l| hint_counter(l, "cold experts needed"));
+            eprintln!("{what}: {caches:?} {hinted:?}");
+            assert_eq!(ignored, 0, "{what}: hints name only experts a node holds");
+            if hints {
+                assert!(
+                    received > 0 && read_ahead > 0,
+                    "{what}: {hinted:?} {caches:?}"
+                );
+                // hints name the layer they predict: most cold experts a layer needs were
+                // hinted for it and read by the time it started
+                assert!(
+                    2 * in_time > cold_needed,
+                    "{what}: {in_time} of {cold_needed} in time: {hinted:?}"
+                );
+            } else {
+                assert_eq!((received, read_ahead, in_time), (0, 0, 0), "{what}");
+            }
+            misses.push((arm, hints, sum(&caches, &|l| counter(l, "misses"))));
+        }
+    }
+    for (arm, _, _) in arms {
+        let of = |h: bool| {
+            misses
+                .iter()
+                .find(|m| m.0 == arm && m.1 == h)
+                .expect("arm")
+                .2
+        };
+        assert!(
+            of(true) < of(false),
+            "{arm}: hints must save demand reads: {} with, {} without",
+            of(true),
+            of(false)
+        );
     }
     let _ = std::fs::remove_dir_all(&work);
 }

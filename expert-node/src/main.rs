@@ -1,6 +1,7 @@
 //! `nightshift-expert-node`: maps a GGUF, loads the experts the placement gives this node (hot
 //! ones copied into node-local memory by pinned threads, cold ones left mapped and, with
-//! `--cold-cache`, read whole into a staging cache when a call needs them), and serves them over
+//! `--cold-cache`, read whole into a staging cache when a call needs them, or ahead of it on the
+//! coordinator's prefetch hints), and serves them over
 //! gRPC until SIGINT/SIGTERM, then drains in-flight work (bounded) and exits.
 
 use std::net::SocketAddr;
@@ -208,7 +209,7 @@ fn run() -> anyhow::Result<()> {
         cores: plan.threads as u32,
         kernel_tier: format!("{:?}", nightshift_kernels::dispatch::active_tier()),
     };
-    let mut service = NodeService::new(store, pool, identity, n_embd);
+    let mut service = NodeService::new(store.clone(), pool, identity, n_embd);
     if let (Some(node), Some(&cpu)) = (plan.numa_node, plan.worker_cpus.first()) {
         // A shared-memory link thread computes like worker 0: pin it where worker 0 runs.
         let topo = topo.clone();
@@ -236,9 +237,9 @@ fn run() -> anyhow::Result<()> {
     };
 
     if let Some(c) = &cold_cache {
-        spawn_cold_cache_log(c.clone())?;
+        spawn_cold_cache_log(c.clone(), store.clone())?;
     }
-    let cold_at_exit = cold_cache.clone();
+    let cold_at_exit = cold_cache.clone().map(|c| (c, store.clone()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -286,23 +287,26 @@ fn run() -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     });
-    if let Some(c) = cold_at_exit {
+    if let Some((c, store)) = cold_at_exit {
         tracing::info!("{}", c.stats().summary());
+        tracing::info!("{}", store.hint_stats().summary());
     }
     served
 }
 
-/// Logs the cold cache's counters (`ColdStats::summary`) every minute in which they changed.
-fn spawn_cold_cache_log(cache: Arc<ColdCache>) -> anyhow::Result<()> {
+/// Logs the cold cache's counters (`ColdStats::summary`) and those of the coordinator's
+/// prefetch hints (`HintStats::summary`) every minute in which they changed.
+fn spawn_cold_cache_log(cache: Arc<ColdCache>, store: Arc<ExpertStore>) -> anyhow::Result<()> {
     std::thread::Builder::new()
         .name("cold-cache-log".into())
         .spawn(move || {
-            let mut last = cache.stats();
+            let mut last = (cache.stats(), store.hint_stats());
             loop {
                 std::thread::sleep(Duration::from_secs(60));
-                let now = cache.stats();
+                let now = (cache.stats(), store.hint_stats());
                 if now != last {
-                    tracing::info!(held_mib = cache.held_bytes() >> 20, "{}", now.summary());
+                    tracing::info!(held_mib = cache.held_bytes() >> 20, "{}", now.0.summary());
+                    tracing::info!("{}", now.1.summary());
                     last = now;
                 }
             }

@@ -15,6 +15,11 @@
 //! layer call wakes one thread here instead of three. When the coordinator also handed over its
 //! claim board, a *shared* call (one posted to several nodes at once) is computed group by group
 //! as the board hands the groups out (`run_shared`), and answered with the pairs done here.
+//!
+//! A request may carry a prefetch hint (`ComputeRequest.prefetch`, over the stream or in the
+//! region): it goes to the store (`ExpertStore::hint`) before the request is computed, and is
+//! never a reason to refuse the request. A stream request with no pairs and a hint is a hint
+//! alone, and is not answered.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -342,6 +347,7 @@ impl ExpertService for NodeService {
             resident_bytes,
             mapped_bytes,
             kernel_tier: self.identity.kernel_tier.clone(),
+            cold_cache_bytes: self.store.cold_cache().map_or(0, |c| c.capacity()),
         }))
     }
 
@@ -386,6 +392,14 @@ impl ExpertService for NodeService {
                     }
                 };
                 let received_ns = nightshift_proto::monotonic_ns();
+                // A hint goes to the cache before the call it rides with is computed (that
+                // call's reads still come first); a hint alone is not answered.
+                if let Some(h) = &msg.prefetch {
+                    store.hint(h.layer, &h.experts);
+                    if msg.experts.is_empty() {
+                        continue;
+                    }
+                }
                 requests.fetch_add(1, Ordering::Relaxed);
                 in_flight.fetch_add(1, Ordering::Relaxed);
                 let request_id = msg.request_id;
@@ -622,6 +636,9 @@ impl Link {
                     (request_id, Err(Status::invalid_argument(reason)))
                 }
                 Incoming::Request(msg) => {
+                    if let Some(h) = &msg.prefetch {
+                        self.store.hint(h.layer, &h.experts);
+                    }
                     self.in_flight.fetch_add(1, Ordering::Relaxed);
                     let id = msg.request_id;
                     let out = self.compute(&mut server, pool, msg);

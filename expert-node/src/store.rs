@@ -10,14 +10,21 @@
 //! through the engine's own [`run_cached`]: the call's cold experts are asked for first and
 //! its resident experts computed while they load; a shared call (the claim board) reads each
 //! cold expert it takes a group of ([`ClaimedCold`]).
+//!
+//! The coordinator's prefetch hints (the experts it predicts the next MoE layer will ask this
+//! node for, [`ExpertStore::hint`]) go to the same cache as predictions, through the model's
+//! [`PrefetchLedger`], which also scores them against the calls that follow (in time, late,
+//! wasted: [`HintStats`]). Experts a hint names that are not held here are ignored and counted.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use nightshift_atlas_core::placement::ModelShape;
 use nightshift_model::cold::{run_cached, ClaimedCold, ColdCache};
 use nightshift_model::expert::{run_claimed, run_grouped, ExpertWeights};
 use nightshift_model::gguf::Gguf;
+use nightshift_model::prefetch::{PrefetchLedger, PrefetchStats};
 use nightshift_model::resident::{copy_experts, CopyError, ExpertCopy};
 use nightshift_model::{ActRows, ExpertError, ExpertPair};
 
@@ -65,6 +72,46 @@ pub struct HeldInfo {
     pub resident: bool,
 }
 
+/// Counters of the coordinator's prefetch hints on a node (all since start).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HintStats {
+    /// hints received (with a layer call, or alone)
+    pub hints: u64,
+    /// experts they named that this node does not hold (or out of range): ignored
+    pub ignored: u64,
+    /// how the hinted experts fared, as the in-process prefetch's: `issued` the cold ones
+    /// handed to the cache, `in_time` / `late` / `wasted` as there
+    pub prefetch: PrefetchStats,
+}
+
+impl HintStats {
+    /// One line for logs (the node's counterpart of `PrefetchStats::summary`).
+    pub fn summary(&self) -> String {
+        let p = &self.prefetch;
+        let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
+        format!(
+            "prefetch hints: {} received, {} experts ignored (not held here), {} cold experts read ahead, {} cold experts needed (hinted before their layer {}: in time {}, late {}), {} wasted, precision {}, recall {}",
+            self.hints,
+            self.ignored,
+            p.issued,
+            p.cold_needed,
+            pct(p.cold_hit_rate()),
+            p.in_time,
+            p.late,
+            p.wasted,
+            pct(p.precision()),
+            pct(p.recall()),
+        )
+    }
+}
+
+/// The hints a node received and the ledger scoring them.
+struct Hints {
+    ledger: PrefetchLedger,
+    received: AtomicU64,
+    ignored: AtomicU64,
+}
+
 /// The experts a node serves.
 pub struct ExpertStore {
     gguf: Arc<Gguf>,
@@ -76,18 +123,28 @@ pub struct ExpertStore {
     loading: std::sync::Mutex<()>,
     /// The staging cache non-resident experts are read through (`--cold-cache`).
     cold: Option<Arc<ColdCache>>,
+    hints: Hints,
 }
 
 impl ExpertStore {
     /// An empty store over a mapped model. `mlock` pins resident copies in RAM (best effort).
     pub fn new(gguf: Arc<Gguf>, mlock: bool) -> ExpertStore {
         ExpertStore {
-            gguf,
             held: RwLock::new(HashMap::new()),
             mlock,
             capacity: 0,
             loading: std::sync::Mutex::new(()),
             cold: None,
+            hints: Hints {
+                ledger: PrefetchLedger::new(
+                    &nightshift_model::shape::moe_shape(&gguf)
+                        .map(|s| s.moe_layers)
+                        .unwrap_or_default(),
+                ),
+                received: AtomicU64::new(0),
+                ignored: AtomicU64::new(0),
+            },
+            gguf,
         }
     }
 
@@ -101,6 +158,62 @@ impl ExpertStore {
     /// The staging cache of cold experts, if any.
     pub fn cold_cache(&self) -> Option<&Arc<ColdCache>> {
         self.cold.as_ref()
+    }
+
+    /// A prefetch hint from the coordinator: `experts` of `layer` will probably be asked for
+    /// next. With a staging cache the held ones that are not resident are read ahead (after
+    /// the reads calls wait for); experts not held here, or of a layer out of range, are
+    /// ignored and counted. Never fails: a hint changes no answer.
+    pub fn hint(&self, layer: u32, experts: &[u32]) {
+        let h = &self.hints;
+        h.received.fetch_add(1, Ordering::Relaxed);
+        let Ok(held) = self.held.read() else {
+            return;
+        };
+        let mut valid: Vec<u32> = Vec::with_capacity(experts.len());
+        let mut ignored = 0u64;
+        for &e in experts {
+            if held.contains_key(&(layer, e)) {
+                valid.push(e);
+            } else {
+                ignored += 1;
+            }
+        }
+        h.ignored.fetch_add(ignored, Ordering::Relaxed);
+        let Some(cache) = &self.cold else {
+            return;
+        };
+        let resident = |e: u32| held.get(&(layer, e)).is_some_and(|x| x.resident.is_some());
+        if let Err(e) = h
+            .ledger
+            .read_ahead(cache, layer as usize, &valid, &resident)
+        {
+            tracing::debug!(layer, "prefetch hint not read ahead: {e}");
+        }
+    }
+
+    /// The counters of the coordinator's prefetch hints.
+    pub fn hint_stats(&self) -> HintStats {
+        HintStats {
+            hints: self.hints.received.load(Ordering::Relaxed),
+            ignored: self.hints.ignored.load(Ordering::Relaxed),
+            prefetch: self.hints.ledger.stats(),
+        }
+    }
+
+    /// Scores the hints for `layer` against a call of it that used `experts` (with a staging
+    /// cache only), `ready(e)` whether cold expert `e` was in memory as the call started.
+    fn score_hints(
+        &self,
+        held: &HashMap<(u32, u32), Held>,
+        layer: u32,
+        experts: &[u32],
+        ready: &dyn Fn(u32) -> bool,
+    ) {
+        let cold = |e: u32| held.get(&(layer, e)).is_some_and(|x| x.resident.is_none());
+        self.hints
+            .ledger
+            .call(layer as usize, experts, &cold, ready);
     }
 
     /// Limits resident copies to `bytes` (0: unlimited): a load that would exceed it fails
@@ -286,6 +399,8 @@ impl ExpertStore {
                 .map_err(StoreError::from);
         };
         let held = self.held.read().map_err(|_| StoreError::Poisoned)?;
+        let used: Vec<u32> = pairs.iter().map(|p| p.expert).collect();
+        self.score_hints(&held, layer, &used, &|e| cache.is_ready(layer as usize, e));
         let mapped = |expert: u32| self.held_views(&held, layer, expert).map(|(_, w)| w);
         let copy = |expert: u32| held.get(&(layer, expert)).and_then(|h| h.resident.as_ref());
         run_cached(
@@ -334,8 +449,18 @@ impl ExpertStore {
             layer: layer as usize,
             experts: &cold,
         });
+        // which cold experts were in memory as the call started, for scoring the hints against
+        // the groups this node then takes
+        let ready: Vec<u32> = match &self.cold {
+            Some(cache) => cold
+                .iter()
+                .copied()
+                .filter(|&e| cache.is_ready(layer as usize, e))
+                .collect(),
+            None => Vec::new(),
+        };
         let weights = |expert: u32| self.weights(&held, layer, expert);
-        Ok(run_claimed(
+        let done = run_claimed(
             weights,
             acts,
             pairs,
@@ -344,7 +469,12 @@ impl ExpertStore {
             pool,
             claim,
             cached.as_ref(),
-        )?)
+        )?;
+        if self.cold.is_some() {
+            let used: Vec<u32> = done.iter().map(|&i| pairs[i as usize].expert).collect();
+            self.score_hints(&held, layer, &used, &|e| ready.contains(&e));
+        }
+        Ok(done)
     }
 
     /// Held expert `expert` of `layer` and its mapped views (an error for one not held).

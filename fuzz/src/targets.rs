@@ -397,6 +397,10 @@ pub fn shm_region(data: &[u8]) {
         experts: experts.clone(),
         rows: vec![0, 1, 1],
         acts: vec![5; 64],
+        prefetch: Some(nightshift_proto::v1::PrefetchHint {
+            layer: 2,
+            experts: vec![1, 2],
+        }),
     };
     if client.post(&req).is_err() {
         return;
@@ -407,6 +411,11 @@ pub fn shm_region(data: &[u8]) {
     match node.next(Duration::ZERO) {
         Ok(Some(Incoming::Request(r))) => {
             assert_eq!(r.experts.len(), r.rows.len(), "pairs and rows disagree");
+            assert!(
+                r.prefetch.as_ref().is_none_or(|h| !h.experts.is_empty()
+                    && h.experts.len() <= nightshift_proto::shm::MAX_HINT_EXPERTS),
+                "a hint read past the header"
+            );
             assert!(
                 8 * r.experts.len() + r.acts.len() <= REQ_CAP,
                 "read past the area"

@@ -63,6 +63,7 @@ fn fuzz_targets() {
             experts: vec![0, 1],
             rows: vec![0, 0],
             acts: vec![0; 256],
+            prefetch: None,
         }
         .encode_to_vec()
     };

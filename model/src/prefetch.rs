@@ -22,11 +22,15 @@
 //! once, in large requests); in prefill chunks, which are not predicted, each cold expert is
 //! advised just before it is computed (one request per matrix instead of page faults).
 //!
+//! The prediction itself is [`NextLayer`]; the coordinator runs it too when its experts are on
+//! nodes, and sends each node the predicted experts it holds as a hint (`PrefetchHint` of the
+//! node protocol), which a node with a staging cache reads ahead the same way. How predictions
+//! fared is scored in one place, [`PrefetchLedger`] (`prefetch/ledger.rs`), here and on nodes.
+//!
 //! Prefetching only moves pages into the cache earlier: **it never changes outputs** (the same
 //! bytes are read either way), and a wrong prediction costs only I/O.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 
@@ -38,6 +42,9 @@ use crate::model::Model;
 use crate::moe::route;
 use crate::ops::matmul;
 use crate::weights::FfnWeights;
+
+mod ledger;
+pub use ledger::PrefetchLedger;
 
 /// Calls of more rows (prefill chunks) are not predicted: they use nearly every expert of a
 /// layer, and reading all of them ahead would evict what the page cache holds under a limit.
@@ -127,35 +134,82 @@ impl PrefetchStats {
     }
 }
 
-#[derive(Default)]
-struct Counters {
-    predicted: AtomicU64,
-    predicted_used: AtomicU64,
-    used: AtomicU64,
-    cold_needed: AtomicU64,
-    cold_requested: AtomicU64,
-    advised: AtomicU64,
-    issued: AtomicU64,
-    in_time: AtomicU64,
-    late: AtomicU64,
-    wasted: AtomicU64,
-    demand: AtomicU64,
+/// The one-layer-ahead prediction: the next MoE layer's router on a layer's rows (module doc).
+/// The in-process [`Prefetcher`] runs it, and so does the coordinator's remote backend to send
+/// expert nodes hints of what they will be asked for next.
+pub struct NextLayer {
+    model: Arc<Model>,
+    /// the next MoE layer of each layer (None: last)
+    next_moe: Vec<Option<usize>>,
 }
 
-/// A prediction waiting for its layer: all predicted experts, and the cold ones requested.
-struct Pending {
-    predicted: Vec<u32>,
-    requested: Vec<u32>,
+impl NextLayer {
+    pub fn new(model: Arc<Model>) -> NextLayer {
+        let c = model.config();
+        let moe: Vec<usize> = (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).collect();
+        let mut next_moe = vec![None; c.n_layer];
+        for w in moe.windows(2) {
+            next_moe[w[0]] = Some(w[1]);
+        }
+        NextLayer { model, next_moe }
+    }
+
+    /// The model's MoE layers, ascending.
+    pub fn moe_layers(&self) -> Vec<usize> {
+        let c = self.model.config();
+        (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).collect()
+    }
+
+    /// The MoE layer after `layer` and the distinct experts its router picks for the rows of
+    /// `acts` (`layer`'s activation rows), ascending; None when `layer` is the last MoE layer or
+    /// the call has more than [`MAX_PREDICTED_ROWS`] rows.
+    pub fn predict(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+    ) -> Result<Option<(usize, Vec<u32>)>, ExpertError> {
+        let Some(next) = self.next_moe.get(layer).copied().flatten() else {
+            return Ok(None);
+        };
+        if acts.n_rows > MAX_PREDICTED_ROWS {
+            return Ok(None);
+        }
+        Ok(Some((next, self.route(next, acts)?)))
+    }
+
+    /// The distinct experts layer `next`'s router picks for the rows of `acts`.
+    fn route(&self, next: usize, acts: &ActRows) -> Result<Vec<u32>, ExpertError> {
+        let c = self.model.config();
+        let e = c.n_embd;
+        let FfnWeights::Moe(mw) = &self.model.weights().layers[next].ffn else {
+            return Ok(Vec::new());
+        };
+        let n = acts.n_rows;
+        let h = acts.to_f32(e)?;
+        let ne = c.n_expert;
+        let mut logits = vec![0.0f32; n * ne];
+        match &mw.gate_inp_packed {
+            Some(packed) => packed.gemm(&h, n, &mut logits, None)?,
+            None => matmul(&mw.gate_inp, 0, &h, n, &mut logits, None)
+                .map_err(|e| ExpertError::Backend(format!("next-layer router: {e}")))?,
+        }
+        let mut out: Vec<u32> = Vec::new();
+        for row in logits.chunks_exact(ne) {
+            let (chosen, _) = route(c, row, mw.exp_probs_b.as_deref());
+            out.extend(chosen.iter().map(|&x| x as u32));
+        }
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
 }
 
 /// One-layer-ahead predictor and its I/O thread (module doc).
 pub struct Prefetcher {
     model: Arc<Model>,
-    /// the next MoE layer of each layer (None: last)
-    next_moe: Vec<Option<usize>>,
-    pending: Mutex<HashMap<usize, Pending>>,
+    next: NextLayer,
+    ledger: PrefetchLedger,
     io: Mutex<Sender<(usize, Vec<u32>)>>,
-    counters: Arc<Counters>,
     cold_reads: ColdReads,
     /// the staging cache predictions are read into (None: the page cache)
     cold: Option<Arc<ColdCache>>,
@@ -175,7 +229,6 @@ impl Prefetcher {
         model: Arc<Model>,
         cold_reads: ColdReads,
     ) -> std::io::Result<Prefetcher> {
-        let c = model.config();
         if cold_reads == ColdReads::WholeExperts {
             for l in &model.weights().layers {
                 if let FfnWeights::Moe(m) = &l.ffn {
@@ -185,15 +238,11 @@ impl Prefetcher {
                 }
             }
         }
-        let moe: Vec<usize> = (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).collect();
-        let mut next_moe = vec![None; c.n_layer];
-        for w in moe.windows(2) {
-            next_moe[w[0]] = Some(w[1]);
-        }
-        let counters = Arc::new(Counters::default());
+        let next = NextLayer::new(model.clone());
+        let ledger = PrefetchLedger::new(&next.moe_layers());
         let (tx, rx) = channel::<(usize, Vec<u32>)>();
         let io_model = model.clone();
-        let io_counters = counters.clone();
+        let io_counters = ledger.counters.clone();
         std::thread::Builder::new()
             .name("nightshift-prefetch".into())
             .spawn(move || {
@@ -211,10 +260,9 @@ impl Prefetcher {
             })?;
         Ok(Prefetcher {
             model,
-            next_moe,
-            pending: Mutex::new(HashMap::new()),
+            next,
+            ledger,
             io: Mutex::new(tx),
-            counters,
             cold_reads,
             cold: None,
         })
@@ -260,21 +308,7 @@ impl Prefetcher {
     }
 
     pub fn stats(&self) -> PrefetchStats {
-        let c = &self.counters;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        PrefetchStats {
-            predicted: g(&c.predicted),
-            predicted_used: g(&c.predicted_used),
-            used: g(&c.used),
-            cold_needed: g(&c.cold_needed),
-            cold_requested: g(&c.cold_requested),
-            advised: g(&c.advised),
-            issued: g(&c.issued),
-            in_time: g(&c.in_time),
-            late: g(&c.late),
-            wasted: g(&c.wasted),
-            demand: g(&c.demand),
-        }
+        self.ledger.stats()
     }
 
     /// Called at the start of MoE layer `layer`'s expert call: scores the prediction made for
@@ -287,16 +321,21 @@ impl Prefetcher {
         pairs: &[ExpertPair],
         resident: &dyn Fn(usize, u32) -> bool,
     ) -> Result<(), ExpertError> {
-        let requested = self.score(layer, pairs, resident);
+        let used: Vec<u32> = pairs.iter().map(|p| p.expert).collect();
+        let requested = self
+            .ledger
+            .call(layer, &used, &|e| !resident(layer, e), &|e| {
+                self.cached(layer, e)
+            });
         if self.cold_reads == ColdReads::WholeExperts
             && self.cold.is_none()
             && acts.n_rows <= MAX_PREDICTED_ROWS
         {
             // the cold experts the prediction missed: all of them asked for at once, before the
             // first is computed
-            let mut missed: Vec<u32> = pairs
+            let mut missed: Vec<u32> = used
                 .iter()
-                .map(|p| p.expert)
+                .copied()
                 .filter(|&e| !resident(layer, e) && !requested.contains(&e))
                 .collect();
             missed.sort_unstable();
@@ -304,95 +343,31 @@ impl Prefetcher {
             for &e in &missed {
                 self.read_now(layer, e);
             }
-            self.counters
+            self.ledger
+                .counters
                 .demand
                 .fetch_add(missed.len() as u64, Ordering::Relaxed);
         }
-        let Some(next) = self.next_moe.get(layer).copied().flatten() else {
+        let Some((next, predicted)) = self.next.predict(layer, acts)? else {
             return Ok(());
         };
-        if acts.n_rows > MAX_PREDICTED_ROWS {
+        if let Some(cold) = &self.cold {
+            self.ledger
+                .read_ahead(cold, next, &predicted, &|e| resident(next, e))?;
             return Ok(());
         }
-        let predicted = self.predict(next, acts)?;
         let requested: Vec<u32> = predicted
             .iter()
             .copied()
             .filter(|&e| !resident(next, e))
             .collect();
         if !requested.is_empty() {
-            self.counters
-                .issued
-                .fetch_add(requested.len() as u64, Ordering::Relaxed);
-            if let Some(cold) = &self.cold {
-                cold.prefetch(next, &requested)?;
-                self.counters
-                    .advised
-                    .fetch_add(requested.len() as u64, Ordering::Relaxed);
-            } else {
-                let tx = self.io.lock().unwrap_or_else(|p| p.into_inner());
-                // the I/O thread only ends with the predictor: a send cannot fail before that
-                let _ = tx.send((next, requested.clone()));
-            }
+            let tx = self.io.lock().unwrap_or_else(|p| p.into_inner());
+            // the I/O thread only ends with the predictor: a send cannot fail before that
+            let _ = tx.send((next, requested.clone()));
         }
-        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        p.insert(
-            next,
-            Pending {
-                predicted,
-                requested,
-            },
-        );
+        self.ledger.predicted(next, &predicted, &requested);
         Ok(())
-    }
-
-    /// Scores the prediction made for `layer` against the experts of `pairs`; returns the cold
-    /// experts it had requested (empty without a prediction).
-    fn score(
-        &self,
-        layer: usize,
-        pairs: &[ExpertPair],
-        resident: &dyn Fn(usize, u32) -> bool,
-    ) -> Vec<u32> {
-        let Some(p) = self
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&layer)
-        else {
-            return Vec::new();
-        };
-        let mut used: Vec<u32> = pairs.iter().map(|p| p.expert).collect();
-        used.sort_unstable();
-        used.dedup();
-        let c = &self.counters;
-        let hit = used.iter().filter(|e| p.predicted.contains(e)).count() as u64;
-        let cold: Vec<u32> = used
-            .iter()
-            .copied()
-            .filter(|&e| !resident(layer, e))
-            .collect();
-        let cold_hit = cold.iter().filter(|e| p.requested.contains(e)).count() as u64;
-        let in_time = cold
-            .iter()
-            .filter(|e| p.requested.contains(e) && self.cached(layer, **e))
-            .count() as u64;
-        let wasted = p
-            .requested
-            .iter()
-            .filter(|e| used.binary_search(e).is_err())
-            .count() as u64;
-        c.in_time.fetch_add(in_time, Ordering::Relaxed);
-        c.late.fetch_add(cold_hit - in_time, Ordering::Relaxed);
-        c.wasted.fetch_add(wasted, Ordering::Relaxed);
-        c.predicted
-            .fetch_add(p.predicted.len() as u64, Ordering::Relaxed);
-        c.predicted_used.fetch_add(hit, Ordering::Relaxed);
-        c.used.fetch_add(used.len() as u64, Ordering::Relaxed);
-        c.cold_needed
-            .fetch_add(cold.len() as u64, Ordering::Relaxed);
-        c.cold_requested.fetch_add(cold_hit, Ordering::Relaxed);
-        p.requested
     }
 
     /// Whether all pages of expert `e` of `layer` are in the page cache (false when it cannot
@@ -408,31 +383,5 @@ impl Prefetcher {
         [w.gate.bytes(), w.up.bytes(), w.down.bytes()]
             .iter()
             .all(|m| g.is_cached(m) == Some(true))
-    }
-
-    /// The distinct experts layer `next`'s router picks for the rows of `acts`.
-    fn predict(&self, next: usize, acts: &ActRows) -> Result<Vec<u32>, ExpertError> {
-        let c = self.model.config();
-        let e = c.n_embd;
-        let FfnWeights::Moe(mw) = &self.model.weights().layers[next].ffn else {
-            return Ok(Vec::new());
-        };
-        let n = acts.n_rows;
-        let h = acts.to_f32(e)?;
-        let ne = c.n_expert;
-        let mut logits = vec![0.0f32; n * ne];
-        match &mw.gate_inp_packed {
-            Some(packed) => packed.gemm(&h, n, &mut logits, None)?,
-            None => matmul(&mw.gate_inp, 0, &h, n, &mut logits, None)
-                .map_err(|e| ExpertError::Backend(format!("next-layer router: {e}")))?,
-        }
-        let mut out: Vec<u32> = Vec::new();
-        for row in logits.chunks_exact(ne) {
-            let (chosen, _) = route(c, row, mw.exp_probs_b.as_deref());
-            out.extend(chosen.iter().map(|&x| x as u32));
-        }
-        out.sort_unstable();
-        out.dedup();
-        Ok(out)
     }
 }

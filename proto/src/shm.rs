@@ -26,6 +26,8 @@
 //! | 36..40 | the coordinator's process id (the node stops serving when it is gone) |
 //! | 64..100 | request: id u64, layer, act_type, n_rows, n_embd, n_pairs, acts_len, claim tag (u32 each) |
 //! | 128..148 | response: id u64, status i32 (0 = outputs, else a gRPC code), length u32, answered u32 |
+//! | 256..264 | the request's prefetch hint: layer u32, count u32 (0: none) |
+//! | 264..4096 | its experts, u32 each (at most [`MAX_HINT_EXPERTS`]) |
 //! | 4096.. | request payload: experts\[n_pairs\] u32, rows\[n_pairs\] u32, activation bytes |
 //! | 4096 + cap.. | response payload: one row of n_embd f32 per request pair (slot i for pair i), then the answered list; or the error message as UTF-8 |
 //!
@@ -47,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
 
-use crate::v1::ComputeRequest;
+use crate::v1::{ComputeRequest, PrefetchHint};
 
 pub mod board;
 mod files;
@@ -76,6 +78,11 @@ const OFF_CLOSED: usize = 32;
 const OFF_CLIENT_PID: usize = 36;
 const OFF_REQ: usize = 64;
 const OFF_RESP: usize = 128;
+const OFF_HINT: usize = 256;
+const OFF_HINT_EXPERTS: usize = OFF_HINT + 8;
+/// Most experts of a prefetch hint the region carries (the rest of the header page); a longer
+/// hint is cut to its first ones (it is only a hint).
+pub const MAX_HINT_EXPERTS: usize = (HEADER_BYTES - OFF_HINT_EXPERTS) / 4;
 /// "answered" of a reply that covers every pair of its request.
 const ALL_PAIRS: u32 = u32::MAX;
 const CLOSED_CLIENT: u32 = 1;
@@ -322,6 +329,12 @@ impl ShmClient {
         r.write(HEADER_BYTES, &u32s(&req.experts));
         r.write(HEADER_BYTES + 4 * n, &u32s(&req.rows));
         r.write(HEADER_BYTES + 8 * n, &req.acts);
+        let hint = req.prefetch.as_ref().map_or(&[][..], |h| {
+            &h.experts[..h.experts.len().min(MAX_HINT_EXPERTS)]
+        });
+        r.write(OFF_HINT_EXPERTS, &u32s(hint));
+        r.set(OFF_HINT, req.prefetch.as_ref().map_or(0, |h| h.layer));
+        r.set(OFF_HINT + 4, hint.len() as u32);
         r.wide(OFF_REQ).store(req.request_id, Ordering::Relaxed);
         for (i, v) in [
             req.layer,
@@ -627,6 +640,12 @@ impl ShmServer {
                 }
             }
         }
+        // a hint whose count does not fit the header is no hint (never an error: it is one)
+        let hint_len = r.get(OFF_HINT + 4) as usize;
+        let prefetch = (hint_len > 0 && hint_len <= MAX_HINT_EXPERTS).then(|| PrefetchHint {
+            layer: r.get(OFF_HINT),
+            experts: from_u32s(&r.read(OFF_HINT_EXPERTS, 4 * hint_len)),
+        });
         Incoming::Request(ComputeRequest {
             request_id,
             step_id: 0,
@@ -637,6 +656,7 @@ impl ShmServer {
             experts: from_u32s(&r.read(HEADER_BYTES, 4 * n)),
             rows: from_u32s(&r.read(HEADER_BYTES + 4 * n, 4 * n)),
             acts: r.read(HEADER_BYTES + 8 * n, acts_len),
+            prefetch,
         })
     }
 

@@ -181,6 +181,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(p) = experts.prefetch() {
         eprintln!("{}", p.stats().summary());
     }
+    if let Some(r) = experts.remote() {
+        let st = r.take_stats();
+        if st.hints > 0 {
+            eprintln!(
+                "prefetch hints: {} sent to nodes, naming {} experts (how they fared: each node's log)",
+                st.hints, st.hint_experts
+            );
+        }
+    }
     if let Some(c) = experts.cold_cache() {
         eprintln!(
             "{} (capacity {} MiB)",

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use nightshift_atlas_core::placement::{LayerPlacement, ModelShape, NodeSpec, Placement};
 use nightshift_model::cold::ColdCache;
-use nightshift_model::prefetch::Prefetcher;
+use nightshift_model::prefetch::{NextLayer, Prefetcher};
 use nightshift_model::resident::ExpertResidency;
 use nightshift_model::{ExpertBackend, ExpertMemory, LoadOptions, LocalExperts, Model, ModelError};
 use rayon::ThreadPool;
@@ -105,9 +105,10 @@ pub struct ClusterArgs {
     /// (`nightshift-atlas plan --memory-budget`); default a seeded random set filling the budget.
     #[arg(long, requires = "memory_budget")]
     pub resident_set: Option<PathBuf>,
-    /// With --memory-budget: do not predict the next MoE layer's experts and read the cold ones
-    /// ahead (outputs are the same either way).
-    #[arg(long, requires = "memory_budget")]
+    /// Do not predict the next MoE layer's experts: with --memory-budget, read no cold experts
+    /// ahead; with expert nodes, send them no prefetch hints (sent only to nodes with a staging
+    /// cache, `nightshift-expert-node --cold-cache`). Outputs are the same either way.
+    #[arg(long)]
     pub no_prefetch: bool,
     /// With --memory-budget: memory for experts outside the resident set, read whole from the
     /// file into a least-recently-used staging cache (`auto`: a quarter of the memory this
@@ -509,6 +510,10 @@ pub fn build(
         } else {
             ClusterError::NotReady { secs: 30, detail }
         });
+    }
+    if !args.no_prefetch {
+        // used only while some node reports a staging cache (`remote::hints`)
+        remote.send_hints(Arc::new(NextLayer::new(model.clone())));
     }
     let backend: Arc<dyn ExpertBackend> = remote.clone();
     Ok(Experts {

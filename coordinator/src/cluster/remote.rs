@@ -5,7 +5,9 @@
 //! for all nodes concurrently, hedges a call on another replica when its node is much slower than
 //! its recent p99 (`hedge`), and on a node error or stall retries that node's experts on another
 //! replica. This file holds the links: connecting, the stream reader, marking nodes down and
-//! reconnecting them. Outputs come back unweighted
+//! reconnecting them. With a predictor (`send_hints`) a decode step's call also tells nodes
+//! with a staging cache which experts the next MoE layer will probably ask for (`hints`).
+//! Outputs come back unweighted
 //! and in pair order, so the engine sums them in top-k order exactly as in process: results are
 //! bit-identical whatever the placement. Dead nodes are reconnected in the background with
 //! exponential backoff; a restarted node rejoins without restarting the coordinator.
@@ -16,6 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use nightshift_atlas_core::placement::Placement;
+use nightshift_model::prefetch::NextLayer;
 use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
 use nightshift_proto::v1::{compute_response, ComputeRequest, InfoRequest};
 use nightshift_proto::{AUTH_HEADER, FINGERPRINT_HEADER, PROTOCOL_HEADER, PROTOCOL_VERSION};
@@ -28,6 +31,7 @@ pub mod balance;
 mod call;
 mod errors;
 mod hedge;
+mod hints;
 mod layer_call;
 mod shared_call;
 mod shm_link;
@@ -133,6 +137,8 @@ pub(super) struct NodeLink {
     suspect: std::sync::atomic::AtomicBool,
     /// Its recently answered calls (`hedge`).
     window: Mutex<hedge::LatencyWindow>,
+    /// It reported a staging cache of cold experts: it takes prefetch hints (`hints`).
+    takes_hints: std::sync::atomic::AtomicBool,
 }
 
 /// Health of one node, for `/ready`, metrics and logs.
@@ -161,6 +167,8 @@ pub(super) struct Shared {
     /// Held by the shared call using the board.
     board_busy: std::sync::atomic::AtomicBool,
     next_tag: std::sync::atomic::AtomicU32,
+    /// The next MoE layer's router, for prefetch hints to nodes (`hints`); unset: no hints.
+    predictor: std::sync::OnceLock<Arc<NextLayer>>,
 }
 
 /// HTTP/2 flow-control windows of the coordinator's side of the compute streams (the nodes set
@@ -240,6 +248,7 @@ impl RemoteExperts {
                 generation: AtomicU64::new(0),
                 suspect: Default::default(),
                 window: Default::default(),
+                takes_hints: Default::default(),
             });
         }
         if opts.shm_pairs > 0 {
@@ -273,6 +282,7 @@ impl RemoteExperts {
             board,
             board_busy: std::sync::atomic::AtomicBool::new(false),
             next_tag: std::sync::atomic::AtomicU32::new(1),
+            predictor: std::sync::OnceLock::new(),
         });
         let s = shared.clone();
         // First connection attempts, waited for without `block_on` (callers may be async).
@@ -301,6 +311,13 @@ impl RemoteExperts {
             shared,
             rt: Some(rt),
         })
+    }
+
+    /// Sends the nodes that report a staging cache prefetch hints from `predictor` (the next
+    /// MoE layer's router on each decode call's rows, `hints`). Set once; later calls are
+    /// ignored. Outputs are the same with and without.
+    pub fn send_hints(&self, predictor: Arc<NextLayer>) {
+        let _ = self.shared.predictor.set(predictor);
     }
 
     /// Removes the files this backend keeps in `/dev/shm` for nodes still to attach (the claim
@@ -518,6 +535,8 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, LinkFailure> {
             refused: true,
         });
     }
+    node.takes_hints
+        .store(info.cold_cache_bytes > 0, Ordering::Relaxed);
     let (tx, rx) = mpsc::channel::<ComputeRequest>(64);
     let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     handshake(&mut req, s)?;

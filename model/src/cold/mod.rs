@@ -13,7 +13,9 @@
 //!
 //! Reads run on one I/O thread, demand reads (a layer is waiting) before prefetch reads (the
 //! one-layer-ahead prediction, [`crate::prefetch`]). A prefetch that finds no room without
-//! evicting something a call still needs is dropped; a demand read waits for room. Callers
+//! evicting something a call still needs is dropped; a demand read waits for room. A copy
+//! counts as used when it is read, so a prediction read ahead is not the first copy the next
+//! read evicts before its layer takes it. Callers
 //! ([`crate::expert::LocalExperts`]) demand a window of at most half the capacity at a time and
 //! compute each expert as it arrives, so a prefill chunk that needs more cold experts than fit
 //! streams through the cache.
@@ -660,6 +662,10 @@ impl Shared {
             drop(st);
             let read = self.read(key, buffer);
             st = self.lock();
+            // a copy just read is the most recently used: a prediction read ahead is not the
+            // first thing the next read evicts before its layer takes it
+            let tick = st.tick + 1;
+            st.tick = tick;
             let Some(en) = st.entries.get_mut(&key) else {
                 // cannot happen (Loading entries are not removed); keep the count right
                 st.bytes = st.bytes.saturating_sub(size);
@@ -668,6 +674,7 @@ impl Shared {
             match read {
                 Ok(copy) => {
                     en.slot = Slot::Ready(Arc::new(copy));
+                    en.last = tick;
                     if !demanded {
                         self.counters.prefetched.fetch_add(1, Ordering::Relaxed);
                     }

@@ -19,6 +19,7 @@ fn request(id: u64, n: usize) -> ComputeRequest {
         acts: (0..100).map(|i| i as u8).collect(),
         experts: (0..n as u32).map(|e| e * 7).collect(),
         rows: (0..n as u32).map(|e| e % 2).collect(),
+        prefetch: None,
     }
 }
 
@@ -423,4 +424,52 @@ fn the_sweep_removes_only_files_of_dead_creators() {
     assert!(live.path().exists() && board.path().exists());
     assert_eq!(sweep_stale(&d.join("missing")), 0);
     std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn prefetch_hints_ride_with_requests_and_bad_counts_are_no_hint() {
+    let d = dir();
+    let mut client = ShmClient::create_in(&d, 8192, 8192).unwrap();
+    let mut server = ShmServer::open_in(&d, client.path()).unwrap();
+    client.unlink();
+    let hint = |experts: Vec<u32>| PrefetchHint { layer: 4, experts };
+    let long: Vec<u32> = (0..MAX_HINT_EXPERTS as u32 + 10).collect();
+    // (hint posted, hint the node sees)
+    let cases = [
+        (Some(hint(vec![9, 2, 5])), Some(hint(vec![9, 2, 5]))),
+        // the last request's hint is not left behind for one without
+        (None, None),
+        (
+            Some(hint(long.clone())),
+            Some(hint(long[..MAX_HINT_EXPERTS].to_vec())),
+        ),
+        (Some(hint(Vec::new())), None),
+    ];
+    for (i, (sent, want)) in cases.into_iter().enumerate() {
+        let mut req = request(i as u64, 2);
+        req.prefetch = sent;
+        client.post(&req).unwrap();
+        let Ok(Some(Incoming::Request(got))) = server.next(Duration::from_secs(5)) else {
+            panic!("case {i}: expected a request");
+        };
+        assert_eq!(got.prefetch, want, "case {i}");
+        assert_eq!(
+            (&got.experts, &got.acts),
+            (&req.experts, &req.acts),
+            "case {i}"
+        );
+        server.reply(got.request_id, &ShmReply::Outputs(rows_of(&req)));
+        client
+            .wait(Instant::now() + Duration::from_secs(5), &mut || true)
+            .unwrap();
+    }
+    // a count beyond the header (a region written by something else) is no hint, not an error
+    let mut req = request(9, 1);
+    req.prefetch = Some(hint(vec![1]));
+    client.post(&req).unwrap();
+    client.region.set(OFF_HINT + 4, u32::MAX);
+    let Ok(Some(Incoming::Request(got))) = server.next(Duration::from_secs(5)) else {
+        panic!("expected a request");
+    };
+    assert_eq!(got.prefetch, None);
 }

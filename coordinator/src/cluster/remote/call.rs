@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nightshift_model::{ActRows, ExpertPair};
-use nightshift_proto::v1::{ComputeRequest, ComputeResponse};
+use nightshift_proto::v1::{ComputeRequest, ComputeResponse, PrefetchHint};
 use tokio::sync::oneshot;
 
 use super::stats::CallLegs;
@@ -84,6 +84,9 @@ pub(super) struct Share {
     pub(super) pair_idx: Vec<usize>,
     /// Estimated work of the share (`balance::expert_cost` units), in flight while it runs.
     pub(super) cost: usize,
+    /// The prefetch hint riding with the share's request (`hints`): only a layer call's first
+    /// request to a node carries one.
+    pub(super) hint: Option<PrefetchHint>,
 }
 
 /// The request carrying `share`: only the activation rows it needs travel, renumbered densely.
@@ -120,6 +123,7 @@ pub(super) fn share_request(
         acts: data,
         experts,
         rows,
+        prefetch: share.hint.clone(),
     }
 }
 

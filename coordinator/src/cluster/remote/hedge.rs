@@ -171,7 +171,12 @@ pub(super) async fn hedged_call(
                     // The slow call runs on: its answer clears the suspect mark, its stall
                     // deadline takes the node out of rotation.
                     tokio::spawn(primary);
-                    let share = Share { node, pair_idx: own, cost };
+                    let share = Share {
+                        node,
+                        pair_idx: own,
+                        cost,
+                        hint: None,
+                    };
                     // Reported as the original share's success: its pairs are all answered.
                     (share, Ok(bytes))
                 }
@@ -221,6 +226,7 @@ pub(super) fn alternatives(
                 node: p.node,
                 pair_idx: p.pair_idx,
                 cost: p.cost,
+                hint: None,
             })
             .collect()
     })

@@ -15,6 +15,7 @@ use nightshift_atlas_core::placement::{NodeId, Placement};
 use nightshift_model::{ActRows, ExpertBackend, ExpertError, ExpertPair, PostedExperts};
 
 use super::call::{record_spread, Share, Timed};
+use super::hints::Hints;
 use super::{balance, hedge, lock, shared_call, shm_link, LinkState, RemoteExperts, Shared};
 
 /// A layer call's first round, out on the nodes' streams (`post_experts`).
@@ -115,6 +116,7 @@ impl RemoteExperts {
                 node: p.node,
                 pair_idx: p.pair_idx,
                 cost: p.cost,
+                hint: None,
             })
             .collect())
     }
@@ -142,7 +144,8 @@ impl RemoteExperts {
 
     /// Lands the rounds of a layer call into `out` until every pair of `todo` is answered:
     /// `first` (a round already sent, `post_experts`) and then new rounds, each retrying the
-    /// pairs whose node failed on another replica.
+    /// pairs whose node failed on another replica. The call's prefetch `hints` not sent yet
+    /// ride with the first new round's requests, or go alone.
     #[allow(clippy::too_many_arguments)]
     fn rounds(
         &self,
@@ -153,6 +156,7 @@ impl RemoteExperts {
         mut exclude: HashMap<u32, Vec<NodeId>>,
         mut last_errors: Vec<String>,
         mut first: Option<Vec<Timed<Vec<u8>>>>,
+        mut hints: Option<Hints>,
         out: &mut [f32],
     ) -> Result<(), ExpertError> {
         let n_embd = self.shared.n_embd;
@@ -163,9 +167,12 @@ impl RemoteExperts {
                 Some(t) => (t, Vec::new()),
                 None => {
                     if todo.is_empty() {
+                        if let Some(h) = &mut hints {
+                            h.send_rest(&self.shared, acts);
+                        }
                         return Ok(());
                     }
-                    let shares =
+                    let mut shares =
                         self.assign(layer, pairs, &todo, &exclude)
                             .map_err(|e| match e {
                                 ExpertError::Backend(m) if !last_errors.is_empty() => {
@@ -176,6 +183,10 @@ impl RemoteExperts {
                                 }
                                 other => other,
                             })?;
+                    let mut hints = hints.take();
+                    if let Some(h) = &mut hints {
+                        h.attach(&self.shared, &mut shares);
+                    }
                     // Nodes on this machine take their shares through shared memory: posted
                     // first, so they compute while the stream calls go out, and collected last.
                     let mut posted = Vec::new();
@@ -185,6 +196,9 @@ impl RemoteExperts {
                             Ok(p) => posted.push(p),
                             Err(sh) => streamed.push(sh),
                         }
+                    }
+                    if let Some(h) = &mut hints {
+                        h.send_rest(&self.shared, acts);
                     }
                     let timed = if streamed.is_empty() {
                         Vec::new()
@@ -306,9 +320,17 @@ impl ExpertBackend for RemoteExperts {
         let mut exclude: HashMap<u32, Vec<NodeId>> = HashMap::new();
         let mut last_errors: Vec<String> = Vec::new();
         let placement = self.placement();
-        if let Some(round) =
-            shared_call::run(&self.shared, &placement, layer, &acts, pairs, &todo, out)
-        {
+        let mut hints = Hints::predict(&self.shared, &placement, layer, &acts);
+        if let Some(round) = shared_call::run(
+            &self.shared,
+            &placement,
+            layer,
+            &acts,
+            pairs,
+            &todo,
+            hints.as_mut(),
+            out,
+        ) {
             for (node, e) in round.failed {
                 let name = &self.shared.nodes[node].name;
                 tracing::warn!(node = %name, layer, "shared layer call failed, retrying its rest on other replicas: {e}");
@@ -332,6 +354,7 @@ impl ExpertBackend for RemoteExperts {
             exclude,
             last_errors,
             None,
+            hints,
             out,
         )
     }
@@ -359,7 +382,11 @@ impl ExpertBackend for RemoteExperts {
         let acts = Arc::new(acts.clone());
         let pairs = Arc::new(pairs.to_vec());
         let todo: Vec<usize> = (0..pairs.len()).collect();
-        let shares = self.assign(layer, &pairs, &todo, &HashMap::new())?;
+        let mut shares = self.assign(layer, &pairs, &todo, &HashMap::new())?;
+        if let Some(mut h) = Hints::predict(&self.shared, &self.placement(), layer, &acts) {
+            h.attach(&self.shared, &mut shares);
+            h.send_rest(&self.shared, &acts);
+        }
         let calls = self.rt().spawn(stream_round(
             self.shared.clone(),
             self.placement(),
@@ -394,6 +421,7 @@ impl ExpertBackend for RemoteExperts {
             HashMap::new(),
             Vec::new(),
             Some(first),
+            None,
             out,
         )
     }

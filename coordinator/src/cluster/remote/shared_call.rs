@@ -26,6 +26,7 @@ use nightshift_model::{ActRows, ExpertPair};
 
 use super::balance::expert_cost;
 use super::call::{record_spread, Share};
+use super::hints::Hints;
 use super::{hedge, lock, shm_link, LinkState, Shared};
 
 /// What a shared call left to the ordinary rounds.
@@ -39,10 +40,12 @@ pub(super) struct SharedRound {
 }
 
 /// Runs `todo` (indices into `pairs`) as a shared call and writes the answered outputs into
-/// `out`, or returns `None` (nothing done) when no two reachable nodes on this machine hold all
+/// `out` (each taker's prefetch hint riding with its request, the other nodes' sent alone), or
+/// returns `None` (nothing done) when no two reachable nodes on this machine hold all
 /// of its experts, it has fewer than two experts, the board is off, or another caller's shared
 /// call holds the board (one board, one call at a time: starting a call ends the claims of the
 /// one before).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     s: &Arc<Shared>,
     placement: &Placement,
@@ -50,6 +53,7 @@ pub(super) fn run(
     acts: &ActRows,
     pairs: &[ExpertPair],
     todo: &[usize],
+    mut hints: Option<&mut Hints>,
     out: &mut [f32],
 ) -> Option<SharedRound> {
     let board = s.board.as_ref()?;
@@ -100,9 +104,15 @@ pub(super) fn run(
             node,
             pair_idx: pair_idx.clone(),
             cost: cost / takers.len(),
+            hint: hints.as_deref_mut().and_then(|h| h.take(s, node)),
         };
-        if let Ok(p) = shm_link::post(s, layer, acts, pairs, share, tag) {
-            posted.push(p);
+        match shm_link::post(s, layer, acts, pairs, share, tag) {
+            Ok(p) => posted.push(p),
+            Err(mut back) => {
+                if let Some(h) = hints.as_deref_mut() {
+                    h.restore(s, &mut back);
+                }
+            }
         }
     }
     if posted.is_empty() {
@@ -110,6 +120,10 @@ pub(super) fn run(
         return None;
     }
     lock(&s.stats).shared_rounds += 1;
+    // the nodes that are not taking part get their hints alone while the takers compute
+    if let Some(h) = hints {
+        h.send_rest(s, acts);
+    }
     let mut landed = Vec::with_capacity(posted.len());
     let mut silent = Vec::new();
     for p in posted {

@@ -216,6 +216,7 @@ pub(super) fn wait_until(
         node: p.share.node,
         pair_idx: std::mem::take(&mut p.share.pair_idx),
         cost: p.share.cost,
+        hint: None,
     };
     Ok(((share, result), elapsed))
 }

@@ -14,6 +14,10 @@ pub struct RpcStats {
     /// Calls given up on because their node was much slower than its recent p99 (`hedge`): sent
     /// again to other replicas (streams), or left to the nodes that answered (shared memory).
     pub hedges: u64,
+    /// Prefetch hints sent to nodes (`hints`: with a request or alone), and the experts they
+    /// named.
+    pub hints: u64,
+    pub hint_experts: u64,
     /// Request bytes sent (activations, pairs, framing estimate).
     pub bytes_out: u64,
     /// Output bytes received.
