@@ -2,8 +2,10 @@
 //! A real `nightshift-expert-node` process per transport (plaintext h2c, mutual TLS) on loopback,
 //! one thread, every expert of a small model resident; the remote backend calls it with real
 //! `ComputeRequest`s of the sizes a 2-node split of the Qwen3-30B-A3B shape gives a node (batch
-//! 1: one row to 4 experts, a 32 KiB answer; batch 8: 8 rows to 4 experts each, 256 KiB), as the
-//! engine does: a whole call (`run_experts`) at batch 1, posted and collected at batch 8. Cases
+//! 1: one row to 4 experts, a 32 KiB answer; batch 8: two micro-batches of 4 rows to 4 experts
+//! each, 128 KiB answers), as the engine does: a whole call (`run_experts`) at batch 1; above,
+//! both halves posted, then collected in order (the second reaches the node while the first
+//! computes). Cases
 //! (transport x batch x path: direct, or through the netns harness's delay relay at each
 //! `--delays-us`) alternate round by round, so host drift hits all alike. Per case it prints the
 //! call's median as the engine's thread saw it and the medians of its legs from both ends'
@@ -150,21 +152,62 @@ fn start(
     })
 }
 
-/// One call as the engine makes it: whole at batch 1, posted then collected above.
+/// A layer's calls as the engine makes them: one whole call at batch 1; above, two
+/// micro-batches of whole rows, both posted, then collected in order (the second half's request
+/// reaches the node while the first computes).
 fn call(
     b: &RemoteExperts,
     layer: usize,
-    acts: &ActRows,
-    pairs: &[ExpertPair],
+    halves: &[(ActRows, Vec<ExpertPair>)],
     out: &mut [f32],
 ) -> anyhow::Result<()> {
-    if acts.n_rows == 1 {
+    if let [(acts, pairs)] = halves {
         b.run_experts(layer, acts, pairs, out)?;
-    } else {
-        let posted = b.post_experts(layer, acts, pairs)?;
-        b.collect_experts(posted, out)?;
+        return Ok(());
+    }
+    let posted = halves
+        .iter()
+        .map(|(acts, pairs)| b.post_experts(layer, acts, pairs))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut at = 0;
+    for ((_, pairs), p) in halves.iter().zip(posted) {
+        let len = out.len() / halves.iter().map(|h| h.1.len()).sum::<usize>() * pairs.len();
+        b.collect_experts(p, &mut out[at..at + len])?;
+        at += len;
     }
     Ok(())
+}
+
+/// The activations and pairs of `rows` rows (row r to experts r*3.. mod `n_experts`, `per_row`
+/// of them), as one call at one row, else as two halves of whole rows.
+fn inputs(
+    rows: usize,
+    per_row: usize,
+    n_experts: usize,
+    act_ty: nightshift_kernels::GgmlType,
+    n_embd: usize,
+) -> anyhow::Result<Vec<(ActRows, Vec<ExpertPair>)>> {
+    let x = nightshift_benches::random_f32(rows * n_embd, 11 + rows as u64);
+    let cuts: Vec<std::ops::Range<usize>> = if rows == 1 {
+        vec![0..1]
+    } else {
+        vec![0..rows / 2, rows / 2..rows]
+    };
+    cuts.into_iter()
+        .map(|r| {
+            let acts = ActRows::quantize(act_ty, &x[r.start * n_embd..r.end * n_embd], n_embd)?;
+            let pairs = r
+                .clone()
+                .flat_map(|row| {
+                    (0..per_row).map(move |k| ExpertPair {
+                        expert: ((row * 3 + k) % n_experts) as u32,
+                        row: (row - r.start) as u32,
+                    })
+                })
+                .collect();
+            Ok((acts, pairs))
+        })
+        .collect()
 }
 
 fn median_of(v: impl Iterator<Item = u32>) -> String {
@@ -222,23 +265,11 @@ fn main() -> anyhow::Result<()> {
         )?);
     }
     let reference = LocalExperts::new(model.clone(), None);
-    // Per batch: the activations and pairs (row r to experts r*3.. mod n, `--experts` of them).
-    let inputs: Vec<(ActRows, Vec<ExpertPair>)> = a
+    // Per batch: each call's activations and pairs.
+    let inputs: Vec<Vec<(ActRows, Vec<ExpertPair>)>> = a
         .batches
         .iter()
-        .map(|&n| {
-            let x = nightshift_benches::random_f32(n * n_embd, 11 + n as u64);
-            let acts = ActRows::quantize(act_ty, &x, n_embd)?;
-            let pairs = (0..n)
-                .flat_map(|r| {
-                    (0..a.experts).map(move |k| ExpertPair {
-                        expert: ((r * 3 + k) % shape.n_experts) as u32,
-                        row: r as u32,
-                    })
-                })
-                .collect();
-            Ok((acts, pairs))
-        })
+        .map(|&n| inputs(n, a.experts, shape.n_experts, act_ty, n_embd))
         .collect::<anyhow::Result<_>>()?;
     // case: (transport, batch index, path index)
     let mut cases = Vec::new();
@@ -250,12 +281,16 @@ fn main() -> anyhow::Result<()> {
         }
     }
     for &(t, bi, pi) in &cases {
-        let (acts, pairs) = &inputs[bi];
-        let mut want = vec![0f32; pairs.len() * n_embd];
-        reference.run_experts(layer, acts, pairs, &mut want)?;
-        let mut got = vec![0f32; pairs.len() * n_embd];
+        let halves = &inputs[bi];
+        let mut want = Vec::new();
+        for (acts, pairs) in halves {
+            let mut w = vec![0f32; pairs.len() * n_embd];
+            reference.run_experts(layer, acts, pairs, &mut w)?;
+            want.extend(w);
+        }
+        let mut got = vec![0f32; want.len()];
         let b = &transports[t].backends[pi];
-        call(b, layer, acts, pairs, &mut got)?;
+        call(b, layer, halves, &mut got)?;
         anyhow::ensure!(
             got.iter()
                 .map(|v| v.to_bits())
@@ -266,12 +301,12 @@ fn main() -> anyhow::Result<()> {
     let mut samples: Vec<Samples> = (0..cases.len()).map(|_| Samples::default()).collect();
     for _ in 0..a.rounds {
         for (k, &(t, bi, pi)) in cases.iter().enumerate() {
-            let (acts, pairs) = &inputs[bi];
+            let halves = &inputs[bi];
             let b = &transports[t].backends[pi];
-            let mut out = vec![0f32; pairs.len() * n_embd];
+            let mut out = vec![0f32; halves.iter().map(|h| h.1.len()).sum::<usize>() * n_embd];
             for i in 0..a.iters + 20 {
                 let t0 = Instant::now();
-                call(b, layer, acts, pairs, &mut out)?;
+                call(b, layer, halves, &mut out)?;
                 let us = t0.elapsed().as_secs_f64() * 1e6;
                 if i == 19 {
                     b.take_stats();
@@ -302,7 +337,7 @@ fn main() -> anyhow::Result<()> {
     );
     for (k, &(t, bi, pi)) in cases.iter().enumerate() {
         let s = &mut samples[k];
-        let (acts, pairs) = &inputs[bi];
+        let (acts, pairs) = &inputs[bi][0];
         let (p10, p50, p90) = (
             percentile(&mut s.call_us, 0.1),
             percentile(&mut s.call_us, 0.5),
@@ -339,8 +374,8 @@ fn main() -> anyhow::Result<()> {
         );
     }
     println!(
-        "call: the calling thread's view (the engine's); out .. wake: the legs of the stream call \
-         (CallLegs); land: its round's last answer -> the calling thread; software: a call's \
+        "call: the calling thread's view (the engine's), a layer's calls (two halves above batch 1); \
+         req B: one call's request; out .. wake: the legs of the stream calls (CallLegs); land: its round's last answer -> the calling thread; software: a call's \
          total minus its node's compute"
     );
     Ok(())
