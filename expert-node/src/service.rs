@@ -32,7 +32,7 @@ use nightshift_proto::v1::{
     InfoRequest, InfoResponse, LoadExpertsRequest, LoadExpertsResponse,
 };
 use nightshift_proto::{FINGERPRINT_HEADER, PROTOCOL_HEADER, PROTOCOL_VERSION};
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::store::{ExpertStore, StoreError};
@@ -408,26 +408,14 @@ impl ExpertService for NodeService {
         let queued = Arc::new(AtomicU32::new(0));
         let queued_in = queued.clone();
         // A one-worker pool computes a request on this thread when nothing is queued ahead of
-        // it and the stream had to be waited for, as a shared-memory link does: the thread
-        // that decoded it is awake, while the worker would have to be woken and then wake this
-        // runtime for the answer (two wake-ups per call). Its answer goes straight to the
-        // stream, in order since none is pending. A request already there when the intake asks
-        // (the second micro-batch's, come in while the first computed here) goes to the pool:
-        // the answer before it may not be written yet, and is while the worker computes.
+        // it, as a shared-memory link does: the thread that decoded it is awake, while the
+        // worker would have to be woken and then wake this runtime for the answer (two
+        // wake-ups per call). Its answer goes straight to the stream, in order since none is
+        // pending.
         let inline = pool.current_num_threads() == 1;
         let direct_tx = tx.clone();
         let intake = async move {
-            loop {
-                // Whether the stream was waited for: then this runtime has run its other tasks
-                // (an inline answer written out) since.
-                let mut waited = false;
-                let next = std::future::poll_fn(|cx| {
-                    let p = Pin::new(&mut inbound).poll_next(cx);
-                    waited |= p.is_pending();
-                    p
-                })
-                .await;
-                let Some(msg) = next else { break };
+            while let Some(msg) = inbound.next().await {
                 let msg = match msg {
                     Ok(m) => m,
                     Err(status) => {
@@ -439,7 +427,7 @@ impl ExpertService for NodeService {
                 requests.fetch_add(1, Ordering::Relaxed);
                 in_flight.fetch_add(1, Ordering::Relaxed);
                 let request_id = msg.request_id;
-                if inline && waited && queued_in.load(Ordering::Acquire) == 0 {
+                if inline && queued_in.load(Ordering::Acquire) == 0 {
                     let started_ns = nightshift_proto::monotonic_ns();
                     let r = NodeService::handle(&store, None, n_embd, msg);
                     let ended_ns = nightshift_proto::monotonic_ns();
@@ -448,6 +436,9 @@ impl ExpertService for NodeService {
                     if direct_tx.send(Ok(resp)).await.is_err() {
                         break;
                     }
+                    // Let the stream's tasks on this thread write the answer out before the next
+                    // request (already here, perhaps) computes on it.
+                    tokio::task::yield_now().await;
                     continue;
                 }
                 queued_in.fetch_add(1, Ordering::AcqRel);
