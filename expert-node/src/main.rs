@@ -208,20 +208,15 @@ fn run() -> anyhow::Result<()> {
         cores: plan.threads as u32,
         kernel_tier: format!("{:?}", nightshift_kernels::dispatch::active_tier()),
     };
-    let one_worker = pool.current_num_threads() == 1;
     let mut service = NodeService::new(store, pool, identity, n_embd);
-    // Threads that compute like worker 0 are pinned where it runs: a shared-memory link thread,
-    // and with a one-worker pool the runtime's threads too (they compute stream requests then).
-    let mut pin: Option<Arc<dyn Fn() + Send + Sync>> = None;
     if let (Some(node), Some(&cpu)) = (plan.numa_node, plan.worker_cpus.first()) {
+        // A shared-memory link thread computes like worker 0: pin it where worker 0 runs.
         let topo = topo.clone();
-        let f: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        service = service.with_link_pin(Arc::new(move || {
             if let Err(e) = numa::bind_current_thread(&topo, cpu, node) {
-                tracing::warn!("pinning a link or runtime thread failed, running unpinned: {e}");
+                tracing::warn!("pinning a link thread failed, running unpinned: {e}");
             }
-        });
-        service = service.with_link_pin(f.clone());
-        pin = Some(f);
+        }));
     }
     let stop = service.stop_flag();
     let server = tonic::service::interceptor::InterceptedService::new(
@@ -244,12 +239,10 @@ fn run() -> anyhow::Result<()> {
         spawn_cold_cache_log(c.clone())?;
     }
     let cold_at_exit = cold_cache.clone();
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    rt.worker_threads(2).enable_all();
-    if let Some(pin) = pin.filter(|_| one_worker) {
-        rt.on_thread_start(move || pin());
-    }
-    let rt = rt.build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let served = rt.block_on(async move {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {

@@ -315,34 +315,6 @@ fn status_of_expert(e: ExpertError) -> Status {
 /// unread in the stream, which pushes back on the coordinator through HTTP/2 flow control).
 const STREAM_PIPELINE: usize = 8;
 
-/// The answer to request `request_id` with the node's timestamps (`replied_ns`: now).
-fn answer(
-    request_id: u64,
-    result: Result<Vec<u8>, Status>,
-    received_ns: u64,
-    started_ns: u64,
-    ended_ns: u64,
-) -> ComputeResponse {
-    let result = match result {
-        Ok(bytes) => compute_response::Result::Outputs(bytes),
-        Err(status) => {
-            tracing::warn!(request_id, "compute request rejected: {}", status.message());
-            compute_response::Result::Error(nightshift_proto::v1::Error {
-                code: status.code() as i32,
-                message: status.message().to_string(),
-            })
-        }
-    };
-    ComputeResponse {
-        request_id,
-        result: Some(result),
-        received_ns,
-        started_ns,
-        ended_ns,
-        replied_ns: nightshift_proto::monotonic_ns(),
-    }
-}
-
 type ComputeStream = Pin<Box<dyn Stream<Item = Result<ComputeResponse, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
@@ -404,16 +376,6 @@ impl ExpertService for NodeService {
             tokio::sync::mpsc::channel::<(u64, u64, tokio::sync::oneshot::Receiver<Done>)>(
                 STREAM_PIPELINE,
             );
-        // Requests handed to the pool whose answers are not in `tx` yet.
-        let queued = Arc::new(AtomicU32::new(0));
-        let queued_in = queued.clone();
-        // A one-worker pool computes a request on this thread when nothing is queued ahead of
-        // it, as a shared-memory link does: the thread that decoded it is awake, while the
-        // worker would have to be woken and then wake this runtime for the answer (two
-        // wake-ups per call). Its answer goes straight to the stream, in order since none is
-        // pending.
-        let inline = pool.current_num_threads() == 1;
-        let direct_tx = tx.clone();
         let intake = async move {
             while let Some(msg) = inbound.next().await {
                 let msg = match msg {
@@ -427,21 +389,6 @@ impl ExpertService for NodeService {
                 requests.fetch_add(1, Ordering::Relaxed);
                 in_flight.fetch_add(1, Ordering::Relaxed);
                 let request_id = msg.request_id;
-                if inline && queued_in.load(Ordering::Acquire) == 0 {
-                    let started_ns = nightshift_proto::monotonic_ns();
-                    let r = NodeService::handle(&store, None, n_embd, msg);
-                    let ended_ns = nightshift_proto::monotonic_ns();
-                    in_flight.fetch_sub(1, Ordering::Relaxed);
-                    let resp = answer(request_id, r, received_ns, started_ns, ended_ns);
-                    if direct_tx.send(Ok(resp)).await.is_err() {
-                        break;
-                    }
-                    // Let the stream's tasks on this thread write the answer out before the next
-                    // request (already here, perhaps) computes on it.
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-                queued_in.fetch_add(1, Ordering::AcqRel);
                 let (store, pool) = (store.clone(), pool.clone());
                 // Straight onto a pinned pool worker (not via a blocking thread that would
                 // hand over to the pool again): one wake-up each way per layer call.
@@ -471,10 +418,32 @@ impl ExpertService for NodeService {
                     .await
                     .unwrap_or_else(|_| (Err(Status::internal("worker failed: no result")), 0, 0));
                 in_flight.fetch_sub(1, Ordering::Relaxed);
-                let resp = answer(request_id, result, received_ns, started_ns, ended_ns);
-                let sent = tx.send(Ok(resp)).await;
-                queued.fetch_sub(1, Ordering::AcqRel);
-                if sent.is_err() {
+                let result = match result {
+                    Ok(bytes) => compute_response::Result::Outputs(bytes),
+                    Err(status) => {
+                        tracing::warn!(
+                            request_id,
+                            "compute request rejected: {}",
+                            status.message()
+                        );
+                        compute_response::Result::Error(nightshift_proto::v1::Error {
+                            code: status.code() as i32,
+                            message: status.message().to_string(),
+                        })
+                    }
+                };
+                if tx
+                    .send(Ok(ComputeResponse {
+                        request_id,
+                        result: Some(result),
+                        received_ns,
+                        started_ns,
+                        ended_ns,
+                        replied_ns: nightshift_proto::monotonic_ns(),
+                    }))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
             }
