@@ -376,7 +376,8 @@ fn main() -> anyhow::Result<()> {
     println!(
         "call: the calling thread's view (the engine's), a layer's calls (two halves above batch 1); \
          req B: one call's request; out .. wake: the legs of the stream calls (CallLegs); land: its round's last answer -> the calling thread; software: a call's \
-         total minus its node's compute"
+         total minus its node's compute (above batch 1 with the second half's wait behind the first \
+         on the one-thread node)"
     );
     Ok(())
 }
