@@ -188,20 +188,20 @@ fn inputs(
     n_embd: usize,
 ) -> anyhow::Result<Vec<(ActRows, Vec<ExpertPair>)>> {
     let x = nightshift_benches::random_f32(rows * n_embd, 11 + rows as u64);
-    let cuts: Vec<std::ops::Range<usize>> = if rows == 1 {
-        vec![0..1]
+    // (start, end) rows of each call
+    let cuts: Vec<(usize, usize)> = if rows == 1 {
+        vec![(0, 1)]
     } else {
-        vec![0..rows / 2, rows / 2..rows]
+        vec![(0, rows / 2), (rows / 2, rows)]
     };
     cuts.into_iter()
-        .map(|r| {
-            let acts = ActRows::quantize(act_ty, &x[r.start * n_embd..r.end * n_embd], n_embd)?;
-            let pairs = r
-                .clone()
+        .map(|(start, end)| {
+            let acts = ActRows::quantize(act_ty, &x[start * n_embd..end * n_embd], n_embd)?;
+            let pairs = (start..end)
                 .flat_map(|row| {
                     (0..per_row).map(move |k| ExpertPair {
                         expert: ((row * 3 + k) % n_experts) as u32,
-                        row: (row - r.start) as u32,
+                        row: (row - start) as u32,
                     })
                 })
                 .collect();
