@@ -7,6 +7,7 @@ pub mod ggml;
 #[cfg(feature = "ggml")]
 pub mod llama;
 pub mod stream;
+pub mod tls;
 
 use std::time::{Duration, Instant};
 

@@ -252,12 +252,11 @@ fn run() -> anyhow::Result<()> {
             stop.store(true, std::sync::atomic::Ordering::Release);
             let _ = stop_tx.send(());
         });
-        // Large windows: a batch's outputs are hundreds of KB per layer call, and h2's default
-        // 64 KiB windows would put window-update round trips on every call's critical path.
         let mut builder = tonic::transport::Server::builder()
             .tcp_nodelay(true)
-            .initial_stream_window_size(16u32 << 20)
-            .initial_connection_window_size(32u32 << 20);
+            .initial_stream_window_size(nightshift_proto::h2::STREAM_WINDOW)
+            .initial_connection_window_size(nightshift_proto::h2::CONN_WINDOW)
+            .max_frame_size(nightshift_proto::h2::MAX_FRAME);
         if let Some(cfg) = tls {
             builder = builder.tls_config(cfg).context("TLS configuration")?;
         }

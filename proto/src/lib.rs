@@ -22,6 +22,21 @@ pub const FINGERPRINT_HEADER: &str = "x-nightshift-fingerprint";
 /// Metadata key carrying the optional shared auth token (`Bearer <token>` in `authorization`).
 pub const AUTH_HEADER: &str = "authorization";
 
+/// HTTP/2 settings both ends of a compute stream use (the node's server, the coordinator's
+/// channel). Flow-control windows: a batch's outputs are hundreds of KB per layer call, and
+/// h2's default 64 KiB windows would put window-update round trips on every call's critical
+/// path.
+pub mod h2 {
+    /// Initial window of one stream, in bytes.
+    pub const STREAM_WINDOW: u32 = 16 << 20;
+    /// Initial window of a connection, in bytes.
+    pub const CONN_WINDOW: u32 = 32 << 20;
+    /// Largest DATA frame either end accepts (`SETTINGS_MAX_FRAME_SIZE`), in bytes: a layer
+    /// call's request and answer travel as one frame up to this size instead of one per 16 KiB
+    /// (h2's default), so the receiver handles one frame, not 16, for a 256 KiB answer.
+    pub const MAX_FRAME: u32 = 1 << 20;
+}
+
 /// This machine's CLOCK_MONOTONIC in nanoseconds: the clock of the timing fields of
 /// `ComputeResponse`, the same in every process (and network namespace) of one machine, so the
 /// coordinator can split a round trip on one machine into its legs; 0 if the clock cannot be read.

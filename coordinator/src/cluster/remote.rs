@@ -171,11 +171,6 @@ pub(super) struct Shared {
     predictor: std::sync::OnceLock<Arc<NextLayer>>,
 }
 
-/// HTTP/2 flow-control windows of the coordinator's side of the compute streams (the nodes set
-/// the same on theirs).
-const H2_STREAM_WINDOW: u32 = 16 << 20;
-const H2_CONN_WINDOW: u32 = 32 << 20;
-
 /// The remote expert backend.
 pub struct RemoteExperts {
     pub(super) shared: Arc<Shared>,
@@ -499,10 +494,9 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, LinkFailure> {
     let endpoint = endpoint
         .connect_timeout(s.opts.connect_timeout)
         .tcp_nodelay(true)
-        // a batch's expert outputs are hundreds of KB per node and layer: with h2's default
-        // 64 KiB windows each response waits on window updates, round trips on the critical path
-        .initial_stream_window_size(H2_STREAM_WINDOW)
-        .initial_connection_window_size(H2_CONN_WINDOW)
+        .initial_stream_window_size(nightshift_proto::h2::STREAM_WINDOW)
+        .initial_connection_window_size(nightshift_proto::h2::CONN_WINDOW)
+        .max_frame_size(nightshift_proto::h2::MAX_FRAME)
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(5));
     let channel: Channel = tokio::time::timeout(s.opts.connect_timeout, endpoint.connect())

@@ -16,49 +16,10 @@ use std::time::Duration;
 use anyhow::Context;
 use nightshift_atlas_core::placement::{NodeSpec, Placement};
 use nightshift_coordinator::cluster::netns::{self, NetnsCluster, NetnsOptions};
-use nightshift_coordinator::cluster::{
-    model_shape, ClientTls, NodeTls, RemoteExperts, RemoteOptions,
-};
+use nightshift_coordinator::cluster::{model_shape, ClientTls, RemoteExperts, RemoteOptions};
 use nightshift_model::Model;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 use super::{decode, median, Args, Run};
-
-/// The mutual-TLS files of one report run, in `dir`: (node TLS, coordinator TLS).
-fn certificates(dir: &std::path::Path, nodes: usize) -> anyhow::Result<(NodeTls, ClientTls)> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "cluster-report CA");
-    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate()?)?;
-    let write = |name: &str, text: String| -> anyhow::Result<std::path::PathBuf> {
-        let p = dir.join(name);
-        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
-        Ok(p)
-    };
-    let ca_pem = write("ca.pem", ca.pem())?;
-    let leaf = |stem: &str, names: Vec<String>| -> anyhow::Result<_> {
-        let key = KeyPair::generate()?;
-        let cert = CertificateParams::new(names)?.signed_by(&key, &ca)?;
-        Ok((
-            write(&format!("{stem}.pem"), cert.pem())?,
-            write(&format!("{stem}-key.pem"), key.serialize_pem())?,
-        ))
-    };
-    let (nc, nk) = leaf("node", netns::node_cert_names(nodes))?;
-    let (cc, ck) = leaf("coordinator", vec!["coordinator".into()])?;
-    let client = ClientTls::from_files(&ca_pem, None, Some((&cc, &ck)))?;
-    Ok((
-        NodeTls {
-            cert: nc,
-            key: nk,
-            client_ca: Some(ca_pem),
-        },
-        client,
-    ))
-}
 
 /// One repeat of a cell: in process, then the cluster with the shared expert overlapped and two
 /// micro-batches (`both`), with the shared-expert overlap only, and with no overlap.
@@ -148,7 +109,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         "rtt p50"
     );
     for &nodes in &a.netns_nodes {
-        let (node_tls, client_tls) = certificates(&dir, nodes)?;
+        let (node_tls, client_tls) =
+            nightshift_benches::tls::mutual_tls(&dir, netns::node_cert_names(nodes))?;
         for &delay_us in &delays {
             let names = (0..nodes)
                 .map(|i| NodeSpec::named(format!("node{i}")))
