@@ -139,6 +139,8 @@ impl PrefetchStats {
 /// expert nodes hints of what they will be asked for next.
 pub struct NextLayer {
     model: Arc<Model>,
+    /// the model's MoE layers, ascending
+    moe: Vec<usize>,
     /// the next MoE layer of each layer (None: last)
     next_moe: Vec<Option<usize>>,
 }
@@ -151,13 +153,16 @@ impl NextLayer {
         for w in moe.windows(2) {
             next_moe[w[0]] = Some(w[1]);
         }
-        NextLayer { model, next_moe }
+        NextLayer {
+            model,
+            moe,
+            next_moe,
+        }
     }
 
     /// The model's MoE layers, ascending.
-    pub fn moe_layers(&self) -> Vec<usize> {
-        let c = self.model.config();
-        (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).collect()
+    pub fn moe_layers(&self) -> &[usize] {
+        &self.moe
     }
 
     /// The MoE layer after `layer` and the distinct experts its router picks for the rows of
@@ -239,7 +244,7 @@ impl Prefetcher {
             }
         }
         let next = NextLayer::new(model.clone());
-        let ledger = PrefetchLedger::new(&next.moe_layers());
+        let ledger = PrefetchLedger::new(next.moe_layers());
         let (tx, rx) = channel::<(usize, Vec<u32>)>();
         let io_model = model.clone();
         let io_counters = ledger.counters.clone();
