@@ -173,8 +173,9 @@ impl ChatTemplate {
     }
 
     /// Renders a one-call conversation with the arguments as text and as an object, and the
-    /// content as `""` and as none, and keeps the first form whose call comes out intact
-    /// (the name and the argument value present, the arguments not JSON-encoded twice).
+    /// content as `""` and as none, and keeps the first argument form whose call comes out
+    /// intact (the name and the argument value present, the arguments not JSON-encoded twice),
+    /// with the content form that renders less when both are intact.
     fn probe(&self) -> Quirks {
         let tools = [serde_json::json!({"type": "function", "function": {
             "name": "probe_fn", "description": "d",
@@ -203,24 +204,37 @@ impl ChatTemplate {
             tools: Some(&tools),
             ..RenderOptions::default()
         };
-        let intact = |q: Quirks| match self.render_quirks(&msgs, &opts, q) {
-            Ok(s) => {
-                s.contains("probe_fn") && s.contains("probe_val") && !s.contains(r#"\"probe_arg\""#)
-            }
-            Err(_) => false,
-        };
-        let forms = [(false, false), (true, false), (false, true), (true, true)];
-        forms
-            .into_iter()
-            .map(|(a, c)| Quirks {
+        // the render of a form whose call came out intact
+        let intact = |a: bool, c: bool| {
+            let q = Quirks {
                 arguments_as_object: a,
                 tool_call_content_none: c,
+            };
+            self.render_quirks(&msgs, &opts, q).ok().filter(|s| {
+                s.contains("probe_fn") && s.contains("probe_val") && !s.contains(r#"\"probe_arg\""#)
             })
-            .find(|&q| intact(q))
-            .unwrap_or(Quirks {
-                arguments_as_object: false,
-                tool_call_content_none: false,
-            })
+        };
+        for a in [false, true] {
+            let empty = intact(a, false);
+            let none = intact(a, true);
+            // Both intact: content none when that renders less. A template that tests
+            // `content is not none` (DeepSeek-R1's) writes a second, empty assistant turn for
+            // `""`, while one that prints the content prints `none` for none.
+            let c = match (&empty, &none) {
+                (Some(e), Some(n)) => n.len() < e.len(),
+                (Some(_), None) => false,
+                (None, Some(_)) => true,
+                (None, None) => continue,
+            };
+            return Quirks {
+                arguments_as_object: a,
+                tool_call_content_none: c,
+            };
+        }
+        Quirks {
+            arguments_as_object: false,
+            tool_call_content_none: false,
+        }
     }
 
     /// Renders a conversation. `bos` / `eos` are the texts of the model's BOS / EOS tokens.

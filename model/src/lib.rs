@@ -21,6 +21,7 @@ pub mod model;
 pub mod moe;
 pub mod ops;
 pub mod prefetch;
+pub mod reasoning;
 pub mod resident;
 pub mod rope;
 pub mod sampler;

@@ -1,5 +1,6 @@
 //! The published chat templates of Qwen3-30B-A3B, Qwen3-Coder-30B-A3B (current and 2025-07),
-//! Kimi-K2-Instruct (current and 2025-07) and DeepSeek-V3.1 render byte for byte what Python's
+//! Kimi-K2-Instruct (current, 2025-07 and 0905), Kimi-K2-Thinking, DeepSeek-V3.1 and
+//! DeepSeek-R1 (its distills' copy, the ```json tool-call layout of DeepSeek-V3 and R1) render byte for byte what Python's
 //! jinja2 renders in transformers' environment (`tests/data/templates/render_templates.py` made
 //! the `.rendered.txt` files): a conversation with one tool call and its result, and one with two
 //! parallel calls and two results, with `tools=[get_weather]` and the generation prompt.
@@ -79,24 +80,34 @@ fn parallel() -> Vec<ChatMessage> {
     ]
 }
 
-/// (template, bos, eos, whether the template needs the arguments as an object).
-const TEMPLATES: &[(&str, &str, &str, bool)] = &[
-    ("qwen3-30b-a3b", "", "<|im_end|>", false),
-    ("qwen3-coder-30b-a3b", "", "<|im_end|>", true),
+const DS_BOS: &str = "<｜begin▁of▁sentence｜>";
+const DS_EOS: &str = "<｜end▁of▁sentence｜>";
+
+/// (template, bos, eos, whether the template needs the arguments as an object, whether an
+/// assistant turn with calls needs its content to be none).
+const TEMPLATES: &[(&str, &str, &str, bool, bool)] = &[
+    ("qwen3-30b-a3b", "", "<|im_end|>", false, false),
+    ("qwen3-coder-30b-a3b", "", "<|im_end|>", true, false),
     (
         "qwen3-coder-30b-a3b.2025-07-initial",
         "",
         "<|im_end|>",
         true,
-    ),
-    ("kimi-k2-instruct", "[BOS]", "[EOS]", false),
-    ("kimi-k2-instruct.2025-07-initial", "[BOS]", "[EOS]", true),
-    (
-        "deepseek-v3.1",
-        "<｜begin▁of▁sentence｜>",
-        "<｜end▁of▁sentence｜>",
         false,
     ),
+    ("kimi-k2-instruct", "[BOS]", "[EOS]", false, false),
+    (
+        "kimi-k2-instruct.2025-07-initial",
+        "[BOS]",
+        "[EOS]",
+        true,
+        false,
+    ),
+    ("kimi-k2-instruct-0905", "[BOS]", "[EOS]", false, false),
+    ("kimi-k2-thinking", "[BOS]", "[EOS]", false, false),
+    ("deepseek-v3.1", DS_BOS, DS_EOS, false, false),
+    // DeepSeek-R1's layout (```json fences), which DeepSeek-V3 (Dec 2024) writes too
+    ("deepseek-r1-distill", DS_BOS, DS_EOS, false, true),
 ];
 
 /// The first byte where two texts differ, with context, for a readable failure.
@@ -122,7 +133,7 @@ fn diff(got: &str, want: &str) -> String {
 #[test]
 fn published_templates_render_byte_for_byte() {
     let tools = tools();
-    for &(name, bos, eos, object_args) in TEMPLATES {
+    for &(name, bos, eos, object_args, content_none) in TEMPLATES {
         // the Python script passes None for a missing BOS; the templates here do not print it
         let t = ChatTemplate::new(&read(&format!("{name}.jinja")))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -130,7 +141,7 @@ fn published_templates_render_byte_for_byte() {
             t.quirks(),
             Quirks {
                 arguments_as_object: object_args,
-                tool_call_content_none: false
+                tool_call_content_none: content_none
             },
             "{name}: probed quirks"
         );
@@ -158,7 +169,7 @@ fn published_templates_render_byte_for_byte() {
 /// undefined).
 #[test]
 fn published_templates_render_without_tools() {
-    for &(name, bos, eos, _) in TEMPLATES {
+    for &(name, bos, eos, _, _) in TEMPLATES {
         let t = ChatTemplate::new(&read(&format!("{name}.jinja"))).unwrap();
         let msgs = [ChatMessage::new("user", "Hi")];
         let s = t.render(&msgs, true, bos, eos).unwrap();

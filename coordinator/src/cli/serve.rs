@@ -106,10 +106,16 @@ pub struct Args {
     /// Model id clients pass as `model` (default: the file name without .gguf).
     #[arg(long)]
     pub model_name: Option<String>,
-    /// Tool-call format of the model's output: hermes (Qwen3), qwen3_coder, kimi_k2 or
-    /// deepseek_v31 (default: found from the chat template's markers).
+    /// Tool-call format of the model's output: hermes (Qwen3), qwen3_coder, kimi_k2,
+    /// deepseek_v31 or deepseek_v3 (V3 and R1's fenced JSON) (default: found from the chat
+    /// template's markers).
     #[arg(long, value_parser = parse_tool_format)]
     pub tool_format: Option<nightshift_model::toolcall::ToolFormat>,
+    /// Where a thinking model's leading `<think>` block goes (llama-server's flag): deepseek
+    /// (as `reasoning_content`, when the chat template writes think blocks) or none (left in
+    /// the content).
+    #[arg(long, default_value = "deepseek", value_parser = ["deepseek", "none"])]
+    pub reasoning_format: String,
     /// Seconds a connection may take to send a request head, and may stay idle between
     /// requests, before it is closed.
     #[arg(long, default_value_t = 10)]
@@ -308,7 +314,12 @@ fn load(args: &Args) -> anyhow::Result<Loaded> {
     } else {
         args.ctx
     };
-    let text = load_text(&model, args.tool_format, args.allow_special_in_content)?;
+    let text = load_text(
+        &model,
+        args.tool_format,
+        args.allow_special_in_content,
+        args.reasoning_format == "deepseek",
+    )?;
     let (kv_tokens, kv) = kv_budget(
         args,
         nightshift_model::KvLayout::for_model(model.config()),
@@ -445,10 +456,14 @@ fn load_text(
     model: &nightshift_model::Model,
     tool_format: Option<nightshift_model::toolcall::ToolFormat>,
     special_in_content: bool,
+    split_reasoning: bool,
 ) -> anyhow::Result<Arc<dyn TextModel>> {
-    let t = crate::scheduler::model_text::ModelText::from_model(model, tool_format)
+    let mut t = crate::scheduler::model_text::ModelText::from_model(model, tool_format)
         .map_err(anyhow::Error::msg)?
         .with_special_in_content(special_in_content);
+    if !split_reasoning {
+        t = t.without_reasoning_split();
+    }
     Ok(Arc::new(t))
 }
 

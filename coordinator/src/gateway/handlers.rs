@@ -6,6 +6,7 @@ use super::convert::{self, Checked, Prompt};
 use super::error::{ApiError, Body};
 use super::extract::ApiJson;
 use super::openapi::{BodyErrors, GenerationErrors};
+use super::output::OutputParser;
 use super::stream::{self, Kind, Meta};
 use super::tools;
 use super::types::*;
@@ -16,6 +17,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use nightshift_model::constrain::SeqConstraint;
+use nightshift_model::reasoning::{ends_inside_think, ThinkSplit};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,8 +41,8 @@ struct Job {
     user: Option<String>,
     /// The grammar the output follows (tools forced, response_format).
     constraint: Option<SeqConstraint>,
-    /// Splits the output into content and tool calls (chat with tools).
-    tools: Option<tools::ToolStream>,
+    /// Splits the output into reasoning, content and tool calls (chat).
+    output: Option<OutputParser>,
     /// OpenAI's `prediction`, tokenized (a drafter lookup source).
     prediction: Vec<u32>,
 }
@@ -95,6 +97,13 @@ pub async fn chat(
         extra: req.chat_template_kwargs.clone(),
     };
     let has_format = format.is_some();
+    // A JSON response format or a forced call constrains the output from its first token:
+    // there is no think block to split off, and all of it is the answer.
+    let structured = matches!(format, Some((_, "response_format")))
+        || plan
+            .as_ref()
+            .is_some_and(|p| matches!(p.choice, tools::Choice::Required | tools::Choice::Named(_)));
+    let think = st.text.splits_reasoning() && !structured;
     let constraint = tools::constraint(plan.as_ref(), format, st.text.as_ref())?;
     let tool_stream = plan.as_ref().and_then(|p| {
         let constrained = tools::constrains_calls(p, has_format, st.text.as_ref());
@@ -126,6 +135,14 @@ pub async fn chat(
             format!("could not render the chat template: {e}"),
         )
     })?;
+    // a template may open the think block in the prompt (DeepSeek-R1's `<think>\n`)
+    let think = think.then(|| {
+        let tail: Vec<u8> = prompt[prompt.len().saturating_sub(8)..]
+            .iter()
+            .flat_map(|&t| st.text.token_bytes(t))
+            .collect();
+        ThinkSplit::new(ends_inside_think(&String::from_utf8_lossy(&tail)))
+    });
     let job = Job {
         kind: Kind::Chat,
         prompt,
@@ -135,7 +152,7 @@ pub async fn chat(
         checked,
         user: req.user.clone(),
         constraint,
-        tools: tool_stream,
+        output: OutputParser::new(think, tool_stream),
         prediction,
     };
     run(st, rid, job).await
@@ -250,7 +267,7 @@ pub async fn completions(
         checked,
         user: req.user.clone(),
         constraint: None,
-        tools: None,
+        output: None,
         prediction: Vec::new(),
     };
     run(st, rid, job).await
@@ -316,7 +333,7 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
         logprobs: job.logprobs,
         include_usage: job.checked.include_usage,
     };
-    let tool_stream = job.tools;
+    let output = job.output;
     tracing::info!(request_id = %rid.0, prompt_tokens = job.prompt.len(), max_tokens, stream = job.checked.stream, user = job.user.as_deref().unwrap_or(""), "generation queued");
     let req = GenRequest {
         id: rid.0.clone(),
@@ -344,9 +361,9 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
         }
     }
     if job.checked.stream {
-        return Ok(stream::sse(meta, rx, st.stream_timeout, tool_stream).into_response());
+        return Ok(stream::sse(meta, rx, st.stream_timeout, output).into_response());
     }
-    match tokio::time::timeout(st.request_timeout, stream::collect(&meta, rx, tool_stream)).await {
+    match tokio::time::timeout(st.request_timeout, stream::collect(&meta, rx, output)).await {
         Ok(Ok(v)) => Ok(Json(v).into_response()),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(ApiError::timeout(st.request_timeout.as_secs())),

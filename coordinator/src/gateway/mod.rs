@@ -10,6 +10,7 @@ mod extract;
 mod handlers;
 mod middleware;
 pub mod openapi;
+mod output;
 pub mod stream;
 #[cfg(test)]
 mod tests;

@@ -1,12 +1,15 @@
 //! Turning a request's scheduler events into OpenAI responses: collected into one JSON body, or
 //! streamed as SSE chunks (`data: {...}` ... `data: [DONE]`) for chat and legacy completions.
 //! Dropping the stream (client gone) drops the receiver, which cancels the sequence.
-//! With tools, the text goes through a `ToolStream` first: content as content, each parsed
-//! call as `message.tool_calls[]` (or, streaming, a `delta.tool_calls` chunk with id, type and
-//! name, then one with the arguments), and `finish_reason` `tool_calls`.
+//! Chat text goes through an `OutputParser` first when the model thinks or the request has
+//! tools: a leading think block as `message.reasoning_content` (`delta.reasoning_content`),
+//! content as content, each parsed call as `message.tool_calls[]` (or, streaming, a
+//! `delta.tool_calls` chunk with id, type and name, then one with the arguments), and
+//! `finish_reason` `tool_calls`.
 
 use super::error::ApiError;
-use super::tools::{Piece, ToolStream};
+use super::output::OutputParser;
+use super::tools::Piece;
 use super::types::*;
 use crate::scheduler::{Event, FinishReason, StepError, TokenLogprob};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -123,28 +126,33 @@ fn finish_reason(finish: FinishReason, calls: u32) -> &'static str {
     }
 }
 
-/// Adds text to the content, through the tool parser when there is one.
-fn absorb(
-    tools: &mut Option<ToolStream>,
-    t: &str,
-    text: &mut String,
-    calls: &mut Vec<ToolCallOut>,
-) {
-    let pieces = match tools {
-        Some(ts) => ts.push(t),
+/// A whole response's message as it is assembled.
+#[derive(Default)]
+struct Whole {
+    text: String,
+    reasoning: Option<String>,
+    calls: Vec<ToolCallOut>,
+}
+
+/// Adds text to the message, through the output parser when there is one.
+fn absorb(parser: &mut Option<OutputParser>, t: &str, m: &mut Whole) {
+    let pieces = match parser {
+        Some(p) => p.push(t),
         None => {
-            text.push_str(t);
+            m.text.push_str(t);
             return;
         }
     };
-    settle(pieces, text, calls);
+    settle(pieces, m);
 }
 
-/// Pieces into the content and the calls of a whole response.
-fn settle(pieces: Vec<Piece>, text: &mut String, calls: &mut Vec<ToolCallOut>) {
+/// Pieces into the content, the reasoning and the calls of a whole response.
+fn settle(pieces: Vec<Piece>, m: &mut Whole) {
+    let (text, calls) = (&mut m.text, &mut m.calls);
     for p in pieces {
         match p {
             Piece::Content(s) => text.push_str(&s),
+            Piece::Reasoning(s) => m.reasoning.get_or_insert_with(String::new).push_str(&s),
             Piece::Call { call, .. } | Piece::CallStart { call, .. } => calls.push(call),
             Piece::CallArgs { index, text: a } => {
                 if let Some(c) = calls.get_mut(index as usize) {
@@ -159,10 +167,9 @@ fn settle(pieces: Vec<Piece>, text: &mut String, calls: &mut Vec<ToolCallOut>) {
 pub async fn collect(
     meta: &Meta,
     mut rx: UnboundedReceiver<Event>,
-    mut tools: Option<ToolStream>,
+    mut parser: Option<OutputParser>,
 ) -> Result<serde_json::Value, ApiError> {
-    let mut calls: Vec<ToolCallOut> = Vec::new();
-    let mut text = String::new();
+    let mut m = Whole::default();
     let mut chat_lp = ChatLogprobs::default();
     let mut comp_lp = CompletionLogprobs::default();
     let mut offset = 0u32;
@@ -175,7 +182,7 @@ pub async fn collect(
         };
         match ev {
             Event::Token { text: t, logprob } => {
-                absorb(&mut tools, &t, &mut text, &mut calls);
+                absorb(&mut parser, &t, &mut m);
                 if let Some(l) = logprob {
                     chat_lp.content.push(chat_logprob(&l));
                     push_completion_logprob(&mut comp_lp, &l, &mut offset);
@@ -187,10 +194,15 @@ pub async fn collect(
                 finish,
                 usage,
             } => {
-                absorb(&mut tools, &t, &mut text, &mut calls);
-                if let Some(ts) = &mut tools {
-                    settle(ts.finish(), &mut text, &mut calls);
+                absorb(&mut parser, &t, &mut m);
+                if let Some(p) = &mut parser {
+                    settle(p.finish(), &mut m);
                 }
+                let Whole {
+                    text,
+                    reasoning,
+                    calls,
+                } = m;
                 let usage = Usage::new(usage);
                 let reason = finish_reason(finish, calls.len() as u32);
                 let v = match meta.kind {
@@ -205,6 +217,7 @@ pub async fn collect(
                             message: ChatMessageOut {
                                 role: "assistant",
                                 content: (calls.is_empty() || !text.is_empty()).then_some(text),
+                                reasoning_content: reasoning,
                                 tool_calls: calls,
                             },
                             logprobs: meta.logprobs.map(|_| chat_lp),
@@ -237,8 +250,8 @@ struct St {
     offset: u32,
     /// When the stream gives up (the server's stream timeout), if any.
     deadline: Option<(Instant, Duration)>,
-    /// The tool-call parser of a chat request with tools.
-    tools: Option<ToolStream>,
+    /// The output parser of a chat request (reasoning split, tool calls).
+    parser: Option<OutputParser>,
 }
 
 impl St {
@@ -271,6 +284,7 @@ impl St {
                         delta: Delta {
                             role: None,
                             content: text,
+                            reasoning_content: None,
                             tool_calls: None,
                         },
                         logprobs: lp.map(|l| ChatLogprobs {
@@ -325,6 +339,7 @@ impl St {
                     delta: Delta {
                         role: Some("assistant"),
                         content: Some(String::new()),
+                        reasoning_content: None,
                         tool_calls: None,
                     },
                     logprobs: None,
@@ -346,6 +361,7 @@ impl St {
                 delta: Delta {
                     role: None,
                     content: None,
+                    reasoning_content: None,
                     tool_calls: Some(vec![d]),
                 },
                 logprobs: None,
@@ -381,10 +397,29 @@ impl St {
         })
     }
 
-    /// The events of some generated text (and its token's logprobs): through the tool parser
+    /// A chunk of reasoning.
+    fn reasoning_chunk(&self, text: String, lp: Option<&TokenLogprob>) -> SseEvent {
+        let m = &self.meta;
+        self.data(&m.chat_chunk(
+            vec![ChunkChoice {
+                index: 0,
+                delta: Delta {
+                    reasoning_content: Some(text),
+                    ..Delta::default()
+                },
+                logprobs: lp.map(|l| ChatLogprobs {
+                    content: vec![chat_logprob(l)],
+                }),
+                finish_reason: None,
+            }],
+            self.usage_field(None),
+        ))
+    }
+
+    /// The events of some generated text (and its token's logprobs): through the output parser
     /// when there is one.
     fn text_events(&mut self, text: String, lp: Option<&TokenLogprob>, out: &mut Vec<SseEvent>) {
-        let Some(ts) = &mut self.tools else {
+        let Some(ts) = &mut self.parser else {
             if !text.is_empty() || lp.is_some() {
                 out.push(self.chunk(Some(text), lp, None));
             }
@@ -403,6 +438,7 @@ impl St {
         for p in pieces {
             match p {
                 Piece::Content(s) => out.push(self.chunk(Some(s), lp.take(), None)),
+                Piece::Reasoning(s) => out.push(self.reasoning_chunk(s, lp.take())),
                 Piece::Call { index, call } => {
                     let args = call.function.arguments.clone();
                     out.push(self.call_start(index, call));
@@ -461,7 +497,7 @@ impl St {
                 self.done = true;
                 self.text_events(text, None, &mut out);
                 let mut calls = 0;
-                if let Some(ts) = &mut self.tools {
+                if let Some(ts) = &mut self.parser {
                     let pieces = ts.finish();
                     calls = ts.calls();
                     self.piece_events(pieces, None, &mut out);
@@ -488,10 +524,10 @@ pub fn sse(
     meta: Meta,
     rx: UnboundedReceiver<Event>,
     timeout: Option<Duration>,
-    tools: Option<ToolStream>,
+    parser: Option<OutputParser>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let st = St {
-        tools,
+        parser,
         rx,
         meta,
         started: false,

@@ -350,6 +350,8 @@ fn vocab(
 #[derive(Debug, PartialEq, Eq)]
 pub enum Piece {
     Content(String),
+    /// Reasoning (from [`super::output::OutputParser`]'s think split; never a tool stream's).
+    Reasoning(String),
     /// A whole call.
     Call {
         index: u32,

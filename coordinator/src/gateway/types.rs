@@ -300,6 +300,9 @@ pub struct ChatMessageOut {
     pub role: &'static str,
     /// null when the message only calls tools.
     pub content: Option<String>,
+    /// A thinking model's reasoning (its leading `<think>` block), apart from the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallOut>,
 }
@@ -348,6 +351,8 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
 }

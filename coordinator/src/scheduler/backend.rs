@@ -86,6 +86,11 @@ pub trait TextModel: Send + Sync + 'static {
     fn tool_format(&self) -> Option<ToolFormat> {
         None
     }
+    /// Whether chat output may open with a `<think>` block to send as `reasoning_content`
+    /// (the template writes think blocks and the server splits reasoning out).
+    fn splits_reasoning(&self) -> bool {
+        false
+    }
     /// The vocabulary for constrained decoding (None: constraints are not available).
     fn constraint_vocab(&self) -> Option<std::sync::Arc<ConstraintVocab>> {
         None

@@ -2,7 +2,8 @@
 //! (id = byte, 256 = EOS), a toy chat template, and an engine whose logits depend on the whole
 //! history of the sequence (so any mix-up between batched sequences changes the output). The
 //! engine checks that every sequence is fed contiguous positions and fails the step otherwise.
-//! The toy template writes tool calls in the Hermes format, and the byte vocabulary backs
+//! The toy template writes tool calls in the Hermes format (and opens a think block in the
+//! prompt with `chat_template_kwargs` `thinking`), and the byte vocabulary backs
 //! constrained decoding, so the gateway's tool and structured-output paths run on it too.
 //! Like the real engine it can keep prefixes (its state after every full block of 16 tokens) and
 //! start a new sequence from the longest one its prompt begins with; its output is the same
@@ -59,11 +60,22 @@ impl TextModel for MockText {
             s.push('\n');
         }
         s.push_str("<assistant>");
+        // `thinking` opens the think block in the prompt, as DeepSeek-V3.1's template does
+        let thinking = prompt.extra.as_ref().and_then(|e| e.get("thinking"));
+        if thinking == Some(&serde_json::Value::Bool(true)) {
+            s.push_str("<think>\n");
+        }
         Ok(s)
     }
     fn tool_format(&self) -> Option<ToolFormat> {
         Some(ToolFormat::Hermes)
     }
+
+    /// The toy template takes think blocks as the thinking models' do.
+    fn splits_reasoning(&self) -> bool {
+        true
+    }
+
     fn constraint_vocab(&self) -> Option<Arc<ConstraintVocab>> {
         mock_vocab()
     }

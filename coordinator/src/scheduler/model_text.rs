@@ -24,6 +24,8 @@ pub struct ModelText {
     vocab: OnceLock<Option<Arc<ConstraintVocab>>>,
     /// Message contents may produce special tokens (the behaviour before contents were plain).
     special_in_content: bool,
+    /// The template writes think blocks and reasoning is split out (`--reasoning-format`).
+    reasoning: bool,
     /// Bytes of the longest token's piece.
     longest: usize,
 }
@@ -49,9 +51,13 @@ impl ModelText {
             .map(|i| tok.token_bytes(i).len())
             .max()
             .unwrap_or(1);
+        let reasoning = template
+            .as_ref()
+            .is_some_and(|t| nightshift_model::reasoning::template_thinks(t.source()));
         Ok(ModelText {
             longest,
             special_in_content: false,
+            reasoning,
             tok,
             template,
             bos,
@@ -59,6 +65,12 @@ impl ModelText {
             tool_format,
             vocab: OnceLock::new(),
         })
+    }
+
+    /// Leaves think blocks in the content (`--reasoning-format none`).
+    pub fn without_reasoning_split(mut self) -> ModelText {
+        self.reasoning = false;
+        self
     }
 
     /// Lets message contents produce special tokens (`--allow-special-in-content`).
@@ -155,6 +167,10 @@ impl TextModel for ModelText {
 
     fn tool_format(&self) -> Option<ToolFormat> {
         self.tool_format
+    }
+
+    fn splits_reasoning(&self) -> bool {
+        self.reasoning
     }
 
     fn constraint_vocab(&self) -> Option<Arc<ConstraintVocab>> {

@@ -145,6 +145,27 @@ def test_tool_messages_round_trip_into_the_prompt():
         assert prompt == want, f"\nserver: {prompt!r}\njinja2: {want!r}"
 
 
+def test_reasoning_content_reaches_the_client():
+    """DeepSeek-R1's generation prompt opens a think block: what the model writes before
+    `</think>` is reasoning, sent as `reasoning_content` (whole and streamed), not content."""
+    if not TEMPLATE or "deepseek-r1" not in TEMPLATE:
+        return
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=6, temperature=0)
+    msg = r.choices[0].message
+    reasoning = (msg.model_extra or {}).get("reasoning_content")
+    assert reasoning, msg
+    assert not msg.content, msg
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=6,
+                                            temperature=0, stream=True)
+    streamed, content = "", ""
+    for chunk in stream:
+        if chunk.choices:
+            d = chunk.choices[0].delta
+            streamed += (d.model_extra or {}).get("reasoning_content") or ""
+            content += d.content or ""
+    assert (streamed, content) == (reasoning, ""), (streamed, content, reasoning)
+
+
 def apply_template(body):
     req = urllib.request.Request(URL + "/apply-template", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json",
@@ -168,7 +189,8 @@ def render_with_jinja2(conv):
     msgs = json.loads(json.dumps(conv))
     for m in msgs:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            m["content"] = ""
+            # DeepSeek-R1's template writes a second, empty turn for "" (it tests `is not none`)
+            m["content"] = None if "deepseek-r1" in name else ""
             m["tool_calls"] = [dict(c) for c in m["tool_calls"]]
             for c in m["tool_calls"]:
                 c["function"] = dict(c["function"])

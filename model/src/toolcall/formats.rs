@@ -21,6 +21,10 @@ pub fn parse_body(format: ToolFormat, body: &str, tools: &[ToolSpec]) -> Option<
             let (name, args) = body.split_once("<｜tool▁sep｜>")?;
             (None, name.trim().to_string(), object(args)?)
         }
+        ToolFormat::DeepSeekV3 => {
+            let (name, args) = deepseek_v3(body)?;
+            (None, name.to_string(), object(args)?)
+        }
     };
     if name.is_empty() || (!tools.is_empty() && !tools.iter().any(|t| t.name == name)) {
         return None;
@@ -30,6 +34,22 @@ pub fn parse_body(format: ToolFormat, body: &str, tools: &[ToolSpec]) -> Option<
         name,
         arguments: serde_json::to_string(&Value::Object(args)).ok()?,
     })
+}
+
+/// DeepSeek-V3 / R1: `TYPE<｜tool▁sep｜>NAME\n```json\nARGS\n```` (TYPE is `function`) ->
+/// (NAME, ARGS). The fences are optional: a body without them is read as bare arguments.
+fn deepseek_v3(body: &str) -> Option<(&str, &str)> {
+    let (_, rest) = body.split_once("<｜tool▁sep｜>")?;
+    let (name, args) = rest.split_once('\n').unwrap_or((rest, ""));
+    let args = args.trim();
+    let args = match args
+        .strip_prefix("```json")
+        .or_else(|| args.strip_prefix("```"))
+    {
+        Some(a) => a.trim_end().strip_suffix("```")?,
+        None => args,
+    };
+    Some((name.trim(), args))
 }
 
 /// A JSON object (surrounding whitespace allowed).

@@ -143,6 +143,14 @@ pub fn tool_grammar(
                 marker(vocab, "<｜tool▁sep｜>"),
                 marker(vocab, "<｜tool▁call▁end｜>")
             ),
+            ToolFormat::DeepSeekV3 => format!(
+                "{f}: {} {} {} {args} {} {}",
+                lit("function"),
+                marker(vocab, "<｜tool▁sep｜>"),
+                lit(&format!("{}\n```json\n", t.name)),
+                lit("\n```"),
+                marker(vocab, "<｜tool▁call▁end｜>")
+            ),
         };
         rules.push(rule);
     }
@@ -150,7 +158,9 @@ pub fn tool_grammar(
     let call = format!("call: {} body", marker(vocab, open));
     // what follows the first call (one call, or more with parallel calls)
     let more = match (format, parallel) {
-        (ToolFormat::Hermes | ToolFormat::Qwen3Coder, true) => format!("({} call)*", lit("\n")),
+        (ToolFormat::Hermes | ToolFormat::Qwen3Coder | ToolFormat::DeepSeekV3, true) => {
+            format!("({} call)*", lit("\n"))
+        }
         (_, true) => "call*".to_string(),
         (_, false) => String::new(),
     };
@@ -164,7 +174,7 @@ pub fn tool_grammar(
                 marker(vocab, "<|tool_calls_section_end|>")
             ),
         ),
-        ToolFormat::DeepSeekV31 => (
+        ToolFormat::DeepSeekV31 | ToolFormat::DeepSeekV3 => (
             "<｜tool▁calls▁begin｜>",
             format!("call {more} {}", marker(vocab, "<｜tool▁calls▁end｜>")),
         ),

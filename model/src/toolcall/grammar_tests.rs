@@ -10,11 +10,12 @@ use crate::sampler::TokenMask;
 use crate::toolcall::{Parsed, ToolParser};
 use nightshift_kernels::rng::SplitMix64;
 
-const FORMATS: [ToolFormat; 4] = [
+const FORMATS: [ToolFormat; 5] = [
     ToolFormat::Hermes,
     ToolFormat::Qwen3Coder,
     ToolFormat::KimiK2,
     ToolFormat::DeepSeekV31,
+    ToolFormat::DeepSeekV3,
 ];
 
 /// Every marker any format writes.
@@ -156,6 +157,9 @@ fn call(f: ToolFormat, name: &str, args: &str, params: &[(&str, &str)]) -> Strin
         ToolFormat::DeepSeekV31 => format!(
             "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
         ),
+        ToolFormat::DeepSeekV3 => format!(
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{args}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+        ),
     }
 }
 
@@ -219,7 +223,7 @@ fn text_never_spells_a_marker_outside_a_call() {
         let (open, _) = f.call_markers();
         let first = match f {
             ToolFormat::KimiK2 => "<|tool_calls_section_begin|>",
-            ToolFormat::DeepSeekV31 => "<｜tool▁calls▁begin｜>",
+            ToolFormat::DeepSeekV31 | ToolFormat::DeepSeekV3 => "<｜tool▁calls▁begin｜>",
             _ => open,
         };
         // the marker ends the text; what follows must be a call, never more text
@@ -237,7 +241,7 @@ fn random_walks_into_a_call_end_in_valid_calls() {
         for f in FORMATS {
             let first = match f {
                 ToolFormat::KimiK2 => "<|tool_calls_section_begin|>",
-                ToolFormat::DeepSeekV31 => "<｜tool▁calls▁begin｜>",
+                ToolFormat::DeepSeekV31 | ToolFormat::DeepSeekV3 => "<｜tool▁calls▁begin｜>",
                 _ => "<tool_call>",
             };
             // the strict tool only: a loose tool's free JSON may hold numbers like 8E3645,

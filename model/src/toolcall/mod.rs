@@ -6,6 +6,7 @@
 //! - [`ToolFormat::Qwen3Coder`]: `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>\n</tool_call>`
 //! - [`ToolFormat::KimiK2`]: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{..}<|tool_call_end|>…<|tool_calls_section_end|>`
 //! - [`ToolFormat::DeepSeekV31`]: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{..}<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`
+//! - [`ToolFormat::DeepSeekV3`] (DeepSeek-V3 before 3.1, R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{..}\n```<｜tool▁call▁end｜>`, calls joined by `\n`
 //!
 //! The format is chosen from the template text (the markers it writes, as llama.cpp does) unless
 //! the server is told (`--tool-format`). Text that might still become a marker is held back, so a
@@ -30,24 +31,30 @@ pub enum ToolFormat {
     Qwen3Coder,
     KimiK2,
     DeepSeekV31,
+    DeepSeekV3,
 }
 
 impl ToolFormat {
     /// Every format with its name (vLLM's `--tool-call-parser` names).
-    pub const ALL: [(ToolFormat, &'static str); 4] = [
+    pub const ALL: [(ToolFormat, &'static str); 5] = [
         (ToolFormat::Hermes, "hermes"),
         (ToolFormat::Qwen3Coder, "qwen3_coder"),
         (ToolFormat::KimiK2, "kimi_k2"),
         (ToolFormat::DeepSeekV31, "deepseek_v31"),
+        (ToolFormat::DeepSeekV3, "deepseek_v3"),
     ];
 
     /// The format a chat template writes tool calls in, from the markers in its text.
     pub fn detect(template: &str) -> Option<ToolFormat> {
         if template.contains("<|tool_calls_section_begin|>") {
             Some(ToolFormat::KimiK2)
-        } else if template.contains("<｜tool▁calls▁begin｜>") && !template.contains("```json")
-        {
-            Some(ToolFormat::DeepSeekV31)
+        } else if template.contains("<｜tool▁calls▁begin｜>") {
+            // V3 and R1 fence the arguments, V3.1 does not
+            Some(if template.contains("```json") {
+                ToolFormat::DeepSeekV3
+            } else {
+                ToolFormat::DeepSeekV31
+            })
         } else if template.contains("<function=") && template.contains("<parameter=") {
             Some(ToolFormat::Qwen3Coder)
         } else if template.contains("<tool_call>") {
@@ -74,7 +81,9 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes | ToolFormat::Qwen3Coder => ("<tool_call>", "</tool_call>"),
             ToolFormat::KimiK2 => ("<|tool_call_begin|>", "<|tool_call_end|>"),
-            ToolFormat::DeepSeekV31 => ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"),
+            ToolFormat::DeepSeekV31 | ToolFormat::DeepSeekV3 => {
+                ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>")
+            }
         }
     }
 
@@ -83,7 +92,9 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes | ToolFormat::Qwen3Coder => &[],
             ToolFormat::KimiK2 => &["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"],
-            ToolFormat::DeepSeekV31 => &["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"],
+            ToolFormat::DeepSeekV31 | ToolFormat::DeepSeekV3 => {
+                &["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"]
+            }
         }
     }
 }
@@ -337,7 +348,7 @@ fn push_content(out: &mut Vec<Parsed>, s: String) {
 }
 
 /// Length of the longest suffix of `buf` that is a proper prefix of one of `markers`.
-fn partial_suffix(buf: &str, markers: &[&str]) -> usize {
+pub(crate) fn partial_suffix(buf: &str, markers: &[&str]) -> usize {
     let max = markers.iter().map(|m| m.len()).max().unwrap_or(0);
     let mut k = max.saturating_sub(1).min(buf.len());
     while k > 0 {

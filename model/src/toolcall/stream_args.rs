@@ -28,7 +28,7 @@ pub(super) struct ArgStream {
     depth: u32,
     in_str: bool,
     escaped: bool,
-    /// Hermes: the arguments object closed.
+    /// Hermes, DeepSeek-V3: the arguments object closed.
     closed: bool,
     /// Qwen3-Coder: parameters sent.
     params: usize,
@@ -129,7 +129,11 @@ impl ArgStream {
             if !c.is_whitespace() {
                 state = (depth, in_str, escaped);
                 end = at;
-                if depth == 0 && !in_str && format == ToolFormat::Hermes {
+                // Hermes' object and DeepSeek-V3's fence follow the arguments
+                if depth == 0
+                    && !in_str
+                    && matches!(format, ToolFormat::Hermes | ToolFormat::DeepSeekV3)
+                {
                     self.closed = true;
                     break;
                 }
@@ -230,6 +234,7 @@ fn header(format: ToolFormat, body: &str, tools: &[ToolSpec]) -> Header {
             Some(at) => found(None, body[..at].trim(), at + "<｜tool▁sep｜>".len()),
             None => Header::Wait,
         },
+        ToolFormat::DeepSeekV3 => deepseek_v3_header(body, &found),
         ToolFormat::Qwen3Coder => {
             let t = body.trim_start();
             let lead = body.len() - t.len();
@@ -251,6 +256,33 @@ fn header(format: ToolFormat, body: &str, tools: &[ToolSpec]) -> Header {
         }
         ToolFormat::Hermes => hermes_header(body, &known),
     }
+}
+
+/// `TYPE<｜tool▁sep｜>NAME\n```json` (the arguments follow the fence).
+fn deepseek_v3_header(body: &str, found: &dyn Fn(Option<String>, &str, usize) -> Header) -> Header {
+    const SEP: &str = "<｜tool▁sep｜>";
+    const FENCE: &str = "```json";
+    let Some(at) = body.find(SEP) else {
+        return Header::Wait;
+    };
+    let rest = &body[at + SEP.len()..];
+    let Some(nl) = rest.find('\n') else {
+        return Header::Wait;
+    };
+    let after = &rest[nl + 1..];
+    let t = after.trim_start();
+    if t.len() < FENCE.len() {
+        return if FENCE.starts_with(t) {
+            Header::Wait
+        } else {
+            Header::No
+        };
+    }
+    if !t.starts_with(FENCE) {
+        return Header::No;
+    }
+    let args_at = body.len() - t.len() + FENCE.len();
+    found(None, rest[..nl].trim(), args_at)
 }
 
 /// `{"name": "NAME", "arguments": ` (any blanks between the pieces).

@@ -28,6 +28,9 @@ fn call_text(f: ToolFormat, city: &str, i: usize) -> String {
         ToolFormat::DeepSeekV31 => format!(
             "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{{\"city\": \"{city}\"}}<｜tool▁call▁end｜>"
         ),
+        ToolFormat::DeepSeekV3 => format!(
+            "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{{\"city\": \"{city}\"}}\n```<｜tool▁call▁end｜>"
+        ),
     }
 }
 
@@ -48,6 +51,13 @@ fn calls_text(f: ToolFormat, cities: &[&str]) -> String {
             format!(
                 "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
                 calls.concat()
+            )
+        }
+        // as DeepSeek-R1's template renders them: parallel calls joined by a newline
+        ToolFormat::DeepSeekV3 => {
+            format!(
+                "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
+                calls.join("\n")
             )
         }
     }
@@ -86,11 +96,12 @@ fn run(f: ToolFormat, chunks: &[&str]) -> Vec<Parsed> {
     out
 }
 
-const FORMATS: [ToolFormat; 4] = [
+const FORMATS: [ToolFormat; 5] = [
     ToolFormat::Hermes,
     ToolFormat::Qwen3Coder,
     ToolFormat::KimiK2,
     ToolFormat::DeepSeekV31,
+    ToolFormat::DeepSeekV3,
 ];
 
 #[test]
@@ -213,7 +224,10 @@ fn formats_are_detected_from_the_published_templates() {
         ),
         ("kimi-k2-instruct.jinja", ToolFormat::KimiK2),
         ("kimi-k2-instruct.2025-07-initial.jinja", ToolFormat::KimiK2),
+        ("kimi-k2-instruct-0905.jinja", ToolFormat::KimiK2),
+        ("kimi-k2-thinking.jinja", ToolFormat::KimiK2),
         ("deepseek-v3.1.jinja", ToolFormat::DeepSeekV31),
+        ("deepseek-r1-distill.jinja", ToolFormat::DeepSeekV3),
     ] {
         let src = std::fs::read_to_string(dir.join(file)).unwrap();
         assert_eq!(ToolFormat::detect(&src), Some(want), "{file}");

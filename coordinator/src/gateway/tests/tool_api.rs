@@ -283,3 +283,88 @@ async fn bad_tool_input_is_a_400_naming_the_field() {
         assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
     }
 }
+
+/// A thinking model's leading `<think>` block comes back as `reasoning_content`, apart from the
+/// content, whole and streamed; a call drafted inside it is not a call (the one after it is).
+#[tokio::test]
+async fn a_think_block_is_reasoning_content_and_never_a_call() {
+    let s = start(Opts::default()).await;
+    let out = "<think>\nI could call <tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n\
+               </tool_call>\nbut weather first.\n</think>\n\n<tool_call>\n{\"name\": \
+               \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 1}}\n</tool_call>";
+    let grammar = format!("start: {}", serde_json::to_string(out).unwrap());
+    let body = |stream: bool| {
+        json!({"model": "mock", "messages": [{"role": "user", "content": "x"}], "stream": stream,
+            "max_tokens": 300, "temperature": 0, "grammar": grammar, "tools": tools()})
+    };
+    let reasoning = "I could call <tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n\
+                     </tool_call>\nbut weather first.";
+    let (st, v) = post(&s, "/v1/chat/completions", body(false)).await;
+    assert_eq!(st, 200, "{v}");
+    let msg = &v["choices"][0]["message"];
+    assert_eq!(msg["reasoning_content"], reasoning, "{v}");
+    assert_eq!(msg["content"], Value::Null, "{v}");
+    let calls = msg["tool_calls"].as_array().expect("tool_calls");
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+
+    let chunks = sse(&s, "/v1/chat/completions", body(true)).await;
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str())
+        .collect();
+    assert_eq!(streamed, reasoning);
+    assert_eq!(stream_text(&chunks), "", "no content besides the call");
+    let names: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["get_weather"]);
+}
+
+/// A prompt that opens the think block (`thinking`, as DeepSeek-V3.1's and R1's templates
+/// do) makes the output reasoning up to `</think>`.
+#[tokio::test]
+async fn a_prompt_that_opens_the_think_block_starts_in_reasoning() {
+    let s = start(Opts::default()).await;
+    let out = "Short plan.\n</think>\n\nThe answer.";
+    let grammar = format!("start: {}", serde_json::to_string(out).unwrap());
+    let body = json!({"model": "mock", "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 100, "temperature": 0, "grammar": grammar,
+        "chat_template_kwargs": {"thinking": true}});
+    let (st, v) = post(&s, "/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{v}");
+    let msg = &v["choices"][0]["message"];
+    assert_eq!(msg["reasoning_content"], "Short plan.", "{v}");
+    assert_eq!(msg["content"], "The answer.", "{v}");
+}
+
+/// Text without a leading think block is all content, and a JSON response format is never
+/// split, even after a prompt that opens the block (its output is the answer from the first
+/// token).
+#[tokio::test]
+async fn output_without_a_leading_think_block_is_content() {
+    let s = start(Opts::default()).await;
+    let out = "Hello <think>not reasoning</think>";
+    let grammar = format!("start: {}", serde_json::to_string(out).unwrap());
+    let body = json!({"model": "mock", "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 100, "temperature": 0, "grammar": grammar});
+    let (st, v) = post(&s, "/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{v}");
+    let msg = &v["choices"][0]["message"];
+    assert_eq!(msg["content"], out, "{v}");
+    assert!(msg.get("reasoning_content").is_none(), "{v}");
+    let schema = json!({"type": "object", "properties": {"a": {"type": "string", "const": "<think>x</think>"}},
+        "required": ["a"], "additionalProperties": false});
+    let body = json!({"model": "mock", "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 100, "temperature": 0, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "r", "schema": schema, "strict": true}},
+        "chat_template_kwargs": {"thinking": true}});
+    let (st, v) = post(&s, "/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{v}");
+    let msg = &v["choices"][0]["message"];
+    assert!(msg.get("reasoning_content").is_none(), "{v}");
+    let content: Value = serde_json::from_str(msg["content"].as_str().unwrap()).unwrap();
+    assert_eq!(content["a"], "<think>x</think>", "{v}");
+}
