@@ -7,7 +7,8 @@
 //! Some templates open the block in the prompt (DeepSeek-R1's generation prompt ends in
 //! `<think>\n`): then the output starts inside it ([`ends_inside_think`]). Text that might still
 //! become a marker is held back, so a partial marker never goes out; blanks around the
-//! reasoning and right after the block are dropped, as llama.cpp does.
+//! reasoning and right after the block are dropped, as llama.cpp does. Output without a block
+//! is content exactly as written.
 
 use crate::toolcall::partial_suffix;
 
@@ -90,6 +91,8 @@ impl ThinkSplit {
                     } else if !at_end && (t.is_empty() || OPEN.starts_with(t)) {
                         return;
                     } else {
+                        // no block: the text is content exactly as written
+                        self.content_started = true;
                         self.state = State::After;
                     }
                 }
@@ -229,6 +232,7 @@ mod tests {
         every_split(false, "<thin", ("", "<thin"));
         every_split(false, "<th>x", ("", "<th>x"));
         every_split(false, "", ("", ""));
+        every_split(false, "\n  Hi ", ("", "\n  Hi "));
         // a second block after the first is content
         every_split(
             false,
@@ -255,6 +259,39 @@ mod tests {
         assert_eq!(s.push("nk>abc</th"), vec![Split::Reasoning("abc".into())]);
         assert_eq!(s.push("ink>"), vec![]);
         assert_eq!(s.push("x"), vec![Split::Content("x".into())]);
+    }
+
+    /// Random texts of marker pieces, fed in random chunks, split as when fed whole; text that
+    /// never spells `<think>` is all content, byte for byte.
+    #[test]
+    fn random_chunkings_split_as_the_whole_text() {
+        use nightshift_kernels::rng::SplitMix64;
+        const PIECES: &[&str] = &[
+            "<think>", "</think>", "<thi", "nk>", "</th", "<", ">", "a", " ", "\n", "é", "x y",
+        ];
+        let mut r = SplitMix64::new(7);
+        for case in 0..2000 {
+            let n = (r.next_u64() % 12) as usize;
+            let text: String = (0..n)
+                .map(|_| PIECES[(r.next_u64() % PIECES.len() as u64) as usize])
+                .collect();
+            let open = case % 3 == 0;
+            let whole = run(open, &[&text]);
+            let mut chunks = Vec::new();
+            let mut at = 0;
+            while at < text.len() {
+                let mut end = (at + 1 + (r.next_u64() % 6) as usize).min(text.len());
+                while !text.is_char_boundary(end) {
+                    end += 1;
+                }
+                chunks.push(&text[at..end]);
+                at = end;
+            }
+            assert_eq!(run(open, &chunks), whole, "{text:?} in {chunks:?}");
+            if !open && !text.trim_start().starts_with(OPEN) {
+                assert_eq!(whole, (String::new(), text.clone()), "{text:?}");
+            }
+        }
     }
 
     #[test]
