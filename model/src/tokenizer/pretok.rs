@@ -24,6 +24,8 @@ pub enum PreTokenizer {
     Gpt2,
     Llama3,
     Qwen2,
+    /// DeepSeek LLM, V2 and V2-Lite (`deepseek2` files before V3).
+    DeepseekLlm,
     DeepseekV3,
     KimiK2,
 }
@@ -36,6 +38,7 @@ impl PreTokenizer {
             Some("gpt-2") => PreTokenizer::Gpt2,
             Some("llama3" | "llama-v3" | "llama-bpe") => PreTokenizer::Llama3,
             Some("qwen2" | "deepseek-r1-qwen" | "megrez") => PreTokenizer::Qwen2,
+            Some("deepseek-llm") => PreTokenizer::DeepseekLlm,
             Some("deepseek-v3") => PreTokenizer::DeepseekV3,
             Some("kimi-k2") => PreTokenizer::KimiK2,
             Some(other) => return Err(TokenizerError::UnsupportedPre(other.to_string())),
@@ -66,6 +69,34 @@ impl PreTokenizer {
             }
             PreTokenizer::Llama3 => vec![main_llama3("{1,3}")],
             PreTokenizer::Qwen2 => vec![main_llama3("")],
+            // The letters are explicit ranges (the tokenizer's own, as llama.cpp lists them;
+            // escaped, so no editor's Unicode normalization can change them); `\s+$` ends at
+            // each piece's end, as llama.cpp applies every pattern per piece.
+            PreTokenizer::DeepseekLlm => vec![
+                r"[\r\n]".into(),
+                concat!(
+                    r"\s?[A-Za-z\x{B5}\x{C0}-\x{D6}\x{D8}-\x{F6}\x{F8}-\x{1BA}\x{1BC}-\x{1BF}\x{1C4}-\x{293}",
+                    r"\x{295}-\x{2AF}\x{370}-\x{373}\x{376}\x{377}\x{37B}-\x{37D}\x{37F}\x{386}\x{388}-\x{38A}",
+                    r"\x{38C}\x{38E}-\x{3A1}\x{3A3}-\x{3F5}\x{3F7}-\x{481}\x{48A}-\x{52F}\x{531}-\x{556}",
+                    r"\x{10A0}-\x{10C5}\x{13A0}-\x{13F5}\x{13F8}-\x{13FD}\x{1C90}-\x{1CBA}\x{1CBD}-\x{1CBF}",
+                    r"\x{1D00}-\x{1D2B}\x{1D6B}-\x{1D77}\x{1D79}-\x{1D9A}\x{1E00}-\x{1F15}\x{1F18}-\x{1F1D}",
+                    r"\x{1F20}-\x{1F45}\x{1F48}-\x{1F4D}\x{1F50}-\x{1F57}\x{1F59}\x{1F5B}\x{1F5D}\x{1F5F}-\x{1F7D}",
+                    r"\x{1F80}-\x{1FB4}\x{1FB6}-\x{1FBC}\x{1FBE}\x{1FC2}-\x{1FC4}\x{1FC6}-\x{1FCC}\x{1FD0}-\x{1FD3}",
+                    r"\x{1FD6}-\x{1FDB}\x{1FE0}-\x{1FEC}\x{1FF2}-\x{1FF4}\x{1FF6}-\x{1FFC}\x{2102}\x{2107}",
+                    r"\x{210A}-\x{2113}\x{2115}\x{2119}-\x{211D}\x{2124}\x{2126}\x{2128}\x{212A}-\x{212D}",
+                    r"\x{212F}-\x{2134}\x{2139}\x{213C}-\x{213F}\x{2145}-\x{2149}\x{214E}\x{2183}\x{2184}",
+                    r"\x{2C00}-\x{2C7B}\x{2C7E}-\x{2CE4}\x{2CEB}-\x{2CEE}\x{2CF2}\x{2CF3}\x{A640}-\x{A66D}",
+                    r"\x{A680}-\x{A69B}\x{A722}-\x{A76F}\x{A771}-\x{A787}\x{A78B}-\x{A78E}\x{AB70}-\x{ABBF}",
+                    r"\x{FB00}-\x{FB06}\x{FB13}-\x{FB17}\x{FF21}-\x{FF3A}\x{FF41}-\x{FF5A}\x{10400}-\x{1044F}",
+                    r"\x{104B0}-\x{104D3}\x{104D8}-\x{104FB}\x{10C80}-\x{10CB2}\x{10CC0}-\x{10CF2}",
+                    r"\x{118A0}-\x{118DF}\x{1E900}-\x{1E943}]+"
+                )
+                .into(),
+                r"\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-\x{3002}]+".into(),
+                r"\s+$".into(),
+                r"[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]+".into(),
+                r"\p{N}+".into(),
+            ],
             PreTokenizer::DeepseekV3 => vec![
                 r"\p{N}{1,3}".into(),
                 r"[一-龥぀-ゟ゠-ヿ]+".into(),
@@ -166,5 +197,10 @@ mod tests {
             &["a", " ", "~~", " b", ",", " ", "東京"],
         );
         check(Gpt2, "it's 42", &["it", "'s", " 42"]);
+        // DeepSeek LLM / V2: ids checked against llama.cpp's on 20 strings (README)
+        check(DeepseekLlm, "Hello world", &["Hello", " world"]);
+        check(DeepseekLlm, "a  \n\n b", &["a", "  ", "\n", "\n", " b"]);
+        check(DeepseekLlm, "12345 it's", &["12345", " it", "'", "s"]);
+        check(DeepseekLlm, "東京abc ώ", &["東京", "abc", " ώ"]);
     }
 }
