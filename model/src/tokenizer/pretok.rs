@@ -26,6 +26,8 @@ pub enum PreTokenizer {
     Qwen2,
     /// DeepSeek LLM, V2 and V2-Lite (`deepseek2` files before V3).
     DeepseekLlm,
+    /// DeepSeek-Coder and Coder-V2 (Coder-V2 is a `deepseek2` file).
+    DeepseekCoder,
     DeepseekV3,
     KimiK2,
 }
@@ -39,6 +41,7 @@ impl PreTokenizer {
             Some("llama3" | "llama-v3" | "llama-bpe") => PreTokenizer::Llama3,
             Some("qwen2" | "deepseek-r1-qwen" | "megrez") => PreTokenizer::Qwen2,
             Some("deepseek-llm") => PreTokenizer::DeepseekLlm,
+            Some("deepseek-coder") => PreTokenizer::DeepseekCoder,
             Some("deepseek-v3") => PreTokenizer::DeepseekV3,
             Some("kimi-k2") => PreTokenizer::KimiK2,
             Some(other) => return Err(TokenizerError::UnsupportedPre(other.to_string())),
@@ -96,6 +99,13 @@ impl PreTokenizer {
                 r"\s+$".into(),
                 r"[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]+".into(),
                 r"\p{N}+".into(),
+            ],
+            PreTokenizer::DeepseekCoder => vec![
+                r"[\r\n]".into(),
+                r"\s?\p{L}+".into(),
+                r"\s?\p{P}+".into(),
+                r"[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]+".into(),
+                r"\p{N}".into(),
             ],
             PreTokenizer::DeepseekV3 => vec![
                 r"\p{N}{1,3}".into(),
@@ -202,5 +212,10 @@ mod tests {
         check(DeepseekLlm, "a  \n\n b", &["a", "  ", "\n", "\n", " b"]);
         check(DeepseekLlm, "12345 it's", &["12345", " it", "'", "s"]);
         check(DeepseekLlm, "東京abc ώ", &["東京", "abc", " ώ"]);
+        check(
+            DeepseekCoder,
+            "x = f(12);",
+            &["x", " =", " f", "(", "1", "2", ");"],
+        );
     }
 }
