@@ -74,7 +74,9 @@ impl PreTokenizer {
             PreTokenizer::Qwen2 => vec![main_llama3("")],
             // The letters are explicit ranges (the tokenizer's own, as llama.cpp lists them;
             // escaped, so no editor's Unicode normalization can change them); `\s+$` ends at
-            // each piece's end, as llama.cpp applies every pattern per piece.
+            // each piece's end, as llama.cpp applies every pattern per piece. llama.cpp runs
+            // these patterns (no `\p{..}`) on text whose non-ASCII blanks became U+000B, so a
+            // blank never matches an explicit range (U+3000 is in two): `--\s` takes them out.
             PreTokenizer::DeepseekLlm => vec![
                 r"[\r\n]".into(),
                 concat!(
@@ -95,23 +97,25 @@ impl PreTokenizer {
                     r"\x{118A0}-\x{118DF}\x{1E900}-\x{1E943}]+"
                 )
                 .into(),
-                r"\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-\x{3002}]+".into(),
+                r"\s?[[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-\x{3002}]--\s]+".into(),
                 r"\s+$".into(),
-                r"[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]+".into(),
+                r"[[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]--\s]+".into(),
                 r"\p{N}+".into(),
             ],
             PreTokenizer::DeepseekCoder => vec![
                 r"[\r\n]".into(),
                 r"\s?\p{L}+".into(),
                 r"\s?\p{P}+".into(),
-                r"[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]+".into(),
+                r"[[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]--\s]+".into(),
                 r"\p{N}".into(),
             ],
             PreTokenizer::DeepseekV3 => vec![
                 r"\p{N}{1,3}".into(),
                 r"[一-龥぀-ゟ゠-ヿ]+".into(),
-                // llama.cpp's ASCII tables leave `~` out of both \p{P} and \p{S}; so do we.
-                r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}[\p{P}\p{S}--~]]?[\p{L}\p{M}]+| ?[\p{P}\p{S}--~]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##.into(),
+                // `~` is a symbol (\p{S}), as in llama.cpp's ASCII category table since it
+                // gained `~` (llama-cpp-sys-2 0.1.161, llama-cpp-python 0.3.36; older builds
+                // left it out of both \p{P} and \p{S}).
+                r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##.into(),
             ],
             PreTokenizer::KimiK2 => vec![format!(
                 r"[{HAN}]+|[^\r\n\p{{L}}\p{{N}}]?[^\P{{L}}{HAN}]+{CONTRACTIONS}?|\p{{N}}{{1,3}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -204,7 +208,7 @@ mod tests {
         check(
             DeepseekV3,
             "a ~~ b, 東京",
-            &["a", " ", "~~", " b", ",", " ", "東京"],
+            &["a", " ~~", " b", ",", " ", "東京"],
         );
         check(Gpt2, "it's 42", &["it", "'s", " 42"]);
         // DeepSeek LLM / V2: ids checked against llama.cpp's on 20 strings (README)
