@@ -238,7 +238,8 @@ pub fn atlas(data: &[u8]) {
 /// Generated text through the incremental tool-call parser of each format (the first byte picks
 /// the format and how the text is cut into stream chunks): no panic, every call names a declared
 /// tool and carries a JSON object as arguments, and the stream gives the same calls and the same
-/// content (adjacent pieces joined) as the whole text at once.
+/// content (adjacent pieces joined) as the whole text at once; the reasoning split of the same
+/// text likewise (the first byte's low bit: the prompt opened the think block).
 pub fn tool_calls(data: &[u8]) {
     use nightshift_model::toolcall::{Parsed, ToolFormat, ToolParser, ToolSpec};
     let Some((&ctl, rest)) = data.split_first() else {
@@ -327,6 +328,35 @@ pub fn tool_calls(data: &[u8]) {
         at = end;
     }
     check(live.finish());
+    // the reasoning split of the same text: the same pieces whole and in chunks
+    use nightshift_model::reasoning::{Split, ThinkSplit};
+    let join = |v: Vec<Split>| {
+        let (mut r, mut c) = (String::new(), String::new());
+        for s in v {
+            match s {
+                Split::Reasoning(x) => r.push_str(&x),
+                Split::Content(x) => c.push_str(&x),
+            }
+        }
+        (r, c)
+    };
+    let open = ctl & 1 == 1;
+    let mut whole = ThinkSplit::new(open);
+    let mut a = whole.push(&text);
+    a.extend(whole.finish());
+    let mut streamed = ThinkSplit::new(open);
+    let mut b = Vec::new();
+    let mut at = 0;
+    while at < text.len() {
+        let mut end = (at + stride).min(text.len());
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        b.extend(streamed.push(&text[at..end]));
+        at = end;
+    }
+    b.extend(streamed.finish());
+    assert_eq!(join(a), join(b), "reasoning split, chunks of {stride}");
 }
 
 /// The shared-memory link with a hostile peer on either side. A real client creates a region and
