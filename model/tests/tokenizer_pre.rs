@@ -4,7 +4,7 @@
 //! apart), and the ids llama.cpp's own tokenizer gave for each string under each
 //! `tokenizer.ggml.pre` (llama-cpp-python, vocab only). The same vocabulary must give them
 //! exactly. This covers the pre-tokenizers the shipped fixtures do not use (`deepseek-llm`,
-//! `deepseek-coder`, `deepseek-v3`, `llama3`, `gpt-2`) and checks the others again.
+//! `deepseek-coder`, `deepseek-v3`, `llama3`, `gpt-2`, `default`) and checks the others again.
 
 mod gguf_util;
 
@@ -75,5 +75,5 @@ fn every_pre_tokenizer_splits_as_llama_cpp() {
         }
         assert!(wrong.is_empty(), "{pre}:\n{}", wrong.join("\n"));
     }
-    assert_eq!(checked, 7 * strings.len());
+    assert_eq!(checked, 8 * strings.len());
 }

@@ -17,7 +17,7 @@ import gguf
 from llama_cpp import Llama
 
 HERE = pathlib.Path(__file__).resolve().parent
-PRES = ["deepseek-llm", "deepseek-coder", "deepseek-v3", "qwen2", "kimi-k2", "llama3", "gpt-2"]
+PRES = ["deepseek-llm", "deepseek-coder", "deepseek-v3", "qwen2", "kimi-k2", "llama3", "gpt-2", "default"]
 STRINGS = [
     "Hello world", "a  \n\n b", "12345 it's", "東京abc", "The quick brown fox, 3.14159!",
     "  leading and trailing  ", "über Straße ÀÖ øÿ ΑΩ \u1f7d \u2126 \u212a", "x\r\ny",
