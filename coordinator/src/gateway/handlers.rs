@@ -103,7 +103,8 @@ pub async fn chat(
         || plan
             .as_ref()
             .is_some_and(|p| matches!(p.choice, tools::Choice::Required | tools::Choice::Named(_)));
-    let think = st.text.splits_reasoning() && !structured;
+    let asked = req.reasoning_format.and_then(ReasoningFormat::split);
+    let think = st.text.splits_reasoning(asked) && !structured;
     let constraint = tools::constraint(plan.as_ref(), format, st.text.as_ref())?;
     let tool_stream = plan.as_ref().and_then(|p| {
         let constrained = tools::constrains_calls(p, has_format, st.text.as_ref());

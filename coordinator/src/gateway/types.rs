@@ -182,8 +182,33 @@ request_struct!(
         chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
         /// OpenAI's predicted output (`{"type": "content", "content": ...}`): feeds the drafter.
         prediction: Option<Prediction>,
+        /// Extension (llama-server's): where a thinking model's leading `<think>` block goes.
+        reasoning_format: Option<ReasoningFormat>,
     }
 );
+
+/// llama-server's `reasoning_format`.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ReasoningFormat {
+    /// In `reasoning_content`.
+    Deepseek,
+    /// Left in the content.
+    None,
+    /// The server's `--reasoning-format`.
+    Auto,
+}
+
+impl ReasoningFormat {
+    /// Whether to split reasoning out (None: the server's choice).
+    pub fn split(self) -> Option<bool> {
+        match self {
+            ReasoningFormat::Deepseek => Some(true),
+            ReasoningFormat::None => Some(false),
+            ReasoningFormat::Auto => Option::None,
+        }
+    }
+}
 
 /// OpenAI's `prediction`: the expected output (a string, or text parts), used as an extra
 /// lookup source by the speculative drafter; it never changes the output.

@@ -86,9 +86,10 @@ pub trait TextModel: Send + Sync + 'static {
     fn tool_format(&self) -> Option<ToolFormat> {
         None
     }
-    /// Whether chat output may open with a `<think>` block to send as `reasoning_content`
-    /// (the template writes think blocks and the server splits reasoning out).
-    fn splits_reasoning(&self) -> bool {
+    /// Whether chat output may open with a `<think>` block to send as `reasoning_content`:
+    /// the template writes think blocks, and the request (`asked`, else the server's
+    /// `--reasoning-format`) wants reasoning split out.
+    fn splits_reasoning(&self, _asked: Option<bool>) -> bool {
         false
     }
     /// The vocabulary for constrained decoding (None: constraints are not available).

@@ -72,8 +72,8 @@ impl TextModel for MockText {
     }
 
     /// The toy template takes think blocks as the thinking models' do.
-    fn splits_reasoning(&self) -> bool {
-        true
+    fn splits_reasoning(&self, asked: Option<bool>) -> bool {
+        asked.unwrap_or(true)
     }
 
     fn constraint_vocab(&self) -> Option<Arc<ConstraintVocab>> {

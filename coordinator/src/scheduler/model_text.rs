@@ -24,8 +24,10 @@ pub struct ModelText {
     vocab: OnceLock<Option<Arc<ConstraintVocab>>>,
     /// Message contents may produce special tokens (the behaviour before contents were plain).
     special_in_content: bool,
-    /// The template writes think blocks and reasoning is split out (`--reasoning-format`).
-    reasoning: bool,
+    /// The template writes think blocks.
+    thinks: bool,
+    /// Reasoning is split out unless a request says otherwise (`--reasoning-format`).
+    split_reasoning: bool,
     /// Bytes of the longest token's piece.
     longest: usize,
 }
@@ -51,13 +53,14 @@ impl ModelText {
             .map(|i| tok.token_bytes(i).len())
             .max()
             .unwrap_or(1);
-        let reasoning = template
+        let thinks = template
             .as_ref()
             .is_some_and(|t| nightshift_model::reasoning::template_thinks(t.source()));
         Ok(ModelText {
             longest,
             special_in_content: false,
-            reasoning,
+            thinks,
+            split_reasoning: true,
             tok,
             template,
             bos,
@@ -67,9 +70,9 @@ impl ModelText {
         })
     }
 
-    /// Leaves think blocks in the content (`--reasoning-format none`).
+    /// Leaves think blocks in the content unless a request asks (`--reasoning-format none`).
     pub fn without_reasoning_split(mut self) -> ModelText {
-        self.reasoning = false;
+        self.split_reasoning = false;
         self
     }
 
@@ -169,8 +172,8 @@ impl TextModel for ModelText {
         self.tool_format
     }
 
-    fn splits_reasoning(&self) -> bool {
-        self.reasoning
+    fn splits_reasoning(&self, asked: Option<bool>) -> bool {
+        self.thinks && asked.unwrap_or(self.split_reasoning)
     }
 
     fn constraint_vocab(&self) -> Option<Arc<ConstraintVocab>> {

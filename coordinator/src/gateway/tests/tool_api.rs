@@ -340,6 +340,43 @@ async fn a_prompt_that_opens_the_think_block_starts_in_reasoning() {
     assert_eq!(msg["content"], "The answer.", "{v}");
 }
 
+/// `reasoning_format: "none"` (llama-server's request field) leaves the think block in the
+/// content; a value it does not know is a 400 naming the field.
+#[tokio::test]
+async fn reasoning_format_none_keeps_the_block_in_the_content() {
+    let s = start(Opts::default()).await;
+    let out = "<think>plan</think>answer";
+    let grammar = format!("start: {}", serde_json::to_string(out).unwrap());
+    let body = |format: &str| {
+        json!({"model": "mock", "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 100, "temperature": 0, "grammar": grammar, "reasoning_format": format})
+    };
+    let (st, v) = post(&s, "/v1/chat/completions", body("none")).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], out, "{v}");
+    assert!(
+        v["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{v}"
+    );
+    for format in ["deepseek", "auto"] {
+        let (st, v) = post(&s, "/v1/chat/completions", body(format)).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(
+            v["choices"][0]["message"]["reasoning_content"], "plan",
+            "{format}: {v}"
+        );
+        assert_eq!(
+            v["choices"][0]["message"]["content"], "answer",
+            "{format}: {v}"
+        );
+    }
+    let (st, v) = post(&s, "/v1/chat/completions", body("sometimes")).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(v["error"].to_string().contains("reasoning_format"), "{v}");
+}
+
 /// Text without a leading think block is all content, and a JSON response format is never
 /// split, even after a prompt that opens the block (its output is the answer from the first
 /// token).
