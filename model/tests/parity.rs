@@ -519,6 +519,11 @@ fn parity_dir_sweep() {
             lines.push(format!("SKIP {stem}: expectations of a {cache} cache"));
             continue;
         }
+        // The largest |logit| llama.cpp wrote, for the relative figure.
+        let range = prompts
+            .iter()
+            .flat_map(|p| &p.logits)
+            .fold(0.0f32, |m, x| m.max(x.abs()));
         let result = std::panic::catch_unwind(|| -> Result<(f32, f32, Vec<String>), String> {
             let model = Model::load(&dir.join(format!("{stem}.gguf")))
                 .map_err(|e| format!("does not load: {e}"))?;
@@ -538,13 +543,17 @@ fn parity_dir_sweep() {
         });
         let line = match result {
             Ok(Ok((worst, tol, bad))) if bad.is_empty() && worst <= tol => {
-                format!("PASS {stem}: max |delta| = {worst:.3e} (tolerance {tol:.0e})")
+                format!(
+                    "PASS {stem}: max |delta| = {worst:.3e} (tolerance {tol:.0e}; {:.1e} of max |logit| {range:.3e})",
+                    worst / range
+                )
             }
             Ok(Ok((worst, tol, bad))) => {
                 failed += 1;
                 let shown = bad.iter().take(4).cloned().collect::<Vec<_>>().join("; ");
                 format!(
-                    "FAIL {stem}: max |delta| = {worst:.3e} (tolerance {tol:.0e}), {} argmax/greedy mismatches {shown}",
+                    "FAIL {stem}: max |delta| = {worst:.3e} (tolerance {tol:.0e}; {:.1e} of max |logit| {range:.3e}), {} argmax/greedy mismatches {shown}",
+                    worst / range,
                     bad.len()
                 )
             }
