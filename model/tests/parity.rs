@@ -485,10 +485,49 @@ fn f16_kv_cache_keeps_greedy_tokens() {
     }
 }
 
+/// Every text of `json_path` (its `tokenize` cases and prompts) that our tokenizer encodes
+/// otherwise than llama.cpp did.
+fn tokenize_mismatches(model: &Model, json_path: &Path) -> Vec<String> {
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(json_path).expect("json")).expect("parse");
+    let empty = Vec::new();
+    let cases = json["tokenize"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|c| {
+            let flag = |k: &str| c[k].as_bool().expect(k);
+            (c, flag("add_bos"), flag("special"))
+        });
+    let prompts = json["prompts"].as_array().expect("prompts");
+    let prompts = prompts
+        .iter()
+        .filter(|p| p["text"].is_string())
+        .map(|p| (p, true, true));
+    let mut bad = Vec::new();
+    for (case, add_bos, special) in cases.chain(prompts) {
+        let text = case["text"].as_str().expect("text");
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|x| x.as_u64().expect("id") as u32)
+            .collect();
+        let got = model.tokenizer().encode(text, add_bos, special);
+        if got != want {
+            bad.push(format!(
+                "tokenizer: {text:?} gives {got:?}, llama.cpp {want:?}"
+            ));
+        }
+    }
+    bad
+}
+
 /// Parity on files the project has not seen: with `NIGHTSHIFT_PARITY_DIR=DIR` set, every
 /// `NAME.expected.json` in DIR with an F32 cache (`make_models.py`'s files, or `llama-check
 /// --fixtures DIR` on generated ones) is checked as the shipped fixtures are (`measure`, `TOL`;
-/// `F16_TOL` for F16/BF16 files), one line per file, and the test fails at the end if any file
+/// `F16_TOL` for F16/BF16 files; the tokenizer on the file's strings too), one line per file, and
+/// the test fails at the end if any file
 /// does (a file that does not load or that panics counts as a failure, its error printed).
 /// Without the variable it says so and checks nothing. `scripts/parity-sweep.sh` generates a
 /// matrix of files and runs this.
@@ -538,7 +577,8 @@ fn parity_dir_sweep() {
             } else {
                 TOL
             };
-            let (worst, bad) = measure(stem, &model, &prompts, KvType::F32);
+            let (worst, mut bad) = measure(stem, &model, &prompts, KvType::F32);
+            bad.extend(tokenize_mismatches(&model, &json));
             Ok((worst, tol, bad))
         });
         let line = match result {
@@ -552,7 +592,7 @@ fn parity_dir_sweep() {
                 failed += 1;
                 let shown = bad.iter().take(4).cloned().collect::<Vec<_>>().join("; ");
                 format!(
-                    "FAIL {stem}: max |delta| = {worst:.3e} (tolerance {tol:.0e}; {:.1e} of max |logit| {range:.3e}), {} argmax/greedy mismatches {shown}",
+                    "FAIL {stem}: max |delta| = {worst:.3e} (tolerance {tol:.0e}; {:.1e} of max |logit| {range:.3e}), {} argmax/greedy/tokenizer mismatches {shown}",
                     worst / range,
                     bad.len()
                 )
