@@ -527,10 +527,9 @@ fn tokenize_mismatches(model: &Model, json_path: &Path) -> Vec<String> {
 /// `NAME.expected.json` in DIR with an F32 cache (`make_models.py`'s files, or `llama-check
 /// --fixtures DIR` on generated ones) is checked as the shipped fixtures are (`measure`, `TOL`;
 /// `F16_TOL` for F16/BF16 files; the tokenizer on the file's strings too), one line per file, and
-/// the test fails at the end if any file
-/// does (a file that does not load or that panics counts as a failure, its error printed).
-/// Without the variable it says so and checks nothing. `scripts/parity-sweep.sh` generates a
-/// matrix of files and runs this.
+/// the test fails at the end if any file does (a file that does not load or that panics counts as
+/// a failure, its error printed). Without the variable it says so and checks nothing.
+/// `scripts/parity-sweep.sh` generates a matrix of files and runs this.
 #[test]
 fn parity_dir_sweep() {
     let Some(dir) = std::env::var_os("NIGHTSHIFT_PARITY_DIR") else {
