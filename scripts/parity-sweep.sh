@@ -93,7 +93,9 @@ if [ "$make" = 0 ]; then
     :
 elif [ "$quick" = 1 ]; then
     mm q11 --seed 11 --quants Q3_K_S,Q4_0,Q5_K_S
-    mm e12 --seed 12 --experts 8 --used 2 --layers 4 --quants Q4_1 --quantize-output
+    # (seeds 12 and 16 of this shape are near-ties under llama.cpp itself: its no-FMA build moves
+    # by 3.0e-2 and 1.8e-2 there)
+    mm e17 --seed 17 --experts 8 --used 2 --layers 4 --quants Q4_1 --quantize-output
     mm i13 --seed 13 --quants Q4_K_M --expert-type IQ3_S,TQ2_0 --expert-down-type IQ4_NL
 else
     for seed in 11 12 13 14 15; do
