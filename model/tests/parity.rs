@@ -41,9 +41,12 @@ fn load_fixture_kv(name: &str, kv: KvType) -> (Arc<Model>, Vec<Prompt>) {
 /// llama.cpp's expectations: the cache type they were computed with and, per prompt, its ids,
 /// greedy continuation and logits rows.
 fn load_expectations(json_path: &Path, logits_path: &Path) -> (String, Vec<Prompt>) {
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(json_path).expect("json")).expect("parse");
-    let bytes = std::fs::read(logits_path).expect("logits");
+    let json: Value = std::fs::read_to_string(json_path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+        .unwrap_or_else(|e| panic!("{}: {e}", json_path.display()));
+    let bytes =
+        std::fs::read(logits_path).unwrap_or_else(|e| panic!("{}: {e}", logits_path.display()));
     let all: Vec<f32> = bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
