@@ -228,12 +228,21 @@ fn corruption_table() {
         &mutate(&|b| set_u32(b, lay.type_at[0], 1000)),
         "unknown_tensor_type",
     );
-    // A type ggml defines and the kernels do not compute (MXFP4; the i-quants are supported).
-    check(
-        "mxfp4",
-        &mutate(&|b| set_u32(b, lay.type_at[0], 39)),
-        "unsupported_tensor_type",
-    );
+    // Types ggml defines and the kernels do not compute (MXFP4, NVFP4, Q1_0, Q2_0: llama.cpp's
+    // quantizer writes them; the i-quants are supported) are named in the error.
+    for (id, name) in [(39, "MXFP4"), (40, "NVFP4"), (41, "Q1_0"), (42, "Q2_0")] {
+        match check_image(&mutate(&|b| set_u32(b, lay.type_at[0], id))) {
+            Err(e @ GgufError::Format { .. }) => {
+                let (code, text) = (e.format_kind().map(|k| k.code()), e.to_string());
+                assert_eq!(code, Some("unsupported_tensor_type"), "type {id}: {text}");
+                assert!(
+                    text.contains(&format!("type {name} is not supported")),
+                    "type {id}: {text}"
+                );
+            }
+            other => panic!("type {id}: {other:?}"),
+        }
+    }
     check(
         "q8_0 row of 4",
         &mutate(&|b| set_u32(b, lay.type_at[0], 8)),

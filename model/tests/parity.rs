@@ -6,6 +6,7 @@
 
 use nightshift_model::{BatchToken, Engine, EngineOptions, KvType, LocalExperts, Model};
 use serde_json::Value;
+use std::path::Path;
 use std::sync::Arc;
 
 mod fixture_util;
@@ -29,16 +30,23 @@ fn load_fixture_kv(name: &str, kv: KvType) -> (Arc<Model>, Vec<Prompt>) {
         KvType::F32 => name.to_string(),
         _ => format!("{name}.kv-{}", kv.name()),
     };
-    let json: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture_path(&format!("{stem}.expected.json"))).expect("json"),
-    )
-    .expect("parse");
-    assert_eq!(
-        json["kv_cache"],
-        kv.name(),
-        "{stem}: expectations of another cache"
+    let (cache, prompts) = load_expectations(
+        &fixture_path(&format!("{stem}.expected.json")),
+        &fixture_path(&format!("{stem}.logits.bin")),
     );
-    let bytes = std::fs::read(fixture_path(&format!("{stem}.logits.bin"))).expect("logits");
+    assert_eq!(cache, kv.name(), "{stem}: expectations of another cache");
+    (model, prompts)
+}
+
+/// llama.cpp's expectations: the cache type they were computed with and, per prompt, its ids,
+/// greedy continuation and logits rows.
+fn load_expectations(json_path: &Path, logits_path: &Path) -> (String, Vec<Prompt>) {
+    let json: Value = std::fs::read_to_string(json_path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+        .unwrap_or_else(|e| panic!("{}: {e}", json_path.display()));
+    let bytes =
+        std::fs::read(logits_path).unwrap_or_else(|e| panic!("{}: {e}", logits_path.display()));
     let all: Vec<f32> = bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -65,7 +73,8 @@ fn load_fixture_kv(name: &str, kv: KvType) -> (Arc<Model>, Vec<Prompt>) {
             }
         })
         .collect();
-    (model, prompts)
+    let cache = json["kv_cache"].as_str().expect("kv_cache").to_string();
+    (cache, prompts)
 }
 
 fn engine(model: &Arc<Model>) -> Engine {
@@ -148,50 +157,64 @@ fn check(name: &str, tol: f32) {
 
 fn check_kv(name: &str, kv: KvType, tol: f32) {
     let (model, prompts) = load_fixture_kv(name, kv);
-    let mut worst = 0.0f32;
-    for (i, p) in prompts.iter().enumerate() {
-        let (max, bad) = run_prompt_kv(&model, p, kv);
-        eprintln!("{name} prompt {i}: max |delta| = {max:.3e}");
-        assert!(bad.is_empty(), "{name} prompt {i}: {bad:?}");
-        worst = worst.max(max);
-    }
+    let (worst, bad) = measure(name, &model, &prompts, kv);
+    assert!(bad.is_empty(), "{bad:?}");
     eprintln!("{name}: max |delta| = {worst:.3e} (tolerance {tol:.0e})");
     assert!(worst <= tol, "{name}: max |delta| {worst} > {tol}");
 }
 
+/// Every prompt of `name` run with a `kv` cache: the worst |delta| over all of them, and every
+/// argmax or greedy mismatch (named by prompt and row).
+fn measure(name: &str, model: &Arc<Model>, prompts: &[Prompt], kv: KvType) -> (f32, Vec<String>) {
+    let mut worst = 0.0f32;
+    let mut all_bad = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let (max, bad) = run_prompt_kv(model, p, kv);
+        eprintln!("{name} prompt {i}: max |delta| = {max:.3e}");
+        all_bad.extend(bad.into_iter().map(|b| format!("{name} prompt {i}: {b}")));
+        worst = worst.max(max);
+    }
+    (worst, all_bad)
+}
+
+/// Tolerance of the quantized files against llama.cpp (F32 cache).
+const TOL: f32 = 5e-3;
+/// Tolerance of the F16/BF16 files (llama.cpp rounds every matmul input of an f16 weight to f16).
+const F16_TOL: f32 = 1e-2;
+
 #[test]
 fn qwen3moe_q8_0() {
-    check("tiny-qwen3moe-Q8_0", 5e-3);
+    check("tiny-qwen3moe-Q8_0", TOL);
 }
 
 #[test]
 fn qwen3moe_q4_k_m() {
-    check("tiny-qwen3moe-Q4_K_M", 5e-3);
+    check("tiny-qwen3moe-Q4_K_M", TOL);
 }
 
 #[test]
 fn qwen3moe_q2_k() {
-    check("tiny-qwen3moe-Q2_K", 5e-3);
+    check("tiny-qwen3moe-Q2_K", TOL);
 }
 
 #[test]
 fn qwen3moe_f16() {
-    check("tiny-qwen3moe-F16", 1e-2);
+    check("tiny-qwen3moe-F16", F16_TOL);
 }
 
 #[test]
 fn deepseek2_q2_k() {
-    check("tiny-deepseek2-Q2_K", 5e-3);
+    check("tiny-deepseek2-Q2_K", TOL);
 }
 
 #[test]
 fn deepseek2_q4_k_m() {
-    check("tiny-deepseek2-Q4_K_M", 5e-3);
+    check("tiny-deepseek2-Q4_K_M", TOL);
 }
 
 #[test]
 fn deepseek2_q5_k_m() {
-    check("tiny-deepseek2-Q5_K_M", 5e-3);
+    check("tiny-deepseek2-Q5_K_M", TOL);
 }
 
 // The IQ fixtures are the Q4_K_M files with the routed experts in i-quants, the type changing
@@ -199,17 +222,17 @@ fn deepseek2_q5_k_m() {
 
 #[test]
 fn qwen3moe_iq4_xs() {
-    check("tiny-qwen3moe-IQ4_XS", 5e-3);
+    check("tiny-qwen3moe-IQ4_XS", TOL);
 }
 
 #[test]
 fn qwen3moe_iq2_xxs() {
-    check("tiny-qwen3moe-IQ2_XXS", 5e-3);
+    check("tiny-qwen3moe-IQ2_XXS", TOL);
 }
 
 #[test]
 fn deepseek2_iq1_s() {
-    check("tiny-deepseek2-IQ1_S", 5e-3);
+    check("tiny-deepseek2-IQ1_S", TOL);
 }
 
 // The dense fixtures are generated files (`nightshift gen-model --preset tiny --arch
@@ -220,22 +243,22 @@ fn deepseek2_iq1_s() {
 
 #[test]
 fn qwen3_q8_0() {
-    check("tiny-qwen3-Q8_0", 5e-3);
+    check("tiny-qwen3-Q8_0", TOL);
 }
 
 #[test]
 fn qwen3_q4_k_m() {
-    check("tiny-qwen3-Q4_K_M", 5e-3);
+    check("tiny-qwen3-Q4_K_M", TOL);
 }
 
 #[test]
 fn llama_q8_0() {
-    check("tiny-llama-Q8_0", 5e-3);
+    check("tiny-llama-Q8_0", TOL);
 }
 
 #[test]
 fn llama_q4_k_m() {
-    check("tiny-llama-Q4_K_M", 5e-3);
+    check("tiny-llama-Q4_K_M", TOL);
 }
 
 /// A Q8_0 cache (llama.cpp's `-ctk q8_0 -ctv q8_0`, which runs ggml's flash attention: q
@@ -463,4 +486,138 @@ fn f16_kv_cache_keeps_greedy_tokens() {
             assert!(bad.is_empty(), "{name} prompt {i} (f16 kv): {bad:?}");
         }
     }
+}
+
+/// Every text of `json_path` (its `tokenize` cases and prompts) that our tokenizer encodes
+/// otherwise than llama.cpp did.
+fn tokenize_mismatches(model: &Model, json_path: &Path) -> Vec<String> {
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(json_path).expect("json")).expect("parse");
+    let empty = Vec::new();
+    let cases = json["tokenize"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|c| {
+            let flag = |k: &str| c[k].as_bool().expect(k);
+            (c, flag("add_bos"), flag("special"))
+        });
+    let prompts = json["prompts"].as_array().expect("prompts");
+    let prompts = prompts
+        .iter()
+        .filter(|p| p["text"].is_string())
+        .map(|p| (p, true, true));
+    let mut bad = Vec::new();
+    for (case, add_bos, special) in cases.chain(prompts) {
+        let text = case["text"].as_str().expect("text");
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|x| x.as_u64().expect("id") as u32)
+            .collect();
+        let got = model.tokenizer().encode(text, add_bos, special);
+        if got != want {
+            bad.push(format!(
+                "tokenizer: {text:?} gives {got:?}, llama.cpp {want:?}"
+            ));
+        }
+    }
+    bad
+}
+
+/// Parity on files the project has not seen: with `NIGHTSHIFT_PARITY_DIR=DIR` set, every
+/// `NAME.expected.json` in DIR with an F32 cache (`make_models.py`'s files, or `llama-check
+/// --fixtures DIR` on generated ones) is checked as the shipped fixtures are (`measure`, `TOL`;
+/// `F16_TOL` for F16/BF16 files; the tokenizer on the file's strings too), one line per file, and
+/// the test fails at the end if any file does (a file that does not load or that panics counts as
+/// a failure, its error printed). Ignored unless asked (`-- --ignored`): it needs the folder.
+/// `scripts/parity-sweep.sh` generates a matrix of files and runs this.
+#[test]
+#[ignore = "needs NIGHTSHIFT_PARITY_DIR=DIR (scripts/parity-sweep.sh)"]
+fn parity_dir_sweep() {
+    let dir = std::env::var_os("NIGHTSHIFT_PARITY_DIR")
+        .expect("set NIGHTSHIFT_PARITY_DIR to a folder of *.expected.json files");
+    let dir = Path::new(&dir);
+    let mut stems: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| {
+            let name = e.expect("dir entry").file_name();
+            let name = name.to_str()?;
+            name.strip_suffix(".expected.json").map(str::to_string)
+        })
+        .collect();
+    stems.sort();
+    assert!(!stems.is_empty(), "{}: no *.expected.json", dir.display());
+    let mut lines = Vec::new();
+    let mut failed = 0;
+    for stem in &stems {
+        let json = dir.join(format!("{stem}.expected.json"));
+        let logits = dir.join(format!("{stem}.logits.bin"));
+        let (cache, prompts) = load_expectations(&json, &logits);
+        if cache != KvType::F32.name() {
+            lines.push(format!("SKIP {stem}: expectations of a {cache} cache"));
+            continue;
+        }
+        // The largest |logit| llama.cpp wrote, for the relative figure.
+        let range = prompts
+            .iter()
+            .flat_map(|p| &p.logits)
+            .fold(0.0f32, |m, x| m.max(x.abs()));
+        let result = std::panic::catch_unwind(|| -> Result<(f32, f32, Vec<String>), String> {
+            let model = Model::load(&dir.join(format!("{stem}.gguf")))
+                .map_err(|e| format!("does not load: {e}"))?;
+            let file_type = model
+                .gguf()
+                .metadata()
+                .get_u32("general.file_type")
+                .map_err(|e| e.to_string())?;
+            // llama_ftype: 1 = MOSTLY_F16, 32 = MOSTLY_BF16.
+            let tol = if matches!(file_type, Some(1 | 32)) {
+                F16_TOL
+            } else {
+                TOL
+            };
+            let (worst, mut bad) = measure(stem, &model, &prompts, KvType::F32);
+            bad.extend(tokenize_mismatches(&model, &json));
+            Ok((worst, tol, bad))
+        });
+        let line = match result {
+            Ok(Ok((worst, tol, bad))) if bad.is_empty() && worst <= tol => {
+                format!(
+                    "PASS {stem}: max |delta| = {worst:.3e} (tolerance {tol:.0e}; {:.1e} of max |logit| {range:.3e})",
+                    worst / range
+                )
+            }
+            Ok(Ok((worst, tol, bad))) => {
+                failed += 1;
+                let shown = bad.iter().take(4).cloned().collect::<Vec<_>>().join("; ");
+                format!(
+                    "FAIL {stem}: max |delta| = {worst:.3e} (tolerance {tol:.0e}; {:.1e} of max |logit| {range:.3e}), {} argmax/greedy/tokenizer mismatches {shown}",
+                    worst / range,
+                    bad.len()
+                )
+            }
+            Ok(Err(e)) => {
+                failed += 1;
+                format!("FAIL {stem}: {e}")
+            }
+            Err(panic) => {
+                failed += 1;
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                format!("FAIL {stem}: panicked: {msg}")
+            }
+        };
+        eprintln!("{line}");
+        lines.push(line);
+    }
+    eprintln!("parity_dir_sweep: {}", dir.display());
+    for line in &lines {
+        eprintln!("{line}");
+    }
+    assert_eq!(failed, 0, "{failed} of {} files fail", stems.len());
 }

@@ -56,6 +56,9 @@ pub fn type_layout(id: u32) -> Option<TypeLayout> {
         34 => layout("TQ1_0", 256, 54),
         35 => layout("TQ2_0", 256, 66),
         39 => layout("MXFP4", 32, 17),
+        40 => layout("NVFP4", 64, 36),
+        41 => layout("Q1_0", 128, 18),
+        42 => layout("Q2_0", 64, 18),
         _ => None,
     }
 }
