@@ -18,7 +18,10 @@
 //! the layer started (`mincore`), or were in the staging cache. The optional arms are `planned`
 //! with other cold paths, for A/B in one run: `planned-wn`, whole experts advised
 //! `MADV_WILLNEED` into the page cache (no staging cache: the cold path before it), and
-//! `planned-ra`, page faults and the kernel's read-around (`prefetch::ColdReads::ReadAround`).
+//! `planned-ra`, page faults and the kernel's read-around (`prefetch::ColdReads::ReadAround`);
+//! `planned@N` and `random@N` read N cold experts at once into the staging cache instead of
+//! `--cold-io-depth` (A/B of its depth in one run: each prints its decode steps' demand reads
+//! and time waited on cold reads per token, and the MiB/s its reads got).
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};

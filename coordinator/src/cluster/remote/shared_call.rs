@@ -125,6 +125,10 @@ pub(super) fn run(
     let mut posted = Vec::with_capacity(takers.len());
     for &node in &takers {
         let (pair_idx, owns) = request_of(node);
+        if pair_idx.is_empty() {
+            // every group is another node's: nothing to post (its hint goes alone, below)
+            continue;
+        }
         let share = Share {
             node,
             pair_idx,
