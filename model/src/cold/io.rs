@@ -5,7 +5,8 @@
 //!
 //! **A demand read never waits behind predictions**: predictions take at most `depth - 1`
 //! threads (with one thread, that one), so a thread is free for a demand whenever no other
-//! demand holds it, and no prediction starts while a demand waits for room. Capacity accounting
+//! demand holds it, and no prediction starts while a demand read waits for room or is being
+//! read (it would share the disk's bandwidth with the read a call waits for). Capacity accounting
 //! is the cache's (`State::bytes`): a read's footprint is counted from the moment it starts, so
 //! reads in flight are counted as the copies they become.
 
@@ -83,7 +84,7 @@ impl Drop for Gone<'_> {
             if let Some(en) = st.entries.get_mut(&key) {
                 en.slot = Slot::Failed("the I/O thread reading it stopped".into());
             }
-            st.prefetching -= usize::from(!demanded);
+            st.end_pick(demanded);
             if bytes > 0 {
                 st.end_read(&self.shared.counters);
             }
@@ -117,7 +118,7 @@ impl Shared {
             }
             let (key, demanded) = if let Some(k) = st.demand.pop_front() {
                 (k, true)
-            } else if st.prefetching < self.prefetch_slots() && st.room_waiters == 0 {
+            } else if st.prefetching < self.prefetch_slots() && st.demanding == 0 {
                 match st.prefetch.pop_front() {
                     Some(k) => (k, false),
                     None => {
@@ -139,7 +140,9 @@ impl Shared {
             }) else {
                 continue;
             };
-            if !demanded {
+            if demanded {
+                st.demanding += 1;
+            } else {
                 st.prefetching += 1;
             }
             gone.current.set(Some((key, 0, demanded)));
@@ -147,7 +150,6 @@ impl Shared {
             // call holds or still needs
             let mut buffer = None;
             let waiting = Instant::now();
-            let mut waits_for_room = false;
             let mut dropped = false;
             loop {
                 if st.closed {
@@ -206,24 +208,15 @@ impl Shared {
                 if !busy || waiting.elapsed() >= ROOM_WAIT {
                     break;
                 }
-                if !waits_for_room {
-                    // no prediction starts while a read a call needs waits for room
-                    waits_for_room = true;
-                    st.room_waiters += 1;
-                }
                 st = self
                     .changed
                     .wait_timeout(st, Duration::from_millis(5))
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
             }
-            if waits_for_room {
-                st.room_waiters -= 1;
-                self.changed.notify_all();
-            }
             if dropped {
                 gone.current.set(None);
-                st.prefetching -= usize::from(!demanded);
+                st.end_pick(demanded);
                 self.changed.notify_all();
                 continue;
             }
@@ -246,7 +239,7 @@ impl Shared {
             let read = self.read(key, buffer);
             st = self.lock();
             gone.current.set(None);
-            st.prefetching -= usize::from(!demanded);
+            st.end_pick(demanded);
             // a copy just read is the most recently used: a prediction read ahead is not the
             // first thing the next read evicts before its layer takes it
             let tick = st.tick + 1;

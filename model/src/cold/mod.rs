@@ -58,7 +58,7 @@ type Key = (u32, u32);
 
 /// Reads in flight at once by default (`--cold-io-depth`): measured on this project's VM disk
 /// (README, cold-cache paragraph).
-pub const DEFAULT_IO_DEPTH: usize = 4;
+pub const DEFAULT_IO_DEPTH: usize = 2;
 
 /// Most reads in flight a cache takes (`--cold-io-depth` above it is refused).
 pub const MAX_IO_DEPTH: usize = 64;
@@ -258,8 +258,8 @@ struct State {
     prefetch: VecDeque<Key>,
     /// predictions taken by I/O threads and not finished (at most `depth - 1`, or 1)
     prefetching: usize,
-    /// demand reads waiting for room (no prediction starts meanwhile)
-    room_waiters: usize,
+    /// demand reads taken by I/O threads and not finished (no prediction starts meanwhile)
+    demanding: usize,
     /// reads in flight, and since when one has been (the disk's busy time)
     in_flight: usize,
     busy_since: Option<Instant>,
@@ -592,6 +592,15 @@ impl Shared {
 }
 
 impl State {
+    /// A read taken by an I/O thread has ended (read, failed or dropped).
+    fn end_pick(&mut self, demanded: bool) {
+        if demanded {
+            self.demanding -= 1;
+        } else {
+            self.prefetching -= 1;
+        }
+    }
+
     /// A read starts: the disk is busy from the first read in flight.
     fn start_read(&mut self) {
         if self.in_flight == 0 {
