@@ -625,7 +625,7 @@ mod malformed {
             }
         }
         // A shared call needs the claim board this link was not given.
-        region.post_tagged(&g, 7).expect("post");
+        region.post_tagged(&g, 7, 0).expect("post");
         match region.wait(deadline(), &mut || true).expect("shared") {
             ShmReply::Error { code, message } => {
                 assert_eq!(code, tonic::Code::FailedPrecondition as i32, "{message}");

@@ -9,7 +9,8 @@
 //!
 //! With the coordinator's prefetch hints (`RemoteExperts::send_hints`) on a deeper model, a
 //! node with a small cache reads the next layer's predicted cold experts ahead: outputs stay
-//! bit-identical, experts arrive in time, and a decode run waits for fewer reads.
+//! bit-identical, experts arrive in time, a decode run waits for fewer reads, and an expert
+//! several nodes hold is read ahead by the one that computes it (few read-aheads unused).
 
 mod support;
 
@@ -267,8 +268,8 @@ fn prefetch_hints_read_the_next_layers_cold_experts_ahead_on_small_cache_nodes()
     }
     drop(probe);
     let split = Placement::round_robin(nodes(2), &shape.moe_layers, shape.n_experts);
-    // every expert on each of three nodes: calls shared through the claim board, every node
-    // hinted every predicted expert
+    // every expert on each of three nodes: calls shared through the claim board, each predicted
+    // expert hinted to one node, which then computes its group
     let everywhere = explicit(&shape, 3, |_| (0..3).collect());
     let shm = RemoteOptions::default().shm_pairs;
     // (hints, reads that went to the disk on demand) per transport
@@ -354,6 +355,7 @@ fn prefetch_hints_read_the_next_layers_cold_experts_ahead_on_small_cache_nodes()
             let in_time = sum(&hinted, &|l| hint_counter(l, "in time"));
             let ignored = sum(&hinted, &|l| hint_counter(l, "experts ignored"));
             let cold_needed = sum(&hinted, &|l| hint_counter(l, "cold experts needed"));
+            let wasted = sum(&hinted, &|l| hint_counter(l, "wasted"));
             eprintln!("{what}: {caches:?} {hinted:?}");
             assert_eq!(ignored, 0, "{what}: hints name only experts a node holds");
             if hints {
@@ -366,6 +368,12 @@ fn prefetch_hints_read_the_next_layers_cold_experts_ahead_on_small_cache_nodes()
                 assert!(
                     2 * in_time > cold_needed,
                     "{what}: {in_time} of {cold_needed} in time: {hinted:?}"
+                );
+                // each expert read ahead by one node, the one computing it: few read for
+                // nothing (every replica hinted, shared calls wasted two thirds)
+                assert!(
+                    5 * wasted < read_ahead,
+                    "{what}: {wasted} of {read_ahead} experts read ahead were not used: {hinted:?}"
                 );
             } else {
                 assert_eq!((received, read_ahead, in_time), (0, 0, 0), "{what}");

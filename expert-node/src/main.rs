@@ -58,6 +58,11 @@ struct Args {
     /// Taken on top of the budget. Default: `auto` with --memory-budget, else `0`.
     #[arg(long)]
     cold_cache: Option<String>,
+    /// Cold experts the staging cache reads at once (its I/O threads, 1 to 64; 1 reads one at
+    /// a time). Predictions and hints take all but one, so a call waiting for an expert never
+    /// waits behind them.
+    #[arg(long, default_value_t = nightshift_model::cold::DEFAULT_IO_DEPTH)]
+    cold_io_depth: usize,
     /// File holding a shared token the coordinator must present (Bearer). Required unless
     /// --insecure-no-auth is given.
     #[arg(long)]
@@ -161,6 +166,7 @@ fn run() -> anyhow::Result<()> {
             None => "0",
         });
     let cold_size = parse_size_or_auto(cold_arg, slots_bytes).context("--cold-cache")?;
+    nightshift_model::cold::check_io_depth(args.cold_io_depth).context("--cold-io-depth")?;
     let store = ExpertStore::new(gguf.clone(), args.mlock).with_capacity(capacity);
     let mut hot: Vec<(u32, u32)> = slots
         .iter()
@@ -187,8 +193,8 @@ fn run() -> anyhow::Result<()> {
     store.load(&hot, true, &pool)?;
     store.load(&cold, false, &pool)?;
     // Sized after the resident copies are made: `auto` is a share of what is left.
-    let cold_cache = ColdCache::start(gguf.clone(), cold_size)
-        .context("starting the cold cache's I/O thread")?
+    let cold_cache = ColdCache::start(gguf.clone(), cold_size, args.cold_io_depth)
+        .context("starting the cold cache's I/O threads")?
         .map(Arc::new);
     let store = Arc::new(match &cold_cache {
         Some(c) => store.with_cold_cache(c.clone()),

@@ -14,7 +14,8 @@
 //! them with the same `run`. A node with one worker computes on the link thread itself, so a
 //! layer call wakes one thread here instead of three. When the coordinator also handed over its
 //! claim board, a *shared* call (one posted to several nodes at once) is computed group by group
-//! as the board hands the groups out (`run_shared`), and answered with the pairs done here.
+//! as the board hands the groups out (`run_shared`), after the groups the request says are this
+//! node's alone (the experts it was hinted to read ahead), and answered with the pairs done here.
 //!
 //! A request may carry a prefetch hint (`ComputeRequest.prefetch`, over the stream or in the
 //! region): it goes to the store (`ExpertStore::hint`) before the request is computed, and is
@@ -238,8 +239,10 @@ impl NodeService {
             .map_err(status_of_store)
     }
 
-    /// Runs the expert groups of validated work that `board` hands this node under `tag` into
-    /// their rows of `out`; returns the pairs computed (indices into the request's pairs).
+    /// Runs the first `owned` expert groups of validated work (this node's alone) and those
+    /// after them that `board` hands this node under `tag` into their rows of `out`; returns
+    /// the pairs computed (indices into the request's pairs).
+    #[allow(clippy::too_many_arguments)]
     fn run_shared(
         store: &ExpertStore,
         pool: Option<&rayon::ThreadPool>,
@@ -247,9 +250,26 @@ impl NodeService {
         work: &Work,
         board: &ClaimBoard,
         tag: u32,
+        owned: u32,
         out: &mut [f32],
     ) -> Result<Vec<u32>, Status> {
-        let claim = |groups: usize| board.claim(tag, groups as u32).map(|g| g as usize);
+        let groups = nightshift_model::expert::expert_groups(&work.pairs).len();
+        let owned = owned as usize;
+        if owned > groups {
+            return Err(Status::invalid_argument(format!(
+                "a shared call owning {owned} expert groups of {groups}"
+            )));
+        }
+        let taken = std::sync::atomic::AtomicUsize::new(0);
+        let claim = |groups: usize| {
+            let i = taken.fetch_add(1, Ordering::Relaxed);
+            if i < owned {
+                return Some(i);
+            }
+            board
+                .claim(tag, (groups - owned) as u32)
+                .map(|g| owned + g as usize)
+        };
         store
             .run_claimed(
                 work.layer,
@@ -588,7 +608,7 @@ impl Link {
         pool: Option<&rayon::ThreadPool>,
         msg: ComputeRequest,
     ) -> Result<Option<Vec<u32>>, Status> {
-        let tag = server.claim_tag();
+        let (tag, owned) = (server.claim_tag(), server.owned_groups());
         let board = match (tag, &self.board) {
             (0, _) => None,
             (_, Some(b)) => Some(b),
@@ -606,9 +626,8 @@ impl Link {
             let (store, n_embd) = (&self.store, self.n_embd);
             match board {
                 None => NodeService::run_into(store, pool, n_embd, &work, rows).map(|()| None),
-                Some(b) => {
-                    NodeService::run_shared(store, pool, n_embd, &work, b, tag, rows).map(Some)
-                }
+                Some(b) => NodeService::run_shared(store, pool, n_embd, &work, b, tag, owned, rows)
+                    .map(Some),
             }
         }))
         .unwrap_or_else(|_| Err(Status::internal("worker failed: it panicked")))

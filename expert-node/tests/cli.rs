@@ -2,7 +2,8 @@
 //! to start (before loading anything, saying what to pass) unless `--insecure-no-auth` says the
 //! network is trusted; an empty token file is refused too; with a token it starts and listens.
 //! It logs "ready" only once it listens: a port already taken fails it without that line. A
-//! `--cold-cache` that is neither a size nor `auto` is refused with what it expected.
+//! `--cold-cache` that is neither a size nor `auto` is refused with what it expected, and so is a
+//! `--cold-io-depth` outside 1 to 64.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -158,6 +159,33 @@ fn cold_cache_sizes_are_checked_before_anything_is_served() {
             "50%",
             "--cold-cache",
             "1MiB"
+        ]
+    ));
+    for bad in ["0", "65"] {
+        let err = refused(
+            &d,
+            &[
+                "--insecure-no-auth",
+                "--cold-cache",
+                "1MiB",
+                "--cold-io-depth",
+                bad,
+            ],
+        );
+        assert!(
+            err.contains("--cold-io-depth") && err.contains("expected 1 to 64"),
+            "{bad}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{bad}: {err}");
+    }
+    assert!(listens(
+        &d,
+        &[
+            "--insecure-no-auth",
+            "--cold-cache",
+            "1MiB",
+            "--cold-io-depth",
+            "2"
         ]
     ));
 }

@@ -1,6 +1,6 @@
 //! The cold-expert staging cache (`nightshift_model::cold`): an engine whose non-resident
 //! experts are read whole into the cache gives the same logits bit for bit as the plain engine
-//! (both architectures), whether the cache holds one expert (every call streams its cold
+//! (both architectures), with one read in flight or several, whether the cache holds one expert (every call streams its cold
 //! experts through it, evicting as it goes) or many (decode steps hit), with and without the
 //! one-layer-ahead prediction reading into it; the cache stays within its capacity between
 //! calls, holds the file's bytes, and refuses misuse with an error; a read a call waits for while
@@ -62,13 +62,21 @@ fn check(name: &str) {
     drop(cache_probe);
     // every fourth expert resident, the rest cold
     let resident: Vec<(u32, u32)> = all.iter().copied().step_by(4).collect();
-    for (experts_held, predict) in [(1u64, false), (1, true), (12, true), (12, false)] {
+    // one read in flight, or several (`--cold-io-depth`): the same bits
+    for (experts_held, predict, depth) in [
+        (1u64, false, 1),
+        (1, true, 4),
+        (12, true, 1),
+        (12, true, 4),
+        (12, false, 4),
+    ] {
         let residency = Arc::new(ExpertResidency::new(u64::MAX));
         residency
             .set(model.gguf(), &resident, None)
             .expect("resident set");
         let capacity = experts_held * largest;
-        let cache = Arc::new(ColdCache::new(model.clone(), capacity).expect("cache"));
+        let cache =
+            Arc::new(ColdCache::with_io_depth(model.clone(), capacity, depth).expect("cache"));
         let mut local = LocalExperts::new(model.clone(), Some(pool.clone()))
             .with_residency(residency)
             .with_cold_cache(cache.clone());
@@ -83,7 +91,9 @@ fn check(name: &str) {
             prefetch = Some(p);
         }
         let got = run(&model, Arc::new(local), 6);
-        let what = format!("{name}, cache of {experts_held} experts, prediction {predict}");
+        let what = format!(
+            "{name}, cache of {experts_held} experts, prediction {predict}, {depth} reads in flight"
+        );
         assert_eq!(got, want, "{what}: the staged cold path changed the logits");
         let st = cache.stats();
         assert!(st.misses > 0 && st.bytes_read > 0, "{what}: {st:?}");

@@ -24,7 +24,7 @@
 //! | 28..32 | response counter: set to the request's counter by the node after answering (futex) |
 //! | 32..36 | closed: bit 0 the coordinator left, bit 1 the node left |
 //! | 36..40 | the coordinator's process id (the node stops serving when it is gone) |
-//! | 64..100 | request: id u64, layer, act_type, n_rows, n_embd, n_pairs, acts_len, claim tag (u32 each) |
+//! | 64..104 | request: id u64, layer, act_type, n_rows, n_embd, n_pairs, acts_len, claim tag, owned groups (u32 each) |
 //! | 128..148 | response: id u64, status i32 (0 = outputs, else a gRPC code), length u32, answered u32 |
 //! | 256..264 | the request's prefetch hint: layer u32, count u32 (0: none) |
 //! | 264..4096 | its experts, u32 each (at most [`MAX_HINT_EXPERTS`]) |
@@ -36,7 +36,9 @@
 //! copied on the way. A request with a claim tag (not 0) is a *shared* call ([`board`]): the node
 //! computes only the expert groups it claims from the board, fills their slots, and lists the
 //! pairs it computed ("answered" of them, `u32` indices into the request's pairs) after the
-//! slots. An answer to an ordinary request fills every slot and has answered = `u32::MAX`.
+//! slots. The first "owned groups" expert groups of a shared request are this node's alone (the
+//! ones it was hinted to read ahead), computed without claiming; the board's group numbers
+//! count the groups after them, which every node taking part is sent in the same order. An answer to an ordinary request fills every slot and has answered = `u32::MAX`.
 //!
 //! The coordinator writes the request area only while no request is outstanding, the node the
 //! response area only while one is; the counters' release/acquire order publishes each. The node
@@ -300,12 +302,18 @@ impl ShmClient {
     /// Writes `req` into the region and wakes the node. One request at a time: a second post
     /// before the answer to the first is an error.
     pub fn post(&mut self, req: &ComputeRequest) -> Result<(), ShmError> {
-        self.post_tagged(req, 0)
+        self.post_tagged(req, 0, 0)
     }
 
     /// As [`ShmClient::post`], as a shared call under `tag` of the node's claim board
-    /// ([`board`]; 0: an ordinary call): the answer is a [`ShmReply::Partial`].
-    pub fn post_tagged(&mut self, req: &ComputeRequest, tag: u32) -> Result<(), ShmError> {
+    /// ([`board`]; 0: an ordinary call), the request's first `owned` expert groups the node's
+    /// alone: the answer is a [`ShmReply::Partial`].
+    pub fn post_tagged(
+        &mut self,
+        req: &ComputeRequest,
+        tag: u32,
+        owned: u32,
+    ) -> Result<(), ShmError> {
         let r = &self.region;
         if r.closed() != 0 {
             return Err(ShmError::Closed);
@@ -344,6 +352,7 @@ impl ShmClient {
             n as u32,
             req.acts.len() as u32,
             tag,
+            owned,
         ]
         .into_iter()
         .enumerate()
@@ -522,6 +531,8 @@ pub struct ShmServer {
     current: Option<u32>,
     /// Its claim tag.
     tag: u32,
+    /// Its expert groups this node computes without claiming (the first ones).
+    owned: u32,
     /// Its pairs and row width (the shape of the row slots).
     shape: (usize, usize),
 }
@@ -568,6 +579,7 @@ impl ShmServer {
             client_pid,
             current: None,
             tag: 0,
+            owned: 0,
             shape: (0, 0),
         };
         if !server.client_alive() {
@@ -593,6 +605,11 @@ impl ShmServer {
         self.tag
     }
 
+    /// How many of the shared request's first expert groups are this node's alone.
+    pub fn owned_groups(&self) -> u32 {
+        self.owned
+    }
+
     /// Waits up to `timeout` for a request. `Ok(None)`: nothing came; `Err(Closed)`: the
     /// coordinator left (or died). A request must be answered before the next is taken.
     pub fn next(&mut self, timeout: Duration) -> Result<Option<Incoming>, ShmError> {
@@ -607,6 +624,7 @@ impl ShmServer {
                 self.seen = seq;
                 self.current = Some(seq);
                 self.tag = r.get(OFF_REQ + 8 + 4 * 6);
+                self.owned = r.get(OFF_REQ + 8 + 4 * 7);
                 return Ok(Some(self.take()));
             }
             let now = Instant::now();

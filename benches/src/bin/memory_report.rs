@@ -18,7 +18,10 @@
 //! the layer started (`mincore`), or were in the staging cache. The optional arms are `planned`
 //! with other cold paths, for A/B in one run: `planned-wn`, whole experts advised
 //! `MADV_WILLNEED` into the page cache (no staging cache: the cold path before it), and
-//! `planned-ra`, page faults and the kernel's read-around (`prefetch::ColdReads::ReadAround`).
+//! `planned-ra`, page faults and the kernel's read-around (`prefetch::ColdReads::ReadAround`);
+//! `planned@N` and `random@N` read N cold experts at once into the staging cache instead of
+//! `--cold-io-depth` (A/B of its depth in one run: each prints its decode steps' demand reads
+//! and time waited on cold reads per token, and the MiB/s its reads got).
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -49,6 +52,23 @@ const ARMS: [&str; 6] = [
     "planned-wn",
     "planned-ra",
 ];
+/// Arm `name`'s kind (one of [`ARMS`]) and, for `planned@N` / `random@N`, its I/O depth N.
+fn split_arm(name: &str) -> anyhow::Result<(&str, Option<usize>)> {
+    let (kind, depth) = match name.split_once('@') {
+        Some((k, d)) if k == "planned" || k == "random" => {
+            let d = d
+                .parse::<usize>()
+                .with_context(|| format!("arm {name}: expected planned@N or random@N"))?;
+            (k, Some(d))
+        }
+        _ => (name, None),
+    };
+    if !ARMS.contains(&kind) {
+        bail!("arm {name}: expected one of {ARMS:?} (planned and random may take @N)");
+    }
+    Ok((kind, depth))
+}
+
 /// The arms run when `--arms` is not given.
 const DEFAULT_ARMS: [&str; 4] = ["all", "planned", "random", "pagecache"];
 const CGROUP_ROOT: &str = "/sys/fs/cgroup/memory";
@@ -72,6 +92,11 @@ struct Args {
     /// of a decode step use; a size; 0 for none); added to the budget arms' cgroup limit.
     #[arg(long, default_value = "auto")]
     cold_cache: String,
+    /// The staging cache's reads in flight (`--cold-io-depth`) for the planned and random arms;
+    /// an arm named `planned@N` or `random@N` reads N at once instead, so depths run
+    /// interleaved in one invocation (`--arms planned@1,planned@4`).
+    #[arg(long, default_value_t = nightshift_model::cold::DEFAULT_IO_DEPTH)]
+    cold_io_depth: usize,
     #[arg(long, default_value_t = 2)]
     rounds: usize,
     #[arg(long, default_value_t = 64)]
@@ -107,6 +132,8 @@ struct Run {
     hit: f64,
     /// the staging cache's counters
     cold: Option<String>,
+    /// per decode token: demand reads, ms waited; MiB/s while reading
+    cold_decode: Option<[f64; 3]>,
 }
 
 /// This process's bytes read from storage (`/proc/self/io`, all threads), major and minor
@@ -194,9 +221,8 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
         std::fs::write(cg.join("cgroup.procs"), "0")
             .with_context(|| format!("entering cgroup {}", cg.display()))?;
     }
-    if !ARMS.contains(&arm) {
-        bail!("--child: expected one of {ARMS:?}, found {arm:?}");
-    }
+    let (arm, depth) = split_arm(arm)?;
+    let depth = depth.unwrap_or(a.cold_io_depth);
     let experts = if arm == "all" {
         ExpertMemory::Resident
     } else {
@@ -226,7 +252,7 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
         let mut p = Prefetcher::with_cold_reads(model.clone(), reads)?;
         local = local.with_residency(r.clone());
         if arm == "planned" || arm == "random" {
-            cold = build_cold_cache(&model, &a.cold_cache)?;
+            cold = build_cold_cache(&model, &a.cold_cache, depth)?;
         }
         if let Some(c) = &cold {
             p = p.with_cold_cache(c.clone());
@@ -271,6 +297,7 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
     let prefill = t.elapsed().as_secs_f64();
     observed.counting.store(true, Ordering::Relaxed);
     let (read0, flt0, min0) = io_counters();
+    let cold0 = cold.as_ref().map(|c| c.stats());
     let t = Instant::now();
     for _ in 0..a.decode {
         let next = argmax(&logits) as u32;
@@ -279,6 +306,17 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
     let decode = t.elapsed().as_secs_f64();
     let (read1, flt1, min1) = io_counters();
     let n = a.decode.max(1) as f64;
+    // the staging cache over the decode steps: demand reads and time calls waited per token,
+    // and MiB/s while reads were in flight
+    let cold_decode = cold.as_ref().zip(cold0).map(|(c, s0)| {
+        let s1 = c.stats();
+        let busy = (s1.busy_us - s0.busy_us).max(1) as f64 / 1e6;
+        [
+            (s1.misses - s0.misses) as f64 / n,
+            (s1.wait_us - s0.wait_us) as f64 / 1e3 / n,
+            (s1.bytes_read - s0.bytes_read) as f64 / (1u64 << 20) as f64 / busy,
+        ]
+    });
     let used = observed.used.load(Ordering::Relaxed).max(1) as f64;
     let p = prefetch.map(|p| {
         let s = p.stats();
@@ -302,6 +340,7 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
             "minflt": (min1 - min0) as f64 / n,
             "hit": observed.hits.load(Ordering::Relaxed) as f64 / used,
             "cold": cold.map(|c| c.stats().summary()),
+            "cold_decode": cold_decode,
         })
     );
     Ok(())
@@ -349,8 +388,8 @@ fn parent(a: &Args) -> anyhow::Result<()> {
     } else {
         a.arms.clone()
     };
-    if let Some(bad) = arms.iter().find(|x| !ARMS.contains(&x.as_str())) {
-        bail!("--arms: expected some of {ARMS:?}, found {bad:?}");
+    for arm in &arms {
+        split_arm(arm).context("--arms")?;
     }
     let model = Model::load_with(
         &a.model,
@@ -405,6 +444,7 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                 .args(["--plan", &a.plan.display().to_string()])
                 .args(["--budget", &budget.to_string()])
                 .args(["--cold-cache", &cold.to_string()])
+                .args(["--cold-io-depth", &a.cold_io_depth.to_string()])
                 .args(["--prefill", &a.prefill.to_string()])
                 .args(["--decode", &a.decode.to_string()])
                 .args(["--threads", &a.threads.to_string()])
@@ -438,6 +478,14 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                 minflt: f("minflt"),
                 hit: f("hit"),
                 cold: v.get("cold").and_then(|c| c.as_str()).map(str::to_string),
+                cold_decode: v.get("cold_decode").and_then(|p| {
+                    let p = p.as_array()?;
+                    Some([
+                        p.first()?.as_f64()?,
+                        p.get(1)?.as_f64()?,
+                        p.get(2)?.as_f64()?,
+                    ])
+                }),
             };
             println!(
                 "round {round} {arm:<10} prefill {:7.2} tok/s  decode {:6.2} tok/s  resident {} MiB  per decode token: read {:.1} MiB, {:.0} major / {:.0} minor faults, experts in memory {:.1}%{}",
@@ -459,6 +507,9 @@ fn parent(a: &Args) -> anyhow::Result<()> {
             );
             if let Some(c) = &run.cold {
                 println!("    {c}");
+            }
+            if let Some([m, w, bw]) = run.cold_decode {
+                println!("    decode: {m:.1} demand reads and {w:.2} ms waiting on cold reads per token, {bw:.0} MiB/s while reading");
             }
             results[i].push(run);
         }

@@ -39,6 +39,8 @@ pub enum BudgetError {
     Residency(#[from] ResidencyError),
     #[error("cannot start the prefetch thread: {0}")]
     Thread(std::io::Error),
+    #[error("--cold-io-depth: {0}")]
+    IoDepth(std::io::Error),
 }
 
 /// Seed of the default (random) resident set.
@@ -89,16 +91,20 @@ pub fn random_set(shape: &ModelShape, budget: u64, per_expert: u64, seed: u64) -
 pub fn build_cold_cache(
     model: &Arc<Model>,
     size: &str,
+    io_depth: usize,
 ) -> Result<Option<Arc<ColdCache>>, ClusterError> {
     let shape = model_shape(model)?;
     let all = shape.expert_bytes * (shape.moe_layers.len() * shape.n_experts) as u64;
     let capacity = parse_size_or_auto(size, all).map_err(BudgetError::ColdSize)?;
-    let Some(cache) = ColdCache::start(model.clone(), capacity).map_err(BudgetError::Thread)?
+    nightshift_model::cold::check_io_depth(io_depth).map_err(BudgetError::IoDepth)?;
+    let Some(cache) =
+        ColdCache::start(model.clone(), capacity, io_depth).map_err(BudgetError::Thread)?
     else {
         return Ok(None);
     };
     tracing::info!(
         cold_cache_mib = cache.capacity() >> 20,
+        io_depth = cache.io_depth(),
         "cold experts are read whole into a staging cache"
     );
     Ok(Some(Arc::new(cache)))

@@ -117,6 +117,11 @@ pub struct ClusterArgs {
     /// instead). Taken on top of the budget.
     #[arg(long, requires = "memory_budget", default_value = "auto")]
     pub cold_cache: String,
+    /// With --memory-budget: cold experts the staging cache reads at once (its I/O threads, 1
+    /// to 64; 1 reads one at a time). Predictions take all but one, so a layer waiting for an
+    /// expert never waits behind them.
+    #[arg(long, requires = "memory_budget", default_value_t = nightshift_model::cold::DEFAULT_IO_DEPTH)]
+    pub cold_io_depth: usize,
 }
 
 /// `--expert-memory`.
@@ -364,7 +369,7 @@ pub fn build(
             None => None,
         };
         let cold = match &residency {
-            Some(_) => budget::build_cold_cache(model, &args.cold_cache)?,
+            Some(_) => budget::build_cold_cache(model, &args.cold_cache, args.cold_io_depth)?,
             None => None,
         };
         let prefetch = match residency.is_some() && !args.no_prefetch {

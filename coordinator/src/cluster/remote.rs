@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use nightshift_atlas_core::placement::Placement;
+use nightshift_atlas_core::placement::{NodeId, Placement};
 use nightshift_model::prefetch::NextLayer;
 use nightshift_proto::v1::expert_service_client::ExpertServiceClient;
 use nightshift_proto::v1::{compute_response, ComputeRequest, InfoRequest};
@@ -169,6 +169,9 @@ pub(super) struct Shared {
     next_tag: std::sync::atomic::AtomicU32,
     /// The next MoE layer's router, for prefetch hints to nodes (`hints`); unset: no hints.
     predictor: std::sync::OnceLock<Arc<NextLayer>>,
+    /// Per MoE layer, the node each expert the last hints for it named was hinted to: a shared
+    /// call of that layer leaves those experts' groups to those nodes (`hints`).
+    hinted: Mutex<HashMap<u32, HashMap<u32, NodeId>>>,
 }
 
 /// The remote expert backend.
@@ -278,6 +281,7 @@ impl RemoteExperts {
             board_busy: std::sync::atomic::AtomicBool::new(false),
             next_tag: std::sync::atomic::AtomicU32::new(1),
             predictor: std::sync::OnceLock::new(),
+            hinted: Mutex::new(HashMap::new()),
         });
         let s = shared.clone();
         // First connection attempts, waited for without `block_on` (callers may be async).

@@ -11,8 +11,10 @@
 //! holds: never more than `capacity` bytes plus the experts calls are computing and those they
 //! wait for when the calls holding the rest do not let go within 100 ms.
 //!
-//! Reads run on one I/O thread, demand reads (a layer is waiting) before prefetch reads (the
-//! one-layer-ahead prediction, [`crate::prefetch`]). A prefetch that finds no room without
+//! Reads run on `depth` I/O threads (`--cold-io-depth`, default [`DEFAULT_IO_DEPTH`]): up to
+//! that many experts read at once, demand reads (a layer is waiting) before prefetch reads (the
+//! one-layer-ahead prediction, [`crate::prefetch`]), and predictions never on the last free
+//! thread, so **a demand read never waits behind predictions** (`io.rs`). A prefetch that finds no room without
 //! evicting something a call still needs is dropped; a demand read waits for room. A copy
 //! counts as used when it is read, so a prediction read ahead is not the first copy the next
 //! read evicts before its layer takes it. Callers
@@ -30,20 +32,20 @@
 //! **where a cold expert is read from never changes outputs.**
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::File;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::error::ExpertError;
 use crate::expert::ExpertWeights;
 
 mod files;
+mod io;
 mod staged;
 mod window;
 pub use files::ExpertFiles;
-use files::{expert_spans, footprint, n_expert_used};
+use files::{footprint, n_expert_used};
 pub use staged::{run_cached, ClaimedCold};
 pub(crate) use window::ColdWindow;
 
@@ -54,9 +56,27 @@ const ALIGN: u64 = 4096;
 /// (layer, expert)
 type Key = (u32, u32);
 
+/// Reads in flight at once by default (`--cold-io-depth`): measured on this project's VM disk
+/// (README, cold-cache paragraph).
+pub const DEFAULT_IO_DEPTH: usize = 2;
+
+/// Most reads in flight a cache takes (`--cold-io-depth` above it is refused).
+pub const MAX_IO_DEPTH: usize = 64;
+
 /// How long a demanded read waits for room while calls hold copies before it goes over the
 /// capacity.
 const ROOM_WAIT: Duration = Duration::from_millis(100);
+
+/// `depth` as `--cold-io-depth` takes it: 1 to [`MAX_IO_DEPTH`].
+pub fn check_io_depth(depth: usize) -> std::io::Result<()> {
+    if (1..=MAX_IO_DEPTH).contains(&depth) {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("cold cache I/O depth {depth}: expected 1 to {MAX_IO_DEPTH} reads in flight"),
+    ))
+}
 
 /// Memory for one expert: an anonymous mapping on huge pages where the kernel gives them (a
 /// fresh 4 KiB-page buffer would cost a page fault per 4 KiB on every read), from `start` for
@@ -145,6 +165,9 @@ pub struct ColdStats {
     pub bytes_read: u64,
     /// time calls waited for an expert, in microseconds
     pub wait_us: u64,
+    /// time at least one read was in flight, in microseconds (`bytes_read` over it is the
+    /// bandwidth the reads got)
+    pub busy_us: u64,
 }
 
 impl ColdStats {
@@ -154,10 +177,15 @@ impl ColdStats {
         (n > 0).then(|| self.hits as f64 / n as f64)
     }
 
+    /// Bytes per second read while reads were in flight.
+    pub fn read_bandwidth(&self) -> Option<f64> {
+        (self.busy_us > 0).then(|| self.bytes_read as f64 / (self.busy_us as f64 / 1e6))
+    }
+
     /// One line for logs and reports.
     pub fn summary(&self) -> String {
         format!(
-            "cold cache: {} hits, {} misses ({}), {} read ahead, {} predictions dropped, {} evicted, {:.1} MiB read, {:.1} ms waited",
+            "cold cache: {} hits, {} misses ({}), {} read ahead, {} predictions dropped, {} evicted, {:.1} MiB read ({} while reading), {:.1} ms waited",
             self.hits,
             self.misses,
             self.hit_rate()
@@ -166,6 +194,8 @@ impl ColdStats {
             self.dropped,
             self.evicted,
             self.bytes_read as f64 / (1u64 << 20) as f64,
+            self.read_bandwidth()
+                .map_or("-".into(), |b| format!("{:.0} MiB/s", b / (1u64 << 20) as f64)),
             self.wait_us as f64 / 1000.0
         )
     }
@@ -180,11 +210,14 @@ struct Counters {
     evicted: AtomicU64,
     bytes_read: AtomicU64,
     wait_us: AtomicU64,
+    busy_us: AtomicU64,
 }
 
 enum Slot {
-    /// waiting for the I/O thread (holds no memory yet)
+    /// waiting for an I/O thread (holds no memory yet)
     Queued,
+    /// taken by an I/O thread that is making room for it (holds no memory yet)
+    Picked,
     /// being read (its footprint is reserved)
     Loading,
     Ready(Arc<ColdCopy>),
@@ -202,7 +235,7 @@ struct Entry {
 }
 
 impl Entry {
-    /// An expert waiting for the I/O thread, demanded by `wanted` calls.
+    /// An expert waiting for an I/O thread, demanded by `wanted` calls.
     fn queued(size: u64, wanted: u32) -> Entry {
         Entry {
             slot: Slot::Queued,
@@ -223,26 +256,35 @@ struct State {
     tick: u64,
     demand: VecDeque<Key>,
     prefetch: VecDeque<Key>,
+    /// predictions taken by I/O threads and not finished (at most `depth - 1`, or 1)
+    prefetching: usize,
+    /// demand reads taken by I/O threads and not finished (no prediction starts meanwhile)
+    demanding: usize,
+    /// reads in flight, and since when one has been (the disk's busy time)
+    in_flight: usize,
+    busy_since: Option<Instant>,
     closed: bool,
-    /// the I/O thread has ended (a cache whose reads can never finish must not be waited on)
+    /// I/O threads running
+    workers: usize,
+    /// every I/O thread has ended (a cache whose reads can never finish must not be waited on)
     io_gone: bool,
 }
 
 struct Shared {
     files: Arc<dyn ExpertFiles>,
-    readers: Vec<Mutex<ReadFile>>,
+    readers: Vec<RwLock<io::ReadFile>>,
     capacity: u64,
+    /// I/O threads: reads in flight at most
+    depth: usize,
     state: Mutex<State>,
     changed: Condvar,
     counters: Counters,
+    /// holds reads back where a test says (the order they start in is what it checks)
+    #[cfg(test)]
+    gate: tests::Gate,
 }
 
-struct ReadFile {
-    file: File,
-    direct: bool,
-}
-
-/// The staging cache and its I/O thread (module doc). The thread ends with the cache.
+/// The staging cache and its I/O threads (module doc). The threads end with the cache.
 pub struct ColdCache {
     shared: Arc<Shared>,
 }
@@ -254,61 +296,62 @@ impl Drop for ColdCache {
     }
 }
 
-/// Opens `path` for reading with `O_DIRECT` where the file system takes it.
-fn open_direct(path: &std::path::Path) -> std::io::Result<ReadFile> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        if let Ok(file) = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-        {
-            return Ok(ReadFile { file, direct: true });
-        }
-    }
-    Ok(ReadFile {
-        file: File::open(path)?,
-        direct: false,
-    })
-}
-
 impl ColdCache {
     /// A cache of at most `capacity` bytes of cold experts of `files` (the experts a call is
-    /// computing may add to it), with its I/O thread.
+    /// computing may add to it), with [`DEFAULT_IO_DEPTH`] I/O threads.
     pub fn new(files: Arc<dyn ExpertFiles>, capacity: u64) -> std::io::Result<ColdCache> {
+        ColdCache::with_io_depth(files, capacity, DEFAULT_IO_DEPTH)
+    }
+
+    /// A cache of at most `capacity` bytes of cold experts of `files` reading up to `depth`
+    /// experts at once (`depth` I/O threads; 1 to [`MAX_IO_DEPTH`], an `InvalidInput` error
+    /// otherwise).
+    pub fn with_io_depth(
+        files: Arc<dyn ExpertFiles>,
+        capacity: u64,
+        depth: usize,
+    ) -> std::io::Result<ColdCache> {
+        check_io_depth(depth)?;
         let readers = files
             .gguf()
             .paths()
-            .map(|p| open_direct(p).map(Mutex::new))
+            .map(|p| io::open_direct(p).map(RwLock::new))
             .collect::<std::io::Result<Vec<_>>>()?;
         let shared = Arc::new(Shared {
             files,
             readers,
             capacity,
+            depth,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             counters: Counters::default(),
+            #[cfg(test)]
+            gate: Default::default(),
         });
-        let io = shared.clone();
-        std::thread::Builder::new()
-            .name("nightshift-cold-io".into())
-            .spawn(move || io.serve())?;
+        io::spawn(&shared, depth)?;
         Ok(ColdCache { shared })
     }
 
-    /// The cache `--cold-cache` asks for (on `serve`/`generate` and on expert nodes), its I/O
-    /// thread started: `capacity` None (`auto`) is [`ColdCache::default_capacity`]; 0 is no
-    /// cache (cold experts are read through the page cache).
+    /// The cache `--cold-cache` and `--cold-io-depth` ask for (on `serve`/`generate` and on
+    /// expert nodes), its I/O threads started: `capacity` None (`auto`) is
+    /// [`ColdCache::default_capacity`]; 0 is no cache (cold experts are read through the page
+    /// cache).
     pub fn start(
         files: Arc<dyn ExpertFiles>,
         capacity: Option<u64>,
+        depth: usize,
     ) -> std::io::Result<Option<ColdCache>> {
+        check_io_depth(depth)?;
         let capacity = capacity.unwrap_or_else(|| ColdCache::default_capacity(&*files));
         if capacity == 0 {
             return Ok(None);
         }
-        ColdCache::new(files, capacity).map(Some)
+        ColdCache::with_io_depth(files, capacity, depth).map(Some)
+    }
+
+    /// Reads in flight at most (its I/O threads).
+    pub fn io_depth(&self) -> usize {
+        self.shared.depth
     }
 
     /// The default capacity for `files` (`--cold-cache auto`): a quarter of the memory this
@@ -373,6 +416,7 @@ impl ColdCache {
             evicted: g(&c.evicted),
             bytes_read: g(&c.bytes_read),
             wait_us: g(&c.wait_us),
+            busy_us: g(&c.busy_us),
         }
     }
 
@@ -474,13 +518,13 @@ impl ColdCache {
                         "cold expert (layer {layer} expert {e}): {msg}"
                     )));
                 }
-                Slot::Queued | Slot::Loading if !wait => return Ok(None),
-                Slot::Queued | Slot::Loading if io_gone => {
+                Slot::Queued | Slot::Picked | Slot::Loading if !wait => return Ok(None),
+                Slot::Queued | Slot::Picked | Slot::Loading if io_gone => {
                     return Err(ExpertError::Backend(
-                        "cold cache: its I/O thread has stopped".into(),
+                        "cold cache: its I/O threads have stopped".into(),
                     ));
                 }
-                Slot::Queued | Slot::Loading => {
+                Slot::Queued | Slot::Picked | Slot::Loading => {
                     st = self
                         .shared
                         .changed
@@ -535,7 +579,7 @@ impl ColdCache {
         self.shared.changed.notify_all();
     }
 
-    /// Tells the I/O thread that copies taken have been dropped (room may be free).
+    /// Tells the I/O threads that copies taken have been dropped (room may be free).
     pub fn released(&self) {
         self.shared.changed.notify_all();
     }
@@ -545,229 +589,37 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
 
-    /// The I/O thread: demand reads first, then predictions.
-    fn serve(&self) {
-        /// Marks the thread gone however it ends, and wakes the calls waiting for it.
-        struct Gone<'a>(&'a Shared);
-        impl Drop for Gone<'_> {
-            fn drop(&mut self) {
-                self.0.lock().io_gone = true;
-                self.0.changed.notify_all();
-            }
-        }
-        let _gone = Gone(self);
-        let mut st = self.lock();
-        loop {
-            if st.closed {
-                return;
-            }
-            let (key, demanded) = if let Some(k) = st.demand.pop_front() {
-                (k, true)
-            } else if let Some(k) = st.prefetch.pop_front() {
-                (k, false)
-            } else {
-                st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
-                continue;
-            };
-            let Some(size) = st
-                .entries
-                .get(&key)
-                .filter(|en| matches!(en.slot, Slot::Queued))
-                .map(|en| en.size)
-            else {
-                continue;
-            };
-            // make room: reuse a spare buffer, or evict the least recently used copies no
-            // call holds or still needs
-            let mut buffer = None;
-            let waiting = Instant::now();
-            loop {
-                if st.closed {
-                    return;
-                }
-                if let Some(i) = st.spare.iter().position(|b| b.cap >= size) {
-                    buffer = Some(st.spare.swap_remove(i));
-                    break;
-                }
-                if st.bytes + size <= self.capacity {
-                    break;
-                }
-                if let Some(b) = st.spare.pop() {
-                    st.bytes = st.bytes.saturating_sub(b.cap);
-                    continue;
-                }
-                let victim = st
-                    .entries
-                    .iter()
-                    .filter(|(_, en)| {
-                        en.wanted == 0
-                            && matches!(&en.slot, Slot::Ready(c) if Arc::strong_count(c) == 1)
-                    })
-                    .min_by_key(|(_, en)| en.last)
-                    .map(|(k, _)| *k);
-                if let Some(v) = victim {
-                    if let Some(en) = st.entries.remove(&v) {
-                        self.counters.evicted.fetch_add(1, Ordering::Relaxed);
-                        match en.slot {
-                            Slot::Ready(c) => match Arc::try_unwrap(c) {
-                                Ok(copy) => st.spare.push(copy.buf),
-                                Err(_) => st.bytes = st.bytes.saturating_sub(en.size),
-                            },
-                            _ => st.bytes = st.bytes.saturating_sub(en.size),
-                        }
-                    }
-                    continue;
-                }
-                let wanted = st.entries.get(&key).is_some_and(|en| en.wanted > 0);
-                if !wanted && !demanded {
-                    // a prediction with no room: not read
-                    st.entries.remove(&key);
-                    self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                    break;
-                }
-                // nothing to evict: wait for calls to drop copies or reads to finish, unless
-                // nothing would ever free room (every byte held is wanted by calls that wait
-                // for this read), or not within ROOM_WAIT (the call holding copies may be
-                // waiting for this read further up its own thread: a pool worker that took up
-                // another call while it joined): then go over the capacity rather than stall
-                let busy = st.entries.values().any(|en| {
-                    matches!(en.slot, Slot::Loading)
-                        || matches!(&en.slot, Slot::Ready(c) if Arc::strong_count(c) > 1)
-                });
-                if !busy || waiting.elapsed() >= ROOM_WAIT {
-                    break;
-                }
-                st = self
-                    .changed
-                    .wait_timeout(st, Duration::from_millis(5))
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-            }
-            let Some(en) = st.entries.get_mut(&key) else {
-                // the prediction dropped above
-                continue;
-            };
-            en.slot = Slot::Loading;
-            let size = match &buffer {
-                Some(b) => b.cap,
-                None => {
-                    st.bytes += size;
-                    size
-                }
-            };
-            if let Some(en) = st.entries.get_mut(&key) {
-                en.size = size;
-            }
-            drop(st);
-            let read = self.read(key, buffer);
-            st = self.lock();
-            // a copy just read is the most recently used: a prediction read ahead is not the
-            // first thing the next read evicts before its layer takes it
-            let tick = st.tick + 1;
-            st.tick = tick;
-            let Some(en) = st.entries.get_mut(&key) else {
-                // cannot happen (Loading entries are not removed); keep the count right
-                st.bytes = st.bytes.saturating_sub(size);
-                continue;
-            };
-            match read {
-                Ok(copy) => {
-                    en.slot = Slot::Ready(Arc::new(copy));
-                    en.last = tick;
-                    if !demanded {
-                        self.counters.prefetched.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                Err(e) => {
-                    en.slot = Slot::Failed(e.to_string());
-                    st.bytes = st.bytes.saturating_sub(size);
-                }
-            }
-            self.changed.notify_all();
+impl State {
+    /// A read taken by an I/O thread has ended (read, failed or dropped).
+    fn end_pick(&mut self, demanded: bool) {
+        if demanded {
+            self.demanding -= 1;
+        } else {
+            self.prefetching -= 1;
         }
     }
 
-    /// Reads expert `key` whole into `buffer` (None: a fresh one).
-    fn read(&self, (layer, e): Key, buffer: Option<Buffer>) -> Result<ColdCopy, ExpertError> {
-        let spans = expert_spans(&*self.files, layer as usize, e)?;
-        let total: u64 = spans.iter().map(|s| s.2).sum();
-        let mut buf = match buffer {
-            Some(b) if b.cap >= total => b,
-            _ => Buffer::new(total)
-                .map_err(|err| ExpertError::Backend(format!("cold cache: allocating: {err}")))?,
-        };
-        let mut at = 0usize;
-        let mut ranges: [Range<usize>; 3] = [0..0, 0..0, 0..0];
-        for (i, &(file, start, len, skip, mlen)) in spans.iter().enumerate() {
-            let dst = &mut buf.bytes_mut()[at..at + len as usize];
-            let got = self.read_at(file, start, dst)?;
-            if got < skip + mlen {
-                return Err(ExpertError::Backend(format!(
-                    "cold cache: short read of layer {layer} expert {e} ({got} of {} bytes): the model file changed",
-                    skip + mlen
-                )));
-            }
-            ranges[i] = at + skip..at + skip + mlen;
-            at += len as usize;
+    /// A read starts: the disk is busy from the first read in flight.
+    fn start_read(&mut self) {
+        if self.in_flight == 0 {
+            self.busy_since = Some(Instant::now());
         }
-        self.counters.bytes_read.fetch_add(total, Ordering::Relaxed);
-        Ok(ColdCopy { buf, ranges })
+        self.in_flight += 1;
     }
 
-    /// Reads from file `file` at `offset` into `dst` until it is full or the file ends; the
-    /// bytes read.
-    fn read_at(&self, file: usize, offset: u64, dst: &mut [u8]) -> Result<usize, ExpertError> {
-        use std::os::unix::fs::FileExt;
-        let Some(f) = self.readers.get(file) else {
-            return Err(ExpertError::Backend(format!("cold cache: no file {file}")));
-        };
-        let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
-        let mut got = 0usize;
-        while got < dst.len() {
-            match f.file.read_at(&mut dst[got..], offset + got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if f.direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                    // this file system refuses O_DIRECT for this read: buffered from now on
-                    let path: Vec<&std::path::Path> = self.files.gguf().paths().collect();
-                    let p = path.get(file).copied().ok_or_else(|| {
-                        ExpertError::Backend(format!("cold cache: no file {file}"))
-                    })?;
-                    f.file = File::open(p)
-                        .map_err(|e| ExpertError::Backend(format!("cold cache: {e}")))?;
-                    f.direct = false;
-                }
-                Err(e) => {
-                    return Err(ExpertError::Backend(format!(
-                        "cold cache: reading the model file: {e}"
-                    )))
-                }
+    /// A read ended: the time the disk was busy is counted when the last one in flight ends.
+    fn end_read(&mut self, c: &Counters) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if self.in_flight == 0 {
+            if let Some(t) = self.busy_since.take() {
+                c.busy_us
+                    .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
             }
         }
-        if !f.direct {
-            drop_cached(&f.file, offset, got);
-        }
-        Ok(got)
     }
 }
 
-/// Drops the page-cache pages of a buffered read whose bytes now live in the cache.
-fn drop_cached(file: &File, offset: u64, len: usize) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: a valid open descriptor; fadvise only drops clean cached pages.
-        let _ = unsafe {
-            libc::posix_fadvise(
-                file.as_raw_fd(),
-                offset as libc::off_t,
-                len as libc::off_t,
-                libc::POSIX_FADV_DONTNEED,
-            )
-        };
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (file, offset, len);
-}
+#[cfg(test)]
+mod tests;

@@ -270,12 +270,12 @@ fn shared_calls_answer_the_claimed_pairs() {
     let d = dir();
     let mut client = ShmClient::create_in(&d, 8192, 8192).unwrap();
     let mut server = ShmServer::open_in(&d, client.path()).unwrap();
-    // A shared call: the node answers pairs 3 and 1 only.
-    client.post_tagged(&request(1, 4), 9).unwrap();
+    // A shared call whose first two expert groups are the node's: it answers pairs 3 and 1 only.
+    client.post_tagged(&request(1, 4), 9, 2).unwrap();
     let Ok(Some(Incoming::Request(req))) = server.next(Duration::from_secs(1)) else {
         panic!("expected a request");
     };
-    assert_eq!(server.claim_tag(), 9);
+    assert_eq!((server.claim_tag(), server.owned_groups()), (9, 2));
     let outputs: Vec<u8> = (0..2 * 8 * 4).map(|i| i as u8).collect();
     server.reply(
         req.request_id,
@@ -297,7 +297,7 @@ fn shared_calls_answer_the_claimed_pairs() {
     let Ok(Some(Incoming::Request(req))) = server.next(Duration::from_secs(1)) else {
         panic!("expected a request");
     };
-    assert_eq!(server.claim_tag(), 0);
+    assert_eq!((server.claim_tag(), server.owned_groups()), (0, 0));
     server.reply(
         req.request_id,
         &ShmReply::Partial {
@@ -326,7 +326,7 @@ fn shared_calls_answer_the_claimed_pairs() {
             "pair 0 twice",
         ),
     ] {
-        client.post_tagged(&request(3, 4), 10).unwrap();
+        client.post_tagged(&request(3, 4), 10, 0).unwrap();
         let Ok(Some(Incoming::Request(req))) = server.next(Duration::from_secs(1)) else {
             panic!("expected a request");
         };
@@ -364,7 +364,7 @@ fn rows_go_from_the_node_to_the_coordinator_in_place() {
     let mut server = ShmServer::open_in(&d, client.path()).unwrap();
     assert!(server.rows_mut().is_none(), "no request yet");
     for (tag, answered) in [(0, None), (5, Some(vec![2u32, 0]))] {
-        client.post_tagged(&request(1, 3), tag).unwrap();
+        client.post_tagged(&request(1, 3), tag, 0).unwrap();
         let Ok(Some(Incoming::Request(req))) = server.next(Duration::from_secs(1)) else {
             panic!("expected a request");
         };

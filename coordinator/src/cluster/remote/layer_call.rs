@@ -192,7 +192,7 @@ impl RemoteExperts {
                     let mut posted = Vec::new();
                     let mut streamed = Vec::new();
                     for sh in shares {
-                        match shm_link::post(&self.shared, layer, acts, pairs, sh, 0) {
+                        match shm_link::post(&self.shared, layer, acts, pairs, sh, 0, 0) {
                             Ok(p) => posted.push(p),
                             Err(sh) => streamed.push(sh),
                         }

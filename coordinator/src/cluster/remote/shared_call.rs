@@ -8,7 +8,10 @@
 //! cluster's default placement replicates every expert), the whole call is posted to each of
 //! them under a fresh tag of the claim board (`nightshift_proto::shm::board`), its expert groups
 //! ordered longest first; each node takes groups from the board until none are left and answers
-//! the pairs it computed. The nodes finish within about one group of each other.
+//! the pairs it computed. The nodes finish within about one group of each other. The groups of
+//! experts the last prefetch hints sent to one of them (`hints::take_targets`) are that node's alone,
+//! first in its request: it read them ahead, and another node taking one would read it again.
+//! A node that does not answer leaves them `missing`, as any group it took.
 //!
 //! Outputs are still one row per pair, summed by the engine in top-k order, so results are
 //! bit-identical to any other split. A node that fails or dies leaves the groups it took
@@ -26,7 +29,7 @@ use nightshift_model::{ActRows, ExpertPair};
 
 use super::balance::expert_cost;
 use super::call::{record_spread, Share};
-use super::hints::Hints;
+use super::hints::{self, Hints};
 use super::{hedge, lock, shm_link, LinkState, Shared};
 
 /// What a shared call left to the ordinary rounds.
@@ -56,6 +59,8 @@ pub(super) fn run(
     mut hints: Option<&mut Hints>,
     out: &mut [f32],
 ) -> Option<SharedRound> {
+    // taken whether or not this call is shared: they were for this call only
+    let targets = hints::take_targets(s, layer);
     let board = s.board.as_ref()?;
     // Released on every return below.
     struct Held<'a>(&'a std::sync::atomic::AtomicBool);
@@ -90,7 +95,26 @@ pub(super) fn run(
     let mut order: Vec<(u32, Vec<usize>)> = groups.into_iter().collect();
     order.sort_by_key(|(_, idx)| std::cmp::Reverse(idx.len()));
     let cost: usize = order.iter().map(|(_, idx)| expert_cost(idx.len())).sum();
-    let pair_idx: Vec<usize> = order.into_iter().flat_map(|(_, idx)| idx).collect();
+    // The groups of experts hinted to a taker are that taker's alone, first in its request (it
+    // read them ahead; another node claiming one would read it again, on demand); the rest go
+    // through the board, in the same order in every request.
+    let mut owned: BTreeMap<NodeId, Vec<usize>> = BTreeMap::new();
+    let mut free: Vec<usize> = Vec::new();
+    for (e, idx) in order {
+        match targets.get(&e).copied().filter(|n| takers.contains(n)) {
+            Some(n) => owned.entry(n).or_default().extend(idx),
+            None => free.extend(idx),
+        }
+    }
+    let request_of = |node: NodeId| -> (Vec<usize>, u32) {
+        let mine = owned.get(&node).map_or(&[][..], Vec::as_slice);
+        let groups = mine
+            .iter()
+            .map(|&pi| pairs[pi].expert)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        (mine.iter().chain(&free).copied().collect(), groups as u32)
+    };
     let tag = loop {
         let t = s.next_tag.fetch_add(1, Ordering::Relaxed);
         if t != 0 {
@@ -100,13 +124,18 @@ pub(super) fn run(
     board.start(tag);
     let mut posted = Vec::with_capacity(takers.len());
     for &node in &takers {
+        let (pair_idx, owns) = request_of(node);
+        if pair_idx.is_empty() {
+            // every group is another node's: nothing to post (its hint goes alone, below)
+            continue;
+        }
         let share = Share {
             node,
-            pair_idx: pair_idx.clone(),
+            pair_idx,
             cost: cost / takers.len(),
             hint: hints.as_deref_mut().and_then(|h| h.take(s, node)),
         };
-        match shm_link::post(s, layer, acts, pairs, share, tag) {
+        match shm_link::post(s, layer, acts, pairs, share, tag, owns) {
             Ok(p) => posted.push(p),
             Err(mut back) => {
                 if let Some(h) = hints.as_deref_mut() {

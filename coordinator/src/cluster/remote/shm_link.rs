@@ -87,8 +87,9 @@ impl Drop for Posted {
 }
 
 /// Posts `share` through its node's region, or gives it back for the stream. `tag` (not 0)
-/// makes it a shared call of the claim board (`shared_call`): the node then computes only the
-/// expert groups it claims, and [`wait`] gives back the share narrowed to the pairs it answered.
+/// makes it a shared call of the claim board (`shared_call`): the node then computes the first
+/// `owned` expert groups of the share and those it claims after them, and [`wait`] gives back
+/// the share narrowed to the pairs it answered.
 pub(super) fn post(
     s: &Arc<Shared>,
     layer: usize,
@@ -96,6 +97,7 @@ pub(super) fn post(
     pairs: &[ExpertPair],
     share: Share,
     tag: u32,
+    owned: u32,
 ) -> Result<Posted, Share> {
     let node = &s.nodes[share.node];
     let (link, generation) = match &*lock(&node.state) {
@@ -119,7 +121,7 @@ pub(super) fn post(
     let req = share_request(s, layer, acts, pairs, &share);
     let bytes_out = req.acts.len() + 8 * req.experts.len();
     let started = Instant::now();
-    if let Err(e) = lock(&link.client).post_tagged(&req, tag) {
+    if let Err(e) = lock(&link.client).post_tagged(&req, tag, owned) {
         tracing::debug!(node = %node.name, "shared-memory post failed, using the stream: {e}");
         link.busy.store(false, Ordering::Release);
         return Err(share);
