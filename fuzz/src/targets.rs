@@ -235,6 +235,21 @@ pub fn atlas(data: &[u8]) {
     }
 }
 
+/// `text` cut into stream chunks of about `stride` bytes (on character boundaries).
+fn chunks(text: &str, stride: usize) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < text.len() {
+        let mut end = (at + stride).min(text.len());
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        out.push(&text[at..end]);
+        at = end;
+    }
+    out
+}
+
 /// Generated text through the incremental tool-call parser of each format (the first byte picks
 /// the format and how the text is cut into stream chunks): no panic, every call names a declared
 /// tool and carries a JSON object as arguments, and the stream gives the same calls and the same
@@ -291,14 +306,8 @@ pub fn tool_calls(data: &[u8]) {
     a.extend(whole.finish());
     let mut streamed = ToolParser::new(format, tools());
     let mut b = Vec::new();
-    let mut at = 0;
-    while at < text.len() {
-        let mut end = (at + stride).min(text.len());
-        while !text.is_char_boundary(end) {
-            end += 1;
-        }
-        b.extend(streamed.push(&text[at..end]));
-        at = end;
+    for piece in chunks(&text, stride) {
+        b.extend(streamed.push(piece));
     }
     b.extend(streamed.finish());
     assert_eq!(fold(a), fold(b), "format {format:?}, chunks of {stride}");
@@ -318,14 +327,8 @@ pub fn tool_calls(data: &[u8]) {
             }
         }
     };
-    let mut at = 0;
-    while at < text.len() {
-        let mut end = (at + stride).min(text.len());
-        while !text.is_char_boundary(end) {
-            end += 1;
-        }
-        check(live.push(&text[at..end]));
-        at = end;
+    for piece in chunks(&text, stride) {
+        check(live.push(piece));
     }
     check(live.finish());
     // the reasoning split of the same text: the same pieces whole and in chunks
@@ -346,14 +349,8 @@ pub fn tool_calls(data: &[u8]) {
     a.extend(whole.finish());
     let mut streamed = ThinkSplit::new(open);
     let mut b = Vec::new();
-    let mut at = 0;
-    while at < text.len() {
-        let mut end = (at + stride).min(text.len());
-        while !text.is_char_boundary(end) {
-            end += 1;
-        }
-        b.extend(streamed.push(&text[at..end]));
-        at = end;
+    for piece in chunks(&text, stride) {
+        b.extend(streamed.push(piece));
     }
     b.extend(streamed.finish());
     assert_eq!(join(a), join(b), "reasoning split, chunks of {stride}");
