@@ -1,6 +1,6 @@
 //! The published chat templates of Qwen3-30B-A3B, Qwen3-Coder-30B-A3B (current and 2025-07),
-//! Kimi-K2-Instruct (current, 2025-07 and 0905), Kimi-K2-Thinking, DeepSeek-V3.1 and
-//! DeepSeek-R1 (its distills' copy, the ```json tool-call layout of DeepSeek-V3 and R1) render byte for byte what Python's
+//! Kimi-K2-Instruct (current, 2025-07 and 0905), Kimi-K2-Thinking, DeepSeek-V3 (Dec 2024),
+//! DeepSeek-V3.1 and DeepSeek-R1 (its distills' copy, the ```json tool-call layout of DeepSeek-V3 and R1) render byte for byte what Python's
 //! jinja2 renders in transformers' environment (`tests/data/templates/render_templates.py` made
 //! the `.rendered.txt` files): a conversation with one tool call and its result, and one with two
 //! parallel calls and two results, with `tools=[get_weather]` and the generation prompt.
@@ -106,6 +106,8 @@ const TEMPLATES: &[(&str, &str, &str, bool, bool)] = &[
     ("kimi-k2-instruct-0905", "[BOS]", "[EOS]", false, false),
     ("kimi-k2-thinking", "[BOS]", "[EOS]", false, false),
     ("deepseek-v3.1", DS_BOS, DS_EOS, false, false),
+    // DeepSeek-V3 (Dec 2024): renders the calls only when the content is none
+    ("deepseek-v3", DS_BOS, DS_EOS, false, true),
     // DeepSeek-R1's layout (```json fences), which DeepSeek-V3 (Dec 2024) writes too
     ("deepseek-r1-distill", DS_BOS, DS_EOS, false, true),
 ];

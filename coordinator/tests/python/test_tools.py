@@ -276,9 +276,11 @@ def render_with_jinja2(conv):
     msgs = json.loads(json.dumps(conv))
     for m in msgs:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            # DeepSeek-R1's template writes a second, empty turn for "" (it tests `is not none`)
+            # DeepSeek-R1's template writes a second, empty turn for "" (it tests `is not none`);
+            # DeepSeek-V3's (Dec 2024) renders the calls only when the content is None
             if not m.get("content"):
-                m["content"] = None if "deepseek-r1" in name else ""
+                none = "deepseek-r1" in name or name == "deepseek-v3.jinja"
+                m["content"] = None if none else ""
             m["tool_calls"] = [dict(c) for c in m["tool_calls"]]
             for c in m["tool_calls"]:
                 c["function"] = dict(c["function"])

@@ -228,6 +228,7 @@ fn formats_are_detected_from_the_published_templates() {
         ("kimi-k2-thinking.jinja", ToolFormat::KimiK2),
         ("deepseek-v3.1.jinja", ToolFormat::DeepSeekV31),
         ("deepseek-r1-distill.jinja", ToolFormat::DeepSeekV3),
+        ("deepseek-v3.jinja", ToolFormat::DeepSeekV3),
     ] {
         let src = std::fs::read_to_string(dir.join(file)).unwrap();
         assert_eq!(ToolFormat::detect(&src), Some(want), "{file}");
