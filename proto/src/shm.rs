@@ -46,7 +46,7 @@
 //! region written by anything else gives an error reply, never a read outside it.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
@@ -56,10 +56,12 @@ use crate::v1::{ComputeRequest, PrefetchHint};
 pub mod board;
 mod files;
 mod futex;
+mod region;
 
 pub use files::sweep_stale;
 use files::{create_file, open_checked, process_alive};
 use futex::{futex_wait, futex_wake};
+use region::{from_u32s, u32s, Region};
 
 /// Where regions are created; the node refuses paths elsewhere.
 pub const SHM_DIR: &str = "/dev/shm";
@@ -112,80 +114,6 @@ pub enum ShmError {
     Deadline(u128),
     #[error("malformed response in the shared region: {0}")]
     Malformed(String),
-}
-
-/// A mapped region (either end).
-struct Region {
-    map: MmapRaw,
-    size: usize,
-    req_cap: usize,
-}
-
-impl Region {
-    fn base(&self) -> *mut u8 {
-        self.map.as_mut_ptr()
-    }
-
-    fn word(&self, off: usize) -> &AtomicU32 {
-        debug_assert!(off.is_multiple_of(4) && off + 4 <= HEADER_BYTES);
-        // SAFETY: in bounds (the header is inside every region), 4-aligned (the map is page
-        // aligned), and only ever accessed atomically by both processes.
-        unsafe { &*(self.base().add(off) as *const AtomicU32) }
-    }
-
-    fn wide(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off.is_multiple_of(8) && off + 8 <= HEADER_BYTES);
-        // SAFETY: as `word`, 8-aligned.
-        unsafe { &*(self.base().add(off) as *const AtomicU64) }
-    }
-
-    fn get(&self, off: usize) -> u32 {
-        self.word(off).load(Ordering::Relaxed)
-    }
-
-    fn set(&self, off: usize, v: u32) {
-        self.word(off).store(v, Ordering::Relaxed)
-    }
-
-    fn resp_cap(&self) -> usize {
-        self.size - HEADER_BYTES - self.req_cap
-    }
-
-    /// Copies `src` into the region at `off` (the caller checked the bounds).
-    fn write(&self, off: usize, src: &[u8]) {
-        assert!(off + src.len() <= self.size);
-        // SAFETY: in bounds (asserted); the peer does not touch this area now (protocol).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base().add(off), src.len()) }
-    }
-
-    /// Copies `len` bytes at `off` out of the region (the caller checked the bounds).
-    fn read(&self, off: usize, len: usize) -> Vec<u8> {
-        assert!(off + len <= self.size);
-        let mut v = vec![0u8; len];
-        // SAFETY: in bounds (asserted).
-        unsafe { std::ptr::copy_nonoverlapping(self.base().add(off), v.as_mut_ptr(), len) }
-        v
-    }
-
-    fn closed(&self) -> u32 {
-        self.word(OFF_CLOSED).load(Ordering::Acquire)
-    }
-
-    fn close(&self, bit: u32) {
-        self.word(OFF_CLOSED).fetch_or(bit, Ordering::AcqRel);
-        futex_wake(self.word(OFF_REQ_SEQ));
-        futex_wake(self.word(OFF_RESP_SEQ));
-    }
-}
-
-fn u32s(v: &[u32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
-}
-
-fn from_u32s(b: &[u8]) -> Vec<u32> {
-    b.chunks_exact(4)
-        .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
 
 /// A node's answer.
