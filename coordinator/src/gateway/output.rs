@@ -24,12 +24,14 @@ impl OutputParser {
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
-        match &mut self.think {
-            Some(t) => {
+        match (&mut self.think, &mut self.tools) {
+            (Some(t), _) => {
                 let splits = t.push(text);
                 self.content(splits, false)
             }
-            None => self.content(vec![Split::Content(text.to_string())], false),
+            // no think split: the text goes straight to the tool parser (per token, no copy)
+            (None, Some(ts)) => ts.push(text),
+            (None, None) => vec![Piece::Content(text.to_string())],
         }
     }
 
