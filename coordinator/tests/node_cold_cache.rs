@@ -51,6 +51,30 @@ fn wrapper(dir: &Path, extra: &str, log: &Path) -> PathBuf {
 }
 
 /// The counter called `what` in the cold cache summary line `line` (`ColdStats::summary`).
+/// The nodes of `placement` as processes started through `exe` (`wrapper`: extra node flags,
+/// stderr to a log), `threads` workers each.
+fn start_nodes(
+    model: &Path,
+    placement: Placement,
+    threads: usize,
+    exe: PathBuf,
+    work: &Path,
+) -> LocalCluster {
+    LocalCluster::start(LaunchOptions {
+        model: model.to_path_buf(),
+        placement,
+        threads_per_node: Some(threads),
+        numa: Vec::new(),
+        auth_token_file: None,
+        tls: None,
+        exe: Some(exe),
+        work_dir: work.to_path_buf(),
+        start_timeout: Duration::from_secs(60),
+        node_log: "info".into(),
+    })
+    .expect("cluster starts")
+}
+
 fn counter(line: &str, what: &str) -> u64 {
     let tail = &line[line.find("cold cache: ").expect("summary") + "cold cache: ".len()..];
     tail.split(", ")
@@ -109,20 +133,9 @@ fn nodes_reading_cold_experts_through_a_one_expert_cache_match_in_process() {
             &format!("--memory-budget 25% --cold-cache {largest}"),
             &log,
         );
-        let mut cluster = LocalCluster::start(LaunchOptions {
-            model: model_path.clone(),
-            placement,
-            // one worker over shared memory, two (groups taken side by side) otherwise
-            threads_per_node: Some(if arm == "shared memory" { 1 } else { 2 }),
-            numa: Vec::new(),
-            auth_token_file: None,
-            tls: None,
-            exe: Some(exe),
-            work_dir: work.clone(),
-            start_timeout: Duration::from_secs(60),
-            node_log: "info".into(),
-        })
-        .expect("cluster starts");
+        // one worker over shared memory, two (groups taken side by side) otherwise
+        let threads = if arm == "shared memory" { 1 } else { 2 };
+        let mut cluster = start_nodes(&model_path, placement, threads, exe, &work);
         let remote = connect(&model, &cluster, opts);
         let got = generate(
             &mut support::engine(&model, remote.clone()),
@@ -291,19 +304,7 @@ fn prefetch_hints_read_the_next_layers_cold_experts_ahead_on_small_cache_nodes()
                 &format!("--memory-budget 25% --cold-cache {}", 6 * largest),
                 &log,
             );
-            let mut cluster = LocalCluster::start(LaunchOptions {
-                model: model_path.clone(),
-                placement: placement.clone(),
-                threads_per_node: Some(1),
-                numa: Vec::new(),
-                auth_token_file: None,
-                tls: None,
-                exe: Some(exe),
-                work_dir: work.clone(),
-                start_timeout: Duration::from_secs(60),
-                node_log: "info".into(),
-            })
-            .expect("cluster starts");
+            let mut cluster = start_nodes(&model_path, placement.clone(), 1, exe, &work);
             let remote = connect(
                 &model,
                 &cluster,
