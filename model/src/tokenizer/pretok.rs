@@ -12,6 +12,10 @@ use super::TokenizerError;
 /// `(?:'s|'t|'re|'ve|'m|'ll|'d)` with ASCII-only case folding, as llama.cpp writes it.
 const CONTRACTIONS: &str = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])";
 
+/// DeepSeek LLM and Coder's CJK run (their tokenizers' own ranges, as llama.cpp lists them),
+/// blanks taken out: llama.cpp matches it on text whose non-ASCII blanks became U+000B.
+const DEEPSEEK_CJK: &str = r"[[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]--\s]+";
+
 /// The Han ranges of llama.cpp's `unicode_cpt_is_han` (CJK unified ideographs, extensions A-F,
 /// compatibility ideographs and their supplement).
 const HAN: &str = r"\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B73F}\x{2B740}-\x{2B81F}\x{2B820}-\x{2CEAF}\x{2CEB0}-\x{2EBEF}\x{F900}-\x{FAFF}\x{2F800}-\x{2FA1F}";
@@ -99,14 +103,14 @@ impl PreTokenizer {
                 .into(),
                 r"\s?[[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-\x{3002}]--\s]+".into(),
                 r"\s+$".into(),
-                r"[[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]--\s]+".into(),
+                DEEPSEEK_CJK.into(),
                 r"\p{N}+".into(),
             ],
             PreTokenizer::DeepseekCoder => vec![
                 r"[\r\n]".into(),
                 r"\s?\p{L}+".into(),
                 r"\s?\p{P}+".into(),
-                r"[[\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]--\s]+".into(),
+                DEEPSEEK_CJK.into(),
                 r"\p{N}".into(),
             ],
             PreTokenizer::DeepseekV3 => vec![
