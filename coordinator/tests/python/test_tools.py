@@ -261,8 +261,20 @@ def apply_template(body):
         return json.loads(f.read())["prompt"]
 
 
+def template_quirks():
+    """How the template takes an assistant turn that calls tools: the published templates' table
+    in model/tests/data/templates/render_templates.py (the one home of those quirks)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "render_templates", os.path.join(os.path.dirname(TEMPLATE), "render_templates.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.TEMPLATES[os.path.basename(TEMPLATE).removesuffix(".jinja")]
+
+
 def render_with_jinja2(conv):
-    """transformers' apply_chat_template environment (see render_templates.py)."""
+    """transformers' apply_chat_template environment (render_templates.py's), the template's
+    quirks applied as a client following it would."""
     import jinja2
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -273,22 +285,21 @@ def render_with_jinja2(conv):
     env.globals["raise_exception"] = lambda m: (_ for _ in ()).throw(jinja2.exceptions.TemplateError(m))
     source = open(TEMPLATE, encoding="utf-8").read()
     name = os.path.basename(TEMPLATE)
+    quirks = template_quirks()
     msgs = json.loads(json.dumps(conv))
     for m in msgs:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            # DeepSeek-R1's template writes a second, empty turn for "" (it tests `is not none`);
-            # DeepSeek-V3's (Dec 2024) renders the calls only when the content is None
+            # e.g. DeepSeek-R1's writes a second, empty turn for "", V3's renders calls only for None
             if not m.get("content"):
-                none = "deepseek-r1" in name or name == "deepseek-v3.jinja"
-                m["content"] = None if none else ""
+                m["content"] = quirks["content"]
             m["tool_calls"] = [dict(c) for c in m["tool_calls"]]
             for c in m["tool_calls"]:
                 c["function"] = dict(c["function"])
-                # what each template needs (tool-call-formats.md, "Template input quirks")
-                if "coder" in name or "2025-07-initial" in name and "kimi" in name:
+                if quirks["args"] == "object":
                     c["function"]["arguments"] = json.loads(c["function"]["arguments"])
         if m["role"] == "tool":
             m.setdefault("name", "get_weather")
+    # the generated models' special tokens (gen-model), not the published ones
     specials = {"qwen": (None, "<|im_end|>"), "kimi": ("[BOS]", "<|im_end|>"),
                 "deepseek": ("[BOS]", "<｜end▁of▁sentence｜>")}
     bos, eos = next(v for k, v in specials.items() if k in name)
