@@ -119,6 +119,13 @@ else
     mm i4 --seed 34 --expert-type TQ1_0,TQ2_0 --expert-down-type IQ1_M
     mm i5 --seed 35 --expert-type TQ2_0 --quants Q5_K_M
     mm i6 --seed 36 --expert-type IQ4_XS,IQ3_XXS --expert-down-type TQ1_0,IQ2_S --quants Q3_K_S
+    # ggml's newest types: llama.cpp's MXFP4_MOE and Q2_0 mixes, Q1_0 (qwen3moe only: llama.cpp
+    # has no fallback for deepseek2's 64-wide attn_k_b rows), NVFP4 experts (llama.cpp's
+    # quantizer has no NVFP4 mix)
+    mm f1 --seed 61 --quants MXFP4_MOE,Q2_0
+    mm f2 --seed 65 --which qwen3moe --quants Q1_0
+    mm f3 --seed 66 --experts 8 --used 2 --layers 4 --quants MXFP4_MOE --quantize-output
+    mm f4 --seed 67 --expert-type NVFP4,Q1_0 --expert-down-type MXFP4 --quants Q4_K_M
     # DeepSeek-V2-Lite's shape: no q_lora, softmax routing, two shared experts, 27 layers
     echo "--- make_lite_models"
     "$py" scripts/make_lite_models.py "$shared/tools" "$out" --seed 51 --quants Q4_K_M,Q8_0 --keep-f32 >>"$log" 2>&1 ||

@@ -47,9 +47,14 @@ fn type_table_matches_ggml() {
     check(BF16, 30, "BF16", 1, 2, BF16);
     check(TQ1_0, 34, "TQ1_0", 256, 54, Q8_K);
     check(TQ2_0, 35, "TQ2_0", 256, 66, Q8_K);
+    check(MXFP4, 39, "MXFP4", 32, 17, Q8_0);
+    check(NVFP4, 40, "NVFP4", 64, 36, Q8_0);
+    check(Q1_0, 41, "Q1_0", 128, 18, Q8_0);
+    check(Q2_0, 42, "Q2_0", 64, 18, Q8_0);
     assert_eq!(GgmlType::from_id(4), None);
     assert_eq!(GgmlType::from_id(24), None);
-    assert_eq!(GgmlType::from_id(39), None);
+    assert_eq!(GgmlType::from_id(36), None);
+    assert_eq!(GgmlType::from_id(43), None);
     assert_eq!(Q4_K.row_bytes(512), Ok(288));
     assert_eq!(F16.row_bytes(3), Ok(6));
 }
@@ -414,6 +419,9 @@ fn f16_fields_are_ggmls_offsets() {
     assert_eq!(GgmlType::Q8_1.f16_fields(), &[0, 2]);
     assert_eq!(GgmlType::TQ1_0.f16_fields(), &[52]);
     assert_eq!(GgmlType::TQ2_0.f16_fields(), &[64]);
+    assert_eq!(GgmlType::Q1_0.f16_fields(), &[0]);
+    assert_eq!(GgmlType::Q2_0.f16_fields(), &[0]);
+    assert_eq!(GgmlType::MXFP4.f16_fields(), &[] as &[usize]);
     for ty in GgmlType::ALL {
         for &at in ty.f16_fields() {
             assert!(at + 2 <= ty.block_bytes(), "{}: field at {at}", ty.name());

@@ -1,9 +1,11 @@
-//! Every SIMD tier's i-quant and ternary path against the scalar reference, bit for bit, on
+//! Every SIMD tier's path for the types decoded unit by unit (i-quants, ternary types, MXFP4,
+//! NVFP4, Q1_0, Q2_0) against the scalar reference, bit for bit, on
 //! x86_64 (AVX2, AVX-512-VNNI) and aarch64 (NEON, dotprod, i8mm; CI runs it under qemu):
 //! property tests over random blocks (every grid index, sign and scale code; extreme, zero and
 //! subnormal scales; activations with every byte value including -128 and unrelated bsums, or
-//! made by the reference quantizer), odd row and activation counts, IQ4_NL rows that are not a
-//! whole number of 256-element units (the scalar fallback), and ggml's golden vectors. A tier
+//! made by the reference quantizer), odd row and activation counts, rows of the smaller-block
+//! types that are not a whole number of 256-element units (the scalar fallback), and ggml's
+//! golden vectors (tests/golden-iq, tests/golden-fp). A tier
 //! this CPU lacks is skipped.
 #![allow(clippy::too_many_arguments)]
 
@@ -14,7 +16,7 @@ use nightshift_kernels::rng::SplitMix64;
 use nightshift_kernels::{scalar, GgmlType};
 use proptest::prelude::*;
 
-const TYPES: [GgmlType; 11] = [
+const TYPES: [GgmlType; 15] = [
     GgmlType::IQ1_S,
     GgmlType::IQ1_M,
     GgmlType::IQ2_XXS,
@@ -26,7 +28,16 @@ const TYPES: [GgmlType; 11] = [
     GgmlType::IQ4_NL,
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
+    GgmlType::MXFP4,
+    GgmlType::NVFP4,
+    GgmlType::Q1_0,
+    GgmlType::Q2_0,
 ];
+
+/// Blocks per 256-element unit.
+fn unit(ty: GgmlType) -> usize {
+    256 / ty.block_len()
+}
 
 /// Runs every SIMD tier this CPU has through its capability type: (name, whether it had a
 /// path, `out[r * n + j]`).
@@ -70,8 +81,8 @@ fn check(ty: GgmlType, k: usize, w: &[u8], rows: usize, x: &[u8], n: usize) -> R
     scalar::gemm_block(&mut tile(ty, k, w, rows, x, n, &mut expect)).map_err(|e| e.to_string())?;
     for (name, ran, got) in tiers(ty, k, w, rows, x, n) {
         if !ran {
-            // IQ4_NL rows that are not whole 256-element units go to the scalar reference
-            if ty == GgmlType::IQ4_NL && !k.is_multiple_of(256) {
+            // rows that are not whole 256-element units go to the scalar reference
+            if !k.is_multiple_of(256) {
                 continue;
             }
             return Err(format!("{name} has no path for {ty}"));
@@ -122,6 +133,10 @@ fn blocks(rng: &mut SplitMix64, ty: GgmlType, count: usize, extreme: bool) -> Ve
             }
             GgmlType::TQ1_0 => blk[52..54].copy_from_slice(&d.to_le_bytes()),
             GgmlType::TQ2_0 => blk[64..66].copy_from_slice(&d.to_le_bytes()),
+            // E8M0: every byte when extreme (2^-128 ..= 2^127), else around 1
+            GgmlType::MXFP4 if !extreme => blk[0] = 120 + rng.below(16) as u8,
+            // UE4M3 scales: every byte is finite
+            GgmlType::MXFP4 | GgmlType::NVFP4 => {}
             GgmlType::Q8_K => {
                 let e = 115 + rng.below(12) as u32;
                 let s = f32::from_bits(
@@ -173,7 +188,7 @@ fn run_case(
 fn edge_cases() {
     let mut failures = Vec::new();
     for (ci, ty) in TYPES.into_iter().enumerate() {
-        let unit = if ty == GgmlType::IQ4_NL { 8 } else { 1 };
+        let unit = unit(ty);
         for (nb, rows, n) in [
             (1, 1, 1),
             (2, 3, 5),
@@ -199,8 +214,8 @@ fn edge_cases() {
                 }
             }
         }
-        // IQ4_NL rows of 3 blocks (96 elements): no 256-element unit, scalar fallback
-        if ty == GgmlType::IQ4_NL {
+        // rows of 3 smaller blocks (96 to 384 elements): no whole units, scalar fallback
+        if unit > 1 {
             if let Err(e) = run_case(ty, 5, 3, 2, 3, false, true) {
                 failures.push(e);
             }
@@ -237,14 +252,18 @@ fn minus_128_activations_are_exact() {
     }
 }
 
-/// ggml's golden vectors for these types (tests/golden-iq): every tier gives `dot_ref`'s bits.
+/// ggml's golden vectors for these types (tests/golden-iq, tests/golden-fp): every tier gives
+/// `dot_ref`'s bits.
 #[test]
 fn golden_vectors() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden-iq");
-    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("golden-iq manifest");
-    let manifest: serde_json::Value = serde_json::from_str(&text).expect("manifest is json");
-    let k = manifest["k"].as_u64().expect("k") as usize;
     for ty in TYPES {
+        let sub = if ty.is_iq() { "golden-iq" } else { "golden-fp" };
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests")
+            .join(sub);
+        let text = std::fs::read_to_string(dir.join("manifest.json")).expect("golden manifest");
+        let manifest: serde_json::Value = serde_json::from_str(&text).expect("manifest is json");
+        let k = manifest["k"].as_u64().expect("k") as usize;
         let entry = &manifest["kinds"][ty.name()];
         let load = |name: &str| -> Vec<u8> {
             let file = entry["arrays"][name]["file"].as_str().expect("file name");
@@ -302,7 +321,7 @@ proptest! {
         extreme in any::<bool>(),
         quant_x in any::<bool>(),
     ) {
-        let nb = if ty == GgmlType::IQ4_NL { nb * 8 } else { nb };
+        let nb = nb * unit(ty);
         if let Err(e) = run_case(ty, seed, nb, rows, n, extreme, quant_x) {
             prop_assert!(false, "{}", e);
         }

@@ -27,7 +27,7 @@ impl Rng {
     }
 }
 
-const WEIGHT_TYPES: [GgmlType; 13] = [
+const WEIGHT_TYPES: [GgmlType; 17] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -41,6 +41,10 @@ const WEIGHT_TYPES: [GgmlType; 13] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
+    GgmlType::MXFP4,
+    GgmlType::NVFP4,
+    GgmlType::Q1_0,
+    GgmlType::Q2_0,
 ];
 
 /// An f16 scale: zero, the smallest subnormal, the smallest normal, 1, +-65504, or random finite.

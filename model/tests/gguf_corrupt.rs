@@ -224,13 +224,18 @@ fn corruption_table() {
         "unknown_tensor_type",
     );
     check(
+        "type 43 (GGML_TYPE_COUNT)",
+        &mutate(&|b| set_u32(b, lay.type_at[0], 43)),
+        "unknown_tensor_type",
+    );
+    check(
         "type 1000",
         &mutate(&|b| set_u32(b, lay.type_at[0], 1000)),
         "unknown_tensor_type",
     );
-    // Types ggml defines and the kernels do not compute (MXFP4, NVFP4, Q1_0, Q2_0: llama.cpp's
-    // quantizer writes them; the i-quants are supported) are named in the error.
-    for (id, name) in [(39, "MXFP4"), (40, "NVFP4"), (41, "Q1_0"), (42, "Q2_0")] {
+    // Types ggml defines and the kernels do not compute (the integer types and F64; the
+    // i-quants, MXFP4, NVFP4, Q1_0 and Q2_0 are supported) are named in the error.
+    for (id, name) in [(24, "I8"), (26, "I32"), (28, "F64")] {
         match check_image(&mutate(&|b| set_u32(b, lay.type_at[0], id))) {
             Err(e @ GgufError::Format { .. }) => {
                 let (code, text) = (e.format_kind().map(|k| k.code()), e.to_string());

@@ -235,6 +235,20 @@ fn deepseek2_iq1_s() {
     check("tiny-deepseek2-IQ1_S", TOL);
 }
 
+// llama.cpp's own MXFP4_MOE mix (routed experts MXFP4, the rest Q8_0, as published
+// Qwen3-30B-A3B / DeepSeek "MXFP4_MOE" files are), of smaller models to keep them small
+// (make_models.py --seed 7 --experts 4 --used 2 --quants MXFP4_MOE; deepseek2 with --layers 2).
+
+#[test]
+fn qwen3moe_mxfp4_moe() {
+    check("tiny-qwen3moe-MXFP4_MOE", TOL);
+}
+
+#[test]
+fn deepseek2_mxfp4_moe() {
+    check("tiny-deepseek2-MXFP4_MOE", TOL);
+}
+
 // The dense fixtures are generated files (`nightshift gen-model --preset tiny --arch
 // qwen3|llama --quant Q8_0|Q4_K_M --leave-output-tensor`: an F32 head, as the MoE fixtures have,
 // so no Q8 rounding flip of the head's input moves a logit by 1e-2), their expectations written

@@ -1,8 +1,8 @@
 //! `kernel-report`: our single-thread expert GEMM vs ggml's (feature `ggml`) — or vs our own
 //! scalar tier without it — at Kimi K2 expert shapes, Q2_K/Q4_K/Q6_K/Q8_0 plus Q3_K/Q5_K (llama.cpp's
 //! Q2_K mix puts every ffn_down in Q3_K, MoE mixes use Q5_K for attn_output), batch 1..16, and the
-//! i-quants (IQ1_S … IQ4_NL) and ternary types (TQ1_0, TQ2_0), random valid blocks, at batch 1,
-//! 4 and 16 (prefill). Prints one markdown table row per case: GFLOP/s of each side and the ratio. Also checks that both sides
+//! i-quants (IQ1_S … IQ4_NL) and ternary types (TQ1_0, TQ2_0), random valid blocks, and MXFP4,
+//! NVFP4, Q1_0, Q2_0 (quantized by ggml's reference quantizers), at batch 1, 4 and 16 (prefill). Prints one markdown table row per case: GFLOP/s of each side and the ratio. Also checks that both sides
 //! agree on the results (ggml's SIMD sums differ from the exact reference by ~1e-6 relative).
 
 use std::time::Duration;
@@ -103,8 +103,16 @@ const IQ_TYPES: [GgmlType; 11] = [
     GgmlType::TQ2_0,
 ];
 
+/// ggml's newest types (MXFP4: llama.cpp's `MXFP4_MOE` experts), at batch 1, 4 and 16.
+const FP_TYPES: [GgmlType; 4] = [
+    GgmlType::MXFP4,
+    GgmlType::NVFP4,
+    GgmlType::Q1_0,
+    GgmlType::Q2_0,
+];
+
 /// The shared Kimi K2 cases (`TYPES`) followed by the same shapes and batches for Q3_K and Q5_K,
-/// then the i-quants at batch 1, 4 and 16.
+/// then the i-quants and the `FP_TYPES` at batch 1, 4 and 16.
 fn cases() -> Vec<Case> {
     let extra = [GgmlType::Q3_K, GgmlType::Q5_K];
     let mut v = Vec::new();
@@ -115,7 +123,7 @@ fn cases() -> Vec<Case> {
             }
         }
     }
-    for ty in IQ_TYPES {
+    for ty in IQ_TYPES.into_iter().chain(FP_TYPES) {
         for (shape, m, k) in SHAPES {
             for n in [1, 4, 16] {
                 v.push(Case { ty, m, k, n, shape });

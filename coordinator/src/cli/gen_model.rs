@@ -33,7 +33,7 @@ pub struct Args {
     /// Seed of the random weights (same arguments and seed, same bytes).
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// Quant mix: llama.cpp's Q2_K, Q4_K_M, Q8_0 or F16, or Unsloth-shaped UD-IQ1_S,
+    /// Quant mix: llama.cpp's Q2_K, Q4_K_M, Q8_0, F16 or MXFP4_MOE, or Unsloth-shaped UD-IQ1_S,
     /// UD-IQ2_XXS (i-quant experts as random valid blocks) or UD-Q2_K_XL.
     #[arg(long, default_value = "Q4_K_M")]
     quant: String,

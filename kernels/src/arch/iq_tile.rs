@@ -7,13 +7,15 @@
 //! IQ1_M, the same sums `s2` with the block's ±1 shift signs as weights). Integer sums are exact
 //! in any order, and [`IqKind::epilogue`] then replays the scalar reference's integer scale
 //! products and its float operations in the reference order, so a tier built on this gives the
-//! scalar path's bits. Activations are Q8_K blocks, or for IQ4_NL eight consecutive Q8_0 blocks
-//! against eight IQ4_NL blocks (one 256-element unit).
+//! scalar path's bits. Activations are Q8_K blocks, or eight consecutive Q8_0 blocks (one
+//! 256-element unit) against eight IQ4_NL or MXFP4 blocks, four NVFP4 or Q2_0 blocks, or two
+//! Q1_0 blocks.
 
 use crate::formats::{
     Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
-    BlockIq4Nl, BlockIq4Xs, BlockQ8_0, BlockQ8_K, BlockTq1_0, BlockTq2_0, IQ1S_GRID, IQ2S_GRID,
-    IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0, BlockQ8_0, BlockQ8_K,
+    BlockTq1_0, BlockTq2_0, IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS,
+    KVALUES_FP4, KVALUES_IQ4NL, QK_K,
 };
 use crate::scalar::{iq1, iq2, iq3, ternary};
 use crate::{GgmlType, Tile};
@@ -37,14 +39,17 @@ impl Default for Decoded {
 
 /// One i-quant (or ternary) type as the SIMD tiers see it.
 pub trait IqKind {
-    /// `UNIT` consecutive weight blocks make one 256-element unit (8 for IQ4_NL, else 1).
+    /// `UNIT` consecutive weight blocks make one 256-element unit (8 for IQ4_NL and MXFP4, 4 for
+    /// NVFP4 and Q2_0, 2 for Q1_0, else 1).
     type W: Block;
-    /// The activation block type (`UNIT` of them per unit).
+    /// The activation block type (`X_UNIT` of them per unit).
     type X: Block;
     const UNIT: usize;
+    /// Activation blocks per unit (8 for Q8_0, 1 for Q8_K).
+    const X_UNIT: usize = Self::UNIT;
     /// Whether `Decoded::w2` is used (the IQ1_M shifts).
     const HAS_W2: bool = false;
-    /// Decodes one unit (`core` may supply a faster table lookup, see [`Sums::iq4_values`]).
+    /// Decodes one unit (`core` may supply a faster table lookup, see [`Sums::nl_values`]).
     fn decode<S: Sums>(core: &S, w: &[Self::W], out: &mut Decoded);
     /// Adds this unit's contribution to `sumf` exactly as the scalar reference does.
     fn epilogue(w: &[Self::W], x: &[Self::X], s: &[i32; 16], s2: &[i32; 16], sumf: &mut f32);
@@ -301,25 +306,14 @@ impl IqKind for Iq1M {
     }
 }
 
-/// `IQ4_PAIRS[q]` = the IQ4 values of the low and the high nibble of byte `q`.
-static IQ4_PAIRS: [[i8; 2]; 256] = iq4_pairs();
-
-const fn iq4_pairs() -> [[i8; 2]; 256] {
-    let mut t = [[0i8; 2]; 256];
-    let mut q = 0;
-    while q < 256 {
-        t[q] = [KVALUES_IQ4NL[q & 0xf], KVALUES_IQ4NL[q >> 4]];
-        q += 1;
-    }
-    t
-}
-
-/// The 32 IQ4 values of 16 packed bytes (low nibbles, then high nibbles) at `out[at..at + 32]`.
+/// The 32 values of 16 packed 4-bit codes in `table` (low nibbles, then high nibbles) at
+/// `out[at..at + 32]`.
 #[inline(always)]
-pub(crate) fn iq4_values(qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+pub(crate) fn nl_values(table: &[i8; 16], qs: &[u8], out: &mut [i8; QK_K], at: usize) {
     let (lo, hi) = out[at..at + 32].split_at_mut(16);
     for ((&q, l), h) in qs.iter().zip(lo).zip(hi) {
-        [*l, *h] = IQ4_PAIRS[q as usize];
+        *l = table[(q & 0xf) as usize];
+        *h = table[(q >> 4) as usize];
     }
 }
 
@@ -330,7 +324,12 @@ impl IqKind for Iq4Xs {
     const UNIT: usize = 1;
     fn decode<S: Sums>(core: &S, w: &[BlockIq4Xs], out: &mut Decoded) {
         for g in 0..8 {
-            core.iq4_values(&w[0].qs[16 * g..16 * g + 16], &mut out.w, 32 * g);
+            core.nl_values(
+                &KVALUES_IQ4NL,
+                &w[0].qs[16 * g..16 * g + 16],
+                &mut out.w,
+                32 * g,
+            );
         }
     }
     fn epilogue(w: &[BlockIq4Xs], x: &[BlockQ8_K], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
@@ -350,7 +349,7 @@ impl IqKind for Iq4Nl {
     const UNIT: usize = 8;
     fn decode<S: Sums>(core: &S, w: &[BlockIq4Nl], out: &mut Decoded) {
         for (g, b) in w.iter().enumerate() {
-            core.iq4_values(&b.qs, &mut out.w, 32 * g);
+            core.nl_values(&KVALUES_IQ4NL, &b.qs, &mut out.w, 32 * g);
         }
     }
     fn epilogue(w: &[BlockIq4Nl], x: &[BlockQ8_0], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
@@ -389,6 +388,140 @@ impl IqKind for Tq2_0 {
     }
 }
 
+pub struct Mxfp4;
+impl IqKind for Mxfp4 {
+    type W = BlockMxfp4;
+    type X = BlockQ8_0;
+    const UNIT: usize = 8;
+    fn decode<S: Sums>(core: &S, w: &[BlockMxfp4], out: &mut Decoded) {
+        for (g, b) in w.iter().enumerate() {
+            core.nl_values(&KVALUES_FP4, &b.qs, &mut out.w, 32 * g);
+        }
+    }
+    fn epilogue(w: &[BlockMxfp4], x: &[BlockQ8_0], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        for (g, (a, b)) in w.iter().zip(x).enumerate() {
+            let d = b.d() * a.d();
+            *sumf += d * s32(s, g) as f32;
+        }
+    }
+}
+
+pub struct Nvfp4;
+impl IqKind for Nvfp4 {
+    type W = BlockNvfp4;
+    type X = BlockQ8_0;
+    const UNIT: usize = 4;
+    const X_UNIT: usize = 8;
+    fn decode<S: Sums>(core: &S, w: &[BlockNvfp4], out: &mut Decoded) {
+        for (i, b) in w.iter().enumerate() {
+            for h in 0..2 {
+                // 16 bytes are two sub-blocks of 8: the lookup gives [lo0 lo1 hi0 hi1], the
+                // elements are [lo0 hi0 lo1 hi1]
+                let at = 64 * i + 32 * h;
+                core.nl_values(&KVALUES_FP4, &b.qs[16 * h..16 * h + 16], &mut out.w, at);
+                let (a, c) = out.w[at + 8..at + 24].split_at_mut(8);
+                a.swap_with_slice(c);
+            }
+        }
+    }
+    fn epilogue(w: &[BlockNvfp4], x: &[BlockQ8_0], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        for (i, (a, y)) in w.iter().zip(x.chunks_exact(2)).enumerate() {
+            for sub in 0..4 {
+                *sumf += y[sub / 2].d() * a.d(sub) * s[4 * i + sub] as f32;
+            }
+        }
+    }
+}
+
+/// `PM1[m]`: byte j is +1 where bit j of `m` is set, else -1 (Q1_0's signs).
+static PM1: [u64; 256] = pm1();
+
+const fn pm1() -> [u64; 256] {
+    let mut t = [0u64; 256];
+    let mut m = 0;
+    while m < 256 {
+        let mut j = 0;
+        while j < 8 {
+            let b: u64 = if m & (1 << j) != 0 { 0x01 } else { 0xff };
+            t[m] |= b << (8 * j);
+            j += 1;
+        }
+        m += 1;
+    }
+    t
+}
+
+/// `Q2_VALUES[q]`: byte j is `((q >> 2 j) & 3) - 1` (Q2_0's four values of one byte).
+static Q2_VALUES: [u32; 256] = q2_values();
+
+const fn q2_values() -> [u32; 256] {
+    let mut t = [0u32; 256];
+    let mut q = 0;
+    while q < 256 {
+        let mut j = 0;
+        while j < 4 {
+            let v = (((q >> (2 * j)) & 3) as i32 - 1) as u8 as u32;
+            t[q] |= v << (8 * j);
+            j += 1;
+        }
+        q += 1;
+    }
+    t
+}
+
+/// The float sum of one weight block over its Q8_0 blocks `x` (groups of 32 from `g0` in `s`),
+/// in block order, as `scalar::lowbit::block_sum`.
+#[inline(always)]
+fn q8_block_sum(x: &[BlockQ8_0], s: &[i32; 16], g0: usize) -> f32 {
+    crate::scalar::lowbit::block_sum(x, (g0..g0 + x.len()).map(|g| s32(s, g)))
+}
+
+pub struct Q1_0;
+impl IqKind for Q1_0 {
+    type W = BlockQ1_0;
+    type X = BlockQ8_0;
+    const UNIT: usize = 2;
+    const X_UNIT: usize = 8;
+    fn decode<S: Sums>(_core: &S, w: &[BlockQ1_0], out: &mut Decoded) {
+        for (i, b) in w.iter().enumerate() {
+            for (j, &m) in b.qs.iter().enumerate() {
+                put(&mut out.w, 128 * i + 8 * j, PM1[m as usize]);
+            }
+        }
+    }
+    fn epilogue(w: &[BlockQ1_0], x: &[BlockQ8_0], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        for (i, (a, y)) in w.iter().zip(x.chunks_exact(4)).enumerate() {
+            *sumf += a.d() * q8_block_sum(y, s, 4 * i);
+        }
+    }
+}
+
+pub struct Q2_0;
+impl IqKind for Q2_0 {
+    type W = BlockQ2_0;
+    type X = BlockQ8_0;
+    const UNIT: usize = 4;
+    const X_UNIT: usize = 8;
+    fn decode<S: Sums>(_core: &S, w: &[BlockQ2_0], out: &mut Decoded) {
+        for (i, b) in w.iter().enumerate() {
+            for (j, &q) in b.qs.iter().enumerate() {
+                let at = 64 * i + 4 * j;
+                for (o, v) in out.w[at..at + 4]
+                    .iter_mut()
+                    .zip(Q2_VALUES[q as usize].to_le_bytes())
+                {
+                    *o = v as i8;
+                }
+            }
+        }
+    }
+    fn epilogue(w: &[BlockQ2_0], x: &[BlockQ8_0], s: &[i32; 16], _: &[i32; 16], sumf: &mut f32) {
+        for (i, (a, y)) in w.iter().zip(x.chunks_exact(2)).enumerate() {
+            *sumf += a.d() * q8_block_sum(y, s, 2 * i);
+        }
+    }
+}
+
 /// Byte offset of the 32 quants of activation chunk `c` (0..8) within one unit's activation
 /// blocks: Q8_K keeps them contiguous after its f32 scale, Q8_0 has one chunk per block.
 #[inline(always)]
@@ -407,11 +540,12 @@ pub fn act_chunk_offset(act: GgmlType, c: usize) -> usize {
 pub(crate) trait Sums {
     unsafe fn sums(&self, w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16];
 
-    /// The 32 IQ4 values of the 16 bytes `qs` at `out[at..at + 32]` (a tier may override this
-    /// with a byte shuffle of `KVALUES_IQ4NL`). `qs.len()` must be 16 and `at <= 224`.
+    /// The 32 values in `table` of the 16 bytes of 4-bit codes `qs` at `out[at..at + 32]` (a
+    /// tier may override this with a byte shuffle of `table`). `qs.len()` must be 16 and
+    /// `at <= 224`.
     #[inline(always)]
-    fn iq4_values(&self, qs: &[u8], out: &mut [i8; QK_K], at: usize) {
-        iq4_values(qs, out, at);
+    fn nl_values(&self, table: &[i8; 16], qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+        nl_values(table, qs, out, at);
     }
 
     /// Whether [`Sums::sums2x2`] is the core's own (2 weight rows x 2 activation rows at once,
@@ -463,6 +597,7 @@ pub(crate) unsafe fn gemm_units<K: IqKind, S: Sums>(
     let Some((wb, xb, per_row)) = unit_blocks::<K>(k, w, rows, x, n, out) else {
         return false;
     };
+    let x_row = per_row / K::UNIT * K::X_UNIT;
     if n == 0 {
         return true;
     }
@@ -479,7 +614,7 @@ pub(crate) unsafe fn gemm_units<K: IqKind, S: Sums>(
         for (u, wu) in wr.chunks_exact(K::UNIT).enumerate() {
             K::decode(core, wu, &mut dec);
             for (j, acc) in o.iter_mut().enumerate() {
-                let xu = &xb[j * per_row + u * K::UNIT..j * per_row + (u + 1) * K::UNIT];
+                let xu = &xb[j * x_row + u * K::X_UNIT..j * x_row + (u + 1) * K::X_UNIT];
                 let xp = xu.as_ptr() as *const u8;
                 // SAFETY: the caller guarantees the core's CPU features; `xu` is one whole
                 // activation unit (K::UNIT blocks of K::X) inside the checked `x`.
@@ -500,8 +635,9 @@ pub(crate) unsafe fn gemm_units<K: IqKind, S: Sums>(
     true
 }
 
-/// The weight and activation blocks of one GEMM call and the blocks per row, when the buffers
-/// hold whole 256-element units (`rows` weight rows, `n` activation rows, `rows * n` outputs).
+/// The weight and activation blocks of one GEMM call and the weight blocks per row, when the
+/// buffers hold whole 256-element units (`rows` weight rows, `n` activation rows, `rows * n`
+/// outputs); a row has `per_row / UNIT * X_UNIT` activation blocks.
 #[allow(clippy::type_complexity)]
 pub(crate) fn unit_blocks<'a, K: IqKind>(
     k: usize,
@@ -517,9 +653,10 @@ pub(crate) fn unit_blocks<'a, K: IqKind>(
     let wb = crate::formats::blocks::<K::W>(w).ok()?;
     let xb = crate::formats::blocks::<K::X>(x).ok()?;
     let per_row = k / QK_K * K::UNIT;
+    let x_row = k / QK_K * K::X_UNIT;
     let fits = per_row != 0
         && Some(wb.len()) == rows.checked_mul(per_row)
-        && Some(xb.len()) == n.checked_mul(per_row)
+        && Some(xb.len()) == n.checked_mul(x_row)
         && Some(out.len()) == rows.checked_mul(n);
     fits.then_some((wb, xb, per_row))
 }
@@ -544,6 +681,8 @@ unsafe fn gemm_tiles<K: IqKind, S: Sums>(
     let zero = [[0i32; 16]; 4];
     out.fill(0.0);
     let unit = |r: usize, u: usize| r * per_row + u * K::UNIT;
+    let x_row = per_row / K::UNIT * K::X_UNIT;
+    let xunit = |j: usize, u: usize| &xb[j * x_row + u * K::X_UNIT..][..K::X_UNIT];
     let rows = wb.len() / per_row;
     for r0 in (0..rows).step_by(2) {
         let pair = r0 + 1 < rows;
@@ -559,9 +698,9 @@ unsafe fn gemm_tiles<K: IqKind, S: Sums>(
             };
             let mut j = 0;
             while j < n {
-                let x0 = &xb[j * per_row + u * K::UNIT..][..K::UNIT];
+                let x0 = xunit(j, u);
                 if pair && j + 1 < n {
-                    let x1 = &xb[(j + 1) * per_row + u * K::UNIT..][..K::UNIT];
+                    let x1 = xunit(j + 1, u);
                     let (p0, p1) = (x0.as_ptr() as *const u8, x1.as_ptr() as *const u8);
                     // SAFETY: forwarded core features; x0 and x1 are whole activation units.
                     let s = unsafe { core.sums2x2(&dec[0].w, &dec[1].w, p0, p1, act) };
@@ -604,7 +743,7 @@ unsafe fn gemm_tiles<K: IqKind, S: Sums>(
     }
 }
 
-/// Runs [`gemm_units`] for the kind of `ty`; false for a type that is not an i-quant.
+/// Runs [`gemm_units`] for the kind of `ty`; false for a type without a kind here.
 ///
 /// # Safety
 /// As [`gemm_units`].
@@ -627,6 +766,10 @@ pub(crate) unsafe fn gemm<S: Sums>(core: &S, t: &mut Tile<'_>) -> bool {
             GgmlType::IQ4_NL => gemm_units::<Iq4Nl, S>(core, k, w, rows, x, n, out),
             GgmlType::TQ1_0 => gemm_units::<Tq1_0, S>(core, k, w, rows, x, n, out),
             GgmlType::TQ2_0 => gemm_units::<Tq2_0, S>(core, k, w, rows, x, n, out),
+            GgmlType::MXFP4 => gemm_units::<Mxfp4, S>(core, k, w, rows, x, n, out),
+            GgmlType::NVFP4 => gemm_units::<Nvfp4, S>(core, k, w, rows, x, n, out),
+            GgmlType::Q1_0 => gemm_units::<Q1_0, S>(core, k, w, rows, x, n, out),
+            GgmlType::Q2_0 => gemm_units::<Q2_0, S>(core, k, w, rows, x, n, out),
             _ => false,
         }
     }

@@ -1,12 +1,14 @@
 //! ggml's tensor types and their block layouts.
 //!
 //! [`GgmlType`] names a type and knows its GGUF id, block length and block size. The block
-//! structs (`BlockQ4_0` … `BlockQ8_K`, in `legacy` and `kquants`) are `#[repr(C)]` mirrors of
+//! structs (`BlockQ4_0` … `BlockQ8_K`, in `legacy`, `kquants`, `iquants` and `fp4`: MXFP4,
+//! NVFP4 and their E8M0/UE4M3 scales) are `#[repr(C)]` mirrors of
 //! ggml's C structs whose fields are all byte arrays: they have alignment 1 and no padding (sizes
 //! asserted at compile time), so any `&[u8]` of the right length can be viewed as a block slice
 //! with [`blocks`] / [`blocks_mut`] whatever its address (mmap'd GGUF data and wire buffers are not
 //! necessarily aligned). Multi-byte fields are little-endian and read through accessors.
 
+mod fp4;
 mod half;
 pub(crate) mod iq_grids;
 mod iquants;
@@ -14,6 +16,10 @@ pub(crate) mod kquants;
 mod legacy;
 pub mod repack;
 
+pub use fp4::{
+    e8m0_to_f32_half, f32_to_ue4m3, ue4m3_to_f32_half, BlockMxfp4, BlockNvfp4, KVALUES_FP4,
+    QK_MXFP4, QK_NVFP4, QK_NVFP4_SUB,
+};
 pub use half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 pub use iq_grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
@@ -27,7 +33,10 @@ pub use kquants::{
     scale_min_k4, unpack_k4_scales, unpack_q3_k_scales, BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K,
     BlockQ6_K, BlockQ8_K, QK_K,
 };
-pub use legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK};
+pub use legacy::{
+    BlockQ1_0, BlockQ2_0, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK,
+    QK1_0, QK2_0,
+};
 
 use crate::KernelError;
 
@@ -61,11 +70,15 @@ pub enum GgmlType {
     BF16,
     TQ1_0,
     TQ2_0,
+    MXFP4,
+    NVFP4,
+    Q1_0,
+    Q2_0,
 }
 
 impl GgmlType {
     /// Every type this crate knows, in id order.
-    pub const ALL: [GgmlType; 26] = [
+    pub const ALL: [GgmlType; 30] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -92,6 +105,10 @@ impl GgmlType {
         GgmlType::BF16,
         GgmlType::TQ1_0,
         GgmlType::TQ2_0,
+        GgmlType::MXFP4,
+        GgmlType::NVFP4,
+        GgmlType::Q1_0,
+        GgmlType::Q2_0,
     ];
 
     /// The type with this GGUF/ggml id, if this crate supports it.
@@ -135,6 +152,10 @@ impl GgmlType {
             GgmlType::BF16 => 30,
             GgmlType::TQ1_0 => 34,
             GgmlType::TQ2_0 => 35,
+            GgmlType::MXFP4 => 39,
+            GgmlType::NVFP4 => 40,
+            GgmlType::Q1_0 => 41,
+            GgmlType::Q2_0 => 42,
         }
     }
 
@@ -167,17 +188,26 @@ impl GgmlType {
             GgmlType::BF16 => "BF16",
             GgmlType::TQ1_0 => "TQ1_0",
             GgmlType::TQ2_0 => "TQ2_0",
+            GgmlType::MXFP4 => "MXFP4",
+            GgmlType::NVFP4 => "NVFP4",
+            GgmlType::Q1_0 => "Q1_0",
+            GgmlType::Q2_0 => "Q2_0",
         }
     }
 
-    /// Elements per block: 1 for F32/F16/BF16, 32 for the legacy quants and IQ4_NL, 256 for
-    /// K-quants, the other i-quants and the ternary types.
+    /// Elements per block: 1 for F32/F16/BF16, 32 for the legacy quants, IQ4_NL and MXFP4, 64
+    /// for NVFP4 and Q2_0, 128 for Q1_0, 256 for K-quants, the other i-quants and the ternary
+    /// types.
     pub fn block_len(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => QK,
             GgmlType::Q8_0 | GgmlType::Q8_1 => QK,
             GgmlType::IQ4_NL => QK4_NL,
+            GgmlType::MXFP4 => QK_MXFP4,
+            GgmlType::NVFP4 => QK_NVFP4,
+            GgmlType::Q1_0 => QK1_0,
+            GgmlType::Q2_0 => QK2_0,
             _ => QK_K,
         }
     }
@@ -211,12 +241,17 @@ impl GgmlType {
             GgmlType::IQ1_M => size_of::<BlockIq1M>(),
             GgmlType::TQ1_0 => size_of::<BlockTq1_0>(),
             GgmlType::TQ2_0 => size_of::<BlockTq2_0>(),
+            GgmlType::MXFP4 => size_of::<BlockMxfp4>(),
+            GgmlType::NVFP4 => size_of::<BlockNvfp4>(),
+            GgmlType::Q1_0 => size_of::<BlockQ1_0>(),
+            GgmlType::Q2_0 => size_of::<BlockQ2_0>(),
         }
     }
 
     /// Byte offsets of the little-endian f16 fields of one block (scales, and the mins or sums
     /// beside them), read off the `#[repr(C)]` blocks. Empty for the float types, Q8_K (an f32
-    /// scale) and IQ1_M, whose f16 scale is spread over the top nibbles of its scale words.
+    /// scale), IQ1_M, whose f16 scale is spread over the top nibbles of its scale words, and
+    /// MXFP4/NVFP4 (byte scales: E8M0, UE4M3).
     pub fn f16_fields(self) -> &'static [usize] {
         use std::mem::offset_of;
         macro_rules! at {
@@ -226,9 +261,13 @@ impl GgmlType {
             }};
         }
         match self {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_K | GgmlType::IQ1_M => {
-                &[]
-            }
+            GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::BF16
+            | GgmlType::Q8_K
+            | GgmlType::IQ1_M
+            | GgmlType::MXFP4
+            | GgmlType::NVFP4 => &[],
             GgmlType::Q4_0 => at!(BlockQ4_0.d),
             GgmlType::Q4_1 => at!(BlockQ4_1.d, BlockQ4_1.m),
             GgmlType::Q5_0 => at!(BlockQ5_0.d),
@@ -250,6 +289,8 @@ impl GgmlType {
             GgmlType::IQ4_XS => at!(BlockIq4Xs.d),
             GgmlType::TQ1_0 => at!(BlockTq1_0.d),
             GgmlType::TQ2_0 => at!(BlockTq2_0.d),
+            GgmlType::Q1_0 => at!(BlockQ1_0.d),
+            GgmlType::Q2_0 => at!(BlockQ2_0.d),
         }
     }
 
@@ -272,7 +313,8 @@ impl GgmlType {
     }
 
     /// The activation type ggml pairs with this weight type in dot products: K-quants, i-quants
-    /// and ternary types -> Q8_K except IQ4_NL -> Q8_0; Q4_0/Q5_0/Q8_0 -> Q8_0, Q4_1/Q5_1 ->
+    /// and ternary types -> Q8_K except IQ4_NL -> Q8_0; Q4_0/Q5_0/Q8_0, MXFP4, NVFP4, Q1_0 and
+    /// Q2_0 -> Q8_0, Q4_1/Q5_1 ->
     /// Q8_1, F16/BF16/F32 -> themselves (Q8_1 -> Q8_1 and Q8_K -> Q8_K, although neither has a
     /// dot product as a weight type).
     pub fn vec_dot_type(self) -> GgmlType {
@@ -291,6 +333,7 @@ impl GgmlType {
             | GgmlType::TQ1_0
             | GgmlType::TQ2_0 => GgmlType::Q8_K,
             GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => GgmlType::Q8_0,
+            GgmlType::MXFP4 | GgmlType::NVFP4 | GgmlType::Q1_0 | GgmlType::Q2_0 => GgmlType::Q8_0,
             GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
             other => other,
         }
@@ -305,6 +348,16 @@ impl GgmlType {
     /// whose ggml quantizers (importance-matrix searches) this crate does not reproduce.
     pub fn has_quantizer(self) -> bool {
         !self.is_iq()
+    }
+
+    /// True for the types the SIMD tiers decode unit by unit into signed bytes (`arch::iq_tile`):
+    /// the i-quants, the ternary types, MXFP4, NVFP4, Q1_0 and Q2_0.
+    pub fn decodes_by_unit(self) -> bool {
+        self.is_iq()
+            || matches!(
+                self,
+                GgmlType::MXFP4 | GgmlType::NVFP4 | GgmlType::Q1_0 | GgmlType::Q2_0
+            )
     }
 
     /// True for the i-quants (IQ1_S … IQ4_XS) and the ternary types (TQ1_0, TQ2_0).

@@ -8,11 +8,13 @@
 //! (unpacking, the float epilogue) and tests can call them directly.
 
 pub mod float;
+pub mod fp4;
 pub mod iq1;
 pub mod iq2;
 pub mod iq3;
 pub mod iq4;
 pub mod legacy;
+pub mod lowbit;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_k;
@@ -65,6 +67,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), K
         GgmlType::IQ4_XS => iq4::dequantize_iq4_xs(blocks(src)?, dst),
         GgmlType::TQ1_0 => ternary::dequantize_tq1_0(blocks(src)?, dst),
         GgmlType::TQ2_0 => ternary::dequantize_tq2_0(blocks(src)?, dst),
+        GgmlType::MXFP4 => fp4::dequantize_mxfp4(blocks(src)?, dst),
+        GgmlType::NVFP4 => fp4::dequantize_nvfp4(blocks(src)?, dst),
+        GgmlType::Q1_0 => lowbit::dequantize_q1_0(blocks(src)?, dst),
+        GgmlType::Q2_0 => lowbit::dequantize_q2_0(blocks(src)?, dst),
     }
     Ok(())
 }
@@ -94,6 +100,10 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Ker
         GgmlType::Q5_K => q4_k::quantize_q5_k(src, blocks_mut(dst)?),
         GgmlType::Q6_K => q6_k::quantize(src, blocks_mut(dst)?),
         GgmlType::Q8_K => q8_k::quantize(src, blocks_mut(dst)?),
+        GgmlType::MXFP4 => fp4::quantize_mxfp4(src, blocks_mut(dst)?),
+        GgmlType::NVFP4 => fp4::quantize_nvfp4(src, blocks_mut(dst)?),
+        GgmlType::Q1_0 => lowbit::quantize_q1_0(src, blocks_mut(dst)?),
+        GgmlType::Q2_0 => lowbit::quantize_q2_0(src, blocks_mut(dst)?),
         _ => {
             return Err(KernelError::Unsupported {
                 op: "quantize",
@@ -151,6 +161,10 @@ pub(crate) fn dot_row(ty: GgmlType, w: &[u8], x: &[u8]) -> Result<f32, KernelErr
         GgmlType::IQ4_XS => iq4::vec_dot_iq4_xs(blocks(w)?, blocks(x)?),
         GgmlType::TQ1_0 => ternary::vec_dot_tq1_0(blocks(w)?, blocks(x)?),
         GgmlType::TQ2_0 => ternary::vec_dot_tq2_0(blocks(w)?, blocks(x)?),
+        GgmlType::MXFP4 => fp4::vec_dot_mxfp4(blocks(w)?, blocks(x)?),
+        GgmlType::NVFP4 => fp4::vec_dot_nvfp4(blocks(w)?, blocks(x)?),
+        GgmlType::Q1_0 => lowbit::vec_dot_q1_0(blocks(w)?, blocks(x)?),
+        GgmlType::Q2_0 => lowbit::vec_dot_q2_0(blocks(w)?, blocks(x)?),
         GgmlType::Q8_1 | GgmlType::Q8_K => {
             return Err(KernelError::Unsupported {
                 op: "vec_dot",

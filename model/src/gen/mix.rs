@@ -1,5 +1,5 @@
 //! Per-tensor type choice of llama.cpp's quantization mixes (`llama-quantize` ftypes Q2_K,
-//! Q4_K_M, Q8_0 and F16), following `llama_tensor_get_type` in llama.cpp's src/llama-quant.cpp:
+//! Q4_K_M, Q8_0, F16 and MXFP4_MOE), following `llama_tensor_get_type` in llama.cpp's src/llama-quant.cpp:
 //! which tensors are quantized at all, the bumps for attn_v / ffn_down / attn_output / output,
 //! the 8-expert special cases, and the fallback for rows that do not fit the block size.
 
@@ -47,7 +47,7 @@ fn base_type(mix: QuantMix) -> GgmlType {
     match mix {
         QuantMix::Q2K => GgmlType::Q2_K,
         QuantMix::Q4KM => GgmlType::Q4_K,
-        QuantMix::Q8_0 => GgmlType::Q8_0,
+        QuantMix::Q8_0 | QuantMix::Mxfp4Moe => GgmlType::Q8_0,
         QuantMix::F16 => GgmlType::F16,
         // i-quant mixes have their own rules (`iq_mix`); Q4_K is their dense type
         QuantMix::UdIq1S | QuantMix::UdIq2Xxs | QuantMix::UdQ2KXl => GgmlType::Q4_K,
@@ -80,6 +80,12 @@ pub fn tensor_type(mix: QuantMix, name: &str, dims: &[u64], cx: &mut MixContext)
         return ty;
     }
     let ncols = dims.first().copied().unwrap_or(0);
+    if mix == QuantMix::Mxfp4Moe {
+        // 3-D (expert) tensors MXFP4, every other one Q8_0, the head included; no bumps
+        let experts = dims.get(2).is_some_and(|&n| n > 1);
+        let ty = if experts { GgmlType::MXFP4 } else { ty };
+        return fallback(ty, ncols);
+    }
     let n_expert8 = cx.n_expert == 8;
     if name == "output.weight" {
         if ncols % ty.block_len() as u64 != 0 {
@@ -182,5 +188,38 @@ mod tests {
         check(GgmlType::Q5_K, 32, GgmlType::Q5_1);
         check(GgmlType::Q4_K, 48, GgmlType::F16);
         check(GgmlType::Q8_0, 48, GgmlType::F16);
+        check(GgmlType::MXFP4, 48, GgmlType::F16);
+        check(GgmlType::MXFP4, 64, GgmlType::MXFP4);
+    }
+
+    #[test]
+    fn mxfp4_moe_puts_experts_in_mxfp4_and_the_rest_in_q8_0() {
+        let mut cx = MixContext {
+            n_layer: 2,
+            n_expert: 8,
+            n_gqa: 2,
+            n_attention_wv: 2,
+            i_attention_wv: 0,
+            leave_output: false,
+            tied: false,
+        };
+        let mut t = |name: &str, dims: &[u64]| tensor_type(QuantMix::Mxfp4Moe, name, dims, &mut cx);
+        assert_eq!(
+            t("blk.1.ffn_down_exps.weight", &[256, 512, 8]),
+            GgmlType::MXFP4
+        );
+        assert_eq!(
+            t("blk.1.ffn_gate_exps.weight", &[512, 256, 8]),
+            GgmlType::MXFP4
+        );
+        assert_eq!(
+            t("blk.1.ffn_down_shexp.weight", &[256, 512]),
+            GgmlType::Q8_0
+        );
+        assert_eq!(t("blk.0.attn_v.weight", &[512, 128]), GgmlType::Q8_0);
+        assert_eq!(t("output.weight", &[512, 1000]), GgmlType::Q8_0);
+        assert_eq!(t("token_embd.weight", &[512, 1000]), GgmlType::Q8_0);
+        assert_eq!(t("blk.0.attn_norm.weight", &[512]), GgmlType::F32);
+        assert_eq!(t("blk.1.ffn_gate_inp.weight", &[512, 8]), GgmlType::F32);
     }
 }

@@ -149,6 +149,8 @@ pub enum QuantMix {
     UdIq2Xxs,
     /// Unsloth-shaped `UD-Q2_K_XL` (see `iq_mix`: its K-quant sibling)
     UdQ2KXl,
+    /// llama.cpp's `MXFP4_MOE`: routed experts MXFP4, every other quantized tensor Q8_0
+    Mxfp4Moe,
 }
 
 impl QuantMix {
@@ -161,6 +163,7 @@ impl QuantMix {
             QuantMix::UdIq1S => "UD-IQ1_S",
             QuantMix::UdIq2Xxs => "UD-IQ2_XXS",
             QuantMix::UdQ2KXl => "UD-Q2_K_XL",
+            QuantMix::Mxfp4Moe => "MXFP4_MOE",
         }
     }
 
@@ -174,6 +177,7 @@ impl QuantMix {
             QuantMix::UdIq1S => 24,
             QuantMix::UdIq2Xxs => 19,
             QuantMix::UdQ2KXl => 10,
+            QuantMix::Mxfp4Moe => 38,
         }
     }
 }
@@ -189,8 +193,9 @@ impl FromStr for QuantMix {
             "UD-IQ1_S" => Ok(QuantMix::UdIq1S),
             "UD-IQ2_XXS" => Ok(QuantMix::UdIq2Xxs),
             "UD-Q2_K_XL" => Ok(QuantMix::UdQ2KXl),
+            "MXFP4_MOE" => Ok(QuantMix::Mxfp4Moe),
             _ => Err(GenError::Spec(format!(
-                "expected quant Q2_K, Q4_K_M, Q8_0, F16, UD-IQ1_S, UD-IQ2_XXS or UD-Q2_K_XL, found `{s}`"
+                "expected quant Q2_K, Q4_K_M, Q8_0, F16, UD-IQ1_S, UD-IQ2_XXS, UD-Q2_K_XL or MXFP4_MOE, found `{s}`"
             ))),
         }
     }

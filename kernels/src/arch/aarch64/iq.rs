@@ -1,4 +1,4 @@
-//! The i-quant and ternary GEMM path of the aarch64 tiers. Weight units are decoded to signed
+//! The i-quant, ternary, FP4 and Q1_0/Q2_0 GEMM path of the aarch64 tiers. Weight units are decoded to signed
 //! bytes by the shared `arch::iq_tile` (which also holds the loops and the float epilogues);
 //! this file has the integer cores that give the sixteen 16-element group sums: NEON widens
 //! with SMULL (a product of a weight, |w| <= 127, and an activation, |x| <= 128, fits in int16)
@@ -12,7 +12,7 @@ use super::dotprod::sdot;
 use super::i8mm::smmla;
 use super::Level;
 use crate::arch::iq_tile::{self, act_chunk_offset, Sums};
-use crate::formats::{KVALUES_IQ4NL, QK_K};
+use crate::formats::QK_K;
 use crate::{GgmlType, Tile};
 
 /// Loads the 16 weights of group `g` and the matching activations of the unit at `xu`.
@@ -32,13 +32,13 @@ unsafe fn load(w: &[i8; QK_K], xu: *const u8, act: GgmlType, g: usize) -> (int8x
     }
 }
 
-/// Both nibbles of 16 bytes through one `TBL` of `KVALUES_IQ4NL` each (every aarch64 tier).
+/// Both nibbles of 16 bytes through one `TBL` of `table` each (every aarch64 tier).
 #[inline(always)]
-fn iq4_tbl(qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+fn nl_tbl(table: &[i8; 16], qs: &[u8], out: &mut [i8; QK_K], at: usize) {
     let (qs, dst) = (&qs[..16], &mut out[at..at + 32]);
     // SAFETY: NEON is baseline on aarch64; `qs` and `dst` are bounds-checked 16 and 32 bytes.
     unsafe {
-        let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+        let table = vld1q_s8(table.as_ptr());
         let q = vld1q_u8(qs.as_ptr());
         vst1q_s8(
             dst.as_mut_ptr(),
@@ -55,8 +55,8 @@ struct NeonSums;
 
 impl Sums for NeonSums {
     #[inline(always)]
-    fn iq4_values(&self, qs: &[u8], out: &mut [i8; QK_K], at: usize) {
-        iq4_tbl(qs, out, at);
+    fn nl_values(&self, table: &[i8; 16], qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+        nl_tbl(table, qs, out, at);
     }
 
     #[inline(always)]
@@ -79,8 +79,8 @@ struct SdotSums;
 
 impl Sums for SdotSums {
     #[inline(always)]
-    fn iq4_values(&self, qs: &[u8], out: &mut [i8; QK_K], at: usize) {
-        iq4_tbl(qs, out, at);
+    fn nl_values(&self, table: &[i8; 16], qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+        nl_tbl(table, qs, out, at);
     }
 
     #[inline(always)]
@@ -101,8 +101,8 @@ struct SmmlaSums;
 
 impl Sums for SmmlaSums {
     #[inline(always)]
-    fn iq4_values(&self, qs: &[u8], out: &mut [i8; QK_K], at: usize) {
-        iq4_tbl(qs, out, at);
+    fn nl_values(&self, table: &[i8; 16], qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+        nl_tbl(table, qs, out, at);
     }
 
     const TILE: bool = true;

@@ -131,7 +131,7 @@ pub(crate) fn reads_repacked(level: Level, ty: GgmlType) -> bool {
 
 /// Runs `level`'s path for `t`; false when it has none for the tile's type (or its layout).
 fn run(level: Level, t: &mut Tile<'_>) -> bool {
-    if t.ty().is_iq() {
+    if t.ty().decodes_by_unit() {
         // SAFETY: `run` is only reached through `level`'s capability value.
         return unsafe { iq::gemm(level, t) };
     }

@@ -1,5 +1,5 @@
-//! The i-quant and ternary GEMM path of both x86 tiers (AVX2 instructions; the AVX-512 tier
-//! runs the same code). Each weight unit (one 256-element block, or eight IQ4_NL blocks) is
+//! The i-quant, ternary, FP4 and Q1_0/Q2_0 GEMM path of both x86 tiers (AVX2 instructions; the AVX-512 tier
+//! runs the same code). Each weight unit (256 elements: one block, or 2 to 8 smaller ones) is
 //! decoded once into signed bytes (`arch::iq_tile`), then used against every activation row:
 //! per 32 bytes one `vpmaddubsw` of `|x|` with the weights carrying x's sign (`vpsignb`: exact
 //! for every byte, -128 included, since no weight is -128 and a pair sum stays below 2^15) and
@@ -9,7 +9,7 @@
 use core::arch::x86_64::*;
 
 use crate::arch::iq_tile::{self, act_chunk_offset, Sums};
-use crate::formats::{KVALUES_IQ4NL, QK_K};
+use crate::formats::QK_K;
 use crate::{GgmlType, Tile};
 
 /// The sixteen 16-element group sums of `w` against the activation unit at `xu`.
@@ -64,14 +64,14 @@ impl Sums for Avx2Sums {
         unsafe { sums16(w, xu, act) }
     }
 
-    /// Both nibbles of 16 bytes through one `vpshufb` of `KVALUES_IQ4NL` each.
+    /// Both nibbles of 16 bytes through one `vpshufb` of `table` each.
     #[inline(always)]
-    fn iq4_values(&self, qs: &[u8], out: &mut [i8; QK_K], at: usize) {
+    fn nl_values(&self, table: &[i8; 16], qs: &[u8], out: &mut [i8; QK_K], at: usize) {
         let (qs, dst) = (&qs[..16], &mut out[at..at + 32]);
         // SAFETY: an `Avx2Sums` exists only inside `gemm`, whose caller guarantees AVX2 (SSSE3
         // included); `qs` and `dst` are bounds-checked 16 and 32 bytes, unaligned accesses.
         unsafe {
-            let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+            let table = _mm_loadu_si128(table.as_ptr() as *const __m128i);
             let q = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
             let m = _mm_set1_epi8(0x0f);
             let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m));
@@ -82,7 +82,8 @@ impl Sums for Avx2Sums {
     }
 }
 
-/// The i-quant and ternary types' path; false for any other type (or unusable lengths).
+/// The path of the types `arch::iq_tile` decodes; false for any other type (or unusable
+/// lengths).
 ///
 /// # Safety
 /// The CPU must have AVX2 (true under either x86 tier's capability).

@@ -669,7 +669,7 @@ unsafe fn gemm_wide<K: Wide, const G: bool>(
                     let mut d = unsafe { decode::<K, G>(wp) };
                     bias::<K>(&mut d);
                     for j in 0..n {
-                        let xu = &xb[(j * units + u) * K::UNIT..][..K::UNIT];
+                        let xu = &xb[(j * units + u) * K::X_UNIT..][..K::X_UNIT];
                         // SAFETY: `xu` is one Q8_K block (`unit_blocks` checked the lengths).
                         let acc = unsafe {
                             dot_acc::<K>(&d, xu.as_ptr() as *const u8, &xs[j * units + u])
@@ -702,7 +702,12 @@ pub(super) unsafe fn gemm(t: &mut Tile<'_>) -> bool {
             GgmlType::IQ2_XXS => gemm_wide::<Iq2Xxs, false>(k, w, rows, x, n, out),
             GgmlType::IQ3_XXS => gemm_wide::<Iq3Xxs, false>(k, w, rows, x, n, out),
             GgmlType::IQ1_S => gemm_wide::<Iq1S, false>(k, w, rows, x, n, out),
-            GgmlType::IQ4_XS | GgmlType::IQ4_NL => nl4::gemm(ty, k, w, rows, x, n, out),
+            GgmlType::IQ4_XS
+            | GgmlType::IQ4_NL
+            | GgmlType::MXFP4
+            | GgmlType::NVFP4
+            | GgmlType::Q1_0
+            | GgmlType::Q2_0 => nl4::gemm(ty, k, w, rows, x, n, out),
             GgmlType::IQ2_XS => gemm_wide::<Iq2Xs, false>(k, w, rows, x, n, out),
             GgmlType::IQ2_S => gemm_wide::<Iq2S, false>(k, w, rows, x, n, out),
             GgmlType::IQ3_S => gemm_wide::<Iq3S, false>(k, w, rows, x, n, out),

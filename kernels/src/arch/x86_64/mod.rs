@@ -80,7 +80,7 @@ fn kquant_kind(ty: GgmlType) -> Option<u8> {
 /// `Tile` guarantees.
 fn gemm_block(level: Level, t: &mut Tile<'_>) -> bool {
     let ty = t.ty();
-    if ty.is_iq() {
+    if ty.decodes_by_unit() {
         if level == Level::Avx512 && vbmi_enabled() {
             // SAFETY: the AVX-512 tier's capability means AVX-512 F/BW/VL + VNNI, AVX2 and
             // F16C, and `vbmi_enabled` that the CPU has VBMI: all `iq512` needs.

@@ -8,7 +8,7 @@ use core::arch::x86_64::*;
 use crate::formats::iq_grids::{IQ1S_CODES, IQ3XXS_CODES, IQ3XXS_VALUES};
 use crate::formats::{
     BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockIq4Nl,
-    BlockIq4Xs, KSIGNS_IQ2XS, QK_K,
+    BlockIq4Xs, BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0, KSIGNS_IQ2XS, QK_K,
 };
 use core::mem::{offset_of, size_of};
 
@@ -38,6 +38,14 @@ pub(super) const IQ1M_SCALES: usize = offset_of!(BlockIq1M, scales);
 pub(super) const IQ1M_BYTES: usize = size_of::<BlockIq1M>();
 pub(super) const IQ4NL_QS: usize = offset_of!(BlockIq4Nl, qs);
 pub(super) const IQ4NL_BYTES: usize = size_of::<BlockIq4Nl>();
+pub(super) const MXFP4_QS: usize = offset_of!(BlockMxfp4, qs);
+pub(super) const MXFP4_BYTES: usize = size_of::<BlockMxfp4>();
+pub(super) const NVFP4_QS: usize = offset_of!(BlockNvfp4, qs);
+pub(super) const NVFP4_BYTES: usize = size_of::<BlockNvfp4>();
+pub(super) const Q1_0_QS: usize = offset_of!(BlockQ1_0, qs);
+pub(super) const Q1_0_BYTES: usize = size_of::<BlockQ1_0>();
+pub(super) const Q2_0_QS: usize = offset_of!(BlockQ2_0, qs);
+pub(super) const Q2_0_BYTES: usize = size_of::<BlockQ2_0>();
 // `decode::lead_d` reads these kinds' `d` from a block's first two bytes.
 const _: () = assert!(
     offset_of!(BlockIq2Xxs, d) == 0
