@@ -41,6 +41,8 @@ fn state() -> Arc<AppState> {
         nodes_ok: Arc::new(|| Ok(())),
         draining: AtomicBool::new(false),
         atlas: None,
+        responses: Default::default(),
+        model_aliases: Vec::new(),
     })
 }
 

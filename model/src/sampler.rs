@@ -5,6 +5,8 @@
 //! generator, so a seeded request is reproducible whatever else runs beside it. Greedy
 //! (temperature 0) is a plain argmax over the masked, penalised logits, lowest id on ties.
 //!
+//! The logit bias (OpenAI's `logit_bias`) comes first: each listed token's logit moves by its
+//! bias, and -100 bans the token outright (as OpenAI documents it).
 //! Penalties: the repetition penalty (llama.cpp's: divide positive logits, multiply negative
 //! ones, once per distinct token) looks at the last `penalty_last_n` tokens, prompt included;
 //! the presence and frequency penalties (OpenAI's) count the generated tokens only.
@@ -34,6 +36,8 @@ pub struct SamplerParams {
     pub presence_penalty: f32,
     /// OpenAI frequency penalty (-2..2) over generated tokens.
     pub frequency_penalty: f32,
+    /// OpenAI `logit_bias`: (token, bias in -100..=100); -100 bans the token.
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: u64,
 }
 
@@ -48,6 +52,7 @@ impl Default for SamplerParams {
             penalty_last_n: 64,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }
@@ -157,13 +162,14 @@ impl Sampler {
                     *x = f32::NEG_INFINITY;
                 }
             }
-            if !l.iter().any(|x| x.is_finite()) {
-                if let Some(t) = m.first() {
-                    return t;
-                }
-            }
         }
         self.apply_penalties(&mut l);
+        // nothing left (the mask, or a logit bias banning all it allows): the grammar wins
+        if let Some(m) = mask.filter(|_| !l.iter().any(|x| x.is_finite())) {
+            if let Some(t) = m.first() {
+                return t;
+            }
+        }
         if self.params.temperature <= 0.0 {
             return argmax(&l);
         }
@@ -212,8 +218,18 @@ impl Sampler {
         cand[probs.len() - 1].0
     }
 
+    /// The logit bias, then the penalties.
     fn apply_penalties(&self, l: &mut [f32]) {
         let p = &self.params;
+        for &(t, b) in &p.logit_bias {
+            if let Some(x) = l.get_mut(t as usize) {
+                *x = if b <= -100.0 {
+                    f32::NEG_INFINITY
+                } else {
+                    *x + b
+                };
+            }
+        }
         if p.repetition_penalty != 1.0 {
             let mut seen = std::collections::HashSet::new();
             for &t in &self.recent {

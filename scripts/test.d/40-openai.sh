@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The official `openai` Python package against a real `nightshift serve` on loopback
+# The official `openai` Python package (chat, completions, the Responses API) and the official
+# `anthropic` package (the Messages API) against a real `nightshift serve` on loopback
 # (coordinator/tests/python/test_openai.py). Builds the binary, starts the server on a free
 # port with an API key, waits for /ready, runs the tests, stops the server.
 # Runs twice: on the tiny qwen3moe fixture (real engine, tokenizer and chat template) and on the
 # built-in toy model (`--mock`, HTTP/OpenAI layer alone). NIGHTSHIFT_OPENAI_MODEL=FILE.gguf
 # replaces the fixture.
-# Then, for tools and structured outputs (coordinator/tests/python/test_tools.py, with
-# `openai-agents` and `jsonschema`): one tiny random model per published chat template
+# Then, for tools and structured outputs over all three APIs (coordinator/tests/python/test_tools.py,
+# with `openai-agents` on its chat and Responses models, `anthropic` and `jsonschema`): one tiny random model per published chat template
 # (model/tests/data/templates: Qwen3, Qwen3-Coder, Kimi K2, Kimi-K2-Thinking, DeepSeek V3.1,
 # DeepSeek-V3, DeepSeek-R1's), made by `gen-model --chat-template`; NIGHTSHIFT_TOOL_TEMPLATES=NAME:ARCH ...
 # picks some.

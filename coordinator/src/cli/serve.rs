@@ -106,6 +106,10 @@ pub struct Args {
     /// Model id clients pass as `model` (default: the file name without .gguf).
     #[arg(long)]
     pub model_name: Option<String>,
+    /// Another name requests may pass as `model` for the same model (repeatable): e.g. the
+    /// names an agent sends without asking (Claude Code's `claude-*` models).
+    #[arg(long = "model-alias", value_name = "NAME")]
+    pub model_aliases: Vec<String>,
     /// Tool-call format of the model's output: hermes (Qwen3), qwen3_coder, kimi_k2,
     /// deepseek_v31 or deepseek_v3 (V3 and R1's fenced JSON) (default: found from the chat
     /// template's markers).
@@ -524,6 +528,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         nodes_ok: nodes_check(loaded.experts.as_ref()),
         draining: AtomicBool::new(false),
         atlas: loaded.atlas_admin.clone(),
+        responses: Default::default(),
+        model_aliases: args.model_aliases.clone(),
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -7,6 +7,8 @@ use crate::scheduler::{ChatMessage, SamplingParams, ToolCall};
 
 /// Most stop strings accepted.
 const MAX_STOPS: usize = 16;
+/// Most `logit_bias` entries accepted.
+pub const MAX_LOGIT_BIAS: usize = 1024;
 /// Most `top_logprobs` (chat) accepted.
 pub const MAX_TOP_LOGPROBS: u32 = 20;
 /// Most `logprobs` (legacy completions) accepted.
@@ -36,11 +38,19 @@ fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<
     }
 }
 
-/// Checks the model name and the fields shared by chat and completions.
-pub fn check_common(c: &Common, served: &str) -> Result<Checked, ApiError> {
+/// Checks the model name (the served id or one of its aliases) and the fields shared by chat
+/// and completions.
+pub fn check_common(
+    c: &Common,
+    served: &str,
+    aliases: &[String],
+    vocab: usize,
+) -> Result<Checked, ApiError> {
     match &c.model {
         None => return Err(ApiError::invalid("model", "missing required field `model`")),
-        Some(m) if m != served => return Err(ApiError::model_not_found(m, served)),
+        Some(m) if m != served && !aliases.contains(m) => {
+            return Err(ApiError::model_not_found(m, served))
+        }
         Some(_) => {}
     }
     if let Some(n) = c.n {
@@ -89,7 +99,12 @@ pub fn check_common(c: &Common, served: &str) -> Result<Checked, ApiError> {
         .as_ref()
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
+    let logit_bias = match &c.logit_bias {
+        None => Vec::new(),
+        Some(m) => logit_bias(m, vocab)?,
+    };
     let sampling = SamplingParams {
+        logit_bias,
         temperature,
         top_p,
         top_k: c.top_k.unwrap_or(0) as usize,
@@ -112,6 +127,79 @@ pub fn check_common(c: &Common, served: &str) -> Result<Checked, ApiError> {
         cache_prompt: c.cache_prompt.unwrap_or(true),
         speculative: c.speculative.unwrap_or(true),
     })
+}
+
+/// OpenAI's `logit_bias`: token ids (JSON keys) below the vocabulary size, biases in
+/// -100..=100.
+fn logit_bias(
+    m: &serde_json::Map<String, serde_json::Value>,
+    vocab: usize,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    if m.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!(
+                "expected at most {MAX_LOGIT_BIAS} entries, found {}",
+                m.len()
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(m.len());
+    for (k, v) in m {
+        let param = format!("logit_bias.{k}");
+        let token = match k.parse::<u32>() {
+            Ok(t) if (t as usize) < vocab => t,
+            Ok(t) => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("token id {t} is out of range: the vocabulary has {vocab} tokens"),
+                ))
+            }
+            Err(_) => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("keys are token ids, found `{k}`"),
+                ))
+            }
+        };
+        match v.as_f64() {
+            Some(b) if (-100.0..=100.0).contains(&b) => out.push((token, b as f32)),
+            _ => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("a bias is a number between -100 and 100, found {v}"),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The chat templates' thinking switches (Qwen3's `enable_thinking`, DeepSeek V3.1's and
+/// Kimi's `thinking`) set to `on` in the template variables, unless the request set them itself.
+pub fn with_thinking(
+    kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    on: bool,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut m = kwargs.unwrap_or_default();
+    for k in ["enable_thinking", "thinking"] {
+        m.entry(k).or_insert(serde_json::Value::Bool(on));
+    }
+    m
+}
+
+/// OpenAI's reasoning effort as a thinking switch: `none` and `minimal` off, `low` to `xhigh`
+/// on (None: the template's own default).
+pub fn effort_thinking(param: &str, effort: Option<&str>) -> Result<Option<bool>, ApiError> {
+    match effort {
+        None => Ok(None),
+        Some("none" | "minimal") => Ok(Some(false)),
+        Some("low" | "medium" | "high" | "xhigh") => Ok(Some(true)),
+        Some(other) => Err(ApiError::invalid(
+            param,
+            format!("expected none, minimal, low, medium, high or xhigh, found `{other}`"),
+        )),
+    }
 }
 
 /// The text of a message content (a string or text parts); `at` names the field in errors.

@@ -31,9 +31,9 @@ fn now_secs() -> u64 {
 }
 
 /// What differs between chat and completions once the prompt is tokenized.
-struct Job {
+pub(super) struct Job {
     kind: Kind,
-    prompt: Vec<u32>,
+    pub prompt: Vec<u32>,
     asked_max: Option<u32>,
     default_max: Option<u32>,
     logprobs: Option<u32>,
@@ -45,6 +45,25 @@ struct Job {
     output: Option<OutputParser>,
     /// OpenAI's `prediction`, tokenized (a drafter lookup source).
     prediction: Vec<u32>,
+}
+
+/// The fields every generating request shares, checked against this server's model.
+fn check_common(st: &AppState, c: &Common) -> Result<Checked, ApiError> {
+    convert::check_common(c, &st.model_id, &st.model_aliases, st.text.vocab_size())
+}
+
+impl Job {
+    /// Takes the asked output budget as an upper bound: when the prompt leaves less room in the
+    /// context, generation stops there (`max_tokens` reached) instead of the request failing.
+    /// The Responses and Messages APIs' agents ask for a fixed large budget (Claude Code 32k)
+    /// whatever the prompt's length, as llama-server allows.
+    pub(super) fn budget_is_upper_bound(mut self) -> Job {
+        if let Some(asked) = self.asked_max.filter(|&n| n > 0) {
+            self.asked_max = None;
+            self.default_max = Some(asked);
+        }
+        self
+    }
 }
 
 /// `POST /v1/chat/completions`.
@@ -68,9 +87,21 @@ pub async fn chat(
     Extension(rid): Extension<RequestId>,
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
-    let checked = convert::check_common(&req.common(), &st.model_id)?;
+    let job = chat_job(&st, &rid, &req).await?;
+    run(st, rid, job).await
+}
+
+/// A chat request checked, rendered through the chat template and tokenized: the job both
+/// `/v1/chat/completions` and `/v1/responses` (which converts its input into a chat request)
+/// submit.
+pub(super) async fn chat_job(
+    st: &Arc<AppState>,
+    rid: &RequestId,
+    req: &ChatRequest,
+) -> Result<Job, ApiError> {
+    let checked = check_common(st.as_ref(), &req.common())?;
     let turns = convert::chat_turns(&req.messages)?;
-    let plan = tools::plan(&req)?;
+    let plan = tools::plan(req)?;
     let format = tools::output_grammar(req.response_format.as_ref(), req.grammar.as_deref())?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (_, Some(n)) if n > convert::MAX_TOP_LOGPROBS => {
@@ -94,7 +125,7 @@ pub async fn chat(
     let chat = ChatPrompt {
         messages: turns,
         tools: plan.as_ref().map(|p| p.tools_json.clone()),
-        extra: req.chat_template_kwargs.clone(),
+        extra: template_kwargs(req)?,
     };
     let has_format = format.is_some();
     // A JSON response format or a forced call constrains the output from its first token:
@@ -125,7 +156,7 @@ pub async fn chat(
         st.scheduler.options().n_ctx,
     )?;
     let text = st.text.clone();
-    let (prompt, prediction) = off_runtime(&rid, move || {
+    let (prompt, prediction) = off_runtime(rid, move || {
         let prediction = text.encode(&predicted, false);
         (text.tokenize_chat(&chat), prediction)
     })
@@ -156,7 +187,19 @@ pub async fn chat(
         output: OutputParser::new(think, tool_stream),
         prediction,
     };
-    run(st, rid, job).await
+    Ok(job)
+}
+
+/// The chat template's extra variables: `chat_template_kwargs`, with `reasoning_effort`'s
+/// thinking switch where it does not set one.
+fn template_kwargs(
+    req: &ChatRequest,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, ApiError> {
+    let effort = convert::effort_thinking("reasoning_effort", req.reasoning_effort.as_deref())?;
+    Ok(match effort {
+        None => req.chat_template_kwargs.clone(),
+        Some(on) => Some(convert::with_thinking(req.chat_template_kwargs.clone(), on)),
+    })
 }
 
 /// `POST /apply-template` (llama.cpp's extension): the prompt a chat request renders to, with
@@ -181,7 +224,7 @@ pub async fn apply_template(
     let chat = ChatPrompt {
         messages: turns,
         tools: plan.as_ref().map(|p| p.tools_json.clone()),
-        extra: req.chat_template_kwargs.clone(),
+        extra: template_kwargs(&req)?,
     };
     let prompt = st.text.render_chat(&chat).map_err(|e| {
         ApiError::invalid(
@@ -213,7 +256,7 @@ pub async fn completions(
     Extension(rid): Extension<RequestId>,
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let checked = convert::check_common(&req.common(), &st.model_id)?;
+    let checked = check_common(st.as_ref(), &req.common())?;
     if req.echo == Some(true) {
         return Err(ApiError::invalid("echo", "`echo` is not supported"));
     }
@@ -296,6 +339,41 @@ async fn off_runtime<T: Send + 'static>(
 
 /// Submits a job and answers it (stream or body).
 async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, ApiError> {
+    let prefix = if job.kind == Kind::Chat {
+        "chatcmpl-"
+    } else {
+        "cmpl-"
+    };
+    let sub = submit(&st, &rid, job, prefix)?;
+    if sub.stream {
+        return Ok(stream::sse(sub.meta, sub.rx, st.stream_timeout, sub.output).into_response());
+    }
+    let collected = stream::collect(&sub.meta, sub.rx, sub.output);
+    match tokio::time::timeout(st.request_timeout, collected).await {
+        Ok(Ok(v)) => Ok(Json(v).into_response()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(ApiError::timeout(st.request_timeout.as_secs())),
+    }
+}
+
+/// A job in the scheduler's queue: the answer's identity and where its events arrive.
+pub(super) struct Submitted {
+    pub meta: Meta,
+    pub rx: mpsc::UnboundedReceiver<crate::scheduler::Event>,
+    pub output: Option<OutputParser>,
+    pub stream: bool,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: u32,
+}
+
+/// Checks the server can take a job, its token budget, and queues it; `prefix` starts the
+/// answer's id (`chatcmpl-`, `cmpl-`, `resp_`).
+pub(super) fn submit(
+    st: &AppState,
+    rid: &RequestId,
+    job: Job,
+    prefix: &str,
+) -> Result<Submitted, ApiError> {
     if st.draining.load(Ordering::Relaxed) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
@@ -319,14 +397,10 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
         n_ctx,
     )?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let prefix = if job.kind == Kind::Chat {
-        "chatcmpl"
-    } else {
-        "cmpl"
-    };
+    let prompt_tokens = job.prompt.len() as u32;
     let meta = Meta {
         kind: job.kind,
-        id: format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
+        id: format!("{prefix}{}", uuid::Uuid::new_v4().simple()),
         request_id: rid.0.clone(),
         created: now_secs(),
         model: st.model_id.clone(),
@@ -361,14 +435,13 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
             return Err(ApiError::unavailable("the engine is not running"))
         }
     }
-    if job.checked.stream {
-        return Ok(stream::sse(meta, rx, st.stream_timeout, output).into_response());
-    }
-    match tokio::time::timeout(st.request_timeout, stream::collect(&meta, rx, output)).await {
-        Ok(Ok(v)) => Ok(Json(v).into_response()),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(ApiError::timeout(st.request_timeout.as_secs())),
-    }
+    Ok(Submitted {
+        meta,
+        rx,
+        output,
+        stream: job.checked.stream,
+        prompt_tokens,
+    })
 }
 
 /// `GET /v1/models`: the served model.
@@ -383,14 +456,17 @@ async fn run(st: Arc<AppState>, rid: RequestId, job: Job) -> Result<Response, Ap
     security((), ("api_key" = []))
 )]
 pub async fn models(State(st): State<Arc<AppState>>) -> Json<ModelList> {
+    let names = std::iter::once(&st.model_id).chain(&st.model_aliases);
     Json(ModelList {
         object: "list",
-        data: vec![ModelCard {
-            id: st.model_id.clone(),
-            object: "model",
-            created: st.created,
-            owned_by: "nightshift",
-        }],
+        data: names
+            .map(|id| ModelCard {
+                id: id.clone(),
+                object: "model",
+                created: st.created,
+                owned_by: "nightshift",
+            })
+            .collect(),
     })
 }
 

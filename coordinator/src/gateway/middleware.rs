@@ -25,6 +25,8 @@ pub async fn request_id(mut req: Request, next: Next) -> Response {
     // Fixed label set: known paths only, so clients cannot blow up the series count.
     let route = match path.as_str() {
         "/v1/chat/completions"
+        | "/v1/responses"
+        | "/v1/messages"
         | "/v1/completions"
         | "/v1/models"
         | "/health"
@@ -42,7 +44,8 @@ pub async fn request_id(mut req: Request, next: Next) -> Response {
     resp
 }
 
-/// Checks `Authorization: Bearer KEY` when a key is configured.
+/// Checks `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`) when a key is
+/// configured.
 pub async fn auth(
     State(st): State<Arc<AppState>>,
     req: Request,
@@ -58,10 +61,11 @@ pub async fn auth(
         .and_then(|v| {
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
-        });
+        })
+        .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()));
     match given {
         None => Err(ApiError::unauthorized(
-            "missing API key: send `Authorization: Bearer KEY`",
+            "missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`",
         )),
         Some(g) if bool::from(g.trim().as_bytes().ct_eq(key.as_bytes())) => Ok(next.run(req).await),
         Some(_) => Err(ApiError::unauthorized("incorrect API key provided")),

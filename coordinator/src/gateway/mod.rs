@@ -2,6 +2,7 @@
 //! auth / metrics middleware and the server loop with graceful shutdown. Only this module knows
 //! OpenAI's JSON; it converts into the scheduler's types at the edge (`convert`).
 
+pub mod anthropic;
 pub mod atlas;
 pub mod conn;
 mod convert;
@@ -11,6 +12,8 @@ mod handlers;
 mod middleware;
 pub mod openapi;
 mod output;
+pub mod responses;
+mod segments;
 pub mod stream;
 #[cfg(test)]
 mod tests;
@@ -41,6 +44,8 @@ pub type NodesCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 pub struct AppState {
     /// The id clients pass as `model`.
     pub model_id: String,
+    /// Other names accepted as `model` (`--model-alias`).
+    pub model_aliases: Vec<String>,
     pub created: u64,
     /// `system_fingerprint` in responses (model identity).
     pub fingerprint: String,
@@ -65,6 +70,8 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// What the ExpertAtlas endpoints act on; None when nothing is recorded (they answer 409).
     pub atlas: Option<Arc<atlas::AtlasAdmin>>,
+    /// Stored responses of `/v1/responses` (`store`, `previous_response_id`).
+    pub responses: responses::store::ResponseStore,
 }
 
 /// The whole API as a router.
@@ -72,6 +79,17 @@ pub fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
         .route("/apply-template", post(handlers::apply_template))
         .route("/v1/models", get(handlers::models))
         .route("/v1/admin/kv", get(handlers::admin_kv))

@@ -4,7 +4,7 @@
 //! the live server from it with schemathesis (no 5xx, every answer in its documented shape).
 
 use super::error::Body;
-use super::{atlas, handlers, AppState};
+use super::{anthropic, atlas, handlers, responses, AppState};
 use axum::extract::State;
 use axum::Json;
 use std::sync::Arc;
@@ -21,6 +21,12 @@ use utoipa::{Modify, OpenApi};
     paths(
         handlers::chat,
         handlers::completions,
+        responses::create,
+        responses::get,
+        responses::delete,
+        responses::input_items,
+        anthropic::messages,
+        anthropic::count_tokens,
         handlers::apply_template,
         handlers::models,
         handlers::admin_kv,
@@ -31,7 +37,11 @@ use utoipa::{Modify, OpenApi};
         atlas::get_placement,
         atlas::post_placement,
     ),
-    components(schemas(crate::gateway::types::ChatChunk)),
+    components(schemas(
+        crate::gateway::types::ChatChunk,
+        anthropic::types::ErrorOut,
+        anthropic::types::ErrorDetailOut,
+    )),
     modifiers(&ApiKey)
 )]
 pub struct ApiDoc;
@@ -97,15 +107,23 @@ pub fn document() -> &'static serde_json::Value {
     })
 }
 
-/// The document of a server: `model` takes exactly the served model's id.
-pub fn served_document(model_id: &str) -> serde_json::Value {
+/// The document of a server: `model` takes exactly the served model's id or an alias.
+pub fn served_document(model_id: &str, aliases: &[String]) -> serde_json::Value {
     let mut doc = document().clone();
-    for req in ["ChatRequest", "CompletionRequest"] {
+    let names: Vec<&str> = std::iter::once(model_id)
+        .chain(aliases.iter().map(String::as_str))
+        .collect();
+    for req in [
+        "ChatRequest",
+        "CompletionRequest",
+        "ResponsesRequest",
+        "MessagesRequest",
+    ] {
         let at = format!("/components/schemas/{req}/properties/model");
         if let Some(m) = doc.pointer_mut(&at) {
             *m = serde_json::json!({
                 "type": "string",
-                "enum": [model_id],
+                "enum": names,
                 "description": "The served model's id (`GET /v1/models`)."
             });
         }
@@ -115,5 +133,5 @@ pub fn served_document(model_id: &str) -> serde_json::Value {
 
 /// `GET /openapi.json`.
 pub async fn openapi_json(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
-    Json(served_document(&st.model_id))
+    Json(served_document(&st.model_id, &st.model_aliases))
 }

@@ -63,3 +63,12 @@ impl OutputParser {
         out
     }
 }
+
+/// One token's text as pieces: through the parser when there is one, else content.
+pub fn pieces(parser: &mut Option<OutputParser>, text: &str) -> Vec<Piece> {
+    match parser {
+        Some(p) => p.push(text),
+        None if text.is_empty() => Vec::new(),
+        None => vec![Piece::Content(text.to_string())],
+    }
+}

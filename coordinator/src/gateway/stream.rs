@@ -76,7 +76,7 @@ fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn chat_logprob(t: &TokenLogprob) -> ChatTokenLogprob {
+pub(super) fn chat_logprob(t: &TokenLogprob) -> ChatTokenLogprob {
     ChatTokenLogprob {
         token: lossy(&t.bytes),
         logprob: t.logprob,
@@ -115,6 +115,54 @@ pub fn step_error(meta: &Meta, e: &StepError) -> ApiError {
     } else {
         ApiError::internal(&meta.request_id, &e.message)
     }
+}
+
+/// When a stream gives up: the server's stream timeout from now (None = never).
+pub fn deadline(timeout: Option<Duration>) -> Option<(Instant, Duration)> {
+    timeout.and_then(|t| Instant::now().checked_add(t).map(|at| (at, t)))
+}
+
+/// The next event of a request, or the error that ends its answer: the stream's `deadline`
+/// passed (logged and counted; the caller ends the stream, which drops the receiver and so
+/// cancels the sequence), or the engine thread went away. Every endpoint, streamed or not,
+/// waits through this.
+pub async fn next_event(
+    rx: &mut UnboundedReceiver<Event>,
+    meta: &Meta,
+    deadline: Option<(Instant, Duration)>,
+) -> Result<Event, ApiError> {
+    let ev = match deadline {
+        Some((at, limit)) => match tokio::time::timeout_at(at, rx.recv()).await {
+            Ok(ev) => ev,
+            Err(_) => {
+                let secs = limit.as_secs_f64();
+                tracing::warn!(request_id = %meta.request_id, limit_secs = secs, "stream timed out; cancelling the sequence");
+                metrics::counter!("nightshift_stream_timeouts_total").increment(1);
+                return Err(ApiError::stream_timeout(secs));
+            }
+        },
+        None => rx.recv().await,
+    };
+    ev.ok_or_else(|| {
+        ApiError::internal(
+            &meta.request_id,
+            "engine thread ended without finishing the request",
+        )
+    })
+}
+
+/// Named server-sent events (`event: KIND`, `data: JSON`), how the Responses and Messages APIs
+/// stream: the `first` batch at once, then each batch `rest` yields.
+pub fn named_events(
+    first: Vec<(&'static str, serde_json::Value)>,
+    rest: impl Stream<Item = Vec<(&'static str, serde_json::Value)>>,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    stream::iter(vec![first]).chain(rest).flat_map(|evs| {
+        stream::iter(
+            evs.into_iter()
+                .map(|(kind, body)| Ok(SseEvent::default().event(kind).data(body.to_string()))),
+        )
+    })
 }
 
 /// The finish reason: `tool_calls` when the model stopped after calling tools.
@@ -174,13 +222,7 @@ pub async fn collect(
     let mut comp_lp = CompletionLogprobs::default();
     let mut offset = 0u32;
     loop {
-        let Some(ev) = rx.recv().await else {
-            return Err(ApiError::internal(
-                &meta.request_id,
-                "engine thread ended without finishing the request",
-            ));
-        };
-        match ev {
+        match next_event(&mut rx, meta, None).await? {
             Event::Token { text: t, logprob } => {
                 absorb(&mut parser, &t, &mut m);
                 if let Some(l) = logprob {
@@ -193,6 +235,7 @@ pub async fn collect(
                 text: t,
                 finish,
                 usage,
+                ..
             } => {
                 absorb(&mut parser, &t, &mut m);
                 if let Some(p) = &mut parser {
@@ -461,38 +504,26 @@ impl St {
         }
     }
 
-    /// The error event that ends a stream past its deadline; the caller then drops the
-    /// receiver, which cancels the sequence.
-    fn timed_out(&mut self, limit: Duration) -> Vec<SseEvent> {
-        self.done = true;
-        tracing::warn!(request_id = %self.meta.request_id, limit_secs = limit.as_secs_f64(), "stream timed out; cancelling the sequence");
-        metrics::counter!("nightshift_stream_timeouts_total").increment(1);
-        vec![SseEvent::default().data(ApiError::stream_timeout(limit.as_secs_f64()).body_json())]
-    }
-
-    /// The SSE events for one scheduler event (None = stream over).
-    fn next_events(&mut self, ev: Option<Event>) -> Vec<SseEvent> {
+    /// The SSE events for one scheduler event, or the error event that ends the stream.
+    fn next_events(&mut self, ev: Result<Event, ApiError>) -> Vec<SseEvent> {
         let mut out = Vec::new();
         match ev {
-            None => {
+            Err(e) => {
                 self.done = true;
-                let e = ApiError::internal(
-                    &self.meta.request_id,
-                    "engine thread ended without finishing the request",
-                );
                 out.push(SseEvent::default().data(e.body_json()));
             }
-            Some(Event::Token { text, logprob }) => {
+            Ok(Event::Token { text, logprob }) => {
                 self.text_events(text, logprob.as_ref(), &mut out);
             }
-            Some(Event::Failed(e)) => {
+            Ok(Event::Failed(e)) => {
                 self.done = true;
                 out.push(SseEvent::default().data(step_error(&self.meta, &e).body_json()));
             }
-            Some(Event::Done {
+            Ok(Event::Done {
                 text,
                 finish,
                 usage,
+                ..
             }) => {
                 self.done = true;
                 self.text_events(text, None, &mut out);
@@ -533,7 +564,7 @@ pub fn sse(
         started: false,
         done: false,
         offset: 0,
-        deadline: timeout.and_then(|t| Instant::now().checked_add(t).map(|at| (at, t))),
+        deadline: deadline(timeout),
     };
     let s = stream::unfold(st, |mut st| async move {
         if st.done {
@@ -546,16 +577,8 @@ pub fn sse(
                 return Some((stream::iter(vec![Ok(first)]), st));
             }
         }
-        let events = match st.deadline {
-            Some((at, limit)) => match tokio::time::timeout_at(at, st.rx.recv()).await {
-                Ok(ev) => st.next_events(ev),
-                Err(_) => st.timed_out(limit),
-            },
-            None => {
-                let ev = st.rx.recv().await;
-                st.next_events(ev)
-            }
-        };
+        let ev = next_event(&mut st.rx, &st.meta, st.deadline).await;
+        let events = st.next_events(ev);
         Some((
             stream::iter(events.into_iter().map(Ok).collect::<Vec<_>>()),
             st,

@@ -11,8 +11,10 @@ use crate::scheduler::SchedulerOptions;
 use serde_json::{json, Value};
 use std::sync::atomic::AtomicUsize;
 
+mod anthropic;
 mod bad_input;
 mod kv;
+mod responses;
 mod spec;
 
 struct Server {
@@ -47,6 +49,8 @@ struct Opts {
     body_timeout_ms: Option<u64>,
     /// n-gram speculation, every draft riding (no policy).
     spec: bool,
+    /// `--model-alias` names.
+    aliases: &'static [&'static str],
 }
 
 impl Default for Opts {
@@ -66,6 +70,7 @@ impl Default for Opts {
             prefix: false,
             metrics_public: false,
             spec: false,
+            aliases: &[],
         }
     }
 }
@@ -115,6 +120,8 @@ async fn start(o: Opts) -> Server {
         }),
         draining: AtomicBool::new(false),
         atlas: None,
+        responses: Default::default(),
+        model_aliases: o.aliases.iter().map(|a| a.to_string()).collect(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -149,8 +156,8 @@ async fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
-/// Reads an SSE stream: every `data:` payload until `[DONE]` (which must come last).
-async fn sse(s: &Server, path: &str, body: Value) -> Vec<Value> {
+/// A streamed answer's whole body (status 200).
+async fn stream_body(s: &Server, path: &str, body: Value) -> String {
     let r = reqwest::Client::new()
         .post(format!("{}{path}", s.url))
         .json(&body)
@@ -158,7 +165,12 @@ async fn sse(s: &Server, path: &str, body: Value) -> Vec<Value> {
         .await
         .expect("send");
     assert_eq!(r.status().as_u16(), 200);
-    let text = r.text().await.expect("body");
+    r.text().await.expect("body")
+}
+
+/// Reads an SSE stream: every `data:` payload until `[DONE]` (which must come last).
+async fn sse(s: &Server, path: &str, body: Value) -> Vec<Value> {
+    let text = stream_body(s, path, body).await;
     let mut out = Vec::new();
     let mut done = false;
     for line in text.lines() {
@@ -172,6 +184,29 @@ async fn sse(s: &Server, path: &str, body: Value) -> Vec<Value> {
         }
     }
     assert!(done, "stream did not end with [DONE]: {text}");
+    out
+}
+
+/// Reads an SSE stream whose events are named (the Responses and Messages APIs): (event,
+/// data) pairs, every data's `type` its event name; no `[DONE]`.
+async fn named_events(s: &Server, path: &str, body: Value) -> Vec<(String, Value)> {
+    let text = stream_body(s, path, body).await;
+    let mut out = Vec::new();
+    let mut name = None;
+    for line in text.lines() {
+        if let Some(e) = line.strip_prefix("event: ") {
+            name = Some(e.to_string());
+        } else if let Some(d) = line.strip_prefix("data: ") {
+            let v: Value = serde_json::from_str(d).expect("event json");
+            let n = name.take().expect("every data has its event name");
+            assert_eq!(v["type"], n.as_str(), "{v}");
+            out.push((n, v));
+        }
+    }
+    assert!(
+        !text.contains("[DONE]"),
+        "named-event streams send no [DONE]"
+    );
     out
 }
 

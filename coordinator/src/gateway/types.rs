@@ -56,6 +56,21 @@ pub struct ChatMessageIn {
     pub reasoning_content: Option<String>,
 }
 
+impl ChatMessageIn {
+    /// A message of `role` with text content (None: no content), as the other APIs' edges
+    /// build them.
+    pub fn text(role: &str, content: Option<String>) -> ChatMessageIn {
+        ChatMessageIn {
+            role: role.to_string(),
+            content: content.map(Content::Text),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+            reasoning_content: None,
+        }
+    }
+}
+
 /// `function` of a tool call in a request: `arguments` is JSON text (an object is accepted too).
 #[derive(Deserialize, Debug, Clone, ToSchema)]
 pub struct FunctionCallIn {
@@ -93,6 +108,7 @@ pub struct Common {
     pub ignore_eos: Option<bool>,
     pub cache_prompt: Option<bool>,
     pub speculative: Option<bool>,
+    pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Declares a request struct with the common fields written out (not `#[serde(flatten)]`,
@@ -134,6 +150,9 @@ macro_rules! request_struct {
             pub cache_prompt: Option<bool>,
             /// Extension: false opts this request out of speculative decoding.
             pub speculative: Option<bool>,
+            /// Token id (as a string) -> bias in -100..=100 added to its logit; -100 bans it.
+            #[schema(value_type = Option<Object>)]
+            pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
         }
         impl $name {
             pub fn common(&self) -> Common {
@@ -154,6 +173,7 @@ macro_rules! request_struct {
                     ignore_eos: self.ignore_eos,
                     cache_prompt: self.cache_prompt,
                     speculative: self.speculative,
+                    logit_bias: self.logit_bias.clone(),
                 }
             }
         }
@@ -184,6 +204,10 @@ request_struct!(
         prediction: Option<Prediction>,
         /// Extension (llama-server's): where a thinking model's leading `<think>` block goes.
         reasoning_format: Option<ReasoningFormat>,
+        /// `none`/`minimal` turn a hybrid model's thinking off, `low`..`xhigh` on (the chat
+        /// template's `enable_thinking` / `thinking`, unless `chat_template_kwargs` sets them).
+        #[schema(pattern = "^(none|minimal|low|medium|high|xhigh)$")]
+        reasoning_effort: Option<String>,
     }
 );
 
@@ -285,14 +309,14 @@ impl Usage {
 
 // ---- chat responses ----
 
-#[derive(Serialize, Debug, Clone, ToSchema)]
+#[derive(Serialize, Deserialize, Debug, Clone, ToSchema)]
 pub struct TopLogprob {
     pub token: String,
     pub logprob: f32,
     pub bytes: Vec<u8>,
 }
 
-#[derive(Serialize, Debug, Clone, ToSchema)]
+#[derive(Serialize, Deserialize, Debug, Clone, ToSchema)]
 pub struct ChatTokenLogprob {
     pub token: String,
     pub logprob: f32,

@@ -731,12 +731,20 @@ fn cancelled(s: &Seq) {
 
 /// Sends the final event; false if the client is gone.
 fn send_done(s: &Seq, text: String, finish: FinishReason, usage: Usage) -> bool {
+    // a stop string completed by the last bytes ends the text there, whatever ended the loop
+    let stop = s.text.matched().map(str::to_string);
+    let finish = if stop.is_some() {
+        FinishReason::Stop
+    } else {
+        finish
+    };
     s.req
         .events
         .send(Event::Done {
             text,
             finish,
             usage,
+            stop,
         })
         .is_ok()
 }

@@ -393,6 +393,7 @@ pub(crate) fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<super::Event>)
                 text: t,
                 finish,
                 usage,
+                ..
             } => {
                 text.push_str(&t);
                 return Drained {

@@ -68,6 +68,8 @@ pub enum Event {
         text: String,
         finish: FinishReason,
         usage: Usage,
+        /// The stop string that ended it (`finish` is then `Stop`).
+        stop: Option<String>,
     },
     /// Generation failed; nothing more will come.
     Failed(StepError),

@@ -18,6 +18,8 @@ pub struct TextStream {
     bytes: Vec<u8>,
     held: String,
     stops: Vec<String>,
+    /// The stop string that ended the stream, once one has.
+    matched: Option<String>,
 }
 
 impl TextStream {
@@ -28,7 +30,14 @@ impl TextStream {
             bytes: Vec::new(),
             held: String::new(),
             stops,
+            matched: None,
         }
+    }
+
+    /// The stop string that ended the stream (the earliest in the text; of several starting
+    /// there, the first given).
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Appends the bytes of one token and returns what can be sent.
@@ -57,9 +66,10 @@ impl TextStream {
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min();
-        if let Some(at) = first {
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|(at, _)| *at);
+        if let Some((at, stop)) = first {
+            self.matched = Some(stop.clone());
             let before = self.held[..at].to_string();
             self.held.clear();
             return Pushed::Stop(before);
@@ -184,5 +194,18 @@ mod tests {
         assert_eq!(ts.push(b"hi <|"), Pushed::Text("hi ".into()));
         assert_eq!(ts.push(b"en"), Pushed::Text(String::new()));
         assert_eq!(ts.push(b"d|>tail"), Pushed::Stop(String::new()));
+    }
+
+    #[test]
+    fn the_matched_stop_is_the_earliest_in_the_text() {
+        let mut ts = TextStream::new(vec!["END".into(), "\n\n".into()]);
+        assert_eq!(ts.matched(), None);
+        assert_eq!(ts.push(b"ab\n\nc END"), Pushed::Stop("ab".into()));
+        assert_eq!(ts.matched(), Some("\n\n"));
+        // a stop completed by the final flush counts too
+        let mut ts = TextStream::new(vec!["xy".into()]);
+        assert_eq!(ts.push(b"1x"), Pushed::Text("1".into()));
+        assert_eq!(ts.push(b"y"), Pushed::Stop(String::new()));
+        assert_eq!(ts.matched(), Some("xy"));
     }
 }

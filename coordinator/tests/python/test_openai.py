@@ -162,5 +162,68 @@ def test_extensions_accepted():
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
+def test_responses_api_matches_chat():
+    """`client.responses`: the same answer as the chat request, streamed and whole; stored,
+    continued with previous_response_id, retrieved and deleted."""
+    chat = greedy_chat()
+    r = client.responses.create(model=MODEL, instructions="You are terse.", input="Say hello.",
+                                max_output_tokens=12, temperature=0)
+    assert r.object == "response" and r.id.startswith("resp_"), r.id
+    assert r.output_text == chat.choices[0].message.content, (r.output_text, chat)
+    assert r.usage.input_tokens == chat.usage.prompt_tokens, (r.usage, chat.usage)
+    assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    with client.responses.stream(model=MODEL, instructions="You are terse.", input="Say hello.",
+                                 max_output_tokens=12, temperature=0) as stream:
+        deltas = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert deltas == r.output_text and final.output_text == r.output_text, (deltas, final)
+    # instructions are not carried over by previous_response_id (as OpenAI's are not)
+    r2 = client.responses.create(model=MODEL, previous_response_id=r.id, input="Again.",
+                                 instructions="You are terse.", max_output_tokens=4,
+                                 temperature=0)
+    assert r2.usage.input_tokens > r.usage.input_tokens + 2, (r.usage, r2.usage)
+    assert r2.usage.input_tokens_details.cached_tokens > 0, r2.usage
+    assert client.responses.retrieve(r.id).output_text == r.output_text
+    items = client.responses.input_items.list(r.id)
+    assert [i.content[0].text if isinstance(i.content, list) else i.content
+            for i in items.data] == ["Say hello."], items
+    client.responses.delete(r2.id)
+    try:
+        client.responses.retrieve(r2.id)
+        raise AssertionError("a deleted response was still found")
+    except openai.NotFoundError:
+        pass
+    try:
+        client.responses.create(model=MODEL, input=[{"type": "web_search_call", "id": "x"}])
+        raise AssertionError("an unsupported item was accepted")
+    except openai.BadRequestError as e:
+        assert "web_search_call" in str(e.body), e.body
+
+
+def test_anthropic_messages_match_chat():
+    """The official `anthropic` client on /v1/messages: the chat answer as text blocks, whole
+    and streamed, and its errors as anthropic's exceptions."""
+    import anthropic
+
+    ac = anthropic.Anthropic(base_url=URL, api_key=KEY, max_retries=0, timeout=120)
+    chat = greedy_chat()
+    m = ac.messages.create(model=MODEL, system="You are terse.", max_tokens=12, extra_body={"temperature": 0},
+                           messages=[{"role": "user", "content": "Say hello."}])
+    text = "".join(b.text for b in m.content if b.type == "text")
+    assert text == chat.choices[0].message.content, (m, chat)
+    assert m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0) == chat.usage.prompt_tokens
+    with ac.messages.stream(model=MODEL, system="You are terse.", max_tokens=12, extra_body={"temperature": 0},
+                            messages=[{"role": "user", "content": "Say hello."}]) as s:
+        streamed = "".join(s.text_stream)
+    assert streamed == text, (streamed, text)
+    try:
+        ac.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "AA=="}}]}])
+        raise AssertionError("an image block was accepted")
+    except anthropic.BadRequestError as e:
+        assert "image" in str(e), e
+
+
 if __name__ == "__main__":
     run_tests(globals())

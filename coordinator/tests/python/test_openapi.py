@@ -34,6 +34,12 @@ def test_document_covers_the_api():
     for p, m in [
         ("/v1/chat/completions", "post"),
         ("/v1/completions", "post"),
+        ("/v1/responses", "post"),
+        ("/v1/responses/{id}", "get"),
+        ("/v1/responses/{id}", "delete"),
+        ("/v1/responses/{id}/input_items", "get"),
+        ("/v1/messages", "post"),
+        ("/v1/messages/count_tokens", "post"),
         ("/v1/models", "get"),
         ("/health", "get"),
         ("/ready", "get"),
@@ -46,7 +52,8 @@ def test_document_covers_the_api():
     assert "messages" in chat["required"] and "model" in chat["required"], chat["required"]
     # the served model is the one `model` takes
     assert chat["properties"]["model"]["enum"] == [MODEL], chat["properties"]["model"]
-    for name in ["ChatCompletion", "ChatChunk", "Completion", "ErrorBody", "ToolCallOut"]:
+    for name in ["ChatCompletion", "ChatChunk", "Completion", "ErrorBody", "ToolCallOut",
+                 "ResponseObject", "Item"]:
         assert name in schemas, name
     assert doc["components"]["securitySchemes"]["api_key"]["scheme"] == "bearer"
     # a streamed answer is documented event by event (OpenAPI 3.2's reading of an event stream)

@@ -307,11 +307,12 @@ def render_with_jinja2(conv):
                                           bos_token=bos, eos_token=eos)
 
 
-def test_agents_sdk_loop():
+def run_weather_agent(model_cls, **agent_kw):
+    """openai-agents with a forced get_weather tool on `model_cls` (its chat or Responses
+    model); returns (cities the tool saw, the run's final output)."""
     from typing import Literal
 
-    from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool,
-                        set_tracing_disabled)
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)
     seen = []
@@ -322,15 +323,23 @@ def test_agents_sdk_loop():
         seen.append(city)
         return "sunny, 18 C"
 
-    model = OpenAIChatCompletionsModel(
+    model = model_cls(
         model=MODEL, openai_client=AsyncOpenAI(base_url=URL + "/v1", api_key=KEY, max_retries=0))
     agent = Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather],
                   model=model,
                   model_settings=ModelSettings(tool_choice="get_weather", temperature=0,
-                                               max_tokens=200, parallel_tool_calls=False))
+                                               max_tokens=200, parallel_tool_calls=False),
+                  **agent_kw)
     result = asyncio.run(Runner.run(agent, "What's the weather in Paris?", max_turns=4))
+    return seen, result.final_output
+
+
+def test_agents_sdk_loop():
+    from agents import OpenAIChatCompletionsModel
+
+    seen, final = run_weather_agent(OpenAIChatCompletionsModel)
     assert seen and seen[0] in ("Paris", "London"), seen
-    assert isinstance(result.final_output, str), result.final_output
+    assert isinstance(final, str), final
 
 
 def expect_400(fn, param_or_text):
@@ -365,6 +374,104 @@ def test_bad_input_table():
     expect_400(lambda: client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4,
                                                       response_format={"type": "yaml"}),
                "response_format.type")
+
+
+# the Responses API's flat function tools
+FLAT_TOOLS = [dict(t["function"], type="function") for t in TOOLS]
+ASK_INPUT = [{"role": "user", "content": "What's the weather in Paris?"}]
+
+
+def test_responses_forced_call_round_trip():
+    """`client.responses` with a forced call: a function_call item that validates, streamed
+    arguments that reassemble to it, and its output sent back with previous_response_id."""
+    args = dict(model=MODEL, instructions="You are a helpful assistant.", input=ASK_INPUT,
+                tools=FLAT_TOOLS, tool_choice={"type": "function", "name": "get_weather"},
+                parallel_tool_calls=False, max_output_tokens=160, temperature=0)
+    r = client.responses.create(**args)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather", r.output
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER_PARAMS)
+    with client.responses.stream(**args) as stream:
+        streamed = "".join(e.delta for e in stream
+                           if e.type == "response.function_call_arguments.delta")
+        final = stream.get_final_response()
+    fc = [o for o in final.output if o.type == "function_call"]
+    assert fc and streamed == fc[0].arguments, (streamed, final.output)
+    back = client.responses.create(
+        model=MODEL, previous_response_id=r.id, tools=FLAT_TOOLS, max_output_tokens=8,
+        temperature=0,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                "output": "sunny, 18 C"}])
+    assert back.status in ("completed", "incomplete"), back.status
+    assert back.usage.input_tokens > r.usage.input_tokens, (r.usage, back.usage)
+
+
+def test_responses_parse_validates():
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Weather(BaseModel):
+        city: str = Field(max_length=12)
+        sky: Literal["sunny", "rain"]
+
+    r = client.responses.parse(model=MODEL, input=ASK_INPUT, text_format=Weather,
+                               max_output_tokens=200, temperature=0)
+    assert r.status == "completed", r
+    assert isinstance(r.output_parsed, Weather), r.output_parsed
+
+
+def test_agents_sdk_responses_loop():
+    """openai-agents' default model speaks the Responses API."""
+    from agents import OpenAIResponsesModel
+
+    # the tool's answer ends the run: a random model's free text after it would run into
+    # max_output_tokens, which the SDK (as with OpenAI's own `response.incomplete`) raises on
+    seen, final = run_weather_agent(OpenAIResponsesModel, tool_use_behavior="stop_on_first_tool")
+    assert seen and seen[0] in ("Paris", "London"), seen
+    assert final == "sunny, 18 C", final
+
+
+def anthropic_client():
+    import anthropic
+
+    return anthropic.Anthropic(base_url=URL, api_key=KEY, max_retries=0, timeout=300)
+
+
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+
+def test_anthropic_messages_tool_loop():
+    """The official `anthropic` client: a forced tool_use block that validates, the same call
+    streamed (input_json_delta), count_tokens, and the tool_result turn sent back."""
+    ac = anthropic_client()
+    # anthropic's client has no `temperature` argument any more: greedy through the body
+    args = dict(model=MODEL, max_tokens=160, extra_body={"temperature": 0},
+                system="You are a helpful assistant.", messages=ASK[1:], tools=ANTHROPIC_TOOLS,
+                tool_choice={"type": "tool", "name": "get_weather",
+                             "disable_parallel_tool_use": True})
+    m = ac.messages.create(**args)
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert m.stop_reason == "tool_use" and len(uses) == 1, m
+    jsonschema.validate(uses[0].input, WEATHER_PARAMS)
+    with ac.messages.stream(**args) as stream:
+        final = stream.get_final_message()
+    su = [b for b in final.content if b.type == "tool_use"]
+    assert su and su[0].input == uses[0].input, (final, m)
+    n = ac.messages.count_tokens(model=MODEL, system=args["system"], messages=args["messages"],
+                                 tools=ANTHROPIC_TOOLS)
+    assert n.input_tokens == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0), (n, m)
+    back = ac.messages.create(
+        model=MODEL, max_tokens=8, extra_body={"temperature": 0}, system=args["system"],
+        tools=ANTHROPIC_TOOLS,
+        messages=ASK[1:] + [
+            {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                          "content": "sunny, 18 C"}]}])
+    assert back.stop_reason in ("end_turn", "max_tokens", "tool_use"), back
+    total = back.usage.input_tokens + (back.usage.cache_read_input_tokens or 0)
+    assert total > n.input_tokens, (back.usage, n)
 
 
 if __name__ == "__main__":

@@ -287,6 +287,16 @@ fn a_mask_restricts_greedy_and_seeded_draws() {
     l[77] = f32::NEG_INFINITY;
     let w = bits(&[40, 77], 100);
     assert_eq!(g.sample_masked(&l, Some(TokenMask(&w))), 40);
+    // a logit bias that bans every allowed token leaves the grammar's first, not an outside one
+    let mut banned = Sampler::new(
+        SamplerParams {
+            logit_bias: vec![(3, -100.0), (40, -100.0), (77, -100.0)],
+            ..greedy()
+        },
+        &[],
+    );
+    let w = bits(&allowed, 100);
+    assert_eq!(banned.sample_masked(&logits, Some(TokenMask(&w))), 3);
     // a short mask allows nothing past its end
     assert!(!TokenMask(&[u32::MAX]).allows(32));
     assert_eq!(TokenMask(&[0, 0, 1 << 5]).first(), Some(69));
@@ -332,5 +342,35 @@ fn argmax_is_the_first_largest_and_skips_nan() {
                 .collect();
             assert_eq!(argmax(&row), definition(&row), "len {len} round {round}");
         }
+    }
+}
+
+/// `logit_bias`: -100 bans a token whatever its logit, other biases add to it; greedy and
+/// seeded draws both see them.
+#[test]
+fn logit_bias_bans_and_shifts() {
+    let logits = [0.1, 3.0, -1.0, 2.9];
+    let biased = |bias: Vec<(u32, f32)>, p: SamplerParams| {
+        let mut s = Sampler::new(
+            SamplerParams {
+                logit_bias: bias,
+                ..p
+            },
+            &[],
+        );
+        s.sample(&logits)
+    };
+    assert_eq!(biased(vec![], greedy()), 1);
+    assert_eq!(biased(vec![(1, -100.0)], greedy()), 3);
+    assert_eq!(biased(vec![(2, 4.5)], greedy()), 2, "-1 + 4.5 beats 3.0");
+    assert_eq!(biased(vec![(2, 3.9)], greedy()), 1, "-1 + 3.9 does not");
+    // a banned token is never drawn at any temperature; out-of-vocabulary ids are ignored
+    for seed in 0..200 {
+        let p = SamplerParams {
+            temperature: 2.0,
+            seed,
+            ..openai()
+        };
+        assert_ne!(biased(vec![(1, -100.0), (99, 5.0)], p), 1);
     }
 }

@@ -12,7 +12,7 @@ fn weather_params() -> Value {
         "required": ["city", "days"], "additionalProperties": false})
 }
 
-fn tools() -> Value {
+pub(super) fn tools() -> Value {
     json!([{"type": "function", "function": {"name": "get_weather", "description": "d",
         "parameters": weather_params()}},
         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}])
@@ -25,7 +25,7 @@ fn forced(stream: bool) -> Value {
 }
 
 /// `{"city": string of at most 12 chars, "days": 1..=14}` and nothing else.
-fn check_weather_args(args: &str) {
+pub(super) fn check_weather_args(args: &str) {
     let v: Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("{args}: {e}"));
     let m = v.as_object().expect("an object");
     assert_eq!(m.len(), 2, "{args}");
@@ -404,4 +404,117 @@ async fn output_without_a_leading_think_block_is_content() {
     assert!(msg.get("reasoning_content").is_none(), "{v}");
     let content: Value = serde_json::from_str(msg["content"].as_str().unwrap()).unwrap();
     assert_eq!(content["a"], "<think>x</think>", "{v}");
+}
+
+/// `logit_bias` reaches the sampler: banning the greedy answer's first byte changes it;
+/// malformed biases are a 400 naming the entry.
+#[tokio::test]
+async fn logit_bias_bans_tokens_and_bad_ones_are_named() {
+    let s = start(Opts::default()).await;
+    let body = |bias: Value| {
+        json!({"model": "mock", "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 4, "temperature": 0, "logit_bias": bias})
+    };
+    let (st, free) = post(&s, "/v1/chat/completions", body(json!({}))).await;
+    assert_eq!(st, 200, "{free}");
+    let first = free["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .as_bytes()[0];
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        body(json!({first.to_string(): -100})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        !text.as_bytes().contains(&first),
+        "{text:?} still has byte {first}"
+    );
+    for (bias, param) in [
+        (json!({"x": 1}), "logit_bias.x"),
+        (json!({"999999": 1}), "logit_bias.999999"),
+        (json!({"65": 101}), "logit_bias.65"),
+        (json!({"65": "big"}), "logit_bias.65"),
+    ] {
+        let (st, v) = post(&s, "/v1/chat/completions", body(bias.clone())).await;
+        assert_eq!(
+            (st, v["error"]["param"].as_str()),
+            (400, Some(param)),
+            "{bias}: {v}"
+        );
+    }
+}
+
+/// `reasoning_effort` (chat) and `reasoning.effort` (responses) switch a hybrid template's
+/// thinking: the toy template opens a think block in the prompt when `thinking` is on.
+#[tokio::test]
+async fn reasoning_effort_switches_the_templates_thinking() {
+    let s = start(Opts::default()).await;
+    let chat = |extra: Value| {
+        let mut b = json!({"model": "mock", "max_tokens": 1,
+            "messages": [{"role": "user", "content": "x"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let (_, base) = post(&s, "/v1/chat/completions", chat(json!({}))).await;
+    let (_, high) = post(
+        &s,
+        "/v1/chat/completions",
+        chat(json!({"reasoning_effort": "high"})),
+    )
+    .await;
+    let (_, off) = post(
+        &s,
+        "/v1/chat/completions",
+        chat(json!({"reasoning_effort": "minimal"})),
+    )
+    .await;
+    let opened = "<think>\n".len() as u64;
+    assert_eq!(tokens(&high), tokens(&base) + opened, "{high}");
+    assert_eq!(tokens(&off), tokens(&base), "{off}");
+    // the request's own template variables win
+    let (_, kw) = post(
+        &s,
+        "/v1/chat/completions",
+        chat(json!({"reasoning_effort": "high", "chat_template_kwargs": {"thinking": false}})),
+    )
+    .await;
+    assert_eq!(tokens(&kw), tokens(&base), "{kw}");
+    let (st, v) = post(
+        &s,
+        "/v1/chat/completions",
+        chat(json!({"reasoning_effort": "max"})),
+    )
+    .await;
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (400, Some("reasoning_effort")),
+        "{v}"
+    );
+    let (st, r) = post(
+        &s,
+        "/v1/responses",
+        json!({"model": "mock", "input": "x", "max_output_tokens": 1,
+            "reasoning": {"effort": "medium"}}),
+    )
+    .await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["usage"]["input_tokens"].as_u64().unwrap(), tokens(&high));
+    let (st, v) = post(
+        &s,
+        "/v1/responses",
+        json!({"model": "mock", "input": "x", "reasoning": {"effort": "max"}}),
+    )
+    .await;
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (400, Some("reasoning.effort")),
+        "{v}"
+    );
 }
