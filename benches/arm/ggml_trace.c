@@ -40,6 +40,24 @@ DOT(ggml_vec_dot_q5_K_q8_K)
 DOT(ggml_vec_dot_q6_K_q8_K)
 DOT(ggml_vec_dot_q8_0_q8_0)
 DOT(ggml_vec_dot_q4_0_q8_0)
+DOT(ggml_vec_dot_q5_0_q8_0)
+DOT(ggml_vec_dot_q4_1_q8_1)
+DOT(ggml_vec_dot_q5_1_q8_1)
+DOT(ggml_vec_dot_iq1_s_q8_K)
+DOT(ggml_vec_dot_iq1_m_q8_K)
+DOT(ggml_vec_dot_iq2_xxs_q8_K)
+DOT(ggml_vec_dot_iq2_xs_q8_K)
+DOT(ggml_vec_dot_iq2_s_q8_K)
+DOT(ggml_vec_dot_iq3_xxs_q8_K)
+DOT(ggml_vec_dot_iq3_s_q8_K)
+DOT(ggml_vec_dot_iq4_nl_q8_0)
+DOT(ggml_vec_dot_iq4_xs_q8_K)
+DOT(ggml_vec_dot_tq1_0_q8_K)
+DOT(ggml_vec_dot_tq2_0_q8_K)
+DOT(ggml_vec_dot_mxfp4_q8_0)
+DOT(ggml_vec_dot_nvfp4_q8_0)
+DOT(ggml_vec_dot_q1_0_q8_0)
+DOT(ggml_vec_dot_q2_0_q8_0)
 GEMX(ggml_gemv_q4_K_8x8_q8_K)
 GEMX(ggml_gemm_q4_K_8x8_q8_K)
 GEMX(ggml_gemv_q5_K_8x8_q8_K)
@@ -50,11 +68,31 @@ GEMX(ggml_gemv_q8_0_4x8_q8_0)
 GEMX(ggml_gemm_q8_0_4x8_q8_0)
 GEMX(ggml_gemv_q4_0_4x8_q8_0)
 GEMX(ggml_gemm_q4_0_4x8_q8_0)
+GEMX(ggml_gemv_iq4_nl_4x4_q8_0)
+GEMX(ggml_gemm_iq4_nl_4x4_q8_0)
+GEMX(ggml_gemv_mxfp4_4x4_q8_0)
+GEMX(ggml_gemm_mxfp4_4x4_q8_0)
+GEMX(ggml_gemv_q1_0_4x8_q8_0)
+GEMX(ggml_gemm_q1_0_4x8_q8_0)
 
 /* ggml-cpu.c defines this (not compiled here): the SVE vector length in bytes. */
 int ggml_cpu_get_sve_cnt(void) {
     int vl = prctl(PR_SVE_GET_VL);
     return vl < 0 ? 0 : (vl & 0xffff);
+}
+
+/* ggml-cpu.c defines and fills this lookup table at init (not compiled here): UE4M3 -> float
+ * (4-bit exponent with bias 7, 3-bit mantissa), read by NVFP4's dot. */
+float ggml_table_f32_ue4m3[1 << 8];
+
+static void init_ue4m3(void) {
+    for (int i = 0; i < 256; i++) {
+        int e = (i >> 3) & 15, m = i & 7;
+        float v = e ? (1.0f + m / 8.0f) : m / 8.0f;
+        for (int j = 7; j < (e ? e : 1); j++) v *= 2.0f;
+        for (int j = (e ? e : 1); j < 7; j++) v *= 0.5f;
+        ggml_table_f32_ue4m3[i] = v;
+    }
 }
 
 struct kind {
@@ -70,20 +108,48 @@ struct kind {
     size_t x4bytes;     /* bytes per 4-row interleaved activation block */
 };
 
-/* Block sizes from ggml-common.h and ggml-cpu/repack.h (block_q4_Kx8 = 8 x 144 bytes, ...). */
+/* Block sizes from ggml-common.h and ggml-cpu/repack.h (block_q4_Kx8 = 8 x 144 bytes, ...).
+ * xbytes is the activation per weight block: Q1_0's 128 elements take four Q8_0 blocks, NVFP4's
+ * and Q2_0's 64 two. The repacked paths are the ones ggml-cpu/repack.cpp picks on a CPU with
+ * NEON, dotprod and i8mm (IQ4_NL and MXFP4: 4x4 on dotprod; Q1_0: 4x8 on i8mm). */
+#define Q8K 292
+#define Q80 34
+#define Q81 36
+#define NONE 0, NULL, NULL, 0, 0, 0
 static const struct kind KINDS[] = {
-    {"q2_k", 256, 84, 292, ggml_vec_dot_q2_K_q8_K, 0, NULL, NULL, 0, 0, 0},
-    {"q3_k", 256, 110, 292, ggml_vec_dot_q3_K_q8_K, 0, NULL, NULL, 0, 0, 0},
-    {"q4_k", 256, 144, 292, ggml_vec_dot_q4_K_q8_K, 1, ggml_gemv_q4_K_8x8_q8_K,
-     ggml_gemm_q4_K_8x8_q8_K, 8, 8 * 144, 1168},
-    {"q5_k", 256, 176, 292, ggml_vec_dot_q5_K_q8_K, 0, ggml_gemv_q5_K_8x8_q8_K,
-     ggml_gemm_q5_K_8x8_q8_K, 8, 8 * 176, 1168},
-    {"q6_k", 256, 210, 292, ggml_vec_dot_q6_K_q8_K, 1, ggml_gemv_q6_K_8x8_q8_K,
-     ggml_gemm_q6_K_8x8_q8_K, 8, 8 * 210, 1168},
-    {"q8_0", 32, 34, 34, ggml_vec_dot_q8_0_q8_0, 1, ggml_gemv_q8_0_4x8_q8_0,
-     ggml_gemm_q8_0_4x8_q8_0, 4, 4 * 34, 4 * 34},
-    {"q4_0", 32, 18, 34, ggml_vec_dot_q4_0_q8_0, 1, ggml_gemv_q4_0_4x8_q8_0,
-     ggml_gemm_q4_0_4x8_q8_0, 4, 4 * 18, 4 * 34},
+    {"q2_k", 256, 84, Q8K, ggml_vec_dot_q2_K_q8_K, NONE},
+    {"q3_k", 256, 110, Q8K, ggml_vec_dot_q3_K_q8_K, NONE},
+    {"q4_k", 256, 144, Q8K, ggml_vec_dot_q4_K_q8_K, 1, ggml_gemv_q4_K_8x8_q8_K,
+     ggml_gemm_q4_K_8x8_q8_K, 8, 8 * 144, 4 * Q8K},
+    {"q5_k", 256, 176, Q8K, ggml_vec_dot_q5_K_q8_K, 0, ggml_gemv_q5_K_8x8_q8_K,
+     ggml_gemm_q5_K_8x8_q8_K, 8, 8 * 176, 4 * Q8K},
+    {"q6_k", 256, 210, Q8K, ggml_vec_dot_q6_K_q8_K, 1, ggml_gemv_q6_K_8x8_q8_K,
+     ggml_gemm_q6_K_8x8_q8_K, 8, 8 * 210, 4 * Q8K},
+    {"q8_0", 32, 34, Q80, ggml_vec_dot_q8_0_q8_0, 1, ggml_gemv_q8_0_4x8_q8_0,
+     ggml_gemm_q8_0_4x8_q8_0, 4, 4 * 34, 4 * Q80},
+    {"q4_0", 32, 18, Q80, ggml_vec_dot_q4_0_q8_0, 1, ggml_gemv_q4_0_4x8_q8_0,
+     ggml_gemm_q4_0_4x8_q8_0, 4, 4 * 18, 4 * Q80},
+    {"q5_0", 32, 22, Q80, ggml_vec_dot_q5_0_q8_0, NONE},
+    {"q4_1", 32, 20, Q81, ggml_vec_dot_q4_1_q8_1, 1, NULL, NULL, 0, 0, 0},
+    {"q5_1", 32, 24, Q81, ggml_vec_dot_q5_1_q8_1, NONE},
+    {"iq1_s", 256, 50, Q8K, ggml_vec_dot_iq1_s_q8_K, NONE},
+    {"iq1_m", 256, 56, Q8K, ggml_vec_dot_iq1_m_q8_K, NONE},
+    {"iq2_xxs", 256, 66, Q8K, ggml_vec_dot_iq2_xxs_q8_K, NONE},
+    {"iq2_xs", 256, 74, Q8K, ggml_vec_dot_iq2_xs_q8_K, NONE},
+    {"iq2_s", 256, 82, Q8K, ggml_vec_dot_iq2_s_q8_K, NONE},
+    {"iq3_xxs", 256, 98, Q8K, ggml_vec_dot_iq3_xxs_q8_K, NONE},
+    {"iq3_s", 256, 110, Q8K, ggml_vec_dot_iq3_s_q8_K, NONE},
+    {"iq4_nl", 32, 18, Q80, ggml_vec_dot_iq4_nl_q8_0, 0, ggml_gemv_iq4_nl_4x4_q8_0,
+     ggml_gemm_iq4_nl_4x4_q8_0, 4, 4 * 18, 4 * Q80},
+    {"iq4_xs", 256, 136, Q8K, ggml_vec_dot_iq4_xs_q8_K, NONE},
+    {"tq1_0", 256, 54, Q8K, ggml_vec_dot_tq1_0_q8_K, NONE},
+    {"tq2_0", 256, 66, Q8K, ggml_vec_dot_tq2_0_q8_K, NONE},
+    {"mxfp4", 32, 17, Q80, ggml_vec_dot_mxfp4_q8_0, 0, ggml_gemv_mxfp4_4x4_q8_0,
+     ggml_gemm_mxfp4_4x4_q8_0, 4, 4 * 17, 4 * Q80},
+    {"nvfp4", 64, 36, 2 * Q80, ggml_vec_dot_nvfp4_q8_0, NONE},
+    {"q1_0", 128, 18, 4 * Q80, ggml_vec_dot_q1_0_q8_0, 0, ggml_gemv_q1_0_4x8_q8_0,
+     ggml_gemm_q1_0_4x8_q8_0, 4, 4 * 18, 4 * 4 * Q80},
+    {"q2_0", 64, 18, 2 * Q80, ggml_vec_dot_q2_0_q8_0, NONE},
 };
 
 __attribute__((noinline, used)) void trace_begin(void) { __asm__ volatile("nop"); }
@@ -156,6 +222,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: %s has no repacked path for these sizes\n", t->name);
         return 2;
     }
+    init_ue4m3();
     int nb = k / t->block_len;
     uint8_t *w = random_bytes((size_t)rows * nb * t->wbytes, 0x9E3779B9);
     uint8_t *x = random_bytes((size_t)batch * nb * t->xbytes, 0x7F4A7C15);

@@ -63,6 +63,21 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
              "that 32 rows amortize less than a real expert's hundreds, and the K-quants' final "
              "per-output reduction (8 ordered float additions), which K = 512 (two blocks) "
              "amortizes less than an expert's K of 2048-7168.\n")
+    o.append("ggml's Arm code per type (the pinned sources' `ggml-cpu/arch/arm`): every type "
+             "here has its own `ggml_vec_dot_*` with a NEON body in `quants.c` (none falls back "
+             "to ggml's generic C on aarch64); SMMLA (nrc = 2) branches exist for Q4_0, Q4_1, "
+             "Q8_0, Q4_K and Q6_K only; `repack.cpp` has Arm kernels that ggml picks on a CPU "
+             "with i8mm for Q4_0/Q8_0 (4x8), Q4_K/Q5_K/Q6_K (8x8), Q1_0 (4x8, SMMLA) and IQ4_NL/"
+             "MXFP4 (4x4, SDOT; its 8x8 variants are AVX2-only). No other i-quant, ternary or "
+             "FP4 type has a repacked Arm path in ggml.\n")
+    o.append("The i-quants and ternary types have no quantizer in nightshift (nor outside an "
+             "importance-matrix search in ggml): their weights are pseudo-random blocks with "
+             "finite f16 scales on both sides (`arm_trace`, `ggml_trace.c`); every other type is "
+             "quantized from a fixed signal (ours) or random bytes (ggml). Neither side's "
+             "kernels branch on weight values beyond selects. \"ours best\" is the fastest "
+             "of our three tiers; a CPU with i8mm runs the i8mm column (dispatch picks the "
+             "highest tier), so where dotprod is faster that is the better build of the same "
+             "work, not what runs.\n")
     for cpu, cpuname in cpus.items():
         f = ghz.get(cpu)
         o.append(f"\n## {cpuname} (llvm-mca `-mcpu={cpuname}`), cycles per 256 weights per "
@@ -75,6 +90,8 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
         o.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for ty in types:
             for b in batches:
+                if not _best(idx, "ours", tiers, ty, b, cpu):
+                    continue
                 cell = []
                 for t in tiers:
                     r = idx.get(("ours", t, ty, b, cpu))
@@ -100,6 +117,8 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
     o.append("|---|---|---|---|---|---|---|---|---|")
     for ty in types:
         for b in batches:
+            if not _best(idx, "ours", tiers, ty, b, "n2"):
+                continue
             cell = []
             for t in tiers:
                 r = idx.get(("ours", t, ty, b, "n2"))
@@ -111,17 +130,21 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
             gi = min(idx[("ggml", p, ty, b, "n2")]["insns"] for p in gpaths
                      if ("ggml", p, ty, b, "n2") in idx)
             o.append(f"| {ty.upper()} | {b} | " + " | ".join(cell) + f" | {gi / oi:.2f}x |")
-    base = getattr(args, "baseline_rows", None)
-    if base:
+    for base, commit in getattr(args, "baselines", []):
         bidx = _by(base)
+        btypes = [t for t in types if any(r["type"] == t for r in base)]
+        if not btypes:
+            continue
         o.append(f"\n## Before / after: ours, predicted cycles per 256 weights per row "
-                 f"(neoverse-n2), baseline {args.baseline_commit}\n")
+                 f"(neoverse-n2), baseline {commit}\n")
         o.append("Same method and work; the baseline's figures are in "
-                 "`benches/arm/baseline-*.json`.\n")
+                 f"`benches/arm/baseline-{commit}.json`.\n")
         o.append("| type | batch | " + " | ".join(f"{t} before -> after" for t in tiers) + " |")
         o.append("|---|---|" + "---|" * len(tiers))
-        for ty in types:
+        for ty in btypes:
             for b in batches:
+                if not any(("ours", t, ty, b, "n2") in bidx for t in tiers):
+                    continue
                 cells = []
                 for t in tiers:
                     a, z = bidx.get(("ours", t, ty, b, "n2")), idx.get(("ours", t, ty, b, "n2"))
@@ -178,15 +201,16 @@ def load_baseline(path):
 
 
 if __name__ == "__main__":
-    # python3 render.py RESULTS.json [BASELINE.json [META]]: re-renders a finished run.
+    # python3 render.py RESULTS.json [META [BASELINE.json ...]]: re-renders a finished run.
     import report as rep  # noqa: E402
 
     data = json.load(open(sys.argv[1]))
 
     class A:
-        k, rows, meta = data["k"], data["rows"], (sys.argv[3] if len(sys.argv) > 3 else "")
-        baseline_rows, baseline_commit = (load_baseline(sys.argv[2]) if len(sys.argv) > 2
-                                          else (None, None))
+        k, rows, meta = data["k"], data["rows"], (sys.argv[2] if len(sys.argv) > 2 else "")
+        baselines = [load_baseline(b) for b in sys.argv[3:]]
 
-    print(report(data["results"], A, rep.VMS, rep.MODELS, rep.BPW, rep.TYPES, rep.BATCHES,
-                 rep.CPUS))
+    res = data["results"]
+    types = [t for t in rep.TYPES if any(r["type"] == t for r in res)]
+    batches = sorted({r["batch"] for r in res})
+    print(report(res, A, rep.VMS, rep.MODELS, rep.BPW, types, batches, rep.CPUS))

@@ -26,17 +26,33 @@ import subprocess
 import sys
 import tempfile
 
-TYPES = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_0", "q4_0"]
+# Type groups (`--types` / ARM_TYPES takes type names or these group names).
+GROUPS = {
+    "kquants": ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"],
+    "legacy": ["q8_0", "q4_0", "q5_0", "q4_1", "q5_1"],
+    "iq": ["iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq4_nl",
+           "iq4_xs", "tq1_0", "tq2_0"],
+    "fp4": ["mxfp4", "nvfp4", "q1_0", "q2_0"],
+}
+GROUPS["all"] = [t for g in ("kquants", "legacy", "iq", "fp4") for t in GROUPS[g]]
+TYPES = list(GROUPS["all"])
 TIERS = ["neon", "dotprod", "i8mm"]
 BATCHES = [1, 2, 4, 8]
 CPUS = {"n2": "neoverse-n2", "v2": "neoverse-v2"}
 # ggml's paths per type (see ggml_trace.c): the plain dot everywhere, SMMLA dots where
-# quants.c has an nrc == 2 branch, interleaved ("repack") kernels where ggml-cpu has them.
-GGML_MMLA = {"q4_k", "q6_k", "q8_0", "q4_0"}
-GGML_REPACK = {"q4_k", "q5_k", "q6_k", "q8_0", "q4_0"}
-# Bits per weight of each type (block bytes * 8 / block length).
-BPW = {"q2_k": 84 * 8 / 256, "q3_k": 110 * 8 / 256, "q4_k": 144 * 8 / 256,
-       "q5_k": 176 * 8 / 256, "q6_k": 210 * 8 / 256, "q8_0": 34 * 8 / 32, "q4_0": 18 * 8 / 32}
+# quants.c has an nrc == 2 branch, interleaved ("repack") kernels where ggml-cpu's repack.cpp
+# picks one for a CPU with NEON, dotprod and i8mm (IQ4_NL/MXFP4 4x4, Q1_0 4x8, ...).
+GGML_MMLA = {"q4_k", "q6_k", "q8_0", "q4_0", "q4_1"}
+GGML_REPACK = {"q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "iq4_nl", "mxfp4", "q1_0"}
+# Bytes per block and elements per block (ggml-common.h): bits per weight = bytes * 8 / len.
+BLOCKS = {"q2_k": (84, 256), "q3_k": (110, 256), "q4_k": (144, 256), "q5_k": (176, 256),
+          "q6_k": (210, 256), "q8_0": (34, 32), "q4_0": (18, 32), "q5_0": (22, 32),
+          "q4_1": (20, 32), "q5_1": (24, 32), "iq1_s": (50, 256), "iq1_m": (56, 256),
+          "iq2_xxs": (66, 256), "iq2_xs": (74, 256), "iq2_s": (82, 256), "iq3_xxs": (98, 256),
+          "iq3_s": (110, 256), "iq4_nl": (18, 32), "iq4_xs": (136, 256), "tq1_0": (54, 256),
+          "tq2_0": (66, 256), "mxfp4": (17, 32), "nvfp4": (36, 64), "q1_0": (18, 128),
+          "q2_0": (18, 64)}
+BPW = {t: b * 8 / n for t, (b, n) in BLOCKS.items()}
 
 # The VMs: clock, cores, memory bandwidth, with sources (see the report's VM table).
 VMS = [
@@ -193,15 +209,25 @@ def short(resource):
     return re.sub(r"^(N2|V2)Unit", "", resource)
 
 
+def batches_for(args, ty):
+    """The batches traced for `ty`: `--batches`, or by default 1, 2, 4, 8 for the K-quants,
+    Q8_0 and Q4_0 and 1, 4 for the other types (keeps the default run near 15 minutes)."""
+    if args.batches != "auto":
+        return [int(b) for b in args.batches.split(",") if b]
+    return [1, 2, 4, 8] if ty in GROUPS["kquants"] + ["q8_0", "q4_0"] else [1, 4]
+
+
 def collect(args):
     work = tempfile.mkdtemp(prefix="nightshift-arm-")
     dis = Disasm(args.llvm_mc)
     jobs = []
     for ty in TYPES:
-        for b in BATCHES:
+        for b in batches_for(args, ty):
             for tier in TIERS:
                 jobs.append((("ours", tier, ty, b, "any"),
                              [args.ours, ty, tier, str(args.k), str(args.rows), str(b)]))
+            if args.ours_only:
+                continue
             for cpu in CPUS:
                 paths = ["dot"] + (["mmla"] if ty in GGML_MMLA and b % 2 == 0 else []) + \
                         (["repack"] if ty in GGML_REPACK else [])
@@ -217,7 +243,8 @@ def collect(args):
         def analyse(item):
             (key, _), words = item
             asm = [dis.text[w] for w in words]
-            cpus = list(CPUS) if key[4] == "any" else [key[4]]
+            cpus = ([c for c in CPUS][:1] if args.ours_only else list(CPUS)) \
+                if key[4] == "any" else [key[4]]
             return [(key, cpu, len(words), mca(args.llvm_mca, CPUS[cpu], asm, work))
                     for cpu in cpus]
 
@@ -246,23 +273,34 @@ def main():
     ap.add_argument("--k", type=int, default=512)
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--types", default=",".join(TYPES), help="comma-separated subset")
-    ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="subset")
+    ap.add_argument("--types", default="all",
+                    help="comma-separated types or groups (" + ", ".join(GROUPS) + ")")
+    ap.add_argument("--batches", default="auto",
+                    help="comma-separated batches for every type (default: see batches_for)")
+    ap.add_argument("--ours-only", action="store_true",
+                    help="trace nightshift only (for a baseline file; writes no report)")
     ap.add_argument("--json", required=True, help="raw results (JSON)")
     ap.add_argument("--out", required=True, help="the Markdown report")
     ap.add_argument("--meta", default="", help="one line about the build (versions)")
-    ap.add_argument("--baseline", help="an earlier run's figures to compare with (JSON)")
+    ap.add_argument("--baseline", action="append", default=[],
+                    help="an earlier run's figures to compare with (JSON; repeatable)")
     args = ap.parse_args()
     args.ggml = {"n2": args.ggml_n2, "v2": args.ggml_v2}
-    TYPES[:] = [t for t in args.types.split(",") if t]
-    BATCHES[:] = [int(b) for b in args.batches.split(",") if b]
+    TYPES[:] = [t for name in args.types.split(",") if name
+                 for t in GROUPS.get(name, [name])]
+    unknown = [t for t in TYPES if t not in BLOCKS]
+    if unknown:
+        ap.error(f"unknown types {unknown} (groups: {', '.join(GROUPS)})")
+    BATCHES[:] = sorted({b for t in TYPES for b in batches_for(args, t)})
     import render  # noqa: E402  (same directory)
-    args.baseline_rows, args.baseline_commit = (render.load_baseline(args.baseline)
-                                                if args.baseline else (None, None))
+    args.baselines = [render.load_baseline(b) for b in args.baseline]
     rows = collect(args)
     with open(args.json, "w") as f:
         json.dump({"k": args.k, "rows": args.rows, "meta": args.meta, "results": rows}, f,
                   indent=1)
+    if args.ours_only:
+        print(f"wrote {args.json}", file=sys.stderr)
+        return
     with open(args.out, "w") as f:
         f.write(render.report(rows, args, VMS, MODELS, BPW, TYPES, BATCHES, CPUS))
     print(f"wrote {args.out} and {args.json}", file=sys.stderr)

@@ -3,9 +3,14 @@
 # scheduling models) and dynamic instruction counts (qemu) of nightshift's aarch64 GEMM tiers
 # against ggml's kernels for the same work, plus a roofline per VM, in one Markdown report.
 #
-#   bash benches/arm/run.sh            # writes benches/arm/REPORT.md
+#   bash benches/arm/run.sh            # writes benches/arm/REPORT.md (every type, ~15 min on 2 cores)
 #   ARM_K=1024 ARM_ROWS=64 bash benches/arm/run.sh
 #   ARM_TYPES=q2_k,q3_k ARM_BATCHES=1,4 bash benches/arm/run.sh   # a subset (quick iterations)
+#   ARM_TYPES=iq,fp4 bash benches/arm/run.sh   # groups: kquants, legacy, iq, fp4, all (default)
+#
+# Batches: ARM_BATCHES for every type, else 1/2/4/8 for the K-quants, Q8_0 and Q4_0 and 1/4 for
+# the rest (Q5_0/Q4_1/Q5_1, the i-quants, TQ1_0/TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0). ARM_JOBS: the
+# parallel traces (default 2; 1 when other builds share the machine).
 #
 # What it does (see benches/arm/report.py for the method and README's benchmark section):
 # 1. installs what it needs from Debian (llvm-19/clang-19 for llvm-mca with the N2/V2 models and
@@ -69,6 +74,6 @@ meta+=" $(qemu-aarch64 --version | head -1)."
 echo "--- tracing and analysing (qemu + llvm-mca)"
 python3 benches/arm/report.py --ours "$ours" --ggml-n2 "$out_dir/ggml_trace.n2" \
   --ggml-v2 "$out_dir/ggml_trace.v2" --k "${ARM_K:-512}" --rows "${ARM_ROWS:-32}" \
-  --jobs "${ARM_JOBS:-2}" --types "${ARM_TYPES:-q2_k,q3_k,q4_k,q5_k,q6_k,q8_0,q4_0}" \
-  --batches "${ARM_BATCHES:-1,2,4,8}" --json "$out_dir/results.json" --out benches/arm/REPORT.md \
-  --meta "$meta" --baseline benches/arm/baseline-75906dc.json
+  --jobs "${ARM_JOBS:-2}" --types "${ARM_TYPES:-all}" \
+  --batches "${ARM_BATCHES:-auto}" --json "$out_dir/results.json" --out benches/arm/REPORT.md \
+  --meta "$meta" $(for b in benches/arm/baseline-*.json; do echo --baseline "$b"; done)

@@ -6,7 +6,10 @@
 //!     arm_trace TYPE TIER K ROWS BATCH      e.g. arm_trace q4_k i8mm 1024 8 4
 //!
 //! The weights and activations are real quantized blocks (of a fixed pseudo-random signal) so
-//! that every value-dependent step takes its ordinary path. The GEMM runs once untraced first,
+//! that every value-dependent step takes its ordinary path. The i-quants and ternary types have
+//! no quantizer here (`GgmlType::has_quantizer`): their weights are pseudo-random bytes with
+//! every f16 scale kept finite, as `benches/arm/ggml_trace.c` makes ggml's (their kernels have
+//! no value-dependent branches beyond selects). The GEMM runs once untraced first,
 //! so that per-thread scratch buffers are already grown when the traced call runs. The weights
 //! are in the layout resident copies get for the tier (`dispatch::resident_layout_for`), as
 //! the expert arenas hold them.
@@ -43,8 +46,30 @@ fn signal(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Pseudo-random blocks: xorshift bytes with the top exponent bits of every odd byte cleared,
+/// so that each f16 (at an even offset: every such block's size is even) is finite and small.
+fn random_blocks(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let b = (s >> 32) as u8;
+            if i % 2 == 1 {
+                b & 0x3b
+            } else {
+                b
+            }
+        })
+        .collect()
+}
+
 fn quantized(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Result<Vec<u8>, String> {
     let rb = ty.row_bytes(k).map_err(|e| e.to_string())?;
+    if !ty.has_quantizer() {
+        return Ok(random_blocks(rows * rb, seed));
+    }
     let mut out = vec![0u8; rows * rb];
     let src = signal(rows * k, seed);
     for r in 0..rows {
