@@ -3,9 +3,31 @@
 //! turns every NaN into 0x7e00 (with its sign); f32 -> bf16 rounds to nearest even and quiets NaN.
 
 /// f16 bits -> f32 (exact).
+///
+/// On aarch64 this is one `FCVT` (half to single is base Armv8 floating point, not FEAT_FP16):
+/// the `half` crate would detect FP16 at run time and call out of line, a call per scale in
+/// the kernels' epilogues (`benches/arm/REPORT.md`). Same bits: exact for every non-NaN, and a
+/// NaN keeps its sign and payload with the quiet bit set, as `half`'s fallback does.
 #[inline(always)]
 pub fn f16_to_f32(h: u16) -> f32 {
-    ::half::f16::from_bits(h).to_f32()
+    #[cfg(target_arch = "aarch64")]
+    {
+        let out: f32;
+        // SAFETY: FCVT on registers only; floating point is baseline on aarch64.
+        unsafe {
+            core::arch::asm!(
+                "fcvt {o:s}, {i:h}",
+                i = in(vreg) h,
+                o = lateout(vreg) out,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        out
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        ::half::f16::from_bits(h).to_f32()
+    }
 }
 
 /// f32 -> f16 bits, bit-identical to ggml's `ggml_compute_fp32_to_fp16`.
@@ -75,6 +97,16 @@ mod tests {
             if !f.is_nan() {
                 assert_eq!(f32_to_f16(f), h);
             }
+        }
+    }
+
+    #[test]
+    fn f16_to_f32_matches_half_crate_on_every_pattern() {
+        // aarch64's FCVT path against `half` (its FP16 or software path): the same bits for all
+        // 65536 inputs, NaNs included (quiet bit set, sign and payload kept).
+        for h in 0..=u16::MAX {
+            let want = ::half::f16::from_bits(h).to_f32().to_bits();
+            assert_eq!(f16_to_f32(h).to_bits(), want, "{h:#06x}");
         }
     }
 

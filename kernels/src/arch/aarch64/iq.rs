@@ -2,9 +2,14 @@
 //! bytes by the shared `arch::iq_tile` (which also holds the loops and the float epilogues);
 //! this file has the integer cores that give the sixteen 16-element group sums: NEON widens
 //! with SMULL (a product of a weight, |w| <= 127, and an activation, |x| <= 128, fits in int16)
-//! and pairwise-adds to int32; dotprod uses SDOT (four products per int32 lane); i8mm walks
-//! 2 weight rows x 2 activation rows and gets each 16-element group of all four pairs from two
-//! SMMLA (eight products per lane, no horizontal reduction), the odd row or activation on SDOT.
+//! and pairwise-adds to int32; dotprod uses SDOT (four products per int32 lane), four groups'
+//! lanes reduced together by pairwise adds. i8mm runs the SDOT core too, except for IQ2_XS and
+//! IQ2_S: there it walks 2 weight rows x 2 activation rows and gets each 16-element group of
+//! all four pairs from two SMMLA (eight products per lane), the odd row or activation on SDOT.
+//! The SMMLA tile's four cells each take their own float epilogue, and its lanes come out per
+//! pair, not per group: on the Neoverse N2 model that costs more than the SDOTs it saves for
+//! every type whose decode is cheap (`benches/arm/REPORT.md`: at batch 4, IQ4_NL 65 vs 60
+//! cycles per 256 weights, TQ2_0 52 vs 38; IQ2_XS 110 vs 119 the other way).
 
 use core::arch::aarch64::*;
 
@@ -29,6 +34,20 @@ unsafe fn load(w: &[i8; QK_K], xu: *const u8, act: GgmlType, g: usize) -> (int8x
             vld1q_s8(w.as_ptr().add(16 * g)),
             vld1q_s8(xu.add(at).cast::<i8>()),
         )
+    }
+}
+
+/// The four int32 lanes of each of `a` (groups `g .. g + 4`) summed, `[sum a0, sum a1, sum a2,
+/// sum a3]`, stored at `s[g..g + 4]`: two rounds of pairwise adds (ADDP) instead of one
+/// across-vector ADDV and a move to a general register per group. Integer sums: any order
+/// gives the same values.
+#[inline(always)]
+fn store4(s: &mut [i32; 16], g: usize, a: [int32x4_t; 4]) {
+    let dst = &mut s[g..g + 4];
+    // SAFETY: NEON is baseline on aarch64; `dst` is 4 bounds-checked int32s.
+    unsafe {
+        let r = vpaddq_s32(vpaddq_s32(a[0], a[1]), vpaddq_s32(a[2], a[3]));
+        vst1q_s32(dst.as_mut_ptr(), r);
     }
 }
 
@@ -62,14 +81,15 @@ impl Sums for NeonSums {
     #[inline(always)]
     unsafe fn sums(&self, w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16] {
         let mut s = [0i32; 16];
-        for (g, sg) in s.iter_mut().enumerate() {
+        for g0 in (0..16).step_by(4) {
             // SAFETY: forwarded from the caller (valid unit); NEON is baseline on aarch64.
-            unsafe {
-                let (wv, xv) = load(w, xu, act, g);
+            let a = core::array::from_fn(|i| unsafe {
+                let (wv, xv) = load(w, xu, act, g0 + i);
                 let lo = vmull_s8(vget_low_s8(wv), vget_low_s8(xv));
                 let hi = vmull_high_s8(wv, xv);
-                *sg = vaddvq_s32(vaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)));
-            }
+                vaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi))
+            });
+            store4(&mut s, g0, a);
         }
         s
     }
@@ -86,12 +106,13 @@ impl Sums for SdotSums {
     #[inline(always)]
     unsafe fn sums(&self, w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16] {
         let mut s = [0i32; 16];
-        for (g, sg) in s.iter_mut().enumerate() {
+        for g0 in (0..16).step_by(4) {
             // SAFETY: forwarded from the caller: a valid unit, and a CPU with SDOT.
-            unsafe {
-                let (wv, xv) = load(w, xu, act, g);
-                *sg = vaddvq_s32(sdot(vdupq_n_s32(0), wv, xv));
-            }
+            let a = core::array::from_fn(|i| unsafe {
+                let (wv, xv) = load(w, xu, act, g0 + i);
+                sdot(vdupq_n_s32(0), wv, xv)
+            });
+            store4(&mut s, g0, a);
         }
         s
     }
@@ -162,7 +183,10 @@ pub(super) unsafe fn gemm(level: Level, t: &mut Tile<'_>) -> bool {
         match level {
             Level::Neon => iq_tile::gemm(&NeonSums, t),
             Level::Dotprod => iq_tile::gemm(&SdotSums, t),
-            Level::I8mm => iq_tile::gemm(&SmmlaSums, t),
+            Level::I8mm => match t.ty() {
+                GgmlType::IQ2_XS | GgmlType::IQ2_S => iq_tile::gemm(&SmmlaSums, t),
+                _ => iq_tile::gemm(&SdotSums, t),
+            },
         }
     }
 }

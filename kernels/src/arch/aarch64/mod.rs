@@ -45,7 +45,7 @@
 //! | Q5_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | Q4_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | Q5_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
-//! | IQ*, TQ* | SMULL+SADDLP | SDOT              | SMMLA 2x2 tiles (odd act/row: SDOT)   |
+//! | IQ*, TQ*, FP4, Q1_0, Q2_0 | SMULL+SADDLP | SDOT | SDOT (IQ2_XS, IQ2_S: SMMLA 2x2 tiles, odd act/row: SDOT) |
 //!
 //! Q8_0, Q4_0, Q3_K, Q4_K, Q5_K and Q6_K also have dotprod/i8mm paths for weights repacked at load
 //! (`formats::repack::Layout::Rows4`, see `legacy_mm` and `rows4`): the same tiles with their
