@@ -3,7 +3,7 @@
 # scheduling models) and dynamic instruction counts (qemu) of nightshift's aarch64 GEMM tiers
 # against ggml's kernels for the same work, plus a roofline per VM, in one Markdown report.
 #
-#   bash benches/arm/run.sh            # writes benches/arm/REPORT.md (every type, ~15 min on 2 cores)
+#   bash benches/arm/run.sh            # writes benches/arm/REPORT.md (every type, ~20 min)
 #   ARM_K=1024 ARM_ROWS=64 bash benches/arm/run.sh
 #   ARM_TYPES=q2_k,q3_k ARM_BATCHES=1,4 bash benches/arm/run.sh   # a subset (quick iterations)
 #   ARM_TYPES=iq,fp4 bash benches/arm/run.sh   # groups: kquants, legacy, iq, fp4, all (default)

@@ -8,8 +8,9 @@
 //! all four pairs from two SMMLA (eight products per lane), the odd row or activation on SDOT.
 //! The SMMLA tile's four cells each take their own float epilogue, and its lanes come out per
 //! pair, not per group: on the Neoverse N2 model that costs more than the SDOTs it saves for
-//! every type whose decode is cheap (`benches/arm/REPORT.md`: at batch 4, IQ4_NL 65 vs 60
-//! cycles per 256 weights, TQ2_0 52 vs 38; IQ2_XS 110 vs 119 the other way).
+//! every type whose decode is cheap (`benches/arm`'s method, batch 4, cycles per 256 weights,
+//! SMMLA vs SDOT: IQ4_NL 65 vs 60, MXFP4 81 vs 59, TQ2_0 52 vs 38; IQ2_XS 110 vs 119 and IQ2_S
+//! 110 vs 114 the other way on N2, though not on V2: 86 vs 81 and 88 vs 77).
 
 use core::arch::aarch64::*;
 
