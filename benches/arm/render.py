@@ -51,7 +51,7 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
     o.append("ggml paths: `dot` = `ggml_vec_dot_*` (nrc = 1, its SVE or NEON branch as compiled "
              "for the CPU), `mmla` = the same with nrc = 2 (SMMLA, where quants.c has it; even "
              "batches), `repack` = ggml's interleaved-weight i8mm kernels "
-             "(`ggml_gemm_*_8x8`/`4x8` on groups of 4 activation rows, `ggml_gemv_*` on the "
+             "(`ggml_gemm_*_8x8`/`4x8`/`4x4` on groups of 4 activation rows, `ggml_gemv_*` on the "
              "rest), which ggml picks by default on a CPU with i8mm. \"ggml best\" is the "
              "fastest of those; ratio = ggml best / ours best (> 1: ours predicted faster).\n")
     o.append("Weights are in the layout resident copies get for the traced tier "
@@ -70,11 +70,11 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
              "with i8mm for Q4_0/Q8_0 (4x8), Q4_K/Q5_K/Q6_K (8x8), Q1_0 (4x8, SMMLA) and IQ4_NL/"
              "MXFP4 (4x4, SDOT; its 8x8 variants are AVX2-only). No other i-quant, ternary or "
              "FP4 type has a repacked Arm path in ggml.\n")
-    o.append("The i-quants and ternary types have no quantizer in nightshift (nor outside an "
-             "importance-matrix search in ggml): their weights are pseudo-random blocks with "
-             "finite f16 scales on both sides (`arm_trace`, `ggml_trace.c`); every other type is "
-             "quantized from a fixed signal (ours) or random bytes (ggml). Neither side's "
-             "kernels branch on weight values beyond selects. \"ours best\" is the fastest "
+    o.append("The i-quants and ternary types have no quantizer in nightshift: their weights "
+             "are pseudo-random blocks with finite f16 scales on both sides (`arm_trace`, "
+             "`ggml_trace.c`); every other type is quantized from a fixed signal (ours; ggml's "
+             "side is always random bytes). Loop trip counts do not depend on the values on "
+             "either side. \"ours best\" is the fastest "
              "of our three tiers; a CPU with i8mm runs the i8mm column (dispatch picks the "
              "highest tier), so where dotprod is faster that is the better build of the same "
              "work, not what runs.\n")
