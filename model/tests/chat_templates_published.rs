@@ -110,6 +110,8 @@ const TEMPLATES: &[(&str, &str, &str, bool, bool)] = &[
     ("deepseek-v3", DS_BOS, DS_EOS, false, true),
     // DeepSeek-R1's layout (```json fences), which DeepSeek-V3 (Dec 2024) writes too
     ("deepseek-r1-distill", DS_BOS, DS_EOS, false, true),
+    // DeepSeek-V3.2's DSML calls: one `<｜DSML｜parameter>` per argument, so object arguments
+    ("deepseek-v3.2", DS_BOS, DS_EOS, true, false),
 ];
 
 /// The first byte where two texts differ, with context, for a readable failure.

@@ -28,6 +28,9 @@ TEMPLATE = os.environ.get("NIGHTSHIFT_TEMPLATE") or None
 client = OpenAI(base_url=URL + "/v1", api_key=KEY, max_retries=0, timeout=300)
 
 # bounded values, so a random model finishes its call within max_tokens
+# the budget of a forced call: DeepSeek-V3.2's DSML tags, spelled with the tiny models' byte
+# tokens, take ~200 tokens for one call
+CALL_TOKENS = 400
 WEATHER_PARAMS = {
     "type": "object",
     "properties": {
@@ -51,7 +54,7 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
 def call(**kw):
-    args = dict(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=160, temperature=0,
+    args = dict(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=CALL_TOKENS, temperature=0,
                 parallel_tool_calls=False)
     args.update(kw)
     return client.chat.completions.create(**args)
@@ -102,7 +105,7 @@ def test_streamed_tool_call_reassembles():
     assert got["id"] and got["name"] == whole.function.name, (got, whole)
     assert json.loads(got["arguments"]) == json.loads(whole.function.arguments), (got, whole)
     # the SDK's own stream helper assembles the same call
-    with client.chat.completions.stream(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=160,
+    with client.chat.completions.stream(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=CALL_TOKENS,
                                         temperature=0, tool_choice=NAMED,
                                         parallel_tool_calls=False) as s:
         final = s.get_final_completion()
@@ -313,6 +316,7 @@ def run_weather_agent(model_cls, **agent_kw):
     from typing import Literal
 
     from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from openai.types.shared import Reasoning
 
     set_tracing_disabled(True)
     seen = []
@@ -327,8 +331,12 @@ def run_weather_agent(model_cls, **agent_kw):
         model=MODEL, openai_client=AsyncOpenAI(base_url=URL + "/v1", api_key=KEY, max_retries=0))
     agent = Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather],
                   model=model,
+                  # thinking off where the template has a switch (DeepSeek-V3.2 thinks by
+                  # default): a random model's whole answer would otherwise be reasoning, and
+                  # the SDK refuses a turn with no text
                   model_settings=ModelSettings(tool_choice="get_weather", temperature=0,
-                                               max_tokens=200, parallel_tool_calls=False),
+                                               max_tokens=CALL_TOKENS, parallel_tool_calls=False,
+                                               reasoning=Reasoning(effort="minimal")),
                   **agent_kw)
     result = asyncio.run(Runner.run(agent, "What's the weather in Paris?", max_turns=4))
     return seen, result.final_output
@@ -386,7 +394,7 @@ def test_responses_forced_call_round_trip():
     arguments that reassemble to it, and its output sent back with previous_response_id."""
     args = dict(model=MODEL, instructions="You are a helpful assistant.", input=ASK_INPUT,
                 tools=FLAT_TOOLS, tool_choice={"type": "function", "name": "get_weather"},
-                parallel_tool_calls=False, max_output_tokens=160, temperature=0)
+                parallel_tool_calls=False, max_output_tokens=CALL_TOKENS, temperature=0)
     r = client.responses.create(**args)
     calls = [o for o in r.output if o.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather", r.output
@@ -447,7 +455,7 @@ def test_anthropic_messages_tool_loop():
     streamed (input_json_delta), count_tokens, and the tool_result turn sent back."""
     ac = anthropic_client()
     # anthropic's client has no `temperature` argument any more: greedy through the body
-    args = dict(model=MODEL, max_tokens=160, extra_body={"temperature": 0},
+    args = dict(model=MODEL, max_tokens=CALL_TOKENS, extra_body={"temperature": 0},
                 system="You are a helpful assistant.", messages=ASK[1:], tools=ANTHROPIC_TOOLS,
                 tool_choice={"type": "tool", "name": "get_weather",
                              "disable_parallel_tool_use": True})

@@ -25,6 +25,11 @@ pub fn parse_body(format: ToolFormat, body: &str, tools: &[ToolSpec]) -> Option<
             let (name, args) = deepseek_v3(body)?;
             (None, name.to_string(), object(args)?)
         }
+        ToolFormat::DeepSeekV32 => {
+            let (name, rest) = body.split_once("\">")?;
+            let name = name.trim().to_string();
+            (None, name.clone(), params(format, rest, &name, tools, "")?)
+        }
     };
     if name.is_empty() || (!tools.is_empty() && !tools.iter().any(|t| t.name == name)) {
         return None;
@@ -78,42 +83,108 @@ fn hermes(body: &str) -> Option<(Option<String>, String, Map<String, Value>)> {
 }
 
 /// `<function=NAME>` then `<parameter=P>\nVALUE\n</parameter>` blocks, then `</function>`
-/// (optional at the very end). Values are text; a parameter whose schema type is not
-/// `string` is read as JSON when it parses.
+/// (optional at the very end).
 fn qwen3_coder(
     body: &str,
     tools: &[ToolSpec],
 ) -> Option<(Option<String>, String, Map<String, Value>)> {
     let rest = body.trim_start().strip_prefix("<function=")?;
-    let (name, mut rest) = rest.split_once('>')?;
+    let (name, rest) = rest.split_once('>')?;
     let name = name.trim().to_string();
-    let schema = tools
-        .iter()
-        .find(|t| t.name == name)
-        .and_then(|t| t.parameters.get("properties"));
+    let args = params(ToolFormat::Qwen3Coder, rest, &name, tools, "</function>")?;
+    Some((None, name, args))
+}
+
+/// The parameter blocks of a call of `name` up to the end of `text` (or up to `end` then
+/// only blanks); `None` if anything else is there.
+fn params(
+    format: ToolFormat,
+    mut text: &str,
+    name: &str,
+    tools: &[ToolSpec],
+    end: &str,
+) -> Option<Map<String, Value>> {
+    let schema = properties(tools, name);
     let mut args = Map::new();
     loop {
-        let r = rest.trim_start();
-        if r.is_empty() || r.starts_with("</function>") {
-            let after = r.strip_prefix("</function>").unwrap_or(r);
-            if !after.trim().is_empty() {
-                return None;
-            }
-            break;
+        let r = text.trim_start();
+        if r.is_empty() {
+            return Some(args);
         }
-        let r = r.strip_prefix("<parameter=")?;
-        let (param, r) = r.split_once('>')?;
-        let (value, r) = r.split_once("</parameter>")?;
-        let value = value.strip_prefix('\n').unwrap_or(value);
-        let value = value.strip_suffix('\n').unwrap_or(value);
-        let ty = schema
-            .and_then(|s| s.get(param.trim()))
-            .and_then(|p| p.get("type"))
-            .and_then(Value::as_str);
-        args.insert(param.trim().to_string(), coder_value(value, ty));
-        rest = r;
+        if !end.is_empty() && r.starts_with(end) {
+            return r[end.len()..].trim().is_empty().then_some(args);
+        }
+        let (key, value, used) = param_block(format, text, schema)?;
+        args.insert(key, value);
+        text = &text[used..];
     }
-    Some((None, name, args))
+}
+
+/// The `properties` of tool `name`'s parameter schema.
+pub(super) fn properties<'a>(tools: &'a [ToolSpec], name: &str) -> Option<&'a Value> {
+    tools
+        .iter()
+        .find(|t| t.name == name)
+        .and_then(|t| t.parameters.get("properties"))
+}
+
+/// DeepSeek-V3.2's parameter tag, up to the parameter's name, and its closing tag.
+const DSML_PARAM: (&str, &str) = ("<｜DSML｜parameter name=\"", "</｜DSML｜parameter>");
+
+/// The whole parameter block at the start of `text` (blanks before it skipped) of the formats
+/// that write one block per argument: (name, value, bytes up to the end of its closing tag), or
+/// `None` when no complete block starts there.
+///
+/// - Qwen3-Coder: `<parameter=P>\nVALUE\n</parameter>` (one newline on each side belongs to the
+///   tags); the value is text when the schema says `string`, else JSON when it parses.
+/// - DeepSeek-V3.2: `<｜DSML｜parameter name="P" string="true|false">VALUE</｜DSML｜parameter>`;
+///   `string="true"`: the text, `"false"`: JSON (the text if it does not parse); without the
+///   attribute, as Qwen3-Coder's by the schema.
+pub(super) fn param_block(
+    format: ToolFormat,
+    text: &str,
+    schema: Option<&Value>,
+) -> Option<(String, Value, usize)> {
+    let t = text.trim_start();
+    let lead = text.len() - t.len();
+    let ty = |p: &str| {
+        schema
+            .and_then(|s| s.get(p))
+            .and_then(|p| p.get("type"))
+            .and_then(Value::as_str)
+    };
+    match format {
+        ToolFormat::Qwen3Coder => {
+            const OPEN: &str = "<parameter=";
+            const CLOSE: &str = "</parameter>";
+            let r = t.strip_prefix(OPEN)?;
+            let (param, r) = r.split_once('>')?;
+            let (raw, _) = r.split_once(CLOSE)?;
+            let used = lead + OPEN.len() + param.len() + 1 + raw.len() + CLOSE.len();
+            let value = raw.strip_prefix('\n').unwrap_or(raw);
+            let value = value.strip_suffix('\n').unwrap_or(value);
+            let param = param.trim();
+            Some((param.to_string(), coder_value(value, ty(param)), used))
+        }
+        ToolFormat::DeepSeekV32 => {
+            let (open, close) = DSML_PARAM;
+            let r = t.strip_prefix(open)?;
+            let (param, r) = r.split_once('"')?;
+            let (attrs, r) = r.split_once('>')?;
+            let (raw, _) = r.split_once(close)?;
+            let used =
+                lead + open.len() + param.len() + 1 + attrs.len() + 1 + raw.len() + close.len();
+            let value = if attrs.contains("string=\"true\"") {
+                Value::String(raw.to_string())
+            } else if attrs.contains("string=\"false\"") {
+                coder_value(raw, None)
+            } else {
+                coder_value(raw, ty(param))
+            };
+            Some((param.to_string(), value, used))
+        }
+        _ => None,
+    }
 }
 
 pub(super) fn coder_value(text: &str, ty: Option<&str>) -> Value {

@@ -1,8 +1,8 @@
 //! The grammar of a model's own tool-call text (Lark, llguidance's dialect), for `tool_choice`
 //! `required` or a named function: the markers of the format (special tokens by name when the
 //! vocabulary has them, else text), the function name fixed, and the arguments a `%json` value
-//! of the tool's parameter schema (Qwen3-Coder: one `<parameter=..>` block per property, in the
-//! schema's order, required ones mandatory). One call, or one or more with parallel calls.
+//! of the tool's parameter schema (Qwen3-Coder and DeepSeek-V3.2: one parameter block per
+//! property, in the schema's order, required ones mandatory). One call, or one or more with parallel calls.
 //!
 //! With `tool_choice` `auto` and `strict: true` tools ([`CallChoice::Auto`]) the output is free
 //! text that never spells a call marker, optionally followed by the calls: the first marker
@@ -151,6 +151,21 @@ pub fn tool_grammar(
                 lit("\n```"),
                 marker(vocab, "<｜tool▁call▁end｜>")
             ),
+            ToolFormat::DeepSeekV32 => {
+                // `NAME">\n`, each parameter block and a newline, the closing tag (a call
+                // without parameters has an empty line there)
+                let (params, any_required) = dsml_params(&f, t, &mut rules)?;
+                let params = if any_required {
+                    params
+                } else {
+                    format!("({params} | {})", lit("\n"))
+                };
+                format!(
+                    "{f}: {} {params} {}",
+                    lit(&format!("{}\">\n", t.name)),
+                    lit(format.call_markers().1)
+                )
+            }
         };
         rules.push(rule);
     }
@@ -158,7 +173,13 @@ pub fn tool_grammar(
     let call = format!("call: {} body", marker(vocab, open));
     // what follows the first call (one call, or more with parallel calls)
     let more = match (format, parallel) {
-        (ToolFormat::Hermes | ToolFormat::Qwen3Coder | ToolFormat::DeepSeekV3, true) => {
+        (
+            ToolFormat::Hermes
+            | ToolFormat::Qwen3Coder
+            | ToolFormat::DeepSeekV3
+            | ToolFormat::DeepSeekV32,
+            true,
+        ) => {
             format!("({} call)*", lit("\n"))
         }
         (_, true) => "call*".to_string(),
@@ -178,6 +199,11 @@ pub fn tool_grammar(
             "<｜tool▁calls▁begin｜>",
             format!("call {more} {}", marker(vocab, "<｜tool▁calls▁end｜>")),
         ),
+        ToolFormat::DeepSeekV32 => {
+            let (first, end) = super::DSML_BLOCK;
+            let nl = lit("\n");
+            (first, format!("{nl} call {more} {nl} {}", lit(end)))
+        }
     };
     let mut g = match choice {
         CallChoice::Auto => {
@@ -284,6 +310,87 @@ fn coder_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<String
         push_param(&mut seq, &r, required.contains(&name.as_str()));
     }
     Ok(seq.join(" "))
+}
+
+/// DeepSeek-V3.2's parameter blocks of one tool, each followed by a newline: rules added to
+/// `rules`; the sequence returned, and whether a parameter is required.
+fn dsml_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<(String, bool), String> {
+    const OPEN: &str = "<｜DSML｜parameter name=\"";
+    const CLOSE: &str = "</｜DSML｜parameter>";
+    let close = regex_lit(CLOSE);
+    let any = "(?s:.)";
+    // text up to the first closing tag, with the tag: one lexeme, as the parser reads it
+    let text_to_close = "DSML_TEXT".to_string();
+    let lexeme = format!("DSML_TEXT: /{any}*{close}/ & ~/{any}*{close}{any}+/");
+    if !rules.contains(&lexeme) {
+        rules.push(lexeme);
+    }
+    let schema = args_schema(t);
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        // no declared properties: any parameter blocks
+        let r = format!("{f}_any");
+        rules.push(format!(
+            "{r}: {} /[^\"<>\\n]+/ ({} | {}) {} {}",
+            lit(OPEN),
+            lit("\" string=\"true\">"),
+            lit("\" string=\"false\">"),
+            text_to_close,
+            lit("\n")
+        ));
+        return Ok((format!("{r}*"), false));
+    };
+    let mut seq = Vec::new();
+    for (j, (name, p)) in props.iter().enumerate() {
+        let r = format!("{f}_p{j}");
+        let is_string = p.get("type").and_then(Value::as_str) == Some("string");
+        let head = lit(&format!("{OPEN}{name}\" string=\"{is_string}\">"));
+        let value = match p.get("type").and_then(Value::as_str) {
+            Some("string") if p.get("enum").is_none() && p.get("const").is_none() => {
+                let min = p.get("minLength").and_then(Value::as_u64);
+                let max = p.get("maxLength").and_then(Value::as_u64);
+                // length bounds: text without `<` (a regex of bounded length), else any text
+                match (min, max) {
+                    (None, None) => text_to_close.clone(),
+                    (min, Some(max)) => format!("/[^<]{{{},{max}}}{close}/", min.unwrap_or(0)),
+                    (Some(min), None) => format!("/[^<]{{{min},}}{close}/"),
+                }
+            }
+            Some("string") => {
+                let opts: Vec<String> = p
+                    .get("enum")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .or_else(|| p.get("const").map(|c| vec![c.clone()]))
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(lit)
+                    .collect();
+                if opts.is_empty() {
+                    return Err(format!(
+                        "parameter `{name}`: a string enum needs string values"
+                    ));
+                }
+                format!("({}) {}", opts.join(" | "), lit(CLOSE))
+            }
+            _ => {
+                let mut s = p.clone();
+                if let Value::Object(m) = &mut s {
+                    m.insert("x-guidance".into(), json_layout());
+                }
+                format!("%json {s} {}", lit(CLOSE))
+            }
+        };
+        rules.push(format!("{r}: {head} {value} {}", lit("\n")));
+        push_param(&mut seq, &r, required.contains(&name.as_str()));
+    }
+    let any_required = props.keys().any(|k| required.contains(&k.as_str()));
+    Ok((seq.join(" "), any_required))
 }
 
 /// A parameter block's closing tag, as a regex.

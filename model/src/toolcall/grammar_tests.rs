@@ -10,12 +10,13 @@ use crate::sampler::TokenMask;
 use crate::toolcall::{Parsed, ToolParser};
 use nightshift_kernels::rng::SplitMix64;
 
-const FORMATS: [ToolFormat; 5] = [
+const FORMATS: [ToolFormat; 6] = [
     ToolFormat::Hermes,
     ToolFormat::Qwen3Coder,
     ToolFormat::KimiK2,
     ToolFormat::DeepSeekV31,
     ToolFormat::DeepSeekV3,
+    ToolFormat::DeepSeekV32,
 ];
 
 /// Every marker any format writes.
@@ -137,8 +138,9 @@ fn tools(loose: bool) -> Vec<ToolSpec> {
     ]
 }
 
-/// One call in `f` with `args` (a JSON object in the Python layout) or, for Qwen3-Coder, the
-/// parameters `(name, value)`.
+/// One call in `f` with `args` (a JSON object in the Python layout) or, for Qwen3-Coder and
+/// DeepSeek-V3.2, the parameters `(name, value)` (DeepSeek-V3.2: a value that reads as JSON
+/// other than a string is `string="false"`).
 fn call(f: ToolFormat, name: &str, args: &str, params: &[(&str, &str)]) -> String {
     match f {
         ToolFormat::Hermes => format!(
@@ -160,6 +162,21 @@ fn call(f: ToolFormat, name: &str, args: &str, params: &[(&str, &str)]) -> Strin
         ToolFormat::DeepSeekV3 => format!(
             "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{args}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
         ),
+        ToolFormat::DeepSeekV32 => {
+            let p: String = params
+                .iter()
+                .map(|(k, v)| {
+                    let string = serde_json::from_str::<serde_json::Value>(v).is_err();
+                    format!(
+                        "<｜DSML｜parameter name=\"{k}\" string=\"{string}\">{v}</｜DSML｜parameter>\n"
+                    )
+                })
+                .collect();
+            let p = if p.is_empty() { "\n".to_string() } else { p };
+            format!(
+                "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"{name}\">\n{p}</｜DSML｜invoke>\n</｜DSML｜function_calls>"
+            )
+        }
     }
 }
 
@@ -217,6 +234,37 @@ fn auto_with_a_strict_tool_allows_text_and_valid_calls_only() {
 }
 
 #[test]
+fn deepseek_v32_string_values_take_any_text_up_to_the_closing_tag() {
+    let v = vocab(false);
+    let f = ToolFormat::DeepSeekV32;
+    // a forced call of `note`, whose `text` is a string without bounds
+    let g = tool_grammar(
+        f,
+        &tools(false),
+        &CallChoice::Named("note".into()),
+        false,
+        &v.v,
+    )
+    .unwrap();
+    let ok = |text: &str| {
+        let mut c = v.v.compile(&Grammar::Lark(g.clone())).unwrap();
+        feed(&v, &mut c, text)
+    };
+    let block = |p: &str| {
+        format!(
+            "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"note\">\n{p}</｜DSML｜invoke>\n</｜DSML｜function_calls>"
+        )
+    };
+    let text = "<｜DSML｜parameter name=\"text\" string=\"true\">if a < b {\n  <i>x</i>\n}</｜DSML｜parameter>\n";
+    ok(&block(text)).unwrap_or_else(|at| panic!("markup in a value refused at {at:?}"));
+    // no parameters: the empty line the template writes
+    ok(&block("\n")).unwrap_or_else(|at| panic!("no parameters refused at {at:?}"));
+    // a string parameter marked as JSON is refused
+    let at = ok(&block(&text.replace("true", "false"))).expect_err("string=\"false\" accepted");
+    assert!(at.ends_with("name=\"text\" string=\""), "{at:?}");
+}
+
+#[test]
 fn text_never_spells_a_marker_outside_a_call() {
     let v = vocab(false);
     for f in FORMATS {
@@ -224,6 +272,7 @@ fn text_never_spells_a_marker_outside_a_call() {
         let first = match f {
             ToolFormat::KimiK2 => "<|tool_calls_section_begin|>",
             ToolFormat::DeepSeekV31 | ToolFormat::DeepSeekV3 => "<｜tool▁calls▁begin｜>",
+            ToolFormat::DeepSeekV32 => "<｜DSML｜function_calls>",
             _ => open,
         };
         // the marker ends the text; what follows must be a call, never more text
@@ -242,6 +291,7 @@ fn random_walks_into_a_call_end_in_valid_calls() {
             let first = match f {
                 ToolFormat::KimiK2 => "<|tool_calls_section_begin|>",
                 ToolFormat::DeepSeekV31 | ToolFormat::DeepSeekV3 => "<｜tool▁calls▁begin｜>",
+                ToolFormat::DeepSeekV32 => "<｜DSML｜function_calls>",
                 _ => "<tool_call>",
             };
             // the strict tool only: a loose tool's free JSON may hold numbers like 8E3645,

@@ -7,6 +7,9 @@
 //! - [`ToolFormat::KimiK2`]: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{..}<|tool_call_end|>…<|tool_calls_section_end|>`
 //! - [`ToolFormat::DeepSeekV31`]: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{..}<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`
 //! - [`ToolFormat::DeepSeekV3`] (DeepSeek-V3 before 3.1, R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{..}\n```<｜tool▁call▁end｜>`, calls joined by `\n`
+//! - [`ToolFormat::DeepSeekV32`] (DeepSeek-V3.2's DSML): `<｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="P" string="true|false">VALUE</｜DSML｜parameter>\n…</｜DSML｜invoke>\n…</｜DSML｜function_calls>`
+//!   (`string="true"`: the value is the text as written, else JSON; the `tool_calls` spelling
+//!   of the block DeepSeek's later models write is read too)
 //!
 //! The format is chosen from the template text (the markers it writes, as llama.cpp does) unless
 //! the server is told (`--tool-format`). Text that might still become a marker is held back, so a
@@ -32,21 +35,26 @@ pub enum ToolFormat {
     KimiK2,
     DeepSeekV31,
     DeepSeekV3,
+    DeepSeekV32,
 }
 
 impl ToolFormat {
     /// Every format with its name (vLLM's `--tool-call-parser` names).
-    pub const ALL: [(ToolFormat, &'static str); 5] = [
+    pub const ALL: [(ToolFormat, &'static str); 6] = [
         (ToolFormat::Hermes, "hermes"),
         (ToolFormat::Qwen3Coder, "qwen3_coder"),
         (ToolFormat::KimiK2, "kimi_k2"),
         (ToolFormat::DeepSeekV31, "deepseek_v31"),
         (ToolFormat::DeepSeekV3, "deepseek_v3"),
+        (ToolFormat::DeepSeekV32, "deepseek_v32"),
     ];
 
     /// The format a chat template writes tool calls in, from the markers in its text.
     pub fn detect(template: &str) -> Option<ToolFormat> {
-        if template.contains("<|tool_calls_section_begin|>") {
+        // DeepSeek-V3.2 builds its tags from a `｜DSML｜` variable
+        if template.contains("｜DSML｜") {
+            Some(ToolFormat::DeepSeekV32)
+        } else if template.contains("<|tool_calls_section_begin|>") {
             Some(ToolFormat::KimiK2)
         } else if template.contains("<｜tool▁calls▁begin｜>") {
             // V3 and R1 fence the arguments, V3.1 does not
@@ -84,6 +92,7 @@ impl ToolFormat {
             ToolFormat::DeepSeekV31 | ToolFormat::DeepSeekV3 => {
                 ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>")
             }
+            ToolFormat::DeepSeekV32 => (DSML_INVOKE, "</｜DSML｜invoke>"),
         }
     }
 
@@ -95,9 +104,20 @@ impl ToolFormat {
             ToolFormat::DeepSeekV31 | ToolFormat::DeepSeekV3 => {
                 &["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"]
             }
+            ToolFormat::DeepSeekV32 => &[
+                DSML_BLOCK.0,
+                DSML_BLOCK.1,
+                "<｜DSML｜tool_calls>",
+                "</｜DSML｜tool_calls>",
+            ],
         }
     }
 }
+
+/// DeepSeek-V3.2: a call's opening tag up to its name.
+const DSML_INVOKE: &str = "<｜DSML｜invoke name=\"";
+/// DeepSeek-V3.2: the tags around its block of calls.
+const DSML_BLOCK: (&str, &str) = ("<｜DSML｜function_calls>", "</｜DSML｜function_calls>");
 
 /// One tool the request declared: its name and its parameters' JSON Schema.
 #[derive(Clone, Debug)]
@@ -235,6 +255,10 @@ impl ToolParser {
                             self.buf.drain(..at + m.len());
                             if m == open {
                                 self.mode = Mode::Call;
+                            } else if self.calls > 0 {
+                                // blanks before a block's closing marker (DeepSeek-V3.2 puts
+                                // a newline there) only separate it from the last call
+                                self.pending_ws.clear();
                             }
                         }
                         None => {

@@ -3,14 +3,13 @@
 //! arguments in pieces, as OpenAI streams them, instead of the whole call at its closing
 //! marker. Each format's header (Hermes' `{"name": "..", "arguments": `, Kimi K2's
 //! `functions.NAME:IDX<|tool_call_argument_begin|>`, DeepSeek's `NAME<｜tool▁sep｜>`,
-//! Qwen3-Coder's `<function=NAME>`) is read from the start of the body; the JSON formats then
-//! send the argument text as written (a string/depth scanner finds where Hermes' arguments
-//! object ends), Qwen3-Coder one `"param": value` member per closed `<parameter=..>` block.
+//! Qwen3-Coder's `<function=NAME>`, DeepSeek-V3.2's `NAME">`) is read from the start of the
+//! body; the JSON formats then send the argument text as written (a string/depth scanner finds
+//! where Hermes' arguments object ends), Qwen3-Coder and DeepSeek-V3.2 one `"param": value`
+//! member per closed parameter block.
 //! A body that does not start like its format is left to the whole-call parser at the close.
 
-use serde_json::Value;
-
-use super::formats::coder_value;
+use super::formats::{param_block, properties};
 use super::{ToolFormat, ToolSpec};
 
 /// What the body of the open call has given so far.
@@ -30,7 +29,7 @@ pub(super) struct ArgStream {
     escaped: bool,
     /// Hermes, DeepSeek-V3: the arguments object closed.
     closed: bool,
-    /// Qwen3-Coder: parameters sent.
+    /// Qwen3-Coder, DeepSeek-V3.2: parameters sent.
     params: usize,
 }
 
@@ -83,7 +82,9 @@ impl ArgStream {
             }
         }
         match format {
-            ToolFormat::Qwen3Coder => self.coder(body, complete, tools, out),
+            ToolFormat::Qwen3Coder | ToolFormat::DeepSeekV32 => {
+                self.params(format, body, complete, tools, out)
+            }
             _ => self.json(format, body, out),
         }
     }
@@ -146,42 +147,28 @@ impl ArgStream {
         self.done = end;
     }
 
-    /// Qwen3-Coder: one member per closed parameter block; the object closed with the body.
-    fn coder(&mut self, body: &str, complete: bool, tools: &[ToolSpec], out: &mut Vec<Step>) {
-        let name = match header(ToolFormat::Qwen3Coder, body, tools) {
+    /// Qwen3-Coder, DeepSeek-V3.2: one member per closed parameter block; the object closed
+    /// with the body.
+    fn params(
+        &mut self,
+        format: ToolFormat,
+        body: &str,
+        complete: bool,
+        tools: &[ToolSpec],
+        out: &mut Vec<Step>,
+    ) {
+        let name = match header(format, body, tools) {
             Header::Yes { name, .. } => name,
             _ => return,
         };
-        let schema = tools
-            .iter()
-            .find(|t| t.name == name)
-            .and_then(|t| t.parameters.get("properties"));
-        loop {
-            let r = &body[self.done..];
-            let lead = r.len() - r.trim_start().len();
-            let Some(p) = r[lead..].strip_prefix("<parameter=") else {
-                break;
-            };
-            let Some(gt) = p.find('>') else {
-                break;
-            };
-            let (param, v) = (p[..gt].trim(), &p[gt + 1..]);
-            let Some(close) = v.find("</parameter>") else {
-                break;
-            };
-            let value = &v[..close];
-            let value = value.strip_prefix('\n').unwrap_or(value);
-            let value = value.strip_suffix('\n').unwrap_or(value);
-            let ty = schema
-                .and_then(|s| s.get(param))
-                .and_then(|p| p.get("type"))
-                .and_then(Value::as_str);
-            let key = serde_json::to_string(param).unwrap_or_default();
-            let val = serde_json::to_string(&coder_value(value, ty)).unwrap_or_default();
+        let schema = properties(tools, &name);
+        while let Some((key, value, used)) = param_block(format, &body[self.done..], schema) {
+            let key = serde_json::to_string(&key).unwrap_or_default();
+            let val = serde_json::to_string(&value).unwrap_or_default();
             let sep = if self.params == 0 { "{" } else { "," };
             out.push(Step::Args(format!("{sep}{key}:{val}")));
             self.params += 1;
-            self.done += lead + "<parameter=".len() + gt + 1 + close + "</parameter>".len();
+            self.done += used;
         }
         if complete && !self.closed {
             self.closed = true;
@@ -255,6 +242,13 @@ fn header(format: ToolFormat, body: &str, tools: &[ToolSpec]) -> Header {
             }
         }
         ToolFormat::Hermes => hermes_header(body, &known),
+        // `NAME">`: a name has no quote, tag or line break
+        ToolFormat::DeepSeekV32 => match body.find("\">") {
+            Some(at) if !body[..at].contains(['<', '\n']) => found(None, body[..at].trim(), at + 2),
+            Some(_) => Header::No,
+            None if body.contains(['<', '\n']) => Header::No,
+            None => Header::Wait,
+        },
     }
 }
 

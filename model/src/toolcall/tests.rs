@@ -31,6 +31,9 @@ fn call_text(f: ToolFormat, city: &str, i: usize) -> String {
         ToolFormat::DeepSeekV3 => format!(
             "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{{\"city\": \"{city}\"}}\n```<｜tool▁call▁end｜>"
         ),
+        ToolFormat::DeepSeekV32 => format!(
+            "<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">{city}</｜DSML｜parameter>\n</｜DSML｜invoke>"
+        ),
     }
 }
 
@@ -60,6 +63,11 @@ fn calls_text(f: ToolFormat, cities: &[&str]) -> String {
                 calls.join("\n")
             )
         }
+        // as DeepSeek-V3.2's template renders them
+        ToolFormat::DeepSeekV32 => format!(
+            "<｜DSML｜function_calls>\n{}\n</｜DSML｜function_calls>",
+            calls.join("\n")
+        ),
     }
 }
 
@@ -96,12 +104,13 @@ fn run(f: ToolFormat, chunks: &[&str]) -> Vec<Parsed> {
     out
 }
 
-const FORMATS: [ToolFormat; 5] = [
+const FORMATS: [ToolFormat; 6] = [
     ToolFormat::Hermes,
     ToolFormat::Qwen3Coder,
     ToolFormat::KimiK2,
     ToolFormat::DeepSeekV31,
     ToolFormat::DeepSeekV3,
+    ToolFormat::DeepSeekV32,
 ];
 
 #[test]
@@ -213,6 +222,61 @@ fn qwen3_coder_values_follow_the_schema() {
 }
 
 #[test]
+fn deepseek_v32_values_follow_their_string_attribute() {
+    let text = "Checking.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n\
+                <｜DSML｜parameter name=\"city\" string=\"true\">007 <b>\"x\"\n</｜DSML｜parameter>\n\
+                <｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n\
+                <｜DSML｜parameter name=\"opts\" string=\"false\">{\"raw\": [true, null]}</｜DSML｜parameter>\n\
+                <｜DSML｜parameter name=\"note\" string=\"false\">not json</｜DSML｜parameter>\n\
+                </｜DSML｜invoke>\n</｜DSML｜function_calls>";
+    let want = vec![
+        Parsed::Content("Checking.".into()),
+        Parsed::Call(ParsedCall {
+            id: None,
+            name: "get_weather".into(),
+            arguments:
+                r#"{"city":"007 <b>\"x\"\n","days":3,"opts":{"raw":[true,null]},"note":"not json"}"#
+                    .into(),
+        }),
+    ];
+    assert_eq!(run(ToolFormat::DeepSeekV32, &[text]), want);
+    // every split, streamed arguments included
+    for at in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
+        assert_eq!(
+            run(ToolFormat::DeepSeekV32, &[&text[..at], &text[at..]]),
+            want,
+            "split at {at}"
+        );
+        let (content, calls) = run_streaming(ToolFormat::DeepSeekV32, &[&text[..at], &text[at..]]);
+        assert_eq!(content, "Checking.");
+        let Parsed::Call(c) = &want[1] else {
+            unreachable!()
+        };
+        let joined: serde_json::Value = serde_json::from_str(&calls[0].2.concat()).unwrap();
+        assert_eq!(
+            joined,
+            serde_json::from_str::<serde_json::Value>(&c.arguments).unwrap()
+        );
+    }
+    // the block spelled as DeepSeek's later models write it, a call without parameters
+    let later = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+    assert_eq!(
+        run(ToolFormat::DeepSeekV32, &[later]),
+        vec![Parsed::Call(ParsedCall {
+            id: None,
+            name: "get_weather".into(),
+            arguments: "{}".into(),
+        })]
+    );
+    // a stray tag inside the call: the call is its text
+    let bad = "<｜DSML｜invoke name=\"get_weather\">\n<b>x</b>\n</｜DSML｜invoke>";
+    assert_eq!(
+        run(ToolFormat::DeepSeekV32, &[bad]),
+        vec![Parsed::Content(bad.into())]
+    );
+}
+
+#[test]
 fn formats_are_detected_from_the_published_templates() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/templates");
     for (file, want) in [
@@ -229,6 +293,7 @@ fn formats_are_detected_from_the_published_templates() {
         ("deepseek-v3.1.jinja", ToolFormat::DeepSeekV31),
         ("deepseek-r1-distill.jinja", ToolFormat::DeepSeekV3),
         ("deepseek-v3.jinja", ToolFormat::DeepSeekV3),
+        ("deepseek-v3.2.jinja", ToolFormat::DeepSeekV32),
     ] {
         let src = std::fs::read_to_string(dir.join(file)).unwrap();
         assert_eq!(ToolFormat::detect(&src), Some(want), "{file}");
@@ -302,7 +367,7 @@ fn streamed_arguments_join_to_the_whole_calls_at_every_split() {
         let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
         let streamed = run_streaming(f, &chars);
         // one character at a time, the JSON formats' arguments go out in many pieces
-        if f != ToolFormat::Qwen3Coder {
+        if !matches!(f, ToolFormat::Qwen3Coder | ToolFormat::DeepSeekV32) {
             assert!(streamed.1[0].2.len() > 5, "{f:?}: {:?}", streamed.1[0]);
         }
         check(streamed, "one char per chunk");
@@ -321,7 +386,7 @@ fn a_call_starts_streaming_before_its_closing_marker() {
             matches!(out.first(), Some(Parsed::CallBegin { name, .. }) if name == "get_weather"),
             "{f:?}: {out:?}"
         );
-        if f != ToolFormat::Qwen3Coder {
+        if !matches!(f, ToolFormat::Qwen3Coder | ToolFormat::DeepSeekV32) {
             let sent: String = out
                 .iter()
                 .filter_map(|p| match p {
