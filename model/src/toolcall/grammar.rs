@@ -276,31 +276,8 @@ fn coder_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<String
                 push_param(&mut seq, &r, required.contains(&name.as_str()));
                 continue;
             }
-            Some("string") => {
-                let opts: Vec<String> = p
-                    .get("enum")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .or_else(|| p.get("const").map(|c| vec![c.clone()]))
-                    .unwrap_or_default()
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .map(lit)
-                    .collect();
-                if opts.is_empty() {
-                    return Err(format!(
-                        "parameter `{name}`: a string enum needs string values"
-                    ));
-                }
-                format!("({})", opts.join(" | "))
-            }
-            _ => {
-                let mut s = p.clone();
-                if let Value::Object(m) = &mut s {
-                    m.insert("x-guidance".into(), json_layout());
-                }
-                format!("%json {s}")
-            }
+            Some("string") => string_choices(name, p)?,
+            _ => json_value(p),
         };
         rules.push(format!(
             "{r}: {} {value} {}",
@@ -360,37 +337,43 @@ fn dsml_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<(String
                     (Some(min), None) => format!("/[^<]{{{min},}}{close}/"),
                 }
             }
-            Some("string") => {
-                let opts: Vec<String> = p
-                    .get("enum")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .or_else(|| p.get("const").map(|c| vec![c.clone()]))
-                    .unwrap_or_default()
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .map(lit)
-                    .collect();
-                if opts.is_empty() {
-                    return Err(format!(
-                        "parameter `{name}`: a string enum needs string values"
-                    ));
-                }
-                format!("({}) {}", opts.join(" | "), lit(CLOSE))
-            }
-            _ => {
-                let mut s = p.clone();
-                if let Value::Object(m) = &mut s {
-                    m.insert("x-guidance".into(), json_layout());
-                }
-                format!("%json {s} {}", lit(CLOSE))
-            }
+            Some("string") => format!("{} {}", string_choices(name, p)?, lit(CLOSE)),
+            _ => format!("{} {}", json_value(p), lit(CLOSE)),
         };
         rules.push(format!("{r}: {head} {value} {}", lit("\n")));
         push_param(&mut seq, &r, required.contains(&name.as_str()));
     }
     let any_required = props.keys().any(|k| required.contains(&k.as_str()));
     Ok((seq.join(" "), any_required))
+}
+
+/// A parameter's value as JSON of its schema, in the Python layout the templates write.
+fn json_value(p: &Value) -> String {
+    let mut s = p.clone();
+    if let Value::Object(m) = &mut s {
+        m.insert("x-guidance".into(), json_layout());
+    }
+    format!("%json {s}")
+}
+
+/// A string parameter's `enum` or `const` values as Lark alternatives (the text itself).
+fn string_choices(name: &str, p: &Value) -> Result<String, String> {
+    let opts: Vec<String> = p
+        .get("enum")
+        .and_then(Value::as_array)
+        .cloned()
+        .or_else(|| p.get("const").map(|c| vec![c.clone()]))
+        .unwrap_or_default()
+        .iter()
+        .filter_map(Value::as_str)
+        .map(lit)
+        .collect();
+    if opts.is_empty() {
+        return Err(format!(
+            "parameter `{name}`: a string enum needs string values"
+        ));
+    }
+    Ok(format!("({})", opts.join(" | ")))
 }
 
 /// A parameter block's closing tag, as a regex.
