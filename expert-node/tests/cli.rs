@@ -8,6 +8,7 @@
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nightshift-expert-node");
@@ -16,8 +17,15 @@ fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/tiny-qwen3moe-Q2_K.gguf")
 }
 
+/// A fresh directory per call: the tests run in parallel, and a placement file rewritten while
+/// another test's node reads it would fail that node.
 fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ns-node-auth-{}", std::process::id()));
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "ns-node-auth-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::create_dir_all(&d).expect("tmp dir");
     std::fs::write(
         d.join("placement.toml"),
@@ -61,25 +69,36 @@ fn refused(dir: &Path, extra: &[&str]) -> String {
 }
 
 /// Starts a node, waits until it listens (or exits), then stops it; returns whether it listened.
+/// A node that could not bind its port is tried again on another: the free port can be taken by
+/// a parallel test between `free_addr` and the node's bind.
 fn listens(dir: &Path, extra: &[&str]) -> bool {
-    let addr = free_addr();
-    let mut child = node(dir, &addr, extra)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn node");
-    let t0 = Instant::now();
-    let up = loop {
-        if TcpStream::connect(&addr).is_ok() {
-            break true;
+    for _ in 0..5 {
+        let addr = free_addr();
+        let mut child = node(dir, &addr, extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn node");
+        let t0 = Instant::now();
+        let up = loop {
+            if TcpStream::connect(&addr).is_ok() {
+                break true;
+            }
+            if child.try_wait().expect("wait").is_some() || t0.elapsed() > Duration::from_secs(60) {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr);
+        if up || !err.contains(&format!("binding {addr}")) {
+            if !up {
+                eprintln!("{extra:?}: the node exited: {err}");
+            }
+            return up;
         }
-        if child.try_wait().expect("wait").is_some() || t0.elapsed() > Duration::from_secs(60) {
-            break false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let _ = child.kill();
-    let _ = child.wait();
-    up
+    }
+    false
 }
 
 #[test]
