@@ -16,36 +16,6 @@ fn invalid(param: impl Into<String>, msg: impl Into<String>) -> ApiError {
 }
 
 /// The text of `system` or of a `tool_result`'s content: a string or text blocks.
-fn text_blocks(v: &Value, at: &str) -> Result<String, ApiError> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Null => Ok(String::new()),
-        Value::Array(blocks) => {
-            let mut s = String::new();
-            for (j, b) in blocks.iter().enumerate() {
-                match (b.get("type").and_then(Value::as_str), b.get("text")) {
-                    (Some("text"), Some(Value::String(t))) => s.push_str(t),
-                    (Some("text"), _) => {
-                        return Err(invalid(
-                            format!("{at}[{j}].text"),
-                            "a text block needs its `text`",
-                        ))
-                    }
-                    (Some(other), _) => {
-                        return Err(invalid(
-                            format!("{at}[{j}].type"),
-                            format!("only `text` blocks are supported here, found `{other}`"),
-                        ))
-                    }
-                    (None, _) => return Err(invalid(format!("{at}[{j}].type"), "missing `type`")),
-                }
-            }
-            Ok(s)
-        }
-        _ => Err(invalid(at, "expected a string or text blocks")),
-    }
-}
-
 fn field_text(f: &BlocksField, at: &str) -> Result<String, ApiError> {
     match f {
         BlocksField::Text(t) => Ok(t.clone()),
@@ -58,7 +28,13 @@ fn field_text(f: &BlocksField, at: &str) -> Result<String, ApiError> {
                         format!("only `text` blocks are supported here, found `{}`", b.kind),
                     ));
                 }
-                s.push_str(b.text.as_deref().unwrap_or(""));
+                let Some(t) = &b.text else {
+                    return Err(invalid(
+                        format!("{at}[{j}].text"),
+                        "a text block needs its `text`",
+                    ));
+                };
+                s.push_str(t);
             }
             Ok(s)
         }
@@ -154,7 +130,7 @@ pub fn chat_messages(req: &MessagesRequest) -> Result<Vec<ChatMessageIn>, ApiErr
                             };
                             let mut t = match &b.content {
                                 None => String::new(),
-                                Some(c) => text_blocks(c, &format!("{bat}.content"))?,
+                                Some(c) => field_text(c, &format!("{bat}.content"))?,
                             };
                             if b.is_error == Some(true) {
                                 t = format!("Error: {t}");
@@ -459,6 +435,22 @@ mod tests {
             chat_messages(&r).unwrap_err().param.as_deref(),
             Some("messages[0].content[0].type")
         );
+        // a tool result's content: text blocks only, each with its text
+        for (block, param) in [
+            (
+                json!({"type": "image", "source": {}}),
+                "messages[0].content[0].content[1].type",
+            ),
+            (
+                json!({"type": "text"}),
+                "messages[0].content[0].content[1].text",
+            ),
+        ] {
+            let r = req(json!({"model": "m", "max_tokens": 9, "messages": [
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                    "content": [{"type": "text", "text": "ok"}, block]}]}]}));
+            assert_eq!(chat_messages(&r).unwrap_err().param.as_deref(), Some(param));
+        }
         let kept = chat_tools(&[
             json!({"type": "web_search_20250305", "name": "web_search"}),
             json!({"name": "g", "input_schema": {"type": "object"}}),

@@ -29,7 +29,7 @@ pub struct BlockIn {
     pub tool_use_id: Option<String>,
     /// `tool_result`: a string or text blocks.
     #[schema(value_type = Option<Object>)]
-    pub content: Option<Value>,
+    pub content: Option<BlocksField>,
     pub is_error: Option<bool>,
     /// `thinking`: the reasoning text.
     pub thinking: Option<String>,
