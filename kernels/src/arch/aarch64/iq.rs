@@ -9,7 +9,8 @@
 //! The SMMLA tile's four cells each take their own float epilogue, and its lanes come out per
 //! pair, not per group: on the Neoverse N2 model that costs more than the SDOTs it saves for
 //! every type whose decode is cheap (`benches/arm`'s method, batch 4, cycles per 256 weights,
-//! SMMLA vs SDOT: IQ4_NL 65 vs 60, MXFP4 81 vs 59, TQ2_0 52 vs 38; IQ2_XS 110 vs 119 and IQ2_S
+//! SMMLA vs SDOT: IQ4_NL 65 vs 60, MXFP4 81 vs 59, TQ2_0 52 vs 38 (IQ4_NL and MXFP4 have since
+//! left this path on dotprod and i8mm for `legacy_mm`'s quads and tiles); IQ2_XS 110 vs 119 and IQ2_S
 //! 110 vs 114 the other way on N2, though not on V2: 86 vs 81 and 88 vs 77).
 
 use core::arch::aarch64::*;

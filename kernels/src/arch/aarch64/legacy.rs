@@ -1,15 +1,20 @@
-//! The 32-element types: Q8_0, Q4_0, Q5_0 against Q8_0 activations and Q4_1, Q5_1 against
-//! Q8_1: the block decoding and reference epilogues, and the NEON tier's loop (the dotprod and
-//! i8mm tiers run `legacy_mm`'s SDOT quads and SMMLA tiles). Their references keep one integer
-//! per block, so SDOT and SMMLA apply directly. Each weight block is unpacked to 32 signed bytes
-//! once per chunk of activation rows. Epilogues, as in ggml's generic dots: Q8_0 `sumf += sumi * (dw * dx)`, Q5_0
-//! `sumf += (dw * dx) * sumi` (the same two products), Q4_0 `sumf += sumi * dw * dx` (left to
-//! right), Q4_1/Q5_1 `sumf += (dw * dx) * sumi + mw * sx`.
+//! The 32-element types: Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4 against Q8_0 activations and Q4_1,
+//! Q5_1 against Q8_1: the block decoding and reference epilogues, and the NEON tier's loop (the
+//! dotprod and i8mm tiers run `legacy_mm`'s SDOT quads and SMMLA tiles; IQ4_NL and MXFP4 reach
+//! this module on those two tiers only, NEON keeps them on `iq`). Their references keep one
+//! integer per block, so SDOT and SMMLA apply directly. Each weight block is unpacked to 32
+//! signed bytes once per chunk of activation rows (IQ4_NL, MXFP4: both nibbles of a byte
+//! through one 16-entry `TBL` of the type's values). Epilogues, as in ggml's generic dots: Q8_0
+//! `sumf += sumi * (dw * dx)`, Q5_0 `sumf += (dw * dx) * sumi`, IQ4_NL and MXFP4 `sumf += (dx *
+//! dw) * sumi` (the same two products: IEEE multiplication commutes), Q4_0 `sumf += sumi * dw *
+//! dx` (left to right), Q4_1/Q5_1 `sumf += (dw * dx) * sumi + mw * sx`. MXFP4's `dw` is its
+//! E8M0 scale halved, the others' an f16.
 
 use core::arch::aarch64::*;
 
 use super::neon::ld_s8;
 use super::{neon, Level};
+use crate::formats::{e8m0_to_f32_half, BlockIq4Nl, BlockMxfp4, KVALUES_FP4, KVALUES_IQ4NL};
 use crate::Tile;
 
 /// Activation rows per unpacked weight block.
@@ -23,6 +28,8 @@ pub(crate) enum Legacy {
     Q8_0,
     Q4_1,
     Q5_1,
+    Iq4Nl,
+    Mxfp4,
 }
 
 #[inline(always)]
@@ -58,6 +65,28 @@ impl Legacy {
             Legacy::Q8_0 => 34,
             Legacy::Q4_1 => 20,
             Legacy::Q5_1 => 24,
+            Legacy::Iq4Nl => std::mem::size_of::<BlockIq4Nl>(),
+            Legacy::Mxfp4 => std::mem::size_of::<BlockMxfp4>(),
+        }
+    }
+
+    /// The 16 values a 4-bit code stands for (IQ4_NL, MXFP4) and where the codes start in a
+    /// block; None for the types whose quants are their codes.
+    #[inline(always)]
+    pub(super) fn table(self) -> Option<(&'static [i8; 16], usize)> {
+        match self {
+            Legacy::Iq4Nl => Some((&KVALUES_IQ4NL, std::mem::offset_of!(BlockIq4Nl, qs))),
+            Legacy::Mxfp4 => Some((&KVALUES_FP4, std::mem::offset_of!(BlockMxfp4, qs))),
+            _ => None,
+        }
+    }
+
+    /// The weight block's scale `dw` as its epilogue uses it.
+    #[inline(always)]
+    pub(super) fn weight_d(self, wb: &[u8]) -> f32 {
+        match self {
+            Legacy::Mxfp4 => e8m0_to_f32_half(wb[0]),
+            _ => f16_le(wb),
         }
     }
 
@@ -82,8 +111,17 @@ impl Legacy {
         // Q5_0 (22 bytes: d, qh u32, qs[16]): element j is ((qs[j] & 15) | bit j of qh << 4)
         // - 16, element j + 16 is ((qs[j] >> 4) | bit j + 16 of qh << 4) - 16; Q5_1 (24 bytes:
         // d, m, qh, qs[16]): the same without the - 16.
+        // IQ4_NL (18 bytes: d, qs[16]) and MXFP4 (17: e, qs[16]): element j is the value of
+        // the low nibble of qs[j], element j + 16 that of its high nibble.
+        if let Some((values, at)) = self.table() {
+            let (lo, hi) = nibble_values(values, ld_s8(wb, at));
+            put(buf, 0, lo);
+            put(buf, 16, hi);
+            return &buf[..];
+        }
         let (qs_at, qh_at, off) = match self {
             Legacy::Q8_0 => return &wb[2..34],
+            Legacy::Iq4Nl | Legacy::Mxfp4 => unreachable!("decoded through their tables above"),
             Legacy::Q4_0 => (2, None, 8),
             Legacy::Q4_1 => (4, None, 0),
             Legacy::Q5_0 => (6, Some(2), 16),
@@ -112,15 +150,31 @@ impl Legacy {
     /// One block's contribution, in the reference's float order (`wb`, `xb`: the blocks).
     #[inline(always)]
     fn step(self, sumf: f32, sumi: i32, wb: &[u8], xb: &[u8]) -> f32 {
-        let (dw, dx) = (f16_le(wb), f16_le(xb));
+        let (dw, dx) = (self.weight_d(wb), f16_le(xb));
         match self {
             Legacy::Q4_0 => sumf + sumi as f32 * dw * dx,
-            Legacy::Q5_0 | Legacy::Q8_0 => sumf + sumi as f32 * (dw * dx),
+            Legacy::Q5_0 | Legacy::Q8_0 | Legacy::Iq4Nl | Legacy::Mxfp4 => {
+                sumf + sumi as f32 * (dw * dx)
+            }
             Legacy::Q4_1 | Legacy::Q5_1 => {
                 let (mw, sx) = (f16_le(&wb[2..]), f16_le(&xb[2..]));
                 sumf + ((dw * dx) * sumi as f32 + mw * sx)
             }
         }
+    }
+}
+
+/// The values of the low and the high nibbles of `q`'s 16 bytes, one `TBL` of `values` each.
+#[inline(always)]
+pub(super) fn nibble_values(values: &[i8; 16], q: int8x16_t) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: `values` is 16 readable bytes; the rest is NEON register arithmetic.
+    unsafe {
+        let t = vld1q_u8(values.as_ptr().cast::<u8>());
+        let q = vreinterpretq_u8_s8(q);
+        (
+            vqtbl1q_u8(t, vandq_u8(q, vdupq_n_u8(15))),
+            vqtbl1q_u8(t, vshrq_n_u8::<4>(q)),
+        )
     }
 }
 

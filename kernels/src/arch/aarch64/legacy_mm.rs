@@ -1,4 +1,5 @@
-//! The i8mm (SMMLA) GEMM of the 32-element types (Q8_0, Q4_0, Q5_0 x Q8_0; Q4_1, Q5_1 x Q8_1):
+//! The i8mm (SMMLA) GEMM of the 32-element types (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4 x Q8_0; Q4_1,
+//! Q5_1 x Q8_1):
 //! tiles of four weight rows x up to eight activation rows per weight block, the integer dot of
 //! every (weight row, activation row) pair of a block in one SMMLA lane.
 //!
@@ -30,7 +31,7 @@ use std::cell::RefCell;
 
 use super::dotprod::sdot;
 use super::i8mm::{pair, smmla};
-use super::legacy::Legacy;
+use super::legacy::{nibble_values, Legacy};
 use super::neon::{from_magic, ld_s8, MAGIC_BITS};
 use super::Level;
 use crate::formats::repack::{Layout, ROWS4};
@@ -88,6 +89,19 @@ fn f16x4_run(b: &[u8], at: usize) -> float32x4_t {
         );
     }
     out
+}
+
+/// The scales `dw` of four weight rows' blocks (`b[i]`, file layout) as f32: an f16 at 0, or
+/// MXFP4's E8M0 byte halved.
+#[inline(always)]
+fn weight_d4(ty: Legacy, b: [&[u8]; 4]) -> float32x4_t {
+    if ty == Legacy::Mxfp4 {
+        let v: [f32; 4] = core::array::from_fn(|i| ty.weight_d(b[i]));
+        // SAFETY: `v` is 4 readable f32.
+        unsafe { vld1q_f32(v.as_ptr()) }
+    } else {
+        f16x4(b, 0)
+    }
 }
 
 /// The `A` operands of a [`Layout::Rows4`] group's block (`blk`, `4 * block_bytes` bytes) for its
@@ -189,6 +203,22 @@ fn pair_quants(ty: Legacy, w0: &[u8], w1: &[u8], bufs: &mut [[u8; 32]; 2]) -> [i
                 ]
             }
         }
+        Legacy::Iq4Nl | Legacy::Mxfp4 => {
+            let (values, at) = ty.table().expect("a table type");
+            // as Q4_0's, each nibble through the table instead of as is
+            let (lo, hi) = pair(ld_s8(w0, at), ld_s8(w1, at));
+            let (l0, h0) = nibble_values(values, lo);
+            let (l1, h1) = nibble_values(values, hi);
+            // SAFETY: NEON register arithmetic only.
+            unsafe {
+                [
+                    vreinterpretq_s8_u8(l0),
+                    vreinterpretq_s8_u8(l1),
+                    vreinterpretq_s8_u8(h0),
+                    vreinterpretq_s8_u8(h1),
+                ]
+            }
+        }
         _ => {
             let [b0, b1] = bufs;
             let (q0, q1) = (ty.quants(w0, b0), ty.quants(w1, b1));
@@ -216,7 +246,9 @@ fn epilogue(
         let s = from_magic(acc);
         match ty {
             Legacy::Q4_0 => vaddq_f32(sum, vmulq_f32(vmulq_f32(s, dw), dx)),
-            Legacy::Q5_0 | Legacy::Q8_0 => vaddq_f32(sum, vmulq_f32(s, vmulq_f32(dw, dx))),
+            Legacy::Q5_0 | Legacy::Q8_0 | Legacy::Iq4Nl | Legacy::Mxfp4 => {
+                vaddq_f32(sum, vmulq_f32(s, vmulq_f32(dw, dx)))
+            }
             Legacy::Q4_1 | Legacy::Q5_1 => {
                 let t = vaddq_f32(vmulq_f32(vmulq_f32(dw, dx), s), vmulq_f32(mw, sx));
                 vaddq_f32(sum, t)
@@ -227,12 +259,14 @@ fn epilogue(
 
 /// The types as const-generic codes, so that each gets its own loop with the type's decode and
 /// epilogue inlined (a runtime type would stay a branch inside the inner loop).
-const TYPES: [Legacy; 5] = [
+const TYPES: [Legacy; 7] = [
     Legacy::Q8_0,
     Legacy::Q4_0,
     Legacy::Q5_0,
     Legacy::Q4_1,
     Legacy::Q5_1,
+    Legacy::Iq4Nl,
+    Legacy::Mxfp4,
 ];
 
 /// `ty` x Q8_0/Q8_1 over `t` (weights of `ty`'s type, `rows, n, k >= 1`): SMMLA
@@ -260,11 +294,15 @@ pub(crate) fn gemm(level: Level, ty: Legacy, t: &mut Tile<'_>) {
         (Legacy::Q5_0, true) => gemm_t::<2, false>(nb, w, rows, x, n, out),
         (Legacy::Q4_1, true) => gemm_t::<3, false>(nb, w, rows, x, n, out),
         (Legacy::Q5_1, true) => gemm_t::<4, false>(nb, w, rows, x, n, out),
+        (Legacy::Iq4Nl, true) => gemm_t::<5, false>(nb, w, rows, x, n, out),
+        (Legacy::Mxfp4, true) => gemm_t::<6, false>(nb, w, rows, x, n, out),
         (Legacy::Q8_0, false) => gemm_dot_t::<0, false>(nb, w, rows, x, n, out),
         (Legacy::Q4_0, false) => gemm_dot_t::<1, false>(nb, w, rows, x, n, out),
         (Legacy::Q5_0, false) => gemm_dot_t::<2, false>(nb, w, rows, x, n, out),
         (Legacy::Q4_1, false) => gemm_dot_t::<3, false>(nb, w, rows, x, n, out),
         (Legacy::Q5_1, false) => gemm_dot_t::<4, false>(nb, w, rows, x, n, out),
+        (Legacy::Iq4Nl, false) => gemm_dot_t::<5, false>(nb, w, rows, x, n, out),
+        (Legacy::Mxfp4, false) => gemm_dot_t::<6, false>(nb, w, rows, x, n, out),
     }
 }
 
@@ -399,7 +437,7 @@ fn quad<const P: usize, const T: usize, const R: bool>(
             ];
             // SAFETY: NEON register arithmetic only.
             (dw, mw) = unsafe {
-                let d = f16x4(wb, 0);
+                let d = weight_d4(ty, wb);
                 let m = if with_min { f16x4(wb, 2) } else { zero };
                 (
                     [vzip1q_f32(d, d), vzip2q_f32(d, d)],
@@ -497,6 +535,12 @@ fn row_quants(ty: Legacy, wb: &[u8], buf: &mut [u8; 32]) -> [int8x16_t; 2] {
                     vreinterpretq_s8_u8(vshrq_n_u8::<4>(q)),
                 ]
             }
+        }
+        Legacy::Iq4Nl | Legacy::Mxfp4 => {
+            let (values, at) = ty.table().expect("a table type");
+            let (lo, hi) = nibble_values(values, ld_s8(wb, at));
+            // SAFETY: NEON register arithmetic only.
+            unsafe { [vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)] }
         }
         _ => {
             let q = ty.quants(wb, buf);
@@ -618,7 +662,7 @@ fn quad_dot<const J: usize, const T: usize>(
             row_quants(ty, wb[2], b2),
             row_quants(ty, wb[3], b3),
         ];
-        let dw = f16x4(wb, 0);
+        let dw = weight_d4(ty, wb);
         let mw = if with_min { f16x4(wb, 2) } else { zero };
         for (j, sum) in sums.iter_mut().enumerate() {
             let rec = &pb[j * PREP1..][..PREP1];

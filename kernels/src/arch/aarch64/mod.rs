@@ -45,7 +45,8 @@
 //! | Q5_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | Q4_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | Q5_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
-//! | IQ*, TQ*, FP4, Q1_0, Q2_0 | SMULL+SADDLP | SDOT | SDOT (IQ2_XS, IQ2_S: SMMLA 2x2 tiles, odd act/row: SDOT) |
+//! | IQ4_NL, MXFP4 | SMULL+SADDLP | SDOT, 4 rows x 8 acts (codes by TBL) | SMMLA, 4 rows x 8 acts (n = 1: SDOT) |
+//! | other IQ*, TQ*, NVFP4, Q1_0, Q2_0 | SMULL+SADDLP | SDOT | SDOT (IQ2_XS, IQ2_S: SMMLA 2x2 tiles, odd act/row: SDOT) |
 //!
 //! Q8_0, Q4_0, Q3_K, Q4_K, Q5_K and Q6_K also have dotprod/i8mm paths for weights repacked at load
 //! (`formats::repack::Layout::Rows4`, see `legacy_mm` and `rows4`): the same tiles with their
@@ -131,6 +132,24 @@ pub(crate) fn reads_repacked(level: Level, ty: GgmlType) -> bool {
 
 /// Runs `level`'s path for `t`; false when it has none for the tile's type (or its layout).
 fn run(level: Level, t: &mut Tile<'_>) -> bool {
+    // IQ4_NL and MXFP4 keep one integer per 32-element block, as Q8_0 does: on SDOT and SMMLA
+    // they take `legacy_mm`'s quads and tiles (their codes through a table), on NEON `iq`.
+    let by_block = match t.ty() {
+        GgmlType::IQ4_NL => Some(legacy::Legacy::Iq4Nl),
+        GgmlType::MXFP4 => Some(legacy::Legacy::Mxfp4),
+        _ => None,
+    };
+    if let Some(ty) = by_block.filter(|_| level != Level::Neon) {
+        if t.w().layout() != Layout::Gguf {
+            return false;
+        }
+        if t.rows() == 0 || t.n() == 0 || t.k() == 0 {
+            t.out().fill(0.0);
+            return true;
+        }
+        legacy_mm::gemm(level, ty, t);
+        return true;
+    }
     if t.ty().decodes_by_unit() {
         // SAFETY: `run` is only reached through `level`'s capability value.
         return unsafe { iq::gemm(level, t) };
