@@ -55,7 +55,7 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
              "rest), which ggml picks by default on a CPU with i8mm. \"ggml best\" is the "
              "fastest of those; ratio = ggml best / ours best (> 1: ours predicted faster).\n")
     o.append("Weights are in the layout resident copies get for the traced tier "
-             "(`dispatch::resident_layout_for`): Q8_0, Q4_0, Q3_K, Q4_K, Q5_K and Q6_K on dotprod/i8mm are "
+             "(`dispatch::resident_layout_for`): Q8_0, Q4_0, IQ4_NL, MXFP4, Q3_K, Q4_K, Q5_K and Q6_K on dotprod/i8mm are "
              "repacked four rows at a time (`formats::repack`, `Layout::Rows4`), like ggml's "
              "`repack` weights; every other cell reads the file's layout. ggml's `repack` traces "
              "start from activations already interleaved (`ggml_quantize_mat_*` is outside "
@@ -184,6 +184,10 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
                 for _, active in models:
                     for b in (1, 4):
                         ob = _best(idx, "ours", tiers, ty, b, cpu)
+                        if ob is None:
+                            # a subset run (`ARM_BATCHES`) without this batch
+                            cells.append("-")
+                            continue
                         bytes_tok = active * bpw[ty] / 8
                         bw_tok = bw * 1e9 / bytes_tok * b
                         cmp_tok = vcpus * vm["ghz"] * 1e9 / (ob["cycles"] * active / 256)

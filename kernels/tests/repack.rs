@@ -1,4 +1,4 @@
-//! Repacked weights (`formats::repack`, `Layout::Rows4`: Q8_0, Q4_0, Q3_K, Q4_K, Q5_K and Q6_K four rows at a time)
+//! Repacked weights (`formats::repack`, `Layout::Rows4`: Q8_0, Q4_0, IQ4_NL, MXFP4, Q3_K, Q4_K, Q5_K and Q6_K four rows at a time)
 //! give the scalar reference's bits on every tier: the aarch64 SDOT and SMMLA tiers read the
 //! layout directly (checked here against the GGUF bytes' reference, at every activation count
 //! that meets their remainders), every other tier through the scalar fallback's restore. A
@@ -12,9 +12,11 @@ use nightshift_kernels::rng::SplitMix64;
 use nightshift_kernels::{quantize_row, scalar, GgmlType, QMatrix};
 use proptest::prelude::*;
 
-const TYPES: [GgmlType; 6] = [
+const TYPES: [GgmlType; 8] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
+    GgmlType::IQ4_NL,
+    GgmlType::MXFP4,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
@@ -38,6 +40,8 @@ fn first_slices(ty: GgmlType) -> (std::ops::Range<usize>, std::ops::Range<usize>
         GgmlType::Q6_K => (72..264, 264..456),
         // after the scales: row 0's 96 quant bytes, then row 1's
         GgmlType::Q3_K => (56..152, 152..248),
+        // MXFP4's four one-byte scales, then row 0's and row 1's 8-byte k-slices
+        GgmlType::MXFP4 => (4..12, 12..20),
         // the scales take bytes 0..8, then row 0's and row 1's 8-byte k-slices
         _ => (8..16, 16..24),
     }
@@ -57,6 +61,22 @@ fn quantized(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
         if rng.below(8) == 0 {
             // a zero block now and then (d = 0)
             vals[..32].fill(0.0);
+        }
+        if ty == GgmlType::IQ4_NL {
+            // no quantizer here: random codes under the row's f16 scale (a zero block too)
+            for (b, blk) in out[r * wrow..][..wrow].chunks_exact_mut(18).enumerate() {
+                for v in &mut blk[2..] {
+                    *v = rng.next_u64() as u8;
+                }
+                let d = if vals[32 * b..32 * b + 32].iter().all(|&v| v == 0.0) {
+                    0.0
+                } else {
+                    scale / 64.0
+                };
+                let d = nightshift_kernels::formats::f32_to_f16(d);
+                blk[..2].copy_from_slice(&d.to_le_bytes());
+            }
+            continue;
         }
         quantize_row(ty, &vals, &mut out[r * wrow..][..wrow]).expect("quantize");
     }

@@ -4,19 +4,20 @@
 //! [`to_gguf`] convert between the GGUF order and a repacked one (exact inverses, same length:
 //! a repacked copy replaces the GGUF copy, it never adds to it).
 //!
-//! [`Layout::Rows4`] (Q8_0 and Q4_0, a multiple of 4 rows): the rows are taken four at a time,
-//! and for each group `g` and block `b` the four rows' blocks are stored together at
-//! `(g * nb + b) * 4 * block_bytes` (`nb` blocks per row) as
-//! - bytes `0..8`: the four rows' `d` (f16, little-endian), row order;
+//! [`Layout::Rows4`] (Q8_0, Q4_0, IQ4_NL and MXFP4, a multiple of 4 rows): the rows are taken
+//! four at a time, and for each group `g` and block `b` the four rows' blocks are stored
+//! together at `(g * nb + b) * 4 * block_bytes` (`nb` blocks per row) as
+//! - bytes `0..4S`: the four rows' scales (`S` bytes each: `d`, an f16, or MXFP4's E8M0 `e`),
+//!   row order;
 //! - then, for each row pair `p` (rows `2p`, `2p + 1` of the group) and each 8-byte chunk `c` of
-//!   the block's quant bytes (`qs`: Q8_0 32 bytes, 4 chunks; Q4_0 16 bytes, 2 chunks), 16
-//!   bytes at `8 + p * 2 * Q + 16 * c` (`Q` = quant bytes per block): row `2p`'s `qs[8c..8c + 8]`
-//!   then row `2p + 1`'s.
+//!   the block's quant bytes (`qs`: Q8_0 32 bytes, 4 chunks; the 4-bit types 16 bytes, 2
+//!   chunks), 16 bytes at `4S + p * 2 * Q + 16 * c` (`Q` = quant bytes per block): row `2p`'s
+//!   `qs[8c..8c + 8]` then row `2p + 1`'s.
 //!
 //! Each 16-byte run is an SMMLA `A` operand of the row pair as is (two rows' 8-byte k-slices,
-//! `arch::aarch64::i8mm::pair`'s order), and the four `d` load with one FCVTL. Q4_0's runs hold
-//! the packed nibbles: `& 15` gives elements `8c..8c + 8`, `>> 4` elements `16 + 8c..`, of
-//! both rows. The quant bytes and scales are the file's, so the integer sums and the float
+//! `arch::aarch64::i8mm::pair`'s order), and the four f16 `d` load with one FCVTL. The 4-bit
+//! types' runs hold the packed codes: `& 15` gives elements `8c..8c + 8`, `>> 4` elements
+//! `16 + 8c..`, of both rows (IQ4_NL's and MXFP4's codes then go through their value tables). The quant bytes and scales are the file's, so the integer sums and the float
 //! epilogue are exactly those of the GGUF path.
 //!
 //! Q4_K in [`Layout::Rows4`] (a multiple of 4 rows): the four rows' blocks `b` are stored
@@ -76,8 +77,8 @@ pub enum Layout {
     /// Row-major, each row its blocks in order: the file's layout.
     #[default]
     Gguf,
-    /// Four rows' blocks interleaved (see the module documentation): Q8_0, Q4_0, Q3_K, Q4_K,
-    /// Q5_K, Q6_K.
+    /// Four rows' blocks interleaved (see the module documentation): Q8_0, Q4_0, IQ4_NL, MXFP4,
+    /// Q3_K, Q4_K, Q5_K, Q6_K.
     Rows4,
 }
 
@@ -116,18 +117,34 @@ impl Layout {
         }
         Err(KernelError::Layout {
             layout: self.name(),
-            expected: "q8_0, q4_0, q3_k, q4_k, q5_k or q6_k weights in a multiple of 4 rows"
+            expected: "q8_0, q4_0, iq4_nl, mxfp4, q3_k, q4_k, q5_k or q6_k weights in a multiple \
+                       of 4 rows"
                 .to_string(),
             found: format!("{} weights in {rows} rows", ty.name()),
         })
     }
 }
 
+/// The 32-element types [`Layout::Rows4`] takes: (bytes per block, bytes of its one scale,
+/// which precede the quants).
+fn rows4_legacy(ty: GgmlType) -> Option<(usize, usize)> {
+    use crate::formats::{BlockIq4Nl, BlockMxfp4, BlockQ4_0, BlockQ8_0};
+    use std::mem::{offset_of, size_of};
+    match ty {
+        GgmlType::Q8_0 => Some((size_of::<BlockQ8_0>(), offset_of!(BlockQ8_0, qs))),
+        GgmlType::Q4_0 => Some((size_of::<BlockQ4_0>(), offset_of!(BlockQ4_0, qs))),
+        GgmlType::IQ4_NL => Some((size_of::<BlockIq4Nl>(), offset_of!(BlockIq4Nl, qs))),
+        GgmlType::MXFP4 => Some((size_of::<BlockMxfp4>(), offset_of!(BlockMxfp4, qs))),
+        _ => None,
+    }
+}
+
 /// Bytes per block of a type [`Layout::Rows4`] takes.
 fn rows4_block(ty: GgmlType) -> Option<usize> {
+    if let Some((bb, _)) = rows4_legacy(ty) {
+        return Some(bb);
+    }
     match ty {
-        GgmlType::Q8_0 => Some(34),
-        GgmlType::Q4_0 => Some(18),
         GgmlType::Q4_K => Some(144),
         GgmlType::Q5_K => Some(176),
         GgmlType::Q3_K => Some(110),
@@ -201,12 +218,20 @@ fn rows4_at(ty: GgmlType, bb: usize, h: usize, i: usize) -> usize {
         return rows4_q3_at(h, i);
     }
     let (p, r) = (h / 2, h % 2);
-    if i < 2 {
-        return 2 * h + i;
+    // `rows4_block` admits no other type
+    let sb = rows4_legacy(ty).map_or(2, |(_, sb)| sb);
+    if i < sb {
+        return sb * h + i;
     }
-    let q = bb - 2;
-    let (c, e) = ((i - 2) / 8, (i - 2) % 8);
-    8 + p * 2 * q + 16 * c + 8 * r + e
+    let q = bb - sb;
+    let (c, e) = ((i - sb) / 8, (i - sb) % 8);
+    ROWS4 * sb + p * 2 * q + 16 * c + 8 * r + e
+}
+
+/// Where the quants of a [`Layout::Rows4`] group block of a 32-element type start (after the
+/// four rows' scales); None for the other types.
+pub fn rows4_quants_at(ty: GgmlType) -> Option<usize> {
+    rows4_legacy(ty).map(|(_, sb)| ROWS4 * sb)
 }
 
 /// `w` (GGUF order) in `layout`, written to `dst` (exactly `w.bytes().len()` bytes); returns the
@@ -295,6 +320,8 @@ mod tests {
         for ty in [
             GgmlType::Q8_0,
             GgmlType::Q4_0,
+            GgmlType::IQ4_NL,
+            GgmlType::MXFP4,
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q3_K,
@@ -316,6 +343,27 @@ mod tests {
             b.sort_unstable();
             assert_eq!(a, b, "{ty:?}: a permutation of the bytes");
         }
+    }
+
+    #[test]
+    fn rows4_places_one_byte_scales_then_row_pairs() {
+        // MXFP4: 17-byte blocks, a 1-byte scale `e`, then 16 bytes of codes
+        let (rows, k, bb) = (4, 32, 17);
+        let ty = GgmlType::MXFP4;
+        let src = matrix(ty, rows, k);
+        let w = QMatrix::new(ty, rows, k, &src).expect("matrix");
+        let mut packed = vec![0u8; src.len()];
+        repack(&w, Layout::Rows4, &mut packed).expect("repack");
+        let e: Vec<u8> = (0..4).map(|h| src[h * bb]).collect();
+        assert_eq!(packed[..4], e[..]);
+        // pair 0: row 0's codes 0..8, row 1's 0..8, row 0's 8..16, row 1's 8..16
+        assert_eq!(packed[4..12], src[1..9]);
+        assert_eq!(packed[12..20], src[bb + 1..bb + 9]);
+        assert_eq!(packed[20..28], src[9..17]);
+        // pair 1 ends the group with row 3's codes 8..16
+        assert_eq!(packed[60..68], src[3 * bb + 9..4 * bb]);
+        assert_eq!(rows4_quants_at(ty), Some(4));
+        assert_eq!(rows4_quants_at(GgmlType::IQ4_NL), Some(8));
     }
 
     #[test]

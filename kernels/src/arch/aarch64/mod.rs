@@ -13,8 +13,9 @@
 //! - [`driver`]: the loops over weight rows, activation rows and blocks, and the epilogues;
 //! - [`kquant`]: what `driver` and `split` share (kinds, Q8_K layout, the float accumulator);
 //! - [`legacy`]: Q8_0/Q4_0/Q5_0 x Q8_0 and Q4_1/Q5_1 x Q8_1 (one integer per block of 32: SDOT/SMMLA apply as is);
-//!   [`legacy_mm`]: their dotprod and i8mm tiers, 4 weight rows x 8 activation rows per decoded
-//!   block (SDOT quads; SMMLA tiles of two row pairs x four activation pairs);
+//!   [`legacy_mm`] and [`legacy_dot`]: their dotprod and i8mm tiers (IQ4_NL and MXFP4 too, their
+//!   codes by `TBL`), 4 weight rows x 8 activation rows per decoded block (SMMLA tiles of two
+//!   row pairs x four activation pairs; SDOT quads);
 //! - [`split`]: Q3_K/Q4_K/Q5_K on SDOT (and Q3_K, Q4_K, Q5_K, Q6_K on SMMLA), with lane-grouped element
 //!   orders so that a multiply-sum instruction never mixes two reference lanes;
 //!   [`rows4`], [`rows4_q3`], [`rows4_q6`]: the same for Q4_K/Q5_K, Q3_K and Q6_K weights
@@ -48,7 +49,7 @@
 //! | IQ4_NL, MXFP4 | SMULL+SADDLP | SDOT, 4 rows x 8 acts (codes by TBL) | SMMLA, 4 rows x 8 acts (n = 1: SDOT) |
 //! | other IQ*, TQ*, NVFP4, Q1_0, Q2_0 | SMULL+SADDLP | SDOT | SDOT (IQ2_XS, IQ2_S: SMMLA 2x2 tiles, odd act/row: SDOT) |
 //!
-//! Q8_0, Q4_0, Q3_K, Q4_K, Q5_K and Q6_K also have dotprod/i8mm paths for weights repacked at load
+//! Q8_0, Q4_0, IQ4_NL, MXFP4, Q3_K, Q4_K, Q5_K and Q6_K also have dotprod/i8mm paths for weights repacked at load
 //! (`formats::repack::Layout::Rows4`, see `legacy_mm` and `rows4`): the same tiles with their
 //! operands loaded (Q4_K/Q5_K: unpacked with zips and de-interleaving loads, no table lookups),
 //! not interleaved per call; repacked Q4_K/Q5_K take SDOT with the group scales applied to
@@ -76,6 +77,7 @@ mod i8mm;
 mod iq;
 mod kquant;
 mod legacy;
+mod legacy_dot;
 mod legacy_mm;
 mod neon;
 mod rows4;
@@ -113,7 +115,7 @@ fn has_path(ty: GgmlType) -> bool {
 }
 
 /// Whether `level` has a path for `ty` weights repacked by `formats::repack` ([`Layout::Rows4`]:
-/// Q8_0 and Q4_0 on the SDOT and SMMLA tiers, `legacy_mm`; Q3_K, Q4_K, Q5_K and Q6_K on both,
+/// Q8_0, Q4_0, IQ4_NL and MXFP4 on the SDOT and SMMLA tiers, `legacy_mm`; Q3_K, Q4_K, Q5_K and Q6_K on both,
 /// `rows4`, `rows4_q3` and `rows4_q6`), so
 /// that resident copies for `level` are repacked (`dispatch::resident_layout_for`): every such
 /// path is predicted faster than the file order's (`benches/arm/REPORT.md`).
@@ -123,6 +125,8 @@ pub(crate) fn reads_repacked(level: Level, ty: GgmlType) -> bool {
             ty,
             GgmlType::Q8_0
                 | GgmlType::Q4_0
+                | GgmlType::IQ4_NL
+                | GgmlType::MXFP4
                 | GgmlType::Q3_K
                 | GgmlType::Q4_K
                 | GgmlType::Q5_K
@@ -140,7 +144,7 @@ fn run(level: Level, t: &mut Tile<'_>) -> bool {
         _ => None,
     };
     if let Some(ty) = by_block.filter(|_| level != Level::Neon) {
-        if t.w().layout() != Layout::Gguf {
+        if t.w().layout() != Layout::Gguf && !reads_repacked(level, t.ty()) {
             return false;
         }
         if t.rows() == 0 || t.n() == 0 || t.k() == 0 {
