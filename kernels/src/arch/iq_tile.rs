@@ -60,10 +60,11 @@ pub trait IqKind {
     }
 }
 
-/// Byte j of `SIGN_MASK[s]` is 0xff when bit j of `s` is set.
-static SIGN_MASK: [u64; 256] = sign_masks();
+/// Byte j of `SIGN_MASK[s]` is 0xff when bit j of `s` is set (also the aarch64 NEON decoders'
+/// sign masks, `arch::aarch64::iq_decode`).
+pub(crate) static SIGN_MASK: [u64; 256] = sign_masks();
 
-const fn sign_masks() -> [u64; 256] {
+pub(crate) const fn sign_masks() -> [u64; 256] {
     let mut t = [0u64; 256];
     let mut s = 0;
     while s < 256 {

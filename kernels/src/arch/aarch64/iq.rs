@@ -1,5 +1,7 @@
 //! The i-quant, ternary, FP4 and Q1_0/Q2_0 GEMM path of the aarch64 tiers. Weight units are decoded to signed
-//! bytes by the shared `arch::iq_tile` (which also holds the loops and the float epilogues);
+//! bytes by the shared `arch::iq_tile` (which also holds the loops and the float epilogues),
+//! IQ2_XXS/IQ2_XS/IQ2_S/IQ3_XXS by the NEON decoders of `iq_decode`, and on the SDOT tiers
+//! IQ2_XXS and IQ3_XXS take `iq_decode`'s fused path instead (no decoded copy, no core here);
 //! this file has the integer cores that give the sixteen 16-element group sums: NEON widens
 //! with SMULL (a product of a weight, |w| <= 127, and an activation, |x| <= 128, fits in int16)
 //! and pairwise-adds to int32; dotprod uses SDOT (four products per int32 lane), four groups'
@@ -16,6 +18,7 @@ use core::arch::aarch64::*;
 
 use super::dotprod::sdot;
 use super::i8mm::smmla;
+use super::iq_decode;
 use super::Level;
 use crate::arch::iq_tile::{self, act_chunk_offset, Sums};
 use crate::formats::QK_K;
@@ -182,12 +185,31 @@ pub(super) unsafe fn gemm(level: Level, t: &mut Tile<'_>) -> bool {
     // SAFETY: `level`'s capability exists: NEON always, SDOT for Dotprod and I8mm.
     unsafe {
         match level {
-            Level::Neon => iq_tile::gemm(&NeonSums, t),
-            Level::Dotprod => iq_tile::gemm(&SdotSums, t),
+            Level::Neon => run(&NeonSums, t),
+            Level::Dotprod => iq_decode::gemm_sdot(t).unwrap_or_else(|| run(&SdotSums, t)),
             Level::I8mm => match t.ty() {
-                GgmlType::IQ2_XS | GgmlType::IQ2_S => iq_tile::gemm(&SmmlaSums, t),
-                _ => iq_tile::gemm(&SdotSums, t),
+                GgmlType::IQ2_XXS | GgmlType::IQ3_XXS => {
+                    iq_decode::gemm_sdot(t).unwrap_or_else(|| run(&SdotSums, t))
+                }
+                GgmlType::IQ2_XS | GgmlType::IQ2_S => run(&SmmlaSums, t),
+                _ => run(&SdotSums, t),
             },
+        }
+    }
+}
+
+/// `core` on the NEON decoders of `iq_decode` where it has one for the type, else on the
+/// portable decoders of `iq_tile`.
+///
+/// # Safety
+/// The CPU must have whatever `core` requires.
+#[inline(always)]
+unsafe fn run<S: Sums>(core: &S, t: &mut Tile<'_>) -> bool {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match iq_decode::gemm(core, t) {
+            Some(done) => done,
+            None => iq_tile::gemm(core, t),
         }
     }
 }
