@@ -531,8 +531,8 @@ unsafe fn gemm_fused<F: Fused>(
     true
 }
 
-/// The fused SDOT path ([`gemm_fused`]) of IQ2_XXS, IQ3_XXS, IQ2_XS, IQ2_S and IQ1_S; `None`
-/// for any other type.
+/// The fused SDOT path ([`gemm_fused`]) of IQ2_XXS, IQ3_XXS, IQ2_XS, IQ2_S, IQ1_S and IQ4_XS;
+/// `None` for any other type.
 ///
 /// # Safety
 /// The CPU must implement FEAT_DotProd.
