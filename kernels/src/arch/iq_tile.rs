@@ -60,10 +60,11 @@ pub trait IqKind {
     }
 }
 
-/// Byte j of `SIGN_MASK[s]` is 0xff when bit j of `s` is set.
-static SIGN_MASK: [u64; 256] = sign_masks();
+/// Byte j of `SIGN_MASK[s]` is 0xff when bit j of `s` is set (also the aarch64 NEON decoders'
+/// sign masks, `arch::aarch64::iq_decode`).
+pub(crate) static SIGN_MASK: [u64; 256] = sign_masks();
 
-const fn sign_masks() -> [u64; 256] {
+pub(crate) const fn sign_masks() -> [u64; 256] {
     let mut t = [0u64; 256];
     let mut s = 0;
     while s < 256 {
@@ -547,35 +548,6 @@ pub(crate) trait Sums {
     fn nl_values(&self, table: &[i8; 16], qs: &[u8], out: &mut [i8; QK_K], at: usize) {
         nl_values(table, qs, out, at);
     }
-
-    /// Whether [`Sums::sums2x2`] is the core's own (2 weight rows x 2 activation rows at once,
-    /// as SMMLA computes them); the driver then walks the rows and activations in pairs.
-    const TILE: bool = false;
-
-    /// The group sums of two weight units against two activation units, in the order
-    /// `[w0.x0, w0.x1, w1.x0, w1.x1]`.
-    ///
-    /// # Safety
-    /// As [`Sums::sums`], for both `x0` and `x1`.
-    #[inline(always)]
-    unsafe fn sums2x2(
-        &self,
-        w0: &[i8; QK_K],
-        w1: &[i8; QK_K],
-        x0: *const u8,
-        x1: *const u8,
-        act: GgmlType,
-    ) -> [[i32; 16]; 4] {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            [
-                self.sums(w0, x0, act),
-                self.sums(w0, x1, act),
-                self.sums(w1, x0, act),
-                self.sums(w1, x1, act),
-            ]
-        }
-    }
 }
 
 /// `out[r * n + j] = W[r] . x[j]` for one kind on one tier's integer core: each weight unit
@@ -599,11 +571,6 @@ pub(crate) unsafe fn gemm_units<K: IqKind, S: Sums>(
     };
     let x_row = per_row / K::UNIT * K::X_UNIT;
     if n == 0 {
-        return true;
-    }
-    if S::TILE {
-        // SAFETY: forwarded from the caller; the lengths are checked above.
-        unsafe { gemm_tiles::<K, S>(core, wb, xb, per_row, n, out) };
         return true;
     }
     let act = <K::X as Block>::TYPE;
@@ -659,88 +626,6 @@ pub(crate) fn unit_blocks<'a, K: IqKind>(
         && Some(xb.len()) == n.checked_mul(x_row)
         && Some(out.len()) == rows.checked_mul(n);
     fits.then_some((wb, xb, per_row))
-}
-
-/// [`gemm_units`] for a core with its own 2x2 tile: rows and activations in pairs (an odd last
-/// row or activation through the single sums). Each cell still sees its units in order, so its
-/// float epilogues run in the reference order.
-///
-/// # Safety
-/// As [`gemm_units`]; `wb`, `xb` and `out` hold whole rows (`per_row` blocks, `n` outputs).
-#[inline(always)]
-unsafe fn gemm_tiles<K: IqKind, S: Sums>(
-    core: &S,
-    wb: &[K::W],
-    xb: &[K::X],
-    per_row: usize,
-    n: usize,
-    out: &mut [f32],
-) {
-    let act = <K::X as Block>::TYPE;
-    let mut dec = [Decoded::default(), Decoded::default()];
-    let zero = [[0i32; 16]; 4];
-    out.fill(0.0);
-    let unit = |r: usize, u: usize| r * per_row + u * K::UNIT;
-    let x_row = per_row / K::UNIT * K::X_UNIT;
-    let xunit = |j: usize, u: usize| &xb[j * x_row + u * K::X_UNIT..][..K::X_UNIT];
-    let rows = wb.len() / per_row;
-    for r0 in (0..rows).step_by(2) {
-        let pair = r0 + 1 < rows;
-        for u in 0..per_row / K::UNIT {
-            let w0 = &wb[unit(r0, u)..][..K::UNIT];
-            K::decode(core, w0, &mut dec[0]);
-            let w1 = if pair {
-                let w1 = &wb[unit(r0 + 1, u)..][..K::UNIT];
-                K::decode(core, w1, &mut dec[1]);
-                w1
-            } else {
-                w0
-            };
-            let mut j = 0;
-            while j < n {
-                let x0 = xunit(j, u);
-                if pair && j + 1 < n {
-                    let x1 = xunit(j + 1, u);
-                    let (p0, p1) = (x0.as_ptr() as *const u8, x1.as_ptr() as *const u8);
-                    // SAFETY: forwarded core features; x0 and x1 are whole activation units.
-                    let s = unsafe { core.sums2x2(&dec[0].w, &dec[1].w, p0, p1, act) };
-                    let s2 = if K::HAS_W2 {
-                        // SAFETY: as above.
-                        unsafe { core.sums2x2(&dec[0].w2, &dec[1].w2, p0, p1, act) }
-                    } else {
-                        zero
-                    };
-                    let cells = [
-                        (0, w0, x0, j),
-                        (0, w0, x1, j + 1),
-                        (1, w1, x0, j),
-                        (1, w1, x1, j + 1),
-                    ];
-                    for (c, (dr, wu, xu, jj)) in cells.into_iter().enumerate() {
-                        K::epilogue(wu, xu, &s[c], &s2[c], &mut out[(r0 + dr) * n + jj]);
-                    }
-                    j += 2;
-                } else {
-                    let p0 = x0.as_ptr() as *const u8;
-                    for (dr, wu) in [w0, w1].into_iter().enumerate().take(1 + pair as usize) {
-                        // SAFETY: forwarded core features; x0 is a whole activation unit.
-                        let s = unsafe { core.sums(&dec[dr].w, p0, act) };
-                        let s2 = if K::HAS_W2 {
-                            // SAFETY: as above.
-                            unsafe { core.sums(&dec[dr].w2, p0, act) }
-                        } else {
-                            zero[0]
-                        };
-                        K::epilogue(wu, x0, &s, &s2, &mut out[(r0 + dr) * n + j]);
-                    }
-                    j += 1;
-                }
-            }
-        }
-    }
-    for acc in out.iter_mut() {
-        *acc = K::finish(*acc);
-    }
 }
 
 /// Runs [`gemm_units`] for the kind of `ty`; false for a type without a kind here.

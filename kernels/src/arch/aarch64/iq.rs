@@ -1,22 +1,26 @@
-//! The i-quant, ternary, FP4 and Q1_0/Q2_0 GEMM path of the aarch64 tiers. Weight units are decoded to signed
-//! bytes by the shared `arch::iq_tile` (which also holds the loops and the float epilogues);
-//! this file has the integer cores that give the sixteen 16-element group sums: NEON widens
-//! with SMULL (a product of a weight, |w| <= 127, and an activation, |x| <= 128, fits in int16)
-//! and pairwise-adds to int32; dotprod uses SDOT (four products per int32 lane), four groups'
-//! lanes reduced together by pairwise adds. i8mm runs the SDOT core too, except for IQ2_XS and
-//! IQ2_S: there it walks 2 weight rows x 2 activation rows and gets each 16-element group of
-//! all four pairs from two SMMLA (eight products per lane), the odd row or activation on SDOT.
-//! The SMMLA tile's four cells each take their own float epilogue, and its lanes come out per
-//! pair, not per group: on the Neoverse N2 model that costs more than the SDOTs it saves for
-//! every type whose decode is cheap (`benches/arm`'s method, batch 4, cycles per 256 weights,
-//! SMMLA vs SDOT: IQ4_NL 65 vs 60, MXFP4 81 vs 59, TQ2_0 52 vs 38 (IQ4_NL and MXFP4 have since
-//! left this path on dotprod and i8mm for `legacy_mm`'s quads and tiles); IQ2_XS 110 vs 119 and IQ2_S
-//! 110 vs 114 the other way on N2, though not on V2: 86 vs 81 and 88 vs 77).
+//! The i-quant, ternary, FP4 and Q1_0/Q2_0 GEMM path of the aarch64 tiers. On the SDOT tiers
+//! (dotprod, and i8mm, which runs the same code) IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ1_S and
+//! IQ4_XS take `iq_decode`'s fused path (decode straight into SDOT operands, scales as
+//! vectors). Every other type, and all of them on NEON, have their weight units decoded to
+//! signed bytes by the shared `arch::iq_tile` (which also holds the loops and the float
+//! epilogues; IQ2_XXS/IQ2_XS/IQ3_XXS by `iq_decode`'s NEON decoders), and this file has
+//! the integer cores that give the sixteen 16-element group sums: NEON widens with SMULL (a
+//! product of a weight, |w| <= 127, and an activation, |x| <= 128, fits in int16) and
+//! pairwise-adds to int32; dotprod uses SDOT (four products per int32 lane), four groups'
+//! lanes reduced together by pairwise adds. i8mm has no SMMLA path here: its 2x2 tile (two
+//! weight rows x two activation rows, the lanes per pair rather than per group, each cell its
+//! own float epilogue) cost more than SDOT on the Neoverse N2 model for every type whose
+//! decode is cheap (`benches/arm`'s method, batch 4, cycles per 256 weights, SMMLA vs SDOT:
+//! IQ4_NL 65 vs 60, MXFP4 81 vs 59, TQ2_0 52 vs 38; IQ4_NL and MXFP4 have since left this
+//! path on dotprod and i8mm for `legacy_mm`'s tiles and `legacy_dot`'s quads), and for IQ2_XS
+//! and IQ2_S, the two it
+//! still served (N2 batch 1 / 4: 187 / 108 and 185 / 109), the fused SDOT path takes
+//! 74 / 44 and 83 / 46.
 
 use core::arch::aarch64::*;
 
 use super::dotprod::sdot;
-use super::i8mm::smmla;
+use super::iq_decode;
 use super::Level;
 use crate::arch::iq_tile::{self, act_chunk_offset, Sums};
 use crate::formats::QK_K;
@@ -120,60 +124,6 @@ impl Sums for SdotSums {
     }
 }
 
-struct SmmlaSums;
-
-impl Sums for SmmlaSums {
-    #[inline(always)]
-    fn nl_values(&self, table: &[i8; 16], qs: &[u8], out: &mut [i8; QK_K], at: usize) {
-        nl_tbl(table, qs, out, at);
-    }
-
-    const TILE: bool = true;
-
-    #[inline(always)]
-    unsafe fn sums(&self, w: &[i8; QK_K], xu: *const u8, act: GgmlType) -> [i32; 16] {
-        // SAFETY: forwarded (the i8mm capability includes SDOT).
-        unsafe { SdotSums.sums(w, xu, act) }
-    }
-
-    #[inline(always)]
-    unsafe fn sums2x2(
-        &self,
-        w0: &[i8; QK_K],
-        w1: &[i8; QK_K],
-        x0: *const u8,
-        x1: *const u8,
-        act: GgmlType,
-    ) -> [[i32; 16]; 4] {
-        let mut s = [[0i32; 16]; 4];
-        for g in 0..16 {
-            // SAFETY: forwarded: valid units and a CPU with SMMLA; the rest is NEON.
-            unsafe {
-                let (a0, b0) = load(w0, x0, act, g);
-                let (a1, b1) = load(w1, x1, act, g);
-                let (a0, a1) = (vreinterpretq_s64_s8(a0), vreinterpretq_s64_s8(a1));
-                let (b0, b1) = (vreinterpretq_s64_s8(b0), vreinterpretq_s64_s8(b1));
-                // [w0 bytes 0..8 | w1 bytes 0..8] x [x0 bytes 0..8 | x1 bytes 0..8], then 8..16
-                let lo = smmla(
-                    vdupq_n_s32(0),
-                    vreinterpretq_s8_s64(vzip1q_s64(a0, a1)),
-                    vreinterpretq_s8_s64(vzip1q_s64(b0, b1)),
-                );
-                let acc = smmla(
-                    lo,
-                    vreinterpretq_s8_s64(vzip2q_s64(a0, a1)),
-                    vreinterpretq_s8_s64(vzip2q_s64(b0, b1)),
-                );
-                s[0][g] = vgetq_lane_s32::<0>(acc);
-                s[1][g] = vgetq_lane_s32::<1>(acc);
-                s[2][g] = vgetq_lane_s32::<2>(acc);
-                s[3][g] = vgetq_lane_s32::<3>(acc);
-            }
-        }
-        s
-    }
-}
-
 /// The i-quant and ternary types' path on `level`; false for any other type (or unusable
 /// lengths).
 ///
@@ -183,12 +133,26 @@ pub(super) unsafe fn gemm(level: Level, t: &mut Tile<'_>) -> bool {
     // SAFETY: `level`'s capability exists: NEON always, SDOT for Dotprod and I8mm.
     unsafe {
         match level {
-            Level::Neon => iq_tile::gemm(&NeonSums, t),
-            Level::Dotprod => iq_tile::gemm(&SdotSums, t),
-            Level::I8mm => match t.ty() {
-                GgmlType::IQ2_XS | GgmlType::IQ2_S => iq_tile::gemm(&SmmlaSums, t),
-                _ => iq_tile::gemm(&SdotSums, t),
-            },
+            Level::Neon => run(&NeonSums, t),
+            Level::Dotprod | Level::I8mm => {
+                iq_decode::gemm_sdot(t).unwrap_or_else(|| run(&SdotSums, t))
+            }
+        }
+    }
+}
+
+/// `core` on the NEON decoders of `iq_decode` where it has one for the type, else on the
+/// portable decoders of `iq_tile`.
+///
+/// # Safety
+/// The CPU must have whatever `core` requires.
+#[inline(always)]
+unsafe fn run<S: Sums>(core: &S, t: &mut Tile<'_>) -> bool {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match iq_decode::gemm(core, t) {
+            Some(done) => done,
+            None => iq_tile::gemm(core, t),
         }
     }
 }

@@ -47,7 +47,9 @@
 //! | Q4_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | Q5_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | IQ4_NL, MXFP4 | SMULL+SADDLP | SDOT, 4 rows x 8 acts (codes by TBL) | SMMLA, 4 rows x 8 acts (n = 1: SDOT) |
-//! | other IQ*, TQ*, NVFP4, Q1_0, Q2_0 | SMULL+SADDLP | SDOT | SDOT (IQ2_XS, IQ2_S: SMMLA 2x2 tiles, odd act/row: SDOT) |
+//! | IQ2_XXS, IQ2_XS, IQ3_XXS | SMULL+SADDLP, NEON decode | SDOT, decode fused | SDOT, decode fused |
+//! | IQ2_S, IQ1_S, IQ4_XS | SMULL+SADDLP | SDOT, decode fused | SDOT, decode fused |
+//! | other IQ*, TQ*, NVFP4, Q1_0, Q2_0 | SMULL+SADDLP | SDOT | SDOT |
 //!
 //! Q8_0, Q4_0, IQ4_NL, MXFP4, Q3_K, Q4_K, Q5_K and Q6_K also have dotprod/i8mm paths for weights repacked at load
 //! (`formats::repack::Layout::Rows4`, see `legacy_mm` and `rows4`): the same tiles with their
@@ -62,7 +64,10 @@
 //! NEON declines repacked weights ([`reads_repacked`]).
 //!
 //! The i-quants and ternary types ([`iq`]) decode each block to signed bytes with the portable
-//! `arch::iq_tile` and need only 16-element group sums from a core.
+//! `arch::iq_tile` (IQ2_XXS, IQ2_XS, IQ3_XXS: with the NEON decoders of [`iq_decode`]) and
+//! need only 16-element group sums from a core; on SDOT, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+//! IQ1_S and IQ4_XS skip the decoded copy: `iq_decode` fuses their decode into the dot
+//! products.
 //!
 //! The loops walk the weight rows one (or two adjacent) at a time, a sequential stream the
 //! hardware prefetchers follow, so unlike the x86 tiers (`x86_64::kblock::prefetch_span`) they
@@ -75,6 +80,7 @@ mod dotprod;
 mod driver;
 mod i8mm;
 mod iq;
+mod iq_decode;
 mod kquant;
 mod legacy;
 mod legacy_dot;
