@@ -63,16 +63,9 @@ fn nl_tbl(table: &[i8; 16], qs: &[u8], out: &mut [i8; QK_K], at: usize) {
     let (qs, dst) = (&qs[..16], &mut out[at..at + 32]);
     // SAFETY: NEON is baseline on aarch64; `qs` and `dst` are bounds-checked 16 and 32 bytes.
     unsafe {
-        let table = vld1q_s8(table.as_ptr());
-        let q = vld1q_u8(qs.as_ptr());
-        vst1q_s8(
-            dst.as_mut_ptr(),
-            vqtbl1q_s8(table, vandq_u8(q, vdupq_n_u8(0x0f))),
-        );
-        vst1q_s8(
-            dst.as_mut_ptr().add(16),
-            vqtbl1q_s8(table, vshrq_n_u8::<4>(q)),
-        );
+        let (lo, hi) = super::neon::nibble_values(table, vld1q_u8(qs.as_ptr()));
+        vst1q_s8(dst.as_mut_ptr(), lo);
+        vst1q_s8(dst.as_mut_ptr().add(16), hi);
     }
 }
 

@@ -416,19 +416,15 @@ impl Fused for FIq4Xs {
     type U = Iq4Unit;
     #[inline(always)]
     fn weights(b: &BlockIq4Xs) -> [int8x16_t; 16] {
-        // SAFETY: NEON is baseline on aarch64; `qs` is 128 bytes, read 16 at a time in bounds.
-        unsafe {
-            let t = vld1q_s8(KVALUES_IQ4NL.as_ptr());
-            core::array::from_fn(|i| {
-                let q = vld1q_u8(b.qs.as_ptr().add(16 * (i / 2)));
-                let c = if i % 2 == 0 {
-                    vandq_u8(q, vdupq_n_u8(15))
-                } else {
-                    vshrq_n_u8::<4>(q)
-                };
-                vqtbl1q_s8(t, c)
-            })
+        // SAFETY: NEON is baseline on aarch64.
+        let mut w = [unsafe { vdupq_n_s8(0) }; 16];
+        for j in 0..8 {
+            // SAFETY: NEON is baseline on aarch64; `qs` is 128 bytes, read 16 at a time in
+            // bounds (j < 8).
+            let q = unsafe { vld1q_u8(b.qs.as_ptr().add(16 * j)) };
+            (w[2 * j], w[2 * j + 1]) = super::neon::nibble_values(&KVALUES_IQ4NL, q);
         }
+        w
     }
     #[inline(always)]
     fn unit(b: &BlockIq4Xs) -> Iq4Unit {

@@ -12,7 +12,7 @@
 
 use core::arch::aarch64::*;
 
-use super::neon::ld_s8;
+use super::neon::{ld_s8, nibble_values};
 use super::{neon, Level};
 use crate::formats::{e8m0_to_f32_half, BlockIq4Nl, BlockMxfp4, KVALUES_FP4, KVALUES_IQ4NL};
 use crate::Tile;
@@ -114,9 +114,14 @@ impl Legacy {
         // IQ4_NL (18 bytes: d, qs[16]) and MXFP4 (17: e, qs[16]): element j is the value of
         // the low nibble of qs[j], element j + 16 that of its high nibble.
         if let Some((values, at)) = self.table() {
-            let (lo, hi) = nibble_values(values, ld_s8(wb, at));
-            put(buf, 0, lo);
-            put(buf, 16, hi);
+            // SAFETY: reinterpretations.
+            let q = unsafe { vreinterpretq_u8_s8(ld_s8(wb, at)) };
+            let (lo, hi) = nibble_values(values, q);
+            // SAFETY: reinterpretations.
+            unsafe {
+                put(buf, 0, vreinterpretq_u8_s8(lo));
+                put(buf, 16, vreinterpretq_u8_s8(hi));
+            }
             return &buf[..];
         }
         let (qs_at, qh_at, off) = match self {
@@ -161,20 +166,6 @@ impl Legacy {
                 sumf + ((dw * dx) * sumi as f32 + mw * sx)
             }
         }
-    }
-}
-
-/// The values of the low and the high nibbles of `q`'s 16 bytes, one `TBL` of `values` each.
-#[inline(always)]
-pub(super) fn nibble_values(values: &[i8; 16], q: int8x16_t) -> (uint8x16_t, uint8x16_t) {
-    // SAFETY: `values` is 16 readable bytes; the rest is NEON register arithmetic.
-    unsafe {
-        let t = vld1q_u8(values.as_ptr().cast::<u8>());
-        let q = vreinterpretq_u8_s8(q);
-        (
-            vqtbl1q_u8(t, vandq_u8(q, vdupq_n_u8(15))),
-            vqtbl1q_u8(t, vshrq_n_u8::<4>(q)),
-        )
     }
 }
 

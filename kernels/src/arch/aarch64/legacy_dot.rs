@@ -10,11 +10,11 @@
 use core::arch::aarch64::*;
 
 use super::dotprod::sdot;
-use super::legacy::{nibble_values, Legacy};
+use super::legacy::Legacy;
 use super::legacy_mm::{
     epilogue, f16x4, get, packed_quants, put, weight_d4, weight_d4_run, SCRATCH, TYPES,
 };
-use super::neon::{ld_s8, MAGIC_BITS};
+use super::neon::{ld_s8, nibble_values, MAGIC_BITS};
 use crate::formats::repack::ROWS4;
 
 /// Bytes of one prepared (block, activation row) for the SDOT quads: quants (32), start value
@@ -71,9 +71,10 @@ fn row_quants(ty: Legacy, wb: &[u8], buf: &mut [u8; 32]) -> [int8x16_t; 2] {
             let Some((values, at)) = ty.table() else {
                 unreachable!("a table type")
             };
-            let (lo, hi) = nibble_values(values, ld_s8(wb, at));
-            // SAFETY: NEON register arithmetic only.
-            unsafe { [vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)] }
+            // SAFETY: a reinterpretation.
+            let q = unsafe { vreinterpretq_u8_s8(ld_s8(wb, at)) };
+            let (lo, hi) = nibble_values(values, q);
+            [lo, hi]
         }
         _ => {
             let q = ty.quants(wb, buf);

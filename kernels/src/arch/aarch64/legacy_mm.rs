@@ -31,8 +31,8 @@ use core::arch::asm;
 use std::cell::RefCell;
 
 use super::i8mm::{pair, smmla};
-use super::legacy::{nibble_values, Legacy};
-use super::neon::{from_magic, ld_s8, MAGIC_BITS};
+use super::legacy::Legacy;
+use super::neon::{from_magic, ld_s8, nibble_values, MAGIC_BITS};
 use super::Level;
 use crate::formats::repack::{Layout, ROWS4};
 use crate::Tile;
@@ -146,17 +146,16 @@ fn packed_pair(ty: Legacy, blk: &[u8], p: usize) -> [int8x16_t; 4] {
             };
             // the four rows' scales (`at` bytes each) come first
             let q = ROWS4 * at + 32 * p;
-            let (l0, h0) = nibble_values(values, ld_s8(blk, q));
-            let (l1, h1) = nibble_values(values, ld_s8(blk, q + 16));
-            // SAFETY: NEON register arithmetic only.
-            unsafe {
-                [
-                    vreinterpretq_s8_u8(l0),
-                    vreinterpretq_s8_u8(l1),
-                    vreinterpretq_s8_u8(h0),
-                    vreinterpretq_s8_u8(h1),
-                ]
-            }
+            // SAFETY: reinterpretations.
+            let (v0, v1) = unsafe {
+                (
+                    vreinterpretq_u8_s8(ld_s8(blk, q)),
+                    vreinterpretq_u8_s8(ld_s8(blk, q + 16)),
+                )
+            };
+            let (l0, h0) = nibble_values(values, v0);
+            let (l1, h1) = nibble_values(values, v1);
+            [l0, l1, h0, h1]
         }
         Legacy::Q4_0 => {
             let (lo, hi) = (ld_s8(blk, 8 + 32 * p), ld_s8(blk, 8 + 32 * p + 16));
@@ -257,17 +256,11 @@ fn pair_quants(ty: Legacy, w0: &[u8], w1: &[u8], bufs: &mut [[u8; 32]; 2]) -> [i
             };
             // as Q4_0's, each nibble through the table instead of as is
             let (lo, hi) = pair(ld_s8(w0, at), ld_s8(w1, at));
+            // SAFETY: reinterpretations.
+            let (lo, hi) = unsafe { (vreinterpretq_u8_s8(lo), vreinterpretq_u8_s8(hi)) };
             let (l0, h0) = nibble_values(values, lo);
             let (l1, h1) = nibble_values(values, hi);
-            // SAFETY: NEON register arithmetic only.
-            unsafe {
-                [
-                    vreinterpretq_s8_u8(l0),
-                    vreinterpretq_s8_u8(l1),
-                    vreinterpretq_s8_u8(h0),
-                    vreinterpretq_s8_u8(h1),
-                ]
-            }
+            [l0, l1, h0, h1]
         }
         _ => {
             let [b0, b1] = bufs;

@@ -27,6 +27,20 @@ pub(crate) fn from_magic(acc: int32x4_t) -> float32x4_t {
 }
 
 /// Loads 16 signed bytes at `p[at..at + 16]`.
+/// The values of the low and the high nibbles of `q`'s 16 bytes, each through one 16-entry
+/// `TBL` of `values` (IQ4_NL's, IQ4_XS's and MXFP4's codes).
+#[inline(always)]
+pub(crate) fn nibble_values(values: &[i8; 16], q: uint8x16_t) -> (int8x16_t, int8x16_t) {
+    // SAFETY: `values` is 16 readable bytes; the rest is NEON register arithmetic.
+    unsafe {
+        let t = vld1q_s8(values.as_ptr());
+        (
+            vqtbl1q_s8(t, vandq_u8(q, vdupq_n_u8(15))),
+            vqtbl1q_s8(t, vshrq_n_u8::<4>(q)),
+        )
+    }
+}
+
 #[inline(always)]
 pub(crate) fn ld_s8(p: &[u8], at: usize) -> int8x16_t {
     let s = &p[at..at + 16];
