@@ -64,8 +64,13 @@ fn quantized(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
         }
         if ty == GgmlType::IQ4_NL {
             // no quantizer here: random codes under the row's f16 scale (a zero block too)
-            for (b, blk) in out[r * wrow..][..wrow].chunks_exact_mut(18).enumerate() {
-                for v in &mut blk[2..] {
+            // d (the type's one f16 field), then the codes
+            let at = ty.f16_fields()[0];
+            for (b, blk) in out[r * wrow..][..wrow]
+                .chunks_exact_mut(ty.block_bytes())
+                .enumerate()
+            {
+                for v in &mut blk[at + 2..] {
                     *v = rng.next_u64() as u8;
                 }
                 let d = if vals[32 * b..32 * b + 32].iter().all(|&v| v == 0.0) {
@@ -74,7 +79,7 @@ fn quantized(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
                     scale / 64.0
                 };
                 let d = nightshift_kernels::formats::f32_to_f16(d);
-                blk[..2].copy_from_slice(&d.to_le_bytes());
+                blk[at..at + 2].copy_from_slice(&d.to_le_bytes());
             }
             continue;
         }

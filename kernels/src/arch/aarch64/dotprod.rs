@@ -188,8 +188,7 @@ pub(crate) unsafe fn q2_k_block(wb: &[u8], xb: &[u8]) -> (i32, i32) {
                 p[g] = sdot(zero, vreinterpretq_s8_u8(q), ld_s8(xq, 16 * g));
             }
         }
-        let gsum =
-            |a: usize| vpaddq_s32(vpaddq_s32(p[a], p[a + 1]), vpaddq_s32(p[a + 2], p[a + 3]));
+        let gsum = |a: usize| super::neon::sum4([p[a], p[a + 1], p[a + 2], p[a + 3]]);
         let sc = vandq_u8(sm, vdupq_n_u8(15));
         let (s0, s1) = (vmovl_u8(vget_low_u8(sc)), vmovl_high_u8(sc));
         let w = |v: uint16x8_t, hi: bool| {

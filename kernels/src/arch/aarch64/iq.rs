@@ -52,8 +52,7 @@ fn store4(s: &mut [i32; 16], g: usize, a: [int32x4_t; 4]) {
     let dst = &mut s[g..g + 4];
     // SAFETY: NEON is baseline on aarch64; `dst` is 4 bounds-checked int32s.
     unsafe {
-        let r = vpaddq_s32(vpaddq_s32(a[0], a[1]), vpaddq_s32(a[2], a[3]));
-        vst1q_s32(dst.as_mut_ptr(), r);
+        vst1q_s32(dst.as_mut_ptr(), super::neon::sum4(a));
     }
 }
 

@@ -242,8 +242,15 @@ fn odd_top4(v: uint32x4_t) -> int32x4_t {
 /// Per-32 odd scales (IQ2_XXS, IQ3_XXS) and the super-block scale.
 type Scale32 = ([int32x4_t; 2], f32);
 
+/// The odd-scale types' step (IQ2_XXS, IQ3_XXS per 32; IQ2_XS, IQ2_S per 16): the integer
+/// block sum `sum of s[k] * sc[k]`, then the reference's `d * d8 * bsum`.
 #[inline(always)]
-fn row32(u: &Scale32, x: &BlockQ8_K, s: [int32x4_t; 4], sumf: &mut f32) {
+fn row_odd<const N: usize>(
+    u: &([int32x4_t; N], f32),
+    x: &BlockQ8_K,
+    s: [int32x4_t; 4],
+    sumf: &mut f32,
+) {
     let bsum = dot_lanes(&s, &u.0);
     *sumf += u.1 * x.d() * bsum as f32;
 }
@@ -268,7 +275,7 @@ impl Fused for FIq2Xxs {
     }
     #[inline(always)]
     fn row(u: &Scale32, x: &BlockQ8_K, s: [int32x4_t; 4], sumf: &mut f32) {
-        row32(u, x, s, sumf);
+        row_odd(u, x, s, sumf);
     }
 }
 
@@ -289,7 +296,7 @@ impl Fused for FIq3Xxs {
     }
     #[inline(always)]
     fn row(u: &Scale32, x: &BlockQ8_K, s: [int32x4_t; 4], sumf: &mut f32) {
-        row32(u, x, s, sumf);
+        row_odd(u, x, s, sumf);
     }
 }
 
@@ -316,12 +323,6 @@ fn scale16(scales: &[u8; 8], d: f32) -> Scale16 {
     }
 }
 
-#[inline(always)]
-fn row16(u: &Scale16, x: &BlockQ8_K, s: [int32x4_t; 4], sumf: &mut f32) {
-    let bsum = dot_lanes(&s, &u.0);
-    *sumf += u.1 * x.d() * bsum as f32;
-}
-
 struct FIq2Xs;
 impl Fused for FIq2Xs {
     type K = iq_tile::Iq2Xs;
@@ -337,7 +338,7 @@ impl Fused for FIq2Xs {
     }
     #[inline(always)]
     fn row(u: &Scale16, x: &BlockQ8_K, s: [int32x4_t; 4], sumf: &mut f32) {
-        row16(u, x, s, sumf);
+        row_odd(u, x, s, sumf);
     }
 }
 
@@ -356,7 +357,7 @@ impl Fused for FIq2S {
     }
     #[inline(always)]
     fn row(u: &Scale16, x: &BlockQ8_K, s: [int32x4_t; 4], sumf: &mut f32) {
-        row16(u, x, s, sumf);
+        row_odd(u, x, s, sumf);
     }
 }
 
@@ -496,9 +497,7 @@ unsafe fn gemm_fused<F: Fused>(
                 let s = unsafe {
                     let x = |i: usize| vld1q_s8(q.add(16 * i));
                     let z = vdupq_n_s32(0);
-                    let quad = |a: [int32x4_t; 4]| {
-                        vpaddq_s32(vpaddq_s32(a[0], a[1]), vpaddq_s32(a[2], a[3]))
-                    };
+                    let quad = super::neon::sum4;
                     if F::PER32 {
                         let a: [int32x4_t; 8] = core::array::from_fn(|g| {
                             sdot(sdot(z, wv[2 * g], x(2 * g)), wv[2 * g + 1], x(2 * g + 1))

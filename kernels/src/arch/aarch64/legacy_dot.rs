@@ -209,7 +209,7 @@ fn quad_dot<const J: usize, const T: usize>(
                 let acc: [int32x4_t; 4] =
                     core::array::from_fn(|i| sdot(sdot(start, q[i][0], x0), q[i][1], x1));
                 // Lane i: the four partial sums of weight row i (plus the start value).
-                let s = vpaddq_s32(vpaddq_s32(acc[0], acc[1]), vpaddq_s32(acc[2], acc[3]));
+                let s = super::neon::sum4(acc);
                 let dx = vreinterpretq_f32_u8(get(rec, 48));
                 let sx = vreinterpretq_f32_u8(get(rec, 64));
                 *sum = epilogue(ty, *sum, s, dw, dx, mw, sx);

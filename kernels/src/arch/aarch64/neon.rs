@@ -27,6 +27,15 @@ pub(crate) fn from_magic(acc: int32x4_t) -> float32x4_t {
 }
 
 /// Loads 16 signed bytes at `p[at..at + 16]`.
+/// `[sum of a[0]'s lanes, .. of a[1]'s, .. of a[2]'s, .. of a[3]'s]`: two rounds of pairwise
+/// adds (ADDP), not an across-vector ADDV and a register move per vector. Integer sums: any
+/// order gives the same values.
+#[inline(always)]
+pub(crate) fn sum4(a: [int32x4_t; 4]) -> int32x4_t {
+    // SAFETY: NEON is baseline on aarch64.
+    unsafe { vpaddq_s32(vpaddq_s32(a[0], a[1]), vpaddq_s32(a[2], a[3])) }
+}
+
 /// The values of the low and the high nibbles of `q`'s 16 bytes, each through one 16-entry
 /// `TBL` of `values` (IQ4_NL's, IQ4_XS's and MXFP4's codes).
 #[inline(always)]

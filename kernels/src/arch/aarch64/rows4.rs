@@ -218,7 +218,7 @@ fn rows4_sdot_row<const FIFTH: bool, const ODD: bool, const NA: usize>(
                 let bp = neon::ld_s16(xs[t], 256);
                 *pt = vmlal_high_s16(vmull_s16(vget_low_s16(m16), vget_low_s16(bp)), m16, bp);
             }
-            let sumi = vpaddq_s32(vpaddq_s32(part[0], part[1]), vpaddq_s32(part[2], part[3]));
+            let sumi = neon::sum4(part);
             let dminy = vmulq_n_f32(yv, dmin);
             sumf = vsubq_f32(sumf, vmulq_f32(dminy, vcvtq_f32_s32(sumi)));
             let dy = vmulq_n_f32(yv, d);
