@@ -81,6 +81,15 @@ impl Legacy {
         }
     }
 
+    /// [`Legacy::table`] of IQ4_NL or MXFP4 (the callers' match arms hold only those).
+    #[inline(always)]
+    pub(super) fn codes(self) -> (&'static [i8; 16], usize) {
+        match self.table() {
+            Some(t) => t,
+            None => unreachable!("{self:?} has no code table"),
+        }
+    }
+
     /// The weight block's scale `dw` as its epilogue uses it.
     #[inline(always)]
     pub(super) fn weight_d(self, wb: &[u8]) -> f32 {

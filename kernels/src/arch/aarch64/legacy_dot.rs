@@ -68,9 +68,7 @@ fn row_quants(ty: Legacy, wb: &[u8], buf: &mut [u8; 32]) -> [int8x16_t; 2] {
             }
         }
         Legacy::Iq4Nl | Legacy::Mxfp4 => {
-            let Some((values, at)) = ty.table() else {
-                unreachable!("a table type")
-            };
+            let (values, at) = ty.codes();
             // SAFETY: a reinterpretation.
             let q = unsafe { vreinterpretq_u8_s8(ld_s8(wb, at)) };
             let (lo, hi) = nibble_values(values, q);

@@ -141,9 +141,7 @@ pub(super) fn packed_quants(ty: Legacy, blk: &[u8]) -> [[int8x16_t; 4]; 2] {
 fn packed_pair(ty: Legacy, blk: &[u8], p: usize) -> [int8x16_t; 4] {
     match ty {
         Legacy::Iq4Nl | Legacy::Mxfp4 => {
-            let Some((values, at)) = ty.table() else {
-                unreachable!("a table type")
-            };
+            let (values, at) = ty.codes();
             // the four rows' scales (`at` bytes each) come first
             let q = ROWS4 * at + 32 * p;
             // SAFETY: reinterpretations.
@@ -251,9 +249,7 @@ fn pair_quants(ty: Legacy, w0: &[u8], w1: &[u8], bufs: &mut [[u8; 32]; 2]) -> [i
             }
         }
         Legacy::Iq4Nl | Legacy::Mxfp4 => {
-            let Some((values, at)) = ty.table() else {
-                unreachable!("a table type")
-            };
+            let (values, at) = ty.codes();
             // as Q4_0's, each nibble through the table instead of as is
             let (lo, hi) = pair(ld_s8(w0, at), ld_s8(w1, at));
             // SAFETY: reinterpretations.
