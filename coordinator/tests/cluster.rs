@@ -31,6 +31,8 @@ enum Transport {
     Shm,
     /// The gRPC streams only.
     Stream,
+    /// The framed data links (as to nodes on other machines).
+    Link,
     /// Shared memory for calls of at most 2 pairs (decode steps), the stream for the rest.
     Mixed,
 }
@@ -45,8 +47,12 @@ fn remote_with(
         deadline,
         shm_pairs: match transport {
             Transport::Shm => 1024,
-            Transport::Stream => 0,
+            Transport::Stream | Transport::Link => 0,
             Transport::Mixed => 2,
+        },
+        net_links: match transport {
+            Transport::Link => 2,
+            _ => 0,
         },
         ..Default::default()
     };
@@ -67,7 +73,12 @@ fn check_bit_identical(file: &str) {
         &path,
         Placement::round_robin(nodes(3), &shape.moe_layers, shape.n_experts),
     );
-    for transport in [Transport::Shm, Transport::Stream, Transport::Mixed] {
+    for transport in [
+        Transport::Shm,
+        Transport::Stream,
+        Transport::Link,
+        Transport::Mixed,
+    ] {
         let r = remote_with(&model, &cluster, Duration::from_secs(10), transport);
         let got = generate(&mut engine(&model, r.clone()), &PROMPT, 6, |_| {}).expect("cluster");
         assert_bits_equal(&got, &want, &format!("{file} over {transport:?}"));
@@ -81,8 +92,14 @@ fn check_transport(r: &RemoteExperts, transport: Transport) {
     assert!(st.calls > 0 && st.errors == 0, "{transport:?}: {st:?}");
     match transport {
         Transport::Shm => assert_eq!(st.shm_calls, st.calls, "{transport:?}"),
-        Transport::Stream => {
+        Transport::Stream | Transport::Link => {
             assert_eq!(st.shm_calls, 0, "{transport:?}");
+            let want_link = if transport == Transport::Link {
+                st.calls
+            } else {
+                0
+            };
+            assert_eq!(st.link_calls, want_link, "{transport:?}: {st:?}");
             // Every stream call came back with the node's timestamps, on this machine's clock:
             // its legs are all known and add up to its round trip.
             assert_eq!(st.legs.len() as u64, st.calls, "legs of {st:?}");
@@ -97,7 +114,12 @@ fn check_transport(r: &RemoteExperts, transport: Transport) {
                     "{l:?}"
                 );
             }
-            assert!(!st.lands_us.is_empty(), "no round landed: {st:?}");
+            // stream rounds land from the client runtime; link calls are read on this thread
+            assert_eq!(
+                st.lands_us.is_empty(),
+                transport == Transport::Link,
+                "{transport:?}: {st:?}"
+            );
         }
         Transport::Mixed => assert!(
             st.shm_calls > 0 && st.shm_calls < st.calls,
@@ -156,6 +178,14 @@ fn kill_9_with_replicas(transport: Transport) {
     if transport == Transport::Shm {
         assert!(st.shm_calls > 0, "{st:?}");
     }
+    if transport == Transport::Link {
+        assert!(st.link_calls > 0, "{st:?}");
+    }
+}
+
+#[test]
+fn kill_9_with_replicas_changes_nothing_over_data_links() {
+    kill_9_with_replicas(Transport::Link);
 }
 
 #[test]
@@ -541,6 +571,171 @@ mod malformed {
             }
         });
     }
+    /// Opens a data link to `addr`'s node on `port` and sends `hello`; the node's first frame.
+    fn link_hello(
+        addr: &str,
+        port: u16,
+        hello: &nightshift_proto::link::Hello,
+    ) -> (nightshift_proto::link::Framed, u8, Vec<u8>) {
+        use nightshift_proto::link::{Framed, Stream, HELLO};
+        let host = addr.rsplit_once(':').expect("host:port").0;
+        let sock = std::net::TcpStream::connect((host, port)).expect("dial the data link");
+        let mut f = Framed::new(Stream::Plain(sock));
+        f.send(HELLO, Duration::from_secs(5), |o| hello.encode(o))
+            .expect("send the hello");
+        let far = Instant::now() + Duration::from_secs(10);
+        let (kind, payload) = f.recv(far, &mut || true).expect("the node answers");
+        let payload = payload.to_vec();
+        (f, kind, payload)
+    }
+
+    #[test]
+    fn bad_hellos_and_bad_frames_on_the_data_link_get_errors() {
+        use nightshift_proto::link::{self, Hello, LinkError};
+        use prost::Message;
+        let path = data("tiny-qwen3moe-Q2_K.gguf");
+        let model = Model::load(&path).expect("model");
+        let shape = model_shape(&model).expect("shape");
+        let cluster = launch(&path, explicit(&shape, 2, |e| vec![e % 2]));
+        let addr = cluster.placement().nodes[0].addr.clone().expect("addr");
+        let layer = shape.moe_layers[0] as u32;
+        let rt = tokio::runtime::Runtime::new().expect("rt");
+        let info = rt.block_on(async {
+            let mut c = client(&cluster, &addr).await;
+            c.info(nightshift_proto::v1::InfoRequest {})
+                .await
+                .expect("info")
+                .into_inner()
+        });
+        let port = u16::try_from(info.link_port).expect("a port");
+        assert!(port > 0, "the node reports its data link: {info:?}");
+        let good_hello = Hello {
+            protocol: nightshift_proto::PROTOCOL_VERSION,
+            fingerprint: model.gguf().fingerprint(),
+            token: format!("Bearer {}", cluster.auth_token()).into_bytes(),
+        };
+        let far = || Instant::now() + Duration::from_secs(10);
+        // Refused hellos: the reason comes back, then the node closes the link.
+        let refused = [
+            (
+                "wrong token",
+                Hello {
+                    token: b"Bearer nope".to_vec(),
+                    ..good_hello.clone()
+                },
+                tonic::Code::Unauthenticated,
+            ),
+            (
+                "no token",
+                Hello {
+                    token: Vec::new(),
+                    ..good_hello.clone()
+                },
+                tonic::Code::Unauthenticated,
+            ),
+            (
+                "another model",
+                Hello {
+                    fingerprint: 0x0123_4567_89ab_cdef,
+                    ..good_hello.clone()
+                },
+                tonic::Code::FailedPrecondition,
+            ),
+            (
+                "another protocol",
+                Hello {
+                    protocol: 99,
+                    ..good_hello.clone()
+                },
+                tonic::Code::FailedPrecondition,
+            ),
+        ];
+        for (what, hello, code) in refused {
+            let (mut f, kind, payload) = link_hello(&addr, port, &hello);
+            assert_eq!(kind, link::REFUSED, "{what}");
+            let (got, reason) = link::decode_refusal(&payload);
+            assert_eq!(got, code as u32, "{what}: {reason}");
+            let after = f.recv(far(), &mut || true).map(|(k, _)| k);
+            assert!(matches!(after, Err(LinkError::Closed)), "{what}: {after:?}");
+        }
+        // A link that starts with anything but a hello, or with a short one, is refused too.
+        let host = addr.rsplit_once(':').expect("host:port").0;
+        for (what, kind, body) in [
+            ("a request first", link::REQUEST, vec![1u8; 40]),
+            ("a short hello", link::HELLO, vec![1u8; 5]),
+        ] {
+            let sock = std::net::TcpStream::connect((host, port)).expect("dial");
+            let mut f = link::Framed::new(link::Stream::Plain(sock));
+            f.send(kind, Duration::from_secs(5), |o| o.extend_from_slice(&body))
+                .expect("send");
+            let got = f.recv(far(), &mut || true).map(|(k, _)| k);
+            assert!(
+                matches!(got, Ok(link::REFUSED) | Err(LinkError::Closed)),
+                "{what}: {got:?}"
+            );
+        }
+        // An open link: every bad request gets its error answer and the link goes on.
+        let (mut f, kind, _) = link_hello(&addr, port, &good_hello);
+        assert_eq!(kind, link::WELCOME);
+        let mut ask = |f: &mut link::Framed, body: Vec<u8>| {
+            f.send(link::REQUEST, Duration::from_secs(5), |o| {
+                o.extend_from_slice(&body)
+            })
+            .expect("send");
+            let (kind, payload) = f.recv(far(), &mut || true).expect("an answer");
+            assert_eq!(kind, link::RESPONSE);
+            nightshift_proto::v1::ComputeResponse::decode(payload).expect("a response")
+        };
+        for (i, (what, mut bad, code)) in bad_requests(&model, layer).into_iter().enumerate() {
+            bad.request_id = 100 + i as u64;
+            let resp = ask(&mut f, bad.encode_to_vec());
+            assert_eq!(resp.request_id, 100 + i as u64, "{what}");
+            match resp.result {
+                Some(compute_response::Result::Error(e)) => {
+                    assert_eq!(e.code, code as i32, "{what}: {}", e.message)
+                }
+                other => panic!("{what}: expected an error, got {other:?}"),
+            }
+        }
+        let resp = ask(&mut f, vec![0xff; 64]);
+        match resp.result {
+            Some(compute_response::Result::Error(e)) => {
+                assert_eq!(e.code, tonic::Code::InvalidArgument as i32, "{}", e.message)
+            }
+            other => panic!("undecodable request: expected an error, got {other:?}"),
+        }
+        let resp = ask(&mut f, good(&model, layer).encode_to_vec());
+        match resp.result {
+            Some(compute_response::Result::Outputs(b)) => {
+                assert_eq!(b.len(), model.config().n_embd * 4)
+            }
+            other => panic!("good request failed after bad ones: {other:?}"),
+        }
+        assert!(resp.received_ns > 0 && resp.started_ns <= resp.ended_ns);
+        // A frame longer than the link allows ends the link; the node serves on.
+        let sock = std::net::TcpStream::connect((host, port)).expect("dial");
+        let mut raw = sock.try_clone().expect("clone");
+        let mut f2 = link::Framed::new(link::Stream::Plain(sock));
+        let mut hello = Vec::new();
+        good_hello.encode(&mut hello);
+        use std::io::Write;
+        raw.write_all(&(hello.len() as u32).to_le_bytes())
+            .expect("w");
+        raw.write_all(&[link::HELLO]).expect("w");
+        raw.write_all(&hello).expect("w");
+        let (kind, _) = f2.recv(far(), &mut || true).expect("welcome");
+        assert_eq!(kind, link::WELCOME);
+        raw.write_all(&u32::MAX.to_le_bytes()).expect("w");
+        raw.write_all(&[link::REQUEST]).expect("w");
+        let got = f2.recv(far(), &mut || true).map(|(k, _)| k);
+        assert!(matches!(got, Err(LinkError::Closed)), "{got:?}");
+        let resp = ask(&mut f, good(&model, layer).encode_to_vec());
+        assert!(
+            matches!(resp.result, Some(compute_response::Result::Outputs(_))),
+            "the first link still serves"
+        );
+    }
+
     #[test]
     fn bad_regions_and_bad_shared_memory_requests_get_errors() {
         let path = data("tiny-qwen3moe-Q2_K.gguf");

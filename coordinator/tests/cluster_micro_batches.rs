@@ -1,8 +1,9 @@
-//! Two micro-batches (issue 23, overlap b): with the nodes reached over streams only, a step of
+//! Two micro-batches (issue 23, overlap b): with the nodes reached over the network (data links,
+//! or the gRPC streams alone), a step of
 //! several sequences runs as two halves whose layer calls alternate. The logits of every step are
 //! bit-identical to the in-process engine's for qwen3moe and deepseek2 (shared expert), for
 //! decode steps of 2, 3 and 5 sequences and for a step mixing one sequence's prefill chunk with
-//! the others' decode tokens (uneven halves), with micro-batches on and off.
+//! the others' decode tokens (uneven halves), with micro-batches on and off, over both transports.
 
 mod support;
 
@@ -67,13 +68,14 @@ fn micro_batches_over_streams_match_in_process() {
         for seqs in [2, 3, 5] {
             let local: Arc<dyn ExpertBackend> = Arc::new(LocalExperts::new(model.clone(), None));
             let want = script(&mut engine(&model, local), seqs, n_vocab);
-            for micro_batches in [true, false] {
+            for (micro_batches, net_links) in [(true, 2), (false, 2), (true, 0), (false, 0)] {
                 let r = connect(
                     &model,
                     &cluster,
                     RemoteOptions {
                         shm_pairs: 0,
                         micro_batches,
+                        net_links,
                         ..Default::default()
                     },
                 );
@@ -82,13 +84,17 @@ fn micro_batches_over_streams_match_in_process() {
                 assert_bits_equal(
                     &got,
                     &want,
-                    &format!("{file}, {seqs} sequences, micro-batches {micro_batches}"),
+                    &format!(
+                        "{file}, {seqs} sequences, micro-batches {micro_batches}, {net_links} data links"
+                    ),
                 );
                 let st = r.take_stats();
                 assert!(
                     st.calls > 0 && st.shm_calls == 0 && st.errors == 0,
                     "{st:?}"
                 );
+                // both halves' calls can be out on a node's two links at once
+                assert_eq!(st.link_calls == st.calls, net_links > 0, "{st:?}");
             }
         }
     }

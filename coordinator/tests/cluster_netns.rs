@@ -64,6 +64,8 @@ fn tls_cluster_across_namespaces_matches_in_process() {
         assert!(st.calls > 0, "expert calls went to the nodes");
         assert_eq!(st.shm_calls, 0, "no call may bypass the network");
         assert_eq!(st.errors, 0, "no call failed");
+        // Every call went over the nodes' mutual-TLS data links (through the relays too).
+        assert_eq!(st.link_calls, st.calls, "{file}, relay {delay:?}: {st:?}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -123,6 +123,11 @@ fn stopped_node_is_hedged(opts: RemoteOptions, link: &str) {
             "{link}: calls went through shared memory again: {st:?}"
         );
     }
+    assert_eq!(
+        st.link_calls > 0,
+        opts.shm_pairs == 0 && opts.net_links > 0,
+        "{link}: calls over the data links again: {st:?}"
+    );
 }
 
 #[test]
@@ -130,9 +135,23 @@ fn stopped_node_is_hedged_on_its_replica() {
     stopped_node_is_hedged(
         RemoteOptions {
             shm_pairs: 0,
+            net_links: 0,
             ..Default::default()
         },
         "streams",
+    );
+}
+
+/// The data links (nodes across a network): a share given up on keeps its link held by a
+/// background reader until the node answers.
+#[test]
+fn stopped_link_node_is_hedged_on_its_replica() {
+    stopped_node_is_hedged(
+        RemoteOptions {
+            shm_pairs: 0,
+            ..Default::default()
+        },
+        "data links",
     );
 }
 
@@ -213,9 +232,21 @@ fn stopped_node_without_replica_fails_fast_then_recovers() {
     stopped_node_without_replica(
         RemoteOptions {
             shm_pairs: 0,
+            net_links: 0,
             ..Default::default()
         },
         "streams",
+    );
+}
+
+#[test]
+fn stopped_link_node_without_replica_fails_fast_then_recovers() {
+    stopped_node_without_replica(
+        RemoteOptions {
+            shm_pairs: 0,
+            ..Default::default()
+        },
+        "data links",
     );
 }
 

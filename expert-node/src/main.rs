@@ -36,6 +36,11 @@ struct Args {
     /// Address to listen on, host:port.
     #[arg(long)]
     listen: SocketAddr,
+    /// Address of the framed data link (layer calls on one blocking thread per link, beside the
+    /// gRPC service that stays the control plane; its port is reported by `Info`), or `off`.
+    /// Default: --listen's address with a port the system picks.
+    #[arg(long)]
+    link_listen: Option<String>,
     /// NUMA node to pin worker threads and resident memory to.
     #[arg(long)]
     numa: Option<usize>,
@@ -225,6 +230,34 @@ fn run() -> anyhow::Result<()> {
             }
         }));
     }
+    let tls_files = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: args.tls_client_ca.clone(),
+        }),
+        _ => None,
+    };
+    let link_addr =
+        match args.link_listen.as_deref() {
+            Some("off") => None,
+            Some(a) => Some(a.parse::<SocketAddr>().with_context(|| {
+                format!("--link-listen: expected host:port or off, found {a:?}")
+            })?),
+            None => Some(SocketAddr::new(args.listen.ip(), 0)),
+        };
+    if let Some(addr) = link_addr {
+        let listener = std::net::TcpListener::bind(addr)
+            .with_context(|| format!("binding the data link on {addr}"))?;
+        let port = listener.local_addr()?.port();
+        let link_tls = tls_files.as_ref().map(tls::link_config).transpose()?;
+        service = service.with_link_port(port);
+        service
+            .link_server(token.clone(), link_tls)
+            .spawn(listener)
+            .context("starting the data link's thread")?;
+        tracing::info!("data link on {}", SocketAddr::new(addr.ip(), port));
+    }
     let stop = service.stop_flag();
     let server = tonic::service::interceptor::InterceptedService::new(
         ExpertServiceServer::new(service)
@@ -233,14 +266,7 @@ fn run() -> anyhow::Result<()> {
         auth::Interceptor::new(token),
     );
 
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(tls::server_config(&tls::TlsFiles {
-            cert: cert.clone(),
-            key: key.clone(),
-            client_ca: args.tls_client_ca.clone(),
-        })?),
-        _ => None,
-    };
+    let tls = tls_files.as_ref().map(tls::server_config).transpose()?;
 
     if let Some(c) = &cold_cache {
         spawn_cold_cache_log(c.clone(), store.clone())?;

@@ -67,6 +67,8 @@ pub struct NodeService {
     stop: Arc<AtomicBool>,
     /// Run by each link thread first (pins it like the pool's workers).
     link_pin: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Port of the framed data link (`crate::link`) reported by `Info`; 0: none.
+    link_port: u16,
 }
 
 /// Most shared-memory links a node serves at once (each holds a thread).
@@ -99,7 +101,36 @@ impl NodeService {
             links: Arc::new(AtomicU32::new(0)),
             stop: Arc::new(AtomicBool::new(false)),
             link_pin: None,
+            link_port: 0,
         }
+    }
+
+    /// Reports `port` as the framed data link's in `Info`.
+    pub fn with_link_port(mut self, port: u16) -> NodeService {
+        self.link_port = port;
+        self
+    }
+
+    /// The state of the framed data link's threads (`crate::link`): this service's store, pool,
+    /// counters and stop flag, the auth token hellos must carry and the link's TLS.
+    pub fn link_server(
+        &self,
+        token: Option<String>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Arc<crate::link::LinkServer> {
+        Arc::new(crate::link::LinkServer {
+            store: self.store.clone(),
+            pool: self.pool.clone(),
+            n_embd: self.n_embd,
+            fingerprint: self.fingerprint,
+            in_flight: self.in_flight.clone(),
+            requests: self.requests.clone(),
+            stop: self.stop.clone(),
+            pin: self.link_pin.clone(),
+            token: token.map(|t| format!("Bearer {t}").into_bytes()),
+            tls,
+            links: AtomicU32::new(0),
+        })
     }
 
     /// Runs `pin` at the start of every shared-memory link thread.
@@ -115,7 +146,7 @@ impl NodeService {
 
     /// Validates and runs one request, a panic included as an error (`pool` None: on this
     /// thread).
-    fn handle(
+    pub(crate) fn handle(
         store: &ExpertStore,
         pool: Option<&rayon::ThreadPool>,
         n_embd: usize,
@@ -368,6 +399,7 @@ impl ExpertService for NodeService {
             mapped_bytes,
             kernel_tier: self.identity.kernel_tier.clone(),
             cold_cache_bytes: self.store.cold_cache().map_or(0, |c| c.capacity()),
+            link_port: u32::from(self.link_port),
         }))
     }
 

@@ -32,6 +32,19 @@ pub fn server_config(files: &TlsFiles) -> Result<ServerTlsConfig, TlsError> {
     Ok(cfg)
 }
 
+/// The framed data link's TLS (`nightshift_proto::link`) for the same files: same certificate,
+/// same client CA.
+pub fn link_config(files: &TlsFiles) -> anyhow::Result<std::sync::Arc<rustls::ServerConfig>> {
+    let cert = read_pem("certificate", &files.cert, "CERTIFICATE")?;
+    let key = read_pem("key", &files.key, "PRIVATE KEY")?;
+    let ca = match &files.client_ca {
+        Some(p) => Some(read_pem("client CA", p, "CERTIFICATE")?),
+        None => None,
+    };
+    nightshift_proto::link::server_tls(&cert, &key, ca.as_deref())
+        .map_err(|e| anyhow::anyhow!("the data link's TLS ({}): {e}", files.cert.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

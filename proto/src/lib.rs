@@ -2,8 +2,10 @@
 //! nodes, compiled at build time with protox (no system protoc). Holds no logic: the coordinator
 //! and the expert node convert these prost types into their own at the edge. [`tls`] reads the
 //! PEM material both ends use for TLS on the link; [`shm`] is the shared-memory link that carries
-//! the same compute requests between a coordinator and a node on one machine.
+//! the same compute requests between a coordinator and a node on one machine, [`link`] the framed
+//! data link that carries them between machines on one blocking thread at each end.
 
+pub mod link;
 pub mod shm;
 pub mod tls;
 

@@ -157,7 +157,7 @@ def vm_node_unit(s, node_name):
     return render("nightshift-expert-node.service.tftpl", dict(
         bin_dir=s["bin_dir"], model_path=s["model_path"], model_dir=s["model_dir"],
         placement_path=s["placement_path"], node_name=node_name, node_port=s["node_port"],
-        node_token_path=s["node_token_path"], set_threads=s["node_threads"] > 0,
+        link_port=s["node_port"] + 1, node_token_path=s["node_token_path"], set_threads=s["node_threads"] > 0,
         node_threads=s["node_threads"], **_node_tls("multi-vm", s)))
 
 

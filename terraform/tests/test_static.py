@@ -258,11 +258,14 @@ def test_nsg_opens_nothing_to_the_world():
 
     rules = [{k: one(v) for k, v in r.items()} for r in rules]
     by_name = {r["name"]: r for r in rules}
-    assert set(by_name) == {"gateway-from-allowed", "grpc-within-subnet", "ssh-from-admins", "deny-all-other-inbound"}
+    assert set(by_name) == {"gateway-from-allowed", "grpc-within-subnet", "link-within-subnet", "ssh-from-admins",
+                            "deny-all-other-inbound"}
     assert by_name["gateway-from-allowed"]["source_address_prefixes"] == "${var.allowed_cidrs}"
     assert by_name["gateway-from-allowed"]["destination_port_range"] == "${tostring(var.gateway_port)}"
     assert by_name["grpc-within-subnet"]["source_address_prefix"] == "${var.subnet_prefix}"
     assert by_name["grpc-within-subnet"]["destination_port_range"] == "${tostring(var.node_port)}"
+    assert by_name["link-within-subnet"]["source_address_prefix"] == "${var.subnet_prefix}"
+    assert by_name["link-within-subnet"]["destination_port_range"] == "${tostring(var.node_port + 1)}"
     assert by_name["ssh-from-admins"]["source_address_prefixes"] == "${var.ssh_allowed_cidrs}"
     assert by_name["ssh-from-admins"]["destination_port_range"] == "22"
     for r in rules:

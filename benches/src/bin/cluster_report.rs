@@ -80,6 +80,10 @@ struct Args {
     /// With --netns: each node link's cap each way (as `tc` takes it).
     #[arg(long, default_value = "10gbit")]
     rate: String,
+    /// With --netns: layer calls over the nodes' gRPC streams instead of their framed data
+    /// links (for A/B runs of the two transports).
+    #[arg(long)]
+    no_data_link: bool,
 }
 
 #[path = "cluster_report/netns.rs"]

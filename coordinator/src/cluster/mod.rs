@@ -85,6 +85,11 @@ pub struct ClusterArgs {
     /// (which otherwise take calls of up to 1024 pairs through shared memory).
     #[arg(long)]
     pub no_shm: bool,
+    /// Send every layer call to nodes across the network over their gRPC streams, not over the
+    /// framed data links they serve beside them (`nightshift_proto::link`: one blocking thread
+    /// at each end, two wake-ups per call instead of six).
+    #[arg(long)]
+    pub no_data_link: bool,
     /// Split each layer call between nodes in advance (least estimated work per node) even
     /// when several nodes on this machine hold all its experts (which otherwise take its expert
     /// groups as they go, through a shared claim board).
@@ -493,6 +498,11 @@ pub fn build(
         },
         overlap: !args.no_overlap,
         micro_batches: !args.no_micro_batches,
+        net_links: if args.no_data_link {
+            0
+        } else {
+            RemoteOptions::default().net_links
+        },
         ..Default::default()
     };
     let remote = Arc::new(RemoteExperts::connect(

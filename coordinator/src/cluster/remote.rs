@@ -33,6 +33,7 @@ mod errors;
 mod hedge;
 mod hints;
 mod layer_call;
+mod net_link;
 mod shared_call;
 mod shm_link;
 mod stats;
@@ -76,6 +77,10 @@ pub struct RemoteOptions {
     /// With `overlap`: run a step of several sequences as two micro-batches whose layer calls
     /// alternate (`ExpertBackend::micro_batches`).
     pub micro_batches: bool,
+    /// Framed data links (`net_link`) opened to each node that reports one and is not reached
+    /// through shared memory: layer calls go over them on the caller's thread, the stream
+    /// taking a call only when every link is busy. 0: calls go over the stream.
+    pub net_links: usize,
 }
 
 impl Default for RemoteOptions {
@@ -94,6 +99,7 @@ impl Default for RemoteOptions {
             stall_min: Duration::from_secs(2),
             overlap: true,
             micro_batches: true,
+            net_links: 2,
         }
     }
 }
@@ -110,6 +116,9 @@ pub(super) struct Conn {
     generation: u64,
     /// The shared-memory link beside the stream, when the node runs on this machine.
     shm: Option<Arc<shm_link::ShmLink>>,
+    /// The framed data links beside the stream (`net_link`), when the node serves them and
+    /// there is no shared-memory link.
+    net: Vec<Arc<net_link::NetLink>>,
 }
 
 pub(super) enum LinkState {
@@ -594,12 +603,34 @@ async fn open_stream(s: &Arc<Shared>, i: usize) -> Result<Conn, LinkFailure> {
     } else {
         None
     };
+    let mut net = Vec::new();
+    if shm.is_none() && s.opts.net_links > 0 && info.link_port > 0 {
+        let port = u16::try_from(info.link_port).unwrap_or(0);
+        for _ in 0..s.opts.net_links * usize::from(port > 0) {
+            let (sh, addr) = (s.clone(), node.addr.clone());
+            let opened = tokio::task::spawn_blocking(move || net_link::open(&sh, &addr, port))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r);
+            match opened {
+                Ok(l) => net.push(Arc::new(l)),
+                Err(why) => {
+                    tracing::warn!(node = %node.name, "no data link, layer calls go over the stream: {why}");
+                    break;
+                }
+            }
+        }
+        if !net.is_empty() {
+            tracing::info!(node = %node.name, links = net.len(), "expert node reached through data links");
+        }
+    }
     Ok(Conn {
         client: unary,
         tx,
         pending,
         generation,
         shm,
+        net,
     })
 }
 

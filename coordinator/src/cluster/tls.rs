@@ -55,6 +55,22 @@ impl ClientTls {
     }
 
     /// The tonic configuration for one connection.
+    /// The name node certificates must carry, when set (else the host dialled).
+    pub fn domain(&self) -> Option<&str> {
+        self.domain.as_deref()
+    }
+
+    /// The same material for the framed data links (`nightshift_proto::link`).
+    pub fn link_config(
+        &self,
+    ) -> Result<std::sync::Arc<rustls::ClientConfig>, nightshift_proto::link::LinkError> {
+        let identity = self
+            .identity
+            .as_ref()
+            .map(|(c, k)| (c.as_slice(), k.as_slice()));
+        nightshift_proto::link::client_tls(&self.ca, identity)
+    }
+
     pub fn config(&self) -> ClientTlsConfig {
         let mut cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca));
         if let Some(d) = &self.domain {

@@ -146,6 +146,7 @@ locals {
       placement_path  = local.placement_path
       node_name       = vm.node_name
       node_port       = var.node_port
+      link_port       = var.node_port + 1
       node_token_path = local.node_token_path
       set_threads     = var.node_threads > 0
       node_threads    = var.node_threads

@@ -1,5 +1,5 @@
 # Resource group, VNet/subnet and the NSG: the gateway port only from allowed_cidrs, the expert
-# nodes' gRPC port only from inside the subnet, SSH only from ssh_allowed_cidrs (none by default).
+# nodes' gRPC port and data link (the port after it) only from inside the subnet, SSH only from ssh_allowed_cidrs (none by default).
 
 resource "azurerm_resource_group" "this" {
   name     = "${var.name}-rg"
@@ -50,6 +50,19 @@ resource "azurerm_network_security_group" "cluster" {
     protocol                   = "Tcp"
     source_port_range          = "*"
     destination_port_range     = tostring(var.node_port)
+    source_address_prefix      = var.subnet_prefix
+    destination_address_prefix = var.subnet_prefix
+  }
+
+  # The expert nodes' framed data link (layer calls), on the port after gRPC's.
+  security_rule {
+    name                       = "link-within-subnet"
+    priority                   = 111
+    direction                  = "Inbound"
+    access                     = "Allow"
+    protocol                   = "Tcp"
+    source_port_range          = "*"
+    destination_port_range     = tostring(var.node_port + 1)
     source_address_prefix      = var.subnet_prefix
     destination_address_prefix = var.subnet_prefix
   }

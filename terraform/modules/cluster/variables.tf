@@ -86,7 +86,7 @@ variable "node_count" {
 
 variable "node_port" {
   type        = number
-  description = "Multi-VM layout: gRPC port of every expert node (admitted only from inside the subnet)."
+  description = "Multi-VM layout: gRPC port of every expert node; its data link listens on the next port (both admitted only from inside the subnet)."
   default     = 50051
 }
 

@@ -45,6 +45,7 @@ fn connect(
     tls: &ClientTls,
     overlap: bool,
     micro_batches: bool,
+    data_link: bool,
 ) -> anyhow::Result<Arc<RemoteExperts>> {
     let opts = RemoteOptions {
         auth_token: Some(c.auth_token().to_string()),
@@ -53,6 +54,11 @@ fn connect(
         deadline: Duration::from_secs(60),
         overlap,
         micro_batches,
+        net_links: if data_link {
+            RemoteOptions::default().net_links
+        } else {
+            0
+        },
         ..Default::default()
     };
     let (placement, fp, n_embd) = (
@@ -78,14 +84,15 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("nightshift-netns-report-{}", std::process::id()));
     let has_shared = model.config().n_expert_shared > 0;
     println!(
-        "model {} | {} MoE layers{} | nodes {:?} x {} threads, links capped at {} each way, mutual TLS | \
-         in process {} threads | {} steps, {} repeats per cell, interleaved",
+        "model {} | {} MoE layers{} | nodes {:?} x {} threads, links capped at {} each way, mutual TLS, \
+         calls over {} | in process {} threads | {} steps, {} repeats per cell, interleaved",
         a.model.display(),
         moe_layers,
         if has_shared { ", shared expert" } else { ", no shared expert: overlap has nothing to hide" },
         a.netns_nodes,
         a.node_threads,
         a.rate,
+        if a.no_data_link { "the gRPC streams" } else { "the data links" },
         a.threads,
         a.steps,
         a.repeats
@@ -127,9 +134,10 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 start_timeout: Duration::from_secs(120),
                 node_log: "error".into(),
             })?;
-            let both = connect(&model, &cluster, &client_tls, true, true)?;
-            let shared = connect(&model, &cluster, &client_tls, true, false)?;
-            let without = connect(&model, &cluster, &client_tls, false, false)?;
+            let link = !a.no_data_link;
+            let both = connect(&model, &cluster, &client_tls, true, true, link)?;
+            let shared = connect(&model, &cluster, &client_tls, true, false, link)?;
+            let without = connect(&model, &cluster, &client_tls, false, false, link)?;
             for &batch in &a.batches {
                 let mut runs = Vec::new();
                 for rep in 0..a.repeats {

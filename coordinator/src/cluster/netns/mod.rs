@@ -27,6 +27,8 @@ pub use relay::Relay;
 
 /// Port every node listens on, on its own namespace's address.
 const NODE_PORT: u16 = 7000;
+/// Port of every node's framed data link (`nightshift_proto::link`), beside [`NODE_PORT`].
+const LINK_PORT: u16 = 7001;
 
 /// Errors of building the harness.
 #[derive(Debug, thiserror::Error)]
@@ -87,11 +89,19 @@ pub fn node_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 77, 0, 10 + i as u8)
 }
 
+/// Where node `i`'s relays listen in the coordinator's namespace: one loopback address per
+/// node, so its gRPC and data-link relays keep the node's own port numbers (the coordinator
+/// dials the data link on the gRPC address's host and the port the node reports).
+pub fn relay_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 1, 1 + i as u8)
+}
+
 /// The names a node certificate must carry for the coordinator to dial it directly or through
 /// its relay.
 pub fn node_cert_names(nodes: usize) -> Vec<String> {
     let mut v = vec!["localhost".to_string(), "127.0.0.1".to_string()];
     v.extend((0..nodes).map(|i| node_ip(i).to_string()));
+    v.extend((0..nodes).map(|i| relay_ip(i).to_string()));
     v
 }
 
@@ -251,25 +261,29 @@ impl NetnsCluster {
         let targets: Vec<SocketAddr> = (0..self.names.len())
             .map(|i| SocketAddr::new(IpAddr::V4(node_ip(i)), NODE_PORT))
             .collect();
-        // The relays first: their ports are the addresses the coordinator dials.
+        // The relays first: their ports are the addresses the coordinator dials. Each node
+        // has two, its gRPC port's and its data link's, on a loopback address of its own.
         if let Some(delay) = opts.delay {
             let names = self.names.clone();
             self.relays = in_ns(&self.coord_ns(), || {
-                targets
-                    .iter()
-                    .zip(&names)
-                    .map(|(t, name)| {
-                        Relay::start("127.0.0.1:0".parse().expect("literal address"), *t, delay)
-                            .map_err(|e| NetnsError::Relay {
+                let mut relays = Vec::new();
+                for (i, name) in names.iter().enumerate() {
+                    for port in [NODE_PORT, LINK_PORT] {
+                        let listen = SocketAddr::new(IpAddr::V4(relay_ip(i)), port);
+                        let target = SocketAddr::new(IpAddr::V4(node_ip(i)), port);
+                        let relay =
+                            Relay::start(listen, target, delay).map_err(|e| NetnsError::Relay {
                                 node: name.clone(),
-                                reason: e.to_string(),
-                            })
-                    })
-                    .collect::<Result<Vec<_>, _>>()
+                                reason: format!("{listen}: {e}"),
+                            })?;
+                        relays.push(relay);
+                    }
+                }
+                Ok::<_, NetnsError>(relays)
             })??;
         }
         for (i, n) in self.placement.nodes.iter_mut().enumerate() {
-            let dial = self.relays.get(i).map_or(targets[i], Relay::addr);
+            let dial = self.relays.get(2 * i).map_or(targets[i], Relay::addr);
             n.addr = Some(dial.to_string());
         }
         let placement_path = opts
@@ -289,6 +303,8 @@ impl NetnsCluster {
                 name.clone(),
                 "--listen".into(),
                 targets[i].to_string(),
+                "--link-listen".into(),
+                SocketAddr::new(IpAddr::V4(node_ip(i)), LINK_PORT).to_string(),
                 "--auth-token-file".into(),
                 token_path.display().to_string(),
             ];

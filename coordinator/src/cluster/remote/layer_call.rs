@@ -14,16 +14,88 @@ use std::time::Instant;
 use nightshift_atlas_core::placement::{NodeId, Placement};
 use nightshift_model::{ActRows, ExpertBackend, ExpertError, ExpertPair, PostedExperts};
 
-use super::call::{record_spread, Share, Timed};
+use super::call::Share;
+use super::call::{record_spread, Timed};
 use super::hints::Hints;
-use super::{balance, hedge, lock, shared_call, shm_link, LinkState, RemoteExperts, Shared};
+use super::{
+    balance, hedge, lock, net_link, shared_call, shm_link, LinkState, RemoteExperts, Shared,
+};
 
-/// A layer call's first round, out on the nodes' streams (`post_experts`).
+/// A layer call's first round, out on the nodes' links and streams (`post_experts`).
 struct InFlight {
     acts: Arc<ActRows>,
     pairs: Arc<Vec<ExpertPair>>,
-    calls: tokio::task::JoinHandle<Round>,
+    posted: Vec<Posted>,
+    calls: Option<tokio::task::JoinHandle<Round>>,
 }
+
+/// A share out on a link whose answer the calling thread reads itself: a shared-memory region
+/// (a node on this machine) or a framed data link (one across the network).
+enum Posted {
+    Shm(shm_link::Posted),
+    Net(Box<net_link::Posted>),
+}
+
+impl Posted {
+    /// Posts `share` on its node's shared-memory region, else on a free data link, else gives
+    /// it back for the stream.
+    fn post(
+        s: &Arc<Shared>,
+        layer: usize,
+        acts: &ActRows,
+        pairs: &[ExpertPair],
+        share: Share,
+    ) -> Result<Posted, Share> {
+        shm_link::post(s, layer, acts, pairs, share, 0, 0)
+            .map(Posted::Shm)
+            .or_else(|share| net_link::post(s, layer, acts, pairs, share).map(Posted::Net))
+    }
+
+    fn share(&self) -> &Share {
+        match self {
+            Posted::Shm(p) => &p.share,
+            Posted::Net(p) => &p.share,
+        }
+    }
+
+    fn hedge_point(&self) -> Option<Instant> {
+        match self {
+            Posted::Shm(p) => shm_link::hedge_point(p),
+            Posted::Net(p) => net_link::hedge_point(p),
+        }
+    }
+
+    fn wait_until(self, out: &mut [f32], at: Option<Instant>) -> Result<Timed<()>, Posted> {
+        match self {
+            Posted::Shm(p) => shm_link::wait_until(p, out, at).map_err(Posted::Shm),
+            Posted::Net(p) => net_link::wait_until(p, out, at).map_err(Posted::Net),
+        }
+    }
+
+    fn wait(self, out: &mut [f32]) -> Timed<()> {
+        match self {
+            Posted::Shm(p) => shm_link::wait(p, out),
+            Posted::Net(p) => net_link::wait(p, out),
+        }
+    }
+
+    fn linger(self) {
+        match self {
+            Posted::Shm(p) => shm_link::linger(p),
+            Posted::Net(p) => net_link::linger(p),
+        }
+    }
+
+    fn waited(&self) -> std::time::Duration {
+        match self {
+            Posted::Shm(p) => shm_link::waited(p),
+            Posted::Net(p) => net_link::waited(p),
+        }
+    }
+}
+
+/// A first round already out: its stream calls as answered and its shares on links.
+type FirstRound = (Vec<Timed<Vec<u8>>>, Vec<Posted>);
 
 /// A round of stream calls as answered: each share's outcome and time, and when the last one
 /// was in (`monotonic_ns`).
@@ -155,7 +227,7 @@ impl RemoteExperts {
         mut todo: Vec<usize>,
         mut exclude: HashMap<u32, Vec<NodeId>>,
         mut last_errors: Vec<String>,
-        mut first: Option<Vec<Timed<Vec<u8>>>>,
+        mut first: Option<FirstRound>,
         mut hints: Option<Hints>,
         out: &mut [f32],
     ) -> Result<(), ExpertError> {
@@ -164,7 +236,7 @@ impl RemoteExperts {
         // Each round retries failed shares on other replicas; a node is tried at most once per call.
         for _round in 0..=self.shared.nodes.len() + 1 {
             let (timed, posted) = match first.take() {
-                Some(t) => (t, Vec::new()),
+                Some(f) => f,
                 None => {
                     if todo.is_empty() {
                         if let Some(h) = &mut hints {
@@ -187,12 +259,12 @@ impl RemoteExperts {
                     if let Some(h) = &mut hints {
                         h.attach(&self.shared, &mut shares);
                     }
-                    // Nodes on this machine take their shares through shared memory: posted
-                    // first, so they compute while the stream calls go out, and collected last.
+                    // Shares on links (shared memory, data links) are posted first, so they
+                    // compute while the stream calls go out, and collected last.
                     let mut posted = Vec::new();
                     let mut streamed = Vec::new();
                     for sh in shares {
-                        match shm_link::post(&self.shared, layer, acts, pairs, sh, 0, 0) {
+                        match Posted::post(&self.shared, layer, acts, pairs, sh) {
                             Ok(p) => posted.push(p),
                             Err(sh) => streamed.push(sh),
                         }
@@ -217,7 +289,7 @@ impl RemoteExperts {
                     (timed, posted)
                 }
             };
-            // Stream outputs are copied into place here, shared-memory ones by `wait` itself.
+            // Stream outputs are copied into place here, the links' by `wait` itself.
             let mut landed: Vec<Timed<()>> = timed
                 .into_iter()
                 .map(|((share, result), took)| {
@@ -237,26 +309,26 @@ impl RemoteExperts {
             // waits for its stall deadline.
             let mut hedged = Vec::new();
             for p in posted {
-                let at = shm_link::hedge_point(&p);
-                match shm_link::wait_until(p, out, at) {
+                let at = p.hedge_point();
+                match p.wait_until(out, at) {
                     Ok(t) => landed.push(t),
                     Err(p) => {
-                        let node = p.share.node;
-                        hedge::mark_slow(&self.shared, node, layer, shm_link::waited(&p));
+                        let node = p.share().node;
+                        hedge::mark_slow(&self.shared, node, layer, p.waited());
                         let alternatives = hedge::alternatives(
                             &self.shared,
                             &placement,
                             layer,
                             pairs,
-                            &p.share.pair_idx,
+                            &p.share().pair_idx,
                             node,
                         );
                         if alternatives.is_empty() {
-                            landed.push(shm_link::wait(p, out));
+                            landed.push(p.wait(out));
                         } else {
                             hedge::count_hedge(&self.shared, node);
-                            hedged.push(p.share.clone());
-                            shm_link::linger(p);
+                            hedged.push(p.share().clone());
+                            p.linger();
                         }
                     }
                 }
@@ -387,40 +459,69 @@ impl ExpertBackend for RemoteExperts {
             h.attach(&self.shared, &mut shares);
             h.send_rest(&self.shared, &acts);
         }
-        let calls = self.rt().spawn(stream_round(
-            self.shared.clone(),
-            self.placement(),
-            layer,
-            acts.clone(),
-            pairs.clone(),
-            shares,
-        ));
+        // Shares on data links are written here and read in `collect_experts`; the rest go
+        // out on the streams from the client runtime meanwhile.
+        let mut posted = Vec::new();
+        let mut streamed = Vec::new();
+        for sh in shares {
+            match net_link::post(&self.shared, layer, &acts, &pairs, sh) {
+                Ok(p) => posted.push(Posted::Net(p)),
+                Err(sh) => streamed.push(sh),
+            }
+        }
+        let calls = (!streamed.is_empty()).then(|| {
+            self.rt().spawn(stream_round(
+                self.shared.clone(),
+                self.placement(),
+                layer,
+                acts.clone(),
+                pairs.clone(),
+                streamed,
+            ))
+        });
         Ok(PostedExperts {
             layer,
-            state: Box::new(InFlight { acts, pairs, calls }),
+            state: Box::new(InFlight {
+                acts,
+                pairs,
+                posted,
+                calls,
+            }),
         })
     }
 
     fn collect_experts(&self, posted: PostedExperts, out: &mut [f32]) -> Result<(), ExpertError> {
+        let layer = posted.layer;
         let Ok(call) = posted.state.downcast::<InFlight>() else {
             return Err(ExpertError::Backend(
                 "expected a layer call posted by the remote backend, found another's".into(),
             ));
         };
-        let InFlight { acts, pairs, calls } = *call;
+        let InFlight {
+            acts,
+            pairs,
+            posted,
+            calls,
+        } = *call;
         self.check_out(pairs.len(), out)?;
-        let (first, done_ns) = self
-            .drive(calls)?
-            .map_err(|e| ExpertError::Backend(format!("expert client task failed: {e}")))?;
-        record_land(&self.shared, done_ns);
+        let first = match calls {
+            Some(calls) => {
+                let (first, done_ns) = self
+                    .drive(calls)?
+                    .map_err(|e| ExpertError::Backend(format!("expert client task failed: {e}")))?;
+                record_land(&self.shared, done_ns);
+                first
+            }
+            None => Vec::new(),
+        };
         self.rounds(
-            posted.layer,
+            layer,
             &acts,
             &pairs,
             Vec::new(),
             HashMap::new(),
             Vec::new(),
-            Some(first),
+            Some((first, posted)),
             None,
             out,
         )

@@ -1,0 +1,329 @@
+//! The coordinator's side of the framed data links (`nightshift_proto::link`) to a node across
+//! the network: opened beside the compute stream when the node reports a link port (and is not
+//! reached through shared memory), [`RemoteOptions::net_links`](super::RemoteOptions) of them so
+//! both micro-batches' calls can be out at once, and dropped with the stream. A layer call's
+//! share is written on the caller's thread ([`post`]) and its answer read there ([`wait`]):
+//! no client runtime task, no HTTP/2, one wake-up at each end. A share that finds every link
+//! busy goes over the stream. Errors are worded and handled as the stream's: a node-reported
+//! error is retried elsewhere, a broken link takes the node out of rotation until it
+//! reconnects. A share unanswered at its hedge point can be given up on ([`wait_until`] hands
+//! it back): its link stays held by a background reader ([`linger`]) until the node answers
+//! (clearing its suspect mark) or its stall deadline passes (the node is taken out of rotation).
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nightshift_model::{ActRows, ExpertPair};
+use nightshift_proto::link::{self, Framed, Hello, LinkError, Stream};
+use nightshift_proto::v1::{compute_response, ComputeResponse};
+use nightshift_proto::PROTOCOL_VERSION;
+use prost::Message;
+
+use super::call::{finish_call, legs, share_request, Answer, NodeStamps, Share, Timed};
+use super::{lock, LinkState, NodeLink, Shared};
+
+/// One open link and who is using it.
+pub(in crate::cluster) struct NetLink {
+    framed: Mutex<Framed>,
+    /// Held from post to wait by one layer call.
+    busy: AtomicBool,
+}
+
+impl Drop for NetLink {
+    fn drop(&mut self) {
+        lock(&self.framed).shutdown();
+    }
+}
+
+/// The host of a `host:port` address (brackets of an IPv6 literal removed).
+fn host_of(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// Opens one link to the node at `addr` (its gRPC address) on `port`: TCP, TLS when the
+/// coordinator talks TLS to nodes, and the hello. Blocking; bounded by the connect timeout.
+pub(super) fn open(s: &Shared, addr: &str, port: u16) -> Result<NetLink, String> {
+    let host = host_of(addr);
+    let timeout = s.opts.connect_timeout;
+    let target = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("resolving {host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host} has no address"))?;
+    let sock = TcpStream::connect_timeout(&target, timeout)
+        .map_err(|e| format!("connect {target}: {e}"))?;
+    sock.set_nodelay(true).map_err(|e| e.to_string())?;
+    let io = match &s.opts.tls {
+        Some(tls) => {
+            let cfg = tls.link_config().map_err(|e| e.to_string())?;
+            let name = tls.domain().unwrap_or(host);
+            Stream::connect_tls(cfg, name, sock, timeout).map_err(|e| e.to_string())?
+        }
+        None => Stream::Plain(sock),
+    };
+    let mut f = Framed::new(io);
+    let hello = Hello {
+        protocol: PROTOCOL_VERSION,
+        fingerprint: s.fingerprint,
+        token: s
+            .opts
+            .auth_token
+            .as_ref()
+            .map(|t| format!("Bearer {t}").into_bytes())
+            .unwrap_or_default(),
+    };
+    f.send(link::HELLO, timeout, |o| hello.encode(o))
+        .map_err(|e| format!("hello: {e}"))?;
+    match f.recv(Instant::now() + timeout, &mut || true) {
+        Ok((link::WELCOME, _)) => {}
+        Ok((link::REFUSED, b)) => {
+            let (_, reason) = link::decode_refusal(b);
+            return Err(format!("refused: {reason}"));
+        }
+        Ok((kind, _)) => return Err(format!("expected a welcome, found frame kind {kind}")),
+        Err(e) => return Err(format!("hello: {e}")),
+    }
+    Ok(NetLink {
+        framed: Mutex::new(f),
+        busy: AtomicBool::new(false),
+    })
+}
+
+/// A share written to a node's link, to be collected with [`wait`]. Dropping it (collected or
+/// not) frees the link for the next call and takes its work off the node's in-flight count.
+pub(super) struct Posted {
+    s: Arc<Shared>,
+    pub(super) share: Share,
+    link: Arc<NetLink>,
+    generation: u64,
+    request_id: u64,
+    bytes_out: usize,
+    started: Instant,
+    posted_ns: u64,
+}
+
+impl Posted {
+    fn node(&self) -> &NodeLink {
+        &self.s.nodes[self.share.node]
+    }
+}
+
+impl Drop for Posted {
+    fn drop(&mut self) {
+        self.node()
+            .outstanding
+            .fetch_sub(self.share.cost, Ordering::Relaxed);
+        self.link.busy.store(false, Ordering::Release);
+    }
+}
+
+/// Writes `share` to a free link of its node, or gives it back for the stream.
+pub(super) fn post(
+    s: &Arc<Shared>,
+    layer: usize,
+    acts: &ActRows,
+    pairs: &[ExpertPair],
+    share: Share,
+) -> Result<Box<Posted>, Share> {
+    let node = &s.nodes[share.node];
+    let (link, generation) = match &*lock(&node.state) {
+        LinkState::Up(c) => {
+            let free = c.net.iter().find(|l| !l.busy.swap(true, Ordering::AcqRel));
+            match free {
+                Some(l) => (l.clone(), c.generation),
+                None => return Err(share),
+            }
+        }
+        LinkState::Down { .. } => return Err(share),
+    };
+    let req = share_request(s, layer, acts, pairs, &share);
+    let (request_id, bytes_out) = (req.request_id, req.acts.len() + 8 * req.experts.len() + 5);
+    let started = Instant::now();
+    let posted_ns = nightshift_proto::monotonic_ns();
+    let write_timeout = super::hedge::stall_deadline(s, share.node, share.cost);
+    let sent = lock(&link.framed).send(link::REQUEST, write_timeout, |o| req.encode_raw(o));
+    node.outstanding.fetch_add(share.cost, Ordering::Relaxed);
+    let p = Posted {
+        s: s.clone(),
+        share,
+        link,
+        generation,
+        request_id,
+        bytes_out,
+        started,
+        posted_ns,
+    };
+    if let Err(e) = sent {
+        // The link is broken mid-frame: the node is taken out of rotation (it reconnects with
+        // fresh links) and the share goes over the stream of another replica.
+        let why = format!("data link: {e}");
+        let _ = finish_call(s, &p.share, generation, bytes_out, false, started, Err(why));
+        let share = p.share.clone();
+        drop(p);
+        return Err(share);
+    }
+    Ok(Box::new(p))
+}
+
+/// Waits for a posted share's answer under its stall deadline (a node whose stream died in the
+/// meantime fails the wait within milliseconds) and copies the outputs into their rows of `out`.
+pub(super) fn wait(mut p: Box<Posted>, out: &mut [f32]) -> Timed<()> {
+    // Without a hedge point `wait_until` runs to the stall deadline: it never hands back.
+    loop {
+        match wait_until(p, out, None) {
+            Ok(t) => return t,
+            Err(back) => p = back,
+        }
+    }
+}
+
+/// As [`wait`], but gives the share back unanswered when `hedge_at` passes first (before the
+/// stall deadline): the caller hedges it elsewhere and hands it to [`linger`].
+pub(super) fn wait_until(
+    p: Box<Posted>,
+    out: &mut [f32],
+    hedge_at: Option<Instant>,
+) -> Result<Timed<()>, Box<Posted>> {
+    let s = p.s.clone();
+    let s = &*s;
+    let stall_after = super::hedge::stall_deadline(s, p.share.node, p.share.cost);
+    let stall = p.started + stall_after;
+    let (deadline, early) = match hedge_at {
+        Some(h) if h < stall => (h, true),
+        _ => (stall, false),
+    };
+    let generation = p.generation;
+    let node = &s.nodes[p.share.node];
+    let mut alive =
+        || matches!(&*lock(&node.state), LinkState::Up(c) if c.generation == generation);
+    let received = {
+        let mut f = lock(&p.link.framed);
+        match f.recv(deadline, &mut alive) {
+            Ok((link::RESPONSE, payload)) => {
+                let arrived_ns = nightshift_proto::monotonic_ns();
+                decode_answer(payload, p.request_id, arrived_ns).and_then(|a| place(s, &p, a, out))
+            }
+            Ok((kind, _)) => Err(format!(
+                "data link: expected a response, found frame kind {kind}"
+            )),
+            Err(LinkError::TimedOut) if early => {
+                drop(f);
+                return Err(p);
+            }
+            Err(LinkError::TimedOut) => Err(format!(
+                "no answer within {} ms (node {} stalled or cut off)",
+                stall_after.as_millis(),
+                node.name
+            )),
+            Err(LinkError::Closed) if !alive() => Err("the node's stream closed".into()),
+            Err(e) => Err(format!("data link: {e}")),
+        }
+    };
+    let elapsed = p.started.elapsed();
+    let result = finish_call(
+        s,
+        &p.share,
+        generation,
+        p.bytes_out,
+        false,
+        p.started,
+        received,
+    );
+    if result.is_ok() {
+        lock(&s.stats).link_calls += 1;
+    }
+    Ok(((p.share.clone(), result), elapsed))
+}
+
+/// A response frame's answer to request `id`, or the error it carries.
+fn decode_answer(payload: &[u8], id: u64, arrived_ns: u64) -> Result<Answer, String> {
+    let resp = ComputeResponse::decode(payload)
+        .map_err(|e| format!("data link: undecodable response: {e}"))?;
+    let stamps = NodeStamps::of(&resp);
+    match resp.result {
+        Some(compute_response::Result::Error(e)) => Err(format!("node error: {}", e.message)),
+        _ if resp.request_id != id => Err(format!(
+            "data link: answer to request {} while waiting for {id}",
+            resp.request_id
+        )),
+        Some(compute_response::Result::Outputs(outputs)) => Ok(Answer {
+            outputs,
+            stamps,
+            arrived_ns,
+        }),
+        None => Err("node sent an empty response".into()),
+    }
+}
+
+/// Copies an answer's rows into `out` (one `n_embd` row per pair of the share) and records
+/// where its time went; the bytes received.
+fn place(s: &Shared, p: &Posted, a: Answer, out: &mut [f32]) -> Result<usize, String> {
+    let n_embd = s.n_embd;
+    let want = p.share.pair_idx.len() * n_embd * 4;
+    if a.outputs.len() != want {
+        return Err(format!(
+            "expected {want} output bytes, found {}",
+            a.outputs.len()
+        ));
+    }
+    for (j, &pi) in p.share.pair_idx.iter().enumerate() {
+        nightshift_proto::le_bytes_to_f32s(
+            &a.outputs[j * n_embd * 4..(j + 1) * n_embd * 4],
+            &mut out[pi * n_embd..(pi + 1) * n_embd],
+        );
+    }
+    if let Some(l) = legs(p.posted_ns, &a, a.arrived_ns) {
+        let mut st = lock(&s.stats);
+        if st.legs.len() < 1 << 20 {
+            st.legs.push(l);
+        }
+    }
+    Ok(want)
+}
+
+/// The moment a share posted at `p`'s start should be hedged (None: its node has too little
+/// history to judge, so the share waits for its stall deadline).
+pub(super) fn hedge_point(p: &Posted) -> Option<Instant> {
+    super::hedge::hedge_after(&p.s, p.share.node, p.share.cost).map(|d| p.started + d)
+}
+
+/// Reads the answer of a share given up on at its hedge point, off the caller's thread, until
+/// its node answers or its stall deadline passes, and then frees its link. The answer is
+/// dropped (the share was computed elsewhere); as every answer it is recorded, so a late one
+/// clears the node's suspect mark and a stall takes the node out of rotation.
+pub(super) fn linger(p: Box<Posted>) {
+    let n_embd = p.s.n_embd;
+    let rows = p.share.pair_idx.iter().max().map_or(0, |&m| m + 1);
+    let name = format!("link-linger-{}", p.node().name);
+    let spawned = std::thread::Builder::new().name(name).spawn(move || {
+        let mut scratch = vec![0.0f32; rows * n_embd];
+        let _ = wait(p, &mut scratch);
+    });
+    if let Err(e) = spawned {
+        // No thread: the share is dropped here and its link freed while the node may still
+        // answer it; the next call on that link would read that answer as its own and fail on
+        // its request id, taking the node out of rotation (no wrong output is ever used).
+        tracing::warn!("cannot wait for a stalled data-link call in the background: {e}");
+    }
+}
+
+/// How long after posting a share the caller gave up on it and hedged (for logs).
+pub(super) fn waited(p: &Posted) -> Duration {
+    p.started.elapsed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_of;
+
+    #[test]
+    fn the_host_of_an_address_drops_its_port_and_brackets() {
+        assert_eq!(host_of("10.77.0.10:7000"), "10.77.0.10");
+        assert_eq!(host_of("node-a.internal:7000"), "node-a.internal");
+        assert_eq!(host_of("[::1]:7000"), "::1");
+        assert_eq!(host_of("localhost"), "localhost");
+    }
+}
