@@ -157,11 +157,17 @@ pub(super) fn post(
         posted_ns,
     };
     if let Err(e) = sent {
+        let share = p.share.clone();
+        if matches!(e, LinkError::Malformed(_)) {
+            // Too large for a frame: nothing was written, the link is intact; the stream
+            // answers the share (or refuses it the same way).
+            drop(p);
+            return Err(share);
+        }
         // The link is broken mid-frame: the node is taken out of rotation (it reconnects with
         // fresh links) and the share goes over the stream of another replica.
         let why = format!("data link: {e}");
         let _ = finish_call(s, &p.share, generation, bytes_out, false, started, Err(why));
-        let share = p.share.clone();
         drop(p);
         return Err(share);
     }
