@@ -1,6 +1,6 @@
 //! The i-quant, ternary, FP4 and Q1_0/Q2_0 GEMM path of the aarch64 tiers. On the SDOT tiers
-//! (dotprod, and i8mm, which runs the same code) IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ1_S and
-//! IQ4_XS take `iq_decode`'s fused path (decode straight into SDOT operands, scales as
+//! (dotprod, and i8mm, which runs the same code) IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ1_S, IQ1_M
+//! and IQ4_XS take `iq_decode`'s fused path (decode straight into SDOT operands, scales as
 //! vectors). Every other type, and all of them on NEON, have their weight units decoded to
 //! signed bytes by the shared `arch::iq_tile` (which also holds the loops and the float
 //! epilogues; IQ2_XXS/IQ2_XS/IQ3_XXS by `iq_decode`'s NEON decoders), and this file has

@@ -7,13 +7,14 @@
 //! `TBL` per 16 codes. (The portable `iq_tile` decoders build each 8 bytes in a general
 //! register and store them.)
 //!
-//! - On SDOT (dotprod and i8mm), [`gemm_sdot`]: IQ2_XXS, IQ3_XXS, IQ2_XS, IQ2_S, IQ1_S and
-//!   IQ4_XS with the decode fused into the dot products. A weight unit's 16 vectors stay in
-//!   registers and go straight into SDOTs against every activation row; the per-32 (or
+//! - On SDOT (dotprod and i8mm), [`gemm_sdot`]: IQ2_XXS, IQ3_XXS, IQ2_XS, IQ2_S, IQ1_S,
+//!   IQ1_M and IQ4_XS with the decode fused into the dot products. A weight unit's 16 vectors
+//!   stay in registers and go straight into SDOTs against every activation row; the per-32 (or
 //!   per-16) sums are reduced by pairwise adds and multiplied by the scales, built once per
 //!   unit as vectors, into the reference's integer block sums (exact in any order); the
 //!   float steps are the reference's, in its order (IQ4_XS: one float product per group,
-//!   added one by one).
+//!   added one by one). IQ1_M's weights are decoded as `8 * grid + shift`, so one SDOT covers
+//!   both of its reference's sums ([`FIq1M`] says why the float result is the same).
 //! - On NEON ([`gemm`]): IQ2_XXS, IQ2_XS and IQ3_XXS decoded to the same 256 bytes as
 //!   `iq_tile`'s decoders, 16 at a time, then `iq_tile`'s loop, core and epilogue. (IQ2_S,
 //!   IQ1_S and IQ1_M decoded this way were slower on the N2 model than the portable code,
@@ -26,8 +27,8 @@ use crate::arch::iq_tile::{
     self, gemm_units, sign_masks, unit_blocks, Decoded, IqKind, Sums, SIGN_MASK,
 };
 use crate::formats::{
-    BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3Xxs, BlockIq4Xs, BlockQ8_K, IQ1S_GRID,
-    IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
+    BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3Xxs, BlockIq4Xs, BlockQ8_K,
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, QK_K,
 };
 use crate::scalar::{iq1, iq2};
 use crate::{GgmlType, Tile};
@@ -410,6 +411,79 @@ impl Fused for FIq1S {
     }
 }
 
+/// IQ1_M with each weight decoded as `8 * grid + delta` (the ±1 shift of its 8-element group):
+/// one SDOT per 16 weights gives `8 * s1 + s2` (`s1` the grid's sum, `s2` the shift's), so the
+/// integer block sum is `T = 8 * sumi1 + sumi2` of the reference. `|T| < 2^23` (each weight
+/// within ±9, each activation within ±128, scales at most 15: 256 * 9 * 128 * 15), so `T`,
+/// `T / 8`, `sumi1` and `IQ1_DELTA * sumi2` are exact floats and the reference's
+/// `sumi1 + IQ1_DELTA * sumi2` is exactly `IQ1_DELTA * T`: the same float, then its
+/// `d * d8 * (..)` in its order.
+struct FIq1M;
+impl Fused for FIq1M {
+    type K = iq_tile::Iq1M;
+    const PER32: bool = false;
+    type U = Scale16;
+    #[inline(always)]
+    fn weights(b: &BlockIq1M) -> [int8x16_t; 16] {
+        // SAFETY: NEON is baseline on aarch64; `qh` is 16 bytes.
+        unsafe {
+            let qh = vld1q_u8(b.qh.as_ptr());
+            // byte i of `lo` (`hi`): the shift (1 or -1) of 8-element group 2 i (2 i + 1), from
+            // bit 3 (bit 7) of `qh[i]`
+            let one = vdupq_n_s8(1);
+            let shift = |bit: u8| vorrq_s8(vreinterpretq_s8_u8(vtstq_u8(qh, vdupq_n_u8(bit))), one);
+            let (lo, hi) = (shift(8), shift(128));
+            // bytes 2 k and 2 k + 1 of `p[h]`: the two shifts of vector 8 h + k
+            let p = [vzip1q_s8(lo, hi), vzip2q_s8(lo, hi)];
+            const HALVES: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+            let halves = vld1q_u8(HALVES.as_ptr());
+            // 8 hidden from the optimizer, which would turn the multiply-add back into a shift
+            // and an add: two instructions, the shift on V1 only on N2 (the multiply-add: 87 ->
+            // 82 cycles per 256 weights at batch 1)
+            let eight = vdupq_n_s8(core::hint::black_box(8));
+            core::array::from_fn(|i| {
+                let (g, l) = (i / 2, 2 * (i % 2));
+                let grid = pair(
+                    &IQ1S_GRID,
+                    iq1::iq1_m_index(b, g, l),
+                    iq1::iq1_m_index(b, g, l + 1),
+                );
+                let at = vaddq_u8(halves, vdupq_n_u8(2 * (i % 8) as u8));
+                let delta = vqtbl1q_s8(p[i / 8], at);
+                vmlaq_s8(delta, grid, eight)
+            })
+        }
+    }
+    #[inline(always)]
+    fn unit(b: &BlockIq1M) -> Scale16 {
+        // SAFETY: NEON is baseline on aarch64; `scales` is 8 bytes.
+        unsafe {
+            // lane c of `w`: scale word c; lane k of vector c: its scale k (bits 3k..3k + 3)
+            let w = vmovl_u16(vreinterpret_u16_u8(vld1_u8(b.scales.as_ptr())));
+            const SH: [i32; 4] = [0, -3, -6, -9];
+            let sh = vld1q_s32(SH.as_ptr());
+            let odd = |v: uint32x4_t| {
+                let v = vandq_u32(vshlq_u32(v, sh), vdupq_n_u32(7));
+                vreinterpretq_s32_u32(vorrq_u32(vshlq_n_u32::<1>(v), vdupq_n_u32(1)))
+            };
+            (
+                [
+                    odd(vdupq_laneq_u32::<0>(w)),
+                    odd(vdupq_laneq_u32::<1>(w)),
+                    odd(vdupq_laneq_u32::<2>(w)),
+                    odd(vdupq_laneq_u32::<3>(w)),
+                ],
+                b.d(),
+            )
+        }
+    }
+    #[inline(always)]
+    fn row(u: &Scale16, x: &BlockQ8_K, s: [int32x4_t; 4], sumf: &mut f32) {
+        let t = dot_lanes(&s, &u.0);
+        *sumf += u.1 * x.d() * (iq1::IQ1_DELTA * t as f32);
+    }
+}
+
 /// IQ4_XS: the per-32 scales `code - 32` as floats, and `d`.
 type Iq4Unit = ([float32x4_t; 2], f32);
 
@@ -529,8 +603,8 @@ unsafe fn gemm_fused<F: Fused>(
     true
 }
 
-/// The fused SDOT path ([`gemm_fused`]) of IQ2_XXS, IQ3_XXS, IQ2_XS, IQ2_S, IQ1_S and IQ4_XS;
-/// `None` for any other type.
+/// The fused SDOT path ([`gemm_fused`]) of IQ2_XXS, IQ3_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M and
+/// IQ4_XS; `None` for any other type.
 ///
 /// # Safety
 /// The CPU must implement FEAT_DotProd.
@@ -547,6 +621,7 @@ pub(super) unsafe fn gemm_sdot(t: &mut Tile<'_>) -> Option<bool> {
             GgmlType::IQ2_XS => gemm_fused::<FIq2Xs>(k, w, rows, x, n, out),
             GgmlType::IQ2_S => gemm_fused::<FIq2S>(k, w, rows, x, n, out),
             GgmlType::IQ1_S => gemm_fused::<FIq1S>(k, w, rows, x, n, out),
+            GgmlType::IQ1_M => gemm_fused::<FIq1M>(k, w, rows, x, n, out),
             GgmlType::IQ4_XS => gemm_fused::<FIq4Xs>(k, w, rows, x, n, out),
             _ => return None,
         })

@@ -48,7 +48,7 @@
 //! | Q5_1  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | IQ4_NL, MXFP4 | SMULL+SADDLP | SDOT, 4 rows x 8 acts (codes by TBL) | SMMLA, 4 rows x 8 acts (n = 1: SDOT) |
 //! | IQ2_XXS, IQ2_XS, IQ3_XXS | SMULL+SADDLP, NEON decode | SDOT, decode fused | SDOT, decode fused |
-//! | IQ2_S, IQ1_S, IQ4_XS | SMULL+SADDLP | SDOT, decode fused | SDOT, decode fused |
+//! | IQ2_S, IQ1_S, IQ1_M, IQ4_XS | SMULL+SADDLP | SDOT, decode fused | SDOT, decode fused |
 //! | other IQ*, TQ*, NVFP4, Q1_0, Q2_0 | SMULL+SADDLP | SDOT | SDOT |
 //!
 //! Q8_0, Q4_0, IQ4_NL, MXFP4, Q3_K, Q4_K, Q5_K and Q6_K also have dotprod/i8mm paths for weights repacked at load
@@ -66,7 +66,7 @@
 //! The i-quants and ternary types ([`iq`]) decode each block to signed bytes with the portable
 //! `arch::iq_tile` (IQ2_XXS, IQ2_XS, IQ3_XXS: with the NEON decoders of [`iq_decode`]) and
 //! need only 16-element group sums from a core; on SDOT, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
-//! IQ1_S and IQ4_XS skip the decoded copy: `iq_decode` fuses their decode into the dot
+//! IQ1_S, IQ1_M and IQ4_XS skip the decoded copy: `iq_decode` fuses their decode into the dot
 //! products.
 //!
 //! The loops walk the weight rows one (or two adjacent) at a time, a sequential stream the
