@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nightshift_proto::link::{self, Framed, Hello, LinkError, Stream};
-use nightshift_proto::v1::{compute_response, ComputeRequest, ComputeResponse};
+use nightshift_proto::v1::ComputeRequest;
 use nightshift_proto::PROTOCOL_VERSION;
 use prost::Message;
 use tonic::Code;
 
-use crate::service::NodeService;
+use crate::service::{answer, NodeService};
 use crate::store::ExpertStore;
 
 /// Most links a node serves at once (each holds a thread).
@@ -161,24 +161,7 @@ impl LinkServer {
                 }
             };
             let ended_ns = nightshift_proto::monotonic_ns();
-            let result = match result {
-                Ok(bytes) => compute_response::Result::Outputs(bytes),
-                Err(status) => {
-                    tracing::warn!(request_id, "compute request rejected: {}", status.message());
-                    compute_response::Result::Error(nightshift_proto::v1::Error {
-                        code: status.code() as i32,
-                        message: status.message().to_string(),
-                    })
-                }
-            };
-            let resp = ComputeResponse {
-                request_id,
-                result: Some(result),
-                received_ns,
-                started_ns,
-                ended_ns,
-                replied_ns: nightshift_proto::monotonic_ns(),
-            };
+            let resp = answer(request_id, result, [received_ns, started_ns, ended_ns]);
             f.send(link::RESPONSE, WRITE_TIMEOUT, |o| resp.encode_raw(o))?;
         }
     }

@@ -367,6 +367,33 @@ fn status_of_expert(e: ExpertError) -> Status {
     }
 }
 
+/// The answer to request `request_id`: its outputs or its error (logged), with the node's
+/// timestamps (`received`, compute `started` and `ended`; replied is now).
+pub(crate) fn answer(
+    request_id: u64,
+    result: Result<Vec<u8>, Status>,
+    [received_ns, started_ns, ended_ns]: [u64; 3],
+) -> ComputeResponse {
+    let result = match result {
+        Ok(bytes) => compute_response::Result::Outputs(bytes),
+        Err(status) => {
+            tracing::warn!(request_id, "compute request rejected: {}", status.message());
+            compute_response::Result::Error(nightshift_proto::v1::Error {
+                code: status.code() as i32,
+                message: status.message().to_string(),
+            })
+        }
+    };
+    ComputeResponse {
+        request_id,
+        result: Some(result),
+        received_ns,
+        started_ns,
+        ended_ns,
+        replied_ns: nightshift_proto::monotonic_ns(),
+    }
+}
+
 /// Requests of one compute stream handed to the pool ahead of their answers, at most (more wait
 /// unread in the stream, which pushes back on the coordinator through HTTP/2 flow control).
 const STREAM_PIPELINE: usize = 8;
@@ -484,29 +511,9 @@ impl ExpertService for NodeService {
                     .await
                     .unwrap_or_else(|_| (Err(Status::internal("worker failed: no result")), 0, 0));
                 in_flight.fetch_sub(1, Ordering::Relaxed);
-                let result = match result {
-                    Ok(bytes) => compute_response::Result::Outputs(bytes),
-                    Err(status) => {
-                        tracing::warn!(
-                            request_id,
-                            "compute request rejected: {}",
-                            status.message()
-                        );
-                        compute_response::Result::Error(nightshift_proto::v1::Error {
-                            code: status.code() as i32,
-                            message: status.message().to_string(),
-                        })
-                    }
-                };
+                let stamps = [received_ns, started_ns, ended_ns];
                 if tx
-                    .send(Ok(ComputeResponse {
-                        request_id,
-                        result: Some(result),
-                        received_ns,
-                        started_ns,
-                        ended_ns,
-                        replied_ns: nightshift_proto::monotonic_ns(),
-                    }))
+                    .send(Ok(answer(request_id, result, stamps)))
                     .await
                     .is_err()
                 {

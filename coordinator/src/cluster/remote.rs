@@ -31,6 +31,7 @@ pub mod balance;
 mod call;
 mod errors;
 mod hedge;
+mod held;
 mod hints;
 mod layer_call;
 mod net_link;

@@ -60,8 +60,8 @@ impl Posted {
 
     fn hedge_point(&self) -> Option<Instant> {
         match self {
-            Posted::Shm(p) => shm_link::hedge_point(p),
-            Posted::Net(p) => net_link::hedge_point(p),
+            Posted::Shm(p) => p.hedge_point(),
+            Posted::Net(p) => p.hedge_point(),
         }
     }
 
@@ -88,8 +88,8 @@ impl Posted {
 
     fn waited(&self) -> std::time::Duration {
         match self {
-            Posted::Shm(p) => shm_link::waited(p),
-            Posted::Net(p) => net_link::waited(p),
+            Posted::Shm(p) => p.waited(),
+            Posted::Net(p) => p.waited(),
         }
     }
 }

@@ -13,7 +13,7 @@
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nightshift_model::{ActRows, ExpertPair};
 use nightshift_proto::link::{self, Framed, Hello, LinkError, Stream};
@@ -22,7 +22,8 @@ use nightshift_proto::PROTOCOL_VERSION;
 use prost::Message;
 
 use super::call::{finish_call, legs, share_request, Answer, NodeStamps, Share, Timed};
-use super::{lock, LinkState, NodeLink, Shared};
+use super::held::{Held, Link};
+use super::{lock, LinkState, Shared};
 
 /// One open link and who is using it.
 pub(in crate::cluster) struct NetLink {
@@ -92,31 +93,25 @@ pub(super) fn open(s: &Shared, addr: &str, port: u16) -> Result<NetLink, String>
     })
 }
 
-/// A share written to a node's link, to be collected with [`wait`]. Dropping it (collected or
-/// not) frees the link for the next call and takes its work off the node's in-flight count.
-pub(super) struct Posted {
-    s: Arc<Shared>,
-    pub(super) share: Share,
-    link: Arc<NetLink>,
-    generation: u64,
-    request_id: u64,
-    bytes_out: usize,
-    started: Instant,
-    posted_ns: u64,
-}
-
-impl Posted {
-    fn node(&self) -> &NodeLink {
-        &self.s.nodes[self.share.node]
+impl Link for NetLink {
+    fn busy(&self) -> &AtomicBool {
+        &self.busy
     }
 }
 
-impl Drop for Posted {
-    fn drop(&mut self) {
-        self.node()
-            .outstanding
-            .fetch_sub(self.share.cost, Ordering::Relaxed);
-        self.link.busy.store(false, Ordering::Release);
+/// A share written to a node's link, to be collected with [`wait`]. Dropping it (collected or
+/// not) frees the link for the next call and takes its work off the node's in-flight count.
+pub(super) struct Posted {
+    held: Held<NetLink>,
+    request_id: u64,
+    posted_ns: u64,
+}
+
+impl std::ops::Deref for Posted {
+    type Target = Held<NetLink>;
+
+    fn deref(&self) -> &Held<NetLink> {
+        &self.held
     }
 }
 
@@ -141,19 +136,12 @@ pub(super) fn post(
     };
     let req = share_request(s, layer, acts, pairs, &share);
     let (request_id, bytes_out) = (req.request_id, req.acts.len() + 8 * req.experts.len() + 5);
-    let started = Instant::now();
     let posted_ns = nightshift_proto::monotonic_ns();
     let write_timeout = super::hedge::stall_deadline(s, share.node, share.cost);
     let sent = lock(&link.framed).send(link::REQUEST, write_timeout, |o| req.encode_raw(o));
-    node.outstanding.fetch_add(share.cost, Ordering::Relaxed);
     let p = Posted {
-        s: s.clone(),
-        share,
-        link,
-        generation,
+        held: Held::new(s, share, link, generation, bytes_out),
         request_id,
-        bytes_out,
-        started,
         posted_ns,
     };
     if let Err(e) = sent {
@@ -167,7 +155,7 @@ pub(super) fn post(
         // The link is broken mid-frame: the node is taken out of rotation (it reconnects with
         // fresh links) and the share goes over the stream of another replica.
         let why = format!("data link: {e}");
-        let _ = finish_call(s, &p.share, generation, bytes_out, false, started, Err(why));
+        let _ = finish_call(s, &share, generation, bytes_out, false, p.started, Err(why));
         drop(p);
         return Err(share);
     }
@@ -176,14 +164,8 @@ pub(super) fn post(
 
 /// Waits for a posted share's answer under its stall deadline (a node whose stream died in the
 /// meantime fails the wait within milliseconds) and copies the outputs into their rows of `out`.
-pub(super) fn wait(mut p: Box<Posted>, out: &mut [f32]) -> Timed<()> {
-    // Without a hedge point `wait_until` runs to the stall deadline: it never hands back.
-    loop {
-        match wait_until(p, out, None) {
-            Ok(t) => return t,
-            Err(back) => p = back,
-        }
-    }
+pub(super) fn wait(p: Box<Posted>, out: &mut [f32]) -> Timed<()> {
+    super::held::wait_out(p, out, wait_until)
 }
 
 /// As [`wait`], but gives the share back unanswered when `hedge_at` passes first (before the
@@ -195,16 +177,10 @@ pub(super) fn wait_until(
 ) -> Result<Timed<()>, Box<Posted>> {
     let s = p.s.clone();
     let s = &*s;
-    let stall_after = super::hedge::stall_deadline(s, p.share.node, p.share.cost);
-    let stall = p.started + stall_after;
-    let (deadline, early) = match hedge_at {
-        Some(h) if h < stall => (h, true),
-        _ => (stall, false),
-    };
-    let generation = p.generation;
-    let node = &s.nodes[p.share.node];
-    let mut alive =
-        || matches!(&*lock(&node.state), LinkState::Up(c) if c.generation == generation);
+    let (deadline, early) = p.wait_deadline(hedge_at);
+    let (generation, node) = (p.generation, p.node());
+    let held: &Held<NetLink> = &p;
+    let mut alive = || held.link_alive();
     let received = {
         let mut f = lock(&p.link.framed);
         match f.recv(deadline, &mut alive) {
@@ -221,7 +197,7 @@ pub(super) fn wait_until(
             }
             Err(LinkError::TimedOut) => Err(format!(
                 "no answer within {} ms (node {} stalled or cut off)",
-                stall_after.as_millis(),
+                p.stall_after().as_millis(),
                 node.name
             )),
             Err(LinkError::Closed) if !alive() => Err("the node's stream closed".into()),
@@ -290,35 +266,10 @@ fn place(s: &Shared, p: &Posted, a: Answer, out: &mut [f32]) -> Result<usize, St
     Ok(want)
 }
 
-/// The moment a share posted at `p`'s start should be hedged (None: its node has too little
-/// history to judge, so the share waits for its stall deadline).
-pub(super) fn hedge_point(p: &Posted) -> Option<Instant> {
-    super::hedge::hedge_after(&p.s, p.share.node, p.share.cost).map(|d| p.started + d)
-}
-
 /// Reads the answer of a share given up on at its hedge point, off the caller's thread, until
-/// its node answers or its stall deadline passes, and then frees its link. The answer is
-/// dropped (the share was computed elsewhere); as every answer it is recorded, so a late one
-/// clears the node's suspect mark and a stall takes the node out of rotation.
+/// its node answers or its stall deadline passes, and then frees its link (`held::linger`).
 pub(super) fn linger(p: Box<Posted>) {
-    let n_embd = p.s.n_embd;
-    let rows = p.share.pair_idx.iter().max().map_or(0, |&m| m + 1);
-    let name = format!("link-linger-{}", p.node().name);
-    let spawned = std::thread::Builder::new().name(name).spawn(move || {
-        let mut scratch = vec![0.0f32; rows * n_embd];
-        let _ = wait(p, &mut scratch);
-    });
-    if let Err(e) = spawned {
-        // No thread: the share is dropped here and its link freed while the node may still
-        // answer it; the next call on that link would read that answer as its own and fail on
-        // its request id, taking the node out of rotation (no wrong output is ever used).
-        tracing::warn!("cannot wait for a stalled data-link call in the background: {e}");
-    }
-}
-
-/// How long after posting a share the caller gave up on it and hedged (for logs).
-pub(super) fn waited(p: &Posted) -> Duration {
-    p.started.elapsed()
+    super::held::linger(p, |p| &p.held, wait);
 }
 
 #[cfg(test)]

@@ -156,7 +156,7 @@ pub(super) fn run(
     let mut landed = Vec::with_capacity(posted.len());
     let mut silent = Vec::new();
     for p in posted {
-        let at = shm_link::hedge_point(&p);
+        let at = p.hedge_point();
         match shm_link::wait_until(p, out, at) {
             Ok(t) => landed.push(t),
             Err(p) => silent.push(p),
@@ -173,7 +173,7 @@ pub(super) fn run(
     let mut hedged = Vec::with_capacity(silent.len());
     for p in silent {
         let node = p.share.node;
-        hedge::mark_slow(s, node, layer, shm_link::waited(&p));
+        hedge::mark_slow(s, node, layer, p.waited());
         hedge::count_hedge(s, node);
         hedged.push(node);
         shm_link::linger(p);

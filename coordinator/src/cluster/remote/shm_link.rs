@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nightshift_model::{ActRows, ExpertPair};
 use nightshift_proto::shm::{ShmClient, ShmError, ShmView};
@@ -21,7 +21,8 @@ use tonic::transport::Channel;
 
 use super::call::{finish_call, share_request, Share, Timed};
 use super::errors::status_chain;
-use super::{answered, handshake, lock, LinkState, NodeLink, Shared};
+use super::held::{Held, Link};
+use super::{answered, handshake, lock, LinkState, Shared};
 
 /// An attached region and who is using it.
 pub(in crate::cluster) struct ShmLink {
@@ -60,31 +61,15 @@ pub(super) async fn attach(
     })
 }
 
+impl Link for ShmLink {
+    fn busy(&self) -> &AtomicBool {
+        &self.busy
+    }
+}
+
 /// A share posted to a node's region, to be collected with [`wait`]. Dropping it (collected or
 /// not) frees the region for the next call and takes its work off the node's in-flight count.
-pub(super) struct Posted {
-    s: Arc<Shared>,
-    pub(super) share: Share,
-    link: Arc<ShmLink>,
-    generation: u64,
-    bytes_out: usize,
-    started: Instant,
-}
-
-impl Posted {
-    fn node(&self) -> &NodeLink {
-        &self.s.nodes[self.share.node]
-    }
-}
-
-impl Drop for Posted {
-    fn drop(&mut self) {
-        self.node()
-            .outstanding
-            .fetch_sub(self.share.cost, Ordering::Relaxed);
-        self.link.busy.store(false, Ordering::Release);
-    }
-}
+pub(super) type Posted = Held<ShmLink>;
 
 /// Posts `share` through its node's region, or gives it back for the stream. `tag` (not 0)
 /// makes it a shared call of the claim board (`shared_call`): the node then computes the first
@@ -120,35 +105,20 @@ pub(super) fn post(
     }
     let req = share_request(s, layer, acts, pairs, &share);
     let bytes_out = req.acts.len() + 8 * req.experts.len();
-    let started = Instant::now();
     if let Err(e) = lock(&link.client).post_tagged(&req, tag, owned) {
         tracing::debug!(node = %node.name, "shared-memory post failed, using the stream: {e}");
         link.busy.store(false, Ordering::Release);
         return Err(share);
     }
-    node.outstanding.fetch_add(share.cost, Ordering::Relaxed);
-    Ok(Posted {
-        s: s.clone(),
-        share,
-        link,
-        generation,
-        bytes_out,
-        started,
-    })
+    Ok(Held::new(s, share, link, generation, bytes_out))
 }
 
 /// Waits for a posted share's outputs under the call deadline (a node whose stream died in the
 /// meantime fails the wait within milliseconds) and copies them from the region straight into
 /// their rows of `out`. The share comes back narrowed to the pairs answered (a shared call's
 /// node answers only the groups it took).
-pub(super) fn wait(mut p: Posted, out: &mut [f32]) -> Timed<()> {
-    // Without a hedge point `wait_until` runs to the stall deadline: it never hands back.
-    loop {
-        match wait_until(p, out, None) {
-            Ok(t) => return t,
-            Err(back) => p = back,
-        }
-    }
+pub(super) fn wait(p: Posted, out: &mut [f32]) -> Timed<()> {
+    super::held::wait_out(p, out, wait_until)
 }
 
 /// As [`wait`], but gives the share back unanswered when `hedge_at` passes first (before the
@@ -160,15 +130,9 @@ pub(super) fn wait_until(
 ) -> Result<Timed<()>, Posted> {
     let s = p.s.clone();
     let s = &*s;
-    let stall = p.started + super::hedge::stall_deadline(s, p.share.node, p.share.cost);
-    let (deadline, early) = match hedge_at {
-        Some(h) if h < stall => (h, true),
-        _ => (stall, false),
-    };
-    let generation = p.generation;
-    let node = &s.nodes[p.share.node];
-    let mut alive =
-        || matches!(&*lock(&node.state), LinkState::Up(c) if c.generation == generation);
+    let (deadline, early) = p.wait_deadline(hedge_at);
+    let held = &p;
+    let mut alive = || held.link_alive();
     let n_embd = s.n_embd;
     let link = p.link.clone();
     let received = {
@@ -223,32 +187,8 @@ pub(super) fn wait_until(
     Ok(((share, result), elapsed))
 }
 
-/// The moment a share posted at `p`'s start should be hedged (None: its node has too little
-/// history to judge, so the share waits for its stall deadline).
-pub(super) fn hedge_point(p: &Posted) -> Option<Instant> {
-    super::hedge::hedge_after(&p.s, p.share.node, p.share.cost).map(|d| p.started + d)
-}
-
 /// Waits for a share given up on at its hedge point, off the caller's thread, until its node
-/// answers or its stall deadline passes, and then frees its region. The answer is dropped (the
-/// share was computed elsewhere); as every answer it is recorded, so a late one clears the
-/// node's suspect mark and a stall takes the node out of rotation until it reconnects.
+/// answers or its stall deadline passes, and then frees its region (`held::linger`).
 pub(super) fn linger(p: Posted) {
-    let n_embd = p.s.n_embd;
-    let rows = p.share.pair_idx.iter().max().map_or(0, |&m| m + 1);
-    let name = format!("shm-linger-{}", p.node().name);
-    let spawned = std::thread::Builder::new().name(name).spawn(move || {
-        let mut scratch = vec![0.0f32; rows * n_embd];
-        let _ = wait(p, &mut scratch);
-    });
-    if let Err(e) = spawned {
-        // No thread: the share is dropped here; its request stays outstanding in the region
-        // (`ShmClient` refuses a second post), so later calls to the node take the stream.
-        tracing::warn!("cannot wait for a stalled shared-memory call in the background: {e}");
-    }
-}
-
-/// How long after posting a share the caller gave up on it and hedged (for logs).
-pub(super) fn waited(p: &Posted) -> Duration {
-    p.started.elapsed()
+    super::held::linger(p, |p| p, wait);
 }
