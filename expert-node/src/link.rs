@@ -4,7 +4,8 @@
 //! the coordinator's hello (protocol, model fingerprint, auth token — as the gRPC service does),
 //! then reads a request, validates and computes it with the same code as the gRPC stream
 //! (`NodeService::handle`: on this thread when the pool has one worker, so a layer call wakes one
-//! thread here), and writes the answer with the node's timestamps. A malformed request gets an
+//! thread here; one request at a time then, across all links, as the pool would), and writes
+//! the answer with the node's timestamps. A malformed request gets an
 //! error answer and the link goes on; a frame that breaks the framing (too long, unknown kind)
 //! or a refused hello ends the link. Nothing from the peer can panic the node.
 
@@ -19,7 +20,7 @@ use nightshift_proto::PROTOCOL_VERSION;
 use prost::Message;
 use tonic::Code;
 
-use crate::service::{answer, NodeService};
+use crate::service::{answer, lock, NodeService};
 use crate::store::ExpertStore;
 
 /// Most links a node serves at once (each holds a thread).
@@ -43,6 +44,8 @@ pub struct LinkServer {
     pub(crate) token: Option<Vec<u8>>,
     pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
     pub(crate) links: AtomicU32,
+    /// `NodeService::alone`: held while a link thread computes a request itself.
+    pub(crate) alone: Arc<std::sync::Mutex<()>>,
 }
 
 impl LinkServer {
@@ -154,8 +157,10 @@ impl LinkServer {
                     }
                     let id = msg.request_id;
                     self.in_flight.fetch_add(1, Ordering::Relaxed);
+                    let alone = pool.is_none().then(|| lock(&self.alone));
                     let started_ns = nightshift_proto::monotonic_ns();
                     let r = NodeService::handle(&self.store, pool, self.n_embd, msg);
+                    drop(alone);
                     self.in_flight.fetch_sub(1, Ordering::Relaxed);
                     (id, r, started_ns)
                 }

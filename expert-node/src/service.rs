@@ -12,7 +12,8 @@
 //! `nightshift_proto::shm`): a link thread, pinned like the workers, then takes that
 //! coordinator's requests from the region, checks them with the same `validate` and answers
 //! them with the same `run`. A node with one worker computes on the link thread itself, so a
-//! layer call wakes one thread here instead of three. When the coordinator also handed over its
+//! layer call wakes one thread here instead of three (one request at a time across all links,
+//! as the pool would compute them: `alone`). When the coordinator also handed over its
 //! claim board, a *shared* call (one posted to several nodes at once) is computed group by group
 //! as the board hands the groups out (`run_shared`), after the groups the request says are this
 //! node's alone (the experts it was hinted to read ahead), and answered with the pairs done here.
@@ -69,6 +70,10 @@ pub struct NodeService {
     link_pin: Option<Arc<dyn Fn() + Send + Sync>>,
     /// Port of the framed data link (`crate::link`) reported by `Info`; 0: none.
     link_port: u16,
+    /// Held by a link thread (shared memory or data link) computing a request itself, when the
+    /// pool has one worker: the node computes one request at a time, as its pool would, even
+    /// when several links bring requests at once (a coordinator's two micro-batches).
+    alone: Arc<std::sync::Mutex<()>>,
 }
 
 /// Most shared-memory links a node serves at once (each holds a thread).
@@ -102,6 +107,7 @@ impl NodeService {
             stop: Arc::new(AtomicBool::new(false)),
             link_pin: None,
             link_port: 0,
+            alone: Arc::default(),
         }
     }
 
@@ -130,6 +136,7 @@ impl NodeService {
             token: token.map(|t| format!("Bearer {t}").into_bytes()),
             tls,
             links: AtomicU32::new(0),
+            alone: self.alone.clone(),
         })
     }
 
@@ -367,6 +374,11 @@ fn status_of_expert(e: ExpertError) -> Status {
     }
 }
 
+/// Locks `m`, whatever a panicking holder left (the guarded state is `()`).
+pub(crate) fn lock(m: &std::sync::Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The answer to request `request_id`: its outputs or its error (logged), with the node's
 /// timestamps (`received`, compute `started` and `ended`; replied is now).
 pub(crate) fn answer(
@@ -562,6 +574,7 @@ impl ExpertService for NodeService {
             stop: self.stop.clone(),
             pin: self.link_pin.clone(),
             board,
+            alone: self.alone.clone(),
         };
         let spawned = std::thread::Builder::new()
             .name("expert-shm-link".into())
@@ -635,6 +648,8 @@ struct Link {
     pin: Option<Arc<dyn Fn() + Send + Sync>>,
     /// The coordinator's claim board, for shared calls.
     board: Option<ClaimBoard>,
+    /// `NodeService::alone`.
+    alone: Arc<std::sync::Mutex<()>>,
 }
 
 impl Link {
@@ -699,7 +714,10 @@ impl Link {
                     }
                     self.in_flight.fetch_add(1, Ordering::Relaxed);
                     let id = msg.request_id;
-                    let out = self.compute(&mut server, pool, msg);
+                    let out = {
+                        let _alone = pool.is_none().then(|| lock(&self.alone));
+                        self.compute(&mut server, pool, msg)
+                    };
                     self.in_flight.fetch_sub(1, Ordering::Relaxed);
                     (id, out)
                 }
