@@ -90,6 +90,10 @@ pub struct Engine {
     profile: StepProfile,
     /// The prefix cache's disk tier, if any (kept to rebuild the cache with another type).
     kv_disk: Option<KvDiskOptions>,
+    /// Whether two micro-batches pay, from measured step times (`lanes::SplitPolicy`).
+    split_policy: crate::lanes::SplitPolicy,
+    /// The shape and mode of the step running, for `split_policy`.
+    split_step: Option<((usize, usize), bool)>,
 }
 
 /// Wall time of the engine's steps by phase, summed since the engine started or since
@@ -149,6 +153,8 @@ impl Engine {
             observer: None,
             profile: StepProfile::default(),
             kv_disk: None,
+            split_policy: Default::default(),
+            split_step: None,
         })
     }
 
@@ -411,10 +417,15 @@ impl Engine {
         } else {
             pool.install(|| self.run(batch, &toks, true))
         };
+        let split_step = self.split_step.take();
         if res.is_ok() {
+            let secs = started.elapsed().as_secs_f64();
+            if let Some((shape, split)) = split_step {
+                self.split_policy.record(shape, split, secs);
+            }
             self.profile.steps += 1;
             self.profile.tokens += batch.len() as u64;
-            self.profile.total += started.elapsed().as_secs_f64();
+            self.profile.total += secs;
             let committed: Vec<(usize, u32)> = toks
                 .iter()
                 .zip(batch)
@@ -516,8 +527,21 @@ impl Engine {
         // Experts elsewhere: each layer's call is posted and the engine computes meanwhile (the
         // shared expert; with two micro-batches, the other half's layer too).
         let overlap = self.backend.overlaps();
-        let split = overlap && self.backend.micro_batches();
-        let mut lanes: Vec<Lane> = match split.then(|| micro_batches(toks)).flatten() {
+        let halves = (overlap && self.backend.micro_batches())
+            .then(|| micro_batches(toks))
+            .flatten();
+        // Two micro-batches only where measured steps say they pay (`SplitPolicy`).
+        let halves = halves.filter(|_| {
+            let seqs = toks
+                .iter()
+                .map(|t| t.slot)
+                .collect::<std::collections::BTreeSet<_>>();
+            let shape = (toks.len(), seqs.len());
+            let split = self.split_policy.choose(shape);
+            self.split_step = Some((shape, split));
+            split
+        });
+        let mut lanes: Vec<Lane> = match halves {
             Some(halves) => halves
                 .into_iter()
                 .map(|rows| Lane::gather(rows, &x, toks, &ropes, e))

@@ -3,7 +3,8 @@
 //! `micro_batches`), two micro-batches of whole sequences whose layer calls alternate: while one
 //! half's experts are on the nodes the engine lands the other half's previous call, sums it, and
 //! runs that half's next attention block and router (the dual-micro-batch overlap of large
-//! expert-parallel deployments). A row's values never depend on its lane: attention reads only
+//! expert-parallel deployments), for the step shapes where measured steps say it pays
+//! ([`SplitPolicy`]). A row's values never depend on its lane: attention reads only
 //! its own sequence's cache, every other op works row by row, and an expert's output row depends
 //! only on its expert and activation row (`expert::run_claimed`), so the logits are the same
 //! bits either way (`coordinator/tests/cluster_netns.rs`).
@@ -134,9 +135,91 @@ pub(crate) fn micro_batches(toks: &[Tok]) -> Option<Vec<Vec<usize>>> {
     Some(vec![a, b])
 }
 
+/// Steps of one shape each mode must have run before the faster one is kept.
+const WARMUP: u32 = 3;
+/// Steps of one shape between two runs of the mode not kept (its time may have changed).
+const PROBE_EVERY: u32 = 16;
+/// Weight of a step's time in its mode's running mean.
+const ALPHA: f64 = 0.5;
+/// Most step shapes remembered (prefill chunks make many; the table restarts past it).
+const MAX_SHAPES: usize = 1024;
+
+/// Whether two micro-batches pay, from measured step times: per step shape (rows, sequences),
+/// each mode's recent step time; both are tried a few times, then the faster is kept and the
+/// other is run again every [`PROBE_EVERY`] steps of that shape. They pay when the nodes compute
+/// on cores of their own, and lose when the nodes share the coordinator's cores (one half's
+/// attention then only takes cores from the other half's experts). Either mode gives the same
+/// bits, so the choice changes only speed.
+#[derive(Default)]
+pub(crate) struct SplitPolicy {
+    shapes: std::collections::HashMap<(usize, usize), ShapeRecord>,
+}
+
+/// One step shape's record: mean step seconds and steps of [whole, split], and steps since the
+/// last probe.
+type ShapeRecord = ([(f64, u32); 2], u32);
+
+impl SplitPolicy {
+    /// Whether the next step of `shape` runs as two micro-batches.
+    pub(crate) fn choose(&mut self, shape: (usize, usize)) -> bool {
+        if self.shapes.len() >= MAX_SHAPES && !self.shapes.contains_key(&shape) {
+            self.shapes.clear();
+        }
+        let (arms, since) = self.shapes.entry(shape).or_default();
+        let [(whole, n_whole), (split, n_split)] = *arms;
+        if n_whole < WARMUP || n_split < WARMUP {
+            return n_split <= n_whole;
+        }
+        let best = split <= whole;
+        *since += 1;
+        if *since >= PROBE_EVERY {
+            *since = 0;
+            return !best;
+        }
+        best
+    }
+
+    /// Records that a step of `shape` took `secs` in the mode `split`.
+    pub(crate) fn record(&mut self, shape: (usize, usize), split: bool, secs: f64) {
+        let (arms, _) = self.shapes.entry(shape).or_default();
+        let (mean, n) = &mut arms[split as usize];
+        *mean = if *n == 0 {
+            secs
+        } else {
+            *mean + ALPHA * (secs - *mean)
+        };
+        *n += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs `steps` steps of one shape whose time is `time(split)`; how many were split.
+    fn drive(p: &mut SplitPolicy, steps: usize, time: impl Fn(bool) -> f64) -> usize {
+        let mut split = 0;
+        for _ in 0..steps {
+            let s = p.choose((8, 8));
+            split += s as usize;
+            p.record((8, 8), s, time(s));
+        }
+        split
+    }
+
+    #[test]
+    fn the_split_policy_tries_both_keeps_the_faster_and_probes_the_other() {
+        let mut p = SplitPolicy::default();
+        // both modes three times first
+        assert_eq!(drive(&mut p, 6, |s| if s { 2.0 } else { 1.0 }), 3);
+        // then the faster (whole) with a probe of the split every 16 steps
+        assert_eq!(drive(&mut p, 64, |s| if s { 2.0 } else { 1.0 }), 4);
+        // when splitting becomes faster, the probes find it and it is kept
+        let split = drive(&mut p, 96, |s| if s { 0.5 } else { 1.0 });
+        assert!(split >= 60, "{split} of 96 split");
+        // another shape starts over
+        assert!(p.choose((2, 2)));
+    }
 
     fn toks(slots: &[usize]) -> Vec<Tok> {
         slots.iter().map(|&slot| Tok { slot, pos: 0 }).collect()
