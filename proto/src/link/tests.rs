@@ -1,3 +1,7 @@
+//! The link's framing over real loopback sockets: frames round trip and split where they end,
+//! a frame cut by a deadline is kept, one already arrived is taken after it, oversized frames and
+//! closed peers are errors, hellos and refusals round trip.
+
 use super::*;
 use std::net::TcpListener;
 

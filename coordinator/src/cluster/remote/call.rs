@@ -127,6 +127,17 @@ pub(super) fn share_request(
     }
 }
 
+/// Copies a share's answer (one little-endian f32 row of `n_embd` per pair, in pair order,
+/// its size already checked) into the pairs' rows of the call's `out`.
+pub(super) fn place_rows(pair_idx: &[usize], bytes: &[u8], n_embd: usize, out: &mut [f32]) {
+    for (j, &pi) in pair_idx.iter().enumerate() {
+        nightshift_proto::le_bytes_to_f32s(
+            &bytes[j * n_embd * 4..(j + 1) * n_embd * 4],
+            &mut out[pi * n_embd..(pi + 1) * n_embd],
+        );
+    }
+}
+
 /// Checks the size of a call's outputs (`received` bytes for the pairs of `share`), records
 /// the call in the stats and metrics, and takes the node out of rotation on a transport failure
 /// (node-reported errors, "node error: ...", do not: the work is still retried elsewhere).

@@ -15,7 +15,7 @@ use nightshift_atlas_core::placement::{NodeId, Placement};
 use nightshift_model::{ActRows, ExpertBackend, ExpertError, ExpertPair, PostedExperts};
 
 use super::call::Share;
-use super::call::{record_spread, Timed};
+use super::call::{place_rows, record_spread, Timed};
 use super::hints::Hints;
 use super::{
     balance, hedge, lock, net_link, shared_call, shm_link, LinkState, RemoteExperts, Shared,
@@ -293,14 +293,8 @@ impl RemoteExperts {
             let mut landed: Vec<Timed<()>> = timed
                 .into_iter()
                 .map(|((share, result), took)| {
-                    let placed = result.map(|bytes| {
-                        for (j, &pi) in share.pair_idx.iter().enumerate() {
-                            nightshift_proto::le_bytes_to_f32s(
-                                &bytes[j * n_embd * 4..(j + 1) * n_embd * 4],
-                                &mut out[pi * n_embd..(pi + 1) * n_embd],
-                            );
-                        }
-                    });
+                    let placed =
+                        result.map(|bytes| place_rows(&share.pair_idx, &bytes, n_embd, out));
                     ((share, placed), took)
                 })
                 .collect();

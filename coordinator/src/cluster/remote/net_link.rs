@@ -21,7 +21,7 @@ use nightshift_proto::v1::{compute_response, ComputeResponse};
 use nightshift_proto::PROTOCOL_VERSION;
 use prost::Message;
 
-use super::call::{finish_call, legs, share_request, Answer, NodeStamps, Share, Timed};
+use super::call::{finish_call, legs, place_rows, share_request, Answer, NodeStamps, Share, Timed};
 use super::held::{Held, Link};
 use super::{lock, LinkState, Shared};
 
@@ -251,12 +251,7 @@ fn place(s: &Shared, p: &Posted, a: Answer, out: &mut [f32]) -> Result<usize, St
             a.outputs.len()
         ));
     }
-    for (j, &pi) in p.share.pair_idx.iter().enumerate() {
-        nightshift_proto::le_bytes_to_f32s(
-            &a.outputs[j * n_embd * 4..(j + 1) * n_embd * 4],
-            &mut out[pi * n_embd..(pi + 1) * n_embd],
-        );
-    }
+    place_rows(&p.share.pair_idx, &a.outputs, n_embd, out);
     if let Some(l) = legs(p.posted_ns, &a, a.arrived_ns) {
         let mut st = lock(&s.stats);
         if st.legs.len() < 1 << 20 {
