@@ -97,9 +97,19 @@ pub struct LocalCluster {
     supervisor: Option<JoinHandle<()>>,
 }
 
-fn free_port() -> Result<SocketAddr, LaunchError> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(LaunchError::Port)?;
-    l.local_addr().map_err(LaunchError::Port)
+/// Free loopback ports for `n` nodes, a gRPC port and a data-link port each: all held until all
+/// are picked (so no two are the same), then released for the nodes to bind. Every port a
+/// local node binds comes from here: a node left to pick its own (port 0) could take one
+/// reserved for a node not started yet.
+fn free_ports(n: usize) -> Result<Vec<(SocketAddr, SocketAddr)>, LaunchError> {
+    let held = (0..2 * n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").map_err(LaunchError::Port))
+        .collect::<Result<Vec<_>, _>>()?;
+    let addrs = held
+        .iter()
+        .map(|l| l.local_addr().map_err(LaunchError::Port))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(addrs.chunks_exact(2).map(|p| (p[0], p[1])).collect())
 }
 
 /// A fresh random token (256 bits from the kernel's generator, hex).
@@ -195,8 +205,9 @@ impl LocalCluster {
             None => find_node_binary()?,
         };
         let mut nodes: Vec<NodeSpec> = opts.placement.nodes.clone();
+        let ports = free_ports(nodes.len())?;
         for (i, n) in nodes.iter_mut().enumerate() {
-            n.addr = Some(free_port()?.to_string());
+            n.addr = Some(ports[i].0.to_string());
             if n.numa.is_none() {
                 n.numa = opts.numa.get(i).map(|&x| x as u32);
             }
@@ -235,7 +246,7 @@ impl LocalCluster {
             }
         };
         let mut slots = Vec::new();
-        for n in &placement.nodes {
+        for (n, &(_, link_addr)) in placement.nodes.iter().zip(&ports) {
             let addr: SocketAddr =
                 n.addr
                     .as_deref()
@@ -254,6 +265,8 @@ impl LocalCluster {
                 n.name.clone(),
                 "--listen".into(),
                 addr.to_string(),
+                "--link-listen".into(),
+                link_addr.to_string(),
             ];
             if let Some(numa) = n.numa {
                 args.extend(["--numa".into(), numa.to_string()]);
