@@ -259,6 +259,7 @@ fn link_hello(
     let far = Instant::now() + Duration::from_secs(10);
     let (kind, payload) = f.recv(far, &mut || true).expect("the node answers");
     let payload = payload.to_vec();
+    f.opened();
     (f, kind, payload)
 }
 
@@ -342,9 +343,29 @@ fn bad_hellos_and_bad_frames_on_the_data_link_get_errors() {
         f.send(kind, Duration::from_secs(5), |o| o.extend_from_slice(&body))
             .expect("send");
         let got = f.recv(far(), &mut || true).map(|(k, _)| k);
+        assert!(matches!(got, Ok(link::REFUSED)), "{what}: {got:?}");
+    }
+    // A hello frame claiming more than a hello may be (256 MiB, its bytes never sent) is
+    // refused from its header at once: the node neither waits for nor reserves what it claims.
+    {
+        use std::io::Write;
+        let sock = std::net::TcpStream::connect((host, port)).expect("dial");
+        let mut raw = sock.try_clone().expect("clone");
+        let mut f = link::Framed::new(link::Stream::Plain(sock));
+        raw.write_all(&(256u32 << 20).to_le_bytes()).expect("w");
+        raw.write_all(&[link::HELLO]).expect("w");
+        let start = Instant::now();
+        let (kind, payload) = f
+            .recv(Instant::now() + Duration::from_secs(3), &mut || true)
+            .expect("a refusal before the open timeout");
+        assert_eq!(kind, link::REFUSED);
+        let (code, reason) = link::decode_refusal(payload);
+        assert_eq!(code, tonic::Code::InvalidArgument as u32, "{reason}");
+        assert!(reason.contains("before the hello"), "{reason}");
         assert!(
-            matches!(got, Ok(link::REFUSED) | Err(LinkError::Closed)),
-            "{what}: {got:?}"
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
         );
     }
     // An open link: every bad request gets its error answer and the link goes on.
@@ -398,6 +419,7 @@ fn bad_hellos_and_bad_frames_on_the_data_link_get_errors() {
     raw.write_all(&hello).expect("w");
     let (kind, _) = f2.recv(far(), &mut || true).expect("welcome");
     assert_eq!(kind, link::WELCOME);
+    f2.opened();
     raw.write_all(&u32::MAX.to_le_bytes()).expect("w");
     raw.write_all(&[link::REQUEST]).expect("w");
     let got = f2.recv(far(), &mut || true).map(|(k, _)| k);

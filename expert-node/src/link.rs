@@ -7,7 +7,9 @@
 //! thread here; one request at a time then, across all links, as the pool would), and writes
 //! the answer with the node's timestamps. A malformed request gets an
 //! error answer and the link goes on; a frame that breaks the framing (too long, unknown kind)
-//! or a refused hello ends the link. Nothing from the peer can panic the node.
+//! or a refused hello ends the link (a short, malformed or over-long hello gets its refusal
+//! first). Nothing from the peer can panic the node, and before its hello is accepted a peer
+//! cannot make it reserve more than `link::HELLO_MAX` bytes.
 
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -107,16 +109,18 @@ impl LinkServer {
         let mut f = Framed::new(io);
         let stop = self.stop.clone();
         let mut running = move || !stop.load(Ordering::Acquire);
-        let refusal = {
-            let (kind, payload) = f.recv(Instant::now() + OPEN_TIMEOUT, &mut running)?;
-            if kind != link::HELLO {
-                Some((
-                    Code::InvalidArgument,
-                    format!("expected a hello, found frame kind {kind}"),
-                ))
-            } else {
-                self.check_hello(&Hello::decode(payload)?)
-            }
+        let refusal = match f.recv(Instant::now() + OPEN_TIMEOUT, &mut running) {
+            Ok((link::HELLO, payload)) => match Hello::decode(payload) {
+                Ok(h) => self.check_hello(&h),
+                Err(e) => Some((Code::InvalidArgument, e.to_string())),
+            },
+            Ok((kind, _)) => Some((
+                Code::InvalidArgument,
+                format!("expected a hello, found frame kind {kind}"),
+            )),
+            // too long a frame for a hello: refused from its header, the rest never read
+            Err(LinkError::Malformed(e)) => Some((Code::InvalidArgument, e)),
+            Err(e) => return Err(e),
         };
         if let Some((code, reason)) = refusal {
             let _ = f.send(link::REFUSED, OPEN_TIMEOUT, |o| {
@@ -125,6 +129,7 @@ impl LinkServer {
             return Err(LinkError::Refused(reason));
         }
         f.send(link::WELCOME, OPEN_TIMEOUT, |_| {})?;
+        f.opened();
         tracing::info!("link opened");
         // One worker: compute here rather than wake it (it would run the same code).
         let pool = (self.pool.current_num_threads() > 1).then_some(&*self.pool);

@@ -37,6 +37,11 @@ pub const REQUEST: u8 = 4;
 pub const RESPONSE: u8 = 5;
 /// Largest payload either end accepts (the gRPC service's message limit).
 pub const MAX_FRAME: usize = 512 << 20;
+/// Largest frame before a link is open (hello, welcome, refusal): [`Framed::new`] starts
+/// here, [`Framed::opened`] lifts it to [`MAX_FRAME`].
+pub const HELLO_MAX: usize = 64 << 10;
+/// Most a frame's buffer grows by ahead of the bytes that arrived.
+const GROW: usize = 8 << 20;
 /// Bytes before a frame's payload.
 const HEADER: usize = 5;
 /// How long one blocking read lasts before the reader re-checks its deadline and its peer.
@@ -179,6 +184,8 @@ pub struct Framed {
     consumed: usize,
     /// Scratch for outgoing frames.
     out: Vec<u8>,
+    /// Longest payload `recv` accepts now.
+    max_frame: usize,
 }
 
 impl Framed {
@@ -189,7 +196,14 @@ impl Framed {
             filled: 0,
             consumed: 0,
             out: Vec::new(),
+            max_frame: HELLO_MAX,
         }
+    }
+
+    /// The hello was answered with a welcome: frames up to [`MAX_FRAME`] are read from now on
+    /// (before, [`HELLO_MAX`]).
+    pub fn opened(&mut self) {
+        self.max_frame = MAX_FRAME;
     }
 
     /// Sends one frame whose payload `fill` writes into the vector it is given (cleared),
@@ -249,9 +263,15 @@ impl Framed {
             let need = if self.filled >= HEADER {
                 let len = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])
                     as usize;
-                if len > MAX_FRAME {
+                if len > self.max_frame {
+                    let what = if self.max_frame < MAX_FRAME {
+                        "before the hello is answered"
+                    } else {
+                        "on this link"
+                    };
                     return Err(LinkError::Malformed(format!(
-                        "a frame of {len} bytes exceeds the link's {MAX_FRAME}"
+                        "a frame of {len} bytes exceeds the {} allowed {what}",
+                        self.max_frame
                     )));
                 }
                 if self.filled >= HEADER + len {
@@ -270,8 +290,8 @@ impl Framed {
             if !keep_waiting() {
                 return Err(LinkError::Closed);
             }
-            // room for the whole frame (or a header and a typical answer)
-            let want = need.max(HEADER + (64 << 10));
+            // room for the frame (or a header and a typical answer), growing with what arrives
+            let want = need.min(self.filled + GROW).max(HEADER + (64 << 10));
             if self.buf.len() < want {
                 self.buf.resize(want, 0);
             }

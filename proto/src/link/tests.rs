@@ -1,16 +1,30 @@
 //! The link's framing over real loopback sockets: frames round trip and split where they end,
-//! a frame cut by a deadline is kept, one already arrived is taken after it, oversized frames and
-//! closed peers are errors, hellos and refusals round trip.
+//! a frame cut by a deadline is kept, one already arrived is taken after it, oversized frames (a
+//! lower limit before the hello is answered) and closed peers are errors, a frame far larger
+//! than a read arrives whole, hellos and refusals round trip.
 
 use super::*;
 use std::net::TcpListener;
 
-/// A connected pair of plain links.
+/// A connected pair of plain links: an open framed one and its raw peer.
 fn pair() -> (Framed, TcpStream) {
+    let (c, s) = sockets();
+    (open(Stream::Plain(c)), s)
+}
+
+/// Two connected loopback sockets.
+fn sockets() -> (TcpStream, TcpStream) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let c = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
     let (s, _) = l.accept().expect("accept");
-    (Framed::new(Stream::Plain(c)), s)
+    (c, s)
+}
+
+/// A framed link past its hello.
+fn open(io: Stream) -> Framed {
+    let mut f = Framed::new(io);
+    f.opened();
+    f
 }
 
 fn far() -> Instant {
@@ -20,7 +34,7 @@ fn far() -> Instant {
 #[test]
 fn frames_round_trip_and_back_to_back_frames_split_where_they_end() {
     let (mut a, s) = pair();
-    let mut b = Framed::new(Stream::Plain(s));
+    let mut b = open(Stream::Plain(s));
     a.send(REQUEST, Duration::from_secs(1), |o| {
         o.extend_from_slice(b"abc")
     })
@@ -60,7 +74,7 @@ fn a_frame_cut_by_a_deadline_is_kept_until_its_rest_arrives() {
 #[test]
 fn a_frame_that_arrived_is_taken_even_after_the_deadline() {
     let (mut a, s) = pair();
-    let mut b = Framed::new(Stream::Plain(s));
+    let mut b = open(Stream::Plain(s));
     let big: Vec<u8> = (0..200_000u32).map(|i| (i % 7) as u8).collect();
     a.send(RESPONSE, Duration::from_secs(1), |o| {
         o.extend_from_slice(&big)
@@ -92,6 +106,26 @@ fn oversized_frames_a_closed_peer_and_a_called_off_wait_are_errors() {
     let e = a.recv(far(), &mut || true).expect_err("too long");
     assert!(matches!(e, LinkError::Malformed(_)), "{e}");
 
+    // Before the hello is answered a frame may not exceed HELLO_MAX: refused from its header,
+    // without waiting for (or reserving room for) what it claims.
+    let (mut raw, s) = sockets();
+    let mut fresh = Framed::new(Stream::Plain(s));
+    raw.write_all(&(HELLO_MAX as u32 + 1).to_le_bytes())
+        .expect("write");
+    raw.write_all(&[HELLO]).expect("write");
+    let start = Instant::now();
+    let e = fresh.recv(far(), &mut || true).expect_err("too long");
+    assert!(
+        matches!(&e, LinkError::Malformed(m) if m.contains("before the hello")),
+        "{e}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert!(
+        fresh.buf.len() <= HEADER + (64 << 10),
+        "{}",
+        fresh.buf.len()
+    );
+
     let (mut a, raw) = pair();
     drop(raw);
     assert!(matches!(
@@ -106,6 +140,38 @@ fn oversized_frames_a_closed_peer_and_a_called_off_wait_are_errors() {
         Err(LinkError::Closed)
     ));
     assert!(start.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn a_frame_far_larger_than_a_read_arrives_whole_and_its_buffer_grows_with_it() {
+    let (mut a, s) = pair();
+    let mut b = open(Stream::Plain(s));
+    let big: Vec<u8> = (0..(3 * GROW + 12_345) as u32)
+        .map(|i| (i % 253) as u8)
+        .collect();
+    let sender = std::thread::spawn(move || {
+        a.send(RESPONSE, Duration::from_secs(10), |o| {
+            o.extend_from_slice(&big)
+        })
+        .expect("send");
+        big
+    });
+    let (k, p) = b.recv(far(), &mut || true).expect("frame");
+    let (k, p) = (k, p.to_vec());
+    let big = sender.join().expect("sender");
+    assert_eq!(k, RESPONSE);
+    assert!(p == big, "the payload differs");
+    // A header claiming more than has arrived reserves at most GROW ahead of the bytes.
+    let (mut a, mut raw) = pair();
+    raw.write_all(&(400u32 << 20).to_le_bytes()).expect("write");
+    raw.write_all(&[RESPONSE]).expect("write");
+    raw.write_all(&[7; 1000]).expect("write");
+    let soon = Instant::now() + Duration::from_millis(60);
+    assert!(matches!(
+        a.recv(soon, &mut || true),
+        Err(LinkError::TimedOut)
+    ));
+    assert!(a.buf.len() <= GROW + 1005, "{}", a.buf.len());
 }
 
 #[test]

@@ -79,7 +79,7 @@ pub(super) fn open(s: &Shared, addr: &str, port: u16) -> Result<NetLink, String>
     f.send(link::HELLO, timeout, |o| hello.encode(o))
         .map_err(|e| format!("hello: {e}"))?;
     match f.recv(Instant::now() + timeout, &mut || true) {
-        Ok((link::WELCOME, _)) => {}
+        Ok((link::WELCOME, _)) => f.opened(),
         Ok((link::REFUSED, b)) => {
             let (_, reason) = link::decode_refusal(b);
             return Err(format!("refused: {reason}"));
