@@ -49,7 +49,8 @@ pub struct Scenario<'a> {
     pub micro_batches: bool,
     /// The coordinator and the nodes compute on the same cores (nodes on the coordinator's
     /// machine, the `--netns` harness): the overlaps then hide only the time nobody computes
-    /// (round trip and wire), never one side's compute behind the other's.
+    /// (round trip and wire), never one side's compute behind the other's, and the nodes share
+    /// the machine's memory bandwidth ([`Scenario::node_time`]).
     pub shared_cores: bool,
 }
 
@@ -132,17 +133,31 @@ impl Scenario<'_> {
         self.rtt + self.call_overhead + wire
     }
 
-    /// The slowest node's FFN time in one layer call at `batch` rows.
+    /// The slowest node's FFN time in one layer call at `batch` rows. With `shared_cores` the
+    /// nodes run on one machine (the coordinator's): their reads share its memory bandwidth and
+    /// their compute its cores, so the call also takes at least all nodes' bytes over the
+    /// machine's bandwidth (and all their pairs over its cores): two nodes on one machine read
+    /// no faster than one process does.
     pub fn node_time(&self, layer: usize, batch: usize) -> f64 {
         let eb = self.model.expert_bytes as f64;
-        self.routing
-            .node_loads(layer, self.nodes, batch)
+        let loads = self.routing.node_loads(layer, self.nodes, batch);
+        let slowest = loads
             .iter()
             .map(|l| {
                 (l.experts * eb / self.eff_bw(self.node))
                     .max(l.pairs * eb / self.compute_rate(self.node))
             })
-            .fold(0.0, f64::max)
+            .fold(0.0, f64::max);
+        if !self.shared_cores {
+            return slowest;
+        }
+        let machine = self.coordinator;
+        let (experts, pairs) = loads
+            .iter()
+            .fold((0.0, 0.0), |(e, p), l| (e + l.experts, p + l.pairs));
+        slowest
+            .max(experts * eb / self.eff_bw(machine))
+            .max(pairs * eb / self.compute_rate(machine))
     }
 
     /// One layer call's remote time at `batch` rows: the slowest node's FFN plus the link.
