@@ -10,7 +10,7 @@
 //! `cargo run --release -p nightshift-benches --bin cluster-report -- --model FILE [--nodes 2]
 //! [--repeats 5] [--batches 1,8] [--placement FILE | --replicate-all [--resident]]`, or across
 //! network namespaces (root): `... --netns [--netns-nodes 2,3] [--delays-us 0,50,200]
-//! [--rate 10gbit]` (`cluster_report/netns.rs`)`
+//! [--rate 10gbit] [--replicate-all [--resident]]` (`cluster_report/netns.rs`)`
 //! (build `nightshift-expert-node` in the same profile first: `cargo build --release -p nightshift-expert-node`).
 
 use std::path::PathBuf;
@@ -35,6 +35,7 @@ struct Args {
     placement: Option<PathBuf>,
     /// Cluster run on a generated placement holding every expert on every node (mmap'd, not
     /// resident, so the page cache is shared), so the coordinator picks the replica per call.
+    /// Also with `--netns` (every node in its namespace holds every expert).
     #[arg(long)]
     replicate_all: bool,
     /// With `--replicate-all`: every copy resident (copied to RAM on each node) instead.

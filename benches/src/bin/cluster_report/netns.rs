@@ -2,7 +2,7 @@
 //! the deployment's TCP + mutual TLS path with a `tc tbf` cap per node link (`--rate`, 10 Gbit/s)
 //! and a delay relay per link adding `--delays-us` one way, against in process on the same cores.
 //! Per node count and added delay one cluster is started (round-robin placement, every copy
-//! resident), then per batch size the in-process run, the cluster with both overlaps (a layer's
+//! resident; `--replicate-all`: every expert on every node, `--resident` for RAM copies), then per batch size the in-process run, the cluster with both overlaps (a layer's
 //! shared expert computed while its routed experts are out, and two micro-batches whose layer
 //! calls alternate), with the shared-expert overlap only, and with none alternate `--repeats`
 //! times. Also run: the nodes dialled directly (no relay), so the relay's own cost at
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use nightshift_atlas_core::placement::{NodeSpec, Placement};
+use nightshift_atlas_core::placement::{LayerPlacement, NodeSpec, Placement};
 use nightshift_coordinator::cluster::netns::{self, NetnsCluster, NetnsOptions};
 use nightshift_coordinator::cluster::{model_shape, ClientTls, RemoteExperts, RemoteOptions};
 use nightshift_model::Model;
@@ -75,6 +75,30 @@ fn connect(
     Ok(Arc::new(r))
 }
 
+/// The cluster's placement: round-robin (one resident copy of each expert), or with
+/// `--replicate-all` every expert on every node (resident with `--resident`, else mmap'd), so
+/// each layer call is balanced between the nodes by the coordinator (`remote/balance.rs`).
+fn placement(
+    a: &Args,
+    names: Vec<NodeSpec>,
+    moe_layers: &[usize],
+    n_experts: usize,
+) -> anyhow::Result<Placement> {
+    if !a.replicate_all {
+        return Ok(Placement::round_robin(names, moe_layers, n_experts));
+    }
+    let all: Vec<_> = (0..names.len()).collect();
+    let layers = moe_layers
+        .iter()
+        .map(|&index| LayerPlacement {
+            index,
+            replicas: vec![all.clone(); n_experts],
+            resident: vec![if a.resident { all.clone() } else { Vec::new() }; n_experts],
+        })
+        .collect();
+    Ok(Placement::from_layers(names, layers)?)
+}
+
 pub fn run(a: &Args) -> anyhow::Result<()> {
     netns::available()?;
     let model = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
@@ -84,13 +108,18 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("nightshift-netns-report-{}", std::process::id()));
     let has_shared = model.config().n_expert_shared > 0;
     println!(
-        "model {} | {} MoE layers{} | nodes {:?} x {} threads, links capped at {} each way, mutual TLS, \
+        "model {} | {} MoE layers{} | nodes {:?} x {} threads, {} | links capped at {} each way, mutual TLS, \
          calls over {} | in process {} threads | {} steps, {} repeats per cell, interleaved",
         a.model.display(),
         moe_layers,
         if has_shared { ", shared expert" } else { ", no shared expert: overlap has nothing to hide" },
         a.netns_nodes,
         a.node_threads,
+        if a.replicate_all {
+            "every expert on every node, the replica picked per call"
+        } else {
+            "round-robin placement (one resident copy per expert)"
+        },
         a.rate,
         if a.no_data_link { "the gRPC streams" } else { "the data links" },
         a.threads,
@@ -124,7 +153,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 .collect();
             let cluster = NetnsCluster::start(NetnsOptions {
                 model: a.model.clone(),
-                placement: Placement::round_robin(names, &shape.moe_layers, shape.n_experts),
+                placement: placement(a, names, &shape.moe_layers, shape.n_experts)?,
                 threads_per_node: Some(a.node_threads),
                 tls: Some(node_tls.clone()),
                 exe: exe.clone(),

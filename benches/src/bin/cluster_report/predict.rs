@@ -64,6 +64,13 @@ fn this_machine(cores: usize, cal: &Calibration, net_bps: f64) -> Vm {
 
 /// Prints predicted vs measured per cell.
 pub fn report(cells: &[Cell], a: &Args) -> anyhow::Result<()> {
+    if a.replicate_all {
+        println!();
+        println!(
+            "planner: not compared (it models one copy of each expert, round-robin, not a replicated placement)"
+        );
+        return Ok(());
+    }
     let cost = ModelCost::from_gguf(&a.model)?;
     let cal = Calibration::measure(&cost, a.threads, 256)?;
     let routing = Routing::uniform(cost.n_expert, cost.n_used);
