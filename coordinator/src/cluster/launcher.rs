@@ -100,16 +100,63 @@ pub struct LocalCluster {
 /// Free loopback ports for `n` nodes, a gRPC port and a data-link port each: all held until all
 /// are picked (so no two are the same), then released for the nodes to bind. Every port a
 /// local node binds comes from here: a node left to pick its own (port 0) could take one
-/// reserved for a node not started yet.
+/// reserved for a node not started yet. They are drawn at random from below the kernel's
+/// ephemeral range (`ip_local_port_range`), where neither an outgoing connection's local port
+/// nor anyone's bind to port 0 can land on them between their release and the node's bind (or
+/// while a killed node restarts on the same port): from the ephemeral range, one start in ~12
+/// of parallel test runs failed with the port taken.
 fn free_ports(n: usize) -> Result<Vec<(SocketAddr, SocketAddr)>, LaunchError> {
-    let held = (0..2 * n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").map_err(LaunchError::Port))
-        .collect::<Result<Vec<_>, _>>()?;
+    let below = quiet_ports();
+    let mut candidates = random_ports(below.clone(), 64 * 2 * n.max(1)).into_iter();
+    let mut held = Vec::with_capacity(2 * n);
+    while held.len() < 2 * n {
+        let l = match candidates.next() {
+            Some(p) => match TcpListener::bind(("127.0.0.1", p)) {
+                Ok(l) => l,
+                // in use (or refused): try the next one
+                Err(_) => continue,
+            },
+            // no quiet range here, or all candidates taken: the kernel's pick
+            None => TcpListener::bind("127.0.0.1:0").map_err(LaunchError::Port)?,
+        };
+        held.push(l);
+    }
     let addrs = held
         .iter()
         .map(|l| l.local_addr().map_err(LaunchError::Port))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(addrs.chunks_exact(2).map(|p| (p[0], p[1])).collect())
+}
+
+/// Unprivileged ports below the ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`'s
+/// first number, 32768 by default): 16384 up to it, or none when the range starts lower.
+fn quiet_ports() -> std::ops::Range<u16> {
+    let first = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    16384..first.max(16384)
+}
+
+/// `count` ports drawn at random from `range` (none when it is empty or randomness fails).
+fn random_ports(range: std::ops::Range<u16>, count: usize) -> Vec<u16> {
+    use std::io::Read;
+    let span = u32::from(range.end.saturating_sub(range.start));
+    let mut bytes = vec![0u8; 4 * count];
+    if span == 0
+        || std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut bytes))
+            .is_err()
+    {
+        return Vec::new();
+    }
+    bytes
+        .chunks_exact(4)
+        .map(|b| {
+            let x = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            range.start + (x % span) as u16
+        })
+        .collect()
 }
 
 /// A fresh random token (256 bits from the kernel's generator, hex).
@@ -549,4 +596,29 @@ pub(super) fn wait_until_listening<E>(
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{free_ports, quiet_ports};
+
+    #[test]
+    fn local_nodes_get_distinct_ports_below_the_ephemeral_range() {
+        let quiet = quiet_ports();
+        let ports = free_ports(4).expect("ports");
+        let mut all: Vec<u16> = ports
+            .iter()
+            .flat_map(|(a, b)| [a.port(), b.port()])
+            .collect();
+        assert_eq!(all.len(), 8);
+        if !quiet.is_empty() {
+            assert!(
+                all.iter().all(|p| quiet.contains(p)),
+                "{all:?} outside {quiet:?}"
+            );
+        }
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 8, "a port picked twice");
+    }
 }
