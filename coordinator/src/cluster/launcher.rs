@@ -4,6 +4,7 @@
 //! Unless given a token file, it makes a fresh auth token for its nodes (a 0600 file they read,
 //! never a command-line argument), so no other local process can drive them.
 
+use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -104,13 +105,21 @@ pub struct LocalCluster {
 /// ephemeral range (`ip_local_port_range`), where neither an outgoing connection's local port
 /// nor anyone's bind to port 0 can land on them between their release and the node's bind (or
 /// while a killed node restarts on the same port): from the ephemeral range, one start in ~12
-/// of parallel test runs failed with the port taken.
+/// of parallel test runs failed with the port taken. A port is handed out once per process
+/// (`GIVEN`): two clusters started at once in one process (tests on parallel threads) cannot
+/// both pick a port the first one's node has not bound yet.
 fn free_ports(n: usize) -> Result<Vec<(SocketAddr, SocketAddr)>, LaunchError> {
-    let below = quiet_ports();
-    let mut candidates = random_ports(below.clone(), 64 * 2 * n.max(1)).into_iter();
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    if given.len() > 8192 {
+        // half the quiet range used up by one long-lived process: start over
+        given.clear();
+    }
+    let mut candidates = random_ports(quiet_ports(), 64 * 2 * n.max(1)).into_iter();
     let mut held = Vec::with_capacity(2 * n);
     while held.len() < 2 * n {
         let l = match candidates.next() {
+            Some(p) if given.contains(&p) => continue,
             Some(p) => match TcpListener::bind(("127.0.0.1", p)) {
                 Ok(l) => l,
                 // in use (or refused): try the next one
@@ -125,6 +134,7 @@ fn free_ports(n: usize) -> Result<Vec<(SocketAddr, SocketAddr)>, LaunchError> {
         .iter()
         .map(|l| l.local_addr().map_err(LaunchError::Port))
         .collect::<Result<Vec<_>, _>>()?;
+    given.extend(addrs.iter().map(|a| a.port()));
     Ok(addrs.chunks_exact(2).map(|p| (p[0], p[1])).collect())
 }
 
@@ -603,7 +613,7 @@ mod tests {
     use super::{free_ports, quiet_ports};
 
     #[test]
-    fn local_nodes_get_distinct_ports_below_the_ephemeral_range() {
+    fn local_nodes_get_distinct_ports_below_the_ephemeral_range_once_per_process() {
         let quiet = quiet_ports();
         let ports = free_ports(4).expect("ports");
         let mut all: Vec<u16> = ports
@@ -617,8 +627,11 @@ mod tests {
                 "{all:?} outside {quiet:?}"
             );
         }
+        // a second cluster of this process never gets one of the first's ports, even unbound
+        let again = free_ports(4).expect("ports");
+        all.extend(again.iter().flat_map(|(a, b)| [a.port(), b.port()]));
         all.sort_unstable();
         all.dedup();
-        assert_eq!(all.len(), 8, "a port picked twice");
+        assert_eq!(all.len(), 16, "a port picked twice");
     }
 }
