@@ -147,6 +147,14 @@ fn a_preset_costs_what_its_generated_file_costs() {
     }
 }
 
+/// A preset's cost, this file's calibration, uniform routing and the shipped VM table.
+fn preset_setup(preset: &str, quant: &str) -> (ModelCost, Calibration, Routing, VmTable) {
+    let m = ModelCost::from_preset(preset, quant).expect(preset);
+    let c = cal(&m);
+    let r = Routing::uniform(m.n_expert, m.n_used);
+    (m, c, r, VmTable::builtin().expect("table"))
+}
+
 fn k2_scenario<'a>(
     m: &'a ModelCost,
     r: &'a Routing,
@@ -177,10 +185,7 @@ fn k2_scenario<'a>(
 
 #[test]
 fn the_cost_model_moves_the_way_the_deployment_does() {
-    let m = ModelCost::from_preset("kimi-k2", "UD-Q2_K_XL").expect("k2");
-    let c = cal(&m);
-    let r = Routing::uniform(m.n_expert, m.n_used);
-    let t = VmTable::builtin().expect("table");
+    let (m, c, r, t) = preset_setup("kimi-k2", "UD-Q2_K_XL");
     let vm = t.get("Standard_E32ps_v6").expect("vm");
     let base = k2_scenario(&m, &r, &c, vm, 1, 100.0, true);
     assert!(base.nodes >= 2, "{} nodes", base.nodes);
@@ -305,10 +310,7 @@ fn a_measured_calibration_is_positive_and_names_its_experts() {
 
 #[test]
 fn nodes_on_one_machine_share_its_memory_bandwidth() {
-    let m = ModelCost::from_preset("qwen3-30b-a3b", "Q4_K_M").expect("qwen3");
-    let c = cal(&m);
-    let r = Routing::uniform(m.n_expert, m.n_used);
-    let t = VmTable::builtin().expect("table");
+    let (m, c, r, t) = preset_setup("qwen3-30b-a3b", "Q4_K_M");
     let vm = t.get("Standard_E32ps_v6").expect("vm");
     let bw = vm.mem_bw_gbs * 1e9 * c.efficiency();
     for nodes in [2, 3, 4] {
@@ -342,10 +344,7 @@ fn nodes_on_one_machine_share_its_memory_bandwidth() {
 
 #[test]
 fn shared_cores_hide_only_the_time_nobody_computes() {
-    let m = ModelCost::from_preset("kimi-k2", "UD-Q2_K_XL").expect("k2");
-    let c = cal(&m);
-    let r = Routing::uniform(m.n_expert, m.n_used);
-    let t = VmTable::builtin().expect("table");
+    let (m, c, r, t) = preset_setup("kimi-k2", "UD-Q2_K_XL");
     let vm = t.get("Standard_E32ps_v6").expect("vm");
     let (own, shared_layer) = (0.02, 1e-3);
     for rtt_us in [100.0, 20_000.0] {
