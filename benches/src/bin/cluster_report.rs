@@ -181,34 +181,6 @@ fn decode(
     })
 }
 
-/// TOML of a placement with every expert of every MoE layer on every one of `nodes` local nodes
-/// (no `addr`: spawned), every copy resident or none.
-fn replicate_all_toml(
-    moe_layers: &[usize],
-    n_experts: usize,
-    nodes: usize,
-    resident: bool,
-) -> String {
-    let mut t = String::from("version = 1\n");
-    for n in 0..nodes {
-        t += &format!("[[node]]\nname = \"node{n}\"\n");
-    }
-    let all = (0..nodes)
-        .map(|n| format!("\"node{n}\""))
-        .collect::<Vec<_>>()
-        .join(",");
-    let replicas = vec![format!("[{all}]"); n_experts].join(",");
-    let resident = if resident {
-        replicas.clone()
-    } else {
-        vec!["[]".to_string(); n_experts].join(",")
-    };
-    for l in moe_layers {
-        t += &format!("[[layer]]\nindex = {l}\nreplicas = [{replicas}]\nresident = [{resident}]\n");
-    }
-    t
-}
-
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -301,11 +273,10 @@ fn main() -> anyhow::Result<()> {
             "nightshift-cluster-report-{}.toml",
             std::process::id()
         ));
-        std::fs::write(
-            &path,
-            replicate_all_toml(&shape.moe_layers, shape.n_experts, a.nodes, a.resident),
-        )
-        .with_context(|| format!("writing {}", path.display()))?;
+        // what `serve --nodes N` gives unpinned nodes, copies resident or not as asked
+        cluster::default_placement(a.nodes, &shape, false, a.resident)?
+            .save_atomic(&path)
+            .with_context(|| format!("writing {}", path.display()))?;
         placement = Some(path.clone());
         generated = Some(path);
     }

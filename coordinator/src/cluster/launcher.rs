@@ -150,14 +150,9 @@ fn quiet_ports() -> std::ops::Range<u16> {
 
 /// `count` ports drawn at random from `range` (none when it is empty or randomness fails).
 fn random_ports(range: std::ops::Range<u16>, count: usize) -> Vec<u16> {
-    use std::io::Read;
     let span = u32::from(range.end.saturating_sub(range.start));
     let mut bytes = vec![0u8; 4 * count];
-    if span == 0
-        || std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| f.read_exact(&mut bytes))
-            .is_err()
-    {
+    if span == 0 || urandom(&mut bytes).is_err() {
         return Vec::new();
     }
     bytes
@@ -171,10 +166,15 @@ fn random_ports(range: std::ops::Range<u16>, count: usize) -> Vec<u16> {
 
 /// A fresh random token (256 bits from the kernel's generator, hex).
 pub(super) fn fresh_token() -> std::io::Result<String> {
-    use std::io::Read;
     let mut bytes = [0u8; 32];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    urandom(&mut bytes)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Fills `buf` from the kernel's random generator.
+fn urandom(buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }
 
 /// Writes `token` to a new file at `path` that only this user can read (mode 0600, created

@@ -2,9 +2,10 @@
 //! the deployment's TCP + mutual TLS path with a `tc tbf` cap per node link (`--rate`, 10 Gbit/s)
 //! and a delay relay per link adding `--delays-us` one way, against in process on the same cores.
 //! Per node count and added delay one cluster is started (round-robin placement, every copy
-//! resident; `--replicate-all`: every expert on every node, `--resident` for RAM copies), then per batch size the in-process run, the cluster with both overlaps (a layer's
-//! shared expert computed while its routed experts are out, and two micro-batches whose layer
-//! calls alternate), with the shared-expert overlap only, and with none alternate `--repeats`
+//! resident; `--replicate-all`: every expert on every node, `--resident` for RAM copies), then
+//! per batch size the in-process run, the cluster with both overlaps (a layer's shared expert
+//! computed while its routed experts are out, and two micro-batches whose layer calls
+//! alternate), with the shared-expert overlap only, and with none alternate `--repeats`
 //! times. Also run: the nodes dialled directly (no relay), so the relay's own cost at
 //! 0 us shows. The last table is the per-layer cost of each added microsecond: the growth of the
 //! decode step between the smallest and largest delay, per MoE layer and per added us one way;
@@ -14,9 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use nightshift_atlas_core::placement::{LayerPlacement, NodeSpec, Placement};
+use nightshift_atlas_core::placement::{NodeSpec, Placement};
 use nightshift_coordinator::cluster::netns::{self, NetnsCluster, NetnsOptions};
-use nightshift_coordinator::cluster::{model_shape, ClientTls, RemoteExperts, RemoteOptions};
+use nightshift_coordinator::cluster::{self, model_shape, ClientTls, RemoteExperts, RemoteOptions};
 use nightshift_model::Model;
 
 use super::{decode, median, Args, Run};
@@ -75,30 +76,6 @@ fn connect(
     Ok(Arc::new(r))
 }
 
-/// The cluster's placement: round-robin (one resident copy of each expert), or with
-/// `--replicate-all` every expert on every node (resident with `--resident`, else mmap'd), so
-/// each layer call is balanced between the nodes by the coordinator (`remote/balance.rs`).
-fn placement(
-    a: &Args,
-    names: Vec<NodeSpec>,
-    moe_layers: &[usize],
-    n_experts: usize,
-) -> anyhow::Result<Placement> {
-    if !a.replicate_all {
-        return Ok(Placement::round_robin(names, moe_layers, n_experts));
-    }
-    let all: Vec<_> = (0..names.len()).collect();
-    let layers = moe_layers
-        .iter()
-        .map(|&index| LayerPlacement {
-            index,
-            replicas: vec![all.clone(); n_experts],
-            resident: vec![if a.resident { all.clone() } else { Vec::new() }; n_experts],
-        })
-        .collect();
-    Ok(Placement::from_layers(names, layers)?)
-}
-
 pub fn run(a: &Args) -> anyhow::Result<()> {
     netns::available()?;
     let model = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
@@ -153,7 +130,13 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 .collect();
             let cluster = NetnsCluster::start(NetnsOptions {
                 model: a.model.clone(),
-                placement: placement(a, names, &shape.moe_layers, shape.n_experts)?,
+                // `--replicate-all`: what `serve --nodes N` gives unpinned nodes (every expert on
+                // every node, each call balanced by the coordinator)
+                placement: if a.replicate_all {
+                    cluster::default_placement(nodes, &shape, false, a.resident)?
+                } else {
+                    Placement::round_robin(names, &shape.moe_layers, shape.n_experts)
+                },
                 threads_per_node: Some(a.node_threads),
                 tls: Some(node_tls.clone()),
                 exe: exe.clone(),
