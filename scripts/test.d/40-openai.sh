@@ -24,16 +24,19 @@ CURRENT_SERVER=""
 trap 'if [ -n "$CURRENT_SERVER" ]; then kill "$CURRENT_SERVER" 2>/dev/null || true; fi' EXIT
 run_suite() { # $1 = label, rest = model args
   local label=$1; shift
-  local PORT KEY LOG SERVER ready
-  PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  local URL KEY LOG SERVER ready
   KEY="test-key-$RANDOM"
   LOG=$(mktemp)
-  "$BIN" serve "$@" --model-name test-model --host 127.0.0.1 --port "$PORT" --api-key "$KEY" --ctx "${CTX:-512}" --drain 5 >"$LOG" 2>&1 &
+  # port 0: the server binds a free port itself and prints it, so no other socket can take the
+  # port between a pick and the bind
+  "$BIN" serve "$@" --model-name test-model --host 127.0.0.1 --port 0 --api-key "$KEY" --ctx "${CTX:-512}" --drain 5 >"$LOG" 2>&1 &
   SERVER=$!
   CURRENT_SERVER=$SERVER
   ready=0
+  URL=
   for _ in $(seq 1 300); do
-    if "$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/ready', timeout=1)" 2>/dev/null; then
+    [ -n "$URL" ] || URL=$(sed -n 's|^nightshift serve: listening on \(http://[^ ]*\).*|\1|p' "$LOG" | head -n1)
+    if [ -n "$URL" ] && "$PY" -c "import urllib.request; urllib.request.urlopen('$URL/ready', timeout=1)" 2>/dev/null; then
       ready=1; break
     fi
     kill -0 "$SERVER" 2>/dev/null || break
@@ -44,7 +47,7 @@ run_suite() { # $1 = label, rest = model args
     echo "40-openai ($label): the server did not become ready; its output:"; cat "$LOG"; rc=1
   else
     echo "40-openai: $label"
-    NIGHTSHIFT_URL="http://127.0.0.1:$PORT" NIGHTSHIFT_MODEL=test-model NIGHTSHIFT_API_KEY="$KEY" NIGHTSHIFT_TEMPLATE="${NIGHTSHIFT_TEMPLATE:-}" \
+    NIGHTSHIFT_URL="$URL" NIGHTSHIFT_MODEL=test-model NIGHTSHIFT_API_KEY="$KEY" NIGHTSHIFT_TEMPLATE="${NIGHTSHIFT_TEMPLATE:-}" \
       "$PY" "coordinator/tests/python/${SUITE:-test_openai.py}" || rc=1
   fi
   kill "$SERVER" 2>/dev/null || true
