@@ -57,7 +57,7 @@ struct Args {
     #[arg(long)]
     memory_budget: Option<String>,
     /// Read the experts this node does not keep resident whole into a staging cache of this size
-    /// (O_DIRECT, least recently used; `auto`: a quarter of the memory the process may still
+    /// (O_DIRECT, least recently used; `auto`: half of the memory the process may still
     /// take, cgroup limits included, at least two MoE layers' experts of a decode step; a size
     /// as for --memory-budget; `0`: fault them in from the mapped file through the page cache).
     /// Taken on top of the budget. Default: `auto` with --memory-budget, else `0`.

@@ -4,8 +4,8 @@
 //! the cold-expert staging cache, `--cold-cache`), a seeded random resident set under the same
 //! budget (`random`, the same cold path), and no resident set at all (`pagecache`: the kernel's
 //! page cache decides). Each arm runs in a child process inside a cgroup v1 memory cgroup whose
-//! limit is the same for the budget arms (budget + the dense weights' resident copy + the cold
-//! cache + `--slack`), so the page cache cannot hold what the budget does not; the page cache is dropped before each arm (`echo 1 > /proc/sys/vm/drop_caches`:
+//! limit is the same for the budget arms (budget + the dense weights' resident copy + `--slack`,
+//! plus the cold cache when it is given a size; `auto` takes half of the slack), so the page cache cannot hold what the budget does not; the page cache is dropped before each arm (`echo 1 > /proc/sys/vm/drop_caches`:
 //! needs root). Prints each arm's range over the rounds, the ratios the issue targets, the
 //! prefetch's precision/recall/cold hit rate, and the disk's read bandwidth measured the same way
 //! (sequential over the model file, and expert-sized reads at random experts), since the cold
@@ -22,6 +22,10 @@
 //! `planned@N` and `random@N` read N cold experts at once into the staging cache instead of
 //! `--cold-io-depth` (A/B of its depth in one run: each prints its decode steps' demand reads
 //! and time waited on cold reads per token, and the MiB/s its reads got).
+//!
+//! `--disk-read-mbps N` caps reads from the model's disk for every arm (and the bandwidth
+//! measurement) with a cgroup v1 `blkio` throttle, as a VM's network disk caps them: the cold
+//! share's cost is set by the disk, and this machine's local disk is faster than most VMs' disks.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -72,6 +76,7 @@ fn split_arm(name: &str) -> anyhow::Result<(&str, Option<usize>)> {
 /// The arms run when `--arms` is not given.
 const DEFAULT_ARMS: [&str; 4] = ["all", "planned", "random", "pagecache"];
 const CGROUP_ROOT: &str = "/sys/fs/cgroup/memory";
+const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
 
 #[derive(Parser)]
 struct Args {
@@ -88,8 +93,9 @@ struct Args {
     /// cache, KV cache, the process).
     #[arg(long, default_value = "768MiB")]
     slack: String,
-    /// The planned and random arms' staging cache of cold experts (`auto`: what two MoE layers
-    /// of a decode step use; a size; 0 for none); added to the budget arms' cgroup limit.
+    /// The planned and random arms' staging cache of cold experts: `auto`, what `--cold-cache
+    /// auto` takes in such an arm (half of `--slack`, at least what two MoE layers of a decode
+    /// step use), out of the slack; or a size (0 for none), added to the budget arms' limit.
     #[arg(long, default_value = "auto")]
     cold_cache: String,
     /// The staging cache's reads in flight (`--cold-io-depth`) for the planned and random arms;
@@ -105,6 +111,11 @@ struct Args {
     decode: usize,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Cap reads from the model's disk at this many MB/s (10^6 bytes) for every arm, with a
+    /// cgroup v1 blkio throttle, as a VM's network disk caps them (Azure Premium SSD P30: 200
+    /// MB/s; Premium SSD v2's free baseline: 125 MB/s). 0: the disk as it is.
+    #[arg(long, default_value_t = 0.0)]
+    disk_read_mbps: f64,
     /// Arms to run (default all four).
     #[arg(long, value_delimiter = ',')]
     arms: Vec<String>,
@@ -346,6 +357,81 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The whole disk (`major:minor`) holding `path`: blkio throttles disks, not partitions.
+fn disk_of(path: &Path) -> anyhow::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    if !sys.exists() {
+        bail!(
+            "{} is on device {major}:{minor}, which is not a block device (tmpfs or overlay?): its reads cannot be capped",
+            path.display()
+        );
+    }
+    let disk = if sys.join("partition").exists() {
+        sys.join("..")
+    } else {
+        sys
+    };
+    Ok(std::fs::read_to_string(disk.join("dev"))
+        .with_context(|| format!("reading {}", disk.join("dev").display()))?
+        .trim()
+        .to_string())
+}
+
+/// A cgroup directory this run made, removed on drop (also when an arm fails).
+struct TempCgroup(PathBuf);
+
+impl TempCgroup {
+    fn new(root: &str) -> anyhow::Result<TempCgroup> {
+        let dir = PathBuf::from(root).join(format!("nightshift-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating {} (needs root and cgroup v1)", dir.display()))?;
+        Ok(TempCgroup(dir))
+    }
+}
+
+impl Drop for TempCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A blkio cgroup capping reads from one disk, which this process joins (and with it every
+/// arm's child, started after); left on drop.
+struct ReadCap {
+    dir: TempCgroup,
+}
+
+impl ReadCap {
+    fn new(path: &Path, mbps: f64) -> anyhow::Result<ReadCap> {
+        anyhow::ensure!(
+            mbps.is_finite() && mbps >= 1.0,
+            "--disk-read-mbps: expected at least 1 MB/s, found {mbps}"
+        );
+        let disk = disk_of(path)?;
+        let cap = ReadCap {
+            dir: TempCgroup::new(BLKIO_ROOT)?,
+        };
+        let rule = format!("{disk} {}", (mbps * 1e6) as u64);
+        std::fs::write(cap.dir.0.join("blkio.throttle.read_bps_device"), &rule)
+            .with_context(|| format!("writing '{rule}' to blkio.throttle.read_bps_device"))?;
+        // "0" moves the writing process itself
+        std::fs::write(cap.dir.0.join("cgroup.procs"), "0").context("entering the blkio cgroup")?;
+        Ok(cap)
+    }
+}
+
+impl Drop for ReadCap {
+    fn drop(&mut self) {
+        // back to the root before the directory goes (an occupied cgroup cannot be removed)
+        let _ = std::fs::write(Path::new(BLKIO_ROOT).join("cgroup.procs"), "0");
+    }
+}
+
 fn drop_caches() -> anyhow::Result<()> {
     // SAFETY: sync has no preconditions.
     unsafe { libc::sync() };
@@ -409,13 +495,19 @@ fn parent(a: &Args) -> anyhow::Result<()> {
     let c = model.config();
     let one = all
         / (c.n_expert as u64 * (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).count() as u64).max(1);
-    let cold = match a.cold_cache.trim() {
-        // this process's available memory is not the arms': the decode minimum
-        x if x.eq_ignore_ascii_case("auto") => ColdCache::decode_capacity(&*model),
-        x => nightshift_atlas_core::size::parse_size(x, full)?,
+    let (cold, limit) = match a.cold_cache.trim() {
+        // what `--cold-cache auto` takes in a budget arm, whose process may still take the
+        // slack once its resident set and dense weights are in: the cache comes out of it
+        x if x.eq_ignore_ascii_case("auto") => (
+            ColdCache::auto_capacity(slack, &*model),
+            budget + dense + slack,
+        ),
+        x => {
+            let cold = nightshift_atlas_core::size::parse_size(x, full)?;
+            (cold, budget + dense + cold + slack)
+        }
     };
     drop(model);
-    let limit = budget + dense + cold + slack;
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
         "model {}: experts {:.2} GiB ({:.1} MiB each), dense {:.2} GiB; budget {:.2} GiB ({:.0}% of the experts); cold cache {:.0} MiB; budget arms' cgroup limit {:.2} GiB",
@@ -428,10 +520,21 @@ fn parent(a: &Args) -> anyhow::Result<()> {
         cold as f64 / (1u64 << 20) as f64,
         gib(limit)
     );
+    let _cap = if a.disk_read_mbps > 0.0 {
+        let cap = ReadCap::new(&a.model, a.disk_read_mbps)?;
+        println!(
+            "reads from {}'s disk capped at {} MB/s for every arm (blkio throttle)",
+            a.model.display(),
+            a.disk_read_mbps
+        );
+        Some(cap)
+    } else {
+        None
+    };
     let (seq_bw, rnd_bw) = disk_bandwidth(&a.model, one as usize, 64)?;
     println!("disk read bandwidth (page cache dropped): sequential {seq_bw:.2} GB/s, expert-sized random reads {rnd_bw:.2} GB/s");
-    let cg = PathBuf::from(CGROUP_ROOT).join(format!("nightshift-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&cg).with_context(|| format!("creating {}", cg.display()))?;
+    let cg_dir = TempCgroup::new(CGROUP_ROOT)?;
+    let cg = &cg_dir.0;
     let exe = std::env::current_exe()?;
     let mut results: Vec<Vec<Run>> = vec![Vec::new(); arms.len()];
     for round in 0..a.rounds {
@@ -514,7 +617,7 @@ fn parent(a: &Args) -> anyhow::Result<()> {
             results[i].push(run);
         }
     }
-    let _ = std::fs::remove_dir(&cg);
+    drop(cg_dir);
     println!("\n| arm | decode tok/s | prefill tok/s | read MiB / decode token | major faults / token | experts in memory at layer start |\n|---|---|---|---|---|---|");
     let range = |v: Vec<f64>| {
         let lo = v.iter().copied().fold(f64::INFINITY, f64::min);

@@ -116,7 +116,7 @@ pub struct ClusterArgs {
     #[arg(long)]
     pub no_prefetch: bool,
     /// With --memory-budget: memory for experts outside the resident set, read whole from the
-    /// file into a least-recently-used staging cache (`auto`: a quarter of the memory this
+    /// file into a least-recently-used staging cache (`auto`: half of the memory this
     /// process may still take, cgroup limits included, at least two MoE layers' experts of a
     /// decode step; a size as for --memory-budget; `0`: read them through the page cache
     /// instead). Taken on top of the budget.

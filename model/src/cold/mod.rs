@@ -354,13 +354,21 @@ impl ColdCache {
         self.shared.depth
     }
 
-    /// The default capacity for `files` (`--cold-cache auto`): a quarter of the memory this
-    /// process can still take ([`crate::weights::mem_available`], cgroup limits included), and
-    /// at least [`ColdCache::decode_capacity`]. The KV cache's default takes another quarter;
-    /// the rest stays for the page cache and the process.
+    /// The default capacity for `files` (`--cold-cache auto`): [`ColdCache::auto_capacity`] of
+    /// the memory this process can still take ([`crate::weights::mem_available`], cgroup limits
+    /// included).
     pub fn default_capacity(files: &dyn ExpertFiles) -> u64 {
-        let share = crate::weights::mem_available().unwrap_or(0) / 4;
-        share.max(ColdCache::decode_capacity(files))
+        ColdCache::auto_capacity(crate::weights::mem_available().unwrap_or(0), files)
+    }
+
+    /// What `--cold-cache auto` takes of `available` bytes: half, and at least
+    /// [`ColdCache::decode_capacity`]. The KV cache's default takes a quarter; the last quarter
+    /// stays for the process. Cold experts are read with `O_DIRECT`, so memory left to the page
+    /// cache holds none of them: under a disk capped at 200 MB/s, 47 MiB of cache (the decode
+    /// minimum) against 200 MiB in the same cgroup limit took a 50%-budget decode from 8.4 to
+    /// 34 tok/s (`memory-report`, docs/RESULTS.md).
+    pub fn auto_capacity(available: u64, files: &dyn ExpertFiles) -> u64 {
+        (available / 2).max(ColdCache::decode_capacity(files))
     }
 
     /// What a one-row decode step needs: the experts two MoE layers use (this layer's and the
