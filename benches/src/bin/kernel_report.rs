@@ -111,8 +111,12 @@ const FP_TYPES: [GgmlType; 4] = [
     GgmlType::Q2_0,
 ];
 
+/// The legacy types llama.cpp's quantizer falls back to for rows that are not whole 256-element
+/// super-blocks (Q5_0: DeepSeek's 128-long MLA `attn_k_b` rows in a Q4_K mix).
+const LEGACY_TYPES: [GgmlType; 1] = [GgmlType::Q5_0];
+
 /// The shared Kimi K2 cases (`TYPES`) followed by the same shapes and batches for Q3_K and Q5_K,
-/// then the i-quants and the `FP_TYPES` at batch 1, 4 and 16.
+/// then the i-quants, the `FP_TYPES` and the `LEGACY_TYPES` at batch 1, 4 and 16.
 fn cases() -> Vec<Case> {
     let extra = [GgmlType::Q3_K, GgmlType::Q5_K];
     let mut v = Vec::new();
@@ -123,7 +127,7 @@ fn cases() -> Vec<Case> {
             }
         }
     }
-    for ty in IQ_TYPES.into_iter().chain(FP_TYPES) {
+    for ty in IQ_TYPES.into_iter().chain(FP_TYPES).chain(LEGACY_TYPES) {
         for (shape, m, k) in SHAPES {
             for n in [1, 4, 16] {
                 v.push(Case { ty, m, k, n, shape });

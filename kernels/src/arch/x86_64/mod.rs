@@ -11,9 +11,10 @@
 //! (`q2k512`, built twice: with AVX512-VBMI its scale table is one `vpermb` lookup; from
 //! batch 3 Q2_K takes `q2k_row_lanes`, 16 rows transposed into one row per lane) and, when
 //! the CPU also has AVX512-VBMI (a capability of `dispatch`), Q3_K, Q4_K, Q5_K
-//! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Types
-//! without a path (legacy 4/5-bit, floats) return `false` and the caller falls back to the
-//! scalar reference. The i-quants take `iq512` on the AVX-512 tier when the CPU has VBMI (grids
+//! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Q5_0 runs through
+//! the Q8_0 kernels on its blocks decoded to Q8_0 (the same dot bit for bit). Types without a
+//! path (the other legacy 4/5-bit types, floats) return `false` and the caller falls back to
+//! the scalar reference. The i-quants take `iq512` on the AVX-512 tier when the CPU has VBMI (grids
 //! decoded in registers, one decode per unit for all activation rows), otherwise `iq` (AVX2 on
 //! both tiers), as do the ternary types.
 
@@ -42,6 +43,8 @@ thread_local! {
     static SCALES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// Q8_0 activation scales and offset corrections for the current call (AVX-512 tier).
     static ACT_TABLE: RefCell<Vec<(f32, i32)>> = const { RefCell::new(Vec::new()) };
+    /// Q5_0 weight blocks of the current call as Q8_0 blocks.
+    static AS_Q8_0: RefCell<Vec<crate::formats::BlockQ8_0>> = const { RefCell::new(Vec::new()) };
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -93,7 +96,7 @@ fn gemm_block(level: Level, t: &mut Tile<'_>) -> bool {
         return unsafe { iq::gemm(t) };
     }
     let kind = kquant_kind(ty);
-    if kind.is_none() && ty != GgmlType::Q8_0 {
+    if kind.is_none() && ty != GgmlType::Q8_0 && ty != GgmlType::Q5_0 {
         return false;
     }
     let (rows, n) = (t.rows(), t.n());
@@ -107,8 +110,38 @@ fn gemm_block(level: Level, t: &mut Tile<'_>) -> bool {
     }
     match kind {
         Some(kind) => gemm_kquant(level, kind, nb, t),
+        None if ty == GgmlType::Q5_0 => return gemm_q5_0(level, nb, t),
         None => gemm_q8_0(level, nb, t),
     }
+    true
+}
+
+/// Q5_0 (`nb` blocks per row, `rows, n >= 1`): the weight blocks decoded to the Q8_0 blocks
+/// whose dot is the Q5_0 dot bit for bit ([`q5_0_as_q8_0_avx2`]), then the Q8_0 driver. DeepSeek's MLA `attn_k_b` rows are 128 long, so a Q4_K mix stores them as Q5_0
+/// (llama.cpp's fallback), and they were on the scalar reference. False (the scalar reference
+/// runs) if the weight bytes are not whole blocks, which a checked `Tile` rules out.
+fn gemm_q5_0(level: Level, nb: usize, t: &mut Tile<'_>) -> bool {
+    use crate::formats::{BlockQ5_0, BlockQ8_0};
+    let Ok(w) = crate::formats::blocks::<BlockQ5_0>(t.w().bytes()) else {
+        return false;
+    };
+    let (rows, n, xp) = (t.rows(), t.n(), t.x().bytes().as_ptr());
+    let op = t.out().as_mut_ptr();
+    AS_Q8_0.with(|cell| {
+        let mut q8 = cell.borrow_mut();
+        let zero = BlockQ8_0 {
+            d: [0; 2],
+            qs: [0; 32],
+        };
+        q8.resize(w.len(), zero);
+        // SAFETY: both x86 tiers require AVX2.
+        unsafe { q5_0_as_q8_0_avx2(w, &mut q8) };
+        let wp = crate::formats::block_bytes(&q8).as_ptr();
+        // SAFETY: the capability for `level` exists; `wp` holds `rows * nb` Q8_0 blocks (one per
+        // block of the checked `Tile`'s weights), `xp` `n * nb` Q8_0 activation blocks and `op`
+        // `rows * n` floats, as `q8_0_rows` needs.
+        unsafe { q8_0_rows(level, nb, rows, n, wp, xp, op) };
+    });
     true
 }
 
@@ -202,12 +235,63 @@ fn gemm_q8_0(level: Level, nb: usize, t: &mut Tile<'_>) {
         t.x().bytes().as_ptr(),
     );
     let op = t.out().as_mut_ptr();
+    // SAFETY: the capability for `level` exists; the pointers come from a checked `Tile` (`w`
+    // `rows * nb` Q8_0 blocks, `x` `n * nb`, `out` `rows * n` floats).
+    unsafe { q8_0_rows(level, nb, rows, n, wp, xp, op) }
+}
+
+/// Q5_0 blocks as the Q8_0 blocks with the same scale and quants (`q - 16`, in -16..=15): a
+/// Q8_0 dot of them is the Q5_0 dot bit for bit (`ggml_vec_dot_q5_0_q8_0` and `_q8_0_q8_0` both
+/// add `(d_w * d_x) * sumi` per block in order, and `sumi` is exact). A block in ~10 AVX2 ops:
+/// the 32 high bits spread to one byte each by a byte shuffle and a bit mask, or-ed above the
+/// nibbles.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[target_feature(enable = "avx2")]
+unsafe fn q5_0_as_q8_0_avx2(x: &[crate::formats::BlockQ5_0], y: &mut [crate::formats::BlockQ8_0]) {
+    use core::arch::x86_64::*;
+    // byte b of the 32 takes byte b / 8 of qh and tests bit b % 8
+    let pick = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let (low4, sixteen) = (_mm_set1_epi8(0x0f), _mm256_set1_epi8(16));
+    for (b, o) in x.iter().zip(y.iter_mut()) {
+        let qh = _mm256_set1_epi32(i32::from_le_bytes(b.qh));
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, pick), bit), bit);
+        let h = _mm256_and_si256(set, sixteen);
+        // SAFETY: `qs` is 16 bytes, `o.qs` 32.
+        let qs = unsafe { _mm_loadu_si128(b.qs.as_ptr().cast()) };
+        let lo = _mm_and_si128(qs, low4);
+        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low4);
+        let q = _mm256_or_si256(_mm256_set_m128i(hi, lo), h);
+        let v = _mm256_sub_epi8(q, sixteen);
+        // SAFETY: `o.qs` is 32 bytes.
+        unsafe { _mm256_storeu_si256(o.qs.as_mut_ptr().cast(), v) };
+        o.d = b.d;
+    }
+}
+
+/// The Q8_0 drivers over raw rows.
+///
+/// # Safety
+/// The capability for `level` exists (the CPU has its features); `wp` points to `rows * nb`
+/// Q8_0 blocks, `xp` to `n * nb` (n >= 1) and `op` to `rows * n` writable floats.
+unsafe fn q8_0_rows(
+    level: Level,
+    nb: usize,
+    rows: usize,
+    n: usize,
+    wp: *const u8,
+    xp: *const u8,
+    op: *mut f32,
+) {
     if level == Level::Avx512 {
         return ACT_TABLE.with(|cell| {
             let mut tab = cell.borrow_mut();
-            // SAFETY: the AVX-512 capability exists (CPU features present); the pointers come
-            // from a checked `Tile` (`w` `rows * nb` Q8_0 blocks, `x` `n * nb`, `out` `rows * n`
-            // floats) and `act_table` fills `tab` with `n * nb` entries.
+            // SAFETY: the caller's contract; `act_table` fills `tab` with `n * nb` entries.
             unsafe {
                 q8_0_512::act_table(xp, n, nb, &mut tab);
                 q8_0_512::gemm(nb, wp, rows, xp, n, &tab, op);
@@ -216,10 +300,7 @@ fn gemm_q8_0(level: Level, nb: usize, t: &mut Tile<'_>) {
     }
     SCALES.with(|cell| {
         let mut yd = cell.borrow_mut();
-        // SAFETY: the capability for `level` exists (CPU features present); the pointers come
-        // from a checked `Tile`: `w` holds `rows * nb` Q8_0 blocks, `x` `n * nb` blocks
-        // (n >= 1) and `out` `rows * n` floats; `act_scales` sizes `yd` for the padded
-        // activation count.
+        // SAFETY: the caller's contract; `act_scales` sizes `yd` for the padded activation count.
         unsafe {
             q8_0::act_scales(xp, n, nb, &mut yd);
             avx2::gemm_q8_0(nb, wp, rows, xp, n, yd.as_ptr(), op);
