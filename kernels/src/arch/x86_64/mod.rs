@@ -117,9 +117,10 @@ fn gemm_block(level: Level, t: &mut Tile<'_>) -> bool {
 }
 
 /// Q5_0 (`nb` blocks per row, `rows, n >= 1`): the weight blocks decoded to the Q8_0 blocks
-/// whose dot is the Q5_0 dot bit for bit ([`q5_0_as_q8_0_avx2`]), then the Q8_0 driver. DeepSeek's MLA `attn_k_b` rows are 128 long, so a Q4_K mix stores them as Q5_0
-/// (llama.cpp's fallback), and they were on the scalar reference. False (the scalar reference
-/// runs) if the weight bytes are not whole blocks, which a checked `Tile` rules out.
+/// whose dot is the Q5_0 dot bit for bit ([`q5_0_as_q8_0_avx2`]), then the Q8_0 driver.
+/// DeepSeek's MLA `attn_k_b` rows are 128 long, so a Q4_K mix stores them as Q5_0 (llama.cpp's
+/// fallback), and they were on the scalar reference. False (the scalar reference runs) if the
+/// weight bytes are not whole blocks, which a checked `Tile` rules out.
 fn gemm_q5_0(level: Level, nb: usize, t: &mut Tile<'_>) -> bool {
     use crate::formats::{BlockQ5_0, BlockQ8_0};
     let Ok(w) = crate::formats::blocks::<BlockQ5_0>(t.w().bytes()) else {
