@@ -59,10 +59,11 @@ def report(rows, args, vms, models, bpw, types, batches, cpus):
              "repacked four rows at a time (`formats::repack`, `Layout::Rows4`), like ggml's "
              "`repack` weights; every other cell reads the file's layout. ggml's `repack` traces "
              "start from activations already interleaved (`ggml_quantize_mat_*` is outside "
-             "them); ours include their per-call activation preparation, a fixed cost per call "
-             "that 32 rows amortize less than a real expert's hundreds, and the K-quants' final "
-             "per-output reduction (8 ordered float additions), which K = 512 (two blocks) "
-             "amortizes less than an expert's K of 2048-7168.\n")
+             f"them); ours include their per-call activation preparation, a fixed cost per call "
+             f"that {args.rows} rows amortize less than a real expert's 768-7168, and the K-quants' "
+             f"final per-output reduction (8 ordered float additions), which K = {args.k} "
+             f"({args.k // 256} blocks) amortizes less than an expert's K of 768-7168 "
+             f"(`ARM_K=2048 ARM_ROWS=128` gives an expert's shape).\n")
     o.append("ggml's Arm code per type (the pinned sources' `ggml-cpu/arch/arm`): every type "
              "here has its own `ggml_vec_dot_*` with a NEON body in `quants.c` (none falls back "
              "to ggml's generic C on aarch64); SMMLA (nrc = 2) branches exist for Q4_0, Q4_1, "

@@ -7,6 +7,8 @@
 #   ARM_K=1024 ARM_ROWS=64 bash benches/arm/run.sh
 #   ARM_TYPES=q2_k,q3_k ARM_BATCHES=1,4 bash benches/arm/run.sh   # a subset (quick iterations)
 #   ARM_TYPES=iq,fp4 bash benches/arm/run.sh   # groups: kquants, legacy, iq, fp4, all (default)
+#   ARM_K=2048 ARM_ROWS=128 ARM_TYPES=kquants,legacy ARM_OUT=benches/arm/REPORT-expert-shape.md \
+#     bash benches/arm/run.sh   # an expert's shape: per-call costs amortized as in the engine
 #
 # Batches: ARM_BATCHES for every type, else 1/2/4/8 for the K-quants, Q8_0 and Q4_0 and 1/4 for
 # the rest (Q5_0/Q4_1/Q5_1, the i-quants, TQ1_0/TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0). ARM_JOBS: the
@@ -72,8 +74,16 @@ meta+=" ggml from llama-cpp-sys-2 $ver, $(rustc --version | cut -d' ' -f1-2),"
 meta+=" $(clang-19 --version | head -1), $(llvm-mca-19 --version | grep -m1 -o 'LLVM version [0-9.]*'),"
 meta+=" $(qemu-aarch64 --version | head -1)."
 echo "--- tracing and analysing (qemu + llvm-mca)"
+# Baselines (earlier runs of the default shape) only where this run has that shape.
+baselines=()
+if [ -z "${ARM_K:-}${ARM_ROWS:-}" ]; then
+  for b in benches/arm/baseline-*.json; do baselines+=(--baseline "$b"); done
+fi
+report="${ARM_OUT:-benches/arm/REPORT.md}"
+json="$out_dir/results.json"
+[ -z "${ARM_OUT:-}" ] || json="$out_dir/$(basename "$report" .md).json"
 python3 benches/arm/report.py --ours "$ours" --ggml-n2 "$out_dir/ggml_trace.n2" \
   --ggml-v2 "$out_dir/ggml_trace.v2" --k "${ARM_K:-512}" --rows "${ARM_ROWS:-32}" \
   --jobs "${ARM_JOBS:-2}" --types "${ARM_TYPES:-all}" \
-  --batches "${ARM_BATCHES:-auto}" --json "$out_dir/results.json" --out benches/arm/REPORT.md \
-  --meta "$meta" $(for b in benches/arm/baseline-*.json; do echo --baseline "$b"; done)
+  --batches "${ARM_BATCHES:-auto}" --json "$json" --out "$report" \
+  --meta "$meta" "${baselines[@]}"
