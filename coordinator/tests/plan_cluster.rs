@@ -395,3 +395,42 @@ fn shared_cores_hide_only_the_time_nobody_computes() {
         assert!((s1 - (own + remote - idle)).abs() < 1e-9, "{s1}");
     }
 }
+
+#[test]
+fn rows_past_an_experts_first_add_their_compute_to_its_read() {
+    // A node's FFN streams each distinct expert once (the batch-1 rate, its compute included)
+    // and computes every further row on top: the two add up, neither hides the other (a K2-shaped
+    // layer at batch 8 measured 1.6x the larger of the two).
+    let (m, c, r, t) = preset_setup("kimi-k2", "UD-Q2_K_XL");
+    let vm = t.get("Standard_E32ps_v6").expect("vm");
+    let eb = m.expert_bytes as f64;
+    let bw = vm.mem_bw_gbs * 1e9 * c.efficiency();
+    let rate = c.ffn_byte_rows_per_core * f64::from(vm.cores);
+    let mut last = 0.0;
+    for batch in [1, 2, 8, 64] {
+        let s = k2_scenario(&m, &r, &c, vm, batch, 100.0, false);
+        let loads = r.node_loads(0, s.nodes, batch);
+        let (read, extra) = loads
+            .iter()
+            .map(|l| (l.experts * eb / bw, (l.pairs - l.experts) * eb / rate))
+            .fold((0.0f64, 0.0f64), |(a, b), (x, y)| (a.max(x), b.max(y)));
+        let got = s.node_time(0, batch);
+        assert!(
+            got >= read * (1.0 - 1e-12),
+            "batch {batch}: {got} < read {read}"
+        );
+        if batch == 1 {
+            assert!(
+                extra < 1e-9 * read,
+                "batch 1 has one row per expert: {extra}"
+            );
+        } else {
+            assert!(
+                got > read + 0.5 * extra && extra > 0.0,
+                "batch {batch}: {got} vs read {read} + rows {extra}"
+            );
+        }
+        assert!(got > last, "batch {batch}: {got} after {last}");
+        last = got;
+    }
+}

@@ -5,13 +5,14 @@
 //! Per decode step at batch B: the coordinator reads its dense weights once and each sequence's
 //! KV cache (memory-bound, or compute-bound at B rows, whichever is slower); then per MoE layer
 //! one call to every node that holds a routed expert: the slowest node's FFN time (its distinct
-//! experts from memory, or its pairs' compute) plus the link: the round trip, a per-call
-//! software cost, and the layer's bytes over the narrower of the node's and the coordinator's
-//! links. With the overlap the layer's shared expert runs while the call is out, hiding the
-//! smaller of the two; with two micro-batches (batch >= 2) one half computes while the other
-//! half's call is out (`Scenario::step_time`). Prefill runs the same terms over a chunk of P rows (every expert
-//! touched, compute-bound). Memory per VM: the coordinator holds the dense weights, the token
-//! embedding and the KV cache; each node its share of the experts (one copy, round-robin).
+//! experts from memory, plus the compute of every further row on them) plus the link: the round
+//! trip, a per-call software cost, and the layer's bytes over the narrower of the node's and the
+//! coordinator's links. With the overlap the layer's shared expert runs while the call is out,
+//! hiding the smaller of the two; with two micro-batches (batch >= 2) one half computes while the
+//! other half's call is out (`Scenario::step_time`). Prefill runs the same terms over a chunk of
+//! P rows (every expert touched, compute-bound). Memory per VM: the coordinator holds the dense
+//! weights, the token embedding and the KV cache; each node its share of the experts (one copy,
+//! round-robin).
 
 use super::routing::Routing;
 use super::vms::Vm;
@@ -133,31 +134,34 @@ impl Scenario<'_> {
         self.rtt + self.call_overhead + wire
     }
 
+    /// FFN time of `experts` distinct experts over `pairs` (expert, row) pairs on `vm`: each
+    /// expert's first row streams its weights at the FFN's from-memory rate (batch 1, its
+    /// compute included: `Calibration::ffn_gbs`), each further row adds the compute of the
+    /// cached rate. The two do not overlap: a kernel whose batch-1 pass is partly compute-bound
+    /// pays every extra row's multiply-adds on top (taking the larger of the two predicted 37%
+    /// under a K2-shaped layer's measured time at batch 8, where a row per expert is ~2.3).
+    fn ffn_time(&self, vm: &Vm, experts: f64, pairs: f64) -> f64 {
+        let eb = self.model.expert_bytes as f64;
+        experts * eb / self.eff_bw(vm) + (pairs - experts).max(0.0) * eb / self.compute_rate(vm)
+    }
+
     /// The slowest node's FFN time in one layer call at `batch` rows. With `shared_cores` the
     /// nodes run on one machine (the coordinator's): their reads share its memory bandwidth and
-    /// their compute its cores, so the call also takes at least all nodes' bytes over the
-    /// machine's bandwidth (and all their pairs over its cores): two nodes on one machine read
-    /// no faster than one process does.
+    /// their compute its cores, so the call also takes at least all nodes' experts and pairs
+    /// on the machine: two nodes on one machine read no faster than one process does.
     pub fn node_time(&self, layer: usize, batch: usize) -> f64 {
-        let eb = self.model.expert_bytes as f64;
         let loads = self.routing.node_loads(layer, self.nodes, batch);
         let slowest = loads
             .iter()
-            .map(|l| {
-                (l.experts * eb / self.eff_bw(self.node))
-                    .max(l.pairs * eb / self.compute_rate(self.node))
-            })
+            .map(|l| self.ffn_time(self.node, l.experts, l.pairs))
             .fold(0.0, f64::max);
         if !self.shared_cores {
             return slowest;
         }
-        let machine = self.coordinator;
         let (experts, pairs) = loads
             .iter()
             .fold((0.0, 0.0), |(e, p), l| (e + l.experts, p + l.pairs));
-        slowest
-            .max(experts * eb / self.eff_bw(machine))
-            .max(pairs * eb / self.compute_rate(machine))
+        slowest.max(self.ffn_time(self.coordinator, experts, pairs))
     }
 
     /// One layer call's remote time at `batch` rows: the slowest node's FFN plus the link.
