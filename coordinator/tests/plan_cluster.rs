@@ -397,10 +397,10 @@ fn shared_cores_hide_only_the_time_nobody_computes() {
 }
 
 #[test]
-fn rows_past_an_experts_first_add_their_compute_to_its_read() {
-    // A node's FFN streams each distinct expert once (the batch-1 rate, its compute included)
-    // and computes every further row on top: the two add up, neither hides the other (a K2-shaped
-    // layer at batch 8 measured 1.6x the larger of the two).
+fn rows_past_a_weights_first_add_their_compute_to_its_read() {
+    // Weights stream once for the first row (the batch-1 rate, its compute included) and every
+    // further row computes on top: the two add up, neither hides the other (a K2-shaped layer's
+    // experts at batch 8 measured 1.6x the larger of the two).
     let (m, c, r, t) = preset_setup("kimi-k2", "UD-Q2_K_XL");
     let vm = t.get("Standard_E32ps_v6").expect("vm");
     let eb = m.expert_bytes as f64;
@@ -432,5 +432,15 @@ fn rows_past_an_experts_first_add_their_compute_to_its_read() {
         }
         assert!(got > last, "batch {batch}: {got} after {last}");
         last = got;
+        // the coordinator's dense weights (shared experts included) follow the same rule
+        let dense = m.dense_bytes as f64;
+        let kv = (batch * s.context) as f64 * m.kv_floats_per_pos as f64 * s.kv_elem_bytes / bw;
+        let coord = s.predict().step_coordinator - kv;
+        let rows = (batch - 1) as f64 * dense / rate;
+        assert!(
+            coord >= dense / bw * (1.0 - 1e-12) && coord > dense / bw + 0.5 * rows - 1e-15,
+            "batch {batch}: coordinator {coord} vs read {} + rows {rows}",
+            dense / bw
+        );
     }
 }

@@ -2,17 +2,17 @@
 //! coordinator VM and N expert-node VMs, from the model's sizes (`model.rs`), the routing
 //! (`routing.rs`), the VMs' figures (`vms.rs`) and this machine's calibration (`calibrate.rs`).
 //!
-//! Per decode step at batch B: the coordinator reads its dense weights once and each sequence's
-//! KV cache (memory-bound, or compute-bound at B rows, whichever is slower); then per MoE layer
-//! one call to every node that holds a routed expert: the slowest node's FFN time (its distinct
-//! experts from memory, plus the compute of every further row on them) plus the link: the round
-//! trip, a per-call software cost, and the layer's bytes over the narrower of the node's and the
-//! coordinator's links. With the overlap the layer's shared expert runs while the call is out,
-//! hiding the smaller of the two; with two micro-batches (batch >= 2) one half computes while the
-//! other half's call is out (`Scenario::step_time`). Prefill runs the same terms over a chunk of
-//! P rows (every expert touched, compute-bound). Memory per VM: the coordinator holds the dense
-//! weights, the token embedding and the KV cache; each node its share of the experts (one copy,
-//! round-robin).
+//! Weights run over R rows take their bytes at the FFN's from-memory rate for the first row and
+//! every further row's compute on top (`Scenario::weights_time`). Per decode step at batch B:
+//! the coordinator runs its dense weights over B rows and reads each sequence's KV cache; then
+//! per MoE layer one call to every node that holds a routed expert: the slowest node's FFN time
+//! (its distinct experts over their rows) plus the link: the round trip, a per-call software
+//! cost, and the layer's bytes over the narrower of the node's and the coordinator's links. With
+//! the overlap the layer's shared expert runs while the call is out, hiding the smaller of the
+//! two; with two micro-batches (batch >= 2) one half computes while the other half's call is out
+//! (`Scenario::step_time`). Prefill runs the same terms over a chunk of P rows (every expert
+//! touched, compute-bound). Memory per VM: the coordinator holds the dense weights, the token
+//! embedding and the KV cache; each node its share of the experts (one copy, round-robin).
 
 use super::routing::Routing;
 use super::vms::Vm;
@@ -134,15 +134,23 @@ impl Scenario<'_> {
         self.rtt + self.call_overhead + wire
     }
 
+    /// Time to run `bytes` of weights over `rows` rows on `vm`: the first row streams them at the
+    /// FFN's from-memory rate (batch 1, its compute included: `Calibration::ffn_gbs`), each
+    /// further row adds its compute at the cached rate. The two do not overlap: a kernel whose
+    /// batch-1 pass is partly compute-bound pays every extra row's multiply-adds on top (taking
+    /// the larger of the two predicted 37% under a K2-shaped layer's measured time at batch 8).
+    fn weights_time(&self, vm: &Vm, bytes: f64, rows: f64) -> f64 {
+        bytes / self.eff_bw(vm) + (rows - 1.0).max(0.0) * bytes / self.compute_rate(vm)
+    }
+
     /// FFN time of `experts` distinct experts over `pairs` (expert, row) pairs on `vm`: each
-    /// expert's first row streams its weights at the FFN's from-memory rate (batch 1, its
-    /// compute included: `Calibration::ffn_gbs`), each further row adds the compute of the
-    /// cached rate. The two do not overlap: a kernel whose batch-1 pass is partly compute-bound
-    /// pays every extra row's multiply-adds on top (taking the larger of the two predicted 37%
-    /// under a K2-shaped layer's measured time at batch 8, where a row per expert is ~2.3).
+    /// expert's weights run over its rows ([`Self::weights_time`], `pairs / experts` on average).
     fn ffn_time(&self, vm: &Vm, experts: f64, pairs: f64) -> f64 {
+        if experts <= 0.0 {
+            return 0.0;
+        }
         let eb = self.model.expert_bytes as f64;
-        experts * eb / self.eff_bw(vm) + (pairs - experts).max(0.0) * eb / self.compute_rate(vm)
+        self.weights_time(vm, experts * eb, pairs / experts)
     }
 
     /// The slowest node's FFN time in one layer call at `batch` rows. With `shared_cores` the
@@ -228,10 +236,8 @@ impl Scenario<'_> {
         let dense = m.dense_bytes as f64;
         let kv_pos = m.kv_floats_per_pos as f64 * self.kv_elem_bytes;
         let kv_read = (b * self.context) as f64 * kv_pos;
-        let coord = (dense / self.eff_bw(c)).max(b as f64 * dense / self.compute_rate(c))
-            + kv_read / self.eff_bw(c);
-        let shared_layer = (m.shared_bytes as f64 / l as f64 / self.eff_bw(c))
-            .max(b as f64 * m.shared_bytes as f64 / l as f64 / self.compute_rate(c));
+        let coord = self.weights_time(c, dense, b as f64) + kv_read / self.eff_bw(c);
+        let shared_layer = self.weights_time(c, m.shared_bytes as f64 / l as f64, b as f64);
         let (mut nodes, mut net, mut bytes) = (0.0, 0.0, 0.0);
         for layer in 0..m.moe_layers {
             let lb = self.layer_bytes(layer, b);
@@ -244,7 +250,7 @@ impl Scenario<'_> {
         let decode_tok_s = b as f64 / step;
         // prefill: a chunk of P rows, compute-bound on every expert the chunk touches
         let p = self.prefill_chunk.max(1);
-        let pre_coord = (dense / self.eff_bw(c)).max(p as f64 * dense / self.compute_rate(c));
+        let pre_coord = self.weights_time(c, dense, p as f64);
         let mut pre = pre_coord;
         for layer in 0..m.moe_layers {
             pre += self.remote_time(layer, p);
