@@ -36,7 +36,8 @@
 //! `192 + 256p + 64j + 16i`.
 //!
 //! Q6_K in [`Layout::Rows4`] (4 x 210 bytes; a multiple of 4 rows), each row's bytes together
-//! (no row pairs: only SDOT reads it):
+//! (no row pairs: SDOT reads a row's vectors as they are; the i8mm tiles zip a row pair's
+//! lanes together as they decode, `arch::aarch64::rows4_q6`):
 //! - bytes `0..8`: the four rows' `d` (f16), row order;
 //! - `8..72`: each row `h`'s 16 scales at `8 + 16h`, in the order [`Q6_CHAIN`] (position `j`
 //!   holds scale `Q6_CHAIN[j]`), the order the SDOT kernel walks the groups of 16;

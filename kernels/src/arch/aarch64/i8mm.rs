@@ -92,6 +92,15 @@ impl PairA {
         }
     }
 
+    /// Writes one 16-byte `A` operand at byte `at` (`32c` or `32c + 16` of chunk `c`):
+    /// for decoders that build the row pair's operands in registers.
+    #[inline(always)]
+    pub(crate) fn put(&mut self, at: usize, v: int8x16_t) {
+        let d = &mut self.a[at..at + 16];
+        // SAFETY: `d` is 16 writable bytes (bounds-checked).
+        unsafe { vst1q_s8(d.as_mut_ptr(), v) }
+    }
+
     #[inline(always)]
     fn ld(&self, at: usize) -> int8x16_t {
         let s = &self.a[at..at + 16];

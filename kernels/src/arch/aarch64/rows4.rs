@@ -18,7 +18,7 @@ use crate::Tile;
 
 /// Repacked (`Layout::Rows4`) K-quants x Q8_K over `t`: Q4_K/Q5_K on [`rows4_mm`]'s tiles on
 /// i8mm from [`R4_TILES_FROM`] activation rows, else [`rows4_sdot`]; Q6_K on
-/// `rows4_q6::gemm`.
+/// `rows4_q6::gemm` (SMMLA tiles on i8mm from a few rows, SDOT otherwise).
 pub(super) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
     let (rows, n, w, x) = (t.rows(), t.n(), t.w().bytes(), t.x().bytes());
     let nb = t.k() / 256;
@@ -30,7 +30,7 @@ pub(super) fn gemm(level: Level, kind: Kind, t: &mut Tile<'_>) {
         (Kind::Q4, false) => rows4_sdot::<false>(nb, w, rows, x, n, out),
         (Kind::Q5, true) => rows4_mm::<true>(nb, w, rows, x, n, out),
         (Kind::Q5, false) => rows4_sdot::<true>(nb, w, rows, x, n, out),
-        (Kind::Q6, _) => super::rows4_q6::gemm(nb, w, rows, x, n, out),
+        (Kind::Q6, _) => super::rows4_q6::gemm(level, nb, w, rows, x, n, out),
         (Kind::Q3, _) => super::rows4_q3::gemm(nb, w, rows, x, n, out),
         // `reads_repacked` admits no other K-quant.
         (Kind::Q2, _) => unreachable!("no repacked {kind:?} path"),

@@ -21,13 +21,19 @@
 //! into the decoded weights (two int8 streams, `64 * hi + lo`) and runs plain SDOT against up
 //! to [`FOLD_ROWS`] activation rows per decoded vector; its chunked activation preparation
 //! ([`Chunks`]) also serves `rows4_q3`.
+//!
+//! On i8mm from [`MM_FROM`] activation rows, [`q6_mm`] runs the same two folded streams on
+//! 2x2 SMMLA tiles (`split::k4_tiles`): a row pair's `ql` and `qh` bytes of one lane are zipped
+//! together before decoding, so each decoded vector is an `A` operand of 8 elements of one
+//! reference lane for both rows, and an SMMLA does twice an SDOT's multiply-adds.
 
 use core::arch::aarch64::*;
 
 use super::kquant::{KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
-use super::split::{perm32_block, SCRATCH};
-use super::{dotprod, unpack};
+use super::split::{self, perm32_block, KPair, SCRATCH};
+use super::{dotprod, unpack, Level};
 use crate::formats::kquants::layout::{block_bytes, Q6};
+use crate::formats::repack::Q6_CHAIN;
 
 /// Activation rows [`q6_sdot`] runs against each decoded weight row at once.
 const ROWS: usize = 4;
@@ -44,10 +50,24 @@ const QUANTS: usize = 72;
 /// Activation rows from which [`gemm`] takes [`q6_fold`] (below: [`q6_sdot`]).
 const FOLD_FROM: usize = 5;
 
-/// Repacked Q6_K x Q8_K (`rows` a multiple of 4, `n, nb >= 1`) on SDOT: the masked,
-/// scaled-sum kernel for few activation rows, the folded one from [`FOLD_FROM`].
-pub(super) fn gemm(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
-    if n >= FOLD_FROM {
+/// Activation rows from which repacked Q6_K on i8mm takes [`q6_mm`]'s SMMLA tiles.
+const MM_FROM: usize = 4;
+
+/// Repacked Q6_K x Q8_K (`rows` a multiple of 4, `n, nb >= 1`): on i8mm from [`MM_FROM`]
+/// activation rows the SMMLA tiles ([`q6_mm`]); else on SDOT, the masked, scaled-sum kernel
+/// for few activation rows, the folded one from [`FOLD_FROM`].
+pub(super) fn gemm(
+    level: Level,
+    nb: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
+    if level == Level::I8mm && n >= MM_FROM {
+        q6_mm(nb, w, rows, x, n, out)
+    } else if n >= FOLD_FROM {
         q6_fold(nb, w, rows, x, n, out)
     } else {
         q6_sdot(nb, w, rows, x, n, out)
@@ -417,6 +437,138 @@ pub(super) fn lane_of(v: &[float32x4_t; 2], t: usize) -> float32x4_t {
             1 => vdupq_laneq_f32::<1>(h),
             2 => vdupq_laneq_f32::<2>(h),
             _ => vdupq_laneq_f32::<3>(h),
+        }
+    }
+}
+
+/// Repacked Q6_K x Q8_K on 2x2 SMMLA tiles (i8mm; `rows` a multiple of 4): `split::k4_tiles`
+/// (the activation pairs, the float epilogue lane by lane) over weight row pairs decoded
+/// straight from `Layout::Rows4` by [`mm_pair`]. Each product `q * scale` is split as `64 * hi
+/// + lo` into two int8 streams (`unpack::split64`: a signed high stream on SMMLA, an unsigned
+/// low one on USMMLA), so every 8-byte k-slice is 8 elements of one reference lane and a
+/// lane is `64 * hi + lo` of two unmasked sums: 16 SMMLA per 256 weights per activation row,
+/// half of [`q6_fold`]'s SDOTs.
+fn q6_mm(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
+    let wb = block_bytes(Q6);
+    let wrow = nb * wb;
+    split::k4_tiles::<Q6>(nb, rows, x, n, out, |r, _, b, blk| {
+        // Whole groups of four rows (`QMatrix::in_layout` checked it): rows `r`, `r + 1`.
+        let g = &w[(r / 4) * 4 * wrow + b * 4 * wb..][..4 * wb];
+        mm_pair(g, (r % 4) / 2, blk);
+    });
+}
+
+/// For the run pair `J` (runs `2J`, `2J + 1` of 32 elements) of an `A` operand of row pair
+/// `p`: the position of each byte's scale among the pair's 32 chain-ordered scales (row `2p`'s
+/// 16, then row `2p + 1`'s). Bytes `0..8` are row `2p`'s, `8..16` row `2p + 1`'s; within
+/// each, elements `l + 8m` of run `2J` (m = 0..4: groups `4J`, `4J`, `4J + 1`, `4J + 1`),
+/// then of run `2J + 1` (groups `4J + 2`, `4J + 3`).
+const MM_PICKS: [[u8; 16]; 4] = {
+    let mut t = [[0u8; 16]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut b = 0;
+        while b < 16 {
+            t[j][b] = (16 * (b / 8) + Q6_CHAIN[4 * j + (b % 8) / 2]) as u8;
+            b += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
+/// Per byte of a [`mm_pair`] operand: the shift that moves its low nibble's two-bit `qh` field
+/// to bits 0-1 (`MM_SHL_LO`) or its high nibble's to bits 6-7 (`MM_SHL_HI`); bytes from
+/// `ql[64k..]` have fields 0 and 2, bytes from `ql[64k + 32..]` fields 1 and 3.
+const MM_SHL_LO: [i8; 16] = [0, 0, 0, 0, -2, -2, -2, -2, 0, 0, 0, 0, -2, -2, -2, -2];
+const MM_SHL_HI: [i8; 16] = [2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0];
+
+/// Row pair `p` of the `Layout::Rows4` group block `g` as [`KPair`] operands (`hi`, `lo`
+/// streams and `[d0, d0, d1, d1]`). For each half `k` of the block and lane `L`, the two
+/// rows' `ql` bytes of lane `L` from `ql[64k..]` and `ql[64k + 32..]` are brought together
+/// with zips (`zip1/zip2.4s` of a row's two runs, `zip1/zip2.2d` of the two rows) before
+/// decoding, and so are their `qh` bytes: the low nibbles are then the `A` operand of lane `L`
+/// for runs `4k`, `4k + 1` (chunk `8k + L / 2`), the high nibbles for runs `4k + 2`, `4k + 3`
+/// (chunk `8k + 4 + L / 2`), the order of `split::pair_block`'s activations.
+#[inline(always)]
+fn mm_pair(g: &[u8], p: usize, blk: &mut KPair) {
+    let (h0, h1) = (2 * p, 2 * p + 1);
+    let (d0, d1) = (unpack::f16_at(g, 2 * h0), unpack::f16_at(g, 2 * h1));
+    blk.d = [d0, d0, d1, d1];
+    let sc = &g[SCALES + 32 * p..][..32];
+    let q0 = &g[QUANTS + 192 * h0..][..192];
+    let q1 = &g[QUANTS + 192 * h1..][..192];
+    // SAFETY: NEON register arithmetic; 16-byte loads inside `sc`, `q0`, `q1` (bounds-checked
+    // by `ld`) and the 16-byte constants.
+    unsafe {
+        let ld = |v: &[u8], at: usize| vld1q_u8(v[at..at + 16].as_ptr());
+        let st = vld1q_u8_x2(sc.as_ptr());
+        let scale = |j: usize| vreinterpretq_s8_u8(vqtbl2q_u8(st, vld1q_u8(MM_PICKS[j].as_ptr())));
+        let flip = vdupq_n_u8(0xaa);
+        let shl_lo = vld1q_s8(MM_SHL_LO.as_ptr());
+        let shl_hi = vld1q_s8(MM_SHL_HI.as_ptr());
+        let three = vdupq_n_u8(3);
+        let z4 = |a: uint8x16_t, b: uint8x16_t| {
+            let (a, b) = (vreinterpretq_u32_u8(a), vreinterpretq_u32_u8(b));
+            [
+                vreinterpretq_u8_u32(vzip1q_u32(a, b)),
+                vreinterpretq_u8_u32(vzip2q_u32(a, b)),
+            ]
+        };
+        // ZIP1 in asm: LLVM lowers `vzip1q_u64` to a register copy and an element insert.
+        let z2 = |a: uint8x16_t, b: uint8x16_t| {
+            let lo: uint8x16_t;
+            core::arch::asm!(
+                "zip1 {d:v}.2d, {a:v}.2d, {b:v}.2d",
+                d = out(vreg) lo,
+                a = in(vreg) a,
+                b = in(vreg) b,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+            let (a, b) = (vreinterpretq_u64_u8(a), vreinterpretq_u64_u8(b));
+            [lo, vreinterpretq_u8_u64(vzip2q_u64(a, b))]
+        };
+        let s8 = |v: uint8x16_t| vreinterpretq_s8_u8(v);
+        for k in 0..2 {
+            let (s_lo, s_hi) = (scale(2 * k), scale(2 * k + 1));
+            for i in 0..2 {
+                let (qx, qy) = (
+                    veorq_u8(ld(q0, 96 * k + 16 * i), flip),
+                    veorq_u8(ld(q1, 96 * k + 16 * i), flip),
+                );
+                let zx = z4(ld(q0, 96 * k + 32 + 16 * i), ld(q0, 96 * k + 64 + 16 * i));
+                let zy = z4(ld(q1, 96 * k + 32 + 16 * i), ld(q1, 96 * k + 64 + 16 * i));
+                let (hx, hy) = (z4(qx, qx), z4(qy, qy));
+                for half in 0..2 {
+                    let c = z2(zx[half], zy[half]);
+                    let f = z2(hx[half], hy[half]);
+                    for e in 0..2 {
+                        // Four times the quants minus 32, `64 * (hi - 2) + 4 * nibble`: the
+                        // flipped field (a two-bit `hi - 2`) inserted at bits 6-7 over the
+                        // nibble at bits 2-5, each byte's field picked by its own shift.
+                        let fl = vshlq_u8(f[e], shl_lo);
+                        let fh = vshlq_u8(f[e], shl_hi);
+                        let wl = vsliq_n_u8::<6>(vshlq_n_u8::<2>(c[e]), fl);
+                        // SRI in asm: LLVM rewrites SRI + BIC into four instructions.
+                        let wh: uint8x16_t;
+                        core::arch::asm!(
+                            "sri {d:v}.16b, {c:v}.16b, #2",
+                            d = inout(vreg) fh => wh,
+                            c = in(vreg) c[e],
+                            options(pure, nomem, nostack, preserves_flags),
+                        );
+                        let wh = vbicq_u8(wh, three);
+                        let (hl, ll) = unpack::split64_x4(s8(wl), s_lo);
+                        let (hh, lh) = unpack::split64_x4(s8(wh), s_hi);
+                        let at_lo = 32 * (8 * k + 2 * i + half) + 16 * e;
+                        let at_hi = at_lo + 4 * 32;
+                        blk.hi.put(at_lo, s8(hl));
+                        blk.lo.put(at_lo, s8(ll));
+                        blk.hi.put(at_hi, s8(hh));
+                        blk.lo.put(at_hi, s8(lh));
+                    }
+                }
+            }
         }
     }
 }

@@ -318,11 +318,11 @@ pub(crate) fn q6_k_gemm(t: &mut Tile<'_>) {
 
 /// One block of a file-order Q4_K or Q6_K weight row pair, ready for the SMMLA tiles: both quant streams as
 /// SMMLA `A` operands, the rows' mins and `[d0, d0, d1, d1]`, `[dmin0, dmin0, dmin1, dmin1]`.
-struct KPair {
-    hi: i8mm::PairA,
-    lo: i8mm::PairA,
+pub(super) struct KPair {
+    pub(super) hi: i8mm::PairA,
+    pub(super) lo: i8mm::PairA,
     mins: [[i16; 16]; 2],
-    d: [f32; 4],
+    pub(super) d: [f32; 4],
     dmin: [f32; 4],
 }
 
@@ -357,9 +357,44 @@ thread_local! {
 /// `sums[l] += (d * yd) * lane[l]`, `sumf -= (dmin * yd) * sumi(mins)` (Q4_K), then `sumf +
 /// sums[0] + ... + sums[7]`.
 fn k4_mm<const K: u8>(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out: &mut [f32]) {
-    const PER: usize = 512;
     let wb = block_bytes(K);
     let wrow = nb * wb;
+    let mut u = [Unpacked::new(), Unpacked::new()];
+    let mut q2 = [[0i8; 256]; 2];
+    k4_tiles::<K>(nb, rows, x, n, out, |r, r1, b, blk| {
+        // GGUF order: Q4_K or Q6_K (`gemm` routes no other here).
+        let lanes = if K == Q6 {
+            unpack::q6_k_lanes
+        } else {
+            unpack::q4_k_lanes
+        };
+        let i1 = usize::from(r1 != r);
+        lanes(&w[r * wrow + b * wb..][..wb], &mut u[0], &mut q2[0]);
+        if i1 == 1 {
+            let (u1, q21) = (&mut u[1], &mut q2[1]);
+            lanes(&w[r1 * wrow + b * wb..][..wb], u1, q21);
+        }
+        blk.hi.set(&u[0].q, &u[i1].q);
+        blk.lo.set(&q2[0], &q2[i1]);
+        blk.mins = [u[0].mins, u[i1].mins];
+        blk.d = [u[0].d, u[0].d, u[i1].d, u[i1].d];
+        blk.dmin = [u[0].dmin, u[0].dmin, u[i1].dmin, u[i1].dmin];
+    });
+}
+
+/// [`k4_mm`]'s tiles over weight row pairs that `decode(r, r1, b, blk)` writes into `blk`
+/// (block `b` of rows `r`, `r1`; `r1 == r` for an odd last row): the activation pairing and
+/// every activation pair's float epilogue. Also the tiles of repacked Q6_K
+/// (`rows4_q6::q6_mm`), whose decode reads `Layout::Rows4`.
+pub(super) fn k4_tiles<const K: u8>(
+    nb: usize,
+    rows: usize,
+    x: &[u8],
+    n: usize,
+    out: &mut [f32],
+    mut decode: impl FnMut(usize, usize, usize, &mut KPair),
+) {
+    const PER: usize = 512;
     let xrow = nb * Q8K_BYTES;
     SCRATCH.with(|s| {
         K_PAIRS.with(|wp| {
@@ -372,8 +407,6 @@ fn k4_mm<const K: u8>(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out:
             if wp.len() < nb {
                 wp.resize_with(nb, KPair::new);
             }
-            let mut u = [Unpacked::new(), Unpacked::new()];
-            let mut q2 = [[0i8; 256]; 2];
             let mut l8 = [[0u8; 256]; 2];
             for jc in (0..n).step_by(CH) {
                 let cnt = CH.min(n - jc);
@@ -391,24 +424,8 @@ fn k4_mm<const K: u8>(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out:
                 let mut r = 0;
                 while r < rows {
                     let r1 = if r + 1 < rows { r + 1 } else { r };
-                    let i1 = usize::from(r1 != r);
                     for (b, blk) in wp.iter_mut().enumerate().take(nb) {
-                        // GGUF order: Q4_K or Q6_K (`gemm` routes no other here).
-                        let lanes = if K == Q6 {
-                            unpack::q6_k_lanes
-                        } else {
-                            unpack::q4_k_lanes
-                        };
-                        lanes(&w[r * wrow + b * wb..][..wb], &mut u[0], &mut q2[0]);
-                        if i1 == 1 {
-                            let (u1, q21) = (&mut u[1], &mut q2[1]);
-                            lanes(&w[r1 * wrow + b * wb..][..wb], u1, q21);
-                        }
-                        blk.hi.set(&u[0].q, &u[i1].q);
-                        blk.lo.set(&q2[0], &q2[i1]);
-                        blk.mins = [u[0].mins, u[i1].mins];
-                        blk.d = [u[0].d, u[0].d, u[i1].d, u[i1].d];
-                        blk.dmin = [u[0].dmin, u[0].dmin, u[i1].dmin, u[i1].dmin];
+                        decode(r, r1, b, blk);
                     }
                     for p in 0..pairs {
                         let (t0, t1) = cols(p);
@@ -421,11 +438,6 @@ fn k4_mm<const K: u8>(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out:
                             let yd = |x: &[u8]| f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
                             let yv = [yd(x0), yd(x1), yd(x0), yd(x1)];
                             let bx = &scratch[(p * nb + b) * PER..][..PER];
-                            // Q6_K has no min term (its `sumf` stays the reference's 0).
-                            let summs = i8mm::min_corr_2x2(
-                                [&x0[Q8K_BSUMS..Q8K_BYTES], &x1[Q8K_BSUMS..Q8K_BYTES]],
-                                [&blk.mins[0], &blk.mins[1]],
-                            );
                             // SAFETY: this path runs only under the I8mm capability (SMMLA);
                             // the rest is NEON register arithmetic on 4 readable f32.
                             unsafe {
@@ -470,7 +482,12 @@ fn k4_mm<const K: u8>(nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize, out:
                                 for (sl, l) in sums[4..].iter_mut().zip(lanes) {
                                     *sl = vaddq_f32(*sl, vmulq_f32(d, cvt(l)));
                                 }
+                                // Q6_K has no min term (its `sumf` stays the reference's 0).
                                 if K != Q6 {
+                                    let summs = i8mm::min_corr_2x2(
+                                        [&x0[Q8K_BSUMS..Q8K_BYTES], &x1[Q8K_BSUMS..Q8K_BYTES]],
+                                        [&blk.mins[0], &blk.mins[1]],
+                                    );
                                     let dmin = vmulq_f32(vld1q_f32(blk.dmin.as_ptr()), yv);
                                     sumf = vsubq_f32(sumf, vmulq_f32(dmin, vcvtq_f32_s32(summs)));
                                 }

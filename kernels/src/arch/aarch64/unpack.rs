@@ -552,6 +552,28 @@ pub(crate) fn split64(q: int8x16_t, s: int8x16_t) -> (uint8x16_t, uint8x16_t) {
     }
 }
 
+/// [`split64`] from four times the quants (`q4 = 4 * q`, -128..=124: Q6_K's quants minus 32
+/// shifted left by two) in five instructions instead of seven: `4p = q4 * s` (|4p| <= 16384,
+/// exact in int16), whose high byte is `p >> 6` and whose low byte is `4 * (p & 63)`.
+#[inline(always)]
+pub(crate) fn split64_x4(q4: int8x16_t, s: int8x16_t) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: NEON register arithmetic only (SMULL2 is base Advanced SIMD).
+    unsafe {
+        let p0 = vmull_s8(vget_low_s8(q4), vget_low_s8(s));
+        // As in `split64`: SMULL2 in asm.
+        let p1: int16x8_t;
+        core::arch::asm!(
+            "smull2 {p:v}.8h, {q:v}.16b, {s:v}.16b",
+            p = out(vreg) p1,
+            q = in(vreg) q4,
+            s = in(vreg) s,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        let (b0, b1) = (vreinterpretq_u8_s16(p0), vreinterpretq_u8_s16(p1));
+        (vuzp2q_u8(b0, b1), vshrq_n_u8::<2>(vuzp1q_u8(b0, b1)))
+    }
+}
+
 /// Q6_K in [`q4_k_lanes`]' lane-grouped layout (each pair of groups of 32 through
 /// [`lanes8_chunks`]), each quant times its group's scale (int8, per 16 elements) split in two
 /// int8 streams: the product `p = q * sc` (|p| <= 4096, exact in int16) is `64 * hi + lo` with
