@@ -140,6 +140,35 @@ fn quants<const H2: usize>(v: uint8x16_t, fqh: uint8x16_t) -> (int8x16_t, int8x1
     }
 }
 
+/// Four times the quants minus 32 (`64 * (hi - 2) + 4 * nibble`, the input of
+/// `unpack::split64`) of a 16-byte `ql` vector `v` and its `qh` vector with each field's top
+/// bit flipped (`fqh`): `(low nibbles', high nibbles')`, in `v`'s byte order. Each byte's
+/// fields are picked by its own shift: `lo_sh` moves the low nibble's two-bit field (a flipped
+/// field is a two-bit `hi - 2`) to bits 0-1, `hi_sh` the high nibble's to bits 6-7; SLI puts
+/// the first at bits 6-7 over the nibble at bits 2-5, SRI the nibble under the second.
+#[inline(always)]
+fn quants4(
+    v: uint8x16_t,
+    fqh: uint8x16_t,
+    lo_sh: int8x16_t,
+    hi_sh: int8x16_t,
+) -> (int8x16_t, int8x16_t) {
+    // SAFETY: NEON register arithmetic only.
+    unsafe {
+        let lo = vsliq_n_u8::<6>(vshlq_n_u8::<2>(v), vshlq_u8(fqh, lo_sh));
+        // SRI in asm: LLVM rewrites SRI + BIC into four instructions.
+        let hi: uint8x16_t;
+        core::arch::asm!(
+            "sri {d:v}.16b, {v:v}.16b, #2",
+            d = inout(vreg) vshlq_u8(fqh, hi_sh) => hi,
+            v = in(vreg) v,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        let hi = vbicq_u8(hi, vdupq_n_u8(3));
+        (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi))
+    }
+}
+
 /// The 256 PERM32-ordered quants `p32` as [`PER`] bytes of masked copies.
 fn masked_block(p32: &[u8; 256], dst: &mut [u8]) {
     let dst = &mut dst[..PER];
@@ -368,6 +397,11 @@ fn fold_row<const NA: usize>(nb: usize, w: &[u8], r: usize, prep: &[u8]) -> [KAc
             // The scales of chain steps `2j`, `2j + 1` in each lane's bytes 0-1, 2-3.
             let scales = |j: u8| vqtbl1q_s8(s8, vaddq_u8(pick, vdupq_n_u8(2 * j)));
             let flip = vdupq_n_u8(0xaa);
+            // `quants4`'s field shifts: `ql[64k..]` fields 0 and 2, `ql[64k + 32..]` 1 and 3.
+            let sh = [
+                [vdupq_n_s8(0), vdupq_n_s8(2)],
+                [vdupq_n_s8(-2), vdupq_n_s8(0)],
+            ];
             let yd = &prep[yds + 32 * b..][..32];
             let dy = [
                 vmulq_n_f32(vld1q_f32(yd.as_ptr().cast::<f32>()), d),
@@ -379,7 +413,7 @@ fn fold_row<const NA: usize>(nb: usize, w: &[u8], r: usize, prep: &[u8]) -> [KAc
                 macro_rules! run {
                     ($k:literal, $h2:literal, $fqh:ident) => {{
                         let v = ld(q, 96 * $k + 32 + 32 * $h2 + 16 * i);
-                        let (wl, wh) = quants::<$h2>(v, $fqh);
+                        let (wl, wh) = quants4(v, $fqh, sh[$h2][0], sh[$h2][1]);
                         // Chain steps 8k + 4h2 + (0, 1) (low nibbles), + (2, 3) (high).
                         let (hl, ll) = unpack::split64(wl, scales(4 * $k + 2 * $h2));
                         let (hh, lh) = unpack::split64(wh, scales(4 * $k + 2 * $h2 + 1));
@@ -477,9 +511,8 @@ const MM_PICKS: [[u8; 16]; 4] = {
     t
 };
 
-/// Per byte of a [`mm_pair`] operand: the shift that moves its low nibble's two-bit `qh` field
-/// to bits 0-1 (`MM_SHL_LO`) or its high nibble's to bits 6-7 (`MM_SHL_HI`); bytes from
-/// `ql[64k..]` have fields 0 and 2, bytes from `ql[64k + 32..]` fields 1 and 3.
+/// [`quants4`]'s field shifts per byte of a [`mm_pair`] operand: bytes from `ql[64k..]` have
+/// fields 0 and 2, bytes from `ql[64k + 32..]` fields 1 and 3.
 const MM_SHL_LO: [i8; 16] = [0, 0, 0, 0, -2, -2, -2, -2, 0, 0, 0, 0, -2, -2, -2, -2];
 const MM_SHL_HI: [i8; 16] = [2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0];
 
@@ -507,7 +540,6 @@ fn mm_pair(g: &[u8], p: usize, blk: &mut KPair) {
         let flip = vdupq_n_u8(0xaa);
         let shl_lo = vld1q_s8(MM_SHL_LO.as_ptr());
         let shl_hi = vld1q_s8(MM_SHL_HI.as_ptr());
-        let three = vdupq_n_u8(3);
         let z4 = |a: uint8x16_t, b: uint8x16_t| {
             let (a, b) = (vreinterpretq_u32_u8(a), vreinterpretq_u32_u8(b));
             [
@@ -543,23 +575,9 @@ fn mm_pair(g: &[u8], p: usize, blk: &mut KPair) {
                     let c = z2(zx[half], zy[half]);
                     let f = z2(hx[half], hy[half]);
                     for e in 0..2 {
-                        // Four times the quants minus 32, `64 * (hi - 2) + 4 * nibble`: the
-                        // flipped field (a two-bit `hi - 2`) inserted at bits 6-7 over the
-                        // nibble at bits 2-5, each byte's field picked by its own shift.
-                        let fl = vshlq_u8(f[e], shl_lo);
-                        let fh = vshlq_u8(f[e], shl_hi);
-                        let wl = vsliq_n_u8::<6>(vshlq_n_u8::<2>(c[e]), fl);
-                        // SRI in asm: LLVM rewrites SRI + BIC into four instructions.
-                        let wh: uint8x16_t;
-                        core::arch::asm!(
-                            "sri {d:v}.16b, {c:v}.16b, #2",
-                            d = inout(vreg) fh => wh,
-                            c = in(vreg) c[e],
-                            options(pure, nomem, nostack, preserves_flags),
-                        );
-                        let wh = vbicq_u8(wh, three);
-                        let (hl, ll) = unpack::split64_x4(s8(wl), s_lo);
-                        let (hh, lh) = unpack::split64_x4(s8(wh), s_hi);
+                        let (wl, wh) = quants4(c[e], f[e], shl_lo, shl_hi);
+                        let (hl, ll) = unpack::split64(wl, s_lo);
+                        let (hh, lh) = unpack::split64(wh, s_hi);
                         let at_lo = 32 * (8 * k + 2 * i + half) + 16 * e;
                         let at_hi = at_lo + 4 * 32;
                         blk.hi.put(at_lo, s8(hl));

@@ -527,40 +527,17 @@ pub(crate) fn q4_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
     u.dmin = f16_at(b, 2);
 }
 
-/// The 16 products `p = q * s` (Q6_K's quants times their int8 scales, |p| <= 4096) split as
-/// `64 * hi + lo`: `(hi, lo)` with `hi = p >> 6` (-64..=64) and `lo = p & 63` (0..=63).
+/// The 16 products `p = q * s` (Q6_K's quants minus 32 times their int8 scales, |p| <= 4096)
+/// split as `64 * hi + lo`, from four times the quants (`q4 = 4 * q`, -128..=124): `(hi, lo)`
+/// with `hi = p >> 6` (-64..=64) and `lo = p & 63` (0..=63), in five instructions: `4p = q4 *
+/// s` (|4p| <= 16384, exact in int16), whose high byte is `p >> 6` and whose low byte is `4 *
+/// (p & 63)`.
 #[inline(always)]
-pub(crate) fn split64(q: int8x16_t, s: int8x16_t) -> (uint8x16_t, uint8x16_t) {
-    // SAFETY: NEON register arithmetic only (SMULL2 is base Advanced SIMD).
-    unsafe {
-        let p0 = vmull_s8(vget_low_s8(q), vget_low_s8(s));
-        // `vmull_high_s8` in asm: LLVM lowers the intrinsic to two EXTs and an SMULL here.
-        let p1: int16x8_t;
-        core::arch::asm!(
-            "smull2 {p:v}.8h, {q:v}.16b, {s:v}.16b",
-            p = out(vreg) p1,
-            q = in(vreg) q,
-            s = in(vreg) s,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-        let hi = vshrn_high_n_s16::<6>(vshrn_n_s16::<6>(p0), p1);
-        let lo = vmovn_high_s16(vmovn_s16(p0), p1);
-        (
-            vreinterpretq_u8_s8(hi),
-            vandq_u8(vreinterpretq_u8_s8(lo), vdupq_n_u8(63)),
-        )
-    }
-}
-
-/// [`split64`] from four times the quants (`q4 = 4 * q`, -128..=124: Q6_K's quants minus 32
-/// shifted left by two) in five instructions instead of seven: `4p = q4 * s` (|4p| <= 16384,
-/// exact in int16), whose high byte is `p >> 6` and whose low byte is `4 * (p & 63)`.
-#[inline(always)]
-pub(crate) fn split64_x4(q4: int8x16_t, s: int8x16_t) -> (uint8x16_t, uint8x16_t) {
+pub(crate) fn split64(q4: int8x16_t, s: int8x16_t) -> (uint8x16_t, uint8x16_t) {
     // SAFETY: NEON register arithmetic only (SMULL2 is base Advanced SIMD).
     unsafe {
         let p0 = vmull_s8(vget_low_s8(q4), vget_low_s8(s));
-        // As in `split64`: SMULL2 in asm.
+        // `vmull_high_s8` in asm: LLVM lowers the intrinsic to two EXTs and an SMULL here.
         let p1: int16x8_t;
         core::arch::asm!(
             "smull2 {p:v}.8h, {q:v}.16b, {s:v}.16b",
@@ -601,10 +578,10 @@ pub(crate) fn q6_k_lanes(b: &[u8], u: &mut Unpacked, q2: &mut [i8; 256]) {
                     q(64 * $j + 32),
                     q(64 * $j + 48),
                 );
-                let (h0, l0) = split64(q0, vdupq_laneq_s8::<{ 4 * $j }>(sv));
-                let (h1, l1) = split64(q1, vdupq_laneq_s8::<{ 4 * $j + 1 }>(sv));
-                let (h2, l2) = split64(q2v, vdupq_laneq_s8::<{ 4 * $j + 2 }>(sv));
-                let (h3, l3) = split64(q3, vdupq_laneq_s8::<{ 4 * $j + 3 }>(sv));
+                let (h0, l0) = split64(vshlq_n_s8::<2>(q0), vdupq_laneq_s8::<{ 4 * $j }>(sv));
+                let (h1, l1) = split64(vshlq_n_s8::<2>(q1), vdupq_laneq_s8::<{ 4 * $j + 1 }>(sv));
+                let (h2, l2) = split64(vshlq_n_s8::<2>(q2v), vdupq_laneq_s8::<{ 4 * $j + 2 }>(sv));
+                let (h3, l3) = split64(vshlq_n_s8::<2>(q3), vdupq_laneq_s8::<{ 4 * $j + 3 }>(sv));
                 let (ha, hb) = (perm32(h0, h1), perm32(h2, h3));
                 let (la, lb) = (perm32(l0, l1), perm32(l2, l3));
                 let h = lanes8_chunks([ha.0, ha.1], [hb.0, hb.1]);
