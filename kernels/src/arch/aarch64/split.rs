@@ -301,11 +301,11 @@ fn q3_k_gemm(level: Level, nb: usize, w: &[u8], rows: usize, x: &[u8], n: usize,
     });
 }
 
-/// Activation rows from which Q6_K on i8mm takes [`q6_k_gemm`]: its per-call decode of the
-/// split streams costs about as much as the NEON widening core saves at 4 rows (`arm_trace`
-/// under llvm-mca's N2 model with the tiles at every batch: 159 / 89 / 54 cycles per 256
-/// weights per row at batch 2 / 4 / 8, against the widening core's 110 / 84 / 82).
-pub(crate) const Q6_TILES_FROM: usize = 5;
+/// Activation rows from which Q6_K on i8mm takes [`q6_k_gemm`]: below, its per-call decode of
+/// the split streams costs more than the NEON widening core saves (`arm_trace` under llvm-mca's
+/// N2 model, 512 x 32, cycles per 256 weights per row at batch 2 / 3 / 4: tiles 117 / 90 / 68,
+/// widening core 111 / 92 / 83; tiles 62 at batch 5 and 44 at batch 8).
+pub(crate) const Q6_TILES_FROM: usize = 4;
 
 /// Q6_K x Q8_K on i8mm with [`Q6_TILES_FROM`] or more activation rows: [`k4_mm`]'s tiles, the
 /// weights' scale folded in by `unpack::q6_k_lanes` (a signed high stream of weight 64 on
