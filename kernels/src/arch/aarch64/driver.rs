@@ -1,6 +1,6 @@
 //! The aarch64 GEMM entry point and the K-quant loops and float epilogues. [`gemm`] routes the
 //! 32-element types to `legacy` and the lane-split K-quants on SDOT/SMMLA to `split`; what runs
-//! here is Q2_K on every tier (SMMLA tiles on i8mm) and the widening NEON path of the others.
+//! here is Q2_K on every tier (SDOT rows on dotprod and i8mm) and the widening NEON path of the others.
 //!
 //! Each weight block is unpacked once and used for a chunk of up to [`JC`] activation rows
 //! (row-major over weight rows, so each output needs only its own small accumulator). The
@@ -9,12 +9,11 @@
 //! the scalar one, and there is no fused multiply-add anywhere.
 
 use crate::formats::kquants::layout::{Q2K_D, Q2K_DMIN};
-use core::arch::aarch64::*;
 
 use super::kquant::{add_lanes, unpack_block, KAcc, Kind, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::legacy::{self, Legacy};
 use super::unpack::{self, Unpacked};
-use super::{dotprod, i8mm, neon, Level};
+use super::{dotprod, neon, Level};
 use crate::formats::repack::Layout;
 use crate::{GgmlType, Tile};
 
@@ -49,18 +48,10 @@ pub(crate) fn gemm(level: Level, t: &mut Tile<'_>) {
     let out = t.out();
     let wrow = nb * kind.block_bytes();
     let mut r = 0;
-    if level == Level::I8mm && kind == Kind::Q2 && n >= 2 {
-        while r + 2 <= rows {
-            q2_k_rows2(
-                nb,
-                [&w[r * wrow..][..wrow], &w[(r + 1) * wrow..][..wrow]],
-                x,
-                n,
-                &mut out[r * n..(r + 2) * n],
-            );
-            r += 2;
-        }
-    }
+    // Q2_K on i8mm runs the SDOT rows: its 2x2 SMMLA tiles (scaled quants paired per block,
+    // `q2_k_rows2` until 2026-12-04) predicted slower at every batch once the row loop below
+    // was specialized (N2 512 x 32, batch 2 / 4 / 8: tiles 61 / 42 / 40, SDOT 43 / 32 / 31 cycles
+    // per 256 weights per row; V2 34 / 23 / 22 against 21 / 16 / 15).
     let level = if level == Level::I8mm {
         Level::Dotprod
     } else {
@@ -73,17 +64,37 @@ pub(crate) fn gemm(level: Level, t: &mut Tile<'_>) {
         }
         return;
     }
-    while r < rows {
-        kq_row(
-            level,
-            kind,
-            nb,
-            &w[r * wrow..][..wrow],
-            x,
-            n,
-            &mut out[r * n..(r + 1) * n],
-        );
-        r += 1;
+    // One copy of the row loop per (level, kind), so the matches inside `kq_row` are resolved
+    // at compile time rather than left to the inliner (which once kept them at run time after
+    // an unrelated change: Q2_K on dotprod went from 77 to 95 cycles per 256 weights per row at
+    // batch 2 under llvm-mca's N2 model).
+    macro_rules! rows {
+        ($level:expr, $kind:expr) => {
+            while r < rows {
+                kq_row(
+                    $level,
+                    $kind,
+                    nb,
+                    &w[r * wrow..][..wrow],
+                    x,
+                    n,
+                    &mut out[r * n..(r + 1) * n],
+                );
+                r += 1;
+            }
+        };
+    }
+    match (level, kind) {
+        (Level::Neon, Kind::Q2) => rows!(Level::Neon, Kind::Q2),
+        (Level::Neon, Kind::Q3) => rows!(Level::Neon, Kind::Q3),
+        (Level::Neon, Kind::Q4) => rows!(Level::Neon, Kind::Q4),
+        (Level::Neon, Kind::Q5) => rows!(Level::Neon, Kind::Q5),
+        (Level::Neon, Kind::Q6) => rows!(Level::Neon, Kind::Q6),
+        (_, Kind::Q2) => rows!(Level::Dotprod, Kind::Q2),
+        (_, Kind::Q3) => rows!(Level::Dotprod, Kind::Q3),
+        (_, Kind::Q4) => rows!(Level::Dotprod, Kind::Q4),
+        (_, Kind::Q5) => rows!(Level::Dotprod, Kind::Q5),
+        (_, Kind::Q6) => rows!(Level::Dotprod, Kind::Q6),
     }
 }
 
@@ -136,7 +147,9 @@ fn q2_k_row1(nb: usize, wrow: &[u8], x: &[u8]) -> f32 {
     sumf
 }
 
-/// One weight row against all `n` activation rows.
+/// One weight row against all `n` activation rows (inlined into one copy per `level` and
+/// `kind`, see [`gemm`]).
+#[inline(always)]
 fn kq_row(level: Level, kind: Kind, nb: usize, wrow: &[u8], x: &[u8], n: usize, out: &mut [f32]) {
     let wb = kind.block_bytes();
     let xrow = nb * Q8K_BYTES;
@@ -153,87 +166,6 @@ fn kq_row(level: Level, kind: Kind, nb: usize, wrow: &[u8], x: &[u8], n: usize, 
         }
         for (t, a) in acc.iter().enumerate().take(cnt) {
             out[jc + t] = a.finish(kind);
-        }
-    }
-}
-
-/// Four f32 in a vector.
-#[inline(always)]
-fn f4(v: [f32; 4]) -> float32x4_t {
-    // SAFETY: `v` is 4 readable f32.
-    unsafe { vld1q_f32(v.as_ptr()) }
-}
-
-/// Q2_K, i8mm: two weight rows (`w[0]`, `w[1]`) against all activation rows; `out` holds the
-/// two output rows (`2 * n`). Pairs of activation rows go through SMMLA tiles, an odd last one
-/// through the dotprod core.
-fn q2_k_rows2(nb: usize, w: [&[u8]; 2], x: &[u8], n: usize, out: &mut [f32]) {
-    const WB: usize = Kind::Q2.block_bytes();
-    let xrow = nb * Q8K_BYTES;
-    let mut u = [Unpacked::new(), Unpacked::new()];
-    let mut pa = i8mm::PairA::new();
-    for jc in (0..n).step_by(JC) {
-        let cnt = JC.min(n - jc);
-        let pairs = cnt / 2;
-        // SAFETY: NEON register arithmetic only.
-        let mut tile = [unsafe { vdupq_n_f32(0.0) }; JC / 2];
-        let mut single = [KAcc::zero(); 2];
-        for b in 0..nb {
-            unpack::q2_k_scaled(&w[0][b * WB..(b + 1) * WB], &mut u[0]);
-            unpack::q2_k_scaled(&w[1][b * WB..(b + 1) * WB], &mut u[1]);
-            if pairs > 0 {
-                pa.set(&u[0].q, &u[1].q);
-            }
-            let dw = f4([u[0].d, u[0].d, u[1].d, u[1].d]);
-            let mw = f4([u[0].dmin, u[0].dmin, u[1].dmin, u[1].dmin]);
-            for (p, t) in tile.iter_mut().enumerate().take(pairs) {
-                let a0 = (jc + 2 * p) * xrow + b * Q8K_BYTES;
-                let a1 = a0 + xrow;
-                let (x0, x1) = (&x[a0..a0 + Q8K_BYTES], &x[a1..a1 + Q8K_BYTES]);
-                let yd0 = f32::from_le_bytes([x0[0], x0[1], x0[2], x0[3]]);
-                let yd1 = f32::from_le_bytes([x1[0], x1[1], x1[2], x1[3]]);
-                let yd = f4([yd0, yd1, yd0, yd1]);
-                // SAFETY: this path runs only under the I8mm capability (SMMLA present).
-                let isum = unsafe {
-                    i8mm::dot256_2x2(&pa, [&x0[Q8K_QS..Q8K_BSUMS], &x1[Q8K_QS..Q8K_BSUMS]])
-                };
-                let summs = i8mm::min_corr_2x2(
-                    [&x0[Q8K_BSUMS..Q8K_BYTES], &x1[Q8K_BSUMS..Q8K_BYTES]],
-                    [&u[0].mins, &u[1].mins],
-                );
-                // SAFETY: NEON register arithmetic only.
-                unsafe {
-                    // sumf += (y.d * x.d) * isum - (y.d * x.dmin) * summs, lane by lane.
-                    let dall = vmulq_f32(yd, dw);
-                    let dmin = vmulq_f32(yd, mw);
-                    let v = vsubq_f32(
-                        vmulq_f32(dall, vcvtq_f32_s32(isum)),
-                        vmulq_f32(dmin, vcvtq_f32_s32(summs)),
-                    );
-                    *t = vaddq_f32(*t, v);
-                }
-            }
-            if cnt % 2 == 1 {
-                let at = (jc + cnt - 1) * xrow + b * Q8K_BYTES;
-                for (r, a) in single.iter_mut().enumerate() {
-                    kq_step(Level::Dotprod, Kind::Q2, &u[r], &x[at..at + Q8K_BYTES], a);
-                }
-            }
-        }
-        for (p, t) in tile.iter().enumerate().take(pairs) {
-            let mut v = [0.0f32; 4];
-            // SAFETY: `v` has room for 4 f32.
-            unsafe { vst1q_f32(v.as_mut_ptr(), *t) };
-            let j = jc + 2 * p;
-            out[j] = v[0];
-            out[j + 1] = v[1];
-            out[n + j] = v[2];
-            out[n + j + 1] = v[3];
-        }
-        if cnt % 2 == 1 {
-            let j = jc + cnt - 1;
-            out[j] = single[0].finish(Kind::Q2);
-            out[n + j] = single[1].finish(Kind::Q2);
         }
     }
 }

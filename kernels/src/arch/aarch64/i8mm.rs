@@ -109,29 +109,6 @@ impl PairA {
     }
 }
 
-/// Q2_K's block total for the tile: two weight rows (quants with their scales folded in, see
-/// `unpack::q2_k_scaled`, as a [`PairA`]) x (x0, x1), lanes `[r0.x0, r0.x1, r1.x0, r1.x1]`.
-/// Four independent SMMLA chains keep the multiply pipes busy.
-///
-/// # Safety
-/// The CPU must implement FEAT_I8MM.
-#[inline(always)]
-pub(crate) unsafe fn dot256_2x2(a: &PairA, xq: [&[u8]; 2]) -> int32x4_t {
-    let (x0, x1) = (&xq[0][..256], &xq[1][..256]);
-    // SAFETY: the caller guarantees SMMLA; the rest is NEON register arithmetic.
-    unsafe {
-        let mut acc = [vdupq_n_s32(0); 4];
-        for g in 0..16 {
-            let (a0, a1) = (a.ld(32 * g), a.ld(32 * g + 16));
-            let (b0, b1) = pair(ld_s8(x0, 16 * g), ld_s8(x1, 16 * g));
-            let i = 2 * (g % 2);
-            acc[i] = smmla(acc[i], a0, b0);
-            acc[i + 1] = smmla(acc[i + 1], a1, b1);
-        }
-        vaddq_s32(vaddq_s32(acc[0], acc[1]), vaddq_s32(acc[2], acc[3]))
-    }
-}
-
 /// `neon::min_corr` for the tile: `bsums` are the two activation rows' 32 sum bytes, `mins`
 /// the two weight rows' mins.
 #[inline(always)]

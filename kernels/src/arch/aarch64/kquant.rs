@@ -12,7 +12,7 @@ pub(crate) use crate::formats::kquants::layout::{Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 /// The K-quant kinds (all five have an aarch64 path).
 pub(crate) use crate::formats::kquants::layout::KKind as Kind;
 
-/// Unpacks a block of `kind` for the cores of `level` (Q2_K's SDOT/SMMLA cores take the scales
+/// Unpacks a block of `kind` for the cores of `level` (Q2_K's SDOT core takes the scales
 /// folded in).
 pub(crate) fn unpack_block(kind: Kind, level: Level, b: &[u8], u: &mut Unpacked) {
     match kind {

@@ -36,11 +36,11 @@
 //!
 //! | type  | neon        | dotprod               | i8mm                                  |
 //! |-------|-------------|-----------------------|---------------------------------------|
-//! | Q2_K  | SMULL/SMLAL | SDOT, scales folded   | SMMLA 2x2 tiles (odd act/row: SDOT)   |
+//! | Q2_K  | SMULL/SMLAL | SDOT, scales folded   | SDOT as dotprod                       |
 //! | Q3_K  | SMULL/SMLAL | SDOT, LANES8 (repacked: SDOT, scales folded, 8 acts per decode) | SMMLA 2x2 tiles, LANES8 (repacked: SDOT as dotprod) |
 //! | Q4_K  | SMULL/SMLAL | SDOT, PERM32, folded (repacked: SDOT on PERM32, scaled sums) | USMMLA 2x2 tiles, LANES8, folded x2 (n = 1: SDOT; repacked, n = 1: SDOT on PERM32, scaled sums) |
 //! | Q5_K  | SMULL/SMLAL | SDOT on PERM32        | SDOT on PERM32 (repacked, n >= 2: USMMLA 2x2 tiles, LANES8, folded x2) |
-//! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL (repacked: SDOT, masked activations, scaled sums; n >= 5: SDOT, products split x2) | SMULL/SMLAL; n >= 5: SMMLA+USMMLA 2x2 tiles, LANES8, products split x2 (repacked: SDOT as dotprod) |
+//! | Q6_K  | SMULL/SMLAL | SMULL/SMLAL (repacked: SDOT, masked activations, scaled sums; n >= 4: SDOT, products split x2) | SMULL/SMLAL; n >= 4: SMMLA+USMMLA 2x2 tiles, LANES8, products split x2 (repacked: n < 4 SDOT as dotprod, n >= 4 the same tiles decoded from the repack) |
 //! | Q8_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | Q4_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
 //! | Q5_0  | SMULL+SADALP| SDOT, 4 rows x 8 acts | SMMLA, 4 rows x 8 acts (n = 1: SDOT)  |
