@@ -542,14 +542,10 @@ fn mm_pair(g: &[u8], p: usize, blk: &mut KPair) {
         let flip = vdupq_n_u8(0xaa);
         let shl_lo = vld1q_s8(MM_SHL_LO.as_ptr());
         let shl_hi = vld1q_s8(MM_SHL_HI.as_ptr());
-        let z4 = |a: uint8x16_t, b: uint8x16_t| {
-            let (a, b) = (vreinterpretq_u32_u8(a), vreinterpretq_u32_u8(b));
-            [
-                vreinterpretq_u8_u32(vzip1q_u32(a, b)),
-                vreinterpretq_u8_u32(vzip2q_u32(a, b)),
-            ]
-        };
-        // ZIP1 in asm: LLVM lowers `vzip1q_u64` to a register copy and an element insert.
+        // Two rows' lanes side by side: `i8mm::pair` with its ZIP1 in asm, as LLVM lowers
+        // `vzip1q_u64` here to a register copy and an element insert (`i8mm::pair` itself keeps
+        // the intrinsic: in asm there it cost the file-order Q3_K tiles ~1.3%, and the
+        // intrinsic here costs this decode 0.6 of 47 cycles at batch 4 on N2).
         let z2 = |a: uint8x16_t, b: uint8x16_t| {
             let lo: uint8x16_t;
             core::arch::asm!(
@@ -565,17 +561,25 @@ fn mm_pair(g: &[u8], p: usize, blk: &mut KPair) {
         let s8 = |v: uint8x16_t| vreinterpretq_s8_u8(v);
         for k in 0..2 {
             let (s_lo, s_hi) = (scale(2 * k), scale(2 * k + 1));
+            // A row's `ql[64k..]` and `ql[64k + 32..]` lanes side by side (`unpack::lanes8_chunks`:
+            // chunk `2i + half` holds lanes `4i + 2half`, `4i + 2half + 1`), and its `qh`
+            // lanes twice (the same `qh` byte serves both runs).
+            let runs = |q: &[u8]| {
+                let v = |at: usize| [ld(q, 96 * k + at), ld(q, 96 * k + at + 16)];
+                unpack::lanes8_chunks(v(32), v(64))
+            };
+            let fields = |q: &[u8]| {
+                let h = [
+                    veorq_u8(ld(q, 96 * k), flip),
+                    veorq_u8(ld(q, 96 * k + 16), flip),
+                ];
+                unpack::lanes8_chunks(h, h)
+            };
+            let (zx, zy, hx, hy) = (runs(q0), runs(q1), fields(q0), fields(q1));
             for i in 0..2 {
-                let (qx, qy) = (
-                    veorq_u8(ld(q0, 96 * k + 16 * i), flip),
-                    veorq_u8(ld(q1, 96 * k + 16 * i), flip),
-                );
-                let zx = z4(ld(q0, 96 * k + 32 + 16 * i), ld(q0, 96 * k + 64 + 16 * i));
-                let zy = z4(ld(q1, 96 * k + 32 + 16 * i), ld(q1, 96 * k + 64 + 16 * i));
-                let (hx, hy) = (z4(qx, qx), z4(qy, qy));
                 for half in 0..2 {
-                    let c = z2(zx[half], zy[half]);
-                    let f = z2(hx[half], hy[half]);
+                    let c = z2(zx[2 * i + half], zy[2 * i + half]);
+                    let f = z2(hx[2 * i + half], hy[2 * i + half]);
                     for e in 0..2 {
                         let (wl, wh) = quants4(c[e], f[e], shl_lo, shl_hi);
                         let (hl, ll) = unpack::split64(wl, s_lo);
