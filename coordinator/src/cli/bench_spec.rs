@@ -215,8 +215,12 @@ impl Bench {
         Ok(out)
     }
 
-    /// Median seconds of a step of `rows` rows of one sequence (the drafts rolled back).
-    fn step_curve(&self, prompt: &[u32]) -> anyhow::Result<Vec<(usize, f64)>> {
+    /// Median seconds of a step of `rows` rows of one sequence (the drafts rolled back), and
+    /// the engine's phase times summed over that row count's steps.
+    fn step_curve(
+        &self,
+        prompt: &[u32],
+    ) -> anyhow::Result<Vec<(usize, f64, nightshift_model::StepProfile)>> {
         let backend = Arc::new(nightshift_model::LocalExperts::new(
             self.model.clone(),
             Some(self.pool.clone()),
@@ -238,6 +242,7 @@ impl Bench {
         let mut curve = Vec::new();
         for rows in 1..=self.args.max_rows {
             let mut t = Vec::new();
+            e.reset_profile();
             for _ in 0..5 {
                 let batch: Vec<BatchToken> = (0..rows)
                     .map(|i| BatchToken {
@@ -253,7 +258,7 @@ impl Bench {
                 e.truncate(s, len)?;
             }
             t.sort_by(f64::total_cmp);
-            curve.push((rows, t[t.len() / 2]));
+            curve.push((rows, t[t.len() / 2], e.profile()));
         }
         Ok(curve)
     }
@@ -474,14 +479,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "  (draft: steps with drafts; rows, kept: draft rows and accepted drafts per such step; \
          plain: decode steps without drafts or prefill; rest: a step's time outside forward)"
     );
-    println!("step time by rows of one sequence (median of 5):");
+    println!(
+        "step time by rows of one sequence (median of 5; phases: mean ms per step of attention, \
+         router, routed experts, other FFN, output head, the rest)"
+    );
     let curve = b.step_curve(&quoting[0].prompt)?;
     let t1 = curve.first().map_or(1.0, |c| c.1);
-    for (rows, t) in curve {
+    for (rows, t, p) in curve {
+        let per = |x: f64| x * 1e3 / p.steps.max(1) as f64;
         println!(
-            "  {rows:>3} rows: {:>8.2} ms  ({:.2}x one row)",
+            "  {rows:>3} rows: {:>8.2} ms  ({:.2}x one row)   attn {:.2}  router {:.2}  \
+             experts {:.2}  ffn {:.2}  head {:.2}  rest {:.2}",
             t * 1e3,
-            t / t1.max(1e-12)
+            t / t1.max(1e-12),
+            per(p.attention),
+            per(p.router),
+            per(p.experts),
+            per(p.ffn_other),
+            per(p.output),
+            per(p.other()),
         );
     }
     Ok(())
