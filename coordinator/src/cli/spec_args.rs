@@ -24,8 +24,8 @@ pub struct SpecArgs {
     /// measured step times say they pay; the output never changes.
     #[arg(long, default_value = "ngram", value_parser = parse_kind)]
     pub speculative: SpecKind,
-    /// Most draft tokens per sequence and step.
-    #[arg(long, default_value_t = 8)]
+    /// Most draft tokens per sequence and step (the policy decides how many of them pay).
+    #[arg(long, default_value_t = 16)]
     pub draft_max: usize,
     /// The draft model for --speculative draft: a small GGUF with the target's vocabulary.
     #[arg(long)]

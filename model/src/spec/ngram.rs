@@ -1,8 +1,13 @@
 //! n-gram prompt lookup: the last n tokens of a sequence are searched for in its own prompt and
-//! output (and an extra source such as OpenAI's `prediction`), longest n first, most recent
-//! occurrence first; the tokens that followed that occurrence are the draft. Costs a scan of the
-//! sequence per n and nothing else, so it is the default drafter: code edits and reviews quote
-//! their input at length.
+//! output (and an extra source such as OpenAI's `prediction`), longest n first; of that n-gram's
+//! occurrences the one whose match goes furthest back wins, the most recent on a tie; the tokens
+//! that followed it are the draft. Costs a scan of the sequence per n and nothing else, so it is
+//! the default drafter: code edits and reviews quote their input at length.
+//!
+//! Why the furthest-back match: code and prose repeat short n-grams (a closing brace and a
+//! newline, `return`, a repeated argument list), so a quoted file holds a sequence's last few
+//! tokens in many places, and the most recent one is usually not where the quote is being
+//! copied from. The place being copied matches as far back as the copy goes.
 
 use super::{DraftKind, DraftRequest, Drafter};
 use crate::error::ModelError;
@@ -20,9 +25,15 @@ impl Default for NgramRange {
     }
 }
 
-/// The continuation after the most recent earlier occurrence in `hay` of the last `n` tokens of
-/// `ctx`, for the largest `n` in `range` that has one with at least one following token; at most
-/// `max` tokens. When `hay` is `ctx` itself, the occurrence at its very end does not count.
+/// Longest match [`lookup`] measures (the n-gram and how far it extends back), as the suffix
+/// drafter's.
+pub const MATCH_MAX: usize = 64;
+
+/// For the largest `n` in `range` whose last `n` tokens of `ctx` occur earlier in `hay` with at
+/// least one token after them: the occurrence whose match with `ctx`'s end goes furthest back
+/// (at most [`MATCH_MAX`] tokens; the most recent on a tie), as (that match's length, the at
+/// most `max` tokens that follow it). When `hay` is `ctx` itself, the occurrence at its very end
+/// does not count.
 pub fn lookup(
     hay: &[u32],
     ctx: &[u32],
@@ -39,19 +50,40 @@ pub fn lookup(
         let Some(last) = hay.len().checked_sub(n + 1) else {
             continue;
         };
+        // (match length, start) of the best occurrence so far
+        let mut best: Option<(usize, usize)> = None;
+        let reach = MATCH_MAX.max(n).min(ctx.len());
         for start in (0..=last).rev() {
-            if &hay[start..start + n] == pat {
-                let from = start + n;
-                let to = (from + max).min(hay.len());
-                return Some((n, hay[from..to].to_vec()));
+            if &hay[start..start + n] != pat {
+                continue;
             }
+            let back = (n..reach)
+                .take_while(|&l| {
+                    start > l - n && hay[start - 1 - (l - n)] == ctx[ctx.len() - 1 - l]
+                })
+                .count();
+            let len = n + back;
+            if best.is_none_or(|b| len > b.0) {
+                best = Some((len, start));
+                if len == reach {
+                    break;
+                }
+            }
+        }
+        if let Some((len, start)) = best {
+            let from = start + n;
+            let to = (from + max).min(hay.len());
+            return Some((len, hay[from..to].to_vec()));
         }
     }
     None
 }
 
-/// [`lookup`] over a sequence's own tokens and its extra source: the longer match wins, the
-/// extra source (a predicted output) on a tie. The extra source is matched from n = 1: it is
+/// [`lookup`] over a sequence's own tokens and its extra source: the longer match wins, counted
+/// up to the n-gram range's largest n, and the extra source (a predicted output) on a tie. A
+/// match of the sequence's own text that only goes further back does not displace the
+/// prediction: measured on a prediction with a fifth of its tokens replaced (Kimi-K2 shape),
+/// letting it do so cut the drafts' acceptance and speculation's gain there. The extra source is matched from n = 1: it is
 /// the expected answer, so after a token that differs from it, the next one already finds its
 /// place again.
 pub fn lookup_both(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<u32>)> {
@@ -59,7 +91,11 @@ pub fn lookup_both(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<
     let from_one = NgramRange { min: 1, ..range };
     let extra = lookup(req.extra, req.tokens, from_one, req.max);
     match (own, extra) {
-        (Some(o), Some(e)) => Some(if e.0 >= o.0 { e } else { o }),
+        (Some(o), Some(e)) => Some(if e.0.min(range.max) >= o.0.min(range.max) {
+            e
+        } else {
+            o
+        }),
         (o, e) => o.or(e),
     }
 }
@@ -102,6 +138,35 @@ mod tests {
         let ctx = [1, 2, 3, 9, 4, 1, 2, 3, 7, 6, 1, 2, 3];
         // n = 4 finds nothing; n = 3: the most recent earlier "1 2 3" is followed by 7
         assert_eq!(lookup(&ctx, &ctx, R, 2), Some((3, vec![7, 6])));
+    }
+
+    #[test]
+    fn of_an_n_grams_occurrences_the_one_matching_furthest_back_wins() {
+        // a quoted block "4 5 6 1 2 3 7 8" is being copied ("4 5 6 1 2 3" so far); "1 2 3"
+        // also occurs later, followed by 9: the copy's place matches 6 tokens back, the later
+        // occurrence 3
+        let ctx = [4, 5, 6, 1, 2, 3, 7, 8, 0, 1, 2, 3, 9, 0, 4, 5, 6, 1, 2, 3];
+        assert_eq!(lookup(&ctx, &ctx, R, 2), Some((6, vec![7, 8])));
+        // a predicted output with the same repeat of a 4-gram (the longest n): the place being
+        // copied matches 5 back and wins over the most recent occurrence
+        let pred = [5, 6, 1, 2, 3, 7, 8, 0, 6, 1, 2, 3, 9];
+        let tokens = [50, 5, 6, 1, 2, 3];
+        let req = DraftRequest {
+            key: 0,
+            tokens: &tokens,
+            extra: &pred,
+            max: 2,
+        };
+        assert_eq!(lookup_both(&req, R), Some((5, vec![7, 8])));
+        // the match is measured at most MATCH_MAX back, then the most recent occurrence wins
+        let block: Vec<u32> = (100..100 + MATCH_MAX as u32 + 8).collect();
+        let mut hay = block.clone();
+        hay.push(1);
+        hay.extend_from_slice(&block);
+        hay.push(2);
+        let ctx = block.clone();
+        let got = lookup(&hay, &ctx, R, 1).expect("a match");
+        assert_eq!(got, (MATCH_MAX, vec![2]));
     }
 
     #[test]

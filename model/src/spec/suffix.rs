@@ -151,7 +151,7 @@ impl SuffixDrafter {
             window: VecDeque::new(),
             held: 0,
             budget,
-            max_match: 64,
+            max_match: super::ngram::MATCH_MAX,
             range,
         }
     }
