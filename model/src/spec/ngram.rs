@@ -83,9 +83,9 @@ pub fn lookup(
 /// up to the n-gram range's largest n, and the extra source (a predicted output) on a tie. A
 /// match of the sequence's own text that only goes further back does not displace the
 /// prediction: measured on a prediction with a fifth of its tokens replaced (Kimi-K2 shape),
-/// letting it do so cut the drafts' acceptance and speculation's gain there. The extra source is matched from n = 1: it is
-/// the expected answer, so after a token that differs from it, the next one already finds its
-/// place again.
+/// letting it do so cut the drafts' acceptance and speculation's gain there. The extra source
+/// is matched from n = 1: it is the expected answer, so after a token that differs from it,
+/// the next one already finds its place again.
 pub fn lookup_both(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<u32>)> {
     let own = lookup(req.tokens, req.tokens, range, req.max);
     let from_one = NgramRange { min: 1, ..range };
