@@ -95,7 +95,9 @@ impl Bench {
         let limits = EngineLimits {
             threads: self.args.threads,
             max_seqs: seqs.max(1),
-            kv_budget_tokens: n_ctx * seqs.max(1),
+            // every sequence's positions round up to whole blocks: `seqs` of them fit at once
+            kv_budget_tokens: n_ctx.next_multiple_of(nightshift_model::KvLayout::BLOCK)
+                * seqs.max(1),
             max_seq_len: 0,
             kv_type: nightshift_model::KvType::F32,
             prefix_cache: false,
