@@ -85,11 +85,16 @@ pub fn lookup(
 /// prediction: measured on a prediction with a fifth of its tokens replaced (Kimi-K2 shape),
 /// letting it do so cut the drafts' acceptance and speculation's gain there. The extra source
 /// is matched from n = 1: it is the expected answer, so after a token that differs from it,
-/// the next one already finds its place again.
+/// the next one already finds its place again. Where the output's last token has no place in
+/// it longer than one token, the output is taken to have replaced one of its tokens
+/// ([`past_a_substitution`]).
 pub fn lookup_both(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<u32>)> {
     let own = lookup(req.tokens, req.tokens, range, req.max);
     let from_one = NgramRange { min: 1, ..range };
-    let extra = lookup(req.extra, req.tokens, from_one, req.max);
+    let extra = match lookup(req.extra, req.tokens, from_one, req.max) {
+        Some(e) if e.0 >= range.min => Some(e),
+        weak => past_a_substitution(req, range).or(weak),
+    };
     match (own, extra) {
         (Some(o), Some(e)) => Some(if e.0.min(range.max) >= o.0.min(range.max) {
             e
@@ -98,6 +103,28 @@ pub fn lookup_both(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<
         }),
         (o, e) => o.or(e),
     }
+}
+
+/// The extra source (a predicted output) past a token the output replaced: the context up to
+/// the output's last token matched in it (at least `range.min` tokens), and the draft taken from
+/// one token after that match, skipping the prediction's token in the replaced one's place
+/// (two, when the output's token is the one after it: the output left a token out).
+/// An edit that renames an identifier or changes a literal differs from the prediction in a
+/// token or a few and then follows it again; without this the step after each such token has
+/// no draft (its token is nowhere in the prediction), and a prediction with a fifth of its
+/// tokens replaced lost a draft every fifth step. Its length is the match's, to weigh it
+/// against the own-text match as [`lookup_both`] does.
+fn past_a_substitution(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<u32>)> {
+    let (&last, head) = req.tokens.split_last()?;
+    let (len, d) = lookup(req.extra, head, range, req.max.checked_add(2)?)?;
+    let rest = match d.as_slice() {
+        [replaced, ..] if *replaced == last => return None,
+        [_, next, rest @ ..] if *next == last => rest,
+        [_, rest @ ..] => rest,
+        [] => return None,
+    };
+    let rest = &rest[..rest.len().min(req.max)];
+    (!rest.is_empty()).then(|| (len, rest.to_vec()))
 }
 
 /// The n-gram prompt-lookup drafter.
@@ -213,5 +240,39 @@ mod tests {
             ..req
         };
         assert_eq!(NgramDrafter::new(R).draft(&req).expect("draft"), vec![42]);
+    }
+
+    #[test]
+    fn past_a_token_the_output_replaced_the_prediction_is_followed_again() {
+        let pred = [10, 11, 12, 13, 14, 15, 16];
+        let draft = |tokens: &[u32], max: usize| {
+            let req = DraftRequest {
+                key: 0,
+                tokens,
+                extra: &pred,
+                max,
+            };
+            NgramDrafter::new(R).draft(&req).expect("draft")
+        };
+        // 13 replaced by 99: the prediction goes on after 13
+        assert_eq!(draft(&[1, 10, 11, 12, 99], 3), vec![14, 15, 16]);
+        assert_eq!(draft(&[1, 10, 11, 12, 99], 1), vec![14]);
+        // 13 left out: after 14
+        assert_eq!(draft(&[1, 10, 11, 12, 14], 3), vec![15, 16]);
+        // followed as predicted: the plain lookup
+        assert_eq!(draft(&[1, 10, 11, 12, 13], 2), vec![14, 15]);
+        // the tokens before the replaced one match a single token: no place to resume
+        assert_eq!(draft(&[1, 2, 12, 99], 3), Vec::<u32>::new());
+        // the replaced token was the prediction's last: nothing after it
+        assert_eq!(draft(&[12, 13, 14, 15, 99], 3), Vec::<u32>::new());
+        // the own text's longer match still wins over a resumed prediction
+        let own = [5, 6, 7, 8, 30, 31, 5, 6, 7, 8];
+        let req = DraftRequest {
+            key: 0,
+            tokens: &own,
+            extra: &[40, 6, 7, 41, 42],
+            max: 2,
+        };
+        assert_eq!(lookup_both(&req, R), Some((4, vec![30, 31])));
     }
 }

@@ -117,6 +117,14 @@ const POOL_WEIGHT: f64 = 2.0;
 /// blended with: fewer than the first position's, so a position's own record (at most ~3.3
 /// decayed tries) outweighs a neighbour that was right where it is wrong.
 const CHAIN_WEIGHT: f64 = 1.0;
+/// Decay per verification of the counts of a position it did not reach. A position is only
+/// measured when a draft reaches it, and a draft only reaches it while its record says it pays:
+/// without this, one early rejection (one decayed try at 0) kept a position's chance near half
+/// its predecessor's for the rest of the sequence, so drafts that were right 80% of the time
+/// stayed one token long. Aged, such a record gives way to the position before it after
+/// about seven verifications and the position is tried again; one that is really wrong is
+/// then retried every ten to twenty verifications, one row each time.
+const STALE_DECAY: f64 = 0.9;
 /// Steps with a draft available but none carried between moves toward the drafter's record
 /// ([`Acceptance::skipped`]).
 const RELAX_EVERY: u32 = 8;
@@ -164,12 +172,16 @@ impl Acceptance {
         let tried = accepted + usize::from(accepted < drafted);
         self.accepted = self.accepted * DECAY + accepted as f64;
         self.tried = self.tried * DECAY + tried as f64;
-        // each position reached decays and counts this try (the ones never reached keep
-        // their counts: this verification says nothing about them)
+        // each position reached decays and counts this try; the ones not reached say nothing
+        // new, and their old record ages more slowly ([`STALE_DECAY`])
         for j in 0..tried {
             let e = &mut self.by_pos[j.min(POSITIONS - 1)];
             e.0 = e.0 * DECAY + f64::from(u8::from(j < accepted));
             e.1 = e.1 * DECAY + 1.0;
+        }
+        for e in &mut self.by_pos[tried.min(POSITIONS)..] {
+            e.0 *= STALE_DECAY;
+            e.1 *= STALE_DECAY;
         }
         self.idle = 0;
     }
@@ -600,5 +612,38 @@ mod tests {
         // a noisy drafter (each token right 70% of the time) does not draft long
         let noisy = Candidate::geometric(0.7, 16);
         assert!(plan(&t, 1, &[noisy], None)[0] <= 2);
+    }
+
+    #[test]
+    fn a_position_rejected_once_long_ago_is_tried_again() {
+        // the skewed 30B shape's measured curve (2 rows 1.43x one, 3 rows 1.85x): one early
+        // rejection of the second draft token, then one-token drafts always right
+        let t = times(&[(1, 1.0), (2, 1.43), (3, 1.85), (4, 2.3)]);
+        let mut a = Acceptance::default();
+        a.update(3, 1);
+        let mut steps = 0;
+        while plan(&t, 1, &[Candidate::of(&a, 4)], None)[0] < 2 {
+            a.update(1, 1);
+            steps += 1;
+            assert!(
+                steps < 20,
+                "still one token after {steps} verifications: {a:?}"
+            );
+        }
+        assert!(steps >= 3, "the rejection counted for something: {steps}");
+        // a position rejected every time it is tried is retried only now and then: over 100
+        // verifications of a drafter right for exactly one token, a second token rides in
+        // at most one in eight
+        let mut b = Acceptance::default();
+        let mut second = 0;
+        for _ in 0..100 {
+            let k = plan(&t, 1, &[Candidate::of(&b, 4)], None)[0];
+            second += usize::from(k >= 2);
+            b.update(k.max(1), 1);
+        }
+        assert!(
+            second <= 12,
+            "{second} of 100 verifications carried a second token"
+        );
     }
 }
