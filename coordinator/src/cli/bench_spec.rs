@@ -266,6 +266,24 @@ impl Bench {
     }
 }
 
+/// The best decode speed-up a step curve (rows, median seconds, ...) allows one sequence whose
+/// draft tokens are each accepted with probability `p`, independently, with a draft of any
+/// length at every step: k draft tokens emit 1 + p + ... + p^k tokens in a (k + 1)-row step.
+/// (draft tokens, ratio to one row per step); what a policy can reach on that workload at most.
+fn ceiling<P>(curve: &[(usize, f64, P)], p: f64) -> (usize, f64) {
+    let Some(t1) = curve.iter().find(|c| c.0 == 1).map(|c| c.1) else {
+        return (0, 1.0);
+    };
+    curve
+        .iter()
+        .filter(|c| c.0 >= 1 && c.1 > 0.0)
+        .map(|&(rows, t, _)| {
+            let tokens: f64 = (0..rows as i32).map(|j| p.powi(j)).sum();
+            (rows - 1, tokens * t1 / t)
+        })
+        .fold((0, 1.0), |best, c| if c.1 > best.1 { c } else { best })
+}
+
 /// `n` distinct token ids (no n-gram repeats), from the ordinary vocabulary.
 fn distinct_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut rng = SplitMix64::new(seed);
@@ -487,6 +505,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     let curve = b.step_curve(&quoting[0].prompt)?;
     let t1 = curve.first().map_or(1.0, |c| c.1);
+    let ceilings: Vec<String> = [0.7, 0.9, 1.0]
+        .iter()
+        .map(|&p| {
+            let (k, x) = ceiling(&curve, p);
+            format!("p {:.0}%: {x:.2}x at {k} draft tokens", 100.0 * p)
+        })
+        .collect();
+    println!(
+        "  ceiling (one sequence, a draft at every step, each draft token accepted with \
+         probability p independently): {}",
+        ceilings.join(", ")
+    );
     for (rows, t, p) in curve {
         let per = |x: f64| x * 1e3 / p.steps.max(1) as f64;
         println!(
@@ -503,4 +533,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ceiling;
+
+    #[test]
+    fn the_ceiling_is_the_best_draft_length_on_the_curve() {
+        // the uniformly routed 30B shape: a second row costs 0.84 of a step, so at 70%
+        // acceptance no draft pays; at 100% the longest does
+        let q3 = [(1, 1.0, ()), (2, 1.84, ()), (3, 2.45, ()), (4, 2.82, ())];
+        assert_eq!(ceiling(&q3, 0.7), (0, 1.0));
+        let (k, x) = ceiling(&q3, 1.0);
+        assert_eq!(k, 3);
+        assert!((x - 4.0 / 2.82).abs() < 1e-12, "{x}");
+        // the Kimi-K2 shape: 2 rows 1.35x, 3 rows 1.80x: one token (1.7 / 1.35) beats two
+        // (2.19 / 1.80)
+        let k2 = [(1, 0.040, ()), (2, 0.054, ()), (3, 0.072, ())];
+        let (k, x) = ceiling(&k2, 0.7);
+        assert_eq!(k, 1);
+        assert!((x - 1.7 * 0.040 / 0.054).abs() < 1e-12, "{x}");
+        assert_eq!(ceiling::<()>(&[], 0.7), (0, 1.0));
+    }
 }
