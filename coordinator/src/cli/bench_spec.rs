@@ -16,7 +16,7 @@
 use crate::scheduler::model_backend::{engine_with, EngineLimits};
 use crate::scheduler::model_text::ModelText;
 use crate::scheduler::spec::Counts;
-use crate::scheduler::{Event, GenRequest, Scheduler, SchedulerOptions, TextModel};
+use crate::scheduler::{Event, GenRequest, Scheduler, SchedulerOptions, TextModel, Usage};
 use anyhow::Context;
 use nightshift_kernels::rng::SplitMix64;
 use nightshift_model::{BatchToken, Engine, EngineOptions, Model, SamplerParams};
@@ -65,7 +65,7 @@ struct Job {
 /// What one run of a workload measured (summed over its requests).
 #[derive(Default, Clone, Copy)]
 struct Measured {
-    /// Tokens after each request's first, and the seconds they took.
+    /// Tokens decoded inside the run's decode window ([`decode_window`]) and its seconds.
     decoded: u64,
     secs: f64,
     accepted: u64,
@@ -153,36 +153,41 @@ impl Bench {
             anyhow::ensure!(ok.is_ok(), "the engine thread is not running");
             rxs.push(rx);
         }
-        let mut m = Measured::default();
-        let mut first_all: Option<Instant> = None;
-        let mut last_all = Instant::now();
-        for mut rx in rxs {
-            let mut first = None;
-            loop {
-                match rx.blocking_recv() {
-                    Some(Event::Token { .. }) => {
-                        first.get_or_insert_with(Instant::now);
+        // each request's events on its own thread, so every token is timed when it comes
+        let watchers: Vec<_> = rxs
+            .into_iter()
+            .map(|mut rx| {
+                std::thread::spawn(move || -> anyhow::Result<(Vec<Instant>, Instant, Usage)> {
+                    let mut tokens = Vec::new();
+                    loop {
+                        match rx.blocking_recv() {
+                            Some(Event::Token { .. }) => tokens.push(Instant::now()),
+                            Some(Event::Done { usage, .. }) => {
+                                return Ok((tokens, Instant::now(), usage))
+                            }
+                            Some(Event::Failed(e)) => {
+                                anyhow::bail!("request failed: {}", e.message)
+                            }
+                            None => anyhow::bail!("the engine thread stopped"),
+                        }
                     }
-                    Some(Event::Done { usage, .. }) => {
-                        let f = first.unwrap_or_else(Instant::now);
-                        first_all = Some(first_all.map_or(f, |a: Instant| a.min(f)));
-                        last_all = Instant::now();
-                        m.decoded += u64::from(usage.completion_tokens.saturating_sub(1));
-                        m.accepted += u64::from(usage.accepted_prediction_tokens);
-                        m.drafted += u64::from(
-                            usage.accepted_prediction_tokens + usage.rejected_prediction_tokens,
-                        );
-                        break;
-                    }
-                    Some(Event::Failed(e)) => anyhow::bail!("request failed: {}", e.message),
-                    None => anyhow::bail!("the engine thread stopped"),
-                }
-            }
+                })
+            })
+            .collect();
+        let mut seqs = Vec::new();
+        for w in watchers {
+            let got = w
+                .join()
+                .map_err(|_| anyhow::anyhow!("a request's watcher panicked"))??;
+            seqs.push(got);
         }
-        // concurrent requests: wall time from the first first token to the last token
-        m.secs = last_all
-            .duration_since(first_all.unwrap_or(last_all))
-            .as_secs_f64();
+        let mut m = Measured::default();
+        for (_, _, usage) in &seqs {
+            m.accepted += u64::from(usage.accepted_prediction_tokens);
+            m.drafted +=
+                u64::from(usage.accepted_prediction_tokens + usage.rejected_prediction_tokens);
+        }
+        (m.decoded, m.secs) = decode_window(&seqs);
         // the engine thread counts a step's end before its finished sequences leave
         let waited = Instant::now();
         while s.in_flight() > 0 && waited.elapsed().as_secs() < 5 {
@@ -282,6 +287,32 @@ fn ceiling<P>(curve: &[(usize, f64, P)], p: f64) -> (usize, f64) {
             (rows - 1, tokens * t1 / t)
         })
         .fold((0, 1.0), |best, c| if c.1 > best.1 { c } else { best })
+}
+
+/// Decoded tokens and seconds of a run's decode window, from each request's token times, end
+/// time and usage: from the moment every request had its first token (all of them decoding;
+/// before it, steps carry prompt chunks, and whether the engine thread's first step held one
+/// prompt or all of them is a race with the submitting thread) to the last request's end,
+/// counting the tokens that came inside it. A token the end event carries (`completion_tokens`
+/// past the token events) counts at the end. One request: its tokens after the first.
+fn decode_window(seqs: &[(Vec<Instant>, Instant, Usage)]) -> (u64, f64) {
+    let Some(start) = seqs
+        .iter()
+        .map(|(tokens, end, _)| tokens.first().copied().unwrap_or(*end))
+        .max()
+    else {
+        return (0, 0.0);
+    };
+    let end = seqs.iter().map(|s| s.1).max().unwrap_or(start);
+    let mut decoded = 0u64;
+    for (tokens, done, usage) in seqs {
+        decoded += tokens.iter().filter(|&&t| t > start).count() as u64;
+        let at_end = (usage.completion_tokens as usize).saturating_sub(tokens.len());
+        if *done > start {
+            decoded += at_end as u64;
+        }
+    }
+    (decoded, end.duration_since(start).as_secs_f64())
 }
 
 /// `n` distinct token ids (no n-gram repeats), from the ordinary vocabulary.
@@ -537,7 +568,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::ceiling;
+    use super::{ceiling, decode_window, Usage};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_decode_window_starts_when_every_request_decodes() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let usage = |completion_tokens| Usage {
+            prompt_tokens: 8,
+            completion_tokens,
+            cached_tokens: 0,
+            accepted_prediction_tokens: 0,
+            rejected_prediction_tokens: 0,
+        };
+        // one request: its tokens after the first, first token to end
+        let one = [(vec![at(1), at(2), at(3)], at(3), usage(3))];
+        assert_eq!(decode_window(&one), (2, 2.0));
+        // a token carried by the end event counts at the end
+        let carried = [(vec![at(1), at(2), at(3)], at(4), usage(4))];
+        assert_eq!(decode_window(&carried), (3, 3.0));
+        // two requests, the second prefilled after the first decoded two tokens: the window
+        // starts at the second's first token and counts what both decode after it
+        let two = [
+            (vec![at(0), at(1), at(2), at(3)], at(3), usage(4)),
+            (vec![at(2), at(3), at(4), at(5)], at(5), usage(4)),
+        ];
+        assert_eq!(decode_window(&two), (4, 3.0));
+        assert_eq!(decode_window(&[]), (0, 0.0));
+    }
 
     #[test]
     fn the_ceiling_is_the_best_draft_length_on_the_curve() {
