@@ -123,7 +123,8 @@ const CHAIN_WEIGHT: f64 = 1.0;
 /// its predecessor's for the rest of the sequence, so drafts that were right 80% of the time
 /// stayed one token long. Aged, such a record gives way to the position before it after
 /// about seven verifications and the position is tried again; one that is really wrong is
-/// then retried every ten to twenty verifications, one row each time.
+/// then retried about every tenth verification, one row each time (both at the skewed 30B
+/// shape's step curve: `a_position_rejected_once_long_ago_is_tried_again`).
 const STALE_DECAY: f64 = 0.9;
 /// Steps with a draft available but none carried between moves toward the drafter's record
 /// ([`Acceptance::skipped`]).
