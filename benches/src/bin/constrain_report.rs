@@ -309,7 +309,7 @@ fn main() -> anyhow::Result<()> {
         threads: a.threads,
         pool: Some(pool),
         max_seqs: 4,
-        kv_budget_tokens: 4 * (a.steps + 32).next_multiple_of(nightshift_model::KvLayout::BLOCK),
+        kv_budget_tokens: nightshift_model::KvLayout::budget_for(4, a.steps + 32),
         max_seq_len: a.steps + 32,
         ..Default::default()
     };

@@ -256,8 +256,7 @@ fn decode_together(
         threads: a.threads,
         pool: Some(pool),
         max_seqs: n,
-        // whole blocks per sequence: every sequence's last block may be partly filled
-        kv_budget_tokens: n * len.next_multiple_of(KvLayout::BLOCK),
+        kv_budget_tokens: KvLayout::budget_for(n, len),
         max_seq_len: len,
         ..Default::default()
     };
@@ -350,7 +349,7 @@ fn ours(path: &Path, prompt: &[u32], n_decode: usize, threads: usize) -> anyhow:
         threads,
         pool: Some(pool),
         max_seqs: 2,
-        kv_budget_tokens: 2 * (prompt.len() + n_decode + 64).next_multiple_of(KvLayout::BLOCK),
+        kv_budget_tokens: KvLayout::budget_for(2, prompt.len() + n_decode + 64),
         max_seq_len: prompt.len() + n_decode + 64,
         ..Default::default()
     };
@@ -515,7 +514,7 @@ fn ours_at_depth(model: &Arc<Model>, d: usize, a: &Args) -> anyhow::Result<(f64,
         threads: a.threads,
         pool: Some(pool),
         max_seqs: 1,
-        kv_budget_tokens: len.next_multiple_of(KvLayout::BLOCK),
+        kv_budget_tokens: KvLayout::budget_for(1, len),
         max_seq_len: len,
         prefix_cache: false,
         ..Default::default()

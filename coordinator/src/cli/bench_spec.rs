@@ -95,9 +95,7 @@ impl Bench {
         let limits = EngineLimits {
             threads: self.args.threads,
             max_seqs: seqs.max(1),
-            // every sequence's positions round up to whole blocks: `seqs` of them fit at once
-            kv_budget_tokens: n_ctx.next_multiple_of(nightshift_model::KvLayout::BLOCK)
-                * seqs.max(1),
+            kv_budget_tokens: nightshift_model::KvLayout::budget_for(seqs.max(1), n_ctx),
             max_seq_len: 0,
             kv_type: nightshift_model::KvType::F32,
             prefix_cache: false,
@@ -157,13 +155,18 @@ impl Bench {
         let watchers: Vec<_> = rxs
             .into_iter()
             .map(|mut rx| {
-                std::thread::spawn(move || -> anyhow::Result<(Vec<Instant>, Instant, Usage)> {
+                std::thread::spawn(move || -> anyhow::Result<Timed> {
                     let mut tokens = Vec::new();
                     loop {
                         match rx.blocking_recv() {
                             Some(Event::Token { .. }) => tokens.push(Instant::now()),
                             Some(Event::Done { usage, .. }) => {
-                                return Ok((tokens, Instant::now(), usage))
+                                let done = Instant::now();
+                                return Ok(Timed {
+                                    tokens,
+                                    done,
+                                    usage,
+                                });
                             }
                             Some(Event::Failed(e)) => {
                                 anyhow::bail!("request failed: {}", e.message)
@@ -182,7 +185,7 @@ impl Bench {
             seqs.push(got);
         }
         let mut m = Measured::default();
-        for (_, _, usage) in &seqs {
+        for Timed { usage, .. } in &seqs {
             m.accepted += u64::from(usage.accepted_prediction_tokens);
             m.drafted +=
                 u64::from(usage.accepted_prediction_tokens + usage.rejected_prediction_tokens);
@@ -289,26 +292,33 @@ fn ceiling<P>(curve: &[(usize, f64, P)], p: f64) -> (usize, f64) {
         .fold((0, 1.0), |best, c| if c.1 > best.1 { c } else { best })
 }
 
-/// Decoded tokens and seconds of a run's decode window, from each request's token times, end
-/// time and usage: from the moment every request had its first token (all of them decoding;
-/// before it, steps carry prompt chunks, and whether the engine thread's first step held one
-/// prompt or all of them is a race with the submitting thread) to the last request's end,
-/// counting the tokens that came inside it. A token the end event carries (`completion_tokens`
+/// One request of a run as its watcher saw it: when each token event came, when it ended, and
+/// its usage.
+struct Timed {
+    tokens: Vec<Instant>,
+    done: Instant,
+    usage: Usage,
+}
+
+/// Decoded tokens and seconds of a run's decode window: from the moment every request had its
+/// first token (all of them decoding; before it, steps carry prompt chunks, and whether the
+/// engine thread's first step held one prompt or all of them is a race with the submitting
+/// thread) to the last request's end, counting the tokens that came inside it. A token the end event carries (`completion_tokens`
 /// past the token events) counts at the end. One request: its tokens after the first.
-fn decode_window(seqs: &[(Vec<Instant>, Instant, Usage)]) -> (u64, f64) {
+fn decode_window(seqs: &[Timed]) -> (u64, f64) {
     let Some(start) = seqs
         .iter()
-        .map(|(tokens, end, _)| tokens.first().copied().unwrap_or(*end))
+        .map(|s| s.tokens.first().copied().unwrap_or(s.done))
         .max()
     else {
         return (0, 0.0);
     };
-    let end = seqs.iter().map(|s| s.1).max().unwrap_or(start);
+    let end = seqs.iter().map(|s| s.done).max().unwrap_or(start);
     let mut decoded = 0u64;
-    for (tokens, done, usage) in seqs {
-        decoded += tokens.iter().filter(|&&t| t > start).count() as u64;
-        let at_end = (usage.completion_tokens as usize).saturating_sub(tokens.len());
-        if *done > start {
+    for s in seqs {
+        decoded += s.tokens.iter().filter(|&&t| t > start).count() as u64;
+        if s.done > start {
+            let at_end = (s.usage.completion_tokens as usize).saturating_sub(s.tokens.len());
             decoded += at_end as u64;
         }
     }
@@ -568,31 +578,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{ceiling, decode_window, Usage};
+    use super::{ceiling, decode_window, Timed, Usage};
     use std::time::{Duration, Instant};
 
     #[test]
     fn the_decode_window_starts_when_every_request_decodes() {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
-        let usage = |completion_tokens| Usage {
-            prompt_tokens: 8,
-            completion_tokens,
-            cached_tokens: 0,
-            accepted_prediction_tokens: 0,
-            rejected_prediction_tokens: 0,
+        let timed = |tokens: Vec<Instant>, done, completion_tokens| Timed {
+            tokens,
+            done,
+            usage: Usage {
+                prompt_tokens: 8,
+                completion_tokens,
+                cached_tokens: 0,
+                accepted_prediction_tokens: 0,
+                rejected_prediction_tokens: 0,
+            },
         };
         // one request: its tokens after the first, first token to end
-        let one = [(vec![at(1), at(2), at(3)], at(3), usage(3))];
+        let one = [timed(vec![at(1), at(2), at(3)], at(3), 3)];
         assert_eq!(decode_window(&one), (2, 2.0));
         // a token carried by the end event counts at the end
-        let carried = [(vec![at(1), at(2), at(3)], at(4), usage(4))];
+        let carried = [timed(vec![at(1), at(2), at(3)], at(4), 4)];
         assert_eq!(decode_window(&carried), (3, 3.0));
         // two requests, the second prefilled after the first decoded two tokens: the window
         // starts at the second's first token and counts what both decode after it
         let two = [
-            (vec![at(0), at(1), at(2), at(3)], at(3), usage(4)),
-            (vec![at(2), at(3), at(4), at(5)], at(5), usage(4)),
+            timed(vec![at(0), at(1), at(2), at(3)], at(3), 4),
+            timed(vec![at(2), at(3), at(4), at(5)], at(5), 4),
         ];
         assert_eq!(decode_window(&two), (4, 3.0));
         assert_eq!(decode_window(&[]), (0, 0.0));

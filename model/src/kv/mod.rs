@@ -149,6 +149,12 @@ impl KvLayout {
         self.n_layer * ty.bytes(self.k_width + self.v_width)
     }
 
+    /// The `kv_budget_tokens` that hold `seqs` sequences of up to `positions` positions at
+    /// once: each sequence takes whole blocks, so its last one may be partly filled.
+    pub const fn budget_for(seqs: usize, positions: usize) -> usize {
+        seqs * positions.next_multiple_of(Self::BLOCK)
+    }
+
     /// Blocks covering `positions`.
     pub fn blocks_for(&self, positions: usize) -> usize {
         positions.div_ceil(self.block)

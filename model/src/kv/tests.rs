@@ -299,3 +299,22 @@ fn q8_0_cache_checks_head_sizes_and_stores_blocks() {
         "no f32 rows in a q8_0 pool"
     );
 }
+
+#[test]
+fn a_budget_for_n_sequences_admits_all_n() {
+    let layout = KvLayout {
+        n_layer: 1,
+        k_width: 2,
+        v_width: 1,
+        block: KvLayout::BLOCK,
+    };
+    let admits = |budget: usize| {
+        let mut c = KvCache::new(layout, KvType::F32, layout.blocks_for(budget), 1, false);
+        (0..4)
+            .take_while(|&i| c.admit(&[i], 194, false).is_ok())
+            .count()
+    };
+    // 194 positions take 13 blocks of 16: positions x sequences leaves the fourth out
+    assert_eq!(admits(4 * 194), 3);
+    assert_eq!(admits(KvLayout::budget_for(4, 194)), 4);
+}
