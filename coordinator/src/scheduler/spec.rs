@@ -264,7 +264,7 @@ impl Speculator {
             if k == 0 && cands[i].available() > 0 {
                 // a lookup's draft is already found: a due probe rides one token of it
                 // (a draft model's was not drafted, and would cost its own steps)
-                if a.spec.acceptance.skipped(&self.recent) && !model {
+                if a.spec.acceptance.skipped(&self.recent, !model) {
                     k = 1;
                 }
             }
