@@ -140,6 +140,13 @@ struct Run {
     disk_mib: f64,
     majflt: f64,
     minflt: f64,
+    /// per decode token: CPU ms in user and system mode, all threads
+    user_ms: f64,
+    sys_ms: f64,
+    /// per decode token, ms: attention, router, routed experts, other FFN, head, the rest
+    phases: Option<[f64; 6]>,
+    /// MiB of the arm's memory in transparent huge pages after decoding
+    huge_mib: f64,
     hit: f64,
     /// the staging cache's counters
     cold: Option<String>,
@@ -147,9 +154,22 @@ struct Run {
     cold_decode: Option<[f64; 3]>,
 }
 
-/// This process's bytes read from storage (`/proc/self/io`, all threads), major and minor
-/// page faults.
-fn io_counters() -> (u64, u64, u64) {
+/// MiB of this process's memory in transparent huge pages (`AnonHugePages` of
+/// `/proc/self/smaps_rollup`; 0 where it cannot be read).
+fn anon_huge_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("AnonHugePages:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// This process's (all threads) bytes read from storage (`/proc/self/io`), major faults, minor
+/// faults, user CPU seconds and system CPU seconds so far (`getrusage`).
+fn io_counters() -> (u64, u64, u64, f64, f64) {
     let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
     let read = io
         .lines()
@@ -160,7 +180,14 @@ fn io_counters() -> (u64, u64, u64) {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: a valid pointer to a rusage struct.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    (read, ru.ru_majflt as u64, ru.ru_minflt as u64)
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (
+        read,
+        ru.ru_majflt as u64,
+        ru.ru_minflt as u64,
+        secs(ru.ru_utime),
+        secs(ru.ru_stime),
+    )
 }
 
 /// The arm's expert backend, counting for each layer call the distinct experts used and those
@@ -307,15 +334,26 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
     let mut logits = eng.prefill(seq, &ids)?;
     let prefill = t.elapsed().as_secs_f64();
     observed.counting.store(true, Ordering::Relaxed);
-    let (read0, flt0, min0) = io_counters();
+    let (read0, flt0, min0, user0, sys0) = io_counters();
     let cold0 = cold.as_ref().map(|c| c.stats());
+    eng.reset_profile();
     let t = Instant::now();
     for _ in 0..a.decode {
         let next = argmax(&logits) as u32;
         logits = eng.prefill(seq, &[next])?;
     }
     let decode = t.elapsed().as_secs_f64();
-    let (read1, flt1, min1) = io_counters();
+    let pr = eng.profile();
+    let phases = [
+        pr.attention,
+        pr.router,
+        pr.experts,
+        pr.ffn_other,
+        pr.output,
+        pr.other(),
+    ]
+    .map(|x| x * 1e3 / a.decode.max(1) as f64);
+    let (read1, flt1, min1, user1, sys1) = io_counters();
     let n = a.decode.max(1) as f64;
     // the staging cache over the decode steps: demand reads and time calls waited per token,
     // and MiB/s while reads were in flight
@@ -349,6 +387,11 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
             "disk_mib": (read1 - read0) as f64 / n / (1u64 << 20) as f64,
             "majflt": (flt1 - flt0) as f64 / n,
             "minflt": (min1 - min0) as f64 / n,
+            "user_ms": (user1 - user0) * 1e3 / n,
+            "sys_ms": (sys1 - sys0) * 1e3 / n,
+            // ms per decode token in the engine's phases
+            "phases": phases,
+            "huge_mib": anon_huge_mib(),
             "hit": observed.hits.load(Ordering::Relaxed) as f64 / used,
             "cold": cold.map(|c| c.stats().summary()),
             "cold_decode": cold_decode,
@@ -579,6 +622,17 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                 disk_mib: f("disk_mib"),
                 majflt: f("majflt"),
                 minflt: f("minflt"),
+                user_ms: f("user_ms"),
+                huge_mib: f("huge_mib"),
+                sys_ms: f("sys_ms"),
+                phases: v.get("phases").and_then(|p| {
+                    let p = p.as_array()?;
+                    let mut out = [0.0; 6];
+                    for (o, x) in out.iter_mut().zip(p) {
+                        *o = x.as_f64()?;
+                    }
+                    (p.len() == out.len()).then_some(out)
+                }),
                 hit: f("hit"),
                 cold: v.get("cold").and_then(|c| c.as_str()).map(str::to_string),
                 cold_decode: v.get("cold_decode").and_then(|p| {
@@ -591,10 +645,13 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                 }),
             };
             println!(
-                "round {round} {arm:<10} prefill {:7.2} tok/s  decode {:6.2} tok/s  resident {} MiB  per decode token: read {:.1} MiB, {:.0} major / {:.0} minor faults, experts in memory {:.1}%{}",
+                "round {round} {arm:<10} prefill {:7.2} tok/s  decode {:6.2} tok/s  resident {} MiB  per decode token: {:.1} ms, CPU {:.1} ms user + {:.1} ms system, read {:.1} MiB, {:.0} major / {:.0} minor faults, experts in memory {:.1}%{}",
                 run.prefill_tps,
                 run.decode_tps,
                 run.resident_mib,
+                1e3 / run.decode_tps.max(1e-9),
+                run.user_ms,
+                run.sys_ms,
                 run.disk_mib,
                 run.majflt,
                 run.minflt,
@@ -608,6 +665,9 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                     100.0 * w
                 ))
             );
+            if let Some([at, ro, ex, ff, he, re]) = run.phases {
+                println!("    decode phases, ms per token: attention {at:.2}, router {ro:.2}, routed experts {ex:.2}, other FFN {ff:.2}, head {he:.2}, the rest {re:.2}; {:.0} MiB in huge pages", run.huge_mib);
+            }
             if let Some(c) = &run.cold {
                 println!("    {c}");
             }
