@@ -154,6 +154,19 @@ struct Run {
     cold_decode: Option<[f64; 3]>,
 }
 
+/// A child's JSON array of exactly `N` numbers (None when absent or of another shape).
+fn floats<const N: usize>(v: Option<&serde_json::Value>) -> Option<[f64; N]> {
+    let p = v?.as_array()?;
+    if p.len() != N {
+        return None;
+    }
+    let mut out = [0.0; N];
+    for (o, x) in out.iter_mut().zip(p) {
+        *o = x.as_f64()?;
+    }
+    Some(out)
+}
+
 /// MiB of this process's memory in transparent huge pages (`AnonHugePages` of
 /// `/proc/self/smaps_rollup`; 0 where it cannot be read).
 fn anon_huge_mib() -> f64 {
@@ -611,38 +624,17 @@ fn parent(a: &Args) -> anyhow::Result<()> {
                 prefill_tps: f("prefill_tps"),
                 decode_tps: f("decode_tps"),
                 resident_mib: f("resident_mib") as u64,
-                prefetch: v.get("prefetch").and_then(|p| {
-                    let p = p.as_array()?;
-                    let mut out = [0.0; 5];
-                    for (o, x) in out.iter_mut().zip(p) {
-                        *o = x.as_f64()?;
-                    }
-                    (p.len() == out.len()).then_some(out)
-                }),
+                prefetch: floats(v.get("prefetch")),
                 disk_mib: f("disk_mib"),
                 majflt: f("majflt"),
                 minflt: f("minflt"),
                 user_ms: f("user_ms"),
                 huge_mib: f("huge_mib"),
                 sys_ms: f("sys_ms"),
-                phases: v.get("phases").and_then(|p| {
-                    let p = p.as_array()?;
-                    let mut out = [0.0; 6];
-                    for (o, x) in out.iter_mut().zip(p) {
-                        *o = x.as_f64()?;
-                    }
-                    (p.len() == out.len()).then_some(out)
-                }),
+                phases: floats(v.get("phases")),
                 hit: f("hit"),
                 cold: v.get("cold").and_then(|c| c.as_str()).map(str::to_string),
-                cold_decode: v.get("cold_decode").and_then(|p| {
-                    let p = p.as_array()?;
-                    Some([
-                        p.first()?.as_f64()?,
-                        p.get(1)?.as_f64()?,
-                        p.get(2)?.as_f64()?,
-                    ])
-                }),
+                cold_decode: floats(v.get("cold_decode")),
             };
             println!(
                 "round {round} {arm:<10} prefill {:7.2} tok/s  decode {:6.2} tok/s  resident {} MiB  per decode token: {:.1} ms, CPU {:.1} ms user + {:.1} ms system, read {:.1} MiB, {:.0} major / {:.0} minor faults, experts in memory {:.1}%{}",

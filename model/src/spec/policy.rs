@@ -258,9 +258,9 @@ impl Acceptance {
     /// luck at 70% acceptance) kept it off for [`PROBE_EVERY`] steps, often the rest of the
     /// request. So probes back off: 2 idle steps after the sequence (or, for a new one, the
     /// drafter) last had a draft token accepted, doubling per probe that finds nothing up to
-    /// [`PROBE_EVERY`]. Where drafts are always wrong that is one row in [`PROBE_EVERY`]
-    /// steps, plus five within the first 62 after the last accepted token
-    /// (`probes_back_off_and_find_drafts_that_came_right`). A caller that cannot probe (a
+    /// [`PROBE_EVERY`]. Where drafts stay wrong that is five probes in the first 62 idle steps
+    /// after the last accepted token (at 2, 6, 14, 30, 62), then one row every [`PROBE_EVERY`]
+    /// steps as before (`probes_back_off_and_find_drafts_that_came_right`). A caller that cannot probe (a
     /// draft model's draft is not made before the plan takes it) passes `can_probe` false.
     pub fn skipped(&mut self, recent: &Acceptance, can_probe: bool) -> bool {
         self.idle += 1;
