@@ -10,9 +10,31 @@
 //!
 //! Only for stretches that keep the pool busy: while the closure waits on something outside the
 //! process (a remote expert node on the same machine), the polling workers would burn cores that
-//! process needs.
+//! process needs. A wait inside the stretch that is not compute (a cold expert's read from disk)
+//! goes through [`idle`]: the pollers park until it ends, so a step that waits on the disk does
+//! not spin a core for as long as the read takes.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// The pollers of one [`hot`] stretch.
+#[derive(Default)]
+struct Pollers {
+    done: AtomicBool,
+    /// [`idle`] sections in progress on the stretch's thread: the pollers park while above 0
+    paused: Mutex<usize>,
+    resumed: Condvar,
+    /// fast path of `paused` for the polling loop
+    any_paused: AtomicBool,
+    /// pollers parked right now (what the tests look at)
+    parked: AtomicUsize,
+}
+
+thread_local! {
+    /// The [`hot`] stretch whose closure runs on this thread, if any.
+    static CURRENT: RefCell<Option<Arc<Pollers>>> = const { RefCell::new(None) };
+}
 
 /// Runs `f` on this thread while the other workers of the current rayon pool poll for work
 /// instead of parking. On a thread outside any pool, or in a one-thread pool, it is just `f()`.
@@ -24,30 +46,113 @@ pub fn hot<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if others == 0 {
         return f();
     }
-    let done = AtomicBool::new(false);
+    let pollers = Arc::new(Pollers::default());
+    let me = rayon::current_thread_index();
     rayon::scope(|s| {
-        for _ in 0..others {
-            s.spawn(|_| poll_until(&done));
+        // one poller per other worker, each on its own thread: a poller spawned as an ordinary
+        // job could be stolen by another poller's `yield_now` and run nested inside it, leaving
+        // a worker asleep; this thread's copy returns at once (it runs `f`)
+        let p = &pollers;
+        s.spawn_broadcast(move |_, ctx| {
+            if Some(ctx.index()) != me {
+                p.poll();
+            }
+        });
+        // release the pollers even if `f` panics (the scope then waits for them and re-panics),
+        // and give this thread back the stretch it was in before
+        struct Release<'a> {
+            pollers: &'a Pollers,
+            outer: Option<Arc<Pollers>>,
         }
-        // release the pollers even if `f` panics (the scope then waits for them and re-panics)
-        struct Release<'a>(&'a AtomicBool);
         impl Drop for Release<'_> {
             fn drop(&mut self) {
-                self.0.store(true, Ordering::Release);
+                CURRENT.with(|c| *c.borrow_mut() = self.outer.take());
+                self.pollers.done.store(true, Ordering::Release);
+                let _g = self
+                    .pollers
+                    .paused
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                self.pollers.resumed.notify_all();
             }
         }
-        let _release = Release(&done);
+        let outer = CURRENT.with(|c| c.borrow_mut().replace(pollers.clone()));
+        let _release = Release {
+            pollers: &pollers,
+            outer,
+        };
         f()
     })
 }
 
-/// Runs pending pool work as it appears until `done`.
-fn poll_until(done: &AtomicBool) {
-    while !done.load(Ordering::Acquire) {
-        match rayon::yield_now() {
-            Some(rayon::Yield::Executed) => {}
-            _ => std::hint::spin_loop(),
+/// Runs `f`, a wait that is not compute (a read from disk), parking the pollers of the [`hot`]
+/// stretch this thread runs, if any, until it returns. Elsewhere it is just `f()`.
+pub fn idle<R>(f: impl FnOnce() -> R) -> R {
+    let Some(p) = CURRENT.with(|c| c.borrow().clone()) else {
+        return f();
+    };
+    struct Resume(Arc<Pollers>);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let mut n = self.0.paused.lock().unwrap_or_else(|p| p.into_inner());
+            *n -= 1;
+            if *n == 0 {
+                self.0.any_paused.store(false, Ordering::Release);
+                self.0.resumed.notify_all();
+            }
         }
+    }
+    {
+        let mut n = p.paused.lock().unwrap_or_else(|p| p.into_inner());
+        *n += 1;
+        p.any_paused.store(true, Ordering::Release);
+    }
+    let _resume = Resume(p);
+    f()
+}
+
+/// The pollers of the [`hot`] stretch this thread runs, seen from any thread (tests).
+#[cfg(test)]
+#[derive(Clone)]
+pub(crate) struct Probe(Arc<Pollers>);
+
+#[cfg(test)]
+impl Probe {
+    /// The stretch this thread runs, if any.
+    pub(crate) fn current() -> Option<Probe> {
+        CURRENT.with(|c| c.borrow().clone()).map(Probe)
+    }
+
+    /// How many of its pollers are parked now.
+    pub(crate) fn parked(&self) -> usize {
+        self.0.parked.load(Ordering::Relaxed)
+    }
+}
+
+impl Pollers {
+    /// Runs pending pool work as it appears until the stretch is done, parked while an [`idle`]
+    /// section runs.
+    fn poll(&self) {
+        while !self.done.load(Ordering::Acquire) {
+            if self.any_paused.load(Ordering::Acquire) {
+                self.park();
+                continue;
+            }
+            match rayon::yield_now() {
+                Some(rayon::Yield::Executed) => {}
+                _ => std::hint::spin_loop(),
+            }
+        }
+    }
+
+    /// Waits while an [`idle`] section runs and the stretch is not done.
+    fn park(&self) {
+        let mut n = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+        self.parked.fetch_add(1, Ordering::Relaxed);
+        while *n > 0 && !self.done.load(Ordering::Acquire) {
+            n = self.resumed.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
+        self.parked.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -102,6 +207,55 @@ mod tests {
             one.install(|| hot(|| (0..10).into_par_iter().sum::<i32>())),
             45
         );
+    }
+
+    #[test]
+    fn pollers_park_through_an_idle_wait_and_poll_again_after_it() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        let (parked, after, outside) = pool.install(|| {
+            hot(|| {
+                let probe = Probe::current().unwrap();
+                // both pollers are polling before the wait
+                let t = std::time::Instant::now();
+                while probe.parked() != 0 && t.elapsed().as_secs() < 5 {}
+                let parked = idle(|| {
+                    let t = std::time::Instant::now();
+                    while probe.parked() < 3 && t.elapsed().as_secs() < 5 {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    probe.parked()
+                });
+                // after the wait every worker takes part again
+                let mut workers = std::collections::BTreeSet::new();
+                for _ in 0..200 {
+                    let w: Vec<usize> = (0..64u64)
+                        .into_par_iter()
+                        .map(|i| {
+                            let mut x = i;
+                            for _ in 0..20_000 {
+                                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                            }
+                            std::hint::black_box(x);
+                            rayon::current_thread_index().unwrap()
+                        })
+                        .collect();
+                    workers.extend(w);
+                    if workers.len() == 4 {
+                        break;
+                    }
+                }
+                (parked, workers.len(), idle(|| 5))
+            })
+        });
+        assert_eq!(parked, 3, "the pollers did not park during the idle wait");
+        assert_eq!(after, 4, "the pollers did not come back after the wait");
+        assert_eq!(outside, 5);
+        // outside any stretch, idle just runs
+        assert_eq!(idle(|| 9), 9);
+        assert!(CURRENT.with(|c| c.borrow().is_none()));
     }
 
     #[test]

@@ -533,12 +533,14 @@ impl ColdCache {
                     ));
                 }
                 Slot::Queued | Slot::Picked | Slot::Loading => {
-                    st = self
-                        .shared
-                        .changed
-                        .wait_timeout(st, Duration::from_secs(1))
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                    // a wait on the disk: a hot step's pollers park meanwhile
+                    st = crate::hot::idle(|| {
+                        self.shared
+                            .changed
+                            .wait_timeout(st, Duration::from_secs(1))
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0
+                    });
                 }
             }
         }

@@ -141,6 +141,42 @@ fn a_demand_is_read_before_queued_predictions_and_beside_those_in_flight() {
 }
 
 #[test]
+fn a_hot_step_waiting_on_a_read_parks_the_pools_pollers() {
+    let (g, keys) = fixture();
+    let (layer, e) = keys[0];
+    let cache = Arc::new(ColdCache::with_io_depth(g, 1 << 30, 2).expect("cache"));
+    cache.shared.gate.hold([(layer, e)]);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
+    let (got, parked) = pool.install(|| {
+        crate::hot::hot(|| {
+            let probe = crate::hot::Probe::current().expect("a hot stretch");
+            cache.demand(layer as usize, e).expect("demand");
+            // while the read is held back, the three other workers must park; then let it go
+            let c = cache.clone();
+            let watcher = std::thread::spawn(move || {
+                let t = Instant::now();
+                while probe.parked() < 3 && t.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let parked = probe.parked();
+                c.shared.gate.release_all();
+                parked
+            });
+            let got = cache.take(layer as usize, e, true);
+            (got, watcher.join().expect("watcher"))
+        })
+    });
+    assert!(matches!(got, Ok(Some(_))), "{got:?}");
+    assert_eq!(
+        parked, 3,
+        "the pollers spun while the step waited on the disk"
+    );
+}
+
+#[test]
 fn reads_racing_with_calls_stay_within_the_capacity() {
     let (g, keys) = fixture();
     let one = largest(&g, &keys);
