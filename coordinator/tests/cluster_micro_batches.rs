@@ -3,7 +3,9 @@
 //! several sequences runs as two halves whose layer calls alternate. The logits of every step are
 //! bit-identical to the in-process engine's for qwen3moe and deepseek2 (shared expert), for
 //! decode steps of 2, 3 and 5 sequences and for a step mixing one sequence's prefill chunk with
-//! the others' decode tokens (uneven halves), with micro-batches on and off, over both transports.
+//! the others' decode tokens (uneven halves), with micro-batches on and off, over both transports,
+//! with the overlaps chosen per step shape from measured steps (the default: the first steps of
+//! a shape try each mode in turn) and with the shared-expert overlap in every step.
 
 mod support;
 
@@ -68,7 +70,14 @@ fn micro_batches_over_streams_match_in_process() {
         for seqs in [2, 3, 5] {
             let local: Arc<dyn ExpertBackend> = Arc::new(LocalExperts::new(model.clone(), None));
             let want = script(&mut engine(&model, local), seqs, n_vocab);
-            for (micro_batches, net_links) in [(true, 2), (false, 2), (true, 0), (false, 0)] {
+            for (micro_batches, net_links, always) in [
+                (true, 2, false),
+                (false, 2, false),
+                (true, 0, false),
+                (false, 0, false),
+                (true, 2, true),
+                (false, 0, true),
+            ] {
                 let r = connect(
                     &model,
                     &cluster,
@@ -76,16 +85,18 @@ fn micro_batches_over_streams_match_in_process() {
                         shm_pairs: 0,
                         micro_batches,
                         net_links,
+                        overlap_always: always,
                         ..Default::default()
                     },
                 );
                 assert!(r.overlaps() && r.micro_batches() == micro_batches);
+                assert_eq!(r.overlap_always(), always);
                 let got = script(&mut engine(&model, r.clone()), seqs, n_vocab);
                 assert_bits_equal(
                     &got,
                     &want,
                     &format!(
-                        "{file}, {seqs} sequences, micro-batches {micro_batches}, {net_links} data links"
+                        "{file}, {seqs} sequences, micro-batches {micro_batches}, {net_links} data links, overlap always {always}"
                     ),
                 );
                 let st = r.take_stats();

@@ -235,6 +235,10 @@ impl ExpertBackend for Gap {
         self.inner.micro_batches()
     }
 
+    fn overlap_always(&self) -> bool {
+        self.inner.overlap_always()
+    }
+
     fn post_experts(
         &self,
         layer: usize,

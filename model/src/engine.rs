@@ -9,7 +9,7 @@ use crate::error::ModelError;
 use crate::expert::ExpertBackend;
 use crate::hot::hot;
 use crate::kv::{Attached, DiskKey, DiskTier, KvCache, KvDiskOptions, KvLayout, KvStats, KvType};
-use crate::lanes::{micro_batches, Lane};
+use crate::lanes::{micro_batches, Lane, StepMode};
 use crate::model::Model;
 use crate::moe::{dense_ffn, moe_combine, moe_route, RouteObserver, Routed};
 use crate::ops::{add_inplace, matmul, rms_norm};
@@ -90,10 +90,10 @@ pub struct Engine {
     profile: StepProfile,
     /// The prefix cache's disk tier, if any (kept to rebuild the cache with another type).
     kv_disk: Option<KvDiskOptions>,
-    /// Whether two micro-batches pay, from measured step times (`lanes::SplitPolicy`).
-    split_policy: crate::lanes::SplitPolicy,
-    /// The shape and mode of the step running, for `split_policy`.
-    split_step: Option<((usize, usize), bool)>,
+    /// Whether the overlaps pay, from measured step times (`lanes::ModePolicy`).
+    mode_policy: crate::lanes::ModePolicy,
+    /// The shape and mode of the step running, for `mode_policy`.
+    mode_step: Option<((usize, usize), StepMode)>,
 }
 
 /// Wall time of the engine's steps by phase, summed since the engine started or since
@@ -153,8 +153,8 @@ impl Engine {
             observer: None,
             profile: StepProfile::default(),
             kv_disk: None,
-            split_policy: Default::default(),
-            split_step: None,
+            mode_policy: Default::default(),
+            mode_step: None,
         })
     }
 
@@ -417,11 +417,11 @@ impl Engine {
         } else {
             pool.install(|| self.run(batch, &toks, true))
         };
-        let split_step = self.split_step.take();
+        let mode_step = self.mode_step.take();
         if res.is_ok() {
             let secs = started.elapsed().as_secs_f64();
-            if let Some((shape, split)) = split_step {
-                self.split_policy.record(shape, split, secs);
+            if let Some((shape, mode)) = mode_step {
+                self.mode_policy.record(shape, mode, secs);
             }
             self.profile.steps += 1;
             self.profile.tokens += batch.len() as u64;
@@ -484,6 +484,41 @@ impl Engine {
         Ok(toks)
     }
 
+    /// The mode this step runs in: [`StepMode::Plain`] unless the backend starts calls early
+    /// ([`ExpertBackend::overlaps`]); then of the modes that change something for this step (the
+    /// overlap where a MoE layer has a shared expert, the split where the batch holds two
+    /// sequences and the backend takes micro-batches, no overlap unless the backend
+    /// [`ExpertBackend::overlap_always`]) the one measured steps of its shape say is fastest.
+    fn step_mode(&mut self, toks: &[Tok]) -> StepMode {
+        if !self.backend.overlaps() {
+            return StepMode::Plain;
+        }
+        let mut modes = Vec::with_capacity(3);
+        if !self.backend.overlap_always() {
+            modes.push(StepMode::Plain);
+        }
+        let has_shared = self.model.weights().layers.iter().any(|l| match &l.ffn {
+            FfnWeights::Moe(m) => m.shared.is_some(),
+            FfnWeights::Dense(_) => false,
+        });
+        if has_shared || modes.is_empty() {
+            modes.push(StepMode::Overlap);
+        }
+        if self.backend.micro_batches() && micro_batches(toks).is_some() {
+            modes.push(StepMode::Split);
+        }
+        let seqs = toks
+            .iter()
+            .map(|t| t.slot)
+            .collect::<std::collections::BTreeSet<_>>();
+        let shape = (toks.len(), seqs.len());
+        let mode = self.mode_policy.choose(shape, &modes);
+        if modes.len() > 1 {
+            self.mode_step = Some((shape, mode));
+        }
+        mode
+    }
+
     /// One step; with `hot_phases` everything between two expert calls (a MoE layer's sum and
     /// shared expert, the next attention block and router; at the end the output head) runs
     /// inside one [`hot`] (the step as a whole is not: the experts run elsewhere meanwhile).
@@ -523,24 +558,15 @@ impl Engine {
         let ropes: Vec<Vec<f32>> = toks.iter().map(|t| self.rope.cache(t.pos as u32)).collect();
         // Phase times of this step, added to the profile only if the step succeeds.
         let mut prof = StepProfile::default();
-        let observer = self.observer.as_deref();
         // Experts elsewhere: each layer's call is posted and the engine computes meanwhile (the
-        // shared expert; with two micro-batches, the other half's layer too).
-        let overlap = self.backend.overlaps();
-        let halves = (overlap && self.backend.micro_batches())
+        // shared expert; with two micro-batches, the other half's layer too), in the modes
+        // measured steps say pay (`ModePolicy`).
+        let mode = self.step_mode(toks);
+        let observer = self.observer.as_deref();
+        let overlap = mode != StepMode::Plain;
+        let halves = (mode == StepMode::Split)
             .then(|| micro_batches(toks))
             .flatten();
-        // Two micro-batches only where measured steps say they pay (`SplitPolicy`).
-        let halves = halves.filter(|_| {
-            let seqs = toks
-                .iter()
-                .map(|t| t.slot)
-                .collect::<std::collections::BTreeSet<_>>();
-            let shape = (toks.len(), seqs.len());
-            let split = self.split_policy.choose(shape);
-            self.split_step = Some((shape, split));
-            split
-        });
         let mut lanes: Vec<Lane> = match halves {
             Some(halves) => halves
                 .into_iter()

@@ -107,6 +107,13 @@ pub trait ExpertBackend: Send + Sync {
         false
     }
 
+    /// Whether every step of a backend that [`ExpertBackend::overlaps`] uses the overlap. By
+    /// default the engine also runs steps without it and keeps, per step shape, the mode its
+    /// measured steps say is fastest (`crate::lanes::ModePolicy`).
+    fn overlap_always(&self) -> bool {
+        false
+    }
+
     /// Starts a layer call and returns without waiting for its outputs. By default nothing
     /// starts: the call's inputs are kept and it runs whole in `collect_experts`.
     fn post_experts(

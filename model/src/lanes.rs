@@ -4,7 +4,7 @@
 //! half's experts are on the nodes the engine lands the other half's previous call, sums it, and
 //! runs that half's next attention block and router (the dual-micro-batch overlap of large
 //! expert-parallel deployments), for the step shapes where measured steps say it pays
-//! ([`SplitPolicy`]). A row's values never depend on its lane: attention reads only
+//! ([`ModePolicy`]). A row's values never depend on its lane: attention reads only
 //! its own sequence's cache, every other op works row by row, and an expert's output row depends
 //! only on its expert and activation row (`expert::run_claimed`), so the logits are the same
 //! bits either way (`coordinator/tests/cluster_netns.rs`).
@@ -135,60 +135,131 @@ pub(crate) fn micro_batches(toks: &[Tok]) -> Option<Vec<Vec<usize>>> {
     Some(vec![a, b])
 }
 
-/// Steps of one shape each mode must have run before the faster one is kept.
+/// How a step's MoE layers meet an expert backend that can start a call early
+/// ([`ExpertBackend::overlaps`]); every mode gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum StepMode {
+    /// Each layer waits for its routed experts, then computes its shared expert.
+    Plain,
+    /// A layer's shared expert is computed while its routed experts are out.
+    Overlap,
+    /// Two micro-batches whose layer calls alternate (with the shared-expert overlap).
+    Split,
+}
+
+/// Steps of one shape each mode must have run before the fastest one is kept.
 const WARMUP: u32 = 3;
-/// Steps of one shape between two runs of the mode not kept (its time may have changed).
+/// Steps of one shape between two runs of a mode not kept (its time may have changed); the
+/// modes not kept take turns.
 const PROBE_EVERY: u32 = 16;
-/// Weight of a step's time in its mode's running mean.
-const ALPHA: f64 = 0.5;
+/// Recent steps per mode whose median is its time: one step slowed by something else (this VM's
+/// neighbours, a node's hiccup) does not flip the choice for the next [`PROBE_EVERY`] steps.
+const RECENT: usize = 3;
 /// Most step shapes remembered (prefill chunks make many; the table restarts past it).
 const MAX_SHAPES: usize = 1024;
 
-/// Whether two micro-batches pay, from measured step times: per step shape (rows, sequences),
-/// each mode's recent step time; both are tried a few times, then the faster is kept and the
-/// other is run again every [`PROBE_EVERY`] steps of that shape. They pay when the nodes compute
-/// on cores of their own, and lose when the nodes share the coordinator's cores (one half's
-/// attention then only takes cores from the other half's experts). Either mode gives the same
+/// Which [`StepMode`] a step runs in, from measured step times: per step shape (rows,
+/// sequences) and mode, the recent step time; each mode the step can run in is tried a few
+/// times, then the fastest is kept and the others are run again in turn every
+/// [`PROBE_EVERY`] steps of that shape. The overlaps pay when the nodes compute on cores of
+/// their own, and lose when the nodes share the coordinator's cores (the shared expert or one
+/// half's attention then only takes cores from the routed experts). Every mode gives the same
 /// bits, so the choice changes only speed.
 #[derive(Default)]
-pub(crate) struct SplitPolicy {
+pub(crate) struct ModePolicy {
     shapes: std::collections::HashMap<(usize, usize), ShapeRecord>,
 }
 
-/// One step shape's record: mean step seconds and steps of [whole, split], and steps since the
-/// last probe.
-type ShapeRecord = ([(f64, u32); 2], u32);
+/// One step shape's record: per mode its recent step times, the steps since the last probe, and
+/// how many probes were run (whose turn is next).
+#[derive(Default)]
+struct ShapeRecord {
+    modes: Vec<ModeTimes>,
+    since: u32,
+    probes: u32,
+}
 
-impl SplitPolicy {
-    /// Whether the next step of `shape` runs as two micro-batches.
-    pub(crate) fn choose(&mut self, shape: (usize, usize)) -> bool {
+/// A mode's last [`RECENT`] step times (seconds) and how many steps it ran.
+struct ModeTimes {
+    mode: StepMode,
+    recent: [f64; RECENT],
+    runs: u32,
+}
+
+impl ModeTimes {
+    /// The median of the recent step times.
+    fn time(&self) -> f64 {
+        let n = (self.runs as usize).min(RECENT);
+        let mut v = self.recent;
+        v[..n].sort_by(f64::total_cmp);
+        match n {
+            0 => f64::INFINITY,
+            n if n % 2 == 1 => v[n / 2],
+            n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+        }
+    }
+}
+
+impl ModePolicy {
+    /// The mode the next step of `shape` runs in, of `modes` (those it can run in; not empty).
+    pub(crate) fn choose(&mut self, shape: (usize, usize), modes: &[StepMode]) -> StepMode {
+        let Some(&first) = modes.first() else {
+            return StepMode::Plain;
+        };
+        if modes.len() == 1 {
+            return first;
+        }
         if self.shapes.len() >= MAX_SHAPES && !self.shapes.contains_key(&shape) {
             self.shapes.clear();
         }
-        let (arms, since) = self.shapes.entry(shape).or_default();
-        let [(whole, n_whole), (split, n_split)] = *arms;
-        if n_whole < WARMUP || n_split < WARMUP {
-            return n_split <= n_whole;
+        let rec = self.shapes.entry(shape).or_default();
+        let seen = |m: StepMode| {
+            rec.modes
+                .iter()
+                .find(|r| r.mode == m)
+                .map_or((f64::INFINITY, 0), |r| (r.time(), r.runs))
+        };
+        // warm-up: the mode run least so far (the first of them)
+        let least = modes
+            .iter()
+            .copied()
+            .min_by_key(|&m| seen(m).1)
+            .unwrap_or(first);
+        if seen(least).1 < WARMUP {
+            return least;
         }
-        let best = split <= whole;
-        *since += 1;
-        if *since >= PROBE_EVERY {
-            *since = 0;
-            return !best;
+        let best = modes
+            .iter()
+            .copied()
+            .min_by(|&a, &b| seen(a).0.total_cmp(&seen(b).0))
+            .unwrap_or(first);
+        rec.since += 1;
+        if rec.since >= PROBE_EVERY {
+            rec.since = 0;
+            let others: Vec<StepMode> = modes.iter().copied().filter(|&m| m != best).collect();
+            let probe = others[rec.probes as usize % others.len()];
+            rec.probes = rec.probes.wrapping_add(1);
+            return probe;
         }
         best
     }
 
-    /// Records that a step of `shape` took `secs` in the mode `split`.
-    pub(crate) fn record(&mut self, shape: (usize, usize), split: bool, secs: f64) {
-        let (arms, _) = self.shapes.entry(shape).or_default();
-        let (mean, n) = &mut arms[split as usize];
-        *mean = if *n == 0 {
-            secs
-        } else {
-            *mean + ALPHA * (secs - *mean)
+    /// Records that a step of `shape` took `secs` in `mode`.
+    pub(crate) fn record(&mut self, shape: (usize, usize), mode: StepMode, secs: f64) {
+        let rec = self.shapes.entry(shape).or_default();
+        let times = match rec.modes.iter().position(|r| r.mode == mode) {
+            Some(i) => &mut rec.modes[i],
+            None => {
+                rec.modes.push(ModeTimes {
+                    mode,
+                    recent: [0.0; RECENT],
+                    runs: 0,
+                });
+                rec.modes.last_mut().expect("just pushed")
+            }
         };
-        *n += 1;
+        times.recent[times.runs as usize % RECENT] = secs;
+        times.runs = times.runs.saturating_add(1);
     }
 }
 
@@ -196,29 +267,62 @@ impl SplitPolicy {
 mod tests {
     use super::*;
 
-    /// Runs `steps` steps of one shape whose time is `time(split)`; how many were split.
-    fn drive(p: &mut SplitPolicy, steps: usize, time: impl Fn(bool) -> f64) -> usize {
-        let mut split = 0;
+    const ALL: [StepMode; 3] = [StepMode::Plain, StepMode::Overlap, StepMode::Split];
+
+    /// Runs `steps` steps of one shape whose time is `time(mode)`; how many ran in each mode
+    /// (in the order of [`ALL`]).
+    fn drive(
+        p: &mut ModePolicy,
+        modes: &[StepMode],
+        steps: usize,
+        mut time: impl FnMut(StepMode) -> f64,
+    ) -> [usize; 3] {
+        let mut n = [0; 3];
         for _ in 0..steps {
-            let s = p.choose((8, 8));
-            split += s as usize;
-            p.record((8, 8), s, time(s));
+            let m = p.choose((8, 8), modes);
+            assert!(modes.contains(&m), "{m:?} is not one of {modes:?}");
+            n[ALL.iter().position(|&a| a == m).unwrap()] += 1;
+            p.record((8, 8), m, time(m));
         }
-        split
+        n
     }
 
     #[test]
-    fn the_split_policy_tries_both_keeps_the_faster_and_probes_the_other() {
-        let mut p = SplitPolicy::default();
-        // both modes three times first
-        assert_eq!(drive(&mut p, 6, |s| if s { 2.0 } else { 1.0 }), 3);
-        // then the faster (whole) with a probe of the split every 16 steps
-        assert_eq!(drive(&mut p, 64, |s| if s { 2.0 } else { 1.0 }), 4);
-        // when splitting becomes faster, the probes find it and it is kept
-        let split = drive(&mut p, 96, |s| if s { 0.5 } else { 1.0 });
-        assert!(split >= 60, "{split} of 96 split");
-        // another shape starts over
-        assert!(p.choose((2, 2)));
+    fn the_mode_policy_tries_each_keeps_the_fastest_and_probes_the_others() {
+        let mut p = ModePolicy::default();
+        let t = |m: StepMode| match m {
+            StepMode::Plain => 1.0,
+            StepMode::Overlap => 1.5,
+            StepMode::Split => 2.0,
+        };
+        // every mode three times first
+        assert_eq!(drive(&mut p, &ALL, 9, t), [3, 3, 3]);
+        // then the fastest, with a probe every 16 steps, the other modes taking turns
+        assert_eq!(drive(&mut p, &ALL, 64, t), [60, 2, 2]);
+        // when the overlap becomes the fastest, the probes find it and it is kept
+        let n = drive(&mut p, &ALL, 128, |m| {
+            if m == StepMode::Overlap {
+                0.5
+            } else {
+                t(m)
+            }
+        });
+        assert!(n[1] >= 70, "{n:?}");
+        // one slow step of the mode kept does not hand the next 16 steps to a slower one
+        let mut slow_once = true;
+        let n = drive(&mut p, &ALL, 32, |m| match m {
+            StepMode::Overlap if std::mem::take(&mut slow_once) => 5.0,
+            StepMode::Overlap => 0.5,
+            m => t(m),
+        });
+        assert!(n[1] >= 27, "{n:?}");
+        // a step that can run in one mode only runs in it, and records nothing
+        assert_eq!(p.choose((1, 1), &[StepMode::Plain]), StepMode::Plain);
+        // another shape starts over (the first mode run least)
+        assert_eq!(p.choose((2, 2), &ALL), StepMode::Plain);
+        // the modes offered are the only ones chosen, even when a faster one was recorded
+        let n = drive(&mut p, &[StepMode::Plain, StepMode::Split], 40, t);
+        assert!(n[1] == 0 && n[2] <= 3 && n[0] >= 37, "{n:?}");
     }
 
     fn toks(slots: &[usize]) -> Vec<Tok> {

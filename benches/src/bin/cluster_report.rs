@@ -53,6 +53,11 @@ struct Args {
     /// Decode steps measured per configuration.
     #[arg(long, default_value_t = 32)]
     steps: usize,
+    /// Decode steps run before the measured ones in every run (in process too): a cluster engine
+    /// first tries each way of overlapping its calls (`ModePolicy`, 3 steps each), as a
+    /// long-running server does once.
+    #[arg(long, default_value_t = 12)]
+    warmup_steps: usize,
     /// Prompt length prefilled before decoding.
     #[arg(long, default_value_t = 16)]
     prompt: usize,
@@ -109,7 +114,8 @@ struct Run {
     legs: Option<LegsSummary>,
 }
 
-/// Decode `a.steps` steps at `batch` with the experts on `remote`'s nodes, or in process (None).
+/// Decode `a.steps` steps (after `a.warmup_steps` not measured) at `batch` with the experts on
+/// `remote`'s nodes, or in process (None).
 fn decode(
     model: &Arc<Model>,
     remote: Option<&Arc<RemoteExperts>>,
@@ -141,12 +147,15 @@ fn decode(
         e.prefill(seq, &prompt)?;
         seqs.push(seq);
     }
-    if let Some(r) = remote {
-        r.take_stats();
-    }
-    e.reset_profile();
-    let start = Instant::now();
-    for step in 0..a.steps {
+    let mut start = Instant::now();
+    for step in 0..a.warmup_steps + a.steps {
+        if step == a.warmup_steps {
+            if let Some(r) = remote {
+                r.take_stats();
+            }
+            e.reset_profile();
+            start = Instant::now();
+        }
         let toks: Vec<BatchToken> = seqs
             .iter()
             .enumerate()

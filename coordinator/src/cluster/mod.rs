@@ -58,6 +58,11 @@ pub struct ClusterArgs {
     /// computing it while they are out on nodes reached over the network.
     #[arg(long)]
     pub no_overlap: bool,
+    /// Compute each layer's shared expert while its routed experts are out in every step. By
+    /// default a step shape runs with and without the overlap first and keeps the faster (it
+    /// loses when the nodes share the coordinator's cores).
+    #[arg(long, conflicts_with = "no_overlap")]
+    pub always_overlap: bool,
     /// Run every step as one batch instead of two micro-batches of sequences whose layer calls
     /// alternate (one half's attention while the other half's experts are out; with the overlap).
     #[arg(long)]
@@ -498,6 +503,7 @@ pub fn build(
         },
         overlap: !args.no_overlap,
         micro_batches: !args.no_micro_batches,
+        overlap_always: args.always_overlap,
         net_links: if args.no_data_link {
             0
         } else {

@@ -78,6 +78,9 @@ pub struct RemoteOptions {
     /// With `overlap`: run a step of several sequences as two micro-batches whose layer calls
     /// alternate (`ExpertBackend::micro_batches`).
     pub micro_batches: bool,
+    /// With `overlap`: use it in every step, instead of only in the step shapes where measured
+    /// steps say it pays (`ExpertBackend::overlap_always`).
+    pub overlap_always: bool,
     /// Framed data links (`net_link`) opened to each node that reports one and is not reached
     /// through shared memory: layer calls go over them on the caller's thread, the stream
     /// taking a call only when every link is busy. 0: calls go over the stream.
@@ -100,6 +103,7 @@ impl Default for RemoteOptions {
             stall_min: Duration::from_secs(2),
             overlap: true,
             micro_batches: true,
+            overlap_always: false,
             net_links: 2,
         }
     }

@@ -3,9 +3,10 @@
 //! and a delay relay per link adding `--delays-us` one way, against in process on the same cores.
 //! Per node count and added delay one cluster is started (round-robin placement, every copy
 //! resident; `--replicate-all`: every expert on every node, `--resident` for RAM copies), then
-//! per batch size the in-process run, the cluster with both overlaps (a layer's shared expert
-//! computed while its routed experts are out, and two micro-batches whose layer calls
-//! alternate), with the shared-expert overlap only, and with none alternate `--repeats`
+//! per batch size the in-process run, the cluster as it runs by default (`auto`: per step shape
+//! the mode measured steps say is fastest), with both overlaps always on (a layer's shared expert
+//! computed while its routed experts are out, and two micro-batches whose layer calls alternate
+//! where they pay), with the shared-expert overlap only, and with none alternate `--repeats`
 //! times. Also run: the nodes dialled directly (no relay), so the relay's own cost at
 //! 0 us shows. The last table is the per-layer cost of each added microsecond: the growth of the
 //! decode step between the smallest and largest delay, per MoE layer and per added us one way;
@@ -22,10 +23,13 @@ use nightshift_model::Model;
 
 use super::{decode, median, Args, Run};
 
-/// One repeat of a cell: in process, then the cluster with the shared expert overlapped and two
-/// micro-batches (`both`), with the shared-expert overlap only, and with no overlap.
+/// One repeat of a cell: in process, then the cluster as it runs by default (`auto`: each step
+/// shape in the mode its measured steps say is fastest, `lanes::ModePolicy`), with the shared
+/// expert always overlapped and two micro-batches where they pay (`both`), with the shared-expert
+/// overlap only, and with no overlap.
 pub struct Runs {
     pub base: Run,
+    pub auto: Run,
     pub both: Run,
     pub shared: Run,
     pub plain: Run,
@@ -46,6 +50,7 @@ fn connect(
     tls: &ClientTls,
     overlap: bool,
     micro_batches: bool,
+    always: bool,
     data_link: bool,
 ) -> anyhow::Result<Arc<RemoteExperts>> {
     let opts = RemoteOptions {
@@ -55,6 +60,7 @@ fn connect(
         deadline: Duration::from_secs(60),
         overlap,
         micro_batches,
+        overlap_always: always,
         net_links: if data_link {
             RemoteOptions::default().net_links
         } else {
@@ -107,12 +113,14 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     delays.extend(a.delays_us.iter().map(|&d| Some(d)));
     let mut cells = Vec::new();
     println!(
-        "{:>5} | {:>8} | {:>5} | {:>3} | {:>11} | {:>11} | {:>7} | {:>11} | {:>7} | {:>11} | {:>7} | {:>8}",
+        "{:>5} | {:>8} | {:>5} | {:>3} | {:>11} | {:>11} | {:>7} | {:>11} | {:>7} | {:>11} | {:>7} | {:>11} | {:>7} | {:>8}",
         "nodes",
         "added",
         "batch",
         "run",
         "in-proc t/s",
+        "auto t/s",
+        "ratio",
         "ovl+mb t/s",
         "ratio",
         "shared t/s",
@@ -147,25 +155,29 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 node_log: "error".into(),
             })?;
             let link = !a.no_data_link;
-            let both = connect(&model, &cluster, &client_tls, true, true, link)?;
-            let shared = connect(&model, &cluster, &client_tls, true, false, link)?;
-            let without = connect(&model, &cluster, &client_tls, false, false, link)?;
+            let auto = connect(&model, &cluster, &client_tls, true, true, false, link)?;
+            let both = connect(&model, &cluster, &client_tls, true, true, true, link)?;
+            let shared = connect(&model, &cluster, &client_tls, true, false, true, link)?;
+            let without = connect(&model, &cluster, &client_tls, false, false, false, link)?;
             for &batch in &a.batches {
                 let mut runs = Vec::new();
                 for rep in 0..a.repeats {
                     let r = Runs {
                         base: decode(&model, None, a.threads, batch, a)?,
+                        auto: decode(&model, Some(&auto), a.threads, batch, a)?,
                         both: decode(&model, Some(&both), a.threads, batch, a)?,
                         shared: decode(&model, Some(&shared), a.threads, batch, a)?,
                         plain: decode(&model, Some(&without), a.threads, batch, a)?,
                     };
                     println!(
-                        "{:>5} | {:>8} | {:>5} | {:>3} | {:>11.2} | {:>11.2} | {:>7.3} | {:>11.2} | {:>7.3} | {:>11.2} | {:>7.3} | {:>8}",
+                        "{:>5} | {:>8} | {:>5} | {:>3} | {:>11.2} | {:>11.2} | {:>7.3} | {:>11.2} | {:>7.3} | {:>11.2} | {:>7.3} | {:>11.2} | {:>7.3} | {:>8}",
                         nodes,
                         delay_us.map_or("direct".into(), |d| format!("{d} us")),
                         batch,
                         rep + 1,
                         r.base.tok_s,
+                        r.auto.tok_s,
+                        r.auto.tok_s / r.base.tok_s,
                         r.both.tok_s,
                         r.both.tok_s / r.base.tok_s,
                         r.shared.tok_s,
@@ -197,10 +209,11 @@ fn step_ms(r: &Run) -> f64 {
 fn summary(cells: &[Cell], moe_layers: usize, a: &Args) {
     println!();
     println!(
-        "{:>5} | {:>8} | {:>5} | {:>19} | {:>19} | {:>19} | {:>9} | {:>9}",
+        "{:>5} | {:>8} | {:>5} | {:>19} | {:>19} | {:>19} | {:>19} | {:>9} | {:>9}",
         "nodes",
         "added",
         "batch",
+        "auto ratio (range)",
         "ovl+mb ratio (range)",
         "shared ratio (range)",
         "no-ovl ratio (range)",
@@ -219,10 +232,11 @@ fn summary(cells: &[Cell], moe_layers: usize, a: &Args) {
             format!("{:.3} ({:.3}-{:.3})", median(&v), lo(&v), hi(&v))
         };
         println!(
-            "{:>5} | {:>8} | {:>5} | {:>19} | {:>19} | {:>19} | {:>6.2} ms | {:>6.2} ms",
+            "{:>5} | {:>8} | {:>5} | {:>19} | {:>19} | {:>19} | {:>19} | {:>6.2} ms | {:>6.2} ms",
             c.nodes,
             c.delay_us.map_or("direct".into(), |d| format!("{d} us")),
             c.batch,
+            ratio(|r| &r.auto),
             ratio(|r| &r.both),
             ratio(|r| &r.shared),
             ratio(|r| &r.plain),
@@ -248,6 +262,7 @@ fn summary(cells: &[Cell], moe_layers: usize, a: &Args) {
     for c in cells {
         for (name, pick) in [
             ("in-proc", (|r: &Runs| &r.base) as fn(&Runs) -> &Run),
+            ("auto", |r: &Runs| &r.auto),
             ("ovl+mb", |r: &Runs| &r.both),
             ("shared", |r: &Runs| &r.shared),
             ("no-ovl", |r: &Runs| &r.plain),

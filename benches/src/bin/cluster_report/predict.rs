@@ -99,7 +99,7 @@ pub fn report(cells: &[Cell], a: &Args) -> anyhow::Result<()> {
             batch,
             rtt,
             call_overhead: overhead,
-            context: a.prompt + a.steps / 2,
+            context: a.prompt + a.warmup_steps + a.steps / 2,
             kv_elem_bytes: 4.0,
             prefill_chunk: a.prompt.max(1),
             overlap,

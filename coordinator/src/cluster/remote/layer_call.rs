@@ -439,6 +439,10 @@ impl ExpertBackend for RemoteExperts {
         self.shared.opts.micro_batches
     }
 
+    fn overlap_always(&self) -> bool {
+        self.shared.opts.overlap_always
+    }
+
     fn post_experts(
         &self,
         layer: usize,
