@@ -9,7 +9,7 @@ use crate::error::ModelError;
 use crate::expert::ExpertBackend;
 use crate::hot::hot;
 use crate::kv::{Attached, DiskKey, DiskTier, KvCache, KvDiskOptions, KvLayout, KvStats, KvType};
-use crate::lanes::{micro_batches, Lane, StepMode};
+use crate::lanes::{micro_batches, step_modes, step_shape, Lane, StepMode};
 use crate::model::Model;
 use crate::moe::{dense_ffn, moe_combine, moe_route, RouteObserver, Routed};
 use crate::ops::{add_inplace, matmul, rms_norm};
@@ -484,34 +484,12 @@ impl Engine {
         Ok(toks)
     }
 
-    /// The mode this step runs in: [`StepMode::Plain`] unless the backend starts calls early
-    /// ([`ExpertBackend::overlaps`]); then of the modes that change something for this step (the
-    /// overlap where a MoE layer has a shared expert, the split where the batch holds two
-    /// sequences and the backend takes micro-batches, no overlap unless the backend
-    /// [`ExpertBackend::overlap_always`]) the one measured steps of its shape say is fastest.
+    /// The mode this step runs in (`lanes::step_modes`): the one measured steps of its shape say
+    /// is fastest.
     fn step_mode(&mut self, toks: &[Tok]) -> StepMode {
-        if !self.backend.overlaps() {
-            return StepMode::Plain;
-        }
-        let mut modes = Vec::with_capacity(3);
-        if !self.backend.overlap_always() {
-            modes.push(StepMode::Plain);
-        }
-        let has_shared = self.model.weights().layers.iter().any(|l| match &l.ffn {
-            FfnWeights::Moe(m) => m.shared.is_some(),
-            FfnWeights::Dense(_) => false,
-        });
-        if has_shared || modes.is_empty() {
-            modes.push(StepMode::Overlap);
-        }
-        if self.backend.micro_batches() && micro_batches(toks).is_some() {
-            modes.push(StepMode::Split);
-        }
-        let seqs = toks
-            .iter()
-            .map(|t| t.slot)
-            .collect::<std::collections::BTreeSet<_>>();
-        let shape = (toks.len(), seqs.len());
+        let has_shared = self.model.config().n_expert_shared > 0;
+        let modes = step_modes(&*self.backend, has_shared, toks);
+        let shape = step_shape(toks);
         let mode = self.mode_policy.choose(shape, &modes);
         if modes.len() > 1 {
             self.mode_step = Some((shape, mode));

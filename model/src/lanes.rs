@@ -147,6 +147,41 @@ pub(crate) enum StepMode {
     Split,
 }
 
+/// The modes a step of `toks` can run in with `backend`: [`StepMode::Plain`] only, unless the
+/// backend starts calls early ([`ExpertBackend::overlaps`]); then those that change something
+/// for this step: no overlap (unless the backend [`ExpertBackend::overlap_always`]), the overlap
+/// where the model has shared experts (or where nothing else is left), the split where the batch
+/// holds two sequences and the backend takes micro-batches.
+pub(crate) fn step_modes(
+    backend: &dyn ExpertBackend,
+    has_shared: bool,
+    toks: &[Tok],
+) -> Vec<StepMode> {
+    if !backend.overlaps() {
+        return vec![StepMode::Plain];
+    }
+    let mut modes = Vec::with_capacity(3);
+    if !backend.overlap_always() {
+        modes.push(StepMode::Plain);
+    }
+    if has_shared || modes.is_empty() {
+        modes.push(StepMode::Overlap);
+    }
+    if backend.micro_batches() && micro_batches(toks).is_some() {
+        modes.push(StepMode::Split);
+    }
+    modes
+}
+
+/// A step's shape as [`ModePolicy`] keys it: (rows, sequences).
+pub(crate) fn step_shape(toks: &[Tok]) -> (usize, usize) {
+    let seqs = toks
+        .iter()
+        .map(|t| t.slot)
+        .collect::<std::collections::BTreeSet<_>>();
+    (toks.len(), seqs.len())
+}
+
 /// Steps of one shape each mode must have run before the fastest one is kept.
 const WARMUP: u32 = 3;
 /// Steps of one shape between two runs of a mode not kept (its time may have changed); the
@@ -323,6 +358,70 @@ mod tests {
         // the modes offered are the only ones chosen, even when a faster one was recorded
         let n = drive(&mut p, &[StepMode::Plain, StepMode::Split], 40, t);
         assert!(n[1] == 0 && n[2] <= 3 && n[0] >= 37, "{n:?}");
+    }
+
+    /// A backend that only says what it can do.
+    struct Flags {
+        overlaps: bool,
+        always: bool,
+        micro_batches: bool,
+    }
+
+    impl ExpertBackend for Flags {
+        fn run_experts(
+            &self,
+            _: usize,
+            _: &crate::expert::ActRows,
+            _: &[crate::expert::ExpertPair],
+            _: &mut [f32],
+        ) -> Result<(), crate::error::ExpertError> {
+            Ok(())
+        }
+        fn overlaps(&self) -> bool {
+            self.overlaps
+        }
+        fn overlap_always(&self) -> bool {
+            self.always
+        }
+        fn micro_batches(&self) -> bool {
+            self.micro_batches
+        }
+    }
+
+    #[test]
+    fn a_step_is_offered_the_modes_that_change_something() {
+        use StepMode::*;
+        let b = |overlaps, always, micro_batches| Flags {
+            overlaps,
+            always,
+            micro_batches,
+        };
+        let (one, two) = (toks(&[0]), toks(&[0, 1]));
+        // a backend in process (or --no-overlap): no overlap only
+        assert_eq!(step_modes(&b(false, false, true), true, &two), [Plain]);
+        // the default: every mode that changes something
+        assert_eq!(
+            step_modes(&b(true, false, true), true, &two),
+            [Plain, Overlap, Split]
+        );
+        assert_eq!(
+            step_modes(&b(true, false, true), true, &one),
+            [Plain, Overlap]
+        );
+        // no shared expert: the overlap alone changes nothing
+        assert_eq!(
+            step_modes(&b(true, false, true), false, &two),
+            [Plain, Split]
+        );
+        assert_eq!(step_modes(&b(true, false, true), false, &one), [Plain]);
+        // --always-overlap
+        assert_eq!(
+            step_modes(&b(true, true, true), true, &two),
+            [Overlap, Split]
+        );
+        assert_eq!(step_modes(&b(true, true, false), true, &two), [Overlap]);
+        assert_eq!(step_modes(&b(true, true, false), false, &one), [Overlap]);
+        assert_eq!(step_shape(&toks(&[0, 1, 0, 2])), (4, 3));
     }
 
     fn toks(slots: &[usize]) -> Vec<Tok> {
