@@ -92,8 +92,6 @@ pub struct Engine {
     kv_disk: Option<KvDiskOptions>,
     /// Whether the overlaps pay, from measured step times (`lanes::ModePolicy`).
     mode_policy: crate::lanes::ModePolicy,
-    /// The shape and mode of the step running, for `mode_policy`.
-    mode_step: Option<((usize, usize), StepMode)>,
 }
 
 /// Wall time of the engine's steps by phase, summed since the engine started or since
@@ -154,7 +152,6 @@ impl Engine {
             profile: StepProfile::default(),
             kv_disk: None,
             mode_policy: Default::default(),
-            mode_step: None,
         })
     }
 
@@ -408,19 +405,24 @@ impl Engine {
         // experts) then forks from within the pool instead of handing work over from this
         // thread and sleeping until it is done, twice per op (hundreds of handoffs per step).
         let pool = self.pool.clone();
+        // Experts elsewhere: the way this step overlaps its calls, of those that change
+        // something for it, the one measured steps of its shape say is fastest (`ModePolicy`).
+        let has_shared = self.model.config().n_expert_shared > 0;
+        let shape = step_shape(&toks);
+        let modes = step_modes(&*self.backend, has_shared, shape.1);
+        let mode = self.mode_policy.choose(shape, &modes);
         let started = Instant::now();
         // A backend computing on this pool keeps it busy all step: its workers poll instead of
         // parking between ops. A remote one (or one on another pool) leaves them idle while the
         // experts run elsewhere, so only the engine's own phases run hot (see `crate::hot`).
         let res = if self.backend.computes_on(&pool) {
-            pool.install(|| hot(|| self.run(batch, &toks, false)))
+            pool.install(|| hot(|| self.run(batch, &toks, mode, false)))
         } else {
-            pool.install(|| self.run(batch, &toks, true))
+            pool.install(|| self.run(batch, &toks, mode, true))
         };
-        let mode_step = self.mode_step.take();
         if res.is_ok() {
             let secs = started.elapsed().as_secs_f64();
-            if let Some((shape, mode)) = mode_step {
+            if modes.len() > 1 {
                 self.mode_policy.record(shape, mode, secs);
             }
             self.profile.steps += 1;
@@ -484,26 +486,14 @@ impl Engine {
         Ok(toks)
     }
 
-    /// The mode this step runs in (`lanes::step_modes`): the one measured steps of its shape say
-    /// is fastest.
-    fn step_mode(&mut self, toks: &[Tok]) -> StepMode {
-        let has_shared = self.model.config().n_expert_shared > 0;
-        let modes = step_modes(&*self.backend, has_shared, toks);
-        let shape = step_shape(toks);
-        let mode = self.mode_policy.choose(shape, &modes);
-        if modes.len() > 1 {
-            self.mode_step = Some((shape, mode));
-        }
-        mode
-    }
-
-    /// One step; with `hot_phases` everything between two expert calls (a MoE layer's sum and
+    /// One step in `mode`; with `hot_phases` everything between two expert calls (a MoE layer's sum and
     /// shared expert, the next attention block and router; at the end the output head) runs
     /// inside one [`hot`] (the step as a whole is not: the experts run elsewhere meanwhile).
     fn run(
         &mut self,
         batch: &[BatchToken],
         toks: &[Tok],
+        mode: StepMode,
         hot_phases: bool,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let phase = |f: &mut (dyn FnMut() -> Result<(), ModelError> + Send)| {
@@ -536,11 +526,9 @@ impl Engine {
         let ropes: Vec<Vec<f32>> = toks.iter().map(|t| self.rope.cache(t.pos as u32)).collect();
         // Phase times of this step, added to the profile only if the step succeeds.
         let mut prof = StepProfile::default();
-        // Experts elsewhere: each layer's call is posted and the engine computes meanwhile (the
-        // shared expert; with two micro-batches, the other half's layer too), in the modes
-        // measured steps say pay (`ModePolicy`).
-        let mode = self.step_mode(toks);
         let observer = self.observer.as_deref();
+        // Experts elsewhere: each layer's call is posted and the engine computes meanwhile (the
+        // shared expert; with two micro-batches, the other half's layer too).
         let overlap = mode != StepMode::Plain;
         let halves = (mode == StepMode::Split)
             .then(|| micro_batches(toks))

@@ -137,7 +137,7 @@ pub(crate) fn micro_batches(toks: &[Tok]) -> Option<Vec<Vec<usize>>> {
 
 /// How a step's MoE layers meet an expert backend that can start a call early
 /// ([`ExpertBackend::overlaps`]); every mode gives the same bits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StepMode {
     /// Each layer waits for its routed experts, then computes its shared expert.
     Plain,
@@ -147,15 +147,16 @@ pub(crate) enum StepMode {
     Split,
 }
 
-/// The modes a step of `toks` can run in with `backend`: [`StepMode::Plain`] only, unless the
-/// backend starts calls early ([`ExpertBackend::overlaps`]); then those that change something
-/// for this step: no overlap (unless the backend [`ExpertBackend::overlap_always`]), the overlap
-/// where the model has shared experts (or where nothing else is left), the split where the batch
-/// holds two sequences and the backend takes micro-batches.
+/// The modes a step of `seqs` sequences can run in with `backend`: [`StepMode::Plain`] only,
+/// unless the backend starts calls early ([`ExpertBackend::overlaps`]); then those that change
+/// something for this step: no overlap (unless the backend [`ExpertBackend::overlap_always`]),
+/// the overlap where the model has shared experts (or where nothing else is left), the split
+/// where the step holds two sequences ([`micro_batches`] splits it) and the backend takes
+/// micro-batches.
 pub(crate) fn step_modes(
     backend: &dyn ExpertBackend,
     has_shared: bool,
-    toks: &[Tok],
+    seqs: usize,
 ) -> Vec<StepMode> {
     if !backend.overlaps() {
         return vec![StepMode::Plain];
@@ -167,7 +168,7 @@ pub(crate) fn step_modes(
     if has_shared || modes.is_empty() {
         modes.push(StepMode::Overlap);
     }
-    if backend.micro_batches() && micro_batches(toks).is_some() {
+    if backend.micro_batches() && seqs >= 2 {
         modes.push(StepMode::Split);
     }
     modes
@@ -396,31 +397,31 @@ mod tests {
             always,
             micro_batches,
         };
-        let (one, two) = (toks(&[0]), toks(&[0, 1]));
+        let (one, two) = (1, 2);
         // a backend in process (or --no-overlap): no overlap only
-        assert_eq!(step_modes(&b(false, false, true), true, &two), [Plain]);
+        assert_eq!(step_modes(&b(false, false, true), true, two), [Plain]);
         // the default: every mode that changes something
         assert_eq!(
-            step_modes(&b(true, false, true), true, &two),
+            step_modes(&b(true, false, true), true, two),
             [Plain, Overlap, Split]
         );
         assert_eq!(
-            step_modes(&b(true, false, true), true, &one),
+            step_modes(&b(true, false, true), true, one),
             [Plain, Overlap]
         );
         // no shared expert: the overlap alone changes nothing
         assert_eq!(
-            step_modes(&b(true, false, true), false, &two),
+            step_modes(&b(true, false, true), false, two),
             [Plain, Split]
         );
-        assert_eq!(step_modes(&b(true, false, true), false, &one), [Plain]);
+        assert_eq!(step_modes(&b(true, false, true), false, one), [Plain]);
         // --always-overlap
         assert_eq!(
-            step_modes(&b(true, true, true), true, &two),
+            step_modes(&b(true, true, true), true, two),
             [Overlap, Split]
         );
-        assert_eq!(step_modes(&b(true, true, false), true, &two), [Overlap]);
-        assert_eq!(step_modes(&b(true, true, false), false, &one), [Overlap]);
+        assert_eq!(step_modes(&b(true, true, false), true, two), [Overlap]);
+        assert_eq!(step_modes(&b(true, true, false), false, one), [Overlap]);
         assert_eq!(step_shape(&toks(&[0, 1, 0, 2])), (4, 3));
     }
 

@@ -493,8 +493,24 @@ impl ColdCache {
         e: u32,
         wait: bool,
     ) -> Result<Option<Arc<ColdCopy>>, ExpertError> {
-        let key = (layer as u32, e);
         let t = Instant::now();
+        match self.take_since(layer, e, false, t)? {
+            Some(c) => Ok(Some(c)),
+            None if !wait => Ok(None),
+            // a wait on the disk: a hot step's pollers park until it ends
+            None => crate::hot::idle(|| self.take_since(layer, e, true, t)),
+        }
+    }
+
+    /// [`ColdCache::take`], its wait counted from `t`.
+    fn take_since(
+        &self,
+        layer: usize,
+        e: u32,
+        wait: bool,
+        t: Instant,
+    ) -> Result<Option<Arc<ColdCopy>>, ExpertError> {
+        let key = (layer as u32, e);
         let mut st = self.shared.lock();
         loop {
             let tick = st.tick + 1;
@@ -533,14 +549,12 @@ impl ColdCache {
                     ));
                 }
                 Slot::Queued | Slot::Picked | Slot::Loading => {
-                    // a wait on the disk: a hot step's pollers park meanwhile
-                    st = crate::hot::idle(|| {
-                        self.shared
-                            .changed
-                            .wait_timeout(st, Duration::from_secs(1))
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0
-                    });
+                    st = self
+                        .shared
+                        .changed
+                        .wait_timeout(st, Duration::from_secs(1))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
                 }
             }
         }
