@@ -13,10 +13,20 @@
 //! process needs. A wait inside the stretch that is not compute (a cold expert's read from disk)
 //! goes through [`idle`]: the pollers park until it ends, so a step that waits on the disk does
 //! not spin a core for as long as the read takes.
+//!
+//! **A poller never holds a worker for longer than one turn** (one piece of work, or a few
+//! microseconds of looking, or an [`idle`] wait); each turn queues the next on its worker. A
+//! worker waiting in a join takes queued jobs from its own queue, a poller among them, and a
+//! poller that looped until the stretch ended would sit on top of that join, which the stretch
+//! waits for: the pool deadlocked (seen in `nightshift serve` under a fuzzer, reproduced by
+//! `model/tests/hot_stretches.rs`).
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+
+/// How many times a poller's turn looks for work before it queues the next turn.
+const SPINS_PER_TURN: usize = 64;
 
 /// The pollers of one [`hot`] stretch.
 #[derive(Default)]
@@ -29,6 +39,8 @@ struct Pollers {
     any_paused: AtomicBool,
     /// pollers parked right now (what the tests look at)
     parked: AtomicUsize,
+    /// pollers looking for work right now (what the tests look at)
+    spinning: AtomicUsize,
 }
 
 thread_local! {
@@ -49,13 +61,13 @@ pub fn hot<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let pollers = Arc::new(Pollers::default());
     let me = rayon::current_thread_index();
     rayon::scope(|s| {
-        // one poller per other worker, each on its own thread: a poller spawned as an ordinary
-        // job could be stolen by another poller's `yield_now` and run nested inside it, leaving
-        // a worker asleep; this thread's copy returns at once (it runs `f`)
+        // one poller per other worker to start with, each on its own thread (a poller spawned
+        // as an ordinary job could be stolen by another's and leave a worker asleep); this
+        // thread's copy returns at once (it runs `f`)
         let p = &pollers;
-        s.spawn_broadcast(move |_, ctx| {
+        s.spawn_broadcast(move |s, ctx| {
             if Some(ctx.index()) != me {
-                p.poll();
+                p.turn(s);
             }
         });
         // release the pollers even if `f` panics (the scope then waits for them and re-panics),
@@ -127,21 +139,43 @@ impl Probe {
     pub(crate) fn parked(&self) -> usize {
         self.0.parked.load(Ordering::Relaxed)
     }
+
+    /// How many of its pollers are looking for work now.
+    pub(crate) fn spinning(&self) -> usize {
+        self.0.spinning.load(Ordering::Relaxed)
+    }
 }
 
 impl Pollers {
-    /// Runs pending pool work as it appears until the stretch is done, parked while an [`idle`]
-    /// section runs.
-    fn poll(&self) {
-        while !self.done.load(Ordering::Acquire) {
-            if self.any_paused.load(Ordering::Acquire) {
-                self.park();
-                continue;
+    /// One turn of a poller: runs one piece of pending pool work (or spins briefly when there is
+    /// none), or waits out an [`idle`] section, then queues the next turn on this worker, until the
+    /// stretch is done.
+    ///
+    /// A turn is bounded, never a loop until the stretch ends: a worker waiting in a join (inside
+    /// a piece of the stretch's work it stole) may take a queued poller from its own queue, and a
+    /// poller that then polled until the stretch ended would sit on top of that join, which the
+    /// stretch waits for: a deadlock. A turn returns after one piece of work, and the join below
+    /// goes on.
+    fn turn<'s>(&'s self, s: &rayon::Scope<'s>) {
+        if self.done.load(Ordering::Acquire) {
+            return;
+        }
+        if self.any_paused.load(Ordering::Acquire) {
+            self.park();
+        } else {
+            // up to a few microseconds of looking before the next turn (fewer re-queues while
+            // the pool has nothing to hand out)
+            self.spinning.fetch_add(1, Ordering::Relaxed);
+            for _ in 0..SPINS_PER_TURN {
+                match rayon::yield_now() {
+                    Some(rayon::Yield::Executed) => break,
+                    _ => std::hint::spin_loop(),
+                }
             }
-            match rayon::yield_now() {
-                Some(rayon::Yield::Executed) => {}
-                _ => std::hint::spin_loop(),
-            }
+            self.spinning.fetch_sub(1, Ordering::Relaxed);
+        }
+        if !self.done.load(Ordering::Acquire) {
+            s.spawn(move |s| self.turn(s));
         }
     }
 
@@ -215,18 +249,27 @@ mod tests {
             .num_threads(4)
             .build()
             .unwrap();
-        let (parked, after, outside) = pool.install(|| {
+        let (polling, parked, spinning, after, outside) = pool.install(|| {
             hot(|| {
                 let probe = Probe::current().unwrap();
-                // both pollers are polling before the wait
+                // the pollers are polling before the wait
                 let t = std::time::Instant::now();
-                while probe.parked() != 0 && t.elapsed().as_secs() < 5 {}
-                let parked = idle(|| {
+                while probe.spinning() == 0 && t.elapsed().as_secs() < 5 {}
+                let polling = probe.spinning() > 0;
+                // during it, once the turns under way have ended, none looks for work (every
+                // poller that runs parks) for as long as the wait lasts
+                let (parked, spinning) = idle(|| {
                     let t = std::time::Instant::now();
-                    while probe.parked() < 3 && t.elapsed().as_secs() < 5 {
-                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    while (probe.spinning() > 0 || probe.parked() == 0) && t.elapsed().as_secs() < 5
+                    {
+                        std::hint::spin_loop();
                     }
-                    probe.parked()
+                    let mut spinning = 0;
+                    let t = std::time::Instant::now();
+                    while t.elapsed().as_millis() < 20 {
+                        spinning = spinning.max(probe.spinning());
+                    }
+                    (probe.parked(), spinning)
                 });
                 // after the wait every worker takes part again
                 let mut workers = std::collections::BTreeSet::new();
@@ -247,10 +290,12 @@ mod tests {
                         break;
                     }
                 }
-                (parked, workers.len(), idle(|| 5))
+                (polling, parked, spinning, workers.len(), idle(|| 5))
             })
         });
-        assert_eq!(parked, 3, "the pollers did not park during the idle wait");
+        assert!(polling, "no poller looked for work before the wait");
+        assert!(parked >= 1, "no poller parked during the idle wait");
+        assert_eq!(spinning, 0, "a poller looked for work during the idle wait");
         assert_eq!(after, 4, "the pollers did not come back after the wait");
         assert_eq!(outside, 5);
         // outside any stretch, idle just runs

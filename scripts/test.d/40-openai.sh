@@ -49,6 +49,7 @@ run_suite() { # $1 = label, rest = model args
     echo "40-openai: $label"
     NIGHTSHIFT_URL="$URL" NIGHTSHIFT_MODEL=test-model NIGHTSHIFT_API_KEY="$KEY" NIGHTSHIFT_TEMPLATE="${NIGHTSHIFT_TEMPLATE:-}" \
       "$PY" "coordinator/tests/python/${SUITE:-test_openai.py}" || rc=1
+    if [ "$rc" != 0 ]; then echo "40-openai ($label): the server's last output:"; tail -n 40 "$LOG"; fi
   fi
   kill "$SERVER" 2>/dev/null || true
   wait "$SERVER" 2>/dev/null || true
