@@ -39,6 +39,7 @@ fn state() -> Arc<AppState> {
         metrics: None,
         metrics_public: false,
         nodes_ok: Arc::new(|| Ok(())),
+        stall_after: Duration::from_secs(120),
         draining: AtomicBool::new(false),
         atlas: None,
         responses: Default::default(),

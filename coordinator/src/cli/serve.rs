@@ -100,6 +100,11 @@ pub struct Args {
     /// the sequence is cancelled and its KV cache freed.
     #[arg(long, default_value_t = 600)]
     pub stream_timeout: u64,
+    /// `/ready` answers 503 ("engine stalled") while one engine step has run longer than this
+    /// many seconds: a supervisor or load balancer sees a stuck engine. A step is one prefill
+    /// chunk (--prefill-chunk) plus the decode rows, so it normally takes well under a second.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stall_timeout: u64,
     /// On shutdown, wait at most this many seconds for running streams.
     #[arg(long, default_value_t = 30)]
     pub drain: u64,
@@ -526,6 +531,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         metrics,
         metrics_public: args.metrics_public,
         nodes_ok: nodes_check(loaded.experts.as_ref()),
+        stall_after: Duration::from_secs(args.stall_timeout),
         draining: AtomicBool::new(false),
         atlas: loaded.atlas_admin.clone(),
         responses: Default::default(),

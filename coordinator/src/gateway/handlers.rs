@@ -544,7 +544,8 @@ pub async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok" }))
 }
 
-/// Ready = engine running, expert nodes reachable and not shutting down.
+/// Ready = engine running and not stuck in one step, expert nodes reachable and not shutting
+/// down.
 #[utoipa::path(
     get,
     path = "/ready",
@@ -559,6 +560,16 @@ pub async fn ready(State(st): State<Arc<AppState>>) -> Response {
         Some("shutting down".to_string())
     } else if !st.scheduler.is_running() {
         Some("engine not running".to_string())
+    } else if let Some(d) = st
+        .scheduler
+        .step_running_for()
+        .filter(|d| *d > st.stall_after)
+    {
+        Some(format!(
+            "engine stalled: one step has run for {:.0} s (--stall-timeout {} s)",
+            d.as_secs_f64(),
+            st.stall_after.as_secs()
+        ))
     } else {
         (st.nodes_ok)().err()
     };

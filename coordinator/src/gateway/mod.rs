@@ -66,6 +66,9 @@ pub struct AppState {
     /// like `/v1/*` when one is set.
     pub metrics_public: bool,
     pub nodes_ok: NodesCheck,
+    /// `/ready` answers 503 while one engine step has run longer than this (a stuck engine
+    /// shows to load balancers and supervisors instead of only as requests timing out).
+    pub stall_after: Duration,
     /// Set on shutdown: new generations get 503.
     pub draining: AtomicBool,
     /// What the ExpertAtlas endpoints act on; None when nothing is recorded (they answer 409).

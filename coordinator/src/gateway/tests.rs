@@ -51,6 +51,7 @@ struct Opts {
     spec: bool,
     /// `--model-alias` names.
     aliases: &'static [&'static str],
+    stall_ms: u64,
 }
 
 impl Default for Opts {
@@ -71,6 +72,7 @@ impl Default for Opts {
             metrics_public: false,
             spec: false,
             aliases: &[],
+            stall_ms: 120_000,
         }
     }
 }
@@ -118,6 +120,7 @@ async fn start(o: Opts) -> Server {
                 Ok(())
             }
         }),
+        stall_after: Duration::from_millis(o.stall_ms),
         draining: AtomicBool::new(false),
         atlas: None,
         responses: Default::default(),
@@ -736,4 +739,44 @@ async fn kv_budget_admits_one_at_a_time() {
         s.peak_live.load(Ordering::SeqCst) > 1,
         "requests were never admitted together"
     );
+}
+
+/// `/ready` answers 503 "engine stalled" while one step runs longer than `stall_after`, and
+/// ready again once the step ends.
+#[tokio::test]
+async fn ready_reports_a_step_that_runs_too_long() {
+    let s = start(Opts {
+        delay_ms: 1500,
+        stall_ms: 300,
+        ..Default::default()
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let ready = |c: reqwest::Client, url: String| async move {
+        let r = c.get(format!("{url}/ready")).send().await.expect("send");
+        let st = r.status().as_u16();
+        (st, r.json::<Value>().await.expect("json"))
+    };
+    assert_eq!(ready(c.clone(), s.url.clone()).await.0, 200);
+    let url = s.url.clone();
+    let gen = tokio::spawn(async move {
+        let r = reqwest::Client::new()
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&chat_body("x", 1))
+            .send()
+            .await
+            .expect("send");
+        (r.status().as_u16(), r.json::<Value>().await.expect("json"))
+    });
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let (st, v) = ready(c.clone(), s.url.clone()).await;
+    assert_eq!(st, 503, "{v}");
+    let reason = v["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("engine stalled: one step has run for"),
+        "{v}"
+    );
+    let (st, v) = gen.await.expect("join");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(ready(c, s.url.clone()).await.0, 200);
 }

@@ -34,6 +34,9 @@ pub struct Stats {
     pub kv: Mutex<KvStats>,
     /// Steps, rows, drafts and where a step's time went (for `bench spec`).
     pub tally: Tally,
+    /// When the engine call under way began (None between calls): `/ready` reports an engine
+    /// stuck in one step.
+    pub in_step: Mutex<Option<Instant>>,
 }
 
 /// One admitted sequence.
@@ -427,7 +430,9 @@ impl<E: StepEngine> Loop<E> {
             .map(|(s, d)| (s.handle, d.len()))
             .collect();
         let t0 = Instant::now();
+        *self.stats.in_step.lock().unwrap_or_else(|p| p.into_inner()) = Some(t0);
         let (result, masks) = self.forward_with_masks(&batch, &owners, &drafts, &spec_rows);
+        *self.stats.in_step.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let elapsed = t0.elapsed();
         let dt = elapsed.as_secs_f64();
         let n_drafted: usize = spec_rows.iter().map(|d| d.1).sum();

@@ -212,6 +212,15 @@ impl Scheduler {
         !self.tx.is_closed()
     }
 
+    /// How long the engine call under way has been running (None between calls).
+    pub fn step_running_for(&self) -> Option<std::time::Duration> {
+        self.stats
+            .in_step
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map(|t| t.elapsed())
+    }
+
     /// The KV cache as of the engine's last step.
     pub fn kv_stats(&self) -> KvStats {
         *self.stats.kv.lock().unwrap_or_else(|p| p.into_inner())
