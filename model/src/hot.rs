@@ -144,7 +144,7 @@ impl Probe {
 
     /// How many of its pollers are looking for work now.
     pub(crate) fn spinning(&self) -> usize {
-        self.0.spinning.load(Ordering::Relaxed)
+        self.0.spinning.load(Ordering::SeqCst)
     }
 }
 
@@ -162,13 +162,17 @@ impl Pollers {
         if self.done.load(Ordering::Acquire) {
             return;
         }
+        // (tests: a turn counts as looking from before it reads `any_paused`, so one that read
+        // it just before an idle section began is seen until it ends)
+        #[cfg(test)]
+        self.spinning.fetch_add(1, Ordering::SeqCst);
         if self.any_paused.load(Ordering::Acquire) {
+            #[cfg(test)]
+            self.spinning.fetch_sub(1, Ordering::SeqCst);
             self.park();
         } else {
             // up to a few microseconds of looking before the next turn (fewer re-queues while
             // the pool has nothing to hand out)
-            #[cfg(test)]
-            self.spinning.fetch_add(1, Ordering::Relaxed);
             for _ in 0..SPINS_PER_TURN {
                 match rayon::yield_now() {
                     Some(rayon::Yield::Executed) => break,
@@ -176,7 +180,7 @@ impl Pollers {
                 }
             }
             #[cfg(test)]
-            self.spinning.fetch_sub(1, Ordering::Relaxed);
+            self.spinning.fetch_sub(1, Ordering::SeqCst);
         }
         if !self.done.load(Ordering::Acquire) {
             s.spawn(move |s| self.turn(s));
