@@ -7,6 +7,7 @@
 pub mod plan;
 pub mod plots;
 pub mod report;
+pub mod split;
 pub mod stats;
 pub mod synth;
 

@@ -118,6 +118,18 @@ enum Cmd {
         /// Use the rolling-window counts instead of all-time.
         #[arg(long)]
         window: bool,
+        /// With --memory-budget and no --nodes (the in-process engine): the share of the budget
+        /// kept as a fixed resident set, the rest left to the staging cache of cold experts,
+        /// which keeps the most recently used (N%, or `auto`: replay the atlas's recorded
+        /// decode routing against every eighth and keep the split that finds the most experts
+        /// in memory; without a recorded trace, 100%).
+        #[arg(long, default_value = "auto")]
+        resident_share: String,
+        /// What the engine's staging cache holds beyond the budget (`--cold-cache auto` takes
+        /// half of the memory the process may still take), for the replay: a size, or the
+        /// default, what two MoE layers of a decode step use.
+        #[arg(long)]
+        cold_cache: Option<String>,
         #[arg(short = 'o', long = "out")]
         out: PathBuf,
     },
@@ -206,6 +218,8 @@ fn run() -> Result<()> {
             replicas,
             replica_memory,
             window,
+            resident_share,
+            cold_cache,
             out,
         } => plan_cmd(
             atlas,
@@ -215,6 +229,10 @@ fn run() -> Result<()> {
             replicas,
             replica_memory,
             window,
+            Split {
+                share: resident_share,
+                cold_cache,
+            },
             out,
         ),
         Cmd::Simulate {
@@ -320,6 +338,7 @@ fn plan_cmd(
     replicas: Option<usize>,
     replica_memory: Option<String>,
     window: bool,
+    split: Split,
     out: PathBuf,
 ) -> Result<()> {
     let a = Atlas::load(&atlas)?;
@@ -363,11 +382,121 @@ fn plan_cmd(
         budget,
         previous: prev.as_ref(),
     };
-    let p = plan(&req)?;
+    let mut p = plan(&req)?;
+    if let (Some(b), None) = (&memory_budget, &nodes) {
+        let bytes = parse_size(b, full).context("--memory-budget")?;
+        if let Some(chosen) = split_budget(&a, &req, bytes, &split)? {
+            p = chosen;
+        }
+    }
     print_plan(&p, prev.is_some());
     p.placement.save_atomic(&out)?;
     println!("wrote {}", out.display());
     Ok(())
+}
+
+/// `plan`'s choice between a fixed resident set and the staging cache (`--resident-share`).
+struct Split {
+    share: String,
+    cold_cache: Option<String>,
+}
+
+/// The in-process plan with `split.share` of `budget` resident (`auto`: the share whose replay
+/// of the atlas's decode trace finds the most experts in memory), its node's `memory_bytes` the
+/// whole budget; None keeps `req`'s plan (the whole budget resident).
+fn split_budget(
+    a: &Atlas,
+    req: &PlanRequest<'_>,
+    budget: u64,
+    split: &Split,
+) -> Result<Option<Plan>> {
+    use nightshift_atlas::split::{best, replay, resident_flags, SplitRow, SHARES};
+    let share = split.share.trim();
+    let fixed = if share == "auto" {
+        None
+    } else {
+        let bytes = parse_size(share, budget).context("--resident-share")?;
+        if bytes > budget {
+            bail!("--resident-share: expected at most 100% of the budget, found {share:?}");
+        }
+        Some(bytes)
+    };
+    let eb = a.shape.expert_bytes.max(1);
+    let trace = a
+        .temporal
+        .as_ref()
+        .map(|t| (&t.trace, t.trace_tokens(a.top_k)));
+    let extra = match &split.cold_cache {
+        Some(c) => parse_size(c, budget).context("--cold-cache")? / eb,
+        None => 2 * a.top_k as u64,
+    };
+    let plan_with = |resident: u64| -> Result<Plan> {
+        let mut nodes = req.nodes.clone();
+        // memory_bytes 0 is "unlimited": a share below one expert keeps none resident
+        nodes[0].memory_bytes = resident.max(1);
+        let mut p = plan(&PlanRequest {
+            shape: req.shape,
+            counts: req.counts,
+            nodes,
+            budget: ReplicaBudget::PerLayer(0),
+            previous: req.previous,
+        })?;
+        p.placement.nodes[0].memory_bytes = budget;
+        Ok(p)
+    };
+    let Some((trace, tokens)) = trace.filter(|t| t.1 > 0) else {
+        return match fixed {
+            Some(bytes) => plan_with(bytes).map(Some),
+            None => {
+                println!("resident share: the atlas has no routing trace (record it with `nightshift-atlas record --model`): the whole budget stays resident");
+                Ok(None)
+            }
+        };
+    };
+    let shares: Vec<u64> = match fixed {
+        Some(bytes) => vec![bytes],
+        None => (0..=SHARES as u128)
+            .map(|i| (budget as u128 * i / SHARES as u128) as u64)
+            .collect(),
+    };
+    println!(
+        "replaying {tokens} recorded decode tokens against splits of the budget (staging cache beyond it: {extra} experts):"
+    );
+    println!(
+        "  {:>9} {:>9} {:>12} {:>12} {:>14}",
+        "resident", "experts", "cache", "in memory", "reads/token"
+    );
+    let mut rows = Vec::new();
+    let mut plans = Vec::new();
+    for (i, &bytes) in shares.iter().enumerate() {
+        let p = plan_with(bytes)?;
+        let flags = resident_flags(&p.placement, &a.shape.moe_layers, a.shape.n_experts);
+        let resident = flags.iter().flatten().filter(|&&r| r).count();
+        let cache = ((budget - resident as u64 * a.shape.expert_bytes) / eb + extra) as usize;
+        let r = replay(trace, a.top_k, &flags, cache);
+        println!(
+            "  {:>8.1}% {:>9} {:>12} {:>11.2}% {:>14.2}",
+            100.0 * bytes as f64 / budget.max(1) as f64,
+            resident,
+            cache,
+            100.0 * r.hit_rate(),
+            r.misses_per_token(tokens)
+        );
+        rows.push(SplitRow {
+            eighths: i,
+            resident_experts: resident,
+            cache_experts: cache,
+            replay: r,
+        });
+        plans.push(p);
+    }
+    let chosen = best(&rows).map_or(0, |r| r.eighths);
+    let row = &rows[chosen];
+    println!(
+        "resident share: {} experts resident, the staging cache gets the rest of the budget ({} experts with what it has beyond it)",
+        row.resident_experts, row.cache_experts
+    );
+    Ok(Some(plans.swap_remove(chosen)))
 }
 
 fn print_plan(p: &Plan, has_previous: bool) {

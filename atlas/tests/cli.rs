@@ -290,3 +290,166 @@ fn simulate_prints_ours_and_round_robin() {
         "{out}"
     );
 }
+
+/// An atlas of 4 MoE layers x 32 experts, top-4, whose counts and decode trace are `tokens`
+/// (per token, per layer, 4 expert ids).
+fn traced_atlas(d: &Path, name: &str, tokens: &[Vec<[u16; 4]>]) {
+    let o = run(
+        &[
+            "synth",
+            "--layers",
+            "4",
+            "--experts",
+            "32",
+            "--top-k",
+            "4",
+            "-o",
+            name,
+        ],
+        d,
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let mut a = Atlas::load(&d.join(name)).unwrap();
+    let mut t = nightshift_atlas::trace::TemporalTracker::new(4, 4).snapshot();
+    for row in &mut a.all_time.activations {
+        row.iter_mut().for_each(|c| *c = 0);
+    }
+    a.all_time.tokens = tokens.len() as u64;
+    for tok in tokens {
+        for (s, ids) in tok.iter().enumerate() {
+            t.trace[s].extend_from_slice(ids);
+            for &e in ids {
+                a.all_time.activations[s][e as usize] += 1;
+            }
+        }
+    }
+    a.window = a.all_time.clone();
+    a.temporal = Some(t);
+    a.save_atomic(&d.join(name)).unwrap();
+}
+
+fn resident_count(p: &Path) -> usize {
+    let p = Placement::load(p).unwrap();
+    p.experts_on(&p.nodes[0].name)
+        .unwrap()
+        .iter()
+        .filter(|s| s.resident)
+        .count()
+}
+
+/// `plan --memory-budget` replays the recorded decode routing: where experts come in topics that
+/// last a while, an LRU of the budget finds more of them than the hottest set by count, so most
+/// of the budget is left to the staging cache; where every token draws its experts afresh from a
+/// skewed distribution, the hottest set wins and the whole budget stays resident.
+#[test]
+fn plan_splits_the_budget_by_replaying_the_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) % n
+    };
+    // 8 topics, each 4 experts per layer (disjoint); 4 phases of 256 tokens, each alternating
+    // between two topics every 16 tokens (a topic comes back while an LRU still holds it)
+    let topical: Vec<Vec<[u16; 4]>> = (0..1024)
+        .map(|t| {
+            let topic = (t / 256 * 2 + t / 16 % 2) as u16;
+            (0..4)
+                .map(|_| [0, 1, 2, 3].map(|i| topic * 4 + i))
+                .collect()
+        })
+        .collect();
+    // every token draws 4 distinct experts per layer, expert i with weight ~ 1 / (i + 1)
+    let skewed: Vec<Vec<[u16; 4]>> = (0..1024)
+        .map(|_| {
+            (0..4)
+                .map(|_| {
+                    let mut ids = [u16::MAX; 4];
+                    let mut n = 0;
+                    while n < 4 {
+                        // inverse of a harmonic-like CDF: small ids far more often
+                        let u = next(1 << 20) as f64 / (1 << 20) as f64;
+                        let e = ((33f64.powf(u) - 1.0) as u16).min(31);
+                        if !ids.contains(&e) {
+                            ids[n] = e;
+                            n += 1;
+                        }
+                    }
+                    ids
+                })
+                .collect()
+        })
+        .collect();
+    traced_atlas(d, "topical.atlas", &topical);
+    traced_atlas(d, "skewed.atlas", &skewed);
+    // 25% of the 128 experts: 32
+    for (atlas, out) in [("topical.atlas", "t.toml"), ("skewed.atlas", "s.toml")] {
+        let o = run(
+            &[
+                "plan",
+                "--atlas",
+                atlas,
+                "--memory-budget",
+                "25%",
+                "-o",
+                out,
+            ],
+            d,
+        );
+        let (stdout, err) = text(&o);
+        assert!(o.status.success(), "{stdout}\n{err}");
+        assert!(
+            stdout.contains("replaying 1024 recorded decode tokens"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("resident share:"), "{stdout}");
+        // the placement names the whole budget as the node's memory
+        let p = Placement::load(&d.join(out)).unwrap();
+        let eb = Atlas::load(&d.join(atlas)).unwrap().shape.expert_bytes;
+        assert_eq!(p.nodes[0].memory_bytes, 32 * eb, "{stdout}");
+    }
+    let topical_resident = resident_count(&d.join("t.toml"));
+    let skewed_resident = resident_count(&d.join("s.toml"));
+    assert!(topical_resident <= 8, "topics: {topical_resident} resident");
+    assert!(skewed_resident >= 24, "skewed: {skewed_resident} resident");
+    // a fixed share is taken as given; 100% is the whole budget resident
+    let o = run(
+        &[
+            "plan",
+            "--atlas",
+            "topical.atlas",
+            "--memory-budget",
+            "25%",
+            "--resident-share",
+            "100%",
+            "-o",
+            "full.toml",
+        ],
+        d,
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_eq!(resident_count(&d.join("full.toml")), 32);
+    let o = run(
+        &[
+            "plan",
+            "--atlas",
+            "topical.atlas",
+            "--memory-budget",
+            "25%",
+            "--resident-share",
+            "150%",
+            "-o",
+            "bad.toml",
+        ],
+        d,
+    );
+    let (_, err) = text(&o);
+    assert!(
+        !o.status.success() && err.contains("--resident-share"),
+        "{err}"
+    );
+    assert!(!d.join("bad.toml").exists());
+}

@@ -12,7 +12,8 @@
 //!  "nodes":[{"name":"node0","rows":R}...],
 //!  "pairs":[{"layer":L,"pairs":[[a,b,count]...]}...],
 //!  "temporal":{"lag1_tokens":[..],"lag1_shared":[..],"window_tokens":[..],"window_shared":[..],
-//!              "window":8}}   (optional: see `temporal`)
+//!              "window":8,"trace":[[ids of decode tokens]...per MoE layer]}}
+//!   (optional: see `temporal`; `trace` optional inside it)
 //! ```
 //!
 //! `activations[s][e]` counts the token rows routed to expert `e` of MoE layer `shape.moe_layers[s]`;
@@ -414,7 +415,7 @@ impl Atlas {
             }
         }
         if let Some(t) = &self.temporal {
-            t.check(n, self.top_k)
+            t.check(n, e, self.top_k)
                 .map_err(|(field, expected, found)| inconsistent(field, expected, found))?;
         }
         Ok(())

@@ -11,4 +11,4 @@ pub use format::{
     Atlas, AtlasError, Counts, LayerPairs, NodeLoad, ATLAS_FORMAT_VERSION, ATLAS_MAGIC,
 };
 pub use recorder::{RecordError, Recorder, RecorderConfig, WINDOW_BUCKETS};
-pub use temporal::{Temporal, TemporalTracker, LOCALITY_WINDOW};
+pub use temporal::{Temporal, TemporalTracker, LOCALITY_WINDOW, TRACE_TOKENS};

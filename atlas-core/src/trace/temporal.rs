@@ -4,11 +4,21 @@
 //! section of the atlas file; [`TemporalTracker`] computes them from routing seen one sequence at
 //! a time in token order (`nightshift-atlas record --model`; the coordinator's batches mix
 //! sequences, so its atlases carry no such section).
+//!
+//! The same recording keeps the decode tokens' routing itself, in order ([`Temporal::trace`], at
+//! most [`TRACE_TOKENS`] tokens): what a cache of experts would have hit depends on the order
+//! of uses, not only their counts, so `nightshift-atlas plan --memory-budget` replays it to
+//! choose how much of a budget stays a fixed resident set and how much follows the recent past
+//! (the staging cache's LRU).
 
 use serde::{Deserialize, Serialize};
 
 /// Tokens of history the windowed statistic looks back over.
 pub const LOCALITY_WINDOW: usize = 8;
+
+/// Decode tokens whose routing [`TemporalTracker`] keeps in [`Temporal::trace`] (the first ones
+/// seen): ~2 MB of atlas for a 61-layer, top-8 model.
+pub const TRACE_TOKENS: usize = 2048;
 
 /// Temporal locality counts, one entry per MoE layer (the atlas's slots).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,6 +32,11 @@ pub struct Temporal {
     /// experts of those tokens chosen by at least one of the `window` previous tokens
     pub window_shared: Vec<u64>,
     pub window: usize,
+    /// The routing of decode tokens (steps of one row) in token order, per MoE layer:
+    /// `trace[s]` holds `top_k` expert ids per token, the same tokens in every layer (empty in
+    /// atlases recorded without it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trace: Vec<Vec<u16>>,
 }
 
 impl Temporal {
@@ -48,8 +63,22 @@ impl Temporal {
         )
     }
 
-    /// Consistency with an atlas of `n` slots and `top_k`: a reason when inconsistent.
-    pub(crate) fn check(&self, n: usize, top_k: usize) -> Result<(), (String, String, String)> {
+    /// Decode tokens in [`Temporal::trace`].
+    pub fn trace_tokens(&self, top_k: usize) -> usize {
+        match self.trace.first() {
+            Some(t) if top_k > 0 => t.len() / top_k,
+            _ => 0,
+        }
+    }
+
+    /// Consistency with an atlas of `n` slots of `n_experts` and `top_k`: a reason when
+    /// inconsistent.
+    pub(crate) fn check(
+        &self,
+        n: usize,
+        n_experts: usize,
+        top_k: usize,
+    ) -> Result<(), (String, String, String)> {
         for (name, v) in [
             ("lag1_tokens", &self.lag1_tokens),
             ("lag1_shared", &self.lag1_shared),
@@ -66,6 +95,32 @@ impl Temporal {
         }
         if self.window == 0 {
             return Err(("temporal.window".into(), "at least 1".into(), "0".into()));
+        }
+        if !self.trace.is_empty() {
+            if self.trace.len() != n {
+                return Err((
+                    "temporal.trace".into(),
+                    format!("{n} layers"),
+                    self.trace.len().to_string(),
+                ));
+            }
+            let len = self.trace[0].len();
+            for (s, t) in self.trace.iter().enumerate() {
+                if t.len() != len || top_k == 0 || len % top_k != 0 {
+                    return Err((
+                        format!("temporal.trace[{s}]"),
+                        format!("the same whole number of {top_k}-expert tokens in every layer ({len} ids in layer 0)"),
+                        format!("{} ids", t.len()),
+                    ));
+                }
+                if let Some(&e) = t.iter().find(|&&e| e as usize >= n_experts) {
+                    return Err((
+                        format!("temporal.trace[{s}]"),
+                        format!("expert ids below {n_experts}"),
+                        e.to_string(),
+                    ));
+                }
+            }
         }
         for s in 0..n {
             for (name, shared, tokens) in [
@@ -104,6 +159,8 @@ pub struct TemporalTracker {
     /// per slot, the expert sets of the last `window` tokens, newest last
     history: Vec<Vec<Vec<u32>>>,
     counts: Temporal,
+    /// an expert id above `u16::MAX` was seen: the trace is off for good
+    untraceable: bool,
 }
 
 impl TemporalTracker {
@@ -117,7 +174,9 @@ impl TemporalTracker {
                 window_tokens: vec![0; n_slots],
                 window_shared: vec![0; n_slots],
                 window: LOCALITY_WINDOW,
+                trace: vec![Vec::new(); n_slots],
             },
+            untraceable: false,
         }
     }
 
@@ -139,6 +198,19 @@ impl TemporalTracker {
             return;
         }
         let w = self.counts.window;
+        // a decode step (one row) of a token the trace still has room for
+        if experts.len() == k
+            && !self.untraceable
+            && self.counts.trace[slot].len() < TRACE_TOKENS * k
+        {
+            if experts.iter().all(|&e| e <= u16::MAX as usize) {
+                self.counts.trace[slot].extend(experts.iter().map(|&e| e as u16));
+            } else {
+                // ids the trace cannot hold: no trace rather than layers that disagree
+                self.untraceable = true;
+                self.counts.trace.iter_mut().for_each(|t| *t = Vec::new());
+            }
+        }
         for row in experts.chunks_exact(k) {
             if let Some(prev) = hist.last() {
                 let shared = row.iter().filter(|&&x| prev.contains(&(x as u32))).count();

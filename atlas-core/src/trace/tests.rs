@@ -334,3 +334,59 @@ fn temporal_section_round_trips_and_is_checked() {
     atlas.temporal = Some(short);
     assert!(Atlas::from_bytes(&atlas.to_bytes()).is_err());
 }
+
+#[test]
+fn temporal_trace_keeps_decode_rows_in_order_up_to_its_cap_and_is_checked() {
+    let mut t = TemporalTracker::new(2, 2);
+    // a prefill step of two rows is not traced; decode steps of one row are, in every slot
+    t.observe(0, &[0, 1, 2, 3]);
+    t.observe(1, &[4, 5, 0, 1]);
+    t.observe(0, &[1, 2]);
+    t.observe(1, &[3, 4]);
+    t.observe(0, &[5, 0]);
+    t.observe(1, &[1, 2]);
+    let s = t.snapshot();
+    assert_eq!(s.trace, vec![vec![1, 2, 5, 0], vec![3, 4, 1, 2]]);
+    assert_eq!(s.trace_tokens(2), 2);
+    // the first TRACE_TOKENS tokens are kept
+    for i in 0..TRACE_TOKENS {
+        t.observe(0, &[i % 6, (i + 1) % 6]);
+        t.observe(1, &[0, 1]);
+    }
+    let s = t.snapshot();
+    assert_eq!(s.trace_tokens(2), TRACE_TOKENS);
+    assert_eq!(s.trace[0].len(), s.trace[1].len());
+    assert_eq!(&s.trace[0][..4], &[1, 2, 5, 0]);
+
+    let mut rec = recorder(0);
+    rec.record(1, &[0, 1], &[0.5, 0.5]).unwrap();
+    let mut atlas = rec.snapshot();
+    let mut small = TemporalTracker::new(2, 2);
+    small.observe(0, &[1, 2]);
+    small.observe(1, &[3, 4]);
+    atlas.temporal = Some(small.snapshot());
+    let back = Atlas::from_bytes(&atlas.to_bytes()).unwrap();
+    assert_eq!(back, atlas);
+    // layers that disagree on the tokens, a partial token, an expert past the shape's
+    for (bad, field) in [
+        (vec![vec![1u16, 2], vec![3, 4, 5, 0]], "temporal.trace[1]"),
+        (vec![vec![1u16, 2, 3], vec![3, 4, 5]], "temporal.trace[0]"),
+        (vec![vec![1u16, 2], vec![3, 6]], "temporal.trace[1]"),
+        (vec![vec![1u16, 2]], "temporal.trace"),
+    ] {
+        let mut tmp = small.snapshot();
+        tmp.trace = bad;
+        atlas.temporal = Some(tmp);
+        let err = Atlas::from_bytes(&atlas.to_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{field}: {err}");
+    }
+    // an atlas without a trace still reads
+    let mut none = small.snapshot();
+    none.trace = Vec::new();
+    atlas.temporal = Some(none);
+    let text = String::from_utf8(atlas.to_bytes()).unwrap();
+    assert!(!text.contains("\"trace\""));
+    assert!(Atlas::from_bytes(text.as_bytes()).is_ok());
+}
