@@ -29,6 +29,7 @@ use nightshift_kernels::formats::repack::{repack, Layout};
 use rayon::prelude::*;
 use rayon::ThreadPool;
 
+use crate::cold::ColdCache;
 use crate::error::ExpertError;
 use crate::expert::ExpertWeights;
 use crate::gguf::{AccessHint, Gguf};
@@ -223,6 +224,8 @@ pub struct ExpertResidency {
     copies: RwLock<HashMap<(u32, u32), ExpertCopy>>,
     /// serialises `set`, so its budget check and swap see the same set
     moving: Mutex<()>,
+    /// the staging cache the budget the set leaves is lent to
+    spare_to: Mutex<Option<Arc<ColdCache>>>,
 }
 
 impl ExpertResidency {
@@ -232,6 +235,23 @@ impl ExpertResidency {
             budget,
             copies: RwLock::new(HashMap::new()),
             moving: Mutex::new(()),
+            spare_to: Mutex::new(None),
+        }
+    }
+
+    /// Lends `cache` the part of the budget the resident set does not use, now and whenever
+    /// the set changes ([`ColdCache::lend`]): a plan that keeps part of the budget for the
+    /// staging cache (`nightshift-atlas plan --resident-share`) leaves it fewer experts.
+    pub fn lend_spare_to(&self, cache: Arc<ColdCache>) {
+        let _one = self.moving.lock().unwrap_or_else(|p| p.into_inner());
+        cache.lend(self.budget.saturating_sub(self.resident_bytes()));
+        *self.spare_to.lock().unwrap_or_else(|p| p.into_inner()) = Some(cache);
+    }
+
+    /// Lends the staging cache (if any) what `held` bytes of copies leave of the budget.
+    fn lend_spare(&self, held: u64) {
+        if let Some(c) = &*self.spare_to.lock().unwrap_or_else(|p| p.into_inner()) {
+            c.lend(self.budget.saturating_sub(held));
         }
     }
 
@@ -282,6 +302,9 @@ impl ExpertResidency {
                 budget: self.budget,
             });
         }
+        // the cache gives back what the new set takes before it is copied (the old copies are
+        // dropped first, or kept and within it), so the two never hold more than the budget
+        self.lend_spare(needed.max(self.resident_bytes()));
         let held = self.experts();
         let keeps_all = held.iter().all(|k| want.binary_search(k).is_ok());
         let dropped = if keeps_all {
@@ -299,14 +322,23 @@ impl ExpertResidency {
             .filter(|k| have.binary_search(k).is_err())
             .copied()
             .collect();
-        let fresh = copy_experts(g, &missing, pool, true)?;
+        let fresh = match copy_experts(g, &missing, pool, true) {
+            Ok(f) => f,
+            Err(e) => {
+                self.lend_spare(self.resident_bytes());
+                return Err(e.into());
+            }
+        };
         let loaded = fresh.len();
         let mut c = self.copies.write().unwrap_or_else(|p| p.into_inner());
         c.extend(fresh);
+        let resident_bytes = c.values().map(ExpertCopy::bytes).sum();
+        drop(c);
+        self.lend_spare(resident_bytes);
         Ok(Moved {
             loaded,
             dropped,
-            resident_bytes: c.values().map(ExpertCopy::bytes).sum(),
+            resident_bytes,
         })
     }
 

@@ -237,3 +237,50 @@ fn a_read_waited_for_under_a_held_copy_goes_over_the_capacity() {
     assert!(cache.held_bytes() > one);
     assert_eq!(cache.stats().misses, 2);
 }
+
+/// A residency lends the staging cache what its budget leaves (`nightshift-atlas plan
+/// --resident-share`): the cache grows by it, gives it back before a larger set is copied, and
+/// the engine's logits stay the plain engine's bit for bit with part of the budget in the cache.
+#[test]
+fn the_budget_a_resident_set_leaves_goes_to_the_staging_cache() {
+    let model = mapped("tiny-qwen3moe-Q4_K_M.gguf");
+    let pool = nightshift_model::build_pool(2).expect("pool");
+    let want = run(
+        &model,
+        Arc::new(LocalExperts::new(model.clone(), Some(pool.clone()))),
+        6,
+    );
+    let all = all_experts(&model);
+    let size = |set: &[(u32, u32)]| -> u64 {
+        set.iter()
+            .map(|&(l, e)| {
+                let w = model.expert_weights(l as usize, e).expect("expert");
+                (w.gate.bytes().len() + w.up.bytes().len() + w.down.bytes().len()) as u64
+            })
+            .sum()
+    };
+    let half: Vec<(u32, u32)> = all.iter().copied().step_by(2).collect();
+    let quarter: Vec<(u32, u32)> = all.iter().copied().step_by(4).collect();
+    let budget = size(&half);
+    let residency = Arc::new(ExpertResidency::new(budget));
+    residency.set(model.gguf(), &quarter, None).expect("set");
+    let cache = Arc::new(ColdCache::with_io_depth(model.clone(), 1 << 20, 2).expect("cache"));
+    residency.lend_spare_to(cache.clone());
+    assert_eq!(cache.lent(), budget - size(&quarter));
+    assert_eq!(cache.capacity(), (1 << 20) + budget - size(&quarter));
+    let local = LocalExperts::new(model.clone(), Some(pool.clone()))
+        .with_residency(residency.clone())
+        .with_cold_cache(cache.clone());
+    let got = run(&model, Arc::new(local), 6);
+    assert_eq!(got, want, "a budget lent to the cache changed the logits");
+    assert!(cache.held_bytes() <= cache.capacity());
+    // the whole budget resident: the loan is taken back and the cache is within its own size
+    residency.set(model.gguf(), &half, None).expect("set");
+    assert_eq!(cache.lent(), 0);
+    assert!(cache.held_bytes() <= 1 << 20, "{} held", cache.held_bytes());
+    // a set over the budget is refused and the loan stays what the kept set leaves
+    assert!(residency.set(model.gguf(), &all, None).is_err());
+    assert_eq!(cache.lent(), 0);
+    residency.set(model.gguf(), &[], None).expect("set");
+    assert_eq!(cache.lent(), budget);
+}

@@ -306,6 +306,8 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
             cold = build_cold_cache(&model, &a.cold_cache, depth)?;
         }
         if let Some(c) = &cold {
+            // the budget the resident set leaves goes to the staging cache, as in `serve`
+            r.lend_spare_to(c.clone());
             p = p.with_cold_cache(c.clone());
             local = local.with_cold_cache(c.clone());
         }
@@ -406,7 +408,12 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
             "phases": phases,
             "huge_mib": anon_huge_mib(),
             "hit": observed.hits.load(Ordering::Relaxed) as f64 / used,
-            "cold": cold.map(|c| c.stats().summary()),
+            "cold": cold.map(|c| format!(
+                "{} (capacity {} MiB, {} MiB of it the budget's)",
+                c.stats().summary(),
+                c.capacity() >> 20,
+                c.lent() >> 20
+            )),
             "cold_decode": cold_decode,
         })
     );

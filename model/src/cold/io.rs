@@ -159,33 +159,14 @@ impl Shared {
                     buffer = Some(st.spare.swap_remove(i));
                     break;
                 }
-                if st.bytes + size <= self.capacity {
+                if st.bytes + size <= self.capacity() {
                     break;
                 }
                 if let Some(b) = st.spare.pop() {
                     st.bytes = st.bytes.saturating_sub(b.cap);
                     continue;
                 }
-                let victim = st
-                    .entries
-                    .iter()
-                    .filter(|(_, en)| {
-                        en.wanted == 0
-                            && matches!(&en.slot, Slot::Ready(c) if Arc::strong_count(c) == 1)
-                    })
-                    .min_by_key(|(_, en)| en.last)
-                    .map(|(k, _)| *k);
-                if let Some(v) = victim {
-                    if let Some(en) = st.entries.remove(&v) {
-                        self.counters.evicted.fetch_add(1, Ordering::Relaxed);
-                        match en.slot {
-                            Slot::Ready(c) => match Arc::try_unwrap(c) {
-                                Ok(copy) => st.spare.push(copy.buf),
-                                Err(_) => st.bytes = st.bytes.saturating_sub(en.size),
-                            },
-                            _ => st.bytes = st.bytes.saturating_sub(en.size),
-                        }
-                    }
+                if st.evict_one(&self.counters) {
                     continue;
                 }
                 let wanted = st.entries.get(&key).is_some_and(|en| en.wanted > 0);

@@ -273,7 +273,10 @@ struct State {
 struct Shared {
     files: Arc<dyn ExpertFiles>,
     readers: Vec<RwLock<io::ReadFile>>,
+    /// the cache's own capacity (`--cold-cache`)
     capacity: u64,
+    /// what the memory budget lends it on top: the budget the resident set does not use
+    lent: AtomicU64,
     /// I/O threads: reads in flight at most
     depth: usize,
     state: Mutex<State>,
@@ -321,6 +324,7 @@ impl ColdCache {
             files,
             readers,
             capacity,
+            lent: AtomicU64::new(0),
             depth,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
@@ -388,8 +392,34 @@ impl ColdCache {
         2 * n_expert_used(files.gguf()).max(1) as u64 * largest
     }
 
+    /// Bytes the cache may hold: its own capacity and what the memory budget lends it.
     pub fn capacity(&self) -> u64 {
-        self.shared.capacity
+        self.shared.capacity()
+    }
+
+    /// Lends the cache `bytes` of the memory budget on top of its own capacity: the part of
+    /// `--memory-budget` the resident set leaves (`resident::ExpertResidency` lends it whenever
+    /// its set changes), so a plan that keeps fewer experts resident gives the rest to the
+    /// cache, which keeps what was used last. A smaller loan evicts at once, least recently used
+    /// first, down to the new capacity (copies calls hold stay until they are dropped).
+    pub fn lend(&self, bytes: u64) {
+        self.shared.lent.store(bytes, Ordering::Relaxed);
+        let mut st = self.shared.lock();
+        let cap = self.shared.capacity();
+        while st.bytes > cap {
+            if let Some(b) = st.spare.pop() {
+                st.bytes = st.bytes.saturating_sub(b.cap);
+            } else if !st.evict_one(&self.shared.counters) {
+                break;
+            }
+        }
+        drop(st);
+        self.shared.changed.notify_all();
+    }
+
+    /// Bytes of the memory budget lent to the cache ([`ColdCache::lend`]).
+    pub fn lent(&self) -> u64 {
+        self.shared.lent.load(Ordering::Relaxed)
     }
 
     /// Footprint of expert `e` of `layer` in the cache.
@@ -613,9 +643,39 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+            .saturating_add(self.lent.load(Ordering::Relaxed))
+    }
 }
 
 impl State {
+    /// Evicts the least recently used copy no call holds or still needs, its buffer kept as a
+    /// spare; false when there is none.
+    fn evict_one(&mut self, c: &Counters) -> bool {
+        let victim = self
+            .entries
+            .iter()
+            .filter(|(_, en)| {
+                en.wanted == 0 && matches!(&en.slot, Slot::Ready(c) if Arc::strong_count(c) == 1)
+            })
+            .min_by_key(|(_, en)| en.last)
+            .map(|(k, _)| *k);
+        let Some(en) = victim.and_then(|v| self.entries.remove(&v)) else {
+            return false;
+        };
+        c.evicted.fetch_add(1, Ordering::Relaxed);
+        match en.slot {
+            Slot::Ready(copy) => match Arc::try_unwrap(copy) {
+                Ok(copy) => self.spare.push(copy.buf),
+                Err(_) => self.bytes = self.bytes.saturating_sub(en.size),
+            },
+            _ => self.bytes = self.bytes.saturating_sub(en.size),
+        }
+        true
+    }
+
     /// A read taken by an I/O thread has ended (read, failed or dropped).
     fn end_pick(&mut self, demanded: bool) {
         if demanded {

@@ -331,3 +331,55 @@ fn an_io_depth_outside_its_range_is_refused() {
     let c = ColdCache::with_io_depth(g, 1 << 20, 1).expect("depth 1");
     assert_eq!(c.io_depth(), 1);
 }
+
+/// Reads expert `k` through `cache` (a demand and its take) and drops the copy.
+fn read_one(cache: &ColdCache, (l, e): Key) {
+    cache.demand(l as usize, e).expect("demand");
+    drop(
+        cache
+            .take(l as usize, e, true)
+            .expect("read")
+            .expect("copy"),
+    );
+    cache.released();
+}
+
+#[test]
+fn a_loan_from_the_budget_grows_the_cache_and_taking_it_back_evicts_at_once() {
+    let (g, keys) = fixture();
+    let one = largest(&g, &keys);
+    assert!(keys.len() >= 8, "{} experts", keys.len());
+    let cache = ColdCache::with_io_depth(g.clone(), 2 * one, 1).expect("cache");
+    assert_eq!((cache.capacity(), cache.lent()), (2 * one, 0));
+    // 2 experts fit: reading 6 evicts 4
+    for &k in &keys[..6] {
+        read_one(&cache, k);
+    }
+    assert!(cache.held_bytes() <= 2 * one);
+    assert_eq!(cache.stats().evicted, 4);
+    // lent room for 4 more: 6 held, the last 6 read, nothing evicted
+    cache.lend(4 * one);
+    assert_eq!(cache.capacity(), 6 * one);
+    let evicted = cache.stats().evicted;
+    for &k in &keys[..6] {
+        read_one(&cache, k);
+    }
+    for &k in &keys[..6] {
+        assert!(cache.is_ready(k.0 as usize, k.1), "{k:?} not held");
+    }
+    assert_eq!(cache.stats().evicted, evicted, "the loan made room");
+    let misses = cache.stats().misses;
+    for &k in &keys[..6] {
+        read_one(&cache, k);
+    }
+    assert_eq!(cache.stats().misses, misses, "all six were held");
+    // the loan taken back: down to its own capacity now, the least recently used gone first
+    cache.lend(0);
+    assert!(cache.held_bytes() <= 2 * one, "{} held", cache.held_bytes());
+    let kept: Vec<bool> = keys[..6]
+        .iter()
+        .map(|k| cache.is_ready(k.0 as usize, k.1))
+        .collect();
+    assert_eq!(kept.iter().filter(|&&r| r).count(), 2, "{kept:?}");
+    assert!(kept[4] && kept[5], "the two used last stay: {kept:?}");
+}
