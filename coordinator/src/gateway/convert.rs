@@ -6,7 +6,7 @@ use super::types::{ChatMessageIn, Common, Content, Prediction, PromptField, Stop
 use crate::scheduler::{ChatMessage, SamplingParams, ToolCall};
 
 /// Most stop strings accepted.
-const MAX_STOPS: usize = 16;
+pub const MAX_STOPS: usize = 16;
 /// Most `logit_bias` entries accepted.
 pub const MAX_LOGIT_BIAS: usize = 1024;
 /// Most `top_logprobs` (chat) accepted.

@@ -1,7 +1,10 @@
 //! The HTTP API as an OpenAPI 3.1 document, served at `GET /openapi.json`: derived (utoipa)
 //! from the request and response types in `types.rs` and the `#[utoipa::path]` of each
-//! handler, so it cannot drift from what the server parses and writes. The test command fuzzes
-//! the live server from it with schemathesis (no 5xx, every answer in its documented shape).
+//! handler, so it cannot drift from what the server parses and writes; where a handler reads a
+//! field loosely (tools, content blocks), a shape type beside the request says what it takes,
+//! and the limits the edge checks are the schema's bounds (`tests/openapi_bounds.rs` pins them).
+//! The test command fuzzes the live server from it with schemathesis (no 5xx, every answer in
+//! its documented shape, and generated valid bodies served).
 
 use super::error::Body;
 use super::{anthropic, atlas, handlers, responses, AppState};
@@ -107,17 +110,31 @@ pub fn document() -> &'static serde_json::Value {
     })
 }
 
-/// The document of a server: `model` takes exactly the served model's id or an alias.
-pub fn served_document(model_id: &str, aliases: &[String]) -> serde_json::Value {
+/// What a server's document states about the model it serves: the limits the request types
+/// cannot know, checked against this model at the edge (`convert`).
+pub struct Served<'a> {
+    pub model_id: &'a str,
+    pub aliases: &'a [String],
+    /// The context size: a prompt and its completion budget fit in it.
+    pub n_ctx: usize,
+    /// The vocabulary's size: token ids are below it.
+    pub vocab: usize,
+}
+
+/// The document of a server: `model` takes exactly the served model's id or an alias, a token
+/// id is below the vocabulary's size, and chat's and completions' token budgets leave at least
+/// one prompt token in the context.
+pub fn served_document(s: &Served) -> serde_json::Value {
     let mut doc = document().clone();
-    let names: Vec<&str> = std::iter::once(model_id)
-        .chain(aliases.iter().map(String::as_str))
+    let names: Vec<&str> = std::iter::once(s.model_id)
+        .chain(s.aliases.iter().map(String::as_str))
         .collect();
     for req in [
         "ChatRequest",
         "CompletionRequest",
         "ResponsesRequest",
         "MessagesRequest",
+        "CountTokensRequest",
     ] {
         let at = format!("/components/schemas/{req}/properties/model");
         if let Some(m) = doc.pointer_mut(&at) {
@@ -128,10 +145,31 @@ pub fn served_document(model_id: &str, aliases: &[String]) -> serde_json::Value 
             });
         }
     }
+    let mut set_max = |at: &str, max: usize| {
+        if let Some(serde_json::Value::Object(m)) = doc.pointer_mut(at) {
+            m.insert("maximum".into(), max.into());
+        }
+    };
+    set_max("/components/schemas/TokenId", s.vocab.saturating_sub(1));
+    for at in [
+        "ChatRequest/properties/max_tokens",
+        "ChatRequest/properties/max_completion_tokens",
+        "CompletionRequest/properties/max_tokens",
+    ] {
+        set_max(
+            &format!("/components/schemas/{at}"),
+            s.n_ctx.saturating_sub(1).max(1),
+        );
+    }
     doc
 }
 
 /// `GET /openapi.json`.
 pub async fn openapi_json(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
-    Json(served_document(&st.model_id, &st.model_aliases))
+    Json(served_document(&Served {
+        model_id: &st.model_id,
+        aliases: &st.model_aliases,
+        n_ctx: st.scheduler.options().n_ctx,
+        vocab: st.text.vocab_size(),
+    }))
 }

@@ -4,15 +4,38 @@
 //! as OpenAI does; `null` is the same as absent.
 
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::openapi::schema::{
+    ArrayBuilder, ObjectBuilder, OneOfBuilder, Ref, Schema, SchemaType, Type,
+};
+use utoipa::openapi::RefOr;
+use utoipa::{PartialSchema, ToSchema};
 
-/// `stop`: one string or a list.
-#[derive(Deserialize, Debug, Clone, ToSchema)]
+/// `stop`: one string or a list of at most `convert::MAX_STOPS` (its schema below).
+#[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
 pub enum StopField {
     One(String),
     Many(Vec<String>),
 }
+
+impl utoipa::PartialSchema for StopField {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(ObjectBuilder::new().schema_type(Type::String))
+            .item(
+                ArrayBuilder::new()
+                    .items(ObjectBuilder::new().schema_type(Type::String))
+                    .max_items(Some(super::convert::MAX_STOPS)),
+            )
+            .description(Some(format!(
+                "`stop`: one string or a list of at most {}.",
+                super::convert::MAX_STOPS
+            )))
+            .into()
+    }
+}
+
+impl ToSchema for StopField {}
 
 #[derive(Deserialize, Debug, Clone, Default, ToSchema)]
 pub struct StreamOptions {
@@ -20,10 +43,12 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
-/// A content part of a chat message; only text parts are supported.
+/// A content part of a chat message; only text parts are supported (with their `text`).
 #[derive(Deserialize, Debug, Clone, ToSchema)]
+#[schema(as = ChatContentPart)]
 pub struct ContentPart {
     #[serde(rename = "type")]
+    #[schema(pattern = "^text$")]
     pub kind: String,
     #[serde(default)]
     pub text: Option<String>,
@@ -122,16 +147,20 @@ macro_rules! request_struct {
             /// The served model's id (`GET /v1/models`); required, as OpenAI requires it.
             #[schema(required = true, value_type = String)]
             pub model: Option<String>,
+            /// The prompt's tokens plus `max_tokens` must fit the context (`maximum` is the
+            /// context less one prompt token; a longer prompt leaves less room: a 400).
             #[schema(minimum = 1)]
             pub max_tokens: Option<u32>,
             #[schema(minimum = 0.0, maximum = 2.0)]
             pub temperature: Option<f32>,
-            #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+            /// Above 0: the least positive normal f32 (`f32::MIN_POSITIVE`) is the smallest
+            /// accepted.
+            #[schema(minimum = 1.1754944e-38, maximum = 1.0)]
             pub top_p: Option<f32>,
             pub seed: Option<i64>,
             pub stop: Option<StopField>,
             pub stream: Option<bool>,
-            /// Only with `stream`.
+            /// Only when `stream` is true (otherwise a 400).
             pub stream_options: Option<StreamOptions>,
             #[schema(minimum = -2.0, maximum = 2.0)]
             pub presence_penalty: Option<f32>,
@@ -144,14 +173,16 @@ macro_rules! request_struct {
             pub top_k: Option<u32>,
             #[schema(minimum = 0.0, maximum = 1.0)]
             pub min_p: Option<f32>,
-            #[schema(exclusive_minimum = 0.0, maximum = 10.0)]
+            /// Above 0, as `top_p`.
+            #[schema(minimum = 1.1754944e-38, maximum = 10.0)]
             pub repeat_penalty: Option<f32>,
             pub ignore_eos: Option<bool>,
             pub cache_prompt: Option<bool>,
             /// Extension: false opts this request out of speculative decoding.
             pub speculative: Option<bool>,
-            /// Token id (as a string) -> bias in -100..=100 added to its logit; -100 bans it.
-            #[schema(value_type = Option<Object>)]
+            /// Token id (as a string, below the vocabulary's size) -> bias in -100..=100
+            /// added to its logit; -100 bans it. At most 1024 entries.
+            #[schema(schema_with = logit_bias_schema)]
             pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
         }
         impl $name {
@@ -185,9 +216,12 @@ request_struct!(
     ChatRequest {
         #[schema(min_items = 1)]
         messages: Vec<ChatMessageIn>,
+        /// As `max_tokens` (which it replaces when both are given).
         #[schema(minimum = 1)]
         max_completion_tokens: Option<u32>,
         logprobs: Option<bool>,
+        /// Only with `logprobs` true (otherwise a 400).
+        #[schema(minimum = 0, maximum = 20)]
         top_logprobs: Option<u32>,
         /// Tool definitions, kept as sent (key order included) for the chat template;
         /// checked in `tools.rs`.
@@ -195,7 +229,9 @@ request_struct!(
         tool_choice: Option<serde_json::Value>,
         parallel_tool_calls: Option<bool>,
         response_format: Option<serde_json::Value>,
-        /// Extension: a Lark grammar (llguidance's dialect) the content must follow.
+        /// Extension: a Lark grammar (llguidance's dialect) the content must follow, at most
+        /// 64 KiB of UTF-8; one that does not compile is a 400. Not with a JSON
+        /// `response_format`.
         grammar: Option<String>,
         /// Extension (vLLM's): extra chat template variables (`enable_thinking`, ...).
         #[schema(value_type = Option<Object>)]
@@ -245,8 +281,9 @@ pub struct Prediction {
     pub content: Content,
 }
 
-/// `prompt`: a string, a list with one string, token ids, or a list with one list of ids.
-#[derive(Deserialize, Debug, Clone, ToSchema)]
+/// `prompt`: a string, a list with one string, token ids, or a list with one list of ids
+/// (its schema below: one prompt per request, never empty).
+#[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
 pub enum PromptField {
     Text(String),
@@ -255,16 +292,111 @@ pub enum PromptField {
     TokenLists(Vec<Vec<u32>>),
 }
 
+impl utoipa::PartialSchema for PromptField {
+    fn schema() -> RefOr<Schema> {
+        // an empty prompt is a 400 ("empty after tokenization"); a non-empty text is at least
+        // one token
+        let text = || {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+        };
+        let ids = || {
+            ArrayBuilder::new()
+                .items(Ref::from_schema_name("TokenId"))
+                .min_items(Some(1))
+        };
+        OneOfBuilder::new()
+            .item(text())
+            .item(
+                ArrayBuilder::new()
+                    .items(text())
+                    .min_items(Some(1))
+                    .max_items(Some(1)),
+            )
+            .item(ids())
+            .item(
+                ArrayBuilder::new()
+                    .items(ids())
+                    .min_items(Some(1))
+                    .max_items(Some(1)),
+            )
+            .description(Some(
+                "`prompt`: a string, a list with one string, token ids, or a list with one list \
+                 of ids; never empty.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for PromptField {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push(("TokenId".into(), TokenId::schema()));
+    }
+}
+
+/// A token id of the served model's vocabulary; `served_document` sets its `maximum` (the
+/// vocabulary's size less one).
+pub struct TokenId;
+
+impl utoipa::PartialSchema for TokenId {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(0))
+            .description(Some("A token id of the served model's vocabulary."))
+            .into()
+    }
+}
+
 request_struct!(
     /// `POST /v1/completions`.
     CompletionRequest {
         prompt: PromptField,
+        #[schema(minimum = 0, maximum = 5)]
         logprobs: Option<u32>,
+        /// Not supported: only false.
+        #[schema(schema_with = only_false)]
         echo: Option<bool>,
+        /// Only 1 is supported.
+        #[schema(minimum = 1, maximum = 1)]
         best_of: Option<u32>,
+        /// Not supported: only empty.
+        #[schema(max_length = 0)]
         suffix: Option<String>,
     }
 );
+
+/// `logit_bias`'s schema: token ids (decimal keys) to biases in -100..=100, at most
+/// `convert::MAX_LOGIT_BIAS` entries.
+fn logit_bias_schema() -> utoipa::openapi::Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .property_names(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[0-9]+$")),
+        ))
+        .additional_properties(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::Number)
+                .minimum(Some(-100.0))
+                .maximum(Some(100.0)),
+        ))
+        .max_properties(Some(super::convert::MAX_LOGIT_BIAS))
+        .build()
+}
+
+/// A boolean field the server takes only as false (or null).
+pub(super) fn only_false() -> utoipa::openapi::Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Boolean, Type::Null]))
+        .enum_values(Some([
+            serde_json::Value::Bool(false),
+            serde_json::Value::Null,
+        ]))
+        .build()
+}
 
 #[derive(Serialize, Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
 pub struct Usage {
