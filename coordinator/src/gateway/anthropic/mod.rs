@@ -149,7 +149,7 @@ pub async fn messages(
     post,
     path = "/v1/messages/count_tokens",
     tag = "anthropic",
-    request_body = MessagesRequest,
+    request_body = CountTokensRequest,
     responses(
         (status = 200, description = "The prompt's tokens", body = TokenCount),
         MessagesErrors,
@@ -160,9 +160,9 @@ pub async fn messages(
 pub async fn count_tokens(
     State(st): State<Arc<AppState>>,
     Extension(rid): Extension<RequestId>,
-    body: Result<ApiJson<MessagesRequest>, ApiError>,
+    body: Result<ApiJson<CountTokensRequest>, ApiError>,
 ) -> Result<Json<TokenCount>, AnthropicError> {
-    let ApiJson(req) = body?;
+    let ApiJson(CountTokensRequest(req)) = body?;
     let chat = convert::chat_request(&req, true)?;
     let job = chat_job(&st, &rid, &chat).await?;
     Ok(Json(TokenCount {

@@ -6,17 +6,19 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-/// A message's content: a string or content blocks.
-#[derive(Deserialize, Debug, Clone, ToSchema)]
+/// A message's content: a string or content blocks (documented by role: `UserContent`,
+/// `AssistantContent`, `AnthropicText`).
+#[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
 pub enum BlocksField {
     Text(String),
     /// `text`, `tool_use` (assistant), `tool_result` (user), `thinking` (assistant) blocks.
-    Blocks(#[schema(inline)] Vec<BlockIn>),
+    Blocks(Vec<BlockIn>),
 }
 
-/// A content block of a request, read by its `type` (see `convert.rs`).
-#[derive(Deserialize, Debug, Clone, ToSchema)]
+/// A content block of a request, read by its `type` (see `convert.rs`; documented as the
+/// block types below).
+#[derive(Deserialize, Debug, Clone)]
 pub struct BlockIn {
     #[serde(rename = "type")]
     pub kind: String,
@@ -24,22 +26,154 @@ pub struct BlockIn {
     /// `tool_use`: the call's id; `tool_result` answers it with `tool_use_id`.
     pub id: Option<String>,
     pub name: Option<String>,
-    #[schema(value_type = Option<Object>)]
     pub input: Option<Value>,
     pub tool_use_id: Option<String>,
     /// `tool_result`: a string or text blocks.
-    #[schema(value_type = Option<Object>)]
     pub content: Option<BlocksField>,
     pub is_error: Option<bool>,
     /// `thinking`: the reasoning text.
     pub thinking: Option<String>,
 }
 
-#[derive(Deserialize, Debug, Clone, ToSchema)]
+#[derive(Deserialize, Debug, Clone)]
 pub struct MessageIn {
-    #[schema(pattern = "^(user|assistant)$")]
     pub role: String,
     pub content: BlocksField,
+}
+
+// ---- the request's shapes as documented ----
+//
+// `convert.rs` reads blocks, tools, `tool_choice` and `thinking` from loosely typed fields (so
+// that each error names its field as Anthropic's do); these types say what it accepts, for the
+// OpenAPI document only.
+
+/// A message: a user's text and `tool_result` blocks, or an assistant's text, thinking and
+/// `tool_use` blocks.
+#[derive(ToSchema)]
+#[serde(tag = "role", rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum AnthropicMessage {
+    User { content: UserContent },
+    Assistant { content: AssistantContent },
+}
+
+/// A user message's content: a string or `text` and `tool_result` blocks.
+#[derive(ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum UserContent {
+    Text(String),
+    Blocks(Vec<UserBlock>),
+}
+
+/// An assistant message's content: a string or `text`, `thinking`, `redacted_thinking` and
+/// `tool_use` blocks.
+#[derive(ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum AssistantContent {
+    Text(String),
+    Blocks(Vec<AssistantBlock>),
+}
+
+/// `system` and a `tool_result`'s content: a string or `text` blocks.
+#[derive(ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum AnthropicText {
+    Text(String),
+    Blocks(Vec<TextBlock>),
+}
+
+/// A `text` block.
+#[derive(ToSchema)]
+#[serde(tag = "type", rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum TextBlock {
+    Text { text: String },
+}
+
+#[derive(ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum UserBlock {
+    Text {
+        text: String,
+    },
+    /// Answers the `tool_use` block of the same `id`.
+    ToolResult {
+        tool_use_id: String,
+        content: Option<AnthropicText>,
+        is_error: Option<bool>,
+    },
+}
+
+#[derive(ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum AssistantBlock {
+    Text {
+        text: String,
+    },
+    Thinking {
+        thinking: Option<String>,
+        signature: Option<String>,
+    },
+    /// Dropped: encrypted elsewhere.
+    RedactedThinking {
+        data: Option<String>,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        /// The call's arguments (`{}` when absent).
+        #[schema(value_type = Option<Object>)]
+        input: Option<Value>,
+    },
+}
+
+/// A tool: a client tool (`type` absent or `custom`: `name`, `description`, `input_schema`),
+/// or a server or Anthropic-defined tool (`web_search_20250305`, `bash_20250124`, ...), which
+/// is accepted and left out of the prompt.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct AnthropicTool {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// 1 to 64 letters, digits, `_`, `-` or `.`, each name once (client tools).
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    pub name: String,
+    pub description: Option<String>,
+    /// A JSON Schema object (default: any object), at most 64 KiB as JSON.
+    #[schema(value_type = Option<Object>)]
+    pub input_schema: Option<Value>,
+}
+
+/// `tool_choice`: `tool` names one of `tools` (without client tools it is ignored).
+#[derive(ToSchema)]
+#[serde(tag = "type", rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum AnthropicToolChoice {
+    Auto {
+        disable_parallel_tool_use: Option<bool>,
+    },
+    Any {
+        disable_parallel_tool_use: Option<bool>,
+    },
+    Tool {
+        name: String,
+        disable_parallel_tool_use: Option<bool>,
+    },
+    None {},
+}
+
+/// `thinking`: the chat template's thinking switch (`budget_tokens` is accepted and not used).
+#[derive(ToSchema)]
+#[serde(tag = "type", rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum AnthropicThinking {
+    Enabled { budget_tokens: Option<u32> },
+    Disabled {},
 }
 
 #[derive(Deserialize, Debug, Clone, Default, ToSchema)]
@@ -47,38 +181,75 @@ pub struct Metadata {
     pub user_id: Option<String>,
 }
 
-/// `POST /v1/messages` (and, without `max_tokens`, `/v1/messages/count_tokens`).
+/// `POST /v1/messages` (`/v1/messages/count_tokens` takes it without `max_tokens`:
+/// `CountTokensRequest`).
 #[derive(Deserialize, Debug, Clone, ToSchema)]
 pub struct MessagesRequest {
     /// The served model's id (`GET /v1/models`).
     #[schema(required = true, value_type = String)]
     pub model: Option<String>,
-    /// Required by `/v1/messages`.
-    #[schema(minimum = 1)]
+    /// An upper bound: generation stops where the context ends.
+    #[schema(required = true, value_type = u32, minimum = 1)]
     pub max_tokens: Option<u32>,
-    #[schema(min_items = 1)]
+    #[schema(min_items = 1, value_type = Vec<AnthropicMessage>)]
     pub messages: Vec<MessageIn>,
     /// A string or text blocks.
+    #[schema(value_type = Option<AnthropicText>)]
     pub system: Option<BlocksField>,
-    /// Client tools: `{"name", "description", "input_schema"}`.
+    /// At most 128 (`tools.rs`' `MAX_TOOLS`).
+    #[schema(value_type = Option<Vec<AnthropicTool>>, max_items = 128)]
     pub tools: Option<Vec<Value>>,
-    /// `{"type": "auto" | "any" | "tool" | "none", "name": .., "disable_parallel_tool_use": ..}`.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<AnthropicToolChoice>)]
     pub tool_choice: Option<Value>,
     pub stream: Option<bool>,
     #[schema(minimum = 0.0, maximum = 2.0)]
     pub temperature: Option<f32>,
-    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    /// Above 0: the least positive normal f32 (`f32::MIN_POSITIVE`) is the smallest accepted.
+    #[schema(minimum = 1.1754944e-38, maximum = 1.0)]
     pub top_p: Option<f32>,
     pub top_k: Option<u32>,
+    /// At most 16 (chat's `stop`).
+    #[schema(max_items = 16)]
     pub stop_sequences: Option<Vec<String>>,
     pub metadata: Option<Metadata>,
-    /// `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`: sets the chat
-    /// template's `enable_thinking` / `thinking`.
-    #[schema(value_type = Option<Object>)]
+    /// Sets the chat template's `enable_thinking` / `thinking`.
+    #[schema(value_type = Option<AnthropicThinking>)]
     pub thinking: Option<Value>,
     /// Extension: the sampling seed.
     pub seed: Option<i64>,
+}
+
+/// `POST /v1/messages/count_tokens`: a Messages request without `max_tokens` (one given is
+/// not used).
+#[derive(Deserialize, Debug, Clone)]
+#[serde(transparent)]
+pub struct CountTokensRequest(pub MessagesRequest);
+
+impl utoipa::PartialSchema for CountTokensRequest {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+        use utoipa::openapi::{RefOr, Schema};
+        let mut s = MessagesRequest::schema();
+        if let RefOr::T(Schema::Object(o)) = &mut s {
+            o.required.retain(|f| f != "max_tokens");
+            o.description = Some(
+                "`POST /v1/messages/count_tokens`: a Messages request; `max_tokens` is not \
+                 needed (one given is not used)."
+                    .into(),
+            );
+        }
+        s
+    }
+}
+
+impl ToSchema for CountTokensRequest {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        <MessagesRequest as ToSchema>::schemas(schemas);
+    }
 }
 
 /// A content block of the answer.
