@@ -12,9 +12,9 @@ use crate::gateway::types::{
 use serde_json::{json, Map, Value};
 
 /// Most `metadata` pairs (OpenAI's limit), and their key and value lengths.
-const MAX_METADATA: usize = 16;
-const MAX_METADATA_KEY: usize = 64;
-const MAX_METADATA_VALUE: usize = 512;
+pub const MAX_METADATA: usize = 16;
+pub const MAX_METADATA_KEY: usize = 64;
+pub const MAX_METADATA_VALUE: usize = 512;
 
 /// The include that asks for the output text's logprobs.
 pub const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";

@@ -6,7 +6,7 @@
 //! events. Stored responses (`store`) let `previous_response_id` continue a conversation.
 
 mod build;
-mod convert;
+pub(crate) mod convert;
 pub mod store;
 pub mod types;
 

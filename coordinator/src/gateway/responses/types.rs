@@ -53,15 +53,102 @@ fn kind_of(v: &Value) -> &'static str {
 /// `text`: the output's format.
 #[derive(Deserialize, Debug, Clone, Default, ToSchema)]
 pub struct TextConfig {
-    /// `{"type": "text"}` (default), `{"type": "json_object"}`, or `{"type": "json_schema",
-    /// "name": .., "schema": {..}, "strict": ..}`.
-    #[schema(value_type = Option<Object>)]
+    /// `text` (default), `json_object`, or `json_schema`; not with `grammar`.
+    #[schema(value_type = Option<ResponsesTextFormat>)]
     pub format: Option<Value>,
 }
 
-/// `reasoning`: accepted; the served model thinks as its chat template makes it.
+// ---- the request's shapes as documented ----
+//
+// `convert.rs` reads tools, `tool_choice` and `text.format` from loosely typed fields (so that
+// each error names its field); these types say what it accepts, for the OpenAPI document only.
+
+/// `text.format`.
+#[derive(ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum ResponsesTextFormat {
+    Text {},
+    JsonObject {},
+    JsonSchema {
+        /// Default `response`.
+        #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+        name: Option<String>,
+        /// A JSON Schema (default: any object), at most 64 KiB as JSON.
+        #[schema(value_type = Option<Object>)]
+        schema: Option<Value>,
+        description: Option<String>,
+        strict: Option<bool>,
+    },
+}
+
+/// A tool: a function, a custom (free-form text) tool, or a namespace of them. Hosted tools
+/// (`web_search`, `file_search`, ...) are accepted too and left out of the prompt.
+#[derive(ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum ResponsesTool {
+    Function {
+        /// Each name once; inside a namespace, `{namespace}.{name}` is what must fit.
+        #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+        name: String,
+        description: Option<String>,
+        /// A JSON Schema object, at most 64 KiB as JSON.
+        #[schema(value_type = Option<Object>)]
+        parameters: Option<Value>,
+        strict: Option<bool>,
+    },
+    Custom {
+        #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+        name: String,
+        description: Option<String>,
+        /// `{"type": "grammar", "syntax": .., "definition": ..}` (shown to the model).
+        #[schema(value_type = Option<Object>)]
+        format: Option<Value>,
+    },
+    Namespace {
+        name: String,
+        /// Its function and custom tools.
+        #[schema(value_type = Vec<Object>)]
+        tools: Vec<Value>,
+    },
+}
+
+/// `tool_choice`: a mode, or a tool to call (which must be in `tools`). `required` and a named
+/// tool need a tool the model can call.
+#[derive(ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum ResponsesToolChoice {
+    Mode(ResponsesToolChoiceMode),
+    Named(ResponsesNamedToolChoice),
+}
+
+#[derive(ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum ResponsesToolChoiceMode {
+    None,
+    Auto,
+    Required,
+}
+
+/// A function or custom tool to call.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ResponsesNamedToolChoice {
+    #[serde(rename = "type")]
+    #[schema(pattern = "^(function|custom)$")]
+    pub kind: String,
+    pub name: String,
+    pub namespace: Option<String>,
+}
+
+/// `reasoning`: `effort` switches a hybrid model's thinking (`none`/`minimal` off, `low` to
+/// `xhigh` on); `summary` is accepted.
 #[derive(Deserialize, Serialize, Debug, Clone, Default, ToSchema)]
 pub struct ReasoningConfig {
+    #[schema(pattern = "^(none|minimal|low|medium|high|xhigh)$")]
     pub effort: Option<String>,
     pub summary: Option<String>,
 }
@@ -72,35 +159,43 @@ pub struct ResponsesRequest {
     /// The served model's id (`GET /v1/models`).
     #[schema(required = true, value_type = String)]
     pub model: Option<String>,
-    /// Required unless `previous_response_id` continues a stored conversation.
+    /// Required unless `previous_response_id` continues a stored conversation; the
+    /// conversation must have a message (not only reasoning).
     pub input: Option<ResponseInput>,
     /// A system message before the input (not carried over by `previous_response_id`).
     pub instructions: Option<String>,
-    /// Function tools (`{"type": "function", "name", "description", "parameters", "strict"}`).
+    /// At most 128 the model can call (`tools.rs`' `MAX_TOOLS`).
+    #[schema(value_type = Option<Vec<ResponsesTool>>, max_items = 128)]
     pub tools: Option<Vec<Value>>,
-    /// `auto`, `none`, `required` or `{"type": "function", "name": ..}`.
+    #[schema(value_type = Option<ResponsesToolChoice>)]
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// An upper bound: generation stops where the context ends.
     #[schema(minimum = 1)]
     pub max_output_tokens: Option<u32>,
     #[schema(minimum = 0.0, maximum = 2.0)]
     pub temperature: Option<f32>,
-    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    /// Above 0: the least positive normal f32 (`f32::MIN_POSITIVE`) is the smallest accepted.
+    #[schema(minimum = 1.1754944e-38, maximum = 1.0)]
     pub top_p: Option<f32>,
     pub stream: Option<bool>,
     pub text: Option<TextConfig>,
     pub reasoning: Option<ReasoningConfig>,
-    /// Continue the conversation of a stored response (its input and output come first).
+    /// Continue the conversation of a stored response (its input and output come first): the
+    /// id of a response still stored (an unknown one is a 400).
+    #[schema(pattern = "^resp_[0-9a-f]{32}$")]
     pub previous_response_id: Option<String>,
     /// Keep the response for `previous_response_id` and `GET /v1/responses/{id}` (default
     /// true, as OpenAI's).
     pub store: Option<bool>,
-    /// Up to 16 string pairs, returned with the response.
-    #[schema(value_type = Option<Object>)]
+    /// Up to 16 string pairs (keys up to 64 characters, values up to 512), returned with
+    /// the response.
+    #[schema(schema_with = metadata_schema)]
     pub metadata: Option<Map<String, Value>>,
     pub user: Option<String>,
     /// Extra output: `message.output_text.logprobs` (with `top_logprobs`); others are ignored.
     pub include: Option<Vec<String>>,
+    /// Only with `include: ["message.output_text.logprobs"]` when above 0 (otherwise a 400).
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<u32>,
     /// `disabled` (default: too long an input is a 400) or `auto` (the oldest turns are dropped
@@ -109,7 +204,8 @@ pub struct ResponsesRequest {
     pub truncation: Option<String>,
     /// Extension: the sampling seed.
     pub seed: Option<i64>,
-    /// Extension: a Lark grammar (llguidance's dialect) the content must follow.
+    /// Extension: a Lark grammar (llguidance's dialect) the content must follow, at most
+    /// 64 KiB of UTF-8; one that does not compile is a 400. Not with a JSON `text.format`.
     pub grammar: Option<String>,
     /// Extension (vLLM's): extra chat template variables (`enable_thinking`, ...).
     #[schema(value_type = Option<Object>)]
@@ -117,10 +213,12 @@ pub struct ResponsesRequest {
 }
 
 /// A content part of a message: text in (`input_text`), text out (`output_text`), or a
-/// refusal. Images and files are refused with a 400.
+/// refusal. Images and files are refused with a 400. A text part needs `text`, a refusal
+/// `refusal`.
 #[derive(Deserialize, Serialize, Debug, Clone, ToSchema)]
 pub struct ContentPart {
     #[serde(rename = "type")]
+    #[schema(pattern = "^(input_text|output_text|text|refusal)$")]
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
@@ -265,6 +363,26 @@ impl Item {
             *id = Some(format!("{prefix}_{}", uuid::Uuid::new_v4().simple()));
         }
     }
+}
+
+/// `metadata`'s schema: at most `MAX_METADATA` string pairs, keys and values bounded.
+fn metadata_schema() -> utoipa::openapi::Object {
+    use super::convert::{MAX_METADATA, MAX_METADATA_KEY, MAX_METADATA_VALUE};
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .property_names(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .max_length(Some(MAX_METADATA_KEY)),
+        ))
+        .additional_properties(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .max_length(Some(MAX_METADATA_VALUE)),
+        ))
+        .max_properties(Some(MAX_METADATA))
+        .build()
 }
 
 /// `GET /v1/responses/{id}/input_items`: a page of a stored response's input items.
