@@ -14,6 +14,7 @@ use std::sync::atomic::AtomicUsize;
 mod anthropic;
 mod bad_input;
 mod kv;
+mod openapi_bounds;
 mod responses;
 mod spec;
 
