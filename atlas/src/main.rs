@@ -472,7 +472,8 @@ fn split_budget(
         let p = plan_with(bytes)?;
         let flags = resident_flags(&p.placement, &a.shape.moe_layers, a.shape.n_experts);
         let resident = flags.iter().flatten().filter(|&&r| r).count();
-        let cache = ((budget - resident as u64 * a.shape.expert_bytes) / eb + extra) as usize;
+        let cache =
+            (budget.saturating_sub(resident as u64 * a.shape.expert_bytes) / eb + extra) as usize;
         let r = replay(trace, a.top_k, &flags, cache);
         println!(
             "  {:>8.1}% {:>9} {:>12} {:>11.2}% {:>14.2}",
