@@ -34,25 +34,31 @@ fn nodes_toml(n: usize, memory: u64) -> String {
         .collect()
 }
 
-#[test]
-fn synth_report_plan_report() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// `synth` of `layers` x `experts`, `top_k`, written to `name` in `d`.
+fn synth(d: &Path, layers: usize, experts: usize, top_k: usize, name: &str) {
+    let (l, e, k) = (layers.to_string(), experts.to_string(), top_k.to_string());
     let o = run(
         &[
             "synth",
             "--layers",
-            "4",
+            &l,
             "--experts",
-            "32",
+            &e,
             "--top-k",
-            "4",
+            &k,
             "-o",
-            "a.atlas",
+            name,
         ],
         d,
     );
     assert!(o.status.success(), "{:?}", text(&o));
+}
+
+#[test]
+fn synth_report_plan_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    synth(d, 4, 32, 4, "a.atlas");
     let atlas = Atlas::load(&d.join("a.atlas")).unwrap();
     assert_eq!(atlas.shape.moe_layers, vec![1, 2, 3, 4]);
 
@@ -138,21 +144,7 @@ fn synth_report_plan_report() {
 fn plan_failures_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let o = run(
-        &[
-            "synth",
-            "--layers",
-            "2",
-            "--experts",
-            "8",
-            "--top-k",
-            "2",
-            "-o",
-            "a.atlas",
-        ],
-        d,
-    );
-    assert!(o.status.success(), "{:?}", text(&o));
+    synth(d, 2, 8, 2, "a.atlas");
     let expert_bytes = Atlas::load(&d.join("a.atlas")).unwrap().shape.expert_bytes;
     std::fs::write(d.join("nodes.toml"), nodes_toml(2, 0)).unwrap();
     // room for one copy only: a replicated (hot) copy cannot be resident
@@ -294,21 +286,7 @@ fn simulate_prints_ours_and_round_robin() {
 /// An atlas of 4 MoE layers x 32 experts, top-4, whose counts and decode trace are `tokens`
 /// (per token, per layer, 4 expert ids).
 fn traced_atlas(d: &Path, name: &str, tokens: &[Vec<[u16; 4]>]) {
-    let o = run(
-        &[
-            "synth",
-            "--layers",
-            "4",
-            "--experts",
-            "32",
-            "--top-k",
-            "4",
-            "-o",
-            name,
-        ],
-        d,
-    );
-    assert!(o.status.success(), "{:?}", text(&o));
+    synth(d, 4, 32, 4, name);
     let mut a = Atlas::load(&d.join(name)).unwrap();
     let mut t = nightshift_atlas::trace::TemporalTracker::new(4, 4).snapshot();
     for row in &mut a.all_time.activations {
@@ -416,36 +394,26 @@ fn plan_splits_the_budget_by_replaying_the_trace() {
     assert!(topical_resident <= 8, "topics: {topical_resident} resident");
     assert!(skewed_resident >= 24, "skewed: {skewed_resident} resident");
     // a fixed share is taken as given; 100% is the whole budget resident
-    let o = run(
-        &[
-            "plan",
-            "--atlas",
-            "topical.atlas",
-            "--memory-budget",
-            "25%",
-            "--resident-share",
-            "100%",
-            "-o",
-            "full.toml",
-        ],
-        d,
-    );
+    let share = |share: &str, out: &str| {
+        run(
+            &[
+                "plan",
+                "--atlas",
+                "topical.atlas",
+                "--memory-budget",
+                "25%",
+                "--resident-share",
+                share,
+                "-o",
+                out,
+            ],
+            d,
+        )
+    };
+    let o = share("100%", "full.toml");
     assert!(o.status.success(), "{:?}", text(&o));
     assert_eq!(resident_count(&d.join("full.toml")), 32);
-    let o = run(
-        &[
-            "plan",
-            "--atlas",
-            "topical.atlas",
-            "--memory-budget",
-            "25%",
-            "--resident-share",
-            "150%",
-            "-o",
-            "bad.toml",
-        ],
-        d,
-    );
+    let o = share("150%", "bad.toml");
     let (_, err) = text(&o);
     assert!(
         !o.status.success() && err.contains("--resident-share"),

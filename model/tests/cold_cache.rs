@@ -15,7 +15,7 @@ use nightshift_model::sampler::argmax;
 use nightshift_model::{Engine, EngineOptions, ExpertBackend, LocalExperts, Model};
 
 mod fixture_util;
-use fixture_util::{all_experts, mapped};
+use fixture_util::{all_experts, expert_bytes, mapped};
 
 const PROMPT: [u32; 11] = [407, 550, 566, 544, 543, 570, 407, 12, 99, 566, 31];
 
@@ -251,14 +251,7 @@ fn the_budget_a_resident_set_leaves_goes_to_the_staging_cache() {
         6,
     );
     let all = all_experts(&model);
-    let size = |set: &[(u32, u32)]| -> u64 {
-        set.iter()
-            .map(|&(l, e)| {
-                let w = model.expert_weights(l as usize, e).expect("expert");
-                (w.gate.bytes().len() + w.up.bytes().len() + w.down.bytes().len()) as u64
-            })
-            .sum()
-    };
+    let size = |set: &[(u32, u32)]| expert_bytes(&model, set);
     let half: Vec<(u32, u32)> = all.iter().copied().step_by(2).collect();
     let quarter: Vec<(u32, u32)> = all.iter().copied().step_by(4).collect();
     let budget = size(&half);

@@ -12,7 +12,7 @@ use nightshift_model::sampler::argmax;
 use nightshift_model::{Engine, EngineOptions, ExpertBackend, LocalExperts, Model};
 
 mod fixture_util;
-use fixture_util::{all_experts, mapped};
+use fixture_util::{all_experts, expert_bytes, mapped};
 
 const PROMPT: [u32; 6] = [407, 550, 566, 544, 543, 570];
 
@@ -58,15 +58,7 @@ fn check(name: &str) {
         |_| {},
     ));
     let all = all_experts(&model);
-    // bytes of a set's experts
-    let size = |set: &[(u32, u32)]| -> u64 {
-        set.iter()
-            .map(|&(l, e)| {
-                let w = model.expert_weights(l as usize, e).expect("expert");
-                (w.gate.bytes().len() + w.up.bytes().len() + w.down.bytes().len()) as u64
-            })
-            .sum()
-    };
+    let size = |set: &[(u32, u32)]| expert_bytes(&model, set);
     // arenas align each matrix to a cache line
     let slack = 192 * (all.len() as u64 / 3);
     // a third of the experts fit; start with every third one, switch to the others midway

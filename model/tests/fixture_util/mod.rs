@@ -34,3 +34,13 @@ pub fn all_experts(model: &Model) -> Vec<(u32, u32)> {
         .flat_map(|l| (0..c.n_expert as u32).map(move |e| (l as u32, e)))
         .collect()
 }
+
+/// Bytes of the experts `set` (their three matrices as stored), what a residency budget counts.
+pub fn expert_bytes(model: &Model, set: &[(u32, u32)]) -> u64 {
+    set.iter()
+        .map(|&(l, e)| {
+            let w = model.expert_weights(l as usize, e).expect("expert");
+            (w.gate.bytes().len() + w.up.bytes().len() + w.down.bytes().len()) as u64
+        })
+        .sum()
+}
