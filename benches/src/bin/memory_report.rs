@@ -303,7 +303,8 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
         let mut p = Prefetcher::with_cold_reads(model.clone(), reads)?;
         local = local.with_residency(r.clone());
         if arm == "planned" || arm == "random" {
-            cold = build_cold_cache(&model, &a.cold_cache, depth)?;
+            let lent = r.budget().saturating_sub(r.resident_bytes());
+            cold = build_cold_cache(&model, &a.cold_cache, depth, lent)?;
         }
         if let Some(c) = &cold {
             // the budget the resident set leaves goes to the staging cache, as in `serve`

@@ -86,16 +86,28 @@ pub fn random_set(shape: &ModelShape, budget: u64, per_expert: u64, seed: u64) -
     keys
 }
 
-/// The staging cache `--cold-cache` asks for (`auto`: [`ColdCache::default_capacity`]; `0`:
-/// none, cold experts through the page cache), its I/O thread started.
+/// The staging cache `--cold-cache` asks for (`auto`: [`ColdCache::auto_capacity`] of the
+/// memory the process may still take, less `lent`; `0`: none, cold experts through the page
+/// cache), its I/O thread started. `lent` is the budget the resident set leaves, which the
+/// residency lends the cache on top (`ExpertResidency::lend_spare_to`): free memory now, so
+/// `auto` must not count it again.
 pub fn build_cold_cache(
     model: &Arc<Model>,
     size: &str,
     io_depth: usize,
+    lent: u64,
 ) -> Result<Option<Arc<ColdCache>>, ClusterError> {
     let shape = model_shape(model)?;
     let all = shape.expert_bytes * (shape.moe_layers.len() * shape.n_experts) as u64;
-    let capacity = parse_size_or_auto(size, all).map_err(BudgetError::ColdSize)?;
+    let capacity = parse_size_or_auto(size, all)
+        .map_err(BudgetError::ColdSize)?
+        .or_else(|| {
+            let free = nightshift_model::weights::mem_available().unwrap_or(0);
+            Some(ColdCache::auto_capacity(
+                free.saturating_sub(lent),
+                &**model,
+            ))
+        });
     nightshift_model::cold::check_io_depth(io_depth).map_err(BudgetError::IoDepth)?;
     let Some(cache) =
         ColdCache::start(model.clone(), capacity, io_depth).map_err(BudgetError::Thread)?

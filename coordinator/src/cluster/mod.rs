@@ -379,7 +379,12 @@ pub fn build(
             None => None,
         };
         let cold = match &residency {
-            Some(_) => budget::build_cold_cache(model, &args.cold_cache, args.cold_io_depth)?,
+            Some(r) => budget::build_cold_cache(
+                model,
+                &args.cold_cache,
+                args.cold_io_depth,
+                r.budget().saturating_sub(r.resident_bytes()),
+            )?,
             None => None,
         };
         if let (Some(r), Some(c)) = (&residency, &cold) {
