@@ -126,8 +126,8 @@ enum Cmd {
         #[arg(long, default_value = "auto")]
         resident_share: String,
         /// What the engine's staging cache holds beyond the budget (`--cold-cache auto` takes
-        /// half of the memory the process may still take), for the replay: a size, or the
-        /// default, what two MoE layers of a decode step use.
+        /// half of the memory the process may still take beyond it), for the replay: a size,
+        /// or the default, what two MoE layers of a decode step use.
         #[arg(long)]
         cold_cache: Option<String>,
         #[arg(short = 'o', long = "out")]
@@ -382,6 +382,11 @@ fn plan_cmd(
         budget,
         previous: prev.as_ref(),
     };
+    if (nodes.is_some() || memory_budget.is_none())
+        && (split.share.trim() != "auto" || split.cold_cache.is_some())
+    {
+        bail!("--resident-share and --cold-cache plan the in-process engine's budget: they take --memory-budget without --nodes");
+    }
     let mut p = plan(&req)?;
     if let (Some(b), None) = (&memory_budget, &nodes) {
         let bytes = parse_size(b, full).context("--memory-budget")?;

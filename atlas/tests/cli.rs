@@ -413,6 +413,26 @@ fn plan_splits_the_budget_by_replaying_the_trace() {
     let o = share("100%", "full.toml");
     assert!(o.status.success(), "{:?}", text(&o));
     assert_eq!(resident_count(&d.join("full.toml")), 32);
+    std::fs::write(d.join("nodes.toml"), nodes_toml(2, 0)).unwrap();
+    let o = run(
+        &[
+            "plan",
+            "--atlas",
+            "topical.atlas",
+            "--nodes",
+            "nodes.toml",
+            "--resident-share",
+            "50%",
+            "-o",
+            "bad.toml",
+        ],
+        d,
+    );
+    let (_, err) = text(&o);
+    assert!(
+        !o.status.success() && err.contains("without --nodes"),
+        "{err}"
+    );
     let o = share("150%", "bad.toml");
     let (_, err) = text(&o);
     assert!(
