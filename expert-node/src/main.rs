@@ -198,7 +198,7 @@ fn run() -> anyhow::Result<()> {
     store.load(&hot, true, &pool)?;
     store.load(&cold, false, &pool)?;
     // Sized after the resident copies are made: `auto` is a share of what is left.
-    let cold_cache = ColdCache::start(gguf.clone(), cold_size, args.cold_io_depth)
+    let cold_cache = ColdCache::start(gguf.clone(), cold_size, args.cold_io_depth, 0)
         .context("starting the cold cache's I/O threads")?
         .map(Arc::new);
     let store = Arc::new(match &cold_cache {

@@ -244,8 +244,13 @@ impl ExpertResidency {
     /// staging cache (`nightshift-atlas plan --resident-share`) leaves it fewer experts.
     pub fn lend_spare_to(&self, cache: Arc<ColdCache>) {
         let _one = self.moving.lock().unwrap_or_else(|p| p.into_inner());
-        cache.lend(self.budget.saturating_sub(self.resident_bytes()));
+        cache.lend(self.spare());
         *self.spare_to.lock().unwrap_or_else(|p| p.into_inner()) = Some(cache);
+    }
+
+    /// The budget the resident set leaves (what [`ExpertResidency::lend_spare_to`] lends).
+    pub fn spare(&self) -> u64 {
+        self.budget.saturating_sub(self.resident_bytes())
     }
 
     /// Lends the staging cache (if any) what `held` bytes of copies leave of the budget.

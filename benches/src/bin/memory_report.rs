@@ -303,12 +303,9 @@ fn child(a: &Args, arm: &str) -> anyhow::Result<()> {
         let mut p = Prefetcher::with_cold_reads(model.clone(), reads)?;
         local = local.with_residency(r.clone());
         if arm == "planned" || arm == "random" {
-            let lent = r.budget().saturating_sub(r.resident_bytes());
-            cold = build_cold_cache(&model, &a.cold_cache, depth, lent)?;
+            cold = build_cold_cache(&model, &a.cold_cache, depth, &r)?;
         }
         if let Some(c) = &cold {
-            // the budget the resident set leaves goes to the staging cache, as in `serve`
-            r.lend_spare_to(c.clone());
             p = p.with_cold_cache(c.clone());
             local = local.with_cold_cache(c.clone());
         }

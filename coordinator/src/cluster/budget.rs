@@ -86,40 +86,34 @@ pub fn random_set(shape: &ModelShape, budget: u64, per_expert: u64, seed: u64) -
     keys
 }
 
-/// The staging cache `--cold-cache` asks for (`auto`: [`ColdCache::auto_capacity`] of the
-/// memory the process may still take, less `lent`; `0`: none, cold experts through the page
-/// cache), its I/O thread started. `lent` is the budget the resident set leaves, which the
-/// residency lends the cache on top (`ExpertResidency::lend_spare_to`): free memory now, so
-/// `auto` must not count it again.
+/// The staging cache `--cold-cache` asks for (`auto`: [`ColdCache::default_capacity`] beside
+/// `residency`'s loan, [`ExpertResidency::spare`]; `0`: none, cold experts through the page
+/// cache), its I/O thread started, and `residency` lending it the budget its set leaves.
 pub fn build_cold_cache(
     model: &Arc<Model>,
     size: &str,
     io_depth: usize,
-    lent: u64,
+    residency: &ExpertResidency,
 ) -> Result<Option<Arc<ColdCache>>, ClusterError> {
     let shape = model_shape(model)?;
     let all = shape.expert_bytes * (shape.moe_layers.len() * shape.n_experts) as u64;
-    let capacity = parse_size_or_auto(size, all)
-        .map_err(BudgetError::ColdSize)?
-        .or_else(|| {
-            let free = nightshift_model::weights::mem_available().unwrap_or(0);
-            Some(ColdCache::auto_capacity(
-                free.saturating_sub(lent),
-                &**model,
-            ))
-        });
+    let capacity = parse_size_or_auto(size, all).map_err(BudgetError::ColdSize)?;
     nightshift_model::cold::check_io_depth(io_depth).map_err(BudgetError::IoDepth)?;
-    let Some(cache) =
-        ColdCache::start(model.clone(), capacity, io_depth).map_err(BudgetError::Thread)?
+    let Some(cache) = ColdCache::start(model.clone(), capacity, io_depth, residency.spare())
+        .map_err(BudgetError::Thread)?
     else {
         return Ok(None);
     };
+    let cache = Arc::new(cache);
+    // the budget the resident set leaves (a plan's `--resident-share`) is the cache's
+    residency.lend_spare_to(cache.clone());
     tracing::info!(
         cold_cache_mib = cache.capacity() >> 20,
+        lent_mib = cache.lent() >> 20,
         io_depth = cache.io_depth(),
         "cold experts are read whole into a staging cache"
     );
-    Ok(Some(Arc::new(cache)))
+    Ok(Some(cache))
 }
 
 /// The residency `--memory-budget` (and `--resident-set`) ask for, filled.

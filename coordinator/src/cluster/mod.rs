@@ -379,23 +379,9 @@ pub fn build(
             None => None,
         };
         let cold = match &residency {
-            Some(r) => budget::build_cold_cache(
-                model,
-                &args.cold_cache,
-                args.cold_io_depth,
-                r.budget().saturating_sub(r.resident_bytes()),
-            )?,
+            Some(r) => budget::build_cold_cache(model, &args.cold_cache, args.cold_io_depth, r)?,
             None => None,
         };
-        if let (Some(r), Some(c)) = (&residency, &cold) {
-            // the budget the resident set leaves (a plan's `--resident-share`) is the cache's
-            r.lend_spare_to(c.clone());
-            tracing::info!(
-                lent_mib = c.lent() >> 20,
-                cold_cache_mib = c.capacity() >> 20,
-                "the staging cache takes the budget the resident set leaves"
-            );
-        }
         let prefetch = match residency.is_some() && !args.no_prefetch {
             true => {
                 let mut p = Prefetcher::new(model.clone()).map_err(budget::BudgetError::Thread)?;

@@ -338,15 +338,16 @@ impl ColdCache {
 
     /// The cache `--cold-cache` and `--cold-io-depth` ask for (on `serve`/`generate` and on
     /// expert nodes), its I/O threads started: `capacity` None (`auto`) is
-    /// [`ColdCache::default_capacity`]; 0 is no cache (cold experts are read through the page
-    /// cache).
+    /// [`ColdCache::default_capacity`] beside `lent` bytes the memory budget will lend it
+    /// ([`ColdCache::lend`]); 0 is no cache (cold experts are read through the page cache).
     pub fn start(
         files: Arc<dyn ExpertFiles>,
         capacity: Option<u64>,
         depth: usize,
+        lent: u64,
     ) -> std::io::Result<Option<ColdCache>> {
         check_io_depth(depth)?;
-        let capacity = capacity.unwrap_or_else(|| ColdCache::default_capacity(&*files));
+        let capacity = capacity.unwrap_or_else(|| ColdCache::default_capacity(&*files, lent));
         if capacity == 0 {
             return Ok(None);
         }
@@ -360,9 +361,11 @@ impl ColdCache {
 
     /// The default capacity for `files` (`--cold-cache auto`): [`ColdCache::auto_capacity`] of
     /// the memory this process can still take ([`crate::weights::mem_available`], cgroup limits
-    /// included).
-    pub fn default_capacity(files: &dyn ExpertFiles) -> u64 {
-        ColdCache::auto_capacity(crate::weights::mem_available().unwrap_or(0), files)
+    /// included) beyond `lent` bytes the memory budget will lend the cache (free now, so not
+    /// counted twice).
+    pub fn default_capacity(files: &dyn ExpertFiles, lent: u64) -> u64 {
+        let free = crate::weights::mem_available().unwrap_or(0);
+        ColdCache::auto_capacity(free.saturating_sub(lent), files)
     }
 
     /// What `--cold-cache auto` takes of `available` bytes: half, and at least

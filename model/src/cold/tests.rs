@@ -326,7 +326,7 @@ fn an_io_depth_outside_its_range_is_refused() {
             .err()
             .expect("refused");
         assert!(err.to_string().contains("I/O depth"), "{err}");
-        assert!(ColdCache::start(g.clone(), Some(1 << 20), depth).is_err());
+        assert!(ColdCache::start(g.clone(), Some(1 << 20), depth, 0).is_err());
     }
     let c = ColdCache::with_io_depth(g, 1 << 20, 1).expect("depth 1");
     assert_eq!(c.io_depth(), 1);
