@@ -352,15 +352,19 @@ fn plan_cmd(
         }
         None => vec![NodeSpec::named("local")],
     };
-    if let Some(b) = &memory_budget {
-        let bytes = parse_size(b, full).context("--memory-budget")?;
-        if bytes == 0 {
-            bail!("--memory-budget: expected at least one byte, found {b:?} (0 means unlimited in a placement)");
+    let budget_bytes = match &memory_budget {
+        Some(b) => {
+            let bytes = parse_size(b, full).context("--memory-budget")?;
+            if bytes == 0 {
+                bail!("--memory-budget: expected at least one byte, found {b:?} (0 means unlimited in a placement)");
+            }
+            for n in &mut node_specs {
+                n.memory_bytes = bytes;
+            }
+            Some(bytes)
         }
-        for n in &mut node_specs {
-            n.memory_bytes = bytes;
-        }
-    }
+        None => None,
+    };
     let prev = previous.as_deref().map(Placement::load).transpose()?;
     let budget = match (replicas, replica_memory) {
         (Some(n), _) => ReplicaBudget::PerLayer(n),
@@ -382,14 +386,13 @@ fn plan_cmd(
         budget,
         previous: prev.as_ref(),
     };
-    if (nodes.is_some() || memory_budget.is_none())
-        && (split.share.trim() != "auto" || split.cold_cache.is_some())
-    {
+    // the in-process engine's budget: one node of its own
+    let in_process = budget_bytes.filter(|_| nodes.is_none());
+    if in_process.is_none() && (split.share.trim() != "auto" || split.cold_cache.is_some()) {
         bail!("--resident-share and --cold-cache plan the in-process engine's budget: they take --memory-budget without --nodes");
     }
     let mut p = plan(&req)?;
-    if let (Some(b), None) = (&memory_budget, &nodes) {
-        let bytes = parse_size(b, full).context("--memory-budget")?;
+    if let Some(bytes) = in_process {
         if let Some(chosen) = split_budget(&a, &req, bytes, &split)? {
             p = chosen;
         }
@@ -489,14 +492,14 @@ fn split_budget(
             r.misses_per_token(tokens)
         );
         rows.push(SplitRow {
-            eighths: i,
+            order: i,
             resident_experts: resident,
             cache_experts: cache,
             replay: r,
         });
         plans.push(p);
     }
-    let chosen = best(&rows).map_or(0, |r| r.eighths);
+    let chosen = best(&rows).map_or(0, |r| r.order);
     let row = &rows[chosen];
     println!(
         "resident share: {} experts resident, the staging cache gets the rest of the budget ({} experts with what it has beyond it)",

@@ -128,8 +128,8 @@ pub fn resident_flags(
 /// One split of the budget, replayed.
 #[derive(Clone, Debug)]
 pub struct SplitRow {
-    /// eighths of the budget kept resident
-    pub eighths: usize,
+    /// its place among the splits tried, by increasing resident share
+    pub order: usize,
     pub resident_experts: usize,
     pub cache_experts: usize,
     pub replay: Replay,
@@ -140,7 +140,7 @@ pub struct SplitRow {
 pub fn best(rows: &[SplitRow]) -> Option<&SplitRow> {
     let score = |r: &SplitRow| r.replay.resident_hits + r.replay.cache_hits;
     rows.iter()
-        .max_by(|a, b| score(a).cmp(&score(b)).then(a.eighths.cmp(&b.eighths)))
+        .max_by(|a, b| score(a).cmp(&score(b)).then(a.order.cmp(&b.order)))
 }
 
 #[cfg(test)]
@@ -190,10 +190,10 @@ mod tests {
 
     #[test]
     fn best_takes_the_most_hits_and_on_a_tie_the_larger_resident_share() {
-        let row = |eighths, hits| SplitRow {
-            eighths,
-            resident_experts: eighths,
-            cache_experts: 8 - eighths,
+        let row = |order, hits| SplitRow {
+            order,
+            resident_experts: order,
+            cache_experts: 8 - order,
             replay: Replay {
                 uses: 100,
                 resident_hits: hits,
@@ -201,9 +201,9 @@ mod tests {
             },
         };
         let rows = [row(0, 90), row(4, 95), row(8, 95), row(2, 93)];
-        assert_eq!(best(&rows).unwrap().eighths, 8);
+        assert_eq!(best(&rows).unwrap().order, 8);
         let rows = [row(0, 97), row(4, 95), row(8, 94)];
-        assert_eq!(best(&rows).unwrap().eighths, 0);
+        assert_eq!(best(&rows).unwrap().order, 0);
         assert!(best(&[]).is_none());
     }
 }
