@@ -306,21 +306,18 @@ impl utoipa::PartialSchema for PromptField {
                 .items(Ref::from_schema_name("TokenId"))
                 .min_items(Some(1))
         };
+        // a list holding exactly one of `item` (one prompt per request)
+        fn just_one(item: impl Into<utoipa::openapi::schema::ArrayItems>) -> ArrayBuilder {
+            ArrayBuilder::new()
+                .items(item)
+                .min_items(Some(1))
+                .max_items(Some(1))
+        }
         OneOfBuilder::new()
             .item(text())
-            .item(
-                ArrayBuilder::new()
-                    .items(text())
-                    .min_items(Some(1))
-                    .max_items(Some(1)),
-            )
+            .item(just_one(text()))
             .item(ids())
-            .item(
-                ArrayBuilder::new()
-                    .items(ids())
-                    .min_items(Some(1))
-                    .max_items(Some(1)),
-            )
+            .item(just_one(ids()))
             .description(Some(
                 "`prompt`: a string, a list with one string, token ids, or a list with one list \
                  of ids; never empty.",
