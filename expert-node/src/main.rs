@@ -60,7 +60,9 @@ struct Args {
     /// (O_DIRECT, least recently used; `auto`: half of the memory the process may still
     /// take, cgroup limits included, at least two MoE layers' experts of a decode step; a size
     /// as for --memory-budget; `0`: fault them in from the mapped file through the page cache).
-    /// Taken on top of the budget. Default: `auto` with --memory-budget, else `0`.
+    /// Taken on top of the budget; the part of the budget (or of the placement's memory_bytes)
+    /// the resident experts leave is lent to it as well, and taken back before a live load
+    /// copies more. Default: `auto` with --memory-budget, else `0`.
     #[arg(long)]
     cold_cache: Option<String>,
     /// Cold experts the staging cache reads at once (its I/O threads, 1 to 64; 1 reads one at
@@ -197,8 +199,10 @@ fn run() -> anyhow::Result<()> {
     }
     store.load(&hot, true, &pool)?;
     store.load(&cold, false, &pool)?;
-    // Sized after the resident copies are made: `auto` is a share of what is left.
-    let cold_cache = ColdCache::start(gguf.clone(), cold_size, args.cold_io_depth, 0)
+    // Sized after the resident copies are made: `auto` is a share of what is left beyond the
+    // capacity the resident set leaves, which the store lends the cache (`with_cold_cache`).
+    let lent = store.spare(store.resident_bytes());
+    let cold_cache = ColdCache::start(gguf.clone(), cold_size, args.cold_io_depth, lent)
         .context("starting the cold cache's I/O threads")?
         .map(Arc::new);
     let store = Arc::new(match &cold_cache {
@@ -299,6 +303,7 @@ fn run() -> anyhow::Result<()> {
         tracing::info!(
             node = %args.node, experts = inv.len(), resident_mib = resident >> 20, mapped_mib = mapped >> 20,
             cold_cache_kib = cold_cache.as_ref().map_or(0, |c| c.capacity() >> 10),
+            cold_cache_lent_kib = cold_cache.as_ref().map_or(0, |c| c.lent() >> 10),
             threads = plan.threads, numa = ?plan.numa_node, tls = args.tls_cert.is_some(), mtls = args.tls_client_ca.is_some(), tier = ?nightshift_kernels::dispatch::active_tier(),
             "expert node ready on {}", args.listen
         );

@@ -149,10 +149,25 @@ impl ExpertStore {
     }
 
     /// Reads held experts that are not resident whole through `cache` (a cache over this
-    /// store's model) in [`ExpertStore::run`], instead of from the map.
+    /// store's model) in [`ExpertStore::run`], instead of from the map. With a capacity, the
+    /// cache is lent what the resident copies leave of it, now and after every load and drop
+    /// ([`ColdCache::lend`], as the in-process engine's `ExpertResidency` lends its budget).
     pub fn with_cold_cache(mut self, cache: Arc<ColdCache>) -> ExpertStore {
         self.cold = Some(cache);
+        self.lend(self.resident_bytes());
         self
+    }
+
+    /// The capacity `resident` bytes of copies leave (0 without a capacity: nothing to lend).
+    pub fn spare(&self, resident: u64) -> u64 {
+        self.capacity.saturating_sub(resident)
+    }
+
+    /// Lends the staging cache (if any) what `resident` bytes of copies leave of the capacity.
+    fn lend(&self, resident: u64) {
+        if let Some(c) = &self.cold {
+            c.lend(self.spare(resident));
+        }
     }
 
     /// The staging cache of cold experts, if any.
@@ -273,6 +288,8 @@ impl ExpertStore {
         pool: &rayon::ThreadPool,
     ) -> Result<usize, StoreError> {
         let _one_load = self.loading.lock().map_err(|_| StoreError::Poisoned)?;
+        // Resident bytes before the load, and (with a capacity) once it is done.
+        let mut after = None;
         if resident && self.capacity > 0 {
             let held = self.held.read().map_err(|_| StoreError::Poisoned)?;
             let mut needed = 0u64;
@@ -295,7 +312,27 @@ impl ExpertStore {
                     capacity: self.capacity,
                 });
             }
+            after = Some((now, now + needed));
         }
+        // The loan is taken back before the copies are made (the cache evicts at once), so
+        // copies and loan never hold more than the capacity together.
+        if let Some((_, then)) = after {
+            self.lend(then);
+        }
+        let loaded = self.load_checked(experts, resident, pool);
+        if let (Err(_), Some((now, _))) = (&loaded, after) {
+            self.lend(now);
+        }
+        loaded
+    }
+
+    /// [`ExpertStore::load`] once the capacity is checked (the loading lock held).
+    fn load_checked(
+        &self,
+        experts: &[(u32, u32)],
+        resident: bool,
+        pool: &rayon::ThreadPool,
+    ) -> Result<usize, StoreError> {
         // Which experts get a copy (once each, not those resident already); every expert is
         // checked to exist before anything is copied.
         let mut to_copy: Vec<(u32, u32)> = Vec::new();
@@ -349,10 +386,16 @@ impl ExpertStore {
         Ok(n)
     }
 
-    /// Drops experts; returns how many were held.
+    /// Drops experts; returns how many were held. Freed resident bytes go to the staging
+    /// cache's loan.
     pub fn drop_experts(&self, experts: &[(u32, u32)]) -> Result<usize, StoreError> {
-        let mut held = self.held.write().map_err(|_| StoreError::Poisoned)?;
-        Ok(experts.iter().filter(|k| held.remove(k).is_some()).count())
+        let _one_load = self.loading.lock().map_err(|_| StoreError::Poisoned)?;
+        let dropped = {
+            let mut held = self.held.write().map_err(|_| StoreError::Poisoned)?;
+            experts.iter().filter(|k| held.remove(k).is_some()).count()
+        };
+        self.lend(self.resident_bytes());
+        Ok(dropped)
     }
 
     /// Whether this node holds the expert.

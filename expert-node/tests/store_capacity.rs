@@ -85,3 +85,62 @@ fn zero_capacity_is_unlimited() {
     let all: Vec<(u32, u32)> = (0..16).map(|e| (0, e)).collect();
     assert_eq!(store.load(&all, true, &pool).expect("unlimited"), 16);
 }
+
+/// With a staging cache, the capacity the resident copies leave is lent to it
+/// (`ColdCache::lend`): a load takes the loan back before copying (the cache evicts at once),
+/// a refused load leaves it, a drop gives the freed bytes back.
+#[test]
+fn the_capacity_resident_copies_leave_is_lent_to_the_staging_cache() {
+    use std::time::{Duration, Instant};
+
+    use nightshift_model::cold::ColdCache;
+
+    let g = model();
+    let one = expert_bytes(&g);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("pool");
+    let cache = Arc::new(ColdCache::new(g.clone(), 1).expect("cache"));
+    let foot = cache.footprint(1, 0).expect("footprint");
+    let store = ExpertStore::new(g, false).with_capacity(6 * one);
+    store.load(&[(0, 0)], true, &pool).expect("one resident");
+    let cold: Vec<(u32, u32)> = (0..8).map(|e| (1, e)).collect();
+    store.load(&cold, false, &pool).expect("cold");
+    let store = store.with_cold_cache(cache.clone());
+    assert_eq!(cache.lent(), 5 * one);
+    assert_eq!(store.spare(store.resident_bytes()), 5 * one);
+
+    // fill the cache with cold experts of layer 1, as the coordinator's hints do
+    let fits = (cache.capacity() / foot) as usize;
+    assert!(fits >= 2, "the loan holds {fits} experts");
+    let hinted: Vec<u32> = (0..fits as u32).collect();
+    store.hint(1, &hinted);
+    let t = Instant::now();
+    while !hinted.iter().all(|&e| cache.is_ready(1, e)) {
+        assert!(t.elapsed() < Duration::from_secs(10), "hinted experts never read");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(cache.held_bytes() > foot);
+
+    // three more resident: the loan shrinks to 2 experts' bytes and the cache evicts at once
+    store
+        .load(&[(0, 1), (0, 2), (0, 3)], true, &pool)
+        .expect("fits");
+    assert_eq!(cache.lent(), 2 * one);
+    assert!(
+        cache.held_bytes() <= cache.capacity(),
+        "{} held, capacity {}",
+        cache.held_bytes(),
+        cache.capacity()
+    );
+    assert!(store.resident_bytes() + cache.lent() <= 6 * one);
+
+    // refused: nothing moves
+    assert!(store.load(&[(0, 4), (0, 5), (0, 6)], true, &pool).is_err());
+    assert_eq!(cache.lent(), 2 * one);
+
+    // a drop gives the freed bytes back
+    assert_eq!(store.drop_experts(&[(0, 1), (0, 2)]).expect("drop"), 2);
+    assert_eq!(cache.lent(), 4 * one);
+}
