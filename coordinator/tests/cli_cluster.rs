@@ -1,6 +1,7 @@
 //! `nightshift logits` and `nightshift generate` take the cluster flags: with `--nodes 2` the
 //! logits file is byte-identical to the in-process one, and generate's greedy text is the same.
 //! A command that ends leaves none of its shared-memory files (regions, claim board) behind.
+//! `serve`'s `/metrics` shows a stopped node suspect until it answers again.
 
 mod support;
 
@@ -177,4 +178,123 @@ fn a_refused_token_fails_the_command_at_once() {
         err.contains("refused this coordinator") && err.contains("auth token"),
         "{err}"
     );
+}
+
+/// The pids of `parent`'s children whose command line has `--node NAME`, with NAME.
+fn node_children(parent: u32) -> Vec<(u32, String)> {
+    let mut kids = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{parent}/task"))
+        .expect("tasks")
+        .flatten()
+    {
+        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        kids.extend(
+            list.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    kids.into_iter()
+        .filter_map(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<String> = cmd
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let i = args.iter().position(|a| a == "--node")?;
+            Some((pid, args.get(i + 1)?.clone()))
+        })
+        .collect()
+}
+
+use support::metric_sample as sample;
+
+/// `/metrics` follows each node's health (`nightshift_expert_node_up`, `_suspect`): unpinned
+/// local nodes each hold every expert, so a node stopped with SIGSTOP while requests run has its
+/// calls hedged on the other one and is shown suspect, the requests all complete, and once it
+/// runs again its late answer clears the mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_a_stopped_node_suspect_until_it_answers() {
+    build_node_binary();
+    let server = support::serve(env!("CARGO_BIN_EXE_nightshift"), |c| {
+        c.args(["--threads", "1", "--nodes", "2", "--node-threads", "1"])
+            .arg("--model")
+            .arg(data("tiny-qwen3moe-Q2_K.gguf"))
+    });
+    let url = server.url.clone();
+    let http = reqwest::Client::new();
+    let page = || async {
+        http.get(format!("{url}/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics body")
+    };
+    let complete = |n: usize| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let body = serde_json::json!({"model": "tiny-qwen3moe-Q2_K", "prompt": format!("request {n}: the"),
+                "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+            let r = http
+                .post(format!("{url}/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .expect("completion");
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap_or_default())
+        }
+    };
+    let nodes = node_children(server.child.id());
+    assert_eq!(nodes.len(), 2, "two node processes: {nodes:?}");
+    let (pid, name) = nodes[0].clone();
+    let up = format!("nightshift_expert_node_up{{node=\"{name}\"}}");
+    let suspect = format!("nightshift_expert_node_suspect{{node=\"{name}\"}}");
+    // warm up: the nodes' latency windows need calls before a call can be hedged
+    for n in 0..4 {
+        let (status, text) = complete(n).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let wait_for = |want_suspect: f64| {
+        let page = &page;
+        let (up, suspect) = (&up, &suspect);
+        async move {
+            let t = std::time::Instant::now();
+            loop {
+                let p = page().await;
+                if sample(&p, suspect) == Some(want_suspect) && sample(&p, up) == Some(1.0) {
+                    return p;
+                }
+                assert!(
+                    t.elapsed() < std::time::Duration::from_secs(30),
+                    "{suspect} never {want_suspect}:\n{}",
+                    p.lines()
+                        .filter(|l| l.starts_with("nightshift_expert_node"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+        }
+    };
+    wait_for(0.0).await;
+
+    // SAFETY: kill(2) on a node process this test's server spawned; no memory is touched.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+    for n in 4..6 {
+        let (status, text) = complete(n).await;
+        assert_eq!(status, 200, "with {name} stopped: {text}");
+    }
+    let p = wait_for(1.0).await;
+    let hedges = format!("nightshift_node_hedges_total{{node=\"{name}\"}}");
+    assert!(
+        sample(&p, &hedges).unwrap_or(0.0) >= 1.0,
+        "{hedges} counted"
+    );
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    wait_for(0.0).await;
+    let (status, text) = complete(9).await;
+    assert_eq!(status, 200, "after SIGCONT: {text}");
 }

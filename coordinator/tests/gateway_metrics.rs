@@ -10,11 +10,7 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nightshift");
 
-/// The value of the sample `series` (full name with labels) in a Prometheus text page.
-fn sample(page: &str, series: &str) -> Option<f64> {
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-}
+use support::metric_sample as sample;
 
 #[tokio::test]
 async fn gauges_and_cancellations_follow_disconnects() {

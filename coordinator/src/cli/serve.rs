@@ -562,14 +562,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             });
         }
         if let Some(remote) = remote {
-            // Expert-node health as a gauge, refreshed every 5 s.
+            // Expert-node health as gauges, refreshed every 2 s: up (connected) and suspect
+            // (much slower than its recent p99, its calls hedged on replicas).
             tokio::spawn(async move {
+                let flag = |b: bool| if b { 1.0 } else { 0.0 };
                 loop {
                     for n in remote.status() {
                         metrics::gauge!("nightshift_expert_node_up", "node" => n.name.clone())
-                            .set(if n.up { 1.0 } else { 0.0 });
+                            .set(flag(n.up));
+                        metrics::gauge!("nightshift_expert_node_suspect", "node" => n.name.clone())
+                            .set(flag(n.suspect));
                     }
-                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
                 }
             });
         }

@@ -248,3 +248,9 @@ pub fn plain(text: &str) -> String {
     }
     out
 }
+
+/// The value of the sample `series` (full name with labels) in a Prometheus text page.
+pub fn metric_sample(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
