@@ -21,14 +21,20 @@ fn expert_bytes(g: &Gguf) -> u64 {
     w.bytes() as u64
 }
 
-#[test]
-fn resident_loads_respect_capacity() {
+/// The model, one expert's bytes and a one-thread pool to load on.
+fn setup() -> (Arc<Gguf>, u64, rayon::ThreadPool) {
     let g = model();
     let one = expert_bytes(&g);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
         .expect("pool");
+    (g, one, pool)
+}
+
+#[test]
+fn resident_loads_respect_capacity() {
+    let (g, one, pool) = setup();
     let store = ExpertStore::new(g, false).with_capacity(2 * one);
 
     assert_eq!(
@@ -76,11 +82,7 @@ fn resident_loads_respect_capacity() {
 
 #[test]
 fn zero_capacity_is_unlimited() {
-    let g = model();
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .expect("pool");
+    let (g, _, pool) = setup();
     let store = ExpertStore::new(g, false).with_capacity(0);
     let all: Vec<(u32, u32)> = (0..16).map(|e| (0, e)).collect();
     assert_eq!(store.load(&all, true, &pool).expect("unlimited"), 16);
@@ -95,12 +97,7 @@ fn the_capacity_resident_copies_leave_is_lent_to_the_staging_cache() {
 
     use nightshift_model::cold::ColdCache;
 
-    let g = model();
-    let one = expert_bytes(&g);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .expect("pool");
+    let (g, one, pool) = setup();
     let cache = Arc::new(ColdCache::new(g.clone(), 1).expect("cache"));
     let foot = cache.footprint(1, 0).expect("footprint");
     let store = ExpertStore::new(g, false).with_capacity(6 * one);
@@ -118,7 +115,10 @@ fn the_capacity_resident_copies_leave_is_lent_to_the_staging_cache() {
     store.hint(1, &hinted);
     let t = Instant::now();
     while !hinted.iter().all(|&e| cache.is_ready(1, e)) {
-        assert!(t.elapsed() < Duration::from_secs(10), "hinted experts never read");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "hinted experts never read"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(cache.held_bytes() > foot);
