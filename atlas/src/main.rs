@@ -118,16 +118,16 @@ enum Cmd {
         /// Use the rolling-window counts instead of all-time.
         #[arg(long)]
         window: bool,
-        /// With --memory-budget and no --nodes (the in-process engine): the share of the budget
-        /// kept as a fixed resident set, the rest left to the staging cache of cold experts,
-        /// which keeps the most recently used (N%, or `auto`: replay the atlas's recorded
-        /// decode routing against every eighth and keep the split that finds the most experts
-        /// in memory; without a recorded trace, 100%).
+        /// With --memory-budget (the in-process engine's, or each node's with --nodes): the
+        /// share of the budget kept as a fixed resident set, the rest left to the staging cache
+        /// of cold experts, which keeps the most recently used (N%, or `auto`: replay the
+        /// atlas's recorded decode routing against every eighth and keep the split that finds
+        /// the most experts in memory; without a recorded trace, or with extra copies, 100%).
         #[arg(long, default_value = "auto")]
         resident_share: String,
-        /// What the engine's staging cache holds beyond the budget (`--cold-cache auto` takes
-        /// half of the memory the process may still take beyond it), for the replay: a size,
-        /// or the default, what two MoE layers of a decode step use.
+        /// What the staging cache (the engine's, or each node's) holds beyond the budget
+        /// (`--cold-cache auto` takes half of the memory the process may still take beyond it),
+        /// for the replay: a size, or the default, what two MoE layers of a decode step use.
         #[arg(long)]
         cold_cache: Option<String>,
         #[arg(short = 'o', long = "out")]
@@ -366,6 +366,7 @@ fn plan_cmd(
         None => None,
     };
     let prev = previous.as_deref().map(Placement::load).transpose()?;
+    let copies_asked = replicas.is_some_and(|n| n > 0) || replica_memory.is_some();
     let budget = match (replicas, replica_memory) {
         (Some(n), _) => ReplicaBudget::PerLayer(n),
         (None, Some(m)) => ReplicaBudget::Bytes(parse_size(&m, full).context("--replica-memory")?),
@@ -386,14 +387,18 @@ fn plan_cmd(
         budget,
         previous: prev.as_ref(),
     };
-    // the in-process engine's budget: one node of its own
-    let in_process = budget_bytes.filter(|_| nodes.is_none());
-    if in_process.is_none() && (split.share.trim() != "auto" || split.cold_cache.is_some()) {
-        bail!("--resident-share and --cold-cache plan the in-process engine's budget: they take --memory-budget without --nodes");
+    let fixed_share = split.share.trim() != "auto";
+    if budget_bytes.is_none() && (fixed_share || split.cold_cache.is_some()) {
+        bail!("--resident-share and --cold-cache split a memory budget: they take --memory-budget");
+    }
+    if copies_asked && fixed_share {
+        bail!("--resident-share splits one copy of each expert's budget: drop --replicas / --replica-memory");
     }
     let mut p = plan(&req)?;
-    if let Some(bytes) = in_process {
-        if let Some(chosen) = split_budget(&a, &req, bytes, &split)? {
+    if let Some(bytes) = budget_bytes {
+        if copies_asked {
+            println!("resident share: extra copies asked for (--replicas, --replica-memory): the whole budget stays resident");
+        } else if let Some(chosen) = split_budget(&a, &req, bytes, &split)? {
             p = chosen;
         }
     }
@@ -409,16 +414,17 @@ struct Split {
     cold_cache: Option<String>,
 }
 
-/// The in-process plan with `split.share` of `budget` resident (`auto`: the share whose replay
-/// of the atlas's decode trace finds the most experts in memory), its node's `memory_bytes` the
-/// whole budget; None keeps `req`'s plan (the whole budget resident).
+/// The plan with `split.share` of each node's `budget` resident (`auto`: the share whose replay
+/// of the atlas's decode trace finds the most experts in memory), every node's `memory_bytes`
+/// the whole budget (the engine and the nodes lend their staging cache what the resident set
+/// leaves); None keeps `req`'s plan (the whole budget resident).
 fn split_budget(
     a: &Atlas,
     req: &PlanRequest<'_>,
     budget: u64,
     split: &Split,
 ) -> Result<Option<Plan>> {
-    use nightshift_atlas::split::{best, replay, resident_flags, SplitRow, SHARES};
+    use nightshift_atlas::split::{best, holders, replay_nodes, resident_flags, SplitRow, SHARES};
     let share = split.share.trim();
     let fixed = if share == "auto" {
         None
@@ -440,8 +446,10 @@ fn split_budget(
     };
     let plan_with = |resident: u64| -> Result<Plan> {
         let mut nodes = req.nodes.clone();
-        // memory_bytes 0 is "unlimited": a share below one expert keeps none resident
-        nodes[0].memory_bytes = resident.max(1);
+        for n in &mut nodes {
+            // memory_bytes 0 is "unlimited": a share below one expert keeps none resident
+            n.memory_bytes = resident.max(1);
+        }
         let mut p = plan(&PlanRequest {
             shape: req.shape,
             counts: req.counts,
@@ -449,7 +457,9 @@ fn split_budget(
             budget: ReplicaBudget::PerLayer(0),
             previous: req.previous,
         })?;
-        p.placement.nodes[0].memory_bytes = budget;
+        for n in &mut p.placement.nodes {
+            n.memory_bytes = budget;
+        }
         Ok(p)
     };
     let Some((trace, tokens)) = trace.filter(|t| t.1 > 0) else {
@@ -479,10 +489,24 @@ fn split_budget(
     for (i, &bytes) in shares.iter().enumerate() {
         let p = plan_with(bytes)?;
         let flags = resident_flags(&p.placement, &a.shape.moe_layers, a.shape.n_experts);
-        let resident = flags.iter().flatten().filter(|&&r| r).count();
-        let cache =
-            (budget.saturating_sub(resident as u64 * a.shape.expert_bytes) / eb + extra) as usize;
-        let r = replay(trace, a.top_k, &flags, cache);
+        let holder = holders(&p.placement, &a.shape.moe_layers, a.shape.n_experts);
+        // each node's cache: what its resident experts leave of its budget, plus what it has
+        // beyond the budget
+        let mut on_node = vec![0u64; p.placement.nodes.len()];
+        for (f, h) in flags.iter().flatten().zip(holder.iter().flatten()) {
+            if *f {
+                if let Some(n) = on_node.get_mut(*h) {
+                    *n += 1;
+                }
+            }
+        }
+        let caches: Vec<usize> = on_node
+            .iter()
+            .map(|&r| (budget.saturating_sub(r * a.shape.expert_bytes) / eb + extra) as usize)
+            .collect();
+        let resident = on_node.iter().sum::<u64>() as usize;
+        let cache = caches.iter().sum::<usize>();
+        let r = replay_nodes(trace, a.top_k, &flags, Some(&holder), &caches);
         println!(
             "  {:>8.1}% {:>9} {:>12} {:>11.2}% {:>14.2}",
             100.0 * bytes as f64 / budget.max(1) as f64,
@@ -502,7 +526,7 @@ fn split_budget(
     let chosen = best(&rows).map_or(0, |r| r.order);
     let row = &rows[chosen];
     println!(
-        "resident share: {} experts resident, the staging cache gets the rest of the budget ({} experts with what it has beyond it)",
+        "resident share: {} experts resident, the staging cache gets the rest of the budget ({} experts with what it has beyond it, over all nodes)",
         row.resident_experts, row.cache_experts
     );
     Ok(Some(plans.swap_remove(chosen)))

@@ -1,6 +1,6 @@
-//! How much of an in-process memory budget is a fixed resident set and how much is left to the
-//! cold-expert staging cache, which keeps what was used last (`plan --memory-budget` on an atlas
-//! with a routing trace, `Temporal::trace`).
+//! How much of a memory budget (the in-process engine's, or each expert node's) is a fixed
+//! resident set and how much is left to the cold-expert staging cache, which keeps what was
+//! used last (`plan --memory-budget` on an atlas with a routing trace, `Temporal::trace`).
 //!
 //! A resident set chosen by counts holds the experts that are hot over the whole recording; a
 //! least-recently-used cache holds the ones hot *now*. Where routing follows a topic for a while
@@ -11,9 +11,9 @@
 //! the model and the traffic, so the planner replays the recorded decode tokens against each
 //! split of the budget — the hottest experts by count resident up to a share, an LRU of whole
 //! experts over the rest — and keeps the split that would have found the most experts in
-//! memory. The engine gives the staging cache whatever the budget leaves the resident set
-//! (`--memory-budget` minus the resident bytes), so the plan's resident set is the whole
-//! decision.
+//! memory. The engine and each expert node give their staging cache whatever the budget leaves
+//! the resident set (the budget minus the resident bytes), so the plan's resident set is the
+//! whole decision. Over several nodes each node's cache keeps only its own experts.
 
 use std::collections::BTreeMap;
 
@@ -59,6 +59,19 @@ pub fn replay(
     resident: &[Vec<bool>],
     cache_experts: usize,
 ) -> Replay {
+    replay_nodes(trace, top_k, resident, None, &[cache_experts])
+}
+
+/// [`replay`] over several nodes: expert `e` of slot `s` is held by node `holder[s][e]` (one
+/// holder each; `None`: every expert on node 0), and each node's cache of `caches[node]` whole
+/// experts keeps only its own experts' uses.
+pub fn replay_nodes(
+    trace: &[Vec<u16>],
+    top_k: usize,
+    resident: &[Vec<bool>],
+    holder: Option<&[Vec<usize>]>,
+    caches: &[usize],
+) -> Replay {
     let mut out = Replay {
         uses: 0,
         resident_hits: 0,
@@ -68,9 +81,9 @@ pub fn replay(
         Some(t) if top_k > 0 => t.len() / top_k,
         _ => return out,
     };
-    // last use (tick) of each cached (slot, expert); ticks in use order for the eviction
-    let mut last: BTreeMap<(usize, u16), u64> = BTreeMap::new();
-    let mut by_tick: BTreeMap<u64, (usize, u16)> = BTreeMap::new();
+    // per node: last use (tick) of each cached (slot, expert); ticks in use order for eviction
+    let mut last: Vec<BTreeMap<(usize, u16), u64>> = vec![BTreeMap::new(); caches.len()];
+    let mut by_tick: Vec<BTreeMap<u64, (usize, u16)>> = vec![BTreeMap::new(); caches.len()];
     let mut tick = 0u64;
     for t in 0..tokens {
         for (slot, ids) in trace.iter().enumerate() {
@@ -86,13 +99,21 @@ pub fn replay(
                     out.resident_hits += 1;
                     continue;
                 }
+                let node = holder
+                    .and_then(|h| h.get(slot)?.get(e as usize).copied())
+                    .unwrap_or(0);
+                let (Some(last), Some(by_tick), Some(&cap)) =
+                    (last.get_mut(node), by_tick.get_mut(node), caches.get(node))
+                else {
+                    continue;
+                };
                 let key = (slot, e);
                 if let Some(old) = last.insert(key, tick) {
                     by_tick.remove(&old);
                     out.cache_hits += 1;
                 }
                 by_tick.insert(tick, key);
-                while last.len() > cache_experts {
+                while last.len() > cap {
                     let Some((_, k)) = by_tick.pop_first() else {
                         break;
                     };
@@ -119,6 +140,23 @@ pub fn resident_flags(
                 .map(|x| {
                     l.and_then(|l| l.resident.get(x))
                         .is_some_and(|r| !r.is_empty())
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The node holding each expert, as `[slot][expert]` (its first replica; 0 where the placement
+/// lists none).
+pub fn holders(placement: &Placement, moe_layers: &[usize], n_experts: usize) -> Vec<Vec<usize>> {
+    moe_layers
+        .iter()
+        .map(|&layer| {
+            let l = placement.layer(layer);
+            (0..n_experts)
+                .map(|x| {
+                    l.and_then(|l| l.replicas.get(x)?.first().copied())
+                        .unwrap_or(0)
                 })
                 .collect()
         })
@@ -186,6 +224,20 @@ mod tests {
         // the same experts ids in different slots are different experts
         let r = replay(&trace, 2, &flags(2, 2, &[(0, 0), (0, 1)]), 2);
         assert_eq!((r.resident_hits, r.cache_hits), (4, 2));
+    }
+
+    #[test]
+    fn replay_nodes_keeps_each_nodes_experts_in_its_own_cache() {
+        // one slot, top-1: 0 1 0 1, expert 0 on node 0 and 1 on node 1, a cache of 1 each:
+        // both come back; one node's cache of 1 loses each to the other
+        let trace = vec![vec![0u16, 1, 0, 1]];
+        let holder = vec![vec![0usize, 1]];
+        let r = replay_nodes(&trace, 1, &flags(1, 2, &[]), Some(&holder), &[1, 1]);
+        assert_eq!((r.uses, r.cache_hits), (4, 2));
+        assert_eq!(replay(&trace, 1, &flags(1, 2, &[]), 1).cache_hits, 0);
+        // a node without a cache finds nothing; resident experts hit wherever they are
+        let r = replay_nodes(&trace, 1, &flags(1, 2, &[(0, 1)]), Some(&holder), &[0, 1]);
+        assert_eq!((r.resident_hits, r.cache_hits), (2, 0));
     }
 
     #[test]

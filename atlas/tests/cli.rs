@@ -430,9 +430,60 @@ fn plan_splits_the_budget_by_replaying_the_trace() {
     );
     let (_, err) = text(&o);
     assert!(
-        !o.status.success() && err.contains("without --nodes"),
+        !o.status.success() && err.contains("take --memory-budget"),
         "{err}"
     );
+    // each node's budget splits the same way (nodes lend their staging cache what their
+    // resident experts leave): 12.5% each, 25% over both, and per node the topics' experts fit
+    // its LRU
+    let nodes_plan = |extra: &[&str], out: &str| {
+        let mut args = vec![
+            "plan",
+            "--atlas",
+            "topical.atlas",
+            "--nodes",
+            "nodes.toml",
+            "--memory-budget",
+            "12.5%",
+            "-o",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        run(&args, d)
+    };
+    let o = nodes_plan(&[], "n.toml");
+    let (stdout, err) = text(&o);
+    assert!(o.status.success(), "{stdout}\n{err}");
+    assert!(stdout.contains("over all nodes"), "{stdout}");
+    let p = Placement::load(&d.join("n.toml")).unwrap();
+    let eb = Atlas::load(&d.join("topical.atlas"))
+        .unwrap()
+        .shape
+        .expert_bytes;
+    let mut resident = 0;
+    for n in &p.nodes {
+        assert_eq!(
+            n.memory_bytes,
+            16 * eb,
+            "every node's memory is its whole budget"
+        );
+        let slots = p.experts_on(&n.name).unwrap();
+        assert!(slots.len() >= 32, "{}: holds {}", n.name, slots.len());
+        resident += slots.iter().filter(|s| s.resident).count();
+    }
+    // (the whole budget resident would be 32)
+    assert!(
+        resident <= 16,
+        "topics over 2 nodes: {resident} resident\n{stdout}"
+    );
+    // extra copies keep the whole budget resident; a fixed share with them is refused
+    let o = nodes_plan(&["--replicas", "1"], "r.toml");
+    let (stdout, err) = text(&o);
+    assert!(o.status.success(), "{stdout}\n{err}");
+    assert!(stdout.contains("extra copies asked for"), "{stdout}");
+    let o = nodes_plan(&["--replicas", "1", "--resident-share", "50%"], "bad.toml");
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("--replicas"), "{err}");
     let o = share("150%", "bad.toml");
     let (_, err) = text(&o);
     assert!(

@@ -62,7 +62,7 @@ struct Args {
     /// as for --memory-budget; `0`: fault them in from the mapped file through the page cache).
     /// Taken on top of the budget; the part of the budget (or of the placement's memory_bytes)
     /// the resident experts leave is lent to it as well, and taken back before a live load
-    /// copies more. Default: `auto` with --memory-budget, else `0`.
+    /// copies more. Default: `auto` with --memory-budget or a placement memory_bytes, else `0`.
     #[arg(long)]
     cold_cache: Option<String>,
     /// Cold experts the staging cache reads at once (its I/O threads, 1 to 64; 1 reads one at
@@ -165,13 +165,12 @@ fn run() -> anyhow::Result<()> {
             .map_or(0, |n| n.memory_bytes),
     };
     // `--cold-cache` as N% is of the experts the placement gives this node, as --memory-budget.
+    // `auto` by default when resident experts are bounded (a budget, or the placement's
+    // memory_bytes): the budget they leave is lent to the cache.
     let cold_arg = args
         .cold_cache
         .as_deref()
-        .unwrap_or(match args.memory_budget {
-            Some(_) => "auto",
-            None => "0",
-        });
+        .unwrap_or(if capacity > 0 { "auto" } else { "0" });
     let cold_size = parse_size_or_auto(cold_arg, slots_bytes).context("--cold-cache")?;
     nightshift_model::cold::check_io_depth(args.cold_io_depth).context("--cold-io-depth")?;
     let store = ExpertStore::new(gguf.clone(), args.mlock).with_capacity(capacity);
