@@ -9,6 +9,7 @@ mod convert;
 mod error;
 mod extract;
 mod handlers;
+mod int;
 mod middleware;
 pub mod openapi;
 mod output;

@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicUsize;
 
 mod anthropic;
 mod bad_input;
+mod compat;
 mod kv;
 mod openapi_bounds;
 mod responses;

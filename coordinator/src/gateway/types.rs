@@ -150,6 +150,7 @@ macro_rules! request_struct {
             /// The prompt's tokens plus `max_tokens` must fit the context (`maximum` is the
             /// context less one prompt token; a longer prompt leaves less room: a 400).
             #[schema(minimum = 1)]
+            #[serde(default, deserialize_with = "crate::gateway::int::opt")]
             pub max_tokens: Option<u32>,
             #[schema(minimum = 0.0, maximum = 2.0)]
             pub temperature: Option<f32>,
@@ -157,6 +158,7 @@ macro_rules! request_struct {
             /// accepted.
             #[schema(minimum = 1.1754944e-38, maximum = 1.0)]
             pub top_p: Option<f32>,
+            #[serde(default, deserialize_with = "crate::gateway::int::opt")]
             pub seed: Option<i64>,
             pub stop: Option<StopField>,
             pub stream: Option<bool>,
@@ -168,8 +170,10 @@ macro_rules! request_struct {
             pub frequency_penalty: Option<f32>,
             /// Only 1 is supported.
             #[schema(minimum = 1, maximum = 1)]
+            #[serde(default, deserialize_with = "crate::gateway::int::opt")]
             pub n: Option<u32>,
             pub user: Option<String>,
+            #[serde(default, deserialize_with = "crate::gateway::int::opt")]
             pub top_k: Option<u32>,
             #[schema(minimum = 0.0, maximum = 1.0)]
             pub min_p: Option<f32>,
@@ -218,10 +222,12 @@ request_struct!(
         messages: Vec<ChatMessageIn>,
         /// As `max_tokens` (which it replaces when both are given).
         #[schema(minimum = 1)]
+        #[serde(default, deserialize_with = "crate::gateway::int::opt")]
         max_completion_tokens: Option<u32>,
         logprobs: Option<bool>,
         /// Only with `logprobs` true (otherwise a 400).
         #[schema(minimum = 0, maximum = 20)]
+        #[serde(default, deserialize_with = "crate::gateway::int::opt")]
         top_logprobs: Option<u32>,
         /// Tool definitions, kept as sent (key order included) for the chat template;
         /// checked in `tools.rs`.
@@ -288,7 +294,9 @@ pub struct Prediction {
 pub enum PromptField {
     Text(String),
     Texts(Vec<String>),
+    #[serde(deserialize_with = "crate::gateway::int::list")]
     Tokens(Vec<u32>),
+    #[serde(deserialize_with = "crate::gateway::int::lists")]
     TokenLists(Vec<Vec<u32>>),
 }
 
@@ -351,12 +359,14 @@ request_struct!(
     CompletionRequest {
         prompt: PromptField,
         #[schema(minimum = 0, maximum = 5)]
+        #[serde(default, deserialize_with = "crate::gateway::int::opt")]
         logprobs: Option<u32>,
         /// Not supported: only false.
         #[schema(schema_with = only_false)]
         echo: Option<bool>,
         /// Only 1 is supported.
         #[schema(minimum = 1, maximum = 1)]
+        #[serde(default, deserialize_with = "crate::gateway::int::opt")]
         best_of: Option<u32>,
         /// Not supported: only empty.
         #[schema(max_length = 0)]

@@ -190,6 +190,7 @@ pub struct MessagesRequest {
     pub model: Option<String>,
     /// An upper bound: generation stops where the context ends.
     #[schema(required = true, value_type = u32, minimum = 1)]
+    #[serde(default, deserialize_with = "crate::gateway::int::opt")]
     pub max_tokens: Option<u32>,
     #[schema(min_items = 1, value_type = Vec<AnthropicMessage>)]
     pub messages: Vec<MessageIn>,
@@ -207,6 +208,7 @@ pub struct MessagesRequest {
     /// Above 0: the least positive normal f32 (`f32::MIN_POSITIVE`) is the smallest accepted.
     #[schema(minimum = 1.1754944e-38, maximum = 1.0)]
     pub top_p: Option<f32>,
+    #[serde(default, deserialize_with = "crate::gateway::int::opt")]
     pub top_k: Option<u32>,
     /// At most 16 (chat's `stop`).
     #[schema(max_items = 16)]
@@ -216,6 +218,7 @@ pub struct MessagesRequest {
     #[schema(value_type = Option<AnthropicThinking>)]
     pub thinking: Option<Value>,
     /// Extension: the sampling seed.
+    #[serde(default, deserialize_with = "crate::gateway::int::opt")]
     pub seed: Option<i64>,
 }
 

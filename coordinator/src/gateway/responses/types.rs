@@ -172,6 +172,7 @@ pub struct ResponsesRequest {
     pub parallel_tool_calls: Option<bool>,
     /// An upper bound: generation stops where the context ends.
     #[schema(minimum = 1)]
+    #[serde(default, deserialize_with = "crate::gateway::int::opt")]
     pub max_output_tokens: Option<u32>,
     #[schema(minimum = 0.0, maximum = 2.0)]
     pub temperature: Option<f32>,
@@ -197,12 +198,14 @@ pub struct ResponsesRequest {
     pub include: Option<Vec<String>>,
     /// Only with `include: ["message.output_text.logprobs"]` when above 0 (otherwise a 400).
     #[schema(minimum = 0, maximum = 20)]
+    #[serde(default, deserialize_with = "crate::gateway::int::opt")]
     pub top_logprobs: Option<u32>,
     /// `disabled` (default: too long an input is a 400) or `auto` (the oldest turns are dropped
     /// until the input fits).
     #[schema(pattern = "^(auto|disabled)$")]
     pub truncation: Option<String>,
     /// Extension: the sampling seed.
+    #[serde(default, deserialize_with = "crate::gateway::int::opt")]
     pub seed: Option<i64>,
     /// Extension: a Lark grammar (llguidance's dialect) the content must follow, at most
     /// 64 KiB of UTF-8; one that does not compile is a 400. Not with a JSON `text.format`.
