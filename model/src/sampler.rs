@@ -24,7 +24,8 @@ pub struct SamplerParams {
     pub temperature: f32,
     /// 0 = off.
     pub top_k: usize,
-    /// Nucleus mass in (0, 1]; 1 = off.
+    /// Nucleus mass in [0, 1]; 1 = off. At least one token is kept (llama.cpp's `min_keep`
+    /// 1), so 0 keeps only the most probable one: greedy.
     pub top_p: f32,
     /// 0 = off.
     pub min_p: f32,

@@ -62,7 +62,8 @@ pub fn check_common(
         }
     }
     let temperature = range("temperature", c.temperature, 0.0, 2.0, 1.0)?;
-    let top_p = range("top_p", c.top_p, f32::MIN_POSITIVE, 1.0, 1.0)?;
+    // 0 is allowed: the sampler's top-p keeps at least one token, so 0 keeps the most probable
+    let top_p = range("top_p", c.top_p, 0.0, 1.0, 1.0)?;
     let presence_penalty = range("presence_penalty", c.presence_penalty, -2.0, 2.0, 0.0)?;
     let frequency_penalty = range("frequency_penalty", c.frequency_penalty, -2.0, 2.0, 0.0)?;
     let min_p = range("min_p", c.min_p, 0.0, 1.0, 0.0)?;

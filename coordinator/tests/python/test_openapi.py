@@ -81,8 +81,9 @@ def test_document_states_the_server_limits():
     doc = document()
     schemas = doc["components"]["schemas"]
     completion = schemas["CompletionRequest"]["properties"]
-    # top_p above 0 as an f32: 5e-324 is a positive double but reads as 0
-    assert completion["top_p"]["minimum"] > 0, completion["top_p"]
+    # top_p from 0 (greedy: top-p keeps at least one token); repeat_penalty above 0 as an f32
+    assert completion["top_p"]["minimum"] == 0, completion["top_p"]
+    assert completion["repeat_penalty"]["minimum"] > 0, completion["repeat_penalty"]
     assert completion["logprobs"]["maximum"] == 5, completion["logprobs"]
     assert completion["best_of"]["maximum"] == 1 and completion["best_of"]["minimum"] == 1
     assert completion["echo"]["enum"] == [False, None], completion["echo"]

@@ -66,6 +66,36 @@ fn top_k_one_is_greedy() {
     }
 }
 
+/// llama.cpp's top-p keeps at least one token (`min_keep` 1), so `top_p` 0 keeps only the
+/// first candidate: exactly greedy's token (ties to the lowest id), whatever the temperature,
+/// seed or vocabulary size (the large one takes the radix sort).
+#[test]
+fn top_p_zero_is_greedy() {
+    let mut rng = SplitMix64::new(7);
+    for (row, vocab) in [8usize, 50, 3000, 5000].into_iter().enumerate() {
+        let mut logits: Vec<f32> = (0..vocab)
+            .map(|_| (rng.next_f64() * 4.0 - 2.0) as f32)
+            .collect();
+        if row % 2 == 1 {
+            // a tie for the top: the lowest id wins, as argmax's
+            let top = logits.iter().cloned().fold(f32::MIN, f32::max);
+            logits[vocab / 2] = top;
+            logits[vocab - 1] = top;
+        }
+        let want = Sampler::new(greedy(), &[]).sample(&logits);
+        for seed in 0..20 {
+            let params = SamplerParams {
+                temperature: 2.0,
+                top_p: 0.0,
+                seed,
+                ..openai()
+            };
+            let mut s = Sampler::new(params, &[]);
+            assert_eq!(s.sample(&logits), want, "vocab {vocab} seed {seed}");
+        }
+    }
+}
+
 #[test]
 fn repetition_penalty_moves_choice() {
     let params = SamplerParams {

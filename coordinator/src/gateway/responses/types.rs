@@ -176,8 +176,9 @@ pub struct ResponsesRequest {
     pub max_output_tokens: Option<u32>,
     #[schema(minimum = 0.0, maximum = 2.0)]
     pub temperature: Option<f32>,
-    /// Above 0: the least positive normal f32 (`f32::MIN_POSITIVE`) is the smallest accepted.
-    #[schema(minimum = 1.1754944e-38, maximum = 1.0)]
+    /// Nucleus sampling: the most probable tokens whose probabilities sum to `top_p`, never
+    /// fewer than one (llama.cpp's top-p), so 0 keeps only the most probable token (greedy).
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f32>,
     pub stream: Option<bool>,
     pub text: Option<TextConfig>,

@@ -1,5 +1,6 @@
 //! Requests OpenAI's API and llama.cpp's server take, which clients (the `openai` package,
-//! agents, bots) send: integer fields written as integral floats (`"max_tokens": 16.0`).
+//! agents, bots) send: `top_p: 0` (greedy: top-p keeps at least one token) on every API that
+//! takes `top_p`, and integer fields written as integral floats (`"max_tokens": 16.0`).
 
 use super::*;
 
@@ -7,6 +8,66 @@ const CHAT: &str = "/v1/chat/completions";
 const COMP: &str = "/v1/completions";
 const RESP: &str = "/v1/responses";
 const MSGS: &str = "/v1/messages";
+
+/// Where an answer's text is.
+type TextOf = fn(&Value) -> String;
+
+/// A request of each API taking `top_p`, and where its answer's text is.
+fn per_api() -> Vec<(&'static str, Value, TextOf)> {
+    fn chat(v: &Value) -> String {
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+    fn comp(v: &Value) -> String {
+        v["choices"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+    fn resp(v: &Value) -> String {
+        v["output"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["type"] == "message")
+            .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
+            .filter_map(|c| c["text"].as_str().map(String::from))
+            .collect()
+    }
+    fn msgs(v: &Value) -> String {
+        v["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b["text"].as_str().map(String::from))
+            .collect()
+    }
+    let user = json!([{"role": "user", "content": "tell me"}]);
+    vec![
+        (
+            CHAT,
+            json!({"model": "mock", "messages": user, "max_tokens": 12}),
+            chat as TextOf,
+        ),
+        (
+            COMP,
+            json!({"model": "mock", "prompt": "once upon", "max_tokens": 12}),
+            comp as TextOf,
+        ),
+        (
+            RESP,
+            json!({"model": "mock", "input": "tell me", "max_output_tokens": 12}),
+            resp as TextOf,
+        ),
+        (
+            MSGS,
+            json!({"model": "mock", "messages": user, "max_tokens": 12}),
+            msgs as TextOf,
+        ),
+    ]
+}
 
 fn with(body: &Value, extra: Value) -> Value {
     let mut b = body.clone();
@@ -23,6 +84,38 @@ fn param_of(v: &Value) -> String {
         .or_else(|| v["error"]["message"].as_str())
         .unwrap_or_default()
         .to_string()
+}
+
+#[tokio::test]
+async fn top_p_zero_is_greedy_on_every_api() {
+    let s = start(Opts {
+        no_eos: true,
+        ..Default::default()
+    })
+    .await;
+    for (path, body, text) in per_api() {
+        let (st, g) = post(&s, path, with(&body, json!({"temperature": 0}))).await;
+        assert_eq!(st, 200, "{path}: {g}");
+        let greedy = text(&g);
+        assert!(!greedy.is_empty(), "{path}: {g}");
+        let mut sampled_differs = false;
+        for seed in 1..=6 {
+            let b = with(&body, json!({"temperature": 1.0, "top_p": 0, "seed": seed}));
+            let (st, v) = post(&s, path, b).await;
+            assert_eq!(st, 200, "{path} top_p 0: {v}");
+            assert_eq!(text(&v), greedy, "{path} top_p 0 seed {seed}");
+            // the same draw without the cut: the mock's winner has about a quarter of the mass
+            let b = with(&body, json!({"temperature": 1.0, "top_p": 1, "seed": seed}));
+            let (st, v) = post(&s, path, b).await;
+            assert_eq!(st, 200, "{path} top_p 1: {v}");
+            sampled_differs |= text(&v) != greedy;
+        }
+        assert!(sampled_differs, "{path}: sampling never left greedy");
+        // below 0 is still out of range, naming the field
+        let (st, v) = post(&s, path, with(&body, json!({"top_p": -0.01}))).await;
+        assert_eq!(st, 400, "{path}: {v}");
+        assert!(param_of(&v).contains("top_p"), "{path}: {v}");
+    }
 }
 
 #[tokio::test]

@@ -82,21 +82,24 @@ async fn edge(
 async fn the_documented_bounds_are_the_checked_ones() {
     let s = start(Opts::default()).await;
     let d = doc(&s).await;
-    // top_p and repeat_penalty: above 0 as an f32 (a smaller positive double reads as 0)
-    for (name, p) in [
-        ("ChatRequest", "top_p"),
-        ("CompletionRequest", "top_p"),
-        ("CompletionRequest", "repeat_penalty"),
-        ("ResponsesRequest", "top_p"),
-        ("MessagesRequest", "top_p"),
+    // repeat_penalty: above 0 as an f32 (a smaller positive double reads as 0)
+    let v = prop(&d, "CompletionRequest", "repeat_penalty");
+    assert_eq!(num(v, "minimum") as f32, f32::MIN_POSITIVE, "{v}");
+    assert!(v.get("exclusiveMinimum").is_none(), "{v}");
+    // top_p: 0 to 1 on every API (0 keeps the most probable token)
+    for name in [
+        "ChatRequest",
+        "CompletionRequest",
+        "ResponsesRequest",
+        "MessagesRequest",
     ] {
-        let v = prop(&d, name, p);
+        let v = prop(&d, name, "top_p");
         assert_eq!(
-            num(v, "minimum") as f32,
-            f32::MIN_POSITIVE,
-            "{name}.{p}: {v}"
+            (num(v, "minimum"), num(v, "maximum")),
+            (0.0, 1.0),
+            "{name}: {v}"
         );
-        assert!(v.get("exclusiveMinimum").is_none(), "{name}.{p}: {v}");
+        assert!(v.get("exclusiveMinimum").is_none(), "{name}: {v}");
     }
     let c = "CompletionRequest";
     assert_eq!(
@@ -181,7 +184,8 @@ async fn a_request_at_a_documented_bound_is_served_and_one_beyond_is_refused() {
     let s = start(Opts::default()).await;
     let min_pos = f32::MIN_POSITIVE as f64;
     let cases: Vec<(&str, Value, Value, &str)> = vec![
-        ("top_p", json!(min_pos), json!(5e-324), "top_p"),
+        ("top_p", json!(0), json!(-0.01), "top_p"),
+        ("top_p", json!(1), json!(1.01), "top_p"),
         (
             "repeat_penalty",
             json!(min_pos),
@@ -238,8 +242,8 @@ async fn a_request_at_a_documented_bound_is_served_and_one_beyond_is_refused() {
         "/v1/messages",
         &m,
         "top_p",
-        json!(min_pos),
-        json!(5e-324),
+        json!(0),
+        json!(-0.01),
         "top_p",
     )
     .await;
