@@ -340,6 +340,8 @@ pub enum Prompt {
     Tokens(Vec<u32>),
 }
 
+/// The single prompt of a completion request. `[]` (no text, no ids) reads as an empty list
+/// of token ids, as `[[]]` does: both have no tokens ([`empty_prompt`]).
 pub fn single_prompt(p: &PromptField) -> Result<Prompt, ApiError> {
     let many = |n: usize| {
         ApiError::invalid(
@@ -350,11 +352,31 @@ pub fn single_prompt(p: &PromptField) -> Result<Prompt, ApiError> {
     match p {
         PromptField::Text(s) => Ok(Prompt::Text(s.clone())),
         PromptField::Tokens(t) => Ok(Prompt::Tokens(t.clone())),
+        PromptField::Texts(v) if v.is_empty() => Ok(Prompt::Tokens(Vec::new())),
         PromptField::Texts(v) if v.len() == 1 => Ok(Prompt::Text(v[0].clone())),
         PromptField::Texts(v) => Err(many(v.len())),
         PromptField::TokenLists(v) if v.len() == 1 => Ok(Prompt::Tokens(v[0].clone())),
         PromptField::TokenLists(v) => Err(many(v.len())),
     }
+}
+
+/// The 400 for a completion prompt that tokenized to nothing (`text_len`: the text's length in
+/// bytes, None for token ids). A text prompt is tokenized as the model does (an empty one is
+/// the model's BOS token alone, when it adds one); token ids are taken as given, never with a
+/// BOS added. Either way a prompt needs a token to start from.
+pub fn empty_prompt(text_len: Option<usize>) -> ApiError {
+    let why = match text_len {
+        Some(0) => {
+            "the prompt is empty and this model adds no BOS token, so it has no tokens; \
+             send at least one character or token id"
+        }
+        Some(_) => "the prompt is empty after tokenization",
+        None => {
+            "the prompt has no token ids (ids are used as given, without a BOS token); \
+             send at least one"
+        }
+    };
+    ApiError::invalid("prompt", why)
 }
 
 /// Token budget: `asked` or what is left of the context; errors name both numbers.

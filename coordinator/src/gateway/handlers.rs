@@ -280,7 +280,8 @@ pub async fn completions(
             ));
         }
     }
-    let prompt = match convert::single_prompt(&req.prompt)? {
+    // the prompt's tokens, and the text's length in bytes (None: token ids)
+    let (prompt, text_len) = match convert::single_prompt(&req.prompt)? {
         Prompt::Text(t) => {
             convert::cheap_bound(
                 "prompt",
@@ -288,8 +289,11 @@ pub async fn completions(
                 st.text.max_token_bytes(),
                 st.scheduler.options().n_ctx,
             )?;
-            let text = st.text.clone();
-            off_runtime(&rid, move || text.encode(&t, false)).await?
+            let (text, len) = (st.text.clone(), t.len());
+            (
+                off_runtime(&rid, move || text.encode(&t, false)).await?,
+                Some(len),
+            )
         }
         Prompt::Tokens(ids) => {
             let vocab = st.text.vocab_size() as u32;
@@ -299,9 +303,12 @@ pub async fn completions(
                     format!("token id {bad} is out of range: the vocabulary has {vocab} tokens"),
                 ));
             }
-            ids
+            (ids, None)
         }
     };
+    if prompt.is_empty() {
+        return Err(convert::empty_prompt(text_len));
+    }
     let job = Job {
         kind: Kind::Completion,
         prompt,

@@ -119,11 +119,14 @@ pub struct Served<'a> {
     pub n_ctx: usize,
     /// The vocabulary's size: token ids are below it.
     pub vocab: usize,
+    /// An empty text prompt has tokens: the model adds a BOS token to a text prompt.
+    pub empty_text_has_tokens: bool,
 }
 
 /// The document of a server: `model` takes exactly the served model's id or an alias, a token
-/// id is below the vocabulary's size, and chat's and completions' token budgets leave at least
-/// one prompt token in the context.
+/// id is below the vocabulary's size, chat's and completions' token budgets leave at least
+/// one prompt token in the context, and a completion prompt's text may be empty when the
+/// model adds a BOS token (it is then that token alone).
 pub fn served_document(s: &Served) -> serde_json::Value {
     let mut doc = document().clone();
     let names: Vec<&str> = std::iter::once(s.model_id)
@@ -161,6 +164,15 @@ pub fn served_document(s: &Served) -> serde_json::Value {
             s.n_ctx.saturating_sub(1).max(1),
         );
     }
+    if s.empty_text_has_tokens {
+        // `PromptField`'s text and list of one text
+        for at in ["oneOf/0", "oneOf/1/items"] {
+            let at = format!("/components/schemas/PromptField/{at}");
+            if let Some(serde_json::Value::Object(m)) = doc.pointer_mut(&at) {
+                m.remove("minLength");
+            }
+        }
+    }
     doc
 }
 
@@ -171,5 +183,6 @@ pub async fn openapi_json(State(st): State<Arc<AppState>>) -> Json<serde_json::V
         aliases: &st.model_aliases,
         n_ctx: st.scheduler.options().n_ctx,
         vocab: st.text.vocab_size(),
+        empty_text_has_tokens: !st.text.encode("", false).is_empty(),
     }))
 }

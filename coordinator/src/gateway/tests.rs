@@ -6,7 +6,7 @@ use super::*;
 
 mod slow_body;
 mod tool_api;
-use crate::scheduler::mock::{MockEngine, MockText};
+use crate::scheduler::mock::{MockBosText, MockEngine, MockText};
 use crate::scheduler::SchedulerOptions;
 use serde_json::{json, Value};
 use std::sync::atomic::AtomicUsize;
@@ -54,6 +54,8 @@ struct Opts {
     /// `--model-alias` names.
     aliases: &'static [&'static str],
     stall_ms: u64,
+    /// The toy model with a BOS token (`MockBosText`).
+    bos: bool,
 }
 
 impl Default for Opts {
@@ -75,6 +77,7 @@ impl Default for Opts {
             spec: false,
             aliases: &[],
             stall_ms: 120_000,
+            bos: false,
         }
     }
 }
@@ -88,7 +91,11 @@ async fn start(o: Opts) -> Server {
     let live = engine.live.clone();
     let peak_live = engine.peak_live.clone();
     let max_batch = engine.max_batch.clone();
-    let text: Arc<dyn TextModel> = Arc::new(MockText);
+    let text: Arc<dyn TextModel> = if o.bos {
+        Arc::new(MockBosText)
+    } else {
+        Arc::new(MockText)
+    };
     let opts = SchedulerOptions {
         queue_capacity: o.queue,
         max_seqs: o.max_seqs,

@@ -290,7 +290,7 @@ pub struct Prediction {
 }
 
 /// `prompt`: a string, a list with one string, token ids, or a list with one list of ids
-/// (its schema below: one prompt per request, never empty).
+/// (its schema below: one prompt per request, with at least one token).
 #[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
 pub enum PromptField {
@@ -304,8 +304,9 @@ pub enum PromptField {
 
 impl utoipa::PartialSchema for PromptField {
     fn schema() -> RefOr<Schema> {
-        // an empty prompt is a 400 ("empty after tokenization"); a non-empty text is at least
-        // one token
+        // a prompt needs a token: a non-empty text is at least one, an empty one only on a
+        // model that adds a BOS token (`served_document` drops `minLength` there); ids are
+        // used as given
         let text = || {
             ObjectBuilder::new()
                 .schema_type(Type::String)
@@ -330,7 +331,10 @@ impl utoipa::PartialSchema for PromptField {
             .item(just_one(ids()))
             .description(Some(
                 "`prompt`: a string, a list with one string, token ids, or a list with one list \
-                 of ids; never empty.",
+                 of ids. It needs at least one token: text is tokenized as the model does, so \
+                 an empty string is the BOS token alone on a model that adds one (a 400 on \
+                 others: this server's document says which by the strings' `minLength`); token \
+                 ids are used as given, without a BOS token, so `[]` and `[[]]` are a 400.",
             ))
             .into()
     }

@@ -100,6 +100,42 @@ impl TextModel for MockText {
     }
 }
 
+/// The toy model with a BOS token, which it puts before every prompt it tokenizes: the EOS
+/// token, as GPT-2's `<|endoftext|>` is both. Otherwise `MockText`.
+pub struct MockBosText;
+
+impl TextModel for MockBosText {
+    fn render_chat(&self, prompt: &ChatPrompt) -> Result<String, String> {
+        MockText.render_chat(prompt)
+    }
+    fn tool_format(&self) -> Option<ToolFormat> {
+        MockText.tool_format()
+    }
+    fn splits_reasoning(&self, asked: Option<bool>) -> bool {
+        MockText.splits_reasoning(asked)
+    }
+    fn constraint_vocab(&self) -> Option<Arc<ConstraintVocab>> {
+        MockText.constraint_vocab()
+    }
+    fn encode(&self, text: &str, chat: bool) -> Vec<u32> {
+        let mut ids = vec![EOS];
+        ids.extend(MockText.encode(text, chat));
+        ids
+    }
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        MockText.token_bytes(id)
+    }
+    fn max_token_bytes(&self) -> usize {
+        MockText.max_token_bytes()
+    }
+    fn is_eog(&self, id: u32) -> bool {
+        MockText.is_eog(id)
+    }
+    fn vocab_size(&self) -> usize {
+        MockText.vocab_size()
+    }
+}
+
 /// Positions per cached prefix block.
 pub const BLOCK: usize = 16;
 

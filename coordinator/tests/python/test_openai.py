@@ -5,7 +5,9 @@ NIGHTSHIFT_MODEL and NIGHTSHIFT_API_KEY. Plain asserts, no pytest needed: every 
 function runs, and the last line says `N passed, N failed`.
 """
 
+import json
 import os
+import urllib.request
 
 import openai
 from openai import OpenAI
@@ -155,6 +157,31 @@ def test_errors():
     if KEY != "none":
         bad = OpenAI(base_url=URL + "/v1", api_key="wrong-" + KEY, max_retries=0)
         expect(openai.AuthenticationError, lambda: bad.models.list(), 401)
+
+
+def test_what_openai_and_llama_cpp_accept():
+    """top_p 0 (greedy: top-p keeps at least one token), integers written as floats, and an
+    empty completions prompt (the BOS token alone, on a model that adds one)."""
+    want = greedy_chat(max_tokens=8)
+    r = greedy_chat(max_tokens=8.0, n=1.0, seed=7.0, temperature=1.0, top_p=0)
+    assert r.choices[0].message.content == want.choices[0].message.content
+    assert r.usage.completion_tokens == want.usage.completion_tokens
+    prompt = "Once upon a time"
+    want = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)
+    c = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6.0, logprobs=1.0,
+                                  temperature=1.0, top_p=0)
+    assert c.choices[0].text == want.choices[0].text
+    assert len(c.logprobs.tokens) == c.usage.completion_tokens
+    expect(openai.BadRequestError, lambda: greedy_chat(max_tokens=8.5), 400, "max_tokens")
+    # the served document says whether this model takes an empty prompt text
+    with urllib.request.urlopen(URL + "/openapi.json", timeout=10) as d:
+        text = json.load(d)["components"]["schemas"]["PromptField"]["oneOf"][0]
+    if "minLength" in text:
+        expect(openai.BadRequestError,
+               lambda: client.completions.create(model=MODEL, prompt="", max_tokens=2), 400, "prompt")
+    else:
+        e = client.completions.create(model=MODEL, prompt="", max_tokens=2, temperature=0)
+        assert e.usage.prompt_tokens == 1, e.usage
 
 
 def test_extensions_accepted():

@@ -1,6 +1,8 @@
 //! Requests OpenAI's API and llama.cpp's server take, which clients (the `openai` package,
 //! agents, bots) send: `top_p: 0` (greedy: top-p keeps at least one token) on every API that
-//! takes `top_p`, and integer fields written as integral floats (`"max_tokens": 16.0`).
+//! takes `top_p`, integer fields written as integral floats (`"max_tokens": 16.0`), and an
+//! empty completions prompt (the BOS token alone on a model that adds one; a 400 saying why on
+//! one that does not).
 
 use super::*;
 
@@ -229,4 +231,83 @@ async fn integral_floats_are_integers_everywhere() {
     )
     .await;
     assert_eq!(st, 200);
+}
+
+/// The served document's `minLength` of a prompt text (the string, the list of one string).
+async fn prompt_text_min_length(s: &Server) -> [Option<u64>; 2] {
+    let d: Value = reqwest::get(format!("{}/openapi.json", s.url))
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    let p = &d["components"]["schemas"]["PromptField"]["oneOf"];
+    assert_eq!(p[0]["type"], "string", "{p}");
+    assert_eq!(p[1]["items"]["type"], "string", "{p}");
+    [
+        p[0].get("minLength").and_then(Value::as_u64),
+        p[1]["items"].get("minLength").and_then(Value::as_u64),
+    ]
+}
+
+#[tokio::test]
+async fn an_empty_text_prompt_is_the_bos_token_alone() {
+    let s = start(Opts {
+        bos: true,
+        ..Default::default()
+    })
+    .await;
+    let base = json!({"model": "mock", "max_tokens": 6, "temperature": 0});
+    let (st, want) = post(&s, COMP, with(&base, json!({"prompt": [256]}))).await;
+    assert_eq!(st, 200, "{want}");
+    for prompt in [json!(""), json!([""])] {
+        let (st, v) = post(&s, COMP, with(&base, json!({ "prompt": prompt }))).await;
+        assert_eq!(st, 200, "{prompt}: {v}");
+        assert_eq!(v["usage"]["prompt_tokens"], 1, "{prompt}: {v}");
+        assert_eq!(
+            v["choices"], want["choices"],
+            "{prompt}: the prompt is [BOS]"
+        );
+    }
+    let chunks = sse(&s, COMP, with(&base, json!({"prompt": "", "stream": true}))).await;
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(
+        text,
+        want["choices"][0]["text"].as_str().unwrap_or_default()
+    );
+    // token ids are used as given: no BOS is added, so no ids is no prompt
+    for prompt in [json!([]), json!([[]])] {
+        let (st, v) = post(&s, COMP, with(&base, json!({ "prompt": prompt }))).await;
+        assert_eq!(st, 400, "{prompt}: {v}");
+        assert_eq!(v["error"]["param"], "prompt", "{v}");
+        let m = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(m.contains("no token ids"), "{prompt}: {m}");
+    }
+    // the document allows the empty text here
+    assert_eq!(prompt_text_min_length(&s).await, [None, None]);
+}
+
+#[tokio::test]
+async fn an_empty_prompt_without_a_bos_token_is_a_400_saying_so() {
+    let s = start(Opts::default()).await;
+    let base = json!({"model": "mock", "max_tokens": 6});
+    for (prompt, says) in [
+        (json!(""), "no BOS token"),
+        (json!([""]), "no BOS token"),
+        (json!([]), "no token ids"),
+        (json!([[]]), "no token ids"),
+    ] {
+        let (st, v) = post(&s, COMP, with(&base, json!({ "prompt": prompt }))).await;
+        assert_eq!(st, 400, "{prompt}: {v}");
+        assert_eq!(v["error"]["param"], "prompt", "{v}");
+        let m = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(m.contains(says), "{prompt}: {m}");
+    }
+    // the document says a prompt text has a character here
+    assert_eq!(prompt_text_min_length(&s).await, [Some(1), Some(1)]);
+    let (st, v) = post(&s, COMP, with(&base, json!({"prompt": "a"}))).await;
+    assert_eq!(st, 200, "{v}");
 }
