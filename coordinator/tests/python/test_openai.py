@@ -171,7 +171,7 @@ def test_what_openai_and_llama_cpp_accept():
     c = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6.0, logprobs=1.0,
                                   temperature=1.0, top_p=0)
     assert c.choices[0].text == want.choices[0].text
-    assert len(c.logprobs.tokens) == c.usage.completion_tokens
+    assert len(c.choices[0].logprobs.tokens) == c.usage.completion_tokens
     expect(openai.BadRequestError, lambda: greedy_chat(max_tokens=8.5), 400, "max_tokens")
     # the served document says whether this model takes an empty prompt text
     with urllib.request.urlopen(URL + "/openapi.json", timeout=10) as d:
