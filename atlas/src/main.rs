@@ -170,6 +170,7 @@ enum Cmd {
 }
 
 fn main() -> std::process::ExitCode {
+    nightshift_model::error::quiet_on_closed_pipe();
     nightshift_model::error::cli_exit("nightshift-atlas", run())
 }
 

@@ -492,3 +492,26 @@ fn plan_splits_the_budget_by_replaying_the_trace() {
     );
     assert!(!d.join("bad.toml").exists());
 }
+
+/// A report piped into a reader that is gone (`| head`) ends quietly on SIGPIPE, as other tools
+/// do, instead of panicking on the failed write.
+#[test]
+fn a_closed_stdout_ends_the_report_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    synth(d, 2, 8, 2, "a.atlas");
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let o = Command::new(env!("CARGO_BIN_EXE_nightshift-atlas"))
+        .args(["report", "a.atlas"])
+        .current_dir(d)
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("the binary runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    // ended by SIGPIPE (13 on Linux), not a panic's exit status
+    assert_eq!(o.status.signal(), Some(13), "{:?}: {err}", o.status);
+}

@@ -35,7 +35,12 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    // a report piped into `head` ends quietly; a server keeps running when its log pipe closes
+    if !matches!(cli.command, Command::Serve(_)) {
+        nightshift_model::error::quiet_on_closed_pipe();
+    }
+    match cli.command {
         Command::Generate(a) => cli::generate::run(a),
         Command::Tokenize(a) => cli::tokenize::run(a),
         Command::Logits(a) => cli::logits::run(a),

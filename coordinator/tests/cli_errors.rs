@@ -50,3 +50,23 @@ fn errors_are_one_line_with_each_cause_once() {
         assert_eq!(line.matches(said).count(), 1, "{args:?}: {err}");
     }
 }
+
+/// A report piped into a reader that is gone (`| head`) ends quietly on SIGPIPE instead of
+/// panicking on the failed write.
+#[test]
+fn a_closed_stdout_ends_a_report_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let o = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .args(["plan-cluster", "--preset", "qwen3-30b-a3b"])
+        .env("RUST_LOG", "error")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("nightshift runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    // ended by SIGPIPE (13 on Linux), not a panic's exit status
+    assert_eq!(o.status.signal(), Some(13), "{:?}: {err}", o.status);
+}

@@ -84,6 +84,17 @@ pub fn causes_once(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
+/// Restores the default action of SIGPIPE (Rust ignores it, so a write to a closed pipe is an
+/// error and `println!` panics): a report piped into `head` ends quietly, as other tools do.
+/// Only for tools whose sockets are TCP (the standard library sends with `MSG_NOSIGNAL`).
+pub fn quiet_on_closed_pipe() {
+    // SAFETY: setting a signal's disposition to its default installs no handler and touches no
+    // memory; called at the start of main, before any thread runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// The exit of a command-line tool: on error, one line `PROG: error: CAUSES` on stderr (causes
 /// once each, never a backtrace, whatever `RUST_BACKTRACE` says) and a failure status.
 pub fn cli_exit<E>(prog: &str, result: Result<(), E>) -> std::process::ExitCode
