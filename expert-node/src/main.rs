@@ -199,8 +199,24 @@ fn run() -> anyhow::Result<()> {
     store.load(&hot, true, &pool)?;
     store.load(&cold, false, &pool)?;
     // Sized after the resident copies are made: `auto` is a share of what is left beyond the
-    // capacity the resident set leaves, which the store lends the cache (`with_cold_cache`).
-    let lent = store.spare(store.resident_bytes());
+    // capacity the resident set leaves, which the store lends the cache (`with_cold_cache`),
+    // never more than the memory the process may still take.
+    let resident_now = store.resident_bytes();
+    let store = match nightshift_model::weights::mem_available() {
+        Some(free) => {
+            if capacity > resident_now.saturating_add(free) {
+                tracing::warn!(
+                    capacity_mib = capacity >> 20,
+                    resident_mib = resident_now >> 20,
+                    available_mib = free >> 20,
+                    "the node's memory for experts is more than it has: the staging cache is lent only the memory available"
+                );
+            }
+            store.with_loan_bound(resident_now.saturating_add(free))
+        }
+        None => store,
+    };
+    let lent = store.spare(resident_now);
     let cold_cache = ColdCache::start(gguf.clone(), cold_size, args.cold_io_depth, lent)
         .context("starting the cold cache's I/O threads")?
         .map(Arc::new);

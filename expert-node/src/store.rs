@@ -119,6 +119,9 @@ pub struct ExpertStore {
     mlock: bool,
     /// Most bytes of resident copies (0: unlimited), the node's `memory_bytes`.
     capacity: u64,
+    /// Most bytes resident copies and the staging cache's loan hold together (`u64::MAX`: the
+    /// capacity alone), [`ExpertStore::with_loan_bound`].
+    loan_bound: u64,
     /// Serialises loads, so the capacity check and the insert see the same store.
     loading: std::sync::Mutex<()>,
     /// The staging cache non-resident experts are read through (`--cold-cache`).
@@ -133,6 +136,7 @@ impl ExpertStore {
             held: RwLock::new(HashMap::new()),
             mlock,
             capacity: 0,
+            loan_bound: u64::MAX,
             loading: std::sync::Mutex::new(()),
             cold: None,
             hints: Hints {
@@ -158,9 +162,18 @@ impl ExpertStore {
         self
     }
 
-    /// The capacity `resident` bytes of copies leave (0 without a capacity: nothing to lend).
+    /// The capacity `resident` bytes of copies leave (0 without a capacity: nothing to lend),
+    /// within the loan bound.
     pub fn spare(&self, resident: u64) -> u64 {
-        self.capacity.saturating_sub(resident)
+        self.capacity.min(self.loan_bound).saturating_sub(resident)
+    }
+
+    /// Bounds what resident copies and the staging cache's loan hold together by `bytes`: a
+    /// capacity (a placement's `memory_bytes`) larger than the memory the node has left beside
+    /// its resident copies is not lent beyond that memory.
+    pub fn with_loan_bound(mut self, bytes: u64) -> ExpertStore {
+        self.loan_bound = bytes;
+        self
     }
 
     /// Lends the staging cache (if any) what `resident` bytes of copies leave of the capacity.

@@ -143,4 +143,16 @@ fn the_capacity_resident_copies_leave_is_lent_to_the_staging_cache() {
     // a drop gives the freed bytes back
     assert_eq!(store.drop_experts(&[(0, 1), (0, 2)]).expect("drop"), 2);
     assert_eq!(cache.lent(), 4 * one);
+
+    // a capacity beyond the memory left is lent only up to the bound
+    let (g, _, _) = setup();
+    let cache = Arc::new(ColdCache::new(g.clone(), 1).expect("cache"));
+    let store = ExpertStore::new(g, false).with_capacity(6 * one);
+    store.load(&[(0, 0)], true, &pool).expect("one resident");
+    let store = store
+        .with_loan_bound(3 * one)
+        .with_cold_cache(cache.clone());
+    assert_eq!(cache.lent(), 2 * one);
+    assert_eq!(store.drop_experts(&[(0, 0)]).expect("drop"), 1);
+    assert_eq!(cache.lent(), 3 * one);
 }
