@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::placement::Placement;
+use crate::placement::{LayerPlacement, Placement};
 
 /// Shares of the budget tried for the fixed resident set: 0, 1/8, ..., 8/8.
 pub const SHARES: usize = 8;
@@ -125,42 +125,42 @@ pub fn replay_nodes(
     out
 }
 
-/// `placement`'s resident experts as `[slot][expert]` flags, slot `s` being MoE layer
-/// `moe_layers[s]` (the planner's one node; a layer the placement does not list has none).
+/// `f(layer's placement, expert)` for every expert of every MoE layer, as `[slot][expert]`, slot
+/// `s` being MoE layer `moe_layers[s]` (None where the placement does not list the layer).
+fn per_expert<T>(
+    placement: &Placement,
+    moe_layers: &[usize],
+    n_experts: usize,
+    f: impl Fn(Option<&LayerPlacement>, usize) -> T,
+) -> Vec<Vec<T>> {
+    moe_layers
+        .iter()
+        .map(|&layer| {
+            let l = placement.layer(layer);
+            (0..n_experts).map(|x| f(l, x)).collect()
+        })
+        .collect()
+}
+
+/// Whether each expert is resident (on any node), as `[slot][expert]`.
 pub fn resident_flags(
     placement: &Placement,
     moe_layers: &[usize],
     n_experts: usize,
 ) -> Vec<Vec<bool>> {
-    moe_layers
-        .iter()
-        .map(|&layer| {
-            let l = placement.layer(layer);
-            (0..n_experts)
-                .map(|x| {
-                    l.and_then(|l| l.resident.get(x))
-                        .is_some_and(|r| !r.is_empty())
-                })
-                .collect()
-        })
-        .collect()
+    per_expert(placement, moe_layers, n_experts, |l, x| {
+        l.and_then(|l| l.resident.get(x))
+            .is_some_and(|r| !r.is_empty())
+    })
 }
 
 /// The node holding each expert, as `[slot][expert]` (its first replica; 0 where the placement
 /// lists none).
 pub fn holders(placement: &Placement, moe_layers: &[usize], n_experts: usize) -> Vec<Vec<usize>> {
-    moe_layers
-        .iter()
-        .map(|&layer| {
-            let l = placement.layer(layer);
-            (0..n_experts)
-                .map(|x| {
-                    l.and_then(|l| l.replicas.get(x)?.first().copied())
-                        .unwrap_or(0)
-                })
-                .collect()
-        })
-        .collect()
+    per_expert(placement, moe_layers, n_experts, |l, x| {
+        l.and_then(|l| l.replicas.get(x)?.first().copied())
+            .unwrap_or(0)
+    })
 }
 
 /// One split of the budget, replayed.

@@ -226,6 +226,18 @@ fn chat_body(content: &str, max: u32) -> Value {
     json!({"model": "mock", "messages": [{"role": "user", "content": content}], "max_tokens": max, "temperature": 0})
 }
 
+/// The text of a Responses API response's message items.
+fn output_text(v: &Value) -> String {
+    v["output"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["type"] == "message")
+        .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["text"].as_str().map(String::from))
+        .collect()
+}
+
 fn stream_text(chunks: &[Value]) -> String {
     chunks
         .iter()

@@ -29,14 +29,7 @@ fn per_api() -> Vec<(&'static str, Value, TextOf)> {
             .to_string()
     }
     fn resp(v: &Value) -> String {
-        v["output"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|i| i["type"] == "message")
-            .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
-            .filter_map(|c| c["text"].as_str().map(String::from))
-            .collect()
+        output_text(v)
     }
     fn msgs(v: &Value) -> String {
         v["content"]

@@ -26,17 +26,6 @@ async fn events(s: &Server, body: Value) -> Vec<(String, Value)> {
     named_events(s, "/v1/responses", body).await
 }
 
-fn output_text(v: &Value) -> String {
-    v["output"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|i| i["type"] == "message")
-        .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
-        .filter_map(|c| c["text"].as_str().map(String::from))
-        .collect()
-}
-
 #[tokio::test]
 async fn a_response_is_the_chat_answer_in_items() {
     let s = start(Opts::default()).await;
