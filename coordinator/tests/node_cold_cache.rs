@@ -403,3 +403,43 @@ fn prefetch_hints_read_the_next_layers_cold_experts_ahead_on_small_cache_nodes()
     }
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// Local nodes bounded by their placement's `memory_bytes` default to a staging cache (the
+/// budget their resident experts leave is lent to it); on one machine each is started with its
+/// share of half the free memory, not half each. An unbounded node gets none.
+#[test]
+fn local_nodes_with_a_memory_bound_share_the_default_staging_cache() {
+    let path = support::fixture("tiny-qwen3moe-Q2_K.gguf");
+    let model = Model::load(&path).expect("model");
+    let shape = model_shape(&model).expect("shape");
+    let mut p = explicit(&shape, 2, |e| vec![e % 2]);
+    p.nodes[1].memory_bytes = 1 << 30;
+    let cluster = support::cluster::launch(&path, p);
+    let args = |node: &str| -> Vec<String> {
+        let pid = cluster.pid(node).expect("pid");
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .expect("cmdline")
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect()
+    };
+    let cold = |node: &str| {
+        let a = args(node);
+        a.iter()
+            .position(|x| x == "--cold-cache")
+            .map(|i| a[i + 1].parse::<u64>().expect("a byte count"))
+    };
+    assert_eq!(
+        cold("node0"),
+        None,
+        "an unbounded node: {:?}",
+        args("node0")
+    );
+    let share = cold("node1").expect("a bounded node is given its share");
+    let free = nightshift_model::weights::mem_available().expect("meminfo");
+    // a quarter of what is free now, within what the nodes themselves took meanwhile
+    assert!(
+        share > free / 8 && share <= free / 2,
+        "share {share} of {free} free"
+    );
+}

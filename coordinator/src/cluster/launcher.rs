@@ -302,6 +302,14 @@ impl LocalCluster {
                 (token, path.clone(), Some(path))
             }
         };
+        // Nodes with a bound on their resident experts default to `--cold-cache auto`, half of
+        // the memory each may still take: on one machine they would each count the same free
+        // memory, so each is given its share of that half instead.
+        let shared = placement.nodes.len() as u64;
+        let cold_share = (shared > 1)
+            .then(nightshift_model::weights::mem_available)
+            .flatten()
+            .map(|free| (free / (2 * shared)).max(1));
         let mut slots = Vec::new();
         for (n, &(_, link_addr)) in placement.nodes.iter().zip(&ports) {
             let addr: SocketAddr =
@@ -330,6 +338,9 @@ impl LocalCluster {
             }
             if let Some(t) = opts.threads_per_node {
                 args.extend(["--threads".into(), t.to_string()]);
+            }
+            if let (Some(bytes), true) = (cold_share, n.memory_bytes > 0) {
+                args.extend(["--cold-cache".into(), bytes.to_string()]);
             }
             args.extend(["--auth-token-file".into(), token_path.display().to_string()]);
             if let Some(t) = &opts.tls {
