@@ -360,6 +360,9 @@ pub fn single_prompt(p: &PromptField) -> Result<Prompt, ApiError> {
     }
 }
 
+/// Why a prompt whose text gave no tokens is refused.
+const EMPTY_AFTER_TOKENIZATION: &str = "the prompt is empty after tokenization";
+
 /// The 400 for a completion prompt that tokenized to nothing (`text_len`: the text's length in
 /// bytes, None for token ids). A text prompt is tokenized as the model does (an empty one is
 /// the model's BOS token alone, when it adds one); token ids are taken as given, never with a
@@ -370,7 +373,7 @@ pub fn empty_prompt(text_len: Option<usize>) -> ApiError {
             "the prompt is empty and this model adds no BOS token, so it has no tokens; \
              send at least one character or token id"
         }
-        Some(_) => "the prompt is empty after tokenization",
+        Some(_) => EMPTY_AFTER_TOKENIZATION,
         None => {
             "the prompt has no token ids (ids are used as given, without a BOS token); \
              send at least one"
@@ -394,10 +397,7 @@ pub fn max_tokens(
         ));
     }
     if prompt == 0 {
-        return Err(ApiError::invalid(
-            "prompt",
-            "the prompt is empty after tokenization",
-        ));
+        return Err(ApiError::invalid("prompt", EMPTY_AFTER_TOKENIZATION));
     }
     let want = asked
         .or(default)

@@ -28,9 +28,6 @@ fn per_api() -> Vec<(&'static str, Value, TextOf)> {
             .unwrap_or_default()
             .to_string()
     }
-    fn resp(v: &Value) -> String {
-        output_text(v)
-    }
     fn msgs(v: &Value) -> String {
         v["content"]
             .as_array()
@@ -54,7 +51,7 @@ fn per_api() -> Vec<(&'static str, Value, TextOf)> {
         (
             RESP,
             json!({"model": "mock", "input": "tell me", "max_output_tokens": 12}),
-            resp as TextOf,
+            output_text as TextOf,
         ),
         (
             MSGS,
