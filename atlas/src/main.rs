@@ -494,11 +494,10 @@ fn split_budget(
         // each node's cache: what its resident experts leave of its budget, plus what it has
         // beyond the budget
         let mut on_node = vec![0u64; p.placement.nodes.len()];
-        for (f, h) in flags.iter().flatten().zip(holder.iter().flatten()) {
-            if *f {
-                if let Some(n) = on_node.get_mut(*h) {
-                    *n += 1;
-                }
+        let held = flags.iter().flatten().zip(holder.iter().flatten());
+        for (_, &h) in held.filter(|(&f, _)| f) {
+            if let Some(n) = on_node.get_mut(h) {
+                *n += 1;
             }
         }
         let caches: Vec<usize> = on_node

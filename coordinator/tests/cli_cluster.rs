@@ -195,11 +195,7 @@ fn node_children(parent: u32) -> Vec<(u32, String)> {
     }
     kids.into_iter()
         .filter_map(|pid| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let args: Vec<String> = cmd
-                .split(|&b| b == 0)
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
+            let args = support::cmdline(pid);
             let i = args.iter().position(|a| a == "--node")?;
             Some((pid, args.get(i + 1)?.clone()))
         })

@@ -415,14 +415,7 @@ fn local_nodes_with_a_memory_bound_share_the_default_staging_cache() {
     let mut p = explicit(&shape, 2, |e| vec![e % 2]);
     p.nodes[1].memory_bytes = 1 << 30;
     let cluster = support::cluster::launch(&path, p);
-    let args = |node: &str| -> Vec<String> {
-        let pid = cluster.pid(node).expect("pid");
-        std::fs::read(format!("/proc/{pid}/cmdline"))
-            .expect("cmdline")
-            .split(|&b| b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect()
-    };
+    let args = |node: &str| support::cmdline(cluster.pid(node).expect("pid"));
     let cold = |node: &str| {
         let a = args(node);
         a.iter()

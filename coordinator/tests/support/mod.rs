@@ -254,3 +254,12 @@ pub fn metric_sample(page: &str, series: &str) -> Option<f64> {
     page.lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
+
+/// The command line of process `pid`, one argument per item.
+pub fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
