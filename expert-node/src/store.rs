@@ -301,7 +301,7 @@ impl ExpertStore {
         pool: &rayon::ThreadPool,
     ) -> Result<usize, StoreError> {
         let _one_load = self.loading.lock().map_err(|_| StoreError::Poisoned)?;
-        // Resident bytes before the load, and (with a capacity) once it is done.
+        // With a capacity: the resident bytes once the load is done.
         let mut after = None;
         if resident && self.capacity > 0 {
             let held = self.held.read().map_err(|_| StoreError::Poisoned)?;
@@ -325,16 +325,17 @@ impl ExpertStore {
                     capacity: self.capacity,
                 });
             }
-            after = Some((now, now + needed));
+            after = Some(now + needed);
         }
         // The loan is taken back before the copies are made (the cache evicts at once), so
-        // copies and loan never hold more than the capacity together.
-        if let Some((_, then)) = after {
+        // copies and loan never hold more than the capacity together; a failed load gives it
+        // back.
+        if let Some(then) = after {
             self.lend(then);
         }
         let loaded = self.load_checked(experts, resident, pool);
-        if let (Err(_), Some((now, _))) = (&loaded, after) {
-            self.lend(now);
+        if after.is_some() {
+            self.lend(self.resident_bytes());
         }
         loaded
     }
