@@ -227,6 +227,16 @@ fn chat_body(content: &str, max: u32) -> Value {
     json!({"model": "mock", "messages": [{"role": "user", "content": content}], "max_tokens": max, "temperature": 0})
 }
 
+/// The `/metrics` page (no API key).
+async fn metrics_page(s: &Server) -> String {
+    reqwest::get(format!("{}/metrics", s.url))
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("text")
+}
+
 /// The text of a Responses API response's message items.
 fn output_text(v: &Value) -> String {
     v["output"]

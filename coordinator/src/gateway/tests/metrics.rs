@@ -7,12 +7,7 @@ use super::*;
 async fn metrics_are_exported() {
     let s = start(Opts::default()).await;
     let _ = post(&s, "/v1/chat/completions", chat_body("hello", 3)).await;
-    let text = reqwest::get(format!("{}/metrics", s.url))
-        .await
-        .expect("get")
-        .text()
-        .await
-        .expect("text");
+    let text = metrics_page(&s).await;
     for name in [
         "nightshift_http_requests_total",
         "nightshift_time_to_first_token_seconds",

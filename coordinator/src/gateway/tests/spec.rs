@@ -50,12 +50,7 @@ async fn a_prediction_is_drafted_and_reported_and_never_changes_the_answer() {
     let (_, got) = post(&s, "/v1/chat/completions", b).await;
     assert_eq!(got["choices"][0]["message"]["content"], answer);
     assert_eq!(details(&got), (0, 0));
-    let text = reqwest::get(format!("{}/metrics", s.url))
-        .await
-        .expect("get")
-        .text()
-        .await
-        .expect("text");
+    let text = metrics_page(&s).await;
     for name in [
         "nightshift_spec_drafted_tokens_total{drafter=\"ngram\"}",
         "nightshift_spec_accepted_tokens_total{drafter=\"ngram\"}",
