@@ -5,7 +5,8 @@
 //! messages: `cluster_malformed.rs`); a peer that never answers fails the connection attempt
 //! instead of hanging it. The nodes run on this machine, so
 //! calls go through the shared-memory link unless a test turns it off: the bit-identity and
-//! kill -9 tests run over each transport (and a mix), and check which one carried the calls.
+//! kill -9 tests run over each transport (and a mix), and check which one carried the calls; a
+//! long prefill over the data links gets its answers in parts, bit-identical too.
 
 mod support;
 
@@ -138,6 +139,29 @@ fn three_nodes_bit_identical_qwen3moe() {
 #[test]
 fn three_nodes_bit_identical_deepseek2() {
     check_bit_identical("tiny-deepseek2-Q4_K_M.gguf");
+}
+
+/// A long prompt's prefill gives each node answers of several hundred KiB, which the nodes
+/// send in parts over the data links (rows of finished experts ahead of the rest): the logits
+/// are the in-process engine's, bit for bit, and parts did arrive.
+#[test]
+fn data_link_answers_in_parts_are_bit_identical() {
+    let path = data("tiny-qwen3moe-Q2_K.gguf");
+    let model = Model::load(&path).expect("model");
+    let shape = model_shape(&model).expect("shape");
+    let prompt: Vec<u32> = (0..320u32).map(|i| 300 + (i * 37) % 280).collect();
+    let want =
+        generate(&mut engine(&model, local(&model)), &prompt, 3, |_| {}).expect("in process");
+    let cluster = launch(
+        &path,
+        Placement::round_robin(nodes(3), &shape.moe_layers, shape.n_experts),
+    );
+    let r = remote_with(&model, &cluster, Duration::from_secs(10), Transport::Link);
+    let got = generate(&mut engine(&model, r.clone()), &prompt, 3, |_| {}).expect("cluster");
+    assert_bits_equal(&got, &want, "a long prefill over data links");
+    let st = r.take_stats();
+    assert!(st.errors == 0 && st.link_calls == st.calls, "{st:?}");
+    assert!(st.link_parts > 0, "no answer came in parts: {st:?}");
 }
 
 /// Every expert on two of three nodes.

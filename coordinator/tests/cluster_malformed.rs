@@ -59,6 +59,7 @@ fn good(model: &Model, layer: u32) -> ComputeRequest {
         experts: vec![0],
         rows: vec![0],
         prefetch: None,
+        parts: false,
     }
 }
 

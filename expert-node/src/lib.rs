@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod link;
 pub mod numa;
+mod parts;
 pub mod service;
 pub mod store;
 pub mod tls;

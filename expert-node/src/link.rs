@@ -164,16 +164,43 @@ impl LinkServer {
                     self.in_flight.fetch_add(1, Ordering::Relaxed);
                     let alone = pool.is_none().then(|| lock(&self.alone));
                     let started_ns = nightshift_proto::monotonic_ns();
-                    let r = NodeService::handle(&self.store, pool, self.n_embd, msg);
+                    let r = if msg.parts {
+                        self.in_parts(&mut f, pool, msg)
+                    } else {
+                        Ok(NodeService::handle(&self.store, pool, self.n_embd, msg))
+                    };
                     drop(alone);
                     self.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    (id, r, started_ns)
+                    // a part the link could not take: the link is gone
+                    (id, r?, started_ns)
                 }
             };
             let ended_ns = nightshift_proto::monotonic_ns();
             let resp = answer(request_id, result, [received_ns, started_ns, ended_ns]);
             f.send(link::RESPONSE, WRITE_TIMEOUT, |o| resp.encode_raw(o))?;
         }
+    }
+
+    /// Computes a request that allows parts (`parts.rs`), sending the rows of each finished
+    /// chunk but the last in a `PART` frame; the answer's rows are the rest. `Err`: the link
+    /// broke while a part was written.
+    fn in_parts(
+        &self,
+        f: &mut Framed,
+        pool: Option<&rayon::ThreadPool>,
+        msg: ComputeRequest,
+    ) -> Result<Result<Vec<u8>, tonic::Status>, LinkError> {
+        let id = msg.request_id;
+        let work =
+            match NodeService::guarded(|| NodeService::validate(&self.store, self.n_embd, msg)) {
+                Ok(w) => w,
+                Err(status) => return Ok(Err(status)),
+            };
+        crate::parts::run(&self.store, pool, self.n_embd, &work, |idx, rows| {
+            f.send(link::PART, WRITE_TIMEOUT, |o| {
+                link::encode_part(id, idx, rows, o)
+            })
+        })
     }
 
     /// Why a hello is refused (as the gRPC service would refuse its stream), if it is.

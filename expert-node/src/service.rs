@@ -80,10 +80,10 @@ pub struct NodeService {
 pub const MAX_SHM_LINKS: u32 = 16;
 
 /// A validated compute request, in the node's own types.
-struct Work {
-    layer: u32,
-    acts: ActRows,
-    pairs: Vec<ExpertPair>,
+pub(crate) struct Work {
+    pub(crate) layer: u32,
+    pub(crate) acts: ActRows,
+    pub(crate) pairs: Vec<ExpertPair>,
 }
 
 impl NodeService {
@@ -159,11 +159,17 @@ impl NodeService {
         n_embd: usize,
         msg: ComputeRequest,
     ) -> Result<Vec<u8>, Status> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        NodeService::guarded(|| {
             NodeService::validate(store, n_embd, msg)
                 .and_then(|work| NodeService::run(store, pool, n_embd, &work))
-        }))
-        .unwrap_or_else(|_| Err(Status::internal("worker failed: it panicked")))
+        })
+    }
+
+    /// Runs `f`, a panic in it becoming an internal error: nothing a request carries takes the
+    /// node down.
+    pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, Status>) -> Result<T, Status> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+            .unwrap_or_else(|_| Err(Status::internal("worker failed: it panicked")))
     }
 
     /// Checks a request as the node does before computing it (every field against the model
@@ -177,7 +183,11 @@ impl NodeService {
     }
 
     /// Checks a request against the model and the store, converting it into `Work`.
-    fn validate(store: &ExpertStore, n_embd: usize, req: ComputeRequest) -> Result<Work, Status> {
+    pub(crate) fn validate(
+        store: &ExpertStore,
+        n_embd: usize,
+        req: ComputeRequest,
+    ) -> Result<Work, Status> {
         if req.n_embd as usize != n_embd {
             return Err(Status::invalid_argument(format!(
                 "n_embd: expected {n_embd}, found {}",
@@ -353,7 +363,7 @@ impl NodeService {
 }
 
 /// The one place store errors become statuses.
-fn status_of_store(e: StoreError) -> Status {
+pub(crate) fn status_of_store(e: StoreError) -> Status {
     match e {
         StoreError::NoSuchExpert { .. } => Status::not_found(e.to_string()),
         StoreError::NotMoe => Status::failed_precondition(e.to_string()),
@@ -672,7 +682,7 @@ impl Link {
                 ))
             }
         };
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        NodeService::guarded(|| {
             let work = NodeService::validate(&self.store, self.n_embd, msg)?;
             let rows = server.rows_mut().ok_or_else(|| {
                 Status::resource_exhausted("outputs exceed the shared response area")
@@ -683,8 +693,7 @@ impl Link {
                 Some(b) => NodeService::run_shared(store, pool, n_embd, &work, b, tag, owned, rows)
                     .map(Some),
             }
-        }))
-        .unwrap_or_else(|_| Err(Status::internal("worker failed: it panicked")))
+        })
     }
 
     /// Answers requests from the region until the coordinator leaves or the node stops.

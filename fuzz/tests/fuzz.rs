@@ -64,6 +64,7 @@ fn fuzz_targets() {
             rows: vec![0, 0],
             acts: vec![0; 256],
             prefetch: None,
+            parts: false,
         }
         .encode_to_vec()
     };

@@ -14,8 +14,11 @@
 //! (empty) or `REFUSED` (`code u32 LE` as gRPC's, then a UTF-8 reason) after which the node
 //! closes the connection. Then `REQUEST` frames carry a prost-encoded `ComputeRequest` and
 //! `RESPONSE` frames its `ComputeResponse` (the node's timestamps included), one request at a
-//! time per link. Frames longer than [`MAX_FRAME`], unknown kinds and short hellos are refused;
-//! nothing a peer sends is trusted before it is checked.
+//! time per link. A request that allows it (`parts`) may first get `PART` frames: the rows of
+//! expert groups the node has finished, sent while it computes the rest, so a large answer's
+//! transfer overlaps the node's compute instead of following it. Frames longer than
+//! [`MAX_FRAME`], unknown kinds and short hellos are refused; nothing a peer sends is trusted
+//! before it is checked.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -35,6 +38,9 @@ pub const REFUSED: u8 = 3;
 pub const REQUEST: u8 = 4;
 /// A prost-encoded `ComputeResponse`.
 pub const RESPONSE: u8 = 5;
+/// The rows of expert groups a node has finished, sent ahead of its `RESPONSE` when the
+/// request allowed it (`ComputeRequest.parts`): [`encode_part`] / [`decode_part`].
+pub const PART: u8 = 6;
 /// Largest payload either end accepts (the gRPC service's message limit).
 pub const MAX_FRAME: usize = 512 << 20;
 /// Largest frame before a link is open (hello, welcome, refusal): [`Framed::new`] starts
@@ -376,6 +382,63 @@ pub fn decode_refusal(b: &[u8]) -> (u32, String) {
         u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         String::from_utf8_lossy(&b[4..]).into_owned(),
     )
+}
+
+/// Bytes of a `PART` payload before its pair indices.
+const PART_FIXED: usize = 12;
+
+/// A `PART` frame's payload: `request_id u64 LE | count u32 LE | count pair indices u32 LE
+/// (into the request's pairs) | count rows of little-endian f32 (one row per index, in order)`.
+pub fn encode_part(request_id: u64, idx: &[u32], rows: &[f32], out: &mut Vec<u8>) {
+    out.extend_from_slice(&request_id.to_le_bytes());
+    out.extend_from_slice(&(idx.len() as u32).to_le_bytes());
+    for i in idx {
+        out.extend_from_slice(&i.to_le_bytes());
+    }
+    out.extend_from_slice(&crate::f32s_to_le_bytes(rows));
+}
+
+/// A decoded `PART` payload.
+#[derive(Debug, PartialEq)]
+pub struct Part<'a> {
+    pub request_id: u64,
+    /// Indices into the request's pairs.
+    pub idx: Vec<u32>,
+    /// `idx.len()` rows of `n_embd` little-endian f32 values.
+    pub rows: &'a [u8],
+}
+
+/// Decodes a `PART` payload whose rows hold `n_embd` values; checks only its own shape (the
+/// caller checks the indices against its request).
+pub fn decode_part(b: &[u8], n_embd: usize) -> Result<Part<'_>, String> {
+    if b.len() < PART_FIXED {
+        return Err(format!(
+            "a part of {} bytes, expected at least {PART_FIXED}",
+            b.len()
+        ));
+    }
+    let request_id = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+    let count = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")) as usize;
+    let want = count
+        .checked_mul(4 + 4 * n_embd)
+        .and_then(|n| n.checked_add(PART_FIXED))
+        .ok_or_else(|| format!("a part of {count} rows overflows"))?;
+    if b.len() != want {
+        return Err(format!(
+            "a part of {count} rows of {n_embd} values should be {want} bytes, found {}",
+            b.len()
+        ));
+    }
+    let (idx, rows) = b[PART_FIXED..].split_at(4 * count);
+    let idx = idx
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    Ok(Part {
+        request_id,
+        idx,
+        rows,
+    })
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {

@@ -603,6 +603,7 @@ impl ShmServer {
             rows: from_u32s(&r.read(HEADER_BYTES + 4 * n, 4 * n)),
             acts: r.read(HEADER_BYTES + 8 * n, acts_len),
             prefetch,
+            parts: false,
         })
     }
 

@@ -202,3 +202,24 @@ fn tls_material_that_is_not_pem_is_an_error_not_a_panic() {
     assert!(client_tls(b"not a certificate", None).is_err());
     assert!(server_tls(b"", b"", None).is_err());
 }
+
+#[test]
+fn parts_round_trip_and_every_wrong_length_is_an_error() {
+    let rows: Vec<f32> = (0..6).map(|i| i as f32 * 0.5 - 1.0).collect();
+    let mut b = Vec::new();
+    encode_part(77, &[4, 1], &rows, &mut b);
+    let p = decode_part(&b, 3).expect("decode");
+    assert_eq!((p.request_id, p.idx.clone()), (77, vec![4, 1]));
+    let mut back = vec![0f32; 6];
+    crate::le_bytes_to_f32s(p.rows, &mut back);
+    assert_eq!(back, rows);
+    // rows of another width, a cut payload, a trailing byte, a count that overflows
+    assert!(decode_part(&b, 2).is_err());
+    assert!(decode_part(&b[..b.len() - 1], 3).is_err());
+    b.push(0);
+    assert!(decode_part(&b, 3).is_err());
+    assert!(decode_part(&b[..11], 3).is_err());
+    let mut huge = 9u64.to_le_bytes().to_vec();
+    huge.extend_from_slice(&u32::MAX.to_le_bytes());
+    assert!(decode_part(&huge, usize::MAX / 8).is_err());
+}

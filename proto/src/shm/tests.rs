@@ -20,6 +20,7 @@ fn request(id: u64, n: usize) -> ComputeRequest {
         experts: (0..n as u32).map(|e| e * 7).collect(),
         rows: (0..n as u32).map(|e| e % 2).collect(),
         prefetch: None,
+        parts: false,
     }
 }
 

@@ -124,6 +124,7 @@ pub(super) fn share_request(
         experts,
         rows,
         prefetch: share.hint.clone(),
+        parts: false,
     }
 }
 

@@ -169,6 +169,7 @@ impl Hints {
                 experts: Vec::new(),
                 rows: Vec::new(),
                 prefetch: Some(hint),
+                parts: false,
             };
             if tx.try_send(req).is_err() {
                 tracing::debug!(node = %s.nodes[node].name, "prefetch hint dropped: the stream is full");

@@ -105,6 +105,8 @@ pub(super) struct Posted {
     held: Held<NetLink>,
     request_id: u64,
     posted_ns: u64,
+    /// Per pair of the share: its row already came in a `PART` frame (and is in `out`).
+    parted: Vec<bool>,
 }
 
 impl std::ops::Deref for Posted {
@@ -134,15 +136,19 @@ pub(super) fn post(
         }
         LinkState::Down { .. } => return Err(share),
     };
-    let req = share_request(s, layer, acts, pairs, &share);
+    let mut req = share_request(s, layer, acts, pairs, &share);
+    // a node may send finished rows ahead: they cross the network while it computes the rest
+    req.parts = true;
     let (request_id, bytes_out) = (req.request_id, req.acts.len() + 8 * req.experts.len() + 5);
     let posted_ns = nightshift_proto::monotonic_ns();
     let write_timeout = super::hedge::stall_deadline(s, share.node, share.cost);
     let sent = lock(&link.framed).send(link::REQUEST, write_timeout, |o| req.encode_raw(o));
+    let parted = vec![false; share.pair_idx.len()];
     let p = Posted {
         held: Held::new(s, share, link, generation, bytes_out),
         request_id,
         posted_ns,
+        parted,
     };
     if let Err(e) = sent {
         let share = p.share.clone();
@@ -171,37 +177,51 @@ pub(super) fn wait(p: Box<Posted>, out: &mut [f32]) -> Timed<()> {
 /// As [`wait`], but gives the share back unanswered when `hedge_at` passes first (before the
 /// stall deadline): the caller hedges it elsewhere and hands it to [`linger`].
 pub(super) fn wait_until(
-    p: Box<Posted>,
+    mut p: Box<Posted>,
     out: &mut [f32],
     hedge_at: Option<Instant>,
 ) -> Result<Timed<()>, Box<Posted>> {
     let s = p.s.clone();
     let s = &*s;
+    let mut parted = std::mem::take(&mut p.parted);
     let (deadline, early) = p.wait_deadline(hedge_at);
     let (generation, node) = (p.generation, p.node());
     let held: &Held<NetLink> = &p;
     let mut alive = || held.link_alive();
     let received = {
         let mut f = lock(&p.link.framed);
-        match f.recv(deadline, &mut alive) {
-            Ok((link::RESPONSE, payload)) => {
-                let arrived_ns = nightshift_proto::monotonic_ns();
-                decode_answer(payload, p.request_id, arrived_ns).and_then(|a| place(s, &p, a, out))
+        loop {
+            match f.recv(deadline, &mut alive) {
+                Ok((link::PART, payload)) => {
+                    if let Err(e) = place_part(s, &p, payload, &mut parted, out) {
+                        break Err(e);
+                    }
+                }
+                Ok((link::RESPONSE, payload)) => {
+                    let arrived_ns = nightshift_proto::monotonic_ns();
+                    break decode_answer(payload, p.request_id, arrived_ns)
+                        .and_then(|a| place(s, &p, a, &parted, out));
+                }
+                Ok((kind, _)) => {
+                    break Err(format!(
+                        "data link: expected a response, found frame kind {kind}"
+                    ))
+                }
+                Err(LinkError::TimedOut) if early => {
+                    drop(f);
+                    p.parted = parted;
+                    return Err(p);
+                }
+                Err(LinkError::TimedOut) => {
+                    break Err(format!(
+                        "no answer within {} ms (node {} stalled or cut off)",
+                        p.stall_after().as_millis(),
+                        node.name
+                    ))
+                }
+                Err(LinkError::Closed) if !alive() => break Err("the node's stream closed".into()),
+                Err(e) => break Err(format!("data link: {e}")),
             }
-            Ok((kind, _)) => Err(format!(
-                "data link: expected a response, found frame kind {kind}"
-            )),
-            Err(LinkError::TimedOut) if early => {
-                drop(f);
-                return Err(p);
-            }
-            Err(LinkError::TimedOut) => Err(format!(
-                "no answer within {} ms (node {} stalled or cut off)",
-                p.stall_after().as_millis(),
-                node.name
-            )),
-            Err(LinkError::Closed) if !alive() => Err("the node's stream closed".into()),
-            Err(e) => Err(format!("data link: {e}")),
         }
     };
     let elapsed = p.started.elapsed();
@@ -240,18 +260,59 @@ fn decode_answer(payload: &[u8], id: u64, arrived_ns: u64) -> Result<Answer, Str
     }
 }
 
-/// Copies an answer's rows into `out` (one `n_embd` row per pair of the share) and records
-/// where its time went; the bytes received.
-fn place(s: &Shared, p: &Posted, a: Answer, out: &mut [f32]) -> Result<usize, String> {
+/// Copies the rows of a `PART` frame into `out` and marks their pairs in `parted`; a part for
+/// another request, a pair out of the share or one that already came is an error.
+fn place_part(
+    s: &Shared,
+    p: &Posted,
+    payload: &[u8],
+    parted: &mut [bool],
+    out: &mut [f32],
+) -> Result<(), String> {
     let n_embd = s.n_embd;
-    let want = p.share.pair_idx.len() * n_embd * 4;
+    let part = link::decode_part(payload, n_embd).map_err(|e| format!("data link: {e}"))?;
+    if part.request_id != p.request_id {
+        return Err(format!(
+            "data link: a part of request {} while waiting for {}",
+            part.request_id, p.request_id
+        ));
+    }
+    let mut to = Vec::with_capacity(part.idx.len());
+    for &j in &part.idx {
+        match parted.get_mut(j as usize) {
+            Some(seen @ false) => *seen = true,
+            _ => return Err(format!("data link: a part with pair {j} out of place")),
+        }
+        to.push(p.share.pair_idx[j as usize]);
+    }
+    place_rows(&to, part.rows, n_embd, out);
+    lock(&s.stats).link_parts += 1;
+    Ok(())
+}
+
+/// Copies an answer's rows into `out` (one `n_embd` row per pair of the share no part
+/// carried, in pair order) and records where its time went; the bytes received.
+fn place(
+    s: &Shared,
+    p: &Posted,
+    a: Answer,
+    parted: &[bool],
+    out: &mut [f32],
+) -> Result<usize, String> {
+    let n_embd = s.n_embd;
+    let rest: Vec<usize> = (p.share.pair_idx.iter().zip(parted))
+        .filter(|(_, &seen)| !seen)
+        .map(|(&pi, _)| pi)
+        .collect();
+    let want = rest.len() * n_embd * 4;
     if a.outputs.len() != want {
         return Err(format!(
             "expected {want} output bytes, found {}",
             a.outputs.len()
         ));
     }
-    place_rows(&p.share.pair_idx, &a.outputs, n_embd, out);
+    place_rows(&rest, &a.outputs, n_embd, out);
+    let want = p.share.pair_idx.len() * n_embd * 4;
     if let Some(l) = legs(p.posted_ns, &a, a.arrived_ns) {
         let mut st = lock(&s.stats);
         if st.legs.len() < 1 << 20 {

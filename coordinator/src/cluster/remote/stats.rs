@@ -11,6 +11,8 @@ pub struct RpcStats {
     pub shm_calls: u64,
     /// Of `calls`, those answered over a framed data link (`net_link`).
     pub link_calls: u64,
+    /// `PART` frames received on data links: rows a node sent ahead of its answer.
+    pub link_parts: u64,
     /// Layer calls split between nodes as they went, through the claim board (`shared_call`).
     pub shared_rounds: u64,
     /// Calls given up on because their node was much slower than its recent p99 (`hedge`): sent
