@@ -7,7 +7,7 @@
 //! last expert. Every row is what one answer would hold: a pair's row depends only on its expert
 //! and activation row, not on what else is computed with it.
 
-use nightshift_model::expert::expert_groups;
+use nightshift_model::expert::{expert_groups, SIDE_BY_SIDE_GROUPS_PER_THREAD};
 use nightshift_model::ExpertPair;
 use tonic::Status;
 
@@ -23,15 +23,21 @@ const MAX_CHUNKS: usize = 8;
 /// The request's pairs cut into chunks of whole expert groups (each group's pairs computed as
 /// one GEMM, so no expert is read twice), in the order the groups first appear, each chunk's
 /// indices ascending: one chunk (every pair) when the answer is smaller than two parts or has
-/// one group; otherwise as many chunks as parts of [`PART_BYTES`] fit, at most [`MAX_CHUNKS`],
-/// at most one per group, and at most one per `threads` groups (a pool computes a chunk's
-/// groups side by side and waits for its slowest one).
+/// one group; otherwise as many chunks as parts of [`PART_BYTES`] fit, at most [`MAX_CHUNKS`]
+/// and at most one per group. A pool of `threads` runs a call of at least
+/// [`SIDE_BY_SIDE_GROUPS_PER_THREAD`] groups per thread as whole groups side by side
+/// (`run_grouped`), and fewer by splitting each group's GEMMs over the pool (a fork and join
+/// per GEMM): a call in the first mode keeps it in every chunk.
 pub(crate) fn chunks(pairs: &[ExpertPair], n_embd: usize, threads: usize) -> Vec<Vec<u32>> {
     let groups = expert_groups(pairs);
+    let side_by_side = SIDE_BY_SIDE_GROUPS_PER_THREAD * threads.max(1);
+    let most = if threads > 1 && groups.len() >= side_by_side {
+        groups.len() / side_by_side
+    } else {
+        groups.len()
+    };
     let bytes = pairs.len() * n_embd * 4;
-    let n = (bytes / PART_BYTES)
-        .min(MAX_CHUNKS)
-        .min(groups.len() / threads.max(1));
+    let n = (bytes / PART_BYTES).min(MAX_CHUNKS).min(most);
     if n < 2 {
         return vec![(0..pairs.len() as u32).collect()];
     }
@@ -123,10 +129,16 @@ mod tests {
         let c = chunks(&big, 7168, 1);
         assert!(c.len() >= 2 && c.len() <= MAX_CHUNKS, "{} chunks", c.len());
         check(&big, &c);
-        // a 2-thread pool: at most one chunk per 2 groups
-        let c2 = chunks(&big, 7168, 2);
-        assert!(c2.len() >= 2 && c2.len() <= 5, "{} chunks", c2.len());
-        check(&big, &c2);
+        // 2 threads run these 10 groups side by side: a chunk of fewer than 8 would not
+        assert_eq!(chunks(&big, 7168, 2).len(), 1);
+        // 4 threads split each group's GEMMs anyway: chunks cost nothing more
+        let c4 = chunks(&big, 7168, 4);
+        assert!(
+            c4.len() >= 2 && c4.len() <= MAX_CHUNKS,
+            "{} chunks",
+            c4.len()
+        );
+        check(&big, &c4);
         // one row of 2048: 8 x 8 KiB, below two parts: one response
         let small = pairs(1, &[0, 1, 2, 3, 4, 5, 6, 7]);
         assert_eq!(chunks(&small, 2048, 1), vec![(0..8).collect::<Vec<u32>>()]);

@@ -393,6 +393,10 @@ impl LocalExperts {
     }
 }
 
+/// Groups per pool thread from which [`run_grouped`] runs whole experts side by side (below it,
+/// each expert's GEMMs are split over the pool).
+pub const SIDE_BY_SIDE_GROUPS_PER_THREAD: usize = 4;
+
 /// Groups pairs by expert, runs `expert_ffn` once per expert, scatters rows back in pair order.
 /// Shared by every backend that computes experts from `ExpertWeights`.
 ///
@@ -434,12 +438,13 @@ pub fn run_grouped<'a>(
         Ok(tmp)
     };
     let results: Vec<Vec<f32>> = match pool {
-        Some(p) if groups.len() >= 4 * p.current_num_threads() => p.install(|| {
-            groups
-                .par_iter()
-                .map(|g| run_one(g, None))
-                .collect::<Result<_, _>>()
-        })?,
+        Some(p) if groups.len() >= SIDE_BY_SIDE_GROUPS_PER_THREAD * p.current_num_threads() => p
+            .install(|| {
+                groups
+                    .par_iter()
+                    .map(|g| run_one(g, None))
+                    .collect::<Result<_, _>>()
+            })?,
         _ => groups
             .iter()
             .map(|g| run_one(g, pool))
