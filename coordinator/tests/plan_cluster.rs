@@ -2,7 +2,8 @@
 //! bad tables, atlases, calibrations and presets are clear errors; a preset's sizes are the
 //! published ones and the same as the file `gen-model` writes for it; the cost model's terms
 //! move the way the deployment does (more round trip: slower; overlap: never slower; bytes per
-//! token: the wire format's). No timing is asserted: the calibration is given, not measured.
+//! token: the wire format's; a large answer's wire time partly hidden behind the nodes'
+//! compute). No timing is asserted: the calibration is given, not measured.
 
 use nightshift_atlas_core::placement::ModelShape;
 use nightshift_atlas_core::trace::{Atlas, Counts};
@@ -443,4 +444,36 @@ fn rows_past_a_weights_first_add_their_compute_to_its_read() {
             dense / bw
         );
     }
+}
+
+/// A node sends a large answer in parts while it computes (`expert-node/src/parts.rs`): on a
+/// slow link the planner hides (k - 1) / k of the smaller of the answer's wire time and the
+/// node's FFN, never the round trip or the request's wire; a small answer hides nothing.
+#[test]
+fn answers_in_parts_hide_their_wire_behind_the_nodes_compute() {
+    let (m, c, r, t) = preset_setup("kimi-k2", "UD-Q2_K_XL");
+    let mut slow = t.get("Standard_E32ps_v6").expect("vm").clone();
+    slow.net_gbps = 0.5;
+    let s = k2_scenario(&m, &r, &c, &slow, 8, 100.0, false);
+    let (node, b) = (s.node_time(0, 8), s.layer_bytes(0, 8));
+    assert!(b.in_max >= 2.0 * 65536.0, "{b:?}");
+    let serial = node + s.link_time(&b);
+    let hidden = s.answer_overlap(&b, node);
+    assert!(hidden > 0.0 && hidden < node, "{hidden} of {node}");
+    assert!((s.remote_time(0, 8) - (serial - hidden)).abs() < 1e-12);
+    // never below the FFN, the round trip, the call's cost and the request's wire
+    let out = b.out_total / (slow.net_gbps * 1e9 / 8.0);
+    assert!(s.remote_time(0, 8) >= node + s.rtt + s.call_overhead + out - 1e-12);
+    // what was hidden is not idle time either
+    assert!((s.idle_time(0, 8) - (s.link_time(&b) - s.call_overhead - hidden)).abs() < 1e-12);
+    // a one-token Qwen3 call: 8 rows of 2048 floats over the nodes, below two parts per node
+    let (q, qc, qr, _) = preset_setup("qwen3-30b-a3b", "Q4_K_M");
+    let vm = t.get("Standard_E32ps_v6").expect("vm");
+    let qs = Scenario {
+        nodes: 2,
+        ..k2_scenario(&q, &qr, &qc, vm, 1, 100.0, false)
+    };
+    let (qn, qb) = (qs.node_time(0, 1), qs.layer_bytes(0, 1));
+    assert_eq!(qs.answer_overlap(&qb, qn), 0.0, "{qb:?}");
+    assert!((qs.remote_time(0, 1) - (qn + qs.link_time(&qb))).abs() < 1e-15);
 }

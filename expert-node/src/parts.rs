@@ -9,22 +9,17 @@
 
 use nightshift_model::expert::{expert_groups, SIDE_BY_SIDE_GROUPS_PER_THREAD};
 use nightshift_model::ExpertPair;
+use nightshift_proto::link::{MAX_PART_CHUNKS, PART_MIN_BYTES};
 use tonic::Status;
 
 use crate::service::{status_of_store, NodeService, Work};
 use crate::store::ExpertStore;
 
-/// Fewest bytes of rows a part carries: an answer below twice this goes in one response (a
-/// part costs a frame, a TLS record and a write).
-pub(crate) const PART_BYTES: usize = 64 << 10;
-/// Most chunks an answer is cut into.
-const MAX_CHUNKS: usize = 8;
-
 /// The request's pairs cut into chunks of whole expert groups (each group's pairs computed as
 /// one GEMM, so no expert is read twice), in the order the groups first appear, each chunk's
 /// indices ascending: one chunk (every pair) when the answer is smaller than two parts or has
-/// one group; otherwise as many chunks as parts of [`PART_BYTES`] fit, at most [`MAX_CHUNKS`]
-/// and at most one per group. A pool of `threads` runs a call of at least
+/// one group; otherwise as many chunks as parts of [`PART_MIN_BYTES`] fit, at most
+/// [`MAX_PART_CHUNKS`] and at most one per group. A pool of `threads` runs a call of at least
 /// [`SIDE_BY_SIDE_GROUPS_PER_THREAD`] groups per thread as whole groups side by side
 /// (`run_grouped`), and fewer by splitting each group's GEMMs over the pool (a fork and join
 /// per GEMM): a call in the first mode keeps it in every chunk.
@@ -37,7 +32,7 @@ pub(crate) fn chunks(pairs: &[ExpertPair], n_embd: usize, threads: usize) -> Vec
         groups.len()
     };
     let bytes = pairs.len() * n_embd * 4;
-    let n = (bytes / PART_BYTES).min(MAX_CHUNKS).min(most);
+    let n = (bytes / PART_MIN_BYTES).min(MAX_PART_CHUNKS).min(most);
     if n < 2 {
         return vec![(0..pairs.len() as u32).collect()];
     }
@@ -127,14 +122,18 @@ mod tests {
         // 8 rows x 8 experts of 7168: 1.8 MB of rows, 10 groups (experts 0-9)
         let big = pairs(8, &[0, 1, 2, 3, 4, 5, 6, 7]);
         let c = chunks(&big, 7168, 1);
-        assert!(c.len() >= 2 && c.len() <= MAX_CHUNKS, "{} chunks", c.len());
+        assert!(
+            c.len() >= 2 && c.len() <= MAX_PART_CHUNKS,
+            "{} chunks",
+            c.len()
+        );
         check(&big, &c);
         // 2 threads run these 10 groups side by side: a chunk of fewer than 8 would not
         assert_eq!(chunks(&big, 7168, 2).len(), 1);
         // 4 threads split each group's GEMMs anyway: chunks cost nothing more
         let c4 = chunks(&big, 7168, 4);
         assert!(
-            c4.len() >= 2 && c4.len() <= MAX_CHUNKS,
+            c4.len() >= 2 && c4.len() <= MAX_PART_CHUNKS,
             "{} chunks",
             c4.len()
         );

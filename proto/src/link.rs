@@ -41,6 +41,11 @@ pub const RESPONSE: u8 = 5;
 /// The rows of expert groups a node has finished, sent ahead of its `RESPONSE` when the
 /// request allowed it (`ComputeRequest.parts`): [`encode_part`] / [`decode_part`].
 pub const PART: u8 = 6;
+/// Fewest bytes of rows a `PART` carries: a node answers below twice this in one response (a
+/// part costs a frame, a TLS record and a write).
+pub const PART_MIN_BYTES: usize = 64 << 10;
+/// Most chunks a node cuts an answer into (every chunk but the last a `PART`).
+pub const MAX_PART_CHUNKS: usize = 8;
 /// Largest payload either end accepts (the gRPC service's message limit).
 pub const MAX_FRAME: usize = 512 << 20;
 /// Largest frame before a link is open (hello, welcome, refusal): [`Framed::new`] starts

@@ -7,12 +7,15 @@
 //! the coordinator runs its dense weights over B rows and reads each sequence's KV cache; then
 //! per MoE layer one call to every node that holds a routed expert: the slowest node's FFN time
 //! (its distinct experts over their rows) plus the link: the round trip, a per-call software
-//! cost, and the layer's bytes over the narrower of the node's and the coordinator's links. With
+//! cost, and the layer's bytes over the narrower of the node's and the coordinator's links, less
+//! what of a large answer crossed while the node still computed (it leaves in parts). With
 //! the overlap the layer's shared expert runs while the call is out, hiding the smaller of the
 //! two; with two micro-batches (batch >= 2) one half computes while the other half's call is out
 //! (`Scenario::step_time`). Prefill runs the same terms over a chunk of P rows (every expert
 //! touched, compute-bound). Memory per VM: the coordinator holds the dense weights, the token
 //! embedding and the KV cache; each node its share of the experts (one copy, round-robin).
+
+use nightshift_proto::link::{MAX_PART_CHUNKS, PART_MIN_BYTES};
 
 use super::routing::Routing;
 use super::vms::Vm;
@@ -120,18 +123,39 @@ impl Scenario<'_> {
         b
     }
 
-    /// The link time of a call moving `b`: round trip, call cost, and the bytes over the
-    /// narrower of the busiest node's link and the coordinator's (full duplex: each way apart).
-    pub fn link_time(&self, b: &LayerBytes) -> f64 {
+    /// Wire time of a call moving `b`, (to the nodes, from them): each way's bytes over the
+    /// narrower of the busiest node's link and the coordinator's.
+    fn wires(&self, b: &LayerBytes) -> (f64, f64) {
         let (cn, nn) = (
             self.coordinator.net_gbps * 1e9 / 8.0,
             self.node.net_gbps * 1e9 / 8.0,
         );
-        let wire = (b.out_total / cn)
-            .max(b.out_max / nn)
-            .max(b.in_total / cn)
-            .max(b.in_max / nn);
-        self.rtt + self.call_overhead + wire
+        (
+            (b.out_total / cn).max(b.out_max / nn),
+            (b.in_total / cn).max(b.in_max / nn),
+        )
+    }
+
+    /// The link time of a call moving `b`: round trip, call cost, and the slower way's wire
+    /// time (full duplex: each way apart).
+    pub fn link_time(&self, b: &LayerBytes) -> f64 {
+        let (out, back) = self.wires(b);
+        self.rtt + self.call_overhead + out.max(back)
+    }
+
+    /// The part of a call's wire time that crosses while its nodes still compute (`node`
+    /// seconds): a node sends an answer of at least two `PART_MIN_BYTES` in up to
+    /// `MAX_PART_CHUNKS` chunks of whole experts, each but the last as soon as it is computed
+    /// (`expert-node/src/parts.rs`), so (k - 1) / k of the smaller of the answer's wire time
+    /// and the FFN overlap; the call still waits for its request's wire.
+    pub fn answer_overlap(&self, b: &LayerBytes, node: f64) -> f64 {
+        let k = (b.in_max as usize / PART_MIN_BYTES).min(MAX_PART_CHUNKS);
+        if k < 2 {
+            return 0.0;
+        }
+        let (out, back) = self.wires(b);
+        let hidden = back.min(node) * (k - 1) as f64 / k as f64;
+        out.max(back) - out.max(back - hidden)
     }
 
     /// Time to run `bytes` of weights over `rows` rows on `vm`: the first row streams them at the
@@ -172,16 +196,19 @@ impl Scenario<'_> {
         slowest.max(self.ffn_time(self.coordinator, experts, pairs))
     }
 
-    /// One layer call's remote time at `batch` rows: the slowest node's FFN plus the link.
+    /// One layer call's remote time at `batch` rows: the slowest node's FFN plus the link,
+    /// less the answer's wire time that crossed during the FFN ([`Self::answer_overlap`]).
     pub fn remote_time(&self, layer: usize, batch: usize) -> f64 {
-        self.node_time(layer, batch) + self.link_time(&self.layer_bytes(layer, batch))
+        let (node, b) = (self.node_time(layer, batch), self.layer_bytes(layer, batch));
+        node + self.link_time(&b) - self.answer_overlap(&b, node)
     }
 
     /// The part of a layer call's remote time in which no core of this deployment computes:
-    /// the round trip and the wire (the node's FFN and the per-call software cost run on
-    /// cores). What an overlap can hide when the cores are shared.
+    /// the round trip and the wire not crossed during the FFN (the node's FFN and the per-call
+    /// software cost run on cores). What an overlap can hide when the cores are shared.
     pub fn idle_time(&self, layer: usize, batch: usize) -> f64 {
-        self.link_time(&self.layer_bytes(layer, batch)) - self.call_overhead
+        let (node, b) = (self.node_time(layer, batch), self.layer_bytes(layer, batch));
+        self.link_time(&b) - self.call_overhead - self.answer_overlap(&b, node)
     }
 
     /// A decode step from the coordinator's own compute `own` (everything but the routed
