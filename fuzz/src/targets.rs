@@ -428,6 +428,7 @@ pub fn shm_region(data: &[u8]) {
             layer: 2,
             experts: vec![1, 2],
         }),
+        parts: false,
     };
     if client.post(&req).is_err() {
         return;
