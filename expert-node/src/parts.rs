@@ -101,8 +101,14 @@ mod tests {
             .collect()
     }
 
-    /// Every pair in exactly one chunk, whole expert groups per chunk, indices ascending.
+    /// Cut into 2..=MAX_PART_CHUNKS chunks, every pair in exactly one, whole expert groups per
+    /// chunk, indices ascending.
     fn check(pairs: &[ExpertPair], chunks: &[Vec<u32>]) {
+        assert!(
+            (2..=MAX_PART_CHUNKS).contains(&chunks.len()),
+            "{} chunks",
+            chunks.len()
+        );
         let mut all: Vec<u32> = chunks.iter().flatten().copied().collect();
         all.sort_unstable();
         assert_eq!(all, (0..pairs.len() as u32).collect::<Vec<_>>());
@@ -121,23 +127,11 @@ mod tests {
     fn large_answers_are_cut_at_expert_groups_and_small_ones_are_not() {
         // 8 rows x 8 experts of 7168: 1.8 MB of rows, 10 groups (experts 0-9)
         let big = pairs(8, &[0, 1, 2, 3, 4, 5, 6, 7]);
-        let c = chunks(&big, 7168, 1);
-        assert!(
-            c.len() >= 2 && c.len() <= MAX_PART_CHUNKS,
-            "{} chunks",
-            c.len()
-        );
-        check(&big, &c);
+        check(&big, &chunks(&big, 7168, 1));
         // 2 threads run these 10 groups side by side: a chunk of fewer than 8 would not
         assert_eq!(chunks(&big, 7168, 2).len(), 1);
         // 4 threads split each group's GEMMs anyway: chunks cost nothing more
-        let c4 = chunks(&big, 7168, 4);
-        assert!(
-            c4.len() >= 2 && c4.len() <= MAX_PART_CHUNKS,
-            "{} chunks",
-            c4.len()
-        );
-        check(&big, &c4);
+        check(&big, &chunks(&big, 7168, 4));
         // one row of 2048: 8 x 8 KiB, below two parts: one response
         let small = pairs(1, &[0, 1, 2, 3, 4, 5, 6, 7]);
         assert_eq!(chunks(&small, 2048, 1), vec![(0..8).collect::<Vec<u32>>()]);

@@ -312,14 +312,15 @@ fn place(
         ));
     }
     place_rows(&rest, &a.outputs, n_embd, out);
-    let want = p.share.pair_idx.len() * n_embd * 4;
+    // the parts' rows count as received too
+    let received = p.share.pair_idx.len() * n_embd * 4;
     if let Some(l) = legs(p.posted_ns, &a, a.arrived_ns) {
         let mut st = lock(&s.stats);
         if st.legs.len() < 1 << 20 {
             st.legs.push(l);
         }
     }
-    Ok(want)
+    Ok(received)
 }
 
 /// Reads the answer of a share given up on at its hedge point, off the caller's thread, until
