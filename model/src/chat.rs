@@ -1,7 +1,9 @@
 //! Chat templates from `tokenizer.chat_template`, rendered with minijinja plus the Python string
 //! methods of minijinja-contrib's pycompat (`.strip()`, `.startswith()`, ...) that Hugging Face
 //! templates use. Whitespace handling is HF's (`trim_blocks` and `lstrip_blocks` on, loop
-//! controls on), the context is HF's `apply_chat_template` one: `messages` (with `tool_calls`,
+//! controls on, line breaks read as `\n` whatever the file's endings, transformers'
+//! `{% generation %}` tag rendering its body), the context is HF's `apply_chat_template` one:
+//! `messages` (with `tool_calls`,
 //! `tool_call_id`, `name`, `reasoning_content`), `tools` (undefined without tools),
 //! `add_generation_prompt`, `bos_token`,
 //! `eos_token`, any extra keyword arguments, plus `raise_exception(msg)`, `strftime_now(fmt)`
@@ -148,7 +150,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", time::strftime_now);
         env.add_filter("tojson", pyjson::tojson_filter);
-        env.add_template_owned(NAME, source.to_string())
+        env.add_template_owned(NAME, jinja_source(source))
             .map_err(|e| TemplateError::Syntax(error_chain(&e)))?;
         let mut t = ChatTemplate {
             env,
@@ -313,6 +315,27 @@ impl ChatTemplate {
             }
         })
     }
+}
+
+/// The source as Python's jinja2 reads it under transformers, for minijinja:
+/// - every line break (`\r\n`, `\r`) becomes `\n`, in text and in string literals alike, as
+///   jinja2's lexer does before it tokenizes (templates saved with CRLF endings render `\n`);
+/// - transformers' `{% generation %}...{% endgeneration %}` (its `AssistantTracker` extension,
+///   which renders the body as it is and only records where it lands) becomes a `with` block:
+///   the body renders the same, in a scope of its own as the extension's call block has, and
+///   the tags keep their whitespace-control marks.
+fn jinja_source(source: &str) -> String {
+    let text = source.replace("\r\n", "\n").replace('\r', "\n");
+    let tag = fancy_regex::Regex::new(r"\{%([-+]?)\s*(end)?generation\s*([-+]?)%\}")
+        .expect("a valid pattern");
+    tag.replace_all(&text, |c: &fancy_regex::Captures<str>| {
+        let (open, close) = (&c[1], &c[3]);
+        match c.get(2) {
+            Some(_) => format!("{{%{open} endwith {close}%}}"),
+            None => format!("{{%{open} with __generation_block = true {close}%}}"),
+        }
+    })
+    .into_owned()
 }
 
 /// One message as HF's template context has it (keys in the order OpenAI clients send them).

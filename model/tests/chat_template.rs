@@ -155,6 +155,32 @@ fn jinja_features_and_errors() {
     assert!(matches!(err("{{ 1 / 0 }}"), TemplateError::Render(_)));
 }
 
+/// transformers compiles templates with its `{% generation %}` tag (what marks the assistant's
+/// tokens for `return_assistant_tokens_mask`): the body renders as it is, in a scope of its own.
+/// The expected text is what jinja2 3.1.6 renders with a call-block extension for the tag, as
+/// transformers' `AssistantTracker` is, under HF's whitespace rules (the `-` and `+` marks of the
+/// tags kept).
+#[test]
+fn generation_blocks_render_their_body() {
+    let src =
+        "{%- set x = 'outer' -%}\n{%- for message in messages %}\n<|im_start|>{{ message.role }}\n\
+        {% if message.role == 'assistant' %}\n    {% generation %}\n{%- set x = 'inner' -%}\n\
+        {{ message.content }}<|im_end|>\n    {% endgeneration %}\n{% else %}\n\
+        {{ message.content }}<|im_end|>\n{% endif %}\n{%- endfor %}\n{{- x -}}\n\
+        {%- if add_generation_prompt %}\n<|im_start|>assistant\n{%+ generation -%}\n  [open]\n\
+        {%- endgeneration +%}\n{% endif %}";
+    let msgs = [
+        ChatMessage::new("user", "Hi"),
+        ChatMessage::new("assistant", "Hello"),
+        ChatMessage::new("user", "Bye"),
+    ];
+    assert_eq!(
+        render(src, &msgs).unwrap(),
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n\
+         <|im_start|>user\nBye<|im_end|>\nouter<|im_start|>assistant\n[open]\n"
+    );
+}
+
 #[test]
 fn template_key_missing_or_wrong_type() {
     let dir = tempfile::tempdir().unwrap();
