@@ -39,6 +39,12 @@ pub enum TemplateError {
     Syntax(String),
     #[error("chat template raised: {0}")]
     Raised(String),
+    #[error(
+        "chat template stopped: rendering took more steps than its budget (one per \
+         instruction and per 64 bytes of text made; see `chat::render_fuel`), far more than \
+         this conversation can need: the template loops or builds text without end"
+    )]
+    OutOfFuel,
     #[error("chat template failed to render: {0}")]
     Render(String),
 }
@@ -108,6 +114,36 @@ pub struct ChatTemplate {
 }
 
 const NAME: &str = "chat";
+
+/// What a render may do before its conversation's share is added (minijinja's fuel: one per
+/// instruction and per 64 bytes of text made or processed), so that a template from a file (a
+/// GGUF's, `--chat-template`'s) cannot hang the server or take its memory: about 16 M steps or
+/// 1 GiB of text, plus [`render_fuel`]'s share of the conversation.
+pub const RENDER_FUEL: u64 = 16 << 20;
+
+/// The fuel a render of `messages` gets: [`RENDER_FUEL`], plus 2 per pair of messages (a
+/// template may look ahead from each message: DeepSeek-V3.2's takes ~1.8 n^2 for n messages),
+/// plus 1 per 8 bytes of the messages and tools (eight copies of each byte). The published
+/// templates render a 2,001-message, 8 MiB agent conversation with 64 tools in 0.25-0.69 M
+/// of it, DeepSeek-V3.2's in 7.4 M (`tests/chat_templates_published.rs`).
+pub fn render_fuel(messages: &[ChatMessage], tools: Option<&[serde_json::Value]>) -> u64 {
+    let n = messages.len() as u64;
+    let text: usize = messages
+        .iter()
+        .map(|m| {
+            let calls: usize = m
+                .tool_calls
+                .iter()
+                .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+                .sum();
+            m.content.len() + m.reasoning_content.as_ref().map_or(0, String::len) + calls
+        })
+        .sum();
+    let tools = tools.map_or(0, |t| t.iter().map(|v| v.to_string().len()).sum());
+    RENDER_FUEL
+        .saturating_add(n.saturating_mul(n).saturating_mul(2))
+        .saturating_add((text + tools) as u64 / 8)
+}
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
     Err(Error::new(
@@ -298,11 +334,16 @@ impl ChatTemplate {
             pairs.push((Value::from(k), v));
         }
         let ctx = Value::from_pairs(pairs);
-        let tmpl = self
-            .env
+        // the compiled template is shared (an `Arc`); only the budget is this render's
+        let mut env = self.env.clone();
+        env.set_fuel(Some(render_fuel(messages, opts.tools)));
+        let tmpl = env
             .get_template(NAME)
             .map_err(|e| TemplateError::Render(error_chain(&e)))?;
         tmpl.render(ctx).map_err(|e| {
+            if e.kind() == ErrorKind::OutOfFuel {
+                return TemplateError::OutOfFuel;
+            }
             let msg = error_chain(&e);
             match msg.find("raise_exception: ") {
                 Some(at) => {

@@ -155,6 +155,31 @@ fn jinja_features_and_errors() {
     assert!(matches!(err("{{ 1 / 0 }}"), TemplateError::Render(_)));
 }
 
+/// A template from a file cannot hang the server or take its memory: work without end (loops,
+/// text that doubles) ends in a clear error once the render's budget is spent.
+#[test]
+fn runaway_templates_stop_with_a_clear_error() {
+    let m = [ChatMessage::new("user", "hi")];
+    for src in [
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "{% set ns = namespace(s='xy') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}\
+         {% endfor %}{{ ns.s | length }}",
+        "{% for i in range(100000) %}{{ 'x' * 90000000 }}{% endfor %}",
+    ] {
+        match render(src, &m) {
+            Err(e @ TemplateError::OutOfFuel) => {
+                assert!(e.to_string().contains("budget"), "{e}")
+            }
+            other => panic!("{src}: expected OutOfFuel, got {other:?}"),
+        }
+    }
+    // the budget grows with the conversation, so the same template renders a small loop
+    assert_eq!(
+        render("{% for i in range(1000) %}{% endfor %}ok", &m).unwrap(),
+        "ok"
+    );
+}
+
 /// transformers compiles templates with its `{% generation %}` tag (what marks the assistant's
 /// tokens for `return_assistant_tokens_mask`): the body renders as it is, in a scope of its own.
 /// The expected text is what jinja2 3.1.6 renders with a call-block extension for the tag, as

@@ -184,6 +184,67 @@ fn renders_as_published(edit: impl Fn(&str) -> String) {
     }
 }
 
+/// Long agent sessions render within a render's budget (`chat::render_fuel`) on every
+/// published template: 2,001 messages of ~4 KiB each (tool calls and results, 8 MiB) with 64
+/// tools, and 4,001 short messages (DeepSeek-V3.2's template looks ahead from each message, so
+/// its work grows with their square).
+#[test]
+fn long_agent_sessions_render_within_the_budget() {
+    let tools: Vec<serde_json::Value> = (0..64)
+        .map(|i| {
+            serde_json::json!({"type": "function", "function": {
+                "name": format!("tool_{i}"), "description": "d".repeat(200),
+                "parameters": {"type": "object", "properties": {
+                    "a": {"type": "string", "description": "x"},
+                    "b": {"type": "array", "items": {"type": "integer"}}},
+                    "required": ["a"]}}})
+        })
+        .collect();
+    let session = |rounds: usize, body: &str| {
+        let mut msgs = vec![ChatMessage::new("system", "You review pull requests.")];
+        for i in 0..rounds {
+            msgs.push(ChatMessage::new("user", body));
+            msgs.push(ChatMessage {
+                role: "assistant".into(),
+                content: body.into(),
+                tool_calls: vec![ToolCall {
+                    id: format!("call_{i}"),
+                    name: "tool_1".into(),
+                    arguments: format!(r#"{{"a": "{}"}}"#, "v".repeat(100)),
+                }],
+                ..ChatMessage::default()
+            });
+            msgs.push(ChatMessage {
+                role: "tool".into(),
+                content: body.into(),
+                tool_call_id: Some(format!("call_{i}")),
+                name: Some("tool_1".into()),
+                ..ChatMessage::default()
+            });
+            msgs.push(ChatMessage::new("assistant", body));
+        }
+        msgs
+    };
+    let long = session(500, &"word ".repeat(800));
+    let many = session(1000, "short reply");
+    for &(name, bos, eos, _, _) in TEMPLATES {
+        let t = ChatTemplate::new(&read(&format!("{name}.jinja"))).unwrap();
+        let opts = RenderOptions {
+            tools: Some(&tools),
+            add_generation_prompt: true,
+            bos,
+            eos,
+            extra: None,
+        };
+        for msgs in [&long, &many] {
+            let s = t
+                .render_with(msgs, &opts)
+                .unwrap_or_else(|e| panic!("{name}, {} messages: {e}", msgs.len()));
+            assert!(s.len() > msgs.len() * 10, "{name}: {} bytes", s.len());
+        }
+    }
+}
+
 /// Without tools, the templates still render plain conversations (the `tools` variable is
 /// undefined).
 #[test]
