@@ -114,6 +114,17 @@ const TEMPLATES: &[(&str, &str, &str, bool, bool)] = &[
     ("deepseek-v3.2", DS_BOS, DS_EOS, true, false),
 ];
 
+/// What the tests render with: `tools`, the generation prompt, the template's BOS and EOS.
+fn with_tools<'a>(tools: &'a [serde_json::Value], bos: &'a str, eos: &'a str) -> RenderOptions<'a> {
+    RenderOptions {
+        tools: Some(tools),
+        add_generation_prompt: true,
+        bos,
+        eos,
+        extra: None,
+    }
+}
+
 /// The first byte where two texts differ, with context, for a readable failure.
 fn diff(got: &str, want: &str) -> String {
     let at = got
@@ -164,13 +175,7 @@ fn renders_as_published(edit: impl Fn(&str) -> String) {
             },
             "{name}: probed quirks"
         );
-        let opts = RenderOptions {
-            tools: Some(&tools),
-            add_generation_prompt: true,
-            bos,
-            eos,
-            extra: None,
-        };
+        let opts = with_tools(&tools, bos, eos);
         for (msgs, file) in [
             (single(), format!("{name}.rendered.txt")),
             (parallel(), format!("{name}.parallel.rendered.txt")),
@@ -229,13 +234,7 @@ fn long_agent_sessions_render_within_the_budget() {
     let many = session(1000, "short reply");
     for &(name, bos, eos, _, _) in TEMPLATES {
         let t = ChatTemplate::new(&read(&format!("{name}.jinja"))).unwrap();
-        let opts = RenderOptions {
-            tools: Some(&tools),
-            add_generation_prompt: true,
-            bos,
-            eos,
-            extra: None,
-        };
+        let opts = with_tools(&tools, bos, eos);
         for msgs in [&long, &many] {
             let s = t
                 .render_with(msgs, &opts)
