@@ -125,7 +125,8 @@ pub const RENDER_FUEL: u64 = 16 << 20;
 /// template may look ahead from each message: DeepSeek-V3.2's takes ~1.8 n^2 for n messages),
 /// plus 1 per 8 bytes of the messages and tools (eight copies of each byte). The published
 /// templates render a 2,001-message, 8 MiB agent conversation with 64 tools in 0.25-0.69 M
-/// of it, DeepSeek-V3.2's in 7.4 M (`tests/chat_templates_published.rs`).
+/// of it, DeepSeek-V3.2's in 7.4 M (docs/RESULTS.md); `tests/chat_templates_published.rs`
+/// renders that session and a 4,001-message one on each of them.
 pub fn render_fuel(messages: &[ChatMessage], tools: Option<&[serde_json::Value]>) -> u64 {
     let n = messages.len() as u64;
     let text: usize = messages
