@@ -157,6 +157,52 @@ pub fn chat_template(data: &[u8]) {
     }
 }
 
+/// Chat templates themselves are untrusted (a GGUF's, `--chat-template`'s): any source compiles
+/// or is a syntax error, and renders a conversation with a tool call, a tool result and tools
+/// declared, or fails with a typed error; a template that loops or builds text without end
+/// stops at its render budget (`chat::render_fuel`), so no input hangs the run or takes its
+/// memory. The tool-call format found in it is one of the known ones or none.
+pub fn template_source(data: &[u8]) {
+    let src = String::from_utf8_lossy(data);
+    let _ = nightshift_model::toolcall::ToolFormat::detect(&src);
+    let Ok(t) = ChatTemplate::new(&src) else {
+        return;
+    };
+    let tools = [
+        serde_json::json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}),
+    ];
+    let msgs = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Weather in Oslo?"),
+        ChatMessage {
+            role: "assistant".into(),
+            tool_calls: vec![nightshift_model::chat::ToolCall {
+                id: "call_0".into(),
+                name: "get_weather".into(),
+                arguments: r#"{"city": "Oslo"}"#.into(),
+            }],
+            ..ChatMessage::default()
+        },
+        ChatMessage {
+            role: "tool".into(),
+            content: "12 C".into(),
+            tool_call_id: Some("call_0".into()),
+            name: Some("get_weather".into()),
+            ..ChatMessage::default()
+        },
+    ];
+    let opts = nightshift_model::chat::RenderOptions {
+        tools: Some(&tools),
+        add_generation_prompt: true,
+        bos: "<s>",
+        eos: "</s>",
+        extra: None,
+    };
+    let _ = t.render_with(&msgs, &opts);
+    let _ = t.render(&msgs[..2], false, "", "");
+}
+
 /// The node's request edge: any bytes decoded as a `ComputeRequest` and checked against a
 /// store holding the fixture's experts; errors are statuses, never panics.
 pub fn node_request(data: &[u8]) {

@@ -88,6 +88,15 @@ fn fuzz_targets() {
             targets::tokenize,
         ),
         run("chat_template", vec![chat], 4096, targets::chat_template),
+        run(
+            "template_source",
+            vec![
+                file("data/qwen3-30b-a3b.jinja"),
+                file("data/kimi-k2-instruct.jinja"),
+            ],
+            8192,
+            targets::template_source,
+        ),
         run("node_request", vec![request], 8192, targets::node_request),
         run("placement", vec![placement], 8192, targets::placement),
         run(
