@@ -213,7 +213,7 @@ fn types_without_a_path_return_false() {
 fn edge_cases() {
     // (name, blocks per row, rows, acts, scales, zero every, quantized acts)
     type Case = (&'static str, usize, usize, usize, Scales, u64, bool);
-    let cases: [Case; 13] = [
+    let cases: [Case; 14] = [
         ("single", 1, 1, 1, Scales::Normal, 0, false),
         (
             "2 row tiles + 3 rows x more acts than a chunk",
@@ -259,6 +259,15 @@ fn edge_cases() {
         ("all zero", 1, 2, 2, Scales::Normal, 1, false),
         ("quantized activations", 3, 4, 5, Scales::Normal, 0, true),
         ("long rows", 9, 2, 2, Scales::Normal, 0, true),
+        (
+            "6 acts: the widest fused batch",
+            2,
+            9,
+            6,
+            Scales::Extreme,
+            3,
+            true,
+        ),
     ];
     let mut failures = Vec::new();
     for (ci, (name, nb, rows, n, s, zero_every, quant_x)) in cases.into_iter().enumerate() {
@@ -396,7 +405,7 @@ proptest! {
         seed in any::<u64>(),
         nb in 1usize..=3,
         rows in prop::sample::select(vec![1usize, 2, 3, 5, 8, 9, 16, 17]),
-        n in prop::sample::select(vec![1usize, 2, 3, 4, 5, 8, 17]),
+        n in prop::sample::select(vec![1usize, 2, 3, 4, 5, 6, 7, 8, 17]),
         extreme in any::<bool>(),
         zero_every in prop::sample::select(vec![0u64, 3]),
         quant_x in any::<bool>(),
