@@ -121,29 +121,16 @@ const NAME: &str = "chat";
 /// 1 GiB of text, plus [`render_fuel`]'s share of the conversation.
 pub const RENDER_FUEL: u64 = 16 << 20;
 
-/// The fuel a render of `messages` gets: [`RENDER_FUEL`], plus 2 per pair of messages (a
-/// template may look ahead from each message: DeepSeek-V3.2's takes ~1.8 n^2 for n messages),
-/// plus 1 per 8 bytes of the messages and tools (eight copies of each byte). The published
-/// templates render a 2,001-message, 8 MiB agent conversation with 64 tools in 0.25-0.69 M
-/// of it, DeepSeek-V3.2's in 7.4 M (docs/RESULTS.md); `tests/chat_templates_published.rs`
-/// renders that session and a 4,001-message one on each of them.
-pub fn render_fuel(messages: &[ChatMessage], tools: Option<&[serde_json::Value]>) -> u64 {
-    let n = messages.len() as u64;
-    let text: usize = messages
-        .iter()
-        .map(|m| {
-            let calls: usize = m
-                .tool_calls
-                .iter()
-                .map(|c| c.id.len() + c.name.len() + c.arguments.len())
-                .sum();
-            m.content.len() + m.reasoning_content.as_ref().map_or(0, String::len) + calls
-        })
-        .sum();
-    let tools = tools.map_or(0, |t| t.iter().map(|v| v.to_string().len()).sum());
-    RENDER_FUEL
-        .saturating_add(n.saturating_mul(n).saturating_mul(2))
-        .saturating_add((text + tools) as u64 / 8)
+/// The fuel a render of `n` messages gets: [`RENDER_FUEL`] plus 2 per pair of messages (a
+/// template may look ahead from each message: DeepSeek-V3.2's takes ~1.8 n^2). The text itself
+/// needs no share of its own: a request body is at most 4 MiB (`gateway::extract::BODY_LIMIT`)
+/// against the 1 GiB of text the base allows. The published templates render a 2,001-message,
+/// 8 MiB agent conversation with 64 tools in 0.25-0.69 M of it, DeepSeek-V3.2's in 7.4 M
+/// (docs/RESULTS.md); `tests/chat_templates_published.rs` renders that session and a
+/// 4,001-message one on each of them.
+pub fn render_fuel(n: usize) -> u64 {
+    let n = n as u64;
+    RENDER_FUEL.saturating_add(n.saturating_mul(n).saturating_mul(2))
 }
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
@@ -337,7 +324,7 @@ impl ChatTemplate {
         let ctx = Value::from_pairs(pairs);
         // the compiled template is shared (an `Arc`); only the budget is this render's
         let mut env = self.env.clone();
-        env.set_fuel(Some(render_fuel(messages, opts.tools)));
+        env.set_fuel(Some(render_fuel(messages.len())));
         let tmpl = env
             .get_template(NAME)
             .map_err(|e| TemplateError::Render(error_chain(&e)))?;
