@@ -50,17 +50,21 @@ fn quantized(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// Seconds this thread has run on a CPU (Linux schedstat), so that other processes competing
-/// for the cores do not inflate the figures; wall time elsewhere.
+/// Seconds this thread has run on a CPU (`CLOCK_THREAD_CPUTIME_ID`, exact to the call: the
+/// scheduler's statistics in `/proc/thread-self/schedstat` advance by whole ticks, which
+/// quantized a ~30 ms run by up to ~13%), so that other processes competing for the cores do not
+/// inflate the figures; wall time where that clock is missing.
 fn cpu_time() -> f64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .map(|ns| ns as f64 * 1e-9)
-        .unwrap_or_else(|| {
-            static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-            START.get_or_init(Instant::now).elapsed().as_secs_f64()
-        })
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
+        return ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+    }
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
 
 /// Best of a few timed runs of `f` (thread CPU seconds per call), each run at least ~30 ms.
