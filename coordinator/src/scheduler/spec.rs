@@ -6,7 +6,9 @@
 //! first token that differs from the draft, cutting the KV cache back) is in `engine_loop.rs`.
 
 use nightshift_model::spec::policy::{plan, Candidate};
-use nightshift_model::spec::{Acceptance, DraftKind, DraftRequest, Drafter, StepTimes};
+use nightshift_model::spec::{
+    DraftKind, DraftRequest, Drafter, DrafterRecord, SeqAcceptance, StepTimes,
+};
 
 /// Running totals of the engine thread's steps, shared with the `Scheduler` handle so a
 /// benchmark can say where a workload's time went: how many steps carried drafts, how many
@@ -128,7 +130,7 @@ impl Tally {
 pub struct SeqSpec {
     /// Key the drafter knows the sequence by.
     pub key: u64,
-    pub acceptance: Acceptance,
+    pub acceptance: SeqAcceptance,
     /// The request's `prediction`, tokenized (an extra lookup source).
     pub prediction: Vec<u32>,
     /// Draft tokens verified and accepted / rejected, for the response's usage (the engine
@@ -159,9 +161,9 @@ pub struct Speculator {
     gated: bool,
     next_key: u64,
     kind: &'static str,
-    /// The drafter's acceptance over every sequence's verifications: new sequences start from
-    /// it ([`Acceptance::seeded`]).
-    recent: Acceptance,
+    /// The drafter's acceptance over every sequence's verifications and over their first
+    /// ones: new sequences start from it ([`DrafterRecord::seed`]).
+    record: DrafterRecord,
 }
 
 impl Speculator {
@@ -180,7 +182,7 @@ impl Speculator {
             gated,
             next_key: 0,
             kind,
-            recent: Acceptance::default(),
+            record: DrafterRecord::default(),
         }
     }
 
@@ -199,8 +201,8 @@ impl Speculator {
         self.drafter.begin(self.next_key, prompt);
         SeqSpec {
             key: self.next_key,
+            acceptance: self.record.seed(!prediction.is_empty()),
             prediction,
-            acceptance: Acceptance::seeded(&self.recent),
             ..SeqSpec::default()
         }
     }
@@ -233,7 +235,7 @@ impl Speculator {
                 } else {
                     f.len()
                 };
-                Candidate::of(&a.spec.acceptance, available)
+                Candidate::of(a.spec.acceptance.current(), available)
             })
             .collect();
         let take = if self.gated {
@@ -264,7 +266,11 @@ impl Speculator {
             if k == 0 && cands[i].available() > 0 {
                 // a lookup's draft is already found: a due probe rides one token of it
                 // (a draft model's was not drafted, and would cost its own steps)
-                if a.spec.acceptance.skipped(&self.recent, !model) {
+                if a.spec
+                    .acceptance
+                    .record
+                    .skipped(self.record.recent(), !model)
+                {
                     k = 1;
                 }
             }
@@ -315,8 +321,9 @@ impl Speculator {
 
     /// A sequence's verification: `drafted` draft tokens, the first `accepted` accepted.
     pub fn verified(&mut self, spec: &mut SeqSpec, drafted: usize, accepted: usize) {
-        spec.acceptance.update(drafted, accepted);
-        self.recent.update(drafted, accepted);
+        let predicted = !spec.prediction.is_empty();
+        self.record
+            .verified(&mut spec.acceptance, predicted, drafted, accepted);
         metrics::counter!("nightshift_spec_drafted_tokens_total", "drafter" => self.kind)
             .increment(drafted as u64);
         metrics::counter!("nightshift_spec_accepted_tokens_total", "drafter" => self.kind)

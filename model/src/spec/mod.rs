@@ -24,7 +24,7 @@ pub mod suffix;
 
 pub use draft_model::DraftModel;
 pub use ngram::NgramDrafter;
-pub use policy::{Acceptance, StepTimes};
+pub use policy::{Acceptance, DrafterRecord, SeqAcceptance, StepTimes};
 pub use suffix::SuffixDrafter;
 
 use crate::error::ModelError;
