@@ -43,7 +43,7 @@
 
 use core::arch::x86_64::*;
 
-use super::kblock::{perm32, rd_f32, KArgs, Q3, Q5, Q6, Q8K_BYTES};
+use super::kblock::{perm32, rd_f32, KArgs, Q3, Q4, Q5, Q6, Q8K_BYTES};
 
 mod ops;
 mod signed;
@@ -62,10 +62,22 @@ const TILE: usize = 8;
 /// Activation rows whose float state a tile keeps at once.
 const JCHUNK: usize = 64;
 /// Batches up to this size take the fused path (decode and multiply at once, nothing stored).
-/// Out of cache (7168 x 8192, `x86_gemm`), 5 and 6 rows fused cost Q6_K 27% / 10% less per row
-/// than the stored-decode path, Q5_K 17-22% / 13-17%, Q3_K up to 16%, Q4_K the same; from 7
-/// rows the stored decode wins (Q4_K 3.0-3.3 against 4.0-4.4 ns at 7-8 rows).
+/// Out of cache (7168 x 8192, `x86_gemm` on the thread's CPU clock, stored decode against
+/// fused), 5 and 6 rows fused cost Q6_K 5.42-5.49 / 4.96-4.97 against 4.19-4.20 / 4.63-4.74 ns
+/// per row and block, Q5_K 4.80-4.91 / 4.41-4.57 against 4.08-4.12 / 4.01-4.04, Q3_K
+/// 5.36-5.45 against 4.66-4.76 at 5 rows (the same at 6); Q4_K the same at 5 rows and 5-8%
+/// slower at 6 (3.59-3.69 against 3.31-3.45), so it keeps 4 ([`fused_max`]). From 7 rows the
+/// stored decode wins (Q4_K 3.0-3.3 against 4.0-4.4 ns at 7-8 rows).
 const FUSED_MAX: usize = 6;
+
+/// The largest batch kind `K` takes the fused path for ([`FUSED_MAX`]).
+const fn fused_max(k: u8) -> usize {
+    if k == Q4 {
+        4
+    } else {
+        FUSED_MAX
+    }
+}
 
 /// What the decoded raw (unsigned) values carry above the true ones: Q3_K 4, Q6_K 32, else 0.
 const fn offset(k: u8) -> i8 {
@@ -679,7 +691,7 @@ unsafe fn gemm_impl<const K: u8, const G: bool>(a: KArgs) {
             while j0 < n {
                 let nj = (n - j0).min(JCHUNK);
                 accs[..nj].fill(zero);
-                if n <= FUSED_MAX {
+                if n <= fused_max(K) {
                     match n {
                         1 => fused_tile::<K, G, 1>(&rp, nb, ahead, x, xp, 0, &mut accs[..1]),
                         2 => fused_tile::<K, G, 2>(&rp, nb, ahead, x, xp, 0, &mut accs[..2]),
