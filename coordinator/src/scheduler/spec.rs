@@ -321,9 +321,8 @@ impl Speculator {
 
     /// A sequence's verification: `drafted` draft tokens, the first `accepted` accepted.
     pub fn verified(&mut self, spec: &mut SeqSpec, drafted: usize, accepted: usize) {
-        let predicted = !spec.prediction.is_empty();
         self.record
-            .verified(&mut spec.acceptance, predicted, drafted, accepted);
+            .verified(&mut spec.acceptance, drafted, accepted);
         metrics::counter!("nightshift_spec_drafted_tokens_total", "drafter" => self.kind)
             .increment(drafted as u64);
         metrics::counter!("nightshift_spec_accepted_tokens_total", "drafter" => self.kind)

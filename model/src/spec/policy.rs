@@ -110,8 +110,6 @@ pub struct Acceptance {
     probing: bool,
     /// The last verification accepted a draft token.
     last_accepted: bool,
-    /// A draft of this sequence was verified (the next is not its first).
-    opened: bool,
 }
 
 /// Draft positions with their own counts; later ones share the last.
@@ -205,7 +203,6 @@ impl Acceptance {
         }
         self.probing = false;
         self.last_accepted = accepted > 0;
-        self.opened = true;
     }
 
     /// Idle steps before the next probe.
@@ -243,7 +240,6 @@ impl Acceptance {
             },
             probing: false,
             last_accepted: false,
-            opened: false,
         }
     }
 
@@ -315,6 +311,9 @@ pub struct DrafterRecord {
 pub struct SeqAcceptance {
     pub record: Acceptance,
     opening: Option<Acceptance>,
+    /// Its next verification is its first, and its request has no prediction: the openers'
+    /// record counts it.
+    opens: bool,
 }
 
 impl SeqAcceptance {
@@ -350,24 +349,19 @@ impl DrafterRecord {
         SeqAcceptance {
             record: Acceptance::seeded(&self.recent),
             opening,
+            opens: !predicted,
         }
     }
 
-    /// A verification of a sequence's draft (`seq`; `predicted`: its request has a
-    /// prediction): `drafted` tokens, the first `accepted` kept.
-    pub fn verified(
-        &mut self,
-        seq: &mut SeqAcceptance,
-        predicted: bool,
-        drafted: usize,
-        accepted: usize,
-    ) {
+    /// A verification of sequence `seq`'s draft: `drafted` tokens, the first `accepted` kept.
+    pub fn verified(&mut self, seq: &mut SeqAcceptance, drafted: usize, accepted: usize) {
         if drafted == 0 {
             return;
         }
-        if !seq.record.opened && !predicted {
+        if seq.opens {
             self.openers.update(drafted, accepted);
         }
+        seq.opens = false;
         seq.opening = None;
         seq.record.update(drafted, accepted);
         self.recent.update(drafted, accepted);

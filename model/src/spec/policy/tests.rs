@@ -340,7 +340,7 @@ fn simulate_seeded(
                 k = 1;
             }
             let accepted = (0..k).take_while(|&j| right(r, pos + j)).count();
-            record.verified(&mut a, false, k, accepted);
+            record.verified(&mut a, k, accepted);
             time += cost(1 + k);
             pos += accepted + 1;
         }
@@ -430,13 +430,13 @@ fn openings_without_a_prediction_have_their_own_record() {
     // for long spans; requests with one are right from their first draft on
     for _ in 0..6 {
         let mut quoting = record.seed(false);
-        record.verified(&mut quoting, false, 4, 1);
+        record.verified(&mut quoting, 4, 1);
         for _ in 0..4 {
-            record.verified(&mut quoting, false, 8, 8);
+            record.verified(&mut quoting, 8, 8);
         }
         let mut predicted = record.seed(true);
         for _ in 0..2 {
-            record.verified(&mut predicted, true, 8, 8);
+            record.verified(&mut predicted, 8, 8);
         }
     }
     let quoting = record.seed(false);
@@ -457,7 +457,7 @@ fn openings_without_a_prediction_have_their_own_record() {
     // from every verification as a predicted one's is
     let mut q = quoting;
     let mut after = record;
-    after.verified(&mut q, false, 1, 1);
+    after.verified(&mut q, 1, 1);
     assert!(worth(q.current()) > 5.0, "{}", worth(q.current()));
     // the pooled record (what idle sequences relax toward) saw mostly accepted spans
     assert!(record.recent().rate() > 0.8);
@@ -466,12 +466,12 @@ fn openings_without_a_prediction_have_their_own_record() {
     let openers = |r: &DrafterRecord| (r.openers.accepted, r.openers.tried);
     let mut seq = record.seed(false);
     let before = openers(&record);
-    record.verified(&mut seq, false, 2, 1);
+    record.verified(&mut seq, 2, 1);
     let once = openers(&record);
     assert_ne!(once, before);
-    record.verified(&mut seq, false, 2, 2);
+    record.verified(&mut seq, 2, 2);
     let mut p = record.seed(true);
-    record.verified(&mut p, true, 2, 0);
+    record.verified(&mut p, 2, 0);
     assert_eq!(openers(&record), once);
 }
 
