@@ -194,6 +194,21 @@ pub(super) fn write_token_file(path: &Path, token: &str) -> std::io::Result<()> 
     f.sync_all()
 }
 
+/// [`write_token_file`] at a name made of this process's id and its own counter: a file
+/// already there can only be a leftover of a killed process that had the same id (this one never
+/// repeats a name), so it is removed first (a symlink itself, never its target). Kept, it made
+/// every later `--nodes` launch under that id fail with "File exists".
+fn write_own_token_file(path: &Path, token: &str) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {
+            tracing::warn!(path = %path.display(), "removed a token file left by a killed process")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    write_token_file(path, token)
+}
+
 /// Reads the token of a `--auth-token-file` (trimmed; empty is an error).
 fn read_token_file(path: &Path) -> Result<String, LaunchError> {
     let err = |reason: String| LaunchError::Token {
@@ -294,7 +309,7 @@ impl LocalCluster {
                     .work_dir
                     .join(format!("node-token-{}-{seq}", std::process::id()));
                 let token = fresh_token()
-                    .and_then(|t| write_token_file(&path, &t).map(|()| t))
+                    .and_then(|t| write_own_token_file(&path, &t).map(|()| t))
                     .map_err(|e| LaunchError::Token {
                         path: path.display().to_string(),
                         reason: e.to_string(),
@@ -621,7 +636,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests {
-    use super::{free_ports, quiet_ports};
+    use super::{free_ports, quiet_ports, write_own_token_file};
+
+    #[test]
+    fn a_token_file_left_by_a_killed_process_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("ns-token-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("node-token-1-0");
+        std::fs::write(&path, "stale\n").expect("leftover");
+        write_own_token_file(&path, "fresh").expect("a leftover does not stop the launch");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "fresh\n");
+        // no file there: written as before
+        std::fs::remove_file(&path).expect("remove");
+        write_own_token_file(&path, "again").expect("write");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "again\n");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
 
     #[test]
     fn local_nodes_get_distinct_ports_below_the_ephemeral_range_once_per_process() {
