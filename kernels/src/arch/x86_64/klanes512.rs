@@ -28,7 +28,7 @@
 //! (offset 4 or 32; once per activation block, shared by the tile) is subtracted from every pair
 //! sum. Q3_K's one 64-byte `qs` load holds chunks (s, s + 4) in bits `2s..2s+2`, and its
 //! activations are packed in that order. Two rows' lanes are folded into one vector (decoders
-//! in `signed`). From 2 (Q6_K) or 3 (Q3_K) activation rows on, with GFNI, they take the
+//! in `signed`). From 2 activation rows on, with GFNI, they take the
 //! signed scheme instead ([`signed_scheme`]): weights `raw - offset` (signed, made by the affine
 //! transform's constant), activations `q + 128`, and a per-row seed `-128 * sum(scale * w)`;
 //! that costs 8 ops per row and saves the subtraction (4 ops) per row and activation, so batch
@@ -141,14 +141,17 @@ struct PairDec {
     corr: [__m512i; 2],
 }
 
-/// Q3_K/Q6_K with GFNI at 3 or more activation rows (and the stored-tile path) take the signed
+/// Q3_K/Q6_K with GFNI at 2 or more activation rows (and the stored-tile path) take the signed
 /// scheme: weights decoded as `raw - 4` / `raw - 32` (free: the affine transform's constant
 /// does it), activations as `q + 128` (`maddubs(q ^ 0x80, w)`, pair sums within 2 * 255 * 32),
 /// and a per-row seed `-128 * sum(scale * w)` (4 `maddubs` + 4 `vpdpwssd` per row) instead of
 /// the per-(row, activation) `sub` of `maddubs(offset, q)` (4 ops). Measured: it pays from 2
-/// rows on for Q6_K (+9% at 2) and from 3 for Q3_K (-7% at 2).
+/// rows on for Q6_K (+9% at 2) and for Q3_K (7168 columns, on the thread's CPU clock: 2 rows
+/// 6.93-7.04 -> 5.94-6.01 ns per row and block in cache, 7.25-8.74 -> 6.59-6.75 from DRAM;
+/// an earlier "-7% at 2" came from the tick-quantized clock). At 1 row it loses (Q3_K
+/// 7.8 -> 9.1-9.6, Q6_K 6.5 -> 8.4-8.5 in cache).
 const fn signed_scheme(k: u8, gfni: bool, n: usize) -> bool {
-    gfni && ((k == Q6 && n >= 2) || (k == Q3 && n >= 3))
+    gfni && (k == Q6 || k == Q3) && n >= 2
 }
 
 /// Q4_K/Q5_K values of one row's block at `b` (vector `v` = chunks [`chunks45`]`(v)`).
