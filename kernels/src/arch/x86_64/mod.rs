@@ -9,7 +9,7 @@
 //! exactly. The AVX-512-VNNI tier has its own Q8_0 kernel (`q8_0_512`: 16 rows transposed
 //! into one row per lane, no horizontal sums) and 64-byte kernels with 8-row tiles for Q2_K
 //! (`q2k512`, built twice: with AVX512-VBMI its scale table is one `vpermb` lookup; from
-//! batch 3 Q2_K takes `q2k_row_lanes`, 16 rows transposed into one row per lane) and, when
+//! batch 2 Q2_K takes `q2k_row_lanes`, 16 rows transposed into one row per lane) and, when
 //! the CPU also has AVX512-VBMI (a capability of `dispatch`), Q3_K, Q4_K, Q5_K
 //! and Q6_K (`klanes512`); without VBMI those use the shared 32-byte kernels. Q5_0 runs through
 //! the Q8_0 kernels on its blocks decoded to Q8_0 (the same dot bit for bit). Types without a
@@ -220,11 +220,13 @@ fn gemm_kquant(level: Level, kind: u8, nb: usize, t: &mut Tile<'_>) {
 }
 
 /// From this many activation rows on, Q2_K takes the one-row-per-lane kernel (`q2k_row_lanes`)
-/// on the AVX-512 tier; below it `q2k512`. Measured on Zen 5 (`x86_gemm`, k = 7168, load 10-13,
-/// interleaved, ns per row and block): at batch 1 the per-block transpose costs more than the
-/// reductions it saves (3.4-4.7 vs 2.9-3.8); at batch 2 neither wins (the medians went either
-/// way over four sets of runs, in cache and from DRAM); from 3 on the lane kernel is ahead.
-const Q2K_ROW_LANES_MIN: usize = 3;
+/// on the AVX-512 tier; below it `q2k512`. At batch 1 the per-block transpose costs more than
+/// the reductions it saves (Zen 5: 3.4-4.7 vs 2.9-3.8 ns per row and block; Zen 4, k = 7168, on
+/// the thread's CPU clock: 5.16-5.28 vs 5.04-5.06 in cache). At batch 2 the lane kernel wins on
+/// that clock (Zen 4, interleaved: 3.50-3.52 -> 3.08-3.10 ns per row, activation and block in
+/// cache, 3.93-4.01 -> 3.47-3.73 from DRAM); the earlier "neither wins" came from the
+/// tick-quantized clock.
+const Q2K_ROW_LANES_MIN: usize = 2;
 
 /// Q8_0 (`nb` blocks per row, `rows, n >= 1`): the activation tables, then the tier's driver
 /// (AVX-512: the 16-row kernel `q8_0_512`).
