@@ -425,7 +425,9 @@ fn split_budget(
     budget: u64,
     split: &Split,
 ) -> Result<Option<Plan>> {
-    use nightshift_atlas::split::{best, holders, replay_nodes, resident_flags, SplitRow, SHARES};
+    use nightshift_atlas::split::{
+        best, holders, oracle_nodes, replay_nodes, resident_flags, SplitRow, SHARES,
+    };
     let share = split.share.trim();
     let fixed = if share == "auto" {
         None
@@ -525,6 +527,27 @@ fn split_budget(
     }
     let chosen = best(&rows).map_or(0, |r| r.order);
     let row = &rows[chosen];
+    // the bound: the same memory on each node, with the future known
+    let holder = holders(
+        &plans[chosen].placement,
+        &a.shape.moe_layers,
+        a.shape.n_experts,
+    );
+    let memory: Vec<usize> = plans[chosen]
+        .placement
+        .nodes
+        .iter()
+        .map(|_| (budget / eb + extra) as usize)
+        .collect();
+    let o = oracle_nodes(trace, a.top_k, Some(&holder), &memory);
+    println!(
+        "  {:>9} {:>9} {:>12} {:>11.2}% {:>14.2}   (oracle: knows the trace, evicts what is used furthest ahead; a bound, not a policy)",
+        "oracle",
+        "-",
+        memory.iter().sum::<usize>(),
+        100.0 * o.hit_rate(),
+        o.misses_per_token(tokens)
+    );
     println!(
         "resident share: {} experts resident, the staging cache gets the rest of the budget ({} experts with what it has beyond it, over all nodes)",
         row.resident_experts, row.cache_experts

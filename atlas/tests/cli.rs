@@ -384,6 +384,27 @@ fn plan_splits_the_budget_by_replaying_the_trace() {
             "{stdout}"
         );
         assert!(stdout.contains("resident share:"), "{stdout}");
+        // the oracle's reads per token (same memory, the future known) bound every split's
+        let reads = |first: &str| -> Vec<f64> {
+            stdout
+                .lines()
+                .map(str::split_whitespace)
+                .filter_map(|mut w| {
+                    let head = w.next()?;
+                    let is_row = if first == "oracle" {
+                        head == "oracle"
+                    } else {
+                        head.ends_with('%')
+                    };
+                    let cols: Vec<&str> = std::iter::once(head).chain(w).collect();
+                    is_row.then(|| cols.get(4)?.parse().ok()).flatten()
+                })
+                .collect()
+        };
+        let (splits, oracle) = (reads("split"), reads("oracle"));
+        assert_eq!((splits.len(), oracle.len()), (9, 1), "{stdout}");
+        let least = splits.iter().copied().fold(f64::INFINITY, f64::min);
+        assert!(oracle[0] <= least && oracle[0] > 0.0, "{stdout}");
         // the placement names the whole budget as the node's memory
         let p = Placement::load(&d.join(out)).unwrap();
         let eb = Atlas::load(&d.join(atlas)).unwrap().shape.expert_bytes;
