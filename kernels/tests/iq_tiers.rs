@@ -317,7 +317,7 @@ proptest! {
         seed in any::<u64>(),
         nb in 1usize..=3,
         rows in prop::sample::select(vec![1usize, 2, 3, 5, 8, 16, 19]),
-        n in prop::sample::select(vec![1usize, 2, 3, 4, 5, 9]),
+        n in prop::sample::select(vec![1usize, 2, 3, 4, 5, 6, 7, 8, 9]),
         extreme in any::<bool>(),
         quant_x in any::<bool>(),
     ) {
