@@ -92,9 +92,7 @@ pub fn replay_nodes(
             out.resident_hits += 1;
             continue;
         }
-        let node = holder
-            .and_then(|h| h.get(slot)?.get(e as usize).copied())
-            .unwrap_or(0);
+        let node = node_of(holder, slot, e);
         let (Some(last), Some(by_tick), Some(&cap)) =
             (last.get_mut(node), by_tick.get_mut(node), caches.get(node))
         else {
@@ -114,6 +112,13 @@ pub fn replay_nodes(
         }
     }
     out
+}
+
+/// The node holding expert `e` of `slot` (`None`: every expert on node 0).
+fn node_of(holder: Option<&[Vec<usize>]>, slot: usize, e: u16) -> usize {
+    holder
+        .and_then(|h| h.get(slot)?.get(e as usize).copied())
+        .unwrap_or(0)
 }
 
 /// The uses of `trace` in the order a decode step runs them: token by token, each token through
@@ -164,15 +169,10 @@ pub fn oracle_nodes(
     // per node: each cached expert's next use, and the same pairs ordered by next use
     let mut held: Vec<HashMap<(usize, u16), usize>> = vec![HashMap::new(); caches.len()];
     let mut by_next: Vec<BTreeSet<(usize, (usize, u16))>> = vec![BTreeSet::new(); caches.len()];
-    let node_of = |slot: usize, e: u16| {
-        holder
-            .and_then(|h| h.get(slot)?.get(e as usize).copied())
-            .unwrap_or(0)
-    };
     // Loaded before the trace, as a resident set is: the experts used first, up to each node's
     // memory (the best start: any other expert is needed no sooner than one of these).
     for (i, &(slot, e)) in uses.iter().enumerate() {
-        let node = node_of(slot, e);
+        let node = node_of(holder, slot, e);
         if let (Some(held), Some(by_next), Some(&cap)) =
             (held.get_mut(node), by_next.get_mut(node), caches.get(node))
         {
@@ -183,7 +183,7 @@ pub fn oracle_nodes(
         }
     }
     for (i, &(slot, e)) in uses.iter().enumerate() {
-        let node = node_of(slot, e);
+        let node = node_of(holder, slot, e);
         let (Some(held), Some(by_next), Some(&cap)) =
             (held.get_mut(node), by_next.get_mut(node), caches.get(node))
         else {
