@@ -30,7 +30,8 @@
 //! ternary types TQ1_0/TQ2_0 are decoders of the same shape (`ternary`).
 //!
 //! Tiles: up to [`LANE_N`] activation rows, 16 weight rows share a register's lanes
-//! ([`lane_tile`]; rows past the last whole 16 in tiles of [`ROWS`]). Above it (prefill),
+//! ([`lane_tile`]; rows past the last whole 16 in tiles of [`ROWS`]); the ternary kinds run lane
+//! tiles over chunks of [`LANE_N`] up to their [`Wide::SPLIT_MAX`]. Above it (prefill),
 //! 16 activation rows do ([`act_tile`]): the activations are copied once per call into
 //! cache-line-aligned blocks, unit-major, with their 16-element sums ([`ActBlock`]), and each
 //! weight unit is decoded once per pass and dotted with every activation row of the pass at
@@ -119,6 +120,11 @@ trait Wide: IqKind<X = BlockQ8_K> {
     /// kinds, from a biased value table) and sets `bb` itself (see [`bias`]), so
     /// [`bias`] has nothing left to do.
     const BIASED: bool = false;
+    /// Activation rows up to which more than [`LANE_N`] run as [`lane_tile`]s over chunks of
+    /// [`LANE_N`] (each decoding the tile's units again) instead of [`act_tile`]: worth it where
+    /// the decode is cheap (the ternary kinds); [`LANE_N`] (never) for the grid kinds, whose
+    /// decode is most of a row's cost.
+    const SPLIT_MAX: usize = LANE_N;
     /// Decodes the unit starting at `p` (its first block's first byte).
     ///
     /// # Safety
@@ -374,7 +380,8 @@ fn reduce16(a: &[__m512i; LANES]) -> __m512i {
     fold(fold(s2[0], s2[1]), fold(s2[2], s2[3]))
 }
 
-/// 16 weight rows from `wt` against `J` activation rows (`out` their `16 n` outputs): per
+/// 16 weight rows from `wt` against `J` activation rows (row `r`'s output for activation `j`
+/// at `out[r * stride + j]`): per
 /// unit each row decoded once, its `J` integer sums taken across the rows into one register
 /// per activation row ([`reduce16`]), and `sum += (d * x.d) * term` on 16 rows at once, in the
 /// reference's order per output.
@@ -391,6 +398,7 @@ unsafe fn lane_tile<K: Wide, const J: usize, const G: bool>(
     xb: &[BlockQ8_K],
     xs: &[[i16; 16]],
     out: &mut [f32],
+    stride: usize,
 ) {
     let unit_w_bytes = K::UNIT * size_of::<K::W>();
     let mut sum = [_mm512_setzero_ps(); J];
@@ -424,13 +432,12 @@ unsafe fn lane_tile<K: Wide, const J: usize, const G: bool>(
             *s = _mm512_add_ps(*s, _mm512_mul_ps(dd, t));
         }
     }
-    let n = J;
     for (j, s) in sum.iter().enumerate() {
         let mut v = [0f32; LANES];
         // SAFETY: `v` is 64 writable bytes; unaligned store.
         unsafe { _mm512_storeu_ps(v.as_mut_ptr(), *s) };
         for (r, &v) in v.iter().enumerate() {
-            out[r * n + j] = K::finish(v);
+            out[r * stride + j] = K::finish(v);
         }
     }
 }
@@ -627,7 +634,7 @@ unsafe fn gemm_wide<K: Wide, const G: bool>(
     let units = per_row / K::UNIT;
     let unit_w_bytes = K::UNIT * size_of::<K::W>();
     let row_bytes = per_row * size_of::<K::W>();
-    if n > LANE_N {
+    if n > LANE_N.max(K::SPLIT_MAX) {
         // SAFETY: `unit_blocks` checked the lengths; the caller guarantees the features.
         unsafe { gemm_acts::<K, G>(wb, row_bytes, units, xb, n, out) };
         return true;
@@ -642,14 +649,20 @@ unsafe fn gemm_wide<K: Wide, const G: bool>(
         let (out_lanes, out) = out.split_at_mut(whole * n);
         for (t, ot) in out_lanes.chunks_exact_mut(LANES * n).enumerate() {
             let wt = wb[t * LANES * per_row..].as_ptr() as *const u8;
-            // SAFETY: the tile's 16 rows exist, `xb`/`xs` hold `n` activation rows; the caller
-            // guarantees the features.
-            unsafe {
-                match n {
-                    1 => lane_tile::<K, 1, G>(wt, row_bytes, units, xb, &xs, ot),
-                    2 => lane_tile::<K, 2, G>(wt, row_bytes, units, xb, &xs, ot),
-                    3 => lane_tile::<K, 3, G>(wt, row_bytes, units, xb, &xs, ot),
-                    _ => lane_tile::<K, LANE_N, G>(wt, row_bytes, units, xb, &xs, ot),
+            // activation rows in chunks of at most LANE_N (one chunk unless `K::SPLIT_MAX`)
+            for j0 in (0..n).step_by(LANE_N) {
+                let c = (n - j0).min(LANE_N);
+                let (xc, sc) = (&xb[j0 * units..], &xs[j0 * units..]);
+                let oc = &mut ot[j0..];
+                // SAFETY: the tile's 16 rows exist, `xc`/`sc` hold activation rows j0..j0 + c;
+                // the caller guarantees the features.
+                unsafe {
+                    match c {
+                        1 => lane_tile::<K, 1, G>(wt, row_bytes, units, xc, sc, oc, n),
+                        2 => lane_tile::<K, 2, G>(wt, row_bytes, units, xc, sc, oc, n),
+                        3 => lane_tile::<K, 3, G>(wt, row_bytes, units, xc, sc, oc, n),
+                        _ => lane_tile::<K, LANE_N, G>(wt, row_bytes, units, xc, sc, oc, n),
+                    }
                 }
             }
         }

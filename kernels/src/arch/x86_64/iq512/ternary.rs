@@ -125,6 +125,10 @@ unsafe fn tq2_runs(p: *const u8) -> ([__m512i; 2], f32) {
 impl Wide for Tq2_0 {
     const BIAS: i8 = 1;
     const TERNARY: bool = true;
+    /// Zen 4 (`x86_gemm`, k = 7168, in cache, three alternations, ns per row, activation and
+    /// 256 elements), one activation tile -> lane tiles of 4: 3.10-3.14 -> 2.12-2.13 at 5 rows,
+    /// 2.61-2.65 -> 2.04-2.05 at 6, 2.22-2.24 -> 2.01-2.02 at 7, 1.95-1.96 -> 1.98-1.99 at 8.
+    const SPLIT_MAX: usize = 7;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs_gf(p: *const u8) -> Dec {
@@ -158,6 +162,9 @@ impl Wide for Tq2_0 {
 impl Wide for Tq1_0 {
     const BIAS: i8 = 1;
     const TERNARY: bool = true;
+    /// As for TQ2_0 ([`Wide::SPLIT_MAX`]): 4.32-4.33 -> 4.07-4.10 at 5 rows, but 3.60 -> 3.62-3.90
+    /// at 6 and worse beyond (its base-3 decode costs more).
+    const SPLIT_MAX: usize = 5;
     #[inline]
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn decode_regs(p: *const u8) -> Dec {
