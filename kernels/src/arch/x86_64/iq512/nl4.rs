@@ -38,7 +38,8 @@ use kinds::{lanes4, BIASED_IQ4NL};
 /// Rows whose float sums share one register's lanes.
 const LANES: usize = 16;
 /// Activation rows up to which a row tile decodes each unit straight into registers and keeps
-/// its sums there (`row_tile`); more take `wide_tile`, which decodes each unit once into a buffer.
+/// its sums there (`row_tile`); more run in chunks of it up to [`SPLIT_MAX`], and beyond that
+/// `wide_tile` decodes each unit once into a buffer.
 const CHUNK: usize = 4;
 /// Activation rows up to which more than [`CHUNK`] run as row tiles over chunks of [`CHUNK`]
 /// (each chunk decodes the tile's units again) instead of one `wide_tile`, whose decoded units
@@ -517,47 +518,36 @@ unsafe fn gemm_nl4<K: Nl4, const H: usize>(
         let mut acc = Vec::new();
         for r0 in (0..whole).step_by(LANES) {
             let wt = wp.wrapping_add(r0 * row_bytes);
-            if n > CHUNK && n <= SPLIT_MAX {
-                // row tiles over the activations in chunks of CHUNK ([`SPLIT_MAX`])
-                for j0 in (0..n).step_by(CHUNK) {
-                    let c = (n - j0).min(CHUNK);
-                    let pxc = |jj: usize, u: usize| px(j0 + jj, u);
-                    // SAFETY: rows r0..r0 + 16 exist; `pxc` gives packed units of activations
-                    // j0..j0 + c; features as above.
-                    unsafe {
-                        match c {
-                            1 => row_tile::<K, 1, H>(wt, &geo, pxc, &mut sums),
-                            2 => row_tile::<K, 2, H>(wt, &geo, pxc, &mut sums),
-                            3 => row_tile::<K, 3, H>(wt, &geo, pxc, &mut sums),
-                            _ => row_tile::<K, CHUNK, H>(wt, &geo, pxc, &mut sums),
-                        }
-                    }
-                    for (jj, v) in sums[..c].iter().enumerate() {
-                        for (l, &s) in v.iter().enumerate() {
-                            out[(r0 + lane_row(l)) * n + j0 + jj] = K::finish(s);
-                        }
+            if n > SPLIT_MAX {
+                acc.clear();
+                acc.resize(n, [0f32; LANES]);
+                // SAFETY: rows r0..r0 + 16 exist; `px` gives packed units; features as above.
+                unsafe { wide_tile::<K, H>(wt, &geo, px, &mut acc) };
+                for (j, v) in acc.iter().enumerate() {
+                    for (l, &s) in v.iter().enumerate() {
+                        out[(r0 + lane_row(l)) * n + j] = K::finish(s);
                     }
                 }
                 continue;
             }
-            if n > CHUNK {
-                acc.clear();
-                acc.resize(n, [0f32; LANES]);
-            }
-            // SAFETY: rows r0..r0 + 16 exist; `px` gives packed units; features as above.
-            unsafe {
-                match n {
-                    1 => row_tile::<K, 1, H>(wt, &geo, px, &mut sums),
-                    2 => row_tile::<K, 2, H>(wt, &geo, px, &mut sums),
-                    3 => row_tile::<K, 3, H>(wt, &geo, px, &mut sums),
-                    CHUNK => row_tile::<K, CHUNK, H>(wt, &geo, px, &mut sums),
-                    _ => wide_tile::<K, H>(wt, &geo, px, &mut acc),
+            // row tiles over the activations in chunks of CHUNK (one chunk up to CHUNK rows)
+            for j0 in (0..n).step_by(CHUNK) {
+                let c = (n - j0).min(CHUNK);
+                let pxc = |jj: usize, u: usize| px(j0 + jj, u);
+                // SAFETY: rows r0..r0 + 16 exist; `pxc` gives packed units of activations
+                // j0..j0 + c; features as above.
+                unsafe {
+                    match c {
+                        1 => row_tile::<K, 1, H>(wt, &geo, pxc, &mut sums),
+                        2 => row_tile::<K, 2, H>(wt, &geo, pxc, &mut sums),
+                        3 => row_tile::<K, 3, H>(wt, &geo, pxc, &mut sums),
+                        _ => row_tile::<K, CHUNK, H>(wt, &geo, pxc, &mut sums),
+                    }
                 }
-            }
-            let tile = if n <= CHUNK { &sums[..n] } else { &acc[..] };
-            for (j, v) in tile.iter().enumerate() {
-                for (l, &s) in v.iter().enumerate() {
-                    out[(r0 + lane_row(l)) * n + j] = K::finish(s);
+                for (jj, v) in sums[..c].iter().enumerate() {
+                    for (l, &s) in v.iter().enumerate() {
+                        out[(r0 + lane_row(l)) * n + j0 + jj] = K::finish(s);
+                    }
                 }
             }
         }
