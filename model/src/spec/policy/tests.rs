@@ -352,16 +352,70 @@ fn simulate_seeded(
     right: &dyn Fn(usize, usize) -> bool,
     pooled: bool,
 ) -> f64 {
+    stream(
+        curve,
+        requests,
+        tokens,
+        right,
+        Seeding::Openers { pooled },
+        None,
+    )
+}
+
+/// [`simulate`] for requests with a prediction, with the step times measured as the scheduler
+/// measures them: the table starts empty and records every step, whose time is the curve's
+/// times `slow(step, rows)` (a moment the VM was busy). The speed is still against the
+/// curve's own times.
+fn simulate_measured(
+    curve: &[f64],
+    requests: usize,
+    tokens: usize,
+    right: &dyn Fn(usize, usize) -> bool,
+    slow: &dyn Fn(usize, usize) -> f64,
+) -> f64 {
+    stream(
+        curve,
+        requests,
+        tokens,
+        right,
+        Seeding::Predicted,
+        Some(slow),
+    )
+}
+
+/// How each simulated request's acceptance starts ([`DrafterRecord::seed`]).
+#[derive(Clone, Copy)]
+enum Seeding {
+    /// Requests without a prediction: the opening judged by the openers' record, or by every
+    /// verification pooled.
+    Openers { pooled: bool },
+    /// Requests with a prediction.
+    Predicted,
+}
+
+/// The stream [`simulate`] describes: the table holds the curve from the start (`measured`
+/// None), or is measured step by step with `measured` giving each step's slowdown.
+fn stream(
+    curve: &[f64],
+    requests: usize,
+    tokens: usize,
+    right: &dyn Fn(usize, usize) -> bool,
+    seeding: Seeding,
+    measured: Option<&dyn Fn(usize, usize) -> f64>,
+) -> f64 {
     let n = curve.len();
     let cost = |rows: usize| {
         curve[rows.min(n) - 1] + (curve[n - 1] - curve[n - 2]) * rows.saturating_sub(n) as f64
     };
-    let t = times(&(1..=17).map(|r| (r, cost(r))).collect::<Vec<_>>());
+    let mut t = match measured {
+        Some(_) => StepTimes::new(),
+        None => times(&(1..=17).map(|r| (r, cost(r))).collect::<Vec<_>>()),
+    };
     let mut record = DrafterRecord::default();
-    let mut time = 0.0;
+    let (mut time, mut step) = (0.0, 0);
     for r in 0..requests {
-        let mut a = record.seed(false);
-        if pooled {
+        let mut a = record.seed(matches!(seeding, Seeding::Predicted));
+        if let Seeding::Openers { pooled: true } = seeding {
             a.opening = None;
         }
         let mut pos = 0;
@@ -374,6 +428,10 @@ fn simulate_seeded(
             let accepted = (0..k).take_while(|&j| right(r, pos + j)).count();
             record.verified(&mut a, k, accepted);
             time += cost(1 + k);
+            if let Some(slow) = measured {
+                t.record(1 + k, cost(1 + k) * slow(step, 1 + k));
+            }
+            step += 1;
             pos += accepted + 1;
         }
     }
@@ -605,44 +663,6 @@ fn a_position_rejected_once_long_ago_is_tried_again() {
 /// (rows 1..=8, relative to one row; 2026-12-06), where a row costs about half a one-row
 /// step and the output head is most of a step.
 const FULL_VOCAB_Q2K: [f64; 8] = [1.0, 1.31, 1.65, 2.07, 2.50, 3.02, 3.53, 4.02];
-
-/// One stream under the policy as [`simulate`], but with the step times measured as the
-/// scheduler measures them: the table starts empty and records every step, whose time is the
-/// curve's times `slow(step, rows)` (a moment the VM was busy). Returns the speed relative to
-/// decoding without drafts at the curve's own times.
-fn simulate_measured(
-    curve: &[f64],
-    requests: usize,
-    tokens: usize,
-    right: &dyn Fn(usize, usize) -> bool,
-    slow: &dyn Fn(usize, usize) -> f64,
-) -> f64 {
-    let n = curve.len();
-    let cost = |rows: usize| {
-        curve[rows.min(n) - 1] + (curve[n - 1] - curve[n - 2]) * rows.saturating_sub(n) as f64
-    };
-    let mut t = StepTimes::new();
-    let mut record = DrafterRecord::default();
-    let (mut time, mut step) = (0.0, 0);
-    for r in 0..requests {
-        let mut a = record.seed(true);
-        let mut pos = 0;
-        while pos < tokens {
-            let avail = 16.min(tokens - pos - 1);
-            let mut k = plan(&t, 1, &[Candidate::of(a.current(), avail)], None)[0];
-            if k == 0 && avail > 0 && a.record.skipped(record.recent(), true) {
-                k = 1;
-            }
-            let accepted = (0..k).take_while(|&j| right(r, pos + j)).count();
-            record.verified(&mut a, k, accepted);
-            time += cost(1 + k);
-            t.record(1 + k, cost(1 + k) * slow(step, 1 + k));
-            step += 1;
-            pos += accepted + 1;
-        }
-    }
-    (requests * tokens) as f64 / time
-}
 
 #[test]
 fn a_step_measured_at_a_bad_moment_is_measured_again() {
