@@ -308,46 +308,13 @@ fn simulate(
     tokens: usize,
     right: &dyn Fn(usize, usize) -> bool,
 ) -> f64 {
-    simulate_seeded(curve, requests, tokens, right, false)
-}
-
-/// [`simulate`], each request seeded from every verification pooled when `pooled` (what
-/// [`DrafterRecord::seed`] replaced) instead of from the openers' record.
-fn simulate_seeded(
-    curve: &[f64],
-    requests: usize,
-    tokens: usize,
-    right: &dyn Fn(usize, usize) -> bool,
-    pooled: bool,
-) -> f64 {
     stream(
         curve,
         requests,
         tokens,
         right,
-        Seeding::Openers { pooled },
+        Seeding::Openers { pooled: false },
         None,
-    )
-}
-
-/// [`simulate`] for requests with a prediction, with the step times measured as the scheduler
-/// measures them: the table starts empty and records every step, whose time is the curve's
-/// times `slow(step, rows)` (a moment the VM was busy). The speed is still against the
-/// curve's own times.
-fn simulate_measured(
-    curve: &[f64],
-    requests: usize,
-    tokens: usize,
-    right: &dyn Fn(usize, usize) -> bool,
-    slow: &dyn Fn(usize, usize) -> f64,
-) -> f64 {
-    stream(
-        curve,
-        requests,
-        tokens,
-        right,
-        Seeding::Predicted,
-        Some(slow),
     )
 }
 
@@ -362,7 +329,9 @@ enum Seeding {
 }
 
 /// The stream [`simulate`] describes: the table holds the curve from the start (`measured`
-/// None), or is measured step by step with `measured` giving each step's slowdown.
+/// None), or starts empty and records every step as the scheduler does, each step's time the
+/// curve's times `measured(step, rows)` (e.g. a moment the VM was busy); the speed is against
+/// the curve's own times either way.
 fn stream(
     curve: &[f64],
     requests: usize,
@@ -457,7 +426,14 @@ fn openings_that_fail_early_open_short() {
         // with a long draft that cost its rows for one token (1.69x / 1.88x; 2.13x / 2.26x
         // judged by the openings, and 1.89x / 1.56x with the whole record seeded from them)
         let leaves = |_: usize, i: usize| i != 1;
-        let pooled = simulate_seeded(curve, 20, 48, &leaves, true);
+        let pooled = stream(
+            curve,
+            20,
+            48,
+            &leaves,
+            Seeding::Openers { pooled: true },
+            None,
+        );
         let openers = simulate(curve, 20, 48, &leaves);
         assert!(
             openers > 1.15 * pooled,
@@ -466,7 +442,14 @@ fn openings_that_fail_early_open_short() {
         // every other request quotes something the model does not follow (its drafts are all
         // wrong), the others are right throughout (0.99x pooled, 1.03x)
         let mixed = |r: usize, _: usize| r % 2 == 0;
-        let pooled = simulate_seeded(curve, 20, 48, &mixed, true);
+        let pooled = stream(
+            curve,
+            20,
+            48,
+            &mixed,
+            Seeding::Openers { pooled: true },
+            None,
+        );
         let openers = simulate(curve, 20, 48, &mixed);
         assert!(
             openers > 1.02 * pooled,
@@ -645,9 +628,16 @@ fn a_table_measured_as_it_goes_comes_near_the_ceiling() {
                     .map(|seed| {
                         let right = |r: usize, i: usize| coin(seed, r, i, p);
                         if noisy {
-                            simulate_measured(curve, 20, 48, &right, &jitter(seed))
+                            stream(
+                                curve,
+                                20,
+                                48,
+                                &right,
+                                Seeding::Predicted,
+                                Some(&jitter(seed)),
+                            )
                         } else {
-                            simulate_measured(curve, 20, 48, &right, &|_, _| 1.0)
+                            stream(curve, 20, 48, &right, Seeding::Predicted, Some(&|_, _| 1.0))
                         }
                     })
                     .sum::<f64>()
@@ -659,7 +649,14 @@ fn a_table_measured_as_it_goes_comes_near_the_ceiling() {
                 );
             }
         }
-        let wrong = simulate_measured(curve, 20, 48, &|_, _| false, &jitter(1));
+        let wrong = stream(
+            curve,
+            20,
+            48,
+            &|_, _| false,
+            Seeding::Predicted,
+            Some(&jitter(1)),
+        );
         assert!(wrong > 0.98, "{name}, drafts always wrong: {wrong:.3}x");
     }
 }
