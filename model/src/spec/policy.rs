@@ -11,18 +11,33 @@
 /// more rows gets tried and measured; below the smallest, in proportion to the rows, so the
 /// step without drafts is measured before drafts are judged against it.
 ///
-/// Known limit: a count is only measured while the policy chooses it, so one step measured at
-/// a bad moment (the VM busy) can keep its count, and those interpolated through it, looking
-/// dear for the rest of a run (in simulation, one 3x step at the count that pays cost 24-40%
-/// of the speed for good; one `bench spec` run in 23 drafted 2.3 rows a step). Doubting a mean
-/// after 16 steps unless a second measurement agreed, then estimating it only lower from the
-/// trusted means, recovered that in simulation (1-4%) but cost 2-4% at four sessions and at
-/// 20% noise on the Kimi-K2 shape (6 alternations, both orders; docs/RESULTS.md), so it is
-/// not here.
+/// A count is only measured while the policy chooses it, so one step measured at a bad moment
+/// (the VM busy) could keep its count, and those interpolated through it, looking dear for the
+/// rest of a run (in simulation one 3x step at the count that pays cost 24-40% of the speed
+/// for good; one `bench spec` run in 23 drafted 2.3 rows a step). Two guards:
+/// - from its third sample on, a mean follows the median of its last three samples, so one
+///   slow step moves it not at all (two in a row do: the VM slowed);
+/// - a mean ages: one not updated for [`FRESH_STEPS`] steps (doubled per sample it holds,
+///   [`FRESH_DOUBLINGS`] times at most) is left out of the estimates until a new step of its
+///   count starts it afresh. A count that really is dear is tried once more per period.
 #[derive(Clone, Debug, Default)]
 pub struct StepTimes {
-    /// Index = rows; (mean seconds, samples).
-    by_rows: Vec<(f64, u32)>,
+    /// Index = rows.
+    by_rows: Vec<Mean>,
+    /// Steps recorded so far.
+    clock: u64,
+}
+
+/// One row count's running mean.
+#[derive(Clone, Copy, Debug, Default)]
+struct Mean {
+    secs: f64,
+    /// Samples since it last started afresh.
+    samples: u32,
+    /// [`StepTimes::clock`] at its last sample.
+    at: u64,
+    /// The last two samples, the latest first.
+    last: [f64; 2],
 }
 
 /// Weight of a new sample in the running mean (after the first few).
@@ -30,6 +45,10 @@ const EWMA: f64 = 0.2;
 /// Assumed cost of one more row past the measured ones, as a share of the mean per-row cost
 /// of the largest measured step: optimistic, so drafting is tried at all.
 const EXPLORE_ROW: f64 = 0.25;
+/// Steps a mean of one sample stays in the estimates without a new sample of its count.
+const FRESH_STEPS: u64 = 64;
+/// How many times a mean's freshness doubles with its samples (1024 steps at most).
+const FRESH_DOUBLINGS: u32 = 4;
 
 impl StepTimes {
     pub fn new() -> StepTimes {
@@ -42,18 +61,38 @@ impl StepTimes {
             return;
         }
         if self.by_rows.len() <= rows {
-            self.by_rows.resize(rows + 1, (0.0, 0));
+            self.by_rows.resize(rows + 1, Mean::default());
         }
+        self.clock += 1;
+        let stale = !self.fresh(rows);
         let e = &mut self.by_rows[rows];
-        e.1 = e.1.saturating_add(1);
-        // a plain mean for the first samples, then a running one
-        let w = (1.0 / e.1 as f64).max(EWMA);
-        e.0 += w * (secs - e.0);
+        if stale {
+            // a mean left out of the estimates (or none yet) starts afresh
+            *e = Mean::default();
+        }
+        e.samples = e.samples.saturating_add(1);
+        e.at = self.clock;
+        let x = match e.samples {
+            1 | 2 => secs,
+            _ => median3(e.last[0], e.last[1], secs),
+        };
+        // a plain mean of the first samples, then a running one
+        let w = (1.0 / e.samples as f64).max(EWMA);
+        e.secs += w * (x - e.secs);
+        e.last = [secs, e.last[0]];
     }
 
-    /// The measured mean for `rows`, if any.
+    /// Whether `rows` has a mean that still counts in the estimates.
+    fn fresh(&self, rows: usize) -> bool {
+        self.by_rows.get(rows).is_some_and(|e| {
+            e.samples > 0
+                && self.clock - e.at <= FRESH_STEPS << (e.samples - 1).min(FRESH_DOUBLINGS)
+        })
+    }
+
+    /// The measured mean for `rows`, if any that still counts.
     pub fn measured(&self, rows: usize) -> Option<f64> {
-        self.by_rows.get(rows).filter(|e| e.1 > 0).map(|e| e.0)
+        self.fresh(rows).then(|| self.by_rows[rows].secs)
     }
 
     /// The expected time of a step of `rows` rows (None before any step was measured).
@@ -78,15 +117,21 @@ impl StepTimes {
         }
     }
 
-    /// (rows, mean seconds, samples) of every measured row count, for reports.
+    /// (rows, mean seconds, samples since it started afresh) of every measured row count, aged
+    /// ones included, for reports.
     pub fn curve(&self) -> Vec<(usize, f64, u32)> {
         self.by_rows
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.1 > 0)
-            .map(|(r, e)| (r, e.0, e.1))
+            .filter(|(_, e)| e.samples > 0)
+            .map(|(r, e)| (r, e.secs, e.samples))
             .collect()
     }
+}
+
+/// The middle one of three.
+fn median3(a: f64, b: f64, c: f64) -> f64 {
+    a.max(b).min(a.min(b).max(c))
 }
 
 /// A sequence's recent acceptance, by draft position: for each position j, the chance that
