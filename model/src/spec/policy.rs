@@ -14,12 +14,10 @@
 /// A count is only measured while the policy chooses it, so one step measured at a bad moment
 /// (the VM busy) could keep its count, and those interpolated through it, looking dear for the
 /// rest of a run (in simulation one 3x step at the count that pays cost 24-40% of the speed
-/// for good; one `bench spec` run in 23 drafted 2.3 rows a step). Two guards:
-/// - from its third sample on, a mean follows the median of its last three samples, so one
-///   slow step moves it not at all (two in a row do: the VM slowed);
-/// - a mean ages: one not updated for [`FRESH_STEPS`] steps (doubled per sample it holds,
-///   [`FRESH_DOUBLINGS`] times at most) is left out of the estimates until a new step of its
-///   count starts it afresh. A count that really is dear is tried once more per period.
+/// for good; one `bench spec` run in 23 drafted 2.3 rows a step). So a mean ages: one not
+/// updated for [`FRESH_STEPS`] steps is left out of the estimates until a new step of its
+/// count starts it afresh. A count that really is dear is then tried again at most once per
+/// that many steps, and only when the estimates without it say it pays.
 #[derive(Clone, Debug, Default)]
 pub struct StepTimes {
     /// Index = rows.
@@ -36,8 +34,6 @@ struct Mean {
     samples: u32,
     /// [`StepTimes::clock`] at its last sample.
     at: u64,
-    /// The last two samples, the latest first.
-    last: [f64; 2],
 }
 
 /// Weight of a new sample in the running mean (after the first few).
@@ -45,10 +41,8 @@ const EWMA: f64 = 0.2;
 /// Assumed cost of one more row past the measured ones, as a share of the mean per-row cost
 /// of the largest measured step: optimistic, so drafting is tried at all.
 const EXPLORE_ROW: f64 = 0.25;
-/// Steps a mean of one sample stays in the estimates without a new sample of its count.
+/// Steps a mean stays in the estimates without a new sample of its count.
 const FRESH_STEPS: u64 = 64;
-/// How many times a mean's freshness doubles with its samples (1024 steps at most).
-const FRESH_DOUBLINGS: u32 = 4;
 
 impl StepTimes {
     pub fn new() -> StepTimes {
@@ -72,22 +66,16 @@ impl StepTimes {
         }
         e.samples = e.samples.saturating_add(1);
         e.at = self.clock;
-        let x = match e.samples {
-            1 | 2 => secs,
-            _ => median3(e.last[0], e.last[1], secs),
-        };
         // a plain mean of the first samples, then a running one
         let w = (1.0 / e.samples as f64).max(EWMA);
-        e.secs += w * (x - e.secs);
-        e.last = [secs, e.last[0]];
+        e.secs += w * (secs - e.secs);
     }
 
     /// Whether `rows` has a mean that still counts in the estimates.
     fn fresh(&self, rows: usize) -> bool {
-        self.by_rows.get(rows).is_some_and(|e| {
-            e.samples > 0
-                && self.clock - e.at <= FRESH_STEPS << (e.samples - 1).min(FRESH_DOUBLINGS)
-        })
+        self.by_rows
+            .get(rows)
+            .is_some_and(|e| e.samples > 0 && self.clock - e.at <= FRESH_STEPS)
     }
 
     /// The measured mean for `rows`, if any that still counts.
@@ -127,11 +115,6 @@ impl StepTimes {
             .map(|(r, e)| (r, e.secs, e.samples))
             .collect()
     }
-}
-
-/// The middle one of three.
-fn median3(a: f64, b: f64, c: f64) -> f64 {
-    a.max(b).min(a.min(b).max(c))
 }
 
 /// A sequence's recent acceptance, by draft position: for each position j, the chance that
