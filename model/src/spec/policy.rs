@@ -58,7 +58,7 @@ impl StepTimes {
             self.by_rows.resize(rows + 1, Mean::default());
         }
         self.clock += 1;
-        let stale = !self.fresh(rows);
+        let stale = self.measured(rows).is_none();
         let e = &mut self.by_rows[rows];
         if stale {
             // a mean left out of the estimates (or none yet) starts afresh
@@ -71,16 +71,13 @@ impl StepTimes {
         e.secs += w * (secs - e.secs);
     }
 
-    /// Whether `rows` has a mean that still counts in the estimates.
-    fn fresh(&self, rows: usize) -> bool {
+    /// The mean for `rows`, if it still counts in the estimates (sampled within
+    /// [`FRESH_STEPS`] recorded steps).
+    fn measured(&self, rows: usize) -> Option<f64> {
         self.by_rows
             .get(rows)
-            .is_some_and(|e| e.samples > 0 && self.clock - e.at <= FRESH_STEPS)
-    }
-
-    /// The measured mean for `rows`, if any that still counts.
-    pub fn measured(&self, rows: usize) -> Option<f64> {
-        self.fresh(rows).then(|| self.by_rows[rows].secs)
+            .filter(|e| e.samples > 0 && self.clock - e.at <= FRESH_STEPS)
+            .map(|e| e.secs)
     }
 
     /// The expected time of a step of `rows` rows (None before any step was measured).
