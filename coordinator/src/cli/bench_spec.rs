@@ -3,7 +3,8 @@
 //! speculation off and on, alternating which goes first, for several rounds, and the table gives
 //! the range of decode tok/s ratios. Workloads, built honestly from the model's own output:
 //! `quoting` (a greedy continuation C of a prompt P is generated first; the prompt then quotes
-//! it: P C P), `predicted` (prompt P with OpenAI's `prediction` = C, what code editors send),
+//! it: P C P; four such prompts, one request at a time, since how far a random model follows
+//! its quote differs from prompt to prompt), `predicted` (prompt P with OpenAI's `prediction` = C, what code editors send),
 //! `noisy N%` (the same prediction with N% of its tokens replaced, for each `--noise` level: the
 //! acceptance they give brackets the issue's 70%-acceptance workload), `no-overlap` (a prompt of
 //! tokens that never repeat), and `4 sessions` (four quoting prompts at once). Each mode runs
@@ -16,7 +17,9 @@
 use crate::scheduler::model_backend::{engine_with, EngineLimits};
 use crate::scheduler::model_text::ModelText;
 use crate::scheduler::spec::Counts;
-use crate::scheduler::{Event, GenRequest, Scheduler, SchedulerOptions, TextModel, Usage};
+use crate::scheduler::{
+    EndTokens, Event, GenRequest, Scheduler, SchedulerOptions, TextModel, Usage,
+};
 use anyhow::Context;
 use nightshift_kernels::rng::SplitMix64;
 use nightshift_model::{BatchToken, Engine, EngineOptions, Model, SamplerParams};
@@ -68,6 +71,8 @@ struct Measured {
     /// Tokens decoded inside the run's decode window ([`decode_window`]) and its seconds.
     decoded: u64,
     secs: f64,
+    /// Tokens decoded after each request's first (which its prefill gives), window or not.
+    after_first: u64,
     accepted: u64,
     drafted: u64,
     /// The scheduler's step counts over the run.
@@ -78,6 +83,24 @@ impl Measured {
     fn tok_s(&self) -> f64 {
         self.decoded as f64 / self.secs.max(1e-9)
     }
+
+    fn add(&mut self, m: &Measured) {
+        self.decoded += m.decoded;
+        self.secs += m.secs;
+        self.after_first += m.after_first;
+        self.accepted += m.accepted;
+        self.drafted += m.drafted;
+        self.steps.add(&m.steps);
+    }
+}
+
+/// How a workload's requests are sent.
+#[derive(Clone, Copy, PartialEq)]
+enum Send {
+    /// All at once (concurrent sessions).
+    Together,
+    /// One after another, each alone (a single stream).
+    OneAtATime,
 }
 
 struct Bench {
@@ -128,6 +151,19 @@ impl Bench {
     }
 
     /// Runs `jobs` at once through `s`.
+    /// A workload's requests, sent as `send` says; what they measured, summed.
+    fn run_workload(&self, jobs: &[Job], send: Send, s: &Scheduler) -> anyhow::Result<Measured> {
+        if send == Send::Together {
+            return self.run(jobs, s);
+        }
+        let mut sum = Measured::default();
+        for j in jobs {
+            sum.add(&self.run(std::slice::from_ref(j), s)?);
+        }
+        Ok(sum)
+    }
+
+    /// Sends `jobs` at once and times their tokens.
     fn run(&self, jobs: &[Job], s: &Scheduler) -> anyhow::Result<Measured> {
         let before = s.step_counts();
         let mut rxs = Vec::new();
@@ -186,6 +222,7 @@ impl Bench {
         }
         let mut m = Measured::default();
         for Timed { usage, .. } in &seqs {
+            m.after_first += u64::from(usage.completion_tokens.saturating_sub(1));
             m.accepted += u64::from(usage.accepted_prediction_tokens);
             m.drafted +=
                 u64::from(usage.accepted_prediction_tokens + usage.rejected_prediction_tokens);
@@ -200,7 +237,8 @@ impl Bench {
         Ok(m)
     }
 
-    /// The greedy continuation of `prompt` (speculation off).
+    /// The greedy continuation of `prompt` (speculation off), as the workloads' requests
+    /// decode it: `ignore_eos`, so never an end-of-generation token.
     fn continuation(&self, prompt: &[u32], n: u32) -> anyhow::Result<Vec<u32>> {
         let mut e = Engine::new(
             self.model.clone(),
@@ -216,9 +254,10 @@ impl Bench {
         )?;
         let s = e.add_sequence()?;
         let mut logits = e.prefill(s, prompt)?;
+        let end = EndTokens::of(self.text.as_ref());
         let mut out = Vec::new();
         for _ in 0..n {
-            let t = nightshift_model::sampler::argmax(&logits);
+            let t = nightshift_model::sampler::argmax(&end.masked(&logits));
             out.push(t);
             logits = e.prefill(s, &[t])?;
         }
@@ -416,21 +455,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             prediction: Vec::new(),
         })
         .collect();
-    let take1 = |v: &Vec<Job>| {
+    let first = |v: &Vec<Job>| {
         vec![Job {
             prompt: v[0].prompt.clone(),
             prediction: v[0].prediction.clone(),
         }]
     };
-    let mut workloads: Vec<(String, Vec<Job>)> = vec![
-        ("quoting".into(), take1(&quoting)),
-        ("predicted".into(), take1(&predicted)),
+    let one = Send::OneAtATime;
+    let curve_prompt = quoting[0].prompt.clone();
+    let mut workloads: Vec<(String, Vec<Job>, Send)> = vec![
+        ("quoting".into(), quoting, one),
+        ("predicted".into(), first(&predicted), one),
     ];
-    workloads.extend(noisy.into_iter().map(|(name, job)| (name, vec![job])));
-    workloads.push(("no-overlap".into(), no_overlap));
-    workloads.push(("4 sessions".into(), four));
+    workloads.extend(noisy.into_iter().map(|(name, job)| (name, vec![job], one)));
+    workloads.push(("no-overlap".into(), no_overlap, one));
+    workloads.push(("4 sessions".into(), four, Send::Together));
     if !a.only.is_empty() {
-        workloads.retain(|(name, _)| a.only.iter().any(|o| name.starts_with(o.as_str())));
+        workloads.retain(|(name, _, _)| a.only.iter().any(|o| name.starts_with(o.as_str())));
         anyhow::ensure!(
             !workloads.is_empty(),
             "--only: expected workload names (quoting, predicted, noisy, no-overlap, 4 sessions), found {:?}",
@@ -444,35 +485,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // one scheduler per mode for the whole run (a server's), sized for the largest workload
     let n_ctx = workloads
         .iter()
-        .flat_map(|(_, jobs)| jobs.iter().map(|j| j.prompt.len()))
+        .flat_map(|(_, jobs, _)| jobs.iter().map(|j| j.prompt.len()))
         .max()
         .unwrap_or(0)
         + a.tokens as usize
         + 1;
-    let seqs = workloads.iter().map(|(_, j)| j.len()).max().unwrap_or(1);
+    let seqs = workloads
+        .iter()
+        .map(|(_, j, send)| if *send == Send::Together { j.len() } else { 1 })
+        .max()
+        .unwrap_or(1);
     let off_s = b.scheduler(false, n_ctx, seqs)?;
     let on_s = b.scheduler(true, n_ctx, seqs)?;
     let mut spent = Vec::new();
-    for (name, jobs) in &workloads {
+    for (name, jobs, send) in &workloads {
         let mut ratios = Vec::new();
         let (mut off_sum, mut on_sum) = (Measured::default(), Measured::default());
         for round in 0..a.rounds {
             // alternate which runs first, so drift hits both alike
             let (off, on) = if round % 2 == 0 {
-                let off = b.run(jobs, &off_s)?;
-                (off, b.run(jobs, &on_s)?)
+                let off = b.run_workload(jobs, *send, &off_s)?;
+                (off, b.run_workload(jobs, *send, &on_s)?)
             } else {
-                let on = b.run(jobs, &on_s)?;
-                (b.run(jobs, &off_s)?, on)
+                let on = b.run_workload(jobs, *send, &on_s)?;
+                (b.run_workload(jobs, *send, &off_s)?, on)
             };
             ratios.push(on.tok_s() / off.tok_s().max(1e-9));
-            for (sum, m) in [(&mut off_sum, off), (&mut on_sum, on)] {
-                sum.decoded += m.decoded;
-                sum.secs += m.secs;
-                sum.accepted += m.accepted;
-                sum.drafted += m.drafted;
-                sum.steps.add(&m.steps);
-            }
+            off_sum.add(&off);
+            on_sum.add(&on);
         }
         ratios.sort_by(f64::total_cmp);
         let acc = if on_sum.drafted > 0 {
@@ -483,9 +523,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             "no drafts".into()
         };
-        // tokens per verification step: each step emits one token plus its accepted drafts
-        let per_step = if on_sum.decoded > on_sum.accepted {
-            on_sum.decoded as f64 / (on_sum.decoded - on_sum.accepted) as f64
+        // tokens per verification step (of a sequence): each emits one token plus its accepted
+        // drafts; counted over whole requests, as the acceptance is
+        let per_step = if on_sum.after_first > on_sum.accepted {
+            on_sum.after_first as f64 / (on_sum.after_first - on_sum.accepted) as f64
         } else {
             1.0
         };
@@ -544,7 +585,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "step time by rows of one sequence (median of 5; phases: mean ms per step of attention, \
          router, routed experts, other FFN, output head, the rest)"
     );
-    let curve = b.step_curve(&quoting[0].prompt)?;
+    let curve = b.step_curve(&curve_prompt)?;
     let t1 = curve.first().map_or(1.0, |c| c.1);
     let ceilings: Vec<String> = [0.7, 0.9, 1.0]
         .iter()
@@ -577,9 +618,80 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
+#[path = "../../../model/tests/fixture_util/locate.rs"]
+mod locate;
+
+#[cfg(test)]
 mod tests {
-    use super::{ceiling, decode_window, Timed, Usage};
+    use super::{ceiling, decode_window, Args, Bench, Timed, Usage};
+    use crate::scheduler::mock::MockText;
+    use crate::scheduler::{ChatPrompt, TextModel};
+    use clap::Parser;
+    use nightshift_model::Model;
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
+
+    /// The toy text with one end-of-generation token of the model's vocabulary.
+    struct OneEnd {
+        end: u32,
+        vocab: usize,
+    }
+
+    impl TextModel for OneEnd {
+        fn render_chat(&self, prompt: &ChatPrompt) -> Result<String, String> {
+            MockText.render_chat(prompt)
+        }
+        fn encode(&self, text: &str, chat: bool) -> Vec<u32> {
+            MockText.encode(text, chat)
+        }
+        fn token_bytes(&self, _id: u32) -> Vec<u8> {
+            Vec::new()
+        }
+        fn max_token_bytes(&self) -> usize {
+            1
+        }
+        fn is_eog(&self, id: u32) -> bool {
+            id == self.end
+        }
+        fn vocab_size(&self) -> usize {
+            self.vocab
+        }
+    }
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn a_workload_is_built_from_what_its_requests_decode_never_an_end_token() {
+        // the requests run with `ignore_eos`: a continuation holding an end token is a quote or
+        // a prediction they never follow (an end token a random model put second made one of
+        // the four quoting prompts fail from its second token)
+        let path = super::locate::fixture_path("tiny-qwen3moe-Q2_K.gguf");
+        let model = Model::load(&path).expect("fixture loads");
+        let vocab = model.config().n_vocab;
+        let bench = |end: u32| Bench {
+            model: model.clone(),
+            pool: nightshift_model::build_pool(1).expect("pool"),
+            text: Arc::new(OneEnd { end, vocab }),
+            args: Cli::parse_from(["spec", "--model", path.to_str().expect("utf-8")]).args,
+        };
+        let prompt = super::distinct_tokens(12, vocab, 5);
+        let free = bench(u32::MAX).continuation(&prompt, 6).expect("decodes");
+        // the model's own first choice declared the end token: it is never taken, the first
+        // token is the next best and the rest follow from it
+        let ended = bench(free[0]).continuation(&prompt, 6).expect("decodes");
+        assert_ne!(ended[0], free[0], "{free:?} {ended:?}");
+        assert!(!ended.contains(&free[0]), "{ended:?}");
+        // with no end token in the way, the same continuation as before
+        let other = free.iter().copied().max().expect("tokens") + 1;
+        assert_eq!(
+            bench(other).continuation(&prompt, 6).expect("decodes"),
+            free
+        );
+    }
 
     #[test]
     fn the_decode_window_starts_when_every_request_decodes() {

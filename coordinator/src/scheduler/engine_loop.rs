@@ -12,7 +12,7 @@ use super::backend::{
 };
 use super::spec::{Ask, SeqSpec, Speculator, StepShape, Tally};
 use super::text::{Pushed, TextStream};
-use super::{Event, FinishReason, GenRequest, SchedulerOptions, TokenLogprob, Usage};
+use super::{EndTokens, Event, FinishReason, GenRequest, SchedulerOptions, TokenLogprob, Usage};
 use nightshift_model::constrain::SeqConstraint;
 
 mod masks;
@@ -75,7 +75,7 @@ pub struct Loop<E: StepEngine> {
     running: Vec<Seq>,
     closed: bool,
     /// End-of-generation token ids (masked for `ignore_eos`).
-    eog: Vec<u32>,
+    eog: EndTokens,
     spec: Option<Speculator>,
 }
 
@@ -88,9 +88,7 @@ impl<E: StepEngine> Loop<E> {
         stats: Arc<Stats>,
         spec: Option<Speculator>,
     ) -> Self {
-        let eog = (0..text.vocab_size() as u32)
-            .filter(|&t| text.is_eog(t))
-            .collect();
+        let eog = EndTokens::of(text.as_ref());
         // Every series exists from the start (at 0), so a scrape never misses one.
         for reason in [CANCEL_QUEUED, CANCEL_RUNNING] {
             metrics::counter!("nightshift_cancelled_total", "reason" => reason).increment(0);
@@ -596,13 +594,7 @@ impl<E: StepEngine> Loop<E> {
         };
         let allowed = mask.as_deref().map(TokenMask);
         let token = if s.req.ignore_eos && !self.eog.is_empty() {
-            let mut masked = logits.to_vec();
-            for &t in &self.eog {
-                if let Some(x) = masked.get_mut(t as usize) {
-                    *x = f32::NEG_INFINITY;
-                }
-            }
-            s.sampler.sample_masked(&masked, allowed)
+            s.sampler.sample_masked(&self.eog.masked(logits), allowed)
         } else {
             s.sampler.sample_masked(logits, allowed)
         };

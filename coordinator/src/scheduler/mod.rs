@@ -28,6 +28,35 @@ pub use nightshift_model::sampler::SamplerParams as SamplingParams;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
+/// A model's end-of-generation tokens: what `ignore_eos` keeps a request from sampling.
+#[derive(Clone, Debug, Default)]
+pub struct EndTokens(Vec<u32>);
+
+impl EndTokens {
+    pub fn of(text: &dyn TextModel) -> EndTokens {
+        EndTokens(
+            (0..text.vocab_size() as u32)
+                .filter(|&t| text.is_eog(t))
+                .collect(),
+        )
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `logits` with every end token at minus infinity (ids past its end are none of its).
+    pub fn masked(&self, logits: &[f32]) -> Vec<f32> {
+        let mut out = logits.to_vec();
+        for &t in &self.0 {
+            if let Some(x) = out.get_mut(t as usize) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        out
+    }
+}
+
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
