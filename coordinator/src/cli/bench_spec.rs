@@ -2,12 +2,13 @@
 //! process, in one run so the ratios are side by side (the VM drifts): each workload runs with
 //! speculation off and on, alternating which goes first, for several rounds, and the table gives
 //! the range of decode tok/s ratios. Workloads, built honestly from the model's own output:
-//! `quoting` (a greedy continuation C of a prompt P is generated first; the prompt then quotes
-//! it: P C P; four such prompts, one request at a time, since how far a random model follows
-//! its quote differs from prompt to prompt), `predicted` (prompt P with OpenAI's `prediction` = C, what code editors send),
-//! `noisy N%` (the same prediction with N% of its tokens replaced, for each `--noise` level: the
-//! acceptance they give brackets the 70%-acceptance workload), `no-overlap` (a prompt of
-//! tokens that never repeat), and `4 sessions` (four quoting prompts at once). Each mode runs
+//! `quoting` (a greedy continuation C of a prompt P is generated first, as the requests decode:
+//! never an end token; the prompt then quotes it: P C P; four such prompts, one request at a
+//! time, since how far a random model follows its quote differs from prompt to prompt),
+//! `predicted` (prompt P with OpenAI's `prediction` = C, what code editors send), `noisy N%`
+//! (the same prediction with N% of its tokens replaced, for each `--noise` level: the acceptance
+//! they give brackets the 70%-acceptance workload), `no-overlap` (a prompt of tokens
+//! that never repeat), and `4 sessions` (four quoting prompts at once). Each mode runs
 //! on one scheduler for the whole run, as a server does (the policy's measured step times and
 //! the drafter's record carry over between requests). Then where each workload's time went,
 //! from the scheduler's step tally (steps with drafts, draft rows and accepted drafts per such
@@ -150,7 +151,6 @@ impl Bench {
         )?)
     }
 
-    /// Runs `jobs` at once through `s`.
     /// A workload's requests, sent as `send` says; what they measured, summed.
     fn run_workload(&self, jobs: &[Job], send: Send, s: &Scheduler) -> anyhow::Result<Measured> {
         if send == Send::Together {
