@@ -133,6 +133,8 @@ pub struct SeqSpec {
     pub acceptance: SeqAcceptance,
     /// The request's `prediction`, tokenized (an extra lookup source).
     pub prediction: Vec<u32>,
+    /// The prompt's length (what the prediction follows).
+    pub prompt_len: usize,
     /// Draft tokens verified and accepted / rejected, for the response's usage (the engine
     /// thread counts them row by row).
     pub accepted: u32,
@@ -203,6 +205,7 @@ impl Speculator {
             key: self.next_key,
             acceptance: self.record.seed(!prediction.is_empty()),
             prediction,
+            prompt_len: prompt.len(),
             ..SeqSpec::default()
         }
     }
@@ -294,6 +297,7 @@ impl Speculator {
                 key: asks[i].spec.key,
                 tokens: asks[i].tokens,
                 extra: &asks[i].spec.prediction,
+                prompt_len: asks[i].spec.prompt_len,
                 max: maxes[i],
             })
             .collect();

@@ -73,6 +73,9 @@ pub struct DraftRequest<'a> {
     pub tokens: &'a [u32],
     /// Extra text to look continuations up in (OpenAI's `prediction`, tokenized); may be empty.
     pub extra: &'a [u32],
+    /// How many of `tokens` are the prompt: the output, and so `extra` (a predicted output),
+    /// follows them.
+    pub prompt_len: usize,
     /// Most tokens to propose.
     pub max: usize,
 }

@@ -40,6 +40,19 @@ pub fn lookup(
     range: NgramRange,
     max: usize,
 ) -> Option<(usize, Vec<u32>)> {
+    lookup_from(hay, 0, ctx, range, max)
+}
+
+/// [`lookup`] over the occurrences that end at `hay[from - 1]` or later (so a token of
+/// `hay[from..]` follows each); `hay[..from]` is the text `hay[from..]` follows, which only
+/// extends their matches back.
+fn lookup_from(
+    hay: &[u32],
+    from: usize,
+    ctx: &[u32],
+    range: NgramRange,
+    max: usize,
+) -> Option<(usize, Vec<u32>)> {
     if max == 0 {
         return None;
     }
@@ -53,7 +66,7 @@ pub fn lookup(
         // (match length, start) of the best occurrence so far
         let mut best: Option<(usize, usize)> = None;
         let reach = MATCH_MAX.max(n).min(ctx.len());
-        for start in (0..=last).rev() {
+        for start in (from.saturating_sub(n)..=last).rev() {
             if &hay[start..start + n] != pat {
                 continue;
             }
@@ -91,7 +104,8 @@ pub fn lookup(
 pub fn lookup_both(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<u32>)> {
     let own = lookup(req.tokens, req.tokens, range, req.max);
     let from_one = NgramRange { min: 1, ..range };
-    let extra = match lookup(req.extra, req.tokens, from_one, req.max) {
+    let (hay, from) = extra_hay(req);
+    let extra = match lookup_from(&hay, from, req.tokens, from_one, req.max) {
         Some(e) if e.0 >= range.min => Some(e),
         weak => past_a_substitution(req, range).or(weak),
     };
@@ -105,6 +119,23 @@ pub fn lookup_both(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<
     }
 }
 
+/// The extra source (a predicted output) after the prompt's last [`MATCH_MAX`] tokens, and where
+/// it starts there: a predicted output follows the prompt, so a match at its start goes back
+/// into the prompt. Without this, an output's first tokens that occur again later in the
+/// prediction matched both places by the same length, and the later place (the most recent)
+/// won: a prediction the output followed exactly had its first draft wrong.
+fn extra_hay(req: &DraftRequest) -> (Vec<u32>, usize) {
+    if req.extra.is_empty() {
+        return (Vec::new(), 0);
+    }
+    let end = req.prompt_len.min(req.tokens.len());
+    let tail = &req.tokens[end.saturating_sub(MATCH_MAX)..end];
+    let mut hay = Vec::with_capacity(tail.len() + req.extra.len());
+    hay.extend_from_slice(tail);
+    hay.extend_from_slice(req.extra);
+    (hay, tail.len())
+}
+
 /// The extra source (a predicted output) past a token the output replaced: the context up to
 /// the output's last token matched in it (at least `range.min` tokens), and the draft taken from
 /// one token after that match, skipping the prediction's token in the replaced one's place
@@ -116,7 +147,8 @@ pub fn lookup_both(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<
 /// against the own-text match as [`lookup_both`] does.
 fn past_a_substitution(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<u32>)> {
     let (&last, head) = req.tokens.split_last()?;
-    let (len, d) = lookup(req.extra, head, range, req.max.checked_add(2)?)?;
+    let (hay, from) = extra_hay(req);
+    let (len, d) = lookup_from(&hay, from, head, range, req.max.checked_add(2)?)?;
     let rest = match d.as_slice() {
         [replaced, ..] if *replaced == last => return None,
         [_, next, rest @ ..] if *next == last => rest,
@@ -182,6 +214,7 @@ mod tests {
             key: 0,
             tokens: &tokens,
             extra: &pred,
+            prompt_len: 0,
             max: 2,
         };
         assert_eq!(lookup_both(&req, R), Some((5, vec![7, 8])));
@@ -218,6 +251,7 @@ mod tests {
             key: 0,
             tokens: &tokens,
             extra: &extra,
+            prompt_len: 0,
             max: 2,
         };
         assert_eq!(
@@ -243,6 +277,38 @@ mod tests {
     }
 
     #[test]
+    fn a_prediction_follows_its_prompt() {
+        // the prediction repeats its opening "30 38 100 414" later, followed by 206 there
+        let pred = [30, 38, 100, 414, 10, 11, 552, 30, 38, 100, 414, 206, 178];
+        let prompt = [900, 901, 902];
+        let draft = |out: &[u32], prompt_len: usize| {
+            let tokens: Vec<u32> = prompt.iter().chain(out).copied().collect();
+            let req = DraftRequest {
+                key: 0,
+                tokens: &tokens,
+                extra: &pred,
+                prompt_len,
+                max: 4,
+            };
+            NgramDrafter::new(R).draft(&req).expect("draft")
+        };
+        // the output's first token matches both places by one token; the opening's match goes
+        // back into the prompt, so the opening is followed (the later place won before)
+        assert_eq!(draft(&[30], 3), vec![38, 100, 414, 10]);
+        assert_eq!(draft(&[30], 0), vec![38, 100, 414, 206]);
+        // nothing generated yet: the prediction from its start
+        assert_eq!(draft(&[], 3), vec![30, 38, 100, 414]);
+        // past the opening the output's own match decides as before
+        assert_eq!(
+            draft(&[30, 38, 100, 414, 10, 11, 552, 30], 3),
+            vec![38, 100, 414, 206]
+        );
+        // a first token other than the prediction's replaced it: the prediction goes on after it
+        assert_eq!(draft(&[7], 3), vec![38, 100, 414, 10]);
+        assert_eq!(draft(&[7], 0), Vec::<u32>::new());
+    }
+
+    #[test]
     fn past_a_token_the_output_replaced_the_prediction_is_followed_again() {
         let pred = [10, 11, 12, 13, 14, 15, 16];
         let draft = |tokens: &[u32], max: usize| {
@@ -250,6 +316,7 @@ mod tests {
                 key: 0,
                 tokens,
                 extra: &pred,
+                prompt_len: 0,
                 max,
             };
             NgramDrafter::new(R).draft(&req).expect("draft")
@@ -271,6 +338,7 @@ mod tests {
             key: 0,
             tokens: &own,
             extra: &[40, 6, 7, 41, 42],
+            prompt_len: 0,
             max: 2,
         };
         assert_eq!(lookup_both(&req, R), Some((4, vec![30, 31])));
