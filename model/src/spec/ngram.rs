@@ -107,7 +107,7 @@ pub fn lookup_both(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<
     let (hay, from) = extra_hay(req);
     let extra = match lookup_from(&hay, from, req.tokens, from_one, req.max) {
         Some(e) if e.0 >= range.min => Some(e),
-        weak => past_a_substitution(req, range).or(weak),
+        weak => past_a_substitution(req, (&hay, from), range).or(weak),
     };
     match (own, extra) {
         (Some(o), Some(e)) => Some(if e.0.min(range.max) >= o.0.min(range.max) {
@@ -144,11 +144,14 @@ fn extra_hay(req: &DraftRequest) -> (Vec<u32>, usize) {
 /// token or a few and then follows it again; without this the step after each such token has
 /// no draft (its token is nowhere in the prediction), and a prediction with a fifth of its
 /// tokens replaced lost a draft every fifth step. Its length is the match's, to weigh it
-/// against the own-text match as [`lookup_both`] does.
-fn past_a_substitution(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<u32>)> {
+/// against the own-text match as [`lookup_both`] does. `(hay, from)` is [`extra_hay`]'s.
+fn past_a_substitution(
+    req: &DraftRequest,
+    (hay, from): (&[u32], usize),
+    range: NgramRange,
+) -> Option<(usize, Vec<u32>)> {
     let (&last, head) = req.tokens.split_last()?;
-    let (hay, from) = extra_hay(req);
-    let (len, d) = lookup_from(&hay, from, head, range, req.max.checked_add(2)?)?;
+    let (len, d) = lookup_from(hay, from, head, range, req.max.checked_add(2)?)?;
     let rest = match d.as_slice() {
         [replaced, ..] if *replaced == last => return None,
         [_, next, rest @ ..] if *next == last => rest,
