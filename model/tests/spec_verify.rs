@@ -167,7 +167,7 @@ fn the_target_as_its_own_draft_model_drafts_its_greedy_continuation() {
                 key: 1,
                 tokens: &seq,
                 extra: &[],
-                prompt_len: 0,
+                extra_from: 0,
                 max: 5,
             })
             .expect("draft");
@@ -179,7 +179,7 @@ fn the_target_as_its_own_draft_model_drafts_its_greedy_continuation() {
                 key: 1,
                 tokens: &seq,
                 extra: &[],
-                prompt_len: 0,
+                extra_from: 0,
                 max: 6,
             })
             .expect("draft");
@@ -208,7 +208,7 @@ fn sequences_draft_together_in_shared_draft_steps() {
                 key: k as u64,
                 tokens: p,
                 extra: &[],
-                prompt_len: 0,
+                extra_from: 0,
                 max,
             })
             .collect();
@@ -241,7 +241,7 @@ fn sequences_draft_together_in_shared_draft_steps() {
                 key: k as u64,
                 tokens: s,
                 extra: &[],
-                prompt_len: 0,
+                extra_from: 0,
                 max: 3,
             })
             .collect();

@@ -5,6 +5,7 @@
 //! drafter in `/metrics`. The verification itself (sampling every row in order, stopping at the
 //! first token that differs from the draft, cutting the KV cache back) is in `engine_loop.rs`.
 
+use nightshift_model::spec::ngram::predicted_output;
 use nightshift_model::spec::policy::{plan, Candidate};
 use nightshift_model::spec::{
     DraftKind, DraftRequest, Drafter, DrafterRecord, SeqAcceptance, StepTimes,
@@ -131,10 +132,11 @@ pub struct SeqSpec {
     /// Key the drafter knows the sequence by.
     pub key: u64,
     pub acceptance: SeqAcceptance,
-    /// The request's `prediction`, tokenized (an extra lookup source).
+    /// The request's `prediction`, tokenized, after the prompt's end it follows (an extra
+    /// lookup source, [`nightshift_model::spec::ngram::predicted_output`]).
     pub prediction: Vec<u32>,
-    /// The prompt's length (what the prediction follows).
-    pub prompt_len: usize,
+    /// Where the prediction itself starts in `prediction`.
+    pub prediction_from: usize,
     /// Draft tokens verified and accepted / rejected, for the response's usage (the engine
     /// thread counts them row by row).
     pub accepted: u32,
@@ -201,11 +203,12 @@ impl Speculator {
     pub fn begin(&mut self, prompt: &[u32], prediction: Vec<u32>) -> SeqSpec {
         self.next_key += 1;
         self.drafter.begin(self.next_key, prompt);
+        let (prediction, prediction_from) = predicted_output(prompt, &prediction);
         SeqSpec {
             key: self.next_key,
             acceptance: self.record.seed(!prediction.is_empty()),
             prediction,
-            prompt_len: prompt.len(),
+            prediction_from,
             ..SeqSpec::default()
         }
     }
@@ -297,7 +300,7 @@ impl Speculator {
                 key: asks[i].spec.key,
                 tokens: asks[i].tokens,
                 extra: &asks[i].spec.prediction,
-                prompt_len: asks[i].spec.prompt_len,
+                extra_from: asks[i].spec.prediction_from,
                 max: maxes[i],
             })
             .collect();

@@ -72,10 +72,10 @@ pub struct DraftRequest<'a> {
     /// Its prompt and the tokens generated so far; the draft continues them.
     pub tokens: &'a [u32],
     /// Extra text to look continuations up in (OpenAI's `prediction`, tokenized); may be empty.
+    /// Its first `extra_from` tokens are the text it follows ([`ngram::predicted_output`]):
+    /// they only extend matches back, never give a draft.
     pub extra: &'a [u32],
-    /// How many of `tokens` are the prompt: the output, and so `extra` (a predicted output),
-    /// follows them.
-    pub prompt_len: usize,
+    pub extra_from: usize,
     /// Most tokens to propose.
     pub max: usize,
 }

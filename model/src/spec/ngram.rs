@@ -104,10 +104,9 @@ fn lookup_from(
 pub fn lookup_both(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<u32>)> {
     let own = lookup(req.tokens, req.tokens, range, req.max);
     let from_one = NgramRange { min: 1, ..range };
-    let (hay, from) = extra_hay(req);
-    let extra = match lookup_from(&hay, from, req.tokens, from_one, req.max) {
+    let extra = match lookup_from(req.extra, req.extra_from, req.tokens, from_one, req.max) {
         Some(e) if e.0 >= range.min => Some(e),
-        weak => past_a_substitution(req, (&hay, from), range).or(weak),
+        weak => past_a_substitution(req, range).or(weak),
     };
     match (own, extra) {
         (Some(o), Some(e)) => Some(if e.0.min(range.max) >= o.0.min(range.max) {
@@ -119,21 +118,18 @@ pub fn lookup_both(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<
     }
 }
 
-/// The extra source (a predicted output) after the prompt's last [`MATCH_MAX`] tokens, and where
-/// it starts there: a predicted output follows the prompt, so a match at its start goes back
-/// into the prompt. Without this, an output's first tokens that occur again later in the
+/// A predicted output as an extra source (`DraftRequest::extra`, `extra_from`), built once per
+/// request: the prompt's last [`MATCH_MAX`] tokens, then the prediction (nothing when there is
+/// none). The output follows the prompt, so a match at the prediction's start goes back into
+/// the prompt. Without them, an output's first tokens that occur again later in the
 /// prediction matched both places by the same length, and the later place (the most recent)
 /// won: a prediction the output followed exactly had its first draft wrong.
-fn extra_hay(req: &DraftRequest) -> (Vec<u32>, usize) {
-    if req.extra.is_empty() {
+pub fn predicted_output(prompt: &[u32], prediction: &[u32]) -> (Vec<u32>, usize) {
+    if prediction.is_empty() {
         return (Vec::new(), 0);
     }
-    let end = req.prompt_len.min(req.tokens.len());
-    let tail = &req.tokens[end.saturating_sub(MATCH_MAX)..end];
-    let mut hay = Vec::with_capacity(tail.len() + req.extra.len());
-    hay.extend_from_slice(tail);
-    hay.extend_from_slice(req.extra);
-    (hay, tail.len())
+    let tail = &prompt[prompt.len().saturating_sub(MATCH_MAX)..];
+    ([tail, prediction].concat(), tail.len())
 }
 
 /// The extra source (a predicted output) past a token the output replaced: the context up to
@@ -144,14 +140,16 @@ fn extra_hay(req: &DraftRequest) -> (Vec<u32>, usize) {
 /// token or a few and then follows it again; without this the step after each such token has
 /// no draft (its token is nowhere in the prediction), and a prediction with a fifth of its
 /// tokens replaced lost a draft every fifth step. Its length is the match's, to weigh it
-/// against the own-text match as [`lookup_both`] does. `(hay, from)` is [`extra_hay`]'s.
-fn past_a_substitution(
-    req: &DraftRequest,
-    (hay, from): (&[u32], usize),
-    range: NgramRange,
-) -> Option<(usize, Vec<u32>)> {
+/// against the own-text match as [`lookup_both`] does.
+fn past_a_substitution(req: &DraftRequest, range: NgramRange) -> Option<(usize, Vec<u32>)> {
     let (&last, head) = req.tokens.split_last()?;
-    let (len, d) = lookup_from(hay, from, head, range, req.max.checked_add(2)?)?;
+    let (len, d) = lookup_from(
+        req.extra,
+        req.extra_from,
+        head,
+        range,
+        req.max.checked_add(2)?,
+    )?;
     let rest = match d.as_slice() {
         [replaced, ..] if *replaced == last => return None,
         [_, next, rest @ ..] if *next == last => rest,
@@ -217,7 +215,7 @@ mod tests {
             key: 0,
             tokens: &tokens,
             extra: &pred,
-            prompt_len: 0,
+            extra_from: 0,
             max: 2,
         };
         assert_eq!(lookup_both(&req, R), Some((5, vec![7, 8])));
@@ -254,7 +252,7 @@ mod tests {
             key: 0,
             tokens: &tokens,
             extra: &extra,
-            prompt_len: 0,
+            extra_from: 0,
             max: 2,
         };
         assert_eq!(
@@ -284,31 +282,37 @@ mod tests {
         // the prediction repeats its opening "30 38 100 414" later, followed by 206 there
         let pred = [30, 38, 100, 414, 10, 11, 552, 30, 38, 100, 414, 206, 178];
         let prompt = [900, 901, 902];
-        let draft = |out: &[u32], prompt_len: usize| {
+        // `after`: whether the extra source carries the prompt's end (as the scheduler builds it)
+        let draft = |out: &[u32], after: bool| {
             let tokens: Vec<u32> = prompt.iter().chain(out).copied().collect();
+            let (extra, extra_from) = if after {
+                predicted_output(&prompt, &pred)
+            } else {
+                (pred.to_vec(), 0)
+            };
             let req = DraftRequest {
                 key: 0,
                 tokens: &tokens,
-                extra: &pred,
-                prompt_len,
+                extra: &extra,
+                extra_from,
                 max: 4,
             };
             NgramDrafter::new(R).draft(&req).expect("draft")
         };
         // the output's first token matches both places by one token; the opening's match goes
         // back into the prompt, so the opening is followed (the later place won before)
-        assert_eq!(draft(&[30], 3), vec![38, 100, 414, 10]);
-        assert_eq!(draft(&[30], 0), vec![38, 100, 414, 206]);
+        assert_eq!(draft(&[30], true), vec![38, 100, 414, 10]);
+        assert_eq!(draft(&[30], false), vec![38, 100, 414, 206]);
         // nothing generated yet: the prediction from its start
-        assert_eq!(draft(&[], 3), vec![30, 38, 100, 414]);
+        assert_eq!(draft(&[], true), vec![30, 38, 100, 414]);
         // past the opening the output's own match decides as before
         assert_eq!(
-            draft(&[30, 38, 100, 414, 10, 11, 552, 30], 3),
+            draft(&[30, 38, 100, 414, 10, 11, 552, 30], true),
             vec![38, 100, 414, 206]
         );
         // a first token other than the prediction's replaced it: the prediction goes on after it
-        assert_eq!(draft(&[7], 3), vec![38, 100, 414, 10]);
-        assert_eq!(draft(&[7], 0), Vec::<u32>::new());
+        assert_eq!(draft(&[7], true), vec![38, 100, 414, 10]);
+        assert_eq!(draft(&[7], false), Vec::<u32>::new());
     }
 
     #[test]
@@ -319,7 +323,7 @@ mod tests {
                 key: 0,
                 tokens,
                 extra: &pred,
-                prompt_len: 0,
+                extra_from: 0,
                 max,
             };
             NgramDrafter::new(R).draft(&req).expect("draft")
@@ -341,7 +345,7 @@ mod tests {
             key: 0,
             tokens: &own,
             extra: &[40, 6, 7, 41, 42],
-            prompt_len: 0,
+            extra_from: 0,
             max: 2,
         };
         assert_eq!(lookup_both(&req, R), Some((4, vec![30, 31])));

@@ -270,7 +270,7 @@ mod tests {
             key: 2,
             tokens: &tokens,
             extra: &[],
-            prompt_len: 0,
+            extra_from: 0,
             max: 3,
         };
         assert_eq!(d.draft(&req).expect("draft"), vec![14, 15, 16]);
