@@ -41,13 +41,20 @@ fn top_k(v: &[f32], k: usize) -> Vec<usize> {
     idx
 }
 
-/// Routing of one token: selected experts (top-k order) and their weights.
-pub fn route(c: &ModelConfig, logits: &[f32], bias: Option<&[f32]>) -> (Vec<usize>, Vec<f32>) {
+/// The router's probability of each expert for one token's router `logits` (the model's gating:
+/// softmax or sigmoid), before any selection bias.
+pub fn gate_probs(c: &ModelConfig, logits: &[f32]) -> Vec<f32> {
     let mut probs = logits.to_vec();
     match c.gating {
         Gating::Softmax => softmax(&mut probs, 1.0),
         Gating::Sigmoid => probs.iter_mut().for_each(|p| *p = sigmoid(*p)),
     }
+    probs
+}
+
+/// Routing of one token: selected experts (top-k order) and their weights.
+pub fn route(c: &ModelConfig, logits: &[f32], bias: Option<&[f32]>) -> (Vec<usize>, Vec<f32>) {
+    let probs = gate_probs(c, logits);
     let mut sel: Vec<f32> = match bias {
         Some(b) => probs.iter().zip(b).map(|(p, b)| p + b).collect(),
         None => probs.clone(),

@@ -39,7 +39,7 @@ use crate::error::ExpertError;
 use crate::expert::{ActRows, ExpertPair};
 use crate::gguf::{AccessHint, Gguf};
 use crate::model::Model;
-use crate::moe::route;
+use crate::moe::{gate_probs, route};
 use crate::ops::matmul;
 use crate::weights::FfnWeights;
 
@@ -173,40 +173,97 @@ impl NextLayer {
         layer: usize,
         acts: &ActRows,
     ) -> Result<Option<(usize, Vec<u32>)>, ExpertError> {
+        Ok(self
+            .predict_scored(layer, acts)?
+            .map(|p| (p.layer, p.experts)))
+    }
+
+    /// [`NextLayer::predict`] with the predicted router probabilities ([`Predicted::peaks`]).
+    pub fn predict_scored(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+    ) -> Result<Option<Predicted>, ExpertError> {
         let Some(next) = self.next_moe.get(layer).copied().flatten() else {
             return Ok(None);
         };
         if acts.n_rows > MAX_PREDICTED_ROWS {
             return Ok(None);
         }
-        Ok(Some((next, self.route(next, acts)?)))
+        let c = self.model.config();
+        let Some(logits) = self.logits(next, acts)? else {
+            return Ok(Some(Predicted {
+                layer: next,
+                experts: Vec::new(),
+                peaks: Vec::new(),
+            }));
+        };
+        let FfnWeights::Moe(mw) = &self.model.weights().layers[next].ffn else {
+            return Ok(None);
+        };
+        let mut experts: Vec<u32> = Vec::new();
+        for row in logits.chunks_exact(c.n_expert) {
+            let (chosen, _) = route(c, row, mw.exp_probs_b.as_deref());
+            experts.extend(chosen.iter().map(|&x| x as u32));
+        }
+        experts.sort_unstable();
+        experts.dedup();
+        Ok(Some(Predicted {
+            layer: next,
+            experts,
+            peaks: self.peaks(&logits),
+        }))
     }
 
-    /// The distinct experts layer `next`'s router picks for the rows of `acts`.
-    fn route(&self, next: usize, acts: &ActRows) -> Result<Vec<u32>, ExpertError> {
+    /// Layer `layer`'s own router probabilities for the rows of `acts`, as [`Predicted::peaks`]
+    /// (empty when `layer` is not a MoE layer).
+    pub fn router_peaks(&self, layer: usize, acts: &ActRows) -> Result<Vec<f32>, ExpertError> {
+        Ok(self
+            .logits(layer, acts)?
+            .map_or_else(Vec::new, |l| self.peaks(&l)))
+    }
+
+    /// Each expert's largest router probability over the rows whose router `logits` these are.
+    fn peaks(&self, logits: &[f32]) -> Vec<f32> {
+        let c = self.model.config();
+        let mut peak = vec![0.0f32; c.n_expert];
+        for row in logits.chunks_exact(c.n_expert) {
+            for (p, q) in peak.iter_mut().zip(gate_probs(c, row)) {
+                *p = p.max(q);
+            }
+        }
+        peak
+    }
+
+    /// Layer `layer`'s router logits for the rows of `acts` (`n_rows * n_expert`); None when it
+    /// is not a MoE layer.
+    fn logits(&self, layer: usize, acts: &ActRows) -> Result<Option<Vec<f32>>, ExpertError> {
         let c = self.model.config();
         let e = c.n_embd;
-        let FfnWeights::Moe(mw) = &self.model.weights().layers[next].ffn else {
-            return Ok(Vec::new());
+        let FfnWeights::Moe(mw) = &self.model.weights().layers[layer].ffn else {
+            return Ok(None);
         };
         let n = acts.n_rows;
         let h = acts.to_f32(e)?;
-        let ne = c.n_expert;
-        let mut logits = vec![0.0f32; n * ne];
+        let mut logits = vec![0.0f32; n * c.n_expert];
         match &mw.gate_inp_packed {
             Some(packed) => packed.gemm(&h, n, &mut logits, None)?,
             None => matmul(&mw.gate_inp, 0, &h, n, &mut logits, None)
-                .map_err(|e| ExpertError::Backend(format!("next-layer router: {e}")))?,
+                .map_err(|e| ExpertError::Backend(format!("router of layer {layer}: {e}")))?,
         }
-        let mut out: Vec<u32> = Vec::new();
-        for row in logits.chunks_exact(ne) {
-            let (chosen, _) = route(c, row, mw.exp_probs_b.as_deref());
-            out.extend(chosen.iter().map(|&x| x as u32));
-        }
-        out.sort_unstable();
-        out.dedup();
-        Ok(out)
+        Ok(Some(logits))
     }
+}
+
+/// A one-layer-ahead prediction ([`NextLayer::predict_scored`]).
+pub struct Predicted {
+    /// the MoE layer predicted
+    pub layer: usize,
+    /// the distinct experts its router picks for the call's rows, ascending
+    pub experts: Vec<u32>,
+    /// per expert, its largest router probability over the call's rows (what
+    /// [`ColdCache::score`] takes)
+    pub peaks: Vec<f32>,
 }
 
 /// One-layer-ahead predictor and its I/O thread (module doc).
@@ -353,10 +410,19 @@ impl Prefetcher {
                 .demand
                 .fetch_add(missed.len() as u64, Ordering::Relaxed);
         }
-        let Some((next, predicted)) = self.next.predict(layer, acts)? else {
+        if let Some(cold) = &self.cold {
+            // the first MoE layer has no prediction to score it: its own router does
+            if self.next.moe_layers().first() == Some(&layer) && acts.n_rows <= MAX_PREDICTED_ROWS {
+                cold.score(layer, &self.next.router_peaks(layer, acts)?);
+            }
+        }
+        let Some(p) = self.next.predict_scored(layer, acts)? else {
             return Ok(());
         };
+        let (next, predicted) = (p.layer, p.experts);
         if let Some(cold) = &self.cold {
+            // scored before the reads make room: what is read ahead is what is kept
+            cold.score(next, &p.peaks);
             self.ledger
                 .read_ahead(cold, next, &predicted, &|e| resident(next, e))?;
             return Ok(());

@@ -383,3 +383,48 @@ fn a_loan_from_the_budget_grows_the_cache_and_taking_it_back_evicts_at_once() {
     assert_eq!(kept.iter().filter(|&&r| r).count(), 2, "{kept:?}");
     assert!(kept[4] && kept[5], "the two used last stay: {kept:?}");
 }
+
+#[test]
+fn the_copy_the_router_is_least_likely_to_ask_for_goes_first() {
+    let (g, keys) = fixture();
+    let one = largest(&g, &keys);
+    let layer = keys[0].0;
+    let of_layer: Vec<Key> = keys.iter().copied().filter(|k| k.0 == layer).collect();
+    assert!(of_layer.len() >= 4, "{} experts", of_layer.len());
+    let (a, b, c, d) = (of_layer[0], of_layer[1], of_layer[2], of_layer[3]);
+    let held = |cache: &ColdCache| -> Vec<bool> {
+        [a, b, c, d]
+            .iter()
+            .map(|k| cache.is_ready(k.0 as usize, k.1))
+            .collect()
+    };
+    // without scores: least recently used first (a, read first, goes when c comes)
+    let lru = ColdCache::with_io_depth(g.clone(), 2 * one, 1).expect("cache");
+    for k in [a, b, c] {
+        read_one(&lru, k);
+    }
+    assert_eq!(held(&lru), [false, true, true, false]);
+    // the router now favours a: b, the least likely, goes when c comes, although a was read
+    // before it; then d evicts c (scored below a), and a stays throughout
+    let scored = ColdCache::with_io_depth(g.clone(), 2 * one, 1).expect("cache");
+    let mut probs = vec![0.0f32; of_layer.len()];
+    probs[a.1 as usize] = 0.6;
+    probs[b.1 as usize] = 0.05;
+    probs[c.1 as usize] = 0.2;
+    scored.score(layer as usize, &probs);
+    for k in [a, b, c] {
+        read_one(&scored, k);
+    }
+    assert_eq!(held(&scored), [true, false, true, false]);
+    read_one(&scored, d);
+    assert_eq!(held(&scored), [true, false, false, true]);
+    // scores move half way to each new probability: after two rounds favouring b and d, a
+    // (0.6 -> 0.3 -> 0.15) is below d (0 -> 0.25 -> 0.375) and goes when b comes back
+    probs[a.1 as usize] = 0.0;
+    probs[b.1 as usize] = 0.8;
+    probs[d.1 as usize] = 0.5;
+    scored.score(layer as usize, &probs);
+    scored.score(layer as usize, &probs);
+    read_one(&scored, b);
+    assert_eq!(held(&scored), [false, true, false, true]);
+}
