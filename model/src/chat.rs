@@ -111,6 +111,24 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
     quirks: Quirks,
+    /// What the template does with tool definitions (probed once, [`ToolShim`]).
+    shim: ToolShim,
+}
+
+/// How a template that never prints the `tools` it is given (DeepSeek V3, V3.1 and R1's
+/// published ones: their makers' servers add the definitions) still shows them to the model, as
+/// llama.cpp's template runtime does: the definitions and an example call in the template's own
+/// syntax are added to the system prompt ([`ChatTemplate::render_prompt`]). Probed once when the
+/// template is compiled.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolShim {
+    /// The template prints the tool definitions itself (nothing to add).
+    pub prints_tools: bool,
+    /// The template prints a system message (else the definitions open the first user turn).
+    pub system_role: bool,
+    /// A call of a tool `tool_name` with `{"arg1": "some_value"}` as the template writes an
+    /// assistant turn that makes it, when it can be cut out of a render.
+    pub example: Option<String>,
 }
 
 const NAME: &str = "chat";
@@ -183,9 +201,122 @@ impl ChatTemplate {
                 arguments_as_object: false,
                 tool_call_content_none: false,
             },
+            shim: ToolShim::default(),
         };
         t.quirks = t.probe();
+        t.shim = t.probe_shim();
         Ok(t)
+    }
+
+    /// What the template does with tool definitions ([`ToolShim`]).
+    pub fn tool_shim(&self) -> &ToolShim {
+        &self.shim
+    }
+
+    /// Probes whether the template prints `tools` and system messages, and cuts an example call
+    /// out of an assistant turn it renders (the text after what the generation prompt alone
+    /// renders, the EOS and trailing blanks taken off).
+    fn probe_shim(&self) -> ToolShim {
+        let tools = [serde_json::json!({"type": "function", "function": {
+            "name": "probe_tool_fn", "description": "probe description",
+            "parameters": {"type": "object", "properties": {"probe_arg": {"type": "string"}}}}})];
+        let user = ChatMessage::new("user", "probe user turn");
+        let with_tools = RenderOptions {
+            tools: Some(&tools),
+            add_generation_prompt: true,
+            ..RenderOptions::default()
+        };
+        let prints_tools = self
+            .render_quirks(std::slice::from_ref(&user), &with_tools, self.quirks)
+            .is_ok_and(|s| s.contains("probe_tool_fn"));
+        let system = ChatMessage::new("system", "probe system turn");
+        let system_role = self
+            .render_quirks(
+                &[system, user.clone()],
+                &RenderOptions {
+                    add_generation_prompt: true,
+                    ..RenderOptions::default()
+                },
+                self.quirks,
+            )
+            .is_ok_and(|s| s.contains("probe system turn"));
+        const EOS: &str = "<probe-eos>";
+        let call = ChatMessage {
+            role: "assistant".into(),
+            tool_calls: vec![ToolCall {
+                id: "call_1___".into(),
+                name: "tool_name".into(),
+                arguments: r#"{"arg1": "some_value"}"#.into(),
+            }],
+            ..ChatMessage::default()
+        };
+        let opts = |gen| RenderOptions {
+            add_generation_prompt: gen,
+            eos: EOS,
+            ..RenderOptions::default()
+        };
+        let prefix = self.render_quirks(std::slice::from_ref(&user), &opts(true), self.quirks);
+        let full = self.render_quirks(&[user, call], &opts(false), self.quirks);
+        let example = match (prefix, full) {
+            (Ok(p), Ok(f)) => {
+                let common = p
+                    .char_indices()
+                    .zip(f.chars())
+                    .take_while(|((_, a), b)| a == b)
+                    .last()
+                    .map_or(0, |((i, a), _)| i + a.len_utf8());
+                let tail = f[common..].trim_end();
+                let tail = tail.strip_suffix(EOS).unwrap_or(tail).trim_end();
+                (tail.contains("tool_name") && tail.contains("some_value"))
+                    .then(|| tail.to_string())
+            }
+            _ => None,
+        };
+        ToolShim {
+            prints_tools,
+            system_role,
+            example,
+        }
+    }
+
+    /// Renders a request's prompt: [`ChatTemplate::render_with`], and when tools are given to a
+    /// template that does not print them ([`ToolShim`]), their definitions (and an example call
+    /// in the template's syntax) added to the system message (or one made for them; the first
+    /// user turn when the template prints no system message), as llama.cpp does.
+    pub fn render_prompt(
+        &self,
+        messages: &[ChatMessage],
+        opts: &RenderOptions,
+    ) -> Result<String, TemplateError> {
+        let tools = opts.tools.filter(|t| !t.is_empty());
+        let Some(tools) = tools.filter(|_| !self.shim.prints_tools) else {
+            return self.render_with(messages, opts);
+        };
+        let defs = serde_json::to_string_pretty(tools).unwrap_or_default();
+        let mut text = format!(
+            "You can call any of the following tools to satisfy the user's requests: {defs}"
+        );
+        if let Some(ex) = &self.shim.example {
+            // a template that writes its EOS itself instead of `eos_token` (DeepSeek-V3.1's)
+            let ex = match opts.eos {
+                "" => ex.as_str(),
+                eos => ex.strip_suffix(eos).unwrap_or(ex).trim_end(),
+            };
+            text.push_str(&format!("\n\nExample tool call syntax:\n\n{ex}\n\n"));
+        }
+        let mut msgs = messages.to_vec();
+        match msgs.iter().position(|m| m.role == "system") {
+            Some(0) if self.shim.system_role => {
+                let m = &mut msgs[0];
+                m.content = format!("{}\n\n{text}", m.content);
+            }
+            _ if self.shim.system_role => msgs.insert(0, ChatMessage::new("system", text)),
+            _ => match msgs.iter_mut().find(|m| m.role == "user") {
+                Some(u) => u.content = format!("{text}\n\n{}", u.content),
+                None => msgs.insert(0, ChatMessage::new("user", text)),
+            },
+        }
+        self.render_with(&msgs, opts)
     }
 
     /// The template source.

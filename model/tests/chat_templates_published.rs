@@ -256,3 +256,50 @@ fn published_templates_render_without_tools() {
         assert!(!s.contains("get_weather"), "{name}: {s:?}");
     }
 }
+
+/// A template that never prints the tools it is given (DeepSeek V3, V3.1 and R1's) still shows
+/// them to the model through `render_prompt`: their definitions and an example call in the
+/// template's own syntax join the system message, the rest of the render unchanged. Templates
+/// that print the tools render the same through it.
+#[test]
+fn tools_a_template_does_not_print_join_the_system_prompt() {
+    let tools = tools();
+    for &(name, bos, eos, _, _) in TEMPLATES {
+        let t = ChatTemplate::new(&read(&format!("{name}.jinja"))).unwrap();
+        let shim = t.tool_shim();
+        let prints = !name.starts_with("deepseek") || name == "deepseek-v3.2";
+        assert_eq!(shim.prints_tools, prints, "{name}: {shim:?}");
+        assert!(shim.system_role, "{name}: {shim:?}");
+        let opts = with_tools(&tools, bos, eos);
+        let msgs = single();
+        let plain = t.render_with(&msgs, &opts).unwrap();
+        let got = t.render_prompt(&msgs, &opts).unwrap();
+        if prints {
+            assert_eq!(got, plain, "{name}");
+            continue;
+        }
+        assert!(!plain.contains("Get the current weather"), "{name}");
+        let example = shim.example.as_deref().unwrap_or_else(|| panic!("{name}"));
+        // the example is the template's own call syntax, without an end of turn
+        assert!(
+            example.contains("<｜tool▁call▁begin｜>") && example.contains("tool_name"),
+            "{name}: {example}"
+        );
+        let example = example.strip_suffix(eos).unwrap_or(example).trim_end();
+        assert!(!example.contains(eos), "{name}: {example}");
+        // the definitions and the example sit in the system turn, before the user's
+        let defs = got.find("Get the current weather").expect("definitions");
+        let ex = got.find(example).expect("example");
+        assert!(
+            !got[ex..got.find("What's the weather in Paris?").unwrap()].contains(eos),
+            "{name}: no end of turn inside the system prompt: {got}"
+        );
+        let system = got.find("You are a helpful assistant.").unwrap();
+        let user = got.find("What's the weather in Paris?").unwrap();
+        assert!(system < defs && defs < ex && ex < user, "{name}: {got}");
+        // the rest is the render of the same conversation
+        let extra = got.len() - plain.len();
+        assert!(got[..system].eq(&plain[..system]), "{name}");
+        assert_eq!(got[user..], plain[user - extra..], "{name}");
+    }
+}

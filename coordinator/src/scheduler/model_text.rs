@@ -151,7 +151,7 @@ impl TextModel for ModelText {
                     eos: &self.eos,
                     extra: prompt.extra.as_ref(),
                 };
-                t.render_with(&prompt.messages, &opts)
+                t.render_prompt(&prompt.messages, &opts)
                     .map_err(|e| e.to_string())
             }
             None => {

@@ -306,8 +306,64 @@ def render_with_jinja2(conv):
     specials = {"qwen": (None, "<|im_end|>"), "kimi": ("[BOS]", "<|im_end|>"),
                 "deepseek": ("[BOS]", "<｜end▁of▁sentence｜>")}
     bos, eos = next(v for k, v in specials.items() if k in name)
-    return env.from_string(source).render(messages=msgs, tools=TOOLS, add_generation_prompt=True,
-                                          bos_token=bos, eos_token=eos)
+    tmpl = env.from_string(source)
+    shim_tools(tmpl, quirks, msgs, eos)
+    return tmpl.render(messages=msgs, tools=TOOLS, add_generation_prompt=True,
+                       bos_token=bos, eos_token=eos)
+
+
+def shim_tools(tmpl, quirks, msgs, eos):
+    """What the server adds for a template that never prints the tools it is given (DeepSeek
+    V3, V3.1, R1), as llama.cpp's template runtime does: the definitions and an example call cut
+    out of the template's own render, in the system message (one made for them when there is
+    none; the first user turn when the template prints no system message). Edits `msgs`."""
+    def render(ms, gen, tools=None, eos_token=""):
+        kw = {"tools": tools} if tools is not None else {}
+        try:
+            return tmpl.render(messages=ms, add_generation_prompt=gen, bos_token="",
+                               eos_token=eos_token, **kw)
+        except Exception:
+            return None
+    probe_tool = [{"type": "function", "function": {
+        "name": "probe_tool_fn", "description": "probe description",
+        "parameters": {"type": "object", "properties": {"probe_arg": {"type": "string"}}}}}]
+    user = {"role": "user", "content": "probe user turn"}
+    printed = render([user], True, probe_tool)
+    if printed is not None and "probe_tool_fn" in printed:
+        return
+    sys_render = render([{"role": "system", "content": "probe system turn"}, user], True)
+    system_role = sys_render is not None and "probe system turn" in sys_render
+    args = {"arg1": "some_value"} if quirks["args"] == "object" else '{"arg1": "some_value"}'
+    call = {"role": "assistant", "content": quirks["content"], "tool_calls": [
+        {"id": "call_1___", "type": "function", "function": {"name": "tool_name", "arguments": args}}]}
+    prefix = render([user], True, eos_token="<probe-eos>")
+    full = render([user, call], False, eos_token="<probe-eos>")
+    example = None
+    if prefix is not None and full is not None:
+        n = 0
+        while n < min(len(prefix), len(full)) and prefix[n] == full[n]:
+            n += 1
+        tail = full[n:].rstrip()
+        tail = tail.removesuffix("<probe-eos>").rstrip()
+        if "tool_name" in tail and "some_value" in tail:
+            example = tail
+    text = ("You can call any of the following tools to satisfy the user's requests: "
+            + json.dumps(TOOLS, indent=2, ensure_ascii=False))
+    if example is not None:
+        if eos:
+            example = example.removesuffix(eos).rstrip()
+        text += "\n\nExample tool call syntax:\n\n" + example + "\n\n"
+    if system_role:
+        if msgs and msgs[0]["role"] == "system":
+            msgs[0]["content"] = msgs[0]["content"] + "\n\n" + text
+        else:
+            msgs.insert(0, {"role": "system", "content": text})
+    else:
+        u = next((m for m in msgs if m["role"] == "user"), None)
+        if u is not None:
+            u["content"] = text + "\n\n" + u["content"]
+        else:
+            msgs.insert(0, {"role": "user", "content": text})
 
 
 def run_weather_agent(model_cls, **agent_kw):
