@@ -1,6 +1,6 @@
 //! The published chat templates of Qwen3-30B-A3B, Qwen3-Coder-30B-A3B (current and 2025-07),
 //! Kimi-K2-Instruct (current, 2025-07 and 0905), Kimi-K2-Thinking, DeepSeek-V3 (Dec 2024),
-//! DeepSeek-V3.1 and DeepSeek-R1 (its distills' copy, the ```json tool-call layout of DeepSeek-V3 and R1) render byte for byte what Python's
+//! DeepSeek-V3.1, DeepSeek-V3.2, DeepSeek-R1 (its distills' copy, the ```json tool-call layout of DeepSeek-V3 and R1) and GLM-4.6 render byte for byte what Python's
 //! jinja2 renders in transformers' environment (`tests/data/templates/render_templates.py` made
 //! the `.rendered.txt` files): a conversation with one tool call and its result, and one with two
 //! parallel calls and two results, with `tools=[get_weather]` and the generation prompt.
@@ -112,6 +112,8 @@ const TEMPLATES: &[(&str, &str, &str, bool, bool)] = &[
     ("deepseek-r1-distill", DS_BOS, DS_EOS, false, true),
     // DeepSeek-V3.2's DSML calls: one `<｜DSML｜parameter>` per argument, so object arguments
     ("deepseek-v3.2", DS_BOS, DS_EOS, true, false),
+    // GLM-4.6 (GLM-4.5's `<arg_key>`/`<arg_value>` calls): iterates the arguments' items
+    ("glm-4.6", "", "<|endoftext|>", true, false),
 ];
 
 /// What the tests render with: `tools`, the generation prompt, the template's BOS and EOS.

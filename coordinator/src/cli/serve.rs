@@ -116,7 +116,8 @@ pub struct Args {
     #[arg(long = "model-alias", value_name = "NAME")]
     pub model_aliases: Vec<String>,
     /// Tool-call format of the model's output: hermes (Qwen3), qwen3_coder, kimi_k2,
-    /// deepseek_v31, deepseek_v3 (V3 and R1's fenced JSON) or deepseek_v32 (V3.2's DSML)
+    /// deepseek_v31, deepseek_v3 (V3 and R1's fenced JSON), deepseek_v32 (V3.2's DSML) or glm45
+    /// (GLM-4.5 and 4.6's `<arg_key>`/`<arg_value>` pairs)
     /// (default: found from the chat template's markers).
     #[arg(long, value_parser = parse_tool_format)]
     pub tool_format: Option<nightshift_model::toolcall::ToolFormat>,

@@ -304,7 +304,7 @@ def render_with_jinja2(conv):
             m.setdefault("name", "get_weather")
     # the generated models' special tokens (gen-model), not the published ones
     specials = {"qwen": (None, "<|im_end|>"), "kimi": ("[BOS]", "<|im_end|>"),
-                "deepseek": ("[BOS]", "<｜end▁of▁sentence｜>")}
+                "deepseek": ("[BOS]", "<｜end▁of▁sentence｜>"), "glm": (None, "<|im_end|>")}
     bos, eos = next(v for k, v in specials.items() if k in name)
     tmpl = env.from_string(source)
     shim_tools(tmpl, quirks, msgs, eos)

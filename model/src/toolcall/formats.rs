@@ -30,6 +30,11 @@ pub fn parse_body(format: ToolFormat, body: &str, tools: &[ToolSpec]) -> Option<
             let name = name.trim().to_string();
             (None, name.clone(), params(format, rest, &name, tools, "")?)
         }
+        ToolFormat::Glm45 => {
+            let (name, rest) = glm_name(body)?;
+            let name = name.to_string();
+            (None, name.clone(), params(format, rest, &name, tools, "")?)
+        }
     };
     if name.is_empty() || (!tools.is_empty() && !tools.iter().any(|t| t.name == name)) {
         return None;
@@ -55,6 +60,13 @@ fn deepseek_v3(body: &str) -> Option<(&str, &str)> {
         None => args,
     };
     Some((name.trim(), args))
+}
+
+/// GLM: `NAME` up to the line break or the first tag -> (NAME, the rest); a name holds no tag
+/// or line break.
+pub(super) fn glm_name(body: &str) -> Option<(&str, &str)> {
+    let at = body.find(['\n', '<'])?;
+    Some((body[..at].trim(), &body[at..]))
 }
 
 /// A JSON object (surrounding whitespace allowed).
@@ -128,6 +140,9 @@ pub(super) fn properties<'a>(tools: &'a [ToolSpec], name: &str) -> Option<&'a Va
         .and_then(|t| t.parameters.get("properties"))
 }
 
+/// GLM's argument tags: key open/close, value open/close.
+const GLM_ARG: [&str; 4] = ["<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"];
+
 /// DeepSeek-V3.2's parameter tag, up to the parameter's name, and its closing tag.
 const DSML_PARAM: (&str, &str) = ("<｜DSML｜parameter name=\"", "</｜DSML｜parameter>");
 
@@ -182,6 +197,19 @@ pub(super) fn param_block(
                 coder_value(raw, ty(param))
             };
             Some((param.to_string(), value, used))
+        }
+        ToolFormat::Glm45 => {
+            let [ko, kc, vo, vc] = GLM_ARG;
+            let r = t.strip_prefix(ko)?;
+            let (key, r) = r.split_once(kc)?;
+            let after_key = r.trim_start();
+            let gap = r.len() - after_key.len();
+            let r = after_key.strip_prefix(vo)?;
+            let (raw, _) = r.split_once(vc)?;
+            let used =
+                lead + ko.len() + key.len() + kc.len() + gap + vo.len() + raw.len() + vc.len();
+            let key = key.trim();
+            Some((key.to_string(), coder_value(raw, ty(key)), used))
         }
         _ => None,
     }

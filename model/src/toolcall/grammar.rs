@@ -151,6 +151,15 @@ pub fn tool_grammar(
                 lit("\n```"),
                 marker(vocab, "<｜tool▁call▁end｜>")
             ),
+            ToolFormat::Glm45 => {
+                // `NAME\n`, one key/value pair per argument, each ending its line
+                let params = glm_params(&f, t, &mut rules)?;
+                format!(
+                    "{f}: {} {params} {}",
+                    lit(&format!("{}\n", t.name)),
+                    marker(vocab, "</tool_call>")
+                )
+            }
             ToolFormat::DeepSeekV32 => {
                 // `NAME">\n`, each parameter block and a newline, the closing tag (a call
                 // without parameters has an empty line there)
@@ -176,6 +185,7 @@ pub fn tool_grammar(
         (
             ToolFormat::Hermes
             | ToolFormat::Qwen3Coder
+            | ToolFormat::Glm45
             | ToolFormat::DeepSeekV3
             | ToolFormat::DeepSeekV32,
             true,
@@ -187,7 +197,9 @@ pub fn tool_grammar(
     };
     // the block of calls: its first marker, then the rest
     let (first, rest) = match format {
-        ToolFormat::Hermes | ToolFormat::Qwen3Coder => (open, format!("body {more}")),
+        ToolFormat::Hermes | ToolFormat::Qwen3Coder | ToolFormat::Glm45 => {
+            (open, format!("body {more}"))
+        }
         ToolFormat::KimiK2 => (
             "<|tool_calls_section_begin|>",
             format!(
@@ -345,6 +357,59 @@ fn dsml_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<(String
     }
     let any_required = props.keys().any(|k| required.contains(&k.as_str()));
     Ok((seq.join(" "), any_required))
+}
+
+/// GLM's argument pairs of one tool (`<arg_key>P</arg_key>\n<arg_value>VALUE</arg_value>\n`,
+/// in the schema's order, required ones mandatory): a string its text up to the closing tag,
+/// anything else JSON of its schema. Rules added to `rules`, the sequence returned.
+fn glm_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<String, String> {
+    const CLOSE: &str = "</arg_value>";
+    let close = regex_lit(CLOSE);
+    let any = "(?s:.)";
+    // text up to the first closing tag, with the tag: one lexeme, as the parser reads it
+    let lexeme = format!("GLM_TEXT: /{any}*{close}/ & ~/{any}*{close}{any}+/");
+    if !rules.contains(&lexeme) {
+        rules.push(lexeme);
+    }
+    let schema = args_schema(t);
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        // no declared properties: any pairs, values as text
+        let r = format!("{f}_any");
+        rules.push(format!(
+            "{r}: {} /[^<>\\n]+/ {} GLM_TEXT {}",
+            lit("<arg_key>"),
+            lit("</arg_key>\n<arg_value>"),
+            lit("\n")
+        ));
+        return Ok(format!("{r}*"));
+    };
+    let mut seq = Vec::new();
+    for (j, (name, p)) in props.iter().enumerate() {
+        let r = format!("{f}_p{j}");
+        let head = lit(&format!("<arg_key>{name}</arg_key>\n<arg_value>"));
+        let value = match p.get("type").and_then(Value::as_str) {
+            Some("string") if p.get("enum").is_none() && p.get("const").is_none() => {
+                let min = p.get("minLength").and_then(Value::as_u64);
+                let max = p.get("maxLength").and_then(Value::as_u64);
+                // length bounds: text without `<` (a regex of bounded length), else any text
+                match (min, max) {
+                    (None, None) => "GLM_TEXT".to_string(),
+                    (min, Some(max)) => format!("/[^<]{{{},{max}}}{close}/", min.unwrap_or(0)),
+                    (Some(min), None) => format!("/[^<]{{{min},}}{close}/"),
+                }
+            }
+            Some("string") => format!("{} {}", string_choices(name, p)?, lit(CLOSE)),
+            _ => format!("{} {}", json_value(p), lit(CLOSE)),
+        };
+        rules.push(format!("{r}: {head} {value} {}", lit("\n")));
+        push_param(&mut seq, &r, required.contains(&name.as_str()));
+    }
+    Ok(seq.join(" "))
 }
 
 /// A parameter's value as JSON of its schema, in the Python layout the templates write.

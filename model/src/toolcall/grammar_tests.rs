@@ -10,13 +10,14 @@ use crate::sampler::TokenMask;
 use crate::toolcall::{Parsed, ToolParser};
 use nightshift_kernels::rng::SplitMix64;
 
-const FORMATS: [ToolFormat; 6] = [
+const FORMATS: [ToolFormat; 7] = [
     ToolFormat::Hermes,
     ToolFormat::Qwen3Coder,
     ToolFormat::KimiK2,
     ToolFormat::DeepSeekV31,
     ToolFormat::DeepSeekV3,
     ToolFormat::DeepSeekV32,
+    ToolFormat::Glm45,
 ];
 
 /// Every marker any format writes.
@@ -138,9 +139,9 @@ fn tools(loose: bool) -> Vec<ToolSpec> {
     ]
 }
 
-/// One call in `f` with `args` (a JSON object in the Python layout) or, for Qwen3-Coder and
-/// DeepSeek-V3.2, the parameters `(name, value)` (DeepSeek-V3.2: a value that reads as JSON
-/// other than a string is `string="false"`).
+/// One call in `f` with `args` (a JSON object in the Python layout) or, for Qwen3-Coder,
+/// DeepSeek-V3.2 and GLM, the parameters `(name, value)` (DeepSeek-V3.2: a value that reads as
+/// JSON other than a string is `string="false"`).
 fn call(f: ToolFormat, name: &str, args: &str, params: &[(&str, &str)]) -> String {
     match f {
         ToolFormat::Hermes => format!(
@@ -176,6 +177,13 @@ fn call(f: ToolFormat, name: &str, args: &str, params: &[(&str, &str)]) -> Strin
             format!(
                 "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"{name}\">\n{p}</｜DSML｜invoke>\n</｜DSML｜function_calls>"
             )
+        }
+        ToolFormat::Glm45 => {
+            let p: String = params
+                .iter()
+                .map(|(k, v)| format!("<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n"))
+                .collect();
+            format!("<tool_call>{name}\n{p}</tool_call>")
         }
     }
 }

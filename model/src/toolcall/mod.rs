@@ -10,6 +10,8 @@
 //! - [`ToolFormat::DeepSeekV32`] (DeepSeek-V3.2's DSML): `<｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="P" string="true|false">VALUE</｜DSML｜parameter>\n…</｜DSML｜invoke>\n…</｜DSML｜function_calls>`
 //!   (`string="true"`: the value is the text as written, else JSON; the `tool_calls` spelling
 //!   of the block DeepSeek's later models write is read too)
+//! - [`ToolFormat::Glm45`] (GLM-4.5, 4.6): `<tool_call>NAME\n<arg_key>P</arg_key>\n<arg_value>VALUE</arg_value>\n…</tool_call>`
+//!   (a string value as written, any other JSON; read by the parameter's schema type)
 //!
 //! The format is chosen from the template text (the markers it writes, as llama.cpp does) unless
 //! the server is told (`--tool-format`). Text that might still become a marker is held back, so a
@@ -36,17 +38,19 @@ pub enum ToolFormat {
     DeepSeekV31,
     DeepSeekV3,
     DeepSeekV32,
+    Glm45,
 }
 
 impl ToolFormat {
     /// Every format with its name (vLLM's `--tool-call-parser` names).
-    pub const ALL: [(ToolFormat, &'static str); 6] = [
+    pub const ALL: [(ToolFormat, &'static str); 7] = [
         (ToolFormat::Hermes, "hermes"),
         (ToolFormat::Qwen3Coder, "qwen3_coder"),
         (ToolFormat::KimiK2, "kimi_k2"),
         (ToolFormat::DeepSeekV31, "deepseek_v31"),
         (ToolFormat::DeepSeekV3, "deepseek_v3"),
         (ToolFormat::DeepSeekV32, "deepseek_v32"),
+        (ToolFormat::Glm45, "glm45"),
     ];
 
     /// The format a chat template writes tool calls in, from the markers in its text.
@@ -65,6 +69,9 @@ impl ToolFormat {
             })
         } else if template.contains("<function=") && template.contains("<parameter=") {
             Some(ToolFormat::Qwen3Coder)
+        } else if template.contains("<tool_call>") && template.contains("<arg_key>") {
+            // GLM's calls open with Hermes' tag but hold one key/value pair per argument
+            Some(ToolFormat::Glm45)
         } else if template.contains("<tool_call>") {
             Some(ToolFormat::Hermes)
         } else {
@@ -87,7 +94,9 @@ impl ToolFormat {
     /// (opening, closing) marker of one call.
     pub fn call_markers(self) -> (&'static str, &'static str) {
         match self {
-            ToolFormat::Hermes | ToolFormat::Qwen3Coder => ("<tool_call>", "</tool_call>"),
+            ToolFormat::Hermes | ToolFormat::Qwen3Coder | ToolFormat::Glm45 => {
+                ("<tool_call>", "</tool_call>")
+            }
             ToolFormat::KimiK2 => ("<|tool_call_begin|>", "<|tool_call_end|>"),
             ToolFormat::DeepSeekV31 | ToolFormat::DeepSeekV3 => {
                 ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>")
@@ -99,7 +108,7 @@ impl ToolFormat {
     /// Markers around a group of calls, dropped from the content.
     fn section_markers(self) -> &'static [&'static str] {
         match self {
-            ToolFormat::Hermes | ToolFormat::Qwen3Coder => &[],
+            ToolFormat::Hermes | ToolFormat::Qwen3Coder | ToolFormat::Glm45 => &[],
             ToolFormat::KimiK2 => &["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"],
             ToolFormat::DeepSeekV31 | ToolFormat::DeepSeekV3 => {
                 &["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"]

@@ -82,7 +82,7 @@ impl ArgStream {
             }
         }
         match format {
-            ToolFormat::Qwen3Coder | ToolFormat::DeepSeekV32 => {
+            ToolFormat::Qwen3Coder | ToolFormat::DeepSeekV32 | ToolFormat::Glm45 => {
                 self.params(format, body, complete, tools, out)
             }
             _ => self.json(format, body, out),
@@ -242,6 +242,11 @@ fn header(format: ToolFormat, body: &str, tools: &[ToolSpec]) -> Header {
             }
         }
         ToolFormat::Hermes => hermes_header(body, &known),
+        // `NAME` then a line break or the first argument's tag
+        ToolFormat::Glm45 => match super::formats::glm_name(body) {
+            Some((name, rest)) => found(None, name, body.len() - rest.len()),
+            None => Header::Wait,
+        },
         // `NAME">`: a name has no quote, tag or line break
         ToolFormat::DeepSeekV32 => match body.find("\">") {
             Some(at) if !body[..at].contains(['<', '\n']) => found(None, body[..at].trim(), at + 2),

@@ -34,6 +34,9 @@ fn call_text(f: ToolFormat, city: &str, i: usize) -> String {
         ToolFormat::DeepSeekV32 => format!(
             "<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">{city}</｜DSML｜parameter>\n</｜DSML｜invoke>"
         ),
+        ToolFormat::Glm45 => format!(
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>{city}</arg_value>\n</tool_call>"
+        ),
     }
 }
 
@@ -45,7 +48,7 @@ fn calls_text(f: ToolFormat, cities: &[&str]) -> String {
         .map(|(i, c)| call_text(f, c, i))
         .collect();
     match f {
-        ToolFormat::Hermes | ToolFormat::Qwen3Coder => calls.join("\n"),
+        ToolFormat::Hermes | ToolFormat::Qwen3Coder | ToolFormat::Glm45 => calls.join("\n"),
         ToolFormat::KimiK2 => format!(
             "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>",
             calls.concat()
@@ -104,13 +107,14 @@ fn run(f: ToolFormat, chunks: &[&str]) -> Vec<Parsed> {
     out
 }
 
-const FORMATS: [ToolFormat; 6] = [
+const FORMATS: [ToolFormat; 7] = [
     ToolFormat::Hermes,
     ToolFormat::Qwen3Coder,
     ToolFormat::KimiK2,
     ToolFormat::DeepSeekV31,
     ToolFormat::DeepSeekV3,
     ToolFormat::DeepSeekV32,
+    ToolFormat::Glm45,
 ];
 
 #[test]
@@ -294,6 +298,7 @@ fn formats_are_detected_from_the_published_templates() {
         ("deepseek-r1-distill.jinja", ToolFormat::DeepSeekV3),
         ("deepseek-v3.jinja", ToolFormat::DeepSeekV3),
         ("deepseek-v3.2.jinja", ToolFormat::DeepSeekV32),
+        ("glm-4.6.jinja", ToolFormat::Glm45),
     ] {
         let src = std::fs::read_to_string(dir.join(file)).unwrap();
         assert_eq!(ToolFormat::detect(&src), Some(want), "{file}");
@@ -367,7 +372,10 @@ fn streamed_arguments_join_to_the_whole_calls_at_every_split() {
         let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
         let streamed = run_streaming(f, &chars);
         // one character at a time, the JSON formats' arguments go out in many pieces
-        if !matches!(f, ToolFormat::Qwen3Coder | ToolFormat::DeepSeekV32) {
+        if !matches!(
+            f,
+            ToolFormat::Qwen3Coder | ToolFormat::DeepSeekV32 | ToolFormat::Glm45
+        ) {
             assert!(streamed.1[0].2.len() > 5, "{f:?}: {:?}", streamed.1[0]);
         }
         check(streamed, "one char per chunk");
@@ -386,7 +394,10 @@ fn a_call_starts_streaming_before_its_closing_marker() {
             matches!(out.first(), Some(Parsed::CallBegin { name, .. }) if name == "get_weather"),
             "{f:?}: {out:?}"
         );
-        if !matches!(f, ToolFormat::Qwen3Coder | ToolFormat::DeepSeekV32) {
+        if !matches!(
+            f,
+            ToolFormat::Qwen3Coder | ToolFormat::DeepSeekV32 | ToolFormat::Glm45
+        ) {
             let sent: String = out
                 .iter()
                 .filter_map(|p| match p {
@@ -397,4 +408,67 @@ fn a_call_starts_streaming_before_its_closing_marker() {
             assert_eq!(sent, "{\"city\": \"Par", "{f:?}");
         }
     }
+}
+
+#[test]
+fn glm_values_follow_the_schema_and_the_template_round_trips() {
+    // a string as written (even one that reads as JSON), anything else JSON
+    let text = "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>42</arg_value>\n\
+                <arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>";
+    assert_eq!(
+        run(ToolFormat::Glm45, &[text]),
+        vec![
+            Parsed::Content("Let me check.".into()),
+            Parsed::Call(ParsedCall {
+                id: None,
+                name: "get_weather".into(),
+                arguments: r#"{"city":"42","days":3}"#.into(),
+            })
+        ]
+    );
+    // what GLM-4.6's published template writes for an assistant turn's calls parses back to
+    // the same calls, whatever the arguments' JSON types
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/templates");
+    let src = std::fs::read_to_string(dir.join("glm-4.6.jinja")).unwrap();
+    let t = crate::chat::ChatTemplate::new(&src).unwrap();
+    let args = [
+        r#"{"city": "Zürich <b>", "days": 3}"#,
+        r#"{"city": "{\"not\": \"json\"}", "opts": {"raw": [true, null, 1.5]}}"#,
+    ];
+    let calls: Vec<crate::chat::ToolCall> = args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| crate::chat::ToolCall {
+            id: format!("call_{i}"),
+            name: "get_weather".into(),
+            arguments: a.to_string(),
+        })
+        .collect();
+    let msgs = [
+        crate::chat::ChatMessage::new("user", "u"),
+        crate::chat::ChatMessage {
+            role: "assistant".into(),
+            tool_calls: calls,
+            ..Default::default()
+        },
+    ];
+    let rendered = t.render(&msgs, false, "", "").unwrap();
+    let from = rendered.find("<tool_call>").expect("calls rendered");
+    let mut tools = tools();
+    tools[0].parameters["properties"]["opts"] = serde_json::json!({"type": "object"});
+    let mut p = ToolParser::new(ToolFormat::Glm45, tools);
+    let mut got = p.push(&rendered[from..]);
+    got.extend(p.finish());
+    let got: Vec<serde_json::Value> = got
+        .iter()
+        .filter_map(|x| match x {
+            Parsed::Call(c) => Some(serde_json::from_str(&c.arguments).unwrap()),
+            _ => None,
+        })
+        .collect();
+    let want: Vec<serde_json::Value> = args
+        .iter()
+        .map(|a| serde_json::from_str(a).unwrap())
+        .collect();
+    assert_eq!(got, want, "{rendered}");
 }
