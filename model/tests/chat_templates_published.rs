@@ -1,4 +1,4 @@
-//! The published chat templates of Qwen3-30B-A3B, Qwen3-Coder-30B-A3B (current and 2025-07),
+//! The published chat templates of Qwen3-30B-A3B (and its Thinking-2507), Qwen3-Coder-30B-A3B (current and 2025-07),
 //! Kimi-K2-Instruct (current, 2025-07 and 0905), Kimi-K2-Thinking, DeepSeek-V3 (Dec 2024),
 //! DeepSeek-V3.1, DeepSeek-V3.2, DeepSeek-R1 (its distills' copy, the ```json tool-call layout of DeepSeek-V3 and R1) and GLM-4.6 render byte for byte what Python's
 //! jinja2 renders in transformers' environment (`tests/data/templates/render_templates.py` made
@@ -87,6 +87,7 @@ const DS_EOS: &str = "<｜end▁of▁sentence｜>";
 /// assistant turn with calls needs its content to be none).
 const TEMPLATES: &[(&str, &str, &str, bool, bool)] = &[
     ("qwen3-30b-a3b", "", "<|im_end|>", false, false),
+    ("qwen3-thinking-2507", "", "<|im_end|>", false, false),
     ("qwen3-coder-30b-a3b", "", "<|im_end|>", true, false),
     (
         "qwen3-coder-30b-a3b.2025-07-initial",

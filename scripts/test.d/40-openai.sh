@@ -8,7 +8,7 @@
 # replaces the fixture.
 # Then, for tools and structured outputs over all three APIs (coordinator/tests/python/test_tools.py,
 # with `openai-agents` on its chat and Responses models, `anthropic` and `jsonschema`): one tiny random model per published chat template
-# (model/tests/data/templates: Qwen3, Qwen3-Coder, Kimi K2, Kimi-K2-Thinking, DeepSeek V3.1,
+# (model/tests/data/templates: Qwen3, Qwen3 Thinking-2507, Qwen3-Coder, Kimi K2, Kimi-K2-Thinking, DeepSeek V3.1,
 # DeepSeek-V3, DeepSeek-R1's, DeepSeek-V3.2's, GLM-4.6's on a qwen3moe model), made by `gen-model --chat-template`; NIGHTSHIFT_TOOL_TEMPLATES=NAME:ARCH ...
 # picks some.
 # And the OpenAPI document (GET /openapi.json) with schemathesis fuzzing the live server from it
@@ -65,7 +65,7 @@ run_suite "toy model (--mock)" --mock || status=1
 SUITE=test_openapi.py run_suite "OpenAPI + schemathesis: model $MODEL_FILE" --model "$MODEL_FILE" || status=1
 SUITE=test_openapi.py run_suite "OpenAPI + schemathesis: toy model" --mock || status=1
 GEN_DIR=$(mktemp -d)
-for t in ${NIGHTSHIFT_TOOL_TEMPLATES:-qwen3-30b-a3b:qwen3moe qwen3-coder-30b-a3b:qwen3moe kimi-k2-instruct:deepseek2 kimi-k2-thinking:deepseek2 deepseek-v3.1:deepseek2 deepseek-v3:deepseek2 deepseek-r1-distill:deepseek2 deepseek-v3.2:deepseek2 glm-4.6:qwen3moe}; do
+for t in ${NIGHTSHIFT_TOOL_TEMPLATES:-qwen3-30b-a3b:qwen3moe qwen3-thinking-2507:qwen3moe qwen3-coder-30b-a3b:qwen3moe kimi-k2-instruct:deepseek2 kimi-k2-thinking:deepseek2 deepseek-v3.1:deepseek2 deepseek-v3:deepseek2 deepseek-r1-distill:deepseek2 deepseek-v3.2:deepseek2 glm-4.6:qwen3moe}; do
   name=${t%%:*}
   tmpl="model/tests/data/templates/$name.jinja"
   "$BIN" gen-model --preset tiny --arch "${t##*:}" --chat-template "$tmpl" --ctx 4096 -o "$GEN_DIR/$name.gguf" 2>/dev/null

@@ -285,6 +285,7 @@ fn formats_are_detected_from_the_published_templates() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/templates");
     for (file, want) in [
         ("qwen3-30b-a3b.jinja", ToolFormat::Hermes),
+        ("qwen3-thinking-2507.jinja", ToolFormat::Hermes),
         ("qwen3-coder-30b-a3b.jinja", ToolFormat::Qwen3Coder),
         (
             "qwen3-coder-30b-a3b.2025-07-initial.jinja",
