@@ -211,7 +211,7 @@ impl NextLayer {
         Ok(Some(Predicted {
             layer: next,
             experts,
-            peaks: self.peaks(&logits),
+            peaks: self.peaks(next, &logits),
         }))
     }
 
@@ -220,16 +220,26 @@ impl NextLayer {
     pub fn router_peaks(&self, layer: usize, acts: &ActRows) -> Result<Vec<f32>, ExpertError> {
         Ok(self
             .logits(layer, acts)?
-            .map_or_else(Vec::new, |l| self.peaks(&l)))
+            .map_or_else(Vec::new, |l| self.peaks(layer, &l)))
     }
 
-    /// Each expert's largest router probability over the rows whose router `logits` these are.
-    fn peaks(&self, logits: &[f32]) -> Vec<f32> {
+    /// Each expert's largest selection score over the rows whose layer-`layer` router `logits`
+    /// these are: its probability, plus the layer's selection bias where it has one (DeepSeek's
+    /// and Kimi K2's `exp_probs_b`), which is what top-k ranks by.
+    fn peaks(&self, layer: usize, logits: &[f32]) -> Vec<f32> {
         let c = self.model.config();
-        let mut peak = vec![0.0f32; c.n_expert];
+        let bias = match &self.model.weights().layers[layer].ffn {
+            FfnWeights::Moe(mw) => mw.exp_probs_b.as_deref(),
+            _ => None,
+        };
+        if logits.len() < c.n_expert {
+            return Vec::new();
+        }
+        let mut peak = vec![f32::NEG_INFINITY; c.n_expert];
         for row in logits.chunks_exact(c.n_expert) {
-            for (p, q) in peak.iter_mut().zip(gate_probs(c, row)) {
-                *p = p.max(q);
+            for (e, (p, q)) in peak.iter_mut().zip(gate_probs(c, row)).enumerate() {
+                let b = bias.and_then(|b| b.get(e)).copied().unwrap_or(0.0);
+                *p = p.max(q + b);
             }
         }
         peak
@@ -261,8 +271,8 @@ pub struct Predicted {
     pub layer: usize,
     /// the distinct experts its router picks for the call's rows, ascending
     pub experts: Vec<u32>,
-    /// per expert, its largest router probability over the call's rows (what
-    /// [`ColdCache::score`] takes)
+    /// per expert, its largest selection score over the call's rows (router probability plus
+    /// any selection bias: what [`ColdCache::score`] takes)
     pub peaks: Vec<f32>,
 }
 

@@ -415,7 +415,8 @@ impl ColdCache {
     }
 
     /// Tells the cache how likely layer `layer`'s experts are to be asked for soon: `probs[e]`
-    /// the router's probability of expert `e` (over several rows, the largest). Each expert's
+    /// the router's probability of expert `e` (plus the layer's selection bias where it has one;
+    /// over several rows, the largest). Each expert's
     /// score moves [`SCORE_WEIGHT`] of the way to it; eviction takes the copy with the lowest
     /// score first (module doc). Only the eviction order depends on it, never an output.
     pub fn score(&self, layer: usize, probs: &[f32]) {
