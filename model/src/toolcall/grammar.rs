@@ -253,11 +253,7 @@ pub fn tool_grammar(
 fn coder_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<String, String> {
     let schema = args_schema(t);
     let props = schema.get("properties").and_then(Value::as_object);
-    let required: Vec<&str> = schema
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
+    let required = required_of(&schema);
     let Some(props) = props else {
         // no declared properties: any parameter blocks
         let r = format!("{f}_any");
@@ -301,34 +297,64 @@ fn coder_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<String
     Ok(seq.join(" "))
 }
 
+/// The lexeme `name` (added to `rules` once): any text up to the first `close` tag, with the
+/// tag, as the parser reads a tagged value; returned by name.
+fn text_to_tag(rules: &mut Vec<String>, name: &str, close: &str) -> String {
+    let close = regex_lit(close);
+    let any = "(?s:.)";
+    let lexeme = format!("{name}: /{any}*{close}/ & ~/{any}*{close}{any}+/");
+    if !rules.contains(&lexeme) {
+        rules.push(lexeme);
+    }
+    name.to_string()
+}
+
+/// The names a schema lists as `required`.
+fn required_of(schema: &Value) -> Vec<&str> {
+    schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// A tagged parameter value of schema `p` with its closing tag `close` (DeepSeek-V3.2's DSML,
+/// GLM's `<arg_value>`): a string its text (`text`: the [`text_to_tag`] lexeme; with length
+/// bounds, text without `<` of that length), a string enum one of its values, anything else
+/// JSON of its schema.
+fn tagged_value(name: &str, p: &Value, close: &str, text: &str) -> Result<String, String> {
+    Ok(match p.get("type").and_then(Value::as_str) {
+        Some("string") if p.get("enum").is_none() && p.get("const").is_none() => {
+            let min = p.get("minLength").and_then(Value::as_u64);
+            let max = p.get("maxLength").and_then(Value::as_u64);
+            let end = regex_lit(close);
+            match (min, max) {
+                (None, None) => text.to_string(),
+                (min, Some(max)) => format!("/[^<]{{{},{max}}}{end}/", min.unwrap_or(0)),
+                (Some(min), None) => format!("/[^<]{{{min},}}{end}/"),
+            }
+        }
+        Some("string") => format!("{} {}", string_choices(name, p)?, lit(close)),
+        _ => format!("{} {}", json_value(p), lit(close)),
+    })
+}
+
 /// DeepSeek-V3.2's parameter blocks of one tool, each followed by a newline: rules added to
 /// `rules`; the sequence returned, and whether a parameter is required.
 fn dsml_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<(String, bool), String> {
     const OPEN: &str = "<｜DSML｜parameter name=\"";
     const CLOSE: &str = "</｜DSML｜parameter>";
-    let close = regex_lit(CLOSE);
-    let any = "(?s:.)";
-    // text up to the first closing tag, with the tag: one lexeme, as the parser reads it
-    let text_to_close = "DSML_TEXT".to_string();
-    let lexeme = format!("DSML_TEXT: /{any}*{close}/ & ~/{any}*{close}{any}+/");
-    if !rules.contains(&lexeme) {
-        rules.push(lexeme);
-    }
+    let text = text_to_tag(rules, "DSML_TEXT", CLOSE);
     let schema = args_schema(t);
-    let required: Vec<&str> = schema
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
+    let required = required_of(&schema);
     let Some(props) = schema.get("properties").and_then(Value::as_object) else {
         // no declared properties: any parameter blocks
         let r = format!("{f}_any");
         rules.push(format!(
-            "{r}: {} /[^\"<>\\n]+/ ({} | {}) {} {}",
+            "{r}: {} /[^\"<>\\n]+/ ({} | {}) {text} {}",
             lit(OPEN),
             lit("\" string=\"true\">"),
             lit("\" string=\"false\">"),
-            text_to_close,
             lit("\n")
         ));
         return Ok((format!("{r}*"), false));
@@ -338,20 +364,7 @@ fn dsml_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<(String
         let r = format!("{f}_p{j}");
         let is_string = p.get("type").and_then(Value::as_str) == Some("string");
         let head = lit(&format!("{OPEN}{name}\" string=\"{is_string}\">"));
-        let value = match p.get("type").and_then(Value::as_str) {
-            Some("string") if p.get("enum").is_none() && p.get("const").is_none() => {
-                let min = p.get("minLength").and_then(Value::as_u64);
-                let max = p.get("maxLength").and_then(Value::as_u64);
-                // length bounds: text without `<` (a regex of bounded length), else any text
-                match (min, max) {
-                    (None, None) => text_to_close.clone(),
-                    (min, Some(max)) => format!("/[^<]{{{},{max}}}{close}/", min.unwrap_or(0)),
-                    (Some(min), None) => format!("/[^<]{{{min},}}{close}/"),
-                }
-            }
-            Some("string") => format!("{} {}", string_choices(name, p)?, lit(CLOSE)),
-            _ => format!("{} {}", json_value(p), lit(CLOSE)),
-        };
+        let value = tagged_value(name, p, CLOSE, &text)?;
         rules.push(format!("{r}: {head} {value} {}", lit("\n")));
         push_param(&mut seq, &r, required.contains(&name.as_str()));
     }
@@ -360,28 +373,18 @@ fn dsml_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<(String
 }
 
 /// GLM's argument pairs of one tool (`<arg_key>P</arg_key>\n<arg_value>VALUE</arg_value>\n`,
-/// in the schema's order, required ones mandatory): a string its text up to the closing tag,
-/// anything else JSON of its schema. Rules added to `rules`, the sequence returned.
+/// in the schema's order, required ones mandatory), values as [`tagged_value`]. Rules added to
+/// `rules`, the sequence returned.
 fn glm_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<String, String> {
     const CLOSE: &str = "</arg_value>";
-    let close = regex_lit(CLOSE);
-    let any = "(?s:.)";
-    // text up to the first closing tag, with the tag: one lexeme, as the parser reads it
-    let lexeme = format!("GLM_TEXT: /{any}*{close}/ & ~/{any}*{close}{any}+/");
-    if !rules.contains(&lexeme) {
-        rules.push(lexeme);
-    }
+    let text = text_to_tag(rules, "GLM_TEXT", CLOSE);
     let schema = args_schema(t);
-    let required: Vec<&str> = schema
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
+    let required = required_of(&schema);
     let Some(props) = schema.get("properties").and_then(Value::as_object) else {
         // no declared properties: any pairs, values as text
         let r = format!("{f}_any");
         rules.push(format!(
-            "{r}: {} /[^<>\\n]+/ {} GLM_TEXT {}",
+            "{r}: {} /[^<>\\n]+/ {} {text} {}",
             lit("<arg_key>"),
             lit("</arg_key>\n<arg_value>"),
             lit("\n")
@@ -392,20 +395,7 @@ fn glm_params(f: &str, t: &ToolSpec, rules: &mut Vec<String>) -> Result<String, 
     for (j, (name, p)) in props.iter().enumerate() {
         let r = format!("{f}_p{j}");
         let head = lit(&format!("<arg_key>{name}</arg_key>\n<arg_value>"));
-        let value = match p.get("type").and_then(Value::as_str) {
-            Some("string") if p.get("enum").is_none() && p.get("const").is_none() => {
-                let min = p.get("minLength").and_then(Value::as_u64);
-                let max = p.get("maxLength").and_then(Value::as_u64);
-                // length bounds: text without `<` (a regex of bounded length), else any text
-                match (min, max) {
-                    (None, None) => "GLM_TEXT".to_string(),
-                    (min, Some(max)) => format!("/[^<]{{{},{max}}}{close}/", min.unwrap_or(0)),
-                    (Some(min), None) => format!("/[^<]{{{min},}}{close}/"),
-                }
-            }
-            Some("string") => format!("{} {}", string_choices(name, p)?, lit(CLOSE)),
-            _ => format!("{} {}", json_value(p), lit(CLOSE)),
-        };
+        let value = tagged_value(name, p, CLOSE, &text)?;
         rules.push(format!("{r}: {head} {value} {}", lit("\n")));
         push_param(&mut seq, &r, required.contains(&name.as_str()));
     }
