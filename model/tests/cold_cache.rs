@@ -110,6 +110,18 @@ fn check(name: &str) {
             assert!(st.hits > 0, "{what}: {st:?}");
         }
         if let Some(p) = prefetch {
+            // the prediction scored every MoE layer's experts for the cache's eviction order
+            // (the first by its own router): finite scores for all of them
+            let ne = model.config().n_expert as u32;
+            for l in (0..model.config().n_layer).filter(|&l| model.config().is_moe_layer(l)) {
+                for e in 0..ne {
+                    let s = cache.score_of(l, e);
+                    assert!(
+                        s.is_some_and(f32::is_finite),
+                        "{what}: layer {l} expert {e}: {s:?}"
+                    );
+                }
+            }
             let ps = p.stats();
             assert!(ps.issued > 0, "{what}: {ps:?}");
             assert_eq!(ps.in_time + ps.late, ps.cold_requested, "{what}: {ps:?}");

@@ -430,6 +430,11 @@ impl ColdCache {
         }
     }
 
+    /// Expert `e` of `layer`'s score ([`ColdCache::score`]), if it was ever scored.
+    pub fn score_of(&self, layer: usize, e: u32) -> Option<f32> {
+        self.shared.lock().scores.get(&(layer as u32, e)).copied()
+    }
+
     /// Bytes the cache may hold: its own capacity and what the memory budget lends it.
     pub fn capacity(&self) -> u64 {
         self.shared.capacity()
