@@ -41,7 +41,7 @@ use crate::gguf::{AccessHint, Gguf};
 use crate::model::Model;
 use crate::moe::{gate_probs, route};
 use crate::ops::matmul;
-use crate::weights::FfnWeights;
+use crate::weights::{FfnWeights, MoeWeights};
 
 mod ledger;
 pub use ledger::PrefetchLedger;
@@ -174,7 +174,7 @@ impl NextLayer {
         acts: &ActRows,
     ) -> Result<Option<(usize, Vec<u32>)>, ExpertError> {
         Ok(self
-            .predict_scored(layer, acts)?
+            .predicted(layer, acts, false)?
             .map(|p| (p.layer, p.experts)))
     }
 
@@ -184,6 +184,16 @@ impl NextLayer {
         layer: usize,
         acts: &ActRows,
     ) -> Result<Option<Predicted>, ExpertError> {
+        self.predicted(layer, acts, true)
+    }
+
+    /// The prediction for the MoE layer after `layer`, its peaks only when `scored`.
+    fn predicted(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+        scored: bool,
+    ) -> Result<Option<Predicted>, ExpertError> {
         let Some(next) = self.next_moe.get(layer).copied().flatten() else {
             return Ok(None);
         };
@@ -191,28 +201,24 @@ impl NextLayer {
             return Ok(None);
         }
         let c = self.model.config();
-        let Some(logits) = self.logits(next, acts)? else {
-            return Ok(Some(Predicted {
-                layer: next,
-                experts: Vec::new(),
-                peaks: Vec::new(),
-            }));
+        let mut p = Predicted {
+            layer: next,
+            experts: Vec::new(),
+            peaks: Vec::new(),
         };
-        let FfnWeights::Moe(mw) = &self.model.weights().layers[next].ffn else {
-            return Ok(None);
+        let Some((logits, mw)) = self.logits(next, acts)? else {
+            return Ok(Some(p));
         };
-        let mut experts: Vec<u32> = Vec::new();
         for row in logits.chunks_exact(c.n_expert) {
             let (chosen, _) = route(c, row, mw.exp_probs_b.as_deref());
-            experts.extend(chosen.iter().map(|&x| x as u32));
+            p.experts.extend(chosen.iter().map(|&x| x as u32));
         }
-        experts.sort_unstable();
-        experts.dedup();
-        Ok(Some(Predicted {
-            layer: next,
-            experts,
-            peaks: self.peaks(next, &logits),
-        }))
+        p.experts.sort_unstable();
+        p.experts.dedup();
+        if scored {
+            p.peaks = self.peaks(mw, &logits);
+        }
+        Ok(Some(p))
     }
 
     /// Layer `layer`'s own router probabilities for the rows of `acts`, as [`Predicted::peaks`]
@@ -220,21 +226,18 @@ impl NextLayer {
     pub fn router_peaks(&self, layer: usize, acts: &ActRows) -> Result<Vec<f32>, ExpertError> {
         Ok(self
             .logits(layer, acts)?
-            .map_or_else(Vec::new, |l| self.peaks(layer, &l)))
+            .map_or_else(Vec::new, |(l, mw)| self.peaks(mw, &l)))
     }
 
-    /// Each expert's largest selection score over the rows whose layer-`layer` router `logits`
-    /// these are: its probability, plus the layer's selection bias where it has one (DeepSeek's
-    /// and Kimi K2's `exp_probs_b`), which is what top-k ranks by.
-    fn peaks(&self, layer: usize, logits: &[f32]) -> Vec<f32> {
+    /// Each expert's largest selection score over the rows whose router `logits` (of the layer
+    /// `mw` is) these are: its probability, plus the layer's selection bias where it has one
+    /// (DeepSeek's and Kimi K2's `exp_probs_b`), which is what top-k ranks by.
+    fn peaks(&self, mw: &MoeWeights, logits: &[f32]) -> Vec<f32> {
         let c = self.model.config();
-        let bias = match &self.model.weights().layers[layer].ffn {
-            FfnWeights::Moe(mw) => mw.exp_probs_b.as_deref(),
-            _ => None,
-        };
         if logits.len() < c.n_expert {
             return Vec::new();
         }
+        let bias = mw.exp_probs_b.as_deref();
         let mut peak = vec![f32::NEG_INFINITY; c.n_expert];
         for row in logits.chunks_exact(c.n_expert) {
             for (e, (p, q)) in peak.iter_mut().zip(gate_probs(c, row)).enumerate() {
@@ -245,9 +248,13 @@ impl NextLayer {
         peak
     }
 
-    /// Layer `layer`'s router logits for the rows of `acts` (`n_rows * n_expert`); None when it
-    /// is not a MoE layer.
-    fn logits(&self, layer: usize, acts: &ActRows) -> Result<Option<Vec<f32>>, ExpertError> {
+    /// Layer `layer`'s router logits for the rows of `acts` (`n_rows * n_expert`), with its MoE
+    /// weights; None when it is not a MoE layer.
+    fn logits(
+        &self,
+        layer: usize,
+        acts: &ActRows,
+    ) -> Result<Option<(Vec<f32>, &MoeWeights)>, ExpertError> {
         let c = self.model.config();
         let e = c.n_embd;
         let FfnWeights::Moe(mw) = &self.model.weights().layers[layer].ffn else {
@@ -261,7 +268,7 @@ impl NextLayer {
             None => matmul(&mw.gate_inp, 0, &h, n, &mut logits, None)
                 .map_err(|e| ExpertError::Backend(format!("router of layer {layer}: {e}")))?,
         }
-        Ok(Some(logits))
+        Ok(Some((logits, mw)))
     }
 }
 

@@ -261,9 +261,9 @@ impl Entry {
 #[derive(Default)]
 struct State {
     entries: HashMap<Key, Entry>,
-    /// each expert's score ([`ColdCache::score`]): an exponential average of its router
-    /// probabilities; experts never scored count 0
-    scores: HashMap<Key, f32>,
+    /// each expert's score by layer and expert ([`ColdCache::score`]): an exponential average
+    /// of its router probabilities; experts never scored count 0
+    scores: Vec<Vec<f32>>,
     /// footprints of Loading and Ready entries, and spare buffers
     bytes: u64,
     /// buffers of evicted copies, to read into again
@@ -416,23 +416,34 @@ impl ColdCache {
 
     /// Tells the cache how likely layer `layer`'s experts are to be asked for soon: `probs[e]`
     /// the router's probability of expert `e` (plus the layer's selection bias where it has one;
-    /// over several rows, the largest). Each expert's
-    /// score moves [`SCORE_WEIGHT`] of the way to it; eviction takes the copy with the lowest
-    /// score first (module doc). Only the eviction order depends on it, never an output.
+    /// over several rows, the largest). Each expert's score moves [`SCORE_WEIGHT`] of the way to
+    /// it; eviction takes the copy with the lowest score first (module doc). Only the eviction
+    /// order depends on it, never an output.
     pub fn score(&self, layer: usize, probs: &[f32]) {
         if !self.shared.scored {
             return;
         }
         let mut st = self.shared.lock();
-        for (e, &p) in probs.iter().enumerate() {
-            let s = st.scores.entry((layer as u32, e as u32)).or_insert(0.0);
+        if st.scores.len() <= layer {
+            st.scores.resize_with(layer + 1, Vec::new);
+        }
+        let row = &mut st.scores[layer];
+        if row.len() < probs.len() {
+            row.resize(probs.len(), 0.0);
+        }
+        for (s, &p) in row.iter_mut().zip(probs) {
             *s += SCORE_WEIGHT * (p - *s);
         }
     }
 
     /// Expert `e` of `layer`'s score ([`ColdCache::score`]), if it was ever scored.
     pub fn score_of(&self, layer: usize, e: u32) -> Option<f32> {
-        self.shared.lock().scores.get(&(layer as u32, e)).copied()
+        self.shared
+            .lock()
+            .scores
+            .get(layer)?
+            .get(e as usize)
+            .copied()
     }
 
     /// Bytes the cache may hold: its own capacity and what the memory budget lends it.
@@ -697,7 +708,10 @@ impl State {
     /// Evicts the copy no call holds or still needs with the lowest score, of those the least
     /// recently used, its buffer kept as a spare; false when there is none.
     fn evict_one(&mut self, c: &Counters) -> bool {
-        let score = |k: &Key| self.scores.get(k).copied().unwrap_or(0.0);
+        let score = |&(l, e): &Key| {
+            let row = self.scores.get(l as usize).map_or(&[][..], Vec::as_slice);
+            row.get(e as usize).copied().unwrap_or(0.0)
+        };
         let victim = self
             .entries
             .iter()
